@@ -1,0 +1,84 @@
+"""Placement: one placement group for the trainer ranks, one for the rollout actors."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import ray
+from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+from actors.rollout import RolloutWorker
+from actors.trainer import TrainerRank
+from rlcore.config import RunConfig
+
+
+def bundle(cpus: float, gpus: float) -> dict[str, float]:
+    b = {"CPU": float(cpus)}
+    if gpus > 0:
+        b["GPU"] = float(gpus)
+    return b
+
+
+def trainer_bundles(cfg: RunConfig) -> list[dict[str, float]]:
+    t = cfg.trainer
+    return [bundle(t.cpus_per_rank, t.gpus_per_rank) for _ in range(t.world_size)]
+
+
+def rollout_bundles(cfg: RunConfig) -> list[dict[str, float]]:
+    r = cfg.rollout
+    return [bundle(r.cpus_per_actor, r.gpus_per_actor) for _ in range(r.num_actors)]
+
+
+@dataclass
+class Groups:
+    trainer_pg: PlacementGroup
+    rollout_pg: PlacementGroup
+    trainers: list
+    rollouts: list
+
+    def remove(self) -> None:
+        for a in self.trainers + self.rollouts:
+            ray.kill(a, no_restart=True)
+        for pg in (self.trainer_pg, self.rollout_pg):
+            remove_placement_group(pg)
+
+
+def _runtime_env() -> dict:
+    # NVLink SHARP (NVLS) multicast is unreliable on the lent machines; keep it off everywhere
+    return {"env_vars": {"NCCL_NVLS_ENABLE": "0", "TOKENIZERS_PARALLELISM": "false"}}
+
+
+def place(cfg: RunConfig) -> Groups:
+    """Reserve both placement groups (PACK: ranks of one group close together), wait for them
+    with a timeout, and start one actor per bundle."""
+    trainer_pg = placement_group(trainer_bundles(cfg), strategy="PACK", name="rlcore-trainer")
+    rollout_pg = placement_group(rollout_bundles(cfg), strategy="PACK", name="rlcore-rollout")
+    timeout = cfg.cluster.placement_timeout_s
+    ready, _ = ray.wait([trainer_pg.ready(), rollout_pg.ready()], num_returns=2, timeout=timeout)
+    if len(ready) < 2:
+        remove_placement_group(trainer_pg)
+        remove_placement_group(rollout_pg)
+        raise TimeoutError(
+            f"cluster: placement groups not scheduled within {timeout:.0f}s "
+            f"(trainer {trainer_bundles(cfg)}, rollout {rollout_bundles(cfg)}); "
+            f"cluster has {ray.available_resources()}")
+    t, r = cfg.trainer, cfg.rollout
+    trainer_cls = ray.remote(TrainerRank)
+    trainers = [
+        trainer_cls.options(
+            num_cpus=t.cpus_per_rank, num_gpus=t.gpus_per_rank, runtime_env=_runtime_env(),
+            scheduling_strategy=PlacementGroupSchedulingStrategy(trainer_pg, placement_group_bundle_index=i),
+        ).remote(cfg, i, t.world_size)
+        for i in range(t.world_size)
+    ]
+    rollout_cls = ray.remote(RolloutWorker)
+    rollouts = [
+        rollout_cls.options(
+            num_cpus=r.cpus_per_actor, num_gpus=r.gpus_per_actor, max_concurrency=4,
+            runtime_env=_runtime_env(),
+            scheduling_strategy=PlacementGroupSchedulingStrategy(rollout_pg, placement_group_bundle_index=i),
+        ).remote(cfg, i)
+        for i in range(r.num_actors)
+    ]
+    return Groups(trainer_pg, rollout_pg, trainers, rollouts)

@@ -1,0 +1,117 @@
+"""The rollout buffer: finished groups wait here until a batch is full; staleness is enforced
+and every sample is accounted for."""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import asdict, dataclass
+from typing import Callable
+
+from rlcore.types import Group
+
+
+@dataclass
+class Accounting:
+    """Sample counts. Invariant: generated == trained + dropped_stale + failed + in_flight
+    (+ filtered, when dynamic sampling is on).
+
+    `generated` counts samples requested from the engines; `in_flight` those requested and not
+    yet trained, dropped or failed (still generating, or waiting in the buffer)."""
+
+    generated: int = 0
+    trained: int = 0
+    dropped_stale: int = 0
+    failed: int = 0
+    in_flight: int = 0
+    filtered: int = 0
+    """Samples of groups dropped by dynamic sampling (all rewards equal: zero advantage);
+    always 0 unless `algo.filter_zero_adv_groups`, and then part of the identity too."""
+
+    def check(self) -> None:
+        total = self.trained + self.dropped_stale + self.failed + self.in_flight + self.filtered
+        if self.generated != total:
+            raise AssertionError(f"sample accounting broken: {self.as_metrics()}")
+
+    def as_metrics(self) -> dict[str, int]:
+        return {f"samples_{k}": v for k, v in asdict(self).items()}
+
+
+class RolloutBuffer:
+    """FIFO of finished groups with a staleness bound.
+
+    A group may be trained at policy version ``v`` (the version the trainer is about to update)
+    only if ``v - group.min_version <= max_off_policy_steps``, where ``min_version`` is the
+    version of the group's oldest policy token. Older groups are dropped and counted.
+    """
+
+    def __init__(self, max_off_policy_steps: int, capacity_groups: int, accounting: Accounting):
+        self.max_off_policy_steps = max_off_policy_steps
+        self.capacity_groups = capacity_groups
+        self.acct = accounting
+        self._groups: deque[Group] = deque()
+
+    def __len__(self) -> int:
+        return len(self._groups)
+
+    def launched(self, samples: int) -> None:
+        self.acct.generated += samples
+        self.acct.in_flight += samples
+
+    def fail(self, samples: int) -> None:
+        """Samples that were in flight and will never arrive (failed request, dead actor)."""
+        self.acct.in_flight -= samples
+        self.acct.failed += samples
+
+    def add(self, group: Group) -> None:
+        """Keep a finished group; its failed samples are counted and removed now."""
+        ok = [s for s in group.samples if not s.failed]
+        self.fail(len(group.samples) - len(ok))
+        if not ok:
+            return
+        if len(self._groups) >= self.capacity_groups:
+            raise OverflowError(f"rollout buffer over capacity ({self.capacity_groups} groups): "
+                                "the driver launched more than the staleness bound allows")
+        group.samples = ok
+        self._groups.append(group)
+
+    def is_stale(self, group: Group, version: int) -> bool:
+        return version - group.min_version > self.max_off_policy_steps
+
+    def drop_stale(self, version: int) -> int:
+        """Drop every group too old to train at `version`; returns the samples dropped."""
+        keep, dropped = deque(), 0
+        for g in self._groups:
+            if self.is_stale(g, version):
+                dropped += len(g.samples)
+            else:
+                keep.append(g)
+        self._groups = keep
+        self.acct.in_flight -= dropped
+        self.acct.dropped_stale += dropped
+        return dropped
+
+    def pop_batch(self, version: int, num_groups: int,
+                  keep: Callable[[Group], bool] | None = None) -> list[Group] | None:
+        """The oldest `num_groups` groups trainable at `version`, or None if there are not enough
+        yet. Popped samples count as trained. Groups for which `keep` is false (dynamic
+        sampling) are dropped and counted as filtered."""
+        self.drop_stale(version)
+        if keep is not None:
+            kept: deque[Group] = deque()
+            for g in self._groups:
+                if keep(g):
+                    kept.append(g)
+                else:
+                    self.acct.in_flight -= len(g.samples)
+                    self.acct.filtered += len(g.samples)
+            self._groups = kept
+        if len(self._groups) < num_groups:
+            return None
+        batch = [self._groups.popleft() for _ in range(num_groups)]
+        n = sum(len(g.samples) for g in batch)
+        self.acct.in_flight -= n
+        self.acct.trained += n
+        return batch
+
+    def max_staleness(self, batch: list[Group], version: int) -> int:
+        return max(version - g.min_version for g in batch)

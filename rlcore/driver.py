@@ -1,0 +1,274 @@
+"""The Ray driver: keeps generation going, trains on fresh groups, pushes weights, logs.
+
+Event loop (one thread): launch generate requests while the staleness bound allows, wait for
+whichever remote call finishes first, and react: a finished request fills the buffer; a full
+buffer starts a train step; a finished train step starts a weight sync; a finished sync
+advances the policy version and logs the step. Generation never waits for training except
+where `max_off_policy_steps` says so (0 gives the synchronous schedule on the same path).
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import ray
+import torch
+from omegaconf import OmegaConf
+
+from actors.groups import Groups, place
+from rlcore.algo.advantages import compute_advantages, nonzero_advantage_groups
+from rlcore.algo.losses import loss_normalizer
+from rlcore.buffer import Accounting, RolloutBuffer
+from rlcore.config import RunConfig
+from rlcore.envs import make_env
+from rlcore.metrics import MetricsLogger
+from rlcore.packing import pack_for_ranks
+from rlcore.types import Group, Task
+from rlcore.weight_sync import SyncPlan, TensorMeta, plan_buckets
+
+log = logging.getLogger("rlcore")
+
+
+class RunError(RuntimeError):
+    """A fault that stops the run, with a message that says where."""
+
+
+@dataclass
+class Request:
+    actor: int
+    tasks: list[Task]
+    samples: int
+    launched_at: float
+
+
+@dataclass
+class StepState:
+    """What the step being trained carries from batch to log line."""
+
+    step: int
+    batch: list[Group]
+    max_staleness: int
+    metrics: dict[str, Any] = field(default_factory=dict)
+
+
+def get(refs, timeout_s: float, what: str):
+    """`ray.get` with a timeout and an error that names the operation."""
+    try:
+        return ray.get(refs, timeout=timeout_s)
+    except ray.exceptions.GetTimeoutError as exc:
+        raise RunError(f"{what} did not finish within {timeout_s:.0f}s") from exc
+    except ray.exceptions.RayActorError as exc:
+        raise RunError(f"{what} failed: an actor died ({exc})") from exc
+
+
+class Driver:
+    def __init__(self, cfg: RunConfig):
+        self.cfg = cfg
+        self.acct = Accounting()
+        a = cfg.algo
+        # launch rule below keeps at most (max_off_policy_steps + 1) batches in flight
+        capacity = (a.max_off_policy_steps + 2) * a.batch_groups + cfg.rollout.num_actors * cfg.rollout.tasks_per_request
+        self.buffer = RolloutBuffer(a.max_off_policy_steps, capacity, self.acct)
+        self.env = make_env(cfg.env.name, dict(cfg.env.args), cfg.env.seed)
+        self.task_stream = self.env.tasks("train")
+        self.version = 0  # policy version served by the engines (== optimizer steps synced)
+        self.pending: dict[ray.ObjectRef, Request] = {}
+        self.groups: Groups | None = None
+        self.plan: SyncPlan | None = None
+        self._next_actor = itertools.cycle(range(cfg.rollout.num_actors))
+
+    # -- setup ---------------------------------------------------------------------------------
+    def setup(self) -> None:
+        cfg = self.cfg
+        self.groups = place(cfg)
+        g = self.groups
+        t = cfg.trainer
+        addr, port = get(g.trainers[0].address.remote(), t.step_timeout_s, "trainer rank 0 start")
+        get([tr.init_distributed.remote(addr, port) for tr in g.trainers], t.step_timeout_s,
+            "trainer process-group init")
+        get([r.ready.remote() for r in g.rollouts], cfg.rollout.generate_timeout_s, "rollout actor start")
+        metas = get(g.trainers[0].parameter_metas.remote(), t.step_timeout_s, "parameter metadata")
+        self.plan = plan_buckets([TensorMeta(n, tuple(s), d) for n, s, d in metas],
+                                 int(cfg.rollout.sync_bucket_mb * 2**20))
+        waddr, wport = get(g.trainers[0].address.remote(), t.step_timeout_s, "weight group address")
+        world = 1 + cfg.rollout.num_actors
+        timeout = cfg.rollout.weight_sync_timeout_s
+        get([tr.init_weight_group.remote(waddr, wport, world) for tr in g.trainers]
+            + [r.init_weight_group.remote(waddr, wport, 1 + i, world, self.plan) for i, r in enumerate(g.rollouts)],
+            timeout, "weight group init")
+        self.sync_weights(0)  # engines start from exactly the trainer's initial weights
+
+    def sync_weights(self, version: int) -> dict[str, float]:
+        """Push the trainer's weights to every engine as `version`; returns timing metrics."""
+        g = self.groups
+        start = time.perf_counter()
+        timeout = self.cfg.rollout.weight_sync_timeout_s
+        out = get([tr.push_weights.remote(self.plan) for tr in g.trainers]
+                  + [r.pull_weights.remote(version) for r in g.rollouts], timeout, f"weight sync to version {version}")
+        self.version = version
+        elapsed = time.perf_counter() - start
+        sent = out[0]["sync_bytes"]
+        return {"sync_time_s": elapsed, "sync_gb_per_s": sent / max(elapsed, 1e-9) / 1e9}
+
+    # -- generation ----------------------------------------------------------------------------
+    def groups_allowed_in_flight(self, batches_started: int) -> int:
+        """Groups that may be generating or buffered now. A group launched at engine version v
+        is trained by a step s >= batches_started (steps whose batch was not yet taken) and must
+        satisfy s - v <= max_off_policy_steps, so only the batches of steps up to
+        v + max_off_policy_steps may be in flight."""
+        a = self.cfg.algo
+        return max(0, (self.version + a.max_off_policy_steps + 1 - batches_started) * a.batch_groups)
+
+    def launch(self, batches_started: int) -> None:
+        r, a = self.cfg.rollout, self.cfg.algo
+        queued = sum(len(q.tasks) for q in self.pending.values()) + len(self.buffer)
+        per_actor_cap = 2  # keep each actor fed without queueing far ahead of the weights
+        while queued < self.groups_allowed_in_flight(batches_started) and len(self.pending) < per_actor_cap * r.num_actors:
+            n_tasks = min(r.tasks_per_request, self.groups_allowed_in_flight(batches_started) - queued)
+            tasks = [next(self.task_stream) for _ in range(n_tasks)]
+            actor = next(self._next_actor)
+            ref = self.groups.rollouts[actor].generate_groups.remote(tasks, a.group_size)
+            self.pending[ref] = Request(actor, tasks, n_tasks * a.group_size, time.perf_counter())
+            self.buffer.launched(n_tasks * a.group_size)
+            queued += n_tasks
+
+    def collect(self, ref: ray.ObjectRef) -> int:
+        """Move a finished request's groups into the buffer; returns completion tokens."""
+        req = self.pending.pop(ref)
+        try:
+            groups: list[Group] = ray.get(ref, timeout=0)
+        except ray.exceptions.RayError as exc:
+            log.warning("generate request on rollout actor %d failed (%s): %d samples counted failed",
+                        req.actor, type(exc).__name__, req.samples)
+            self.buffer.fail(req.samples)
+            return 0
+        for group in groups:
+            self.buffer.add(group)
+        return sum(len(s.completion_ids) for g in groups for s in g.samples if not s.failed)
+
+    def expire(self) -> None:
+        """Count requests older than the generate timeout as failed (and cancel them)."""
+        now = time.perf_counter()
+        for ref, req in list(self.pending.items()):
+            if now - req.launched_at > self.cfg.rollout.generate_timeout_s:
+                ray.cancel(ref, force=False)
+                del self.pending[ref]
+                self.buffer.fail(req.samples)
+                log.warning("generate request on rollout actor %d timed out: %d samples counted failed",
+                            req.actor, req.samples)
+
+    # -- training ------------------------------------------------------------------------------
+    def advantages(self, batch: list[Group]) -> list[float]:
+        """Per-sample advantages, in batch order. Groups that lost failed samples can differ in
+        size; equal-size groups go through the estimator together (batch-level estimators such
+        as REINFORCE++ see the whole batch)."""
+        def tensors(groups):
+            return (torch.tensor([g.rewards for g in groups], dtype=torch.float32),
+                    torch.tensor([[sum(s.loss_mask) for s in g.samples] for g in groups], dtype=torch.float32))
+        if len({len(g.samples) for g in batch}) == 1:
+            rewards, lengths = tensors(batch)
+            adv = compute_advantages(rewards, self.cfg.algo, lengths=lengths)
+            return adv.flatten().tolist()
+        out = []
+        for g in batch:
+            r, lengths = tensors([g])
+            out.extend(compute_advantages(r, self.cfg.algo, lengths=lengths).flatten().tolist())
+        return out
+
+    def keep_group(self, group: Group) -> bool:
+        """Dynamic sampling (DAPO): a group whose rewards are all equal has zero advantage."""
+        return bool(nonzero_advantage_groups(torch.tensor([group.rewards]))[0])
+
+    def start_train(self, state: StepState) -> list[ray.ObjectRef]:
+        cfg = self.cfg
+        samples = [s for g in state.batch for s in g.samples]
+        flat_adv = self.advantages(state.batch)
+        shards = pack_for_ranks(samples, flat_adv, cfg.trainer.world_size, cfg.trainer.micro_batch_tokens)
+        loss_tokens = sum(int(mb.loss_mask.sum()) for shard in shards for mb in shard)
+        normalizer = loss_normalizer(cfg.algo, loss_tokens, len(samples), cfg.rollout.sampling.max_new_tokens)
+        all_rewards = [s.reward for s in samples]
+        state.metrics.update({
+            "reward_mean": sum(all_rewards) / len(all_rewards),
+            "reward_std": float(torch.tensor(all_rewards).std(unbiased=False)),
+            "completion_len_mean": sum(len(s.completion_ids) for s in samples) / len(samples),
+            "truncated_frac": sum(s.finish_reason == "length" for s in samples) / len(samples),
+            "max_staleness": state.max_staleness,
+            "batch_samples": len(samples),
+        })
+        # each rank fetches its own shard from the object store
+        return [tr.train_step.remote(ray.put(shard), normalizer) for tr, shard in zip(self.groups.trainers, shards)]
+
+    # -- the loop ------------------------------------------------------------------------------
+    def run(self, logger: MetricsLogger) -> list[dict[str, Any]]:
+        cfg = self.cfg
+        history: list[dict[str, Any]] = []
+        step = 0
+        train_refs: list[ray.ObjectRef] = []
+        state: StepState | None = None
+        gen_tokens = 0
+        run_start = last_end = time.perf_counter()
+        while step < cfg.steps:
+            self.launch(step + (1 if train_refs else 0))
+            if not train_refs:
+                keep = self.keep_group if cfg.algo.filter_zero_adv_groups else None
+                batch = self.buffer.pop_batch(self.version, cfg.algo.batch_groups, keep)
+                if batch is not None:
+                    state = StepState(step, batch, self.buffer.max_staleness(batch, self.version))
+                    train_refs = self.start_train(state)
+                    self.launch(step + 1)
+            waiting = list(self.pending) + train_refs[:1]
+            if not waiting:
+                raise RunError("nothing in flight and no batch ready: the staleness bound starves the run")
+            ready, _ = ray.wait(waiting, num_returns=1, timeout=1.0)
+            self.expire()
+            for ref in ready:
+                if ref in self.pending:
+                    gen_tokens += self.collect(ref)
+            if train_refs and refs_ready(train_refs):
+                results = get(train_refs, cfg.trainer.step_timeout_s, f"train step {step}")
+                train_refs = []
+                state.metrics.update(results[0])
+                state.metrics.update(self.sync_weights(results[0]["version"]))
+                now = time.perf_counter()
+                record = self.step_record(state, now - last_end, now - run_start, gen_tokens)
+                logger.log(record)
+                history.append(record)
+                step, last_end, gen_tokens = step + 1, now, 0
+        return history
+
+    def step_record(self, state: StepState, step_time: float, elapsed: float, gen_tokens: int) -> dict[str, Any]:
+        self.acct.check()
+        m = dict(state.metrics)
+        m.pop("version", None)
+        return {
+            "step": state.step + 1,
+            "policy_version": self.version,
+            "step_time_s": step_time,
+            "tokens_per_s": m.pop("train_tokens") / max(step_time, 1e-9),
+            "gen_tokens_per_s": gen_tokens / max(step_time, 1e-9),
+            "elapsed_s": elapsed,
+            **m,
+            **self.acct.as_metrics(),
+        }
+
+    def shutdown(self) -> None:
+        if self.groups is not None:
+            try:
+                ray.get([t.shutdown.remote() for t in self.groups.trainers], timeout=30)
+            except Exception:  # best effort on the way out
+                pass
+            self.groups.remove()
+            self.groups = None
+
+
+def refs_ready(refs: list[ray.ObjectRef]) -> bool:
+    ready, _ = ray.wait(refs, num_returns=len(refs), timeout=0)
+    return len(ready) == len(refs)
+
+
+def config_dict(cfg: RunConfig) -> dict[str, Any]:
+    return OmegaConf.to_container(OmegaConf.structured(cfg), resolve=True)

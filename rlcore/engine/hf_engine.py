@@ -1,0 +1,146 @@
+"""The transformers rollout engine: batched sampling with a KV cache, for CPU runs and tests.
+
+Decoding is a plain loop over `model.forward` with a `DynamicCache`, so the engine controls
+exactly what it samples from: logits / temperature, then the top-p nucleus, renormalised; the
+logprob it reports is of that distribution. The model is guarded by a lock taken per decode
+step, so a weight update lands between two steps of the requests in flight; their later tokens
+carry the new policy version (like vLLM's pause in "keep" mode).
+"""
+
+from __future__ import annotations
+
+import inspect
+import threading
+from typing import Iterable
+
+import torch
+from transformers import DynamicCache
+
+from rlcore.engine.base import Generation, RolloutEngine, SamplingParams
+
+
+def sample_with_logprobs(
+    logits: torch.Tensor, temperature: float, top_p: float, generator: torch.Generator | None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Sample one token per row of ``logits`` [B, V] and return (tokens [B], logprobs [B]).
+
+    The distribution is ``softmax(logits / temperature)`` restricted to the smallest set of
+    tokens whose mass reaches ``top_p`` and renormalised; logprobs are of that distribution.
+    Temperature 0 is greedy with logprob 0.
+    """
+    if temperature <= 0:
+        return logits.argmax(dim=-1), torch.zeros(logits.shape[0], dtype=torch.float32)
+    logp = torch.log_softmax(logits.float() / temperature, dim=-1)
+    if top_p < 1.0:
+        sorted_logp, order = logp.sort(dim=-1, descending=True)
+        cum = sorted_logp.exp().cumsum(dim=-1)
+        # keep a token if the mass before it is below top_p (the first token is always kept)
+        drop_sorted = (cum - sorted_logp.exp()) >= top_p
+        drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
+        logp = torch.log_softmax(logp.masked_fill(drop, float("-inf")), dim=-1)
+    tokens = torch.multinomial(logp.exp(), 1, generator=generator).squeeze(-1)
+    return tokens, logp.gather(-1, tokens[:, None]).squeeze(-1)
+
+
+class HFEngine(RolloutEngine):
+    """A transformers causal LM served in-process."""
+
+    def __init__(self, model: torch.nn.Module, pad_token_id: int, eos_token_id: int, seed: int = 0,
+                 device: str = "cpu"):
+        self.model = model.to(device).eval()
+        self.device = device
+        self.pad_token_id = pad_token_id
+        self.eos_token_id = eos_token_id
+        self.policy_version = 0
+        self._lock = threading.RLock()
+        self._abort = threading.Event()
+        self._generator = torch.Generator(device=device).manual_seed(seed)
+        # transformers renamed `past_key_values` to `cache` (5.2x); accept both generations
+        params = inspect.signature(self.model.forward).parameters
+        self._cache_kwarg = "cache" if "cache" in params else "past_key_values"
+        self._params = dict(self.model.named_parameters())
+        self._params.update(dict(self.model.named_buffers()))
+
+    @torch.inference_mode()
+    def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Generation]:
+        batch = len(prompts)
+        stop_ids = torch.tensor(sorted({self.eos_token_id, *params.stop_token_ids}), device=self.device)
+        max_len = max(len(p) for p in prompts)
+        # left padding keeps every row's next token at the last position
+        ids = torch.full((batch, max_len), self.pad_token_id, dtype=torch.long, device=self.device)
+        attn = torch.zeros((batch, max_len), dtype=torch.long, device=self.device)
+        for i, p in enumerate(prompts):
+            ids[i, max_len - len(p):] = torch.tensor(p, dtype=torch.long)
+            attn[i, max_len - len(p):] = 1
+        positions = (attn.cumsum(-1) - 1).clamp(min=0)
+        generator = self._generator
+        if params.seed is not None:
+            generator = torch.Generator(device=self.device).manual_seed(params.seed)
+
+        out_tokens: list[list[int]] = [[] for _ in range(batch)]
+        out_logprobs: list[list[float]] = [[] for _ in range(batch)]
+        out_versions: list[list[int]] = [[] for _ in range(batch)]
+        finish = ["length"] * batch
+        done = torch.zeros(batch, dtype=torch.bool, device=self.device)
+        cache = DynamicCache()
+        step_ids, step_pos = ids, positions
+        for _ in range(params.max_new_tokens):
+            if self._abort.is_set():
+                for i in range(batch):
+                    if not done[i]:
+                        finish[i] = "abort"
+                break
+            with self._lock:
+                logits = self.model(
+                    input_ids=step_ids, attention_mask=attn, position_ids=step_pos,
+                    use_cache=True, **{self._cache_kwarg: cache},
+                ).logits[:, -1, :]
+                version = self.policy_version
+            tokens, logprobs = sample_with_logprobs(logits, params.temperature, params.top_p, generator)
+            for i in torch.nonzero(~done).flatten().tolist():
+                tok = int(tokens[i])
+                out_tokens[i].append(tok)
+                out_logprobs[i].append(float(logprobs[i]))
+                out_versions[i].append(version)
+                if tok in stop_ids:
+                    finish[i] = "stop"
+            done |= torch.isin(tokens, stop_ids)
+            if bool(done.all()):
+                break
+            step_ids = torch.where(done, self.pad_token_id, tokens)[:, None]
+            step_pos = step_pos[:, -1:] + 1
+            attn = torch.cat([attn, (~done).long()[:, None]], dim=1)
+        return [
+            Generation(out_tokens[i], out_logprobs[i], out_versions[i], finish[i]) for i in range(batch)
+        ]
+
+    @torch.inference_mode()
+    def score(self, prompt_ids: list[int], completion_ids: list[int]) -> list[float]:
+        ids = torch.tensor([prompt_ids + completion_ids], device=self.device)
+        with self._lock:
+            logits = self.model(input_ids=ids, use_cache=False).logits[0].float()
+        logp = torch.log_softmax(logits[len(prompt_ids) - 1:-1], dim=-1)
+        return logp.gather(-1, ids[0, len(prompt_ids):, None]).squeeze(-1).tolist()
+
+    def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        with self._lock, torch.no_grad():
+            for name, tensor in named_tensors:
+                if name not in self._params:
+                    raise KeyError(f"weight sync: engine has no parameter {name!r}")
+                self._params[name].copy_(tensor)
+
+    def set_version(self, version: int) -> None:
+        with self._lock:
+            self.policy_version = version
+
+    def apply_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
+        # one lock hold for the whole update: no decode step sees half-new weights
+        with self._lock:
+            self.load_weights(named_tensors)
+            self.set_version(version)
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        return {k: v.detach().clone() for k, v in self._params.items()}
+
+    def abort(self) -> None:
+        self._abort.set()

@@ -1,0 +1,122 @@
+"""Turn scored samples into packed, rank-balanced micro-batches for the trainer.
+
+A micro-batch is one row of concatenated samples (no padding compute): ``position_ids`` restart
+at 0 for every sample, which transformers turns into a block-diagonal causal mask (and flash
+attention into variable-length attention), so samples never attend to each other.
+
+Per-token arrays are aligned to *prediction positions*: position ``i`` holds what is needed to
+score token ``i + 1`` of the same sample (its id in ``targets``, the engine's behaviour logprob,
+the sample's advantage, and whether it is trained on). The last position of each sample predicts
+nothing and is masked.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from rlcore.types import Sample
+
+
+@dataclass
+class MicroBatch:
+    """One packed row; all tensors are 1-D of length T."""
+
+    input_ids: torch.Tensor
+    position_ids: torch.Tensor
+    targets: torch.Tensor
+    behaviour_logprobs: torch.Tensor
+    advantages: torch.Tensor
+    loss_mask: torch.Tensor
+    sample_index: torch.Tensor
+    """Index of the sample (within this micro-batch) each position belongs to."""
+    num_samples: int
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.input_ids.numel())
+
+
+def sample_arrays(sample: Sample, advantage: float) -> dict[str, list]:
+    """The per-position lists of one sample (see the module docstring for the alignment)."""
+    tokens = sample.prompt_ids + sample.completion_ids
+    n, p = len(tokens), len(sample.prompt_ids)
+    mask = [0.0] * n
+    behaviour = [0.0] * n
+    for k, (m, lp) in enumerate(zip(sample.loss_mask, sample.logprobs)):
+        mask[p + k - 1] = float(m)
+        behaviour[p + k - 1] = float(lp)
+    return {
+        "input_ids": tokens,
+        "position_ids": list(range(n)),
+        "targets": tokens[1:] + [0],
+        "behaviour_logprobs": behaviour,
+        "advantages": [float(advantage)] * n,
+        "loss_mask": mask,
+    }
+
+
+def make_micro_batch(samples: list[Sample], advantages: list[float]) -> MicroBatch:
+    cols: dict[str, list] = {k: [] for k in
+                             ("input_ids", "position_ids", "targets", "behaviour_logprobs", "advantages", "loss_mask")}
+    index: list[int] = []
+    for j, (s, a) in enumerate(zip(samples, advantages)):
+        arrays = sample_arrays(s, a)
+        for k, v in arrays.items():
+            cols[k].extend(v)
+        index.extend([j] * len(arrays["input_ids"]))
+    long_keys = {"input_ids", "position_ids", "targets"}
+    tensors = {k: torch.tensor(v, dtype=torch.long if k in long_keys else torch.float32) for k, v in cols.items()}
+    return MicroBatch(**tensors, sample_index=torch.tensor(index, dtype=torch.long), num_samples=len(samples))
+
+
+def empty_micro_batch(pad_token_id: int = 0) -> MicroBatch:
+    """A one-token micro-batch with nothing to train on: keeps ranks in collective lock-step
+    when one rank has fewer micro-batches than another."""
+    return make_micro_batch([Sample(prompt_ids=[pad_token_id], completion_ids=[], logprobs=[], versions=[],
+                                    loss_mask=[])], [0.0])
+
+
+def balance_across_ranks(lengths: list[int], num_ranks: int) -> list[list[int]]:
+    """Assign sample indices to ranks so token counts are balanced: longest first, each to the
+    currently lightest rank (LPT scheduling; within 4/3 of optimal)."""
+    loads = [0] * num_ranks
+    assignment: list[list[int]] = [[] for _ in range(num_ranks)]
+    for i in sorted(range(len(lengths)), key=lambda i: -lengths[i]):
+        r = min(range(num_ranks), key=lambda r: loads[r])
+        assignment[r].append(i)
+        loads[r] += lengths[i]
+    return assignment
+
+
+def pack_first_fit(lengths: list[int], indices: list[int], budget: int) -> list[list[int]]:
+    """Pack `indices` into bins of at most `budget` tokens (first-fit decreasing); a sample longer
+    than the budget gets a bin of its own."""
+    bins: list[list[int]] = []
+    loads: list[int] = []
+    for i in sorted(indices, key=lambda i: -lengths[i]):
+        for b, load in enumerate(loads):
+            if load + lengths[i] <= budget:
+                bins[b].append(i)
+                loads[b] += lengths[i]
+                break
+        else:
+            bins.append([i])
+            loads.append(lengths[i])
+    return bins
+
+
+def pack_for_ranks(samples: list[Sample], advantages: list[float], num_ranks: int,
+                   micro_batch_tokens: int, pad_token_id: int = 0) -> list[list[MicroBatch]]:
+    """Split samples over ranks (token-balanced), pack each rank's share into micro-batches of at
+    most `micro_batch_tokens`, and pad every rank to the same number of micro-batches."""
+    lengths = [s.num_tokens for s in samples]
+    per_rank = []
+    for indices in balance_across_ranks(lengths, num_ranks):
+        bins = pack_first_fit(lengths, indices, micro_batch_tokens)
+        per_rank.append([make_micro_batch([samples[i] for i in b], [advantages[i] for i in b]) for b in bins])
+    most = max(len(r) for r in per_rank)
+    for r in per_rank:
+        r.extend(empty_micro_batch(pad_token_id) for _ in range(most - len(r)))
+    return per_rank

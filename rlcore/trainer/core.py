@@ -1,0 +1,206 @@
+"""One trainer rank: an FSDP2-sharded policy, AdamW, and the RL train step.
+
+Pure torch.distributed: the Ray actor in `actors/trainer.py` only sets up the rendezvous and
+calls these methods on every rank in lock-step.
+"""
+
+from __future__ import annotations
+
+import datetime
+import math
+import os
+import time
+from dataclasses import dataclass
+from typing import Iterator
+
+import torch
+import torch.distributed as dist
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from torch.distributed.tensor import DTensor
+
+from rlcore.algo.losses import LossInputs, policy_loss
+from rlcore.config import RunConfig
+from rlcore.models.build import build_model, build_tokenizer
+from rlcore.packing import MicroBatch
+
+
+def token_logprobs(logits: torch.Tensor, targets: torch.Tensor, temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Logprob of each target under ``softmax(logits / temperature)`` and the entropy of that
+    distribution, per position. ``logits`` [T, V], ``targets`` [T]."""
+    logp = torch.log_softmax(logits.float() / temperature, dim=-1)
+    taken = logp.gather(-1, targets[:, None]).squeeze(-1)
+    entropy = -(logp.exp() * logp).sum(-1)
+    return taken, entropy
+
+
+def step_metrics(totals: dict[str, float], extrema: dict[str, float], grad_norm: float,
+                 seconds: float) -> dict[str, float]:
+    """Per-step metrics from rank-summed token sums: `*_sum` and `*_frac` become means over
+    loss tokens (`mismatch_kl_sum` -> `mismatch_kl`, `ratio_sum` -> `ratio_mean`)."""
+    n = max(totals["loss_tokens"], 1.0)
+    out = {"loss": totals["loss"], "entropy": totals["entropy"] / n, "grad_norm": grad_norm,
+           "train_tokens": totals["tokens"], "loss_tokens": totals["loss_tokens"], "train_time_s": seconds}
+    for k, v in totals.items():
+        if k.endswith("_frac"):
+            out[k] = v / n
+        elif k.endswith("_sum"):
+            base = k.removesuffix("_sum")
+            out[base if base in ("mismatch_kl", "kl_ref") else base + "_mean"] = v / n
+    out.update({k: v for k, v in extrema.items() if math.isfinite(v)})
+    return out
+
+
+def sft_loss(inp: LossInputs, normalizer: float) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """``-sum_t m_t log p(x_t) / normalizer``: cross-entropy on the masked (assistant) tokens."""
+    return -(inp.logprobs * inp.loss_mask).sum() / normalizer, {}
+
+
+@dataclass
+class StepResult:
+    metrics: dict[str, float]
+    version: int
+
+
+class TrainerCore:
+    """Holds the sharded model and optimizer of one rank."""
+
+    def __init__(self, cfg: RunConfig, rank: int, world_size: int, device: str = "cpu"):
+        self.cfg, self.rank, self.world_size = cfg, rank, world_size
+        self.device = torch.device(device)
+        backend = "nccl" if self.device.type == "cuda" else "gloo"
+        timeout = datetime.timedelta(seconds=cfg.trainer.step_timeout_s)
+        if not dist.is_initialized():
+            dist.init_process_group(backend=backend, rank=rank, world_size=world_size, timeout=timeout)
+        self.mesh = dist.device_mesh.init_device_mesh(self.device.type, (world_size,), mesh_dim_names=("dp",))
+        torch.manual_seed(cfg.seed)
+        self.tokenizer = build_tokenizer(cfg.model)
+        model = build_model(cfg.model, self.tokenizer).to(self.device)
+        self.model = self._shard(model)
+        t = cfg.trainer
+        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=t.lr, betas=tuple(t.betas),
+                                           weight_decay=t.weight_decay)
+        self.version = 0
+        self.temperature = max(cfg.rollout.sampling.temperature, 1e-6)
+        self.reference = None
+        if cfg.algo.kl_coef > 0:
+            # frozen copy of the initial policy, sharded like it, for the KL-to-reference term
+            reference = build_model(cfg.model, self.tokenizer).to(self.device).eval()
+            reference.requires_grad_(False)
+            self.reference = self._shard(reference)
+
+    def _shard(self, model: torch.nn.Module) -> torch.nn.Module:
+        """FSDP2: each decoder layer is its own unit (all-gathered just before use), then the
+        root (embeddings, norm, head)."""
+        mp = None
+        if self.device.type == "cuda" and self.cfg.trainer.mixed_precision:
+            mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+        kwargs = {"mesh": self.mesh, **({"mp_policy": mp} if mp else {})}
+        for layer in model.model.layers:
+            fully_shard(layer, **kwargs)
+        fully_shard(model, **kwargs)
+        return model
+
+    def forward_logprobs(self, mb: MicroBatch, model: torch.nn.Module | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        out = (model or self.model)(input_ids=mb.input_ids[None].to(self.device),
+                                    position_ids=mb.position_ids[None].to(self.device), use_cache=False)
+        return token_logprobs(out.logits[0], mb.targets.to(self.device), self.temperature)
+
+    def train_step(self, micro_batches: list[MicroBatch], normalizer: float) -> StepResult:
+        """One RL optimizer step (the configured policy loss) over this rank's micro-batches;
+        `normalizer` comes from `rlcore.algo.losses.loss_normalizer` over the global batch."""
+        return self._step(micro_batches, normalizer, lambda inp, n: policy_loss(inp, self.cfg.algo, n))
+
+    def sft_step(self, micro_batches: list[MicroBatch], global_loss_tokens: int) -> StepResult:
+        """One supervised step: token-level negative log-likelihood of the masked tokens."""
+        return self._step(micro_batches, float(max(global_loss_tokens, 1)), sft_loss)
+
+    def _loss_inputs(self, mb: MicroBatch, logprobs: torch.Tensor, entropy: torch.Tensor) -> LossInputs:
+        ref = None
+        if self.reference is not None:
+            with torch.no_grad():
+                ref, _ = self.forward_logprobs(mb, self.reference)
+        return LossInputs(
+            logprobs=logprobs, behaviour_logprobs=mb.behaviour_logprobs.to(self.device),
+            advantages=mb.advantages.to(self.device), loss_mask=mb.loss_mask.to(self.device),
+            sample_index=mb.sample_index.to(self.device), ref_logprobs=ref,
+            entropy=entropy if self.cfg.algo.entropy_coef > 0 else None,
+        )
+
+    def _step(self, micro_batches: list[MicroBatch], normalizer: float, loss_fn) -> StepResult:
+        """One optimizer step over this rank's micro-batches.
+
+        Each micro-batch's loss is a sum divided by `normalizer`, a global-batch count (loss
+        tokens for token-level losses); FSDP averages gradients over ranks, so the loss is scaled
+        by the world size to make the update the gradient of the global objective.
+        """
+        start = time.perf_counter()
+        self.model.train()
+        sums = {"loss": 0.0, "entropy": 0.0, "loss_tokens": 0.0, "tokens": 0.0}
+        maxima: dict[str, float] = {}
+        minima: dict[str, float] = {}
+        for i, mb in enumerate(micro_batches):
+            self.model.set_requires_gradient_sync(i == len(micro_batches) - 1)
+            logprobs, entropy = self.forward_logprobs(mb)
+            inp = self._loss_inputs(mb, logprobs, entropy)
+            loss, metrics = loss_fn(inp, normalizer)
+            (loss * self.world_size).backward()
+            sums["loss"] += float(loss.detach())
+            sums["entropy"] += float((entropy.detach() * inp.loss_mask).sum())
+            sums["loss_tokens"] += float(inp.loss_mask.sum())
+            sums["tokens"] += mb.num_tokens
+            for k, v in metrics.items():
+                if k.endswith("_max"):
+                    maxima[k] = max(maxima.get(k, -math.inf), float(v))
+                elif k.endswith("_min"):
+                    minima[k] = min(minima.get(k, math.inf), float(v))
+                elif k != "entropy_sum":  # entropy is always reported above
+                    sums[k] = sums.get(k, 0.0) + float(v)
+        grad_norm = self._clip_grads()
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.version += 1
+        totals = self._all_reduce(sums, dist.ReduceOp.SUM)
+        extrema = {**self._all_reduce(maxima, dist.ReduceOp.MAX), **self._all_reduce(minima, dist.ReduceOp.MIN)}
+        return StepResult(metrics=step_metrics(totals, extrema, grad_norm, time.perf_counter() - start),
+                          version=self.version)
+
+    def _clip_grads(self) -> float:
+        max_norm = self.cfg.trainer.max_grad_norm
+        params = [p for p in self.model.parameters() if p.grad is not None]
+        norm = torch.nn.utils.clip_grad_norm_(params, max_norm if max_norm > 0 else float("inf"))
+        if isinstance(norm, DTensor):
+            norm = norm.full_tensor()
+        return float(norm)
+
+    def _all_reduce(self, values: dict[str, float], op) -> dict[str, float]:
+        if not values:
+            return {}
+        keys = sorted(values)
+        t = torch.tensor([values[k] for k in keys], dtype=torch.float64, device=self.device)
+        dist.all_reduce(t, op=op)
+        return dict(zip(keys, t.tolist()))
+
+    def full_parameters(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """Unsharded parameters in a fixed order. Collective: every rank must iterate fully."""
+        for name, param in self.model.named_parameters():
+            full = param.full_tensor() if isinstance(param, DTensor) else param
+            yield name, full.detach()
+
+    def parameter_metas(self) -> list[tuple[str, tuple[int, ...], str]]:
+        """(name, full shape, dtype) of every parameter, in `full_parameters` order."""
+        return [(n, tuple(p.shape), str(p.dtype).removeprefix("torch.")) for n, p in self.model.named_parameters()]
+
+    def shutdown(self) -> None:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def free_port() -> int:
+    import socket
+    with socket.socket() as s:
+        s.bind(("", 0))
+        return s.getsockname()[1]
+
+
+def local_ip() -> str:
+    return os.environ.get("RLCORE_NODE_IP") or "127.0.0.1"

@@ -1,0 +1,134 @@
+"""Whole-config validation, before Ray starts: every problem is reported as the key it is about.
+
+`validate(cfg)` raises `ConfigError` with the first problem found; `problems(cfg)` lists all.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from rlcore.config import RunConfig
+
+ENGINES = ("hf", "vllm")
+DTYPES = ("float32", "bfloat16", "float16")
+TOKENIZERS = ("char", "auto")
+MODES = ("rl",)
+
+
+class ConfigError(ValueError):
+    """A bad config value; `str()` is one line that starts with the offending key."""
+
+    def __init__(self, key: str, message: str):
+        self.key = key
+        super().__init__(f"{key}: {message}")
+
+
+def _positive(problems: list, key: str, value, allow_zero: bool = False) -> None:
+    if value is None or (value < 0 if allow_zero else value <= 0):
+        problems.append((key, f"must be {'>= 0' if allow_zero else '> 0'}, got {value!r}"))
+
+
+def problems(cfg: RunConfig) -> list[tuple[str, str]]:
+    out: list[tuple[str, str]] = []
+    if cfg.mode not in MODES:
+        out.append(("mode", f"unknown mode {cfg.mode!r}; choose one of {list(MODES)}"))
+    _positive(out, "steps", cfg.steps)
+
+    m = cfg.model
+    if m.path is None and "model_type" not in m.arch:
+        out.append(("model.arch", "needs model_type (e.g. qwen3) when model.path is null"))
+    if m.path is None and m.tokenizer != "char":
+        out.append(("model.tokenizer", "a random-weight model (model.path null) needs the built-in 'char' tokenizer"))
+    if m.tokenizer not in TOKENIZERS:
+        out.append(("model.tokenizer", f"unknown tokenizer {m.tokenizer!r}; choose one of {list(TOKENIZERS)}"))
+    if m.dtype not in DTYPES:
+        out.append(("model.dtype", f"unknown dtype {m.dtype!r}; choose one of {list(DTYPES)}"))
+    # a hub id ("org/name") is only checked when loaded; a local path can be checked now
+    if m.path and m.path.startswith((".", "/", "~")) and not Path(m.path).expanduser().exists():
+        out.append(("model.path", f"directory {m.path!r} does not exist"))
+
+    t = cfg.trainer
+    _positive(out, "trainer.world_size", t.world_size)
+    _positive(out, "trainer.cpus_per_rank", t.cpus_per_rank)
+    _positive(out, "trainer.gpus_per_rank", t.gpus_per_rank, allow_zero=True)
+    _positive(out, "trainer.lr", t.lr)
+    _positive(out, "trainer.weight_decay", t.weight_decay, allow_zero=True)
+    _positive(out, "trainer.max_grad_norm", t.max_grad_norm, allow_zero=True)
+    _positive(out, "trainer.micro_batch_tokens", t.micro_batch_tokens)
+    _positive(out, "trainer.step_timeout_s", t.step_timeout_s)
+    if len(t.betas) != 2 or not all(0 <= b < 1 for b in t.betas):
+        out.append(("trainer.betas", f"needs two values in [0, 1), got {list(t.betas)}"))
+
+    r = cfg.rollout
+    if r.engine not in ENGINES:
+        out.append(("rollout.engine", f"unknown engine {r.engine!r}; choose one of {list(ENGINES)}"))
+    if r.engine == "vllm" and r.gpus_per_actor < r.tensor_parallel_size:
+        out.append(("rollout.gpus_per_actor", f"the vllm engine needs tensor_parallel_size "
+                    f"({r.tensor_parallel_size}) GPUs per actor, got {r.gpus_per_actor}"))
+    _positive(out, "rollout.num_actors", r.num_actors)
+    _positive(out, "rollout.cpus_per_actor", r.cpus_per_actor)
+    _positive(out, "rollout.gpus_per_actor", r.gpus_per_actor, allow_zero=True)
+    _positive(out, "rollout.tensor_parallel_size", r.tensor_parallel_size)
+    _positive(out, "rollout.tasks_per_request", r.tasks_per_request)
+    _positive(out, "rollout.generate_timeout_s", r.generate_timeout_s)
+    _positive(out, "rollout.weight_sync_timeout_s", r.weight_sync_timeout_s)
+    _positive(out, "rollout.sync_bucket_mb", r.sync_bucket_mb)
+    s = r.sampling
+    _positive(out, "rollout.sampling.temperature", s.temperature, allow_zero=True)
+    if not 0 < s.top_p <= 1:
+        out.append(("rollout.sampling.top_p", f"must be in (0, 1], got {s.top_p}"))
+    _positive(out, "rollout.sampling.max_new_tokens", s.max_new_tokens)
+
+    out.extend(algo_problems(cfg))
+    out.extend(env_problems(cfg))
+
+    c = cfg.cluster
+    _positive(out, "cluster.placement_timeout_s", c.placement_timeout_s)
+    if c.num_cpus is not None:
+        _positive(out, "cluster.num_cpus", c.num_cpus)
+    if c.num_gpus is not None:
+        _positive(out, "cluster.num_gpus", c.num_gpus, allow_zero=True)
+    return out
+
+
+def algo_problems(cfg: RunConfig) -> list[tuple[str, str]]:
+    from rlcore.algo import validate_algo  # the algorithm family validates its own switches
+    out = list(validate_algo(cfg.algo))
+    _positive(out, "algo.max_off_policy_steps", cfg.algo.max_off_policy_steps, allow_zero=True)
+    return out
+
+
+def env_problems(cfg: RunConfig) -> list[tuple[str, str]]:
+    from rlcore.envs import make_env, registered
+    if cfg.env.name not in registered():
+        return [("env.name", f"unknown environment {cfg.env.name!r}; choose one of {sorted(registered())}")]
+    try:  # constructing an environment is cheap and checks its arguments
+        make_env(cfg.env.name, dict(cfg.env.args), cfg.env.seed)
+    except TypeError as exc:
+        return [("env.args", f"{cfg.env.name}: {exc}")]
+    except ValueError as exc:
+        msg = str(exc)
+        key, _, rest = msg.partition(": ")
+        return [(key, rest)] if key.startswith("env.") else [("env.args", msg)]
+    return []
+
+
+def resource_problems(cfg: RunConfig, cpus: float, gpus: float, where: str) -> list[tuple[str, str]]:
+    """Compare what the placement groups will ask for with what the cluster has."""
+    t, r = cfg.trainer, cfg.rollout
+    need_cpu = t.world_size * t.cpus_per_rank + r.num_actors * r.cpus_per_actor
+    need_gpu = t.world_size * t.gpus_per_rank + r.num_actors * r.gpus_per_actor
+    out = []
+    if need_cpu > cpus:
+        out.append(("trainer.cpus_per_rank", f"trainer ({t.world_size} x {t.cpus_per_rank}) + rollout "
+                    f"({r.num_actors} x {r.cpus_per_actor}) need {need_cpu:g} CPUs; {where} has {cpus:g}"))
+    if need_gpu > gpus:
+        out.append(("trainer.gpus_per_rank", f"trainer ({t.world_size} x {t.gpus_per_rank}) + rollout "
+                    f"({r.num_actors} x {r.gpus_per_actor}) need {need_gpu:g} GPUs; {where} has {gpus:g}"))
+    return out
+
+
+def validate(cfg: RunConfig) -> None:
+    found = problems(cfg)
+    if found:
+        raise ConfigError(*found[0])

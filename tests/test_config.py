@@ -1,0 +1,60 @@
+"""Bad config gives one clear line naming the key and exit code 2, before Ray starts."""
+
+import subprocess
+import sys
+
+import pytest
+
+from rlcore.run import compose, main
+from rlcore.validate import ConfigError, problems, validate
+
+BAD = [
+    (["trainer.lr=-1"], "trainer.lr"),
+    (["trainer.world_size=0"], "trainer.world_size"),
+    (["trainer.lr=abc"], "trainer.lr"),
+    (["trainer.no_such_key=1"], "trainer.no_such_key"),
+    (["+recipe=does_not_exist"], "recipe"),
+    (["rollout.engine=tgi"], "rollout.engine"),
+    (["rollout.sampling.top_p=1.5"], "rollout.sampling.top_p"),
+    (["algo.group_size=1"], "algo.group_size"),
+    (["algo.loss=nope"], "algo.loss"),
+    (["algo.max_off_policy_steps=-1"], "algo.max_off_policy_steps"),
+    (["env.name=nope"], "env.name"),
+    (["env.args.min_len=9"], "env.args.min_len"),
+    (["env.args.bogus=1"], "env.args"),
+    (["model.path=/nonexistent/model"], "model.path"),
+    (["trainer.world_size=64"], "trainer.cpus_per_rank"),
+    (["rollout.gpus_per_actor=4"], "trainer.gpus_per_rank"),
+    (["rollout.engine=vllm"], "rollout.gpus_per_actor"),
+]
+
+
+@pytest.mark.parametrize("overrides,key", BAD)
+def test_bad_config_names_the_key(overrides, key, capsys):
+    assert main(overrides) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1, err
+    assert err[0].startswith(f"rlcore: config error: {key}"), err[0]
+
+
+def test_default_config_is_valid(tiny_cfg):
+    assert problems(tiny_cfg) == []
+    validate(tiny_cfg)
+
+
+def test_recipe_and_overrides_compose():
+    cfg = compose(["+recipe=reverse_text", "steps=7", "trainer.lr=0.01"])
+    assert cfg.recipe == "reverse_text" and cfg.steps == 7 and cfg.trainer.lr == 0.01
+
+
+def test_config_error_names_key():
+    err = ConfigError("trainer.lr", "must be > 0")
+    assert str(err) == "trainer.lr: must be > 0" and err.key == "trainer.lr"
+
+
+def test_cli_exit_code_and_no_traceback():
+    proc = subprocess.run([sys.executable, "-m", "rlcore.run", "algo.group_size=abc"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2
+    assert "Traceback" not in proc.stderr
+    assert proc.stderr.strip().startswith("rlcore: config error: algo.group_size")
