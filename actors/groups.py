@@ -32,8 +32,8 @@ def rollout_bundles(cfg: RunConfig) -> list[dict[str, float]]:
 
 @dataclass
 class Groups:
-    trainer_pg: PlacementGroup
-    rollout_pg: PlacementGroup
+    trainer_pg: PlacementGroup | None
+    rollout_pg: PlacementGroup | None
     trainers: list
     rollouts: list
 
@@ -41,7 +41,8 @@ class Groups:
         for a in self.trainers + self.rollouts:
             ray.kill(a, no_restart=True)
         for pg in (self.trainer_pg, self.rollout_pg):
-            remove_placement_group(pg)
+            if pg is not None:
+                remove_placement_group(pg)
 
 
 def _runtime_env() -> dict:
@@ -49,16 +50,18 @@ def _runtime_env() -> dict:
     return {"env_vars": {"NCCL_NVLS_ENABLE": "0", "TOKENIZERS_PARALLELISM": "false"}}
 
 
-def place(cfg: RunConfig) -> Groups:
-    """Reserve both placement groups (PACK: ranks of one group close together), wait for them
-    with a timeout, and start one actor per bundle."""
-    trainer_pg = placement_group(trainer_bundles(cfg), strategy="PACK", name="rlcore-trainer")
-    rollout_pg = placement_group(rollout_bundles(cfg), strategy="PACK", name="rlcore-rollout")
+def place(cfg: RunConfig, trainer: bool = True, rollout: bool = True) -> Groups:
+    """Reserve the placement groups (PACK: ranks of one group close together), wait for them
+    with a timeout, and start one actor per bundle. `mode=sft` needs no rollout group and
+    `mode=eval` no trainer group: pass False to leave one out (its list is then empty)."""
+    trainer_pg = placement_group(trainer_bundles(cfg), strategy="PACK", name="rlcore-trainer") if trainer else None
+    rollout_pg = placement_group(rollout_bundles(cfg), strategy="PACK", name="rlcore-rollout") if rollout else None
+    pgs = [pg for pg in (trainer_pg, rollout_pg) if pg is not None]
     timeout = cfg.cluster.placement_timeout_s
-    ready, _ = ray.wait([trainer_pg.ready(), rollout_pg.ready()], num_returns=2, timeout=timeout)
-    if len(ready) < 2:
-        remove_placement_group(trainer_pg)
-        remove_placement_group(rollout_pg)
+    ready, _ = ray.wait([pg.ready() for pg in pgs], num_returns=len(pgs), timeout=timeout)
+    if len(ready) < len(pgs):
+        for pg in pgs:
+            remove_placement_group(pg)
         raise TimeoutError(
             f"cluster: placement groups not scheduled within {timeout:.0f}s "
             f"(trainer {trainer_bundles(cfg)}, rollout {rollout_bundles(cfg)}); "
@@ -70,15 +73,21 @@ def place(cfg: RunConfig) -> Groups:
             num_cpus=t.cpus_per_rank, num_gpus=t.gpus_per_rank, runtime_env=_runtime_env(),
             scheduling_strategy=PlacementGroupSchedulingStrategy(trainer_pg, placement_group_bundle_index=i),
         ).remote(cfg, i, t.world_size)
-        for i in range(t.world_size)
+        for i in range(t.world_size if trainer else 0)
     ]
     rollout_cls = ray.remote(RolloutWorker)
     rollouts = [
         rollout_cls.options(
-            num_cpus=r.cpus_per_actor, num_gpus=r.gpus_per_actor, max_concurrency=4,
+            num_cpus=r.cpus_per_actor, num_gpus=r.gpus_per_actor,
+            # training generate calls + one evaluation call + the weight pull + one control call
+            # (busy time, RNG state): a weight pull must never wait behind generate calls
+            max_concurrency=max(4, r.max_requests_per_actor + 3),
+            # a dead engine is restarted and rejoins the weight group; its requests in flight are
+            # counted failed by the driver, never retried blindly on new weights
+            max_restarts=r.max_restarts, max_task_retries=0,
             runtime_env=_runtime_env(),
             scheduling_strategy=PlacementGroupSchedulingStrategy(rollout_pg, placement_group_bundle_index=i),
         ).remote(cfg, i)
-        for i in range(r.num_actors)
+        for i in range(r.num_actors if rollout else 0)
     ]
     return Groups(trainer_pg, rollout_pg, trainers, rollouts)

@@ -6,12 +6,13 @@ policy, which the engine swaps in between two decode steps.
 
 from __future__ import annotations
 
-import time
+import dataclasses
 import traceback
 
 import torch
 
-from actors.weight_group import WeightGroup, receive_all
+from actors.weight_transport import EngineReceiver
+from rlcore.busy import BusyClock
 from rlcore.config import RunConfig
 from rlcore.engine.base import RolloutEngine, SamplingParams
 from rlcore.envs import make_env
@@ -47,36 +48,70 @@ class RolloutWorker:
         self.env = make_env(cfg.env.name, dict(cfg.env.args), cfg.env.seed)
         s = cfg.rollout.sampling
         self.params = SamplingParams(max_new_tokens=s.max_new_tokens, temperature=s.temperature, top_p=s.top_p)
-        self.weight_group: WeightGroup | None = None
-        self.plan: SyncPlan | None = None
+        self.receiver: EngineReceiver | None = None
+        self.clock = BusyClock()
 
     def ready(self) -> int:
         return self.index
 
-    def init_weight_group(self, address: str, port: int, rank: int, world_size: int, plan: SyncPlan) -> bool:
-        device = "cuda" if self.cfg.rollout.gpus_per_actor > 0 else "cpu"
-        self.plan = plan
-        self.weight_group = WeightGroup(address, port, rank, world_size,
-                                        self.cfg.rollout.weight_sync_timeout_s, device)
+    def init_weight_group(self, address: str, port: int, plan: SyncPlan) -> bool:
+        """Join the weight-sync group (the trainer's rank 0 joins at the same time)."""
+        self.receiver = EngineReceiver(self.cfg, self.engine, self.index, address, port, plan)
         return True
 
     def pull_weights(self, version: int) -> dict:
-        start = time.perf_counter()
-        tensors = receive_all(self.weight_group, self.plan)
-        received = time.perf_counter()
-        self.engine.apply_weights(tensors, version)
-        return {"sync_recv_s": received - start, "sync_apply_s": time.perf_counter() - received}
+        return self.receiver.receive(version)
 
-    def generate_groups(self, tasks: list[Task], group_size: int, split: str = "train") -> list[Group]:
+    def canary_logprobs(self, pairs: list[tuple[list[int], list[int]]]) -> list[list[float]]:
+        """The engine's teacher-forced logprobs (temperature 1) for the canary pairs."""
+        score_batch = getattr(self.engine, "score_batch", None)
+        if score_batch is not None:
+            return score_batch([(list(p), list(c)) for p, c in pairs])
+        return [self.engine.score(list(p), list(c)) for p, c in pairs]
+
+    def generate_groups(self, tasks: list[Task], group_size: int, split: str = "train", seed: int | None = None,
+                        sampling: dict | None = None) -> list[Group]:
         """Run `group_size` episodes per task. Never raises for an engine or reward fault: the
-        samples come back marked failed, so the driver can count them."""
+        samples come back marked failed, so the driver can count them. `seed` seeds this request's
+        sampling alone (reproducible whatever runs concurrently); `sampling` overrides fields of
+        the configured SamplingParams (evaluation)."""
+        params = self.params
+        if seed is not None or sampling:
+            params = dataclasses.replace(params, **(sampling or {}), **({"seed": seed} if seed is not None else {}))
         try:
-            return self.env.run_groups(tasks, group_size, self.engine, self.tokenizer, self.params)
+            with self.clock.busy():
+                return self.env.run_groups(tasks, group_size, self.engine, self.tokenizer, params)
         except Exception as exc:
             return failed_groups(tasks, group_size, f"{type(exc).__name__}: {exc}\n{traceback.format_exc(limit=3)}")
 
+    def busy_seconds(self) -> float:
+        """Seconds this actor spent generating (overlapping requests counted once)."""
+        return self.clock.seconds()
+
     def policy_version(self) -> int:
         return self.engine.policy_version
+
+    def rng_state(self):
+        """The engine's sampling RNG state (None if the engine does not expose one)."""
+        get = getattr(self.engine, "rng_state", None)
+        return get() if get is not None else None
+
+    def set_rng_state(self, state) -> bool:
+        """Restore a state from `rng_state` (resume); False if the engine has no such RNG."""
+        put = getattr(self.engine, "set_rng_state", None)
+        if put is None or state is None:
+            return False
+        put(state)
+        return True
+
+    def load_checkpoint_weights(self, path: str, version: int) -> bool:
+        """Load a checkpoint's model weights straight into the engine (evaluation of a
+        checkpoint without a trainer group)."""
+        from rlcore.checkpoint import load_model_weights
+        model = build_model(self.cfg.model, self.tokenizer)
+        load_model_weights(model, path)
+        self.engine.apply_weights(model.named_parameters(), version)
+        return True
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         return self.engine.state_dict()

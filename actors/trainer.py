@@ -8,9 +8,11 @@ import time
 import ray
 import torch
 
-from actors.weight_group import WeightGroup
+from actors.weight_transport import TrainerSender
 from rlcore.config import RunConfig
-from rlcore.packing import MicroBatch
+from rlcore.packing import MicroBatch, make_micro_batch
+from rlcore.trainer.forward import forward_logprobs
+from rlcore.types import Sample
 from rlcore.trainer.core import TrainerCore, free_port
 from rlcore.weight_sync import SyncPlan
 
@@ -23,7 +25,7 @@ class TrainerRank:
         self.device = "cuda" if cfg.trainer.gpus_per_rank > 0 else "cpu"
         torch.set_num_threads(max(1, int(cfg.trainer.cpus_per_rank)))
         self.core: TrainerCore | None = None
-        self.weight_group: WeightGroup | None = None
+        self.sender: TrainerSender | None = None
 
     def address(self) -> tuple[str, int]:
         """Where this rank can host a rendezvous (called on rank 0)."""
@@ -39,25 +41,66 @@ class TrainerRank:
     def parameter_metas(self) -> list[tuple[str, tuple[int, ...], str]]:
         return self.core.parameter_metas()
 
-    def init_weight_group(self, address: str, port: int, world_size: int) -> bool:
+    def init_weight_group(self, address: str, port: int, plan: SyncPlan) -> bool:
+        """Rank 0 joins the weight-sync group as its sender (the engines join at the same time)."""
         if self.rank == 0:
-            self.weight_group = WeightGroup(address, port, 0, world_size,
-                                            self.cfg.rollout.weight_sync_timeout_s, self.device)
+            self.sender = TrainerSender(self.cfg, address, port, plan, self.device)
         return True
 
-    def train_step(self, micro_batches: list[MicroBatch], normalizer: float) -> dict:
-        result = self.core.train_step(micro_batches, normalizer)
-        return {**result.metrics, "version": result.version}
+    def canary_logprobs(self, pairs: list[tuple[list[int], list[int]]]) -> list[list[float]]:
+        """Teacher-forced logprobs (temperature 1) of each completion after its prompt, under the
+        current weights (collective: every rank runs the same forward; rank 0's answer is used)."""
+        samples = [Sample(list(p), list(c), [0.0] * len(c), [0] * len(c), [1] * len(c)) for p, c in pairs]
+        mb = make_micro_batch(samples, [0.0] * len(samples))
+        with torch.no_grad():
+            logprobs, _ = forward_logprobs(self.core.model, mb, 1.0, self.core.parallel, self.core.device)
+        logprobs, mask = logprobs.float().cpu(), mb.loss_mask.bool()
+        return [logprobs[(mb.sample_index == i) & mask].tolist() for i in range(len(pairs))]
 
-    def push_weights(self, plan: SyncPlan) -> dict:
+    def train_step(self, micro_batches: list[MicroBatch], normalizer: float) -> dict:
+        lr = self.core.optimizer.param_groups[0]["lr"]  # the rate this step uses
+        result = self.core.train_step(micro_batches, normalizer)
+        return {**result.metrics, "version": result.version, "lr": float(lr)}
+
+    def sft_step(self, micro_batches: list[MicroBatch], global_loss_tokens: int) -> dict:
+        lr = self.core.optimizer.param_groups[0]["lr"]
+        result = self.core.sft_step(micro_batches, global_loss_tokens)
+        return {**result.metrics, "version": result.version, "lr": float(lr)}
+
+    def save_checkpoint(self, path: str) -> bool:
+        """Write this rank's shard into checkpoint directory `path` (collective)."""
+        from rlcore.checkpoint import save_trainer
+        save_trainer(self.core, path)
+        return True
+
+    def load_checkpoint(self, path: str) -> int:
+        """Load a checkpoint saved at any trainer world size (collective); returns its version."""
+        from rlcore.checkpoint import load_trainer
+        return load_trainer(self.core, path)
+
+    def export_hf(self, out_dir: str) -> str | None:
+        """Write the current full weights as a Hugging Face directory from rank 0 (collective:
+        every rank takes part in gathering the parameters)."""
+        from rlcore.export import write_hf_dir
+        params = self.core.full_parameters()
+        if self.rank != 0:
+            for _ in params:
+                pass
+            return None
+        return str(write_hf_dir(out_dir, params, model=self.core.model, tokenizer=self.core.tokenizer,
+                                dtype=self.cfg.model.dtype))
+
+    def push_weights(self) -> dict:
         """Gather full parameters (all ranks) and broadcast them from rank 0, bucket by bucket."""
         start = time.perf_counter()
         params = self.core.full_parameters()
         sent = 0
-        if self.rank == 0:
-            sent = self.weight_group.send(plan, params)
-        else:
-            for _ in params:  # take part in the FSDP all-gathers only
+        try:
+            if self.rank == 0:
+                sent = self.sender.send(params)
+        finally:
+            # finish the FSDP all-gathers even if a broadcast failed: the other ranks are in them
+            for _ in params:
                 pass
         return {"sync_bytes": sent, "sync_send_s": time.perf_counter() - start}
 

@@ -113,5 +113,9 @@ class RolloutBuffer:
         self.acct.trained += n
         return batch
 
+    def snapshot(self) -> list[Group]:
+        """The buffered groups, oldest first (a checkpoint records their tasks)."""
+        return list(self._groups)
+
     def max_staleness(self, batch: list[Group], version: int) -> int:
         return max(version - g.min_version for g in batch)

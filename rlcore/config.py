@@ -32,6 +32,23 @@ class ModelConfig:
 
 
 @dataclass
+class LoRAConfig:
+    """Low-rank adapters on the linear layers of a dense policy (see `rlcore.trainer.lora`)."""
+
+    enabled: bool = False
+    """Train LoRA adapters only (base weights frozen); engines receive merged weights W + (alpha/rank) B A."""
+    rank: int = 16
+    """Adapter rank r."""
+    alpha: float = 32.0
+    """Adapter scale numerator: the update is (alpha / rank) * B A."""
+    dropout: float = 0.0
+    """Dropout on the adapter input."""
+    target_modules: list[str] = field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj",
+                                                               "gate_proj", "up_proj", "down_proj"])
+    """Last name component of the nn.Linear modules to adapt."""
+
+
+@dataclass
 class TrainerConfig:
     """The trainer group: FSDP2 ranks, optimizer, micro-batching."""
 
@@ -55,6 +72,24 @@ class TrainerConfig:
     """bf16 compute with fp32 reduction on GPU (ignored on CPU, where it would only be slower)."""
     step_timeout_s: float = 600.0
     """Longest a train step may take before the driver stops the run with an error."""
+    lr_schedule: str = "constant"
+    """Learning-rate shape after warmup: `constant`, `linear` or `cosine` (decay over `steps`)."""
+    warmup_steps: int = 0
+    """Steps of linear warmup from 0 to `lr` (0 = none)."""
+    min_lr_ratio: float = 0.0
+    """`linear`/`cosine`: the learning rate at the last step, as a fraction of `lr`."""
+    dp: Optional[int] = None
+    """Data-parallel degree (distinct micro-batch streams); null = world_size // cp. dp * cp == world_size."""
+    cp: int = 1
+    """Context-parallel degree: each packed micro-batch is split over cp ranks (Ulysses; cp | attention heads)."""
+    ep: int = 1
+    """Expert-parallel degree for MoE models: experts split over ep ranks borrowed from dp*cp (ep | world_size, ep | num_experts)."""
+    activation_checkpointing: str = "none"
+    """Recompute decoder-layer activations in backward: `none`, `full` or `selective` (save matmul/attention outputs only)."""
+    logprob_chunk_tokens: int = 2048
+    """Tokens per chunk of the fused lm_head + logprob/entropy (never materialises [T, vocab] fp32); 0 = unchunked."""
+    lora: LoRAConfig = field(default_factory=LoRAConfig)
+    """LoRA adapters (dense models): only adapters are trained."""
 
 
 @dataclass
@@ -85,6 +120,9 @@ class RolloutConfig:
     """Tensor parallelism inside one vLLM engine."""
     tasks_per_request: int = 4
     """Tasks (prompts) sent to an actor in one generate call; each expands to `algo.group_size`."""
+    max_requests_per_actor: int = 2
+    """Generate calls in flight per actor (vLLM batches them continuously; more keeps a GPU busy,
+    fewer keeps requests closer to the newest weights)."""
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
     """Sampling parameters."""
     generate_timeout_s: float = 300.0
@@ -93,6 +131,21 @@ class RolloutConfig:
     """Timeout of every weight-sync collective."""
     sync_bucket_mb: float = 64.0
     """Size of one weight-sync bucket in MiB."""
+    max_restarts: int = 3
+    """Times Ray restarts a dead rollout actor (it then rejoins the weight group); -1 = always."""
+    engine_kwargs: dict[str, Any] = field(default_factory=dict)
+    """Extra engine arguments (vLLM `AsyncEngineArgs`, e.g. enforce_eager, gpu_memory_utilization,
+    max_model_len); ignored by the hf engine."""
+    canary_prompts: int = 4
+    """Fixed prompts (16 + 16 random tokens) whose engine vs trainer logprobs are compared after
+    every sync; 0 disables the canary."""
+    canary_max_gap: float = 1.0
+    """Largest per-token |engine - trainer| logprob gap (nats) a sync may leave; past it the run stops."""
+    canary_mean_gap: float = 0.1
+    """Largest mean per-token gap (nats) a sync may leave; past it the run stops."""
+    request_seeds: bool = True
+    """Seed each generate request from (seed, task index) so sampling does not depend on thread or
+    actor interleaving (synchronous runs and their resumes are exact); false uses each engine's RNG."""
 
 
 @dataclass
@@ -180,6 +233,12 @@ class ClusterConfig:
     """GPUs for a locally started Ray (null = all of this machine's)."""
     placement_timeout_s: float = 120.0
     """Longest to wait for the placement groups to be scheduled."""
+    nodes: Optional[int] = None
+    """Nodes of the cluster the run is planned for (`dry_run` and validation); null = this machine."""
+    gpus_per_node: int = 8
+    """GPUs per node of the described cluster."""
+    cpus_per_node: int = 64
+    """CPUs per node of the described cluster."""
 
 
 @dataclass
@@ -197,11 +256,82 @@ class LoggerConfig:
 
 
 @dataclass
+class CheckpointConfig:
+    """Checkpoints (trainer via torch.distributed.checkpoint + driver state), resume and export."""
+
+    dir: Optional[str] = None
+    """Directory holding `step_NNNNNNNN/` checkpoints (null = `{output_dir}/checkpoints`)."""
+    interval: int = 0
+    """Save every this many steps (0 = only the final one, if `save_final`)."""
+    keep_last: int = 3
+    """Committed checkpoints to keep; older ones are deleted after a save (0 = keep all)."""
+    save_final: bool = True
+    """Save after the last step (`rl` and `sft` modes)."""
+    resume: Optional[str] = None
+    """`true`/`latest`: continue from the newest checkpoint in `dir` (fresh start if none); a path:
+    that checkpoint (must exist); null/`false`: fresh start. `resume=...` on the CLI is an alias."""
+    export_final: bool = False
+    """After the last step, also write the weights as a Hugging Face model directory."""
+    export_dir: Optional[str] = None
+    """Where `export_final` writes (null = `{output_dir}/hf`)."""
+
+
+@dataclass
+class SFTConfig:
+    """Supervised fine-tuning on chat data (`mode=sft`); loss on assistant tokens only."""
+
+    dataset: str = "env"
+    """A `.jsonl` file of `{"messages": [...]}` rows, `env` (demonstrations: the task prompts of
+    `env` answered with their reference answers), or a `datasets` hub name / saved dataset dir."""
+    split: str = "train"
+    """Split of the `datasets` dataset, or of the environment for `env`."""
+    messages_key: str = "messages"
+    """Field holding the chat messages in a JSONL row or dataset record."""
+    num_examples: int = 0
+    """Use the first N examples (0 = all; `env` needs N > 0: the number of tasks rendered)."""
+    batch_examples: int = 32
+    """Examples per optimizer step."""
+    max_seq_len: int = 2048
+    """Longer tokenized examples are dropped (and counted)."""
+    warmup_steps: int = 0
+    """In `rl` mode: SFT steps on `dataset` before the first RL step (fresh runs only), on the same
+    trainer group and optimizer; the RL run's policy versions continue from them."""
+    shuffle: bool = True
+    """Reshuffle the examples every epoch (seeded by `seed` and the epoch: order is reproducible)."""
+
+
+@dataclass
+class EvalConfig:
+    """Evaluation on the environment's eval split: mean reward and unbiased pass@k."""
+
+    every_n_steps: int = 0
+    """During `rl`, evaluate the current policy after every N steps and after the last (0 = never)."""
+    num_tasks: int = 0
+    """Tasks of the eval split per evaluation: indices 0..num_tasks-1 (0 = the whole split)."""
+    samples_per_task: int = 8
+    """Completions per task (n of pass@k)."""
+    k: list[int] = field(default_factory=lambda: [1, 8])
+    """pass@k values reported (each <= samples_per_task)."""
+    correct_threshold: float = 1.0
+    """A completion counts as correct for pass@k when its reward is >= this."""
+    split: str = "eval"
+    """Environment split evaluated."""
+    temperature: Optional[float] = None
+    """Sampling temperature (null = rollout.sampling.temperature)."""
+    max_new_tokens: Optional[int] = None
+    """Completion length cap (null = rollout.sampling.max_new_tokens)."""
+    seed: int = 1234
+    """Sampling seed of evaluation requests: every evaluation draws with the same randomness."""
+    timeout_s: float = 600.0
+    """Longest the end of a run waits for evaluations still running."""
+
+
+@dataclass
 class RunConfig:
     """A whole run."""
 
     mode: str = "rl"
-    """`rl`."""
+    """`rl` (reinforcement learning), `sft` (supervised fine-tuning) or `eval` (evaluate only)."""
     output_dir: str = "outputs/run"
     """Directory the run writes metrics, config and checkpoints to."""
     steps: int = 50
@@ -222,6 +352,15 @@ class RunConfig:
     """The Ray cluster."""
     logger: LoggerConfig = field(default_factory=LoggerConfig)
     """Metrics sinks."""
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    """Checkpoints, resume and export."""
+    sft: SFTConfig = field(default_factory=SFTConfig)
+    """Supervised fine-tuning data (`mode=sft`)."""
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    """Evaluation (`mode=eval`, and periodic evaluation during `rl`)."""
+    dry_run: bool = False
+    """Validate, print the placement plan (placement groups, bundles, meshes, engines) and exit
+    without starting Ray."""
     recipe: Optional[str] = None
     """Name of the recipe this config came from (set by `+recipe=NAME`)."""
 
@@ -229,12 +368,15 @@ class RunConfig:
 __all__ = [
     "MISSING",
     "AlgoConfig",
+    "CheckpointConfig",
     "ClusterConfig",
     "EnvConfig",
+    "EvalConfig",
     "LoggerConfig",
     "ModelConfig",
     "RolloutConfig",
     "RunConfig",
     "SamplingConfig",
+    "SFTConfig",
     "TrainerConfig",
 ]

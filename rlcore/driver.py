@@ -22,11 +22,14 @@ from omegaconf import OmegaConf
 from actors.groups import Groups, place
 from rlcore.algo.advantages import compute_advantages, nonzero_advantage_groups
 from rlcore.algo.losses import loss_normalizer
+from rlcore.canary import CanaryError, canary_prompts, compare_logprobs
 from rlcore.buffer import Accounting, RolloutBuffer
 from rlcore.config import RunConfig
 from rlcore.envs import make_env
+from rlcore.lifecycle import StepHooks, TaskFeed
 from rlcore.metrics import MetricsLogger
 from rlcore.packing import pack_for_ranks
+from rlcore.trainer.parallel import data_parallel_size, shards_per_rank
 from rlcore.types import Group, Task
 from rlcore.weight_sync import SyncPlan, TensorMeta, plan_buckets
 
@@ -43,6 +46,9 @@ class Request:
     tasks: list[Task]
     samples: int
     launched_at: float
+    indices: list[int] = field(default_factory=list)
+    """Train-stream index of each task (data order; put back on resume)."""
+    seq: int = -1
 
 
 @dataclass
@@ -55,14 +61,51 @@ class StepState:
     metrics: dict[str, Any] = field(default_factory=dict)
 
 
-def get(refs, timeout_s: float, what: str):
-    """`ray.get` with a timeout and an error that names the operation."""
+def get(refs, timeout_s: float, what: str, names: list[str] | None = None):
+    """`ray.get` with a timeout and an error that names the operation and, given `names` (one per
+    ref), which participant died or failed."""
     try:
         return ray.get(refs, timeout=timeout_s)
     except ray.exceptions.GetTimeoutError as exc:
         raise RunError(f"{what} did not finish within {timeout_s:.0f}s") from exc
     except ray.exceptions.RayActorError as exc:
-        raise RunError(f"{what} failed: an actor died ({exc})") from exc
+        raise RunError(f"{what} failed: {failed_names(refs, names) or 'an actor'} died ({exc})") from exc
+
+
+def failed_names(refs, names: list[str] | None) -> str:
+    if not names or not isinstance(refs, list):
+        return ""
+    dead = []
+    for ref, name in zip(refs, names):
+        try:
+            ray.get(ref, timeout=0)
+        except ray.exceptions.RayActorError:
+            dead.append(name)
+        except ray.exceptions.RayError:
+            pass
+    return ", ".join(dead)
+
+
+def wait_ready(actors: list, timeout_s: float) -> None:
+    """Wait until every actor answers `ready()`, riding out restarts (an actor Ray is restarting
+    answers "unavailable" until its constructor has run again)."""
+    deadline = time.monotonic() + timeout_s
+    pending = list(actors)
+    while pending:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise RunError(f"{len(pending)} rollout actor(s) not ready within {timeout_s:.0f}s")
+        still = []
+        for actor in pending:
+            try:
+                ray.get(actor.ready.remote(), timeout=min(left, 30.0))
+            except (ray.exceptions.ActorUnavailableError, ray.exceptions.GetTimeoutError):
+                still.append(actor)
+            except ray.exceptions.ActorDiedError as exc:
+                raise RunError(f"a rollout actor died for good (restarts exhausted): {exc}") from exc
+        pending = still
+        if pending:
+            time.sleep(0.5)
 
 
 class Driver:
@@ -74,11 +117,17 @@ class Driver:
         capacity = (a.max_off_policy_steps + 2) * a.batch_groups + cfg.rollout.num_actors * cfg.rollout.tasks_per_request
         self.buffer = RolloutBuffer(a.max_off_policy_steps, capacity, self.acct)
         self.env = make_env(cfg.env.name, dict(cfg.env.args), cfg.env.seed)
-        self.task_stream = self.env.tasks("train")
+        self.feed = TaskFeed(self.env, cfg)  # the data order (train stream + put-back tasks)
+        self.start_step = 0  # steps already done (a resume sets it)
+        self.request_seq = 0  # generate requests launched so far
+        self.hooks = StepHooks(self)  # resume, checkpoints, evaluation, data-order log
         self.version = 0  # policy version served by the engines (== optimizer steps synced)
         self.pending: dict[ray.ObjectRef, Request] = {}
         self.groups: Groups | None = None
         self.plan: SyncPlan | None = None
+        self._rollout_busy_last = 0.0
+        self.rejoin_needed = False
+        self.restarts = 0
         self._next_actor = itertools.cycle(range(cfg.rollout.num_actors))
 
     # -- setup ---------------------------------------------------------------------------------
@@ -94,25 +143,80 @@ class Driver:
         metas = get(g.trainers[0].parameter_metas.remote(), t.step_timeout_s, "parameter metadata")
         self.plan = plan_buckets([TensorMeta(n, tuple(s), d) for n, s, d in metas],
                                  int(cfg.rollout.sync_bucket_mb * 2**20))
-        waddr, wport = get(g.trainers[0].address.remote(), t.step_timeout_s, "weight group address")
-        world = 1 + cfg.rollout.num_actors
-        timeout = cfg.rollout.weight_sync_timeout_s
-        get([tr.init_weight_group.remote(waddr, wport, world) for tr in g.trainers]
-            + [r.init_weight_group.remote(waddr, wport, 1 + i, world, self.plan) for i, r in enumerate(g.rollouts)],
-            timeout, "weight group init")
-        self.sync_weights(0)  # engines start from exactly the trainer's initial weights
+        self.init_weight_group()
+        self.hooks.setup()  # fresh: sync version 0; resume: load the checkpoint, sync its weights
+
+    def init_weight_group(self) -> None:
+        """(Re)build the weight-sync group: trainer rank 0 plus every rollout actor, on a fresh
+        rendezvous port (a group whose member died cannot be repaired, only replaced)."""
+        g, cfg = self.groups, self.cfg
+        wait_ready(g.rollouts, cfg.rollout.generate_timeout_s)
+        waddr, wport = get(g.trainers[0].address.remote(), cfg.trainer.step_timeout_s, "weight group address")
+        get([tr.init_weight_group.remote(waddr, wport, self.plan) for tr in g.trainers]
+            + [r.init_weight_group.remote(waddr, wport, self.plan) for r in g.rollouts],
+            cfg.rollout.weight_sync_timeout_s, "weight group init")
+        self.rejoin_needed = False
+
+    def rejoin(self) -> None:
+        """After a rollout actor died and Ray restarted it: rebuild the weight group and give
+        every engine the current weights before it serves again."""
+        log.warning("rollout actor restarted: rebuilding the weight group and re-sending version %d", self.version)
+        self.restarts += 1
+        self.init_weight_group()
+        self._sync(self.version)
 
     def sync_weights(self, version: int) -> dict[str, float]:
-        """Push the trainer's weights to every engine as `version`; returns timing metrics."""
+        """Push the trainer's weights to every engine as `version`; returns timing metrics. A
+        sync that fails because a rollout actor died is retried once on a rebuilt group."""
+        try:
+            return self._sync(version)
+        except RunError as exc:
+            log.warning("weight sync to version %d failed (%s); rebuilding the weight group", version, exc)
+            self.restarts += 1
+            self.init_weight_group()
+            return self._sync(version)
+
+    def _sync(self, version: int) -> dict[str, float]:
         g = self.groups
         start = time.perf_counter()
         timeout = self.cfg.rollout.weight_sync_timeout_s
-        out = get([tr.push_weights.remote(self.plan) for tr in g.trainers]
-                  + [r.pull_weights.remote(version) for r in g.rollouts], timeout, f"weight sync to version {version}")
+        try:
+            out = get([tr.push_weights.remote() for tr in g.trainers]
+                      + [r.pull_weights.remote(version) for r in g.rollouts], timeout,
+                      f"weight sync to version {version}")
+        except ray.exceptions.RayTaskError as exc:
+            raise RunError(f"weight sync to version {version} failed: {exc}") from exc
         self.version = version
         elapsed = time.perf_counter() - start
         sent = out[0]["sync_bytes"]
-        return {"sync_time_s": elapsed, "sync_gb_per_s": sent / max(elapsed, 1e-9) / 1e9}
+        metrics = {"sync_time_s": elapsed, "sync_gb_per_s": sent / max(elapsed, 1e-9) / 1e9}
+        metrics.update(self.check_canary(version))
+        return metrics
+
+    def canary_pairs(self) -> list[tuple[list[int], list[int]]]:
+        vocab_size = next(m.shape[0] for b in self.plan.buckets for m in b.metas
+                          if m.name.endswith("embed_tokens.weight"))
+        return canary_prompts(vocab_size, num_prompts=self.cfg.rollout.canary_prompts, seed=self.cfg.seed + 1234)
+
+    def check_canary(self, version: int) -> dict[str, float]:
+        """After a sync, every engine's teacher-forced logprobs on a fixed prompt set must match
+        the trainer's (a stale, partial or mis-mapped sync shows as whole nats of gap)."""
+        r = self.cfg.rollout
+        if r.canary_prompts <= 0:
+            return {}
+        pairs = self.canary_pairs()
+        timeout = r.weight_sync_timeout_s
+        trainer = get([tr.canary_logprobs.remote(pairs) for tr in self.groups.trainers], timeout, "canary (trainer)")[0]
+        engines = get([a.canary_logprobs.remote(pairs) for a in self.groups.rollouts], timeout, "canary (engines)")
+        worst = None
+        for i, engine in enumerate(engines):
+            try:
+                res = compare_logprobs(engine, trainer, max_gap=r.canary_max_gap, mean_gap=r.canary_mean_gap)
+            except CanaryError as exc:
+                raise RunError(f"canary after sync to version {version}, rollout actor {i}: {exc}") from exc
+            if worst is None or res.max_gap > worst.max_gap:
+                worst = res
+        return {"canary_max_gap": worst.max_gap, "canary_mean_gap": worst.mean_gap}
 
     # -- generation ----------------------------------------------------------------------------
     def groups_allowed_in_flight(self, batches_started: int) -> int:
@@ -126,13 +230,18 @@ class Driver:
     def launch(self, batches_started: int) -> None:
         r, a = self.cfg.rollout, self.cfg.algo
         queued = sum(len(q.tasks) for q in self.pending.values()) + len(self.buffer)
-        per_actor_cap = 2  # keep each actor fed without queueing far ahead of the weights
+        per_actor_cap = r.max_requests_per_actor
+        if self.rejoin_needed:  # a restarted engine would serve stale weights until the rejoin
+            return
         while queued < self.groups_allowed_in_flight(batches_started) and len(self.pending) < per_actor_cap * r.num_actors:
             n_tasks = min(r.tasks_per_request, self.groups_allowed_in_flight(batches_started) - queued)
-            tasks = [next(self.task_stream) for _ in range(n_tasks)]
+            indices, tasks = self.feed.take(n_tasks)
             actor = next(self._next_actor)
-            ref = self.groups.rollouts[actor].generate_groups.remote(tasks, a.group_size)
-            self.pending[ref] = Request(actor, tasks, n_tasks * a.group_size, time.perf_counter())
+            ref = self.groups.rollouts[actor].generate_groups.remote(tasks, a.group_size, "train",
+                                                                     self.feed.seed(indices))
+            self.pending[ref] = Request(actor, tasks, n_tasks * a.group_size, time.perf_counter(), indices,
+                                        self.request_seq)
+            self.request_seq += 1
             self.buffer.launched(n_tasks * a.group_size)
             queued += n_tasks
 
@@ -145,7 +254,11 @@ class Driver:
             log.warning("generate request on rollout actor %d failed (%s): %d samples counted failed",
                         req.actor, type(exc).__name__, req.samples)
             self.buffer.fail(req.samples)
+            if isinstance(exc, ray.exceptions.RayActorError):
+                self.rejoin_needed = True  # Ray restarts it; it must get the weights first
             return 0
+        for group, index in zip(groups, req.indices):
+            group.request_id, group.stream_index = req.seq, index
         for group in groups:
             self.buffer.add(group)
         return sum(len(s.completion_ids) for g in groups for s in g.samples if not s.failed)
@@ -187,7 +300,8 @@ class Driver:
         cfg = self.cfg
         samples = [s for g in state.batch for s in g.samples]
         flat_adv = self.advantages(state.batch)
-        shards = pack_for_ranks(samples, flat_adv, cfg.trainer.world_size, cfg.trainer.micro_batch_tokens)
+        # one shard per data-parallel rank; context-parallel ranks share their group's shard
+        shards = pack_for_ranks(samples, flat_adv, data_parallel_size(cfg.trainer), cfg.trainer.micro_batch_tokens)
         loss_tokens = sum(int(mb.loss_mask.sum()) for shard in shards for mb in shard)
         normalizer = loss_normalizer(cfg.algo, loss_tokens, len(samples), cfg.rollout.sampling.max_new_tokens)
         all_rewards = [s.reward for s in samples]
@@ -200,27 +314,31 @@ class Driver:
             "batch_samples": len(samples),
         })
         # each rank fetches its own shard from the object store
-        return [tr.train_step.remote(ray.put(shard), normalizer) for tr, shard in zip(self.groups.trainers, shards)]
+        refs = shards_per_rank([ray.put(shard) for shard in shards], cfg.trainer)
+        return [tr.train_step.remote(ref, normalizer) for tr, ref in zip(self.groups.trainers, refs)]
 
     # -- the loop ------------------------------------------------------------------------------
     def run(self, logger: MetricsLogger) -> list[dict[str, Any]]:
         cfg = self.cfg
         history: list[dict[str, Any]] = []
-        step = 0
+        step = self.start_step
         train_refs: list[ray.ObjectRef] = []
         state: StepState | None = None
         gen_tokens = 0
         run_start = last_end = time.perf_counter()
         while step < cfg.steps:
+            if self.rejoin_needed and not train_refs:
+                self.rejoin()
             self.launch(step + (1 if train_refs else 0))
             if not train_refs:
                 keep = self.keep_group if cfg.algo.filter_zero_adv_groups else None
                 batch = self.buffer.pop_batch(self.version, cfg.algo.batch_groups, keep)
                 if batch is not None:
+                    batch.sort(key=lambda g: g.stream_index)  # arrival order is timing: train in data order
                     state = StepState(step, batch, self.buffer.max_staleness(batch, self.version))
                     train_refs = self.start_train(state)
                     self.launch(step + 1)
-            waiting = list(self.pending) + train_refs[:1]
+            waiting = list(self.pending) + train_refs[:1] + self.hooks.refs()
             if not waiting:
                 raise RunError("nothing in flight and no batch ready: the staleness bound starves the run")
             ready, _ = ray.wait(waiting, num_returns=1, timeout=1.0)
@@ -228,8 +346,11 @@ class Driver:
             for ref in ready:
                 if ref in self.pending:
                     gen_tokens += self.collect(ref)
+                elif self.hooks.owns(ref):
+                    self.hooks.on_ready(ref, logger)
             if train_refs and refs_ready(train_refs):
-                results = get(train_refs, cfg.trainer.step_timeout_s, f"train step {step}")
+                results = get(train_refs, cfg.trainer.step_timeout_s, f"train step {step}",
+                              [f"trainer rank {i}" for i in range(len(train_refs))])
                 train_refs = []
                 state.metrics.update(results[0])
                 state.metrics.update(self.sync_weights(results[0]["version"]))
@@ -238,18 +359,34 @@ class Driver:
                 logger.log(record)
                 history.append(record)
                 step, last_end, gen_tokens = step + 1, now, 0
+                self.hooks.after_step(step, state, logger)
+        self.hooks.finish(logger)
         return history
+
+    def rollout_busy_seconds(self) -> float:
+        """Generation seconds summed over rollout actors (0 for an actor that does not answer:
+        busy accounting must never stall training)."""
+        refs = [r.busy_seconds.remote() for r in self.groups.rollouts]
+        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=10.0)
+        return sum(ray.get(ready)) if len(ready) == len(refs) else float("nan")
 
     def step_record(self, state: StepState, step_time: float, elapsed: float, gen_tokens: int) -> dict[str, Any]:
         self.acct.check()
         m = dict(state.metrics)
         m.pop("version", None)
+        busy = self.rollout_busy_seconds()
+        rollout_busy = (busy - self._rollout_busy_last) / max(step_time * len(self.groups.rollouts), 1e-9)
+        self._rollout_busy_last = busy
+        dt = max(step_time, 1e-9)
         return {
             "step": state.step + 1,
             "policy_version": self.version,
             "step_time_s": step_time,
-            "tokens_per_s": m.pop("train_tokens") / max(step_time, 1e-9),
-            "gen_tokens_per_s": gen_tokens / max(step_time, 1e-9),
+            "tokens_per_s": m.pop("train_tokens") / dt,
+            "samples_per_s": m["batch_samples"] / dt,
+            "gen_tokens_per_s": gen_tokens / dt,
+            "trainer_busy_frac": min(1.0, (m["train_time_s"] + m["sync_time_s"]) / dt),
+            "rollout_busy_frac": min(1.0, rollout_busy),
             "elapsed_s": elapsed,
             **m,
             **self.acct.as_metrics(),

@@ -21,9 +21,17 @@ class MetricsLogger:
         if cfg.wandb:
             import wandb
             mode = "online" if os.environ.get("WANDB_API_KEY") else "offline"
+            # one wandb run per output_dir: a resumed run continues the same run and series
+            id_file = Path(output_dir) / ".wandb_run_id"
+            run_id = id_file.read_text().strip() if id_file.is_file() else wandb.util.generate_id()
+            id_file.write_text(run_id)
             self._wandb = wandb.init(project=cfg.project, name=cfg.run_name, config=run_config,
-                                     dir=output_dir, mode=mode)
-        if self.console:
+                                     dir=output_dir, mode=mode, id=run_id, resume="allow")
+            # evaluation rows finish after later train steps: they get their own x axis, since
+            # wandb drops a `step=` that is behind the run's current step
+            self._wandb.define_metric("eval/step")
+            self._wandb.define_metric("eval/*", step_metric="eval/step")
+        if self.console and total_steps > 0:  # 0: no step series (mode=eval), no progress bar
             from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
             self._progress = Progress(TextColumn("[bold]rlcore"), BarColumn(), MofNCompleteColumn(),
                                       TimeElapsedColumn(), transient=False)
@@ -38,12 +46,33 @@ class MetricsLogger:
             self._progress.console.print(format_line(metrics))
             self._progress.update(self._task, completed=metrics["step"])
 
+    def log_eval(self, metrics: dict[str, Any]) -> None:
+        """An evaluation row: `step` is the train step whose policy was evaluated (it may be
+        logged after later steps' rows)."""
+        self._file.write(json.dumps(metrics, sort_keys=True) + "\n")
+        if self._wandb is not None:
+            # commit=False: joins the next train row instead of advancing wandb's step past it
+            self._wandb.log({**metrics, "eval/step": metrics["step"]}, commit=False)
+        if self.console:
+            line = format_eval_line(metrics)
+            if self._progress is not None:
+                self._progress.console.print(line)
+            else:
+                print(line, flush=True)
+
     def close(self) -> None:
         if self._progress is not None:
             self._progress.stop()
         if self._wandb is not None:
             self._wandb.finish()
         self._file.close()
+
+
+def format_eval_line(m: dict[str, Any]) -> str:
+    parts = [f"eval {m['step']:>4}"]
+    for key in sorted(k for k in m if k.count("/") == 1 and (k.startswith("eval/pass@") or k == "eval/reward_mean")):
+        parts.append(f"{key.removeprefix('eval/').removesuffix('_mean')} {m[key]:.3f}")
+    return " | ".join(parts)
 
 
 def format_line(m: dict[str, Any]) -> str:

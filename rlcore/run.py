@@ -15,6 +15,7 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 from rlcore.config import RunConfig
+from rlcore.plan import format_plan, make_plan
 from rlcore.validate import ConfigError, resource_problems, validate
 
 REPO = Path(__file__).resolve().parent.parent
@@ -57,6 +58,8 @@ def compose(overrides: list[str]) -> RunConfig:
             if value not in recipes():
                 raise ConfigError("recipe", f"unknown recipe {value!r}; choose one of {recipes()}")
     overrides = ["+recipe=" + recipe if o.lstrip("+").startswith("recipe=") else o for o in overrides]
+    # `resume=true|PATH` is the documented spelling of `checkpoint.resume=...`
+    overrides = ["checkpoint." + o.lstrip("+") if o.lstrip("+").startswith("resume=") else o for o in overrides]
 
     ConfigStore.instance().store(name="rlcore_schema", node=RunConfig)
     GlobalHydra.instance().clear()
@@ -91,6 +94,52 @@ def check_cluster(cfg: RunConfig) -> None:
         raise ConfigError(*found[0])
 
 
+def local_ray_environment() -> None:
+    """Settings for a single-node Ray started by this process; Ray reads them at import."""
+    # the cluster shares this interpreter and checkout: keep Ray's `uv run` integration from
+    # packaging the working dir and building a new venv for every worker
+    os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
+    # single-node mode: Ray, gloo and the weight-sync store all stay on the loopback address
+    os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+
+
+def prepare(cfg: RunConfig):
+    """Input a mode reads before Ray starts, so bad data fails like a bad config (exit 2): the
+    tokenized SFT dataset for `mode=sft`, nothing otherwise."""
+    if cfg.mode != "sft":
+        return None
+    from rlcore.models.build import build_tokenizer
+    from rlcore.sft import DataError, build_dataset
+    try:
+        return build_dataset(cfg, build_tokenizer(cfg.model))
+    except DataError as exc:
+        key, _, msg = str(exc).partition(": ")
+        raise ConfigError(key, msg) from None
+
+
+def make_runner(cfg: RunConfig, prepared=None):
+    """The driver of `cfg.mode`; each has setup(), run(logger) -> step records, shutdown()."""
+    if cfg.mode == "sft":
+        from rlcore.sft import SFTDriver
+        return SFTDriver(cfg, prepared)
+    if cfg.mode == "eval":
+        from rlcore.evaluation import EvalDriver
+        return EvalDriver(cfg)
+    from rlcore.driver import Driver
+    return Driver(cfg)
+
+
+def summary(cfg: RunConfig, history: list[dict]) -> str:
+    first, last = history[0], history[-1]
+    if cfg.mode == "sft":
+        return f"{len(history)} SFT steps, loss {first['loss']:.4f} -> {last['loss']:.4f}"
+    if cfg.mode == "eval":
+        passes = ", ".join(f"{k.removeprefix('eval/')} {v:.3f}" for k, v in sorted(last.items())
+                           if k.startswith("eval/pass@"))
+        return f"eval of step {last['step']}: reward_mean {last['eval/reward_mean']:.3f}, {passes}"
+    return f"{len(history)} steps, reward_mean {first['reward_mean']:.3f} -> {last['reward_mean']:.3f}"
+
+
 def ray_address(cfg: RunConfig) -> str | None:
     return cfg.cluster.address or os.environ.get("RAY_ADDRESS") or None
 
@@ -101,19 +150,26 @@ def main(argv: list[str] | None = None) -> int:
     try:
         cfg = compose(argv)
         validate(cfg)
-        if ray_address(cfg) is None:
+        if cfg.cluster.nodes is not None or cfg.dry_run:
+            plan = make_plan(cfg)  # the described cluster (or this machine as one node)
+            if cfg.dry_run:
+                print(format_plan(cfg, plan))
+            if plan.problems:
+                raise ConfigError(*plan.problems[0])
+            if cfg.dry_run:
+                return 0
+        elif ray_address(cfg) is None:
             check_cluster(cfg)
+        prepared = prepare(cfg)
     except ConfigError as exc:
         print(f"rlcore: config error: {exc}", file=sys.stderr)
         return EXIT_CONFIG
 
     if ray_address(cfg) is None:
-        # a local cluster shares this interpreter and checkout: keep Ray's `uv run` integration
-        # from packaging the working dir and building a new venv per worker (read at import)
-        os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
+        local_ray_environment()
     import ray
 
-    from rlcore.driver import Driver, RunError, config_dict
+    from rlcore.driver import RunError, config_dict
     from rlcore.metrics import MetricsLogger
 
     out = Path(cfg.output_dir)
@@ -123,20 +179,19 @@ def main(argv: list[str] | None = None) -> int:
     ray.init(address=address, num_cpus=None if address else cfg.cluster.num_cpus,
              num_gpus=None if address else cfg.cluster.num_gpus, include_dashboard=False,
              log_to_driver=True, logging_level=logging.WARNING,
-             runtime_env={"env_vars": {"PYTHONPATH": str(REPO)}} if address is None else None)
+             runtime_env={"env_vars": {"PYTHONPATH": os.pathsep.join(
+                 p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)}} if address is None else None)
     driver = None
     logger = None
     try:
         if address is not None:
             check_cluster(cfg)
-        driver = Driver(cfg)
+        driver = make_runner(cfg, prepared)
         driver.setup()
-        logger = MetricsLogger(cfg.logger, str(out), config_dict(cfg), cfg.steps)
+        logger = MetricsLogger(cfg.logger, str(out), config_dict(cfg), 0 if cfg.mode == "eval" else cfg.steps)
         history = driver.run(logger)
         if history:
-            first, last = history[0], history[-1]
-            print(f"rlcore: done: {len(history)} steps, reward_mean {first['reward_mean']:.3f} -> "
-                  f"{last['reward_mean']:.3f}; metrics in {out / 'metrics.jsonl'}")
+            print(f"rlcore: done: {summary(cfg, history)}; metrics in {out / 'metrics.jsonl'}")
         return 0
     except ConfigError as exc:
         print(f"rlcore: config error: {exc}", file=sys.stderr)

@@ -63,6 +63,8 @@ class Group:
     samples: list[Sample]
     request_id: int = -1
     """Driver-assigned id of the generate request that produced it."""
+    stream_index: int = -1
+    """Driver-assigned position of the task in the environment's train stream (data order, resume)."""
 
     @property
     def min_version(self) -> int:

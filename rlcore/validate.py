@@ -12,7 +12,7 @@ from rlcore.config import RunConfig
 ENGINES = ("hf", "vllm")
 DTYPES = ("float32", "bfloat16", "float16")
 TOKENIZERS = ("char", "auto")
-MODES = ("rl",)
+MODES = ("rl", "sft", "eval")
 
 
 class ConfigError(ValueError):
@@ -58,6 +58,7 @@ def problems(cfg: RunConfig) -> list[tuple[str, str]]:
     _positive(out, "trainer.step_timeout_s", t.step_timeout_s)
     if len(t.betas) != 2 or not all(0 <= b < 1 for b in t.betas):
         out.append(("trainer.betas", f"needs two values in [0, 1), got {list(t.betas)}"))
+    out.extend(trainer_parallel_problems(cfg))
 
     r = cfg.rollout
     if r.engine not in ENGINES:
@@ -70,6 +71,7 @@ def problems(cfg: RunConfig) -> list[tuple[str, str]]:
     _positive(out, "rollout.gpus_per_actor", r.gpus_per_actor, allow_zero=True)
     _positive(out, "rollout.tensor_parallel_size", r.tensor_parallel_size)
     _positive(out, "rollout.tasks_per_request", r.tasks_per_request)
+    _positive(out, "rollout.max_requests_per_actor", r.max_requests_per_actor)
     _positive(out, "rollout.generate_timeout_s", r.generate_timeout_s)
     _positive(out, "rollout.weight_sync_timeout_s", r.weight_sync_timeout_s)
     _positive(out, "rollout.sync_bucket_mb", r.sync_bucket_mb)
@@ -81,6 +83,7 @@ def problems(cfg: RunConfig) -> list[tuple[str, str]]:
 
     out.extend(algo_problems(cfg))
     out.extend(env_problems(cfg))
+    out.extend(lifecycle_problems(cfg))
 
     c = cfg.cluster
     _positive(out, "cluster.placement_timeout_s", c.placement_timeout_s)
@@ -100,8 +103,10 @@ def algo_problems(cfg: RunConfig) -> list[tuple[str, str]]:
 
 def env_problems(cfg: RunConfig) -> list[tuple[str, str]]:
     from rlcore.envs import make_env, registered
-    if cfg.env.name not in registered():
-        return [("env.name", f"unknown environment {cfg.env.name!r}; choose one of {sorted(registered())}")]
+    from rlcore.envs.base import resolve_env
+    if resolve_env(cfg.env.name) is None:
+        return [("env.name", f"unknown environment {cfg.env.name!r}; choose one of {sorted(registered())} "
+                 "or give an importable module:Class")]
     try:  # constructing an environment is cheap and checks its arguments
         make_env(cfg.env.name, dict(cfg.env.args), cfg.env.seed)
     except TypeError as exc:
@@ -113,18 +118,53 @@ def env_problems(cfg: RunConfig) -> list[tuple[str, str]]:
     return []
 
 
+def trainer_parallel_problems(cfg: RunConfig) -> list[tuple[str, str]]:
+    """Mesh (dp, cp, ep) against the world size and the model; checkpointing, logprob chunking
+    and LoRA switches. Model facts come from `model.arch` (a hub model is checked when built)."""
+    from rlcore.trainer.activation_checkpoint import MODES as AC_MODES
+    from rlcore.trainer.parallel import mesh_problems
+    t, arch = cfg.trainer, dict(cfg.model.arch)
+    known = cfg.model.path is None  # a random-weight model: its shape is in model.arch
+    out = mesh_problems(t.dp, t.cp, t.ep, t.world_size, num_experts=arch.get("num_experts", 0) if known else None,
+                        num_heads=arch.get("num_attention_heads") if known else None)
+    if t.activation_checkpointing not in AC_MODES:
+        out.append(("trainer.activation_checkpointing",
+                    f"unknown mode {t.activation_checkpointing!r}; choose one of {list(AC_MODES)}"))
+    _positive(out, "trainer.logprob_chunk_tokens", t.logprob_chunk_tokens, allow_zero=True)
+    lora = t.lora
+    if lora.enabled:
+        _positive(out, "trainer.lora.rank", lora.rank)
+        _positive(out, "trainer.lora.alpha", lora.alpha)
+        if not 0 <= lora.dropout < 1:
+            out.append(("trainer.lora.dropout", f"must be in [0, 1), got {lora.dropout}"))
+        if not lora.target_modules:
+            out.append(("trainer.lora.target_modules", "needs at least one module name (e.g. q_proj)"))
+    return out
+
+
+def lifecycle_problems(cfg: RunConfig) -> list[tuple[str, str]]:
+    """checkpoint.*, sft.*, eval.* and the learning-rate schedule (each module checks its own)."""
+    from rlcore import checkpoint, evaluation, sft
+    from rlcore.trainer.schedule import config_problems as schedule_problems
+    return [*schedule_problems(cfg.trainer), *checkpoint.config_problems(cfg), *sft.config_problems(cfg),
+            *evaluation.config_problems(cfg)]
+
+
 def resource_problems(cfg: RunConfig, cpus: float, gpus: float, where: str) -> list[tuple[str, str]]:
-    """Compare what the placement groups will ask for with what the cluster has."""
+    """Compare what the placement groups will ask for with what the cluster has (`sft` places no
+    rollout group, `eval` no trainer group)."""
     t, r = cfg.trainer, cfg.rollout
-    need_cpu = t.world_size * t.cpus_per_rank + r.num_actors * r.cpus_per_actor
-    need_gpu = t.world_size * t.gpus_per_rank + r.num_actors * r.gpus_per_actor
+    nt = 0 if cfg.mode == "eval" else t.world_size
+    nr = 0 if cfg.mode == "sft" else r.num_actors
+    need_cpu = nt * t.cpus_per_rank + nr * r.cpus_per_actor
+    need_gpu = nt * t.gpus_per_rank + nr * r.gpus_per_actor
     out = []
     if need_cpu > cpus:
-        out.append(("trainer.cpus_per_rank", f"trainer ({t.world_size} x {t.cpus_per_rank}) + rollout "
-                    f"({r.num_actors} x {r.cpus_per_actor}) need {need_cpu:g} CPUs; {where} has {cpus:g}"))
+        out.append(("trainer.cpus_per_rank", f"trainer ({nt} x {t.cpus_per_rank}) + rollout "
+                    f"({nr} x {r.cpus_per_actor}) need {need_cpu:g} CPUs; {where} has {cpus:g}"))
     if need_gpu > gpus:
-        out.append(("trainer.gpus_per_rank", f"trainer ({t.world_size} x {t.gpus_per_rank}) + rollout "
-                    f"({r.num_actors} x {r.gpus_per_actor}) need {need_gpu:g} GPUs; {where} has {gpus:g}"))
+        out.append(("trainer.gpus_per_rank", f"trainer ({nt} x {t.gpus_per_rank}) + rollout "
+                    f"({nr} x {r.gpus_per_actor}) need {need_gpu:g} GPUs; {where} has {gpus:g}"))
     return out
 
 

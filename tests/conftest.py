@@ -6,7 +6,9 @@ import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
-os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
+from rlcore.run import local_ray_environment  # noqa: E402
+
+local_ray_environment()
 
 
 @pytest.fixture

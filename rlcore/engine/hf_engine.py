@@ -142,5 +142,12 @@ class HFEngine(RolloutEngine):
     def state_dict(self) -> dict[str, torch.Tensor]:
         return {k: v.detach().clone() for k, v in self._params.items()}
 
+    def rng_state(self) -> torch.Tensor:
+        """State of the engine's own sampling RNG (requests without a seed draw from it)."""
+        return self._generator.get_state()
+
+    def set_rng_state(self, state: torch.Tensor) -> None:
+        self._generator.set_state(state)
+
     def abort(self) -> None:
         self._abort.set()

@@ -2,29 +2,61 @@
 
 An environment owns a task dataset (train and eval splits) and a reward function. The episode
 loop here is single-turn: render the task's messages through the tokenizer's chat template,
-sample `group_size` completions, score each. Multi-turn and tool environments override
-`run_group`.
+sample `group_size` completions, score each. Multi-turn and tool environments derive from
+:class:`rlcore.envs.multiturn.MultiTurnEnvironment`, which overrides `run_groups`.
+
+Reward safety (every environment): scoring runs under a deadline (`reward_timeout_s`, in
+`thread` or `process` isolation, see :mod:`rlcore.envs.safety`); an exception, a timeout or a
+non-finite reward either marks the sample failed (`on_reward_error: fail`, the driver counts and
+drops it) or scores it 0 with the error kept on `Sample.error` (`on_reward_error: zero`). These
+three settings are ordinary `env.args` keys accepted by every environment.
 """
 
 from __future__ import annotations
 
 import abc
+import math
 import random
 from typing import Any, Iterator
 
 from transformers import PreTrainedTokenizerBase
 
 from rlcore.engine.base import RolloutEngine, SamplingParams
+from rlcore.envs.render import render_prompt
+from rlcore.envs.safety import Outcome, call_many, check_safety_args
 from rlcore.types import Group, Sample, Task
+
+Message = dict[str, Any]
 
 
 class Environment(abc.ABC):
-    """A task distribution and its reward."""
+    """A task distribution and its reward.
+
+    Subclasses implement `make_task` and `reward` (single-turn), and forward unknown keyword
+    arguments to this constructor so the common settings below work for every environment.
+    """
 
     name: str = "env"
 
-    def __init__(self, seed: int = 0):
+    def __init__(self, seed: int = 0, reward_timeout_s: float = 10.0, on_reward_error: str = "fail",
+                 reward_isolation: str = "thread", eval_size: int = 64):
+        check_safety_args(reward_timeout_s, on_reward_error, reward_isolation)
+        if eval_size < 1:
+            raise ValueError(f"env.args.eval_size: must be >= 1, got {eval_size}")
         self.seed = seed
+        self.reward_timeout_s = float(reward_timeout_s)
+        self.on_reward_error = on_reward_error
+        self.reward_isolation = reward_isolation
+        self._eval_size = int(eval_size)
+
+    @property
+    def eval_size(self) -> int:
+        """Number of tasks in the eval split: `make_task(i, "eval")` for i < eval_size."""
+        return self._eval_size
+
+    def eval_tasks(self) -> list[Task]:
+        """The whole eval split, in order (what an evaluation runner iterates)."""
+        return [self.make_task(i, "eval") for i in range(self.eval_size)]
 
     @abc.abstractmethod
     def make_task(self, index: int, split: str) -> Task:
@@ -34,6 +66,11 @@ class Environment(abc.ABC):
     def reward(self, task: Task, completion: str) -> float:
         """Score one completion text in [0, 1] (or any real scale the algorithm accepts)."""
 
+    def demonstration(self, task: Task) -> str | None:
+        """A reference assistant reply for supervised warm-up, or None if the task has none
+        (default: the task's answer when it is a string)."""
+        return task.answer if isinstance(task.answer, str) else None
+
     def tasks(self, split: str = "train", start: int = 0) -> Iterator[Task]:
         """Endless, deterministic task stream; `start` resumes it."""
         index = start
@@ -42,8 +79,40 @@ class Environment(abc.ABC):
             index += 1
 
     def render(self, task: Task, tokenizer: PreTrainedTokenizerBase) -> list[int]:
-        text = tokenizer.apply_chat_template(task.messages, add_generation_prompt=True, tokenize=False)
-        return tokenizer(text, add_special_tokens=False).input_ids
+        return render_prompt(tokenizer, task.messages)
+
+    def score(self, task: Task, history: list[Message], state: dict[str, Any]) -> float:
+        """Reward of a finished episode. `history` is the task's messages followed by the
+        episode's assistant (and environment) messages; `state` is the episode's state (empty
+        for single-turn). Default: `reward` of the last assistant message."""
+        last = next((m["content"] for m in reversed(history) if m["role"] == "assistant"), "")
+        return self.reward(task, last)
+
+    def score_all(self, jobs: list[tuple[Task, list[Message], dict[str, Any]]]) -> list[Outcome]:
+        """`score` every (task, history, state) concurrently under the reward deadline."""
+        outcomes = call_many([(self.score, job) for job in jobs], self.reward_timeout_s, self.reward_isolation)
+        for o in outcomes:
+            if o.ok:
+                try:
+                    o.value = float(o.value)
+                    if not math.isfinite(o.value):
+                        o.value, o.error = None, f"reward is not finite ({o.value})"
+                except (TypeError, ValueError):
+                    o.value, o.error = None, f"reward is not a number ({o.value!r})"
+        return outcomes
+
+    def apply_error(self, sample: Sample, error: str) -> None:
+        """Record a reward/environment fault on `sample` per `on_reward_error`."""
+        sample.error = error
+        if self.on_reward_error == "fail":
+            sample.failed = True
+        sample.reward = 0.0
+
+    def apply_outcome(self, sample: Sample, outcome: Outcome) -> None:
+        if outcome.ok:
+            sample.reward = outcome.value
+        else:
+            self.apply_error(sample, f"reward: {outcome.error}")
 
     def run_groups(self, tasks: list[Task], group_size: int, engine: RolloutEngine,
                    tokenizer: PreTrainedTokenizerBase, params: SamplingParams) -> list[Group]:
@@ -51,23 +120,20 @@ class Environment(abc.ABC):
         prompts = [self.render(t, tokenizer) for t in tasks]
         flat = [p for p in prompts for _ in range(group_size)]
         gens = engine.generate(flat, params)
-        groups = []
-        for ti, task in enumerate(tasks):
-            samples = []
-            for gen in gens[ti * group_size:(ti + 1) * group_size]:
-                sample = Sample(
-                    prompt_ids=prompts[ti], completion_ids=gen.token_ids, logprobs=gen.logprobs,
-                    versions=gen.versions, loss_mask=[1] * len(gen.token_ids),
-                    finish_reason=gen.finish_reason,
-                )
-                text = tokenizer.decode(gen.token_ids, skip_special_tokens=True)
-                try:
-                    sample.reward = float(self.reward(task, text))
-                except Exception as exc:  # reward code is user code: count the failure, go on
-                    sample.failed, sample.error = True, f"reward: {type(exc).__name__}: {exc}"
-                samples.append(sample)
-            groups.append(Group(task=task, samples=samples))
-        return groups
+        samples, jobs = [], []
+        for i, gen in enumerate(gens):
+            task = tasks[i // group_size]
+            samples.append(Sample(
+                prompt_ids=prompts[i // group_size], completion_ids=gen.token_ids, logprobs=gen.logprobs,
+                versions=gen.versions, loss_mask=[1] * len(gen.token_ids), finish_reason=gen.finish_reason,
+            ))
+            text = tokenizer.decode(gen.token_ids, skip_special_tokens=True)
+            jobs.append((task, [*task.messages, {"role": "assistant", "content": text}], {}))
+        # reward code is user code: a fault is recorded on its sample and the run goes on
+        for sample, outcome in zip(samples, self.score_all(jobs)):
+            self.apply_outcome(sample, outcome)
+        return [Group(task=t, samples=samples[ti * group_size:(ti + 1) * group_size])
+                for ti, t in enumerate(tasks)]
 
 
 def rng_for(seed: int, split: str, index: int) -> random.Random:
@@ -91,8 +157,23 @@ def registered() -> dict[str, type[Environment]]:
     return dict(_REGISTRY)
 
 
+def resolve_env(name: str) -> type[Environment] | None:
+    """A registered name, or `package.module:ClassName` for a user's own environment (imported
+    in every process that needs it, so it must be importable on the whole cluster)."""
+    if ":" in name:
+        import importlib
+        module, _, attr = name.partition(":")
+        try:
+            cls = getattr(importlib.import_module(module), attr)
+        except (ImportError, AttributeError):
+            return None
+        return cls if isinstance(cls, type) and issubclass(cls, Environment) else None
+    return registered().get(name)
+
+
 def make_env(name: str, args: dict[str, Any], seed: int) -> Environment:
-    envs = registered()
-    if name not in envs:
-        raise KeyError(f"env.name: unknown environment {name!r}; choose one of {sorted(envs)}")
-    return envs[name](seed=seed, **args)
+    cls = resolve_env(name)
+    if cls is None:
+        raise KeyError(f"env.name: unknown environment {name!r}; choose one of {sorted(registered())} "
+                       "or give module:Class")
+    return cls(seed=seed, **args)

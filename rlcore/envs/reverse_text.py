@@ -30,8 +30,8 @@ class ReverseText(Environment):
     """Prompt: a random string over `alphabet`; answer: the string reversed."""
 
     def __init__(self, seed: int = 0, alphabet: str = "abcdefghijklmnopqrstuvwxyz",
-                 min_len: int = 3, max_len: int = 8, instruction: str = ""):
-        super().__init__(seed)
+                 min_len: int = 3, max_len: int = 8, instruction: str = "", **common):
+        super().__init__(seed, **common)
         if not alphabet:
             raise ValueError("env.args.alphabet: must not be empty")
         if not 1 <= min_len <= max_len:

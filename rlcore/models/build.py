@@ -22,16 +22,12 @@ def build_tokenizer(cfg: ModelConfig) -> PreTrainedTokenizerBase:
     return AutoTokenizer.from_pretrained(cfg.path, **kwargs)
 
 
-def build_model(cfg: ModelConfig, tokenizer: PreTrainedTokenizerBase) -> torch.nn.Module:
-    """A pretrained model from `cfg.path`, or a random-weight one from `cfg.arch` seeded with
-    `cfg.seed` (so every process that builds it holds the same initial weights)."""
-    dtype = torch_dtype(cfg.dtype)
-    if cfg.path:
-        kwargs = {"gguf_file": cfg.gguf_file} if cfg.gguf_file else {}
-        return AutoModelForCausalLM.from_pretrained(cfg.path, dtype=dtype, **kwargs)
+def random_model_config(cfg: ModelConfig, tokenizer: PreTrainedTokenizerBase):
+    """The transformers config of the random-weight model `cfg.arch` describes, sized to the
+    tokenizer (every process and engine builds the same one)."""
     arch = dict(cfg.arch)
     model_type = arch.pop("model_type")
-    hf_config = AutoConfig.for_model(
+    return AutoConfig.for_model(
         model_type,
         vocab_size=len(tokenizer),
         pad_token_id=tokenizer.pad_token_id,
@@ -39,6 +35,16 @@ def build_model(cfg: ModelConfig, tokenizer: PreTrainedTokenizerBase) -> torch.n
         eos_token_id=tokenizer.eos_token_id,
         **arch,
     )
+
+
+def build_model(cfg: ModelConfig, tokenizer: PreTrainedTokenizerBase) -> torch.nn.Module:
+    """A pretrained model from `cfg.path`, or a random-weight one from `cfg.arch` seeded with
+    `cfg.seed` (so every process that builds it holds the same initial weights)."""
+    dtype = torch_dtype(cfg.dtype)
+    if cfg.path:
+        kwargs = {"gguf_file": cfg.gguf_file} if cfg.gguf_file else {}
+        return AutoModelForCausalLM.from_pretrained(cfg.path, dtype=dtype, **kwargs)
+    hf_config = random_model_config(cfg, tokenizer)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(cfg.seed)
         model = AutoModelForCausalLM.from_config(hf_config, dtype=dtype)

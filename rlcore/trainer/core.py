@@ -15,13 +15,16 @@ from typing import Iterator
 
 import torch
 import torch.distributed as dist
-from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-from torch.distributed.tensor import DTensor
 
 from rlcore.algo.losses import LossInputs, policy_loss
 from rlcore.config import RunConfig
 from rlcore.models.build import build_model, build_tokenizer
 from rlcore.packing import MicroBatch
+from rlcore.trainer import export
+from rlcore.trainer.forward import forward_logprobs
+from rlcore.trainer.moe import router_metrics
+from rlcore.trainer.parallel import Meshes, ParallelDims, clip_grad_norm, parallelize
+from rlcore.trainer.schedule import build_scheduler
 
 
 def token_logprobs(logits: torch.Tensor, targets: torch.Tensor, temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
@@ -71,39 +74,37 @@ class TrainerCore:
         timeout = datetime.timedelta(seconds=cfg.trainer.step_timeout_s)
         if not dist.is_initialized():
             dist.init_process_group(backend=backend, rank=rank, world_size=world_size, timeout=timeout)
-        self.mesh = dist.device_mesh.init_device_mesh(self.device.type, (world_size,), mesh_dim_names=("dp",))
+        # dp x cp x ep meshes (rlcore.trainer.parallel); self.mesh is the FSDP2 mesh of dense params
+        self.parallel = Meshes.build(ParallelDims.from_config(cfg.trainer, world_size), self.device.type)
+        self.mesh = self.parallel.fsdp
         torch.manual_seed(cfg.seed)
         self.tokenizer = build_tokenizer(cfg.model)
         model = build_model(cfg.model, self.tokenizer).to(self.device)
         self.model = self._shard(model)
         t = cfg.trainer
-        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=t.lr, betas=tuple(t.betas),
+        trainable = [p for p in self.model.parameters() if p.requires_grad]  # LoRA: adapters only
+        self.optimizer = torch.optim.AdamW(trainable, lr=t.lr, betas=tuple(t.betas),
                                            weight_decay=t.weight_decay)
+        self.scheduler = build_scheduler(self.optimizer, t, cfg.steps)
         self.version = 0
-        self.temperature = max(cfg.rollout.sampling.temperature, 1e-6)
+        # RL scores tokens under the tempered distribution the engines sample from; SFT fits the
+        # model's own (temperature 1) distribution to the data
+        self.temperature = 1.0 if cfg.mode == "sft" else max(cfg.rollout.sampling.temperature, 1e-6)
         self.reference = None
         if cfg.algo.kl_coef > 0:
             # frozen copy of the initial policy, sharded like it, for the KL-to-reference term
             reference = build_model(cfg.model, self.tokenizer).to(self.device).eval()
             reference.requires_grad_(False)
-            self.reference = self._shard(reference)
+            self.reference = self._shard(reference, train=False)
 
-    def _shard(self, model: torch.nn.Module) -> torch.nn.Module:
-        """FSDP2: each decoder layer is its own unit (all-gathered just before use), then the
-        root (embeddings, norm, head)."""
-        mp = None
-        if self.device.type == "cuda" and self.cfg.trainer.mixed_precision:
-            mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
-        kwargs = {"mesh": self.mesh, **({"mp_policy": mp} if mp else {})}
-        for layer in model.model.layers:
-            fully_shard(layer, **kwargs)
-        fully_shard(model, **kwargs)
-        return model
+    def _shard(self, model: torch.nn.Module, train: bool = True) -> torch.nn.Module:
+        """LoRA, expert/context parallelism, activation checkpointing, the chunked logprob head,
+        then FSDP2 (each decoder layer its own unit, then the root): `parallel.parallelize`."""
+        return parallelize(model, self.cfg.trainer, self.parallel, self.device, train=train)
 
     def forward_logprobs(self, mb: MicroBatch, model: torch.nn.Module | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        out = (model or self.model)(input_ids=mb.input_ids[None].to(self.device),
-                                    position_ids=mb.position_ids[None].to(self.device), use_cache=False)
-        return token_logprobs(out.logits[0], mb.targets.to(self.device), self.temperature)
+        """Logprobs and entropies [T] of a packed micro-batch (chunked head; cp-gathered)."""
+        return forward_logprobs(model or self.model, mb, self.temperature, self.parallel, self.device)
 
     def train_step(self, micro_batches: list[MicroBatch], normalizer: float) -> StepResult:
         """One RL optimizer step (the configured policy loss) over this rank's micro-batches;
@@ -157,20 +158,18 @@ class TrainerCore:
                     sums[k] = sums.get(k, 0.0) + float(v)
         grad_norm = self._clip_grads()
         self.optimizer.step()
+        self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.version += 1
-        totals = self._all_reduce(sums, dist.ReduceOp.SUM)
+        # the cp ranks of a data-parallel group all count the same micro-batches
+        totals = {k: v / self.parallel.dims.cp for k, v in self._all_reduce(sums, dist.ReduceOp.SUM).items()}
         extrema = {**self._all_reduce(maxima, dist.ReduceOp.MAX), **self._all_reduce(minima, dist.ReduceOp.MIN)}
-        return StepResult(metrics=step_metrics(totals, extrema, grad_norm, time.perf_counter() - start),
-                          version=self.version)
+        metrics = step_metrics(totals, extrema, grad_norm, time.perf_counter() - start)
+        metrics.update(router_metrics(self.model))
+        return StepResult(metrics=metrics, version=self.version)
 
     def _clip_grads(self) -> float:
-        max_norm = self.cfg.trainer.max_grad_norm
-        params = [p for p in self.model.parameters() if p.grad is not None]
-        norm = torch.nn.utils.clip_grad_norm_(params, max_norm if max_norm > 0 else float("inf"))
-        if isinstance(norm, DTensor):
-            norm = norm.full_tensor()
-        return float(norm)
+        return clip_grad_norm(self.model, self.cfg.trainer.max_grad_norm, self.parallel)
 
     def _all_reduce(self, values: dict[str, float], op) -> dict[str, float]:
         if not values:
@@ -181,14 +180,13 @@ class TrainerCore:
         return dict(zip(keys, t.tolist()))
 
     def full_parameters(self) -> Iterator[tuple[str, torch.Tensor]]:
-        """Unsharded parameters in a fixed order. Collective: every rank must iterate fully."""
-        for name, param in self.model.named_parameters():
-            full = param.full_tensor() if isinstance(param, DTensor) else param
-            yield name, full.detach()
+        """Unsharded parameters in a fixed order, as the engine expects them (experts gathered
+        over ep, LoRA merged). Collective: every rank must iterate fully."""
+        yield from export.full_parameters(self.model)
 
     def parameter_metas(self) -> list[tuple[str, tuple[int, ...], str]]:
         """(name, full shape, dtype) of every parameter, in `full_parameters` order."""
-        return [(n, tuple(p.shape), str(p.dtype).removeprefix("torch.")) for n, p in self.model.named_parameters()]
+        return export.parameter_metas(self.model)
 
     def shutdown(self) -> None:
         if dist.is_initialized():

@@ -1,0 +1,91 @@
+"""Weight transport per engine kind: the same sync protocol over two wires.
+
+- `hf` engines: our own weight group (`actors.weight_group`, gloo on CPU, NCCL on GPU) carrying
+  the `rlcore.weight_sync` bucket plan; the engine swaps the received tensors in between two
+  decode steps.
+- `vllm` engines: vLLM's native NCCL weight-transfer engine (packed buckets, received inside the
+  engine's workers while generation is paused in "keep" mode), driven by
+  `rlcore.engine.vllm_sync` on the trainer side.
+
+Ranks: the trainer's sending rank is 0; rollout actor i takes `ranks_per_actor` ranks from
+`1 + i * ranks_per_actor` (one per vLLM worker, one for an hf engine).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Iterator
+
+import torch
+
+from actors.weight_group import WeightGroup, receive_all
+from rlcore.config import RunConfig
+from rlcore.weight_sync import SyncPlan
+
+VLLM_WIRE_DTYPE = torch.bfloat16  # the dtype vLLM engines serve in
+
+
+def ranks_per_actor(cfg: RunConfig) -> int:
+    return cfg.rollout.tensor_parallel_size if cfg.rollout.engine == "vllm" else 1
+
+
+def world_size(cfg: RunConfig) -> int:
+    return 1 + cfg.rollout.num_actors * ranks_per_actor(cfg)
+
+
+def vllm_update_info(cfg: RunConfig, plan: SyncPlan) -> dict:
+    from rlcore.engine.vllm_sync import update_info_for
+    metas = [(m.name, VLLM_WIRE_DTYPE, m.shape) for b in plan.buckets for m in b.metas]
+    return update_info_for(metas, bucket_bytes=int(cfg.rollout.sync_bucket_mb * 2**20))
+
+
+class TrainerSender:
+    """Lives on trainer rank 0."""
+
+    def __init__(self, cfg: RunConfig, address: str, port: int, plan: SyncPlan, device: str):
+        self.cfg, self.plan = cfg, plan
+        timeout = cfg.rollout.weight_sync_timeout_s
+        if cfg.rollout.engine == "vllm":
+            from rlcore.engine.vllm_sync import init_sender
+            self.update_info = vllm_update_info(cfg, plan)
+            self.vllm = init_sender(address, port, world_size(cfg), timeout_s=timeout)
+            self.group = None
+        else:
+            self.vllm = None
+            self.group = WeightGroup(address, port, 0, world_size(cfg), timeout, device)
+
+    def send(self, named: Iterator[tuple[str, torch.Tensor]]) -> int:
+        """Broadcast every parameter; returns bytes sent."""
+        if self.vllm is None:
+            return self.group.send(self.plan, named)
+        wire = ((n, t.to(VLLM_WIRE_DTYPE)) for n, t in named)
+        info = self.vllm.send(wire, bucket_bytes=int(self.cfg.rollout.sync_bucket_mb * 2**20),
+                              expect=self.update_info)
+        return int(info["stats"]["bytes"])
+
+
+class EngineReceiver:
+    """Lives in a rollout actor, next to its engine."""
+
+    def __init__(self, cfg: RunConfig, engine, index: int, address: str, port: int, plan: SyncPlan):
+        self.cfg, self.engine, self.plan = cfg, engine, plan
+        timeout = cfg.rollout.weight_sync_timeout_s
+        first_rank = 1 + index * ranks_per_actor(cfg)
+        if cfg.rollout.engine == "vllm":
+            self.update_info = vllm_update_info(cfg, plan)
+            engine.init_weight_transfer(address, port, first_rank, world_size(cfg), timeout_s=timeout)
+            self.group = None
+        else:
+            device = "cuda" if cfg.rollout.gpus_per_actor > 0 else "cpu"
+            self.group = WeightGroup(address, port, first_rank, world_size(cfg), timeout, device)
+
+    def receive(self, version: int) -> dict[str, float]:
+        start = time.perf_counter()
+        if self.group is None:
+            times = self.engine.receive_weights(self.update_info, version,
+                                                timeout_s=self.cfg.rollout.weight_sync_timeout_s)
+            return {"sync_engine_s": time.perf_counter() - start, **{f"sync_{k}": v for k, v in times.items()}}
+        tensors = receive_all(self.group, self.plan)
+        received = time.perf_counter()
+        self.engine.apply_weights(tensors, version)
+        return {"sync_recv_s": received - start, "sync_apply_s": time.perf_counter() - received}

@@ -1,0 +1,105 @@
+"""Rollout output tokens/s: VLLMEngine.generate vs raw ``vllm.LLM.generate`` on the same work.
+
+Same model (random-weight Qwen3 shape, dummy weights), same engine settings (bf16, CUDA graphs
+unless --eager, ``logprobs_mode=processed_logprobs``, max_num_seqs / max_num_batched_tokens
+pinned: vLLM's defaults differ between LLM and AsyncLLM), same prompts (seeded random token ids)
+and sampling (temperature, top-p, per-token logprob of the sampled token, ignore_eos so every
+sample has exactly --max-tokens tokens). One GPU; the two engines run one after the other.
+
+    PYTHONPATH=$PWD python benchmarks/rollout_throughput.py [--prompts 256 --prompt-len 128 --max-tokens 256]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import statistics
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from benchmarks.harness import write_model_dir  # noqa: E402
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default="qwen3-0.6b")
+    ap.add_argument("--prompts", type=int, default=256)
+    ap.add_argument("--prompt-len", type=int, default=128)
+    ap.add_argument("--max-tokens", type=int, default=256)
+    ap.add_argument("--temperature", type=float, default=1.0)
+    ap.add_argument("--top-p", type=float, default=1.0)
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--eager", action="store_true", help="no CUDA graphs / torch.compile")
+    ap.add_argument("--gpu", default="1")
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args()
+    os.environ["CUDA_VISIBLE_DEVICES"] = args.gpu
+
+    rng = random.Random(0)
+    prompts = [[rng.randrange(1000, 150000) for _ in range(args.prompt_len)] for _ in range(args.prompts)]
+    model_dir = write_model_dir(args.model)
+    common = dict(load_format="dummy", dtype="bfloat16", enforce_eager=args.eager, gpu_memory_utilization=0.4,
+                  max_model_len=args.prompt_len + args.max_tokens + 16, max_num_seqs=args.prompts,
+                  max_num_batched_tokens=16384, seed=0, enable_prefix_caching=True)
+    results: dict[str, list[float]] = {}
+
+    # --- VLLMEngine (AsyncLLM, token streaming with per-token versions) ---------------------
+    from rlcore.engine.base import SamplingParams
+    from rlcore.engine.vllm_engine import VLLMEngine
+
+    t = time.perf_counter()
+    engine = VLLMEngine(model_dir, extra_sampling={"ignore_eos": True}, **common)
+    print(f"VLLMEngine up in {time.perf_counter() - t:.1f} s", flush=True)
+    sp = SamplingParams(max_new_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p)
+    try:
+        engine.generate(prompts[:32], SamplingParams(max_new_tokens=32))  # warm-up
+        for r in range(args.reps):
+            # fresh prompts per rep (prefix cache must not help either side)
+            batch = [[(tok + 7919 * (r + 1)) % 150000 + 1000 for tok in p] for p in prompts]
+            t = time.perf_counter()
+            gens = engine.generate(batch, sp)
+            dt = time.perf_counter() - t
+            ntok = sum(len(g.token_ids) for g in gens)
+            assert all(len(g.logprobs) == len(g.token_ids) == len(g.versions) for g in gens)
+            results.setdefault("VLLMEngine", []).append(ntok / dt)
+            print(f"VLLMEngine rep {r}: {ntok} tokens in {dt:.3f} s = {ntok / dt:.0f} tok/s", flush=True)
+    finally:
+        engine.shutdown()
+
+    # --- raw vllm.LLM ----------------------------------------------------------------------
+    from vllm import LLM
+    from vllm import SamplingParams as VSamplingParams
+    from vllm.inputs import TokensPrompt
+
+    t = time.perf_counter()
+    llm = LLM(model_dir, skip_tokenizer_init=True, logprobs_mode="processed_logprobs", disable_log_stats=True,
+              **common)
+    print(f"vllm.LLM up in {time.perf_counter() - t:.1f} s", flush=True)
+    vsp = VSamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p, logprobs=0,
+                          flat_logprobs=True, ignore_eos=True, detokenize=False)
+    llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts[:32]],
+                 VSamplingParams(max_tokens=32, detokenize=False), use_tqdm=False)
+    for r in range(args.reps):
+        batch = [[(tok + 7919 * (r + 1)) % 150000 + 1000 for tok in p] for p in prompts]
+        t = time.perf_counter()
+        outs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in batch], vsp, use_tqdm=False)
+        dt = time.perf_counter() - t
+        ntok = sum(len(o.outputs[0].token_ids) for o in outs)
+        results.setdefault("vllm.LLM", []).append(ntok / dt)
+        print(f"vllm.LLM rep {r}: {ntok} tokens in {dt:.3f} s = {ntok / dt:.0f} tok/s", flush=True)
+
+    eng, raw = statistics.median(results["VLLMEngine"]), statistics.median(results["vllm.LLM"])
+    print(f"\n| path | output tok/s (median of {args.reps}) |\n|---|---|")
+    print(f"| VLLMEngine.generate | {eng:.0f} |\n| vllm.LLM.generate | {raw:.0f} |")
+    print(f"ratio VLLMEngine / raw = {eng / raw:.3f} (target >= 0.95)")
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(dict(args=vars(args), tok_s=results, ratio=eng / raw), f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

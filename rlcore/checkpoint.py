@@ -1,0 +1,389 @@
+"""Checkpoints: trainer state through `torch.distributed.checkpoint` (DCP), driver state beside it,
+committed atomically.
+
+Layout of one checkpoint, ``{checkpoint.dir}/step_00000012/``::
+
+    trainer/             DCP: {"model": ..., "optim": ...}, sharded (any world size can load it)
+    trainer_extra.pt     rank 0: policy version, LR-scheduler state, trainer RNG, world size
+    hf/                  rank 0: the model's transformers config + tokenizer (export needs no source)
+    driver_state.pt      the driver's state (step, data position, RNG, accounting, ...)
+    meta.json            written last: step, mode, time; its presence marks a complete checkpoint
+
+Atomicity. Everything is written into ``.tmp-step_00000012-<nonce>/`` next to the committed
+checkpoints and then renamed in one ``os.rename``; a crash while saving leaves a ``.tmp-*``
+directory that is never read and is removed by the next run. Deleting an old checkpoint first
+renames it to ``.tmp-*`` as well, so a half-deleted checkpoint is never mistaken for a good one.
+All ranks must write to a filesystem the driver sees (as for any multi-node DCP checkpoint).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import random
+import re
+import shutil
+import time
+import uuid
+import warnings
+from pathlib import Path
+from typing import Any
+
+import torch
+
+log = logging.getLogger("rlcore")
+
+TRAINER_DIR = "trainer"
+TRAINER_EXTRA = "trainer_extra.pt"
+HF_DIR = "hf"
+DRIVER_STATE = "driver_state.pt"
+META = "meta.json"
+_STEP_RE = re.compile(r"^step_(\d{8})$")
+_TRUE = ("true", "latest", "yes", "1")
+_FALSE = ("", "false", "no", "0", "none", "null")
+
+
+def step_dir_name(step: int) -> str:
+    return f"step_{step:08d}"
+
+
+def checkpoint_root(cfg) -> Path:
+    return Path(cfg.checkpoint.dir or Path(cfg.output_dir) / "checkpoints").expanduser()
+
+
+def is_complete(path: Path) -> bool:
+    return (path / META).is_file() and (path / TRAINER_DIR / ".metadata").is_file()
+
+
+def list_checkpoints(root: Path) -> list[tuple[int, Path]]:
+    """Complete checkpoints under `root`, oldest first."""
+    if not root.is_dir():
+        return []
+    found = []
+    for p in root.iterdir():
+        m = _STEP_RE.match(p.name)
+        if m and p.is_dir() and is_complete(p):
+            found.append((int(m.group(1)), p))
+    return sorted(found)
+
+
+def latest_checkpoint(root: Path) -> Path | None:
+    found = list_checkpoints(root)
+    return found[-1][1] if found else None
+
+
+def resume_request(cfg) -> str | None:
+    """`checkpoint.resume` normalised: None (fresh start), "latest", or a path string."""
+    value = cfg.checkpoint.resume
+    if value is None or str(value).strip().lower() in _FALSE:
+        return None
+    if str(value).strip().lower() in _TRUE:
+        return "latest"
+    return str(value)
+
+
+def resolve_resume(cfg) -> Path | None:
+    """The checkpoint to resume from, or None for a fresh start. Raises ValueError (message
+    starts with the key) for a path that is not a complete checkpoint."""
+    req = resume_request(cfg)
+    if req is None:
+        return None
+    if req == "latest":
+        return latest_checkpoint(checkpoint_root(cfg))
+    path = Path(req).expanduser()
+    if path.is_dir() and not is_complete(path) and latest_checkpoint(path) is not None:
+        return latest_checkpoint(path)  # a checkpoint *directory* was given: take its newest
+    if not path.exists():
+        raise ValueError(f"checkpoint.resume: {req!r} does not exist")
+    if not is_complete(path):
+        raise ValueError(f"checkpoint.resume: {req!r} is not a complete checkpoint (no {META} or "
+                         f"{TRAINER_DIR}/.metadata; an interrupted save is never committed)")
+    return path
+
+
+def config_problems(cfg) -> list[tuple[str, str]]:
+    """Checks of `checkpoint.*` for `rlcore.validate` (the resume target must exist now)."""
+    c = cfg.checkpoint
+    out = []
+    if c.interval < 0:
+        out.append(("checkpoint.interval", f"must be >= 0, got {c.interval}"))
+    if c.keep_last < 0:
+        out.append(("checkpoint.keep_last", f"must be >= 0, got {c.keep_last}"))
+    try:
+        path = resolve_resume(cfg)
+    except ValueError as exc:
+        key, _, msg = str(exc).partition(": ")
+        out.append((key, msg))
+        return out
+    if path is not None and cfg.mode == "eval" and plain_load_problem(path):
+        out.append(("checkpoint.resume", plain_load_problem(path)))
+    return out
+
+
+def plain_load_problem(path: Path) -> str | None:
+    """Why a checkpoint's model entries cannot be loaded into the plain transformers model
+    (offline export, evaluation without a trainer), or None."""
+    try:
+        saved = read_meta(path).get("config") or {}
+    except (OSError, ValueError):
+        return None
+    lora = ((saved.get("trainer") or {}).get("lora") or {}) if isinstance(saved, dict) else {}
+    if isinstance(lora, dict) and lora.get("enabled"):
+        return (f"{path} holds LoRA adapters, not merged weights; export it from a run with "
+                "checkpoint.export_final=true (the trainer merges them)")
+    return None
+
+
+# -- atomic directory commits ------------------------------------------------------------------
+def _fsync_dir(path: Path) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:  # some filesystems do not support fsync on directories
+        pass
+    finally:
+        os.close(fd)
+
+
+def fsync_tree(path: Path) -> None:
+    """Flush every file and directory under `path` to disk (before the commit rename)."""
+    for dirpath, _, files in os.walk(path):
+        for f in files:
+            with open(os.path.join(dirpath, f), "rb") as fh:
+                os.fsync(fh.fileno())
+        _fsync_dir(Path(dirpath))
+
+
+def temp_dir_for(final: Path) -> Path:
+    return final.parent / f".tmp-{final.name}-{uuid.uuid4().hex[:8]}"
+
+
+def commit_dir(tmp: Path, final: Path) -> Path:
+    """Atomically make `tmp` visible as `final` (replacing an existing `final`)."""
+    fsync_tree(tmp)
+    old = None
+    if final.exists():
+        old = temp_dir_for(final)
+        os.rename(final, old)
+    os.rename(tmp, final)
+    _fsync_dir(final.parent)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+    return final
+
+
+def remove_dir(path: Path) -> None:
+    """Delete a committed directory so that no reader ever sees it half-deleted."""
+    doomed = temp_dir_for(path)
+    os.rename(path, doomed)
+    shutil.rmtree(doomed, ignore_errors=True)
+
+
+class CheckpointWriter:
+    """Driver side of saving: temp dir, commit, `keep_last` pruning."""
+
+    def __init__(self, cfg):
+        self.cfg = cfg
+        self.root = checkpoint_root(cfg)
+
+    def due(self, step: int, final: bool) -> bool:
+        c = self.cfg.checkpoint
+        return (c.interval > 0 and step % c.interval == 0) or (final and c.save_final)
+
+    def clean_stale(self) -> None:
+        """Remove `.tmp-*` leftovers of interrupted saves (call once, before the first save)."""
+        if self.root.is_dir():
+            for p in self.root.glob(".tmp-*"):
+                log.warning("removing %s: an interrupted checkpoint save", p)
+                shutil.rmtree(p, ignore_errors=True)
+
+    def begin(self, step: int) -> Path:
+        self.root.mkdir(parents=True, exist_ok=True)
+        tmp = temp_dir_for(self.root / step_dir_name(step))
+        tmp.mkdir()
+        return tmp
+
+    def commit(self, tmp: Path, step: int, driver_state: dict[str, Any]) -> Path:
+        """Write the driver state and the completion marker into `tmp`, then rename it."""
+        torch.save(driver_state, tmp / DRIVER_STATE)
+        meta = {"step": step, "mode": self.cfg.mode, "time": time.time(),
+                "config": _plain(self.cfg)}
+        (tmp / META).write_text(json.dumps(meta, indent=1, default=str))
+        final = commit_dir(tmp, self.root / step_dir_name(step))
+        self.prune()
+        return final
+
+    def abort(self, tmp: Path) -> None:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+    def prune(self) -> None:
+        keep = self.cfg.checkpoint.keep_last
+        if keep <= 0:
+            return
+        for _, path in list_checkpoints(self.root)[:-keep]:
+            remove_dir(path)
+
+
+def _plain(cfg) -> Any:
+    from omegaconf import OmegaConf
+    try:
+        return OmegaConf.to_container(OmegaConf.structured(cfg), resolve=True)
+    except Exception:  # a hand-built config in a test: the meta file is informational
+        return str(cfg)
+
+
+def read_meta(path: Path) -> dict[str, Any]:
+    return json.loads((path / META).read_text())
+
+
+def load_driver_state(path: Path) -> dict[str, Any]:
+    return torch.load(path / DRIVER_STATE, weights_only=False)
+
+
+def config_differences(saved: dict[str, Any], current: dict[str, Any]) -> list[str]:
+    """Dotted keys whose value changed since the checkpoint (bookkeeping keys excluded)."""
+    skip = ("output_dir", "steps", "checkpoint", "logger", "cluster", "eval", "recipe")
+    out: list[str] = []
+
+    def walk(a, b, prefix):
+        if isinstance(a, dict) and isinstance(b, dict):
+            for k in sorted(set(a) | set(b)):
+                if not prefix and k in skip:
+                    continue
+                walk(a.get(k), b.get(k), f"{prefix}{k}.")
+        elif a != b:
+            out.append(prefix.rstrip("."))
+    walk(saved, current, "")
+    return out
+
+
+# -- process RNG -------------------------------------------------------------------------------
+def rng_state() -> dict[str, Any]:
+    import numpy as np
+    state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    import numpy as np
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+# -- trainer side (every rank, collectively) ---------------------------------------------------
+@contextlib.contextmanager
+def _dcp_call(what: str):
+    """Around a DCP save/load: silence its single-process warning (intended here), and turn its
+    `CheckpointException` (a BaseException: Ray would treat it like an interpreter exit) into a
+    RuntimeError that names the operation and the first rank's error."""
+    from torch.distributed.checkpoint.api import CheckpointException
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        try:
+            yield
+        except CheckpointException as exc:
+            failures = getattr(exc, "failures", {}) or {}
+            first = next(iter(failures.items()), None)
+            detail = f"rank {first[0]}: {type(first[1]).__name__}: {first[1]}" if first else str(exc).splitlines()[0]
+            raise RuntimeError(f"{what} failed ({detail})") from exc
+
+
+def _state_dicts(core):
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+    # sharded (DTensor) model and optimizer state; get_state_dict also creates the optimizer's
+    # state before the first step, so loading into a fresh optimizer finds every key
+    model_sd, optim_sd = get_state_dict(core.model, core.optimizer)
+    return {"model": model_sd, "optim": optim_sd}
+
+
+def save_trainer(core, ckpt_dir: str | Path) -> None:
+    """Save this rank's shard of model + optimizer (collective over the trainer group); rank 0
+    also writes the small replicated state and the model's config and tokenizer."""
+    import torch.distributed as dist
+    import torch.distributed.checkpoint as dcp
+    ckpt_dir = Path(ckpt_dir)
+    with _dcp_call(f"checkpoint save to {ckpt_dir}"):
+        dcp.save(_state_dicts(core), checkpoint_id=str(ckpt_dir / TRAINER_DIR), no_dist=not dist.is_initialized())
+    if core.rank == 0:
+        scheduler = getattr(core, "scheduler", None)
+        torch.save({"version": core.version, "world_size": core.world_size,
+                    "scheduler": scheduler.state_dict() if scheduler is not None else None,
+                    "rng": rng_state()}, ckpt_dir / TRAINER_EXTRA)
+        from rlcore.export import save_config_and_tokenizer
+        save_config_and_tokenizer(core.model, core.tokenizer, ckpt_dir / HF_DIR, core.cfg.model.dtype)
+
+
+def load_trainer(core, ckpt_dir: str | Path) -> int:
+    """Load model + optimizer (resharded to this group's world size) and the replicated state;
+    returns the restored policy version. Collective over the trainer group."""
+    import torch.distributed as dist
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import set_state_dict
+    ckpt_dir = Path(ckpt_dir)
+    sd = _state_dicts(core)
+    with _dcp_call(f"checkpoint load from {ckpt_dir}"):
+        dcp.load(sd, checkpoint_id=str(ckpt_dir / TRAINER_DIR), no_dist=not dist.is_initialized())
+    set_state_dict(core.model, core.optimizer, model_state_dict=sd["model"], optim_state_dict=sd["optim"])
+    extra = torch.load(ckpt_dir / TRAINER_EXTRA, weights_only=False)
+    core.version = int(extra["version"])
+    scheduler = getattr(core, "scheduler", None)
+    if scheduler is not None and extra.get("scheduler") is not None:
+        scheduler.load_state_dict(extra["scheduler"])
+    set_rng_state(extra["rng"])
+    return core.version
+
+
+def load_model_weights(model: torch.nn.Module, ckpt_dir: str | Path) -> None:
+    """Load a checkpoint's model weights into a plain (unsharded) module in one process: export,
+    evaluation engines. Only the model's entries are read."""
+    import torch.distributed as dist
+    import torch.distributed.checkpoint as dcp
+    sd = {"model": model.state_dict()}
+    no_dist = not (dist.is_available() and dist.is_initialized())
+    with _dcp_call(f"loading model weights from {ckpt_dir}"):
+        dcp.load(sd, checkpoint_id=str(Path(ckpt_dir) / TRAINER_DIR), no_dist=no_dist)
+    model.load_state_dict(sd["model"])
+
+
+def read_trainer_extra(ckpt_dir: str | Path) -> dict[str, Any]:
+    return torch.load(Path(ckpt_dir) / TRAINER_EXTRA, weights_only=False)
+
+
+# -- metrics series on resume ------------------------------------------------------------------
+def truncate_series(path: Path, step: int, drop_eval_at_step: bool = False) -> int:
+    """Drop rows of a JSONL series logged after checkpoint `step` (the run went on past its last
+    checkpoint before it stopped), so the resumed run continues the same series without
+    duplicates. With `drop_eval_at_step`, evaluation rows of `step` itself go too (that
+    evaluation is re-run). Returns rows removed; rewrites atomically."""
+    if not path.is_file():
+        return 0
+    keep, removed = [], 0
+    for line in path.read_text().splitlines():
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+            s = int(row.get("step", -1))
+        except (ValueError, TypeError, AttributeError):
+            keep.append(line)  # not ours to judge
+            continue
+        is_eval = any(str(k).startswith("eval/") for k in row)
+        if s > step or (drop_eval_at_step and is_eval and s == step):
+            removed += 1
+        else:
+            keep.append(line)
+    if removed:
+        tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}")
+        tmp.write_text("".join(line + "\n" for line in keep))
+        os.replace(tmp, path)
+    return removed

@@ -1,0 +1,177 @@
+"""Export weights as a Hugging Face model directory: safetensors shards (+ index), config.json,
+generation config and tokenizer files, loadable by `transformers.AutoModelForCausalLM` and vLLM.
+
+Two sources share one writer (`write_hf_dir`, which streams tensors into shards and commits the
+directory atomically):
+
+- a checkpoint, offline: ``python -m rlcore.export CHECKPOINT_DIR OUT_DIR`` (`export_checkpoint`);
+  the checkpoint carries its model config and tokenizer, so the original model need not exist;
+- the live trainer at the end of a run (`checkpoint.export_final`): rank 0 writes the full
+  parameters as the trainer group gathers them, one tensor at a time.
+
+Tensor names are the transformers module names; tied weights are written once (as
+`save_pretrained` does) and re-tied by the loader from `tie_word_embeddings`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Iterable
+
+import torch
+
+DEFAULT_SHARD_BYTES = 5 * 2**30
+
+
+def _base_class(model: torch.nn.Module) -> type:
+    """The transformers class under FSDP2's dynamic wrapper class (`FSDPQwen3ForCausalLM`)."""
+    try:
+        from torch.distributed.fsdp import FSDPModule
+    except ImportError:  # pragma: no cover - torch without FSDP2
+        return type(model)
+    return next(c for c in type(model).__mro__ if not issubclass(c, FSDPModule))
+
+
+def save_config_and_tokenizer(model: torch.nn.Module, tokenizer, out_dir: Path, dtype: str) -> None:
+    """config.json (with `architectures` and `dtype` set, which vLLM needs), generation config and
+    tokenizer files of `model` into `out_dir`."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    config = model.config
+    config.architectures = [_base_class(model).__name__]
+    config.dtype = dtype
+    config.save_pretrained(out_dir)
+    gen = getattr(model, "generation_config", None)
+    if gen is not None:
+        try:
+            gen.save_pretrained(out_dir)
+        except ValueError:  # an inconsistent generation config is not worth failing an export
+            pass
+    if tokenizer is not None:
+        tokenizer.save_pretrained(out_dir)
+
+
+def exportable_tensors(model: torch.nn.Module) -> Iterable[tuple[str, torch.Tensor]]:
+    """Parameters (tied ones once) and persistent buffers, by transformers name."""
+    persistent = set(model.state_dict().keys())
+    yield from model.named_parameters()
+    for name, buf in model.named_buffers():
+        if name in persistent:
+            yield name, buf
+
+
+def write_hf_dir(out_dir: str | Path, named_tensors: Iterable[tuple[str, torch.Tensor]], config_src: Path | None = None,
+                 model: torch.nn.Module | None = None, tokenizer=None, dtype: str = "float32",
+                 max_shard_bytes: int = DEFAULT_SHARD_BYTES) -> Path:
+    """Write `named_tensors` as safetensors shards plus config and tokenizer, atomically.
+
+    Config and tokenizer come from `config_src` (a directory written by
+    `save_config_and_tokenizer`, e.g. a checkpoint's `hf/`) or from `model` + `tokenizer`.
+    An existing `out_dir` is replaced only once the new one is complete.
+    """
+    from safetensors.torch import save_file
+
+    from rlcore.checkpoint import commit_dir, temp_dir_for
+
+    out = Path(out_dir).expanduser()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = temp_dir_for(out)
+    tmp.mkdir()
+    try:
+        shards: list[list[str]] = []
+        weight_map: dict[str, int] = {}
+        current: dict[str, torch.Tensor] = {}
+        size = total = 0
+
+        def flush():
+            nonlocal current, size
+            if current:
+                save_file(current, str(tmp / f"shard-{len(shards):05d}.safetensors"), metadata={"format": "pt"})
+                shards.append(list(current))
+                current, size = {}, 0
+
+        for name, tensor in named_tensors:
+            t = tensor.detach().to("cpu").contiguous()
+            nbytes = t.numel() * t.element_size()
+            if current and size + nbytes > max_shard_bytes:
+                flush()
+            current[name] = t.clone() if t.data_ptr() == tensor.data_ptr() else t
+            weight_map[name] = len(shards)
+            size += nbytes
+            total += nbytes
+        flush()
+        # transformers' names: one file is model.safetensors, else model-0000i-of-0000n + index
+        n = len(shards)
+        names = (["model.safetensors"] if n == 1
+                 else [f"model-{i + 1:05d}-of-{n:05d}.safetensors" for i in range(n)])
+        for i, name in enumerate(names):
+            (tmp / f"shard-{i:05d}.safetensors").rename(tmp / name)
+            os.chmod(tmp / name, 0o644)  # safetensors creates 0600 files; a model dir is shared
+        if n > 1:
+            index = {"metadata": {"total_size": total},
+                     "weight_map": {k: names[i] for k, i in sorted(weight_map.items())}}
+            (tmp / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
+        if config_src is not None:
+            for f in Path(config_src).iterdir():
+                if f.is_file():
+                    (tmp / f.name).write_bytes(f.read_bytes())
+        elif model is not None:
+            save_config_and_tokenizer(model, tokenizer, tmp, dtype)
+        else:
+            raise ValueError("write_hf_dir needs config_src or model for config.json")
+        return commit_dir(tmp, out)
+    except BaseException:
+        import shutil
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def export_checkpoint(ckpt_dir: str | Path, out_dir: str | Path) -> Path:
+    """A checkpoint (`step_NNNNNNNN/`) -> Hugging Face directory. Builds the model on the meta
+    device from the checkpoint's own config, so only the checkpoint's tensors take memory."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from rlcore.checkpoint import HF_DIR, is_complete, load_model_weights, plain_load_problem
+    ckpt = Path(ckpt_dir).expanduser()
+    if not is_complete(ckpt):
+        raise FileNotFoundError(f"{ckpt} is not a complete rlcore checkpoint")
+    problem = plain_load_problem(ckpt)
+    if problem:
+        raise ValueError(problem)
+    hf = ckpt / HF_DIR
+    config = AutoConfig.from_pretrained(hf)
+    dtype = getattr(config, "dtype", None) or torch.float32
+    dtype = getattr(torch, dtype) if isinstance(dtype, str) else dtype
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+    model.to_empty(device="cpu")
+    load_model_weights(model, ckpt)
+    return write_hf_dir(out_dir, exportable_tensors(model), config_src=hf)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if len(argv) != 2 or argv[0] in ("-h", "--help"):
+        print("usage: python -m rlcore.export CHECKPOINT_DIR OUT_DIR   (CHECKPOINT_DIR: a step_NNNNNNNN "
+              "directory, or a checkpoints directory: its newest)", file=sys.stderr)
+        return 2
+    from rlcore.checkpoint import is_complete, latest_checkpoint
+    src = Path(argv[0]).expanduser()
+    if src.is_dir() and not is_complete(src):
+        src = latest_checkpoint(src) or src
+    if not is_complete(src):
+        print(f"rlcore: export: {argv[0]!r} is not a complete checkpoint", file=sys.stderr)
+        return 2
+    try:
+        out = export_checkpoint(src, argv[1])
+    except ValueError as exc:
+        print(f"rlcore: export: {exc}", file=sys.stderr)
+        return 2
+    print(f"rlcore: exported {src} -> {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,138 @@
+"""The placement plan of a run, computed from the config alone (no Ray): what `dry_run=true`
+prints and what validation checks against a described cluster.
+
+Bundles are laid on nodes the way Ray's PACK strategy does for our two placement groups: the
+trainer group first, filling nodes in order, then the rollout group; a bundle never spans nodes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from rlcore.config import RunConfig
+
+
+@dataclass
+class Bundle:
+    group: str
+    index: int
+    cpus: float
+    gpus: float
+    node: int = -1
+
+
+@dataclass
+class Plan:
+    nodes: int
+    gpus_per_node: int
+    cpus_per_node: int
+    trainer: list[Bundle] = field(default_factory=list)
+    rollout: list[Bundle] = field(default_factory=list)
+    mesh: dict[str, int] = field(default_factory=dict)
+    problems: list[tuple[str, str]] = field(default_factory=list)
+
+
+def arch_value(cfg: RunConfig, key: str) -> int | None:
+    """An architecture fact from `model.arch` (for a hub model the recipe restates the facts the
+    plan needs, so planning works offline; the loaded checkpoint's config is what runs)."""
+    value = cfg.model.arch.get(key)
+    return int(value) if value is not None else None
+
+
+def mesh_of(cfg: RunConfig) -> dict[str, int]:
+    t = cfg.trainer
+    cp = t.cp
+    dp = t.dp if t.dp is not None else max(t.world_size // max(cp, 1), 1)
+    return {"world": t.world_size, "dp": dp, "cp": cp, "ep": t.ep}
+
+
+def make_plan(cfg: RunConfig) -> Plan:
+    c, t, r = cfg.cluster, cfg.trainer, cfg.rollout
+    if c.nodes is None:  # this machine, as a local Ray would see it
+        import os
+
+        import torch
+        gpus = c.num_gpus if c.num_gpus is not None else torch.cuda.device_count()
+        plan = Plan(nodes=1, gpus_per_node=gpus, cpus_per_node=c.num_cpus or os.cpu_count() or 1)
+    else:
+        plan = Plan(nodes=c.nodes, gpus_per_node=c.gpus_per_node, cpus_per_node=c.cpus_per_node)
+    plan.trainer = [Bundle("trainer", i, t.cpus_per_rank, t.gpus_per_rank) for i in range(t.world_size)]
+    plan.rollout = [Bundle("rollout", i, r.cpus_per_actor, r.gpus_per_actor) for i in range(r.num_actors)]
+    plan.mesh = mesh_of(cfg)
+    free = [[float(plan.cpus_per_node), float(plan.gpus_per_node)] for _ in range(plan.nodes)]
+    for b in plan.trainer + plan.rollout:
+        for n, (cpu, gpu) in enumerate(free):
+            if b.cpus <= cpu and b.gpus <= gpu:
+                b.node = n
+                free[n][0] -= b.cpus
+                free[n][1] -= b.gpus
+                break
+    plan.problems = plan_problems(cfg, plan)
+    return plan
+
+
+def plan_problems(cfg: RunConfig, plan: Plan) -> list[tuple[str, str]]:
+    t, r = cfg.trainer, cfg.rollout
+    out: list[tuple[str, str]] = []
+    for b in plan.trainer + plan.rollout:
+        if b.gpus > plan.gpus_per_node:
+            key = "trainer.gpus_per_rank" if b.group == "trainer" else "rollout.gpus_per_actor"
+            out.append((key, f"a {b.group} bundle asks {b.gpus:g} GPUs; a node has {plan.gpus_per_node}"))
+            return out
+    need = sum(b.gpus for b in plan.trainer + plan.rollout)
+    have = plan.nodes * plan.gpus_per_node
+    if need > have:
+        out.append(("cluster.nodes", f"trainer + rollout need {need:g} GPUs; {plan.nodes} node(s) x "
+                    f"{plan.gpus_per_node} have {have}"))
+    elif any(b.node < 0 for b in plan.trainer + plan.rollout):
+        out.append(("cluster.nodes", "the bundles do not fit on the nodes without splitting one across nodes"))
+    experts = arch_value(cfg, "num_experts")
+    if t.ep > 1:
+        if experts is None:
+            out.append(("trainer.ep", "expert parallelism needs an MoE model (model.arch.num_experts unknown)"))
+        elif experts % t.ep:
+            out.append(("trainer.ep", f"ep={t.ep} does not divide the model's {experts} experts"))
+    heads = arch_value(cfg, "num_attention_heads")
+    if heads is not None and t.cp > 1 and heads % t.cp:
+        out.append(("trainer.cp", f"cp={t.cp} does not divide the model's {heads} attention heads"))
+    kv_heads = arch_value(cfg, "num_key_value_heads")
+    if r.engine == "vllm" and kv_heads is not None and r.tensor_parallel_size > 1 \
+            and kv_heads % r.tensor_parallel_size and r.tensor_parallel_size % kv_heads:
+        out.append(("rollout.tensor_parallel_size",
+                    f"TP={r.tensor_parallel_size} and the model's {kv_heads} KV heads do not divide each other"))
+    return out
+
+
+def format_plan(cfg: RunConfig, plan: Plan) -> str:
+    t, r = cfg.trainer, cfg.rollout
+    m = plan.mesh
+    lines = [
+        f"rlcore placement plan ({cfg.recipe or 'default'}): {plan.nodes} node(s) x {plan.gpus_per_node} GPUs, "
+        f"{plan.cpus_per_node} CPUs",
+        f"model: {cfg.model.path or 'random-weight ' + str(cfg.model.arch.get('model_type'))}",
+        f"placement group 'rlcore-trainer' (PACK): {len(plan.trainer)} bundles of "
+        f"{{CPU: {t.cpus_per_rank:g}, GPU: {t.gpus_per_rank:g}}}",
+        f"  nodes: {_by_node(plan.trainer)}",
+        f"  device mesh {m['world']} ranks: dp={m['dp']} x cp={m['cp']} (FSDP2 shards over dp*cp); "
+        f"ep={m['ep']} expert groups carved from the dp*cp ranks"
+        + (f"; {arch_value(cfg, 'num_experts') // max(m['ep'], 1)} experts per rank"
+           if arch_value(cfg, "num_experts") else ""),
+        f"placement group 'rlcore-rollout' (PACK): {len(plan.rollout)} bundles of "
+        f"{{CPU: {r.cpus_per_actor:g}, GPU: {r.gpus_per_actor:g}}}",
+        f"  nodes: {_by_node(plan.rollout)}",
+        f"  engines: {r.num_actors} x {r.engine} (tensor_parallel_size={r.tensor_parallel_size}), "
+        f"{r.num_actors} data-parallel replicas",
+        f"weight sync: trainer rank 0 -> {r.num_actors} engine(s), buckets of {r.sync_bucket_mb:g} MiB",
+        f"async: max_off_policy_steps={cfg.algo.max_off_policy_steps}, batch {cfg.algo.batch_groups} groups x "
+        f"{cfg.algo.group_size} samples, max_new_tokens={r.sampling.max_new_tokens}",
+    ]
+    if plan.problems:
+        lines += [f"PROBLEM {k}: {v}" for k, v in plan.problems]
+    return "\n".join(lines)
+
+
+def _by_node(bundles: list[Bundle]) -> str:
+    nodes: dict[int, int] = {}
+    for b in bundles:
+        nodes[b.node] = nodes.get(b.node, 0) + 1
+    return ", ".join(f"node {n}: {k} bundle(s)" if n >= 0 else f"unplaced: {k}" for n, k in sorted(nodes.items()))

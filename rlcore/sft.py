@@ -1,0 +1,396 @@
+"""Supervised fine-tuning (`mode=sft`): chat data -> masked token sequences -> the FSDP2 trainer.
+
+Data (`sft.dataset`):
+
+- a ``.jsonl`` file, one ``{"messages": [{"role": ..., "content": ...}, ...]}`` per line; a row
+  that is not valid JSON, has no message list, has a message without a string role/content, or
+  has no assistant message is skipped and counted, with a warning naming the file and line;
+- ``env``: demonstrations from the configured environment: each task's prompt messages answered
+  by its reference answer (`Task.answer`, which must be a string) as the assistant message;
+- otherwise a Hugging Face `datasets` name or `save_to_disk` directory (needs `datasets`).
+
+Tokenization. Each conversation is rendered with the tokenizer's chat template one assistant
+turn at a time: the text up to the turn's generation prompt is context (mask 0), the turn's text
+up to and including the end-of-turn token (`eos_token`) is trained on (mask 1), and whatever the
+template adds after it is context again. These are exactly the ids an RL episode sees (prompt
+ids, then the sampled completion ending in eos), so an SFT checkpoint warm-starts RL on the same
+token boundaries. Templates that render earlier turns differently once later ones follow are
+reported per row, not guessed at.
+
+Training. Steps take `sft.batch_examples` examples from a seeded per-epoch permutation (the
+data order is a function of (seed, step): resume needs only the step), pack them with
+`pack_for_ranks`, and run `TrainerCore.sft_step` (mean NLL over the batch's assistant tokens).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import random
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rlcore.types import Sample
+
+log = logging.getLogger("rlcore")
+
+
+class DataError(ValueError):
+    """Unusable SFT data; the message starts with the config key it is about."""
+
+
+@dataclass
+class SFTData:
+    """Tokenized examples and what was left out on the way."""
+
+    samples: list[Sample]
+    rows: int = 0
+    skipped: dict[str, int] = field(default_factory=dict)
+    """Reason -> rows left out (malformed, template, too long)."""
+
+    def skip(self, reason: str) -> None:
+        self.skipped[reason] = self.skipped.get(reason, 0) + 1
+
+
+# -- reading -----------------------------------------------------------------------------------
+def check_messages(row: Any, key: str) -> list[dict[str, str]]:
+    """The row's messages, or ValueError saying what is wrong with it."""
+    if not isinstance(row, dict):
+        raise ValueError(f"row is a {type(row).__name__}, not an object")
+    msgs = row.get(key)
+    if not isinstance(msgs, list) or not msgs:
+        raise ValueError(f"no non-empty {key!r} list")
+    for j, m in enumerate(msgs):
+        if not isinstance(m, dict) or not isinstance(m.get("role"), str) or not isinstance(m.get("content"), str):
+            raise ValueError(f"message {j} needs string 'role' and 'content'")
+    if not any(m["role"] == "assistant" for m in msgs):
+        raise ValueError("no assistant message (nothing to train on)")
+    return [{"role": m["role"], "content": m["content"]} for m in msgs]
+
+
+def read_jsonl(path: Path, key: str, data: SFTData, limit: int = 0) -> list[list[dict[str, str]]]:
+    """Conversations of a JSONL file; malformed rows are skipped, counted and warned about."""
+    out = []
+    bad: list[str] = []
+    with path.open(encoding="utf-8") as f:
+        for lineno, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            data.rows += 1
+            try:
+                out.append(check_messages(json.loads(line), key))
+            except ValueError as exc:  # json.JSONDecodeError is a ValueError too
+                data.skip("malformed")
+                bad.append(f"line {lineno}: {exc}")
+            if limit and len(out) >= limit:
+                break
+    if bad:
+        log.warning("sft.dataset: skipped %d malformed row(s) of %s: %s%s", len(bad), path, "; ".join(bad[:5]),
+                    " ..." if len(bad) > 5 else "")
+    return out
+
+
+def env_demonstrations(cfg, n: int) -> list[list[dict[str, str]]]:
+    """Task prompts of `cfg.env` answered with their reference answers."""
+    from rlcore.envs import make_env
+    env = make_env(cfg.env.name, dict(cfg.env.args), cfg.env.seed)
+    out = []
+    for i in range(n):
+        task = env.make_task(i, cfg.sft.split)
+        if not isinstance(task.answer, str):
+            raise DataError(f"sft.dataset: environment {cfg.env.name!r} has no text answers "
+                            f"(task {task.id} answer is {type(task.answer).__name__}); use a JSONL dataset")
+        out.append([*task.messages, {"role": "assistant", "content": task.answer}])
+    return out
+
+
+def read_hf_dataset(source: str, split: str, key: str, data: SFTData, limit: int = 0) -> list[list[dict[str, str]]]:
+    try:
+        import datasets
+    except ImportError:
+        raise DataError(f"sft.dataset: {source!r} is neither a .jsonl file nor 'env', and the `datasets` "
+                        "package is not installed (uv add datasets)") from None
+    try:
+        if Path(source).expanduser().is_dir():
+            ds = datasets.load_from_disk(str(Path(source).expanduser()))
+            if isinstance(ds, datasets.DatasetDict):
+                ds = ds[split]
+        else:
+            ds = datasets.load_dataset(source, split=split)
+    except Exception as exc:  # network, missing split, bad name: all mean "cannot read this data"
+        raise DataError(f"sft.dataset: cannot load {source!r} (split {split!r}): {type(exc).__name__}: {exc}") from None
+    out, bad = [], 0
+    for row in ds:
+        data.rows += 1
+        try:
+            out.append(check_messages(row, key))
+        except ValueError:
+            data.skip("malformed")
+            bad += 1
+        if limit and len(out) >= limit:
+            break
+    if bad:
+        log.warning("sft.dataset: skipped %d malformed record(s) of %s", bad, source)
+    return out
+
+
+def load_conversations(cfg, data: SFTData) -> list[list[dict[str, str]]]:
+    s = cfg.sft
+    if s.dataset == "env":
+        data.rows = s.num_examples
+        return env_demonstrations(cfg, s.num_examples)
+    path = Path(s.dataset).expanduser()
+    if path.suffix == ".jsonl":
+        if not path.is_file():
+            raise DataError(f"sft.dataset: file {s.dataset!r} does not exist")
+        return read_jsonl(path, s.messages_key, data, s.num_examples)
+    return read_hf_dataset(s.dataset, s.split, s.messages_key, data, s.num_examples)
+
+
+# -- tokenizing --------------------------------------------------------------------------------
+def _render(tokenizer, messages: list[dict[str, str]], gen: bool) -> str:
+    return tokenizer.apply_chat_template(messages, add_generation_prompt=gen, tokenize=False)
+
+
+def tokenize_conversation(tokenizer, messages: list[dict[str, str]]) -> tuple[list[int], list[int]]:
+    """Token ids and a 0/1 mask (1 = assistant tokens, trained on), per the module docstring.
+    Raises ValueError when the template is not prefix-stable for this conversation."""
+    eos = tokenizer.eos_token or ""
+    ids: list[int] = []
+    mask: list[int] = []
+    covered = ""  # template text already turned into ids
+
+    def add(text: str, m: int) -> None:
+        if text:
+            piece = tokenizer(text, add_special_tokens=False).input_ids
+            ids.extend(piece)
+            mask.extend([m] * len(piece))
+
+    for i, msg in enumerate(messages):
+        if msg["role"] != "assistant":
+            continue
+        prompt = _render(tokenizer, messages[:i], gen=True)
+        full = _render(tokenizer, messages[:i + 1], gen=False)
+        if not prompt.startswith(covered) or not full.startswith(prompt):
+            raise ValueError("chat template renders earlier turns differently once later turns follow")
+        add(prompt[len(covered):], 0)
+        turn = full[len(prompt):]
+        cut = turn.find(eos) if eos else -1
+        trained = turn[:cut + len(eos)] if cut >= 0 else turn
+        add(trained, 1)
+        covered = prompt + trained
+    return ids, mask
+
+
+def to_sample(ids: list[int], mask: list[int]) -> Sample:
+    """An SFT example in the RL sample layout: everything before the first trained token is the
+    prompt; the loss mask covers the rest (0 on context tokens between assistant turns)."""
+    first = mask.index(1)
+    n = len(ids) - first
+    return Sample(prompt_ids=ids[:first], completion_ids=ids[first:], logprobs=[0.0] * n, versions=[0] * n,
+                  loss_mask=mask[first:])
+
+
+def build_dataset(cfg, tokenizer) -> SFTData:
+    """Read and tokenize `sft.dataset`. Raises DataError when nothing usable is left."""
+    data = SFTData(samples=[])
+    for messages in load_conversations(cfg, data):
+        try:
+            ids, mask = tokenize_conversation(tokenizer, messages)
+        except ValueError:
+            data.skip("template")
+            continue
+        if 1 not in mask:
+            data.skip("empty")
+            continue
+        if len(ids) > cfg.sft.max_seq_len:
+            data.skip("too_long")
+            continue
+        data.samples.append(to_sample(ids, mask))
+    if data.skipped:
+        log.warning("sft.dataset: %d of %d rows used; skipped %s", len(data.samples), data.rows, data.skipped)
+    if not data.samples:
+        raise DataError(f"sft.dataset: no usable example in {cfg.sft.dataset!r} ({data.rows} rows, skipped "
+                        f"{data.skipped or 'none'})")
+    return data
+
+
+def config_problems(cfg) -> list[tuple[str, str]]:
+    s = cfg.sft
+    out = []
+    if s.warmup_steps < 0:
+        out.append(("sft.warmup_steps", f"must be >= 0, got {s.warmup_steps}"))
+    if cfg.mode != "sft" and s.warmup_steps == 0:
+        return out
+    if s.batch_examples < 1:
+        out.append(("sft.batch_examples", f"must be >= 1, got {s.batch_examples}"))
+    if s.max_seq_len < 2:
+        out.append(("sft.max_seq_len", f"must be >= 2, got {s.max_seq_len}"))
+    if s.num_examples < 0:
+        out.append(("sft.num_examples", f"must be >= 0, got {s.num_examples}"))
+    if s.dataset == "env" and s.num_examples < 1:  # (mode=sft or an RL warm-up)
+        out.append(("sft.num_examples", "sft.dataset=env needs num_examples > 0 (tasks rendered as demonstrations)"))
+    if s.dataset.endswith(".jsonl") and not Path(s.dataset).expanduser().is_file():
+        out.append(("sft.dataset", f"file {s.dataset!r} does not exist"))
+    return out
+
+
+# -- data order --------------------------------------------------------------------------------
+def epoch_order(n: int, seed: int, epoch: int, shuffle: bool) -> list[int]:
+    order = list(range(n))
+    if shuffle:
+        random.Random(f"sft:{seed}:{epoch}").shuffle(order)
+    return order
+
+
+def batch_indices(step: int, batch: int, n: int, seed: int, shuffle: bool) -> tuple[list[int], int]:
+    """Example indices of optimizer step `step` (0-based) and the epoch it ends in: the epochs'
+    permutations concatenated, cut into consecutive batches."""
+    start = step * batch
+    out, epoch = [], start // n
+    pos = start % n
+    order = epoch_order(n, seed, epoch, shuffle)
+    while len(out) < batch:
+        if pos == n:
+            epoch, pos = epoch + 1, 0
+            order = epoch_order(n, seed, epoch, shuffle)
+        take = min(batch - len(out), n - pos)
+        out.extend(order[pos:pos + take])
+        pos += take
+    return out, epoch
+
+
+def step_shards(cfg, data: SFTData, step: int):
+    """Per-trainer-rank packed micro-batches of SFT step `step`, the global loss-token count, and
+    the epoch the step ends in."""
+    from rlcore.packing import pack_for_ranks
+    from rlcore.trainer.parallel import data_parallel_size, shards_per_rank
+    idx, epoch = batch_indices(step, cfg.sft.batch_examples, len(data.samples), cfg.seed, cfg.sft.shuffle)
+    samples = [data.samples[i] for i in idx]
+    shards = pack_for_ranks(samples, [0.0] * len(samples), data_parallel_size(cfg.trainer),
+                            cfg.trainer.micro_batch_tokens)
+    loss_tokens = sum(int(mb.loss_mask.sum()) for shard in shards for mb in shard)
+    # one entry per trainer rank: context-parallel ranks share their data-parallel shard
+    return shards_per_rank(shards, cfg.trainer), loss_tokens, epoch
+
+
+def warmup(cfg, trainers) -> int:
+    """Supervised warm-up before RL (`sft.warmup_steps` steps on `sft.dataset`, same trainer
+    group and optimizer); returns the trainer's policy version afterwards."""
+    import ray
+
+    from rlcore.driver import get
+    from rlcore.models.build import build_tokenizer
+    data = build_dataset(cfg, build_tokenizer(cfg.model))
+    version = 0
+    for step in range(cfg.sft.warmup_steps):
+        shards, loss_tokens, _ = step_shards(cfg, data, step)
+        results = get([tr.sft_step.remote(ray.put(shard), loss_tokens) for tr, shard in zip(trainers, shards)],
+                      cfg.trainer.step_timeout_s, f"SFT warm-up step {step + 1}")
+        version = int(results[0]["version"])
+        if step == 0 or (step + 1) % 10 == 0 or step + 1 == cfg.sft.warmup_steps:
+            log.info("SFT warm-up step %d/%d: loss %.4f", step + 1, cfg.sft.warmup_steps, results[0]["loss"])
+    return version
+
+
+# -- the run -----------------------------------------------------------------------------------
+class SFTDriver:
+    """`mode=sft`: the trainer group alone (no rollout group), same checkpoints and metrics."""
+
+    def __init__(self, cfg, data: SFTData | None = None):
+        self.cfg = cfg
+        self.data = data
+        self.groups = None
+        self.start_step = 0
+        from rlcore.checkpoint import CheckpointWriter
+        self.writer = CheckpointWriter(cfg)
+
+    def setup(self) -> None:
+        from actors.groups import place
+        from rlcore import checkpoint as ckpt
+        from rlcore.driver import RunError, get
+        cfg, t = self.cfg, self.cfg.trainer
+        if self.data is None:
+            from rlcore.models.build import build_tokenizer
+            self.data = build_dataset(cfg, build_tokenizer(cfg.model))
+        self.groups = place(cfg, rollout=False)
+        trainers = self.groups.trainers
+        addr, port = get(trainers[0].address.remote(), t.step_timeout_s, "trainer rank 0 start")
+        get([tr.init_distributed.remote(addr, port) for tr in trainers], t.step_timeout_s, "trainer process-group init")
+        self.writer.clean_stale()
+        path = ckpt.resolve_resume(cfg)
+        if path is None:
+            return
+        state = ckpt.load_driver_state(path)
+        if state.get("kind") != "sft":
+            raise RunError(f"checkpoint.resume: {path} is a {state.get('kind')!r} checkpoint, not an SFT one")
+        if state.get("num_examples") != len(self.data.samples):
+            log.warning("resume: the dataset has %d examples, the checkpoint's had %s: the data order differs",
+                        len(self.data.samples), state.get("num_examples"))
+        get([tr.load_checkpoint.remote(str(path)) for tr in trainers], t.step_timeout_s, f"loading checkpoint {path}")
+        self.start_step = int(state["step"])
+        ckpt.set_rng_state(state["rng"])
+        removed = ckpt.truncate_series(Path(cfg.output_dir) / "metrics.jsonl", self.start_step)
+        log.info("resumed SFT from %s at step %d%s", path, self.start_step,
+                 f" (dropped {removed} metrics rows logged after it)" if removed else "")
+
+    def step_shards(self, step: int):
+        return step_shards(self.cfg, self.data, step)
+
+    def run(self, logger) -> list[dict[str, Any]]:
+        import ray
+
+        from rlcore.driver import get
+        cfg = self.cfg
+        history = []
+        run_start = time.perf_counter()
+        for step in range(self.start_step, cfg.steps):
+            start = time.perf_counter()
+            shards, loss_tokens, epoch = self.step_shards(step)
+            results = get([tr.sft_step.remote(ray.put(shard), loss_tokens)
+                           for tr, shard in zip(self.groups.trainers, shards)],
+                          cfg.trainer.step_timeout_s, f"SFT step {step + 1}")
+            m = dict(results[0])
+            m.pop("version", None)
+            dt = max(time.perf_counter() - start, 1e-9)
+            record = {"step": step + 1, "epoch": epoch, "step_time_s": dt,
+                      "tokens_per_s": m.pop("train_tokens") / dt, "elapsed_s": time.perf_counter() - run_start, **m}
+            logger.log(record)
+            history.append(record)
+            final = step + 1 == cfg.steps
+            if self.writer.due(step + 1, final):
+                self.save(step + 1)
+            if final and cfg.checkpoint.export_final:
+                out = cfg.checkpoint.export_dir or str(Path(cfg.output_dir) / "hf")
+                get([tr.export_hf.remote(out) for tr in self.groups.trainers], cfg.trainer.step_timeout_s,
+                    f"export to {out}")
+                log.info("exported the final weights to %s", out)
+        return history
+
+    def save(self, step: int) -> Path:
+        from rlcore import checkpoint as ckpt
+        from rlcore.driver import RunError, get
+        tmp = self.writer.begin(step)
+        try:
+            get([tr.save_checkpoint.remote(str(tmp)) for tr in self.groups.trainers],
+                self.cfg.trainer.step_timeout_s, f"checkpoint save of step {step}")
+            state = {"kind": "sft", "step": step, "examples_seen": step * self.cfg.sft.batch_examples,
+                     "num_examples": len(self.data.samples), "rng": ckpt.rng_state()}
+            path = self.writer.commit(tmp, step, state)
+        except Exception as exc:
+            self.writer.abort(tmp)
+            raise RunError(f"checkpoint save of step {step} to {self.writer.root} failed: {exc}") from exc
+        log.info("checkpoint %s saved", path)
+        return path
+
+    def shutdown(self) -> None:
+        import ray
+        if self.groups is not None:
+            try:
+                ray.get([t.shutdown.remote() for t in self.groups.trainers], timeout=30)
+            except Exception:  # best effort on the way out
+                pass
+            self.groups.remove()
+            self.groups = None

@@ -1,0 +1,43 @@
+"""One packed micro-batch through a parallelized model: per-token logprobs and entropies.
+
+``logp[i]`` is the logprob of ``targets[i]`` after ``input_ids[:i + 1]`` within the same packed
+sample (the `rlcore.packing` alignment), under ``softmax(logits / temperature)``; both outputs
+are float32 ``[T]`` and differentiable. With ``cp > 1`` the row is split over the context
+ranks and the outputs are gathered back to ``[T]`` on each (`rlcore.trainer.context_parallel`).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from rlcore.packing import MicroBatch
+from rlcore.trainer.attention import NAME as VARLEN, cu_seqlens
+from rlcore.trainer.context_parallel import gather_sequence, local_slice, pad_to_multiple
+from rlcore.trainer.logprobs import logprob_request
+from rlcore.trainer.parallel import Meshes
+
+
+def forward_logprobs(model: torch.nn.Module, mb: MicroBatch, temperature: float, meshes: Meshes | None,
+                     device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    ids, pos, tgt = (t.to(device) for t in (mb.input_ids, mb.position_ids, mb.targets))
+    T = ids.numel()
+    group = meshes.cp_group if meshes is not None else None
+    if group is not None:
+        cp = meshes.dims.cp
+        ids, pos, tgt = pad_to_multiple(ids, pos, tgt, cp)
+        rank = torch.distributed.get_rank(group)
+        full_pos = pos
+        ids, pos, tgt = (local_slice(t, rank, cp) for t in (ids, pos, tgt))
+    else:
+        full_pos = pos
+    kwargs = {}
+    if getattr(model.config, "_attn_implementation", None) == VARLEN:
+        # boundaries of the *whole* row: with cp, attention runs over all of it (Ulysses)
+        cu, max_len = cu_seqlens(full_pos)
+        kwargs = {"cu_seq_lens_q": cu, "cu_seq_lens_k": cu, "max_length_q": max_len, "max_length_k": max_len}
+    with logprob_request(model, tgt, temperature):
+        out = model(input_ids=ids[None], position_ids=pos[None], use_cache=False, **kwargs)
+    logp, entropy = out.logits[0].unbind(-1)
+    if group is not None:
+        logp, entropy = gather_sequence(logp, group)[:T], gather_sequence(entropy, group)[:T]
+    return logp, entropy

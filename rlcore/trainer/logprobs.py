@@ -1,0 +1,156 @@
+"""Token logprobs and entropies straight from hidden states, chunk by chunk.
+
+For hidden states ``h`` [T, H], head weight ``W`` [V, H] and temperature ``tau``::
+
+    s_t = (h_t W^T + b) / tau                   logits of position t, [V]
+    lse_t = log sum_j exp(s_tj)
+    logp_t = s_t[y_t] - lse_t                   logprob of the target y_t
+    H_t = lse_t - sum_j p_tj s_tj               entropy, p_t = softmax(s_t)
+
+Gradients (``g``, ``e`` the incoming grads of logp and H)::
+
+    dlogp_t/ds_tj = 1[j = y_t] - p_tj
+    dH_t/ds_tj    = -p_tj (log p_tj + H_t)
+    dL/ds_t       = g_t (onehot(y_t) - p_t) - e_t p_t (log p_t + H_t)
+    dL/dh_t = (dL/ds_t / tau) W,    dL/dW = sum_t (dL/ds_t / tau)^T h_t
+
+Forward keeps only ``lse`` and ``H`` per token; backward recomputes each chunk's logits. Peak
+extra memory is ``chunk x V`` float32 instead of ``T x V`` (e.g. 8k x 152k x 4 B = 5 GB for a
+Qwen3 vocabulary, against 1.2 GB for 2048-token chunks).
+
+The head is installed in place of ``model.lm_head`` (`LogprobHead`) so the projection runs
+inside the root FSDP2 unit's forward (the weight is unsharded there, and tied embeddings stay
+tied); outside a `logprob_request` it behaves like the plain linear head.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Iterator
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+def plain_logprobs(logits: torch.Tensor, targets: torch.Tensor, temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Reference: logprob of each target and entropy from full ``[T, V]`` logits."""
+    logp = torch.log_softmax(_upcast(logits) / temperature, dim=-1)
+    taken = logp.gather(-1, targets[:, None]).squeeze(-1)
+    entropy = -(logp.exp() * logp).sum(-1)
+    return taken, entropy
+
+
+def _upcast(x: torch.Tensor) -> torch.Tensor:
+    """Softmax algebra in at least float32 (float64 stays float64, for exact tests)."""
+    return x if x.dtype in (torch.float32, torch.float64) else x.float()
+
+
+def _chunk_logits(h: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, temperature: float) -> torch.Tensor:
+    # matmul in the compute dtype (bf16 under mixed precision), softmax algebra in float32
+    return _upcast(F.linear(h, weight, bias)) / temperature
+
+
+class _ChunkedLogprobs(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, hidden, weight, bias, targets, temperature: float, chunk: int):
+        T = hidden.shape[0]
+        logp = hidden.new_empty(T, dtype=torch.promote_types(hidden.dtype, torch.float32))
+        entropy = torch.empty_like(logp)
+        lse = torch.empty_like(logp)
+        for s in range(0, T, chunk):
+            z = _chunk_logits(hidden[s:s + chunk], weight, bias, temperature)
+            lse_c = torch.logsumexp(z, dim=-1)
+            lse[s:s + chunk] = lse_c
+            logp[s:s + chunk] = z.gather(-1, targets[s:s + chunk, None]).squeeze(-1) - lse_c
+            entropy[s:s + chunk] = lse_c - (torch.softmax(z, dim=-1) * z).sum(-1)
+        ctx.save_for_backward(hidden, weight, bias, targets, lse, entropy)
+        ctx.temperature, ctx.chunk = temperature, chunk
+        return logp, entropy
+
+    @staticmethod
+    def backward(ctx, g_logp, g_ent):
+        hidden, weight, bias, targets, lse, entropy = ctx.saved_tensors
+        tau, chunk = ctx.temperature, ctx.chunk
+        need_h, need_w, need_b = ctx.needs_input_grad[:3]
+        grad_h = torch.empty_like(hidden) if need_h else None
+        # accumulate the weight gradient in float32 across chunks, cast once
+        acc = torch.promote_types(weight.dtype, torch.float32)
+        grad_w = torch.zeros(weight.shape, dtype=acc, device=weight.device) if need_w else None
+        grad_b = torch.zeros(weight.shape[0], dtype=acc, device=weight.device) if need_b else None
+        for s in range(0, hidden.shape[0], chunk):
+            h = hidden[s:s + chunk]
+            z = _chunk_logits(h, weight, bias, tau)
+            logp = z - lse[s:s + chunk, None]
+            p = logp.exp()
+            g = g_logp[s:s + chunk, None]
+            e = g_ent[s:s + chunk, None]
+            ds = -p * (g + e * (logp + entropy[s:s + chunk, None]))
+            ds.scatter_add_(-1, targets[s:s + chunk, None], g)
+            dz = (ds / tau).to(hidden.dtype)
+            if need_h:
+                grad_h[s:s + chunk] = dz @ weight
+            if need_w:
+                grad_w += (dz.t() @ h).to(acc)
+            if need_b:
+                grad_b += dz.to(acc).sum(0)
+        return (grad_h, grad_w.to(weight.dtype) if need_w else None,
+                grad_b.to(bias.dtype) if need_b else None, None, None, None)
+
+
+def chunked_logprobs(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, temperature: float,
+                     chunk_tokens: int, bias: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(logp, entropy)`` float32 [T] for ``hidden`` [T, H]; never holds more than
+    ``chunk_tokens x V`` logits. ``chunk_tokens <= 0`` computes all positions at once."""
+    chunk = chunk_tokens if chunk_tokens > 0 else max(hidden.shape[0], 1)
+    return _ChunkedLogprobs.apply(hidden, weight, bias, targets, float(temperature), chunk)
+
+
+class LogprobHead(nn.Module):
+    """Replacement for ``lm_head``: holds the *same* weight parameter (so names, tying and
+    FSDP2 sharding are unchanged) and, inside `logprob_request`, returns ``[..., 2]`` =
+    (target logprob, entropy) instead of ``[..., V]`` logits.
+
+    ``chunk_tokens == 0`` uses the plain full-logits computation (for comparison)."""
+
+    def __init__(self, lm_head: nn.Linear, chunk_tokens: int):
+        super().__init__()
+        self.weight = lm_head.weight
+        self.bias = lm_head.bias
+        self.in_features, self.out_features = lm_head.in_features, lm_head.out_features
+        self.chunk_tokens = chunk_tokens
+        self.request: tuple[torch.Tensor, float] | None = None
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        if self.request is None:
+            return F.linear(hidden, self.weight, self.bias)
+        targets, temperature = self.request
+        flat = hidden.reshape(-1, hidden.shape[-1])
+        if self.chunk_tokens > 0:
+            logp, ent = chunked_logprobs(flat, self.weight, targets, temperature, self.chunk_tokens, self.bias)
+        else:
+            logp, ent = plain_logprobs(F.linear(flat, self.weight, self.bias), targets, temperature)
+        return torch.stack([logp, ent], dim=-1).view(*hidden.shape[:-1], 2)
+
+
+def install_logprob_head(model: nn.Module, chunk_tokens: int) -> LogprobHead:
+    head = model.lm_head
+    if not isinstance(head, LogprobHead):
+        head = LogprobHead(head, chunk_tokens)
+        model.lm_head = head
+    head.chunk_tokens = chunk_tokens
+    return head
+
+
+@contextlib.contextmanager
+def logprob_request(model: nn.Module, targets: torch.Tensor, temperature: float) -> Iterator[None]:
+    """Within this block ``model(...).logits[..., 0]`` is the logprob of ``targets`` (flattened
+    over batch and time) and ``[..., 1]`` the entropy."""
+    head = model.lm_head
+    if not isinstance(head, LogprobHead):
+        raise TypeError("model.lm_head is not a LogprobHead; call install_logprob_head first")
+    head.request = (targets, temperature)
+    try:
+        yield
+    finally:
+        head.request = None

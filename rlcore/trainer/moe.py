@@ -1,0 +1,187 @@
+"""Expert-parallel MoE block for Qwen3-MoE-shaped models, and router statistics.
+
+A transformers ``Qwen3MoeSparseMoeBlock`` (router ``gate.weight`` [E, H]; experts
+``experts.gate_up_proj`` [E, 2I, H] and ``experts.down_proj`` [E, H, I]) is replaced by `MoEBlock`
+with the same parameter names. With ``ep`` ranks in an expert-parallel group, rank ``r`` keeps
+experts ``[r * E/ep, (r + 1) * E/ep)`` only.
+
+Forward for ``N`` tokens ``x`` [N, H], top-k routing ``(w, e)`` [N, k]::
+
+    y_n = sum_{i<k} w_ni * Expert_{e_ni}(x_n),   Expert(x) = W_down (silu(W_gate x) * W_up x)
+
+Dispatch: the ``N k`` (token, slot) pairs are sorted by expert, so the rows for the experts of ep
+rank ``r`` are one contiguous block; per-expert counts are exchanged with an all-to-all, rows with
+a differentiable all-to-all (``all_to_all_single_autograd``: its backward is the reverse
+all-to-all). The owner regroups received rows by local expert, applies them, and the reverse
+all-to-all brings results back to the sending rank, which un-sorts and combines with ``w``.
+No capacity factor: no token is dropped, so the result equals the single-rank block exactly
+(up to summation order).
+
+Router statistics (per layer, over the tokens of a step, summed over all ranks):
+tokens per expert ``c_e``, load imbalance ``max_e c_e / mean_e c_e`` (1 = balanced), and mean
+router entropy ``-sum_e p_e log p_e`` (nats).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+from torch.distributed import _functional_collectives as fc
+
+
+class LocalExperts(nn.Module):
+    """The experts this rank owns, stored like transformers' fused ``Qwen3MoeExperts``."""
+
+    def __init__(self, experts: nn.Module, ep_rank: int, ep_size: int, ep_group: dist.ProcessGroup | None):
+        super().__init__()
+        E = experts.num_experts
+        n = E // ep_size
+        sl = slice(ep_rank * n, (ep_rank + 1) * n)
+        self.gate_up_proj = nn.Parameter(experts.gate_up_proj.data[sl].clone())
+        self.down_proj = nn.Parameter(experts.down_proj.data[sl].clone())
+        self.act_fn = experts.act_fn
+        self.num_experts, self.num_local, self.first = E, n, ep_rank * n
+        self.ep_size, self.ep_group = ep_size, ep_group
+
+    def forward(self, x: torch.Tensor, counts: list[int]) -> torch.Tensor:
+        """``x`` rows grouped by local expert (``counts[i]`` rows for local expert ``i``)."""
+        outs = []
+        for i, rows in enumerate(x.split(counts)):
+            gate, up = F.linear(rows, self.gate_up_proj[i]).chunk(2, dim=-1)
+            outs.append(F.linear(self.act_fn(gate) * up, self.down_proj[i]))
+        return torch.cat(outs) if outs else x[:0]
+
+
+class MoEBlock(nn.Module):
+    """Drop-in for ``Qwen3MoeSparseMoeBlock`` with expert parallelism over ``ep_group``."""
+
+    def __init__(self, block: nn.Module, ep_group: dist.ProcessGroup | None):
+        super().__init__()
+        ep_size = dist.get_world_size(ep_group) if ep_group is not None else 1
+        ep_rank = dist.get_rank(ep_group) if ep_group is not None else 0
+        self.gate = block.gate
+        self.experts = LocalExperts(block.experts, ep_rank, ep_size, ep_group)
+        self.top_k = block.gate.top_k
+        self.num_experts = block.experts.num_experts
+        self.reset_stats()
+
+    def reset_stats(self) -> None:
+        self.stat_counts: torch.Tensor | None = None
+        self.stat_entropy = 0.0
+        self.stat_tokens = 0
+
+    def _record(self, logits: torch.Tensor, counts: torch.Tensor) -> None:
+        # only real forwards of the trained policy: not no-grad passes (reference model) and not
+        # the recomputation of a checkpointed layer inside backward
+        if not torch.is_grad_enabled() or torch._C._current_graph_task_id() != -1:
+            return
+        with torch.no_grad():
+            logp = torch.log_softmax(logits.float(), dim=-1)
+            ent = float(-(logp.exp() * logp).sum())
+        c = counts.detach().float()
+        self.stat_counts = c if self.stat_counts is None else self.stat_counts + c
+        self.stat_entropy += ent
+        self.stat_tokens += logits.shape[0]
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        shape = hidden_states.shape
+        x = hidden_states.reshape(-1, shape[-1])
+        logits, weights, experts = self.gate(x)  # [N, E], [N, k], [N, k]
+        k = experts.shape[-1]
+        flat = experts.reshape(-1)
+        order = torch.argsort(flat, stable=True)
+        counts = torch.bincount(flat, minlength=self.num_experts)
+        self._record(logits, counts)
+        routed = x[order // k]  # (token, slot) rows sorted by expert
+        ex = self.experts
+        if ex.ep_size == 1:
+            out_sorted = ex(routed, counts.tolist())
+        else:
+            out_sorted = self._dispatch(routed, counts)
+        out = torch.empty_like(out_sorted)
+        out[order] = out_sorted  # back to (token, slot) order; index_put is differentiable
+        y = (out.view(-1, k, shape[-1]) * weights.to(out.dtype)[..., None]).sum(1)
+        return y.view(shape)
+
+    def _dispatch(self, routed: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+        ex = self.experts
+        ep, n = ex.ep_size, ex.num_local
+        # recv[s, i] = rows rank s sends to my local expert i
+        recv = _exchange(counts, ex.ep_group).view(ep, n)
+        send_splits = counts.view(ep, n).sum(1).tolist()
+        recv_splits = recv.sum(1).tolist()
+        got = fc.all_to_all_single_autograd(routed, recv_splits, send_splits, ex.ep_group)
+        # rows arrive ordered (source rank, local expert): regroup by local expert
+        expert_of_row = torch.arange(n, device=routed.device).repeat(ep).repeat_interleave(recv.flatten())
+        perm = torch.argsort(expert_of_row, stable=True)
+        y = ex(got[perm], recv.sum(0).tolist())
+        back = torch.empty_like(y)
+        back[perm] = y
+        return fc.all_to_all_single_autograd(back, send_splits, recv_splits, ex.ep_group)
+
+
+def _exchange(counts: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:
+    """Non-differentiable all-to-all of the per-expert counts (equal splits of ``E / ep``)."""
+    out = torch.empty_like(counts)
+    dist.all_to_all_single(out, counts, group=group)
+    return out
+
+
+def _is_qwen3_moe_block(m: nn.Module) -> bool:
+    experts = getattr(m, "experts", None)
+    return (hasattr(m, "gate") and experts is not None and hasattr(experts, "gate_up_proj")
+            and hasattr(experts, "down_proj") and hasattr(m.gate, "top_k"))
+
+
+def apply_expert_parallel(model: nn.Module, ep_group: dist.ProcessGroup | None) -> list[MoEBlock]:
+    """Replace every Qwen3-MoE sparse block by a `MoEBlock` (also with ep = 1, for the router
+    statistics and sorted dispatch). Returns the blocks."""
+    blocks = []
+    for layer in model.model.layers:
+        mlp = getattr(layer, "mlp", None)
+        if isinstance(mlp, MoEBlock):
+            blocks.append(mlp)
+        elif mlp is not None and _is_qwen3_moe_block(mlp):
+            layer.mlp = MoEBlock(mlp, ep_group)
+            blocks.append(layer.mlp)
+    if ep_group is not None and dist.get_world_size(ep_group) > 1 and not blocks:
+        raise ValueError("trainer.ep > 1 but the model has no Qwen3-MoE-shaped sparse blocks")
+    return blocks
+
+
+def expert_modules(model: nn.Module) -> dict[str, LocalExperts]:
+    """Qualified module name -> `LocalExperts`."""
+    return {name: m for name, m in model.named_modules() if isinstance(m, LocalExperts)}
+
+
+def expert_param_ids(model: nn.Module) -> set[int]:
+    """ids of the (current, possibly FSDP-sharded) expert parameters."""
+    return {id(p) for m in expert_modules(model).values() for p in m.parameters()}
+
+
+def router_metrics(model: nn.Module, group: dist.ProcessGroup | None = None) -> dict[str, float]:
+    """Step router statistics summed over ``group`` (collective when there are MoE blocks on any
+    rank: call on all ranks). Resets the accumulators."""
+    blocks = [m for m in model.modules() if isinstance(m, MoEBlock)]
+    if not blocks:
+        return {}
+    E = blocks[0].num_experts
+    w = blocks[0].gate.weight
+    dev = w.to_local().device if hasattr(w, "to_local") else w.device  # DTensor once FSDP-sharded
+    rows = []
+    for b in blocks:
+        c = b.stat_counts if b.stat_counts is not None else torch.zeros(E, device=dev)
+        rows.append(torch.cat([c.to(dev), torch.tensor([b.stat_entropy, float(b.stat_tokens)], device=dev)]))
+        b.reset_stats()
+    t = torch.stack(rows).double()
+    if dist.is_initialized():
+        dist.all_reduce(t, group=group)
+    counts, ent, tokens = t[:, :E], t[:, E], t[:, E + 1]
+    if float(tokens.sum()) == 0:
+        return {}
+    imbalance = counts.max(1).values / counts.mean(1).clamp_min(1e-9)
+    return {"moe_load_imbalance": float(imbalance.mean()), "moe_load_imbalance_max": float(imbalance.max()),
+            "moe_router_entropy": float(ent.sum() / tokens.sum()),
+            "moe_dead_expert_frac": float((counts == 0).double().mean())}

@@ -1,0 +1,200 @@
+"""Device meshes for data, context and expert parallelism, and the model transformation that
+applies LoRA, expert parallelism, context-parallel attention, activation checkpointing, the
+chunked logprob head and FSDP2, in that order.
+
+Layout (world = ``dp * cp`` ranks, row-major, like torchtitan's ``dp_shard x cp``)::
+
+    rank = d * cp + c            d = data-parallel index (which micro-batches), c = context index
+    fsdp mesh  (world,)          dense parameters are sharded over *all* ranks: context ranks
+                                 hold the same parameters, so sharding over them saves memory too
+    cp mesh    (dp, cp)          the ``cp`` rows exchange sequence shards (Ulysses all-to-all)
+    ep mesh    (world/ep, ep)    expert parallelism borrows ranks from dp*cp: each row of ``ep``
+                                 consecutive ranks splits the experts; ``efsdp`` (the columns)
+                                 shards each rank's local experts with FSDP2
+
+Gradient scale contract: every rank backpropagates ``world * loss_r`` (``loss_r`` its share of
+the global objective, ``sum_r loss_r``). FSDP2 averages dense gradients over the world, which
+yields ``sum_r d loss_r``. Expert gradients already sum over the ``ep`` row (tokens were sent
+to the expert's owner), so their reduce-scatter over ``efsdp`` divides by the world size too.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from torch.distributed.tensor import DTensor
+
+
+@dataclass(frozen=True)
+class ParallelDims:
+    """How ``world`` ranks are split: ``dp * cp == world``, ``ep`` divides ``world``."""
+
+    dp: int
+    cp: int = 1
+    ep: int = 1
+
+    @property
+    def world(self) -> int:
+        return self.dp * self.cp
+
+    @classmethod
+    def from_config(cls, t, world_size: int) -> "ParallelDims":
+        """``trainer.dp`` null means "whatever is left": ``world_size // cp``."""
+        cp = int(getattr(t, "cp", 1) or 1)
+        dp = getattr(t, "dp", None)
+        dp = world_size // cp if dp is None else int(dp)
+        dims = cls(dp=dp, cp=cp, ep=int(getattr(t, "ep", 1) or 1))
+        if dims.world != world_size or world_size % dims.ep:
+            raise ValueError(f"trainer mesh dp={dp} x cp={cp} (ep={dims.ep}) does not fit world_size={world_size}")
+        return dims
+
+    def data_rank(self, rank: int) -> int:
+        """Index of the data shard (list of micro-batches) that ``rank`` trains on."""
+        return rank // self.cp
+
+    def cp_rank(self, rank: int) -> int:
+        return rank % self.cp
+
+
+def mesh_problems(dp, cp: int, ep: int, world_size: int, num_experts: int | None = None,
+                  num_heads: int | None = None) -> list[tuple[str, str]]:
+    """Config-time checks of the mesh (no torch.distributed needed); one (key, message) each.
+    ``num_experts`` / ``num_heads`` None: unknown yet (a hub model), not checked; 0 experts: dense."""
+    out = []
+    if cp < 1:
+        out.append(("trainer.cp", f"must be >= 1, got {cp}"))
+    if ep < 1:
+        out.append(("trainer.ep", f"must be >= 1, got {ep}"))
+    if out:
+        return out
+    if dp is not None and dp < 1:
+        return [("trainer.dp", f"must be >= 1 or null, got {dp}")]
+    if dp is None and world_size % cp:
+        out.append(("trainer.cp", f"must divide trainer.world_size={world_size}, got {cp}"))
+    if dp is not None and dp * cp != world_size:
+        out.append(("trainer.dp", f"dp * cp must equal trainer.world_size: {dp} * {cp} != {world_size}"))
+    if world_size % ep:
+        out.append(("trainer.ep", f"must divide dp * cp = trainer.world_size={world_size}, got {ep}"))
+    if ep > 1 and num_experts == 0:
+        out.append(("trainer.ep", f"expert parallelism (ep={ep}) needs a MoE model (num_experts > 0)"))
+    elif ep > 1 and num_experts and num_experts % ep:
+        out.append(("trainer.ep", f"must divide the model's num_experts={num_experts}, got {ep}"))
+    if cp > 1 and num_heads and num_heads % cp:
+        out.append(("trainer.cp", f"Ulysses context parallelism splits attention heads: cp={cp} must "
+                    f"divide num_attention_heads={num_heads}"))
+    return out
+
+
+@dataclass
+class Meshes:
+    """The process groups of one rank (see the module docstring for the layout)."""
+
+    dims: ParallelDims
+    fsdp: DeviceMesh
+    cp_group: dist.ProcessGroup | None
+    ep_group: dist.ProcessGroup | None
+    efsdp: DeviceMesh | None
+
+    @classmethod
+    def build(cls, dims: ParallelDims, device_type: str) -> "Meshes":
+        fsdp = init_device_mesh(device_type, (dims.world,), mesh_dim_names=("dp",))
+        cp_group = ep_group = efsdp = None
+        if dims.cp > 1:
+            cp_group = init_device_mesh(device_type, (dims.dp, dims.cp), mesh_dim_names=("dp", "cp"))["cp"].get_group()
+        if dims.ep > 1:
+            ep_mesh = init_device_mesh(device_type, (dims.world // dims.ep, dims.ep), mesh_dim_names=("efsdp", "ep"))
+            ep_group, efsdp = ep_mesh["ep"].get_group(), ep_mesh["efsdp"]
+        return cls(dims, fsdp, cp_group, ep_group, efsdp)
+
+
+def parallelize(model: torch.nn.Module, t, meshes: Meshes, device: torch.device, train: bool = True,
+                attention: str | None = None) -> torch.nn.Module:
+    """Transform a transformers causal LM in place for training on this rank; returns it.
+
+    ``t`` is the TrainerConfig (``lora``, ``activation_checkpointing``, ``logprob_chunk_tokens``,
+    ``mixed_precision``). ``train=False`` (a frozen reference) skips LoRA and checkpointing.
+    ``attention``: ``"varlen"`` forces rlcore's variable-length attention (always used when
+    cp > 1); None keeps the model's own (transformers sdpa with a block-diagonal mask).
+    Parameter names stay the transformers names (weight sync and checkpoints rely on them).
+    """
+    from rlcore.trainer.activation_checkpoint import apply_activation_checkpointing
+    from rlcore.trainer.attention import use_varlen_attention
+    from rlcore.trainer.logprobs import install_logprob_head
+    from rlcore.trainer.lora import apply_lora
+    from rlcore.trainer.moe import apply_expert_parallel
+
+    lora = getattr(t, "lora", None)
+    if train and lora is not None and lora.enabled:
+        apply_lora(model, lora)
+    moe_blocks = apply_expert_parallel(model, meshes.ep_group)
+    if meshes.dims.cp > 1 or attention == "varlen":
+        use_varlen_attention(model, meshes.cp_group)
+    mode = getattr(t, "activation_checkpointing", "none") if train else "none"
+    apply_activation_checkpointing(model, mode)
+    install_logprob_head(model, getattr(t, "logprob_chunk_tokens", 0))
+
+    mp = None
+    if device.type == "cuda" and t.mixed_precision:
+        mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    kwargs = {"mp_policy": mp} if mp else {}
+    if meshes.efsdp is not None:
+        for block in moe_blocks:
+            # experts are their own FSDP unit on the efsdp mesh; see the gradient-scale contract
+            fully_shard(block.experts, mesh=meshes.efsdp, **kwargs)
+            block.experts.set_gradient_divide_factor(float(meshes.dims.world))
+    for layer in model.model.layers:
+        fully_shard(layer, mesh=meshes.fsdp, **kwargs)
+    fully_shard(model, mesh=meshes.fsdp, **kwargs)
+    return model
+
+
+def clip_grad_norm(model: torch.nn.Module, max_norm: float, meshes: Meshes) -> float:
+    """Global L2 gradient norm over all parameters (clipped to ``max_norm`` when > 0).
+
+    ``||g||^2 = sum_dense ||g_p||^2 + sum_{ep row} sum_local-experts ||g_p||^2``: dense and
+    expert DTensors live on different meshes, so torch's clip_grad_norm_ (which stacks them)
+    cannot be used when ep > 1; each DTensor norm is reduced over its own mesh instead.
+    """
+    from rlcore.trainer.moe import expert_param_ids
+
+    experts = expert_param_ids(model) if meshes.ep_group is not None else set()
+    dense, expert = [], []
+    for p in model.parameters():
+        if p.grad is not None:
+            (expert if id(p) in experts else dense).append(p.grad)
+    sq = {}
+    for name, grads in (("dense", dense), ("expert", expert)):
+        total = torch.zeros((), dtype=torch.float32, device=_device_of(model))
+        for g in grads:
+            n = torch.linalg.vector_norm(g, dtype=torch.float32)
+            total = total + (n.full_tensor() if isinstance(n, DTensor) else n) ** 2
+        sq[name] = total
+    if expert and meshes.ep_group is not None:
+        dist.all_reduce(sq["expert"], group=meshes.ep_group)
+    norm = float((sq["dense"] + sq["expert"]).sqrt())
+    if max_norm > 0 and norm > max_norm:
+        coef = max_norm / (norm + 1e-6)
+        for g in dense + expert:
+            g.mul_(coef)
+    return norm
+
+
+def _device_of(model: torch.nn.Module) -> torch.device:
+    p = next(model.parameters())
+    return p.to_local().device if isinstance(p, DTensor) else p.device
+
+
+def data_parallel_size(t) -> int:
+    """Number of distinct micro-batch streams (``trainer.dp``, or ``world_size // cp``)."""
+    return ParallelDims.from_config(t, t.world_size).dp
+
+
+def shards_per_rank(shards: list, t) -> list:
+    """Expand one shard per data-parallel rank to one per trainer rank: the ``cp`` ranks of a
+    data-parallel group train on the same micro-batches (each on its slice of the sequence)."""
+    dims = ParallelDims.from_config(t, t.world_size)
+    return [shards[dims.data_rank(r)] for r in range(dims.world)]

@@ -1,0 +1,106 @@
+"""Reward safety: exceptions and hangs in reward / env code never stop the run."""
+
+import time
+
+import pytest
+
+from rlcore.engine.base import Generation, SamplingParams
+from rlcore.envs.base import Environment
+from rlcore.envs.multiturn import MultiTurnEnvironment
+from rlcore.envs.safety import call_many, call_with_deadline
+from rlcore.models.tokenizer import char_tokenizer
+from rlcore.types import Task
+
+
+class EchoEngine:
+    """A deterministic engine for safety tests: always samples 'ok' then end-of-turn. The
+    token-level behaviour of real engines is covered in test_env_multiturn.py."""
+
+    def __init__(self, tok):
+        self.ids = tok("ok", add_special_tokens=False).input_ids + [tok.eos_token_id]
+
+    def generate(self, prompts, params):
+        return [Generation(list(self.ids), [-0.5] * len(self.ids), [1] * len(self.ids), "stop") for _ in prompts]
+
+
+class Scored(Environment):
+    def __init__(self, behaviour, **kw):
+        super().__init__(**kw)
+        self.behaviour = behaviour
+
+    def make_task(self, index, split):
+        return Task(id=f"t/{index}", messages=[{"role": "user", "content": "hi"}], answer=str(index))
+
+    def reward(self, task, completion):
+        if self.behaviour == "raise":
+            raise RuntimeError("broken reward")
+        if self.behaviour == "hang":
+            time.sleep(30)
+        if self.behaviour == "spin":
+            while True:
+                pass
+        if self.behaviour == "nan":
+            return float("nan")
+        return 1.0
+
+
+def run(env, n=2):
+    tok = char_tokenizer()
+    return [s for g in env.run_groups([env.make_task(0, "train")], n, EchoEngine(tok), tok,
+                                      SamplingParams(max_new_tokens=4)) for s in g.samples]
+
+
+def test_good_reward():
+    assert [s.reward for s in run(Scored("ok"))] == [1.0, 1.0]
+
+
+@pytest.mark.parametrize("behaviour,expect", [("raise", "RuntimeError: broken reward"), ("nan", "not finite")])
+def test_reward_error_fails_or_zeroes(behaviour, expect):
+    for s in run(Scored(behaviour, on_reward_error="fail")):
+        assert s.failed and expect in s.error
+    for s in run(Scored(behaviour, on_reward_error="zero")):
+        assert not s.failed and s.reward == 0.0 and expect in s.error
+
+
+def test_hanging_reward_times_out_concurrently():
+    start = time.monotonic()
+    samples = run(Scored("hang", reward_timeout_s=0.5), n=4)
+    assert time.monotonic() - start < 3  # one shared deadline, not 4 x 0.5 s in sequence
+    assert all(s.failed and "timeout after 0.5s" in s.error for s in samples)
+
+
+def test_spinning_reward_is_killed_in_process_isolation():
+    start = time.monotonic()
+    samples = run(Scored("spin", reward_timeout_s=0.5, reward_isolation="process"))
+    assert time.monotonic() - start < 5
+    assert all(s.failed and "timeout" in s.error for s in samples)
+    assert [s.reward for s in run(Scored("ok", reward_isolation="process"))] == [1.0, 1.0]
+
+
+class BrokenTurns(MultiTurnEnvironment):
+    def make_task(self, index, split):
+        return Task(id="b", messages=[{"role": "user", "content": "go"}])
+
+    def env_response(self, task, history, state):
+        raise ValueError("env bug")
+
+    def score(self, task, history, state):
+        return 1.0
+
+
+def test_env_response_fault_is_recorded():
+    samples = run(BrokenTurns(max_turns=3, on_reward_error="zero"))
+    assert all(s.reward == 0.0 and not s.failed and "env_response: ValueError: env bug" in s.error for s in samples)
+
+
+def test_guarded_calls():
+    assert call_with_deadline(lambda x: x + 1, 1, timeout_s=1).value == 2
+    out = call_many([(lambda: 1, ()), (lambda: 1 / 0, ())], timeout_s=1)
+    assert out[0].value == 1 and "ZeroDivisionError" in out[1].error
+
+
+@pytest.mark.parametrize("key,value", [("reward_timeout_s", -1), ("on_reward_error", "drop"),
+                                       ("reward_isolation", "gpu"), ("eval_size", 0)])
+def test_bad_safety_args_name_the_key(key, value):
+    with pytest.raises(ValueError, match=f"env.args.{key}"):
+        Scored("ok", **{key: value})

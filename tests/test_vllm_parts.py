@@ -1,0 +1,90 @@
+"""CPU checks of the vLLM side's pure parts: canary, update info, per-token version marks.
+(The engine itself is covered by tests/gpu/test_vllm_engine.py on the GPU machine.)"""
+
+from __future__ import annotations
+
+import math
+import types
+
+import pytest
+import torch
+
+from rlcore.canary import CanaryError, canary_prompts, compare_logprobs, teacher_forced_logprobs
+from rlcore.engine import vllm_sync
+from rlcore.engine.vllm_engine import _Request, _sampled_logprobs
+
+
+def test_canary_passes_small_gaps_and_raises_on_large_or_nan():
+    ok = compare_logprobs([[-1.0, -2.0], [-3.0]], [[-1.02, -2.01], [-3.0]])
+    assert ok.passed and ok.num_tokens == 3 and math.isclose(ok.max_gap, 0.02, abs_tol=1e-9)
+    with pytest.raises(CanaryError, match="max gap 2.0"):
+        compare_logprobs([[-1.0, -2.0]], [[-3.0, -2.0]])
+    assert not compare_logprobs([[float("nan")]], [[0.0]], raise_on_fail=False).passed
+    bad_mean = compare_logprobs([[-1.0] * 10], [[-1.2] * 10], max_gap=1.0, mean_gap=0.1, raise_on_fail=False)
+    assert not bad_mean.passed and bad_mean.worst == (0, 0)
+    with pytest.raises(ValueError):
+        compare_logprobs([[-1.0]], [[-1.0, -2.0]])
+
+
+def test_canary_prompts_are_fixed_and_teacher_forcing_matches_a_manual_pass():
+    assert canary_prompts(100, 2, 3, 4) == canary_prompts(100, 2, 3, 4)
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Embedding(50, 8), torch.nn.Linear(8, 50))
+
+    class LM(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.m = model
+
+        def forward(self, ids):
+            return types.SimpleNamespace(logits=self.m(ids))
+
+    lm = LM()
+    got = teacher_forced_logprobs(lm, [([1, 2], [3, 4])], temperature=0.5)[0]
+    logits = model(torch.tensor([1, 2, 3, 4])).float() / 0.5
+    want = [torch.log_softmax(logits[1], -1)[3].item(), torch.log_softmax(logits[2], -1)[4].item()]
+    assert got == pytest.approx(want, abs=1e-5)
+
+
+def test_update_info_lists_tensors_in_order_with_wire_dtypes():
+    info = vllm_sync.update_info_for(
+        [("a", torch.zeros(3, 4, dtype=torch.bfloat16)), ("b", torch.float32, (5,))], bucket_bytes=100,
+        num_buffers=3)
+    assert info == dict(names=["a", "b"], dtype_names=["bfloat16", "float32"], shapes=[[3, 4], [5]], packed=True,
+                        packed_buffer_size_bytes=100, packed_num_buffers=3)
+    assert vllm_sync.update_info_bytes(info) == 3 * 4 * 2 + 5 * 4
+    with pytest.raises(ValueError):
+        vllm_sync.update_info_for([])
+    with pytest.raises(ValueError, match=r"names\[1\]"):
+        vllm_sync._check_same(vllm_sync.update_info_for([("a", torch.float32, (1,)), ("c", torch.float32, (1,))]),
+                              vllm_sync.update_info_for([("a", torch.float32, (1,)), ("b", torch.float32, (1,))]))
+
+
+def _out(tokens, finished=False, reason=None):
+    lps = [{t: types.SimpleNamespace(logprob=-0.1 * t)} for t in tokens]
+    comp = types.SimpleNamespace(token_ids=tokens, logprobs=lps, finish_reason=reason)
+    return types.SimpleNamespace(finished=finished, outputs=[comp])
+
+
+def test_version_marks_count_tokens_pending_in_the_collector_as_old():
+    collector = types.SimpleNamespace(output=_out([4, 5]))  # delivered before the pause, not yet read
+    req = _Request("r", version=3, collector=collector)
+    req.absorb(_out([1, 2, 3]))
+    req.marks.append((len(req.token_ids) + req.pending_tokens(), 4))  # what _bump_version does
+    req.absorb(_out([4, 5]))
+    req.absorb(_out([6], finished=True, reason="length"))
+    gen = req.result()
+    assert gen.token_ids == [1, 2, 3, 4, 5, 6]
+    assert gen.versions == [3, 3, 3, 3, 3, 4]
+    assert gen.logprobs == pytest.approx([-0.1, -0.2, -0.3, -0.4, -0.5, -0.6])
+    assert gen.finish_reason == "length"
+
+
+def test_sampled_logprobs_flat_fast_path():
+    class Flat(list):  # stands in for vLLM's FlatLogprobs: a sequence with flat lists attached
+        logprobs = [-1.0, -2.0]
+        token_ids = [7, 9]
+
+    assert _sampled_logprobs([7, 9], Flat([{}, {}])) == [-1.0, -2.0]
+    with pytest.raises(RuntimeError):
+        _sampled_logprobs([1], None)
