@@ -128,6 +128,7 @@ class Driver:
         self._rollout_busy_last = 0.0
         self.rejoin_needed = False
         self.restarts = 0
+        self.version_base = 0  # engine version when RL step 0 began (see groups_allowed_in_flight)
         self._next_actor = itertools.cycle(range(cfg.rollout.num_actors))
 
     # -- setup ---------------------------------------------------------------------------------
@@ -225,7 +226,9 @@ class Driver:
         satisfy s - v <= max_off_policy_steps, so only the batches of steps up to
         v + max_off_policy_steps may be in flight."""
         a = self.cfg.algo
-        return max(0, (self.version + a.max_off_policy_steps + 1 - batches_started) * a.batch_groups)
+        # steps' policy versions run from version_base (an SFT warm-up or a resume moves it)
+        steps_synced = self.version - self.version_base
+        return max(0, (steps_synced + a.max_off_policy_steps + 1 - batches_started) * a.batch_groups)
 
     def launch(self, batches_started: int) -> None:
         r, a = self.cfg.rollout, self.cfg.algo
@@ -322,6 +325,7 @@ class Driver:
         cfg = self.cfg
         history: list[dict[str, Any]] = []
         step = self.start_step
+        self.version_base = self.version - step
         train_refs: list[ray.ObjectRef] = []
         state: StepState | None = None
         gen_tokens = 0
@@ -349,8 +353,11 @@ class Driver:
                 elif self.hooks.owns(ref):
                     self.hooks.on_ready(ref, logger)
             if train_refs and refs_ready(train_refs):
-                results = get(train_refs, cfg.trainer.step_timeout_s, f"train step {step}",
-                              [f"trainer rank {i}" for i in range(len(train_refs))])
+                try:
+                    results = get(train_refs, cfg.trainer.step_timeout_s, f"train step {step + 1}",
+                                  [f"trainer rank {i}" for i in range(len(train_refs))])
+                except RunError as exc:
+                    raise RunError(f"{exc}; {self.resume_hint()}") from exc
                 train_refs = []
                 state.metrics.update(results[0])
                 state.metrics.update(self.sync_weights(results[0]["version"]))
@@ -362,6 +369,14 @@ class Driver:
                 self.hooks.after_step(step, state, logger)
         self.hooks.finish(logger)
         return history
+
+    def resume_hint(self) -> str:
+        """Where a stopped run can continue from."""
+        from rlcore.checkpoint import latest_checkpoint
+        path = self.hooks.last_checkpoint or latest_checkpoint(self.hooks.writer.root)
+        if path is None:
+            return "no checkpoint was written yet (set checkpoint.interval to write them)"
+        return f"last checkpoint: {path}; continue with resume=true"
 
     def rollout_busy_seconds(self) -> float:
         """Generation seconds summed over rollout actors (0 for an actor that does not answer:

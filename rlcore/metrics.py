@@ -43,7 +43,7 @@ class MetricsLogger:
         if self._wandb is not None:
             self._wandb.log(metrics, step=metrics["step"])
         if self._progress is not None:
-            self._progress.console.print(format_line(metrics))
+            self._progress.console.print(format_line(metrics), soft_wrap=True)
             self._progress.update(self._task, completed=metrics["step"])
 
     def log_eval(self, metrics: dict[str, Any]) -> None:
