@@ -37,6 +37,15 @@ class Groups:
     trainers: list
     rollouts: list
 
+    def shutdown(self) -> None:
+        """Close the trainers' process groups (best effort: this runs on the way out, also after a
+        fault), then kill every actor and free both placement groups."""
+        try:
+            ray.get([t.shutdown.remote() for t in self.trainers], timeout=30)
+        except Exception:
+            pass
+        self.remove()
+
     def remove(self) -> None:
         for a in self.trainers + self.rollouts:
             ray.kill(a, no_restart=True)

@@ -33,7 +33,7 @@ def summarise(rows: list[dict], warmup: int) -> dict:
     return {
         "samples_per_s": sum(r["batch_samples"] for r in rows) / wall,
         "trainer_busy": statistics.mean(r["trainer_busy_frac"] for r in rows),
-        "rollout_busy": statistics.mean(r["rollout_busy_frac"] for r in rows),
+        "rollout_busy": statistics.mean(r["rollout_busy_frac"] for r in rows if r["rollout_busy_frac"] is not None),
         "max_staleness": max(r["max_staleness"] for r in rows),
         "reward_last": rows[-1]["reward_mean"],
     }

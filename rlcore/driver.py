@@ -121,11 +121,12 @@ class Driver:
         self.start_step = 0  # steps already done (a resume sets it)
         self.request_seq = 0  # generate requests launched so far
         self.hooks = StepHooks(self)  # resume, checkpoints, evaluation, data-order log
-        self.version = 0  # policy version served by the engines (== optimizer steps synced)
+        self.version = 0  # policy version the engines serve (the trainer's optimizer steps, synced)
         self.pending: dict[ray.ObjectRef, Request] = {}
         self.groups: Groups | None = None
         self.plan: SyncPlan | None = None
         self._rollout_busy_last = 0.0
+        self._failed_last = 0
         self.rejoin_needed = False
         self.restarts = 0
         self.version_base = 0  # engine version when RL step 0 began (see groups_allowed_in_flight)
@@ -140,7 +141,6 @@ class Driver:
         addr, port = get(g.trainers[0].address.remote(), t.step_timeout_s, "trainer rank 0 start")
         get([tr.init_distributed.remote(addr, port) for tr in g.trainers], t.step_timeout_s,
             "trainer process-group init")
-        get([r.ready.remote() for r in g.rollouts], cfg.rollout.generate_timeout_s, "rollout actor start")
         metas = get(g.trainers[0].parameter_metas.remote(), t.step_timeout_s, "parameter metadata")
         self.plan = plan_buckets([TensorMeta(n, tuple(s), d) for n, s, d in metas],
                                  int(cfg.rollout.sync_bucket_mb * 2**20))
@@ -158,24 +158,21 @@ class Driver:
             cfg.rollout.weight_sync_timeout_s, "weight group init")
         self.rejoin_needed = False
 
-    def rejoin(self) -> None:
-        """After a rollout actor died and Ray restarted it: rebuild the weight group and give
-        every engine the current weights before it serves again."""
-        log.warning("rollout actor restarted: rebuilding the weight group and re-sending version %d", self.version)
+    def rejoin(self, version: int) -> dict[str, float]:
+        """After a rollout actor died (Ray restarts it) or a sync failed: rebuild the weight group
+        and give every engine the trainer's weights as `version` before it serves again."""
         self.restarts += 1
         self.init_weight_group()
-        self._sync(self.version)
+        return self._sync(version)
 
     def sync_weights(self, version: int) -> dict[str, float]:
         """Push the trainer's weights to every engine as `version`; returns timing metrics. A
-        sync that fails because a rollout actor died is retried once on a rebuilt group."""
+        sync that fails (a rollout actor died, a broken group) is retried once on a rebuilt group."""
         try:
             return self._sync(version)
         except RunError as exc:
             log.warning("weight sync to version %d failed (%s); rebuilding the weight group", version, exc)
-            self.restarts += 1
-            self.init_weight_group()
-            return self._sync(version)
+            return self.rejoin(version)
 
     def _sync(self, version: int) -> dict[str, float]:
         g = self.groups
@@ -326,13 +323,16 @@ class Driver:
         history: list[dict[str, Any]] = []
         step = self.start_step
         self.version_base = self.version - step
+        self._failed_last = self.acct.failed  # a resume restores the counters
         train_refs: list[ray.ObjectRef] = []
         state: StepState | None = None
         gen_tokens = 0
         run_start = last_end = time.perf_counter()
         while step < cfg.steps:
             if self.rejoin_needed and not train_refs:
-                self.rejoin()
+                log.warning("rollout actor restarted: rebuilding the weight group, re-sending version %d",
+                            self.version)
+                self.rejoin(self.version)
             self.launch(step + (1 if train_refs else 0))
             if not train_refs:
                 keep = self.keep_group if cfg.algo.filter_zero_adv_groups else None
@@ -378,20 +378,29 @@ class Driver:
             return "no checkpoint was written yet (set checkpoint.interval to write them)"
         return f"last checkpoint: {path}; continue with resume=true"
 
-    def rollout_busy_seconds(self) -> float:
-        """Generation seconds summed over rollout actors (0 for an actor that does not answer:
-        busy accounting must never stall training)."""
+    def rollout_busy_seconds(self) -> float | None:
+        """Generation seconds summed over rollout actors; None when one does not answer within
+        10 s or was restarted (busy accounting must never stall or fail training)."""
         refs = [r.busy_seconds.remote() for r in self.groups.rollouts]
         ready, _ = ray.wait(refs, num_returns=len(refs), timeout=10.0)
-        return sum(ray.get(ready)) if len(ready) == len(refs) else float("nan")
+        if len(ready) < len(refs):
+            return None
+        try:
+            return sum(ray.get(ready))
+        except ray.exceptions.RayError:
+            return None
 
     def step_record(self, state: StepState, step_time: float, elapsed: float, gen_tokens: int) -> dict[str, Any]:
         self.acct.check()
         m = dict(state.metrics)
         m.pop("version", None)
+        failed_before, self._failed_last = self._failed_last, self.acct.failed
         busy = self.rollout_busy_seconds()
-        rollout_busy = (busy - self._rollout_busy_last) / max(step_time * len(self.groups.rollouts), 1e-9)
-        self._rollout_busy_last = busy
+        rollout_busy = None
+        if busy is not None:
+            if busy >= self._rollout_busy_last:  # a restarted actor's clock starts again at 0
+                rollout_busy = (busy - self._rollout_busy_last) / max(step_time * len(self.groups.rollouts), 1e-9)
+            self._rollout_busy_last = busy
         dt = max(step_time, 1e-9)
         return {
             "step": state.step + 1,
@@ -401,19 +410,17 @@ class Driver:
             "samples_per_s": m["batch_samples"] / dt,
             "gen_tokens_per_s": gen_tokens / dt,
             "trainer_busy_frac": min(1.0, (m["train_time_s"] + m["sync_time_s"]) / dt),
-            "rollout_busy_frac": min(1.0, rollout_busy),
+            "rollout_busy_frac": None if rollout_busy is None else min(1.0, rollout_busy),
             "elapsed_s": elapsed,
             **m,
             **self.acct.as_metrics(),
+            "samples_failed_step": self.acct.failed - failed_before,  # reward/tool/engine faults
+            "rollout_restarts": self.restarts,
         }
 
     def shutdown(self) -> None:
         if self.groups is not None:
-            try:
-                ray.get([t.shutdown.remote() for t in self.groups.trainers], timeout=30)
-            except Exception:  # best effort on the way out
-                pass
-            self.groups.remove()
+            self.groups.shutdown()
             self.groups = None
 
 

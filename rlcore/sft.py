@@ -386,11 +386,6 @@ class SFTDriver:
         return path
 
     def shutdown(self) -> None:
-        import ray
         if self.groups is not None:
-            try:
-                ray.get([t.shutdown.remote() for t in self.groups.trainers], timeout=30)
-            except Exception:  # best effort on the way out
-                pass
-            self.groups.remove()
+            self.groups.shutdown()
             self.groups = None

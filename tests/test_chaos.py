@@ -28,8 +28,10 @@ def test_run_survives_actor_death_and_hanging_reward(tmp_path):
     driver = Driver(cfg)
     killed = threading.Event()
 
-    def kill_when_trained():
-        while driver.version < 3:
+    metrics = tmp_path / "metrics.jsonl"
+
+    def kill_when_trained():  # after 3 RL steps (the SFT warm-up before them is not enough)
+        while not metrics.exists() or len(metrics.read_text().splitlines()) < 3:
             time.sleep(0.1)
         ray.kill(driver.groups.rollouts[1], no_restart=False)  # Ray restarts it
         killed.set()

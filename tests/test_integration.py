@@ -33,6 +33,7 @@ def test_fsdp_two_ranks_weights_reach_engine(ray_cluster, tmp_path):
     from rlcore.types import Task
 
     cfg = compose([f"output_dir={tmp_path}", "steps=2", "trainer.world_size=2", "trainer.cpus_per_rank=0.5",
+                   "sft.warmup_steps=0",
                    "algo.batch_groups=4", "rollout.tasks_per_request=4", "logger.console=false"])
     driver = Driver(cfg)
     try:

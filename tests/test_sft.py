@@ -86,7 +86,7 @@ def test_data_order_is_a_function_of_the_step():
 
 @pytest.mark.parametrize("overrides,key", [
     (["mode=sft", "sft.dataset=/nonexistent/chat.jsonl"], "sft.dataset"),
-    (["mode=sft"], "sft.num_examples"),
+    (["mode=sft", "sft.num_examples=0"], "sft.num_examples"),
     (["mode=sft", "sft.num_examples=4", "sft.batch_examples=0"], "sft.batch_examples"),
     (["resume=/nonexistent/ckpt"], "checkpoint.resume"),
     (["mode=eval", "eval.k=[1,99]"], "eval.k"),

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import datetime
 import math
-import os
 import time
 from dataclasses import dataclass
 from typing import Iterator
@@ -198,7 +197,3 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("", 0))
         return s.getsockname()[1]
-
-
-def local_ip() -> str:
-    return os.environ.get("RLCORE_NODE_IP") or "127.0.0.1"
