@@ -12,7 +12,7 @@ M="model.arch.hidden_size=1024 model.arch.intermediate_size=3072 model.arch.num_
 G="trainer.gpus_per_rank=1 trainer.cpus_per_rank=4 rollout.engine=vllm rollout.gpus_per_actor=1
    rollout.cpus_per_actor=4 +rollout.engine_kwargs.enforce_eager=true
    +rollout.engine_kwargs.gpu_memory_utilization=0.6 +rollout.engine_kwargs.max_model_len=1024
-   trainer.lr=1e-4 checkpoint.save_final=false"
+   trainer.lr=1e-4 checkpoint.save_final=false sft.warmup_steps=0"
 W=/tmp/rlcore-gpu
 python -m rlcore.run steps=8 algo.max_off_policy_steps=1 output_dir=$W/e2e $M $G logger.console=false \
   2>&1 | grep -v -e FutureWarning -e forward_call > "$OUT/e2e.log"
