@@ -40,6 +40,14 @@ class RunError(RuntimeError):
     """A fault that stops the run, with a message that says where."""
 
 
+class ActorDied(RunError):
+    """A remote call failed because its actor died; `dead` names the participants."""
+
+    def __init__(self, message: str, dead: list[str]):
+        super().__init__(message)
+        self.dead = dead
+
+
 @dataclass
 class Request:
     actor: int
@@ -69,12 +77,13 @@ def get(refs, timeout_s: float, what: str, names: list[str] | None = None):
     except ray.exceptions.GetTimeoutError as exc:
         raise RunError(f"{what} did not finish within {timeout_s:.0f}s") from exc
     except ray.exceptions.RayActorError as exc:
-        raise RunError(f"{what} failed: {failed_names(refs, names) or 'an actor'} died ({exc})") from exc
+        dead = failed_names(refs, names)
+        raise ActorDied(f"{what} failed: {', '.join(dead) or 'an actor'} died ({exc})", dead) from exc
 
 
-def failed_names(refs, names: list[str] | None) -> str:
+def failed_names(refs, names: list[str] | None) -> list[str]:
     if not names or not isinstance(refs, list):
-        return ""
+        return []
     dead = []
     for ref, name in zip(refs, names):
         try:
@@ -83,7 +92,7 @@ def failed_names(refs, names: list[str] | None) -> str:
             dead.append(name)
         except ray.exceptions.RayError:
             pass
-    return ", ".join(dead)
+    return dead
 
 
 def wait_ready(actors: list, timeout_s: float) -> None:
@@ -171,6 +180,8 @@ class Driver:
         try:
             return self._sync(version)
         except RunError as exc:
+            if isinstance(exc, ActorDied) and any(d.startswith("trainer") for d in exc.dead):
+                raise  # only engines can be replaced; a trainer rank's death stops the run
             log.warning("weight sync to version %d failed (%s); rebuilding the weight group", version, exc)
             return self.rejoin(version)
 
@@ -181,7 +192,9 @@ class Driver:
         try:
             out = get([tr.push_weights.remote() for tr in g.trainers]
                       + [r.pull_weights.remote(version) for r in g.rollouts], timeout,
-                      f"weight sync to version {version}")
+                      f"weight sync to version {version}",
+                      [f"trainer rank {i}" for i in range(len(g.trainers))]
+                      + [f"rollout actor {i}" for i in range(len(g.rollouts))])
         except ray.exceptions.RayTaskError as exc:
             raise RunError(f"weight sync to version {version} failed: {exc}") from exc
         self.version = version
@@ -204,7 +217,8 @@ class Driver:
             return {}
         pairs = self.canary_pairs()
         timeout = r.weight_sync_timeout_s
-        trainer = get([tr.canary_logprobs.remote(pairs) for tr in self.groups.trainers], timeout, "canary (trainer)")[0]
+        trainer = get([tr.canary_logprobs.remote(pairs) for tr in self.groups.trainers], timeout, "canary (trainer)",
+                      [f"trainer rank {i}" for i in range(len(self.groups.trainers))])[0]
         engines = get([a.canary_logprobs.remote(pairs) for a in self.groups.rollouts], timeout, "canary (engines)")
         worst = None
         for i, engine in enumerate(engines):
@@ -319,6 +333,13 @@ class Driver:
 
     # -- the loop ------------------------------------------------------------------------------
     def run(self, logger: MetricsLogger) -> list[dict[str, Any]]:
+        """Train `cfg.steps` steps; a fault that stops the run says where it can resume from."""
+        try:
+            return self._run(logger)
+        except RunError as exc:
+            raise RunError(f"{exc}; {self.resume_hint()}") from exc
+
+    def _run(self, logger: MetricsLogger) -> list[dict[str, Any]]:
         cfg = self.cfg
         history: list[dict[str, Any]] = []
         step = self.start_step
@@ -353,11 +374,8 @@ class Driver:
                 elif self.hooks.owns(ref):
                     self.hooks.on_ready(ref, logger)
             if train_refs and refs_ready(train_refs):
-                try:
-                    results = get(train_refs, cfg.trainer.step_timeout_s, f"train step {step + 1}",
-                                  [f"trainer rank {i}" for i in range(len(train_refs))])
-                except RunError as exc:
-                    raise RunError(f"{exc}; {self.resume_hint()}") from exc
+                results = get(train_refs, cfg.trainer.step_timeout_s, f"train step {step + 1}",
+                              [f"trainer rank {i}" for i in range(len(train_refs))])
                 train_refs = []
                 state.metrics.update(results[0])
                 state.metrics.update(self.sync_weights(results[0]["version"]))

@@ -1,0 +1,1 @@
+"""Serving the rollout engine to environments that speak an HTTP protocol."""
