@@ -105,12 +105,11 @@ def resolve_resume(cfg) -> Path | None:
 
 def config_problems(cfg) -> list[tuple[str, str]]:
     """Checks of `checkpoint.*` for `rlcore.validate` (the resume target must exist now)."""
+    from rlcore.validate import check_min
     c = cfg.checkpoint
     out = []
-    if c.interval < 0:
-        out.append(("checkpoint.interval", f"must be >= 0, got {c.interval}"))
-    if c.keep_last < 0:
-        out.append(("checkpoint.keep_last", f"must be >= 0, got {c.keep_last}"))
+    check_min(out, "checkpoint.interval", c.interval, 0)
+    check_min(out, "checkpoint.keep_last", c.keep_last, 0)
     try:
         path = resolve_resume(cfg)
     except ValueError as exc:

@@ -95,14 +95,12 @@ def sampling_overrides(cfg) -> dict[str, Any]:
 
 
 def config_problems(cfg) -> list[tuple[str, str]]:
+    from rlcore.validate import check_min
     e = cfg.eval
     out = []
-    if e.every_n_steps < 0:
-        out.append(("eval.every_n_steps", f"must be >= 0, got {e.every_n_steps}"))
-    if e.num_tasks < 0:
-        out.append(("eval.num_tasks", f"must be >= 0 (0 = the whole eval split), got {e.num_tasks}"))
-    if e.samples_per_task < 1:
-        out.append(("eval.samples_per_task", f"must be >= 1, got {e.samples_per_task}"))
+    check_min(out, "eval.every_n_steps", e.every_n_steps, 0)
+    check_min(out, "eval.num_tasks", e.num_tasks, 0, " (0 = the whole eval split)")
+    check_min(out, "eval.samples_per_task", e.samples_per_task, 1)
     if not e.k:
         out.append(("eval.k", "needs at least one k"))
     for k in e.k:

@@ -218,18 +218,15 @@ def build_dataset(cfg, tokenizer) -> SFTData:
 
 
 def config_problems(cfg) -> list[tuple[str, str]]:
+    from rlcore.validate import check_min
     s = cfg.sft
     out = []
-    if s.warmup_steps < 0:
-        out.append(("sft.warmup_steps", f"must be >= 0, got {s.warmup_steps}"))
+    check_min(out, "sft.warmup_steps", s.warmup_steps, 0)
     if cfg.mode != "sft" and s.warmup_steps == 0:
         return out
-    if s.batch_examples < 1:
-        out.append(("sft.batch_examples", f"must be >= 1, got {s.batch_examples}"))
-    if s.max_seq_len < 2:
-        out.append(("sft.max_seq_len", f"must be >= 2, got {s.max_seq_len}"))
-    if s.num_examples < 0:
-        out.append(("sft.num_examples", f"must be >= 0, got {s.num_examples}"))
+    check_min(out, "sft.batch_examples", s.batch_examples, 1)
+    check_min(out, "sft.max_seq_len", s.max_seq_len, 2)
+    check_min(out, "sft.num_examples", s.num_examples, 0)
     if s.dataset == "env" and s.num_examples < 1:  # (mode=sft or an RL warm-up)
         out.append(("sft.num_examples", "sft.dataset=env needs num_examples > 0 (tasks rendered as demonstrations)"))
     if s.dataset.endswith(".jsonl") and not Path(s.dataset).expanduser().is_file():

@@ -23,6 +23,12 @@ class ConfigError(ValueError):
         super().__init__(f"{key}: {message}")
 
 
+def check_min(problems: list, key: str, value, minimum: int, note: str = "") -> None:
+    """Append (key, "must be >= minimum, got value") when `value` is below `minimum`."""
+    if value is None or value < minimum:
+        problems.append((key, f"must be >= {minimum}{note}, got {value!r}"))
+
+
 def _positive(problems: list, key: str, value, allow_zero: bool = False) -> None:
     if value is None or (value < 0 if allow_zero else value <= 0):
         problems.append((key, f"must be {'>= 0' if allow_zero else '> 0'}, got {value!r}"))
