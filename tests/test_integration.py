@@ -78,3 +78,16 @@ def test_cli_run_writes_metrics(tmp_path):
         assert REQUIRED <= set(r), REQUIRED - set(r)
         assert r["max_staleness"] <= 1
     assert (out / "config.yaml").exists()
+
+
+@pytest.mark.parametrize("recipe", ["reverse_text", "alphabet_sort"])
+def test_recipe_rl_steps_through_full_loop(recipe, tmp_path):
+    """A few RL steps of a single-turn and a multi-turn builtin environment through the CLI."""
+    out = tmp_path / recipe
+    proc = subprocess.run([sys.executable, "-m", "rlcore.run", f"+recipe={recipe}", "steps=2", "sft.warmup_steps=0",
+                           "checkpoint.save_final=false", f"output_dir={out}"],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2]
+    assert all(r["batch_samples"] > 0 and r["loss_tokens"] > 0 for r in rows)
