@@ -50,11 +50,6 @@ class WeightGroup:
             for name, view in unpack_bucket(bucket, flat):
                 keep(name, view)
 
-    def close(self) -> None:
-        # drop references; the store's server closes with the process that hosts it
-        self.pg = None
-        self.store = None
-
 
 def receive_all(group: WeightGroup, plan: SyncPlan) -> Iterable[tuple[str, torch.Tensor]]:
     """All tensors of one sync, received before anything is applied (so an engine can swap them

@@ -29,9 +29,9 @@ def check_min(problems: list, key: str, value, minimum: int, note: str = "") -> 
         problems.append((key, f"must be >= {minimum}{note}, got {value!r}"))
 
 
-def _positive(problems: list, key: str, value, allow_zero: bool = False) -> None:
-    if value is None or (value < 0 if allow_zero else value <= 0):
-        problems.append((key, f"must be {'>= 0' if allow_zero else '> 0'}, got {value!r}"))
+def _positive(problems: list, key: str, value) -> None:
+    if value is None or value <= 0:
+        problems.append((key, f"must be > 0, got {value!r}"))
 
 
 def problems(cfg: RunConfig) -> list[tuple[str, str]]:
@@ -56,10 +56,10 @@ def problems(cfg: RunConfig) -> list[tuple[str, str]]:
     t = cfg.trainer
     _positive(out, "trainer.world_size", t.world_size)
     _positive(out, "trainer.cpus_per_rank", t.cpus_per_rank)
-    _positive(out, "trainer.gpus_per_rank", t.gpus_per_rank, allow_zero=True)
+    check_min(out, "trainer.gpus_per_rank", t.gpus_per_rank, 0)
     _positive(out, "trainer.lr", t.lr)
-    _positive(out, "trainer.weight_decay", t.weight_decay, allow_zero=True)
-    _positive(out, "trainer.max_grad_norm", t.max_grad_norm, allow_zero=True)
+    check_min(out, "trainer.weight_decay", t.weight_decay, 0)
+    check_min(out, "trainer.max_grad_norm", t.max_grad_norm, 0)
     _positive(out, "trainer.micro_batch_tokens", t.micro_batch_tokens)
     _positive(out, "trainer.step_timeout_s", t.step_timeout_s)
     if len(t.betas) != 2 or not all(0 <= b < 1 for b in t.betas):
@@ -74,7 +74,7 @@ def problems(cfg: RunConfig) -> list[tuple[str, str]]:
                     f"({r.tensor_parallel_size}) GPUs per actor, got {r.gpus_per_actor}"))
     _positive(out, "rollout.num_actors", r.num_actors)
     _positive(out, "rollout.cpus_per_actor", r.cpus_per_actor)
-    _positive(out, "rollout.gpus_per_actor", r.gpus_per_actor, allow_zero=True)
+    check_min(out, "rollout.gpus_per_actor", r.gpus_per_actor, 0)
     _positive(out, "rollout.tensor_parallel_size", r.tensor_parallel_size)
     _positive(out, "rollout.tasks_per_request", r.tasks_per_request)
     _positive(out, "rollout.max_requests_per_actor", r.max_requests_per_actor)
@@ -82,7 +82,7 @@ def problems(cfg: RunConfig) -> list[tuple[str, str]]:
     _positive(out, "rollout.weight_sync_timeout_s", r.weight_sync_timeout_s)
     _positive(out, "rollout.sync_bucket_mb", r.sync_bucket_mb)
     s = r.sampling
-    _positive(out, "rollout.sampling.temperature", s.temperature, allow_zero=True)
+    check_min(out, "rollout.sampling.temperature", s.temperature, 0)
     if not 0 < s.top_p <= 1:
         out.append(("rollout.sampling.top_p", f"must be in (0, 1], got {s.top_p}"))
     _positive(out, "rollout.sampling.max_new_tokens", s.max_new_tokens)
@@ -96,14 +96,14 @@ def problems(cfg: RunConfig) -> list[tuple[str, str]]:
     if c.num_cpus is not None:
         _positive(out, "cluster.num_cpus", c.num_cpus)
     if c.num_gpus is not None:
-        _positive(out, "cluster.num_gpus", c.num_gpus, allow_zero=True)
+        check_min(out, "cluster.num_gpus", c.num_gpus, 0)
     return out
 
 
 def algo_problems(cfg: RunConfig) -> list[tuple[str, str]]:
     from rlcore.algo import validate_algo  # the algorithm family validates its own switches
     out = list(validate_algo(cfg.algo))
-    _positive(out, "algo.max_off_policy_steps", cfg.algo.max_off_policy_steps, allow_zero=True)
+    check_min(out, "algo.max_off_policy_steps", cfg.algo.max_off_policy_steps, 0)
     return out
 
 
@@ -136,7 +136,7 @@ def trainer_parallel_problems(cfg: RunConfig) -> list[tuple[str, str]]:
     if t.activation_checkpointing not in AC_MODES:
         out.append(("trainer.activation_checkpointing",
                     f"unknown mode {t.activation_checkpointing!r}; choose one of {list(AC_MODES)}"))
-    _positive(out, "trainer.logprob_chunk_tokens", t.logprob_chunk_tokens, allow_zero=True)
+    check_min(out, "trainer.logprob_chunk_tokens", t.logprob_chunk_tokens, 0)
     lora = t.lora
     if lora.enabled:
         _positive(out, "trainer.lora.rank", lora.rank)

@@ -26,15 +26,6 @@ from rlcore.trainer.parallel import Meshes, ParallelDims, clip_grad_norm, parall
 from rlcore.trainer.schedule import build_scheduler
 
 
-def token_logprobs(logits: torch.Tensor, targets: torch.Tensor, temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """Logprob of each target under ``softmax(logits / temperature)`` and the entropy of that
-    distribution, per position. ``logits`` [T, V], ``targets`` [T]."""
-    logp = torch.log_softmax(logits.float() / temperature, dim=-1)
-    taken = logp.gather(-1, targets[:, None]).squeeze(-1)
-    entropy = -(logp.exp() * logp).sum(-1)
-    return taken, entropy
-
-
 def step_metrics(totals: dict[str, float], extrema: dict[str, float], grad_norm: float,
                  seconds: float) -> dict[str, float]:
     """Per-step metrics from rank-summed token sums: `*_sum` and `*_frac` become means over
