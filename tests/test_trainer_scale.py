@@ -193,9 +193,9 @@ def _free_port() -> int:
 
 def _spawn(fn, *args):
     port = _free_port()
-    # fork: the children inherit the imported torch/transformers (spawn would re-import them,
-    # ~10 s on these CPUs); nothing in the parent has started threads or a process group
-    mp.start_processes(_entry, args=(fn, port, args), nprocs=2, join=True, start_method="fork")
+    # spawn, not fork: earlier tests in this pytest process may have run autograd, whose worker
+    # threads make a forked child unusable (re-importing torch costs a few seconds per test)
+    mp.start_processes(_entry, args=(fn, port, args), nprocs=2, join=True, start_method="spawn")
 
 
 def _entry(rank, fn, port, args):
