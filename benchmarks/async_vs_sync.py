@@ -18,12 +18,18 @@ import tempfile
 from pathlib import Path
 
 
-def run(off_policy: int, steps: int, extra: list[str], out: Path) -> list[dict]:
+def run(off_policy: int, steps: int, extra: list[str], out: Path, timeout: float | None) -> list[dict] | None:
     cmd = [sys.executable, "-m", "rlcore.run", f"steps={steps}", f"algo.max_off_policy_steps={off_policy}",
            f"output_dir={out}", "logger.console=false", *extra]
-    proc = subprocess.run(cmd, capture_output=True, text=True)
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired as exc:
+        print(f"run with max_off_policy_steps={off_policy} timed out after {timeout} s:\n"
+              f"{(exc.stderr or b'')[-2000:]!r}", flush=True)
+        return None
     if proc.returncode != 0:
-        sys.exit(f"run with max_off_policy_steps={off_policy} failed:\n{proc.stderr[-2000:]}")
+        print(f"run with max_off_policy_steps={off_policy} failed:\n{proc.stderr[-3000:]}", flush=True)
+        return None
     return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
 
 
@@ -35,6 +41,8 @@ def summarise(rows: list[dict], warmup: int) -> dict:
         "trainer_busy": statistics.mean(r["trainer_busy_frac"] for r in rows),
         "rollout_busy": statistics.mean(r["rollout_busy_frac"] for r in rows if r["rollout_busy_frac"] is not None),
         "max_staleness": max(r["max_staleness"] for r in rows),
+        "step_time_s": statistics.mean(r["step_time_s"] for r in rows),
+        "train_time_s": statistics.mean(r.get("train_time_s", float("nan")) for r in rows),
         "reward_last": rows[-1]["reward_mean"],
     }
 
@@ -45,17 +53,21 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=3, help="first steps left out (start-up)")
     parser.add_argument("--off-policy", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--out", default=None, help="keep each run's output dir under here (default: temporary)")
+    parser.add_argument("--timeout", type=float, default=None, help="seconds one run may take")
     parser.add_argument("extra", nargs="*", help="overrides for every run (after --)")
     args = parser.parse_args()
     results = {}
     with tempfile.TemporaryDirectory() as tmp:
         for k in args.off_policy:
             out = Path(args.out or tmp) / f"off{k}"
-            results[k] = summarise(run(k, args.steps, args.extra, out), args.warmup)
-            r = results[k]
-            print(f"max_off_policy_steps={k}: {r['samples_per_s']:.1f} samples/s, trainer busy "
+            rows = run(k, args.steps, args.extra, out, args.timeout)
+            if rows is None:
+                continue
+            results[k] = r = summarise(rows, args.warmup)
+            print(f"max_off_policy_steps={k}: {r['samples_per_s']:.2f} samples/s, trainer busy "
                   f"{r['trainer_busy']:.0%}, rollout busy {r['rollout_busy']:.0%}, max staleness "
-                  f"{r['max_staleness']}, last reward {r['reward_last']:.3f}", flush=True)
+                  f"{r['max_staleness']}, step {r['step_time_s']:.2f} s (train {r['train_time_s']:.2f} s), "
+                  f"last reward {r['reward_last']:.3f}", flush=True)
     if 0 in results:
         for k, r in results.items():
             if k:

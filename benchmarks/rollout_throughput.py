@@ -4,7 +4,7 @@ Same model (random-weight Qwen3 shape, dummy weights), same engine settings (bf1
 unless --eager, ``logprobs_mode=processed_logprobs``, max_num_seqs / max_num_batched_tokens
 pinned: vLLM's defaults differ between LLM and AsyncLLM), same prompts (seeded random token ids)
 and sampling (temperature, top-p, per-token logprob of the sampled token, ignore_eos so every
-sample has exactly --max-tokens tokens). One GPU; the two engines run one after the other.
+sample has exactly --max-tokens tokens). One GPU holding both engines; repetitions alternate.
 
     PYTHONPATH=$PWD python benchmarks/rollout_throughput.py [--prompts 256 --prompt-len 128 --max-tokens 256]
 """
@@ -47,7 +47,12 @@ def main() -> None:
                   max_num_batched_tokens=16384, seed=0, enable_prefix_caching=True)
     results: dict[str, list[float]] = {}
 
-    # --- VLLMEngine (AsyncLLM, token streaming with per-token versions) ---------------------
+    # Both engines live on the same GPU at once and the repetitions alternate between them, so
+    # drift over the run (clocks, other tenants of the host) hits both sides alike.
+    from vllm import LLM
+    from vllm import SamplingParams as VSamplingParams
+    from vllm.inputs import TokensPrompt
+
     from rlcore.engine.base import SamplingParams
     from rlcore.engine.vllm_engine import VLLMEngine
 
@@ -56,41 +61,36 @@ def main() -> None:
     print(f"VLLMEngine up in {time.perf_counter() - t:.1f} s", flush=True)
     sp = SamplingParams(max_new_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p)
     try:
+        t = time.perf_counter()
+        llm = LLM(model_dir, skip_tokenizer_init=True, logprobs_mode="processed_logprobs", disable_log_stats=True,
+                  **common)
+        print(f"vllm.LLM up in {time.perf_counter() - t:.1f} s", flush=True)
+        vsp = VSamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p,
+                              logprobs=0, flat_logprobs=True, ignore_eos=True, detokenize=False)
         engine.generate(prompts[:32], SamplingParams(max_new_tokens=32))  # warm-up
+        llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts[:32]],
+                     VSamplingParams(max_tokens=32, detokenize=False), use_tqdm=False)
         for r in range(args.reps):
-            # fresh prompts per rep (prefix cache must not help either side)
+            # fresh prompts per rep (prefix cache must not help either side); same prompts for both
             batch = [[(tok + 7919 * (r + 1)) % 150000 + 1000 for tok in p] for p in prompts]
-            t = time.perf_counter()
-            gens = engine.generate(batch, sp)
-            dt = time.perf_counter() - t
-            ntok = sum(len(g.token_ids) for g in gens)
-            assert all(len(g.logprobs) == len(g.token_ids) == len(g.versions) for g in gens)
-            results.setdefault("VLLMEngine", []).append(ntok / dt)
-            print(f"VLLMEngine rep {r}: {ntok} tokens in {dt:.3f} s = {ntok / dt:.0f} tok/s", flush=True)
+            order = ("engine", "raw") if r % 2 == 0 else ("raw", "engine")
+            for side in order:
+                t = time.perf_counter()
+                if side == "engine":
+                    gens = engine.generate(batch, sp)
+                    dt = time.perf_counter() - t
+                    ntok = sum(len(g.token_ids) for g in gens)
+                    assert all(len(g.logprobs) == len(g.token_ids) == len(g.versions) for g in gens)
+                    label = "VLLMEngine"
+                else:
+                    outs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in batch], vsp, use_tqdm=False)
+                    dt = time.perf_counter() - t
+                    ntok = sum(len(o.outputs[0].token_ids) for o in outs)
+                    label = "vllm.LLM"
+                results.setdefault(label, []).append(ntok / dt)
+                print(f"{label} rep {r}: {ntok} tokens in {dt:.3f} s = {ntok / dt:.0f} tok/s", flush=True)
     finally:
         engine.shutdown()
-
-    # --- raw vllm.LLM ----------------------------------------------------------------------
-    from vllm import LLM
-    from vllm import SamplingParams as VSamplingParams
-    from vllm.inputs import TokensPrompt
-
-    t = time.perf_counter()
-    llm = LLM(model_dir, skip_tokenizer_init=True, logprobs_mode="processed_logprobs", disable_log_stats=True,
-              **common)
-    print(f"vllm.LLM up in {time.perf_counter() - t:.1f} s", flush=True)
-    vsp = VSamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p, logprobs=0,
-                          flat_logprobs=True, ignore_eos=True, detokenize=False)
-    llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts[:32]],
-                 VSamplingParams(max_tokens=32, detokenize=False), use_tqdm=False)
-    for r in range(args.reps):
-        batch = [[(tok + 7919 * (r + 1)) % 150000 + 1000 for tok in p] for p in prompts]
-        t = time.perf_counter()
-        outs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in batch], vsp, use_tqdm=False)
-        dt = time.perf_counter() - t
-        ntok = sum(len(o.outputs[0].token_ids) for o in outs)
-        results.setdefault("vllm.LLM", []).append(ntok / dt)
-        print(f"vllm.LLM rep {r}: {ntok} tokens in {dt:.3f} s = {ntok / dt:.0f} tok/s", flush=True)
 
     eng, raw = statistics.median(results["VLLMEngine"]), statistics.median(results["vllm.LLM"])
     print(f"\n| path | output tok/s (median of {args.reps}) |\n|---|---|")

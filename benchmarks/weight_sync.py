@@ -4,7 +4,7 @@ Needs 2 GPUs and vLLM. For each model shape: a trainer-like process on GPU 0 (ra
 transformers model, bf16), a VLLMEngine on GPU 1 (dummy weights, eager). Each repetition: the
 trainer takes a fake step (noise on every weight), then trainer send and engine receive run
 concurrently. Timed: "trainer step done" (after its CUDA sync) -> ``receive_weights`` returned
-(engine resumed, serving the new weights). A canary (engine vs trainer teacher-forced logprobs,
+(the engine serves the new weights). A canary (engine vs trainer teacher-forced logprobs,
 4 x 16 tokens) runs after every sync, outside the timed span.
 
     PYTHONPATH=$PWD python benchmarks/weight_sync.py [--models qwen3-0.6b,qwen3-4b] [--reps 5]
@@ -25,10 +25,12 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from benchmarks.harness import TrainerProc, canary, connect, step_and_sync, write_model_dir  # noqa: E402
 
-# (label, reload, fast_pause): vLLM's native layerwise reload through the public pause API (the
-# path the design names), the same with the engine-core pause, and the direct load_weights path.
-CONFIGS = [("layerwise+pause_generation", "layerwise", False), ("layerwise", "layerwise", True),
-           ("direct", "direct", True)]
+# (label, reload, fast_pause, kv_on_update): vLLM's native layerwise reload through the public
+# pause API (the path the design names), the same with the engine-core pause, and the direct
+# receive (recorded loader replayed as batched copies, no pause), plus the direct receive under a
+# cache-clearing pause (kv_on_update="recompute") to show what the pause costs.
+CONFIGS = [("layerwise+pause_generation", "layerwise", False, "keep"), ("layerwise", "layerwise", True, "keep"),
+           ("direct+recompute", "direct", True, "recompute"), ("direct", "direct", True, "keep")]
 
 
 def run_model(shape: str, reps: int, bucket_mb: int, nbuf: int) -> list[dict]:
@@ -53,8 +55,8 @@ def run_model(shape: str, reps: int, bucket_mb: int, nbuf: int) -> list[dict]:
         print(f"[{shape}] {trainer.num_tensors} tensors, {gb:.3f} GB; before any sync (dummy weights): "
               f"{before.describe()}", flush=True)
         version, step = 0, 0
-        for label, reload, fast in CONFIGS:
-            engine.reload, engine.fast_pause = reload, fast
+        for label, reload, fast, kv in CONFIGS:
+            engine.reload, engine.fast_pause, engine.kv_on_update = reload, fast, kv
             samples, gaps = [], []
             for r in range(reps + 1):  # the first one warms up (allocator, NCCL channels)
                 step += 1

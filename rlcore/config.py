@@ -129,8 +129,16 @@ class RolloutConfig:
     """Longest one generate call may take before it is counted failed."""
     weight_sync_timeout_s: float = 120.0
     """Timeout of every weight-sync collective."""
-    sync_bucket_mb: float = 64.0
+    sync_bucket_mb: float = 256.0
     """Size of one weight-sync bucket in MiB."""
+    weight_reload: str = "direct"
+    """vLLM receive path: `direct` (buckets copied straight into the parameters between two
+    engine steps, no pause) or `layerwise` (vLLM's reload; needed when weights are processed after
+    loading, e.g. quantised)."""
+    kv_on_update: str = "keep"
+    """KV cache of vLLM requests in flight at a weight update: `keep` (continue on the new weights
+    with the KV computed so far; new requests never reuse older versions' prefix cache) or
+    `recompute` (preempt and recompute their prefix under the new weights)."""
     max_restarts: int = 3
     """Times Ray restarts a dead rollout actor (it then rejoins the weight group); -1 = always."""
     engine_kwargs: dict[str, Any] = field(default_factory=dict)

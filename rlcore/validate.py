@@ -81,6 +81,10 @@ def problems(cfg: RunConfig) -> list[tuple[str, str]]:
     _positive(out, "rollout.generate_timeout_s", r.generate_timeout_s)
     _positive(out, "rollout.weight_sync_timeout_s", r.weight_sync_timeout_s)
     _positive(out, "rollout.sync_bucket_mb", r.sync_bucket_mb)
+    if r.weight_reload not in ("direct", "layerwise"):
+        out.append(("rollout.weight_reload", f"must be 'direct' or 'layerwise', got {r.weight_reload!r}"))
+    if r.kv_on_update not in ("keep", "recompute"):
+        out.append(("rollout.kv_on_update", f"must be 'keep' or 'recompute', got {r.kv_on_update!r}"))
     s = r.sampling
     check_min(out, "rollout.sampling.temperature", s.temperature, 0)
     if not 0 < s.top_p <= 1:

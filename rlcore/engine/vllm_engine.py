@@ -25,21 +25,30 @@ handler runs on this loop during the update's awaits).
 
 Weight sync. The NCCL path is vLLM's native weight transfer (``weight_transfer_config =
 {"backend": "nccl"}``): :meth:`init_weight_transfer` joins the trainer's group, and
-:meth:`receive_weights` runs, around the trainer's broadcast (:mod:`rlcore.engine.vllm_sync`):
+:meth:`receive_weights` runs one of two receive paths around the trainer's broadcast
+(:mod:`rlcore.engine.vllm_sync`):
 
-    pause(keep, clear KV + prefix cache) -> start_weight_update -> update_weights
-    -> finish_weight_update -> reset_prefix_cache -> bump version -> resume
+- ``reload="layerwise"`` (vLLM's own): pause(keep) -> start_weight_update -> update_weights ->
+  finish_weight_update -> bump version -> resume. The layer-by-layer reload re-materialises and
+  re-processes every layer, so quantised or post-processed weights stay correct.
+- ``reload="direct"``: one worker call receives the same packed buckets straight into the
+  parameters (:class:`rlcore.engine.direct_receive.DirectReceiver`: vLLM's loader recorded once,
+  replayed as batched copies) -> bump version. It runs between two engine steps and needs no
+  pause. Only for weights that need no processing after loading; the canary catches a mismatch.
 
-``reload="direct"`` replaces the three ``*_weight_update`` calls with one worker call that
-receives the same packed buckets and hands them straight to ``model.load_weights``, skipping
-vLLM's layer-by-layer reload (which re-materialises and re-processes every layer so quantised or
-post-processed weights stay correct). Use it only for unquantised models whose weights need no
-processing after loading; the canary (:mod:`rlcore.canary`) catches a mismatch.
+KV cache of requests in flight (``kv_on_update``):
 
-Pausing clears the KV cache with ``reset_running_requests``: requests in flight are preempted and
-recompute their prefix on the new weights when generation resumes, so no new token attends to
-keys computed with old weights, and no later request hits a prefix-cache block from the old policy
-(without the reset, a logprob gap of 5.7 nats was seen on the GPU machine).
+- ``"keep"`` (default, PipelineRL's in-flight update): requests keep the KV they computed under
+  the old weights and continue on the new ones. Every request carries the policy version as its
+  prefix-cache salt, so no *new* request reuses a block computed under older weights (without
+  that isolation a logprob gap of 5.7 nats was seen on the GPU machine). The sampled tokens'
+  logprobs are those the engine really sampled from, which is what the loss's importance ratio
+  needs.
+- ``"recompute"``: the pause clears the KV and prefix caches with ``reset_running_requests``:
+  requests in flight are preempted and recompute their prefix on the new weights, so no new token
+  attends to keys computed with old weights. Costs a prefill of everything in flight per update.
+
+Multimodal models always clear caches (vLLM's encoder cache is keyed by image, not by weights).
 
 vLLM is imported lazily: this module imports on a CPU-only machine without vLLM.
 """
@@ -65,6 +74,7 @@ from rlcore.engine.base import Generation, RolloutEngine, SamplingParams
 log = logging.getLogger(__name__)
 
 Reload = Literal["layerwise", "direct"]
+KVOnUpdate = Literal["keep", "recompute"]
 OutputMode = Literal["final", "delta"]
 
 _WORKER_EXTENSION = "rlcore.engine.vllm_engine.RLCoreWorkerExtension"
@@ -84,19 +94,29 @@ class RLCoreWorkerExtension:
         runner = self.model_runner  # type: ignore[attr-defined]
         return runner.get_model() if hasattr(runner, "get_model") else runner.model
 
-    def rlcore_receive_direct(self, update_info: dict) -> float:
-        """Receive one packed NCCL update and load it with plain ``model.load_weights``
-        (no layerwise reload). Returns the seconds spent on this worker."""
+    def rlcore_receive_direct(self, update_info: dict) -> dict:
+        """Receive one packed NCCL update straight into the parameters
+        (:class:`rlcore.engine.direct_receive.DirectReceiver`: vLLM's loader is run and recorded
+        on the first update of a layout, replayed as batched copies after). Returns the seconds
+        spent on this worker and the receiver's counts."""
         engine = getattr(self, "weight_transfer_engine", None)
-        if engine is None:
+        group = getattr(engine, "model_update_group", None)
+        if group is None:
             raise RuntimeError("weight transfer is not configured on this worker "
-                               "(build the engine with weight_transfer_config={'backend': 'nccl'})")
+                               "(build the engine with weight_transfer_config={'backend': 'nccl'} "
+                               "and call init_weight_transfer first)")
         start = time.perf_counter()
-        # The scheduler is paused, so no forward pass reads the weights; the sync makes sure no
-        # kernel of the last step is still running when the copies land.
-        torch.accelerator.synchronize()
-        engine.update_weights(update_info)  # parse, packed broadcast receive, load_weights, sync
-        return time.perf_counter() - start
+        receiver = getattr(self, "_rlcore_receiver", None)
+        if receiver is None:
+            from rlcore.engine.direct_receive import DirectReceiver
+
+            model = self._rlcore_model()
+            receiver = self._rlcore_receiver = DirectReceiver(
+                model.load_weights, group.device,
+                fingerprint=lambda: tuple(p.data_ptr() for p in model.parameters()))
+        # the stream argument is the bucket's stream, current inside DirectReceiver.receive
+        stats = receiver.receive(update_info, lambda buf: group.broadcast(buf, src=0, stream=torch.cuda.current_stream()))
+        return {**stats, "worker_s": time.perf_counter() - start}
 
     def rlcore_load_weights(self, weights: list) -> int:
         """Load full tensors (trainer names; sent as raw bytes, see :func:`_pack_tensor`) through
@@ -211,6 +231,7 @@ class VLLMEngine(RolloutEngine):
         load_format: str = "auto",
         enable_prefix_caching: bool = True,
         reload: Reload = "layerwise",
+        kv_on_update: KVOnUpdate = "keep",
         fast_pause: bool = True,
         output_mode: OutputMode = "final",
         extra_sampling: dict[str, Any] | None = None,
@@ -225,13 +246,17 @@ class VLLMEngine(RolloutEngine):
         holding only ``config.json`` is enough: weights then arrive by sync). ``reload`` picks the
         receive path of :meth:`receive_weights` (module docstring). ``fast_pause`` pauses through
         the engine core directly, skipping the 20 ms settling sleep of ``AsyncLLM.pause_generation``
-        (not needed here, see the module docstring on versions). ``output_mode``: how token versions
+        (not needed here, see the module docstring on versions). ``kv_on_update``: what happens to
+        the KV cache of requests in flight at a weight update (module docstring). ``output_mode``: how token versions
         are tracked (module docstring). ``extra_sampling`` is merged into
         every request's vLLM ``SamplingParams`` (e.g. ``{"ignore_eos": True}`` for benchmarks).
         Other keyword arguments go to vLLM's ``AsyncEngineArgs``.
         """
         if reload not in ("layerwise", "direct"):
             raise ValueError(f"reload must be 'layerwise' or 'direct', got {reload!r}")
+        if kv_on_update not in ("keep", "recompute"):
+            raise ValueError(f"kv_on_update must be 'keep' or 'recompute', got {kv_on_update!r}")
+        self.kv_on_update: KVOnUpdate = kv_on_update
         if output_mode not in ("final", "delta"):
             raise ValueError(f"output_mode must be 'final' or 'delta', got {output_mode!r}")
         self.output_mode: OutputMode = output_mode
@@ -281,7 +306,8 @@ class VLLMEngine(RolloutEngine):
     def from_config(cls, cfg: Any, seed: int = 0, **overrides: Any) -> "VLLMEngine":
         """Build from a :class:`rlcore.config.RunConfig`. A random-weight model (``model.path``
         null) is started from its ``arch`` config with dummy weights: the first sync fills them."""
-        kwargs: dict[str, Any] = dict(tensor_parallel_size=cfg.rollout.tensor_parallel_size, seed=seed)
+        kwargs: dict[str, Any] = dict(tensor_parallel_size=cfg.rollout.tensor_parallel_size, seed=seed,
+                                      reload=cfg.rollout.weight_reload, kv_on_update=cfg.rollout.kv_on_update)
         kwargs.update(cfg.rollout.engine_kwargs)
         path = cfg.model.path
         if path is None:
@@ -360,7 +386,8 @@ class VLLMEngine(RolloutEngine):
         req = _Request(rid=f"rlcore-{next(self._ids)}", version=self._version)
         self._active[req.rid] = req
         try:
-            req.collector = await self._llm.add_request(req.rid, TokensPrompt(prompt_token_ids=list(prompt)), sp)
+            prompt_in = TokensPrompt(prompt_token_ids=list(prompt), cache_salt=self._cache_salt())
+            req.collector = await self._llm.add_request(req.rid, prompt_in, sp)
             while not req.finished:
                 out = req.collector.get_nowait() or await req.collector.get()
                 req.absorb(out)
@@ -417,7 +444,7 @@ class VLLMEngine(RolloutEngine):
         sp = VSamplingParams(max_tokens=1, temperature=1.0, prompt_logprobs=0, flat_logprobs=True,
                              detokenize=False, output_kind=RequestOutputKind.FINAL_ONLY)
         rid = f"rlcore-score-{next(self._ids)}"
-        collector = await self._llm.add_request(rid, TokensPrompt(prompt_token_ids=ids), sp)
+        collector = await self._llm.add_request(rid, TokensPrompt(prompt_token_ids=ids, cache_salt=self._cache_salt()), sp)
         try:
             out = await collector.get()
             while not out.finished:
@@ -448,13 +475,31 @@ class VLLMEngine(RolloutEngine):
     async def _rpc(self, method: str, **kwargs: Any) -> list:
         return await self._llm.collective_rpc(method, timeout=self.rpc_timeout_s, kwargs=kwargs or None)
 
+    def _cache_salt(self) -> str:
+        """Prefix-cache namespace of the current weights: a request only reuses cached KV blocks
+        computed under the same policy version."""
+        return f"rlcore-v{self._version}"
+
+    def _clears_cache(self) -> bool:
+        """Whether an update must clear the KV / encoder caches: always for ``recompute``; for
+        multimodal models too, since vLLM's encoder cache is keyed by image, not by weights."""
+        return self.kv_on_update == "recompute" or bool(getattr(self._llm.model_config, "is_multimodal_model", False))
+
+    def _needs_pause(self) -> bool:
+        """The direct receive replaces weights in place between two engine steps (vLLM runs
+        utility calls on the engine-core thread, and the receive synchronises the device first),
+        so it needs no pause unless caches must be cleared; the layerwise reload re-materialises
+        layers and always does."""
+        return self.reload == "layerwise" or self._clears_cache()
+
     async def _pause(self) -> None:
+        clear = self._clears_cache()
         core = getattr(self._llm, "engine_core", None)
         if self.fast_pause and hasattr(core, "pause_scheduler_async"):
             # Same engine-core call pause_generation makes, minus its 20 ms cosmetic sleep.
-            await core.pause_scheduler_async(mode="keep", clear_cache=True)
+            await core.pause_scheduler_async(mode="keep", clear_cache=clear)
         else:
-            await self._llm.pause_generation(mode="keep", clear_cache=True)
+            await self._llm.pause_generation(mode="keep", clear_cache=clear)
 
     def _tokens_so_far(self, req: _Request) -> int:
         """Tokens the engine has produced for ``req`` and this process has processed."""
@@ -478,12 +523,19 @@ class VLLMEngine(RolloutEngine):
         self._version = version
         self.policy_version = version
 
-    async def _swap(self, version: int, body: Any) -> dict[str, float]:
-        """pause(keep) -> body() -> reset prefix cache -> bump version -> resume; returns timings."""
+    async def _swap(self, version: int, body: Any, pause: bool = True) -> dict[str, float]:
+        """pause(keep) -> body() -> [reset prefix cache] -> bump version -> resume; returns
+        timings. Without ``pause``: body() -> bump version (new requests get the new cache salt)."""
         assert self._update_lock is not None
         async with self._update_lock:
             times: dict[str, float] = {}
             t0 = time.perf_counter()
+            if not pause:
+                times.update(await body())
+                times["load_s"] = time.perf_counter() - t0
+                self._bump_version(version)
+                times["total_s"] = time.perf_counter() - t0
+                return times
             await self._pause()
             times["pause_s"] = time.perf_counter() - t0
             resumed = False
@@ -492,9 +544,10 @@ class VLLMEngine(RolloutEngine):
                 times.update(await body())
                 times["load_s"] = time.perf_counter() - t1
                 t2 = time.perf_counter()
-                # The pause already cleared caches; a second reset, after the new weights are
-                # in and before anything is scheduled, costs little and keeps the invariant local.
-                await self._llm.reset_prefix_cache()
+                if self._clears_cache():
+                    # The pause already cleared caches; a second reset, after the new weights are
+                    # in and before anything is scheduled, costs little and keeps the invariant local.
+                    await self._llm.reset_prefix_cache()
                 self._bump_version(version)
                 await self._llm.resume_generation()
                 resumed = True
@@ -534,9 +587,10 @@ class VLLMEngine(RolloutEngine):
             times = {}
             if self.reload == "direct":
                 t = time.perf_counter()
-                worker_s = await self._rpc("rlcore_receive_direct", update_info=update_info)
+                workers = await self._rpc("rlcore_receive_direct", update_info=update_info)
                 times["update_s"] = time.perf_counter() - t
-                times["worker_s"] = max(worker_s)
+                times["worker_s"] = max(w["worker_s"] for w in workers)
+                times["fallback_tensors"] = float(max(w["fallback"] for w in workers))
             else:
                 for step, kwargs in (("start_weight_update", {}), ("update_weights", {"update_info": update_info}),
                                      ("finish_weight_update", {})):
@@ -547,7 +601,8 @@ class VLLMEngine(RolloutEngine):
 
         timeout = timeout_s or self.rpc_timeout_s
         try:
-            return self._call(asyncio.wait_for(self._swap(version, body), timeout), timeout + 10, "receive_weights")
+            return self._call(asyncio.wait_for(self._swap(version, body, pause=self._needs_pause()), timeout),
+                              timeout + 10, "receive_weights")
         except (TimeoutError, asyncio.TimeoutError) as exc:
             self._broken = f"receive_weights timed out after {timeout} s"
             raise WeightSyncError(self._broken) from exc

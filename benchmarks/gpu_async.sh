@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Async vs sync on nvidia-h200-x2 through `python -m rlcore.run`: trainer (FSDP2) on GPU 0, one
+# vLLM engine (CUDA graphs on) on GPU 1, random-weight Qwen3-0.6B-shaped policy over the
+# character vocabulary, reverse_text with long texts, GRPO 16 groups x 8 samples per step.
+# Usage: bash benchmarks/gpu_async.sh OUT_DIR [extra overrides for both runs]
+set -uo pipefail
+OUT=${1:?output dir}
+shift
+mkdir -p "$OUT"
+M="model.arch.hidden_size=1024 model.arch.intermediate_size=3072 model.arch.num_hidden_layers=28
+   model.arch.num_attention_heads=16 model.arch.num_key_value_heads=8 model.arch.head_dim=128
+   model.arch.max_position_embeddings=4096"
+G="trainer.gpus_per_rank=1 trainer.cpus_per_rank=4 rollout.engine=vllm rollout.gpus_per_actor=1
+   rollout.cpus_per_actor=4 +rollout.engine_kwargs.gpu_memory_utilization=0.6
+   +rollout.engine_kwargs.max_model_len=2048 rollout.tasks_per_request=8 rollout.max_requests_per_actor=8
+   algo.batch_groups=16 algo.group_size=8 trainer.micro_batch_tokens=16384 trainer.lr=1e-5
+   checkpoint.save_final=false sft.warmup_steps=0 rollout.sampling.max_new_tokens=256"
+# shellcheck disable=SC2086
+python benchmarks/async_vs_sync.py --steps "${STEPS:-14}" --warmup "${WARMUP:-4}" --off-policy ${OFF:-0 1} \
+  --timeout "${RUN_TIMEOUT:-240}" --out /tmp/rlcore-avs -- $M $G "$@" 2>&1 | tee "$OUT/async_vs_sync.log"
+for d in /tmp/rlcore-avs/off*; do
+  [ -f "$d/metrics.jsonl" ] && cat "$d/metrics.jsonl" > "$OUT/avs_$(basename "$d").jsonl"
+done
