@@ -1,15 +1,22 @@
 """Trainer throughput (tokens/s) and MFU of rlcore's training step on random-weight Qwen3 shapes.
 
 The timed step is the trainer's own path: `rlcore.trainer.parallel.parallelize` (FSDP2, EP, CP,
-activation checkpointing, chunked logprob head), `rlcore.trainer.forward.forward_logprobs` on one
-packed micro-batch per rank (samples with position ids reset, variable-length attention), a
-token-level policy-gradient-like loss, backward, global grad-norm clip and AdamW. Weights are fp32
-with bf16 compute (the trainer's mixed precision) on GPU.
+activation checkpointing, chunked logprob head, ``trainer.compile``, ``trainer.param_dtype``),
+then per optimizer step ``K`` packed micro-batches per rank (samples with position ids reset,
+variable-length attention; distinct packings, so shapes change between micro-batches as in a real
+step), each `rlcore.trainer.forward.forward_logprobs` + a token-level policy-gradient-like loss +
+backward (gradient sync on the last micro-batch only, as `TrainerCore`), then the global
+grad-norm clip and fused AdamW. Default weights: fp32 with bf16 compute on GPU.
 
-    python benchmarks/trainer_mfu.py --tokens 8192                                 # 1 GPU, 0.6B
-    torchrun --nproc_per_node 2 benchmarks/trainer_mfu.py --shape qwen3-moe-small --ep 2
+One call measures a matrix: ``--variants`` (comma-separated; each a ``+``-joined set of switches,
+see `VARIANT_SWITCHES`) x ``--micro-batches`` (comma-separated K). Every variant builds a fresh
+model, warms up (compiles), then times each K on the same model. ``--profile`` adds one profiled
+step per variant (largest K): top CUDA kernels, kernel classes, GPU idle gaps, top CPU ops.
+
+    python benchmarks/trainer_mfu.py --variants eager,compile,compile+bf16params --micro-batches 1,4 --profile
+    torchrun --nproc_per_node 2 benchmarks/trainer_mfu.py --shape qwen3-moe-small --ep 2 --variants eager,compile
     torchrun --nproc_per_node 2 benchmarks/trainer_mfu.py --tokens 32768 --sample-len 32768 --cp 2
-    python benchmarks/trainer_mfu.py --tiny                                        # CPU smoke check
+    python benchmarks/trainer_mfu.py --tiny --variants eager,compile --compile-backend aot_eager   # CPU smoke
 
 FLOPs (model FLOPs: recomputation from activation checkpointing is not counted)::
 
@@ -20,16 +27,19 @@ FLOPs (model FLOPs: recomputation from activation checkpointing is not counted):
     MFU    = (dense [+ attn]) / (step time * GPUs * peak);  peak = 989 TFLOP/s (H200 bf16 dense)
 
 Both MFU figures are printed: ``mfu`` (6N only, the usual headline) and ``mfu_attn`` (with attn).
+Every row states K: with K = 1 the optimizer step (and grad clip) is paid per micro-batch.
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import socket
 import sys
 import time
+import traceback
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -43,6 +53,9 @@ SHAPES = {
     "qwen3-0.6b": dict(model_type="qwen3", hidden_size=1024, intermediate_size=3072, num_hidden_layers=28,
                        num_attention_heads=16, num_key_value_heads=8, head_dim=128, vocab_size=151936,
                        tie_word_embeddings=True),
+    "qwen3-4b": dict(model_type="qwen3", hidden_size=2560, intermediate_size=9728, num_hidden_layers=36,
+                     num_attention_heads=32, num_key_value_heads=8, head_dim=128, vocab_size=151936,
+                     tie_word_embeddings=True),
     "qwen3-moe-small": dict(model_type="qwen3_moe", hidden_size=1024, intermediate_size=3072, num_hidden_layers=12,
                             num_attention_heads=16, num_key_value_heads=4, head_dim=128, vocab_size=151936,
                             num_experts=64, num_experts_per_tok=8, moe_intermediate_size=384, norm_topk_prob=True,
@@ -55,6 +68,20 @@ SHAPES = {
                      tie_word_embeddings=False),
 }
 
+# variant switch -> TrainerConfig overrides ("eager" is the baseline: no override). A new trainer
+# switch (e.g. fp8) is one more line here.
+VARIANT_SWITCHES: dict[str, dict] = {
+    "eager": {"compile": False},
+    "compile": {"compile": True},
+    "bf16params": {"param_dtype": "bfloat16"},
+    "fp32compute": {"mixed_precision": False},
+    "noac": {"activation_checkpointing": "none"},
+    "sac": {"activation_checkpointing": "selective"},
+    "fullac": {"activation_checkpointing": "full"},
+}
+# switches that are not TrainerConfig fields: hf (transformers sdpa attention instead of varlen),
+# loop (MoE experts as a per-expert loop instead of torch._grouped_mm), chunk<N> (logprob chunk)
+
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -63,26 +90,58 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--tokens", type=int, default=None, help="packed tokens per micro-batch per data-parallel rank (8192)")
     p.add_argument("--sample-len", type=int, default=None,
                    help="mean sample length in the packed row (lengths uniform in [len/2, 3len/2]); default tokens/8")
+    p.add_argument("--micro-batches", default="1,4",
+                   help="comma-separated K: micro-batches per optimizer step (each of --tokens tokens); one row each")
+    p.add_argument("--variants", default="compile",
+                   help="comma-separated variants, each '+'-joined switches: " + ", ".join(VARIANT_SWITCHES)
+                   + ", hf, loop, chunk<N> (e.g. eager,compile,compile+bf16params)")
     p.add_argument("--ep", type=int, default=1)
     p.add_argument("--cp", type=int, default=1)
-    p.add_argument("--ac", default="none", choices=["none", "full", "selective"], help="activation checkpointing")
+    p.add_argument("--ac", default="none", choices=["none", "full", "selective"],
+                   help="activation checkpointing unless a variant says otherwise")
     p.add_argument("--chunk", type=int, default=2048, help="logprob chunk tokens (0 = full [T, V] logits)")
     p.add_argument("--attn", default=None, choices=["varlen", "hf"],
                    help="varlen: rlcore's varlen kernel (default on CUDA); hf: transformers sdpa + block mask")
-    p.add_argument("--steps", type=int, default=None, help="timed steps (10)")
-    p.add_argument("--warmup", type=int, default=None, help="untimed steps first (3)")
+    p.add_argument("--steps", type=int, default=None, help="timed optimizer steps per K (10)")
+    p.add_argument("--warmup", type=int, default=None, help="untimed optimizer steps at the largest K first (2)")
     p.add_argument("--gpu", default="h200", choices=sorted(PEAK_TFLOPS), help="peak FLOP/s to divide by")
     p.add_argument("--no-mixed-precision", action="store_true", help="fp32 compute on GPU")
-    p.add_argument("--out", default=None, help="write the result as JSON here (rank 0)")
+    p.add_argument("--compile-backend", default="inductor", help="torch.compile backend (aot_eager: fast CPU smoke)")
+    p.add_argument("--profile", action="store_true", help="one profiled step per variant (largest K), summarised")
+    p.add_argument("--trace-dir", default=None, help="with --profile: also write a chrome trace per variant here")
+    p.add_argument("--out", default=None, help="write all rows as JSON here (rank 0)")
     a = p.parse_args(argv)
     if a.tiny:
         a.shape = "tiny-moe" if SHAPES[a.shape].get("num_experts") else "tiny"
     small = a.shape.startswith("tiny")
     a.tokens = a.tokens or (512 if small else 8192)
     a.steps = a.steps if a.steps is not None else (2 if small else 10)
-    a.warmup = a.warmup if a.warmup is not None else (1 if small else 3)
+    a.warmup = a.warmup if a.warmup is not None else (1 if small else 2)
     a.sample_len = a.sample_len or max(a.tokens // 8, 1)
+    a.micro_batches = sorted({int(k) for k in str(a.micro_batches).split(",") if k.strip()})
+    a.variants = [v.strip() for v in a.variants.split(",") if v.strip()]
+    for v in a.variants:
+        variant_settings(v, a)  # fail on an unknown switch before any work
     return a
+
+
+def variant_settings(variant: str, a: argparse.Namespace) -> tuple[dict, dict]:
+    """(TrainerConfig kwargs, benchmark-only settings) of one variant over the command-line defaults."""
+    t = dict(activation_checkpointing=a.ac, logprob_chunk_tokens=a.chunk, mixed_precision=not a.no_mixed_precision)
+    extra = {"attn": a.attn, "moe_loop": False}
+    for sw in variant.split("+"):
+        if sw in VARIANT_SWITCHES:
+            t.update(VARIANT_SWITCHES[sw])
+        elif sw == "hf":
+            extra["attn"] = "hf"
+        elif sw == "loop":
+            extra["moe_loop"] = True
+        elif sw.startswith("chunk") and sw[5:].isdigit():
+            t["logprob_chunk_tokens"] = int(sw[5:])
+        else:
+            raise SystemExit(f"unknown variant switch {sw!r} in {variant!r}; "
+                             f"known: {', '.join(VARIANT_SWITCHES)}, hf, loop, chunk<N>")
+    return t, extra
 
 
 def init_distributed() -> tuple[int, int, torch.device]:
@@ -97,16 +156,19 @@ def init_distributed() -> tuple[int, int, torch.device]:
     if cuda:
         torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
         os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
-    dist.init_process_group("nccl" if cuda else "gloo", rank=rank, world_size=world)
+    if not dist.is_initialized():
+        dist.init_process_group("nccl" if cuda else "gloo", rank=rank, world_size=world)
     return rank, world, torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
 
 
-def build(shape: dict, seed: int = 0) -> torch.nn.Module:
+def build(shape: dict, device: torch.device, seed: int = 0) -> torch.nn.Module:
+    """Random-weight model built directly on ``device`` (fast init of multi-GB shapes), fp32."""
     from transformers import AutoConfig, AutoModelForCausalLM
     arch = dict(shape)
     cfg = AutoConfig.for_model(arch.pop("model_type"), max_position_embeddings=65536, **arch)
     cfg._attn_implementation = "sdpa"
-    with torch.random.fork_rng(devices=[]):
+    devices = [device] if device.type == "cuda" else []
+    with torch.random.fork_rng(devices=devices), torch.device(device):
         torch.manual_seed(seed)  # identical initial weights on every rank (FSDP2 shards them)
         return AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
 
@@ -147,76 +209,254 @@ def flops_per_token_dense(model: torch.nn.Module, shape: dict) -> float:
     return 6.0 * n
 
 
-def main(argv=None) -> dict:
-    a = parse_args(argv)
-    rank, world, device = init_distributed()
+# -- profile summary ----------------------------------------------------------------------------
+
+KERNEL_CLASSES = (  # first match wins; names are lower-cased
+    ("nccl", ("nccl",)),
+    ("attention", ("flash", "fmha", "attention", "attn")),
+    ("gemm", ("gemm", "cutlass", "nvjet", "cublas", "sm90_xmma", "sm80_xmma", "grouped_mm", "matmul", "wgmma")),
+    ("triton", ("triton",)),
+    ("copy/cast", ("copy", "memcpy", "memset", "cast", "fill", "cat")),
+    ("optimizer", ("adam", "foreach", "multi_tensor")),
+)
+
+
+def kernel_class(name: str) -> str:
+    low = name.lower()
+    for cls, keys in KERNEL_CLASSES:
+        if any(k in low for k in keys):
+            return cls
+    return "other (eager elementwise/reduce)"
+
+
+def summarize_profile(events, wall_us: float, top: int = 12, gap_us: float = 20.0) -> dict:
+    """Digest of one profiled step from ``prof.events()`` (FunctionEvents, times in us).
+
+    GPU busy = union of kernel intervals; idle gaps = holes between them (the GPU waiting on the
+    host: launches, syncs, Python); ``top_kernels`` by total time; ``top_cpu_ops`` by self CPU
+    time (where the host spends its time)."""
+    from torch.autograd import DeviceType
+    kernels, cpu = [], {}
+    for e in events:
+        dt = getattr(e, "device_type", None)
+        if dt == DeviceType.CUDA:
+            kernels.append((e.time_range.start, e.time_range.end, e.name))
+        elif dt == DeviceType.CPU:
+            rec = cpu.setdefault(e.name, [0, 0.0])
+            rec[0] += 1
+            rec[1] += getattr(e, "self_cpu_time_total", 0.0) or 0.0
+    by_name, by_class = {}, {}
+    for s, t, name in kernels:
+        rec = by_name.setdefault(name, [0, 0.0])
+        rec[0] += 1
+        rec[1] += t - s
+        by_class[kernel_class(name)] = by_class.get(kernel_class(name), 0.0) + (t - s)
+    busy, gaps = 0.0, []
+    if kernels:
+        kernels.sort()
+        cur_s, cur_e = kernels[0][0], kernels[0][1]
+        for s, t, name in kernels[1:]:
+            if s > cur_e:
+                busy += cur_e - cur_s
+                if s - cur_e >= gap_us:
+                    gaps.append((s - cur_e, name))
+                cur_s, cur_e = s, t
+            else:
+                cur_e = max(cur_e, t)
+        busy += cur_e - cur_s
+    gaps.sort(reverse=True)
+    total_k = sum(v[1] for v in by_name.values()) or 1.0
+    return {
+        "wall_ms": wall_us / 1e3, "gpu_busy_ms": busy / 1e3, "gpu_busy_frac": busy / wall_us if wall_us else 0.0,
+        "kernels": len(kernels), "gaps_over_us": gap_us, "gap_count": len(gaps),
+        "gap_total_ms": sum(g for g, _ in gaps) / 1e3,
+        "largest_gaps": [{"us": round(g, 1), "before_kernel": n[:80]} for g, n in gaps[:5]],
+        "kernel_classes_ms": {k: round(v / 1e3, 3) for k, v in sorted(by_class.items(), key=lambda kv: -kv[1])},
+        "top_kernels": [{"name": n[:100], "calls": c, "ms": round(t / 1e3, 3), "frac": round(t / total_k, 4)}
+                        for n, (c, t) in sorted(by_name.items(), key=lambda kv: -kv[1][1])[:top]],
+        "top_cpu_ops": [{"name": n[:80], "calls": c, "self_ms": round(t / 1e3, 3)}
+                        for n, (c, t) in sorted(cpu.items(), key=lambda kv: -kv[1][1])[:top]],
+    }
+
+
+def format_profile(variant: str, k: int, s: dict) -> str:
+    lines = [f"-- profile: {variant}, K={k}: wall {s['wall_ms']:.1f} ms, GPU busy {s['gpu_busy_ms']:.1f} ms "
+             f"({100 * s['gpu_busy_frac']:.0f}%), {s['kernels']} kernels, {s['gap_count']} idle gaps >= "
+             f"{s['gaps_over_us']:.0f} us totalling {s['gap_total_ms']:.1f} ms",
+             "   kernel classes (ms): " + ", ".join(f"{k_}={v}" for k_, v in s["kernel_classes_ms"].items())]
+    if s["top_kernels"]:
+        lines.append(f"   {'ms':>8} {'%':>5} {'calls':>6}  top CUDA kernels")
+        lines += [f"   {r['ms']:8.2f} {100 * r['frac']:5.1f} {r['calls']:6d}  {r['name'][:90]}" for r in s["top_kernels"]]
+    if s["largest_gaps"]:
+        lines.append("   largest GPU idle gaps (us, kernel after the gap): "
+                     + "; ".join(f"{g['us']:.0f} {g['before_kernel'][:40]}" for g in s["largest_gaps"]))
+    lines.append(f"   {'self ms':>8} {'calls':>6}  top CPU ops (self time)")
+    lines += [f"   {r['self_ms']:8.2f} {r['calls']:6d}  {r['name']}" for r in s["top_cpu_ops"][:8]]
+    return "\n".join(lines)
+
+
+# -- one variant ----------------------------------------------------------------------------------
+
+def run_variant(a: argparse.Namespace, variant: str, rank: int, world: int, device: torch.device) -> list[dict]:
     from rlcore.config import TrainerConfig
     from rlcore.trainer.forward import forward_logprobs
+    from rlcore.trainer.moe import expert_modules
     from rlcore.trainer.parallel import Meshes, ParallelDims, clip_grad_norm, parallelize
 
     shape = SHAPES[a.shape]
-    t = TrainerConfig(world_size=world, cp=a.cp, ep=a.ep, activation_checkpointing=a.ac,
-                      logprob_chunk_tokens=a.chunk, mixed_precision=not a.no_mixed_precision)
+    t_kwargs, extra = variant_settings(variant, a)
+    t = TrainerConfig(world_size=world, cp=a.cp, ep=a.ep, **t_kwargs)
     dims = ParallelDims.from_config(t, world)
     meshes = Meshes.build(dims, device.type)
-    model = build(shape)
+    t0 = time.perf_counter()
+    model = build(shape, device)
     dense_per_token = flops_per_token_dense(model, shape)  # before sharding: full parameter counts
     n_params = sum(p.numel() for p in model.parameters())
-    attn = a.attn or ("varlen" if device.type == "cuda" else "hf")
+    attn = extra["attn"] or ("varlen" if device.type == "cuda" else "hf")
     attn = "varlen" if dims.cp > 1 else attn  # Ulysses CP runs inside rlcore's varlen attention
-    model = parallelize(model.to(device), t, meshes, device, attention="varlen" if attn == "varlen" else None)
+    model = parallelize(model, t, meshes, device, attention="varlen" if attn == "varlen" else None)
+    if extra["moe_loop"]:
+        for ex in expert_modules(model).values():
+            ex.grouped = False
     params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=1e-6, fused=device.type == "cuda")
 
-    # each data-parallel group gets its own micro-batch; cp ranks of a group share it
-    mb, lengths = packed_batch(a.tokens, a.sample_len, shape["vocab_size"], seed=dims.data_rank(rank))
-    attn_per_layer = 6.0 * shape["num_attention_heads"] * shape["head_dim"] * sum(n * n for n in lengths)
-    step_dense = dense_per_token * a.tokens * dims.dp  # every dp group holds the same token count
-    step_attn = attn_per_layer * shape["num_hidden_layers"] * dims.dp
+    # distinct packings (sample counts and lengths differ, token count equal): each data-parallel
+    # group gets its own; the cp ranks of a group share them
+    k_max = max(a.micro_batches)
+    pool = [packed_batch(a.tokens, a.sample_len, shape["vocab_size"], seed=1000 * dims.data_rank(rank) + i)
+            for i in range(max(k_max, 4))]
+    attn_per_layer = 6.0 * shape["num_attention_heads"] * shape["head_dim"]
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    cursor = [0]
 
-    def step() -> float:
-        lp, ent = forward_logprobs(model, mb, 1.0, meshes, device)
-        mask = mb.loss_mask.to(device)
-        # token-level policy-gradient shape: sum(A * logp * m) / N with an entropy term
-        loss = -((lp * mb.advantages.to(device) + 1e-3 * ent) * mask).sum() / mask.sum().clamp_min(1)
-        (loss * world).backward()
+    def step(k: int) -> tuple[float, float]:
+        """One optimizer step over k micro-batches; returns (loss, attention FLOPs of this rank's group)."""
+        loss_sum, attn_flops = torch.zeros((), device=device), 0.0
+        for i in range(k):
+            mb, lengths = pool[cursor[0] % len(pool)]
+            cursor[0] += 1
+            attn_flops += attn_per_layer * shape["num_hidden_layers"] * sum(n * n for n in lengths)
+            model.set_requires_gradient_sync(i == k - 1)
+            lp, ent = forward_logprobs(model, mb, 1.0, meshes, device)
+            mask = mb.loss_mask.to(device, non_blocking=True)
+            adv = mb.advantages.to(device, non_blocking=True)
+            # token-level policy-gradient shape: sum(A * logp * m) / N with an entropy term
+            loss = -((lp * adv + 1e-3 * ent) * mask).sum() / (k * mask.sum().clamp_min(1))
+            (loss * world).backward()
+            loss_sum += loss.detach()
         clip_grad_norm(model, 1.0, meshes)
         opt.step()
         opt.zero_grad(set_to_none=True)
-        return float(loss.detach())
+        return float(loss_sum), attn_flops
 
     for _ in range(a.warmup):
-        step()
-    if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats()
+        step(k_max)
     sync()
     dist.barrier()
-    start = time.perf_counter()
-    for _ in range(a.steps):
-        loss = step()
-    sync()
-    dist.barrier()
-    dt = (time.perf_counter() - start) / max(a.steps, 1)
+    warmup_s = time.perf_counter() - t0  # build + parallelize + compile + warmup steps
 
+    rows = []
     peak = PEAK_TFLOPS[a.gpu] * 1e12
-    result = {
-        "shape": a.shape, "params": n_params, "world": world, "dp": dims.dp, "cp": dims.cp, "ep": dims.ep,
-        "tokens_per_micro_batch": a.tokens, "samples_per_micro_batch": len(lengths), "mean_sample_len": a.sample_len,
-        "activation_checkpointing": a.ac, "logprob_chunk_tokens": a.chunk, "attention": attn,
-        "step_s": dt, "tokens_per_s": a.tokens * dims.dp / dt, "tokens_per_s_per_gpu": a.tokens * dims.dp / dt / world,
-        "tflops_per_gpu": (step_dense + step_attn) / dt / world / 1e12,
-        "mfu": step_dense / (dt * world * peak), "mfu_attn": (step_dense + step_attn) / (dt * world * peak),
-        "peak_mem_gib": torch.cuda.max_memory_allocated() / 2**30 if device.type == "cuda" else None,
-        "device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu", "loss": loss,
-    }
+    for k in a.micro_batches:
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats()
+        sync()
+        dist.barrier()
+        start = time.perf_counter()
+        attn_flops = 0.0
+        for _ in range(a.steps):
+            loss, af = step(k)
+            attn_flops += af
+        sync()
+        dist.barrier()
+        dt = (time.perf_counter() - start) / max(a.steps, 1)
+        step_dense = dense_per_token * a.tokens * k * dims.dp  # every dp group holds the same token count
+        step_attn = attn_flops / max(a.steps, 1) * dims.dp  # (rank 0's group's packings, x dp)
+        tokens = a.tokens * k * dims.dp
+        rows.append({
+            "variant": variant, "micro_batches": k, "shape": a.shape, "params": n_params, "world": world,
+            "dp": dims.dp, "cp": dims.cp, "ep": dims.ep, "tokens_per_micro_batch": a.tokens,
+            "mean_sample_len": a.sample_len, "trainer": t_kwargs, "attention": attn,
+            "step_s": dt, "micro_batch_s": dt / k, "tokens_per_s": tokens / dt, "tokens_per_s_per_gpu": tokens / dt / world,
+            "tflops_per_gpu": (step_dense + step_attn) / dt / world / 1e12,
+            "mfu": step_dense / (dt * world * peak), "mfu_attn": (step_dense + step_attn) / (dt * world * peak),
+            "peak_mem_gib": torch.cuda.max_memory_allocated() / 2**30 if device.type == "cuda" else None,
+            "setup_and_warmup_s": warmup_s, "device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
+            "loss": loss,
+        })
+
+    if a.profile:
+        from torch.profiler import ProfilerActivity, profile
+        acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+        sync()
+        dist.barrier()
+        with profile(activities=acts) as prof:
+            start = time.perf_counter()
+            step(k_max)
+            sync()
+            wall_us = (time.perf_counter() - start) * 1e6
+        summary = summarize_profile(prof.events(), wall_us)
+        rows[-1]["profile"] = summary
+        if rank == 0:
+            print(format_profile(variant, k_max, summary), flush=True)
+            if a.trace_dir:
+                os.makedirs(a.trace_dir, exist_ok=True)
+                prof.export_chrome_trace(os.path.join(a.trace_dir, f"trace_{variant.replace('+', '_')}.json"))
+
+    del model, opt, params
+    return rows
+
+
+def format_table(rows: list[dict]) -> str:
+    head = (f"{'variant':<28} {'K':>2} {'step_s':>7} {'mb_s':>6} {'tok/s/gpu':>10} {'TFLOP/s':>8} "
+            f"{'mfu':>6} {'mfu_attn':>8} {'mem_GiB':>8} {'setup_s':>7}")
+    lines = [head, "-" * len(head)]
+    for r in rows:
+        if "error" in r:
+            lines.append(f"{r['variant']:<28} {'':>2} FAILED: {r['error'][:100]}")
+            continue
+        mem = f"{r['peak_mem_gib']:.1f}" if r["peak_mem_gib"] is not None else "-"
+        lines.append(f"{r['variant']:<28} {r['micro_batches']:>2} {r['step_s']:7.3f} {r['micro_batch_s']:6.3f} "
+                     f"{r['tokens_per_s_per_gpu']:10,.0f} {r['tflops_per_gpu']:8.1f} {r['mfu']:6.3f} "
+                     f"{r['mfu_attn']:8.3f} {mem:>8} {r['setup_and_warmup_s']:7.1f}")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> list[dict]:
+    a = parse_args(argv)
+    rank, world, device = init_distributed()
+    from rlcore.trainer import compile as rl_compile
+    rl_compile.BACKEND = a.compile_backend
     if rank == 0:
-        print(" ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in result.items()), flush=True)
-        if a.out:
-            with open(a.out, "w") as f:
-                json.dump(result, f, indent=2)
+        print(f"trainer_mfu: shape={a.shape} tokens/micro-batch={a.tokens} sample_len~{a.sample_len} world={world} "
+              f"cp={a.cp} ep={a.ep} K={a.micro_batches} steps={a.steps} warmup={a.warmup} variants={a.variants} "
+              f"torch={torch.__version__}", flush=True)
+    rows: list[dict] = []
+    for variant in a.variants:
+        try:
+            got = run_variant(a, variant, rank, world, device)
+        except Exception as exc:  # one broken variant must not hide the others' numbers
+            if world > 1:
+                raise  # the other ranks may be stuck in a collective: fail loudly
+            traceback.print_exc()
+            got = [{"variant": variant, "error": f"{type(exc).__name__}: {exc}"}]
+        rows += got
+        if rank == 0:
+            for r in got:
+                print(" ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
+                               for k, v in r.items() if k != "profile"), flush=True)
+            if a.out:  # after every variant: a later failure or timeout keeps the earlier rows
+                with open(a.out, "w") as f:
+                    json.dump(rows, f, indent=2)
+        gc.collect()
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+        torch._dynamo.reset()  # each variant compiles on its own (inductor's disk cache still helps)
+    if rank == 0:
+        print("\n" + format_table(rows), flush=True)
     dist.destroy_process_group()
-    return result
+    return rows
 
 
 if __name__ == "__main__":

@@ -88,6 +88,10 @@ class TrainerConfig:
     """Recompute decoder-layer activations in backward: `none`, `full` or `selective` (save matmul/attention outputs only)."""
     logprob_chunk_tokens: int = 2048
     """Tokens per chunk of the fused lm_head + logprob/entropy (never materialises [T, vocab] fp32); 0 = unchunked."""
+    compile: bool = False
+    """torch.compile each decoder layer (and the logprob head's chunk math); dynamic token counts, no recompiles per batch."""
+    param_dtype: str = "float32"
+    """Stored parameter (and AdamW state) dtype: `float32` (master weights, bf16 compute on GPU) or `bfloat16` (lossy updates)."""
     lora: LoRAConfig = field(default_factory=LoRAConfig)
     """LoRA adapters (dense models): only adapters are trained."""
 

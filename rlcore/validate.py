@@ -132,7 +132,7 @@ def trainer_parallel_problems(cfg: RunConfig) -> list[tuple[str, str]]:
     """Mesh (dp, cp, ep) against the world size and the model; checkpointing, logprob chunking
     and LoRA switches. Model facts come from `model.arch` (a hub model is checked when built)."""
     from rlcore.trainer.activation_checkpoint import MODES as AC_MODES
-    from rlcore.trainer.parallel import mesh_problems
+    from rlcore.trainer.parallel import PARAM_DTYPES, mesh_problems
     t, arch = cfg.trainer, dict(cfg.model.arch)
     known = cfg.model.path is None  # a random-weight model: its shape is in model.arch
     out = mesh_problems(t.dp, t.cp, t.ep, t.world_size, num_experts=arch.get("num_experts", 0) if known else None,
@@ -141,6 +141,8 @@ def trainer_parallel_problems(cfg: RunConfig) -> list[tuple[str, str]]:
         out.append(("trainer.activation_checkpointing",
                     f"unknown mode {t.activation_checkpointing!r}; choose one of {list(AC_MODES)}"))
     check_min(out, "trainer.logprob_chunk_tokens", t.logprob_chunk_tokens, 0)
+    if t.param_dtype not in PARAM_DTYPES:
+        out.append(("trainer.param_dtype", f"unknown dtype {t.param_dtype!r}; choose one of {list(PARAM_DTYPES)}"))
     lora = t.lora
     if lora.enabled:
         _positive(out, "trainer.lora.rank", lora.rank)

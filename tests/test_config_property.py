@@ -16,7 +16,7 @@ POSITIVE_FLOAT = ["trainer.lr", "trainer.cpus_per_rank", "trainer.step_timeout_s
 NON_NEGATIVE = ["trainer.max_grad_norm", "trainer.weight_decay", "algo.clip_eps_low", "algo.clip_eps_high",
                 "algo.max_off_policy_steps", "rollout.sampling.temperature", "trainer.gpus_per_rank"]
 ENUMS = ["rollout.engine", "algo.name", "algo.loss", "model.dtype", "mode", "trainer.activation_checkpointing",
-         "trainer.lr_schedule"]
+         "trainer.lr_schedule", "trainer.param_dtype"]
 NUMERIC = POSITIVE_INT + POSITIVE_FLOAT + NON_NEGATIVE
 
 wrong_type = st.sampled_from(["abc", "[1,2]", "{a:1}", "true_ish", "1e400x"])

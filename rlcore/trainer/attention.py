@@ -26,6 +26,11 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch.distributed import _functional_collectives as fc
 
+try:  # a custom op (torch_attn::_varlen_attn, fake kernel + backward): traces under torch.compile
+    from torch.nn.attention.varlen import varlen_attn
+except ImportError:  # older torch: CPU/SDPA path only
+    varlen_attn = None
+
 NAME = "rlcore_varlen"
 
 
@@ -48,7 +53,6 @@ def _repeat_heads(x: torch.Tensor, n: int) -> torch.Tensor:
 def _attend(q, k, v, cu: torch.Tensor, max_len: int, scale: float) -> torch.Tensor:
     """Causal attention within each packed sequence; q, k, v ``[h, T, D]`` -> ``[h, T, D]``."""
     if q.is_cuda:
-        from torch.nn.attention.varlen import varlen_attn
         q, k, v = (t.transpose(0, 1).contiguous() for t in (q, k, v))  # [T, h, D]; no copy if already so
         out = varlen_attn(q, k, v, cu, cu, max_len, max_len, scale=scale, window_size=(-1, 0))
         return out.transpose(0, 1)
@@ -95,7 +99,9 @@ def varlen_attention(module, query, key, value, attention_mask, scaling=None, dr
         q, k, v = (heads_to_sequence(t, group) for t in (q, k, v))
     k, v = _repeat_heads(k, q.shape[0] // k.shape[0]), _repeat_heads(v, q.shape[0] // v.shape[0])
     scale = scaling if scaling is not None else q.shape[-1] ** -0.5
-    out = _attend(q, k, v, cu.to(q.device), int(max_len), scale)
+    # max_len stays as given (a Python int from `cu_seqlens`; a SymInt under torch.compile's
+    # dynamic shapes, which int() would specialise into a recompile per value)
+    out = _attend(q, k, v, cu.to(q.device), max_len, scale)
     if group is not None:
         out = sequence_to_heads(out, group)
     return out.transpose(0, 1)[None], None

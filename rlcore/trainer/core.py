@@ -73,8 +73,9 @@ class TrainerCore:
         self.model = self._shard(model)
         t = cfg.trainer
         trainable = [p for p in self.model.parameters() if p.requires_grad]  # LoRA: adapters only
+        # fused: one kernel for all parameters on GPU (the foreach default elsewhere)
         self.optimizer = torch.optim.AdamW(trainable, lr=t.lr, betas=tuple(t.betas),
-                                           weight_decay=t.weight_decay)
+                                           weight_decay=t.weight_decay, fused=self.device.type == "cuda" or None)
         self.scheduler = build_scheduler(self.optimizer, t, cfg.steps)
         self.version = 0
         # RL scores tokens under the tempered distribution the engines sample from; SFT fits the

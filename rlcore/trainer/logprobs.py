@@ -51,59 +51,92 @@ def _chunk_logits(h: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
     return _upcast(F.linear(h, weight, bias)) / temperature
 
 
+def _forward_chunk(h, weight, bias, targets, temperature: float):
+    """``(logp, entropy, lse)`` of one chunk of positions."""
+    z = _chunk_logits(h, weight, bias, temperature)
+    lse = torch.logsumexp(z, dim=-1)
+    logp = z.gather(-1, targets[:, None]).squeeze(-1) - lse
+    entropy = lse - (torch.softmax(z, dim=-1) * z).sum(-1)
+    return logp, entropy, lse
+
+
+def _backward_chunk(h, weight, bias, targets, lse, entropy, g, e, temperature: float):
+    """``dL/dz`` of one chunk (z = h W^T + b, pre-temperature logits) in the hidden dtype."""
+    z = _chunk_logits(h, weight, bias, temperature)
+    logp = z - lse[:, None]
+    p = logp.exp()
+    ds = -p * (g[:, None] + e[:, None] * (logp + entropy[:, None]))
+    ds = ds.scatter_add(-1, targets[:, None], g[:, None].to(ds.dtype))
+    return (ds / temperature).to(h.dtype)
+
+
+_EAGER = (_forward_chunk, _backward_chunk)
+_COMPILED: dict[str, tuple] = {}  # per torch.compile backend
+
+
+def _chunk_fns(compiled: bool) -> tuple:
+    """The per-chunk math, eager or torch.compiled (``trainer.compile``). Compiled, the float32
+    ``[chunk, V]`` intermediates (upcast, softmax, entropy, the gradient's elementwise algebra)
+    are fused into a few kernels reading the matmul output once or twice, instead of ~10 full
+    passes over ``chunk x V`` float32 in eager mode."""
+    if not compiled:
+        return _EAGER
+    from rlcore.trainer import compile as rc
+    fns = _COMPILED.get(rc.BACKEND)
+    if fns is None:
+        fns = _COMPILED[rc.BACKEND] = (rc.compile_fn(_forward_chunk), rc.compile_fn(_backward_chunk))
+    return fns
+
+
 class _ChunkedLogprobs(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, hidden, weight, bias, targets, temperature: float, chunk: int):
+    def forward(ctx, hidden, weight, bias, targets, temperature: float, chunk: int, compiled: bool):
         T = hidden.shape[0]
+        fwd, _ = _chunk_fns(compiled)
         logp = hidden.new_empty(T, dtype=torch.promote_types(hidden.dtype, torch.float32))
         entropy = torch.empty_like(logp)
         lse = torch.empty_like(logp)
         for s in range(0, T, chunk):
-            z = _chunk_logits(hidden[s:s + chunk], weight, bias, temperature)
-            lse_c = torch.logsumexp(z, dim=-1)
-            lse[s:s + chunk] = lse_c
-            logp[s:s + chunk] = z.gather(-1, targets[s:s + chunk, None]).squeeze(-1) - lse_c
-            entropy[s:s + chunk] = lse_c - (torch.softmax(z, dim=-1) * z).sum(-1)
+            logp[s:s + chunk], entropy[s:s + chunk], lse[s:s + chunk] = fwd(
+                hidden[s:s + chunk], weight, bias, targets[s:s + chunk], temperature)
         ctx.save_for_backward(hidden, weight, bias, targets, lse, entropy)
-        ctx.temperature, ctx.chunk = temperature, chunk
+        ctx.temperature, ctx.chunk, ctx.compiled = temperature, chunk, compiled
         return logp, entropy
 
     @staticmethod
     def backward(ctx, g_logp, g_ent):
         hidden, weight, bias, targets, lse, entropy = ctx.saved_tensors
         tau, chunk = ctx.temperature, ctx.chunk
+        _, bwd = _chunk_fns(ctx.compiled)
         need_h, need_w, need_b = ctx.needs_input_grad[:3]
         grad_h = torch.empty_like(hidden) if need_h else None
         # accumulate the weight gradient in float32 across chunks, cast once
         acc = torch.promote_types(weight.dtype, torch.float32)
         grad_w = torch.zeros(weight.shape, dtype=acc, device=weight.device) if need_w else None
         grad_b = torch.zeros(weight.shape[0], dtype=acc, device=weight.device) if need_b else None
+        g_logp, g_ent = g_logp.contiguous(), g_ent.contiguous()
         for s in range(0, hidden.shape[0], chunk):
             h = hidden[s:s + chunk]
-            z = _chunk_logits(h, weight, bias, tau)
-            logp = z - lse[s:s + chunk, None]
-            p = logp.exp()
-            g = g_logp[s:s + chunk, None]
-            e = g_ent[s:s + chunk, None]
-            ds = -p * (g + e * (logp + entropy[s:s + chunk, None]))
-            ds.scatter_add_(-1, targets[s:s + chunk, None], g)
-            dz = (ds / tau).to(hidden.dtype)
+            dz = bwd(h, weight, bias, targets[s:s + chunk], lse[s:s + chunk], entropy[s:s + chunk],
+                     g_logp[s:s + chunk], g_ent[s:s + chunk], tau)
             if need_h:
-                grad_h[s:s + chunk] = dz @ weight
+                torch.mm(dz, weight, out=grad_h[s:s + chunk])
             if need_w:
                 grad_w += (dz.t() @ h).to(acc)
             if need_b:
                 grad_b += dz.to(acc).sum(0)
         return (grad_h, grad_w.to(weight.dtype) if need_w else None,
-                grad_b.to(bias.dtype) if need_b else None, None, None, None)
+                grad_b.to(bias.dtype) if need_b else None, None, None, None, None)
 
 
 def chunked_logprobs(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, temperature: float,
-                     chunk_tokens: int, bias: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                     chunk_tokens: int, bias: torch.Tensor | None = None,
+                     compiled: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """``(logp, entropy)`` float32 [T] for ``hidden`` [T, H]; never holds more than
-    ``chunk_tokens x V`` logits. ``chunk_tokens <= 0`` computes all positions at once."""
+    ``chunk_tokens x V`` logits. ``chunk_tokens <= 0`` computes all positions at once.
+    ``compiled``: run the per-chunk math through torch.compile (same results up to rounding)."""
     chunk = chunk_tokens if chunk_tokens > 0 else max(hidden.shape[0], 1)
-    return _ChunkedLogprobs.apply(hidden, weight, bias, targets, float(temperature), chunk)
+    return _ChunkedLogprobs.apply(hidden, weight, bias, targets, float(temperature), chunk, bool(compiled))
 
 
 class LogprobHead(nn.Module):
@@ -119,6 +152,7 @@ class LogprobHead(nn.Module):
         self.bias = lm_head.bias
         self.in_features, self.out_features = lm_head.in_features, lm_head.out_features
         self.chunk_tokens = chunk_tokens
+        self.compiled = False  # trainer.compile: torch.compile the per-chunk math
         self.request: tuple[torch.Tensor, float] | None = None
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
@@ -127,7 +161,8 @@ class LogprobHead(nn.Module):
         targets, temperature = self.request
         flat = hidden.reshape(-1, hidden.shape[-1])
         if self.chunk_tokens > 0:
-            logp, ent = chunked_logprobs(flat, self.weight, targets, temperature, self.chunk_tokens, self.bias)
+            logp, ent = chunked_logprobs(flat, self.weight, targets, temperature, self.chunk_tokens, self.bias,
+                                         compiled=self.compiled)
         else:
             logp, ent = plain_logprobs(F.linear(flat, self.weight, self.bias), targets, temperature)
         return torch.stack([logp, ent], dim=-1).view(*hidden.shape[:-1], 2)

@@ -31,8 +31,24 @@ from torch import nn
 from torch.distributed import _functional_collectives as fc
 
 
+def grouped_mm_available() -> bool:
+    return hasattr(torch, "_grouped_mm")
+
+
 class LocalExperts(nn.Module):
-    """The experts this rank owns, stored like transformers' fused ``Qwen3MoeExperts``."""
+    """The experts this rank owns, stored like transformers' fused ``Qwen3MoeExperts``.
+
+    Two ways to apply them to rows grouped by expert (same result up to summation order):
+
+    - grouped: two ``torch._grouped_mm`` calls (one for ``gate_up``, one for ``down``) over all
+      local experts, group boundaries ``offs = cumsum(counts)`` (int32, on device: no host sync).
+      Weights are passed as ``W.transpose(-2, -1)`` (``[E, in, out]`` views, column-major per
+      expert: the layout the Hopper kernel takes without a copy). Needs bf16 operands whose row
+      strides are multiples of 16 bytes (hidden and intermediate sizes multiples of 8);
+      empty groups are fine. Used on CUDA in bf16 (``grouped=None``, the default).
+    - loop: one pair of matmuls per local expert (``counts`` on the host): the CPU / fp32
+      fallback and the reference the grouped path is tested against.
+    """
 
     def __init__(self, experts: nn.Module, ep_rank: int, ep_size: int, ep_group: dist.ProcessGroup | None):
         super().__init__()
@@ -44,11 +60,24 @@ class LocalExperts(nn.Module):
         self.act_fn = experts.act_fn
         self.num_experts, self.num_local, self.first = E, n, ep_rank * n
         self.ep_size, self.ep_group = ep_size, ep_group
+        self.grouped: bool | None = None  # None: grouped on CUDA in bf16, else the loop
 
-    def forward(self, x: torch.Tensor, counts: list[int]) -> torch.Tensor:
-        """``x`` rows grouped by local expert (``counts[i]`` rows for local expert ``i``)."""
+    def use_grouped(self, x: torch.Tensor) -> bool:
+        if self.grouped is not None:
+            return self.grouped
+        return x.is_cuda and x.dtype == torch.bfloat16 and grouped_mm_available()
+
+    def forward(self, x: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+        """``x`` rows grouped by local expert (``counts[i]`` rows for local expert ``i``; an
+        integer tensor of ``num_local`` entries)."""
+        if self.use_grouped(x):
+            offs = torch.cumsum(counts, 0, dtype=torch.int32)
+            w_gu = self.gate_up_proj.to(x.dtype).transpose(-2, -1)  # [n, H, 2I]
+            w_d = self.down_proj.to(x.dtype).transpose(-2, -1)  # [n, I, H]
+            gate, up = torch._grouped_mm(x, w_gu, offs=offs).chunk(2, dim=-1)
+            return torch._grouped_mm(self.act_fn(gate) * up, w_d, offs=offs)
         outs = []
-        for i, rows in enumerate(x.split(counts)):
+        for i, rows in enumerate(x.split(counts.tolist())):
             gate, up = F.linear(rows, self.gate_up_proj[i]).chunk(2, dim=-1)
             outs.append(F.linear(self.act_fn(gate) * up, self.down_proj[i]))
         return torch.cat(outs) if outs else x[:0]
@@ -69,9 +98,10 @@ class MoEBlock(nn.Module):
 
     def reset_stats(self) -> None:
         self.stat_counts: torch.Tensor | None = None
-        self.stat_entropy = 0.0
+        self.stat_entropy: torch.Tensor | None = None  # on device: no host sync per forward
         self.stat_tokens = 0
 
+    @torch._dynamo.disable  # host-side bookkeeping: runs eagerly under trainer.compile
     def _record(self, logits: torch.Tensor, counts: torch.Tensor) -> None:
         # only real forwards of the trained policy: not no-grad passes (reference model) and not
         # the recomputation of a checkpointed layer inside backward
@@ -79,10 +109,10 @@ class MoEBlock(nn.Module):
             return
         with torch.no_grad():
             logp = torch.log_softmax(logits.float(), dim=-1)
-            ent = float(-(logp.exp() * logp).sum())
+            ent = -(logp.exp() * logp).sum()
         c = counts.detach().float()
         self.stat_counts = c if self.stat_counts is None else self.stat_counts + c
-        self.stat_entropy += ent
+        self.stat_entropy = ent if self.stat_entropy is None else self.stat_entropy + ent
         self.stat_tokens += logits.shape[0]
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
@@ -92,12 +122,14 @@ class MoEBlock(nn.Module):
         k = experts.shape[-1]
         flat = experts.reshape(-1)
         order = torch.argsort(flat, stable=True)
-        counts = torch.bincount(flat, minlength=self.num_experts)
+        # tokens per expert (a fixed-size scatter, unlike bincount's data-dependent size)
+        counts = torch.zeros(self.num_experts, dtype=torch.int64, device=flat.device).scatter_add_(
+            0, flat, torch.ones_like(flat))
         self._record(logits, counts)
         routed = x[order // k]  # (token, slot) rows sorted by expert
         ex = self.experts
         if ex.ep_size == 1:
-            out_sorted = ex(routed, counts.tolist())
+            out_sorted = ex(routed, counts)
         else:
             out_sorted = self._dispatch(routed, counts)
         out = torch.empty_like(out_sorted)
@@ -116,7 +148,7 @@ class MoEBlock(nn.Module):
         # rows arrive ordered (source rank, local expert): regroup by local expert
         expert_of_row = torch.arange(n, device=routed.device).repeat(ep).repeat_interleave(recv.flatten())
         perm = torch.argsort(expert_of_row, stable=True)
-        y = ex(got[perm], recv.sum(0).tolist())
+        y = ex(got[perm], recv.sum(0))
         back = torch.empty_like(y)
         back[perm] = y
         return fc.all_to_all_single_autograd(back, send_splits, recv_splits, ex.ep_group)
@@ -173,7 +205,9 @@ def router_metrics(model: nn.Module, group: dist.ProcessGroup | None = None) -> 
     rows = []
     for b in blocks:
         c = b.stat_counts if b.stat_counts is not None else torch.zeros(E, device=dev)
-        rows.append(torch.cat([c.to(dev), torch.tensor([b.stat_entropy, float(b.stat_tokens)], device=dev)]))
+        ent = b.stat_entropy if b.stat_entropy is not None else torch.zeros((), device=dev)
+        rows.append(torch.cat([c.to(dev).float(), ent.to(dev).float().reshape(1),
+                               torch.tensor([float(b.stat_tokens)], device=dev)]))
         b.reset_stats()
     t = torch.stack(rows).double()
     if dist.is_initialized():

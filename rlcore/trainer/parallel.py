@@ -1,6 +1,6 @@
 """Device meshes for data, context and expert parallelism, and the model transformation that
 applies LoRA, expert parallelism, context-parallel attention, activation checkpointing, the
-chunked logprob head and FSDP2, in that order.
+chunked logprob head, torch.compile of the decoder layers and FSDP2, in that order.
 
 Layout (world = ``dp * cp`` ranks, row-major, like torchtitan's ``dp_shard x cp``)::
 
@@ -116,7 +116,8 @@ def parallelize(model: torch.nn.Module, t, meshes: Meshes, device: torch.device,
     """Transform a transformers causal LM in place for training on this rank; returns it.
 
     ``t`` is the TrainerConfig (``lora``, ``activation_checkpointing``, ``logprob_chunk_tokens``,
-    ``mixed_precision``). ``train=False`` (a frozen reference) skips LoRA and checkpointing.
+    ``compile``, ``param_dtype``, ``mixed_precision``). ``train=False`` (a frozen reference)
+    skips LoRA and checkpointing.
     ``attention``: ``"varlen"`` forces rlcore's variable-length attention (always used when
     cp > 1); None keeps the model's own (transformers sdpa with a block-diagonal mask).
     Parameter names stay the transformers names (weight sync and checkpoints rely on them).
@@ -135,52 +136,90 @@ def parallelize(model: torch.nn.Module, t, meshes: Meshes, device: torch.device,
         use_varlen_attention(model, meshes.cp_group)
     mode = getattr(t, "activation_checkpointing", "none") if train else "none"
     apply_activation_checkpointing(model, mode)
-    install_logprob_head(model, getattr(t, "logprob_chunk_tokens", 0))
+    head = install_logprob_head(model, getattr(t, "logprob_chunk_tokens", 0))
+    if getattr(t, "compile", False):
+        from rlcore.trainer.compile import compile_layers
+        compile_layers(model)  # per layer, after checkpointing, before FSDP2 (see trainer.compile)
+        head.compiled = True
 
-    mp = None
-    if device.type == "cuda" and t.mixed_precision:
-        mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    dtype = param_dtype(t)
+    if dtype != torch.float32:
+        # stored weights, gradients and AdamW state in this dtype; buffers (RoPE inv_freq) keep theirs
+        with torch.no_grad():
+            for p in model.parameters():
+                p.data = p.data.to(dtype)
+    mp = mixed_precision_policy(t, device)
     kwargs = {"mp_policy": mp} if mp else {}
+    # with one rank per mesh, resharding after forward frees nothing: keep the unsharded
+    # (compute-dtype) parameters for backward instead of gathering and casting them again
     if meshes.efsdp is not None:
         for block in moe_blocks:
             # experts are their own FSDP unit on the efsdp mesh; see the gradient-scale contract
-            fully_shard(block.experts, mesh=meshes.efsdp, **kwargs)
+            fully_shard(block.experts, mesh=meshes.efsdp, reshard_after_forward=meshes.efsdp.size() > 1, **kwargs)
             block.experts.set_gradient_divide_factor(float(meshes.dims.world))
     for layer in model.model.layers:
-        fully_shard(layer, mesh=meshes.fsdp, **kwargs)
-    fully_shard(model, mesh=meshes.fsdp, **kwargs)
+        fully_shard(layer, mesh=meshes.fsdp, reshard_after_forward=meshes.dims.world > 1, **kwargs)
+    fully_shard(model, mesh=meshes.fsdp, reshard_after_forward=meshes.dims.world > 1, **kwargs)
     return model
+
+
+PARAM_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+def param_dtype(t) -> torch.dtype:
+    """``trainer.param_dtype`` as a torch dtype (float32 when the config has no such field)."""
+    return PARAM_DTYPES[getattr(t, "param_dtype", "float32") or "float32"]
+
+
+def mixed_precision_policy(t, device: torch.device) -> MixedPrecisionPolicy | None:
+    """FSDP2 policy: bf16 compute with fp32 gradient reduction on GPU when
+    ``trainer.mixed_precision`` (float32 stored weights are cast once per layer per step);
+    None on CPU or when disabled."""
+    if device.type != "cuda" or not t.mixed_precision:
+        return None
+    return MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
 
 
 def clip_grad_norm(model: torch.nn.Module, max_norm: float, meshes: Meshes) -> float:
     """Global L2 gradient norm over all parameters (clipped to ``max_norm`` when > 0).
 
-    ``||g||^2 = sum_dense ||g_p||^2 + sum_{ep row} sum_local-experts ||g_p||^2``: dense and
-    expert DTensors live on different meshes, so torch's clip_grad_norm_ (which stacks them)
-    cannot be used when ep > 1; each DTensor norm is reduced over its own mesh instead.
+    ``||g||^2 = sum over ranks of sum_p ||local shard of g_p||^2``: FSDP2 shards every dense
+    parameter over the fsdp mesh (all ranks) and every expert parameter over its ``efsdp`` column,
+    and the ``ep`` rows hold different experts, so each gradient element lives on exactly one
+    rank; one all-reduce of one scalar over the world gives the total. (A replicated DTensor
+    dimension or a plain, unsharded gradient is counted once by dividing by its replication.)
+    Local norms use ``torch._foreach_norm`` and the clip one ``_foreach_mul_`` by
+    ``min(1, max_norm / (norm + 1e-6))`` (no host sync before it); the host sees the norm once,
+    as the return value.
     """
-    from rlcore.trainer.moe import expert_param_ids
-
-    experts = expert_param_ids(model) if meshes.ep_group is not None else set()
-    dense, expert = [], []
+    world = dist.get_world_size() if dist.is_initialized() else 1
+    groups: dict[int, list[torch.Tensor]] = {}
     for p in model.parameters():
-        if p.grad is not None:
-            (expert if id(p) in experts else dense).append(p.grad)
-    sq = {}
-    for name, grads in (("dense", dense), ("expert", expert)):
-        total = torch.zeros((), dtype=torch.float32, device=_device_of(model))
-        for g in grads:
-            n = torch.linalg.vector_norm(g, dtype=torch.float32)
-            total = total + (n.full_tensor() if isinstance(n, DTensor) else n) ** 2
-        sq[name] = total
-    if expert and meshes.ep_group is not None:
-        dist.all_reduce(sq["expert"], group=meshes.ep_group)
-    norm = float((sq["dense"] + sq["expert"]).sqrt())
-    if max_norm > 0 and norm > max_norm:
-        coef = max_norm / (norm + 1e-6)
-        for g in dense + expert:
-            g.mul_(coef)
-    return norm
+        g = p.grad
+        if g is None:
+            continue
+        if isinstance(g, DTensor):
+            rep = 1
+            for i, placement in enumerate(g.placements):
+                if placement.is_replicate():
+                    rep *= g.device_mesh.size(i)
+            groups.setdefault(rep, []).append(g.to_local())
+        else:
+            groups.setdefault(world, []).append(g)
+    device = _device_of(model)
+    total = torch.zeros((), dtype=torch.float32, device=device)
+    with torch.no_grad():
+        for rep, grads in groups.items():
+            norms = torch._foreach_norm(grads, 2.0, dtype=torch.float32)
+            total = total + torch.stack(norms).square().sum() / rep
+        if world > 1:
+            dist.all_reduce(total, group=meshes.fsdp.get_group())
+        norm = total.sqrt()
+        if max_norm > 0:
+            coef = torch.clamp(max_norm / (norm + 1e-6), max=1.0)
+            for grads in groups.values():
+                torch._foreach_mul_(grads, coef)
+    return float(norm)
 
 
 def _device_of(model: torch.nn.Module) -> torch.device:

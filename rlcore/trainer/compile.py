@@ -1,0 +1,67 @@
+"""``trainer.compile``: torch.compile of the decoder layers, torchtitan style (one block at a time).
+
+Each decoder layer's *instance* ``forward`` is replaced by ``torch.compile(forward)`` (after
+activation checkpointing replaced it, before FSDP2 wraps the layer), so:
+
+- parameter names stay the transformers names (no ``_orig_mod.`` prefix; weight sync and
+  checkpoints rely on them);
+- FSDP2's all-gather / reshard hooks run eagerly in ``nn.Module.__call__`` around the compiled
+  body (the layer's parameters are plain unsharded tensors inside it);
+- every layer runs the same code object, so one compiled graph serves all layers (parameters are
+  graph inputs under dynamo's inlined nn-module handling): compile time is one block's, not
+  ``layers`` blocks'.
+
+rlcore's variable-length attention is a custom op (``torch_attn::_varlen_attn`` with a fake
+kernel and a registered backward), so it traces into the graph without a break. Dense layers
+with cp = 1 compile without graph breaks (tested on CPU); Ulysses all-to-alls are functional
+collectives and trace too. MoE layers break the graph around the host-side parts (router
+statistics, all-to-all split sizes): ``fullgraph`` stays off so those run eagerly.
+
+Dynamic shapes: the packed token count, the number of samples (size of ``cu_seqlens``) and the
+longest sample change from micro-batch to micro-batch. Micro-batches are *not* padded to
+buckets; they are compiled with ``dynamic=True`` from the first call: activation sizes are
+symbolic, parameters static (dynamo's default), and every size that meets a parameter (hidden,
+head dim, vocabulary) is specialised by the shape checks anyway, so only the token count, the
+sample count and the longest sample stay symbolic. One compile per code object, no recompile
+per micro-batch. The recompile limit is raised so that the few legitimate variants (grad vs
+no-grad forwards, a reference model in another dtype) never fall back to eager silently.
+
+`BACKEND` is the torch.compile backend (tests use ``aot_eager``: the same dynamo graphs and
+autograd without inductor's C++/Triton code generation, which takes minutes on a small CPU).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+_RECOMPILE_LIMIT = 64
+BACKEND = "inductor"
+
+
+def _raise_recompile_limit() -> None:
+    cfg = torch._dynamo.config
+    for name in ("recompile_limit", "cache_size_limit"):  # the name changed across torch versions
+        if hasattr(cfg, name):
+            setattr(cfg, name, max(int(getattr(cfg, name)), _RECOMPILE_LIMIT))
+            break
+
+
+def compile_fn(fn, fullgraph: bool = False):
+    """``torch.compile`` with rlcore's settings (`BACKEND`, dynamic sizes from the start)."""
+    _raise_recompile_limit()
+    return torch.compile(fn, fullgraph=fullgraph, backend=BACKEND, dynamic=True)
+
+
+def compile_module_forward(module: nn.Module, fullgraph: bool = False) -> None:
+    """Replace ``module.forward`` (instance attribute) by its compiled version (idempotent)."""
+    if getattr(module, "_rlcore_compiled", False):
+        return
+    module.forward = compile_fn(module.forward, fullgraph=fullgraph)
+    module._rlcore_compiled = True
+
+
+def compile_layers(model: nn.Module, fullgraph: bool = False) -> None:
+    """Compile every decoder layer (``model.model.layers``) of a transformers causal LM."""
+    for layer in model.model.layers:
+        compile_module_forward(layer, fullgraph=fullgraph)
