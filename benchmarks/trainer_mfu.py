@@ -314,7 +314,7 @@ def run_variant(a: argparse.Namespace, variant: str, rank: int, world: int, devi
     n_params = sum(p.numel() for p in model.parameters())
     attn = extra["attn"] or ("varlen" if device.type == "cuda" else "hf")
     attn = "varlen" if dims.cp > 1 else attn  # Ulysses CP runs inside rlcore's varlen attention
-    model = parallelize(model, t, meshes, device, attention="varlen" if attn == "varlen" else None)
+    model = parallelize(model, t, meshes, device, attention="varlen" if attn == "varlen" else "hf")
     if extra["moe_loop"]:
         for ex in expert_modules(model).values():
             ex.grouped = False

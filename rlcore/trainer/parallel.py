@@ -119,7 +119,9 @@ def parallelize(model: torch.nn.Module, t, meshes: Meshes, device: torch.device,
     ``compile``, ``param_dtype``, ``mixed_precision``). ``train=False`` (a frozen reference)
     skips LoRA and checkpointing.
     ``attention``: ``"varlen"`` forces rlcore's variable-length attention (always used when
-    cp > 1); None keeps the model's own (transformers sdpa with a block-diagonal mask).
+    cp > 1), ``"hf"`` keeps the model's own (transformers sdpa with a block-diagonal T x T mask),
+    None picks varlen on CUDA with bf16 compute (flash kernels; the mask costs O(T^2) per packed
+    micro-batch, 3x slower step at 16k tokens was seen) and the model's own elsewhere.
     Parameter names stay the transformers names (weight sync and checkpoints rely on them).
     """
     from rlcore.trainer.activation_checkpoint import apply_activation_checkpointing
@@ -132,7 +134,9 @@ def parallelize(model: torch.nn.Module, t, meshes: Meshes, device: torch.device,
     if train and lora is not None and lora.enabled:
         apply_lora(model, lora)
     moe_blocks = apply_expert_parallel(model, meshes.ep_group)
-    if meshes.dims.cp > 1 or attention == "varlen":
+    bf16_compute = mixed_precision_policy(t, device) is not None or param_dtype(t) == torch.bfloat16
+    auto_varlen = attention is None and device.type == "cuda" and bf16_compute
+    if meshes.dims.cp > 1 or attention == "varlen" or auto_varlen:
         use_varlen_attention(model, meshes.cp_group)
     mode = getattr(t, "activation_checkpointing", "none") if train else "none"
     apply_activation_checkpointing(model, mode)
