@@ -90,6 +90,8 @@ class TrainerConfig:
     """Tokens per chunk of the fused lm_head + logprob/entropy (never materialises [T, vocab] fp32); 0 = unchunked."""
     lora: LoRAConfig = field(default_factory=LoRAConfig)
     """LoRA adapters (dense models): only adapters are trained."""
+    fp8: str = "none"
+    """FP8 matmuls (torchao float8, Hopper GPUs, extra `fp8`): `none`, `tensorwise` or `rowwise` scales; lm_head/embeddings/routers stay bf16."""
 
 
 @dataclass
@@ -139,10 +141,14 @@ class RolloutConfig:
     canary_prompts: int = 4
     """Fixed prompts (16 + 16 random tokens) whose engine vs trainer logprobs are compared after
     every sync; 0 disables the canary."""
-    canary_max_gap: float = 1.0
-    """Largest per-token |engine - trainer| logprob gap (nats) a sync may leave; past it the run stops."""
-    canary_mean_gap: float = 0.1
-    """Largest mean per-token gap (nats) a sync may leave; past it the run stops."""
+    canary_max_gap: Optional[float] = None
+    """Largest per-token |engine - trainer| logprob gap (nats) a sync may leave; past it the run
+    stops. null = 1.0, or 2.0 when either side runs FP8 (`rlcore.canary.canary_limits`)."""
+    canary_mean_gap: Optional[float] = None
+    """Largest mean per-token gap (nats) a sync may leave; null = 0.1, or 0.25 with FP8."""
+    quantization: Optional[str] = None
+    """vLLM online weight quantization of the rollout engines: null (bf16) or `fp8` (weights
+    re-quantized on every sync, dynamic per-token activation scales; vLLM on Hopper/Ada only)."""
     request_seeds: bool = True
     """Seed each generate request from (seed, task index) so sampling does not depend on thread or
     actor interleaving (synchronous runs and their resumes are exact); false uses each engine's RNG."""
