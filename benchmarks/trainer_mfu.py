@@ -10,6 +10,7 @@ with bf16 compute (the trainer's mixed precision) on GPU.
     torchrun --nproc_per_node 2 benchmarks/trainer_mfu.py --shape qwen3-moe-small --ep 2
     torchrun --nproc_per_node 2 benchmarks/trainer_mfu.py --tokens 32768 --sample-len 32768 --cp 2
     python benchmarks/trainer_mfu.py --tiny                                        # CPU smoke check
+    python benchmarks/trainer_mfu.py --shape qwen3-4b --tokens 4096 --fp8 tensorwise   # FP8 matmuls (H100/H200)
 
 FLOPs (model FLOPs: recomputation from activation checkpointing is not counted)::
 
@@ -20,6 +21,8 @@ FLOPs (model FLOPs: recomputation from activation checkpointing is not counted):
     MFU    = (dense [+ attn]) / (step time * GPUs * peak);  peak = 989 TFLOP/s (H200 bf16 dense)
 
 Both MFU figures are printed: ``mfu`` (6N only, the usual headline) and ``mfu_attn`` (with attn).
+With ``--fp8`` (torchao float8 linears, `rlcore.trainer.float8`) MFU is still against the bf16
+dense peak (989 TFLOP/s), so FP8 and bf16 runs compare directly (FP8's own peak is 2x that).
 """
 
 from __future__ import annotations
@@ -47,6 +50,9 @@ SHAPES = {
                             num_attention_heads=16, num_key_value_heads=4, head_dim=128, vocab_size=151936,
                             num_experts=64, num_experts_per_tok=8, moe_intermediate_size=384, norm_topk_prob=True,
                             decoder_sparse_step=1, tie_word_embeddings=False),
+    "qwen3-4b": dict(model_type="qwen3", hidden_size=2560, intermediate_size=9728, num_hidden_layers=36,
+                     num_attention_heads=32, num_key_value_heads=8, head_dim=128, vocab_size=151936,
+                     tie_word_embeddings=True),
     "tiny": dict(model_type="qwen3", hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                  num_attention_heads=4, num_key_value_heads=2, head_dim=16, vocab_size=512, tie_word_embeddings=True),
     "tiny-moe": dict(model_type="qwen3_moe", hidden_size=64, intermediate_size=128, num_hidden_layers=2,
@@ -74,6 +80,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--gpu", default="h200", choices=sorted(PEAK_TFLOPS), help="peak FLOP/s to divide by")
     p.add_argument("--no-mixed-precision", action="store_true", help="fp32 compute on GPU")
     p.add_argument("--out", default=None, help="write the result as JSON here (rank 0)")
+    p.add_argument("--fp8", default="none", choices=["none", "tensorwise", "rowwise"],
+                   help="trainer.fp8: FP8 matmuls in the decoder linears (torchao; emulated on CPU)")
     a = p.parse_args(argv)
     if a.tiny:
         a.shape = "tiny-moe" if SHAPES[a.shape].get("num_experts") else "tiny"
@@ -156,7 +164,7 @@ def main(argv=None) -> dict:
 
     shape = SHAPES[a.shape]
     t = TrainerConfig(world_size=world, cp=a.cp, ep=a.ep, activation_checkpointing=a.ac,
-                      logprob_chunk_tokens=a.chunk, mixed_precision=not a.no_mixed_precision)
+                      logprob_chunk_tokens=a.chunk, mixed_precision=not a.no_mixed_precision, fp8=a.fp8)
     dims = ParallelDims.from_config(t, world)
     meshes = Meshes.build(dims, device.type)
     model = build(shape)
@@ -203,7 +211,7 @@ def main(argv=None) -> dict:
     result = {
         "shape": a.shape, "params": n_params, "world": world, "dp": dims.dp, "cp": dims.cp, "ep": dims.ep,
         "tokens_per_micro_batch": a.tokens, "samples_per_micro_batch": len(lengths), "mean_sample_len": a.sample_len,
-        "activation_checkpointing": a.ac, "logprob_chunk_tokens": a.chunk, "attention": attn,
+        "activation_checkpointing": a.ac, "logprob_chunk_tokens": a.chunk, "attention": attn, "fp8": a.fp8,
         "step_s": dt, "tokens_per_s": a.tokens * dims.dp / dt, "tokens_per_s_per_gpu": a.tokens * dims.dp / dt / world,
         "tflops_per_gpu": (step_dense + step_attn) / dt / world / 1e12,
         "mfu": step_dense / (dt * world * peak), "mfu_attn": (step_dense + step_attn) / (dt * world * peak),
