@@ -100,10 +100,15 @@ def test_fp8_emulated_training_converts_in_place_and_stays_close():
     assert float8.apply_float8(_tiny(), "none") == []
 
 
-def test_fp8_missing_torchao_says_how_to_install(monkeypatch):
+def test_fp8_missing_torchao_or_gpu_says_what_is_needed(monkeypatch):
     monkeypatch.setitem(sys.modules, "torchao.float8", None)
     with pytest.raises(ImportError, match=r"rlcore\[fp8\]"):
         float8.apply_float8(_tiny(), "tensorwise")
+    monkeypatch.delitem(sys.modules, "torchao.float8")
+    pytest.importorskip("torchao.float8")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(RuntimeError, match="compute capability >= 8.9"):
+        float8.apply_float8(_tiny(), "tensorwise")  # not emulated: a real GPU is required
 
 
 def test_fp8_trainer_step_through_parallelize_emulated():

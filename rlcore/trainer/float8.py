@@ -41,6 +41,16 @@ def torchao_available() -> bool:
     return importlib.util.find_spec("torchao") is not None
 
 
+def _check_gpu() -> None:
+    import torch
+    if not torch.cuda.is_available():
+        raise RuntimeError("trainer.fp8 needs a CUDA GPU with compute capability >= 8.9 (Hopper/Ada); none is visible")
+    cap = torch.cuda.get_device_capability()
+    if cap < (8, 9):
+        raise RuntimeError(f"trainer.fp8 needs compute capability >= 8.9 (Hopper/Ada) for FP8 matmuls; "
+                           f"{torch.cuda.get_device_name()} has {cap[0]}.{cap[1]}: use trainer.fp8=none")
+
+
 def fp8_module_filter(module: nn.Module, fqn: str) -> bool:
     """True for the ``nn.Linear`` layers whose matmuls run in FP8 (module docstring)."""
     if not isinstance(module, nn.Linear):
@@ -67,6 +77,8 @@ def apply_float8(model: nn.Module, recipe: str, emulate: bool = False) -> list[s
         from torchao.float8 import Float8LinearConfig, convert_to_float8_training
     except ImportError as exc:
         raise ImportError("trainer.fp8 needs torchao: pip install 'rlcore[fp8]' (torchao==0.17.0)") from exc
+    if not emulate:
+        _check_gpu()
     names = fp8_linear_names(model)
     if not names:
         return []
