@@ -1,7 +1,7 @@
 """FP8 switches on CPU: `trainer.fp8` / `rollout.quantization` validation, the canary bounds, the
 FP8 module filter and torchao's float8 in emulation, and the vLLM engine's quantization plumbing
 (no vLLM here: the engine's loop runs against a fake AsyncLLM). The real FP8 paths run in
-tests/gpu/test_fp8.py on the GPU machine."""
+tests/gpu/test_fp8_gpu.py on the GPU machine."""
 
 from __future__ import annotations
 

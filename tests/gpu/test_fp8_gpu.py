@@ -1,7 +1,7 @@
 """FP8 on the GPU machine: vLLM online FP8 rollout (sync re-quantizes; canary within the FP8
 bounds; stale weights still fail it) and a trainer step with torchao float8 linears.
 
-    PYTHONPATH=$PWD:$PYTHONPATH python -m pytest -m gpu tests/gpu/test_fp8.py -v -s
+    PYTHONPATH=$PWD:$PYTHONPATH python -m pytest -m gpu tests/gpu/test_fp8_gpu.py -v -s
 
 Needs nvidia-h200-x2 for the rollout test (trainer-like process on GPU 0, engine on GPU 1) and
 torchao (the ``fp8`` extra) for the trainer tests.
