@@ -91,7 +91,7 @@ class TrainerConfig:
     lora: LoRAConfig = field(default_factory=LoRAConfig)
     """LoRA adapters (dense models): only adapters are trained."""
     fp8: str = "none"
-    """FP8 matmuls (torchao float8, Hopper GPUs, extra `fp8`): `none`, `tensorwise` or `rowwise` scales; lm_head/embeddings/routers stay bf16."""
+    """FP8 matmuls in the decoder linears (torchao float8, Hopper GPUs): `none`, `tensorwise` or `rowwise`."""
 
 
 @dataclass

@@ -252,11 +252,11 @@ class VLLMEngine(RolloutEngine):
         ``model`` is a Hugging Face id or directory (with ``load_format="dummy"`` a directory
         holding only ``config.json`` is enough: weights then arrive by sync). ``reload`` picks the
         receive path of :meth:`receive_weights` (module docstring). ``quantization``: vLLM's online
-        quantization (``"fp8"``; None = serve in ``dtype``); it needs ``reload="layerwise"``. ``fast_pause`` pauses through
-        the engine core directly, skipping the 20 ms settling sleep of ``AsyncLLM.pause_generation``
-        (not needed here, see the module docstring on versions). ``output_mode``: how token versions
-        are tracked (module docstring). ``extra_sampling`` is merged into
-        every request's vLLM ``SamplingParams`` (e.g. ``{"ignore_eos": True}`` for benchmarks).
+        quantization (``"fp8"``; None = serve in ``dtype``); it needs ``reload="layerwise"``.
+        ``fast_pause`` pauses through the engine core directly, skipping the 20 ms settling sleep
+        of ``AsyncLLM.pause_generation`` (not needed here, see the module docstring on versions).
+        ``output_mode``: how token versions are tracked (module docstring). ``extra_sampling`` is
+        merged into every request's vLLM ``SamplingParams`` (e.g. ``{"ignore_eos": True}`` for benchmarks).
         Other keyword arguments go to vLLM's ``AsyncEngineArgs``.
         """
         if reload not in ("layerwise", "direct"):
@@ -600,7 +600,8 @@ class VLLMEngine(RolloutEngine):
         weights = [(name, _pack_tensor(t)) for name, t in named_tensors]
 
         async def body() -> dict[str, float]:
-            await self._rpc("rlcore_load_weights", weights=weights, layerwise=self.quantization is not None)
+            layerwise = self.quantization is not None  # a quantized model re-processes loaded weights
+            await self._rpc("rlcore_load_weights", weights=weights, layerwise=layerwise)
             return {}
 
         self._call(self._swap(self._version, body), self.rpc_timeout_s, "load_weights")
