@@ -7,6 +7,12 @@ and sampling (temperature, top-p, per-token logprob of the sampled token, ignore
 sample has exactly --max-tokens tokens). One GPU holding both engines; repetitions alternate.
 
     PYTHONPATH=$PWD python benchmarks/rollout_throughput.py [--prompts 256 --prompt-len 128 --max-tokens 256]
+
+``--quant-compare fp8`` measures VLLMEngine only, first in bf16 and then with vLLM's online FP8
+quantization (``quantization="fp8"``: e4m3 weights with a per-tensor scale, dynamic per-token
+activation scales, KV cache and lm_head in bf16), and prints the FP8 / bf16 speedup:
+
+    PYTHONPATH=$PWD python benchmarks/rollout_throughput.py --model qwen3-4b --quant-compare fp8 --out r.json
 """
 
 from __future__ import annotations
@@ -24,6 +30,34 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from benchmarks.harness import write_model_dir  # noqa: E402
 
 
+def time_engine(model_dir: str, prompts: list[list[int]], args: argparse.Namespace, label: str,
+                **engine_args) -> list[float]:
+    """Output tok/s of VLLMEngine.generate for each of ``args.reps`` fresh prompt sets."""
+    from rlcore.engine.base import SamplingParams
+    from rlcore.engine.vllm_engine import VLLMEngine
+
+    t = time.perf_counter()
+    engine = VLLMEngine(model_dir, extra_sampling={"ignore_eos": True}, **engine_args)
+    print(f"{label}: VLLMEngine up in {time.perf_counter() - t:.1f} s", flush=True)
+    sp = SamplingParams(max_new_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p)
+    out = []
+    try:
+        engine.generate(prompts[:32], SamplingParams(max_new_tokens=32))  # warm-up
+        for r in range(args.reps):
+            # fresh prompts per rep (prefix cache must not help either side)
+            batch = [[(tok + 7919 * (r + 1)) % 150000 + 1000 for tok in p] for p in prompts]
+            t = time.perf_counter()
+            gens = engine.generate(batch, sp)
+            dt = time.perf_counter() - t
+            ntok = sum(len(g.token_ids) for g in gens)
+            assert all(len(g.logprobs) == len(g.token_ids) == len(g.versions) for g in gens)
+            out.append(ntok / dt)
+            print(f"{label} rep {r}: {ntok} tokens in {dt:.3f} s = {ntok / dt:.0f} tok/s", flush=True)
+    finally:
+        engine.shutdown()
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="qwen3-0.6b")
@@ -36,6 +70,9 @@ def main() -> None:
     ap.add_argument("--eager", action="store_true", help="no CUDA graphs / torch.compile")
     ap.add_argument("--gpu", default="1")
     ap.add_argument("--out", default=None)
+    ap.add_argument("--quantization", default=None, help="vLLM quantization for both engines (e.g. fp8)")
+    ap.add_argument("--quant-compare", default=None, metavar="QUANT",
+                    help="VLLMEngine only: bf16 vs this quantization (e.g. fp8); prints the speedup")
     args = ap.parse_args()
     os.environ["CUDA_VISIBLE_DEVICES"] = args.gpu
 
@@ -45,7 +82,22 @@ def main() -> None:
     common = dict(load_format="dummy", dtype="bfloat16", enforce_eager=args.eager, gpu_memory_utilization=0.4,
                   max_model_len=args.prompt_len + args.max_tokens + 16, max_num_seqs=args.prompts,
                   max_num_batched_tokens=16384, seed=0, enable_prefix_caching=True)
+    if args.quantization:
+        common["quantization"] = args.quantization
     results: dict[str, list[float]] = {}
+
+    if args.quant_compare:
+        common.pop("quantization", None)
+        for label, quant in (("bf16", None), (args.quant_compare, args.quant_compare)):
+            results[label] = time_engine(model_dir, prompts, args, label, quantization=quant, **common)
+        base, quant = statistics.median(results["bf16"]), statistics.median(results[args.quant_compare])
+        print(f"\n| {args.model} VLLMEngine | output tok/s (median of {args.reps}) |\n|---|---|")
+        print(f"| bf16 | {base:.0f} |\n| {args.quant_compare} | {quant:.0f} |")
+        print(f"speedup {args.quant_compare} / bf16 = {quant / base:.3f}")
+        if args.out:
+            with open(args.out, "w") as f:
+                json.dump(dict(args=vars(args), tok_s=results, speedup=quant / base), f, indent=1)
+        return
 
     # Both engines live on the same GPU at once and the repetitions alternate between them, so
     # drift over the run (clocks, other tenants of the host) hits both sides alike.

@@ -17,6 +17,7 @@ step per variant (largest K): top CUDA kernels, kernel classes, GPU idle gaps, t
     torchrun --nproc_per_node 2 benchmarks/trainer_mfu.py --shape qwen3-moe-small --ep 2 --variants eager,compile
     torchrun --nproc_per_node 2 benchmarks/trainer_mfu.py --tokens 32768 --sample-len 32768 --cp 2
     python benchmarks/trainer_mfu.py --tiny --variants eager,compile --compile-backend aot_eager   # CPU smoke
+    python benchmarks/trainer_mfu.py --shape qwen3-4b --tokens 4096 --fp8 tensorwise   # FP8 matmuls (H100/H200)
 
 FLOPs (model FLOPs: recomputation from activation checkpointing is not counted)::
 
@@ -28,6 +29,8 @@ FLOPs (model FLOPs: recomputation from activation checkpointing is not counted):
 
 Both MFU figures are printed: ``mfu`` (6N only, the usual headline) and ``mfu_attn`` (with attn).
 Every row states K: with K = 1 the optimizer step (and grad clip) is paid per micro-batch.
+With ``--fp8`` (torchao float8 linears, `rlcore.trainer.float8`) MFU is still against the bf16
+dense peak (989 TFLOP/s), so FP8 and bf16 runs compare directly (FP8's own peak is 2x that).
 """
 
 from __future__ import annotations
@@ -60,6 +63,9 @@ SHAPES = {
                             num_attention_heads=16, num_key_value_heads=4, head_dim=128, vocab_size=151936,
                             num_experts=64, num_experts_per_tok=8, moe_intermediate_size=384, norm_topk_prob=True,
                             decoder_sparse_step=1, tie_word_embeddings=False),
+    "qwen3-4b": dict(model_type="qwen3", hidden_size=2560, intermediate_size=9728, num_hidden_layers=36,
+                     num_attention_heads=32, num_key_value_heads=8, head_dim=128, vocab_size=151936,
+                     tie_word_embeddings=True),
     "tiny": dict(model_type="qwen3", hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                  num_attention_heads=4, num_key_value_heads=2, head_dim=16, vocab_size=512, tie_word_embeddings=True),
     "tiny-moe": dict(model_type="qwen3_moe", hidden_size=64, intermediate_size=128, num_hidden_layers=2,
@@ -110,6 +116,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--profile", action="store_true", help="one profiled step per variant (largest K), summarised")
     p.add_argument("--trace-dir", default=None, help="with --profile: also write a chrome trace per variant here")
     p.add_argument("--out", default=None, help="write all rows as JSON here (rank 0)")
+    p.add_argument("--fp8", default="none", choices=["none", "tensorwise", "rowwise"],
+                   help="trainer.fp8: FP8 matmuls in the decoder linears (torchao; emulated on CPU)")
     a = p.parse_args(argv)
     if a.tiny:
         a.shape = "tiny-moe" if SHAPES[a.shape].get("num_experts") else "tiny"
@@ -305,6 +313,7 @@ def run_variant(a: argparse.Namespace, variant: str, rank: int, world: int, devi
 
     shape = SHAPES[a.shape]
     t_kwargs, extra = variant_settings(variant, a)
+    t_kwargs = {**t_kwargs, "fp8": a.fp8}
     t = TrainerConfig(world_size=world, cp=a.cp, ep=a.ep, **t_kwargs)
     dims = ParallelDims.from_config(t, world)
     meshes = Meshes.build(dims, device.type)
@@ -377,7 +386,7 @@ def run_variant(a: argparse.Namespace, variant: str, rank: int, world: int, devi
         rows.append({
             "variant": variant, "micro_batches": k, "shape": a.shape, "params": n_params, "world": world,
             "dp": dims.dp, "cp": dims.cp, "ep": dims.ep, "tokens_per_micro_batch": a.tokens,
-            "mean_sample_len": a.sample_len, "trainer": t_kwargs, "attention": attn,
+            "mean_sample_len": a.sample_len, "trainer": t_kwargs, "attention": attn, "fp8": a.fp8,
             "step_s": dt, "micro_batch_s": dt / k, "tokens_per_s": tokens / dt, "tokens_per_s_per_gpu": tokens / dt / world,
             "tflops_per_gpu": (step_dense + step_attn) / dt / world / 1e12,
             "mfu": step_dense / (dt * world * peak), "mfu_attn": (step_dense + step_attn) / (dt * world * peak),

@@ -1,5 +1,6 @@
 """The weight-sync canary: after every sync, the engine's and the trainer's teacher-forced
-logprobs of a fixed prompt set must agree within a bf16 tolerance.
+logprobs of a fixed prompt set must agree within a bf16 tolerance (looser with FP8, see
+:func:`canary_limits`).
 
 A correct sync leaves only kernel-level bf16 differences (0.03-0.06 nats max over 4 x 16 tokens
 was seen for a random-weight Qwen3-0.6B-shaped model: vLLM vs transformers); stale or corrupted
@@ -28,6 +29,32 @@ DEFAULT_MAX_GAP = 1.0
 """Nats; a correct sync stays an order of magnitude below, a stale one above."""
 DEFAULT_MEAN_GAP = 0.1
 """Nats, averaged over all canary tokens."""
+FP8_MAX_GAP = 2.0
+"""Nats; the max bound when either side runs FP8 (``rollout.quantization`` or ``trainer.fp8``)."""
+FP8_MEAN_GAP = 0.25
+"""Nats; the mean bound with FP8."""
+
+
+def uses_fp8(cfg) -> bool:
+    """Whether the engines or the trainer run FP8 matmuls (a :class:`rlcore.config.RunConfig`)."""
+    return bool(cfg.rollout.quantization) or getattr(cfg.trainer, "fp8", "none") != "none"
+
+
+def canary_limits(cfg) -> tuple[float, float]:
+    """``(max_gap, mean_gap)`` for a run: ``rollout.canary_max_gap`` / ``canary_mean_gap`` when
+    set, else the bf16 defaults, or the FP8 ones when either side runs FP8.
+
+    Why looser with FP8: per-tensor e4m3 weights (3 mantissa bits, up to ~6% relative rounding
+    per weight) and per-token FP8 activations move every logit, so a *correct* sync leaves gaps
+    several times the bf16 kernel noise, largest on low-probability tokens. The FP8 bounds (2.0
+    max, 0.25 mean) are 2-2.5x the bf16 ones and still well under the 3.7-5.7 nats of a stale or
+    mis-mapped sync; the mean bound is the one that catches a wholly wrong sync.
+    """
+    r = cfg.rollout
+    fp8 = uses_fp8(cfg)
+    max_gap = r.canary_max_gap if r.canary_max_gap is not None else (FP8_MAX_GAP if fp8 else DEFAULT_MAX_GAP)
+    mean_gap = r.canary_mean_gap if r.canary_mean_gap is not None else (FP8_MEAN_GAP if fp8 else DEFAULT_MEAN_GAP)
+    return float(max_gap), float(mean_gap)
 
 
 class CanaryError(RuntimeError):

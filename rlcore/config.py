@@ -94,6 +94,8 @@ class TrainerConfig:
     """Stored parameter (and AdamW state) dtype: `float32` (master weights, bf16 compute on GPU) or `bfloat16` (lossy updates)."""
     lora: LoRAConfig = field(default_factory=LoRAConfig)
     """LoRA adapters (dense models): only adapters are trained."""
+    fp8: str = "none"
+    """FP8 matmuls in the decoder linears (torchao float8, Hopper GPUs): `none`, `tensorwise` or `rowwise`."""
 
 
 @dataclass
@@ -135,10 +137,10 @@ class RolloutConfig:
     """Timeout of every weight-sync collective."""
     sync_bucket_mb: float = 256.0
     """Size of one weight-sync bucket in MiB."""
-    weight_reload: str = "direct"
+    weight_reload: str = "auto"
     """vLLM receive path: `direct` (buckets copied straight into the parameters between two
-    engine steps, no pause) or `layerwise` (vLLM's reload; needed when weights are processed after
-    loading, e.g. quantised)."""
+    engine steps, no pause), `layerwise` (vLLM's reload; needed when weights are processed after
+    loading, e.g. quantised) or `auto` (direct, layerwise with `quantization`)."""
     kv_on_update: str = "keep"
     """KV cache of vLLM requests in flight at a weight update: `keep` (continue on the new weights
     with the KV computed so far; new requests never reuse older versions' prefix cache) or
@@ -151,10 +153,14 @@ class RolloutConfig:
     canary_prompts: int = 4
     """Fixed prompts (16 + 16 random tokens) whose engine vs trainer logprobs are compared after
     every sync; 0 disables the canary."""
-    canary_max_gap: float = 1.0
-    """Largest per-token |engine - trainer| logprob gap (nats) a sync may leave; past it the run stops."""
-    canary_mean_gap: float = 0.1
-    """Largest mean per-token gap (nats) a sync may leave; past it the run stops."""
+    canary_max_gap: Optional[float] = None
+    """Largest per-token |engine - trainer| logprob gap (nats) a sync may leave; past it the run
+    stops. null = 1.0, or 2.0 when either side runs FP8 (`rlcore.canary.canary_limits`)."""
+    canary_mean_gap: Optional[float] = None
+    """Largest mean per-token gap (nats) a sync may leave; null = 0.1, or 0.25 with FP8."""
+    quantization: Optional[str] = None
+    """vLLM online weight quantization of the rollout engines: null (bf16) or `fp8` (weights
+    re-quantized on every sync, dynamic per-token activation scales; vLLM on Hopper/Ada only)."""
     request_seeds: bool = True
     """Seed each generate request from (seed, task index) so sampling does not depend on thread or
     actor interleaving (synchronous runs and their resumes are exact); false uses each engine's RNG."""

@@ -22,7 +22,7 @@ from omegaconf import OmegaConf
 from actors.groups import Groups, place
 from rlcore.algo.advantages import compute_advantages, nonzero_advantage_groups
 from rlcore.algo.losses import loss_normalizer
-from rlcore.canary import CanaryError, canary_prompts, compare_logprobs
+from rlcore.canary import CanaryError, canary_limits, canary_prompts, compare_logprobs
 from rlcore.buffer import Accounting, RolloutBuffer
 from rlcore.config import RunConfig
 from rlcore.envs import make_env
@@ -221,9 +221,10 @@ class Driver:
                       [f"trainer rank {i}" for i in range(len(self.groups.trainers))])[0]
         engines = get([a.canary_logprobs.remote(pairs) for a in self.groups.rollouts], timeout, "canary (engines)")
         worst = None
+        max_gap, mean_gap = canary_limits(self.cfg)
         for i, engine in enumerate(engines):
             try:
-                res = compare_logprobs(engine, trainer, max_gap=r.canary_max_gap, mean_gap=r.canary_mean_gap)
+                res = compare_logprobs(engine, trainer, max_gap=max_gap, mean_gap=mean_gap)
             except CanaryError as exc:
                 raise RunError(f"canary after sync to version {version}, rollout actor {i}: {exc}") from exc
             if worst is None or res.max_gap > worst.max_gap:

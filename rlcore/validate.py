@@ -81,8 +81,11 @@ def problems(cfg: RunConfig) -> list[tuple[str, str]]:
     _positive(out, "rollout.generate_timeout_s", r.generate_timeout_s)
     _positive(out, "rollout.weight_sync_timeout_s", r.weight_sync_timeout_s)
     _positive(out, "rollout.sync_bucket_mb", r.sync_bucket_mb)
-    if r.weight_reload not in ("direct", "layerwise"):
-        out.append(("rollout.weight_reload", f"must be 'direct' or 'layerwise', got {r.weight_reload!r}"))
+    if r.weight_reload not in ("auto", "direct", "layerwise"):
+        out.append(("rollout.weight_reload", f"must be 'auto', 'direct' or 'layerwise', got {r.weight_reload!r}"))
+    elif r.weight_reload == "direct" and r.quantization is not None:
+        out.append(("rollout.weight_reload", f"'direct' copies weights in unprocessed; quantization="
+                    f"{r.quantization!r} needs 'layerwise' (or 'auto')"))
     if r.kv_on_update not in ("keep", "recompute"):
         out.append(("rollout.kv_on_update", f"must be 'keep' or 'recompute', got {r.kv_on_update!r}"))
     s = r.sampling
@@ -91,6 +94,7 @@ def problems(cfg: RunConfig) -> list[tuple[str, str]]:
         out.append(("rollout.sampling.top_p", f"must be in (0, 1], got {s.top_p}"))
     _positive(out, "rollout.sampling.max_new_tokens", s.max_new_tokens)
 
+    out.extend(fp8_problems(cfg))
     out.extend(algo_problems(cfg))
     out.extend(env_problems(cfg))
     out.extend(lifecycle_problems(cfg))
@@ -151,6 +155,44 @@ def trainer_parallel_problems(cfg: RunConfig) -> list[tuple[str, str]]:
             out.append(("trainer.lora.dropout", f"must be in [0, 1), got {lora.dropout}"))
         if not lora.target_modules:
             out.append(("trainer.lora.target_modules", "needs at least one module name (e.g. q_proj)"))
+    return out
+
+
+QUANTIZATIONS = ("fp8",)
+
+
+def fp8_problems(cfg: RunConfig) -> list[tuple[str, str]]:
+    """`trainer.fp8` (torchao float8 on Hopper) and `rollout.quantization` (vLLM online FP8)."""
+    from rlcore.trainer.float8 import RECIPES, torchao_available
+    t, r, out = cfg.trainer, cfg.rollout, []
+    if t.fp8 not in RECIPES:
+        out.append(("trainer.fp8", f"unknown FP8 recipe {t.fp8!r}; choose one of {list(RECIPES)}"))
+    elif t.fp8 != "none" and cfg.mode != "eval":
+        if t.gpus_per_rank <= 0:
+            out.append(("trainer.fp8", "FP8 matmuls need a Hopper GPU (compute capability >= 8.9) per trainer rank: "
+                        "set trainer.gpus_per_rank >= 1, or trainer.fp8=none on CPU"))
+        elif t.lora.enabled:
+            out.append(("trainer.fp8", "FP8 training of LoRA adapters is not supported; use trainer.fp8=none "
+                        "with trainer.lora.enabled"))
+        elif t.fp8 == "rowwise" and not t.mixed_precision:
+            out.append(("trainer.fp8", "rowwise FP8 needs bf16 compute: set trainer.mixed_precision=true"))
+        elif not torchao_available():
+            out.append(("trainer.fp8", "needs torchao: pip install 'rlcore[fp8]' (torchao==0.17.0)"))
+    if r.quantization is not None:
+        if r.quantization not in QUANTIZATIONS:
+            out.append(("rollout.quantization", f"unknown quantization {r.quantization!r}; choose null or one of "
+                        f"{list(QUANTIZATIONS)}"))
+        elif r.engine != "vllm":
+            out.append(("rollout.quantization", f"FP8 rollout needs rollout.engine=vllm, got {r.engine!r}"))
+        elif r.engine_kwargs.get("reload") == "direct":
+            out.append(("rollout.engine_kwargs.reload", "'direct' reload skips vLLM's re-quantization of synced "
+                        "weights; a quantized engine needs reload=layerwise (the default)"))
+    if "quantization" in r.engine_kwargs:
+        out.append(("rollout.engine_kwargs.quantization", "set rollout.quantization instead (the canary and the "
+                    "weight-sync path depend on it)"))
+    for key in ("canary_max_gap", "canary_mean_gap"):
+        if getattr(r, key) is not None:
+            _positive(out, f"rollout.{key}", getattr(r, key))
     return out
 
 

@@ -50,6 +50,18 @@ KV cache of requests in flight (``kv_on_update``):
 
 Multimodal models always clear caches (vLLM's encoder cache is keyed by image, not by weights).
 
+Quantized rollout (``quantization="fp8"``, ``rollout.quantization``). vLLM 0.26 quantizes a
+bf16 checkpoint online: its FP8 linear method creates each weight on the meta device in bf16
+shape, and once a layer's weights are loaded ``process_weights_after_loading`` replaces them with
+an FP8 (e4m3) copy, transposed, plus a per-tensor scale (activations get dynamic per-token
+scales). The layerwise reload (``start_weight_update`` -> ``update_weights`` ->
+``finish_weight_update``) restores every layer to that bf16 checkpoint layout, buffers the
+received bf16 tensors, re-runs ``process_weights_after_loading`` and copies the new FP8 values
+into the kernel tensors in place (CUDA graphs keep their pointers). So the trainer always sends
+bf16 and each sync re-quantizes. ``reload="direct"`` (plain ``load_weights`` into the already
+processed FP8 parameters) is wrong for such a model and is refused; :meth:`load_weights` wraps
+its ``load_weights`` in the same layerwise reload when the engine is quantized.
+
 vLLM is imported lazily: this module imports on a CPU-only machine without vLLM.
 """
 
@@ -78,6 +90,13 @@ KVOnUpdate = Literal["keep", "recompute"]
 OutputMode = Literal["final", "delta"]
 
 _WORKER_EXTENSION = "rlcore.engine.vllm_engine.RLCoreWorkerExtension"
+
+
+def _check_reload(reload: str, quantization: str | None) -> None:
+    """A quantized engine must receive weights through the layerwise reload (module docstring)."""
+    if quantization is not None and reload == "direct":
+        raise ValueError(f"reload='direct' cannot serve a quantized engine (quantization={quantization!r}): plain "
+                         "load_weights skips the re-quantization of the synced bf16 weights; use reload='layerwise'")
 
 
 class WeightSyncError(RuntimeError):
@@ -118,14 +137,22 @@ class RLCoreWorkerExtension:
         stats = receiver.receive(update_info, lambda buf: group.broadcast(buf, src=0, stream=torch.cuda.current_stream()))
         return {**stats, "worker_s": time.perf_counter() - start}
 
-    def rlcore_load_weights(self, weights: list) -> int:
+    def rlcore_load_weights(self, weights: list, layerwise: bool = False) -> int:
         """Load full tensors (trainer names; sent as raw bytes, see :func:`_pack_tensor`) through
-        ``model.load_weights``; returns the count."""
+        ``model.load_weights``; returns the count. ``layerwise``: inside vLLM's layerwise reload
+        (needed by quantized models: weights are re-processed after loading)."""
         model = self._rlcore_model()
-        device = next(model.parameters()).device
+        device = next(p for p in model.parameters() if p.device.type != "meta").device
         named = [(name, _unpack_tensor(packed).to(device)) for name, packed in weights]
         torch.accelerator.synchronize()
-        model.load_weights(named)
+        if layerwise:
+            from vllm.model_executor.model_loader.reload import (finalize_layerwise_reload,
+                                                                 initialize_layerwise_reload)
+            initialize_layerwise_reload(model)
+            model.load_weights(named)
+            finalize_layerwise_reload(model, self.model_runner.model_config)  # type: ignore[attr-defined]
+        else:
+            model.load_weights(named)
         torch.accelerator.synchronize()
         return len(named)
 
@@ -232,6 +259,7 @@ class VLLMEngine(RolloutEngine):
         enable_prefix_caching: bool = True,
         reload: Reload = "layerwise",
         kv_on_update: KVOnUpdate = "keep",
+        quantization: str | None = None,
         fast_pause: bool = True,
         output_mode: OutputMode = "final",
         extra_sampling: dict[str, Any] | None = None,
@@ -244,12 +272,13 @@ class VLLMEngine(RolloutEngine):
 
         ``model`` is a Hugging Face id or directory (with ``load_format="dummy"`` a directory
         holding only ``config.json`` is enough: weights then arrive by sync). ``reload`` picks the
-        receive path of :meth:`receive_weights` (module docstring). ``fast_pause`` pauses through
-        the engine core directly, skipping the 20 ms settling sleep of ``AsyncLLM.pause_generation``
-        (not needed here, see the module docstring on versions). ``kv_on_update``: what happens to
-        the KV cache of requests in flight at a weight update (module docstring). ``output_mode``: how token versions
-        are tracked (module docstring). ``extra_sampling`` is merged into
-        every request's vLLM ``SamplingParams`` (e.g. ``{"ignore_eos": True}`` for benchmarks).
+        receive path of :meth:`receive_weights` (module docstring). ``quantization``: vLLM's online
+        quantization (``"fp8"``; None = serve in ``dtype``); it needs ``reload="layerwise"``.
+        ``kv_on_update``: what happens to the KV cache of requests in flight at a weight update
+        (module docstring). ``fast_pause`` pauses through the engine core directly, skipping the 20 ms settling sleep
+        of ``AsyncLLM.pause_generation`` (not needed here, see the module docstring on versions).
+        ``output_mode``: how token versions are tracked (module docstring). ``extra_sampling`` is
+        merged into every request's vLLM ``SamplingParams`` (e.g. ``{"ignore_eos": True}`` for benchmarks).
         Other keyword arguments go to vLLM's ``AsyncEngineArgs``.
         """
         if reload not in ("layerwise", "direct"):
@@ -257,6 +286,7 @@ class VLLMEngine(RolloutEngine):
         if kv_on_update not in ("keep", "recompute"):
             raise ValueError(f"kv_on_update must be 'keep' or 'recompute', got {kv_on_update!r}")
         self.kv_on_update: KVOnUpdate = kv_on_update
+        _check_reload(reload, quantization)
         if output_mode not in ("final", "delta"):
             raise ValueError(f"output_mode must be 'final' or 'delta', got {output_mode!r}")
         self.output_mode: OutputMode = output_mode
@@ -265,6 +295,7 @@ class VLLMEngine(RolloutEngine):
         os.environ.setdefault("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
         os.environ.setdefault("NCCL_NVLS_ENABLE", "0")  # NVLink multicast can wedge shared GPUs
         self.reload: Reload = reload
+        self.quantization = quantization
         self.fast_pause = fast_pause
         self.request_timeout_s = request_timeout_s
         self.rpc_timeout_s = rpc_timeout_s
@@ -291,6 +322,8 @@ class VLLMEngine(RolloutEngine):
             worker_extension_cls=_WORKER_EXTENSION,
             disable_log_stats=True,
         )
+        if quantization is not None:
+            self._engine_args["quantization"] = quantization
         self._engine_args.update(engine_kwargs)
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="vllm-engine-loop", daemon=True)
@@ -306,8 +339,14 @@ class VLLMEngine(RolloutEngine):
     def from_config(cls, cfg: Any, seed: int = 0, **overrides: Any) -> "VLLMEngine":
         """Build from a :class:`rlcore.config.RunConfig`. A random-weight model (``model.path``
         null) is started from its ``arch`` config with dummy weights: the first sync fills them."""
+        quantization = cfg.rollout.quantization
+        reload = cfg.rollout.weight_reload
+        if reload == "auto":  # the fast direct receive unless weights are processed after loading
+            reload = "layerwise" if quantization else "direct"
         kwargs: dict[str, Any] = dict(tensor_parallel_size=cfg.rollout.tensor_parallel_size, seed=seed,
-                                      reload=cfg.rollout.weight_reload, kv_on_update=cfg.rollout.kv_on_update)
+                                      reload=reload, kv_on_update=cfg.rollout.kv_on_update)
+        if quantization is not None:
+            kwargs["quantization"] = quantization
         kwargs.update(cfg.rollout.engine_kwargs)
         path = cfg.model.path
         if path is None:
@@ -582,6 +621,7 @@ class VLLMEngine(RolloutEngine):
         half updated, or its core still blocked in NCCL): restart the actor.
         """
         self._check()
+        _check_reload(self.reload, self.quantization)
 
         async def body() -> dict[str, float]:
             times = {}
@@ -619,7 +659,8 @@ class VLLMEngine(RolloutEngine):
         weights = [(name, _pack_tensor(t)) for name, t in named_tensors]
 
         async def body() -> dict[str, float]:
-            await self._rpc("rlcore_load_weights", weights=weights)
+            layerwise = self.quantization is not None  # a quantized model re-processes loaded weights
+            await self._rpc("rlcore_load_weights", weights=weights, layerwise=layerwise)
             return {}
 
         self._call(self._swap(self._version, body), self.rpc_timeout_s, "load_weights")

@@ -26,7 +26,7 @@ MODES = ("none", "full", "selective")
 def _saved_ops() -> set:
     aten = torch.ops.aten
     names = [
-        (aten, "mm"), (aten, "addmm"), (aten, "bmm"), (aten, "linear"),
+        (aten, "mm"), (aten, "addmm"), (aten, "bmm"), (aten, "linear"), (aten, "_scaled_mm"),  # _scaled_mm: FP8 GEMMs
         (aten, "_scaled_dot_product_efficient_attention"), (aten, "_scaled_dot_product_flash_attention"),
         (aten, "_scaled_dot_product_cudnn_attention"), (aten, "_flash_attention_forward"),
         (aten, "_efficient_attention_forward"), (aten, "_scaled_dot_product_flash_attention_for_cpu"),

@@ -1,6 +1,7 @@
 """Device meshes for data, context and expert parallelism, and the model transformation that
-applies LoRA, expert parallelism, context-parallel attention, activation checkpointing, the
-chunked logprob head, torch.compile of the decoder layers and FSDP2, in that order.
+applies LoRA, expert parallelism, FP8 linears (`rlcore.trainer.float8`), context-parallel
+attention, activation checkpointing, the chunked logprob head, torch.compile of the decoder layers
+and FSDP2, in that order.
 
 Layout (world = ``dp * cp`` ranks, row-major, like torchtitan's ``dp_shard x cp``)::
 
@@ -115,9 +116,9 @@ def parallelize(model: torch.nn.Module, t, meshes: Meshes, device: torch.device,
                 attention: str | None = None) -> torch.nn.Module:
     """Transform a transformers causal LM in place for training on this rank; returns it.
 
-    ``t`` is the TrainerConfig (``lora``, ``activation_checkpointing``, ``logprob_chunk_tokens``,
-    ``compile``, ``param_dtype``, ``mixed_precision``). ``train=False`` (a frozen reference)
-    skips LoRA and checkpointing.
+    ``t`` is the TrainerConfig (``lora``, ``fp8``, ``activation_checkpointing``,
+    ``logprob_chunk_tokens``, ``compile``, ``param_dtype``, ``mixed_precision``). ``train=False``
+    (a frozen reference) skips LoRA, FP8 and checkpointing.
     ``attention``: ``"varlen"`` forces rlcore's variable-length attention (always used when
     cp > 1), ``"hf"`` keeps the model's own (transformers sdpa with a block-diagonal T x T mask),
     None picks varlen on CUDA with bf16 compute (flash kernels; the mask costs O(T^2) per packed
@@ -134,6 +135,10 @@ def parallelize(model: torch.nn.Module, t, meshes: Meshes, device: torch.device,
     if train and lora is not None and lora.enabled:
         apply_lora(model, lora)
     moe_blocks = apply_expert_parallel(model, meshes.ep_group)
+    fp8 = getattr(t, "fp8", "none") if train else "none"  # a frozen reference stays in bf16
+    if fp8 != "none":
+        from rlcore.trainer.float8 import apply_float8
+        apply_float8(model, fp8, emulate=device.type != "cuda")  # before fully_shard (torchao's contract)
     bf16_compute = mixed_precision_policy(t, device) is not None or param_dtype(t) == torch.bfloat16
     auto_varlen = attention is None and device.type == "cuda" and bf16_compute
     if meshes.dims.cp > 1 or attention == "varlen" or auto_varlen:
