@@ -184,9 +184,9 @@ def fp8_problems(cfg: RunConfig) -> list[tuple[str, str]]:
                         f"{list(QUANTIZATIONS)}"))
         elif r.engine != "vllm":
             out.append(("rollout.quantization", f"FP8 rollout needs rollout.engine=vllm, got {r.engine!r}"))
-        elif r.engine_kwargs.get("reload") == "direct":
-            out.append(("rollout.engine_kwargs.reload", "'direct' reload skips vLLM's re-quantization of synced "
-                        "weights; a quantized engine needs reload=layerwise (the default)"))
+    for key, field_name in (("reload", "weight_reload"), ("kv_on_update", "kv_on_update")):
+        if key in r.engine_kwargs:
+            out.append((f"rollout.engine_kwargs.{key}", f"set rollout.{field_name} instead"))
     if "quantization" in r.engine_kwargs:
         out.append(("rollout.engine_kwargs.quantization", "set rollout.quantization instead (the canary and the "
                     "weight-sync path depend on it)"))

@@ -522,7 +522,8 @@ class VLLMEngine(RolloutEngine):
     def _clears_cache(self) -> bool:
         """Whether an update must clear the KV / encoder caches: always for ``recompute``; for
         multimodal models too, since vLLM's encoder cache is keyed by image, not by weights."""
-        return self.kv_on_update == "recompute" or bool(getattr(self._llm.model_config, "is_multimodal_model", False))
+        model_config = getattr(self._llm, "model_config", None)
+        return self.kv_on_update == "recompute" or bool(getattr(model_config, "is_multimodal_model", False))
 
     def _needs_pause(self) -> bool:
         """The direct receive replaces weights in place between two engine steps (vLLM runs
