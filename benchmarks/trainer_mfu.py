@@ -170,7 +170,8 @@ def build(shape: dict, device: torch.device, seed: int = 0) -> torch.nn.Module:
     devices = [device] if device.type == "cuda" else []
     with torch.random.fork_rng(devices=devices), torch.device(device):
         torch.manual_seed(seed)  # identical initial weights on every rank (FSDP2 shards them)
-        return AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
+        model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
+    return model.to(device)  # a no-op unless transformers built it elsewhere
 
 
 def packed_batch(tokens: int, sample_len: int, vocab: int, seed: int):
