@@ -246,3 +246,30 @@ def test_compile_moe_layers_compiles_attention_only(aot_eager):
     got = _run(_prepare(model, False))
     for a, b in zip(got[0], eager[0]):
         torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+
+
+def test_profile_summary_busy_and_gaps():
+    """The benchmark's profile digest on synthetic kernel events (the GPU path is not run here)."""
+    import importlib.util
+    import types
+    from pathlib import Path
+
+    from torch.autograd import DeviceType
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "trainer_mfu.py"
+    spec = importlib.util.spec_from_file_location("trainer_mfu", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+
+    def ev(name, start, end, dev=DeviceType.CUDA, self_cpu=0.0):
+        return types.SimpleNamespace(name=name, time_range=types.SimpleNamespace(start=start, end=end),
+                                     device_type=dev, self_cpu_time_total=self_cpu)
+    events = [ev("sm90_xmma_gemm_bf16", 0, 100), ev("triton_red_fused_0", 50, 150),  # overlap: busy 150
+              ev("flash_fwd_kernel", 400, 500),  # gap of 250 before it
+              ev("ncclKernel_AllReduce", 510, 530),  # gap of 10: under the 20 us threshold
+              ev("aten::mm", 0, 0, DeviceType.CPU, self_cpu=70.0)]
+    s = bench.summarize_profile(events, wall_us=1000.0)
+    assert s["gpu_busy_ms"] == pytest.approx(0.27) and s["gpu_busy_frac"] == pytest.approx(0.27)
+    assert s["gap_count"] == 1 and s["largest_gaps"][0]["us"] == 250 and "flash" in s["largest_gaps"][0]["before_kernel"]
+    assert set(s["kernel_classes_ms"]) == {"gemm", "triton", "attention", "nccl"}
+    assert s["top_kernels"][0]["name"].startswith("sm90") and s["top_cpu_ops"][0]["name"] == "aten::mm"
+    assert "top CUDA kernels" in bench.format_profile("v", 1, s)
