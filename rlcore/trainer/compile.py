@@ -14,8 +14,9 @@ activation checkpointing replaced it, before FSDP2 wraps the layer), so:
 rlcore's variable-length attention is a custom op (``torch_attn::_varlen_attn`` with a fake
 kernel and a registered backward), so it traces into the graph without a break. Dense layers
 with cp = 1 compile without graph breaks (tested on CPU); Ulysses all-to-alls are functional
-collectives and trace too. MoE layers break the graph around the host-side parts (router
-statistics, all-to-all split sizes): ``fullgraph`` stays off so those run eagerly.
+collectives and trace too (``fullgraph`` stays off: a break runs eagerly rather than failing). In
+MoE layers only the attention block is compiled; the MoE block (router statistics, all-to-all
+split sizes, experts as their own FSDP unit, ``torch._grouped_mm``) runs eagerly.
 
 Dynamic shapes: the packed token count, the number of samples (size of ``cu_seqlens``) and the
 longest sample change from micro-batch to micro-batch. Micro-batches are *not* padded to
@@ -62,6 +63,13 @@ def compile_module_forward(module: nn.Module, fullgraph: bool = False) -> None:
 
 
 def compile_layers(model: nn.Module, fullgraph: bool = False) -> None:
-    """Compile every decoder layer (``model.model.layers``) of a transformers causal LM."""
+    """Compile every decoder layer (``model.model.layers``) of a transformers causal LM; in a
+    layer whose MLP is an rlcore `MoEBlock`, only the attention block (the MoE dispatch needs
+    host-side split sizes and its experts are their own FSDP unit: compiling through it would
+    cut the layer into many small graphs)."""
+    from rlcore.trainer.moe import MoEBlock
     for layer in model.model.layers:
-        compile_module_forward(layer, fullgraph=fullgraph)
+        if isinstance(getattr(layer, "mlp", None), MoEBlock):
+            compile_module_forward(layer.self_attn, fullgraph=fullgraph)
+        else:
+            compile_module_forward(layer, fullgraph=fullgraph)

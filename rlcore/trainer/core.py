@@ -112,9 +112,10 @@ class TrainerCore:
             with torch.no_grad():
                 ref, _ = self.forward_logprobs(mb, self.reference)
         return LossInputs(
-            logprobs=logprobs, behaviour_logprobs=mb.behaviour_logprobs.to(self.device),
-            advantages=mb.advantages.to(self.device), loss_mask=mb.loss_mask.to(self.device),
-            sample_index=mb.sample_index.to(self.device), ref_logprobs=ref,
+            logprobs=logprobs, behaviour_logprobs=mb.behaviour_logprobs.to(self.device, non_blocking=True),
+            advantages=mb.advantages.to(self.device, non_blocking=True),
+            loss_mask=mb.loss_mask.to(self.device, non_blocking=True),
+            sample_index=mb.sample_index.to(self.device, non_blocking=True), ref_logprobs=ref,
             entropy=entropy if self.cfg.algo.entropy_coef > 0 else None,
         )
 
@@ -127,26 +128,32 @@ class TrainerCore:
         """
         start = time.perf_counter()
         self.model.train()
-        sums = {"loss": 0.0, "entropy": 0.0, "loss_tokens": 0.0, "tokens": 0.0}
-        maxima: dict[str, float] = {}
-        minima: dict[str, float] = {}
+        # metric sums stay on the device until the step ends: no host sync between micro-batches
+        sums: dict[str, torch.Tensor | float] = {"loss_tokens": 0.0, "tokens": 0.0}
+        maxima: dict[str, torch.Tensor] = {}
+        minima: dict[str, torch.Tensor] = {}
+
+        def acc(d: dict, k: str, v, op) -> None:
+            v = torch.as_tensor(v, device=self.device).detach().to(torch.float64).reshape(())
+            d[k] = op(d[k], v) if k in d else v
+
         for i, mb in enumerate(micro_batches):
             self.model.set_requires_gradient_sync(i == len(micro_batches) - 1)
             logprobs, entropy = self.forward_logprobs(mb)
             inp = self._loss_inputs(mb, logprobs, entropy)
             loss, metrics = loss_fn(inp, normalizer)
             (loss * self.world_size).backward()
-            sums["loss"] += float(loss.detach())
-            sums["entropy"] += float((entropy.detach() * inp.loss_mask).sum())
-            sums["loss_tokens"] += float(inp.loss_mask.sum())
+            acc(sums, "loss", loss, torch.add)
+            acc(sums, "entropy", (entropy.detach() * inp.loss_mask).sum(), torch.add)
+            sums["loss_tokens"] += float(mb.loss_mask.sum())  # the host copy: no sync
             sums["tokens"] += mb.num_tokens
             for k, v in metrics.items():
                 if k.endswith("_max"):
-                    maxima[k] = max(maxima.get(k, -math.inf), float(v))
+                    acc(maxima, k, v, torch.maximum)
                 elif k.endswith("_min"):
-                    minima[k] = min(minima.get(k, math.inf), float(v))
+                    acc(minima, k, v, torch.minimum)
                 elif k != "entropy_sum":  # entropy is always reported above
-                    sums[k] = sums.get(k, 0.0) + float(v)
+                    acc(sums, k, v, torch.add)
         grad_norm = self._clip_grads()
         self.optimizer.step()
         self.scheduler.step()
@@ -166,7 +173,8 @@ class TrainerCore:
         if not values:
             return {}
         keys = sorted(values)
-        t = torch.tensor([values[k] for k in keys], dtype=torch.float64, device=self.device)
+        t = torch.stack([torch.as_tensor(values[k], dtype=torch.float64, device=self.device).reshape(())
+                         for k in keys])
         dist.all_reduce(t, op=op)
         return dict(zip(keys, t.tolist()))
 

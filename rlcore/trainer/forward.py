@@ -19,7 +19,9 @@ from rlcore.trainer.parallel import Meshes
 
 def forward_logprobs(model: torch.nn.Module, mb: MicroBatch, temperature: float, meshes: Meshes | None,
                      device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    ids, pos, tgt = (t.to(device) for t in (mb.input_ids, mb.position_ids, mb.targets))
+    # padding, slicing and sequence boundaries on the host (a MicroBatch's tensors live there):
+    # no device sync; the few index tensors are copied without blocking
+    ids, pos, tgt = mb.input_ids, mb.position_ids, mb.targets
     T = ids.numel()
     group = meshes.cp_group if meshes is not None else None
     if group is not None:
@@ -34,7 +36,9 @@ def forward_logprobs(model: torch.nn.Module, mb: MicroBatch, temperature: float,
     if getattr(model.config, "_attn_implementation", None) == VARLEN:
         # boundaries of the *whole* row: with cp, attention runs over all of it (Ulysses)
         cu, max_len = cu_seqlens(full_pos)
+        cu = cu.to(device, non_blocking=True)
         kwargs = {"cu_seq_lens_q": cu, "cu_seq_lens_k": cu, "max_length_q": max_len, "max_length_k": max_len}
+    ids, pos, tgt = (t.to(device, non_blocking=True) for t in (ids, pos, tgt))
     with logprob_request(model, tgt, temperature):
         out = model(input_ids=ids[None], position_ids=pos[None], use_cache=False, **kwargs)
     logp, entropy = out.logits[0].unbind(-1)
