@@ -131,7 +131,10 @@ def parallelize(model: torch.nn.Module, t, meshes: Meshes, device: torch.device,
     if train and lora is not None and lora.enabled:
         apply_lora(model, lora)
     moe_blocks = apply_expert_parallel(model, meshes.ep_group)
-    if meshes.dims.cp > 1 or attention == "varlen":
+    from rlcore.models.vision import decoder_layers, is_vision_model, vision_tower
+    # packed VLM rows carry 3-D mrope positions, from which transformers cannot infer sample
+    # boundaries: the language model always runs rlcore's varlen attention with explicit ones
+    if meshes.dims.cp > 1 or attention == "varlen" or is_vision_model(model):
         use_varlen_attention(model, meshes.cp_group)
     mode = getattr(t, "activation_checkpointing", "none") if train else "none"
     apply_activation_checkpointing(model, mode)
@@ -146,7 +149,10 @@ def parallelize(model: torch.nn.Module, t, meshes: Meshes, device: torch.device,
             # experts are their own FSDP unit on the efsdp mesh; see the gradient-scale contract
             fully_shard(block.experts, mesh=meshes.efsdp, **kwargs)
             block.experts.set_gradient_divide_factor(float(meshes.dims.world))
-    for layer in model.model.layers:
+    tower = vision_tower(model)
+    if tower is not None:  # its own unit: gathered once for all images (and frozen as a whole)
+        fully_shard(tower, mesh=meshes.fsdp, **kwargs)
+    for layer in decoder_layers(model):
         fully_shard(layer, mesh=meshes.fsdp, **kwargs)
     fully_shard(model, mesh=meshes.fsdp, **kwargs)
     return model
