@@ -102,6 +102,10 @@ class HFEngine(RolloutEngine):
                     use_cache=True, **{self._cache_kwarg: cache}, **extra,
                 ).logits[:, -1, :]
                 version = self.policy_version
+            if self.vision is not None:
+                # a sampled image token would claim an image that does not exist: never sample it
+                # (the trainer scores the full vocabulary; the gap is the tiny mass removed here)
+                logits[:, [self.vision.image_token_id, self.vision.image_token_id + 1]] = float("-inf")
             tokens, logprobs = sample_with_logprobs(logits, params.temperature, params.top_p, generator)
             for i in torch.nonzero(~done).flatten().tolist():
                 tok = int(tokens[i])

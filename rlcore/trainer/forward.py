@@ -33,7 +33,8 @@ def forward_logprobs(model: torch.nn.Module, mb: MicroBatch, temperature: float,
     else:
         full_pos = pos
     kwargs = {}
-    if getattr(model.config, "_attn_implementation", None) == VARLEN:
+    from rlcore.models.vision import text_config
+    if getattr(text_config(model.config), "_attn_implementation", None) == VARLEN:  # (a VLM: its language model)
         # boundaries of the *whole* row: with cp, attention runs over all of it (Ulysses)
         cu, max_len = cu_seqlens(full_pos)
         kwargs = {"cu_seq_lens_q": cu, "cu_seq_lens_k": cu, "max_length_q": max_len, "max_length_k": max_len}
