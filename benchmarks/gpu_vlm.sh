@@ -7,7 +7,7 @@ set -uo pipefail
 OUT=${1:?output dir}
 mkdir -p "$OUT"
 export PYTHONPATH=$PWD:${PYTHONPATH:-}
-timeout 900 python -m pytest -m gpu tests/gpu/test_vlm.py -v -p no:cacheprovider > "$OUT/test_vlm.log" 2>&1
+timeout 900 python -m pytest -m gpu tests/gpu/test_vllm_vlm.py -v -p no:cacheprovider > "$OUT/test_vlm.log" 2>&1
 echo "test_vlm exit: $?" >> "$OUT/test_vlm.log"
 M="model.arch.text_config.hidden_size=512 model.arch.text_config.intermediate_size=1024
    model.arch.text_config.num_hidden_layers=4 model.arch.text_config.num_attention_heads=8

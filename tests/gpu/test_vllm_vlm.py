@@ -1,7 +1,7 @@
 """VLLMEngine with a vision-language model on one GPU: a small random-weight Qwen2.5-VL-shaped
 policy (character vocabulary), image prompts, weights loaded from a trainer-built model, canary.
 
-    PYTHONPATH=$PWD:$PYTHONPATH python -m pytest -m gpu tests/gpu/test_vlm.py -v
+    PYTHONPATH=$PWD:$PYTHONPATH python -m pytest -m gpu tests/gpu/test_vllm_vlm.py -v
 """
 
 from __future__ import annotations
