@@ -130,15 +130,11 @@ def env_problems(cfg: RunConfig) -> list[tuple[str, str]]:
 def vision_problems(cfg: RunConfig) -> list[tuple[str, str]]:
     """Images need a vision-language policy, and such a policy runs without context parallelism.
     A model loaded from `path` is only checked when built."""
-    from rlcore.envs import make_env
+    from rlcore.envs.base import resolve_env
     from rlcore.models.vision import VL_MODEL_TYPES, is_vl_arch
     m, out = cfg.model, []
     vl = is_vl_arch(m.arch) if m.path is None else None
-    try:
-        has_images = bool(make_env(cfg.env.name, dict(cfg.env.args), cfg.env.seed).make_task(0, "train").images)
-    except Exception:  # noqa: BLE001 - an environment that cannot make a task offline is checked at run time
-        has_images = False
-    if has_images and vl is False:
+    if getattr(resolve_env(cfg.env.name), "uses_images", False) and vl is False:
         out.append(("env.name", f"{cfg.env.name} tasks carry images but model.arch.model_type="
                     f"{m.arch.get('model_type')!r} is text-only; use a vision-language model ({list(VL_MODEL_TYPES)})"))
     if m.freeze_vision and vl is False:

@@ -84,7 +84,7 @@ def test_mrope_positions_layout(vl):
     assert pos[:, 10:].tolist() == [[6, 7]] * 3
 
 
-def _reference_logprobs(model, sample: Sample, spec) -> torch.Tensor:
+def _reference_logprobs(model, sample: Sample, spec, mask_image_tokens: bool = False) -> torch.Tensor:
     """The model's own forward (its own mrope positions, sdpa) on one unpacked sample."""
     ids = torch.tensor([sample.prompt_ids + sample.completion_ids])
     kwargs = {}
@@ -96,6 +96,9 @@ def _reference_logprobs(model, sample: Sample, spec) -> torch.Tensor:
     with torch.no_grad():
         logits = model(input_ids=ids, use_cache=False, **kwargs).logits[0]
     logp = torch.log_softmax(logits.float(), -1)
+    if mask_image_tokens:  # what the engines sample from: image/video pad tokens removed
+        logp[:, [spec.image_token_id, spec.image_token_id + 1]] = float("-inf")
+        logp = torch.log_softmax(logp, -1)
     return logp[:-1].gather(-1, ids[0, 1:, None]).squeeze(-1)
 
 
@@ -170,7 +173,7 @@ def test_hf_engine_generates_with_images(vl):
     for p, im, g in zip(prompts, imgs, gens):
         s = Sample(prompt_ids=p, completion_ids=g.token_ids, logprobs=g.logprobs, versions=g.versions,
                    loss_mask=[1] * len(g.token_ids), images=im)
-        ref = _reference_logprobs(ref_model, s, spec)[len(p) - 1:]
+        ref = _reference_logprobs(ref_model, s, spec, mask_image_tokens=True)[len(p) - 1:]
         torch.testing.assert_close(torch.tensor(g.logprobs), ref, atol=1e-4, rtol=1e-4)
 
 

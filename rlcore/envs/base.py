@@ -37,6 +37,8 @@ class Environment(abc.ABC):
     """
 
     name: str = "env"
+    uses_images: bool = False
+    """True when tasks carry images (the policy must then be a vision-language model)."""
 
     def __init__(self, seed: int = 0, reward_timeout_s: float = 10.0, on_reward_error: str = "fail",
                  reward_isolation: str = "thread", eval_size: int = 64):

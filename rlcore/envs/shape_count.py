@@ -39,6 +39,8 @@ def draw_shapes(rng, size: int, count: int, cell: int) -> np.ndarray:
 class ShapeCount(Environment):
     """Prompt: an image of 1..max_shapes shapes and a question; answer: the count."""
 
+    uses_images = True
+
     def __init__(self, seed: int = 0, image_size: int = 56, max_shapes: int = 4, cell: int = 14,
                  question: str = "How many shapes?", **common):
         super().__init__(seed, **common)

@@ -36,7 +36,12 @@ def vision_spec(cfg: ModelConfig, tokenizer: PreTrainedTokenizerBase) -> vision.
         if not vision.is_vl_arch(cfg.arch):
             return None
         return vision.spec_from_config(random_model_config(cfg, tokenizer), dict(cfg.processor))
-    hf_config = AutoConfig.from_pretrained(cfg.path)
+    if cfg.gguf_file:  # GGUF checkpoints are text-only here
+        return None
+    try:
+        hf_config = AutoConfig.from_pretrained(cfg.path)
+    except (OSError, ValueError):  # not a transformers directory: the model build reports it
+        return None
     if not vision.is_vision_model(hf_config):
         return None
     import json
@@ -80,7 +85,7 @@ def build_model(cfg: ModelConfig, tokenizer: PreTrainedTokenizerBase) -> torch.n
     dtype = torch_dtype(cfg.dtype)
     if cfg.path:
         kwargs = {"gguf_file": cfg.gguf_file} if cfg.gguf_file else {}
-        if vision.is_vision_model(AutoConfig.from_pretrained(cfg.path, **kwargs)):
+        if not cfg.gguf_file and vision.is_vision_model(AutoConfig.from_pretrained(cfg.path)):
             from transformers import AutoModelForImageTextToText
             return AutoModelForImageTextToText.from_pretrained(cfg.path, dtype=dtype, **kwargs)
         return AutoModelForCausalLM.from_pretrained(cfg.path, dtype=dtype, **kwargs)

@@ -67,7 +67,12 @@ class VisionSpec:
         return d
 
     def save(self, directory: str | Path) -> None:
+        """preprocessor_config.json, and the same settings as video_preprocessor_config.json: the
+        Qwen2.5-VL processor vLLM loads wants a video processor too (images only are sent)."""
         Path(directory, "preprocessor_config.json").write_text(json.dumps(self.preprocessor_config(), indent=2))
+        video = {**self.preprocessor_config(), "video_processor_type": "Qwen2VLVideoProcessor"}
+        video.pop("image_processor_type")
+        Path(directory, "video_preprocessor_config.json").write_text(json.dumps(video, indent=2))
 
 
 def is_vl_arch(arch: dict) -> bool:
