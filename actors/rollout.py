@@ -26,7 +26,7 @@ def make_engine(cfg: RunConfig, tokenizer, seed: int) -> RolloutEngine:
         from rlcore.engine.hf_engine import HFEngine
         device = "cuda" if cfg.rollout.gpus_per_actor > 0 else "cpu"
         return HFEngine(build_model(cfg.model, tokenizer), tokenizer.pad_token_id, tokenizer.eos_token_id,
-                        seed=seed, device=device)
+                        seed=seed, device=device, vision=getattr(tokenizer, "rlcore_vision", None))
     if cfg.rollout.engine == "vllm":
         from rlcore.engine.vllm_engine import VLLMEngine
         return VLLMEngine.from_config(cfg, seed=seed)

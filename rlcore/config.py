@@ -29,6 +29,11 @@ class ModelConfig:
     """Seed for random-weight initialisation (every process builds the same initial weights)."""
     dtype: str = "float32"
     """Parameter dtype in the trainer: float32 or bfloat16 (bf16 compute comes from mixed precision)."""
+    freeze_vision: bool = False
+    """Vision-language models: do not train the vision tower (it is still synced to the engines)."""
+    processor: dict[str, Any] = field(default_factory=dict)
+    """Vision-language models: image-processor fields (image_mean, image_std, min_pixels, max_pixels)
+    overriding the defaults (random-weight) or the checkpoint's preprocessor_config.json."""
 
 
 @dataclass

@@ -12,7 +12,7 @@ nothing and is masked.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -32,6 +32,9 @@ class MicroBatch:
     sample_index: torch.Tensor
     """Index of the sample (within this micro-batch) each position belongs to."""
     num_samples: int
+    images: list = field(default_factory=list)
+    """uint8 images of the samples, concatenated in sample order (vision-language policies; the
+    trainer turns them into pixel values: uint8 keeps the object-store payload small)."""
 
     @property
     def num_tokens(self) -> int:
@@ -68,7 +71,9 @@ def make_micro_batch(samples: list[Sample], advantages: list[float]) -> MicroBat
         index.extend([j] * len(arrays["input_ids"]))
     long_keys = {"input_ids", "position_ids", "targets"}
     tensors = {k: torch.tensor(v, dtype=torch.long if k in long_keys else torch.float32) for k, v in cols.items()}
-    return MicroBatch(**tensors, sample_index=torch.tensor(index, dtype=torch.long), num_samples=len(samples))
+    images = [img for s in samples for img in s.images]
+    return MicroBatch(**tensors, sample_index=torch.tensor(index, dtype=torch.long), num_samples=len(samples),
+                      images=images)
 
 
 def empty_micro_batch(pad_token_id: int = 0) -> MicroBatch:

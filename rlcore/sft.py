@@ -67,7 +67,9 @@ def check_messages(row: Any, key: str) -> list[dict[str, str]]:
             raise ValueError(f"message {j} needs string 'role' and 'content'")
     if not any(m["role"] == "assistant" for m in msgs):
         raise ValueError("no assistant message (nothing to train on)")
-    return [{"role": m["role"], "content": m["content"]} for m in msgs]
+    # "images": local file paths of a message's images (vision-language policies)
+    return [{"role": m["role"], "content": m["content"],
+             **({"images": m["images"]} if isinstance(m.get("images"), list) else {})} for m in msgs]
 
 
 def read_jsonl(path: Path, key: str, data: SFTData, limit: int = 0) -> list[list[dict[str, str]]]:
@@ -102,7 +104,9 @@ def env_demonstrations(cfg, n: int) -> list[list[dict[str, str]]]:
         if not isinstance(task.answer, str):
             raise DataError(f"sft.dataset: environment {cfg.env.name!r} has no text answers "
                             f"(task {task.id} answer is {type(task.answer).__name__}); use a JSONL dataset")
-        out.append([*task.messages, {"role": "assistant", "content": task.answer}])
+        # images ride on the first message ("images" key; chat templates ignore it)
+        first = {**task.messages[0], "images": list(task.images)} if task.images else task.messages[0]
+        out.append([first, *task.messages[1:], {"role": "assistant", "content": task.answer}])
     return out
 
 
@@ -184,13 +188,30 @@ def tokenize_conversation(tokenizer, messages: list[dict[str, str]]) -> tuple[li
     return ids, mask
 
 
-def to_sample(ids: list[int], mask: list[int]) -> Sample:
+def to_sample(ids: list[int], mask: list[int], images: list | None = None) -> Sample:
     """An SFT example in the RL sample layout: everything before the first trained token is the
     prompt; the loss mask covers the rest (0 on context tokens between assistant turns)."""
     first = mask.index(1)
     n = len(ids) - first
     return Sample(prompt_ids=ids[:first], completion_ids=ids[first:], logprobs=[0.0] * n, versions=[0] * n,
-                  loss_mask=mask[first:])
+                  loss_mask=mask[first:], images=list(images or []))
+
+
+def expand_images(tokenizer, messages: list[dict], ids: list[int], mask: list[int]):
+    """The conversation's images (messages' "images" lists, uint8) and the ids/mask with each
+    image token expanded to the model's count (vision-language models)."""
+    raw = [im for m in messages for im in m.get("images", ())]
+    if not raw:
+        return [], ids, mask
+    from rlcore.models.vision import check_image, expand_image_tokens, to_array
+    spec = getattr(tokenizer, "rlcore_vision", None)
+    if spec is None:
+        raise DataError("sft.dataset: examples have images but the policy is a text-only model")
+    images = [to_array(im) for im in raw]
+    for arr in images:
+        check_image(arr, spec)
+    ids, mask = expand_image_tokens(ids, images, spec, mask)
+    return images, ids, mask
 
 
 def build_dataset(cfg, tokenizer) -> SFTData:
@@ -205,10 +226,11 @@ def build_dataset(cfg, tokenizer) -> SFTData:
         if 1 not in mask:
             data.skip("empty")
             continue
+        images, ids, mask = expand_images(tokenizer, messages, ids, mask)
         if len(ids) > cfg.sft.max_seq_len:
             data.skip("too_long")
             continue
-        data.samples.append(to_sample(ids, mask))
+        data.samples.append(to_sample(ids, mask, images))
     if data.skipped:
         log.warning("sft.dataset: %d of %d rows used; skipped %s", len(data.samples), data.rows, data.skipped)
     if not data.samples:

@@ -18,6 +18,9 @@ class Task:
     """Reference answer handed to the reward function."""
     info: dict[str, Any] = field(default_factory=dict)
     """Anything else the environment needs (difficulty, split, files)."""
+    images: list[Any] = field(default_factory=list)
+    """Images the prompt shows, in the order of their placeholders in `messages` (uint8 [H, W, 3]
+    arrays, PIL images or local file paths; see `rlcore.models.vision`)."""
 
 
 @dataclass
@@ -43,6 +46,9 @@ class Sample:
     """True when generation or scoring failed; such samples are counted, not trained on."""
     error: str | None = None
     """What failed, when `failed`."""
+    images: list[Any] = field(default_factory=list)
+    """The prompt's images as uint8 [H, W, 3] arrays (vision-language policies), in the order of
+    their image-token runs in `prompt_ids`."""
 
     @property
     def num_tokens(self) -> int:

@@ -96,7 +96,10 @@ def problems(cfg: RunConfig) -> list[tuple[str, str]]:
 
     out.extend(fp8_problems(cfg))
     out.extend(algo_problems(cfg))
-    out.extend(env_problems(cfg))
+    env_found = env_problems(cfg)
+    out.extend(env_found)
+    if not env_found:
+        out.extend(vision_problems(cfg))
     out.extend(lifecycle_problems(cfg))
 
     c = cfg.cluster
@@ -130,6 +133,23 @@ def env_problems(cfg: RunConfig) -> list[tuple[str, str]]:
         key, _, rest = msg.partition(": ")
         return [(key, rest)] if key.startswith("env.") else [("env.args", msg)]
     return []
+
+
+def vision_problems(cfg: RunConfig) -> list[tuple[str, str]]:
+    """Images need a vision-language policy, and such a policy runs without context parallelism.
+    A model loaded from `path` is only checked when built."""
+    from rlcore.envs.base import resolve_env
+    from rlcore.models.vision import VL_MODEL_TYPES, is_vl_arch
+    m, out = cfg.model, []
+    vl = is_vl_arch(m.arch) if m.path is None else None
+    if getattr(resolve_env(cfg.env.name), "uses_images", False) and vl is False:
+        out.append(("env.name", f"{cfg.env.name} tasks carry images but model.arch.model_type="
+                    f"{m.arch.get('model_type')!r} is text-only; use a vision-language model ({list(VL_MODEL_TYPES)})"))
+    if m.freeze_vision and vl is False:
+        out.append(("model.freeze_vision", "needs a vision-language model (it freezes the vision tower)"))
+    if vl and cfg.trainer.cp > 1:
+        out.append(("trainer.cp", f"vision-language models train without context parallelism (cp=1), got {cfg.trainer.cp}"))
+    return out
 
 
 def trainer_parallel_problems(cfg: RunConfig) -> list[tuple[str, str]]:

@@ -43,8 +43,9 @@ class RolloutEngine(abc.ABC):
     policy_version: int = 0
 
     @abc.abstractmethod
-    def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Generation]:
-        """Sample one completion per prompt (batched)."""
+    def generate(self, prompts: list[list[int]], params: SamplingParams, images=None) -> list[Generation]:
+        """Sample one completion per prompt (batched). `images` (vision-language models): one list
+        of uint8 [H, W, 3] arrays per prompt, whose image tokens the prompt holds expanded."""
 
     @abc.abstractmethod
     def score(self, prompt_ids: list[int], completion_ids: list[int]) -> list[float]:

@@ -46,9 +46,10 @@ class HFEngine(RolloutEngine):
     """A transformers causal LM served in-process."""
 
     def __init__(self, model: torch.nn.Module, pad_token_id: int, eos_token_id: int, seed: int = 0,
-                 device: str = "cpu"):
+                 device: str = "cpu", vision=None):
         self.model = model.to(device).eval()
         self.device = device
+        self.vision = vision  # VisionSpec of a vision-language model (None: text-only)
         self.pad_token_id = pad_token_id
         self.eos_token_id = eos_token_id
         self.policy_version = 0
@@ -62,7 +63,9 @@ class HFEngine(RolloutEngine):
         self._params.update(dict(self.model.named_buffers()))
 
     @torch.inference_mode()
-    def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Generation]:
+    def generate(self, prompts: list[list[int]], params: SamplingParams, images=None) -> list[Generation]:
+        """`images`: per prompt, its uint8 images (vision-language models; prompts hold the
+        expanded image tokens, see `rlcore.models.vision`)."""
         batch = len(prompts)
         stop_ids = torch.tensor(sorted({self.eos_token_id, *params.stop_token_ids}), device=self.device)
         max_len = max(len(p) for p in prompts)
@@ -73,6 +76,9 @@ class HFEngine(RolloutEngine):
             ids[i, max_len - len(p):] = torch.tensor(p, dtype=torch.long)
             attn[i, max_len - len(p):] = 1
         positions = (attn.cumsum(-1) - 1).clamp(min=0)
+        extra = {}
+        if images is not None and any(images):
+            positions, extra = self._vision_inputs(prompts, images, max_len)
         generator = self._generator
         if params.seed is not None:
             generator = torch.Generator(device=self.device).manual_seed(params.seed)
@@ -93,9 +99,13 @@ class HFEngine(RolloutEngine):
             with self._lock:
                 logits = self.model(
                     input_ids=step_ids, attention_mask=attn, position_ids=step_pos,
-                    use_cache=True, **{self._cache_kwarg: cache},
+                    use_cache=True, **{self._cache_kwarg: cache}, **extra,
                 ).logits[:, -1, :]
                 version = self.policy_version
+            if self.vision is not None:
+                # a sampled image token would claim an image that does not exist: never sample it
+                # (the trainer scores the full vocabulary; the gap is the tiny mass removed here)
+                logits[:, [self.vision.image_token_id, self.vision.image_token_id + 1]] = float("-inf")
             tokens, logprobs = sample_with_logprobs(logits, params.temperature, params.top_p, generator)
             for i in torch.nonzero(~done).flatten().tolist():
                 tok = int(tokens[i])
@@ -108,11 +118,28 @@ class HFEngine(RolloutEngine):
             if bool(done.all()):
                 break
             step_ids = torch.where(done, self.pad_token_id, tokens)[:, None]
-            step_pos = step_pos[:, -1:] + 1
+            extra = {}  # images are consumed by the prefill step
+            step_pos = step_pos[..., -1:] + 1
             attn = torch.cat([attn, (~done).long()[:, None]], dim=1)
         return [
             Generation(out_tokens[i], out_logprobs[i], out_versions[i], finish[i]) for i in range(batch)
         ]
+
+    def _vision_inputs(self, prompts, images, max_len: int):
+        """3-D mrope positions [3, B, L] of the left-padded prompts (pads at 0) and the pixel
+        inputs of all images in row order (the model scatters them over the image tokens in
+        that order); decode steps continue every row at its max position + 1."""
+        from rlcore.models.vision import mrope_positions, pixel_values
+        if self.vision is None:
+            raise ValueError("prompts have images but the engine's model is text-only")
+        flat = [img for imgs in images for img in imgs]
+        pixels, grids = pixel_values(flat, self.vision)
+        pos = torch.zeros(3, len(prompts), max_len, dtype=torch.long)
+        g = 0
+        for i, (p, imgs) in enumerate(zip(prompts, images)):
+            pos[:, i, max_len - len(p):] = mrope_positions(p, grids[g:g + len(imgs)].tolist(), self.vision)
+            g += len(imgs)
+        return pos.to(self.device), {"pixel_values": pixels.to(self.device), "image_grid_thw": grids.to(self.device)}
 
     @torch.inference_mode()
     def score(self, prompt_ids: list[int], completion_ids: list[int]) -> list[float]:

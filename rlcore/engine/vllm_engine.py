@@ -266,6 +266,7 @@ class VLLMEngine(RolloutEngine):
         request_timeout_s: float = 3600.0,
         rpc_timeout_s: float = 300.0,
         startup_timeout_s: float = 1200.0,
+        vision: Any = None,
         **engine_kwargs: Any,
     ) -> None:
         """Start the engine (blocks until vLLM is ready, at most ``startup_timeout_s``).
@@ -290,6 +291,9 @@ class VLLMEngine(RolloutEngine):
         if output_mode not in ("final", "delta"):
             raise ValueError(f"output_mode must be 'final' or 'delta', got {output_mode!r}")
         self.output_mode: OutputMode = output_mode
+        # VisionSpec of a vision-language model: prompts may carry images (then the engine needs
+        # skip_tokenizer_init=False: vLLM's multimodal processor reads placeholder ids from it)
+        self.vision = vision
         # Fork is unsafe once this process holds threads (our loop) or CUDA; vLLM forces spawn
         # in some cases only. The spawned engine core gets this process's sys.path.
         os.environ.setdefault("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
@@ -324,6 +328,8 @@ class VLLMEngine(RolloutEngine):
         )
         if quantization is not None:
             self._engine_args["quantization"] = quantization
+        if vision is not None:
+            self._engine_args["limit_mm_per_prompt"] = {"image": 4, "video": 0}
         self._engine_args.update(engine_kwargs)
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="vllm-engine-loop", daemon=True)
@@ -350,11 +356,25 @@ class VLLMEngine(RolloutEngine):
         kwargs.update(cfg.rollout.engine_kwargs)
         path = cfg.model.path
         if path is None:
-            from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+            from transformers.models.auto.modeling_auto import (MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
+                                                                MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES)
 
             from rlcore.models.build import build_tokenizer, random_model_config
 
             model_type = cfg.model.arch.get("model_type")
+            tokenizer = build_tokenizer(cfg.model)
+            if tokenizer.rlcore_vision is not None:
+                # vLLM's multimodal processor needs the tokenizer (placeholder ids) and the image
+                # processor config next to config.json, and a tokenizer-enabled engine
+                hf_config = random_model_config(cfg.model, tokenizer)
+                hf_config.architectures = [MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES[model_type]]
+                path = tempfile.mkdtemp(prefix="rlcore-vllm-model-")
+                hf_config.save_pretrained(path)
+                tokenizer.save_pretrained(path)
+                tokenizer.rlcore_vision.save(path)
+                kwargs.update(load_format="dummy", skip_tokenizer_init=False, vision=tokenizer.rlcore_vision)
+                kwargs.update(overrides)
+                return cls(path, **kwargs)
             if model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
                 raise ValueError(f"model.arch.model_type: vLLM needs a causal-LM model_type, got {model_type!r}")
             # the same config the trainer builds (vocabulary sized to the tokenizer)
@@ -416,17 +436,33 @@ class VLLMEngine(RolloutEngine):
             output_kind=RequestOutputKind.FINAL_ONLY if self.output_mode == "final" else RequestOutputKind.DELTA,
             detokenize=False,
         )
+        if self.vision is not None:  # never sample an image token (see HFEngine.generate)
+            kwargs["logit_bias"] = {self.vision.image_token_id: -100.0, self.vision.image_token_id + 1: -100.0}
         kwargs.update(self._extra_sampling)
         return VSamplingParams(**kwargs)
 
-    async def _one(self, prompt: list[int], sp: Any) -> Generation:
+    def _prompt(self, prompt: list[int], images: list | None) -> Any:
         from vllm.inputs import TokensPrompt
 
+        if not images:
+            return TokensPrompt(prompt_token_ids=list(prompt), cache_salt=self._cache_salt())
+        if self.vision is None:
+            raise ValueError("prompts have images but the engine's model is text-only")
+        from PIL import Image
+
+        from rlcore.models.vision import collapse_image_tokens
+        # With token prompts vLLM applies the prompt update itself (one <|image_pad|> -> the
+        # image's token count, vllm/multimodal/processing/processor.py): hand it one per image.
+        # It expands to the same count our samples hold (processor-ready images, same grid).
+        ids = collapse_image_tokens(prompt, self.vision.image_token_id)
+        return TokensPrompt(prompt_token_ids=ids, multi_modal_data={"image": [Image.fromarray(a) for a in images]},
+                            cache_salt=self._cache_salt())
+
+    async def _one(self, prompt: list[int], sp: Any, images: list | None = None) -> Generation:
         req = _Request(rid=f"rlcore-{next(self._ids)}", version=self._version)
         self._active[req.rid] = req
         try:
-            prompt_in = TokensPrompt(prompt_token_ids=list(prompt), cache_salt=self._cache_salt())
-            req.collector = await self._llm.add_request(req.rid, prompt_in, sp)
+            req.collector = await self._llm.add_request(req.rid, self._prompt(prompt, images), sp)
             while not req.finished:
                 out = req.collector.get_nowait() or await req.collector.get()
                 req.absorb(out)
@@ -439,8 +475,10 @@ class VLLMEngine(RolloutEngine):
             if req.collector is not None:
                 req.collector.close()
 
-    async def _generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Generation]:
-        tasks = [asyncio.ensure_future(self._one(p, self._vllm_params(params, i))) for i, p in enumerate(prompts)]
+    async def _generate(self, prompts: list[list[int]], params: SamplingParams, images=None) -> list[Generation]:
+        images = images or [None] * len(prompts)
+        tasks = [asyncio.ensure_future(self._one(p, self._vllm_params(params, i), im))
+                 for i, (p, im) in enumerate(zip(prompts, images))]
         try:
             return list(await asyncio.gather(*tasks))
         except BaseException:
@@ -449,14 +487,14 @@ class VLLMEngine(RolloutEngine):
             await asyncio.gather(*tasks, return_exceptions=True)
             raise
 
-    def generate(self, prompts: list[list[int]], params: SamplingParams,
+    def generate(self, prompts: list[list[int]], params: SamplingParams, images=None,
                  timeout_s: float | None = None) -> list[Generation]:
         """Sample one completion per prompt; all prompts are submitted at once. Raises
         ``TimeoutError`` after ``timeout_s`` (default ``request_timeout_s``), aborting the rest."""
         self._check()
         if not prompts:
             return []
-        return self._call(self._generate(prompts, params), timeout_s or self.request_timeout_s, "generate")
+        return self._call(self._generate(prompts, params, images), timeout_s or self.request_timeout_s, "generate")
 
     def tokens_in_flight(self) -> list[int]:
         """Tokens generated so far by each request in flight (for metrics and tests)."""

@@ -37,6 +37,8 @@ class Environment(abc.ABC):
     """
 
     name: str = "env"
+    uses_images: bool = False
+    """True when tasks carry images (the policy must then be a vision-language model)."""
 
     def __init__(self, seed: int = 0, reward_timeout_s: float = 10.0, on_reward_error: str = "fail",
                  reward_isolation: str = "thread", eval_size: int = 64):
@@ -118,14 +120,20 @@ class Environment(abc.ABC):
                    tokenizer: PreTrainedTokenizerBase, params: SamplingParams) -> list[Group]:
         """Sample `group_size` completions per task in one engine batch and score them."""
         prompts = [self.render(t, tokenizer) for t in tasks]
+        images = [task_images(t, tokenizer) for t in tasks]
+        if any(images):  # one image token per image -> the model's count (token ids stay exact)
+            from rlcore.models.vision import expand_image_tokens
+            prompts = [expand_image_tokens(p, im, tokenizer.rlcore_vision)[0] for p, im in zip(prompts, images)]
         flat = [p for p in prompts for _ in range(group_size)]
-        gens = engine.generate(flat, params)
+        extra = {"images": [im for im in images for _ in range(group_size)]} if any(images) else {}
+        gens = engine.generate(flat, params, **extra)
         samples, jobs = [], []
         for i, gen in enumerate(gens):
             task = tasks[i // group_size]
             samples.append(Sample(
                 prompt_ids=prompts[i // group_size], completion_ids=gen.token_ids, logprobs=gen.logprobs,
                 versions=gen.versions, loss_mask=[1] * len(gen.token_ids), finish_reason=gen.finish_reason,
+                images=images[i // group_size],
             ))
             text = tokenizer.decode(gen.token_ids, skip_special_tokens=True)
             jobs.append((task, [*task.messages, {"role": "assistant", "content": text}], {}))
@@ -134,6 +142,20 @@ class Environment(abc.ABC):
             self.apply_outcome(sample, outcome)
         return [Group(task=t, samples=samples[ti * group_size:(ti + 1) * group_size])
                 for ti, t in enumerate(tasks)]
+
+
+def task_images(task: Task, tokenizer: PreTrainedTokenizerBase) -> list:
+    """The task's images as uint8 arrays (paths loaded here, at the environment); an error when
+    the policy cannot take images."""
+    if not task.images:
+        return []
+    if getattr(tokenizer, "rlcore_vision", None) is None:
+        raise ValueError(f"task {task.id} has images but the policy is a text-only model")
+    from rlcore.models.vision import check_image, to_array
+    out = [to_array(im) for im in task.images]
+    for arr in out:
+        check_image(arr, tokenizer.rlcore_vision)
+    return out
 
 
 def rng_for(seed: int, split: str, index: int) -> random.Random:

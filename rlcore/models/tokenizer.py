@@ -18,12 +18,19 @@ CHAT_TEMPLATE = (
 )
 
 
-def char_tokenizer() -> PreTrainedTokenizerFast:
+def char_tokenizer(vision: bool = False) -> PreTrainedTokenizerFast:
     """Printable ASCII + newline as single-character tokens; roles render as one letter (`u:`)
-    so prompts stay short for tiny models. `<|im_end|>` is the end-of-sequence token."""
-    specials = [PAD, BOS, EOS, UNK]
+    so prompts stay short for tiny models. `<|im_end|>` is the end-of-sequence token.
+
+    ``vision`` appends Qwen-VL's vision markers (`<|vision_start|>`, `<|vision_end|>`,
+    `<|image_pad|>`, `<|video_pad|>`) as special tokens after the text vocabulary, so the text
+    ids (and a text-only model's initial weights) do not change."""
+    from rlcore.models.vision import VISION_TOKENS
     chars = sorted(set(string.printable) - set("\t\r\x0b\x0c"))
-    vocab = {tok: i for i, tok in enumerate(specials + chars)}
+    specials = [PAD, BOS, EOS, UNK]
+    extra = list(VISION_TOKENS) if vision else []
+    vocab = {tok: i for i, tok in enumerate(specials + chars + extra)}
+    specials += extra
     core = Tokenizer(models.WordLevel(vocab=vocab, unk_token=UNK))
     core.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
     core.decoder = decoders.Fuse()

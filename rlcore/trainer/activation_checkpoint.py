@@ -80,5 +80,6 @@ def checkpoint_module(module: torch.nn.Module, mode: str) -> None:
 
 def apply_activation_checkpointing(model: torch.nn.Module, mode: str) -> None:
     """Checkpoint every decoder layer of a transformers causal LM (``model.model.layers``)."""
-    for layer in model.model.layers:
+    from rlcore.models.vision import decoder_layers
+    for layer in decoder_layers(model):
         checkpoint_module(layer, mode)

@@ -110,7 +110,10 @@ def varlen_attention(module, query, key, value, attention_mask, scaling=None, dr
 def use_varlen_attention(model: torch.nn.Module, cp_group: dist.ProcessGroup | None) -> None:
     """Switch a transformers model to `varlen_attention` (and Ulysses over ``cp_group``)."""
     from transformers import AttentionInterface
+
+    from rlcore.models.vision import decoder_layers, text_config
     AttentionInterface.register(NAME, varlen_attention)
-    model.config._attn_implementation = NAME
-    for layer in model.model.layers:
+    # a VLM: the language model only (its vision tower attends bidirectionally within images)
+    text_config(model.config)._attn_implementation = NAME
+    for layer in decoder_layers(model):
         layer.self_attn._rlcore_cp_group = cp_group

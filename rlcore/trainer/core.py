@@ -70,6 +70,10 @@ class TrainerCore:
         torch.manual_seed(cfg.seed)
         self.tokenizer = build_tokenizer(cfg.model)
         model = build_model(cfg.model, self.tokenizer).to(self.device)
+        self.vision = getattr(self.tokenizer, "rlcore_vision", None)
+        if cfg.model.freeze_vision:
+            from rlcore.models.vision import vision_tower
+            vision_tower(model).requires_grad_(False)  # before sharding: the optimizer never sees it
         self.model = self._shard(model)
         t = cfg.trainer
         trainable = [p for p in self.model.parameters() if p.requires_grad]  # LoRA: adapters only
@@ -95,7 +99,8 @@ class TrainerCore:
 
     def forward_logprobs(self, mb: MicroBatch, model: torch.nn.Module | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Logprobs and entropies [T] of a packed micro-batch (chunked head; cp-gathered)."""
-        return forward_logprobs(model or self.model, mb, self.temperature, self.parallel, self.device)
+        return forward_logprobs(model or self.model, mb, self.temperature, self.parallel, self.device,
+                                vision=self.vision)
 
     def train_step(self, micro_batches: list[MicroBatch], normalizer: float) -> StepResult:
         """One RL optimizer step (the configured policy loss) over this rank's micro-batches;

@@ -18,7 +18,9 @@ from rlcore.trainer.parallel import Meshes
 
 
 def forward_logprobs(model: torch.nn.Module, mb: MicroBatch, temperature: float, meshes: Meshes | None,
-                     device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+                     device: torch.device, vision=None) -> tuple[torch.Tensor, torch.Tensor]:
+    if mb.images:
+        return _vision_forward(model, mb, temperature, device, vision)
     # padding, slicing and sequence boundaries on the host (a MicroBatch's tensors live there):
     # no device sync; the few index tensors are copied without blocking
     ids, pos, tgt = mb.input_ids, mb.position_ids, mb.targets
@@ -33,7 +35,8 @@ def forward_logprobs(model: torch.nn.Module, mb: MicroBatch, temperature: float,
     else:
         full_pos = pos
     kwargs = {}
-    if getattr(model.config, "_attn_implementation", None) == VARLEN:
+    from rlcore.models.vision import text_config
+    if getattr(text_config(model.config), "_attn_implementation", None) == VARLEN:  # (a VLM: its language model)
         # boundaries of the *whole* row: with cp, attention runs over all of it (Ulysses)
         cu, max_len = cu_seqlens(full_pos)
         cu = cu.to(device, non_blocking=True)
@@ -44,4 +47,24 @@ def forward_logprobs(model: torch.nn.Module, mb: MicroBatch, temperature: float,
     logp, entropy = out.logits[0].unbind(-1)
     if group is not None:
         logp, entropy = gather_sequence(logp, group)[:T], gather_sequence(entropy, group)[:T]
+    return logp, entropy
+
+
+def _vision_forward(model: torch.nn.Module, mb: MicroBatch, temperature: float, device: torch.device,
+                    vision) -> tuple[torch.Tensor, torch.Tensor]:
+    """A micro-batch with images (cp == 1, checked at config time): pixel values of all its
+    images, 3-D mrope positions computed per sample, and sample boundaries passed explicitly
+    (mrope positions do not restart/continue like 1-D ones; ``mb.position_ids`` still do)."""
+    from rlcore.models.vision import packed_mrope_positions, pixel_values
+    if vision is None:
+        raise ValueError("micro-batch has images but the policy is not a vision-language model")
+    pixels, grids = pixel_values(mb.images, vision)
+    mrope = packed_mrope_positions(mb.input_ids, mb.sample_index, grids, vision)
+    ids, tgt = mb.input_ids.to(device), mb.targets.to(device)
+    cu, max_len = cu_seqlens(mb.position_ids.to(device))
+    kwargs = {"cu_seq_lens_q": cu, "cu_seq_lens_k": cu, "max_length_q": max_len, "max_length_k": max_len}
+    with logprob_request(model, tgt, temperature):
+        out = model(input_ids=ids[None], position_ids=mrope[:, None, :].to(device), pixel_values=pixels.to(device),
+                    image_grid_thw=grids.to(device), use_cache=False, **kwargs)
+    logp, entropy = out.logits[0].unbind(-1)
     return logp, entropy

@@ -171,7 +171,8 @@ def apply_expert_parallel(model: nn.Module, ep_group: dist.ProcessGroup | None) 
     """Replace every Qwen3-MoE sparse block by a `MoEBlock` (also with ep = 1, for the router
     statistics and sorted dispatch). Returns the blocks."""
     blocks = []
-    for layer in model.model.layers:
+    from rlcore.models.vision import decoder_layers
+    for layer in decoder_layers(model):
         mlp = getattr(layer, "mlp", None)
         if isinstance(mlp, MoEBlock):
             blocks.append(mlp)

@@ -141,7 +141,10 @@ def parallelize(model: torch.nn.Module, t, meshes: Meshes, device: torch.device,
         apply_float8(model, fp8, emulate=device.type != "cuda")  # before fully_shard (torchao's contract)
     bf16_compute = mixed_precision_policy(t, device) is not None or param_dtype(t) == torch.bfloat16
     auto_varlen = attention is None and device.type == "cuda" and bf16_compute
-    if meshes.dims.cp > 1 or attention == "varlen" or auto_varlen:
+    from rlcore.models.vision import decoder_layers, is_vision_model, vision_tower
+    # packed VLM rows carry 3-D mrope positions, from which transformers cannot infer sample
+    # boundaries: the language model always runs rlcore's varlen attention with explicit ones
+    if meshes.dims.cp > 1 or attention == "varlen" or auto_varlen or is_vision_model(model):
         use_varlen_attention(model, meshes.cp_group)
     mode = getattr(t, "activation_checkpointing", "none") if train else "none"
     apply_activation_checkpointing(model, mode)
@@ -166,9 +169,13 @@ def parallelize(model: torch.nn.Module, t, meshes: Meshes, device: torch.device,
             # experts are their own FSDP unit on the efsdp mesh; see the gradient-scale contract
             fully_shard(block.experts, mesh=meshes.efsdp, reshard_after_forward=meshes.efsdp.size() > 1, **kwargs)
             block.experts.set_gradient_divide_factor(float(meshes.dims.world))
-    for layer in model.model.layers:
-        fully_shard(layer, mesh=meshes.fsdp, reshard_after_forward=meshes.dims.world > 1, **kwargs)
-    fully_shard(model, mesh=meshes.fsdp, reshard_after_forward=meshes.dims.world > 1, **kwargs)
+    reshard = meshes.dims.world > 1
+    tower = vision_tower(model)
+    if tower is not None:  # its own unit: gathered once for all images (and frozen as a whole)
+        fully_shard(tower, mesh=meshes.fsdp, reshard_after_forward=reshard, **kwargs)
+    for layer in decoder_layers(model):
+        fully_shard(layer, mesh=meshes.fsdp, reshard_after_forward=reshard, **kwargs)
+    fully_shard(model, mesh=meshes.fsdp, reshard_after_forward=reshard, **kwargs)
     return model
 
 
