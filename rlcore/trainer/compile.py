@@ -63,12 +63,13 @@ def compile_module_forward(module: nn.Module, fullgraph: bool = False) -> None:
 
 
 def compile_layers(model: nn.Module, fullgraph: bool = False) -> None:
-    """Compile every decoder layer (``model.model.layers``) of a transformers causal LM; in a
+    """Compile every decoder layer of a transformers causal LM (a VLM: its language model); in a
     layer whose MLP is an rlcore `MoEBlock`, only the attention block (the MoE dispatch needs
     host-side split sizes and its experts are their own FSDP unit: compiling through it would
     cut the layer into many small graphs)."""
+    from rlcore.models.vision import decoder_layers
     from rlcore.trainer.moe import MoEBlock
-    for layer in model.model.layers:
+    for layer in decoder_layers(model):
         if isinstance(getattr(layer, "mlp", None), MoEBlock):
             compile_module_forward(layer.self_attn, fullgraph=fullgraph)
         else:
