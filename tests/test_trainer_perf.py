@@ -13,7 +13,6 @@
 from __future__ import annotations
 
 import copy
-import os
 
 import pytest
 import torch
@@ -38,8 +37,9 @@ def aot_eager(monkeypatch):
 
 
 @pytest.fixture
-def world1():
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()))
+def world1(monkeypatch):
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", str(_free_port()))
     if not dist.is_initialized():
         dist.init_process_group("gloo", rank=0, world_size=1)
     yield
@@ -159,7 +159,7 @@ def test_clip_grad_norm_world1(world1):
     assert clip_grad_norm(model, 0.0, meshes) == pytest.approx(norm / 4, rel=1e-4)
 
 
-def test_trainer_core_compile(aot_eager, tiny_cfg):
+def test_trainer_core_compile(aot_eager, tiny_cfg, monkeypatch):
     """trainer.compile through TrainerCore (FSDP2, world 1): the same SFT step as eager."""
     from rlcore.packing import make_micro_batch
     from rlcore.trainer.core import TrainerCore
@@ -171,7 +171,8 @@ def test_trainer_core_compile(aot_eager, tiny_cfg):
     for compiled in (False, True):
         cfg = copy.deepcopy(tiny_cfg)
         cfg.trainer.compile = compiled
-        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()))
+        monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+        monkeypatch.setenv("MASTER_PORT", str(_free_port()))
         core = TrainerCore(cfg, 0, 1)
         try:
             assert all(getattr(layer, "_rlcore_compiled", False) == compiled for layer in core.model.model.layers)
