@@ -40,10 +40,14 @@ def test_first_fit_respects_budget():
     assert sorted(i for b in bins for i in b) == list(range(5))
 
 
-def test_packed_logprobs_equal_unpacked(tiny_cfg):
+def test_packed_logprobs_equal_unpacked(tiny_cfg, monkeypatch):
     """Samples packed in one row must not see each other (block-diagonal attention)."""
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ.setdefault("MASTER_PORT", "29611")
+    import socket
+    with socket.socket() as s:  # a free port: a fixed one collides with any other suite on the machine
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", str(port))
     from rlcore.trainer.core import TrainerCore
     core = TrainerCore(tiny_cfg, 0, 1)
     try:
