@@ -570,8 +570,7 @@ class VLLMEngine(RolloutEngine):
         layers and always does."""
         return self.reload == "layerwise" or self._clears_cache()
 
-    async def _pause(self) -> None:
-        clear = self._clears_cache()
+    async def _pause(self, clear: bool) -> None:
         core = getattr(self._llm, "engine_core", None)
         if self.fast_pause and hasattr(core, "pause_scheduler_async"):
             # Same engine-core call pause_generation makes, minus its 20 ms cosmetic sleep.
@@ -601,7 +600,7 @@ class VLLMEngine(RolloutEngine):
         self._version = version
         self.policy_version = version
 
-    async def _swap(self, version: int, body: Any, pause: bool = True) -> dict[str, float]:
+    async def _swap(self, version: int, body: Any, pause: bool = True, clear: bool | None = None) -> dict[str, float]:
         """pause(keep) -> body() -> [reset prefix cache] -> bump version -> resume; returns
         timings. Without ``pause``: body() -> bump version (new requests get the new cache salt)."""
         assert self._update_lock is not None
@@ -614,7 +613,8 @@ class VLLMEngine(RolloutEngine):
                 self._bump_version(version)
                 times["total_s"] = time.perf_counter() - t0
                 return times
-            await self._pause()
+            clear = self._clears_cache() if clear is None else clear
+            await self._pause(clear)
             times["pause_s"] = time.perf_counter() - t0
             resumed = False
             try:
@@ -622,7 +622,7 @@ class VLLMEngine(RolloutEngine):
                 times.update(await body())
                 times["load_s"] = time.perf_counter() - t1
                 t2 = time.perf_counter()
-                if self._clears_cache():
+                if clear:
                     # The pause already cleared caches; a second reset, after the new weights are
                     # in and before anything is scheduled, costs little and keeps the invariant local.
                     await self._llm.reset_prefix_cache()
@@ -702,7 +702,8 @@ class VLLMEngine(RolloutEngine):
             await self._rpc("rlcore_load_weights", weights=weights, layerwise=layerwise)
             return {}
 
-        self._call(self._swap(self._version, body), self.rpc_timeout_s, "load_weights")
+        # the version (and so the prefix-cache salt) only moves at set_version: clear the caches
+        self._call(self._swap(self._version, body, clear=True), self.rpc_timeout_s, "load_weights")
 
     def apply_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
         """:meth:`load_weights` then :meth:`set_version` (what the rollout actor calls)."""
