@@ -6,7 +6,9 @@
 # PAD=N prefixes every prompt with an N-character instruction: it adds N trained tokens per
 # sample but only prefill work to generation, which balances trainer and rollout time (the two
 # pools must be about equally loaded for overlap to pay off).
-# Usage: [PAD=N] [LR=x] bash benchmarks/gpu_async.sh OUT_DIR [extra overrides for both runs]
+# RUN_TIMEOUT (s per run, default 420): a fresh machine spends ~125 s starting the engine alone
+# (vLLM compile and CUDA graph capture), plus Ray and the trainer.
+# Usage: [PAD=N] [LR=x] [STEPS=n] [WARMUP=n] [OFF='0 1'] [RUN_TIMEOUT=s] bash benchmarks/gpu_async.sh OUT_DIR [extra overrides for both runs]
 set -uo pipefail
 OUT=${1:?output dir}
 shift
@@ -23,7 +25,7 @@ PAD_ARG=()
 if [ "${PAD:-0}" -gt 0 ]; then PAD_ARG=("+env.args.instruction=$(head -c "$PAD" /dev/zero | tr '\0' x)"); fi
 # shellcheck disable=SC2086
 python benchmarks/async_vs_sync.py --steps "${STEPS:-14}" --warmup "${WARMUP:-4}" --off-policy ${OFF:-0 1} \
-  --timeout "${RUN_TIMEOUT:-240}" --out /tmp/rlcore-avs -- $M $G "${PAD_ARG[@]}" "$@" 2>&1 | tee "$OUT/async_vs_sync.log"
+  --timeout "${RUN_TIMEOUT:-420}" --out /tmp/rlcore-avs -- $M $G "${PAD_ARG[@]}" "$@" 2>&1 | tee "$OUT/async_vs_sync.log"
 for d in /tmp/rlcore-avs/off*; do
   [ -f "$d/metrics.jsonl" ] && cat "$d/metrics.jsonl" > "$OUT/avs_$(basename "$d").jsonl"
 done

@@ -125,6 +125,7 @@ def parallelize(model: torch.nn.Module, t, meshes: Meshes, device: torch.device,
     micro-batch, 3x slower step at 16k tokens was seen) and the model's own elsewhere.
     Parameter names stay the transformers names (weight sync and checkpoints rely on them).
     """
+    from rlcore.models.vision import decoder_layers, is_vision_model, vision_tower
     from rlcore.trainer.activation_checkpoint import apply_activation_checkpointing
     from rlcore.trainer.attention import use_varlen_attention
     from rlcore.trainer.logprobs import install_logprob_head
@@ -141,7 +142,6 @@ def parallelize(model: torch.nn.Module, t, meshes: Meshes, device: torch.device,
         apply_float8(model, fp8, emulate=device.type != "cuda")  # before fully_shard (torchao's contract)
     bf16_compute = mixed_precision_policy(t, device) is not None or param_dtype(t) == torch.bfloat16
     auto_varlen = attention is None and device.type == "cuda" and bf16_compute
-    from rlcore.models.vision import decoder_layers, is_vision_model, vision_tower
     # packed VLM rows carry 3-D mrope positions, from which transformers cannot infer sample
     # boundaries: the language model always runs rlcore's varlen attention with explicit ones
     if meshes.dims.cp > 1 or attention == "varlen" or auto_varlen or is_vision_model(model):
