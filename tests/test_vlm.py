@@ -203,3 +203,23 @@ def test_validation_messages():
     keys = dict(problems(compose(["model.freeze_vision=true"])))
     assert "model.freeze_vision" in keys
     assert problems(compose(["+recipe=shape_count"])) == []
+
+
+def test_vllm_engine_from_config_writes_a_processor_ready_model_dir(monkeypatch, tmp_path):
+    """vLLM's multimodal processor loads the tokenizer and preprocessor configs from the model
+    dir; a text model's dir holds config.json alone."""
+    import os
+
+    from rlcore.engine.vllm_engine import VLLMEngine
+    from rlcore.run import compose
+
+    monkeypatch.setattr("tempfile.tempdir", str(tmp_path))
+    seen = {}
+    monkeypatch.setattr(VLLMEngine, "__init__", lambda self, path, **kw: seen.update(kw, path=path))
+    VLLMEngine.from_config(compose(["+recipe=shape_count", "rollout.engine=vllm"]))
+    files = set(os.listdir(seen["path"]))
+    assert {"config.json", "tokenizer.json", "preprocessor_config.json"} <= files
+    assert seen["skip_tokenizer_init"] is False and seen["vision"] is not None and seen["load_format"] == "dummy"
+    seen.clear()
+    VLLMEngine.from_config(compose(["rollout.engine=vllm"]))
+    assert os.listdir(seen["path"]) == ["config.json"] and "vision" not in seen

@@ -363,26 +363,25 @@ class VLLMEngine(RolloutEngine):
 
             model_type = cfg.model.arch.get("model_type")
             tokenizer = build_tokenizer(cfg.model)
-            if tokenizer.rlcore_vision is not None:
-                # vLLM's multimodal processor needs the tokenizer (placeholder ids) and the image
-                # processor config next to config.json, and a tokenizer-enabled engine
-                hf_config = random_model_config(cfg.model, tokenizer)
-                hf_config.architectures = [MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES[model_type]]
-                path = tempfile.mkdtemp(prefix="rlcore-vllm-model-")
-                hf_config.save_pretrained(path)
-                tokenizer.save_pretrained(path)
-                tokenizer.rlcore_vision.save(path)
-                kwargs.update(load_format="dummy", skip_tokenizer_init=False, vision=tokenizer.rlcore_vision)
-                kwargs.update(overrides)
-                return cls(path, **kwargs)
-            if model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
-                raise ValueError(f"model.arch.model_type: vLLM needs a causal-LM model_type, got {model_type!r}")
+            vision = tokenizer.rlcore_vision
+            if vision is not None:
+                names, kind = MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES, "an image-text-to-text"
+            else:
+                names, kind = MODEL_FOR_CAUSAL_LM_MAPPING_NAMES, "a causal-LM"
+            if model_type not in names:
+                raise ValueError(f"model.arch.model_type: vLLM needs {kind} model_type, got {model_type!r}")
             # the same config the trainer builds (vocabulary sized to the tokenizer)
-            hf_config = random_model_config(cfg.model, build_tokenizer(cfg.model))
-            hf_config.architectures = [MODEL_FOR_CAUSAL_LM_MAPPING_NAMES[model_type]]  # vLLM picks its class by this
+            hf_config = random_model_config(cfg.model, tokenizer)
+            hf_config.architectures = [names[model_type]]  # vLLM picks its class by this
             path = tempfile.mkdtemp(prefix="rlcore-vllm-model-")
             hf_config.save_pretrained(path)
             kwargs["load_format"] = "dummy"
+            if vision is not None:
+                # vLLM's multimodal processor needs the tokenizer (placeholder ids) and the image
+                # processor config next to config.json, and a tokenizer-enabled engine
+                tokenizer.save_pretrained(path)
+                vision.save(path)
+                kwargs.update(skip_tokenizer_init=False, vision=vision)
         kwargs.update(overrides)
         return cls(path, **kwargs)
 
