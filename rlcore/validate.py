@@ -88,6 +88,15 @@ def problems(cfg: RunConfig) -> list[tuple[str, str]]:
                     f"{r.quantization!r} needs 'layerwise' (or 'auto')"))
     if r.kv_on_update not in ("keep", "recompute"):
         out.append(("rollout.kv_on_update", f"must be 'keep' or 'recompute', got {r.kv_on_update!r}"))
+    # engine arguments that rollout fields own (the engine is built from those fields)
+    for key, field_name, why in (("reload", "weight_reload", ""), ("kv_on_update", "kv_on_update", ""),
+                                 ("quantization", "quantization",
+                                  " (the canary and the weight-sync path depend on it)")):
+        if key in r.engine_kwargs:
+            out.append((f"rollout.engine_kwargs.{key}", f"set rollout.{field_name} instead{why}"))
+    for key in ("canary_max_gap", "canary_mean_gap"):
+        if getattr(r, key) is not None:
+            _positive(out, f"rollout.{key}", getattr(r, key))
     s = r.sampling
     check_min(out, "rollout.sampling.temperature", s.temperature, 0)
     if not 0 < s.top_p <= 1:
@@ -204,15 +213,6 @@ def fp8_problems(cfg: RunConfig) -> list[tuple[str, str]]:
                         f"{list(QUANTIZATIONS)}"))
         elif r.engine != "vllm":
             out.append(("rollout.quantization", f"FP8 rollout needs rollout.engine=vllm, got {r.engine!r}"))
-    for key, field_name in (("reload", "weight_reload"), ("kv_on_update", "kv_on_update")):
-        if key in r.engine_kwargs:
-            out.append((f"rollout.engine_kwargs.{key}", f"set rollout.{field_name} instead"))
-    if "quantization" in r.engine_kwargs:
-        out.append(("rollout.engine_kwargs.quantization", "set rollout.quantization instead (the canary and the "
-                    "weight-sync path depend on it)"))
-    for key in ("canary_max_gap", "canary_mean_gap"):
-        if getattr(r, key) is not None:
-            _positive(out, f"rollout.{key}", getattr(r, key))
     return out
 
 
