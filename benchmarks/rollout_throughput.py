@@ -30,32 +30,49 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from benchmarks.harness import write_model_dir  # noqa: E402
 
 
-def time_engine(model_dir: str, prompts: list[list[int]], args: argparse.Namespace, label: str,
-                **engine_args) -> list[float]:
-    """Output tok/s of VLLMEngine.generate for each of ``args.reps`` fresh prompt sets."""
-    from rlcore.engine.base import SamplingParams
+def fresh_batch(prompts: list[list[int]], rep: int) -> list[list[int]]:
+    """Repetition ``rep``'s prompts: new token ids, so the prefix cache helps no repetition."""
+    return [[(tok + 7919 * (rep + 1)) % 150000 + 1000 for tok in p] for p in prompts]
+
+
+def start_engine(model_dir: str, label: str, **engine_args):
     from rlcore.engine.vllm_engine import VLLMEngine
 
     t = time.perf_counter()
     engine = VLLMEngine(model_dir, extra_sampling={"ignore_eos": True}, **engine_args)
     print(f"{label}: VLLMEngine up in {time.perf_counter() - t:.1f} s", flush=True)
+    return engine
+
+
+def engine_tokens(engine, batch: list[list[int]], sp) -> int:
+    """Output tokens of one ``VLLMEngine.generate`` over ``batch`` (checking the per-token lists)."""
+    gens = engine.generate(batch, sp)
+    assert all(len(g.logprobs) == len(g.token_ids) == len(g.versions) for g in gens)
+    return sum(len(g.token_ids) for g in gens)
+
+
+def record(results: dict[str, list[float]], label: str, rep: int, ntok: int, dt: float) -> None:
+    results.setdefault(label, []).append(ntok / dt)
+    print(f"{label} rep {rep}: {ntok} tokens in {dt:.3f} s = {ntok / dt:.0f} tok/s", flush=True)
+
+
+def time_engine(model_dir: str, prompts: list[list[int]], args: argparse.Namespace, label: str,
+                results: dict[str, list[float]], **engine_args) -> None:
+    """Output tok/s of VLLMEngine.generate for each of ``args.reps`` fresh prompt sets, into
+    ``results[label]``."""
+    from rlcore.engine.base import SamplingParams
+
+    engine = start_engine(model_dir, label, **engine_args)
     sp = SamplingParams(max_new_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p)
-    out = []
     try:
         engine.generate(prompts[:32], SamplingParams(max_new_tokens=32))  # warm-up
         for r in range(args.reps):
-            # fresh prompts per rep (prefix cache must not help either side)
-            batch = [[(tok + 7919 * (r + 1)) % 150000 + 1000 for tok in p] for p in prompts]
+            batch = fresh_batch(prompts, r)
             t = time.perf_counter()
-            gens = engine.generate(batch, sp)
-            dt = time.perf_counter() - t
-            ntok = sum(len(g.token_ids) for g in gens)
-            assert all(len(g.logprobs) == len(g.token_ids) == len(g.versions) for g in gens)
-            out.append(ntok / dt)
-            print(f"{label} rep {r}: {ntok} tokens in {dt:.3f} s = {ntok / dt:.0f} tok/s", flush=True)
+            ntok = engine_tokens(engine, batch, sp)
+            record(results, label, r, ntok, time.perf_counter() - t)
     finally:
         engine.shutdown()
-    return out
 
 
 def main() -> None:
@@ -89,7 +106,7 @@ def main() -> None:
     if args.quant_compare:
         common.pop("quantization", None)
         for label, quant in (("bf16", None), (args.quant_compare, args.quant_compare)):
-            results[label] = time_engine(model_dir, prompts, args, label, quantization=quant, **common)
+            time_engine(model_dir, prompts, args, label, results, quantization=quant, **common)
         base, quant = statistics.median(results["bf16"]), statistics.median(results[args.quant_compare])
         print(f"\n| {args.model} VLLMEngine | output tok/s (median of {args.reps}) |\n|---|---|")
         print(f"| bf16 | {base:.0f} |\n| {args.quant_compare} | {quant:.0f} |")
@@ -106,11 +123,8 @@ def main() -> None:
     from vllm.inputs import TokensPrompt
 
     from rlcore.engine.base import SamplingParams
-    from rlcore.engine.vllm_engine import VLLMEngine
 
-    t = time.perf_counter()
-    engine = VLLMEngine(model_dir, extra_sampling={"ignore_eos": True}, **common)
-    print(f"VLLMEngine up in {time.perf_counter() - t:.1f} s", flush=True)
+    engine = start_engine(model_dir, "VLLMEngine", **common)
     sp = SamplingParams(max_new_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p)
     try:
         t = time.perf_counter()
@@ -123,24 +137,17 @@ def main() -> None:
         llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts[:32]],
                      VSamplingParams(max_tokens=32, detokenize=False), use_tqdm=False)
         for r in range(args.reps):
-            # fresh prompts per rep (prefix cache must not help either side); same prompts for both
-            batch = [[(tok + 7919 * (r + 1)) % 150000 + 1000 for tok in p] for p in prompts]
-            order = ("engine", "raw") if r % 2 == 0 else ("raw", "engine")
-            for side in order:
+            batch = fresh_batch(prompts, r)  # the same prompts for both sides
+            for side in (("engine", "raw") if r % 2 == 0 else ("raw", "engine")):
                 t = time.perf_counter()
                 if side == "engine":
-                    gens = engine.generate(batch, sp)
-                    dt = time.perf_counter() - t
-                    ntok = sum(len(g.token_ids) for g in gens)
-                    assert all(len(g.logprobs) == len(g.token_ids) == len(g.versions) for g in gens)
+                    ntok = engine_tokens(engine, batch, sp)
                     label = "VLLMEngine"
                 else:
                     outs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in batch], vsp, use_tqdm=False)
-                    dt = time.perf_counter() - t
                     ntok = sum(len(o.outputs[0].token_ids) for o in outs)
                     label = "vllm.LLM"
-                results.setdefault(label, []).append(ntok / dt)
-                print(f"{label} rep {r}: {ntok} tokens in {dt:.3f} s = {ntok / dt:.0f} tok/s", flush=True)
+                record(results, label, r, ntok, time.perf_counter() - t)
     finally:
         engine.shutdown()
 
