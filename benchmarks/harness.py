@@ -14,6 +14,7 @@ The calling process never touches CUDA itself: each process gets its GPU through
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing as mp
 import os
 import socket
@@ -205,3 +206,38 @@ def canary(engine: Any, trainer: TrainerProc, pairs: list, **limits: Any) -> Any
     eng = engine.score_batch(pairs)
     ref = trainer.call("logprobs", pairs, 1.0)
     return compare_logprobs(eng, ref, raise_on_fail=False, **limits)
+
+
+@contextlib.contextmanager
+def trainer_and_engine(shape: str, bucket: int, engine_gpu: str = "1", **engine_kwargs: Any):
+    """A trainer process on GPU 0 and an eager ``VLLMEngine`` (dummy weights) on ``engine_gpu``,
+    joined in one weight-transfer group. Yields the state the GPU tests share: ``engine``,
+    ``trainer``, ``info`` (update info for ``bucket``-byte buckets, 2 buffers), ``version``,
+    ``step`` and the canary ``pairs``; shuts both down on exit."""
+    from rlcore.canary import canary_prompts
+    from rlcore.engine.vllm_engine import VLLMEngine
+
+    model_dir = write_model_dir(shape)
+    trainer = TrainerProc(model_dir, gpu="0")  # builds its model while the engine starts
+    saved = os.environ.get("CUDA_VISIBLE_DEVICES")
+    os.environ["CUDA_VISIBLE_DEVICES"] = engine_gpu  # inherited by vLLM's engine-core process
+    try:
+        engine = VLLMEngine(model_dir, **{**dict(load_format="dummy", enforce_eager=True, gpu_memory_utilization=0.4,
+                                                  max_model_len=2048, rpc_timeout_s=120), **engine_kwargs})
+    except BaseException:
+        trainer.close()
+        raise
+    finally:
+        if saved is None:
+            os.environ.pop("CUDA_VISIBLE_DEVICES", None)
+        else:
+            os.environ["CUDA_VISIBLE_DEVICES"] = saved
+    try:
+        trainer.wait_ready()
+        connect(engine, trainer)
+        info = trainer.call("update_info", bucket, 2)
+        yield dict(engine=engine, trainer=trainer, info=info, version=0, step=0,
+                   pairs=canary_prompts(151936, num_prompts=4, prompt_len=16, completion_len=16))
+    finally:
+        engine.shutdown()
+        trainer.close()

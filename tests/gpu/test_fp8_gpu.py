@@ -24,27 +24,10 @@ needs_torchao = pytest.mark.skipif(importlib.util.find_spec("torchao") is None, 
 
 @pytest.fixture(scope="module")
 def fp8_engine():
-    from benchmarks.harness import TrainerProc, connect, write_model_dir
-    from rlcore.canary import canary_prompts
-    from rlcore.engine.vllm_engine import VLLMEngine
+    from benchmarks.harness import trainer_and_engine
 
-    model_dir = write_model_dir("qwen3-0.6b")
-    trainer = TrainerProc(model_dir, gpu="0")
-    saved = os.environ.get("CUDA_VISIBLE_DEVICES")
-    os.environ["CUDA_VISIBLE_DEVICES"] = "1"
-    engine = VLLMEngine(model_dir, load_format="dummy", enforce_eager=True, gpu_memory_utilization=0.4,
-                        max_model_len=2048, quantization="fp8", rpc_timeout_s=120)
-    if saved is not None:
-        os.environ["CUDA_VISIBLE_DEVICES"] = saved
-    try:
-        trainer.wait_ready()
-        connect(engine, trainer)
-        info = trainer.call("update_info", BUCKET, 2)
-        yield dict(engine=engine, trainer=trainer, info=info, version=0, step=0,
-                   pairs=canary_prompts(151936, num_prompts=4, prompt_len=16, completion_len=16))
-    finally:
-        engine.shutdown()
-        trainer.close()
+    with trainer_and_engine("qwen3-0.6b", BUCKET, quantization="fp8") as state:
+        yield state
 
 
 def _sync(s, send=True):

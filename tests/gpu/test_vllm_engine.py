@@ -27,30 +27,10 @@ CANARY_LIMITS = dict(max_gap=0.5, mean_gap=0.1)
 
 @pytest.fixture(scope="module")
 def setup():
-    import os
+    from benchmarks.harness import trainer_and_engine
 
-    from benchmarks.harness import TrainerProc, connect, write_model_dir
-    from rlcore.canary import canary_prompts
-    from rlcore.engine.vllm_engine import VLLMEngine
-
-    model_dir = write_model_dir("qwen3-0.6b")
-    trainer = TrainerProc(model_dir, gpu="0")  # builds its model while the engine starts
-    saved = os.environ.get("CUDA_VISIBLE_DEVICES")
-    os.environ["CUDA_VISIBLE_DEVICES"] = "1"  # inherited by vLLM's engine-core process
-    engine = VLLMEngine(model_dir, load_format="dummy", enforce_eager=True, gpu_memory_utilization=0.4,
-                        max_model_len=2048, extra_sampling={"ignore_eos": True}, rpc_timeout_s=120)
-    if saved is not None:
-        os.environ["CUDA_VISIBLE_DEVICES"] = saved
-    try:
-        trainer.wait_ready()
-        connect(engine, trainer)
-        info = trainer.call("update_info", BUCKET, 2)
-        state = dict(engine=engine, trainer=trainer, info=info, version=0, step=0,
-                     pairs=canary_prompts(151936, num_prompts=4, prompt_len=16, completion_len=16))
+    with trainer_and_engine("qwen3-0.6b", BUCKET, extra_sampling={"ignore_eos": True}) as state:
         yield state
-    finally:
-        engine.shutdown()
-        trainer.close()
 
 
 def _sync(s, reload="layerwise", send=True):
