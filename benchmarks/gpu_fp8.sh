@@ -3,10 +3,10 @@
 #   bench: rollout output tok/s, VLLMEngine bf16 vs vLLM online FP8 (0.6B on GPU 0, 4B on GPU 1 at
 #          once), then trainer tokens/s and MFU with trainer.fp8 none / tensorwise / rowwise
 #          (0.6B on GPU 0, 4B on GPU 1 at once); about 6 min.
-#   e2e:   a few synchronous RL steps through `python -m rlcore.run` (trainer GPU 0, vLLM GPU 1),
-#          once with rollout.quantization=fp8, once with trainer.fp8=tensorwise; mismatch_kl and
-#          canary gaps from metrics.jsonl; about 3-4 min.
-# Usage: bash benchmarks/gpu_fp8.sh OUT_DIR [bench|e2e|all]   (each part fits one 10-min device call)
+#   e2e:   a few synchronous RL steps through `python -m rlcore.run` (trainer GPU 0, vLLM GPU 1)
+#          per run in RUNS (default "rollout_fp8 trainer_fp8"; "both_fp8" sets both switches);
+#          mismatch_kl and canary gaps from metrics.jsonl; about 2 min per run.
+# Usage: [RUNS="..."] bash benchmarks/gpu_fp8.sh OUT_DIR [bench|e2e|all]   (each part fits one 10-min device call)
 # Files under OUT_DIR: rollout.log trainer.log e2e.log summary.json (+ the per-run JSON/metrics).
 set -uo pipefail
 OUT=${1:?output dir}
@@ -53,8 +53,13 @@ e2e() {
   # max_off_policy_steps=0: behaviour policy == trained policy, so mismatch_kl is the FP8 numerics alone
   # (bf16 reference on this setup: 3-4e-5, docs/benchmarks.md)
   : > "$OUT/e2e.log"
-  for run in rollout_fp8 trainer_fp8; do
-    if [ $run = rollout_fp8 ]; then X="rollout.quantization=fp8"; else X="trainer.fp8=tensorwise"; fi
+  for run in ${RUNS:-rollout_fp8 trainer_fp8}; do
+    case $run in
+      rollout_fp8) X="rollout.quantization=fp8" ;;
+      trainer_fp8) X="trainer.fp8=tensorwise" ;;
+      both_fp8) X="rollout.quantization=fp8 trainer.fp8=tensorwise" ;;
+      *) echo "unknown run $run (rollout_fp8, trainer_fp8, both_fp8)" >&2; exit 2 ;;
+    esac
     # shellcheck disable=SC2086
     timeout 220 python -m rlcore.run steps=5 algo.max_off_policy_steps=0 output_dir=$W/$run $M $G $X \
       2>&1 | grep -v -e FutureWarning -e forward_call | tail -n 40 >> "$OUT/e2e.log"
@@ -86,7 +91,7 @@ for shape in {k.split()[0] for k in s["trainer"]}:
         r = s["trainer"].get(f"{shape} fp8={f}")
         if base and r:
             r["speedup_vs_bf16"] = r["tokens_per_s"] / base["tokens_per_s"]
-for run in ("rollout_fp8", "trainer_fp8"):
+for run in ("rollout_fp8", "trainer_fp8", "both_fp8"):
     p = f"{w}/{run}/metrics.jsonl"
     if os.path.exists(p):
         rows = [json.loads(l) for l in open(p)]

@@ -217,9 +217,13 @@ class Driver:
             return {}
         pairs = self.canary_pairs()
         timeout = r.weight_sync_timeout_s
-        trainer = get([tr.canary_logprobs.remote(pairs) for tr in self.groups.trainers], timeout, "canary (trainer)",
+        start = time.perf_counter()
+        # both sides at once: the sync already finished, so each scores the same version
+        trainer_refs = [tr.canary_logprobs.remote(pairs) for tr in self.groups.trainers]
+        engine_refs = [a.canary_logprobs.remote(pairs) for a in self.groups.rollouts]
+        trainer = get(trainer_refs, timeout, "canary (trainer)",
                       [f"trainer rank {i}" for i in range(len(self.groups.trainers))])[0]
-        engines = get([a.canary_logprobs.remote(pairs) for a in self.groups.rollouts], timeout, "canary (engines)")
+        engines = get(engine_refs, timeout, "canary (engines)", [f"rollout actor {i}" for i in range(len(engine_refs))])
         worst = None
         max_gap, mean_gap = canary_limits(self.cfg)
         for i, engine in enumerate(engines):
@@ -229,7 +233,8 @@ class Driver:
                 raise RunError(f"canary after sync to version {version}, rollout actor {i}: {exc}") from exc
             if worst is None or res.max_gap > worst.max_gap:
                 worst = res
-        return {"canary_max_gap": worst.max_gap, "canary_mean_gap": worst.mean_gap}
+        return {"canary_max_gap": worst.max_gap, "canary_mean_gap": worst.mean_gap,
+                "canary_time_s": time.perf_counter() - start}
 
     # -- generation ----------------------------------------------------------------------------
     def groups_allowed_in_flight(self, batches_started: int) -> int:

@@ -156,6 +156,8 @@ def vision_problems(cfg: RunConfig) -> list[tuple[str, str]]:
                     f"{m.arch.get('model_type')!r} is text-only; use a vision-language model ({list(VL_MODEL_TYPES)})"))
     if m.freeze_vision and vl is False:
         out.append(("model.freeze_vision", "needs a vision-language model (it freezes the vision tower)"))
+    if vl and cfg.trainer.fp8 != "none" and cfg.mode != "eval":
+        out.append(("trainer.fp8", "FP8 training of vision-language models is not supported; use trainer.fp8=none"))
     if vl and cfg.trainer.cp > 1:
         out.append(("trainer.cp", f"vision-language models train without context parallelism (cp=1), got {cfg.trainer.cp}"))
     return out

@@ -34,6 +34,7 @@ GPU = ["trainer.gpus_per_rank=1", "rollout.engine=vllm", "rollout.gpus_per_actor
     ([*GPU, "+rollout.engine_kwargs.quantization=fp8"], "rollout.engine_kwargs.quantization",
      "set rollout.quantization"),
     (["rollout.canary_max_gap=0"], "rollout.canary_max_gap", "must be > 0"),
+    ([*GPU, "+recipe=shape_count", "trainer.fp8=tensorwise"], "trainer.fp8", "vision-language"),
 ])
 def test_fp8_config_errors_name_the_key_before_ray(overrides, key, text, capsys):
     assert main(overrides) == 2

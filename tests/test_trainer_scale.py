@@ -106,6 +106,30 @@ def test_logprob_head_in_model_equals_plain():
     assert model.lm_head.weight is model.model.embed_tokens.weight
 
 
+def test_token_multiple_pads_the_row_and_cuts_the_pad_off():
+    """FP8 matmuls need the packed token count to be a multiple of 16: the model sees a padded
+    row (one trailing pad sample), the caller gets exactly the unpadded logprobs and gradients."""
+    from rlcore.trainer.forward import TOKEN_MULTIPLE_ATTR, forward_logprobs
+    mb = random_batch(1, [20, 13, 6])  # 39 tokens
+    grads, outs, seen = {}, {}, []
+    for multiple in (1, 16):
+        model = tiny_model()
+        install_logprob_head(model, chunk_tokens=16)
+        setattr(model, TOKEN_MULTIPLE_ATTR, multiple)
+        hook = model.register_forward_pre_hook(lambda m, a, kw: seen.append(kw["input_ids"].shape[1]), with_kwargs=True)
+        lp, ent = forward_logprobs(model, mb, 1.0, None, torch.device("cpu"))
+        hook.remove()
+        loss_of(lp, ent, mb, 0).backward()
+        outs[multiple] = (lp.detach(), ent.detach())
+        grads[multiple] = {n: p.grad.clone() for n, p in model.named_parameters()}
+    assert seen == [39, 48]
+    assert outs[16][0].shape == (39,)
+    for a, b in zip(outs[16], outs[1]):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+    for n, g in grads[1].items():
+        torch.testing.assert_close(grads[16][n], g, atol=1e-6, rtol=1e-5)
+
+
 # -- activation checkpointing -----------------------------------------------------------------
 
 @pytest.mark.parametrize("mode", ["full", "selective"])

@@ -4,6 +4,10 @@
 sample (the `rlcore.packing` alignment), under ``softmax(logits / temperature)``; both outputs
 are float32 ``[T]`` and differentiable. With ``cp > 1`` the row is split over the context
 ranks and the outputs are gathered back to ``[T]`` on each (`rlcore.trainer.context_parallel`).
+
+The row the model sees is padded (one trailing pad sample, cut off again) to a multiple of
+``cp * token_multiple(model)``: FP8 matmuls need every GEMM dimension, the token count included
+(it is the inner dimension of the weight-gradient GEMM), to be a multiple of 16.
 """
 
 from __future__ import annotations
@@ -17,23 +21,32 @@ from rlcore.trainer.logprobs import logprob_request
 from rlcore.trainer.parallel import Meshes
 
 
+TOKEN_MULTIPLE_ATTR = "rlcore_token_multiple"
+
+
+def token_multiple(model: torch.nn.Module) -> int:
+    """The multiple the packed token count must be padded to for this model's matmuls (set by
+    `rlcore.trainer.parallel.parallelize`; 16 with FP8 linears, else 1)."""
+    return int(getattr(model, TOKEN_MULTIPLE_ATTR, 1))
+
+
 def forward_logprobs(model: torch.nn.Module, mb: MicroBatch, temperature: float, meshes: Meshes | None,
                      device: torch.device, vision=None) -> tuple[torch.Tensor, torch.Tensor]:
     if mb.images:
+        if token_multiple(model) > 1:
+            raise ValueError("FP8 training of a vision-language model is not supported (trainer.fp8)")
         return _vision_forward(model, mb, temperature, device, vision)
     # padding, slicing and sequence boundaries on the host (a MicroBatch's tensors live there):
     # no device sync; the few index tensors are copied without blocking
     ids, pos, tgt = mb.input_ids, mb.position_ids, mb.targets
     T = ids.numel()
     group = meshes.cp_group if meshes is not None else None
+    cp = meshes.dims.cp if group is not None else 1
+    ids, pos, tgt = pad_to_multiple(ids, pos, tgt, cp * token_multiple(model))
+    full_pos = pos
     if group is not None:
-        cp = meshes.dims.cp
-        ids, pos, tgt = pad_to_multiple(ids, pos, tgt, cp)
         rank = torch.distributed.get_rank(group)
-        full_pos = pos
         ids, pos, tgt = (local_slice(t, rank, cp) for t in (ids, pos, tgt))
-    else:
-        full_pos = pos
     kwargs = {}
     from rlcore.models.vision import text_config
     if getattr(text_config(model.config), "_attn_implementation", None) == VARLEN:  # (a VLM: its language model)
@@ -46,8 +59,8 @@ def forward_logprobs(model: torch.nn.Module, mb: MicroBatch, temperature: float,
         out = model(input_ids=ids[None], position_ids=pos[None], use_cache=False, **kwargs)
     logp, entropy = out.logits[0].unbind(-1)
     if group is not None:
-        logp, entropy = gather_sequence(logp, group)[:T], gather_sequence(entropy, group)[:T]
-    return logp, entropy
+        logp, entropy = gather_sequence(logp, group), gather_sequence(entropy, group)
+    return logp[:T], entropy[:T]
 
 
 def _vision_forward(model: torch.nn.Module, mb: MicroBatch, temperature: float, device: torch.device,

@@ -139,7 +139,9 @@ def parallelize(model: torch.nn.Module, t, meshes: Meshes, device: torch.device,
     fp8 = getattr(t, "fp8", "none") if train else "none"  # a frozen reference stays in bf16
     if fp8 != "none":
         from rlcore.trainer.float8 import apply_float8
-        apply_float8(model, fp8, emulate=device.type != "cuda")  # before fully_shard (torchao's contract)
+        from rlcore.trainer.forward import TOKEN_MULTIPLE_ATTR
+        if apply_float8(model, fp8, emulate=device.type != "cuda"):  # before fully_shard (torchao's contract)
+            setattr(model, TOKEN_MULTIPLE_ATTR, 16)  # FP8 GEMMs: the packed token count too (forward pads)
     bf16_compute = mixed_precision_policy(t, device) is not None or param_dtype(t) == torch.bfloat16
     auto_varlen = attention is None and device.type == "cuda" and bf16_compute
     # packed VLM rows carry 3-D mrope positions, from which transformers cannot infer sample
