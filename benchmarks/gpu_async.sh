@@ -13,9 +13,7 @@ set -uo pipefail
 OUT=${1:?output dir}
 shift
 mkdir -p "$OUT"
-M="model.arch.hidden_size=1024 model.arch.intermediate_size=3072 model.arch.num_hidden_layers=28
-   model.arch.num_attention_heads=16 model.arch.num_key_value_heads=8 model.arch.head_dim=128
-   model.arch.max_position_embeddings=4096"
+M="model=qwen3_06b_char model.arch.max_position_embeddings=4096"
 G="trainer.gpus_per_rank=1 trainer.cpus_per_rank=4 rollout.engine=vllm rollout.gpus_per_actor=1
    rollout.cpus_per_actor=4 +rollout.engine_kwargs.gpu_memory_utilization=0.6
    +rollout.engine_kwargs.max_model_len=2048 rollout.tasks_per_request=8 rollout.max_requests_per_actor=8

@@ -41,9 +41,7 @@ bench() {
   cat $W/trainer_0.log $W/trainer_1.log > "$OUT/trainer.log"
 }
 
-M="model.arch.hidden_size=1024 model.arch.intermediate_size=3072 model.arch.num_hidden_layers=28
-   model.arch.num_attention_heads=16 model.arch.num_key_value_heads=8 model.arch.head_dim=128
-   model.arch.max_position_embeddings=2048"
+M="model=qwen3_06b_char"
 G="trainer.gpus_per_rank=1 trainer.cpus_per_rank=4 rollout.engine=vllm rollout.gpus_per_actor=1
    rollout.cpus_per_actor=4 +rollout.engine_kwargs.enforce_eager=true
    +rollout.engine_kwargs.gpu_memory_utilization=0.6 +rollout.engine_kwargs.max_model_len=1024

@@ -49,23 +49,18 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
+from benchmarks.harness import MODEL_SHAPES  # noqa: E402
+
 PEAK_TFLOPS = {"h200": 989.0, "h100": 989.0, "a100": 312.0}
 
-# Qwen3 shapes (public configs); qwen3-moe-small is Qwen3-30B-A3B's layer shape at half width
+# Qwen3 shapes: the dense ones are the other benchmarks' (public configs); qwen3-moe-small is
+# Qwen3-30B-A3B's layer shape at half width
 SHAPES = {
-    "qwen3-0.6b": dict(model_type="qwen3", hidden_size=1024, intermediate_size=3072, num_hidden_layers=28,
-                       num_attention_heads=16, num_key_value_heads=8, head_dim=128, vocab_size=151936,
-                       tie_word_embeddings=True),
-    "qwen3-4b": dict(model_type="qwen3", hidden_size=2560, intermediate_size=9728, num_hidden_layers=36,
-                     num_attention_heads=32, num_key_value_heads=8, head_dim=128, vocab_size=151936,
-                     tie_word_embeddings=True),
+    **{name: dict(model_type="qwen3", **shape) for name, shape in MODEL_SHAPES.items()},
     "qwen3-moe-small": dict(model_type="qwen3_moe", hidden_size=1024, intermediate_size=3072, num_hidden_layers=12,
                             num_attention_heads=16, num_key_value_heads=4, head_dim=128, vocab_size=151936,
                             num_experts=64, num_experts_per_tok=8, moe_intermediate_size=384, norm_topk_prob=True,
                             decoder_sparse_step=1, tie_word_embeddings=False),
-    "qwen3-4b": dict(model_type="qwen3", hidden_size=2560, intermediate_size=9728, num_hidden_layers=36,
-                     num_attention_heads=32, num_key_value_heads=8, head_dim=128, vocab_size=151936,
-                     tie_word_embeddings=True),
     "tiny": dict(model_type="qwen3", hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                  num_attention_heads=4, num_key_value_heads=2, head_dim=16, vocab_size=512, tie_word_embeddings=True),
     "tiny-moe": dict(model_type="qwen3_moe", hidden_size=64, intermediate_size=128, num_hidden_layers=2,

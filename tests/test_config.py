@@ -42,6 +42,18 @@ def test_default_config_is_valid(tiny_cfg):
     validate(tiny_cfg)
 
 
+def test_gpu_model_preset_is_the_benchmark_shape():
+    """`model=qwen3_06b_char` (the GPU scripts' and GPU tests' policy) is the Qwen3-0.6B shape the
+    throughput and weight-sync benchmarks build, over the character vocabulary."""
+    from benchmarks.harness import MODEL_SHAPES
+    cfg = compose(["model=qwen3_06b_char", "trainer.gpus_per_rank=1", "rollout.engine=vllm",
+                   "rollout.gpus_per_actor=1"])
+    shape = {k: v for k, v in MODEL_SHAPES["qwen3-0.6b"].items() if k != "vocab_size"}
+    assert {k: cfg.model.arch[k] for k in shape} == shape
+    assert cfg.model.tokenizer == "char" and cfg.model.path is None
+    assert problems(cfg) == []
+
+
 def test_recipe_and_overrides_compose():
     cfg = compose(["+recipe=reverse_text", "steps=7", "trainer.lr=0.01"])
     assert cfg.recipe == "reverse_text" and cfg.steps == 7 and cfg.trainer.lr == 0.01
