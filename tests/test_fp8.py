@@ -122,6 +122,39 @@ def test_fp8_trainer_step_through_parallelize_emulated():
     assert "fp8=tensorwise" in out.stdout and "loss=" in out.stdout
 
 
+def test_fp8_trainer_core_pads_packed_rows_to_16(monkeypatch):
+    """Through TrainerCore (FSDP2 root, FP8 linears emulated on CPU): `parallelize` marks the
+    model, every forward sees a row padded to 16 tokens (FP8 GEMMs need it; an unpadded 2866-token
+    row failed on the H200), and the step trains on the real tokens only."""
+    pytest.importorskip("torchao.float8")
+    import socket
+
+    from rlcore.packing import make_micro_batch
+    from rlcore.trainer.core import TrainerCore
+    from rlcore.trainer.forward import token_multiple
+    from rlcore.types import Sample
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        monkeypatch.setenv("MASTER_PORT", str(sock.getsockname()[1]))
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    core = TrainerCore(compose(["trainer.fp8=tensorwise"]), 0, 1)  # CPU: parallelize emulates FP8
+    try:
+        assert token_multiple(core.model) == 16
+        assert type(core.model.model.layers[0].mlp.up_proj).__name__ == "Float8Linear"
+        seen = []
+        core.model.register_forward_pre_hook(lambda m, a, kw: seen.append(kw["input_ids"].shape[1]), with_kwargs=True)
+        samples = [Sample(prompt_ids=[1, 10, 11], completion_ids=[20, 21, 2], logprobs=[-4.6] * 3, versions=[0] * 3,
+                          loss_mask=[1] * 3),
+                   Sample(prompt_ids=[1, 30, 31, 32], completion_ids=[33, 2], logprobs=[-4.6] * 2, versions=[0] * 2,
+                          loss_mask=[1] * 2)]
+        result = core.train_step([make_micro_batch(samples, [1.0, -1.0])], normalizer=5.0)
+        assert seen == [16]  # 12 real tokens + a 4-token pad sample
+        assert result.metrics["loss_tokens"] == 5 and result.metrics["train_tokens"] == 12
+        assert torch.isfinite(torch.tensor(result.metrics["loss"]))
+    finally:
+        core.shutdown()
+
+
 # ---------------------------------------------------------------- vLLM engine plumbing (no vLLM)
 
 class _FakeLLM:
