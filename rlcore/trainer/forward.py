@@ -74,7 +74,8 @@ def _vision_forward(model: torch.nn.Module, mb: MicroBatch, temperature: float, 
     pixels, grids = pixel_values(mb.images, vision)
     mrope = packed_mrope_positions(mb.input_ids, mb.sample_index, grids, vision)
     ids, tgt = mb.input_ids.to(device), mb.targets.to(device)
-    cu, max_len = cu_seqlens(mb.position_ids.to(device))
+    cu, max_len = cu_seqlens(mb.position_ids)  # on the host, as in the text path: no device sync
+    cu = cu.to(device, non_blocking=True)
     kwargs = {"cu_seq_lens_q": cu, "cu_seq_lens_k": cu, "max_length_q": max_len, "max_length_k": max_len}
     with logprob_request(model, tgt, temperature):
         out = model(input_ids=ids[None], position_ids=mrope[:, None, :].to(device), pixel_values=pixels.to(device),
