@@ -36,6 +36,7 @@ dense peak (989 TFLOP/s), so FP8 and bf16 runs compare directly (FP8's own peak 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import json
 import os
@@ -81,7 +82,12 @@ VARIANT_SWITCHES: dict[str, dict] = {
     "fullac": {"activation_checkpointing": "full"},
 }
 # switches that are not TrainerConfig fields: hf (transformers sdpa attention instead of varlen),
-# loop (MoE experts as a per-expert loop instead of torch._grouped_mm), chunk<N> (logprob chunk)
+# loop (MoE experts as a per-expert loop instead of torch._grouped_mm), chunk<N> (logprob chunk),
+# static (torch.compile's automatic dynamic instead of dynamic=True: the token count stays a
+# constant while every micro-batch has the same), cppwrapper (inductor launches its kernels from
+# generated C++ instead of Python), repeatkv (k and v repeated to the query heads before the
+# attention kernel, as rlcore did before passing grouped-query heads as they are)
+EXTRA_SWITCHES = ("hf", "loop", "static", "cppwrapper", "repeatkv", "chunk<N>")
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -95,7 +101,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="comma-separated K: micro-batches per optimizer step (each of --tokens tokens); one row each")
     p.add_argument("--variants", default="compile",
                    help="comma-separated variants, each '+'-joined switches: " + ", ".join(VARIANT_SWITCHES)
-                   + ", hf, loop, chunk<N> (e.g. eager,compile,compile+bf16params)")
+                   + ", " + ", ".join(EXTRA_SWITCHES) + " (e.g. eager,compile,compile+bf16params)")
     p.add_argument("--ep", type=int, default=1)
     p.add_argument("--cp", type=int, default=1)
     p.add_argument("--ac", default="none", choices=["none", "full", "selective"],
@@ -131,7 +137,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 def variant_settings(variant: str, a: argparse.Namespace) -> tuple[dict, dict]:
     """(TrainerConfig kwargs, benchmark-only settings) of one variant over the command-line defaults."""
     t = dict(activation_checkpointing=a.ac, logprob_chunk_tokens=a.chunk, mixed_precision=not a.no_mixed_precision)
-    extra = {"attn": a.attn, "moe_loop": False}
+    extra = {"attn": a.attn, "moe_loop": False, "dynamic": True, "cpp_wrapper": False, "repeatkv": False}
     for sw in variant.split("+"):
         if sw in VARIANT_SWITCHES:
             t.update(VARIANT_SWITCHES[sw])
@@ -139,11 +145,17 @@ def variant_settings(variant: str, a: argparse.Namespace) -> tuple[dict, dict]:
             extra["attn"] = "hf"
         elif sw == "loop":
             extra["moe_loop"] = True
+        elif sw == "static":
+            extra["dynamic"] = None
+        elif sw == "cppwrapper":
+            extra["cpp_wrapper"] = True
+        elif sw == "repeatkv":
+            extra["repeatkv"] = True
         elif sw.startswith("chunk") and sw[5:].isdigit():
             t["logprob_chunk_tokens"] = int(sw[5:])
         else:
             raise SystemExit(f"unknown variant switch {sw!r} in {variant!r}; "
-                             f"known: {', '.join(VARIANT_SWITCHES)}, hf, loop, chunk<N>")
+                             f"known: {', '.join(VARIANT_SWITCHES)}, {', '.join(EXTRA_SWITCHES)}")
     return t, extra
 
 
@@ -279,7 +291,10 @@ def summarize_profile(events, wall_us: float, top: int = 12, gap_us: float = 20.
         "top_kernels": [{"name": n[:100], "calls": c, "ms": round(t / 1e3, 3), "frac": round(t / total_k, 4)}
                         for n, (c, t) in sorted(by_name.items(), key=lambda kv: -kv[1][1])[:top]],
         "top_cpu_ops": [{"name": n[:80], "calls": c, "self_ms": round(t / 1e3, 3)}
-                        for n, (c, t) in sorted(cpu.items(), key=lambda kv: -kv[1][1])[:top]],
+                        for n, (c, t) in sorted(cpu.items(), key=lambda kv: -kv[1][1])[:2 * top]],
+        # host waits on the device: each one drains the launch queue
+        "host_syncs": {n: {"calls": c, "self_ms": round(t / 1e3, 3)} for n, (c, t) in cpu.items()
+                       if "Synchronize" in n or n.startswith("cudaMemcpy") or n == "aten::_local_scalar_dense"},
     }
 
 
@@ -295,17 +310,38 @@ def format_profile(variant: str, k: int, s: dict) -> str:
         lines.append("   largest GPU idle gaps (us, kernel after the gap): "
                      + "; ".join(f"{g['us']:.0f} {g['before_kernel'][:40]}" for g in s["largest_gaps"]))
     lines.append(f"   {'self ms':>8} {'calls':>6}  top CPU ops (self time)")
-    lines += [f"   {r['self_ms']:8.2f} {r['calls']:6d}  {r['name']}" for r in s["top_cpu_ops"][:8]]
+    lines += [f"   {r['self_ms']:8.2f} {r['calls']:6d}  {r['name']}" for r in s["top_cpu_ops"]]
+    if s["host_syncs"]:
+        lines.append("   host syncs: " + "; ".join(f"{n} x{v['calls']} {v['self_ms']} ms" for n, v in s["host_syncs"].items()))
     return "\n".join(lines)
 
 
 # -- one variant ----------------------------------------------------------------------------------
 
+@contextlib.contextmanager
+def repeated_kv_heads(on: bool = True):
+    """Within: k and v are repeated to the query head count before the attention kernel (rlcore's
+    attention before grouped-query heads were passed to the kernel as they are): an A/B switch."""
+    from rlcore.trainer import attention as ra
+    orig = ra._attend
+
+    def attend(q, k, v, cu, max_len, scale):
+        k, v = (t.repeat_interleave(q.shape[0] // t.shape[0], dim=0) for t in (k, v))
+        return orig(q, k, v, cu, max_len, scale)
+
+    if on:
+        ra._attend = attend
+    try:
+        yield
+    finally:
+        ra._attend = orig
+
+
 def run_variant(a: argparse.Namespace, variant: str, rank: int, world: int, device: torch.device) -> list[dict]:
     from rlcore.config import TrainerConfig
     from rlcore.trainer.forward import forward_logprobs
     from rlcore.trainer.moe import expert_modules
-    from rlcore.trainer.parallel import Meshes, ParallelDims, clip_grad_norm, parallelize
+    from rlcore.trainer.parallel import Meshes, ParallelDims, begin_micro_batch, clip_grad_norm, parallelize
 
     shape = SHAPES[a.shape]
     t_kwargs, extra = variant_settings(variant, a)
@@ -342,7 +378,7 @@ def run_variant(a: argparse.Namespace, variant: str, rank: int, world: int, devi
             mb, lengths = pool[cursor[0] % len(pool)]
             cursor[0] += 1
             attn_flops += attn_per_layer * shape["num_hidden_layers"] * sum(n * n for n in lengths)
-            model.set_requires_gradient_sync(i == k - 1)
+            begin_micro_batch(model, meshes, last=i == k - 1)
             lp, ent = forward_logprobs(model, mb, 1.0, meshes, device)
             mask = mb.loss_mask.to(device, non_blocking=True)
             adv = mb.advantages.to(device, non_blocking=True)
@@ -433,6 +469,8 @@ def format_table(rows: list[dict]) -> str:
 def main(argv=None) -> list[dict]:
     a = parse_args(argv)
     rank, world, device = init_distributed()
+    import torch._inductor.config  # noqa: F401  (cppwrapper switch)
+
     from rlcore.trainer import compile as rl_compile
     rl_compile.BACKEND = a.compile_backend
     if rank == 0:
@@ -441,8 +479,12 @@ def main(argv=None) -> list[dict]:
               f"torch={torch.__version__}", flush=True)
     rows: list[dict] = []
     for variant in a.variants:
+        _, extra = variant_settings(variant, a)
+        rl_compile.DYNAMIC = extra["dynamic"]
+        torch._inductor.config.cpp_wrapper = extra["cpp_wrapper"]
         try:
-            got = run_variant(a, variant, rank, world, device)
+            with repeated_kv_heads(extra["repeatkv"]):
+                got = run_variant(a, variant, rank, world, device)
         except Exception as exc:  # one broken variant must not hide the others' numbers
             if world > 1:
                 raise  # the other ranks may be stuck in a collective: fail loudly

@@ -274,3 +274,38 @@ def test_profile_summary_busy_and_gaps():
     assert set(s["kernel_classes_ms"]) == {"gemm", "triton", "attention", "nccl"}
     assert s["top_kernels"][0]["name"].startswith("sm90") and s["top_cpu_ops"][0]["name"] == "aten::mm"
     assert "top CUDA kernels" in bench.format_profile("v", 1, s)
+
+
+@pytest.mark.parametrize("keep_last", [False, True])
+def test_parameters_kept_between_micro_batches_follow_each_update(world1, keep_last):
+    """Gradient accumulation through `begin_micro_batch` (FSDP2, world 1: the unsharded
+    parameters stay from one micro-batch's backward to the next forward) trains exactly like a
+    plain model over two optimizer steps; the forward after each optimizer step sees the updated
+    weights. (``keep_last`` breaks the contract on purpose: the last backward keeps the
+    parameters too, so the next step computes with stale weights; the check must see it.)"""
+    from rlcore.trainer.parallel import Meshes, ParallelDims, begin_micro_batch, parallelize
+    base = tiny_model()
+    ref = copy.deepcopy(base)
+    t = TrainerConfig(world_size=1, logprob_chunk_tokens=16)
+    meshes = Meshes.build(ParallelDims.from_config(t, 1), "cpu")
+    model = parallelize(copy.deepcopy(base), t, meshes, CPU)
+    opts = [torch.optim.AdamW(m.parameters(), lr=1e-2) for m in (model, ref)]
+    steps = [[random_batch(10, [20, 13]), random_batch(11, [25, 9])], [random_batch(12, [30, 7]), random_batch(13, [11, 16])]]
+    for micro_batches in steps:
+        for i, mb in enumerate(micro_batches):
+            begin_micro_batch(model, meshes, last=i == len(micro_batches) - 1 and not keep_last)
+            lp, ent = forward_logprobs(model, mb, 1.0, meshes, CPU)
+            loss_of(lp, ent, mb, i).backward()
+            lp, ent = reference_logprobs(ref, mb)
+            loss_of(lp, ent, mb, i).backward()
+        for opt in opts:
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+    mb = random_batch(14, [18, 21])
+    with torch.no_grad():
+        got, _ = forward_logprobs(model, mb, 1.0, meshes, CPU)
+        want, _ = reference_logprobs(ref, mb)
+    if keep_last:
+        assert (got - want).abs().max() > 1e-3
+    else:
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)

@@ -16,7 +16,8 @@ Context parallelism (module attribute ``_rlcore_cp_group`` set): every rank hold
 into ``[H / cp, T, D]`` (my heads, all tokens), attention runs over the whole packed row with the
 global ``cu``, and a second all-to-all returns ``[H, L, D]``. Packed/varlen rows therefore need
 no special handling; the restriction is ``cp | num_attention_heads`` (KV heads are repeated to
-the query head count when ``cp`` does not divide ``num_key_value_heads``).
+the query head count when ``cp`` does not divide ``num_key_value_heads``; otherwise grouped-query
+attention keeps its fewer KV heads through the all-to-all and into the kernel).
 """
 
 from __future__ import annotations
@@ -51,7 +52,10 @@ def _repeat_heads(x: torch.Tensor, n: int) -> torch.Tensor:
 
 
 def _attend(q, k, v, cu: torch.Tensor, max_len: int, scale: float) -> torch.Tensor:
-    """Causal attention within each packed sequence; q, k, v ``[h, T, D]`` -> ``[h, T, D]``."""
+    """Causal attention within each packed sequence; q ``[h, T, D]``, k and v ``[h_kv, T, D]``
+    with ``h_kv | h`` (grouped-query attention: query head i reads KV head ``i // (h / h_kv)``)
+    -> ``[h, T, D]``. Both kernels take the KV heads as they are: no repeated copies of k and v
+    (and no gradient sum over the copies) per layer."""
     if q.is_cuda:
         q, k, v = (t.transpose(0, 1).contiguous() for t in (q, k, v))  # [T, h, D]; no copy if already so
         out = varlen_attn(q, k, v, cu, cu, max_len, max_len, scale=scale, window_size=(-1, 0))
@@ -59,7 +63,8 @@ def _attend(q, k, v, cu: torch.Tensor, max_len: int, scale: float) -> torch.Tens
     T = q.shape[1]
     seq = torch.repeat_interleave(torch.arange(cu.numel() - 1, device=q.device), (cu[1:] - cu[:-1]).long(), output_size=T)
     mask = (seq[:, None] == seq[None, :]) & torch.ones(T, T, dtype=torch.bool, device=q.device).tril()
-    return F.scaled_dot_product_attention(q[None], k[None], v[None], attn_mask=mask, scale=scale)[0]
+    return F.scaled_dot_product_attention(q[None], k[None], v[None], attn_mask=mask, scale=scale,
+                                          enable_gqa=k.shape[0] != q.shape[0])[0]
 
 
 def heads_to_sequence(x: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:
@@ -97,7 +102,6 @@ def varlen_attention(module, query, key, value, attention_mask, scaling=None, dr
     if group is not None:
         # contiguous head blocks keep the GQA grouping: query block r uses KV block r
         q, k, v = (heads_to_sequence(t, group) for t in (q, k, v))
-    k, v = _repeat_heads(k, q.shape[0] // k.shape[0]), _repeat_heads(v, q.shape[0] // v.shape[0])
     scale = scaling if scaling is not None else q.shape[-1] ** -0.5
     # max_len stays as given (a Python int from `cu_seqlens`; a SymInt under torch.compile's
     # dynamic shapes, which int() would specialise into a recompile per value)

@@ -22,7 +22,7 @@ from rlcore.packing import MicroBatch
 from rlcore.trainer import export
 from rlcore.trainer.forward import forward_logprobs
 from rlcore.trainer.moe import router_metrics
-from rlcore.trainer.parallel import Meshes, ParallelDims, clip_grad_norm, parallelize
+from rlcore.trainer.parallel import Meshes, ParallelDims, begin_micro_batch, clip_grad_norm, parallelize
 from rlcore.trainer.schedule import build_scheduler
 
 
@@ -143,7 +143,7 @@ class TrainerCore:
             d[k] = op(d[k], v) if k in d else v
 
         for i, mb in enumerate(micro_batches):
-            self.model.set_requires_gradient_sync(i == len(micro_batches) - 1)
+            begin_micro_batch(self.model, self.parallel, last=i == len(micro_batches) - 1)
             logprobs, entropy = self.forward_logprobs(mb)
             inp = self._loss_inputs(mb, logprobs, entropy)
             loss, metrics = loss_fn(inp, normalizer)

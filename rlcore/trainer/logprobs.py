@@ -71,7 +71,7 @@ def _backward_chunk(h, weight, bias, targets, lse, entropy, g, e, temperature: f
 
 
 _EAGER = (_forward_chunk, _backward_chunk)
-_COMPILED: dict[str, tuple] = {}  # per torch.compile backend
+_COMPILED: dict[tuple, tuple] = {}  # per torch.compile backend and dynamic setting
 
 
 def _chunk_fns(compiled: bool) -> tuple:
@@ -82,9 +82,10 @@ def _chunk_fns(compiled: bool) -> tuple:
     if not compiled:
         return _EAGER
     from rlcore.trainer import compile as rc
-    fns = _COMPILED.get(rc.BACKEND)
+    key = (rc.BACKEND, rc.DYNAMIC)
+    fns = _COMPILED.get(key)
     if fns is None:
-        fns = _COMPILED[rc.BACKEND] = (rc.compile_fn(_forward_chunk), rc.compile_fn(_backward_chunk))
+        fns = _COMPILED[key] = (rc.compile_fn(_forward_chunk), rc.compile_fn(_backward_chunk))
     return fns
 
 
