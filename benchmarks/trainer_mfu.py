@@ -86,8 +86,9 @@ VARIANT_SWITCHES: dict[str, dict] = {
 # static (torch.compile's automatic dynamic instead of dynamic=True: the token count stays a
 # constant while every micro-batch has the same), cppwrapper (inductor launches its kernels from
 # generated C++ instead of Python), repeatkv (k and v repeated to the query heads before the
-# attention kernel, as rlcore did before passing grouped-query heads as they are)
-EXTRA_SWITCHES = ("hf", "loop", "static", "cppwrapper", "repeatkv", "chunk<N>")
+# attention kernel, as rlcore did before passing grouped-query heads as they are), layerunits
+# (every decoder layer its own FSDP2 unit also at world size 1, as before)
+EXTRA_SWITCHES = ("hf", "loop", "static", "cppwrapper", "repeatkv", "layerunits", "chunk<N>")
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -116,6 +117,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--compile-backend", default="inductor", help="torch.compile backend (aot_eager: fast CPU smoke)")
     p.add_argument("--profile", action="store_true", help="one profiled step per variant (smallest K), summarised")
     p.add_argument("--trace-dir", default=None, help="with --profile: also write a chrome trace per variant here")
+    p.add_argument("--profile-top", type=int, default=12, help="with --profile: how many CUDA kernels to list")
     p.add_argument("--out", default=None, help="write all rows as JSON here (rank 0)")
     p.add_argument("--fp8", default="none", choices=["none", "tensorwise", "rowwise"],
                    help="trainer.fp8: FP8 matmuls in the decoder linears (torchao; emulated on CPU)")
@@ -137,7 +139,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 def variant_settings(variant: str, a: argparse.Namespace) -> tuple[dict, dict]:
     """(TrainerConfig kwargs, benchmark-only settings) of one variant over the command-line defaults."""
     t = dict(activation_checkpointing=a.ac, logprob_chunk_tokens=a.chunk, mixed_precision=not a.no_mixed_precision)
-    extra = {"attn": a.attn, "moe_loop": False, "dynamic": True, "cpp_wrapper": False, "repeatkv": False}
+    extra = {"attn": a.attn, "moe_loop": False, "dynamic": True, "cpp_wrapper": False, "repeatkv": False, "layer_units": None}
     for sw in variant.split("+"):
         if sw in VARIANT_SWITCHES:
             t.update(VARIANT_SWITCHES[sw])
@@ -151,6 +153,8 @@ def variant_settings(variant: str, a: argparse.Namespace) -> tuple[dict, dict]:
             extra["cpp_wrapper"] = True
         elif sw == "repeatkv":
             extra["repeatkv"] = True
+        elif sw == "layerunits":
+            extra["layer_units"] = True
         elif sw.startswith("chunk") and sw[5:].isdigit():
             t["logprob_chunk_tokens"] = int(sw[5:])
         else:
@@ -291,7 +295,7 @@ def summarize_profile(events, wall_us: float, top: int = 12, gap_us: float = 20.
         "top_kernels": [{"name": n[:100], "calls": c, "ms": round(t / 1e3, 3), "frac": round(t / total_k, 4)}
                         for n, (c, t) in sorted(by_name.items(), key=lambda kv: -kv[1][1])[:top]],
         "top_cpu_ops": [{"name": n[:80], "calls": c, "self_ms": round(t / 1e3, 3)}
-                        for n, (c, t) in sorted(cpu.items(), key=lambda kv: -kv[1][1])[:2 * top]],
+                        for n, (c, t) in sorted(cpu.items(), key=lambda kv: -kv[1][1])[:24]],
         # host waits on the device: each one drains the launch queue
         "host_syncs": {n: {"calls": c, "self_ms": round(t / 1e3, 3)} for n, (c, t) in cpu.items()
                        if "Synchronize" in n or n.startswith("cudaMemcpy") or n == "aten::_local_scalar_dense"},
@@ -355,7 +359,8 @@ def run_variant(a: argparse.Namespace, variant: str, rank: int, world: int, devi
     n_params = sum(p.numel() for p in model.parameters())
     attn = extra["attn"] or ("varlen" if device.type == "cuda" else "hf")
     attn = "varlen" if dims.cp > 1 else attn  # Ulysses CP runs inside rlcore's varlen attention
-    model = parallelize(model, t, meshes, device, attention="varlen" if attn == "varlen" else "hf")
+    model = parallelize(model, t, meshes, device, attention="varlen" if attn == "varlen" else "hf",
+                        layer_units=extra["layer_units"])
     if extra["moe_loop"]:
         for ex in expert_modules(model).values():
             ex.grouped = False
@@ -439,7 +444,7 @@ def run_variant(a: argparse.Namespace, variant: str, rank: int, world: int, devi
             step(k_prof)
             sync()
             wall_us = (time.perf_counter() - start) * 1e6
-        summary = summarize_profile(prof.events(), wall_us)
+        summary = summarize_profile(prof.events(), wall_us, top=a.profile_top)
         rows[0]["profile"] = summary
         if rank == 0:
             print(format_profile(variant, k_prof, summary), flush=True)

@@ -111,9 +111,12 @@ class _ChunkedLogprobs(torch.autograd.Function):
         _, bwd = _chunk_fns(ctx.compiled)
         need_h, need_w, need_b = ctx.needs_input_grad[:3]
         grad_h = torch.empty_like(hidden) if need_h else None
-        # accumulate the weight gradient in float32 across chunks, cast once
+        # accumulate the weight gradient in float32 across chunks, cast once; on CUDA the bf16 /
+        # fp16 GEMM adds into the float32 sum in its epilogue (no [V, H] product in the low
+        # precision, cast and summed in separate passes)
         acc = torch.promote_types(weight.dtype, torch.float32)
         grad_w = torch.zeros(weight.shape, dtype=acc, device=weight.device) if need_w else None
+        fused_acc = weight.is_cuda and hidden.dtype in (torch.bfloat16, torch.float16) and acc == torch.float32
         grad_b = torch.zeros(weight.shape[0], dtype=acc, device=weight.device) if need_b else None
         g_logp, g_ent = g_logp.contiguous(), g_ent.contiguous()
         for s in range(0, hidden.shape[0], chunk):
@@ -122,7 +125,9 @@ class _ChunkedLogprobs(torch.autograd.Function):
                      g_logp[s:s + chunk], g_ent[s:s + chunk], tau)
             if need_h:
                 torch.mm(dz, weight, out=grad_h[s:s + chunk])
-            if need_w:
+            if need_w and fused_acc:
+                torch.addmm(grad_w, dz.t(), h, out_dtype=acc, out=grad_w)
+            elif need_w:
                 grad_w += (dz.t() @ h).to(acc)
             if need_b:
                 grad_b += dz.to(acc).sum(0)

@@ -113,7 +113,7 @@ class Meshes:
 
 
 def parallelize(model: torch.nn.Module, t, meshes: Meshes, device: torch.device, train: bool = True,
-                attention: str | None = None) -> torch.nn.Module:
+                attention: str | None = None, layer_units: bool | None = None) -> torch.nn.Module:
     """Transform a transformers causal LM in place for training on this rank; returns it.
 
     ``t`` is the TrainerConfig (``lora``, ``fp8``, ``activation_checkpointing``,
@@ -123,6 +123,8 @@ def parallelize(model: torch.nn.Module, t, meshes: Meshes, device: torch.device,
     cp > 1), ``"hf"`` keeps the model's own (transformers sdpa with a block-diagonal T x T mask),
     None picks varlen on CUDA with bf16 compute (flash kernels; the mask costs O(T^2) per packed
     micro-batch, 3x slower step at 16k tokens was seen) and the model's own elsewhere.
+    ``layer_units``: each decoder layer its own FSDP2 unit (None: only when the mesh has more
+    than one rank, see below).
     Parameter names stay the transformers names (weight sync and checkpoints rely on them).
     """
     from rlcore.models.vision import decoder_layers, is_vision_model, vision_tower
@@ -175,8 +177,12 @@ def parallelize(model: torch.nn.Module, t, meshes: Meshes, device: torch.device,
     tower = vision_tower(model)
     if tower is not None:  # its own unit: gathered once for all images (and frozen as a whole)
         fully_shard(tower, mesh=meshes.fsdp, reshard_after_forward=reshard, **kwargs)
-    for layer in decoder_layers(model):
-        fully_shard(layer, mesh=meshes.fsdp, reshard_after_forward=reshard, **kwargs)
+    if layer_units if layer_units is not None else meshes.dims.world > 1:
+        for layer in decoder_layers(model):
+            fully_shard(layer, mesh=meshes.fsdp, reshard_after_forward=reshard, **kwargs)
+    # with one rank, per-layer units would shard, free and overlap nothing but still run their
+    # hooks around every layer's forward and backward (host time the GPU waits for at small
+    # models): the root unit alone gathers (casts) all parameters once per step
     fully_shard(model, mesh=meshes.fsdp, reshard_after_forward=reshard, **kwargs)
     return model
 
