@@ -36,7 +36,6 @@ dense peak (989 TFLOP/s), so FP8 and bf16 runs compare directly (FP8's own peak 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import gc
 import json
 import os
@@ -83,12 +82,8 @@ VARIANT_SWITCHES: dict[str, dict] = {
 }
 # switches that are not TrainerConfig fields: hf (transformers sdpa attention instead of varlen),
 # loop (MoE experts as a per-expert loop instead of torch._grouped_mm), chunk<N> (logprob chunk),
-# static (torch.compile's automatic dynamic instead of dynamic=True: the token count stays a
-# constant while every micro-batch has the same), cppwrapper (inductor launches its kernels from
-# generated C++ instead of Python), repeatkv (k and v repeated to the query heads before the
-# attention kernel, as rlcore did before passing grouped-query heads as they are), layerunits
-# (every decoder layer its own FSDP2 unit also at world size 1, as before)
-EXTRA_SWITCHES = ("hf", "loop", "static", "cppwrapper", "repeatkv", "layerunits", "chunk<N>")
+# layerunits (every decoder layer its own FSDP2 unit also at world size 1)
+EXTRA_SWITCHES = ("hf", "loop", "layerunits", "chunk<N>")
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -139,7 +134,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 def variant_settings(variant: str, a: argparse.Namespace) -> tuple[dict, dict]:
     """(TrainerConfig kwargs, benchmark-only settings) of one variant over the command-line defaults."""
     t = dict(activation_checkpointing=a.ac, logprob_chunk_tokens=a.chunk, mixed_precision=not a.no_mixed_precision)
-    extra = {"attn": a.attn, "moe_loop": False, "dynamic": True, "cpp_wrapper": False, "repeatkv": False, "layer_units": None}
+    extra = {"attn": a.attn, "moe_loop": False, "layer_units": None}
     for sw in variant.split("+"):
         if sw in VARIANT_SWITCHES:
             t.update(VARIANT_SWITCHES[sw])
@@ -147,12 +142,6 @@ def variant_settings(variant: str, a: argparse.Namespace) -> tuple[dict, dict]:
             extra["attn"] = "hf"
         elif sw == "loop":
             extra["moe_loop"] = True
-        elif sw == "static":
-            extra["dynamic"] = None
-        elif sw == "cppwrapper":
-            extra["cpp_wrapper"] = True
-        elif sw == "repeatkv":
-            extra["repeatkv"] = True
         elif sw == "layerunits":
             extra["layer_units"] = True
         elif sw.startswith("chunk") and sw[5:].isdigit():
@@ -322,25 +311,6 @@ def format_profile(variant: str, k: int, s: dict) -> str:
 
 # -- one variant ----------------------------------------------------------------------------------
 
-@contextlib.contextmanager
-def repeated_kv_heads(on: bool = True):
-    """Within: k and v are repeated to the query head count before the attention kernel (rlcore's
-    attention before grouped-query heads were passed to the kernel as they are): an A/B switch."""
-    from rlcore.trainer import attention as ra
-    orig = ra._attend
-
-    def attend(q, k, v, cu, max_len, scale):
-        k, v = (t.repeat_interleave(q.shape[0] // t.shape[0], dim=0) for t in (k, v))
-        return orig(q, k, v, cu, max_len, scale)
-
-    if on:
-        ra._attend = attend
-    try:
-        yield
-    finally:
-        ra._attend = orig
-
-
 def run_variant(a: argparse.Namespace, variant: str, rank: int, world: int, device: torch.device) -> list[dict]:
     from rlcore.config import TrainerConfig
     from rlcore.trainer.forward import forward_logprobs
@@ -474,8 +444,6 @@ def format_table(rows: list[dict]) -> str:
 def main(argv=None) -> list[dict]:
     a = parse_args(argv)
     rank, world, device = init_distributed()
-    import torch._inductor.config  # noqa: F401  (cppwrapper switch)
-
     from rlcore.trainer import compile as rl_compile
     rl_compile.BACKEND = a.compile_backend
     if rank == 0:
@@ -484,12 +452,8 @@ def main(argv=None) -> list[dict]:
               f"torch={torch.__version__}", flush=True)
     rows: list[dict] = []
     for variant in a.variants:
-        _, extra = variant_settings(variant, a)
-        rl_compile.DYNAMIC = extra["dynamic"]
-        torch._inductor.config.cpp_wrapper = extra["cpp_wrapper"]
         try:
-            with repeated_kv_heads(extra["repeatkv"]):
-                got = run_variant(a, variant, rank, world, device)
+            got = run_variant(a, variant, rank, world, device)
         except Exception as exc:  # one broken variant must not hide the others' numbers
             if world > 1:
                 raise  # the other ranks may be stuck in a collective: fail loudly

@@ -29,8 +29,6 @@ no-grad forwards, a reference model in another dtype) never fall back to eager s
 
 `BACKEND` is the torch.compile backend (tests use ``aot_eager``: the same dynamo graphs and
 autograd without inductor's C++/Triton code generation, which takes minutes on a small CPU).
-`DYNAMIC` is torch.compile's ``dynamic`` (None: sizes start static and only those seen to change
-become symbolic, for runs whose micro-batches all hold the same token count; benchmarks compare).
 """
 
 from __future__ import annotations
@@ -40,7 +38,6 @@ from torch import nn
 
 _RECOMPILE_LIMIT = 64
 BACKEND = "inductor"
-DYNAMIC: bool | None = True
 
 
 def _raise_recompile_limit() -> None:
@@ -52,9 +49,9 @@ def _raise_recompile_limit() -> None:
 
 
 def compile_fn(fn, fullgraph: bool = False):
-    """``torch.compile`` with rlcore's settings (`BACKEND`, `DYNAMIC`: dynamic sizes from the start)."""
+    """``torch.compile`` with rlcore's settings (`BACKEND`, dynamic sizes from the start)."""
     _raise_recompile_limit()
-    return torch.compile(fn, fullgraph=fullgraph, backend=BACKEND, dynamic=DYNAMIC)
+    return torch.compile(fn, fullgraph=fullgraph, backend=BACKEND, dynamic=True)
 
 
 def compile_module_forward(module: nn.Module, fullgraph: bool = False) -> None:

@@ -71,7 +71,7 @@ def _backward_chunk(h, weight, bias, targets, lse, entropy, g, e, temperature: f
 
 
 _EAGER = (_forward_chunk, _backward_chunk)
-_COMPILED: dict[tuple, tuple] = {}  # per torch.compile backend and dynamic setting
+_COMPILED: dict[str, tuple] = {}  # per torch.compile backend
 
 
 def _chunk_fns(compiled: bool) -> tuple:
@@ -82,10 +82,9 @@ def _chunk_fns(compiled: bool) -> tuple:
     if not compiled:
         return _EAGER
     from rlcore.trainer import compile as rc
-    key = (rc.BACKEND, rc.DYNAMIC)
-    fns = _COMPILED.get(key)
+    fns = _COMPILED.get(rc.BACKEND)
     if fns is None:
-        fns = _COMPILED[key] = (rc.compile_fn(_forward_chunk), rc.compile_fn(_backward_chunk))
+        fns = _COMPILED[rc.BACKEND] = (rc.compile_fn(_forward_chunk), rc.compile_fn(_backward_chunk))
     return fns
 
 
