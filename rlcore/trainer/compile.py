@@ -6,7 +6,8 @@ activation checkpointing replaced it, before FSDP2 wraps the layer), so:
 - parameter names stay the transformers names (no ``_orig_mod.`` prefix; weight sync and
   checkpoints rely on them);
 - FSDP2's all-gather / reshard hooks run eagerly in ``nn.Module.__call__`` around the compiled
-  body (the layer's parameters are plain unsharded tensors inside it);
+  body (the layer's parameters are plain unsharded tensors inside it; a one-rank trainer has no
+  per-layer units, only the root's);
 - every layer runs the same code object, so one compiled graph serves all layers (parameters are
   graph inputs under dynamo's inlined nn-module handling): compile time is one block's, not
   ``layers`` blocks'.
