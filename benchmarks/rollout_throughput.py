@@ -56,6 +56,22 @@ def record(results: dict[str, list[float]], label: str, rep: int, ntok: int, dt:
     print(f"{label} rep {rep}: {ntok} tokens in {dt:.3f} s = {ntok / dt:.0f} tok/s", flush=True)
 
 
+def report(args: argparse.Namespace, results: dict[str, list[float]], title: str, rows: dict[str, str],
+           pair: tuple[str, str], key: str, ratio_text: str, suffix: str = "") -> None:
+    """Print the median tok/s of each ``rows`` label (name in the table -> key in ``results``)
+    and the ratio ``pair[0] / pair[1]`` of two medians; with ``--out`` also write all repetitions
+    and that ratio (under ``key``) as JSON."""
+    med = {k: statistics.median(v) for k, v in results.items()}
+    print(f"\n| {title} | output tok/s (median of {args.reps}) |\n|---|---|")
+    for name, label in rows.items():
+        print(f"| {name} | {med[label]:.0f} |")
+    ratio = med[pair[0]] / med[pair[1]]
+    print(f"{ratio_text} = {ratio:.3f}{suffix}")
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump({"args": vars(args), "tok_s": results, key: ratio}, f, indent=1)
+
+
 def time_engine(model_dir: str, prompts: list[list[int]], args: argparse.Namespace, label: str,
                 results: dict[str, list[float]], **engine_args) -> None:
     """Output tok/s of VLLMEngine.generate for each of ``args.reps`` fresh prompt sets, into
@@ -107,13 +123,9 @@ def main() -> None:
         common.pop("quantization", None)
         for label, quant in (("bf16", None), (args.quant_compare, args.quant_compare)):
             time_engine(model_dir, prompts, args, label, results, quantization=quant, **common)
-        base, quant = statistics.median(results["bf16"]), statistics.median(results[args.quant_compare])
-        print(f"\n| {args.model} VLLMEngine | output tok/s (median of {args.reps}) |\n|---|---|")
-        print(f"| bf16 | {base:.0f} |\n| {args.quant_compare} | {quant:.0f} |")
-        print(f"speedup {args.quant_compare} / bf16 = {quant / base:.3f}")
-        if args.out:
-            with open(args.out, "w") as f:
-                json.dump(dict(args=vars(args), tok_s=results, speedup=quant / base), f, indent=1)
+        q = args.quant_compare
+        report(args, results, f"{args.model} VLLMEngine", {"bf16": "bf16", q: q}, (q, "bf16"), "speedup",
+               f"speedup {q} / bf16")
         return
 
     # Both engines live on the same GPU at once and the repetitions alternate between them, so
@@ -151,13 +163,8 @@ def main() -> None:
     finally:
         engine.shutdown()
 
-    eng, raw = statistics.median(results["VLLMEngine"]), statistics.median(results["vllm.LLM"])
-    print(f"\n| path | output tok/s (median of {args.reps}) |\n|---|---|")
-    print(f"| VLLMEngine.generate | {eng:.0f} |\n| vllm.LLM.generate | {raw:.0f} |")
-    print(f"ratio VLLMEngine / raw = {eng / raw:.3f} (target >= 0.95)")
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump(dict(args=vars(args), tok_s=results, ratio=eng / raw), f, indent=1)
+    report(args, results, "path", {"VLLMEngine.generate": "VLLMEngine", "vllm.LLM.generate": "vllm.LLM"},
+           ("VLLMEngine", "vllm.LLM"), "ratio", "ratio VLLMEngine / raw", " (target >= 0.95)")
 
 
 if __name__ == "__main__":
