@@ -190,14 +190,13 @@ def parallelize(model: torch.nn.Module, t, meshes: Meshes, device: torch.device,
 def begin_micro_batch(model: torch.nn.Module, meshes: Meshes, last: bool) -> None:
     """Set FSDP2's per-micro-batch switches before a forward/backward of gradient accumulation.
 
-    Gradients are reduced only after the ``last`` micro-batch's backward. When every FSDP2 mesh
-    has one rank (nothing is sharded), the unsharded compute-dtype parameters are also kept from
+    Gradients are reduced only after the ``last`` micro-batch's backward. With one rank
+    (nothing is sharded), the unsharded compute-dtype parameters are also kept from
     one micro-batch's backward to the next forward instead of being freed and gathered (copied
     and cast) again; the last backward frees them, so the forward after the optimizer step
     gathers the updated weights."""
     model.set_requires_gradient_sync(last)
-    single = meshes.fsdp.size() == 1 and (meshes.efsdp is None or meshes.efsdp.size() == 1)
-    if single:
+    if meshes.dims.world == 1:  # (an expert mesh exists only with ep > 1, hence world > 1)
         model.set_reshard_after_backward(last)
 
 
