@@ -50,6 +50,9 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
 from benchmarks.harness import MODEL_SHAPES  # noqa: E402
+from rlcore.trainer import logprob_kernels  # noqa: E402
+
+KERNELS_AVAILABLE = logprob_kernels.available  # the `torchhead` switch replaces it per variant
 
 PEAK_TFLOPS = {"h200": 989.0, "h100": 989.0, "a100": 312.0}
 
@@ -79,11 +82,13 @@ VARIANT_SWITCHES: dict[str, dict] = {
     "noac": {"activation_checkpointing": "none"},
     "sac": {"activation_checkpointing": "selective"},
     "fullac": {"activation_checkpointing": "full"},
+    "recompute": {"logprob_keep_logits_gib": 0.0},
 }
 # switches that are not TrainerConfig fields: hf (transformers sdpa attention instead of varlen),
 # loop (MoE experts as a per-expert loop instead of torch._grouped_mm), chunk<N> (logprob chunk),
-# layerunits (every decoder layer its own FSDP2 unit also at world size 1)
-EXTRA_SWITCHES = ("hf", "loop", "layerunits", "chunk<N>")
+# layerunits (every decoder layer its own FSDP2 unit also at world size 1), torchhead (the
+# logprob head's chunk math in torch / torch.compile instead of rlcore's Triton kernels)
+EXTRA_SWITCHES = ("hf", "loop", "layerunits", "torchhead", "chunk<N>")
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -134,7 +139,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 def variant_settings(variant: str, a: argparse.Namespace) -> tuple[dict, dict]:
     """(TrainerConfig kwargs, benchmark-only settings) of one variant over the command-line defaults."""
     t = dict(activation_checkpointing=a.ac, logprob_chunk_tokens=a.chunk, mixed_precision=not a.no_mixed_precision)
-    extra = {"attn": a.attn, "moe_loop": False, "layer_units": None}
+    extra = {"attn": a.attn, "moe_loop": False, "layer_units": None, "torchhead": False}
     for sw in variant.split("+"):
         if sw in VARIANT_SWITCHES:
             t.update(VARIANT_SWITCHES[sw])
@@ -144,6 +149,8 @@ def variant_settings(variant: str, a: argparse.Namespace) -> tuple[dict, dict]:
             extra["moe_loop"] = True
         elif sw == "layerunits":
             extra["layer_units"] = True
+        elif sw == "torchhead":
+            extra["torchhead"] = True
         elif sw.startswith("chunk") and sw[5:].isdigit():
             t["logprob_chunk_tokens"] = int(sw[5:])
         else:
@@ -319,6 +326,7 @@ def run_variant(a: argparse.Namespace, variant: str, rank: int, world: int, devi
 
     shape = SHAPES[a.shape]
     t_kwargs, extra = variant_settings(variant, a)
+    logprob_kernels.available = (lambda z: False) if extra["torchhead"] else KERNELS_AVAILABLE
     t_kwargs = {**t_kwargs, "fp8": a.fp8}
     t = TrainerConfig(world_size=world, cp=a.cp, ep=a.ep, **t_kwargs)
     dims = ParallelDims.from_config(t, world)
@@ -409,7 +417,7 @@ def run_variant(a: argparse.Namespace, variant: str, rank: int, world: int, devi
         sync()
         dist.barrier()
         k_prof = min(a.micro_batches)  # fewest events to digest; shows the optimizer's share
-        with profile(activities=acts) as prof:
+        with profile(activities=acts, record_shapes=bool(a.trace_dir)) as prof:
             start = time.perf_counter()
             step(k_prof)
             sync()

@@ -93,6 +93,8 @@ class TrainerConfig:
     """Recompute decoder-layer activations in backward: `none`, `full` or `selective` (save matmul/attention outputs only)."""
     logprob_chunk_tokens: int = 2048
     """Tokens per chunk of the fused lm_head + logprob/entropy (never materialises [T, vocab] fp32); 0 = unchunked."""
+    logprob_keep_logits_gib: float = 4.0
+    """GPU: keep a micro-batch's bf16 [T, vocab] logits for backward when they fit in this many GiB (else recompute them); 0 = always recompute."""
     compile: bool = False
     """torch.compile each decoder layer (and the logprob head's chunk math); dynamic token counts, no recompiles per batch."""
     param_dtype: str = "float32"

@@ -176,6 +176,7 @@ def trainer_parallel_problems(cfg: RunConfig) -> list[tuple[str, str]]:
         out.append(("trainer.activation_checkpointing",
                     f"unknown mode {t.activation_checkpointing!r}; choose one of {list(AC_MODES)}"))
     check_min(out, "trainer.logprob_chunk_tokens", t.logprob_chunk_tokens, 0)
+    check_min(out, "trainer.logprob_keep_logits_gib", t.logprob_keep_logits_gib, 0)
     if t.param_dtype not in PARAM_DTYPES:
         out.append(("trainer.param_dtype", f"unknown dtype {t.param_dtype!r}; choose one of {list(PARAM_DTYPES)}"))
     lora = t.lora

@@ -26,6 +26,7 @@ BAD = [
     (["trainer.world_size=64"], "trainer.cpus_per_rank"),
     (["rollout.gpus_per_actor=4"], "trainer.gpus_per_rank"),
     (["rollout.engine=vllm"], "rollout.gpus_per_actor"),
+    (["trainer.logprob_keep_logits_gib=-1"], "trainer.logprob_keep_logits_gib"),
 ]
 
 

@@ -14,9 +14,10 @@ Gradients (``g``, ``e`` the incoming grads of logp and H)::
     dL/ds_t       = g_t (onehot(y_t) - p_t) - e_t p_t (log p_t + H_t)
     dL/dh_t = (dL/ds_t / tau) W,    dL/dW = sum_t (dL/ds_t / tau)^T h_t
 
-Forward keeps only ``lse`` and ``H`` per token; backward recomputes each chunk's logits. Peak
-extra memory is ``chunk x V`` float32 instead of ``T x V`` (e.g. 8k x 152k x 4 B = 5 GB for a
-Qwen3 vocabulary, against 1.2 GB for 2048-token chunks).
+Forward keeps ``lse`` and ``H`` per token and, within a byte budget, the compute-dtype logits
+(bf16 ``T x V``: 2.5 GB at 8k x 152k); otherwise backward recomputes each chunk's logits. No
+float32 ``T x V`` tensor exists (5 GB at 8k x 152k): on CUDA the chunk math runs in the Triton
+kernels of `logprob_kernels`, elsewhere in float32 chunks (1.2 GB at 2048-token chunks).
 
 The head is installed in place of ``model.lm_head`` (`LogprobHead`) so the projection runs
 inside the root FSDP2 unit's forward (the weight is unsharded there, and tied embeddings stay
@@ -31,6 +32,8 @@ from typing import Iterator
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from rlcore.trainer import logprob_kernels as lk
 
 
 def plain_logprobs(logits: torch.Tensor, targets: torch.Tensor, temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
@@ -88,24 +91,46 @@ def _chunk_fns(compiled: bool) -> tuple:
     return fns
 
 
+def _logits(h, weight, bias, out=None) -> torch.Tensor:
+    """``h W^T + b`` in the compute dtype, optionally into ``out`` (a slice of the kept logits)."""
+    if out is None:
+        return F.linear(h, weight, bias)
+    if bias is None:
+        return torch.mm(h, weight.t(), out=out)
+    return torch.addmm(bias, h, weight.t(), out=out)
+
+
 class _ChunkedLogprobs(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, hidden, weight, bias, targets, temperature: float, chunk: int, compiled: bool):
-        T = hidden.shape[0]
-        fwd, _ = _chunk_fns(compiled)
-        logp = hidden.new_empty(T, dtype=torch.promote_types(hidden.dtype, torch.float32))
+    def forward(ctx, hidden, weight, bias, targets, temperature: float, chunk: int, compiled: bool,
+                keep_bytes: int):
+        T, V = hidden.shape[0], weight.shape[0]
+        out_dtype = torch.promote_types(hidden.dtype, torch.float32)
+        logp = hidden.new_empty(T, dtype=out_dtype)
         entropy = torch.empty_like(logp)
         lse = torch.empty_like(logp)
+        kernels = lk.available(hidden) and out_dtype == torch.float32
+        # the Triton path reads the logits in their compute dtype; keeping them (when they fit
+        # the budget, and a backward will come) saves it one [T, H] x [H, V] matmul per micro-batch
+        kept = None
+        z_dtype = torch.promote_types(hidden.dtype, weight.dtype)
+        if kernels and any(ctx.needs_input_grad[:3]) and T * V * z_dtype.itemsize <= keep_bytes:
+            kept = hidden.new_empty(T, V, dtype=z_dtype)
+        fwd, _ = _chunk_fns(compiled)
         for s in range(0, T, chunk):
-            logp[s:s + chunk], entropy[s:s + chunk], lse[s:s + chunk] = fwd(
-                hidden[s:s + chunk], weight, bias, targets[s:s + chunk], temperature)
-        ctx.save_for_backward(hidden, weight, bias, targets, lse, entropy)
-        ctx.temperature, ctx.chunk, ctx.compiled = temperature, chunk, compiled
+            h, y = hidden[s:s + chunk], targets[s:s + chunk]
+            if kernels:
+                z = _logits(h, weight, bias, None if kept is None else kept[s:s + chunk])
+                logp[s:s + chunk], entropy[s:s + chunk], lse[s:s + chunk] = lk.logprob_entropy(z, y, temperature)
+            else:
+                logp[s:s + chunk], entropy[s:s + chunk], lse[s:s + chunk] = fwd(h, weight, bias, y, temperature)
+        ctx.save_for_backward(hidden, weight, bias, targets, lse, entropy, kept)
+        ctx.temperature, ctx.chunk, ctx.compiled, ctx.kernels = temperature, chunk, compiled, kernels
         return logp, entropy
 
     @staticmethod
     def backward(ctx, g_logp, g_ent):
-        hidden, weight, bias, targets, lse, entropy = ctx.saved_tensors
+        hidden, weight, bias, targets, lse, entropy, kept = ctx.saved_tensors
         tau, chunk = ctx.temperature, ctx.chunk
         _, bwd = _chunk_fns(ctx.compiled)
         need_h, need_w, need_b = ctx.needs_input_grad[:3]
@@ -119,9 +144,12 @@ class _ChunkedLogprobs(torch.autograd.Function):
         grad_b = torch.zeros(weight.shape[0], dtype=acc, device=weight.device) if need_b else None
         g_logp, g_ent = g_logp.contiguous(), g_ent.contiguous()
         for s in range(0, hidden.shape[0], chunk):
-            h = hidden[s:s + chunk]
-            dz = bwd(h, weight, bias, targets[s:s + chunk], lse[s:s + chunk], entropy[s:s + chunk],
-                     g_logp[s:s + chunk], g_ent[s:s + chunk], tau)
+            h, y, g, e = hidden[s:s + chunk], targets[s:s + chunk], g_logp[s:s + chunk], g_ent[s:s + chunk]
+            if ctx.kernels:
+                z = kept[s:s + chunk] if kept is not None else _logits(h, weight, bias)
+                dz = lk.logprob_entropy_grad_(z, y, lse[s:s + chunk], entropy[s:s + chunk], g, e, tau)
+            else:
+                dz = bwd(h, weight, bias, y, lse[s:s + chunk], entropy[s:s + chunk], g, e, tau)
             if need_h:
                 torch.mm(dz, weight, out=grad_h[s:s + chunk])
             if need_w and fused_acc:
@@ -131,17 +159,23 @@ class _ChunkedLogprobs(torch.autograd.Function):
             if need_b:
                 grad_b += dz.to(acc).sum(0)
         return (grad_h, grad_w.to(weight.dtype) if need_w else None,
-                grad_b.to(bias.dtype) if need_b else None, None, None, None, None)
+                grad_b.to(bias.dtype) if need_b else None, None, None, None, None, None)
 
 
 def chunked_logprobs(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, temperature: float,
                      chunk_tokens: int, bias: torch.Tensor | None = None,
-                     compiled: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+                     compiled: bool = False, keep_logits_bytes: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     """``(logp, entropy)`` float32 [T] for ``hidden`` [T, H]; never holds more than
-    ``chunk_tokens x V`` logits. ``chunk_tokens <= 0`` computes all positions at once.
-    ``compiled``: run the per-chunk math through torch.compile (same results up to rounding)."""
+    ``chunk_tokens x V`` float32 logits. ``chunk_tokens <= 0`` computes all positions at once.
+
+    On CUDA (or Triton's interpreter) the per-chunk math runs in `logprob_kernels` (one pass over
+    the compute-dtype logits); ``keep_logits_bytes``: keep those ``[T, V]`` logits for backward
+    when they take at most this many bytes, instead of recomputing each chunk's matmul there.
+    Elsewhere ``compiled`` runs the per-chunk math through torch.compile (same results up to
+    rounding)."""
     chunk = chunk_tokens if chunk_tokens > 0 else max(hidden.shape[0], 1)
-    return _ChunkedLogprobs.apply(hidden, weight, bias, targets, float(temperature), chunk, bool(compiled))
+    return _ChunkedLogprobs.apply(hidden, weight, bias, targets, float(temperature), chunk, bool(compiled),
+                                  int(keep_logits_bytes))
 
 
 class LogprobHead(nn.Module):
@@ -158,6 +192,7 @@ class LogprobHead(nn.Module):
         self.in_features, self.out_features = lm_head.in_features, lm_head.out_features
         self.chunk_tokens = chunk_tokens
         self.compiled = False  # trainer.compile: torch.compile the per-chunk math
+        self.keep_logits_bytes = 0  # trainer.logprob_keep_logits_gib
         self.request: tuple[torch.Tensor, float] | None = None
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
@@ -167,7 +202,7 @@ class LogprobHead(nn.Module):
         flat = hidden.reshape(-1, hidden.shape[-1])
         if self.chunk_tokens > 0:
             logp, ent = chunked_logprobs(flat, self.weight, targets, temperature, self.chunk_tokens, self.bias,
-                                         compiled=self.compiled)
+                                         compiled=self.compiled, keep_logits_bytes=self.keep_logits_bytes)
         else:
             logp, ent = plain_logprobs(F.linear(flat, self.weight, self.bias), targets, temperature)
         return torch.stack([logp, ent], dim=-1).view(*hidden.shape[:-1], 2)

@@ -153,6 +153,7 @@ def parallelize(model: torch.nn.Module, t, meshes: Meshes, device: torch.device,
     mode = getattr(t, "activation_checkpointing", "none") if train else "none"
     apply_activation_checkpointing(model, mode)
     head = install_logprob_head(model, getattr(t, "logprob_chunk_tokens", 0))
+    head.keep_logits_bytes = int(getattr(t, "logprob_keep_logits_gib", 0.0) * 2**30)
     if getattr(t, "compile", False):
         from rlcore.trainer.compile import compile_layers
         compile_layers(model)  # per layer, after checkpointing, before FSDP2 (see trainer.compile)

@@ -1,7 +1,8 @@
 """The trainer's packed-row path on CUDA: rlcore's varlen attention (flash kernel, grouped-query
 heads passed as they are) against transformers' own attention, both in bf16, each measured
 against a float32 computation of the same packed row; the chunked logprob head's weight gradient
-(bf16 GEMMs accumulating into float32) is checked on the way. Run on the GPU machine:
+(bf16 GEMMs accumulating into float32) is checked on the way; the head's Triton kernels are
+checked against the same math in torch at a Qwen3 vocabulary. Run on the GPU machine:
 
     pytest -q tests/gpu/test_trainer_gpu.py
 """
@@ -90,3 +91,51 @@ def test_varlen_attention_with_grouped_kv_heads_matches_transformers_attention()
     # the tied embedding / lm_head gradient, summed over the head's chunks in float32 (bf16 GEMMs
     # accumulating in their epilogue): bf16-level error only
     assert varlen["grad_rel"]["embed_tokens"] < 0.05, res
+
+
+_HEAD_SCRIPT = r"""
+import json, torch
+from rlcore.trainer import logprob_kernels as lk
+from rlcore.trainer.logprobs import chunked_logprobs
+
+torch.manual_seed(0)
+dev = torch.device("cuda", 0)
+T, H, V = 3000, 256, 151936  # a Qwen3 vocabulary; T not a multiple of the chunk
+h0 = torch.randn(T, H, device=dev).bfloat16()
+W0 = (torch.randn(V, H, device=dev) * 0.05).bfloat16()
+y = torch.randint(0, V, (T,), device=dev)
+g, e = torch.randn(T, device=dev), torch.randn(T, device=dev)
+
+def run(keep_bytes, kernels):
+    lk_available = lk.available
+    if not kernels:
+        lk.available = lambda z: False
+    try:
+        h, W = h0.clone().requires_grad_(), W0.clone().requires_grad_()
+        lp, ent = chunked_logprobs(h, W, y, 0.8, chunk_tokens=1024, keep_logits_bytes=keep_bytes)
+        (lp * g + ent * e).sum().backward()
+        return lp.detach(), ent.detach(), h.grad.float(), W.grad.float()
+    finally:
+        lk.available = lk_available
+
+ref = run(0, False)  # torch math on the same bf16 logits
+out = {}
+for name, keep in (("recompute", 0), ("kept", 1 << 40)):
+    got = run(keep, True)
+    out[name] = {k: float((a - b).abs().max() / b.abs().max()) for k, a, b in zip(("logp", "entropy", "dh", "dW"), got, ref)}
+print("RESULT " + json.dumps(out))
+"""
+
+
+@pytest.mark.gpu(gpus=1)
+def test_logprob_head_triton_kernels_match_torch_math_at_qwen_vocab():
+    proc = subprocess.run([sys.executable, "-c", _HEAD_SCRIPT], cwd=ROOT, capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    res = json.loads(proc.stdout.split("RESULT ", 1)[1])
+    print(f"\n{res}")
+    for name, errs in res.items():
+        # same bf16 logits, float32 math in both: only summation order differs; the gradients
+        # differ by the rounding of dL/dz to bf16 before the GEMMs
+        assert errs["logp"] < 1e-5 and errs["entropy"] < 1e-5, (name, res)
+        assert errs["dh"] < 1e-2 and errs["dW"] < 1e-2, (name, res)
