@@ -96,7 +96,7 @@ class TrainerConfig:
     logprob_keep_logits_gib: float = 4.0
     """GPU: keep a micro-batch's bf16 [T, vocab] logits for backward when they fit in this many GiB (else recompute them); 0 = always recompute."""
     compile: bool = False
-    """torch.compile each decoder layer (and the logprob head's chunk math); dynamic token counts, no recompiles per batch."""
+    """torch.compile each decoder layer (and the logprob head's chunk math where its Triton kernels do not run); dynamic token counts, no recompiles per batch."""
     param_dtype: str = "float32"
     """Stored parameter (and AdamW state) dtype: `float32` (master weights, bf16 compute on GPU) or `bfloat16` (lossy updates)."""
     lora: LoRAConfig = field(default_factory=LoRAConfig)
