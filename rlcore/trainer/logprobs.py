@@ -116,7 +116,7 @@ class _ChunkedLogprobs(torch.autograd.Function):
         z_dtype = torch.promote_types(hidden.dtype, weight.dtype)
         if kernels and any(ctx.needs_input_grad[:3]) and T * V * z_dtype.itemsize <= keep_bytes:
             kept = hidden.new_empty(T, V, dtype=z_dtype)
-        fwd, _ = _chunk_fns(compiled)
+        fwd = None if kernels else _chunk_fns(compiled)[0]
         for s in range(0, T, chunk):
             h, y = hidden[s:s + chunk], targets[s:s + chunk]
             if kernels:
@@ -132,7 +132,7 @@ class _ChunkedLogprobs(torch.autograd.Function):
     def backward(ctx, g_logp, g_ent):
         hidden, weight, bias, targets, lse, entropy, kept = ctx.saved_tensors
         tau, chunk = ctx.temperature, ctx.chunk
-        _, bwd = _chunk_fns(ctx.compiled)
+        bwd = None if ctx.kernels else _chunk_fns(ctx.compiled)[1]
         need_h, need_w, need_b = ctx.needs_input_grad[:3]
         grad_h = torch.empty_like(hidden) if need_h else None
         # accumulate the weight gradient in float32 across chunks, cast once; on CUDA the bf16 /
