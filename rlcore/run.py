@@ -15,7 +15,9 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 from rlcore.config import RunConfig
+from rlcore.config_keys import typed_env_arg_override, unknown_key, unknown_keys
 from rlcore.plan import format_plan, make_plan
+from rlcore.resume_model import explicit_model_keys, use_checkpoint_model
 from rlcore.validate import ConfigError, resource_problems, validate
 
 REPO = Path(__file__).resolve().parent.parent
@@ -42,9 +44,14 @@ def _one_line(exc: BaseException) -> str:
     return " | ".join(keep[:3]) or type(exc).__name__
 
 
+def _override_key(override: str) -> str:
+    return override.lstrip("~+").partition("=")[0]
+
+
 def compose(overrides: list[str]) -> RunConfig:
     """Hydra composition of conf/config.yaml, the recipe, and the command-line overrides,
-    typed against the RunConfig schema. Raises ConfigError."""
+    typed against the RunConfig schema. A key the schema does not declare is refused, with or
+    without `+`. Raises ConfigError."""
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
     from hydra.core.config_store import ConfigStore
@@ -60,6 +67,13 @@ def compose(overrides: list[str]) -> RunConfig:
     overrides = ["+recipe=" + recipe if o.lstrip("+").startswith("recipe=") else o for o in overrides]
     # `resume=true|PATH` is the documented spelling of `checkpoint.resume=...`
     overrides = ["checkpoint." + o.lstrip("+") if o.lstrip("+").startswith("resume=") else o for o in overrides]
+    for o in overrides:
+        key = _override_key(o)
+        if key != "recipe" and not key.startswith("hydra.") and "@" not in key:
+            why = unknown_key(key)
+            if why:
+                raise ConfigError(key, why)
+    overrides = [typed_env_arg_override(o) for o in overrides]
 
     ConfigStore.instance().store(name="rlcore_schema", node=RunConfig)
     GlobalHydra.instance().clear()
@@ -69,8 +83,12 @@ def compose(overrides: list[str]) -> RunConfig:
     except Exception as exc:  # Hydra/OmegaConf raise many types; all mean "bad config"
         key = getattr(exc, "full_key", None) or _key_from(exc)
         raise ConfigError(key or "config", _one_line(exc)) from None
+    found = unknown_keys(cfg)  # a recipe's or a YAML file's own misspelt keys
+    if found:
+        raise ConfigError(*found[0], more=found[1:])
     obj: RunConfig = OmegaConf.to_object(cfg)
     obj.recipe = recipe
+    use_checkpoint_model(obj, explicit_model_keys(overrides))
     return obj
 
 
@@ -91,7 +109,7 @@ def check_cluster(cfg: RunConfig) -> None:
         gpus = cfg.cluster.num_gpus if cfg.cluster.num_gpus is not None else torch.cuda.device_count()
         found = resource_problems(cfg, cpus, gpus, "this machine")
     if found:
-        raise ConfigError(*found[0])
+        raise ConfigError(*found[0], more=found[1:])
 
 
 def local_ray_environment() -> None:
@@ -144,6 +162,59 @@ def ray_address(cfg: RunConfig) -> str | None:
     return cfg.cluster.address or os.environ.get("RAY_ADDRESS") or None
 
 
+class RayStartError(RuntimeError):
+    """Ray could not be started or reached; the message says what to try."""
+
+
+def start_ray(cfg: RunConfig) -> None:
+    """`ray.init` for this run: connect to `cluster.address` / RAY_ADDRESS, or start a local
+    cluster. A local start that fails (e.g. "the current node timed out during startup" on a
+    loaded machine) is retried once after a clean shutdown; connecting is not retried (the
+    address is wrong or the cluster is down). Raises RayStartError with one line."""
+    import ray
+    address = ray_address(cfg)
+    kwargs = dict(address=address, num_cpus=None if address else cfg.cluster.num_cpus,
+                  num_gpus=None if address else cfg.cluster.num_gpus, include_dashboard=False,
+                  log_to_driver=True, logging_level=logging.WARNING,
+                  runtime_env={"env_vars": {"PYTHONPATH": os.pathsep.join(
+                      p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)}} if address is None else None)
+    attempts = 1 if address else 2
+    for attempt in range(1, attempts + 1):
+        try:
+            ray.init(**kwargs)
+            return
+        except Exception as exc:  # Ray raises plain Exception, RuntimeError, ConnectionError here
+            why = _one_line(exc)
+            ray.shutdown()  # leaves nothing of the failed start behind
+            if attempt < attempts:
+                logging.getLogger("rlcore").warning("Ray failed to start (%s); retrying once", why)
+                continue
+            if address:
+                raise RayStartError(f"could not connect to the Ray cluster at {address} ({why}); check that it "
+                                    "is running (`ray status`) and that cluster.address / RAY_ADDRESS is right") from exc
+            raise RayStartError(f"the local Ray cluster did not start, twice ({why}); the machine may be "
+                                "overloaded: retry, lower cluster.num_cpus, or start Ray yourself "
+                                "(`ray start --head`) and set RAY_ADDRESS") from exc
+
+
+def prepare_output_dir(cfg: RunConfig) -> Path:
+    """Create `output_dir` and write the composed config into it (validation checked both)."""
+    out = Path(cfg.output_dir).expanduser()
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        OmegaConf.save(OmegaConf.structured(cfg), out / "config.yaml")
+    except OSError as exc:
+        raise ConfigError("output_dir", f"{cfg.output_dir!r}: {exc.strerror or exc}") from None
+    return out
+
+
+def report(exc: ConfigError) -> int:
+    """Every problem on its own line, the first one first; exit code 2."""
+    for line in exc.lines():
+        print(f"rlcore: config error: {line}", file=sys.stderr)
+    return EXIT_CONFIG
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -155,15 +226,15 @@ def main(argv: list[str] | None = None) -> int:
             if cfg.dry_run:
                 print(format_plan(cfg, plan))
             if plan.problems:
-                raise ConfigError(*plan.problems[0])
+                raise ConfigError(*plan.problems[0], more=plan.problems[1:])
             if cfg.dry_run:
                 return 0
         elif ray_address(cfg) is None:
             check_cluster(cfg)
         prepared = prepare(cfg)
+        out = prepare_output_dir(cfg)
     except ConfigError as exc:
-        print(f"rlcore: config error: {exc}", file=sys.stderr)
-        return EXIT_CONFIG
+        return report(exc)
 
     if ray_address(cfg) is None:
         local_ray_environment()
@@ -172,15 +243,12 @@ def main(argv: list[str] | None = None) -> int:
     from rlcore.driver import RunError, config_dict
     from rlcore.metrics import MetricsLogger
 
-    out = Path(cfg.output_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    OmegaConf.save(OmegaConf.structured(cfg), out / "config.yaml")
+    try:
+        start_ray(cfg)
+    except RayStartError as exc:
+        print(f"rlcore: error: {exc}", file=sys.stderr)
+        return EXIT_RUN
     address = ray_address(cfg)
-    ray.init(address=address, num_cpus=None if address else cfg.cluster.num_cpus,
-             num_gpus=None if address else cfg.cluster.num_gpus, include_dashboard=False,
-             log_to_driver=True, logging_level=logging.WARNING,
-             runtime_env={"env_vars": {"PYTHONPATH": os.pathsep.join(
-                 p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)}} if address is None else None)
     driver = None
     logger = None
     try:
@@ -194,8 +262,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"rlcore: done: {summary(cfg, history)}; metrics in {out / 'metrics.jsonl'}")
         return 0
     except ConfigError as exc:
-        print(f"rlcore: config error: {exc}", file=sys.stderr)
-        return EXIT_CONFIG
+        return report(exc)
     except KeyboardInterrupt:
         print("rlcore: interrupted; shutting down", file=sys.stderr)
         return EXIT_INTERRUPTED

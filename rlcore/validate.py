@@ -1,13 +1,22 @@
 """Whole-config validation, before Ray starts: every problem is reported as the key it is about.
 
-`validate(cfg)` raises `ConfigError` with the first problem found; `problems(cfg)` lists all.
+`validate(cfg)` raises `ConfigError` carrying every problem found (the first one names its key
+in the error's one-line `str()`); `problems(cfg)` lists them.
 """
 
 from __future__ import annotations
 
-from pathlib import Path
-
+from rlcore import checkpoint_dirs, evaluation, sft
+from rlcore.algo import validate_algo  # the algorithm family validates its own switches
 from rlcore.config import RunConfig
+from rlcore.config_keys import env_arg_problems
+from rlcore.envs import make_env, registered
+from rlcore.envs.base import resolve_env
+from rlcore.models.source import gguf_problems, model_path_problems
+from rlcore.models.vl_names import VL_MODEL_TYPES, is_vl_arch
+from rlcore.rundir import output_dir_problems
+from rlcore.trainer.options import AC_MODES, FP8_RECIPES, PARAM_DTYPE_NAMES, mesh_problems, torchao_available
+from rlcore.trainer.options import schedule_problems
 
 ENGINES = ("hf", "vllm")
 DTYPES = ("float32", "bfloat16", "float16")
@@ -16,11 +25,17 @@ MODES = ("rl", "sft", "eval")
 
 
 class ConfigError(ValueError):
-    """A bad config value; `str()` is one line that starts with the offending key."""
+    """A bad config value; `str()` is one line that starts with the offending key. `problems`
+    holds it and any further (key, message) pairs found in the same check."""
 
-    def __init__(self, key: str, message: str):
+    def __init__(self, key: str, message: str, more: list[tuple[str, str]] | tuple = ()):
         self.key = key
+        self.problems = [(key, message), *more]
         super().__init__(f"{key}: {message}")
+
+    def lines(self) -> list[str]:
+        """One `KEY: message` line per problem, the first one first."""
+        return [f"{k}: {m}" for k, m in self.problems]
 
 
 def check_min(problems: list, key: str, value, minimum: int, note: str = "") -> None:
@@ -49,9 +64,10 @@ def problems(cfg: RunConfig) -> list[tuple[str, str]]:
         out.append(("model.tokenizer", f"unknown tokenizer {m.tokenizer!r}; choose one of {list(TOKENIZERS)}"))
     if m.dtype not in DTYPES:
         out.append(("model.dtype", f"unknown dtype {m.dtype!r}; choose one of {list(DTYPES)}"))
-    # a hub id ("org/name") is only checked when loaded; a local path can be checked now
-    if m.path and m.path.startswith((".", "/", "~")) and not Path(m.path).expanduser().exists():
-        out.append(("model.path", f"directory {m.path!r} does not exist"))
+    out.extend(gguf_problems(m.gguf_file))
+    if not cfg.dry_run:  # a dry run plans for another machine: its disks and network are not here
+        out.extend(model_path_problems(m.path, m.gguf_file))
+        out.extend(output_dir_problems(cfg))
 
     t = cfg.trainer
     _positive(out, "trainer.world_size", t.world_size)
@@ -121,34 +137,41 @@ def problems(cfg: RunConfig) -> list[tuple[str, str]]:
 
 
 def algo_problems(cfg: RunConfig) -> list[tuple[str, str]]:
-    from rlcore.algo import validate_algo  # the algorithm family validates its own switches
     out = list(validate_algo(cfg.algo))
     check_min(out, "algo.max_off_policy_steps", cfg.algo.max_off_policy_steps, 0)
     return out
 
 
 def env_problems(cfg: RunConfig) -> list[tuple[str, str]]:
-    from rlcore.envs import make_env, registered
-    from rlcore.envs.base import resolve_env
-    if resolve_env(cfg.env.name) is None:
+    """`env.name` resolves, `env.args` are arguments of its constructor with valid values, and
+    the splits the run reads are not empty."""
+    cls = resolve_env(cfg.env.name)
+    if cls is None:
         return [("env.name", f"unknown environment {cfg.env.name!r}; choose one of {sorted(registered())} "
                  "or give an importable module:Class")]
+    args = dict(cfg.env.args)
+    misspelt = env_arg_problems(cfg.env.name, cls, args)
+    if misspelt:
+        return misspelt
     try:  # constructing an environment is cheap and checks its arguments
-        make_env(cfg.env.name, dict(cfg.env.args), cfg.env.seed)
+        env = make_env(cfg.env.name, args, cfg.env.seed)
     except TypeError as exc:
         return [("env.args", f"{cfg.env.name}: {exc}")]
     except ValueError as exc:
         msg = str(exc)
         key, _, rest = msg.partition(": ")
         return [(key, rest)] if key.startswith("env.") else [("env.args", msg)]
+    splits = (["train"] if cfg.mode == "rl" else []) + \
+        ([cfg.eval.split] if cfg.mode == "eval" or (cfg.mode == "rl" and cfg.eval.every_n_steps > 0) else [])
+    for split in splits:
+        if env.split_size(split) == 0:
+            return [("env.args", f"the {split!r} split of environment {cfg.env.name!r} is empty (no tasks)")]
     return []
 
 
 def vision_problems(cfg: RunConfig) -> list[tuple[str, str]]:
     """Images need a vision-language policy, and such a policy runs without context parallelism.
     A model loaded from `path` is only checked when built."""
-    from rlcore.envs.base import resolve_env
-    from rlcore.models.vision import VL_MODEL_TYPES, is_vl_arch
     m, out = cfg.model, []
     vl = is_vl_arch(m.arch) if m.path is None else None
     if getattr(resolve_env(cfg.env.name), "uses_images", False) and vl is False:
@@ -166,8 +189,6 @@ def vision_problems(cfg: RunConfig) -> list[tuple[str, str]]:
 def trainer_parallel_problems(cfg: RunConfig) -> list[tuple[str, str]]:
     """Mesh (dp, cp, ep) against the world size and the model; checkpointing, logprob chunking
     and LoRA switches. Model facts come from `model.arch` (a hub model is checked when built)."""
-    from rlcore.trainer.activation_checkpoint import MODES as AC_MODES
-    from rlcore.trainer.parallel import PARAM_DTYPES, mesh_problems
     t, arch = cfg.trainer, dict(cfg.model.arch)
     known = cfg.model.path is None  # a random-weight model: its shape is in model.arch
     out = mesh_problems(t.dp, t.cp, t.ep, t.world_size, num_experts=arch.get("num_experts", 0) if known else None,
@@ -177,8 +198,8 @@ def trainer_parallel_problems(cfg: RunConfig) -> list[tuple[str, str]]:
                     f"unknown mode {t.activation_checkpointing!r}; choose one of {list(AC_MODES)}"))
     check_min(out, "trainer.logprob_chunk_tokens", t.logprob_chunk_tokens, 0)
     check_min(out, "trainer.logprob_keep_logits_gib", t.logprob_keep_logits_gib, 0)
-    if t.param_dtype not in PARAM_DTYPES:
-        out.append(("trainer.param_dtype", f"unknown dtype {t.param_dtype!r}; choose one of {list(PARAM_DTYPES)}"))
+    if t.param_dtype not in PARAM_DTYPE_NAMES:
+        out.append(("trainer.param_dtype", f"unknown dtype {t.param_dtype!r}; choose one of {list(PARAM_DTYPE_NAMES)}"))
     lora = t.lora
     if lora.enabled:
         _positive(out, "trainer.lora.rank", lora.rank)
@@ -195,10 +216,9 @@ QUANTIZATIONS = ("fp8",)
 
 def fp8_problems(cfg: RunConfig) -> list[tuple[str, str]]:
     """`trainer.fp8` (torchao float8 on Hopper) and `rollout.quantization` (vLLM online FP8)."""
-    from rlcore.trainer.float8 import RECIPES, torchao_available
     t, r, out = cfg.trainer, cfg.rollout, []
-    if t.fp8 not in RECIPES:
-        out.append(("trainer.fp8", f"unknown FP8 recipe {t.fp8!r}; choose one of {list(RECIPES)}"))
+    if t.fp8 not in FP8_RECIPES:
+        out.append(("trainer.fp8", f"unknown FP8 recipe {t.fp8!r}; choose one of {list(FP8_RECIPES)}"))
     elif t.fp8 != "none" and cfg.mode != "eval":
         if t.gpus_per_rank <= 0:
             out.append(("trainer.fp8", "FP8 matmuls need a Hopper GPU (compute capability >= 8.9) per trainer rank: "
@@ -221,9 +241,7 @@ def fp8_problems(cfg: RunConfig) -> list[tuple[str, str]]:
 
 def lifecycle_problems(cfg: RunConfig) -> list[tuple[str, str]]:
     """checkpoint.*, sft.*, eval.* and the learning-rate schedule (each module checks its own)."""
-    from rlcore import checkpoint, evaluation, sft
-    from rlcore.trainer.schedule import config_problems as schedule_problems
-    return [*schedule_problems(cfg.trainer), *checkpoint.config_problems(cfg), *sft.config_problems(cfg),
+    return [*schedule_problems(cfg.trainer), *checkpoint_dirs.config_problems(cfg), *sft.config_problems(cfg),
             *evaluation.config_problems(cfg)]
 
 
@@ -246,6 +264,7 @@ def resource_problems(cfg: RunConfig, cpus: float, gpus: float, where: str) -> l
 
 
 def validate(cfg: RunConfig) -> None:
+    """Raise ConfigError with every problem of `cfg` (none: return)."""
     found = problems(cfg)
     if found:
-        raise ConfigError(*found[0])
+        raise ConfigError(*found[0], more=found[1:])

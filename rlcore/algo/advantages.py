@@ -13,10 +13,7 @@ import torch
 
 from rlcore.config import AlgoConfig
 
-ESTIMATORS = ("grpo", "rloo", "reinforce_pp_baseline")
-"""Values of ``algo.name``."""
-LENGTH_PENALTIES = ("none", "overlong", "linear")
-"""Values of ``algo.length_penalty``."""
+from rlcore.algo.names import ESTIMATORS, LENGTH_PENALTIES  # noqa: F401  (re-exported)
 
 _EPS = 1e-6
 

@@ -41,8 +41,7 @@ import torch
 from rlcore.algo.tokens import masked_max, masked_min, masked_sum, per_sample_mean
 from rlcore.config import AlgoConfig
 
-MIS_LEVELS = ("none", "token", "sequence")
-"""Values of ``algo.mis_level``."""
+from rlcore.algo.names import MIS_LEVELS  # noqa: F401  (re-exported)
 
 
 @dataclass

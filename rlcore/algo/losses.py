@@ -39,8 +39,7 @@ from rlcore.algo.corrections import mismatch_correction, uses_old_ratio
 from rlcore.algo.tokens import masked_max, masked_min, masked_sum, per_sample_count, per_sample_mean
 from rlcore.config import AlgoConfig
 
-LOSSES = ("ppo_clip", "dr_grpo", "dapo", "gspo", "cispo")
-"""Values of ``algo.loss``."""
+from rlcore.algo.names import LOSSES  # noqa: F401  (re-exported)
 
 
 @dataclass

@@ -6,9 +6,7 @@ config validator can report every problem at once and name the key.
 
 from __future__ import annotations
 
-from rlcore.algo.advantages import ESTIMATORS, LENGTH_PENALTIES
-from rlcore.algo.corrections import MIS_LEVELS
-from rlcore.algo.losses import LOSSES
+from rlcore.algo.names import ESTIMATORS, LENGTH_PENALTIES, LOSSES, MIS_LEVELS
 from rlcore.config import AlgoConfig
 
 Problem = tuple[str, str]

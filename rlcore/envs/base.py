@@ -17,14 +17,16 @@ from __future__ import annotations
 import abc
 import math
 import random
-from typing import Any, Iterator
+from typing import TYPE_CHECKING, Any, Iterator
 
-from transformers import PreTrainedTokenizerBase
-
-from rlcore.engine.base import RolloutEngine, SamplingParams
 from rlcore.envs.render import render_prompt
 from rlcore.envs.safety import Outcome, call_many, check_safety_args
 from rlcore.types import Group, Sample, Task
+
+if TYPE_CHECKING:  # type names only: validation constructs environments before torch loads
+    from transformers import PreTrainedTokenizerBase
+
+    from rlcore.engine.base import RolloutEngine, SamplingParams
 
 Message = dict[str, Any]
 
@@ -55,6 +57,11 @@ class Environment(abc.ABC):
     def eval_size(self) -> int:
         """Number of tasks in the eval split: `make_task(i, "eval")` for i < eval_size."""
         return self._eval_size
+
+    def split_size(self, split: str) -> int | None:
+        """Tasks in `split` when it is a finite dataset (0: empty), None when tasks are generated
+        without end. Validation refuses an empty split before anything starts."""
+        return self.eval_size if split == "eval" else None
 
     def eval_tasks(self) -> list[Task]:
         """The whole eval split, in order (what an evaluation runner iterates)."""

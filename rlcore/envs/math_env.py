@@ -50,6 +50,9 @@ class MathWordProblems(Environment):
     def eval_size(self) -> int:
         return self._eval_size
 
+    def split_size(self, split: str) -> int | None:
+        return len(self.split_rows.get(split, []))
+
     def _row(self, index: int, split: str) -> dict:
         rows = self.split_rows[split]
         if not rows:

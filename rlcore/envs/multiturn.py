@@ -18,15 +18,17 @@ from __future__ import annotations
 
 import abc
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from transformers import PreTrainedTokenizerBase
-
-from rlcore.engine.base import Generation, RolloutEngine, SamplingParams
 from rlcore.envs.base import Environment, Message
 from rlcore.envs.render import TurnRenderer
 from rlcore.envs.safety import call_many
 from rlcore.types import Group, Sample, Task
+
+if TYPE_CHECKING:  # type names only: validation constructs environments before torch loads
+    from transformers import PreTrainedTokenizerBase
+
+    from rlcore.engine.base import Generation, RolloutEngine, SamplingParams
 
 
 @dataclass

@@ -12,9 +12,10 @@ Llama 3, the built-in char template, ...). A template that is not is reported, n
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from transformers import PreTrainedTokenizerBase
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 # A neutral conversation the delta is measured after; its contents never reach the policy.
 _PLACEHOLDER = [{"role": "user", "content": "x"}, {"role": "assistant", "content": "y"}]

@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from rlcore.envs.base import Environment, register, rng_for
-from rlcore.models.vision import IMAGE_PLACEHOLDER
+from rlcore.models.vl_names import IMAGE_PLACEHOLDER
 from rlcore.types import Task
 
 COLOURS = [(230, 25, 75), (60, 180, 75), (0, 130, 200), (245, 130, 48), (145, 30, 180), (240, 50, 230),

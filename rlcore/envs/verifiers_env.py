@@ -44,13 +44,13 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
-from transformers import PreTrainedTokenizerBase
-
-from rlcore.engine.base import RolloutEngine, SamplingParams
 from rlcore.envs.base import Environment, register
 from rlcore.types import Group, Sample, Task
 
 if TYPE_CHECKING:  # rlcore.serving imports rlcore.envs: imported where used
+    from transformers import PreTrainedTokenizerBase
+
+    from rlcore.engine.base import RolloutEngine, SamplingParams
     from rlcore.serving.openai_server import OpenAIServer, TokenRecord
 
 
@@ -155,9 +155,14 @@ class VerifiersEnvironment(Environment):
     def eval_size(self) -> int:
         return min(self._eval_size, len(self._dataset("eval")))
 
+    def split_size(self, split: str) -> int | None:
+        return len(self._dataset(split))
+
     def make_task(self, index: int, split: str) -> Task:
         ds = self._dataset(split)
         n = len(ds)
+        if n == 0:
+            raise ValueError(f"env.args.load: the verifiers environment {self.load!r} has an empty {split} dataset")
         if split == "eval":
             row_index = index % n
         else:  # a seeded permutation per pass over the dataset

@@ -25,13 +25,16 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
-VISION_START, VISION_END, IMAGE_PAD, VIDEO_PAD = "<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>"
-VISION_TOKENS = [VISION_START, VISION_END, IMAGE_PAD, VIDEO_PAD]
-IMAGE_PLACEHOLDER = VISION_START + IMAGE_PAD + VISION_END
-"""What a message's text contains where an image goes (one per image, in order)."""
-
-VL_MODEL_TYPES = ("qwen2_5_vl",)
-"""Vision-language model types rlcore builds, trains and serves."""
+from rlcore.models.vl_names import (  # noqa: F401  (re-exported)
+    IMAGE_PAD,
+    IMAGE_PLACEHOLDER,
+    VIDEO_PAD,
+    VISION_END,
+    VISION_START,
+    VISION_TOKENS,
+    VL_MODEL_TYPES,
+    is_vl_arch,
+)
 
 # CLIP normalisation: what Qwen2-VL/2.5-VL ship in their preprocessor_config.json
 CLIP_MEAN = [0.48145466, 0.4578275, 0.40821073]
@@ -73,10 +76,6 @@ class VisionSpec:
         video = {**self.preprocessor_config(), "video_processor_type": "Qwen2VLVideoProcessor"}
         video.pop("image_processor_type")
         Path(directory, "video_preprocessor_config.json").write_text(json.dumps(video, indent=2))
-
-
-def is_vl_arch(arch: dict) -> bool:
-    return arch.get("model_type") in VL_MODEL_TYPES
 
 
 def is_vision_model(model_or_config: Any) -> bool:

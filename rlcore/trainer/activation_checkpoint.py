@@ -20,7 +20,7 @@ import importlib
 import torch
 from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
 
-MODES = ("none", "full", "selective")
+from rlcore.trainer.options import AC_MODES as MODES
 
 
 def _saved_ops() -> set:

@@ -27,18 +27,13 @@ casts with fp32 matmuls. torchao is imported lazily (the ``fp8`` extra: ``pip in
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 
 from torch import nn
 
-RECIPES = ("none", "tensorwise", "rowwise")
-"""Values of ``trainer.fp8``: off, one scale per tensor, or one scale per row (torchao recipes)."""
+from rlcore.trainer.options import FP8_RECIPES as RECIPES
+from rlcore.trainer.options import torchao_available  # noqa: F401  (re-exported)
 
 _SKIP_NAMES = ("lm_head", "gate", "router", "shared_expert_gate")
-
-
-def torchao_available() -> bool:
-    return importlib.util.find_spec("torchao") is not None
 
 
 def _check_gpu() -> None:

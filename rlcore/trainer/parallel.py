@@ -29,6 +29,8 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
+from rlcore.trainer.options import mesh_problems  # noqa: F401  (re-exported)
+
 
 @dataclass(frozen=True)
 class ParallelDims:
@@ -59,35 +61,6 @@ class ParallelDims:
 
     def cp_rank(self, rank: int) -> int:
         return rank % self.cp
-
-
-def mesh_problems(dp, cp: int, ep: int, world_size: int, num_experts: int | None = None,
-                  num_heads: int | None = None) -> list[tuple[str, str]]:
-    """Config-time checks of the mesh (no torch.distributed needed); one (key, message) each.
-    ``num_experts`` / ``num_heads`` None: unknown yet (a hub model), not checked; 0 experts: dense."""
-    out = []
-    if cp < 1:
-        out.append(("trainer.cp", f"must be >= 1, got {cp}"))
-    if ep < 1:
-        out.append(("trainer.ep", f"must be >= 1, got {ep}"))
-    if out:
-        return out
-    if dp is not None and dp < 1:
-        return [("trainer.dp", f"must be >= 1 or null, got {dp}")]
-    if dp is None and world_size % cp:
-        out.append(("trainer.cp", f"must divide trainer.world_size={world_size}, got {cp}"))
-    if dp is not None and dp * cp != world_size:
-        out.append(("trainer.dp", f"dp * cp must equal trainer.world_size: {dp} * {cp} != {world_size}"))
-    if world_size % ep:
-        out.append(("trainer.ep", f"must divide dp * cp = trainer.world_size={world_size}, got {ep}"))
-    if ep > 1 and num_experts == 0:
-        out.append(("trainer.ep", f"expert parallelism (ep={ep}) needs a MoE model (num_experts > 0)"))
-    elif ep > 1 and num_experts and num_experts % ep:
-        out.append(("trainer.ep", f"must divide the model's num_experts={num_experts}, got {ep}"))
-    if cp > 1 and num_heads and num_heads % cp:
-        out.append(("trainer.cp", f"Ulysses context parallelism splits attention heads: cp={cp} must "
-                    f"divide num_attention_heads={num_heads}"))
-    return out
 
 
 @dataclass

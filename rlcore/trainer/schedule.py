@@ -10,7 +10,8 @@ import math
 
 import torch
 
-SCHEDULES = ("constant", "linear", "cosine")
+from rlcore.trainer.options import SCHEDULES
+from rlcore.trainer.options import schedule_problems as config_problems  # noqa: F401  (re-exported)
 
 
 def lr_multiplier(step: int, schedule: str, warmup_steps: int, total_steps: int, min_ratio: float) -> float:
@@ -33,15 +34,3 @@ def build_scheduler(optimizer: torch.optim.Optimizer, trainer_cfg,
     t = trainer_cfg
     return torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda s: lr_multiplier(s, t.lr_schedule, t.warmup_steps, total_steps, t.min_lr_ratio))
-
-
-def config_problems(trainer_cfg) -> list[tuple[str, str]]:
-    t = trainer_cfg
-    out = []
-    if t.lr_schedule not in SCHEDULES:
-        out.append(("trainer.lr_schedule", f"unknown schedule {t.lr_schedule!r}; choose one of {list(SCHEDULES)}"))
-    if t.warmup_steps < 0:
-        out.append(("trainer.warmup_steps", f"must be >= 0, got {t.warmup_steps}"))
-    if not 0.0 <= t.min_lr_ratio <= 1.0:
-        out.append(("trainer.min_lr_ratio", f"must be in [0, 1], got {t.min_lr_ratio}"))
-    return out

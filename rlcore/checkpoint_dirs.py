@@ -1,0 +1,125 @@
+"""The directory side of checkpoints (torch-free): layout names, finding the newest complete
+checkpoint, what `checkpoint.resume` points at, and the config a checkpoint was saved with.
+The trainer-side save/load of the tensors is in :mod:`rlcore.checkpoint`."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+TRAINER_DIR = "trainer"
+TRAINER_EXTRA = "trainer_extra.pt"
+HF_DIR = "hf"
+DRIVER_STATE = "driver_state.pt"
+META = "meta.json"
+_STEP_RE = re.compile(r"^step_(\d{8})$")
+_TRUE = ("true", "latest", "yes", "1")
+_FALSE = ("", "false", "no", "0", "none", "null")
+
+
+def step_dir_name(step: int) -> str:
+    return f"step_{step:08d}"
+
+
+def checkpoint_root(cfg) -> Path:
+    return Path(cfg.checkpoint.dir or Path(cfg.output_dir) / "checkpoints").expanduser()
+
+
+def is_complete(path: Path) -> bool:
+    return (path / META).is_file() and (path / TRAINER_DIR / ".metadata").is_file()
+
+
+def list_checkpoints(root: Path) -> list[tuple[int, Path]]:
+    """Complete checkpoints under `root`, oldest first."""
+    if not root.is_dir():
+        return []
+    found = []
+    for p in root.iterdir():
+        m = _STEP_RE.match(p.name)
+        if m and p.is_dir() and is_complete(p):
+            found.append((int(m.group(1)), p))
+    return sorted(found)
+
+
+def latest_checkpoint(root: Path) -> Path | None:
+    found = list_checkpoints(root)
+    return found[-1][1] if found else None
+
+
+def resume_request(cfg) -> str | None:
+    """`checkpoint.resume` normalised: None (fresh start), "latest", or a path string."""
+    value = cfg.checkpoint.resume
+    if value is None or str(value).strip().lower() in _FALSE:
+        return None
+    if str(value).strip().lower() in _TRUE:
+        return "latest"
+    return str(value)
+
+
+def resolve_resume(cfg) -> Path | None:
+    """The checkpoint to resume from, or None for a fresh start. Raises ValueError (message
+    starts with the key) for a path that is not a complete checkpoint."""
+    req = resume_request(cfg)
+    if req is None:
+        return None
+    if req == "latest":
+        return latest_checkpoint(checkpoint_root(cfg))
+    path = Path(req).expanduser()
+    if path.is_dir() and not is_complete(path) and latest_checkpoint(path) is not None:
+        return latest_checkpoint(path)  # a checkpoint *directory* was given: take its newest
+    if not path.exists():
+        raise ValueError(f"checkpoint.resume: {req!r} does not exist")
+    if not is_complete(path):
+        raise ValueError(f"checkpoint.resume: {req!r} is not a complete checkpoint (no {META} or "
+                         f"{TRAINER_DIR}/.metadata; an interrupted save is never committed)")
+    return path
+
+
+def config_problems(cfg) -> list[tuple[str, str]]:
+    """Checks of `checkpoint.*` for `rlcore.validate` (the resume target must exist now)."""
+    c = cfg.checkpoint
+    out = [(key, f"must be >= 0, got {value!r}") for key, value in
+           (("checkpoint.interval", c.interval), ("checkpoint.keep_last", c.keep_last)) if value is None or value < 0]
+    try:
+        path = resolve_resume(cfg)
+    except ValueError as exc:
+        key, _, msg = str(exc).partition(": ")
+        out.append((key, msg))
+        return out
+    if path is not None and cfg.mode == "eval" and plain_load_problem(path):
+        out.append(("checkpoint.resume", plain_load_problem(path)))
+    return out
+
+
+def plain_load_problem(path: Path) -> str | None:
+    """Why a checkpoint's model entries cannot be loaded into the plain transformers model
+    (offline export, evaluation without a trainer), or None."""
+    try:
+        saved = read_meta(path).get("config") or {}
+    except (OSError, ValueError):
+        return None
+    lora = ((saved.get("trainer") or {}).get("lora") or {}) if isinstance(saved, dict) else {}
+    if isinstance(lora, dict) and lora.get("enabled"):
+        return (f"{path} holds LoRA adapters, not merged weights; export it from a run with "
+                "checkpoint.export_final=true (the trainer merges them)")
+    return None
+
+
+# -- atomic directory commits ------------------------------------------------------------------
+
+
+def read_meta(path: Path) -> dict[str, Any]:
+    return json.loads((path / META).read_text())
+
+
+def saved_model_config(path: Path) -> dict[str, Any] | None:
+    """The `model` section of the config a checkpoint was saved with, or None when its meta
+    file does not carry one (a checkpoint written by hand)."""
+    try:
+        saved = read_meta(path).get("config")
+    except (OSError, ValueError):
+        return None
+    model = saved.get("model") if isinstance(saved, dict) else None
+    return model if isinstance(model, dict) else None

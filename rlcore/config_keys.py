@@ -1,0 +1,100 @@
+"""Keys against the schema: every key a user writes (command line, recipe, YAML) must exist in
+:class:`rlcore.config.RunConfig`, and every `env.args` key must be an argument of the chosen
+environment's constructor. A misspelt key is reported with the nearest valid one (difflib).
+
+Free-form mappings (`model.arch`, `model.processor`, `rollout.engine_kwargs`, `env.args.env_kwargs`)
+are passed through to transformers / vLLM / the user's code and are not checked here.
+"""
+
+from __future__ import annotations
+
+import difflib
+import inspect
+from typing import Any
+
+from omegaconf import DictConfig, ListConfig, OmegaConf
+
+from rlcore.config import RunConfig
+
+ENV_ARGS = "env.args"
+
+
+def _nearest(word: str, choices, prefix: str = "") -> str:
+    match = difflib.get_close_matches(word, [str(c) for c in choices], n=1, cutoff=0.5)
+    return f"; did you mean {prefix + match[0]!r}?" if match else ""
+
+
+def unknown_key(dotted: str, schema: DictConfig | None = None) -> str | None:
+    """Why `dotted` (e.g. `trainer.lr`) is not a key of the schema, or None when it is (keys
+    below a free-form mapping, including `env.args`, are accepted here)."""
+    node: Any = OmegaConf.structured(RunConfig) if schema is None else schema
+    done: list[str] = []
+    for part in dotted.split("."):
+        if isinstance(node, ListConfig) or (isinstance(node, DictConfig) and OmegaConf.get_type(node) is dict):
+            return None  # a list index or a free-form mapping: not the schema's business
+        if not isinstance(node, DictConfig):
+            return f"{'.'.join(done)} is a value, not a section"
+        if part not in node:
+            prefix = ".".join(done) + "." if done else ""
+            return f"unknown key{' in ' + '.'.join(done) if done else ''}{_nearest(part, node.keys(), prefix)}"
+        done.append(part)
+        node = node._get_node(part)
+    return None
+
+
+def unknown_keys(cfg: DictConfig) -> list[tuple[str, str]]:
+    """(key, message) for every key of a composed config that the schema does not declare."""
+    schema = OmegaConf.structured(RunConfig)
+    out: list[tuple[str, str]] = []
+
+    def walk(node: DictConfig, prefix: str) -> None:
+        for key in node.keys():
+            dotted = f"{prefix}{key}"
+            why = unknown_key(dotted, schema)
+            if why:
+                out.append((dotted, why))
+                continue
+            child = node._get_node(key)
+            if isinstance(child, DictConfig) and not child._is_none() and not child._is_missing():
+                walk(child, dotted + ".")
+    walk(cfg, "")
+    return out
+
+
+def env_arg_names(cls: type) -> set[str] | None:
+    """Keyword arguments an environment class accepts: the parameters of its `__init__`, and,
+    where that takes `**kwargs`, those of the next constructor up the MRO (environments forward
+    unknown keywords to `super().__init__`). `seed` is `env.seed`, not an `env.args` key.
+    None when `**kwargs` reach no declared parameter (then anything is accepted)."""
+    names: set[str] = set()
+    for klass in cls.__mro__:
+        init = klass.__dict__.get("__init__")
+        if init is None:
+            continue
+        if klass is object:
+            return None
+        params = list(inspect.signature(init).parameters.values())
+        names |= {p.name for p in params[1:]
+                  if p.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)}
+        if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
+            return names - {"seed"}
+    return None
+
+
+def env_arg_problems(env_name: str, cls: type, args: dict[str, Any]) -> list[tuple[str, str]]:
+    """(key, message) for each `env.args` key that `cls`'s constructor does not take."""
+    allowed = env_arg_names(cls)
+    if allowed is None:
+        return []
+    return [(f"{ENV_ARGS}.{key}", f"not an argument of environment {env_name!r}"
+             f"{_nearest(key, sorted(allowed), ENV_ARGS + '.') or f'; it takes {sorted(allowed)}'}")
+            for key in args if key not in allowed]
+
+
+def typed_env_arg_override(override: str) -> str:
+    """`env.args.KEY=V` (and `+env.args.KEY=V`) -> `++env.args.KEY=V`: set or add the key, since
+    which keys exist depends on the environment chosen (checked by `env_arg_problems`)."""
+    bare = override.lstrip("+")
+    if bare.startswith(ENV_ARGS + ".") and "=" in bare and not override.startswith("~"):
+        return "++" + bare
+    return override
