@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from rlcore.startup import StartupPhases
 from rlcore.types import Sample
 
 log = logging.getLogger("rlcore")
@@ -323,6 +324,7 @@ class SFTDriver:
         self.data = data
         self.groups = None
         self.start_step = 0
+        self.startup = StartupPhases()
         from rlcore.checkpoint import CheckpointWriter
         self.writer = CheckpointWriter(cfg)
 
@@ -334,10 +336,12 @@ class SFTDriver:
         if self.data is None:
             from rlcore.models.build import build_tokenizer
             self.data = build_dataset(cfg, build_tokenizer(cfg.model))
-        self.groups = place(cfg, rollout=False)
+        with self.startup.phase("placing actors"):
+            self.groups = place(cfg, rollout=False)
         trainers = self.groups.trainers
-        addr, port = get(trainers[0].address.remote(), t.step_timeout_s, "trainer rank 0 start")
-        get([tr.init_distributed.remote(addr, port) for tr in trainers], t.step_timeout_s, "trainer process-group init")
+        with self.startup.phase("loading the trainer model"):
+            addr, port = get(trainers[0].address.remote(), t.step_timeout_s, "trainer rank 0 start")
+            get([tr.init_distributed.remote(addr, port) for tr in trainers], t.step_timeout_s, "trainer process-group init")
         self.writer.clean_stale()
         path = ckpt.resolve_resume(cfg)
         if path is None:
