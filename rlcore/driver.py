@@ -151,7 +151,7 @@ class Driver:
             self.groups = place(cfg)
         g = self.groups
         t = cfg.trainer
-        with phase("loading the trainer model"):
+        with phase("starting the trainer and loading its model"):
             addr, port = get(g.trainers[0].address.remote(), t.step_timeout_s, "trainer rank 0 start")
             get([tr.init_distributed.remote(addr, port) for tr in g.trainers], t.step_timeout_s,
                 "trainer process-group init")

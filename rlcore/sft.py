@@ -339,7 +339,7 @@ class SFTDriver:
         with self.startup.phase("placing actors"):
             self.groups = place(cfg, rollout=False)
         trainers = self.groups.trainers
-        with self.startup.phase("loading the trainer model"):
+        with self.startup.phase("starting the trainer and loading its model"):
             addr, port = get(trainers[0].address.remote(), t.step_timeout_s, "trainer rank 0 start")
             get([tr.init_distributed.remote(addr, port) for tr in trainers], t.step_timeout_s, "trainer process-group init")
         self.writer.clean_stale()

@@ -1,7 +1,7 @@
 """The run summary printed when a run ends: a pure function of the step records.
 
 Reward (or SFT loss) is compared as the mean of the first `WINDOW` steps against the mean of the
-last `WINDOW` steps (single steps are noise: one step's batch is a few dozen samples). Rates are
+last `WINDOW` steps (half the run each when it is shorter; single steps are noise: one step's batch is a few dozen samples). Rates are
 totals over totals (sum of tokens / sum of step seconds), not means of per-step rates.
 """
 
@@ -13,14 +13,24 @@ WINDOW = 10
 """Steps averaged at each end of a run for the first/last comparison."""
 
 
-def window_means(history: Sequence[dict[str, Any]], key: str, n: int = WINDOW) -> tuple[float, float] | None:
-    """(mean of `key` over the first n records, mean over the last n), skipping records without
-    it; None when no record has it. A run shorter than 2n steps has overlapping windows."""
+def window(steps: int) -> int:
+    """Steps per window: `WINDOW`, or half the run when it is shorter than two windows (so the
+    first and last windows never overlap)."""
+    return max(1, min(WINDOW, steps // 2))
+
+
+def window_means(history: Sequence[dict[str, Any]], key: str) -> tuple[float, float, int] | None:
+    """(mean of `key` over the first w records that have it, mean over the last w, w) with
+    w = window(count); None when no record has it."""
     values = [float(r[key]) for r in history if r.get(key) is not None]
     if not values:
         return None
-    first, last = values[:n], values[-n:]
-    return sum(first) / len(first), sum(last) / len(last)
+    w = window(len(values))
+    return sum(values[:w]) / w, sum(values[-w:]) / w, w
+
+
+def _steps(n: int) -> str:
+    return f"{n} step" if n == 1 else f"{n} steps"
 
 
 def is_zero_advantage(record: dict[str, Any]) -> bool:
@@ -61,8 +71,7 @@ def rl_summary(history: Sequence[dict[str, Any]], eval_rows: Sequence[dict[str, 
     lines = [f"{n} steps in {history[-1].get('elapsed_s', _total(history, 'step_time_s')):.0f}s"]
     reward = window_means(history, "reward_mean")
     if reward is not None:
-        w = min(WINDOW, n)
-        lines.append(f"reward {reward[0]:.3f} -> {reward[1]:.3f} (means of the first and last {w} steps)")
+        lines.append(f"reward {reward[0]:.3f} -> {reward[1]:.3f} (means of the first and last {_steps(reward[2])})")
     evals = [r for r in eval_rows if r.get("eval/reward_mean") is not None]
     if evals:
         a, b = evals[0], evals[-1]
@@ -90,8 +99,7 @@ def sft_summary(history: Sequence[dict[str, Any]], phases: Sequence[tuple[str, f
     loss = window_means(history, "loss")
     lines = [f"{len(history)} SFT steps"]
     if loss is not None:
-        lines.append(f"loss {loss[0]:.4f} -> {loss[1]:.4f} (means of the first and last "
-                     f"{min(WINDOW, len(history))} steps)")
+        lines.append(f"loss {loss[0]:.4f} -> {loss[1]:.4f} (means of the first and last {_steps(loss[2])})")
     if phases:
         lines.append(f"start-up {sum(s for _, s in phases):.1f}s: {format_phases(phases)}")
     if artifact:

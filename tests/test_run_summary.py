@@ -26,16 +26,18 @@ def records(rewards, **extra):
 def test_reward_compares_window_means_not_single_steps():
     # first step 0.0 and last step 1.0 are outliers: single steps would read 0.000 -> 1.000
     rewards = [0.0] + [0.4] * 9 + [0.5] * 10 + [0.6] * 9 + [1.0]
-    first, last = window_means(records(rewards), "reward_mean")
+    first, last, w = window_means(records(rewards), "reward_mean")
+    assert w == 10
     assert first == pytest.approx(0.36) and last == pytest.approx(0.64)
     text = run_summary("rl", records(rewards))
     assert "reward 0.360 -> 0.640 (means of the first and last 10 steps)" in text
     assert "0.000 -> 1.000" not in text
 
 
-def test_short_run_windows_cover_what_there_is():
-    assert window_means(records([0.2, 0.4, 0.6]), "reward_mean") == pytest.approx((0.4, 0.4))
-    assert "last 3 steps" in run_summary("rl", records([0.2, 0.4, 0.6]))
+def test_short_run_windows_are_halves_that_do_not_overlap():
+    assert window_means(records([0.2, 0.4, 0.6]), "reward_mean") == pytest.approx((0.2, 0.6, 1))
+    assert "reward 0.200 -> 0.600 (means of the first and last 1 step)" in run_summary("rl", records([0.2, 0.4, 0.6]))
+    assert window_means(records([0.1, 0.3] * 6), "reward_mean")[2] == 6
 
 
 def test_summary_rates_times_eval_phases_and_artifact():
@@ -81,8 +83,8 @@ def test_summary_points_to_the_plot_when_the_run_wrote_one(tmp_path):
 
 def test_console_line_shows_grad_norm():
     line = format_line({"step": 3, "reward_mean": 0.5, "loss": 0.0, "grad_norm": 0.0, "entropy": 1.0})
-    assert "grad_norm 0 |" in line
-    assert "grad_norm 0.0123" in format_line({"step": 3, "grad_norm": 0.012345})
+    assert "grad_norm 0.000 |" in line
+    assert "grad_norm 0.012" in format_line({"step": 3, "grad_norm": 0.012345})
 
 
 def test_zero_advantage_warns_once(tmp_path, caplog):
