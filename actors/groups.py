@@ -8,6 +8,7 @@ import ray
 from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
+from actors.logs import QUIET_ENV
 from actors.rollout import RolloutWorker
 from actors.trainer import TrainerRank
 from rlcore.config import RunConfig
@@ -56,7 +57,8 @@ class Groups:
 
 def _runtime_env() -> dict:
     # NVLink SHARP (NVLS) multicast is unreliable on the lent machines; keep it off everywhere
-    return {"env_vars": {"NCCL_NVLS_ENABLE": "0", "TOKENIZERS_PARALLELISM": "false"}}
+    # QUIET_ENV: progress bars and C++ info logs off (actors' output goes to OUTPUT_DIR/logs)
+    return {"env_vars": {"NCCL_NVLS_ENABLE": "0", "TOKENIZERS_PARALLELISM": "false", **QUIET_ENV}}
 
 
 def place(cfg: RunConfig, trainer: bool = True, rollout: bool = True) -> Groups:

@@ -11,6 +11,7 @@ import traceback
 
 import torch
 
+from actors.logs import redirect_output
 from actors.weight_transport import EngineReceiver
 from rlcore.busy import BusyClock
 from rlcore.config import RunConfig
@@ -41,6 +42,7 @@ def failed_groups(tasks: list[Task], group_size: int, error: str) -> list[Group]
 
 class RolloutWorker:
     def __init__(self, cfg: RunConfig, index: int):
+        redirect_output(cfg.output_dir, "rollout", index)
         self.cfg, self.index = cfg, index
         torch.set_num_threads(max(1, int(cfg.rollout.cpus_per_actor)))
         self.tokenizer = build_tokenizer(cfg.model)

@@ -8,6 +8,7 @@ import time
 import ray
 import torch
 
+from actors.logs import redirect_output
 from actors.weight_transport import TrainerSender
 from rlcore.config import RunConfig
 from rlcore.packing import MicroBatch, make_micro_batch
@@ -21,6 +22,7 @@ class TrainerRank:
     """One FSDP2 rank. Every method that runs collectives must be called on all ranks at once."""
 
     def __init__(self, cfg: RunConfig, rank: int, world_size: int):
+        redirect_output(cfg.output_dir, "trainer", rank)
         self.cfg, self.rank, self.world_size = cfg, rank, world_size
         self.device = "cuda" if cfg.trainer.gpus_per_rank > 0 else "cpu"
         torch.set_num_threads(max(1, int(cfg.trainer.cpus_per_rank)))

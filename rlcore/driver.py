@@ -29,6 +29,7 @@ from rlcore.envs import make_env
 from rlcore.lifecycle import StepHooks, TaskFeed
 from rlcore.metrics import MetricsLogger
 from rlcore.packing import pack_for_ranks
+from rlcore.startup import StartupPhases
 from rlcore.trainer.parallel import data_parallel_size, shards_per_rank
 from rlcore.types import Group, Task
 from rlcore.weight_sync import SyncPlan, TensorMeta, plan_buckets
@@ -140,20 +141,27 @@ class Driver:
         self.restarts = 0
         self.version_base = 0  # engine version when RL step 0 began (see groups_allowed_in_flight)
         self._next_actor = itertools.cycle(range(cfg.rollout.num_actors))
+        self.startup = StartupPhases()  # timed start-up phases (progress lines, run summary)
 
     # -- setup ---------------------------------------------------------------------------------
     def setup(self) -> None:
         cfg = self.cfg
-        self.groups = place(cfg)
+        phase = self.startup.phase
+        with phase("placing actors"):
+            self.groups = place(cfg)
         g = self.groups
         t = cfg.trainer
-        addr, port = get(g.trainers[0].address.remote(), t.step_timeout_s, "trainer rank 0 start")
-        get([tr.init_distributed.remote(addr, port) for tr in g.trainers], t.step_timeout_s,
-            "trainer process-group init")
-        metas = get(g.trainers[0].parameter_metas.remote(), t.step_timeout_s, "parameter metadata")
+        with phase("starting the trainer and loading its model"):
+            addr, port = get(g.trainers[0].address.remote(), t.step_timeout_s, "trainer rank 0 start")
+            get([tr.init_distributed.remote(addr, port) for tr in g.trainers], t.step_timeout_s,
+                "trainer process-group init")
+            metas = get(g.trainers[0].parameter_metas.remote(), t.step_timeout_s, "parameter metadata")
         self.plan = plan_buckets([TensorMeta(n, tuple(s), d) for n, s, d in metas],
                                  int(cfg.rollout.sync_bucket_mb * 2**20))
-        self.init_weight_group()
+        with phase(f"starting the rollout engine{'s' if len(g.rollouts) > 1 else ''} ({cfg.rollout.engine})"):
+            wait_ready(g.rollouts, cfg.rollout.generate_timeout_s)  # model load (and vLLM's compile)
+        with phase("joining the weight-sync group"):
+            self.init_weight_group()
         self.hooks.setup()  # fresh: sync version 0; resume: load the checkpoint, sync its weights
 
     def init_weight_group(self) -> None:
@@ -331,6 +339,8 @@ class Driver:
             "completion_len_mean": sum(len(s.completion_ids) for s in samples) / len(samples),
             "truncated_frac": sum(s.finish_reason == "length" for s in samples) / len(samples),
             "max_staleness": state.max_staleness,
+            # groups whose rewards are all equal: no policy-gradient signal (1.0: the step learns nothing)
+            "zero_adv_frac": sum(not self.keep_group(g) for g in state.batch) / len(state.batch),
             "batch_samples": len(samples),
         })
         # each rank fetches its own shard from the object store
@@ -435,6 +445,7 @@ class Driver:
             "gen_tokens_per_s": gen_tokens / dt,
             "trainer_busy_frac": min(1.0, (m["train_time_s"] + m["sync_time_s"]) / dt),
             "rollout_busy_frac": None if rollout_busy is None else min(1.0, rollout_busy),
+            "generate_time_s": None if rollout_busy is None else rollout_busy * dt,  # per actor
             "elapsed_s": elapsed,
             **m,
             **self.acct.as_metrics(),

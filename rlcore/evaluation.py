@@ -25,6 +25,7 @@ from math import comb
 from typing import Any, Callable
 
 from rlcore.seeding import derive_seed
+from rlcore.startup import StartupPhases
 from rlcore.types import Group, Task
 
 log = logging.getLogger("rlcore")
@@ -237,14 +238,17 @@ class EvalDriver:
         self.env = make_env(cfg.env.name, dict(cfg.env.args), cfg.env.seed)
         self.groups = None
         self.step = self.version = 0
+        self.startup = StartupPhases()
 
     def setup(self) -> None:
         from actors.groups import place
         from rlcore import checkpoint as ckpt
         from rlcore.driver import get
         cfg = self.cfg
-        self.groups = place(cfg, trainer=False)
-        get([r.ready.remote() for r in self.groups.rollouts], cfg.rollout.generate_timeout_s, "rollout actor start")
+        with self.startup.phase("placing actors"):
+            self.groups = place(cfg, trainer=False)
+        with self.startup.phase(f"starting the rollout engines ({cfg.rollout.engine})"):
+            get([r.ready.remote() for r in self.groups.rollouts], cfg.rollout.generate_timeout_s, "rollout actor start")
         path = ckpt.resolve_resume(cfg)
         if path is not None:
             self.step = int(ckpt.read_meta(path)["step"])

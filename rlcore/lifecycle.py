@@ -113,16 +113,19 @@ class StepHooks:
             version = 0
             if cfg.sft.warmup_steps > 0:  # a fresh run only: a resumed one has its weights
                 from rlcore.sft import warmup
-                version = warmup(cfg, d.groups.trainers)
-            d.sync_weights(version)  # engines start from exactly the trainer's weights
+                with d.startup.phase(f"SFT warm-up ({cfg.sft.warmup_steps} steps)", chatty=True):
+                    version = warmup(cfg, d.groups.trainers)
+            with d.startup.phase("first weight sync"):
+                d.sync_weights(version)  # engines start from exactly the trainer's weights
             return
         state = ckpt.load_driver_state(path)
         if state.get("kind") != "rl":
             raise RunError(f"checkpoint.resume: {path} is a {state.get('kind')!r} checkpoint, not an RL one; to "
                            f"start RL from it, export it (python -m rlcore.export {path} OUT) and set model.path=OUT")
         self._warn_config_changes(path)
-        versions = get([tr.load_checkpoint.remote(str(path)) for tr in d.groups.trainers],
-                       cfg.trainer.step_timeout_s, f"loading checkpoint {path}")
+        with d.startup.phase("loading the checkpoint"):
+            versions = get([tr.load_checkpoint.remote(str(path)) for tr in d.groups.trainers],
+                           cfg.trainer.step_timeout_s, f"loading checkpoint {path}")
         step = int(state["step"])
         d.start_step = step
         d.feed.restore(state["feed"])
@@ -140,7 +143,8 @@ class StepHooks:
             removed = ckpt.truncate_series(self.out / name, step, drop_eval_at_step=eval_due)
             if removed:
                 log.info("resume: dropped %d rows of %s logged after step %d", removed, name, step)
-        d.sync_weights(int(versions[0]))
+        with d.startup.phase("first weight sync"):
+            d.sync_weights(int(versions[0]))
         engine_rng = state.get("engine_rng") or []
         if len(engine_rng) == len(d.groups.rollouts):
             get([r.set_rng_state.remote(s) for r, s in zip(d.groups.rollouts, engine_rng)], 60, "engine RNG restore")

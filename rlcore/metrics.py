@@ -3,11 +3,20 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 from pathlib import Path
 from typing import Any
 
 from rlcore.config import LoggerConfig
+from rlcore.summary import is_zero_advantage
+
+log = logging.getLogger("rlcore")
+
+ZERO_ADVANTAGE_WARNING = (
+    "step %d: every group has zero advantage (each group's samples got equal rewards), so loss and "
+    "grad_norm are 0 and the policy does not change; the run summary counts such steps. A policy that "
+    "cannot yet earn reward needs a warm-up (sft.warmup_steps), an easier task or a larger algo.group_size")
 
 
 class MetricsLogger:
@@ -16,6 +25,8 @@ class MetricsLogger:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._file = self.path.open("a", buffering=1)
         self.console = cfg.console
+        self.eval_rows: list[dict[str, Any]] = []  # this run's evaluation rows (for the run summary)
+        self._warned_zero_advantage = False
         self._progress = None
         self._wandb = None
         if cfg.wandb:
@@ -40,6 +51,9 @@ class MetricsLogger:
 
     def log(self, metrics: dict[str, Any]) -> None:
         self._file.write(json.dumps(metrics, sort_keys=True) + "\n")
+        if is_zero_advantage(metrics) and not self._warned_zero_advantage:
+            self._warned_zero_advantage = True  # once per run: the summary gives the count
+            log.warning(ZERO_ADVANTAGE_WARNING, metrics["step"])
         if self._wandb is not None:
             self._wandb.log(metrics, step=metrics["step"])
         if self._progress is not None:
@@ -50,6 +64,7 @@ class MetricsLogger:
         """An evaluation row: `step` is the train step whose policy was evaluated (it may be
         logged after later steps' rows)."""
         self._file.write(json.dumps(metrics, sort_keys=True) + "\n")
+        self.eval_rows.append(metrics)
         if self._wandb is not None:
             # commit=False: joins the next train row instead of advancing wandb's step past it
             self._wandb.log({**metrics, "eval/step": metrics["step"]}, commit=False)
@@ -61,6 +76,9 @@ class MetricsLogger:
                 print(line, flush=True)
 
     def close(self) -> None:
+        """Stop the progress bar, finish wandb, close the file; a second call does nothing."""
+        if self._file.closed:
+            return
         if self._progress is not None:
             self._progress.stop()
         if self._wandb is not None:
@@ -77,8 +95,8 @@ def format_eval_line(m: dict[str, Any]) -> str:
 
 def format_line(m: dict[str, Any]) -> str:
     parts = [f"step {m['step']:>4}"]
-    for key, fmt in (("reward_mean", ".3f"), ("loss", "+.4f"), ("entropy", ".3f"), ("mismatch_kl", ".1e"),
-                     ("max_staleness", "d"), ("tokens_per_s", ".0f"), ("step_time_s", ".2f")):
+    for key, fmt in (("reward_mean", ".3f"), ("loss", "+.4f"), ("grad_norm", ".3f"), ("entropy", ".3f"),
+                     ("mismatch_kl", ".1e"), ("max_staleness", "d"), ("tokens_per_s", ".0f"), ("step_time_s", ".2f")):
         if key in m:
             parts.append(f"{key.removesuffix('_mean')} {m[key]:{fmt}}")
     return " | ".join(parts)

@@ -16,8 +16,11 @@ from omegaconf import OmegaConf
 
 from rlcore.config import RunConfig
 from rlcore.config_keys import typed_env_arg_override, unknown_key, unknown_keys
+from rlcore.console import quiet_ray_environment, report_error
 from rlcore.plan import format_plan, make_plan
 from rlcore.resume_model import explicit_model_keys, use_checkpoint_model
+from rlcore.startup import StartupPhases
+from rlcore.summary import run_summary
 from rlcore.validate import ConfigError, resource_problems, validate
 
 REPO = Path(__file__).resolve().parent.parent
@@ -119,6 +122,7 @@ def local_ray_environment() -> None:
     os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
     # single-node mode: Ray, gloo and the weight-sync store all stay on the loopback address
     os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+    quiet_ray_environment()
 
 
 def prepare(cfg: RunConfig):
@@ -147,15 +151,13 @@ def make_runner(cfg: RunConfig, prepared=None):
     return Driver(cfg)
 
 
-def summary(cfg: RunConfig, history: list[dict]) -> str:
-    first, last = history[0], history[-1]
-    if cfg.mode == "sft":
-        return f"{len(history)} SFT steps, loss {first['loss']:.4f} -> {last['loss']:.4f}"
-    if cfg.mode == "eval":
-        passes = ", ".join(f"{k.removeprefix('eval/')} {v:.3f}" for k, v in sorted(last.items())
-                           if k.startswith("eval/pass@"))
-        return f"eval of step {last['step']}: reward_mean {last['eval/reward_mean']:.3f}, {passes}"
-    return f"{len(history)} steps, reward_mean {first['reward_mean']:.3f} -> {last['reward_mean']:.3f}"
+def summary(cfg: RunConfig, history: list[dict], eval_rows: list[dict] = (),
+            phases: list[tuple[str, float]] = ()) -> str:
+    """The end-of-run summary (rlcore.summary), pointing to the plot when the run wrote one."""
+    out = Path(cfg.output_dir)
+    plot = out / "plot.png"
+    artifact = f"plot: {plot}" if plot.is_file() else f"metrics: {out / 'metrics.jsonl'}"
+    return run_summary(cfg.mode, history, eval_rows, phases, artifact)
 
 
 def ray_address(cfg: RunConfig) -> str | None:
@@ -175,7 +177,9 @@ def start_ray(cfg: RunConfig) -> None:
     address = ray_address(cfg)
     kwargs = dict(address=address, num_cpus=None if address else cfg.cluster.num_cpus,
                   num_gpus=None if address else cfg.cluster.num_gpus, include_dashboard=False,
-                  log_to_driver=True, logging_level=logging.WARNING,
+                  # actors write to OUTPUT_DIR/logs/ (actors.logs); their errors come back as
+                  # exceptions of the remote calls, printed as one line that names the log file
+                  log_to_driver=False, logging_level=logging.WARNING,
                   runtime_env={"env_vars": {"PYTHONPATH": os.pathsep.join(
                       p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)}} if address is None else None)
     attempts = 1 if address else 2
@@ -243,8 +247,10 @@ def main(argv: list[str] | None = None) -> int:
     from rlcore.driver import RunError, config_dict
     from rlcore.metrics import MetricsLogger
 
+    ray_phase = StartupPhases()
     try:
-        start_ray(cfg)
+        with ray_phase.phase("starting Ray" if ray_address(cfg) is None else f"connecting to Ray at {ray_address(cfg)}"):
+            start_ray(cfg)
     except RayStartError as exc:
         print(f"rlcore: error: {exc}", file=sys.stderr)
         return EXIT_RUN
@@ -258,16 +264,17 @@ def main(argv: list[str] | None = None) -> int:
         driver.setup()
         logger = MetricsLogger(cfg.logger, str(out), config_dict(cfg), 0 if cfg.mode == "eval" else cfg.steps)
         history = driver.run(logger)
+        logger.close()  # before the summary: the progress bar stops, the files are complete
         if history:
-            print(f"rlcore: done: {summary(cfg, history)}; metrics in {out / 'metrics.jsonl'}")
+            print(summary(cfg, history, logger.eval_rows, ray_phase.done + driver.startup.done))
         return 0
     except ConfigError as exc:
         return report(exc)
     except KeyboardInterrupt:
         print("rlcore: interrupted; shutting down", file=sys.stderr)
         return EXIT_INTERRUPTED
-    except (RunError, TimeoutError) as exc:
-        print(f"rlcore: error: {exc}", file=sys.stderr)
+    except (RunError, TimeoutError, ray.exceptions.RayError) as exc:  # RayError: an actor's own exception
+        print(report_error(str(exc), cfg.output_dir), file=sys.stderr)
         return EXIT_RUN
     finally:
         if logger is not None:

@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from rlcore.startup import StartupPhases
 from rlcore.types import Sample
 
 log = logging.getLogger("rlcore")
@@ -95,18 +96,21 @@ def read_jsonl(path: Path, key: str, data: SFTData, limit: int = 0) -> list[list
 
 
 def env_demonstrations(cfg, n: int) -> list[list[dict[str, str]]]:
-    """Task prompts of `cfg.env` answered with their reference answers."""
+    """Reference conversations of `cfg.env` (`Environment.demonstration_messages`: the task
+    prompt answered with its reference answer; multi-turn environments play whole episodes)."""
     from rlcore.envs import make_env
     env = make_env(cfg.env.name, dict(cfg.env.args), cfg.env.seed)
     out = []
     for i in range(n):
         task = env.make_task(i, cfg.sft.split)
-        if not isinstance(task.answer, str):
-            raise DataError(f"sft.dataset: environment {cfg.env.name!r} has no text answers "
-                            f"(task {task.id} answer is {type(task.answer).__name__}); use a JSONL dataset")
+        conversation = env.demonstration_messages(task)
+        if conversation is None:
+            raise DataError(f"sft.dataset: environment {cfg.env.name!r} has no demonstrations "
+                            f"(task {task.id}); use a JSONL dataset")
         # images ride on the first message ("images" key; chat templates ignore it)
-        first = {**task.messages[0], "images": list(task.images)} if task.images else task.messages[0]
-        out.append([first, *task.messages[1:], {"role": "assistant", "content": task.answer}])
+        if task.images:
+            conversation[0] = {**conversation[0], "images": list(task.images)}
+        out.append(conversation)
     return out
 
 
@@ -323,6 +327,7 @@ class SFTDriver:
         self.data = data
         self.groups = None
         self.start_step = 0
+        self.startup = StartupPhases()
         from rlcore.checkpoint import CheckpointWriter
         self.writer = CheckpointWriter(cfg)
 
@@ -334,10 +339,12 @@ class SFTDriver:
         if self.data is None:
             from rlcore.models.build import build_tokenizer
             self.data = build_dataset(cfg, build_tokenizer(cfg.model))
-        self.groups = place(cfg, rollout=False)
+        with self.startup.phase("placing actors"):
+            self.groups = place(cfg, rollout=False)
         trainers = self.groups.trainers
-        addr, port = get(trainers[0].address.remote(), t.step_timeout_s, "trainer rank 0 start")
-        get([tr.init_distributed.remote(addr, port) for tr in trainers], t.step_timeout_s, "trainer process-group init")
+        with self.startup.phase("starting the trainer and loading its model"):
+            addr, port = get(trainers[0].address.remote(), t.step_timeout_s, "trainer rank 0 start")
+            get([tr.init_distributed.remote(addr, port) for tr in trainers], t.step_timeout_s, "trainer process-group init")
         self.writer.clean_stale()
         path = ckpt.resolve_resume(cfg)
         if path is None:

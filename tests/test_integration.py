@@ -77,7 +77,18 @@ def test_cli_run_writes_metrics(tmp_path):
     for r in rows:
         assert REQUIRED <= set(r), REQUIRED - set(r)
         assert r["max_staleness"] <= 1
+        assert 0.0 <= r["zero_adv_frac"] <= 1.0 and r["generate_time_s"] >= 0.0
     assert (out / "config.yaml").exists()
+    # the console: start-up phases, step lines with grad_norm, the summary; no Ray noise
+    console = proc.stdout + proc.stderr
+    for phase in ("starting Ray", "placing actors", "starting the trainer", "starting the rollout engine",
+                  "first weight sync"):
+        assert f"rlcore: {phase}" in console, phase
+    assert "grad_norm" in proc.stdout and "rlcore: done: 3 steps" in proc.stdout
+    assert "  start-up " in proc.stdout and "  reward " in proc.stdout
+    assert "Token authentication" not in console
+    assert "(pid=" not in console  # actors' output is not forwarded to the console ...
+    assert (out / "logs" / "trainer-0.log").is_file() and (out / "logs" / "rollout-0.log").is_file()  # ... but kept
 
 
 @pytest.mark.parametrize("recipe", ["reverse_text", "alphabet_sort"])

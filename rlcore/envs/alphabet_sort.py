@@ -69,6 +69,10 @@ class AlphabetSort(MultiTurnEnvironment):
             return [], True
         return [{"role": "user", "content": "Add: " + " ".join(rounds[done_turns])}], False
 
+    def demonstration_turns(self, task: Task) -> list[str]:
+        """Each turn answered with the sorted words so far."""
+        return [" ".join(words) for words in task.answer]
+
     def score(self, task: Task, history: list[Message], state: dict[str, Any]) -> float:
         answers = [words_of(m["content"]) for m in history if m["role"] == "assistant"]
         return sum(sequence_score(a, e) for a, e in zip(answers, task.answer)) / len(task.answer)

@@ -80,6 +80,12 @@ class Environment(abc.ABC):
         (default: the task's answer when it is a string)."""
         return task.answer if isinstance(task.answer, str) else None
 
+    def demonstration_messages(self, task: Task) -> list[Message] | None:
+        """A whole reference conversation for supervised warm-up (`sft.dataset=env`): the task's
+        messages and `demonstration(task)` as the assistant reply; None if there is none."""
+        reply = self.demonstration(task)
+        return None if reply is None else [*task.messages, {"role": "assistant", "content": reply}]
+
     def tasks(self, split: str = "train", start: int = 0) -> Iterator[Task]:
         """Endless, deterministic task stream; `start` resumes it."""
         index = start

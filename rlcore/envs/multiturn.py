@@ -97,6 +97,31 @@ class MultiTurnEnvironment(Environment):
     def cleanup(self, state: dict[str, Any]) -> None:
         """Release per-episode resources (called once per sample, also after a fault)."""
 
+    def demonstration_turns(self, task: Task) -> list[str] | None:
+        """Reference assistant replies, one per turn, for supervised warm-up (None: none)."""
+        return None
+
+    def demonstration_messages(self, task: Task) -> list[Message] | None:
+        """The episode the reference replies make: each reply is answered by this environment's
+        own `env_response`, so the warm-up sees exactly the messages RL episodes see."""
+        turns = self.demonstration_turns(task)
+        if turns is None:
+            return super().demonstration_messages(task)
+        history = [dict(m) for m in task.messages]
+        state = self.init_state(task)
+        try:
+            for i, reply in enumerate(turns):
+                history.append({"role": "assistant", "content": reply})
+                if i + 1 == len(turns):
+                    break
+                messages, done = self.env_response(task, history, state)
+                if done:
+                    break
+                history.extend(messages)
+        finally:
+            self.cleanup(state)
+        return history
+
     def reward(self, task: Task, completion: str) -> float:
         raise NotImplementedError(f"{type(self).__name__} scores whole episodes: override score()")
 

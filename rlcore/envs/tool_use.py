@@ -112,6 +112,16 @@ class ToolUse(ToolEnvironment):
         return Task(id=f"tool_use/{split}/{index}", messages=[{"role": "user", "content": self.PROMPT + question}],
                     answer=str(gold), info={"towns": [a["title"], b["title"]]})
 
+    def demonstration_turns(self, task: Task) -> list[str]:
+        """Search each town, compute with the calculator, answer: one tool call per turn."""
+        a, b = ({d["title"]: d for d in self.corpus}[t] for t in task.info["towns"])
+        if "population" in task.messages[0]["content"].rsplit("\n", 1)[-1].lower():
+            expr = f"{a['population']}+{b['population']}"
+        else:
+            expr = f"{max(a['founded'], b['founded'])}-{min(a['founded'], b['founded'])}"
+        return [f"<tool>search: {a['title']}</tool>", f"<tool>search: {b['title']}</tool>",
+                f"<tool>calc: {expr}</tool>", f"<answer>{task.answer}</answer>"]
+
     def score(self, task: Task, history: list[Message], state: dict[str, Any]) -> float:
         answer = last_answer(history)
         value = to_number(answer) if answer is not None else None

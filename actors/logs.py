@@ -1,0 +1,36 @@
+"""Actor output goes to the run folder, not the console.
+
+Ray streams every worker's stdout/stderr to the driver's console unless told otherwise; here the
+driver starts Ray with `log_to_driver=False` and each actor sends its file descriptors 1 and 2 to
+`OUTPUT_DIR/logs/KIND-INDEX.log` (so progress bars, library warnings and C++ logs such as abseil's
+`mutex.cc ... RAW:` lines land there). Errors still reach the user: a failing remote call
+raises on the driver, which prints one line and points to this folder.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+from rlcore.console import actor_log_path
+
+# settings for every actor process; passed through the actors' runtime_env
+QUIET_ENV = {
+    "TQDM_DISABLE": "1",                    # "Loading weights" and download bars: noise even in a file
+    "HF_HUB_DISABLE_PROGRESS_BARS": "1",
+}
+
+
+def redirect_output(output_dir: str, kind: str, index: int) -> Path:
+    """Send this process's stdout and stderr (Python and native writes alike) to
+    `OUTPUT_DIR/logs/KIND-INDEX.log`, appending (a restarted actor continues its file)."""
+    path = actor_log_path(output_dir, kind, index)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
+    return path
