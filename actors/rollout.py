@@ -17,6 +17,7 @@ from rlcore.busy import BusyClock
 from rlcore.config import RunConfig
 from rlcore.engine.base import RolloutEngine, SamplingParams
 from rlcore.envs import make_env
+from rlcore.envs.safety import threads_abandoned
 from rlcore.models.build import build_model, build_tokenizer
 from rlcore.types import Group, Sample, Task
 from rlcore.weight_sync import SyncPlan
@@ -82,9 +83,13 @@ class RolloutWorker:
             params = dataclasses.replace(params, **(sampling or {}), **({"seed": seed} if seed is not None else {}))
         try:
             with self.clock.busy():
-                return self.env.run_groups(tasks, group_size, self.engine, self.tokenizer, params)
+                groups = self.env.run_groups(tasks, group_size, self.engine, self.tokenizer, params)
         except Exception as exc:
-            return failed_groups(tasks, group_size, f"{type(exc).__name__}: {exc}\n{traceback.format_exc(limit=3)}")
+            groups = failed_groups(tasks, group_size, f"{type(exc).__name__}: {exc}\n{traceback.format_exc(limit=3)}")
+        stats = {"reward_threads_abandoned": threads_abandoned()}
+        for g in groups:
+            g.env_stats = stats
+        return groups
 
     def busy_seconds(self) -> float:
         """Seconds this actor spent generating (overlapping requests counted once)."""

@@ -140,6 +140,8 @@ class RolloutConfig:
     """Sampling parameters."""
     generate_timeout_s: float = 300.0
     """Longest one generate call may take before it is counted failed."""
+    stop_after_failed_requests: int = 16
+    """Stop the run when this many generate requests in a row failed in every sample (0 = never)."""
     weight_sync_timeout_s: float = 120.0
     """Timeout of every weight-sync collective."""
     sync_bucket_mb: float = 256.0

@@ -26,6 +26,7 @@ from rlcore.canary import CanaryError, canary_limits, canary_prompts, compare_lo
 from rlcore.buffer import Accounting, RolloutBuffer
 from rlcore.config import RunConfig
 from rlcore.envs import make_env
+from rlcore.failures import FailureLog, NoProgress
 from rlcore.lifecycle import StepHooks, TaskFeed
 from rlcore.metrics import MetricsLogger
 from rlcore.packing import pack_for_ranks
@@ -122,6 +123,7 @@ class Driver:
     def __init__(self, cfg: RunConfig):
         self.cfg = cfg
         self.acct = Accounting()
+        self.failures = FailureLog(cfg.rollout.stop_after_failed_requests)  # reasons, liveness
         a = cfg.algo
         # launch rule below keeps at most (max_off_policy_steps + 1) batches in flight
         capacity = (a.max_off_policy_steps + 2) * a.batch_groups + cfg.rollout.num_actors * cfg.rollout.tasks_per_request
@@ -282,11 +284,13 @@ class Driver:
             log.warning("generate request on rollout actor %d failed (%s): %d samples counted failed",
                         req.actor, type(exc).__name__, req.samples)
             self.buffer.fail(req.samples)
+            self.failures.request_lost(req.samples, f"engine: {type(exc).__name__}: {str(exc).strip()[:120]}")
             if isinstance(exc, ray.exceptions.RayActorError):
                 self.rejoin_needed = True  # Ray restarts it; it must get the weights first
             return 0
         for group, index in zip(groups, req.indices):
             group.request_id, group.stream_index = req.seq, index
+        self.failures.request_done(groups, req.actor)
         for group in groups:
             self.buffer.add(group)
         return sum(len(s.completion_ids) for g in groups for s in g.samples if not s.failed)
@@ -301,6 +305,9 @@ class Driver:
                 self.buffer.fail(req.samples)
                 log.warning("generate request on rollout actor %d timed out: %d samples counted failed",
                             req.actor, req.samples)
+                self.failures.request_lost(
+                    req.samples, f"engine: generate request timed out (rollout.generate_timeout_s="
+                                 f"{self.cfg.rollout.generate_timeout_s:g})")
 
     # -- training ------------------------------------------------------------------------------
     def advantages(self, batch: list[Group]) -> list[float]:
@@ -389,6 +396,10 @@ class Driver:
                     gen_tokens += self.collect(ref)
                 elif self.hooks.owns(ref):
                     self.hooks.on_ready(ref, logger)
+            try:
+                self.failures.check()
+            except NoProgress as exc:
+                raise RunError(str(exc)) from exc
             if train_refs and refs_ready(train_refs):
                 results = get(train_refs, cfg.trainer.step_timeout_s, f"train step {step + 1}",
                               [f"trainer rank {i}" for i in range(len(train_refs))])
@@ -450,6 +461,7 @@ class Driver:
             **m,
             **self.acct.as_metrics(),
             "samples_failed_step": self.acct.failed - failed_before,  # reward/tool/engine faults
+            **self.failures.step_metrics(),  # failed_by_reason, reward_threads_abandoned
             "rollout_restarts": self.restarts,
         }
 

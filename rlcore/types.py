@@ -46,6 +46,9 @@ class Sample:
     """True when generation or scoring failed; such samples are counted, not trained on."""
     error: str | None = None
     """What failed, when `failed`."""
+    env_output: str = ""
+    """What the environment printed (stdout and stderr) while serving and scoring this sample,
+    bounded (see rlcore.envs.safety.OUTPUT_LIMIT); never sent to the console or Ray's logs."""
     images: list[Any] = field(default_factory=list)
     """The prompt's images as uint8 [H, W, 3] arrays (vision-language policies), in the order of
     their image-token runs in `prompt_ids`."""
@@ -71,6 +74,9 @@ class Group:
     """Driver-assigned id of the generate request that produced it."""
     stream_index: int = -1
     """Driver-assigned position of the task in the environment's train stream (data order, resume)."""
+    env_stats: dict[str, float] = field(default_factory=dict)
+    """The rollout actor's environment health when it returned the group
+    (`reward_threads_abandoned`: guarded calls that missed their deadline and still run)."""
 
     @property
     def min_version(self) -> int:

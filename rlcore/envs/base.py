@@ -5,22 +5,26 @@ loop here is single-turn: render the task's messages through the tokenizer's cha
 sample `group_size` completions, score each. Multi-turn and tool environments derive from
 :class:`rlcore.envs.multiturn.MultiTurnEnvironment`, which overrides `run_groups`.
 
-Reward safety (every environment): scoring runs under a deadline (`reward_timeout_s`, in
-`thread` or `process` isolation, see :mod:`rlcore.envs.safety`); an exception, a timeout or a
+Reward safety (every environment): scoring runs under a deadline per sample (`reward_timeout_s`,
+in `thread` or `process` isolation, see :mod:`rlcore.envs.safety`); an exception, a timeout or a
 non-finite reward either marks the sample failed (`on_reward_error: fail`, the driver counts and
-drops it) or scores it 0 with the error kept on `Sample.error` (`on_reward_error: zero`). These
-three settings are ordinary `env.args` keys accepted by every environment.
+drops it) or scores it 0 with the error kept on `Sample.error` (`on_reward_error: zero`). When more
+than `max_abandoned_threads` timed-out threads are still running, scoring moves to `process`
+isolation (logged once) and stateful calls (`init_state`, `env_response`) fail their request with
+one line. What the code prints is kept on `Sample.env_output`. These settings are ordinary
+`env.args` keys accepted by every environment. An empty completion is an answer: it is scored.
 """
 
 from __future__ import annotations
 
 import abc
+import logging
 import math
 import random
 from typing import TYPE_CHECKING, Any, Iterator
 
 from rlcore.envs.render import render_prompt
-from rlcore.envs.safety import Outcome, call_many, check_safety_args
+from rlcore.envs.safety import OUTPUT_LIMIT, Outcome, call_many, check_safety_args, threads_abandoned
 from rlcore.types import Group, Sample, Task
 
 if TYPE_CHECKING:  # type names only: validation constructs environments before torch loads
@@ -29,6 +33,11 @@ if TYPE_CHECKING:  # type names only: validation constructs environments before 
     from rlcore.engine.base import RolloutEngine, SamplingParams
 
 Message = dict[str, Any]
+log = logging.getLogger("rlcore")
+
+
+class EnvironmentStalled(RuntimeError):
+    """Too many of the environment's calls hang: its requests fail with this one line."""
 
 
 class Environment(abc.ABC):
@@ -43,8 +52,9 @@ class Environment(abc.ABC):
     """True when tasks carry images (the policy must then be a vision-language model)."""
 
     def __init__(self, seed: int = 0, reward_timeout_s: float = 10.0, on_reward_error: str = "fail",
-                 reward_isolation: str = "thread", eval_size: int = 64):
-        check_safety_args(reward_timeout_s, on_reward_error, reward_isolation)
+                 reward_isolation: str = "thread", eval_size: int = 64, max_abandoned_threads: int = 4):
+        check_safety_args(reward_timeout_s, on_reward_error, reward_isolation, max_abandoned_threads)
+        self.max_abandoned_threads = int(max_abandoned_threads)
         if eval_size < 1:
             raise ValueError(f"env.args.eval_size: must be >= 1, got {eval_size}")
         self.seed = seed
@@ -103,9 +113,26 @@ class Environment(abc.ABC):
         last = next((m["content"] for m in reversed(history) if m["role"] == "assistant"), "")
         return self.reward(task, last)
 
+    def guarded(self, calls: list, what: str, stateful: bool = False) -> list[Outcome]:
+        """`call_many` under the reward deadline and isolation. Past `max_abandoned_threads`
+        hung threads, stateless calls (scoring) move to process isolation for good; stateful
+        ones (`what` names them) raise EnvironmentStalled, as a forked child's state is lost."""
+        # stateful calls mutate the episode's state in place: they run in threads whatever the setting
+        isolation = "thread" if stateful else self.reward_isolation
+        hung = threads_abandoned() if isolation == "thread" and self.reward_timeout_s > 0 and calls else 0
+        if hung > self.max_abandoned_threads:
+            if stateful:
+                raise EnvironmentStalled(
+                    f"{what}: {hung} calls missed env.args.reward_timeout_s={self.reward_timeout_s:g} and still "
+                    f"run (threads cannot be killed; bound env.args.max_abandoned_threads={self.max_abandoned_threads})")
+            log.warning("%s: %d reward threads missed their deadline and still run; scoring moves to process "
+                        "isolation (killed at the deadline)", self.name, hung)
+            self.reward_isolation = isolation = "process"
+        return call_many(calls, self.reward_timeout_s, isolation)
+
     def score_all(self, jobs: list[tuple[Task, list[Message], dict[str, Any]]]) -> list[Outcome]:
-        """`score` every (task, history, state) concurrently under the reward deadline."""
-        outcomes = call_many([(self.score, job) for job in jobs], self.reward_timeout_s, self.reward_isolation)
+        """`score` every (task, history, state) concurrently, each under the reward deadline."""
+        outcomes = self.guarded([(self.score, job) for job in jobs], "score")
         for o in outcomes:
             if o.ok:
                 try:
@@ -124,6 +151,7 @@ class Environment(abc.ABC):
         sample.reward = 0.0
 
     def apply_outcome(self, sample: Sample, outcome: Outcome) -> None:
+        keep_output(sample, outcome)
         if outcome.ok:
             sample.reward = outcome.value
         else:
@@ -155,6 +183,15 @@ class Environment(abc.ABC):
             self.apply_outcome(sample, outcome)
         return [Group(task=t, samples=samples[ti * group_size:(ti + 1) * group_size])
                 for ti, t in enumerate(tasks)]
+
+
+def keep_output(sample: Sample, outcome: Outcome) -> None:
+    """Append what a call printed to the sample's bounded `env_output`."""
+    if outcome.output:
+        text = sample.env_output + outcome.output
+        if len(text) > OUTPUT_LIMIT + 200:  # each call's output is bounded already; so is their sum
+            text = text[:OUTPUT_LIMIT] + "\n[... output cut]"
+        sample.env_output = text
 
 
 def task_images(task: Task, tokenizer: PreTrainedTokenizerBase) -> list:

@@ -24,6 +24,7 @@ from typing import Any
 from rlcore.envs.base import Message, register, rng_for
 from rlcore.envs.tools import ToolEnvironment
 from rlcore.sandbox import Limits, LocalSandbox, Sandbox, check_relative
+from rlcore.sandbox.local import SandboxUnavailable
 from rlcore.types import Task
 
 # (name, correct source, buggy source, tests): each test is one assert line
@@ -63,10 +64,14 @@ print(json.dumps({"passed": len(names) - len(failed), "total": len(names), "fail
 READ_ONLY = ("test_lib.py", "run_tests.py")
 
 
-def make_sandbox(spec: str, limits: Limits) -> Sandbox:
-    """`local` or an importable `module:Class` taking `limits=`."""
+def make_sandbox(spec: str, limits: Limits, isolation: str = "namespaces") -> Sandbox:
+    """`local` or an importable `module:Class` taking `limits=`. `isolation` (local only):
+    `namespaces` (the boundary; refused in one line where the kernel lacks them) or `weak`."""
     if spec == "local":
-        return LocalSandbox(limits)
+        try:
+            return LocalSandbox(limits, isolation)
+        except (SandboxUnavailable, ValueError) as exc:
+            raise ValueError(f"env.args.sandbox_isolation: {exc}") from exc
     module, _, cls = spec.partition(":")
     return getattr(importlib.import_module(module), cls)(limits=limits)
 
@@ -85,7 +90,8 @@ def parse_summary(stdout: str) -> dict | None:
 @register("mini_swe")
 class MiniSWE(ToolEnvironment):
     """Args: `functions` (per repo), `bugs` (how many of them are broken), `sandbox`,
-    `test_timeout_s`, `memory_mb`, plus the tool settings (`max_turns`, ...)."""
+    `sandbox_isolation` (`namespaces` or `weak`), `test_timeout_s`, `memory_mb`, plus the tool
+    settings (`max_turns`, ...)."""
 
     PROMPT = ("Fix lib.py so the tests pass. Tools: <tool>read: lib.py</tool> <tool>write: lib.py\\nCODE</tool> "
               "<tool>run: tests</tool> <tool>ls:</tool>")
@@ -93,7 +99,7 @@ class MiniSWE(ToolEnvironment):
     def __init__(self, seed: int = 0, functions: int = 2, bugs: int = 1, sandbox: str = "local",
                  test_timeout_s: float = 10.0, memory_mb: int = 512, max_turns: int = 6,
                  tool_timeout_s: float = 15.0, max_calls_per_turn: int = 2, reward_timeout_s: float = 60.0,
-                 **kwargs):
+                 sandbox_isolation: str = "namespaces", **kwargs):
         super().__init__(seed, max_turns=max_turns, tool_timeout_s=tool_timeout_s,
                          max_calls_per_turn=max_calls_per_turn, reward_timeout_s=reward_timeout_s, **kwargs)
         if not 1 <= functions <= len(FUNCTIONS):
@@ -104,7 +110,7 @@ class MiniSWE(ToolEnvironment):
             raise ValueError(f"env.args.test_timeout_s: must be in (0, tool_timeout_s={tool_timeout_s}), got {test_timeout_s}")
         self.functions, self.bugs = functions, bugs
         self.sandbox = make_sandbox(sandbox, Limits(timeout_s=test_timeout_s, cpu_s=max(1, int(test_timeout_s)),
-                                                    memory_mb=memory_mb))
+                                                    memory_mb=memory_mb), sandbox_isolation)
         self.tools = {"ls": self._ls, "read": self._read, "write": self._write, "run": self._run}
 
     def make_task(self, index: int, split: str) -> Task:

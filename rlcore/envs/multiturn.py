@@ -20,9 +20,8 @@ import abc
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from rlcore.envs.base import Environment, Message
+from rlcore.envs.base import Environment, Message, keep_output
 from rlcore.envs.render import TurnRenderer
-from rlcore.envs.safety import call_many
 from rlcore.types import Group, Sample, Task
 
 if TYPE_CHECKING:  # type names only: validation constructs environments before torch loads
@@ -138,8 +137,9 @@ class MultiTurnEnvironment(Environment):
                 sample = Sample(prompt_ids=list(prompt), completion_ids=[], logprobs=[], versions=[], loss_mask=[])
                 episodes.append(Episode(task, sample, [dict(m) for m in task.messages]))
         try:
-            for ep, o in zip(episodes, call_many([(self.init_state, (ep.task,)) for ep in episodes],
-                                                  self.reward_timeout_s)):
+            for ep, o in zip(episodes, self.guarded([(self.init_state, (ep.task,)) for ep in episodes],
+                                                    "init_state", stateful=True)):
+                keep_output(ep.sample, o)
                 if o.ok:
                     ep.state = o.value
                 else:
@@ -175,7 +175,8 @@ class MultiTurnEnvironment(Environment):
 
     def _env_turn(self, running: list[Episode], renderer: TurnRenderer, params: SamplingParams) -> None:
         calls = [(self.env_response, (ep.task, ep.history, ep.state)) for ep in running]
-        for ep, o in zip(running, call_many(calls, self.reward_timeout_s)):
+        for ep, o in zip(running, self.guarded(calls, "env_response", stateful=True)):
+            keep_output(ep.sample, o)
             if not o.ok:
                 ep.done = True
                 self.apply_error(ep.sample, f"env_response: {o.error}")

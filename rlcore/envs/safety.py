@@ -1,23 +1,32 @@
 """Run untrusted environment code (reward functions, tool handlers) under a deadline.
 
-Contract: :func:`call_with_deadline` never raises for the callee's faults. It returns an
+Contract: :func:`call_many` never raises for the callee's faults. Each call gets an
 :class:`Outcome` whose `error` says what went wrong (`timeout after Xs` or
-`ExceptionType: message`), so the episode loop can mark the sample and keep the run going.
+`ExceptionType: message`), so the episode loop marks that sample and uses the others. What the
+callee printed (stdout and stderr) is captured per call, truncated to `OUTPUT_LIMIT` characters,
+and never reaches the process's own streams (the driver's console, Ray's log files).
 
 Two isolation modes:
 
 - ``thread`` (default): the call runs in a fresh daemon thread; on timeout it is abandoned,
-  not killed (Python cannot kill a thread). Cheap, and right for pure-Python scoring. A daemon
-  thread never blocks interpreter exit.
-- ``process``: the call runs in a forked child that is killed (SIGKILL) on timeout, so even a
-  runaway C extension stops. The callee's return value must be picklable. Code *execution*
-  (tests, user programs) should go through :mod:`rlcore.sandbox` instead, which also limits
-  CPU, memory and network.
+  not killed (Python cannot kill a thread). Cheap, and right for pure-Python scoring. Abandoned
+  threads still running are counted (:func:`threads_abandoned`); the environment moves to
+  ``process`` (or fails its requests with one line) past a small bound, so hung rewards cannot
+  pile up threads that starve the actor.
+- ``process``: the call runs in a forked child in its own session; at the deadline the whole
+  session is killed (SIGKILL), so a busy loop, a runaway C extension or a child it started costs
+  the timeout and nothing after. The callee's return value must be picklable. Code *execution*
+  (tests, user programs) goes through :mod:`rlcore.sandbox` instead, which is a security boundary.
 """
 
 from __future__ import annotations
 
+import io
 import multiprocessing as mp
+import os
+import signal
+import sys
+import tempfile
 import threading
 import time
 from dataclasses import dataclass
@@ -25,14 +34,17 @@ from typing import Any, Callable
 
 ISOLATION = ("thread", "process")
 ON_ERROR = ("fail", "zero")
+OUTPUT_LIMIT = 4096
+"""Characters of a call's stdout+stderr kept (the rest is counted, not kept)."""
 
 
 @dataclass
 class Outcome:
-    """What a guarded call produced: `value` when `error` is None."""
+    """What a guarded call produced: `value` when `error` is None; `output` is what it printed."""
 
     value: Any = None
     error: str | None = None
+    output: str = ""
 
     @property
     def ok(self) -> bool:
@@ -43,29 +55,101 @@ def _describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"
 
 
+class _Sink(io.TextIOBase):
+    """Keeps the first `OUTPUT_LIMIT` characters written to it and counts the rest."""
+
+    def __init__(self):
+        self.parts: list[str] = []
+        self.kept = self.dropped = 0
+
+    def write(self, text: str) -> int:
+        room = OUTPUT_LIMIT - self.kept
+        if room > 0:
+            self.parts.append(text[:room])
+            self.kept += min(room, len(text))
+        self.dropped += max(0, len(text) - max(room, 0))
+        return len(text)
+
+    def text(self) -> str:
+        more = f"\n[... {self.dropped} more characters dropped]" if self.dropped else ""
+        return "".join(self.parts) + more
+
+
+class _ThreadRouter(io.TextIOBase):
+    """Stands in for sys.stdout / sys.stderr: a thread running a guarded call writes to its own
+    sink; every other thread writes to the original stream."""
+
+    def __init__(self, original):
+        self.original = original
+
+    def _target(self):
+        return getattr(_local, "sink", None) or self.original
+
+    def write(self, text: str) -> int:
+        return self._target().write(text)
+
+    def flush(self) -> None:
+        target = self._target()
+        if target is self.original:
+            target.flush()
+
+    def __getattr__(self, name):  # fileno, encoding, isatty, buffer ... of the real stream
+        return getattr(self.original, name)
+
+
+_local = threading.local()
+_router_lock = threading.Lock()
+_abandoned: list[threading.Thread] = []
+
+
+def _install_router() -> None:
+    with _router_lock:
+        if not isinstance(sys.stdout, _ThreadRouter):
+            sys.stdout = _ThreadRouter(sys.stdout)
+        if not isinstance(sys.stderr, _ThreadRouter):
+            sys.stderr = _ThreadRouter(sys.stderr)
+
+
+def threads_abandoned() -> int:
+    """Threads of guarded calls that missed their deadline and are still running (this process)."""
+    with _router_lock:
+        _abandoned[:] = [t for t in _abandoned if t.is_alive()]
+        return len(_abandoned)
+
+
 class _ThreadCall:
     """A call running in a daemon thread; abandoned (not killed) if it misses its deadline."""
 
     def __init__(self, fn: Callable[..., Any], args: tuple):
         self._box: list[Outcome] = []
+        self._sink = _Sink()
         self._thread = threading.Thread(target=self._run, args=(fn, args), name="rlcore-guarded-call",
                                         daemon=True)
         self._thread.start()
 
     def _run(self, fn, args) -> None:
+        _local.sink = self._sink
         try:
             self._box.append(Outcome(value=fn(*args)))
         except BaseException as exc:  # user code: any failure is data, not a crash
             self._box.append(Outcome(error=_describe(exc)))
 
-    def result(self, wait_s: float, timeout_s: float) -> Outcome:
-        self._thread.join(max(0.0, wait_s))
+    def result(self, deadline: float, timeout_s: float) -> Outcome:
+        self._thread.join(max(0.0, deadline - time.monotonic()))
         if self._thread.is_alive() or not self._box:
-            return Outcome(error=f"timeout after {timeout_s:g}s")
-        return self._box[0]
+            with _router_lock:
+                _abandoned.append(self._thread)
+            return Outcome(error=f"timeout after {timeout_s:g}s", output=self._sink.text())
+        out = self._box[0]
+        out.output = self._sink.text()
+        return out
 
 
-def _child(conn, fn, args) -> None:
+def _child(conn, out_fd, fn, args) -> None:
+    os.setsid()  # its own session: the deadline kills whatever it started too
+    os.dup2(out_fd, 1)
+    os.dup2(out_fd, 2)
+    sys.stdout = sys.stderr = open(out_fd, "w", buffering=1, closefd=False)
     try:
         conn.send(Outcome(value=fn(*args)))
     except BaseException as exc:
@@ -75,48 +159,77 @@ def _child(conn, fn, args) -> None:
 
 
 class _ProcessCall:
-    """A call running in a forked child; killed with SIGKILL if it misses its deadline."""
+    """A call running in a forked child; its session is killed with SIGKILL at the deadline."""
 
     def __init__(self, fn: Callable[..., Any], args: tuple):
         # fork: the callee (often a bound method of the environment) need not be importable by name
         ctx = mp.get_context("fork")
+        self._out = tempfile.TemporaryFile()
         self._conn, child = ctx.Pipe(duplex=False)
-        self._proc = ctx.Process(target=_child, args=(child, fn, args), daemon=True)
+        self._proc = ctx.Process(target=_child, args=(child, self._out.fileno(), fn, args), daemon=True)
         self._proc.start()
         child.close()
 
-    def result(self, wait_s: float, timeout_s: float) -> Outcome:
+    def _output(self) -> str:
+        self._out.seek(0)
+        raw = self._out.read(OUTPUT_LIMIT + 1)
+        self._out.seek(0, 2)
+        extra = self._out.tell() - OUTPUT_LIMIT
+        self._out.close()
+        text = raw[:OUTPUT_LIMIT].decode(errors="replace")
+        return text + (f"\n[... {extra} more bytes dropped]" if extra > 0 else "")
+
+    def result(self, deadline: float, timeout_s: float) -> Outcome:
         try:
-            if self._conn.poll(max(0.0, wait_s)):
+            if self._conn.poll(max(0.0, deadline - time.monotonic())):
                 try:
-                    return self._conn.recv()
+                    out = self._conn.recv()
                 except EOFError:
                     self._proc.join(1.0)
-                    return Outcome(error=f"process died (exit code {self._proc.exitcode})")
-            return Outcome(error=f"timeout after {timeout_s:g}s")
+                    out = Outcome(error=f"process died (exit code {self._proc.exitcode})")
+            else:
+                out = Outcome(error=f"timeout after {timeout_s:g}s")
         finally:
-            if self._proc.is_alive():
+            try:
+                os.killpg(self._proc.pid, signal.SIGKILL)  # the child and anything it started
+            except (ProcessLookupError, PermissionError):
+                pass
+            if self._proc.is_alive():  # killed before its setsid: the group did not exist yet
                 self._proc.kill()
             self._proc.join(1.0)
             self._conn.close()
+        out.output = self._output()
+        return out
 
 
 def call_many(calls: list[tuple[Callable[..., Any], tuple]], timeout_s: float,
               isolation: str = "thread") -> list[Outcome]:
-    """Run every ``fn(*args)`` of `calls` concurrently; each gets `timeout_s` seconds from now
-    (<= 0: no deadline, run one after another in this thread). Outcomes in call order."""
+    """Run every ``fn(*args)`` of `calls` concurrently; each call gets `timeout_s` seconds from
+    its start (<= 0: no deadline, run one after another in this thread). A call that misses its
+    deadline fails alone: the others' outcomes are kept. Outcomes in call order."""
+    _install_router()
     if timeout_s is None or timeout_s <= 0:
         out = []
         for fn, args in calls:
+            sink = _local.sink = _Sink()
             try:
-                out.append(Outcome(value=fn(*args)))
+                out.append(Outcome(value=fn(*args), output=""))
             except Exception as exc:
                 out.append(Outcome(error=_describe(exc)))
+            finally:
+                _local.sink = None
+            out[-1].output = sink.text()
         return out
     kind = _ProcessCall if isolation == "process" else _ThreadCall
-    deadline = time.monotonic() + timeout_s
-    running = [kind(fn, args) for fn, args in calls]
-    return [r.result(deadline - time.monotonic(), timeout_s) for r in running]
+    running = []
+    for fn, args in calls:
+        running.append((kind(fn, args), time.monotonic() + timeout_s))
+    outcomes = [r.result(deadline, timeout_s) for r, deadline in running]
+    outer = getattr(_local, "sink", None)
+    if outer is not None:  # a nested call (a tool inside env_response): its output joins the caller's
+        for o in outcomes:
+            outer.write(o.output)
+    return outcomes
 
 
 def call_with_deadline(fn: Callable[..., Any], *args: Any, timeout_s: float,
@@ -125,7 +238,8 @@ def call_with_deadline(fn: Callable[..., Any], *args: Any, timeout_s: float,
     return call_many([(fn, args)], timeout_s, isolation)[0]
 
 
-def check_safety_args(reward_timeout_s: float, on_reward_error: str, reward_isolation: str) -> None:
+def check_safety_args(reward_timeout_s: float, on_reward_error: str, reward_isolation: str,
+                      max_abandoned_threads: int = 4) -> None:
     """Raise ValueError("env.args.KEY: ...") for a bad safety setting (see rlcore.validate)."""
     if reward_timeout_s is None or reward_timeout_s < 0:
         raise ValueError(f"env.args.reward_timeout_s: must be >= 0 (0 = no deadline), got {reward_timeout_s!r}")
@@ -133,3 +247,5 @@ def check_safety_args(reward_timeout_s: float, on_reward_error: str, reward_isol
         raise ValueError(f"env.args.on_reward_error: choose one of {list(ON_ERROR)}, got {on_reward_error!r}")
     if reward_isolation not in ISOLATION:
         raise ValueError(f"env.args.reward_isolation: choose one of {list(ISOLATION)}, got {reward_isolation!r}")
+    if max_abandoned_threads is None or max_abandoned_threads < 0:
+        raise ValueError(f"env.args.max_abandoned_threads: must be >= 0, got {max_abandoned_threads!r}")

@@ -27,7 +27,7 @@ class Limits:
     file_size_mb: int = 16
     """Largest file (and captured stdout/stderr) the command may write (MiB)."""
     max_processes: int = 64
-    """Process limit (only enforced when the command runs as an unprivileged user)."""
+    """Process limit (RLIMIT_NPROC) of the whole sandbox."""
 
 
 @dataclass
@@ -38,10 +38,14 @@ class SandboxResult:
     stdout: str
     stderr: str
     reason: str | None = None
-    """`timeout`, `cpu_limit`, `memory_limit`, `file_size_limit`, `signal N` or None."""
+    """`timeout`, `cpu_limit`, `memory_limit`, `file_size_limit`, `sandbox_violation`,
+    `isolation_failed`, `signal N` or None."""
     files: dict[str, str] = field(default_factory=dict)
     """Text files under the working directory after the run (relative path -> content)."""
     duration_s: float = 0.0
+    violations: list[str] = field(default_factory=list)
+    """Escape attempts seen (one line each); non-empty means `reason` is `sandbox_violation`
+    unless a limit or the timeout stopped the run first."""
 
     @property
     def ok(self) -> bool:

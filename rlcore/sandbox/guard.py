@@ -27,6 +27,9 @@ _BLOCKED = {
     "os.posix_spawn": "starting programs is disabled",
     "os.spawn": "starting programs is disabled",
     "os.fork": "starting programs is disabled",
+    "os.forkpty": "starting programs is disabled",
+    "os.kill": "signalling processes is disabled",
+    "os.killpg": "signalling processes is disabled",
     "ctypes.dlopen": "loading native libraries is disabled",
 }
 _PATH_EVENTS = {"os.remove": 0, "os.rmdir": 0, "os.mkdir": 0, "os.rename": (0, 1), "os.truncate": 0,

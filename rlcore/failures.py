@@ -1,0 +1,104 @@
+"""Why samples failed: first occurrences logged, counts per step, and a liveness stop.
+
+The driver feeds every finished generate request here (:meth:`FailureLog.request_done`, or
+:meth:`FailureLog.request_lost` for a request that never came back). A failure's *reason* is the
+first line of the sample's error (`reward: ValueError: boom`, `env_response: timeout after 2s`,
+`engine: RayActorError`), cut to `REASON_CHARS`. The first time a reason is seen it is logged once,
+with a task id and the first lines of what the environment printed; after that it is only
+counted: :meth:`FailureLog.step_metrics` gives `failed_by_reason` (this step's counts) and
+`reward_threads_abandoned` (summed over rollout actors).
+
+Liveness: after `stop_after` requests in a row whose every sample failed, :meth:`check` raises
+:class:`NoProgress` naming the most frequent reason of that streak.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+
+from rlcore.types import Group
+
+log = logging.getLogger("rlcore")
+REASON_CHARS = 160
+MAX_REASONS = 64  # distinct reasons kept per step; the rest count as "other"
+
+
+class NoProgress(RuntimeError):
+    """Every sample of the last N requests failed."""
+
+
+def reason_of(error: str | None) -> str:
+    """The bucket a failure counts under: the error's first line, bounded."""
+    first = (error or "unknown error").strip().splitlines()
+    return (first[0] if first else "unknown error")[:REASON_CHARS]
+
+
+class FailureLog:
+    def __init__(self, stop_after: int):
+        """`stop_after`: all-failed requests in a row that stop the run (0 = never)."""
+        self.stop_after = stop_after
+        self.seen: set[str] = set()
+        self.step_counts: Counter[str] = Counter()
+        self.streak = 0
+        self.streak_counts: Counter[str] = Counter()
+        self.threads_by_actor: dict[int, float] = {}
+
+    def _count(self, reason: str, n: int) -> None:
+        if reason not in self.step_counts and len(self.step_counts) >= MAX_REASONS:
+            reason = "other"
+        self.step_counts[reason] += n
+        self.streak_counts[reason] += n
+
+    def _first(self, reason: str, task_id: str, output: str) -> None:
+        if reason in self.seen:
+            return
+        self.seen.add(reason)
+        printed = ""
+        if output.strip():
+            lines = output.strip().splitlines()
+            printed = f"; it printed ({len(output)} chars kept): " + " | ".join(lines[:3])[:300]
+        log.warning("sample failed (first of its kind) on task %s: %s%s", task_id, reason, printed)
+
+    def request_done(self, groups: list[Group], actor: int) -> None:
+        """Count a finished request's failed samples; update the all-failed streak."""
+        total = failed = 0
+        for g in groups:
+            if g.env_stats:
+                self.threads_by_actor[actor] = g.env_stats.get("reward_threads_abandoned", 0)
+            for s in g.samples:
+                total += 1
+                if s.failed:
+                    failed += 1
+                    reason = reason_of(s.error)
+                    self._first(reason, g.task.id, s.env_output)
+                    self._count(reason, 1)
+        self._streak(total > 0 and failed == total)
+
+    def request_lost(self, samples: int, why: str) -> None:
+        """A request that never returned (its actor died, it timed out): all its samples failed."""
+        reason = reason_of(why)
+        self._first(reason, "(whole request)", "")
+        self._count(reason, samples)
+        self._streak(True)
+
+    def _streak(self, all_failed: bool) -> None:
+        if all_failed:
+            self.streak += 1
+        else:
+            self.streak, self.streak_counts = 0, Counter()
+
+    def check(self) -> None:
+        """Raise NoProgress when the last `stop_after` requests all failed completely."""
+        if self.stop_after and self.streak >= self.stop_after:
+            reason, n = self.streak_counts.most_common(1)[0]
+            raise NoProgress(f"no progress: every sample of the last {self.streak} generate requests failed "
+                             f"(rollout.stop_after_failed_requests={self.stop_after}); most frequent failure "
+                             f"({n} samples): {reason}")
+
+    def step_metrics(self) -> dict:
+        """This step's `failed_by_reason` (then reset) and the abandoned reward threads."""
+        out = {"failed_by_reason": dict(self.step_counts.most_common()),
+               "reward_threads_abandoned": int(sum(self.threads_by_actor.values()))}
+        self.step_counts = Counter()
+        return out

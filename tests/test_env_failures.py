@@ -1,0 +1,202 @@
+"""Bad environment code never stalls the run silently (issue 22): a hung reward costs its own
+sample and its timeout, hung threads are counted and bounded, busy loops are killed at the
+deadline, every failure has a reason, printed output is kept per sample, not on the console."""
+
+import logging
+import os
+import threading
+import time
+import uuid
+import zlib
+
+import pytest
+
+from rlcore.engine.base import SamplingParams
+from rlcore.envs.base import EnvironmentStalled
+from rlcore.envs.multiturn import MultiTurnEnvironment
+from rlcore.envs.safety import OUTPUT_LIMIT, threads_abandoned
+from rlcore.failures import FailureLog, NoProgress
+from rlcore.models.tokenizer import char_tokenizer
+from rlcore.types import Group, Sample, Task
+from tests.test_env_safety import EchoEngine, Scored
+
+RELEASE = threading.Event()  # ends the "hung" calls once a test is over (threads are per process)
+
+
+@pytest.fixture(autouse=True)
+def release_hung_threads():
+    RELEASE.clear()
+    yield
+    RELEASE.set()
+    deadline = time.monotonic() + 5
+    while threads_abandoned() and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
+def bad(task_id: str, percent: int) -> bool:
+    return zlib.crc32(task_id.encode()) % 100 < percent
+
+
+class Mixed(Scored):
+    """Reward that misbehaves (`behaviour`) on `percent`% of tasks, scores 1.0 elsewhere."""
+
+    def __init__(self, behaviour, percent, **kw):
+        super().__init__(behaviour, **kw)
+        self.percent = percent
+
+    def make_task(self, index, split):
+        return Task(id=f"t/{index}", messages=[{"role": "user", "content": "hi"}], answer=str(index))
+
+    def reward(self, task, completion):
+        if not bad(task.id, self.percent):
+            return 1.0
+        if self.behaviour == "sleep_loop":
+            while not RELEASE.is_set():
+                time.sleep(0.05)
+        if self.behaviour == "string":
+            return "great"
+        if self.behaviour == "print":
+            print("x" * (6 << 20))  # 6 MB per call
+            return 0.5
+        return super().reward(task, completion)
+
+
+def groups_of(env, first, tasks=4, n=4):
+    tok = char_tokenizer()
+    return env.run_groups([env.make_task(first + i, "train") for i in range(tasks)], n, EchoEngine(tok), tok,
+                          SamplingParams(max_new_tokens=4))
+
+
+def test_hung_rewards_cost_their_sample_and_leave_a_bounded_number_of_threads():
+    bound = threads_abandoned() + 3  # earlier tests in this process may have left some
+    env = Mixed("sleep_loop", 30, reward_timeout_s=0.3, max_abandoned_threads=bound)
+    hung = ok = 0
+    for r in range(6):
+        start = time.monotonic()
+        groups = groups_of(env, 16 * r)
+        assert time.monotonic() - start < 3.0  # the timeout bounds each sample: no stall
+        for g in groups:
+            for s in g.samples:
+                if bad(g.task.id, 30):
+                    hung += 1
+                    assert s.failed and "timeout after 0.3s" in s.error
+                else:
+                    ok += 1
+                    assert not s.failed and s.reward == 1.0  # the request's other samples are used
+    assert hung > 0 and ok > 0
+    assert env.reward_isolation == "process"  # moved once past the bound
+    assert threads_abandoned() <= bound + 16  # at most one request's worth over the bound, then none
+
+
+def test_stateful_calls_fail_in_one_line_past_the_bound():
+    class Stuck(MultiTurnEnvironment):
+        def make_task(self, index, split):
+            return Task(id=f"s/{index}", messages=[{"role": "user", "content": "go"}])
+
+        def env_response(self, task, history, state):
+            RELEASE.wait(10)
+            return [], True
+
+        def score(self, task, history, state):
+            return 1.0
+
+    env = Stuck(max_turns=2, reward_timeout_s=0.2, max_abandoned_threads=threads_abandoned() + 1)
+    groups_of(env, 0, tasks=1, n=4)  # 4 hung env_response threads
+    with pytest.raises(EnvironmentStalled, match=r"init_state: \d+ calls missed .*max_abandoned_threads"):
+        groups_of(env, 0, tasks=1, n=2)
+
+
+def _alive(marker):
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            if marker.encode() in open(f"/proc/{pid}/cmdline", "rb").read():
+                found.append(pid)
+        except OSError:
+            pass
+    return found
+
+
+def test_busy_loop_costs_the_timeout_in_process_isolation():
+    marker = f"{uuid.uuid4().int % 10**6}.5"
+
+    class Spin(Scored):
+        def reward(self, task, completion):
+            import subprocess
+            subprocess.Popen(["sleep", marker])  # a child of the reward: killed with it
+            while True:
+                pass
+
+    env = Spin("spin", reward_timeout_s=0.5, reward_isolation="process")
+    start = time.monotonic()
+    samples = [s for g in groups_of(env, 0, tasks=2, n=2) for s in g.samples]
+    took = time.monotonic() - start
+    assert took < 3.0 and all("timeout after 0.5s" in s.error for s in samples)
+    time.sleep(0.2)
+    assert _alive(marker) == []  # the reward's child died with it
+    spinning = [p for p in os.listdir("/proc") if p.isdigit() and _ppid(p) == os.getpid() and _state(p) == "R"]
+    assert spinning == []  # no forked reward keeps burning CPU after its deadline
+
+
+def _ppid(pid):
+    try:
+        return int(open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[1])
+    except OSError:
+        return -1
+
+
+def _state(pid):
+    try:
+        return open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return ""
+
+
+def test_every_failure_has_a_reason_logged_once_then_counted(caplog):
+    failures = FailureLog(stop_after=0)
+    envs = [Mixed("raise", 30), Mixed("string", 30)]
+    with caplog.at_level(logging.WARNING, logger="rlcore"):
+        for step in range(2):
+            for env in envs:
+                failures.request_done(groups_of(env, 16 * step), actor=0)
+            counts = failures.step_metrics()["failed_by_reason"]
+            assert counts.keys() == {"reward: RuntimeError: broken reward", "reward: reward is not a number ('great')"}
+            assert all(v > 0 for v in counts.values())
+    firsts = [r.getMessage() for r in caplog.records if "first of its kind" in r.getMessage()]
+    assert len(firsts) == 2 and all("on task t/" in m for m in firsts)  # once each, with a task id
+
+
+def test_printed_output_is_kept_per_sample_not_on_the_console(capfd):
+    for isolation in ("thread", "process"):
+        env = Mixed("print", 100, reward_isolation=isolation)
+        samples = [s for g in groups_of(env, 0, tasks=1, n=2) for s in g.samples]
+        assert all(s.reward == 0.5 and not s.failed for s in samples)
+        assert all(OUTPUT_LIMIT <= len(s.env_output) < OUTPUT_LIMIT + 100 and "dropped" in s.env_output
+                   for s in samples)
+    out, err = capfd.readouterr()
+    assert len(out) + len(err) < 1000  # not 4 x 6 MB
+
+
+def test_liveness_stops_with_the_most_frequent_failure():
+    failures = FailureLog(stop_after=3)
+    env = Mixed("raise", 100)
+    failures.request_done(groups_of(env, 0), actor=0)
+    failures.request_done([Group(Task(id="ok", messages=[]), [Sample([1], [2], [0.0], [0], [1])])], actor=0)
+    for r in range(2):  # a request with a success broke the streak: 2 more are not enough
+        failures.request_done(groups_of(env, 16 * r), actor=0)
+        failures.check()
+    failures.request_lost(8, "engine: RayActorError: the actor died")
+    with pytest.raises(NoProgress, match=r"last 3 generate requests .* RuntimeError: broken reward"):
+        failures.check()
+
+
+def test_thread_counter_counts_only_live_threads():
+    stop = threading.Event()
+    before = threads_abandoned()
+    env = Scored("ok", reward_timeout_s=0.2)
+    env.reward = lambda task, completion: stop.wait(5)
+    groups_of(env, 0, tasks=1, n=2)
+    assert threads_abandoned() == before + 2
+    stop.set()
+    time.sleep(0.2)
+    assert threads_abandoned() == before
