@@ -156,13 +156,13 @@ class Driver:
         metas = get(g.trainers[0].parameter_metas.remote(), t.step_timeout_s, "parameter metadata")
         self.plan = plan_buckets([TensorMeta(n, tuple(s), d) for n, s, d in metas],
                                  int(cfg.rollout.sync_bucket_mb * 2**20))
-        if cfg.teacher.enabled:
+        self.init_weight_group()
+        if cfg.teacher.enabled:  # after the rollout engines are up: engines sharing a GPU start one by one
             self.teacher = TeacherStage(cfg, self.buffer.add, self.buffer.fail)
             try:
                 self.teacher.start()
             except TeacherError as exc:
                 raise RunError(str(exc)) from exc
-        self.init_weight_group()
         self.hooks.setup()  # fresh: sync version 0; resume: load the checkpoint, sync its weights
 
     def init_weight_group(self) -> None:

@@ -90,9 +90,8 @@ def config_problems(cfg: RunConfig) -> list[tuple[str, str]]:
         return [("teacher.enabled", f"on-policy distillation runs in mode=rl, got mode={cfg.mode}")]
     if t.engine not in TEACHER_ENGINES:
         out.append(("teacher.engine", f"unknown engine {t.engine!r}; choose one of {list(TEACHER_ENGINES)}"))
-    elif t.engine == "vllm" and t.gpus_per_actor < t.tensor_parallel_size:
-        out.append(("teacher.gpus_per_actor", f"the vllm engine needs tensor_parallel_size "
-                    f"({t.tensor_parallel_size}) GPUs per actor, got {t.gpus_per_actor}"))
+    elif t.engine == "vllm":
+        out.extend(gpu_share_problems(cfg))
     if t.dtype not in TEACHER_DTYPES:
         out.append(("teacher.dtype", f"unknown dtype {t.dtype!r}; choose one of {list(TEACHER_DTYPES)}"))
     if t.path is None and "model_type" not in (t.arch or cfg.model.arch):
@@ -117,6 +116,24 @@ def config_problems(cfg: RunConfig) -> list[tuple[str, str]]:
     if not out:
         out.extend(tokenizer_problems(cfg))
     return out
+
+
+def gpu_share_problems(cfg: RunConfig) -> list[tuple[str, str]]:
+    """A vLLM teacher takes whole GPUs (>= tensor_parallel_size), or a share of one GPU (0 < g < 1,
+    tensor_parallel_size 1) next to another tenant (e.g. a trainer rank with gpus_per_rank 0.5):
+    then its vLLM memory share `engine_kwargs.gpu_memory_utilization` must be set and stay within
+    the share Ray reserves (vLLM's default 0.9 would starve the other tenant)."""
+    t = cfg.teacher
+    if t.gpus_per_actor >= t.tensor_parallel_size:
+        return []
+    if not 0 < t.gpus_per_actor < 1 or t.tensor_parallel_size != 1:
+        return [("teacher.gpus_per_actor", f"the vllm engine needs tensor_parallel_size ({t.tensor_parallel_size}) "
+                 f"GPUs per actor, or a share (0, 1) of one GPU with tensor_parallel_size 1; got {t.gpus_per_actor}")]
+    util = t.engine_kwargs.get("gpu_memory_utilization")
+    if util is None or not 0 < float(util) <= t.gpus_per_actor:
+        return [("teacher.engine_kwargs.gpu_memory_utilization", f"a teacher on {t.gpus_per_actor:g} of a GPU "
+                 f"needs gpu_memory_utilization in (0, {t.gpus_per_actor:g}], got {util}")]
+    return []
 
 
 def teacher_resources(cfg: RunConfig) -> tuple[float, float]:
