@@ -52,3 +52,6 @@ class TeacherConfig:
     """Weight of the per-token distillation advantage (log p_teacher - log p_student)."""
     reward_coef: float = 1.0
     """Weight of the environment reward's advantage (0 = pure distillation)."""
+    kl_baseline: bool = False
+    """Subtract the batch mean of (log p_teacher - log p_student) from the distillation advantage
+    (variance reduction; the expected gradient is unchanged)."""

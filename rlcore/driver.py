@@ -339,7 +339,8 @@ class Driver:
         flat_adv = self.advantages(state.batch)
         if self.teacher is not None:
             t = cfg.teacher
-            flat_adv, distill_metrics = batch_token_advantages(samples, flat_adv, t.kl_coef, t.reward_coef)
+            flat_adv, distill_metrics = batch_token_advantages(samples, flat_adv, t.kl_coef, t.reward_coef,
+                                                                t.kl_baseline)
             state.metrics.update(distill_metrics)
         # one shard per data-parallel rank; context-parallel ranks share their group's shard
         shards = pack_for_ranks(samples, flat_adv, data_parallel_size(cfg.trainer), cfg.trainer.micro_batch_tokens)

@@ -69,6 +69,18 @@ def test_reverse_kl_and_batch_metrics():
     assert metrics["teacher_logprob_mean"] == pytest.approx(-1.75)
 
 
+def test_centered_distillation_advantage():
+    # batch of the previous test: policy tokens' q - s = [-2, 0, 0.25] -> b = -1.75 / 3 = -0.583333
+    # a: A_0 = 1 + (-2 + 0.583333) = -0.416667 ; A_1 = 1 + 0.583333 = 1.583333 ; A_2 (env) = 1
+    # b: A_0 = -1 + (0.25 + 0.583333) = -0.166667
+    a = sample([1], [5, 6, 7], [-1.0, -2.0, 0.0], teacher=[-3.0, -2.0, -9.0], mask=[1, 1, 0])
+    b = sample([1], [5], [-0.5], teacher=[-0.25])
+    adv, metrics = batch_token_advantages([a, b], [1.0, -1.0], kl_coef=1.0, reward_coef=1.0, center=True)
+    assert adv[0] == pytest.approx([-0.416667, 1.583333, 1.0], abs=1e-5)
+    assert adv[1] == pytest.approx([-0.166667], abs=1e-5)
+    assert metrics["teacher_kl"] == pytest.approx(1.75 / 3)  # the metric is not centered
+
+
 def test_sample_without_teacher_logprobs_is_refused():
     with pytest.raises(ValueError, match="without teacher logprobs"):
         batch_token_advantages([sample([1], [2], [-1.0])], [0.0], 1.0, 1.0)
