@@ -12,6 +12,8 @@ from typing import Any, Optional
 
 from omegaconf import MISSING
 
+from rlcore.config_teacher import TeacherConfig
+
 
 @dataclass
 class ModelConfig:
@@ -386,6 +388,8 @@ class RunConfig:
     """Supervised fine-tuning data (`mode=sft`)."""
     eval: EvalConfig = field(default_factory=EvalConfig)
     """Evaluation (`mode=eval`, and periodic evaluation during `rl`)."""
+    teacher: TeacherConfig = field(default_factory=TeacherConfig)
+    """On-policy distillation: the teacher group that scores the student's samples (`rl`)."""
     dry_run: bool = False
     """Validate, print the placement plan (placement groups, bundles, meshes, engines) and exit
     without starting Ray."""
@@ -406,5 +410,6 @@ __all__ = [
     "RunConfig",
     "SamplingConfig",
     "SFTConfig",
+    "TeacherConfig",
     "TrainerConfig",
 ]

@@ -20,6 +20,8 @@ import torch
 from omegaconf import OmegaConf
 
 from actors.groups import Groups, place
+from actors.teacher import TeacherError, TeacherStage
+from rlcore.algo.distill import batch_token_advantages
 from rlcore.algo.advantages import compute_advantages, nonzero_advantage_groups
 from rlcore.algo.losses import loss_normalizer
 from rlcore.canary import CanaryError, canary_limits, canary_prompts, compare_logprobs
@@ -136,6 +138,7 @@ class Driver:
         self.version = 0  # policy version the engines serve (the trainer's optimizer steps, synced)
         self.pending: dict[ray.ObjectRef, Request] = {}
         self.groups: Groups | None = None
+        self.teacher: TeacherStage | None = None  # on-policy distillation: scores groups before the buffer
         self.plan: SyncPlan | None = None
         self._rollout_busy_last = 0.0
         self._failed_last = 0
@@ -164,6 +167,13 @@ class Driver:
             wait_ready(g.rollouts, cfg.rollout.generate_timeout_s)  # model load (and vLLM's compile)
         with phase("joining the weight-sync group"):
             self.init_weight_group()
+        if cfg.teacher.enabled:  # after the rollout engines are up: engines sharing a GPU start one by one
+            with phase("starting the teacher"):
+                self.teacher = TeacherStage(cfg, self.buffer.add, self.buffer.fail)
+                try:
+                    self.teacher.start()
+                except TeacherError as exc:
+                    raise RunError(str(exc)) from exc
         self.hooks.setup()  # fresh: sync version 0; resume: load the checkpoint, sync its weights
 
     def init_weight_group(self) -> None:
@@ -260,6 +270,8 @@ class Driver:
     def launch(self, batches_started: int) -> None:
         r, a = self.cfg.rollout, self.cfg.algo
         queued = sum(len(q.tasks) for q in self.pending.values()) + len(self.buffer)
+        if self.teacher is not None:
+            queued += self.teacher.waiting_groups()
         per_actor_cap = r.max_requests_per_actor
         if self.rejoin_needed:  # a restarted engine would serve stale weights until the rejoin
             return
@@ -291,12 +303,18 @@ class Driver:
         for group, index in zip(groups, req.indices):
             group.request_id, group.stream_index = req.seq, index
         self.failures.request_done(groups, req.actor)
-        for group in groups:
-            self.buffer.add(group)
+        if self.teacher is not None:
+            self.teacher.submit(groups)  # the buffer gets them once scored
+        else:
+            for group in groups:
+                self.buffer.add(group)
         return sum(len(s.completion_ids) for g in groups for s in g.samples if not s.failed)
 
     def expire(self) -> None:
-        """Count requests older than the generate timeout as failed (and cancel them)."""
+        """Count requests older than the generate timeout (and teacher calls older than theirs)
+        as failed (and cancel them)."""
+        if self.teacher is not None:
+            self.teacher.expire()
         now = time.perf_counter()
         for ref, req in list(self.pending.items()):
             if now - req.launched_at > self.cfg.rollout.generate_timeout_s:
@@ -335,6 +353,11 @@ class Driver:
         cfg = self.cfg
         samples = [s for g in state.batch for s in g.samples]
         flat_adv = self.advantages(state.batch)
+        if self.teacher is not None:
+            t = cfg.teacher
+            flat_adv, distill_metrics = batch_token_advantages(samples, flat_adv, t.kl_coef, t.reward_coef,
+                                                                t.kl_baseline)
+            state.metrics.update(distill_metrics)
         # one shard per data-parallel rank; context-parallel ranks share their group's shard
         shards = pack_for_ranks(samples, flat_adv, data_parallel_size(cfg.trainer), cfg.trainer.micro_batch_tokens)
         loss_tokens = sum(int(mb.loss_mask.sum()) for shard in shards for mb in shard)
@@ -359,7 +382,7 @@ class Driver:
         """Train `cfg.steps` steps; a fault that stops the run says where it can resume from."""
         try:
             return self._run(logger)
-        except RunError as exc:
+        except (RunError, TeacherError) as exc:
             raise RunError(f"{exc}; {self.resume_hint()}") from exc
 
     def _run(self, logger: MetricsLogger) -> list[dict[str, Any]]:
@@ -387,6 +410,7 @@ class Driver:
                     train_refs = self.start_train(state)
                     self.launch(step + 1)
             waiting = list(self.pending) + train_refs[:1] + self.hooks.refs()
+            waiting += self.teacher.refs() if self.teacher is not None else []
             if not waiting:
                 raise RunError("nothing in flight and no batch ready: the staleness bound starves the run")
             ready, _ = ray.wait(waiting, num_returns=1, timeout=1.0)
@@ -394,6 +418,8 @@ class Driver:
             for ref in ready:
                 if ref in self.pending:
                     gen_tokens += self.collect(ref)
+                elif self.teacher is not None and self.teacher.owns(ref):
+                    self.teacher.on_ready(ref)
                 elif self.hooks.owns(ref):
                     self.hooks.on_ready(ref, logger)
             try:
@@ -463,9 +489,17 @@ class Driver:
             "samples_failed_step": self.acct.failed - failed_before,  # reward/tool/engine faults
             **self.failures.step_metrics(),  # failed_by_reason, reward_threads_abandoned
             "rollout_restarts": self.restarts,
+            **(self.teacher.step_metrics(step_time) if self.teacher is not None else {}),
         }
 
+    def teacher_groups(self) -> list[Group]:
+        """Groups waiting for the teacher (a checkpoint puts their tasks back, like generating ones)."""
+        return self.teacher.groups() if self.teacher is not None else []
+
     def shutdown(self) -> None:
+        if self.teacher is not None:
+            self.teacher.shutdown()
+            self.teacher = None
         if self.groups is not None:
             self.groups.shutdown()
             self.groups = None

@@ -192,6 +192,7 @@ class StepHooks:
             else:
                 unfinished.append((g.stream_index, g.task))
         unfinished += [(i, t) for req in d.pending.values() for i, t in zip(req.indices, req.tasks)]
+        unfinished += [(g.stream_index, g.task) for g in d.teacher_groups()]
         engine_rng = get([r.rng_state.remote() for r in d.groups.rollouts], 60, "engine RNG state")
         return {"kind": "rl", "step": step, "version": d.version, "feed": d.feed.state(unfinished),
                 "request_seq": d.request_seq, "accounting": acct, "rng": ckpt.rng_state(),

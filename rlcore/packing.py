@@ -41,7 +41,12 @@ class MicroBatch:
         return int(self.input_ids.numel())
 
 
-def sample_arrays(sample: Sample, advantage: float) -> dict[str, list]:
+Advantage = float | list[float]
+"""A sample's advantage: one number for all its tokens, or one per completion token (on-policy
+distillation's per-token advantages)."""
+
+
+def sample_arrays(sample: Sample, advantage: Advantage) -> dict[str, list]:
     """The per-position lists of one sample (see the module docstring for the alignment)."""
     tokens = sample.prompt_ids + sample.completion_ids
     n, p = len(tokens), len(sample.prompt_ids)
@@ -50,17 +55,25 @@ def sample_arrays(sample: Sample, advantage: float) -> dict[str, list]:
     for k, (m, lp) in enumerate(zip(sample.loss_mask, sample.logprobs)):
         mask[p + k - 1] = float(m)
         behaviour[p + k - 1] = float(lp)
+    if isinstance(advantage, (int, float)):
+        advantages = [float(advantage)] * n
+    else:
+        if len(advantage) != len(sample.completion_ids):
+            raise ValueError(f"{len(advantage)} per-token advantages for {len(sample.completion_ids)} completion tokens")
+        advantages = [0.0] * n
+        for k, a in enumerate(advantage):
+            advantages[p + k - 1] = float(a)
     return {
         "input_ids": tokens,
         "position_ids": list(range(n)),
         "targets": tokens[1:] + [0],
         "behaviour_logprobs": behaviour,
-        "advantages": [float(advantage)] * n,
+        "advantages": advantages,
         "loss_mask": mask,
     }
 
 
-def make_micro_batch(samples: list[Sample], advantages: list[float]) -> MicroBatch:
+def make_micro_batch(samples: list[Sample], advantages: list[Advantage]) -> MicroBatch:
     cols: dict[str, list] = {k: [] for k in
                              ("input_ids", "position_ids", "targets", "behaviour_logprobs", "advantages", "loss_mask")}
     index: list[int] = []
@@ -112,7 +125,7 @@ def pack_first_fit(lengths: list[int], indices: list[int], budget: int) -> list[
     return bins
 
 
-def pack_for_ranks(samples: list[Sample], advantages: list[float], num_ranks: int,
+def pack_for_ranks(samples: list[Sample], advantages: list[Advantage], num_ranks: int,
                    micro_batch_tokens: int, pad_token_id: int = 0) -> list[list[MicroBatch]]:
     """Split samples over ranks (token-balanced), pack each rank's share into micro-batches of at
     most `micro_batch_tokens`, and pad every rank to the same number of micro-batches."""

@@ -28,6 +28,8 @@ class Plan:
     cpus_per_node: int
     trainer: list[Bundle] = field(default_factory=list)
     rollout: list[Bundle] = field(default_factory=list)
+    teacher: list[Bundle] = field(default_factory=list)
+    """On-policy distillation's teacher group (placed after the rollout group); empty without one."""
     mesh: dict[str, int] = field(default_factory=dict)
     problems: list[tuple[str, str]] = field(default_factory=list)
 
@@ -58,9 +60,12 @@ def make_plan(cfg: RunConfig) -> Plan:
         plan = Plan(nodes=c.nodes, gpus_per_node=c.gpus_per_node, cpus_per_node=c.cpus_per_node)
     plan.trainer = [Bundle("trainer", i, t.cpus_per_rank, t.gpus_per_rank) for i in range(t.world_size)]
     plan.rollout = [Bundle("rollout", i, r.cpus_per_actor, r.gpus_per_actor) for i in range(r.num_actors)]
+    tc = cfg.teacher
+    if tc.enabled and cfg.mode == "rl":
+        plan.teacher = [Bundle("teacher", i, tc.cpus_per_actor, tc.gpus_per_actor) for i in range(tc.num_actors)]
     plan.mesh = mesh_of(cfg)
     free = [[float(plan.cpus_per_node), float(plan.gpus_per_node)] for _ in range(plan.nodes)]
-    for b in plan.trainer + plan.rollout:
+    for b in plan.trainer + plan.rollout + plan.teacher:
         for n, (cpu, gpu) in enumerate(free):
             if b.cpus <= cpu and b.gpus <= gpu:
                 b.node = n
@@ -74,17 +79,18 @@ def make_plan(cfg: RunConfig) -> Plan:
 def plan_problems(cfg: RunConfig, plan: Plan) -> list[tuple[str, str]]:
     t, r = cfg.trainer, cfg.rollout
     out: list[tuple[str, str]] = []
-    for b in plan.trainer + plan.rollout:
+    for b in plan.trainer + plan.rollout + plan.teacher:
         if b.gpus > plan.gpus_per_node:
-            key = "trainer.gpus_per_rank" if b.group == "trainer" else "rollout.gpus_per_actor"
+            key = {"trainer": "trainer.gpus_per_rank", "rollout": "rollout.gpus_per_actor"}.get(
+                b.group, "teacher.gpus_per_actor")
             out.append((key, f"a {b.group} bundle asks {b.gpus:g} GPUs; a node has {plan.gpus_per_node}"))
             return out
-    need = sum(b.gpus for b in plan.trainer + plan.rollout)
+    need = sum(b.gpus for b in plan.trainer + plan.rollout + plan.teacher)
     have = plan.nodes * plan.gpus_per_node
     if need > have:
-        out.append(("cluster.nodes", f"trainer + rollout need {need:g} GPUs; {plan.nodes} node(s) x "
-                    f"{plan.gpus_per_node} have {have}"))
-    elif any(b.node < 0 for b in plan.trainer + plan.rollout):
+        out.append(("cluster.nodes", f"trainer + rollout{' + teacher' if plan.teacher else ''} need {need:g} GPUs; "
+                    f"{plan.nodes} node(s) x {plan.gpus_per_node} have {have}"))
+    elif any(b.node < 0 for b in plan.trainer + plan.rollout + plan.teacher):
         out.append(("cluster.nodes", "the bundles do not fit on the nodes without splitting one across nodes"))
     experts = arch_value(cfg, "num_experts")
     if t.ep > 1:
@@ -123,12 +129,25 @@ def format_plan(cfg: RunConfig, plan: Plan) -> str:
         f"  engines: {r.num_actors} x {r.engine} (tensor_parallel_size={r.tensor_parallel_size}), "
         f"{r.num_actors} data-parallel replicas",
         f"weight sync: trainer rank 0 -> {r.num_actors} engine(s), buckets of {r.sync_bucket_mb:g} MiB",
+        *teacher_lines(cfg, plan),
         f"async: max_off_policy_steps={cfg.algo.max_off_policy_steps}, batch {cfg.algo.batch_groups} groups x "
         f"{cfg.algo.group_size} samples, max_new_tokens={r.sampling.max_new_tokens}",
     ]
     if plan.problems:
         lines += [f"PROBLEM {k}: {v}" for k, v in plan.problems]
     return "\n".join(lines)
+
+
+def teacher_lines(cfg: RunConfig, plan: Plan) -> list[str]:
+    tc = cfg.teacher
+    if not plan.teacher:
+        return []
+    return [f"placement group 'rlcore-teacher' (PACK): {len(plan.teacher)} bundles of "
+            f"{{CPU: {tc.cpus_per_actor:g}, GPU: {tc.gpus_per_actor:g}}}",
+            f"  nodes: {_by_node(plan.teacher)}",
+            f"  teacher: {tc.num_actors} x {tc.engine} (tensor_parallel_size={tc.tensor_parallel_size}) serving "
+            f"{tc.path or 'a random-weight model'}; no weight sync; advantage = {tc.reward_coef:g} x reward "
+            f"advantage + {tc.kl_coef:g} x (teacher - student logprob)"]
 
 
 def _by_node(bundles: list[Bundle]) -> str:

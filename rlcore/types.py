@@ -52,6 +52,9 @@ class Sample:
     images: list[Any] = field(default_factory=list)
     """The prompt's images as uint8 [H, W, 3] arrays (vision-language policies), in the order of
     their image-token runs in `prompt_ids`."""
+    teacher_logprobs: list[float] | None = None
+    """On-policy distillation: the teacher's teacher-forced logprob of each completion token
+    (set by the teacher stage before the buffer; None without a teacher)."""
 
     @property
     def num_tokens(self) -> int:

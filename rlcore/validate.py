@@ -15,6 +15,8 @@ from rlcore.envs.base import resolve_env
 from rlcore.models.source import gguf_problems, model_path_problems
 from rlcore.models.vl_names import VL_MODEL_TYPES, is_vl_arch
 from rlcore.rundir import output_dir_problems
+from rlcore.teacher import config_problems as teacher_config_problems
+from rlcore.teacher import teacher_resources
 from rlcore.trainer.options import AC_MODES, FP8_RECIPES, PARAM_DTYPE_NAMES, mesh_problems, torchao_available
 from rlcore.trainer.options import schedule_problems
 
@@ -127,6 +129,7 @@ def problems(cfg: RunConfig) -> list[tuple[str, str]]:
     if not env_found:
         out.extend(vision_problems(cfg))
     out.extend(lifecycle_problems(cfg))
+    out.extend(teacher_config_problems(cfg))
 
     c = cfg.cluster
     _positive(out, "cluster.placement_timeout_s", c.placement_timeout_s)
@@ -252,15 +255,17 @@ def resource_problems(cfg: RunConfig, cpus: float, gpus: float, where: str) -> l
     t, r = cfg.trainer, cfg.rollout
     nt = 0 if cfg.mode == "eval" else t.world_size
     nr = 0 if cfg.mode == "sft" else r.num_actors
-    need_cpu = nt * t.cpus_per_rank + nr * r.cpus_per_actor
-    need_gpu = nt * t.gpus_per_rank + nr * r.gpus_per_actor
+    teacher_cpu, teacher_gpu = teacher_resources(cfg)
+    need_cpu = nt * t.cpus_per_rank + nr * r.cpus_per_actor + teacher_cpu
+    need_gpu = nt * t.gpus_per_rank + nr * r.gpus_per_actor + teacher_gpu
+    teacher = f" + teacher {teacher_cpu:g} CPUs / {teacher_gpu:g} GPUs" if cfg.teacher.enabled else ""
     out = []
     if need_cpu > cpus:
         out.append(("trainer.cpus_per_rank", f"trainer ({nt} x {t.cpus_per_rank}) + rollout "
-                    f"({nr} x {r.cpus_per_actor}) need {need_cpu:g} CPUs; {where} has {cpus:g}"))
+                    f"({nr} x {r.cpus_per_actor}){teacher} need {need_cpu:g} CPUs; {where} has {cpus:g}"))
     if need_gpu > gpus:
         out.append(("trainer.gpus_per_rank", f"trainer ({nt} x {t.gpus_per_rank}) + rollout "
-                    f"({nr} x {r.gpus_per_actor}) need {need_gpu:g} GPUs; {where} has {gpus:g}"))
+                    f"({nr} x {r.gpus_per_actor}){teacher} need {need_gpu:g} GPUs; {where} has {gpus:g}"))
     return out
 
 

@@ -1,0 +1,82 @@
+"""On-policy distillation: a teacher's per-token logprobs on the student's own samples become a
+per-token advantage (reverse KL, as in Thinking Machines' "On-Policy Distillation", 2025, and
+prime-rl's `opd`), optionally added to the environment reward's advantage.
+
+For sample ``i`` and its policy token ``t`` (loss mask 1), with ``s_t`` the student's behaviour
+logprob (what the engine reported when it sampled ``y_t``) and ``q_t`` the teacher's
+teacher-forced logprob of the same token at temperature 1::
+
+    k_t   = s_t - q_t                          per-token reverse KL estimate, KL(student || teacher)
+    A_it  = reward_coef * A_i - kl_coef * k_t  the token's advantage
+          = reward_coef * A_i + kl_coef * (q_t - s_t)
+
+``A_i`` is the sample's reward advantage (GRPO and friends, after their normalisation). The
+policy loss (``algo.loss``) then treats ``A_it`` like any advantage: with the importance ratio
+``r_t = pi(y_t) / pi_behaviour(y_t)`` the gradient of ``-A_it r_t`` at ``r_t = 1`` is
+``A_it grad log pi(y_t)``, a single-sample (discount 0) policy-gradient estimate of
+``-grad KL(pi || pi_teacher)``: tokens the teacher finds likelier than the student are pushed up,
+the others down. The sample mean of ``k_t`` over sampled tokens estimates the reverse KL itself
+(reported as ``teacher_kl``). With ``rollout.sampling.temperature != 1`` or ``top_p < 1`` the
+student logprob is of the tempered/truncated sampling distribution (the one the tokens came from).
+Environment tokens (loss mask 0) keep ``reward_coef * A_i``; the loss ignores them anyway.
+
+With ``center`` (``teacher.kl_baseline=true``) the batch mean ``b = mean_t (q_t - s_t)`` over all
+policy tokens of the batch is subtracted first::
+
+    A_it = reward_coef * A_i + kl_coef * (q_t - s_t - b)
+
+A constant baseline leaves the expected policy gradient unchanged (``E[grad log pi] = 0``) but
+removes its large common part: a sharp teacher makes nearly every ``q_t - s_t`` negative, so
+without it every sampled token is pushed down and the gradient norm (clipped by
+``trainer.max_grad_norm``) is spent on that shared push.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+
+def token_advantages(reward_advantage: float, behaviour_logprobs: Sequence[float],
+                     teacher_logprobs: Sequence[float], loss_mask: Sequence[int],
+                     kl_coef: float, reward_coef: float, baseline: float = 0.0) -> list[float]:
+    """``A_t = reward_coef * A + kl_coef * (q_t - s_t - baseline)`` on policy tokens,
+    ``reward_coef * A`` elsewhere; one value per completion token (see the module docstring)."""
+    if not len(behaviour_logprobs) == len(teacher_logprobs) == len(loss_mask):
+        raise ValueError(f"distill: {len(behaviour_logprobs)} behaviour, {len(teacher_logprobs)} teacher "
+                         f"logprobs and {len(loss_mask)} mask entries for one completion")
+    base = reward_coef * float(reward_advantage)
+    return [base + kl_coef * (q - s - baseline) if m else base
+            for s, q, m in zip(behaviour_logprobs, teacher_logprobs, loss_mask)]
+
+
+def reverse_kl_sum(behaviour_logprobs: Sequence[float], teacher_logprobs: Sequence[float],
+                   loss_mask: Sequence[int]) -> tuple[float, int]:
+    """``(sum_t m_t (s_t - q_t), sum_t m_t)``: the reverse-KL estimate summed over policy tokens,
+    and their count (their ratio over a batch is ``teacher_kl``)."""
+    total, count = 0.0, 0
+    for s, q, m in zip(behaviour_logprobs, teacher_logprobs, loss_mask):
+        if m:
+            total += s - q
+            count += 1
+    return total, count
+
+
+def batch_token_advantages(samples: Sequence, reward_advantages: Sequence[float], kl_coef: float,
+                           reward_coef: float, center: bool = False) -> tuple[list[list[float]], dict[str, float]]:
+    """Per-token advantages of a batch of :class:`rlcore.types.Sample` that carry
+    ``teacher_logprobs`` (``center``: minus the batch-mean baseline, see the module docstring),
+    and the metrics ``teacher_kl`` (mean of ``s_t - q_t`` over all policy tokens of the batch) and
+    ``teacher_logprob_mean`` (mean ``q_t``)."""
+    kl_total, tokens, q_total = 0.0, 0, 0.0
+    for sample in samples:
+        if sample.teacher_logprobs is None:
+            raise ValueError("distill: a sample reached the trainer without teacher logprobs")
+        kl, n = reverse_kl_sum(sample.logprobs, sample.teacher_logprobs, sample.loss_mask)
+        kl_total += kl
+        tokens += n
+        q_total += sum(q for q, m in zip(sample.teacher_logprobs, sample.loss_mask) if m)
+    n = max(tokens, 1)
+    baseline = -kl_total / n if center else 0.0
+    out = [token_advantages(adv, s.logprobs, s.teacher_logprobs, s.loss_mask, kl_coef, reward_coef, baseline)
+           for s, adv in zip(samples, reward_advantages)]
+    return out, {"teacher_kl": kl_total / n, "teacher_logprob_mean": q_total / n}

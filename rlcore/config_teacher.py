@@ -1,0 +1,57 @@
+"""The teacher section of the config schema (on-policy distillation, `teacher.*`).
+
+Kept out of :mod:`rlcore.config` only for size; :class:`rlcore.config.RunConfig` holds it as
+`teacher`. Cross-field rules live in :func:`rlcore.teacher.config_problems`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+
+@dataclass
+class TeacherConfig:
+    """A teacher group: engines that score the student's finished samples (on-policy distillation)."""
+
+    enabled: bool = False
+    """Score every finished sample with the teacher and add the per-token reverse-KL advantage."""
+    path: Optional[str] = None
+    """Teacher model: Hugging Face id or local directory; null builds a random-weight model from `arch` (tests)."""
+    gguf_file: Optional[str] = None
+    """GGUF file inside `path` (hf engine)."""
+    tokenizer: str = "char"
+    """`char` or `auto` (the tokenizer `path` ships); must be the same tokenizer as the student's."""
+    arch: dict[str, Any] = field(default_factory=dict)
+    """transformers config fields of a random-weight teacher (used when `path` is null; empty = `model.arch`)."""
+    seed: int = 1
+    """Seed of a random-weight teacher's initialisation."""
+    dtype: str = "float32"
+    """Teacher weight dtype (`float32`, `bfloat16`, `float16`)."""
+    engine: str = "hf"
+    """`hf` (transformers, CPU or GPU) or `vllm` (GPU); the teacher never receives weights."""
+    num_actors: int = 1
+    """Teacher engine replicas (one actor each, on the teacher placement group)."""
+    cpus_per_actor: float = 1.0
+    """CPUs reserved in each teacher bundle."""
+    gpus_per_actor: float = 0.0
+    """GPUs reserved in each teacher bundle (0 = CPU; with the vllm engine >= tensor_parallel_size)."""
+    tensor_parallel_size: int = 1
+    """Tensor parallelism inside one vLLM teacher engine."""
+    engine_kwargs: dict[str, Any] = field(default_factory=dict)
+    """Extra vLLM `AsyncEngineArgs` of the teacher (e.g. gpu_memory_utilization, max_model_len)."""
+    max_requests_per_actor: int = 2
+    """Score calls in flight per teacher actor (vLLM batches them; more hides latency)."""
+    max_restarts: int = 3
+    """Times Ray restarts a dead teacher actor (its calls in flight are counted failed); -1 = always."""
+    score_timeout_s: float = 120.0
+    """Longest one score call may take; its samples are then counted failed."""
+    start_timeout_s: float = 600.0
+    """Longest the teacher actors may take to load their model."""
+    kl_coef: float = 1.0
+    """Weight of the per-token distillation advantage (log p_teacher - log p_student)."""
+    reward_coef: float = 1.0
+    """Weight of the environment reward's advantage (0 = pure distillation)."""
+    kl_baseline: bool = False
+    """Subtract the batch mean of (log p_teacher - log p_student) from the distillation advantage
+    (variance reduction; the expected gradient is unchanged)."""

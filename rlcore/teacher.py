@@ -1,0 +1,144 @@
+"""The teacher of on-policy distillation, Ray-free: its model config, its engine config, and the
+config checks that run before Ray starts (resources, same tokenizer as the student).
+
+The teacher group itself (actors, placement group, the scoring stage before the buffer) is in
+`actors/teacher.py`; the loss is :mod:`rlcore.algo.distill`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+from rlcore.config import ModelConfig, RunConfig
+
+TEACHER_ENGINES = ("hf", "vllm")
+TEACHER_DTYPES = ("float32", "bfloat16", "float16")
+
+
+def teacher_model_config(cfg: RunConfig) -> ModelConfig:
+    """The teacher as a :class:`ModelConfig` (a random-weight teacher without `arch` takes the
+    student's)."""
+    t = cfg.teacher
+    return ModelConfig(path=t.path, gguf_file=t.gguf_file, tokenizer=t.tokenizer,
+                       arch=dict(t.arch) if t.arch else dict(cfg.model.arch), seed=t.seed, dtype=t.dtype)
+
+
+def teacher_run_config(cfg: RunConfig) -> RunConfig:
+    """The run config a teacher engine is built from (`VLLMEngine.from_config` reads `model` and
+    `rollout`): the teacher's model, its engine arguments, no quantization; weights never move."""
+    t = cfg.teacher
+    rollout = dataclasses.replace(cfg.rollout, engine=t.engine, gpus_per_actor=t.gpus_per_actor,
+                                  cpus_per_actor=t.cpus_per_actor, tensor_parallel_size=t.tensor_parallel_size,
+                                  engine_kwargs=dict(t.engine_kwargs), quantization=None, weight_reload="auto")
+    return dataclasses.replace(cfg, model=teacher_model_config(cfg), rollout=rollout)
+
+
+def _is_local(path: str | None) -> bool:
+    return bool(path) and (path.startswith((".", "/", "~")) or Path(path).expanduser().exists())
+
+
+def tokenizer_fingerprint(tokenizer) -> tuple:
+    """What two tokenizers must share for the teacher to score the student's token ids: the
+    whole vocabulary (token -> id) and the special ids."""
+    return (tuple(sorted(tokenizer.get_vocab().items())), tokenizer.eos_token_id, tokenizer.pad_token_id)
+
+
+def _checkpoint_vocab_size(path: str) -> int | None:
+    found = Path(path).expanduser() / "config.json"
+    if not found.is_file():
+        return None
+    conf = json.loads(found.read_text())
+    return conf.get("vocab_size") or conf.get("text_config", {}).get("vocab_size")
+
+
+def tokenizer_problems(cfg: RunConfig) -> list[tuple[str, str]]:
+    """Same tokenizer required (cross-tokenizer distillation is out of scope). Cheap: local
+    tokenizers are loaded and compared (vocabulary and special ids); a hub id is compared when
+    the teacher actor starts (`actors/teacher.py`)."""
+    from rlcore.models.build import build_tokenizer
+    t, m = cfg.teacher, cfg.model
+    if t.tokenizer != m.tokenizer:
+        return [("teacher.tokenizer", f"{t.tokenizer!r} differs from model.tokenizer {m.tokenizer!r}: "
+                 "the teacher must use the student's tokenizer")]
+    if t.tokenizer == "char":
+        size = _checkpoint_vocab_size(t.path) if _is_local(t.path) else None
+        student = len(build_tokenizer(m))
+        if size is not None and size > student:  # a checkpoint may pad its embedding, never shrink it
+            return [("teacher.path", f"{t.path}: vocab_size {size} is not the char tokenizer's ({student})")]
+        return []
+    if not (_is_local(t.path) and _is_local(m.path)):
+        return []
+    try:
+        same = tokenizer_fingerprint(build_tokenizer(teacher_model_config(cfg))) == tokenizer_fingerprint(
+            build_tokenizer(m))
+    except (OSError, ValueError) as exc:
+        return [("teacher.path", f"cannot load the teacher's tokenizer: {exc}".splitlines()[0])]
+    if not same:
+        return [("teacher.path", f"{t.path}: its tokenizer differs from the student's ({m.path}); "
+                 "on-policy distillation needs the same tokenizer")]
+    return []
+
+
+def config_problems(cfg: RunConfig) -> list[tuple[str, str]]:
+    """`teacher.*`, checked only when the teacher is enabled (`rl` mode)."""
+    t, out = cfg.teacher, []
+    if not t.enabled:
+        return out
+    if cfg.mode != "rl":
+        return [("teacher.enabled", f"on-policy distillation runs in mode=rl, got mode={cfg.mode}")]
+    if t.engine not in TEACHER_ENGINES:
+        out.append(("teacher.engine", f"unknown engine {t.engine!r}; choose one of {list(TEACHER_ENGINES)}"))
+    elif t.engine == "vllm":
+        out.extend(gpu_share_problems(cfg))
+    if t.dtype not in TEACHER_DTYPES:
+        out.append(("teacher.dtype", f"unknown dtype {t.dtype!r}; choose one of {list(TEACHER_DTYPES)}"))
+    if t.path is None and "model_type" not in (t.arch or cfg.model.arch):
+        out.append(("teacher.arch", "needs model_type when teacher.path is null"))
+    if t.path and t.path.startswith((".", "/", "~")) and not Path(t.path).expanduser().exists():
+        out.append(("teacher.path", f"directory {t.path!r} does not exist (train the teacher first; "
+                    "see the recipe's header)"))
+    for key in ("num_actors", "cpus_per_actor", "tensor_parallel_size", "max_requests_per_actor",
+                "score_timeout_s", "start_timeout_s"):
+        value = getattr(t, key)
+        if not value > 0:
+            out.append((f"teacher.{key}", f"must be > 0, got {value!r}"))
+    for key in ("gpus_per_actor", "kl_coef", "reward_coef"):
+        value = getattr(t, key)
+        if not value >= 0:
+            out.append((f"teacher.{key}", f"must be >= 0, got {value!r}"))
+    if t.kl_coef == 0 and t.reward_coef == 0:
+        out.append(("teacher.kl_coef", "kl_coef and reward_coef are both 0: nothing to train on"))
+    if t.kl_coef > 0 and cfg.algo.loss == "gspo":
+        out.append(("teacher.kl_coef", "per-token distillation advantages need a token-level loss; "
+                    "algo.loss=gspo uses one ratio per sequence"))
+    if not out:
+        out.extend(tokenizer_problems(cfg))
+    return out
+
+
+def gpu_share_problems(cfg: RunConfig) -> list[tuple[str, str]]:
+    """A vLLM teacher takes whole GPUs (>= tensor_parallel_size), or a share of one GPU (0 < g < 1,
+    tensor_parallel_size 1) next to another tenant (e.g. a trainer rank with gpus_per_rank 0.5):
+    then its vLLM memory share `engine_kwargs.gpu_memory_utilization` must be set and stay within
+    the share Ray reserves (vLLM's default 0.9 would starve the other tenant)."""
+    t = cfg.teacher
+    if t.gpus_per_actor >= t.tensor_parallel_size:
+        return []
+    if not 0 < t.gpus_per_actor < 1 or t.tensor_parallel_size != 1:
+        return [("teacher.gpus_per_actor", f"the vllm engine needs tensor_parallel_size ({t.tensor_parallel_size}) "
+                 f"GPUs per actor, or a share (0, 1) of one GPU with tensor_parallel_size 1; got {t.gpus_per_actor}")]
+    util = t.engine_kwargs.get("gpu_memory_utilization")
+    if util is None or not 0 < float(util) <= t.gpus_per_actor:
+        return [("teacher.engine_kwargs.gpu_memory_utilization", f"a teacher on {t.gpus_per_actor:g} of a GPU "
+                 f"needs gpu_memory_utilization in (0, {t.gpus_per_actor:g}], got {util}")]
+    return []
+
+
+def teacher_resources(cfg: RunConfig) -> tuple[float, float]:
+    """(CPUs, GPUs) the teacher placement group asks for (0, 0 when disabled)."""
+    t = cfg.teacher
+    if not t.enabled or cfg.mode != "rl":
+        return 0.0, 0.0
+    return t.num_actors * t.cpus_per_actor, t.num_actors * t.gpus_per_actor

@@ -1,0 +1,177 @@
+"""On-policy distillation, Ray-free: the per-token reverse-KL advantage (hand-computed), its path
+through packing into the policy loss, the teacher's config checks (same tokenizer), and the
+teacher stage's pure helpers.
+
+Every expected number is worked out by hand in the comments from the formula in
+`rlcore/algo/distill.py`'s docstring:  A_t = reward_coef * A + kl_coef * (q_t - s_t).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from actors.teacher import attach, score_pairs
+from rlcore.algo.distill import batch_token_advantages, reverse_kl_sum, token_advantages
+from rlcore.algo.losses import LossInputs, policy_loss
+from rlcore.config import AlgoConfig
+from rlcore.models.tokenizer import char_tokenizer
+from rlcore.packing import make_micro_batch
+from rlcore.run import compose, main
+from rlcore.teacher import config_problems, teacher_model_config
+from rlcore.types import Group, Sample, Task
+
+
+def sample(prompt, completion, logprobs, teacher=None, mask=None, reward=0.0, failed=False) -> Sample:
+    return Sample(prompt_ids=prompt, completion_ids=completion, logprobs=logprobs, versions=[0] * len(completion),
+                  loss_mask=mask if mask is not None else [1] * len(completion), reward=reward, failed=failed,
+                  teacher_logprobs=teacher)
+
+
+def test_token_advantages_hand_computed():
+    # s = [-1.0, -2.0, -0.5], q = [-0.5, -3.0, -0.5], A = 0.4, kl_coef 2, reward_coef 0.5
+    # A_0 = 0.5*0.4 + 2*(-0.5 - -1.0) = 0.2 + 1.0 = 1.2
+    # A_1 = 0.2 + 2*(-3.0 - -2.0) = 0.2 - 2.0 = -1.8
+    # A_2 = 0.2 + 2*0 = 0.2
+    out = token_advantages(0.4, [-1.0, -2.0, -0.5], [-0.5, -3.0, -0.5], [1, 1, 1], kl_coef=2.0, reward_coef=0.5)
+    assert out == pytest.approx([1.2, -1.8, 0.2])
+
+
+def test_environment_tokens_keep_the_reward_advantage_only():
+    # token 1 is an environment token (mask 0): A_1 = 1.0 * 0.3, whatever the logprobs say
+    # A_0 = 0.3 + 1.0*(-0.1 - -0.7) = 0.9
+    out = token_advantages(0.3, [-0.7, 0.0], [-0.1, -5.0], [1, 0], kl_coef=1.0, reward_coef=1.0)
+    assert out == pytest.approx([0.9, 0.3])
+
+
+def test_pure_distillation_ignores_the_reward():
+    # reward_coef 0: A_t = q_t - s_t = [-1 - -2, -4 - -1] = [1, -3]
+    assert token_advantages(5.0, [-2.0, -1.0], [-1.0, -4.0], [1, 1], 1.0, 0.0) == pytest.approx([1.0, -3.0])
+
+
+def test_length_mismatch_is_an_error():
+    with pytest.raises(ValueError, match="2 behaviour, 1 teacher"):
+        token_advantages(0.0, [-1.0, -1.0], [-1.0], [1, 1], 1.0, 1.0)
+
+
+def test_reverse_kl_and_batch_metrics():
+    # sample a: s - q over mask = (-1 - -3) + (-2 - -2) = 2 ; tokens 2 (third is masked)
+    # sample b: (-0.5 - -0.25) = -0.25 ; tokens 1
+    # teacher_kl = (2 - 0.25) / 3 = 0.583333 ; teacher_logprob_mean = (-3 - 2 - 0.25) / 3 = -1.75
+    a = sample([1], [5, 6, 7], [-1.0, -2.0, 0.0], teacher=[-3.0, -2.0, -9.0], mask=[1, 1, 0])
+    b = sample([1], [5], [-0.5], teacher=[-0.25])
+    assert reverse_kl_sum(a.logprobs, a.teacher_logprobs, a.loss_mask) == (pytest.approx(2.0), 2)
+    adv, metrics = batch_token_advantages([a, b], [1.0, -1.0], kl_coef=1.0, reward_coef=1.0)
+    # a: [1 + 2*? ...] A_0 = 1 + (-3 - -1) = -1 ; A_1 = 1 + 0 = 1 ; A_2 (env) = 1 ; b: -1 + 0.25 = -0.75
+    assert adv[0] == pytest.approx([-1.0, 1.0, 1.0])
+    assert adv[1] == pytest.approx([-0.75])
+    assert metrics["teacher_kl"] == pytest.approx(1.75 / 3)
+    assert metrics["teacher_logprob_mean"] == pytest.approx(-1.75)
+
+
+def test_centered_distillation_advantage():
+    # batch of the previous test: policy tokens' q - s = [-2, 0, 0.25] -> b = -1.75 / 3 = -0.583333
+    # a: A_0 = 1 + (-2 + 0.583333) = -0.416667 ; A_1 = 1 + 0.583333 = 1.583333 ; A_2 (env) = 1
+    # b: A_0 = -1 + (0.25 + 0.583333) = -0.166667
+    a = sample([1], [5, 6, 7], [-1.0, -2.0, 0.0], teacher=[-3.0, -2.0, -9.0], mask=[1, 1, 0])
+    b = sample([1], [5], [-0.5], teacher=[-0.25])
+    adv, metrics = batch_token_advantages([a, b], [1.0, -1.0], kl_coef=1.0, reward_coef=1.0, center=True)
+    assert adv[0] == pytest.approx([-0.416667, 1.583333, 1.0], abs=1e-5)
+    assert adv[1] == pytest.approx([-0.166667], abs=1e-5)
+    assert metrics["teacher_kl"] == pytest.approx(1.75 / 3)  # the metric is not centered
+
+
+def test_sample_without_teacher_logprobs_is_refused():
+    with pytest.raises(ValueError, match="without teacher logprobs"):
+        batch_token_advantages([sample([1], [2], [-1.0])], [0.0], 1.0, 1.0)
+
+
+def test_per_token_advantages_land_on_prediction_positions():
+    # prompt [10, 11], completion [12, 13]: position 1 predicts 12, position 2 predicts 13
+    s = sample([10, 11], [12, 13], [-1.0, -2.0])
+    mb = make_micro_batch([s, s], [[0.5, -1.5], 2.0])
+    assert mb.advantages.tolist() == [0.0, 0.5, -1.5, 0.0, 2.0, 2.0, 2.0, 2.0]
+    assert mb.loss_mask.tolist() == [0, 1, 1, 0, 0, 1, 1, 0]
+    with pytest.raises(ValueError, match="3 per-token advantages for 2"):
+        make_micro_batch([s], [[1.0, 2.0, 3.0]])
+
+
+def test_policy_gradient_follows_the_teacher():
+    # ppo_clip at ratio 1 (logp == behaviour): loss = -sum_t A_t / N, d loss / d logp_t = -A_t / N.
+    # s = [-1, -1], q = [-0.5, -2] (kl_coef 1, reward 0): A = [0.5, -1.0]; N = 2
+    # grad = [-0.25, 0.5]: descending it raises logp_0 (teacher likes it) and lowers logp_1
+    s = sample([3], [4, 5], [-1.0, -1.0], teacher=[-0.5, -2.0])
+    adv, _ = batch_token_advantages([s], [0.0], kl_coef=1.0, reward_coef=0.0)
+    mb = make_micro_batch([s], adv)
+    logp = mb.behaviour_logprobs.clone().requires_grad_(True)
+    loss, _ = policy_loss(LossInputs(logp, mb.behaviour_logprobs, mb.advantages, mb.loss_mask,
+                                     sample_index=mb.sample_index), AlgoConfig(), normalizer=2.0)
+    loss.backward()
+    assert float(loss.detach()) == pytest.approx(0.25)  # -(0.5 - 1.0) / 2
+    # one prompt token: positions 0 and 1 predict the two completion tokens, position 2 nothing
+    assert logp.grad.tolist() == pytest.approx([-0.25, 0.5, 0.0])
+
+
+def test_score_pairs_skip_failed_samples_and_attach_in_order():
+    ok1 = sample([1, 2], [3], [-1.0])
+    bad = sample([], [], [], failed=True)
+    ok2 = sample([4], [5, 6], [-1.0, -1.0])
+    groups = [Group(Task("a", []), [ok1, bad]), Group(Task("b", []), [ok2])]
+    assert score_pairs(groups) == [([1, 2], [3]), ([4], [5, 6])]
+    attach(groups, [[-0.1], [-0.2, -0.3]])
+    assert ok1.teacher_logprobs == [-0.1] and ok2.teacher_logprobs == [-0.2, -0.3]
+    assert bad.teacher_logprobs is None
+    with pytest.raises(ValueError, match="1 logprobs for 2 tokens"):
+        attach([Group(Task("c", []), [sample([1], [2, 3], [0.0, 0.0])])], [[-1.0]])
+
+
+def test_teacher_config_checks():
+    cfg = compose(["teacher.enabled=true"])
+    assert config_problems(cfg) == []
+    assert teacher_model_config(cfg).arch == cfg.model.arch  # a random teacher defaults to the student's shape
+    keys = [k for k, _ in config_problems(compose(["teacher.enabled=true", "teacher.num_actors=0"]))]
+    assert keys == ["teacher.num_actors"]
+    keys = [k for k, _ in config_problems(compose(["teacher.enabled=true", "teacher.engine=sglang"]))]
+    assert keys == ["teacher.engine"]
+    keys = [k for k, _ in config_problems(compose(["teacher.enabled=true", "mode=sft"]))]
+    assert keys == ["teacher.enabled"]
+    keys = [k for k, _ in config_problems(compose(["teacher.enabled=true", "teacher.kl_coef=0",
+                                                   "teacher.reward_coef=0"]))]
+    assert keys == ["teacher.kl_coef"]
+
+
+def test_different_tokenizer_is_refused_in_one_line(tmp_path, capsys):
+    """Student and teacher both load their tokenizer from a local directory; the teacher's has a
+    different vocabulary (the char tokenizer plus vision markers): exit 2, one line, before Ray."""
+    char_tokenizer().save_pretrained(tmp_path / "student")
+    char_tokenizer(vision=True).save_pretrained(tmp_path / "teacher")
+    char_tokenizer().save_pretrained(tmp_path / "same")
+    base = ["model.tokenizer=auto", f"model.path={tmp_path / 'student'}", "teacher.enabled=true",
+            "teacher.tokenizer=auto", "dry_run=true"]
+    assert config_problems(compose(base + [f"teacher.path={tmp_path / 'same'}"])) == []
+    rc = main(base + [f"teacher.path={tmp_path / 'teacher'}"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2
+    assert len(err) == 1 and err[0].startswith("rlcore: config error: teacher.path:"), err
+    assert "tokenizer differs" in err[0]
+
+
+def test_char_teacher_with_another_tokenizer_kind_is_refused(capsys):
+    rc = main(["teacher.enabled=true", "teacher.tokenizer=auto", "teacher.path=Qwen/Qwen3-4B", "dry_run=true"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1 and "teacher.tokenizer" in err[0], err
+
+
+def test_teacher_resources_count_against_the_machine():
+    from rlcore.validate import resource_problems
+    cfg = compose(["teacher.enabled=true", "teacher.cpus_per_actor=2"])
+    found = resource_problems(cfg, cpus=3, gpus=0, where="this machine")
+    assert found and "teacher 2 CPUs" in found[0][1]
+    assert resource_problems(compose([]), cpus=3, gpus=0, where="this machine") == []
+
+
+def test_distill_metrics_tensor_free():
+    # a 1-token batch: teacher_kl = s - q = -0.2 - (-1.2) = 1.0
+    _, m = batch_token_advantages([sample([1], [2], [-0.2], teacher=[-1.2])], [0.0], 1.0, 1.0)
+    assert m["teacher_kl"] == pytest.approx(1.0)
+    assert torch.isfinite(torch.tensor(m["teacher_logprob_mean"]))
