@@ -125,6 +125,25 @@ def canary_prompts(vocab_size: int, num_prompts: int = 4, prompt_len: int = 16, 
              [rng.randrange(low, vocab_size) for _ in range(completion_len)]) for _ in range(num_prompts)]
 
 
+def task_canary_pairs(tasks: Sequence, tokenizer, max_prompt_tokens: int = 128,
+                      completion_len: int = 16) -> list[tuple[list[int], list[int]]]:
+    """(prompt ids, completion ids) from an environment's own tasks: each task's messages through
+    the chat template (the first `max_prompt_tokens` ids) and, as the completion, the task's
+    reference answer as text (the next task's prompt tail when it has none), `completion_len`
+    ids at most. Text the policy actually sees keeps the canary's tolerance honest: random ids
+    made FP8 engines trip the bound while their mismatch KL on real samples was 1e-4."""
+    from rlcore.envs.render import render_prompt
+
+    pairs = []
+    for i, task in enumerate(tasks):
+        prompt = render_prompt(tokenizer, task.messages)[:max_prompt_tokens]
+        text = str(task.answer) if task.answer is not None else str(tasks[(i + 1) % len(tasks)].messages[-1]["content"])
+        completion = tokenizer(text, add_special_tokens=False).input_ids[:completion_len]
+        if prompt and completion:
+            pairs.append((prompt, completion))
+    return pairs
+
+
 @torch.no_grad()
 def teacher_forced_logprobs(model: torch.nn.Module, pairs: Sequence[tuple[Sequence[int], Sequence[int]]],
                             temperature: float = 1.0) -> list[list[float]]:

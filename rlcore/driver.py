@@ -24,13 +24,14 @@ from actors.teacher import TeacherError, TeacherStage
 from rlcore.algo.distill import batch_token_advantages
 from rlcore.algo.advantages import compute_advantages, nonzero_advantage_groups
 from rlcore.algo.losses import loss_normalizer
-from rlcore.canary import CanaryError, canary_limits, canary_prompts, compare_logprobs
+from rlcore.canary import CanaryError, canary_limits, canary_prompts, compare_logprobs, task_canary_pairs
 from rlcore.buffer import Accounting, RolloutBuffer
 from rlcore.config import RunConfig
 from rlcore.envs import make_env
 from rlcore.failures import FailureLog, NoProgress
 from rlcore.lifecycle import StepHooks, TaskFeed
 from rlcore.metrics import MetricsLogger
+from rlcore.models.build import build_tokenizer
 from rlcore.packing import pack_for_ranks
 from rlcore.startup import StartupPhases
 from rlcore.trainer.parallel import data_parallel_size, shards_per_rank
@@ -146,6 +147,7 @@ class Driver:
         self.restarts = 0
         self.version_base = 0  # engine version when RL step 0 began (see groups_allowed_in_flight)
         self._next_actor = itertools.cycle(range(cfg.rollout.num_actors))
+        self._canary_pairs: list[tuple[list[int], list[int]]] | None = None
         self.startup = StartupPhases()  # timed start-up phases (progress lines, run summary)
 
     # -- setup ---------------------------------------------------------------------------------
@@ -225,9 +227,19 @@ class Driver:
         return metrics
 
     def canary_pairs(self) -> list[tuple[list[int], list[int]]]:
-        vocab_size = next(m.shape[0] for b in self.plan.buckets for m in b.metas
-                          if m.name.endswith("embed_tokens.weight"))
-        return canary_prompts(vocab_size, num_prompts=self.cfg.rollout.canary_prompts, seed=self.cfg.seed + 1234)
+        """The canary's prompts: the environment's first eval tasks, rendered once; random ids
+        only where tasks carry images (image tokens need pixel values to score)."""
+        if self._canary_pairs is None:
+            n = self.cfg.rollout.canary_prompts
+            tasks = [] if self.env.uses_images else [self.env.make_task(i, "eval")
+                                                     for i in range(min(n, self.env.eval_size))]
+            pairs = task_canary_pairs(tasks, build_tokenizer(self.cfg.model)) if tasks else []
+            if not pairs:
+                vocab_size = next(m.shape[0] for b in self.plan.buckets for m in b.metas
+                                  if m.name.endswith("embed_tokens.weight"))
+                pairs = canary_prompts(vocab_size, num_prompts=n, seed=self.cfg.seed + 1234)
+            self._canary_pairs = pairs
+        return self._canary_pairs
 
     def check_canary(self, version: int) -> dict[str, float]:
         """After a sync, every engine's teacher-forced logprobs on a fixed prompt set must match

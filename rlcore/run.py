@@ -14,6 +14,7 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
+from rlcore.cli import FlagError, help_text, job_output_dir, parse_flags, sweep_jobs
 from rlcore.config import RunConfig
 from rlcore.config_keys import typed_env_arg_override, unknown_key, unknown_keys
 from rlcore.console import quiet_ray_environment, report_error
@@ -223,8 +224,48 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
+        flags = parse_flags(argv)
+    except FlagError as exc:
+        print(f"rlcore: config error: {exc}", file=sys.stderr)
+        return EXIT_CONFIG
+    if flags.help:
+        print(help_text(CONF_DIR, recipes()))
+        return 0
+    if flags.multirun:
+        return multirun(flags.overrides)
+    return run_job(flags.overrides, print_cfg=flags.print_cfg)
+
+
+def multirun(overrides: list[str]) -> int:
+    """One job per combination of the sweep overrides, in OUTPUT_DIR/<job>; all jobs are
+    composed and validated before the first starts. Returns the worst exit code."""
+    try:
+        jobs = sweep_jobs(overrides)
+        base = compose(jobs[0]).output_dir
+        jobs = [job + [f"output_dir={job_output_dir(base, i)}"] for i, job in enumerate(jobs)]
+        for job in jobs:
+            validate(compose(job))
+    except ConfigError as exc:
+        return report(exc)
+    except Exception as exc:  # Hydra's override grammar errors
+        print(f"rlcore: config error: multirun: {_one_line(exc)}", file=sys.stderr)
+        return EXIT_CONFIG
+    codes = []
+    for i, job in enumerate(jobs):
+        print(f"rlcore: multirun job {i + 1}/{len(jobs)}: {' '.join(job)}", flush=True)
+        codes.append(run_job(job))
+    print(f"rlcore: multirun: {sum(c == 0 for c in codes)}/{len(jobs)} jobs succeeded under {base}")
+    return max(codes)
+
+
+def run_job(argv: list[str], print_cfg: bool = False) -> int:
+    """Compose, validate, place and run one job."""
+    try:
         cfg = compose(argv)
         validate(cfg)
+        if print_cfg:
+            print(OmegaConf.to_yaml(OmegaConf.structured(cfg)), end="")
+            return 0
         if cfg.cluster.nodes is not None or cfg.dry_run:
             plan = make_plan(cfg)  # the described cluster (or this machine as one node)
             if cfg.dry_run:
