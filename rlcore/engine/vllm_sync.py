@@ -58,11 +58,6 @@ def _as_meta(item: Any) -> tuple[str, torch.dtype, tuple[int, ...]]:
     return name, dtype, tuple(shape)
 
 
-def metas_of(module: torch.nn.Module, dtype: torch.dtype | None = None) -> list[tuple[str, torch.dtype, tuple[int, ...]]]:
-    """Parameter metadata of ``module`` (global shapes, no gather), optionally in wire ``dtype``."""
-    return [(n, dtype or p.dtype, tuple(p.shape)) for n, p in module.named_parameters()]
-
-
 def update_info_for(metas: Iterable[Any], bucket_bytes: int = DEFAULT_BUCKET_BYTES,
                     num_buffers: int = DEFAULT_NUM_BUFFERS) -> dict:
     """The ``update_info`` an engine needs before the broadcast starts (vLLM's

@@ -189,11 +189,6 @@ def expert_modules(model: nn.Module) -> dict[str, LocalExperts]:
     return {name: m for name, m in model.named_modules() if isinstance(m, LocalExperts)}
 
 
-def expert_param_ids(model: nn.Module) -> set[int]:
-    """ids of the (current, possibly FSDP-sharded) expert parameters."""
-    return {id(p) for m in expert_modules(model).values() for p in m.parameters()}
-
-
 def router_metrics(model: nn.Module, group: dist.ProcessGroup | None = None) -> dict[str, float]:
     """Step router statistics summed over ``group`` (collective when there are MoE blocks on any
     rank: call on all ranks). Resets the accumulators."""
