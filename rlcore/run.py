@@ -242,7 +242,8 @@ def multirun(overrides: list[str]) -> int:
     try:
         jobs = sweep_jobs(overrides)
         base = compose(jobs[0]).output_dir
-        jobs = [job + [f"output_dir={job_output_dir(base, i)}"] for i, job in enumerate(jobs)]
+        jobs = [[o for o in job if _override_key(o) != "output_dir"] + [f"output_dir={job_output_dir(base, i)}"]
+                for i, job in enumerate(jobs)]
         for job in jobs:
             validate(compose(job))
     except ConfigError as exc:
