@@ -27,7 +27,9 @@ from rlcore.buffer import Accounting, RolloutBuffer
 from rlcore.config import RunConfig
 from rlcore.envs import make_env
 from rlcore.lifecycle import StepHooks, TaskFeed
+from rlcore import samples
 from rlcore.metrics import MetricsLogger
+from rlcore.models.build import build_tokenizer
 from rlcore.packing import pack_for_ranks
 from rlcore.trainer.parallel import data_parallel_size, shards_per_rank
 from rlcore.types import Group, Task
@@ -140,6 +142,8 @@ class Driver:
         self.restarts = 0
         self.version_base = 0  # engine version when RL step 0 began (see groups_allowed_in_flight)
         self._next_actor = itertools.cycle(range(cfg.rollout.num_actors))
+        # decodes the completions of the samples table (logger.samples_every)
+        self.tokenizer = build_tokenizer(cfg.model) if cfg.logger.samples_every > 0 else None
 
     # -- setup ---------------------------------------------------------------------------------
     def setup(self) -> None:
@@ -388,6 +392,10 @@ class Driver:
                 now = time.perf_counter()
                 record = self.step_record(state, now - last_end, now - run_start, gen_tokens)
                 logger.log(record)
+                if samples.due(record["step"], cfg.logger.samples_every):
+                    logger.log_samples(record["step"], samples.sample_rows(
+                        state.batch, lambda ids: self.tokenizer.decode(ids, skip_special_tokens=True),
+                        cfg.logger.samples_per_table))
                 history.append(record)
                 step, last_end, gen_tokens = step + 1, now, 0
                 self.hooks.after_step(step, state, logger)

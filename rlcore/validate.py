@@ -127,6 +127,9 @@ def problems(cfg: RunConfig) -> list[tuple[str, str]]:
         out.extend(vision_problems(cfg))
     out.extend(lifecycle_problems(cfg))
 
+    check_min(out, "logger.samples_every", cfg.logger.samples_every, 0)
+    _positive(out, "logger.samples_per_table", cfg.logger.samples_per_table)
+
     c = cfg.cluster
     _positive(out, "cluster.placement_timeout_s", c.placement_timeout_s)
     if c.num_cpus is not None:
