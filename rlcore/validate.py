@@ -64,6 +64,8 @@ def problems(cfg: RunConfig) -> list[tuple[str, str]]:
         out.append(("model.tokenizer", f"unknown tokenizer {m.tokenizer!r}; choose one of {list(TOKENIZERS)}"))
     if m.dtype not in DTYPES:
         out.append(("model.dtype", f"unknown dtype {m.dtype!r}; choose one of {list(DTYPES)}"))
+    if m.gguf_file and not m.path:
+        out.append(("model.gguf_file", "needs model.path: the directory or hub id holding the file"))
     out.extend(gguf_problems(m.gguf_file))
     if not cfg.dry_run:  # a dry run plans for another machine: its disks and network are not here
         out.extend(model_path_problems(m.path, m.gguf_file))

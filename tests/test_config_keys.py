@@ -136,3 +136,26 @@ def test_validation_does_not_import_torch(tmp_path):
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert out.stdout.strip() == "2 []", (out.stdout, out.stderr[-2000:])
     assert out.stderr.strip().splitlines() == ["rlcore: config error: trainer.lr: must be > 0, got -1.0"]
+
+
+def test_gguf_packages_are_checked_before_start(tmp_path, monkeypatch):
+    """`model.gguf_file` needs gguf and accelerate (locked dependencies); a missing one is a
+    config error before Ray starts, not a dead rollout actor after it."""
+    import importlib.util
+
+    import rlcore.models.source as source
+    model_dir = tmp_path / "m"
+    model_dir.mkdir()
+    (model_dir / "model.gguf").write_bytes(b"GGUF")
+    cfg = compose([f"model.path={model_dir}", "model.gguf_file=model.gguf", "model.tokenizer=auto",
+                   f"output_dir={tmp_path / 'o'}"])
+    assert [p for p in validate_problems(cfg) if p[0] == "model.gguf_file"] == []
+    real = importlib.util.find_spec
+    monkeypatch.setattr(source.importlib.util, "find_spec", lambda name: None if name == "gguf" else real(name))
+    assert [p for p in validate_problems(cfg) if p[0].startswith("model.")] == [
+        ("model.gguf_file", "loading a GGUF file needs the package(s) ['gguf']: pip install gguf")]
+
+
+def validate_problems(cfg):
+    from rlcore.validate import problems
+    return problems(cfg)
