@@ -282,6 +282,11 @@ class LoggerConfig:
     """wandb run name (null = wandb's own)."""
     console: bool = True
     """Progress bar and one line per step on the console."""
+    samples_every: int = 10
+    """Every this many RL steps, log sample completions (prompt, completion, reward, policy version)
+    to `samples.jsonl` in output_dir and, with wandb, as a wandb.Table `samples` (0 = never)."""
+    samples_per_table: int = 8
+    """Completions per samples table (spread over the step's groups)."""
 
 
 @dataclass

@@ -30,6 +30,7 @@ from rlcore.config import RunConfig
 from rlcore.envs import make_env
 from rlcore.failures import FailureLog, NoProgress
 from rlcore.lifecycle import StepHooks, TaskFeed
+from rlcore import samples
 from rlcore.metrics import MetricsLogger
 from rlcore.models.build import build_tokenizer
 from rlcore.packing import pack_for_ranks
@@ -149,6 +150,8 @@ class Driver:
         self._next_actor = itertools.cycle(range(cfg.rollout.num_actors))
         self._canary_pairs: list[tuple[list[int], list[int]]] | None = None
         self.startup = StartupPhases()  # timed start-up phases (progress lines, run summary)
+        # renders the canary's task prompts and decodes the samples table (logger.samples_every)
+        self.tokenizer = build_tokenizer(cfg.model)
 
     # -- setup ---------------------------------------------------------------------------------
     def setup(self) -> None:
@@ -233,7 +236,7 @@ class Driver:
             n = self.cfg.rollout.canary_prompts
             tasks = [] if self.env.uses_images else [self.env.make_task(i, "eval")
                                                      for i in range(min(n, self.env.eval_size))]
-            pairs = task_canary_pairs(tasks, build_tokenizer(self.cfg.model)) if tasks else []
+            pairs = task_canary_pairs(tasks, self.tokenizer) if tasks else []
             if not pairs:
                 vocab_size = next(m.shape[0] for b in self.plan.buckets for m in b.metas
                                   if m.name.endswith("embed_tokens.weight"))
@@ -447,6 +450,10 @@ class Driver:
                 now = time.perf_counter()
                 record = self.step_record(state, now - last_end, now - run_start, gen_tokens)
                 logger.log(record)
+                if samples.due(record["step"], cfg.logger.samples_every):
+                    logger.log_samples(record["step"], samples.sample_rows(
+                        state.batch, lambda ids: self.tokenizer.decode(ids, skip_special_tokens=True),
+                        cfg.logger.samples_per_table))
                 history.append(record)
                 step, last_end, gen_tokens = step + 1, now, 0
                 self.hooks.after_step(step, state, logger)

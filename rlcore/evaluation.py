@@ -243,7 +243,7 @@ class EvalDriver:
     def setup(self) -> None:
         from actors.groups import place
         from rlcore import checkpoint as ckpt
-        from rlcore.driver import get
+        from rlcore.driver import RunError, get
         cfg = self.cfg
         with self.startup.phase("placing actors"):
             self.groups = place(cfg, trainer=False)
@@ -253,8 +253,15 @@ class EvalDriver:
         if path is not None:
             self.step = int(ckpt.read_meta(path)["step"])
             self.version = int(ckpt.read_trainer_extra(path)["version"])
-            get([r.load_checkpoint_weights.remote(str(path), self.version) for r in self.groups.rollouts],
-                cfg.rollout.weight_sync_timeout_s, f"loading weights of {path}")
+            try:
+                get([r.load_checkpoint_weights.remote(str(path), self.version) for r in self.groups.rollouts],
+                    cfg.rollout.weight_sync_timeout_s, f"loading weights of {path}")
+            except RunError:
+                raise
+            except Exception as exc:  # a task error in the actor: the tensors do not fit the model
+                cause = str(getattr(exc, "cause", exc)).strip().splitlines()
+                raise RunError(f"checkpoint.resume: the weights of {path} do not fit the model built from "
+                               f"model.*: {' '.join(line.strip() for line in cause[:2])}") from exc
             log.info("evaluating checkpoint %s (step %d)", path, self.step)
 
     def run(self, logger) -> list[dict[str, Any]]:

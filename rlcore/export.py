@@ -43,6 +43,7 @@ def save_config_and_tokenizer(model: torch.nn.Module, tokenizer, out_dir: Path, 
     config.architectures = [_base_class(model).__name__]
     config.dtype = dtype
     config.save_pretrained(out_dir)
+    drop_gguf_quantization(out_dir / "config.json")
     gen = getattr(model, "generation_config", None)
     if gen is not None:
         try:
@@ -51,6 +52,17 @@ def save_config_and_tokenizer(model: torch.nn.Module, tokenizer, out_dir: Path, 
             pass
     if tokenizer is not None:
         tokenizer.save_pretrained(out_dir)
+
+
+def drop_gguf_quantization(config_json: Path) -> None:
+    """A model started from a GGUF file was dequantized at load: its weights are plain, so the
+    `quantization_config: {quant_method: gguf}` transformers leaves in its config would make the
+    exported directory claim a quantization it does not have (and fail to save again)."""
+    config = json.loads(config_json.read_text())
+    quant = config.get("quantization_config")
+    if isinstance(quant, dict) and quant.get("quant_method") == "gguf":
+        del config["quantization_config"]
+        config_json.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
 
 
 def exportable_tensors(model: torch.nn.Module) -> Iterable[tuple[str, torch.Tensor]]:
@@ -117,6 +129,7 @@ def write_hf_dir(out_dir: str | Path, named_tensors: Iterable[tuple[str, torch.T
             for f in Path(config_src).iterdir():
                 if f.is_file():
                     (tmp / f.name).write_bytes(f.read_bytes())
+            drop_gguf_quantization(tmp / "config.json")  # checkpoints saved before this was dropped
         elif model is not None:
             save_config_and_tokenizer(model, tokenizer, tmp, dtype)
         else:
@@ -147,6 +160,7 @@ def export_checkpoint(ckpt_dir: str | Path, out_dir: str | Path) -> Path:
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config, dtype=dtype)
     model.to_empty(device="cpu")
+    model.tie_weights()  # to_empty gives every parameter its own storage: re-tie (lm_head = embeddings)
     load_model_weights(model, ckpt)
     return write_hf_dir(out_dir, exportable_tensors(model), config_src=hf)
 

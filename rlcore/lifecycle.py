@@ -112,6 +112,9 @@ class StepHooks:
                 log.info("resume: no checkpoint in %s yet; starting fresh", self.writer.root)
             version = 0
             if cfg.sft.warmup_steps > 0:  # a fresh run only: a resumed one has its weights
+                log.info("SFT warm-up: %d steps on sft.dataset=%s before RL%s (sft.warmup_steps=0 skips it)",
+                         cfg.sft.warmup_steps, cfg.sft.dataset,
+                         f", on the trained model.path={cfg.model.path}" if cfg.model.path else "")
                 from rlcore.sft import warmup
                 with d.startup.phase(f"SFT warm-up ({cfg.sft.warmup_steps} steps)", chatty=True):
                     version = warmup(cfg, d.groups.trainers)

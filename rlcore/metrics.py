@@ -19,9 +19,13 @@ ZERO_ADVANTAGE_WARNING = (
     "cannot yet earn reward needs a warm-up (sft.warmup_steps), an easier task or a larger algo.group_size")
 
 
+SAMPLES_FILE = "samples.jsonl"
+
+
 class MetricsLogger:
     def __init__(self, cfg: LoggerConfig, output_dir: str, run_config: dict[str, Any], total_steps: int):
         self.path = Path(output_dir) / "metrics.jsonl"
+        self.samples_path = Path(output_dir) / SAMPLES_FILE
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._file = self.path.open("a", buffering=1)
         self.console = cfg.console
@@ -32,12 +36,14 @@ class MetricsLogger:
         if cfg.wandb:
             import wandb
             mode = "online" if os.environ.get("WANDB_API_KEY") else "offline"
-            # one wandb run per output_dir: a resumed run continues the same run and series
+            # one wandb run per output_dir: a resumed run continues the same run and series (the
+            # id is wandb's own, read back from the run: only public API)
             id_file = Path(output_dir) / ".wandb_run_id"
-            run_id = id_file.read_text().strip() if id_file.is_file() else wandb.util.generate_id()
-            id_file.write_text(run_id)
+            run_id = id_file.read_text().strip() if id_file.is_file() else None
             self._wandb = wandb.init(project=cfg.project, name=cfg.run_name, config=run_config,
-                                     dir=output_dir, mode=mode, id=run_id, resume="allow")
+                                     dir=output_dir, mode=os.environ.get("WANDB_MODE", mode), id=run_id,
+                                     resume="allow" if run_id else None)
+            id_file.write_text(self._wandb.id)
             # evaluation rows finish after later train steps: they get their own x axis, since
             # wandb drops a `step=` that is behind the run's current step
             self._wandb.define_metric("eval/step")
@@ -59,6 +65,20 @@ class MetricsLogger:
         if self._progress is not None:
             self._progress.console.print(format_line(metrics), soft_wrap=True)
             self._progress.update(self._task, completed=metrics["step"])
+
+    def log_samples(self, step: int, rows: list[dict[str, Any]]) -> None:
+        """Sample completions of train step `step`: one line each in samples.jsonl, and a
+        wandb.Table `samples` (columns: step and the rows' keys)."""
+        if not rows:
+            return
+        with self.samples_path.open("a") as f:
+            for row in rows:
+                f.write(json.dumps({"step": step, **row}, sort_keys=True) + "\n")
+        if self._wandb is not None:
+            import wandb
+            columns = ["step", *rows[0]]
+            self._wandb.log({"samples": wandb.Table(columns=columns, data=[[step, *r.values()] for r in rows])},
+                            step=step)
 
     def log_eval(self, metrics: dict[str, Any]) -> None:
         """An evaluation row: `step` is the train step whose policy was evaluated (it may be

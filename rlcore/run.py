@@ -86,7 +86,8 @@ def compose(overrides: list[str]) -> RunConfig:
             cfg = hydra_compose(config_name="config", overrides=overrides)
     except Exception as exc:  # Hydra/OmegaConf raise many types; all mean "bad config"
         key = getattr(exc, "full_key", None) or _key_from(exc)
-        raise ConfigError(key or "config", _one_line(exc)) from None
+        why = unknown_key(key) if key else None  # a YAML file's misspelt key: name the nearest one
+        raise ConfigError(key or "config", why or _one_line(exc)) from None
     found = unknown_keys(cfg)  # a recipe's or a YAML file's own misspelt keys
     if found:
         raise ConfigError(*found[0], more=found[1:])

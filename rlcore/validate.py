@@ -66,6 +66,8 @@ def problems(cfg: RunConfig) -> list[tuple[str, str]]:
         out.append(("model.tokenizer", f"unknown tokenizer {m.tokenizer!r}; choose one of {list(TOKENIZERS)}"))
     if m.dtype not in DTYPES:
         out.append(("model.dtype", f"unknown dtype {m.dtype!r}; choose one of {list(DTYPES)}"))
+    if m.gguf_file and not m.path:
+        out.append(("model.gguf_file", "needs model.path: the directory or hub id holding the file"))
     out.extend(gguf_problems(m.gguf_file))
     if not cfg.dry_run:  # a dry run plans for another machine: its disks and network are not here
         out.extend(model_path_problems(m.path, m.gguf_file))
@@ -130,6 +132,9 @@ def problems(cfg: RunConfig) -> list[tuple[str, str]]:
         out.extend(vision_problems(cfg))
     out.extend(lifecycle_problems(cfg))
     out.extend(teacher_config_problems(cfg))
+
+    check_min(out, "logger.samples_every", cfg.logger.samples_every, 0)
+    _positive(out, "logger.samples_per_table", cfg.logger.samples_per_table)
 
     c = cfg.cluster
     _positive(out, "cluster.placement_timeout_s", c.placement_timeout_s)

@@ -12,10 +12,10 @@ local_ray_environment()
 
 
 @pytest.fixture
-def tiny_cfg():
-    """The embedded default config, composed exactly as the CLI does."""
+def tiny_cfg(tmp_path):
+    """The embedded default config, composed exactly as the CLI does (in a fresh output_dir)."""
     from rlcore.run import compose
-    return compose([])
+    return compose([f"output_dir={tmp_path / 'run'}"])
 
 
 def pytest_collection_modifyitems(config, items):

@@ -187,8 +187,9 @@ def test_bad_allocation_gives_one_clear_error(env_change, message):
             env.pop(key)
         else:
             env[key] = value
-    args = () if "RLCORE_DRY_RUN" in env_change else ("--dry-run",)
-    proc = run_script(env, *args)
+    # a missing variable is an error of a real run only (a dry run falls back to the #SBATCH shape)
+    real = "RLCORE_DRY_RUN" in env_change or None in env_change.values()
+    proc = run_script(env, *(() if real else ("--dry-run",)))
     assert proc.returncode == 2, proc.stdout + proc.stderr
     errors = [line for line in proc.stderr.splitlines() if "error:" in line]
     assert len(errors) == 1 and message in errors[0], proc.stderr
@@ -324,3 +325,34 @@ def test_real_run_fails_fast_when_the_head_dies(fakes):
     assert not any(line.startswith("run ") for line in lines), "the run started without a head"
     assert "ray stop" in lines, "no teardown after the failure"
     assert took < 30
+
+
+# --- a dry run without Slurm (nodes described by flags) -------------------------------------
+
+
+def no_slurm() -> dict[str, str]:
+    return {"PATH": "/usr/bin:/bin", "HOME": os.environ.get("HOME", "/tmp")}
+
+
+def test_dry_run_without_slurm_describes_the_nodes_with_flags():
+    proc = run_script(no_slurm(), "--dry-run", "--nodelist=g[1-2]", "--cpus-per-node=8", "--gpus-per-node=2", "steps=1")
+    assert proc.returncode == 0, proc.stderr
+    (head, _), (workers, _), _, (run, _), _ = printed_commands(proc.stdout)
+    assert option(head, "--nodelist") == "g1" and "--num-cpus=8" in head and "--num-gpus=2" in head
+    assert option(workers, "--nodelist") == "g2" and "--num-gpus=2" in workers
+    assert run[-1] == "steps=1"
+
+
+def test_dry_run_without_slurm_or_flags_uses_the_sbatch_shape():
+    proc = run_script(no_slurm(), "--dry-run", "+recipe=qwen30b_swe")
+    assert proc.returncode == 0, proc.stderr
+    (head, _), (workers, _), *_ = printed_commands(proc.stdout)
+    assert "--num-gpus=8" in head and "--num-cpus=64" in head  # not --num-gpus=0
+    assert option(workers, "--nodelist") == "node2,node3,node4"
+
+
+def test_node_flags_are_refused_outside_a_dry_run():
+    proc = run_script(no_slurm(), "--nodelist=g1", "steps=1")
+    assert proc.returncode == 2
+    assert proc.stderr.strip() == ("rlcore.sbatch: error: --nodelist, --cpus-per-node and --gpus-per-node describe "
+                                   "nodes for --dry-run only; a real run uses its allocation")

@@ -1,0 +1,161 @@
+"""Keys and the machine, checked before torch and Ray load: unknown keys (with or without `+`)
+and misspelt environment arguments are refused with the nearest valid key; output_dir must be
+writable and not hold another run; model.path must exist locally or in the hub cache when
+offline; an empty environment split is refused; every problem is reported, the first key first."""
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from rlcore.run import compose, main
+from rlcore.validate import ConfigError, validate
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def errors(capsys) -> list[str]:
+    return capsys.readouterr().err.strip().splitlines()
+
+
+@pytest.mark.parametrize("override,first", [
+    ("+stepz=3", "stepz: unknown key; did you mean 'steps'?"),
+    ("stepz=3", "stepz: unknown key; did you mean 'steps'?"),
+    ("+trainer.lrr=0.1", "trainer.lrr: unknown key in trainer; did you mean 'trainer.lr'?"),
+    ("++rollout.sampling.temprature=0.5", "rollout.sampling.temprature: unknown key in rollout.sampling; "
+                                          "did you mean 'rollout.sampling.temperature'?"),
+    ("env.args.instrucion=Reverse", "env.args.instrucion: not an argument of environment 'reverse_text'; "
+                                    "did you mean 'env.args.instruction'?"),
+])
+def test_unknown_key_is_refused_with_the_nearest_one(override, first, tmp_path, capsys):
+    assert main([override, f"output_dir={tmp_path}", "dry_run=true"]) == 2
+    assert errors(capsys) == [f"rlcore: config error: {first}"]
+
+
+def test_env_args_are_typed_per_environment(tmp_path):
+    """`env.args.KEY=...` needs no `+` for an argument of the chosen environment's constructor."""
+    cfg = compose(["env.args.instruction=Reverse this:", "+env.args.eval_size=8", f"output_dir={tmp_path}"])
+    assert cfg.env.args["instruction"] == "Reverse this:" and cfg.env.args["eval_size"] == 8
+    validate(cfg)
+    cfg = compose(["env=wordle", "env.args.max_turns=3", f"output_dir={tmp_path}"])
+    validate(cfg)
+
+
+def test_an_unknown_key_in_a_yaml_file_is_refused(tmp_path, monkeypatch):
+    import rlcore.run as run
+    conf = tmp_path / "conf"
+    shutil.copytree(run.CONF_DIR, conf)  # follows conf/recipe's link to recipes/
+    (conf / "recipe" / "typo.yaml").write_text("# @package _global_\nsteps: 3\ntrainer:\n  max_grad_nrom: 0.5\n")
+    (tmp_path / "recipes").mkdir()
+    (tmp_path / "recipes" / "typo.yaml").write_text("")
+    monkeypatch.setattr(run, "CONF_DIR", conf)
+    monkeypatch.setattr(run, "RECIPES_DIR", tmp_path / "recipes")
+    with pytest.raises(ConfigError, match=r"trainer.max_grad_nrom: unknown key in trainer; did you mean .trainer.max_grad_norm."):
+        compose(["+recipe=typo"])
+
+
+def test_all_problems_are_reported_first_key_first(tmp_path, capsys):
+    assert main(["trainer.lr=-1", "steps=0", "algo.group_size=1", f"output_dir={tmp_path}", "dry_run=true"]) == 2
+    err = errors(capsys)
+    assert err[0] == "rlcore: config error: steps: must be > 0, got 0"
+    assert any(line.startswith("rlcore: config error: trainer.lr: must be > 0") for line in err[1:]), err
+    assert any(line.startswith("rlcore: config error: algo.group_size:") for line in err[1:]), err
+
+
+@pytest.mark.parametrize("path", ["/proc/forbidden/x", "/sys/x"])
+def test_output_dir_that_cannot_be_created(path, capsys):
+    assert main([f"output_dir={path}"]) == 2
+    err = errors(capsys)
+    assert len(err) == 1 and err[0].startswith(f"rlcore: config error: output_dir: '{path}' cannot be"), err
+
+
+def test_output_dir_below_a_file(tmp_path, capsys):
+    (tmp_path / "f").write_text("")
+    assert main([f"output_dir={tmp_path / 'f' / 'run'}"]) == 2
+    assert errors(capsys)[0].startswith("rlcore: config error: output_dir: ")
+
+
+def test_a_fresh_run_refuses_a_folder_that_holds_a_run(tmp_path, capsys):
+    (tmp_path / "metrics.jsonl").write_text(json.dumps({"step": 1, "reward_mean": 0.5}) + "\n")
+    assert main([f"output_dir={tmp_path}"]) == 2
+    assert errors(capsys) == [f"rlcore: config error: output_dir: '{tmp_path}' already holds a run "
+                              "(metrics.jsonl); continue it with resume=true, or choose a new output_dir"]
+    validate(compose([f"output_dir={tmp_path}", "resume=true"]))  # continuing it is fine
+    with pytest.raises(ConfigError, match="output_dir: .* already holds a run"):
+        validate(compose([f"output_dir={tmp_path}", "mode=eval"]))  # an eval never writes into a run
+
+
+def test_each_mode_has_its_own_default_output_dir():
+    dirs = {mode: compose([f"mode={mode}"]).output_dir for mode in ("rl", "sft", "eval")}
+    assert dirs == {"rl": "outputs/rl", "sft": "outputs/sft", "eval": "outputs/eval"}
+
+
+def test_model_path_offline_not_cached(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    assert main(["model.path=some-org/not-cached-model", "model.tokenizer=auto", f"output_dir={tmp_path / 'o'}"]) == 2
+    err = errors(capsys)
+    assert len(err) == 1, err
+    assert err[0].startswith("rlcore: config error: model.path: 'some-org/not-cached-model' is not a local "
+                             "directory and not in the Hugging Face cache (HF_HUB_OFFLINE=1)"), err
+    assert "local model directory" in err[0]
+
+
+def test_model_path_neither_directory_nor_hub_id(tmp_path, capsys):
+    assert main(["model.path=no/such/model_dir", "model.tokenizer=auto", f"output_dir={tmp_path / 'o'}"]) == 2
+    err = errors(capsys)
+    assert len(err) == 1 and err[0].startswith("rlcore: config error: model.path: 'no/such/model_dir' is neither"), err
+
+
+def empty_verifiers_env():
+    """A verifiers environment whose dataset has no rows."""
+    import verifiers as vf
+    from datasets import Dataset
+    empty = Dataset.from_dict({"question": [], "answer": []})
+    return vf.SingleTurnEnv(dataset=empty, eval_dataset=empty, rubric=vf.Rubric(funcs=[lambda **kw: 0.0]))
+
+
+@pytest.mark.parametrize("mode", ["rl", "eval"])
+def test_an_empty_environment_dataset_is_refused(mode, tmp_path, capsys):
+    assert main(["env=verifiers", f"env.args.load={__name__}:empty_verifiers_env", f"mode={mode}",
+                 f"output_dir={tmp_path}"]) == 2
+    split = "train" if mode == "rl" else "eval"
+    assert errors(capsys) == [f"rlcore: config error: env.args: the '{split}' split of environment 'verifiers' "
+                              "is empty (no tasks)"]
+
+
+def test_validation_does_not_import_torch(tmp_path):
+    """Values are validated before torch (seconds of import on a loaded machine) is loaded."""
+    code = ("import sys\nfrom rlcore.run import main\n"
+            f"rc = main(['trainer.lr=-1', 'output_dir={tmp_path}'])\n"
+            "heavy = sorted(m for m in ('torch', 'transformers', 'ray') if m in sys.modules)\n"
+            "print(rc, heavy)\n")
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert out.stdout.strip() == "2 []", (out.stdout, out.stderr[-2000:])
+    assert out.stderr.strip().splitlines() == ["rlcore: config error: trainer.lr: must be > 0, got -1.0"]
+
+
+def test_gguf_packages_are_checked_before_start(tmp_path, monkeypatch):
+    """`model.gguf_file` needs gguf and accelerate (locked dependencies); a missing one is a
+    config error before Ray starts, not a dead rollout actor after it."""
+    import importlib.util
+
+    import rlcore.models.source as source
+    model_dir = tmp_path / "m"
+    model_dir.mkdir()
+    (model_dir / "model.gguf").write_bytes(b"GGUF")
+    cfg = compose([f"model.path={model_dir}", "model.gguf_file=model.gguf", "model.tokenizer=auto",
+                   f"output_dir={tmp_path / 'o'}"])
+    assert [p for p in validate_problems(cfg) if p[0] == "model.gguf_file"] == []
+    real = importlib.util.find_spec
+    monkeypatch.setattr(source.importlib.util, "find_spec", lambda name: None if name == "gguf" else real(name))
+    assert [p for p in validate_problems(cfg) if p[0].startswith("model.")] == [
+        ("model.gguf_file", "loading a GGUF file needs the package(s) ['gguf']: pip install gguf")]
+
+
+def validate_problems(cfg):
+    from rlcore.validate import problems
+    return problems(cfg)

@@ -1,0 +1,80 @@
+"""wandb (locked 0.31.0) through its public API only, offline; and the samples table: a few
+completions every `logger.samples_every` steps in samples.jsonl and as a wandb.Table."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from rlcore.config import LoggerConfig
+from rlcore.metrics import MetricsLogger
+from rlcore.samples import due, sample_rows
+from rlcore.types import Group, Sample, Task
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def sample(ids, reward, version, failed=False):
+    return Sample(prompt_ids=[1], completion_ids=ids, logprobs=[0.0] * len(ids), versions=[version] * len(ids),
+                  loss_mask=[1] * len(ids), reward=reward, failed=failed)
+
+
+def groups():
+    return [Group(task=Task(id="a", messages=[{"role": "system", "content": "s"}, {"role": "user", "content": "abc"}]),
+                  samples=[sample([3, 2, 1], 1.0, 4), sample([9], 0.0, 3, failed=True)]),
+            Group(task=Task(id="b", messages=[{"role": "user", "content": "xy"}]),
+                  samples=[sample([5], 0.5, 4), sample([6, 7], 0.25, 4)])]
+
+
+def test_sample_rows_cover_groups_first_and_skip_failed():
+    rows = sample_rows(groups(), lambda ids: "".join(map(str, ids)), limit=3)
+    assert rows == [{"prompt": "abc", "completion": "321", "reward": 1.0, "version": 4},
+                    {"prompt": "xy", "completion": "5", "reward": 0.5, "version": 4},
+                    {"prompt": "xy", "completion": "67", "reward": 0.25, "version": 4}]
+    assert [due(s, 5) for s in (1, 5, 10, 11)] == [False, True, True, False] and not due(5, 0)
+
+
+def wandb_runs(out: Path) -> list[Path]:
+    return sorted((out / "wandb").glob("offline-run-*"))
+
+
+def test_wandb_offline_run_and_resume(tmp_path, monkeypatch):
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    cfg = LoggerConfig(wandb=True, console=False)
+    logger = MetricsLogger(cfg, str(tmp_path), {"steps": 3}, 3)
+    for step in (1, 2):
+        logger.log({"step": step, "reward_mean": 0.1 * step})
+    logger.log_samples(2, sample_rows(groups(), str, 4))
+    logger.close()
+    run_id = (tmp_path / ".wandb_run_id").read_text().strip()
+    [run] = wandb_runs(tmp_path)
+    assert run.name.endswith(run_id) and (run / f"run-{run_id}.wandb").stat().st_size > 0
+    rows = [json.loads(line) for line in (tmp_path / "samples.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [2, 2, 2] and rows[0]["completion"] == "[3, 2, 1]"
+    # a resumed run continues the same wandb run
+    logger = MetricsLogger(cfg, str(tmp_path), {"steps": 3}, 3)
+    logger.log({"step": 3, "reward_mean": 0.3})
+    logger.close()
+    assert (tmp_path / ".wandb_run_id").read_text().strip() == run_id
+    assert all(r.name.endswith(run_id) for r in wandb_runs(tmp_path)) and len(wandb_runs(tmp_path)) == 2
+
+
+@pytest.mark.integration
+def test_cli_run_with_wandb_offline_logs_samples(tmp_path):
+    out = tmp_path / "run"
+    env = {**os.environ, "WANDB_MODE": "offline"}
+    env.pop("WANDB_API_KEY", None)
+    proc = subprocess.run([sys.executable, "-m", "rlcore.run", "steps=2", "sft.warmup_steps=0", "logger.wandb=true",
+                           "logger.samples_every=1", "logger.samples_per_table=3", "checkpoint.save_final=false",
+                           f"output_dir={out}"], cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    [run] = wandb_runs(out)
+    assert any(run.glob("run-*.wandb"))
+    rows = [json.loads(line) for line in (out / "samples.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 1, 1, 2, 2, 2]
+    assert all(set(r) == {"step", "prompt", "completion", "reward", "version"} for r in rows)
+    assert all(isinstance(r["completion"], str) and r["prompt"] for r in rows)
