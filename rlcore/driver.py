@@ -311,7 +311,7 @@ class Driver:
             log.warning("generate request on rollout actor %d failed (%s): %d samples counted failed",
                         req.actor, type(exc).__name__, req.samples)
             self.buffer.fail(req.samples)
-            self.failures.request_lost(req.samples, f"engine: {type(exc).__name__}: {str(exc).strip()[:120]}")
+            self.failures.request_lost(req.samples, f"engine: {type(exc).__name__}", str(exc))
             if isinstance(exc, ray.exceptions.RayActorError):
                 self.rejoin_needed = True  # Ray restarts it; it must get the weights first
             return 0

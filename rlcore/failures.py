@@ -15,6 +15,7 @@ Liveness: after `stop_after` requests in a row whose every sample failed, :meth:
 from __future__ import annotations
 
 import logging
+import re
 from collections import Counter
 
 from rlcore.types import Group
@@ -29,9 +30,10 @@ class NoProgress(RuntimeError):
 
 
 def reason_of(error: str | None) -> str:
-    """The bucket a failure counts under: the error's first line, bounded."""
+    """The bucket a failure counts under: the error's first line, bounded, with every run of
+    digits written `#` (messages that embed a task id or a count fall in one bucket)."""
     first = (error or "unknown error").strip().splitlines()
-    return (first[0] if first else "unknown error")[:REASON_CHARS]
+    return re.sub(r"\d+", "#", first[0] if first else "unknown error")[:REASON_CHARS]
 
 
 class FailureLog:
@@ -50,7 +52,8 @@ class FailureLog:
         self.step_counts[reason] += n
         self.streak_counts[reason] += n
 
-    def _first(self, reason: str, task_id: str, output: str) -> None:
+    def _first(self, reason: str, message: str, task_id: str, output: str) -> None:
+        """Log a reason the first time it is seen, with the first occurrence's own message."""
         if reason in self.seen:
             return
         self.seen.add(reason)
@@ -58,7 +61,7 @@ class FailureLog:
         if output.strip():
             lines = output.strip().splitlines()
             printed = f"; it printed ({len(output)} chars kept): " + " | ".join(lines[:3])[:300]
-        log.warning("sample failed (first of its kind) on task %s: %s%s", task_id, reason, printed)
+        log.warning("sample failed (first of its kind) on task %s: %s%s", task_id, message, printed)
 
     def request_done(self, groups: list[Group], actor: int) -> None:
         """Count a finished request's failed samples; update the all-failed streak."""
@@ -71,14 +74,15 @@ class FailureLog:
                 if s.failed:
                     failed += 1
                     reason = reason_of(s.error)
-                    self._first(reason, g.task.id, s.env_output)
+                    self._first(reason, (s.error or "").strip()[:500], g.task.id, s.env_output)
                     self._count(reason, 1)
         self._streak(total > 0 and failed == total)
 
-    def request_lost(self, samples: int, why: str) -> None:
-        """A request that never returned (its actor died, it timed out): all its samples failed."""
+    def request_lost(self, samples: int, why: str, detail: str = "") -> None:
+        """A request that never returned (its actor died, it timed out): all its samples failed.
+        `why` is the bucket (`engine: ActorDiedError`), `detail` the message logged the first time."""
         reason = reason_of(why)
-        self._first(reason, "(whole request)", "")
+        self._first(reason, f"{why}: {detail.strip()[:500]}" if detail else why, "(whole request)", "")
         self._count(reason, samples)
         self._streak(True)
 

@@ -1,10 +1,14 @@
-"""An environment with a reward function that sometimes hangs (for the chaos test); imported by
-the rollout actors as `tests.chaos_env:HangingReverseText`."""
+"""Environments whose reward code misbehaves (for the chaos tests); imported by the rollout
+actors as `tests.chaos_env:NAME`."""
 
 import time
 import zlib
 
 from rlcore.envs.reverse_text import ReverseText
+
+
+def bucket(task_id: str) -> int:
+    return zlib.crc32(task_id.encode()) % 16
 
 
 class HangingReverseText(ReverseText):
@@ -14,3 +18,31 @@ class HangingReverseText(ReverseText):
         if zlib.crc32(task.id.encode()) % 8 == 0:
             time.sleep(3.0)
         return super().reward(task, completion)
+
+
+class ChaosReverseText(ReverseText):
+    """reverse_text whose reward, by task: hangs in a sleep loop (2 in 16), raises (2 in 16),
+    busy-loops (1 in 16), returns a string (1 in 16), prints 1 MB then scores (1 in 16)."""
+
+    def reward(self, task, completion):
+        b = bucket(task.id)
+        if b in (0, 1):
+            while True:
+                time.sleep(0.01)
+        if b in (2, 3):
+            raise ValueError(f"reward bug on {task.id}")
+        if b == 4:
+            while True:
+                pass
+        if b == 5:
+            return "good"
+        if b == 6:
+            print("x" * (1 << 20))
+        return super().reward(task, completion)
+
+
+class AlwaysRaises(ReverseText):
+    """reverse_text whose reward raises on every sample."""
+
+    def reward(self, task, completion):
+        raise KeyError("answer")

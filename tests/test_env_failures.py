@@ -53,6 +53,8 @@ class Mixed(Scored):
         if self.behaviour == "sleep_loop":
             while not RELEASE.is_set():
                 time.sleep(0.05)
+        if self.behaviour == "blocked":  # inside C (a lock): the thread cannot be asked to stop
+            RELEASE.wait()
         if self.behaviour == "string":
             return "great"
         if self.behaviour == "print":
@@ -67,11 +69,9 @@ def groups_of(env, first, tasks=4, n=4):
                           SamplingParams(max_new_tokens=4))
 
 
-def test_hung_rewards_cost_their_sample_and_leave_a_bounded_number_of_threads():
-    bound = threads_abandoned() + 3  # earlier tests in this process may have left some
-    env = Mixed("sleep_loop", 30, reward_timeout_s=0.3, max_abandoned_threads=bound)
+def hung_rounds(env, rounds):
     hung = ok = 0
-    for r in range(6):
+    for r in range(rounds):
         start = time.monotonic()
         groups = groups_of(env, 16 * r)
         assert time.monotonic() - start < 3.0  # the timeout bounds each sample: no stall
@@ -84,6 +84,20 @@ def test_hung_rewards_cost_their_sample_and_leave_a_bounded_number_of_threads():
                     ok += 1
                     assert not s.failed and s.reward == 1.0  # the request's other samples are used
     assert hung > 0 and ok > 0
+
+
+def test_hung_python_rewards_cost_their_sample_and_their_threads_stop():
+    before = threads_abandoned()
+    env = Mixed("sleep_loop", 30, reward_timeout_s=0.3)
+    hung_rounds(env, 4)
+    time.sleep(0.3)
+    assert threads_abandoned() == before  # asked to stop at the deadline: none left
+
+
+def test_rewards_hung_in_c_leave_a_bounded_number_of_threads():
+    bound = threads_abandoned() + 3  # earlier tests in this process may have left some
+    env = Mixed("blocked", 30, reward_timeout_s=0.3, max_abandoned_threads=bound)
+    hung_rounds(env, 6)
     assert env.reward_isolation == "process"  # moved once past the bound
     assert threads_abandoned() <= bound + 16  # at most one request's worth over the bound, then none
 
@@ -94,7 +108,7 @@ def test_stateful_calls_fail_in_one_line_past_the_bound():
             return Task(id=f"s/{index}", messages=[{"role": "user", "content": "go"}])
 
         def env_response(self, task, history, state):
-            RELEASE.wait(10)
+            RELEASE.wait(10)  # blocked in C: cannot be asked to stop
             return [], True
 
         def score(self, task, history, state):
@@ -200,3 +214,12 @@ def test_thread_counter_counts_only_live_threads():
     stop.set()
     time.sleep(0.2)
     assert threads_abandoned() == before
+
+
+def test_busy_loop_in_a_thread_is_stopped_at_the_deadline():
+    before = threads_abandoned()
+    start = time.monotonic()
+    samples = [s for g in groups_of(Scored("spin", reward_timeout_s=0.3), 0, tasks=2, n=2) for s in g.samples]
+    assert time.monotonic() - start < 2.0 and all("timeout after 0.3s" in s.error for s in samples)
+    time.sleep(0.3)
+    assert threads_abandoned() == before  # no thread keeps spinning (and holding the GIL)

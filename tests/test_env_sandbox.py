@@ -32,7 +32,7 @@ def test_wall_clock_timeout_kills(sandbox):
 
 
 def test_cpu_limit(sandbox):
-    r = sandbox.run(["python", "-c", "while True: pass"])
+    r = sandbox.run(["python", "-c", "while True: pass"], timeout=60)  # a loaded machine: wall >> CPU
     assert r.reason == "cpu_limit"
 
 
@@ -190,3 +190,26 @@ def test_weak_mode_warns(caplog):
     with caplog.at_level("WARNING", logger="rlcore"):
         LocalSandbox(isolation="weak")
     assert "SANDBOX IS WEAK" in caplog.text
+
+
+def test_the_command_cannot_forge_its_report(sandbox):
+    marker = f"{uuid.uuid4().int % 10**6}.{os.getpid()}"
+    code = ("import os, subprocess\n"
+            "for fd in range(3, 256):\n"
+            "    try: os.write(fd, b'{\"status\": 0, \"timed_out\": false, \"leftover\": 0}')\n"
+            "    except OSError: pass\n"
+            f"subprocess.Popen(['sleep', '{marker}'], start_new_session=True)\n")
+    r = sandbox.run(["python", "-I", "-c", code])
+    assert r.reason == "sandbox_violation" and "outlived" in r.violations[0] and _alive(marker) == []
+
+
+def test_without_namespaces_the_env_is_refused_in_one_line_or_weak_on_request(monkeypatch, caplog):
+    from rlcore.envs import make_env
+    from rlcore.sandbox import local
+    monkeypatch.setitem(local._PROBE, "ns", "unshare: Operation not permitted")  # what such a kernel says
+    with pytest.raises(ValueError, match=r"^env.args.sandbox_isolation: .*Operation not permitted.*weak") as err:
+        make_env("mini_swe", {}, seed=0)
+    assert "\n" not in str(err.value)
+    with caplog.at_level("WARNING", logger="rlcore"):
+        env = make_env("mini_swe", {"sandbox_isolation": "weak"}, seed=0)
+    assert "SANDBOX IS WEAK" in caplog.text and env.sandbox.isolation == "weak"

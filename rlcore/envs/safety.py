@@ -8,11 +8,13 @@ and never reaches the process's own streams (the driver's console, Ray's log fil
 
 Two isolation modes:
 
-- ``thread`` (default): the call runs in a fresh daemon thread; on timeout it is abandoned,
-  not killed (Python cannot kill a thread). Cheap, and right for pure-Python scoring. Abandoned
-  threads still running are counted (:func:`threads_abandoned`); the environment moves to
-  ``process`` (or fails its requests with one line) past a small bound, so hung rewards cannot
-  pile up threads that starve the actor.
+- ``thread`` (default): the call runs in a fresh daemon thread. Cheap, and right for pure-Python
+  scoring. Python cannot kill a thread: at the deadline the thread is abandoned and asked to stop
+  (an asynchronous :class:`CallAbandoned` raised at its next bytecode, which ends sleep and busy
+  loops in Python code but not a call blocked inside C). Abandoned threads still running are
+  counted (:func:`threads_abandoned`); the environment moves to ``process`` (or fails its
+  requests with one line) past a small bound, so hung rewards cannot pile up threads that starve
+  the actor.
 - ``process``: the call runs in a forked child in its own session; at the deadline the whole
   session is killed (SIGKILL), so a busy loop, a runaway C extension or a child it started costs
   the timeout and nothing after. The callee's return value must be picklable. Code *execution*
@@ -21,6 +23,7 @@ Two isolation modes:
 
 from __future__ import annotations
 
+import ctypes
 import io
 import multiprocessing as mp
 import os
@@ -36,6 +39,8 @@ ISOLATION = ("thread", "process")
 ON_ERROR = ("fail", "zero")
 OUTPUT_LIMIT = 4096
 """Characters of a call's stdout+stderr kept (the rest is counted, not kept)."""
+STOP_GRACE_S = 0.2
+"""How long a request waits, in all, for its timed-out threads to stop once asked."""
 
 
 @dataclass
@@ -49,6 +54,15 @@ class Outcome:
     @property
     def ok(self) -> bool:
         return self.error is None
+
+
+class CallAbandoned(BaseException):
+    """Raised inside a guarded thread that missed its deadline (a BaseException, so the callee's
+    `except Exception` does not swallow it)."""
+
+
+def _ask_to_stop(thread: threading.Thread) -> None:
+    ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(thread.ident), ctypes.py_object(CallAbandoned))
 
 
 def _describe(exc: BaseException) -> str:
@@ -123,6 +137,7 @@ class _ThreadCall:
     def __init__(self, fn: Callable[..., Any], args: tuple):
         self._box: list[Outcome] = []
         self._sink = _Sink()
+        self.abandoned = False
         self._thread = threading.Thread(target=self._run, args=(fn, args), name="rlcore-guarded-call",
                                         daemon=True)
         self._thread.start()
@@ -134,9 +149,14 @@ class _ThreadCall:
         except BaseException as exc:  # user code: any failure is data, not a crash
             self._box.append(Outcome(error=_describe(exc)))
 
+    def join(self, wait_s: float) -> None:
+        self._thread.join(wait_s)
+
     def result(self, deadline: float, timeout_s: float) -> Outcome:
         self._thread.join(max(0.0, deadline - time.monotonic()))
         if self._thread.is_alive() or not self._box:
+            self.abandoned = True
+            _ask_to_stop(self._thread)
             with _router_lock:
                 _abandoned.append(self._thread)
             return Outcome(error=f"timeout after {timeout_s:g}s", output=self._sink.text())
@@ -225,6 +245,10 @@ def call_many(calls: list[tuple[Callable[..., Any], tuple]], timeout_s: float,
     for fn, args in calls:
         running.append((kind(fn, args), time.monotonic() + timeout_s))
     outcomes = [r.result(deadline, timeout_s) for r, deadline in running]
+    stopping = [r for r, _ in running if isinstance(r, _ThreadCall) and r.abandoned]
+    grace = time.monotonic() + STOP_GRACE_S  # threads asked to stop get a moment to do so
+    for r in stopping:
+        r.join(max(0.0, grace - time.monotonic()))
     outer = getattr(_local, "sink", None)
     if outer is not None:  # a nested call (a tool inside env_response): its output joins the caller's
         for o in outcomes:

@@ -18,10 +18,12 @@ Per `run_groups` call, on the rollout actor:
    extend the earlier one token for token; a rollout whose turns do not (the environment
    rewrote its history) cannot be one training sequence and is recorded as an error.
 
-A rollout that errors (verifiers puts the error on its state: an empty completion, a failing
-request, a timeout), returns no reward, or a non-finite one, is handled per `on_reward_error`;
-one left without token ids (no recorded model call: verifiers drops an empty completion from its
-trajectory) is always failed, as there is nothing to train on.
+An empty completion (end-of-sequence at once) is an answer: verifiers' client would raise
+`EmptyModelResponseError` for it; the client used here hands it on as an empty message instead,
+so the rubric scores it (whatever low reward it gives empty text) and it is trained on.
+A rollout that errors (verifiers puts the error on its state: a failing request, a timeout),
+returns no reward, or a non-finite one, is handled per `on_reward_error`; one left without token
+ids (no recorded model call) is always failed, as there is nothing to train on.
 The verifiers rubric runs inside the verifiers rollout, under `rollout_timeout_s` (the whole
 request), not under the per-reward `reward_timeout_s` of rlcore environments.
 
@@ -74,6 +76,36 @@ def load_verifiers_env(spec: str, kwargs: dict[str, Any] | None = None) -> Any:
         raise TypeError(f"env.args.load: {spec} returned {type(vf_env).__name__}, not a classic verifiers "
                         "Environment (verifiers.legacy / `import verifiers as vf`)")
     return vf_env
+
+
+_CLIENT: list[type] = []
+
+
+def empty_answers_client() -> type:
+    """verifiers' chat-completions client, except that an empty reply (one choice, no content,
+    no tool call) is returned as an empty assistant message for the rubric to score, where
+    verifiers raises EmptyModelResponseError and the rollout would be lost (built once: verifiers
+    is imported on first use)."""
+    if not _CLIENT:
+        from verifiers.legacy.clients import OpenAIChatCompletionsClient
+        from verifiers.legacy.errors import EmptyModelResponseError
+
+        class EmptyAnswersClient(OpenAIChatCompletionsClient):
+            async def raise_from_native_response(self, response):
+                try:
+                    await super().raise_from_native_response(response)
+                except EmptyModelResponseError:
+                    if response is None or not response.choices or len(response.choices) != 1:
+                        raise  # no reply at all: a fault, not an answer
+
+            async def from_native_response(self, response):
+                out = await super().from_native_response(response)
+                if out.message.content is None and not out.message.tool_calls:
+                    out.message.content = ""
+                return out
+
+        _CLIENT.append(EmptyAnswersClient)
+    return _CLIENT[0]
 
 
 def _plain(messages: Any) -> list[dict[str, Any]]:
@@ -224,10 +256,9 @@ class VerifiersEnvironment(Environment):
     async def _rollouts(self, tasks: list[Task], group_size: int, server: OpenAIServer,
                         sampling_args: dict[str, Any]) -> list[list[Any]]:
         from openai import AsyncOpenAI
-        from verifiers.legacy.clients import OpenAIChatCompletionsClient
 
         oai = AsyncOpenAI(base_url=server.base_url, api_key="EMPTY", timeout=self.request_timeout_s, max_retries=0)
-        client = OpenAIChatCompletionsClient(oai)
+        client = empty_answers_client()(oai)
         vf_env = self.vf_env
 
         async def group(task: Task) -> list[Any]:

@@ -109,9 +109,10 @@ def set_limits(limits: dict) -> None:
     resource.setrlimit(resource.RLIMIT_NPROC, (limits["max_processes"], limits["max_processes"]))
 
 
-def command(spec: dict) -> None:
+def command(spec: dict, report_fd: int) -> None:
     """PID 2: become the untrusted command (never returns)."""
     try:
+        os.close(report_fd)  # init's report to the launcher must not be forgeable
         os.setsid()
         set_limits(spec["limits"])
         if spec["mode"] == "root":
@@ -137,7 +138,7 @@ def init(spec: dict, report_fd: int) -> None:
         deadline = time.monotonic() + spec["timeout"]
         pid = os.fork()
         if pid == 0:
-            command(spec)
+            command(spec, report_fd)
         nap = 0.001
         while status is None:
             done, st = os.waitpid(-1, os.WNOHANG)
