@@ -102,7 +102,7 @@ def test_zero_advantage_warns_once(tmp_path, caplog):
 
 
 def test_startup_phases_print_and_time_each_phase():
-    ticks = iter([10.0, 12.5, 20.0, 21.0, 30.0])
+    ticks = iter([10.0, 12.5, 20.0, 21.0, 30.0, 40.0])
     out = io.StringIO()
     phases = StartupPhases(stream=out, clock=lambda: next(ticks))
     with phases.phase("starting Ray"):
@@ -111,12 +111,15 @@ def test_startup_phases_print_and_time_each_phase():
         pass
     with pytest.raises(RuntimeError), phases.phase("first weight sync"):
         raise RuntimeError("sync failed")
+    with pytest.raises(KeyboardInterrupt), phases.phase("placing actors"):
+        raise KeyboardInterrupt
     assert phases.done == [("starting Ray", 2.5), ("SFT warm-up (40 steps)", 1.0)]
     assert out.getvalue().splitlines() == [
         "rlcore: starting Ray ... 2.5s",
         "rlcore: SFT warm-up (40 steps) ...",
         "rlcore: SFT warm-up (40 steps): done in 1.0s",
-        "rlcore: first weight sync ... failed"]
+        "rlcore: first weight sync ... failed",
+        "rlcore: placing actors ... interrupted"]
 
 
 def test_remote_traceback_becomes_one_line_naming_the_log(tmp_path):
