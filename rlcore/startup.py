@@ -30,8 +30,9 @@ class StartupPhases:
         start = self.clock()
         try:
             yield
-        except BaseException:
-            self._write(f"rlcore: {label}: failed" if chatty else " failed")
+        except BaseException as exc:
+            outcome = "interrupted" if isinstance(exc, KeyboardInterrupt) else "failed"
+            self._write(f"rlcore: {label}: {outcome}" if chatty else f" {outcome}")
             raise
         seconds = self.clock() - start
         self.done.append((label, seconds))

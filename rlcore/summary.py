@@ -1,8 +1,9 @@
 """The run summary printed when a run ends: a pure function of the step records.
 
 Reward (or SFT loss) is compared as the mean of the first `WINDOW` steps against the mean of the
-last `WINDOW` steps (half the run each when it is shorter; single steps are noise: one step's batch is a few dozen samples). Rates are
-totals over totals (sum of tokens / sum of step seconds), not means of per-step rates.
+last `WINDOW` steps (half the run each when it is shorter): single steps are noise, one step's
+batch being a few dozen samples. Rates are totals over totals (sum of tokens / sum of step
+seconds), not means of per-step rates.
 """
 
 from __future__ import annotations

@@ -71,7 +71,8 @@ def test_sft_and_eval_summaries():
     sft = [{"step": i + 1, "loss": 2.0 if i < 10 else 1.0} for i in range(20)]
     assert "loss 2.0000 -> 1.0000" in run_summary("sft", sft)
     ev = [{"step": 7, "eval/reward_mean": 0.5, "eval/pass@1": 0.4, "eval/pass@4": 0.8}]
-    assert run_summary("eval", ev).startswith("rlcore: done: eval of step 7: reward_mean 0.500, pass@1 0.400, pass@4 0.800")
+    assert run_summary("eval", ev).startswith(
+        "rlcore: done: eval of step 7: reward_mean 0.500, pass@1 0.400, pass@4 0.800")
 
 
 def test_summary_points_to_the_plot_when_the_run_wrote_one(tmp_path):
@@ -101,7 +102,7 @@ def test_zero_advantage_warns_once(tmp_path, caplog):
 
 
 def test_startup_phases_print_and_time_each_phase():
-    ticks = iter([10.0, 12.5, 20.0, 21.0, 30.0])
+    ticks = iter([10.0, 12.5, 20.0, 21.0, 30.0, 40.0])
     out = io.StringIO()
     phases = StartupPhases(stream=out, clock=lambda: next(ticks))
     with phases.phase("starting Ray"):
@@ -110,12 +111,15 @@ def test_startup_phases_print_and_time_each_phase():
         pass
     with pytest.raises(RuntimeError), phases.phase("first weight sync"):
         raise RuntimeError("sync failed")
+    with pytest.raises(KeyboardInterrupt), phases.phase("placing actors"):
+        raise KeyboardInterrupt
     assert phases.done == [("starting Ray", 2.5), ("SFT warm-up (40 steps)", 1.0)]
     assert out.getvalue().splitlines() == [
         "rlcore: starting Ray ... 2.5s",
         "rlcore: SFT warm-up (40 steps) ...",
         "rlcore: SFT warm-up (40 steps): done in 1.0s",
-        "rlcore: first weight sync ... failed"]
+        "rlcore: first weight sync ... failed",
+        "rlcore: placing actors ... interrupted"]
 
 
 def test_remote_traceback_becomes_one_line_naming_the_log(tmp_path):
@@ -136,7 +140,8 @@ def test_remote_traceback_becomes_one_line_naming_the_log(tmp_path):
 
 
 def test_log_hint_names_the_one_failing_actor(tmp_path):
-    assert actor_log_hint("train step 4 failed: trainer rank 1 died (...)", "out") == "actor log: out/logs/trainer-1.log"
+    hint = actor_log_hint("train step 4 failed: trainer rank 1 died (...)", "out")
+    assert hint == "actor log: out/logs/trainer-1.log"
     assert actor_log_hint("generate on rollout actor 0 failed", "out") == "actor log: out/logs/rollout-0.log"
     assert actor_log_hint("rollout actor 0, rollout actor 1 died", "out") == "logs: out/logs/"
     assert one_line("one line stays") == "one line stays"
