@@ -19,6 +19,7 @@ import ray
 import torch
 from omegaconf import OmegaConf
 
+from actors import colocation
 from actors.groups import Groups, place
 from rlcore.algo.advantages import compute_advantages, nonzero_advantage_groups
 from rlcore.algo.losses import loss_normalizer
@@ -140,6 +141,8 @@ class Driver:
         self.restarts = 0
         self.version_base = 0  # engine version when RL step 0 began (see groups_allowed_in_flight)
         self._next_actor = itertools.cycle(range(cfg.rollout.num_actors))
+        self.colocated = cfg.placement == "colocated"
+        self.sleep_level = cfg.rollout.sleep_level if self.colocated else 0
 
     # -- setup ---------------------------------------------------------------------------------
     def setup(self) -> None:
@@ -147,6 +150,8 @@ class Driver:
         self.groups = place(cfg)
         g = self.groups
         t = cfg.trainer
+        if self.colocated:  # vLLM sizes its memory at startup: let it start before the trainer allocates
+            wait_ready(g.rollouts, cfg.rollout.generate_timeout_s)
         addr, port = get(g.trainers[0].address.remote(), t.step_timeout_s, "trainer rank 0 start")
         get([tr.init_distributed.remote(addr, port) for tr in g.trainers], t.step_timeout_s,
             "trainer process-group init")
@@ -161,6 +166,10 @@ class Driver:
         rendezvous port (a group whose member died cannot be repaired, only replaced)."""
         g, cfg = self.groups, self.cfg
         wait_ready(g.rollouts, cfg.rollout.generate_timeout_s)
+        if self.colocated:
+            colocation.init_ipc_group(g, self.plan, get, cfg.rollout.weight_sync_timeout_s)
+            self.rejoin_needed = False
+            return
         waddr, wport = get(g.trainers[0].address.remote(), cfg.trainer.step_timeout_s, "weight group address")
         get([tr.init_weight_group.remote(waddr, wport, self.plan) for tr in g.trainers]
             + [r.init_weight_group.remote(waddr, wport, self.plan) for r in g.rollouts],
@@ -190,17 +199,23 @@ class Driver:
         start = time.perf_counter()
         timeout = self.cfg.rollout.weight_sync_timeout_s
         try:
-            out = get([tr.push_weights.remote() for tr in g.trainers]
-                      + [r.pull_weights.remote(version) for r in g.rollouts], timeout,
-                      f"weight sync to version {version}",
-                      [f"trainer rank {i}" for i in range(len(g.trainers))]
-                      + [f"rollout actor {i}" for i in range(len(g.rollouts))])
+            if self.colocated:
+                out = colocation.sync_ipc(g, version, get, timeout)
+            else:
+                out = get([tr.push_weights.remote() for tr in g.trainers]
+                          + [r.pull_weights.remote(version) for r in g.rollouts], timeout,
+                          f"weight sync to version {version}",
+                          [f"trainer rank {i}" for i in range(len(g.trainers))]
+                          + [f"rollout actor {i}" for i in range(len(g.rollouts))])
         except ray.exceptions.RayTaskError as exc:
             raise RunError(f"weight sync to version {version} failed: {exc}") from exc
         self.version = version
         elapsed = time.perf_counter() - start
         sent = out[0]["sync_bytes"]
-        metrics = {"sync_time_s": elapsed, "sync_gb_per_s": sent / max(elapsed, 1e-9) / 1e9}
+        metrics = {"sync_time_s": elapsed, "sync_gb_per_s": sent / max(elapsed, 1e-9) / 1e9,
+                   "sync_send_s": out[0]["sync_send_s"]}
+        engine = out[len(g.trainers)] if g.rollouts else {}
+        metrics.update({k: float(v) for k, v in engine.items() if k in ("sync_engine_s", "sync_worker_s")})
         metrics.update(self.check_canary(version))
         return metrics
 
@@ -367,6 +382,9 @@ class Driver:
                 if batch is not None:
                     batch.sort(key=lambda g: g.stream_index)  # arrival order is timing: train in data order
                     state = StepState(step, batch, self.buffer.max_staleness(batch, self.version))
+                    if self.sleep_level:  # hybrid schedule: the engines free the GPU for the step
+                        state.metrics["sleep_s"] = colocation.sleep_engines(
+                            self.groups, self.sleep_level, get, cfg.rollout.weight_sync_timeout_s)
                     train_refs = self.start_train(state)
                     self.launch(step + 1)
             waiting = list(self.pending) + train_refs[:1] + self.hooks.refs()
@@ -384,6 +402,8 @@ class Driver:
                               [f"trainer rank {i}" for i in range(len(train_refs))])
                 train_refs = []
                 state.metrics.update(results[0])
+                if self.sleep_level:
+                    state.metrics["wake_s"] = colocation.wake_engines(self.groups, get, cfg.rollout.weight_sync_timeout_s)
                 state.metrics.update(self.sync_weights(results[0]["version"]))
                 now = time.perf_counter()
                 record = self.step_record(state, now - last_end, now - run_start, gen_tokens)

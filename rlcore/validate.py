@@ -8,6 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from rlcore.config import RunConfig
+from rlcore.placement import PLACEMENTS
 
 ENGINES = ("hf", "vllm")
 DTYPES = ("float32", "bfloat16", "float16")
@@ -69,7 +70,11 @@ def problems(cfg: RunConfig) -> list[tuple[str, str]]:
     r = cfg.rollout
     if r.engine not in ENGINES:
         out.append(("rollout.engine", f"unknown engine {r.engine!r}; choose one of {list(ENGINES)}"))
-    if r.engine == "vllm" and r.gpus_per_actor < r.tensor_parallel_size:
+    if cfg.placement not in PLACEMENTS:
+        out.append(("placement", f"unknown placement {cfg.placement!r}; choose one of {list(PLACEMENTS)}"))
+    # colocated engines take a share of a GPU: placement_problems checks them once resolved
+    if r.engine == "vllm" and r.gpus_per_actor < r.tensor_parallel_size \
+            and (cfg.placement == "split" or r.gpus_per_actor <= 0):
         out.append(("rollout.gpus_per_actor", f"the vllm engine needs tensor_parallel_size "
                     f"({r.tensor_parallel_size}) GPUs per actor, got {r.gpus_per_actor}"))
     _positive(out, "rollout.num_actors", r.num_actors)
@@ -86,6 +91,10 @@ def problems(cfg: RunConfig) -> list[tuple[str, str]]:
     elif r.weight_reload == "direct" and r.quantization is not None:
         out.append(("rollout.weight_reload", f"'direct' copies weights in unprocessed; quantization="
                     f"{r.quantization!r} needs 'layerwise' (or 'auto')"))
+    if r.sleep_level not in (0, 1, 2):
+        out.append(("rollout.sleep_level", f"must be 0 (resident), 1 or 2 (vLLM sleep levels), got {r.sleep_level}"))
+    elif r.sleep_level and r.engine != "vllm":
+        out.append(("rollout.sleep_level", f"sleep mode is vLLM's: needs rollout.engine=vllm, got {r.engine!r}"))
     if r.kv_on_update not in ("keep", "recompute"):
         out.append(("rollout.kv_on_update", f"must be 'keep' or 'recompute', got {r.kv_on_update!r}"))
     # engine arguments that rollout fields own (the engine is built from those fields)
@@ -235,6 +244,8 @@ def resource_problems(cfg: RunConfig, cpus: float, gpus: float, where: str) -> l
     nr = 0 if cfg.mode == "sft" else r.num_actors
     need_cpu = nt * t.cpus_per_rank + nr * r.cpus_per_actor
     need_gpu = nt * t.gpus_per_rank + nr * r.gpus_per_actor
+    if cfg.placement == "colocated":  # trainer rank i and engine i share GPU i (rlcore.placement)
+        need_gpu = max(nt, nr)
     out = []
     if need_cpu > cpus:
         out.append(("trainer.cpus_per_rank", f"trainer ({nt} x {t.cpus_per_rank}) + rollout "
