@@ -63,9 +63,14 @@ class TrainerRank:
     def train_step(self, micro_batches: list[MicroBatch], normalizer: float) -> dict:
         lr = self.core.optimizer.param_groups[0]["lr"]  # the rate this step uses
         result = self.core.train_step(micro_batches, normalizer)
-        if self.cfg.rollout.sleep_level and self.device == "cuda":
-            free_cached_memory()  # the engine on this GPU wakes into the memory the step used
-        return {**result.metrics, "version": result.version, "lr": float(lr)}
+        memory = {}
+        if self.device == "cuda":
+            free, total = torch.cuda.mem_get_info()
+            memory = {"trainer_peak_gib": torch.cuda.max_memory_reserved() / 2**30,
+                      "gpu_used_gib": (total - free) / 2**30}  # every process on this GPU
+            if self.cfg.rollout.sleep_level:
+                free_cached_memory()  # the engine on this GPU wakes into the memory the step used
+        return {**result.metrics, **memory, "version": result.version, "lr": float(lr)}
 
     def sft_step(self, micro_batches: list[MicroBatch], global_loss_tokens: int) -> dict:
         lr = self.core.optimizer.param_groups[0]["lr"]

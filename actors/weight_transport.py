@@ -69,7 +69,7 @@ class TrainerSender:
     def send(self, named: Iterator[tuple[str, torch.Tensor]]) -> int:
         """Broadcast every parameter (colocated: write it into the IPC buffer); returns bytes sent."""
         if self.ipc is not None:
-            return int(self.ipc.fill((n, t.to(VLLM_WIRE_DTYPE)) for n, t in named)["bytes"])
+            return int(self.ipc.fill(named)["bytes"])  # the copy into the buffer converts to wire dtype
         if self.vllm is None:
             return self.group.send(self.plan, named)
         wire = ((n, t.to(VLLM_WIRE_DTYPE)) for n, t in named)
