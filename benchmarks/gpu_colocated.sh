@@ -3,7 +3,8 @@
 # `python -m rlcore.run`: the GPU test, then samples/s of sync (resident, and asleep with
 # sleep_level=2) against async (max_off_policy_steps 1, 2) for the Qwen3-0.6B shape, then IPC sync
 # time and memory for the Qwen3-4B shape. Usage: bash benchmarks/gpu_colocated.sh OUT_DIR [PARTS]
-# PARTS: any of test, avs, 4b (default: all three).
+# PARTS: any of test, avs, 4b (default: all three). TEST_K picks the GPU tests (default: the async
+# one; the avs part runs the sleep schedule through the CLI too).
 set -uo pipefail
 OUT=${1:?output dir}; PARTS=${2:-"test avs 4b"}
 mkdir -p "$OUT"
@@ -13,12 +14,13 @@ G="model=qwen3_06b_char rollout.engine=vllm trainer.gpus_per_rank=1 rollout.gpus
    +rollout.engine_kwargs.max_model_len=1024 trainer.lr=1e-4 checkpoint.save_final=false sft.warmup_steps=0"
 W=/tmp/rlcore-colocated
 if [[ $PARTS == *test* ]]; then
-  timeout 420 python -m pytest -m gpu tests/gpu/test_colocated.py -x -v -s -p no:cacheprovider > "$OUT/test.log" 2>&1
+  timeout 240 python -m pytest -m gpu tests/gpu/test_colocated.py -k "${TEST_K:-async}" -x -v -s \
+    -p no:cacheprovider > "$OUT/test.log" 2>&1
   echo "test exit: $?" | tee -a "$OUT/test.log"
   grep -q " passed" "$OUT/test.log" || exit 1
 fi
 if [[ $PARTS == *avs* ]]; then
-  A="--steps 8 --warmup 2 --timeout 150 --out $W/avs"
+  A="--steps ${AVS_STEPS:-6} --warmup 2 --timeout 120 --out $W/avs"
   python benchmarks/async_vs_sync.py $A --off-policy 0 1 2 -- $G rollout.sampling.max_new_tokens=256 \
     2>&1 | tee "$OUT/avs.log"
   python benchmarks/async_vs_sync.py $A/sleep --off-policy 0 -- $G rollout.sampling.max_new_tokens=256 \
