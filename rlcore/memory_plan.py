@@ -8,8 +8,13 @@ Estimates (bytes), for a model of P parameters (from `model.arch`), S = dp x cp 
   down input; flash attention keeps no score matrix), one layer's worth plus 2h per layer under
   activation checkpointing; plus the logprob head's logits (chunk x vocab, fp32, capped by
   `trainer.logprob_keep_logits_gib`);
+- the bf16 gradients of the compute copy under mixed precision (P x 2, before the reduction);
 - the IPC sync buffer: P x 2 bytes (the bf16 weights the engine reads);
-- OVERHEAD_GIB per process (CUDA context, allocator fragmentation).
+- OVERHEAD_GIB per process (CUDA context), and the sum times FRAGMENTATION (the caching
+  allocator reserves more than it hands out).
+Calibrated on nvidia-h200 (docs/benchmarks.md, issue 18): the Qwen3-4B shape at 4096 tokens
+peaked at 104.3 GiB reserved; this plan gives 104.1 GiB. The 0.6B shape used ~14 GiB; the plan
+gives 18.2 (the estimate errs high for small models: the fixed overhead dominates).
 The engine needs at least its bf16 weights plus ENGINE_MIN_FREE_GIB (activations, some KV cache).
 Pure functions of the config; `model.path` checkpoints are planned from the facts a recipe
 restates in `model.arch` and skipped when those are missing.
@@ -24,6 +29,7 @@ from rlcore.config import RunConfig
 
 GIB = 2**30
 OVERHEAD_GIB = 2.0
+FRAGMENTATION = 1.1
 ENGINE_MIN_FREE_GIB = 2.0
 MAX_ENGINE_FRACTION = 0.6
 """Cap of the engine's automatic share: more KV cache than this rarely speeds a colocated run,
@@ -83,12 +89,12 @@ class TrainerMemory:
 
     @property
     def peak(self) -> int:
-        return self.state + self.activations + self.sync_buffer + self.overhead
+        return int((self.state + self.activations + self.sync_buffer + self.overhead) * FRAGMENTATION)
 
     @property
     def resident(self) -> int:
-        """What stays while the trainer is idle (activations and gradients released)."""
-        return self.state + self.sync_buffer + self.overhead
+        """What stays while the trainer is idle (activations released to the driver)."""
+        return int((self.state + self.sync_buffer + self.overhead) * FRAGMENTATION)
 
 
 def trainer_memory(cfg: RunConfig) -> TrainerMemory | None:
@@ -102,7 +108,7 @@ def trainer_memory(cfg: RunConfig) -> TrainerMemory | None:
     trainable = p if not t.lora.enabled else 0  # LoRA adapters are tiny next to the base
     state = (p * width + trainable * 3 * width) / shards
     if t.mixed_precision and width > 2:
-        state += p * 2  # the gathered bf16 compute copy
+        state += p * 2 * 2  # the gathered bf16 compute copy and its bf16 gradients
     h, layers, heads = int(a["hidden_size"]), int(a["num_hidden_layers"]), int(a["num_attention_heads"])
     hd = int(a.get("head_dim") or h // heads)
     q, kv = heads * hd, int(a.get("num_key_value_heads") or heads) * hd
