@@ -14,13 +14,14 @@ G="model=qwen3_06b_char rollout.engine=vllm trainer.gpus_per_rank=1 rollout.gpus
    +rollout.engine_kwargs.max_model_len=1024 trainer.lr=1e-4 checkpoint.save_final=false sft.warmup_steps=0"
 W=/tmp/rlcore-colocated
 if [[ $PARTS == *test* ]]; then
-  timeout 240 python -m pytest -m gpu tests/gpu/test_colocated.py -k "${TEST_K:-async}" -x -v -s \
-    -p no:cacheprovider > "$OUT/test.log" 2>&1
+  timeout 300 python -m pytest -m gpu tests/gpu/test_colocated.py -k "${TEST_K:-async}" -x -v -s \
+    -p no:cacheprovider --basetemp=$W/pytest > "$OUT/test.log" 2>&1
+  for f in $W/pytest/*/*/metrics.jsonl; do cp "$f" "$OUT/test_$(basename $(dirname $f)).jsonl" 2>/dev/null; done
   echo "test exit: $?" | tee -a "$OUT/test.log"
   grep -q " passed" "$OUT/test.log" || exit 1
 fi
 if [[ $PARTS == *avs* ]]; then
-  A="--steps ${AVS_STEPS:-6} --warmup 2 --timeout 120 --out $W/avs"
+  A="--steps ${AVS_STEPS:-6} --warmup 2 --timeout 300 --out $W/avs"
   python benchmarks/async_vs_sync.py $A --off-policy 0 1 2 -- $G rollout.sampling.max_new_tokens=256 \
     2>&1 | tee "$OUT/avs.log"
   python benchmarks/async_vs_sync.py $A/sleep --off-policy 0 -- $G rollout.sampling.max_new_tokens=256 \

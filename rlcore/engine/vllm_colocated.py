@@ -14,14 +14,15 @@ from typing import Any
 
 import torch
 
+from rlcore.engine.base import WeightSyncError
+from rlcore.engine.direct_receive import DirectReceiver
+from rlcore.transfer.ipc import IPCReceiver
+
 
 def receive_ipc_on_worker(worker: Any, update_info: dict, handle: dict) -> dict:
     """Worker side: open the trainer's buffer once and land the update in the parameters
     (:class:`rlcore.transfer.ipc.IPCReceiver` over a
     :class:`rlcore.engine.direct_receive.DirectReceiver`). Returns the worker's seconds and counts."""
-    from rlcore.engine.direct_receive import DirectReceiver
-    from rlcore.transfer.ipc import IPCReceiver
-
     start = time.perf_counter()
     receiver = getattr(worker, "_rlcore_ipc_receiver", None)
     if receiver is None:
@@ -42,8 +43,6 @@ class ColocatedEngine:
         """Land the update the trainer rank on this GPU just wrote into its IPC buffer and serve
         it as policy ``version``: between two engine steps, with no pause unless caches must be
         cleared. Raises ``WeightSyncError`` (engine then unusable) on failure or timeout."""
-        from rlcore.engine.vllm_engine import WeightSyncError
-
         self._check()
 
         async def body() -> dict[str, float]:

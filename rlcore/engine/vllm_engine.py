@@ -81,7 +81,7 @@ from typing import Any, Iterable, Literal
 
 import torch
 
-from rlcore.engine.base import Generation, RolloutEngine, SamplingParams
+from rlcore.engine.base import Generation, RolloutEngine, SamplingParams, WeightSyncError
 from rlcore.engine.vllm_colocated import ColocatedEngine, receive_ipc_on_worker
 
 log = logging.getLogger(__name__)
@@ -98,11 +98,6 @@ def _check_reload(reload: str, quantization: str | None) -> None:
     if quantization is not None and reload == "direct":
         raise ValueError(f"reload='direct' cannot serve a quantized engine (quantization={quantization!r}): plain "
                          "load_weights skips the re-quantization of the synced bf16 weights; use reload='layerwise'")
-
-
-class WeightSyncError(RuntimeError):
-    """A weight update failed or timed out on the engine side. After a timeout the engine core
-    may still be blocked inside NCCL: treat the engine as broken and restart its actor."""
 
 
 class RLCoreWorkerExtension:

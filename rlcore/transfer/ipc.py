@@ -24,6 +24,7 @@ import time
 from typing import Iterable
 
 import torch
+from torch.multiprocessing.reductions import rebuild_cuda_tensor, reduce_tensor
 
 
 def tensor_bytes(update_info: dict) -> list[int]:
@@ -40,8 +41,6 @@ class IPCSender:
     """Trainer side: the flat buffer and its handle (see the module docstring)."""
 
     def __init__(self, update_info: dict, device: torch.device | str):
-        from torch.multiprocessing.reductions import reduce_tensor
-
         self.update_info = update_info
         self.device = torch.device(device)
         if self.device.index is None:
@@ -88,8 +87,6 @@ class IPCSender:
 
 def open_handle(handle: dict, device: torch.device | int) -> torch.Tensor:
     """The sender's flat buffer, mapped into this process on `device` (same physical GPU)."""
-    from torch.multiprocessing.reductions import rebuild_cuda_tensor
-
     index = device if isinstance(device, int) else (device.index if device.index is not None
                                                     else torch.cuda.current_device())
     here = gpu_uuid(index)
