@@ -12,6 +12,7 @@ from actors.logs import QUIET_ENV
 from actors.rollout import RolloutWorker
 from actors.trainer import TrainerRank
 from rlcore.config import RunConfig
+from rlcore.placement import SHARE
 
 
 def bundle(cpus: float, gpus: float) -> dict[str, float]:
@@ -19,6 +20,12 @@ def bundle(cpus: float, gpus: float) -> dict[str, float]:
     if gpus > 0:
         b["GPU"] = float(gpus)
     return b
+
+
+def colocated_bundles(cfg: RunConfig) -> list[dict[str, float]]:
+    """One bundle per GPU: trainer rank i and rollout actor i share it (`rlcore.placement`)."""
+    t, r = cfg.trainer, cfg.rollout
+    return [bundle(t.cpus_per_rank + r.cpus_per_actor, 1) for _ in range(t.world_size)]
 
 
 def trainer_bundles(cfg: RunConfig) -> list[dict[str, float]]:
@@ -50,7 +57,8 @@ class Groups:
     def remove(self) -> None:
         for a in self.trainers + self.rollouts:
             ray.kill(a, no_restart=True)
-        for pg in (self.trainer_pg, self.rollout_pg):
+        pgs = [self.trainer_pg] + ([self.rollout_pg] if self.rollout_pg is not self.trainer_pg else [])
+        for pg in pgs:
             if pg is not None:
                 remove_placement_group(pg)
 
@@ -64,10 +72,16 @@ def _runtime_env() -> dict:
 def place(cfg: RunConfig, trainer: bool = True, rollout: bool = True) -> Groups:
     """Reserve the placement groups (PACK: ranks of one group close together), wait for them
     with a timeout, and start one actor per bundle. `mode=sft` needs no rollout group and
-    `mode=eval` no trainer group: pass False to leave one out (its list is then empty)."""
-    trainer_pg = placement_group(trainer_bundles(cfg), strategy="PACK", name="rlcore-trainer") if trainer else None
-    rollout_pg = placement_group(rollout_bundles(cfg), strategy="PACK", name="rlcore-rollout") if rollout else None
-    pgs = [pg for pg in (trainer_pg, rollout_pg) if pg is not None]
+    `mode=eval` no trainer group: pass False to leave one out (its list is then empty).
+    Colocated placement: one group, 'rlcore-colocated', whose bundle i holds trainer rank i and
+    rollout actor i, each taking `SHARE` of its GPU."""
+    shared = cfg.placement == "colocated" and trainer and rollout
+    if shared:
+        trainer_pg = rollout_pg = placement_group(colocated_bundles(cfg), strategy="PACK", name="rlcore-colocated")
+    else:
+        trainer_pg = placement_group(trainer_bundles(cfg), strategy="PACK", name="rlcore-trainer") if trainer else None
+        rollout_pg = placement_group(rollout_bundles(cfg), strategy="PACK", name="rlcore-rollout") if rollout else None
+    pgs = list({id(pg): pg for pg in (trainer_pg, rollout_pg) if pg is not None}.values())
     timeout = cfg.cluster.placement_timeout_s
     ready, _ = ray.wait([pg.ready() for pg in pgs], num_returns=len(pgs), timeout=timeout)
     if len(ready) < len(pgs):
@@ -78,10 +92,11 @@ def place(cfg: RunConfig, trainer: bool = True, rollout: bool = True) -> Groups:
             f"(trainer {trainer_bundles(cfg)}, rollout {rollout_bundles(cfg)}); "
             f"cluster has {ray.available_resources()}")
     t, r = cfg.trainer, cfg.rollout
+    trainer_gpus, rollout_gpus = (SHARE, SHARE) if shared else (t.gpus_per_rank, r.gpus_per_actor)
     trainer_cls = ray.remote(TrainerRank)
     trainers = [
         trainer_cls.options(
-            num_cpus=t.cpus_per_rank, num_gpus=t.gpus_per_rank, runtime_env=_runtime_env(),
+            num_cpus=t.cpus_per_rank, num_gpus=trainer_gpus, runtime_env=_runtime_env(),
             scheduling_strategy=PlacementGroupSchedulingStrategy(trainer_pg, placement_group_bundle_index=i),
         ).remote(cfg, i, t.world_size)
         for i in range(t.world_size if trainer else 0)
@@ -89,7 +104,7 @@ def place(cfg: RunConfig, trainer: bool = True, rollout: bool = True) -> Groups:
     rollout_cls = ray.remote(RolloutWorker)
     rollouts = [
         rollout_cls.options(
-            num_cpus=r.cpus_per_actor, num_gpus=r.gpus_per_actor,
+            num_cpus=r.cpus_per_actor, num_gpus=rollout_gpus,
             # training generate calls + one evaluation call + the weight pull + one control call
             # (busy time, RNG state): a weight pull must never wait behind generate calls
             max_concurrency=max(4, r.max_requests_per_actor + 3),

@@ -57,10 +57,18 @@ class RolloutWorker:
     def ready(self) -> int:
         return self.index
 
-    def init_weight_group(self, address: str, port: int, plan: SyncPlan) -> bool:
-        """Join the weight-sync group (the trainer's rank 0 joins at the same time)."""
-        self.receiver = EngineReceiver(self.cfg, self.engine, self.index, address, port, plan)
+    def init_weight_group(self, address: str, port: int, plan: SyncPlan, handle: dict | None = None) -> bool:
+        """Join the weight-sync group (the trainer's rank 0 joins at the same time); colocated,
+        keep the IPC `handle` of the trainer rank on this GPU instead."""
+        self.receiver = EngineReceiver(self.cfg, self.engine, self.index, address, port, plan, handle)
         return True
+
+    def sleep(self, level: int) -> float:
+        """Colocated sleep mode: free the engine's GPU memory while the trainer steps."""
+        return self.engine.sleep(level)
+
+    def wake_up(self) -> float:
+        return self.engine.wake_up()
 
     def pull_weights(self, version: int) -> dict:
         return self.receiver.receive(version)

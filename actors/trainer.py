@@ -9,8 +9,9 @@ import ray
 import torch
 
 from actors.logs import redirect_output
-from actors.weight_transport import TrainerSender
+from actors.weight_transport import TrainerSender, colocated
 from rlcore.config import RunConfig
+from rlcore.engine.vllm_colocated import free_cached_memory
 from rlcore.packing import MicroBatch, make_micro_batch
 from rlcore.trainer.forward import forward_logprobs
 from rlcore.types import Sample
@@ -43,11 +44,13 @@ class TrainerRank:
     def parameter_metas(self) -> list[tuple[str, tuple[int, ...], str]]:
         return self.core.parameter_metas()
 
-    def init_weight_group(self, address: str, port: int, plan: SyncPlan) -> bool:
-        """Rank 0 joins the weight-sync group as its sender (the engines join at the same time)."""
-        if self.rank == 0:
+    def init_weight_group(self, address: str, port: int, plan: SyncPlan) -> dict | None:
+        """Rank 0 joins the weight-sync group as its sender (the engines join at the same time).
+        Colocated: every rank makes its CUDA IPC buffer and returns its handle (for the engine on
+        its GPU); None otherwise."""
+        if self.rank == 0 or colocated(self.cfg):
             self.sender = TrainerSender(self.cfg, address, port, plan, self.device)
-        return True
+        return self.sender.ipc.handle() if self.sender is not None and self.sender.ipc is not None else None
 
     def canary_logprobs(self, pairs: list[tuple[list[int], list[int]]]) -> list[list[float]]:
         """Teacher-forced logprobs (temperature 1) of each completion after its prompt, under the
@@ -62,7 +65,14 @@ class TrainerRank:
     def train_step(self, micro_batches: list[MicroBatch], normalizer: float) -> dict:
         lr = self.core.optimizer.param_groups[0]["lr"]  # the rate this step uses
         result = self.core.train_step(micro_batches, normalizer)
-        return {**result.metrics, "version": result.version, "lr": float(lr)}
+        memory = {}
+        if self.device == "cuda":
+            free, total = torch.cuda.mem_get_info()
+            memory = {"trainer_peak_gib": torch.cuda.max_memory_reserved() / 2**30,
+                      "gpu_used_gib": (total - free) / 2**30}  # every process on this GPU
+            if self.cfg.rollout.sleep_level:
+                free_cached_memory()  # the engine on this GPU wakes into the memory the step used
+        return {**result.metrics, **memory, "version": result.version, "lr": float(lr)}
 
     def sft_step(self, micro_batches: list[MicroBatch], global_loss_tokens: int) -> dict:
         lr = self.core.optimizer.param_groups[0]["lr"]
@@ -98,7 +108,7 @@ class TrainerRank:
         params = self.core.full_parameters()
         sent = 0
         try:
-            if self.rank == 0:
+            if self.sender is not None:  # rank 0, or every rank when colocated
                 sent = self.sender.send(params)
         finally:
             # finish the FSDP all-gathers even if a broadcast failed: the other ranks are in them

@@ -7,6 +7,9 @@
   engine's workers while generation is paused in "keep" mode), driven by
   `rlcore.engine.vllm_sync` on the trainer side.
 
+- colocated placement (trainer rank i and engine i on one GPU): CUDA IPC (`rlcore.transfer.ipc`),
+  every trainer rank a sender into its own engine; no process group at all.
+
 Ranks: the trainer's sending rank is 0; rollout actor i takes `ranks_per_actor` ranks from
 `1 + i * ranks_per_actor` (one per vLLM worker, one for an hf engine).
 """
@@ -20,6 +23,7 @@ import torch
 
 from actors.weight_group import WeightGroup, receive_all
 from rlcore.config import RunConfig
+from rlcore.transfer.ipc import IPCSender
 from rlcore.weight_sync import SyncPlan
 
 VLLM_WIRE_DTYPE = torch.bfloat16  # the dtype vLLM engines serve in
@@ -39,13 +43,21 @@ def vllm_update_info(cfg: RunConfig, plan: SyncPlan) -> dict:
     return update_info_for(metas, bucket_bytes=int(cfg.rollout.sync_bucket_mb * 2**20))
 
 
+def colocated(cfg: RunConfig) -> bool:
+    return cfg.placement == "colocated"
+
+
 class TrainerSender:
-    """Lives on trainer rank 0."""
+    """Lives on trainer rank 0 (on every rank when colocated: each feeds the engine on its GPU)."""
 
     def __init__(self, cfg: RunConfig, address: str, port: int, plan: SyncPlan, device: str):
         self.cfg, self.plan = cfg, plan
         timeout = cfg.rollout.weight_sync_timeout_s
-        if cfg.rollout.engine == "vllm":
+        self.ipc: IPCSender | None = None
+        if colocated(cfg):
+            self.ipc = IPCSender(vllm_update_info(cfg, plan), device)
+            self.vllm, self.group = None, None
+        elif cfg.rollout.engine == "vllm":
             from rlcore.engine.vllm_sync import init_sender
             self.update_info = vllm_update_info(cfg, plan)
             self.vllm = init_sender(address, port, world_size(cfg), timeout_s=timeout)
@@ -55,7 +67,9 @@ class TrainerSender:
             self.group = WeightGroup(address, port, 0, world_size(cfg), timeout, device)
 
     def send(self, named: Iterator[tuple[str, torch.Tensor]]) -> int:
-        """Broadcast every parameter; returns bytes sent."""
+        """Broadcast every parameter (colocated: write it into the IPC buffer); returns bytes sent."""
+        if self.ipc is not None:
+            return int(self.ipc.fill(named)["bytes"])  # the copy into the buffer converts to wire dtype
         if self.vllm is None:
             return self.group.send(self.plan, named)
         wire = ((n, t.to(VLLM_WIRE_DTYPE)) for n, t in named)
@@ -67,11 +81,17 @@ class TrainerSender:
 class EngineReceiver:
     """Lives in a rollout actor, next to its engine."""
 
-    def __init__(self, cfg: RunConfig, engine, index: int, address: str, port: int, plan: SyncPlan):
-        self.cfg, self.engine, self.plan = cfg, engine, plan
+    def __init__(self, cfg: RunConfig, engine, index: int, address: str, port: int, plan: SyncPlan,
+                 handle: dict | None = None):
+        self.cfg, self.engine, self.plan, self.handle = cfg, engine, plan, handle
         timeout = cfg.rollout.weight_sync_timeout_s
         first_rank = 1 + index * ranks_per_actor(cfg)
-        if cfg.rollout.engine == "vllm":
+        if colocated(cfg):
+            if handle is None:
+                raise ValueError("colocated weight receive needs the trainer rank's IPC handle")
+            self.update_info = vllm_update_info(cfg, plan)
+            self.group = None
+        elif cfg.rollout.engine == "vllm":
             self.update_info = vllm_update_info(cfg, plan)
             engine.init_weight_transfer(address, port, first_rank, world_size(cfg), timeout_s=timeout)
             self.group = None
@@ -81,6 +101,10 @@ class EngineReceiver:
 
     def receive(self, version: int) -> dict[str, float]:
         start = time.perf_counter()
+        if self.handle is not None:
+            times = self.engine.receive_ipc(self.update_info, self.handle, version,
+                                            timeout_s=self.cfg.rollout.weight_sync_timeout_s)
+            return {"sync_engine_s": time.perf_counter() - start, **{f"sync_{k}": v for k, v in times.items()}}
         if self.group is None:
             times = self.engine.receive_weights(self.update_info, version,
                                                 timeout_s=self.cfg.rollout.weight_sync_timeout_s)

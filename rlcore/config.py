@@ -172,6 +172,11 @@ class RolloutConfig:
     quantization: Optional[str] = None
     """vLLM online weight quantization of the rollout engines: null (bf16) or `fp8` (weights
     re-quantized on every sync, dynamic per-token activation scales; vLLM on Hopper/Ada only)."""
+    sleep_level: int = 0
+    """Colocated vLLM engines only: 0 keeps the engine resident beside the trainer (asynchronous
+    schedules overlap decoding with training); 1 (weights offloaded to CPU) or 2 (weights dropped,
+    refilled by the next sync) puts the engine to sleep while the trainer steps, freeing its GPU
+    memory for models that do not fit beside the trainer (synchronous schedule only)."""
     request_seeds: bool = True
     """Seed each generate request from (seed, task index) so sampling does not depend on thread or
     actor interleaving (synchronous runs and their resumes are exact); false uses each engine's RNG."""
@@ -266,6 +271,9 @@ class ClusterConfig:
     """Nodes of the cluster the run is planned for (`dry_run` and validation); null = this machine."""
     gpus_per_node: int = 8
     """GPUs per node of the described cluster."""
+    gpu_memory_gib: Optional[float] = None
+    """Memory of one GPU in GiB for the colocated memory plan; null = read from this machine's
+    GPU 0 (the plan is skipped when neither is known)."""
     cpus_per_node: int = 64
     """CPUs per node of the described cluster."""
 
@@ -395,6 +403,11 @@ class RunConfig:
     """Evaluation (`mode=eval`, and periodic evaluation during `rl`)."""
     teacher: TeacherConfig = field(default_factory=TeacherConfig)
     """On-policy distillation: the teacher group that scores the student's samples (`rl`)."""
+    placement: str = "auto"
+    """Where trainer ranks and engines go: `split` (their own GPUs), `colocated` (one trainer rank
+    and one TP=1 engine share each GPU; weights move over CUDA IPC) or `auto` (colocated when both
+    sides use GPUs and split placement does not fit the GPUs present or asks fractional GPUs;
+    split otherwise, and always on CPU)."""
     dry_run: bool = False
     """Validate, print the placement plan (placement groups, bundles, meshes, engines) and exit
     without starting Ray."""

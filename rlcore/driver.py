@@ -19,6 +19,7 @@ import ray
 import torch
 from omegaconf import OmegaConf
 
+from actors import colocation
 from actors.groups import Groups, place
 from actors.teacher import TeacherError, TeacherStage
 from rlcore.algo.distill import batch_token_advantages
@@ -152,6 +153,8 @@ class Driver:
         self.startup = StartupPhases()  # timed start-up phases (progress lines, run summary)
         # renders the canary's task prompts and decodes the samples table (logger.samples_every)
         self.tokenizer = build_tokenizer(cfg.model)
+        self.colocated = cfg.placement == "colocated"
+        self.sleep_level = cfg.rollout.sleep_level if self.colocated else 0
 
     # -- setup ---------------------------------------------------------------------------------
     def setup(self) -> None:
@@ -161,6 +164,10 @@ class Driver:
             self.groups = place(cfg)
         g = self.groups
         t = cfg.trainer
+        engines = f"starting the rollout engine{'s' if len(g.rollouts) > 1 else ''} ({cfg.rollout.engine})"
+        if self.colocated:  # vLLM sizes its memory at startup: let it start before the trainer allocates
+            with phase(engines):
+                wait_ready(g.rollouts, cfg.rollout.generate_timeout_s)
         with phase("starting the trainer and loading its model"):
             addr, port = get(g.trainers[0].address.remote(), t.step_timeout_s, "trainer rank 0 start")
             get([tr.init_distributed.remote(addr, port) for tr in g.trainers], t.step_timeout_s,
@@ -168,8 +175,9 @@ class Driver:
             metas = get(g.trainers[0].parameter_metas.remote(), t.step_timeout_s, "parameter metadata")
         self.plan = plan_buckets([TensorMeta(n, tuple(s), d) for n, s, d in metas],
                                  int(cfg.rollout.sync_bucket_mb * 2**20))
-        with phase(f"starting the rollout engine{'s' if len(g.rollouts) > 1 else ''} ({cfg.rollout.engine})"):
-            wait_ready(g.rollouts, cfg.rollout.generate_timeout_s)  # model load (and vLLM's compile)
+        if not self.colocated:
+            with phase(engines):
+                wait_ready(g.rollouts, cfg.rollout.generate_timeout_s)  # model load (and vLLM's compile)
         with phase("joining the weight-sync group"):
             self.init_weight_group()
         if cfg.teacher.enabled:  # after the rollout engines are up: engines sharing a GPU start one by one
@@ -186,6 +194,10 @@ class Driver:
         rendezvous port (a group whose member died cannot be repaired, only replaced)."""
         g, cfg = self.groups, self.cfg
         wait_ready(g.rollouts, cfg.rollout.generate_timeout_s)
+        if self.colocated:
+            colocation.init_ipc_group(g, self.plan, get, cfg.rollout.weight_sync_timeout_s)
+            self.rejoin_needed = False
+            return
         waddr, wport = get(g.trainers[0].address.remote(), cfg.trainer.step_timeout_s, "weight group address")
         get([tr.init_weight_group.remote(waddr, wport, self.plan) for tr in g.trainers]
             + [r.init_weight_group.remote(waddr, wport, self.plan) for r in g.rollouts],
@@ -215,17 +227,23 @@ class Driver:
         start = time.perf_counter()
         timeout = self.cfg.rollout.weight_sync_timeout_s
         try:
-            out = get([tr.push_weights.remote() for tr in g.trainers]
-                      + [r.pull_weights.remote(version) for r in g.rollouts], timeout,
-                      f"weight sync to version {version}",
-                      [f"trainer rank {i}" for i in range(len(g.trainers))]
-                      + [f"rollout actor {i}" for i in range(len(g.rollouts))])
+            if self.colocated:
+                out = colocation.sync_ipc(g, version, get, timeout)
+            else:
+                out = get([tr.push_weights.remote() for tr in g.trainers]
+                          + [r.pull_weights.remote(version) for r in g.rollouts], timeout,
+                          f"weight sync to version {version}",
+                          [f"trainer rank {i}" for i in range(len(g.trainers))]
+                          + [f"rollout actor {i}" for i in range(len(g.rollouts))])
         except ray.exceptions.RayTaskError as exc:
             raise RunError(f"weight sync to version {version} failed: {exc}") from exc
         self.version = version
         elapsed = time.perf_counter() - start
         sent = out[0]["sync_bytes"]
-        metrics = {"sync_time_s": elapsed, "sync_gb_per_s": sent / max(elapsed, 1e-9) / 1e9}
+        metrics = {"sync_time_s": elapsed, "sync_gb_per_s": sent / max(elapsed, 1e-9) / 1e9,
+                   "sync_send_s": out[0]["sync_send_s"]}
+        engine = out[len(g.trainers)] if g.rollouts else {}
+        metrics.update({k: float(v) for k, v in engine.items() if k in ("sync_engine_s", "sync_worker_s")})
         metrics.update(self.check_canary(version))
         return metrics
 
@@ -422,6 +440,9 @@ class Driver:
                 if batch is not None:
                     batch.sort(key=lambda g: g.stream_index)  # arrival order is timing: train in data order
                     state = StepState(step, batch, self.buffer.max_staleness(batch, self.version))
+                    if self.sleep_level:  # hybrid schedule: the engines free the GPU for the step
+                        state.metrics["sleep_s"] = colocation.sleep_engines(
+                            self.groups, self.sleep_level, get, cfg.rollout.weight_sync_timeout_s)
                     train_refs = self.start_train(state)
                     self.launch(step + 1)
             waiting = list(self.pending) + train_refs[:1] + self.hooks.refs()
@@ -446,6 +467,8 @@ class Driver:
                               [f"trainer rank {i}" for i in range(len(train_refs))])
                 train_refs = []
                 state.metrics.update(results[0])
+                if self.sleep_level:
+                    state.metrics["wake_s"] = colocation.wake_engines(self.groups, get, cfg.rollout.weight_sync_timeout_s)
                 state.metrics.update(self.sync_weights(results[0]["version"]))
                 now = time.perf_counter()
                 record = self.step_record(state, now - last_end, now - run_start, gen_tokens)

@@ -10,6 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from rlcore.config import RunConfig
+from rlcore.memory_plan import GIB, trainer_memory
+from rlcore.placement import SHARE, placement_problems, resolve
 
 
 @dataclass
@@ -32,6 +34,9 @@ class Plan:
     """On-policy distillation's teacher group (placed after the rollout group); empty without one."""
     mesh: dict[str, int] = field(default_factory=dict)
     problems: list[tuple[str, str]] = field(default_factory=list)
+    config: RunConfig | None = None
+    """The config with its placement resolved for this plan's GPUs."""
+    gpu_bytes: int | None = None
 
 
 def arch_value(cfg: RunConfig, key: str) -> int | None:
@@ -50,16 +55,24 @@ def mesh_of(cfg: RunConfig) -> dict[str, int]:
 
 def make_plan(cfg: RunConfig) -> Plan:
     c, t, r = cfg.cluster, cfg.trainer, cfg.rollout
+    gpu_bytes = int(c.gpu_memory_gib * 2**30) if c.gpu_memory_gib else None
     if c.nodes is None:  # this machine, as a local Ray would see it
         import os
 
         import torch
         gpus = c.num_gpus if c.num_gpus is not None else torch.cuda.device_count()
         plan = Plan(nodes=1, gpus_per_node=gpus, cpus_per_node=c.num_cpus or os.cpu_count() or 1)
+        if gpu_bytes is None and gpus and torch.cuda.is_available():
+            gpu_bytes = torch.cuda.get_device_properties(0).total_memory
     else:
         plan = Plan(nodes=c.nodes, gpus_per_node=c.gpus_per_node, cpus_per_node=c.cpus_per_node)
-    plan.trainer = [Bundle("trainer", i, t.cpus_per_rank, t.gpus_per_rank) for i in range(t.world_size)]
-    plan.rollout = [Bundle("rollout", i, r.cpus_per_actor, r.gpus_per_actor) for i in range(r.num_actors)]
+    plan.gpu_bytes = gpu_bytes
+    cfg = plan.config = resolve(cfg, plan.nodes * plan.gpus_per_node, gpu_bytes)
+    if cfg.placement == "colocated":  # one bundle per GPU, shared by trainer rank i and engine i
+        plan.trainer = [Bundle("colocated", i, t.cpus_per_rank + r.cpus_per_actor, 1) for i in range(t.world_size)]
+    else:
+        plan.trainer = [Bundle("trainer", i, t.cpus_per_rank, t.gpus_per_rank) for i in range(t.world_size)]
+        plan.rollout = [Bundle("rollout", i, r.cpus_per_actor, r.gpus_per_actor) for i in range(r.num_actors)]
     tc = cfg.teacher
     if tc.enabled and cfg.mode == "rl":
         plan.teacher = [Bundle("teacher", i, tc.cpus_per_actor, tc.gpus_per_actor) for i in range(tc.num_actors)]
@@ -72,7 +85,8 @@ def make_plan(cfg: RunConfig) -> Plan:
                 free[n][0] -= b.cpus
                 free[n][1] -= b.gpus
                 break
-    plan.problems = plan_problems(cfg, plan)
+    plan.problems = plan_problems(cfg, plan) + placement_problems(
+        cfg, plan.nodes * plan.gpus_per_node, gpu_bytes, f"the plan's {plan.nodes} node(s)")
     return plan
 
 
@@ -110,25 +124,30 @@ def plan_problems(cfg: RunConfig, plan: Plan) -> list[tuple[str, str]]:
 
 
 def format_plan(cfg: RunConfig, plan: Plan) -> str:
+    cfg = plan.config or cfg  # placement resolved
     t, r = cfg.trainer, cfg.rollout
     m = plan.mesh
     lines = [
         f"rlcore placement plan ({cfg.recipe or 'default'}): {plan.nodes} node(s) x {plan.gpus_per_node} GPUs, "
         f"{plan.cpus_per_node} CPUs",
         f"model: {cfg.model.path or 'random-weight ' + str(cfg.model.arch.get('model_type'))}",
-        f"placement group 'rlcore-trainer' (PACK): {len(plan.trainer)} bundles of "
-        f"{{CPU: {t.cpus_per_rank:g}, GPU: {t.gpus_per_rank:g}}}",
-        f"  nodes: {_by_node(plan.trainer)}",
+        *(_colocated_lines(cfg, plan) if cfg.placement == "colocated" else [
+            f"placement group 'rlcore-trainer' (PACK): {len(plan.trainer)} bundles of "
+            f"{{CPU: {t.cpus_per_rank:g}, GPU: {t.gpus_per_rank:g}}}",
+            f"  nodes: {_by_node(plan.trainer)}"]),
         f"  device mesh {m['world']} ranks: dp={m['dp']} x cp={m['cp']} (FSDP2 shards over dp*cp); "
         f"ep={m['ep']} expert groups carved from the dp*cp ranks"
         + (f"; {arch_value(cfg, 'num_experts') // max(m['ep'], 1)} experts per rank"
            if arch_value(cfg, "num_experts") else ""),
-        f"placement group 'rlcore-rollout' (PACK): {len(plan.rollout)} bundles of "
-        f"{{CPU: {r.cpus_per_actor:g}, GPU: {r.gpus_per_actor:g}}}",
-        f"  nodes: {_by_node(plan.rollout)}",
+        *([] if cfg.placement == "colocated" else [
+            f"placement group 'rlcore-rollout' (PACK): {len(plan.rollout)} bundles of "
+            f"{{CPU: {r.cpus_per_actor:g}, GPU: {r.gpus_per_actor:g}}}",
+            f"  nodes: {_by_node(plan.rollout)}"]),
         f"  engines: {r.num_actors} x {r.engine} (tensor_parallel_size={r.tensor_parallel_size}), "
         f"{r.num_actors} data-parallel replicas",
-        f"weight sync: trainer rank 0 -> {r.num_actors} engine(s), buckets of {r.sync_bucket_mb:g} MiB",
+        (f"weight sync: CUDA IPC, trainer rank i -> engine i on the same GPU (no NCCL between them)"
+         if cfg.placement == "colocated" else
+         f"weight sync: trainer rank 0 -> {r.num_actors} engine(s), buckets of {r.sync_bucket_mb:g} MiB"),
         *teacher_lines(cfg, plan),
         f"async: max_off_policy_steps={cfg.algo.max_off_policy_steps}, batch {cfg.algo.batch_groups} groups x "
         f"{cfg.algo.group_size} samples, max_new_tokens={r.sampling.max_new_tokens}",
@@ -148,6 +167,24 @@ def teacher_lines(cfg: RunConfig, plan: Plan) -> list[str]:
             f"  teacher: {tc.num_actors} x {tc.engine} (tensor_parallel_size={tc.tensor_parallel_size}) serving "
             f"{tc.path or 'a random-weight model'}; no weight sync; advantage = {tc.reward_coef:g} x reward "
             f"advantage + {tc.kl_coef:g} x (teacher - student logprob)"]
+
+
+def _colocated_lines(cfg: RunConfig, plan: Plan) -> list[str]:
+    """The colocated group: bundles, who shares them, and the planned GPU memory."""
+    t, r = cfg.trainer, cfg.rollout
+    lines = ["placement: colocated (one trainer rank + one engine per GPU)",
+             f"placement group 'rlcore-colocated' (PACK): {len(plan.trainer)} bundles of "
+             f"{{CPU: {t.cpus_per_rank + r.cpus_per_actor:g}, GPU: 1}}; trainer rank i and rollout actor i "
+             f"take GPU {SHARE:g} each of bundle i",
+             f"  nodes: {_by_node(plan.trainer)}"]
+    mem = trainer_memory(cfg)
+    if mem is not None:
+        share = r.engine_kwargs.get("gpu_memory_utilization")
+        gpu = f" of {plan.gpu_bytes / GIB:.1f} GiB" if plan.gpu_bytes else ""
+        lines.append(f"  memory per GPU{gpu}: trainer peak {mem.peak / GIB:.1f} GiB (resident {mem.resident / GIB:.1f})"
+                     f", engine gpu_memory_utilization={share if share is not None else 'unset'}, "
+                     f"sleep_level={r.sleep_level}")
+    return lines
 
 
 def _by_node(bundles: list[Bundle]) -> str:

@@ -18,6 +18,7 @@ from rlcore.cli import FlagError, help_text, job_output_dir, parse_flags, sweep_
 from rlcore.config import RunConfig
 from rlcore.config_keys import typed_env_arg_override, unknown_key, unknown_keys
 from rlcore.console import quiet_ray_environment, report_error
+from rlcore.placement import placement_problems, resolve
 from rlcore.plan import format_plan, make_plan
 from rlcore.resume_model import explicit_model_keys, use_checkpoint_model
 from rlcore.startup import StartupPhases
@@ -102,19 +103,33 @@ def _key_from(exc: BaseException) -> str | None:
     return getattr(cause, "full_key", None) if cause else None
 
 
-def check_cluster(cfg: RunConfig) -> None:
-    """Resources asked vs. resources present: locally before Ray starts, remotely right after."""
+def local_gpu_bytes(cfg: RunConfig) -> int | None:
+    """Memory of one GPU for the colocated memory plan: `cluster.gpu_memory_gib`, else this
+    machine's GPU 0, else None (plan skipped)."""
+    if cfg.cluster.gpu_memory_gib:
+        return int(cfg.cluster.gpu_memory_gib * 2**30)
+    import torch
+    return torch.cuda.get_device_properties(0).total_memory if torch.cuda.is_available() else None
+
+
+def check_cluster(cfg: RunConfig) -> RunConfig:
+    """Resources asked vs. resources present: locally before Ray starts, remotely right after.
+    Returns `cfg` with its placement resolved for those GPUs (`rlcore.placement.resolve`)."""
     ray = sys.modules.get("ray")
     if ray is not None and ray.is_initialized():
         res = ray.cluster_resources()
-        found = resource_problems(cfg, res.get("CPU", 0), res.get("GPU", 0), "the Ray cluster")
+        cpus, gpus, where = res.get("CPU", 0), res.get("GPU", 0), "the Ray cluster"
+        gpu_bytes = int(cfg.cluster.gpu_memory_gib * 2**30) if cfg.cluster.gpu_memory_gib else None
     else:
         import torch
         cpus = cfg.cluster.num_cpus or os.cpu_count() or 1
         gpus = cfg.cluster.num_gpus if cfg.cluster.num_gpus is not None else torch.cuda.device_count()
-        found = resource_problems(cfg, cpus, gpus, "this machine")
+        where, gpu_bytes = "this machine", local_gpu_bytes(cfg) if gpus else None
+    cfg = resolve(cfg, gpus, gpu_bytes)
+    found = resource_problems(cfg, cpus, gpus, where) + placement_problems(cfg, gpus, gpu_bytes, where)
     if found:
         raise ConfigError(*found[0], more=found[1:])
+    return cfg
 
 
 def local_ray_environment() -> None:
@@ -270,6 +285,7 @@ def run_job(argv: list[str], print_cfg: bool = False) -> int:
             return 0
         if cfg.cluster.nodes is not None or cfg.dry_run:
             plan = make_plan(cfg)  # the described cluster (or this machine as one node)
+            cfg = plan.config  # placement resolved for the plan's GPUs
             if cfg.dry_run:
                 print(format_plan(cfg, plan))
             if plan.problems:
@@ -277,7 +293,7 @@ def run_job(argv: list[str], print_cfg: bool = False) -> int:
             if cfg.dry_run:
                 return 0
         elif ray_address(cfg) is None:
-            check_cluster(cfg)
+            cfg = check_cluster(cfg)
         prepared = prepare(cfg)
         out = prepare_output_dir(cfg)
     except ConfigError as exc:
@@ -302,7 +318,7 @@ def run_job(argv: list[str], print_cfg: bool = False) -> int:
     logger = None
     try:
         if address is not None:
-            check_cluster(cfg)
+            cfg = check_cluster(cfg)
         driver = make_runner(cfg, prepared)
         driver.setup()
         logger = MetricsLogger(cfg.logger, str(out), config_dict(cfg), 0 if cfg.mode == "eval" else cfg.steps)

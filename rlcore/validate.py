@@ -14,6 +14,7 @@ from rlcore.envs import make_env, registered
 from rlcore.envs.base import resolve_env
 from rlcore.models.source import gguf_problems, model_path_problems
 from rlcore.models.vl_names import VL_MODEL_TYPES, is_vl_arch
+from rlcore.placement import PLACEMENTS
 from rlcore.rundir import output_dir_problems
 from rlcore.teacher import config_problems as teacher_config_problems
 from rlcore.teacher import teacher_resources
@@ -89,7 +90,11 @@ def problems(cfg: RunConfig) -> list[tuple[str, str]]:
     r = cfg.rollout
     if r.engine not in ENGINES:
         out.append(("rollout.engine", f"unknown engine {r.engine!r}; choose one of {list(ENGINES)}"))
-    if r.engine == "vllm" and r.gpus_per_actor < r.tensor_parallel_size:
+    if cfg.placement not in PLACEMENTS:
+        out.append(("placement", f"unknown placement {cfg.placement!r}; choose one of {list(PLACEMENTS)}"))
+    # colocated engines take a share of a GPU: placement_problems checks them once resolved
+    if r.engine == "vllm" and r.gpus_per_actor < r.tensor_parallel_size \
+            and (cfg.placement == "split" or r.gpus_per_actor <= 0):
         out.append(("rollout.gpus_per_actor", f"the vllm engine needs tensor_parallel_size "
                     f"({r.tensor_parallel_size}) GPUs per actor, got {r.gpus_per_actor}"))
     _positive(out, "rollout.num_actors", r.num_actors)
@@ -107,6 +112,10 @@ def problems(cfg: RunConfig) -> list[tuple[str, str]]:
     elif r.weight_reload == "direct" and r.quantization is not None:
         out.append(("rollout.weight_reload", f"'direct' copies weights in unprocessed; quantization="
                     f"{r.quantization!r} needs 'layerwise' (or 'auto')"))
+    if r.sleep_level not in (0, 1, 2):
+        out.append(("rollout.sleep_level", f"must be 0 (resident), 1 or 2 (vLLM sleep levels), got {r.sleep_level}"))
+    elif r.sleep_level and r.engine != "vllm":
+        out.append(("rollout.sleep_level", f"sleep mode is vLLM's: needs rollout.engine=vllm, got {r.engine!r}"))
     if r.kv_on_update not in ("keep", "recompute"):
         out.append(("rollout.kv_on_update", f"must be 'keep' or 'recompute', got {r.kv_on_update!r}"))
     # engine arguments that rollout fields own (the engine is built from those fields)
@@ -263,6 +272,8 @@ def resource_problems(cfg: RunConfig, cpus: float, gpus: float, where: str) -> l
     teacher_cpu, teacher_gpu = teacher_resources(cfg)
     need_cpu = nt * t.cpus_per_rank + nr * r.cpus_per_actor + teacher_cpu
     need_gpu = nt * t.gpus_per_rank + nr * r.gpus_per_actor + teacher_gpu
+    if cfg.placement == "colocated":  # trainer rank i and engine i share GPU i (rlcore.placement)
+        need_gpu = max(nt, nr) + teacher_gpu
     teacher = f" + teacher {teacher_cpu:g} CPUs / {teacher_gpu:g} GPUs" if cfg.teacher.enabled else ""
     out = []
     if need_cpu > cpus:

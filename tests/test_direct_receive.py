@@ -146,3 +146,23 @@ def test_reallocated_parameters_are_planned_afresh():
     stats = receive(rx, tensors, 10_000)
     assert stats["planning"]
     assert torch.equal(model.qkv.detach(), expected(tensors).qkv.detach())
+
+
+def test_in_place_receive_reads_straight_from_a_shared_flat_buffer():
+    """Colocated (CUDA IPC) receive: the trainer's flat buffer holds every bucket back to back;
+    planned copies read from it directly, so rewriting it and receiving again lands new weights."""
+    for bucket_bytes in (40, 10_000):
+        model = FusedModel()
+        rx = DirectReceiver(model.load_weights, "cpu")
+        tensors = trainer_tensors(0)
+        flat = torch.cat(wire(tensors, bucket_bytes))  # one persistent buffer, as the sender keeps it
+        for step in range(3):
+            tensors = trainer_tensors(step)
+            flat.copy_(torch.cat(wire(tensors, bucket_bytes)))  # the sender's fill
+            stats = rx.receive_in_place(info_for(tensors, bucket_bytes), flat)
+            ref = expected(tensors)
+            for name in ("qkv", "embed", "scaled"):
+                assert torch.equal(getattr(model, name), getattr(ref, name)), (bucket_bytes, step, name)
+            assert stats["planning"] == (step == 0) and (stats["planned"], stats["fallback"]) == (4, 2)
+        other = flat.clone()  # another buffer (a rebuilt sender): planned afresh, not replayed from the old one
+        assert rx.receive_in_place(info_for(tensors, bucket_bytes), other)["planning"]

@@ -72,3 +72,8 @@ class RolloutEngine(abc.ABC):
 
     def abort(self) -> None:
         """Finish requests in flight early with reason `abort` (default: nothing in flight)."""
+
+
+class WeightSyncError(RuntimeError):
+    """A weight update failed or timed out on the engine side. After a timeout the engine core
+    may still be blocked inside NCCL: treat the engine as broken and restart its actor."""

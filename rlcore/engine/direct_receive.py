@@ -190,16 +190,50 @@ class DirectReceiver:
                 if planning:
                     self._plan_bucket(bucket, buffer)
                 else:
-                    if bucket.dsts:
-                        torch._foreach_copy_(bucket.dsts, bucket.srcs)
-                    if bucket.fallback:
-                        self.load_weights([(bucket.items[i].name, bucket.items[i].view(buffer))
-                                           for i in bucket.fallback])
+                    self._replay(bucket, buffer)
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         if planning:
             self._plans = {key: buckets}  # one layout at a time: a new one replaces the old
             self._planned_for = self.fingerprint()
+        return self._stats(buckets, planning)
+
+    def receive_in_place(self, update_info: dict, flat: torch.Tensor) -> dict[str, float]:
+        """Receive one update whose buckets already lie back to back in ``flat`` (uint8, e.g. a
+        trainer's buffer mapped over CUDA IPC): the planned copies read straight from it, no
+        receive buffer. ``flat`` must stay the same tensor between updates (plans point into it).
+        Returns the same counts as :meth:`receive`."""
+        key = (self._key(update_info), flat.data_ptr())
+        if self.fingerprint() != self._planned_for:
+            self._plans.clear()
+        buckets = self._plans.get(key)
+        planning = buckets is None
+        if planning:
+            buckets = self._layout(update_info)
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        offset = 0
+        for bucket in buckets:
+            view = flat[offset:offset + bucket.size]
+            offset += bucket.size
+            if planning:
+                self._plan_bucket(bucket, view)
+            else:
+                self._replay(bucket, view)
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        if planning:
+            self._plans = {key: buckets}
+            self._planned_for = self.fingerprint()
+        return self._stats(buckets, planning)
+
+    def _replay(self, bucket: _Bucket, buffer: torch.Tensor) -> None:
+        if bucket.dsts:
+            torch._foreach_copy_(bucket.dsts, bucket.srcs)
+        if bucket.fallback:
+            self.load_weights([(bucket.items[i].name, bucket.items[i].view(buffer)) for i in bucket.fallback])
+
+    def _stats(self, buckets: list[_Bucket], planning: bool) -> dict[str, float]:
         planned = sum(len(b.items) - len(b.fallback) for b in buckets)
         self.last_stats = dict(planned=planned, fallback=sum(len(b.fallback) for b in buckets),
                                planning=float(planning), buckets=len(buckets))

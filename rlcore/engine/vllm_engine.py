@@ -81,7 +81,8 @@ from typing import Any, Iterable, Literal
 
 import torch
 
-from rlcore.engine.base import Generation, RolloutEngine, SamplingParams
+from rlcore.engine.base import Generation, RolloutEngine, SamplingParams, WeightSyncError
+from rlcore.engine.vllm_colocated import ColocatedEngine, receive_ipc_on_worker
 
 log = logging.getLogger(__name__)
 
@@ -97,11 +98,6 @@ def _check_reload(reload: str, quantization: str | None) -> None:
     if quantization is not None and reload == "direct":
         raise ValueError(f"reload='direct' cannot serve a quantized engine (quantization={quantization!r}): plain "
                          "load_weights skips the re-quantization of the synced bf16 weights; use reload='layerwise'")
-
-
-class WeightSyncError(RuntimeError):
-    """A weight update failed or timed out on the engine side. After a timeout the engine core
-    may still be blocked inside NCCL: treat the engine as broken and restart its actor."""
 
 
 class RLCoreWorkerExtension:
@@ -136,6 +132,11 @@ class RLCoreWorkerExtension:
         # the stream argument is the bucket's stream, current inside DirectReceiver.receive
         stats = receiver.receive(update_info, lambda buf: group.broadcast(buf, src=0, stream=torch.cuda.current_stream()))
         return {**stats, "worker_s": time.perf_counter() - start}
+
+    def rlcore_receive_ipc(self, update_info: dict, handle: dict) -> dict:
+        """Colocated placement: receive one update from the trainer rank's CUDA IPC buffer
+        (:func:`rlcore.engine.vllm_colocated.receive_ipc_on_worker`)."""
+        return receive_ipc_on_worker(self, update_info, handle)
 
     def rlcore_load_weights(self, weights: list, layerwise: bool = False) -> int:
         """Load full tensors (trainer names; sent as raw bytes, see :func:`_pack_tensor`) through
@@ -236,7 +237,7 @@ def _sampled_logprobs(token_ids: list[int], lps: Any) -> list[float]:
     return [position[tok].logprob for tok, position in zip(token_ids, lps)]
 
 
-class VLLMEngine(RolloutEngine):
+class VLLMEngine(ColocatedEngine, RolloutEngine):
     """One vLLM ``AsyncLLM`` (tensor parallel inside) behind the :class:`RolloutEngine` contract.
 
     Thread-safe: every public method may be called from any thread but the engine's own loop
@@ -353,6 +354,8 @@ class VLLMEngine(RolloutEngine):
                                       reload=reload, kv_on_update=cfg.rollout.kv_on_update)
         if quantization is not None:
             kwargs["quantization"] = quantization
+        if cfg.rollout.sleep_level:
+            kwargs["enable_sleep_mode"] = True
         kwargs.update(cfg.rollout.engine_kwargs)
         path = cfg.model.path
         if path is None:

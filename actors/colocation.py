@@ -1,0 +1,49 @@
+"""Driver steps of colocated placement (trainer rank i and engine i on GPU i): the CUDA IPC
+weight group, the two-phase sync, and sleep / wake of the hybrid synchronous schedule.
+
+Unlike NCCL (both sides must join at once), IPC is ordered: each trainer rank writes its buffer
+and returns, then each engine reads the buffer on its own GPU. `get` is the driver's `ray.get`
+with a timeout and participant names (`rlcore.driver.get`).
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from actors.groups import Groups
+from rlcore.weight_sync import SyncPlan
+
+
+def _names(groups: Groups) -> tuple[list[str], list[str]]:
+    return ([f"trainer rank {i}" for i in range(len(groups.trainers))],
+            [f"rollout actor {i}" for i in range(len(groups.rollouts))])
+
+
+def init_ipc_group(groups: Groups, plan: SyncPlan, get: Callable, timeout_s: float) -> None:
+    """Every trainer rank makes its IPC buffer; engine i keeps the handle of trainer rank i."""
+    trainers, rollouts = _names(groups)
+    handles = get([tr.init_weight_group.remote("", 0, plan) for tr in groups.trainers], timeout_s,
+                  "weight buffers (IPC) init", trainers)
+    get([r.init_weight_group.remote("", 0, plan, h) for r, h in zip(groups.rollouts, handles)], timeout_s,
+        "weight receivers (IPC) init", rollouts)
+
+
+def sync_ipc(groups: Groups, version: int, get: Callable, timeout_s: float) -> list[dict]:
+    """Trainer ranks fill their buffers (all at once: the parameter gathers are collective),
+    then every engine lands them as `version`. Returns the trainers' then the engines' results."""
+    trainers, rollouts = _names(groups)
+    pushed = get([tr.push_weights.remote() for tr in groups.trainers], timeout_s,
+                 f"weight sync to version {version} (trainer buffers)", trainers)
+    pulled = get([r.pull_weights.remote(version) for r in groups.rollouts], timeout_s,
+                 f"weight sync to version {version} (engines)", rollouts)
+    return pushed + pulled
+
+
+def sleep_engines(groups: Groups, level: int, get: Callable, timeout_s: float) -> float:
+    """Put every engine to sleep before the trainer steps; returns the slowest engine's seconds."""
+    return max(get([r.sleep.remote(level) for r in groups.rollouts], timeout_s, "engine sleep", _names(groups)[1]))
+
+
+def wake_engines(groups: Groups, get: Callable, timeout_s: float) -> float:
+    """Wake every engine after the step, before the sync refills its weights."""
+    return max(get([r.wake_up.remote() for r in groups.rollouts], timeout_s, "engine wake-up", _names(groups)[1]))

@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# On nvidia-h200 (one GPU, after the GPU stage is installed): colocated placement through
+# `python -m rlcore.run`: the GPU test, then samples/s of sync (resident, and asleep with
+# sleep_level=2) against async (max_off_policy_steps 1, 2) for the Qwen3-0.6B shape, then IPC sync
+# time and memory for the Qwen3-4B shape. Usage: bash benchmarks/gpu_colocated.sh OUT_DIR [PARTS]
+# PARTS: any of test, avs, 4b (default: all three). TEST_K picks the GPU tests (default: the async
+# one; the avs part runs the sleep schedule through the CLI too).
+set -uo pipefail
+OUT=${1:?output dir}; PARTS=${2:-"test avs 4b"}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0
+G="model=qwen3_06b_char rollout.engine=vllm trainer.gpus_per_rank=1 rollout.gpus_per_actor=1 cluster.num_gpus=1
+   trainer.cpus_per_rank=4 rollout.cpus_per_actor=4 +rollout.engine_kwargs.enforce_eager=true
+   +rollout.engine_kwargs.max_model_len=1024 trainer.lr=1e-4 checkpoint.save_final=false sft.warmup_steps=0"
+W=/tmp/rlcore-colocated
+if [[ $PARTS == *test* ]]; then
+  timeout 300 python -m pytest -m gpu tests/gpu/test_colocated.py -k "${TEST_K:-async}" -x -v -s \
+    -p no:cacheprovider --basetemp=$W/pytest > "$OUT/test.log" 2>&1
+  for f in $W/pytest/*/*/metrics.jsonl; do cp "$f" "$OUT/test_$(basename $(dirname $f)).jsonl" 2>/dev/null; done
+  echo "test exit: $?" | tee -a "$OUT/test.log"
+  grep -q " passed" "$OUT/test.log" || exit 1
+fi
+if [[ $PARTS == *avs* ]]; then
+  A="--steps ${AVS_STEPS:-6} --warmup 2 --timeout 300 --out $W/avs"
+  python benchmarks/async_vs_sync.py $A --off-policy 0 1 2 -- $G rollout.sampling.max_new_tokens=256 \
+    2>&1 | tee "$OUT/avs.log"
+  python benchmarks/async_vs_sync.py $A/sleep --off-policy 0 -- $G rollout.sampling.max_new_tokens=256 \
+    rollout.sleep_level=2 2>&1 | tee "$OUT/avs_sleep.log"
+  for k in 0 1 2; do cp $W/avs/off$k/metrics.jsonl "$OUT/avs_off${k}.jsonl" 2>/dev/null; done
+  cp $W/avs/sleep/off0/metrics.jsonl "$OUT/avs_sleep_off0.jsonl" 2>/dev/null
+fi
+if [[ $PARTS == *4b* ]]; then
+  S4="model.arch.hidden_size=2560 model.arch.intermediate_size=9728 model.arch.num_hidden_layers=36
+      model.arch.num_attention_heads=32 model.arch.num_key_value_heads=8"
+  timeout 200 python -m rlcore.run steps=4 algo.max_off_policy_steps=1 output_dir=$W/4b $G $S4 \
+    logger.console=false rollout.sampling.max_new_tokens=64 > "$OUT/4b.log" 2>&1
+  echo "4b exit: $?" >> "$OUT/4b.log"
+  cp $W/4b/metrics.jsonl "$OUT/4b.jsonl" 2>/dev/null
+fi

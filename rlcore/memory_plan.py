@@ -1,0 +1,180 @@
+"""GPU memory of a colocated trainer rank and vLLM engine, planned from the config alone.
+
+Estimates (bytes), for a model of P parameters (from `model.arch`), S = dp x cp shards:
+- trainer state: P x (master + gradient) bytes of `trainer.param_dtype`, sharded over S, Adam's two
+  moments in the same dtype, sharded; plus the unsharded bf16 compute copy under mixed precision;
+- activations at `trainer.micro_batch_tokens` tokens: per token and layer 2 x (5h + 3q + 2kv + 4i)
+  bytes in bf16 (layer inputs, norms, q/k/v/attention output, the MLP's gate, up, product and
+  down input; flash attention keeps no score matrix), one layer's worth plus 2h per layer under
+  activation checkpointing; plus the logprob head's logits (chunk x vocab, fp32, capped by
+  `trainer.logprob_keep_logits_gib`);
+- the bf16 gradients of the compute copy under mixed precision (P x 2, before the reduction);
+- the IPC sync buffer: P x 2 bytes (the bf16 weights the engine reads);
+- OVERHEAD_GIB per process (CUDA context), and the sum times FRAGMENTATION (the caching
+  allocator reserves more than it hands out).
+Calibrated on nvidia-h200 (docs/benchmarks.md, issue 18): the Qwen3-4B shape at 4096 tokens
+peaked at 104.3 GiB reserved; this plan gives 104.1 GiB. The 0.6B shape used ~14 GiB; the plan
+gives 18.2 (the estimate errs high for small models: the fixed overhead dominates).
+The engine needs at least its bf16 weights plus ENGINE_MIN_FREE_GIB (activations, some KV cache).
+Pure functions of the config; `model.path` checkpoints are planned from the facts a recipe
+restates in `model.arch` and skipped when those are missing.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from rlcore.config import RunConfig
+
+GIB = 2**30
+OVERHEAD_GIB = 2.0
+FRAGMENTATION = 1.1
+ENGINE_MIN_FREE_GIB = 2.0
+MAX_ENGINE_FRACTION = 0.6
+"""Cap of the engine's automatic share: more KV cache than this rarely speeds a colocated run,
+and the rest is headroom for the trainer's allocator."""
+TRAINER_MARGIN = 1.2
+"""The automatic share leaves the trainer this multiple of its estimate (the estimate is rough;
+the fit check itself uses the estimate as is)."""
+CHAR_VOCAB_BOUND = 256
+"""The built-in character tokenizer's vocabulary is under this (the embedding is negligible)."""
+
+_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+
+
+def _arch(cfg: RunConfig) -> dict | None:
+    a = dict(cfg.model.arch)
+    a = {**a, **a.get("text_config", {})} if isinstance(a.get("text_config"), dict) else a
+    if not all(k in a for k in ("hidden_size", "num_hidden_layers", "num_attention_heads")):
+        return None
+    return a
+
+
+def _vocab(cfg: RunConfig, a: dict) -> int:
+    if a.get("vocab_size"):
+        return int(a["vocab_size"])
+    return CHAR_VOCAB_BOUND if cfg.model.tokenizer == "char" else 152_064
+
+
+def param_count(cfg: RunConfig) -> int | None:
+    """Parameters of the (dense or MoE) decoder described by `model.arch`; None when unknown."""
+    a = _arch(cfg)
+    if a is None:
+        return None
+    h, layers, heads = int(a["hidden_size"]), int(a["num_hidden_layers"]), int(a["num_attention_heads"])
+    hd = int(a.get("head_dim") or h // heads)
+    kvh = int(a.get("num_key_value_heads") or heads)
+    q, kv = heads * hd, kvh * hd
+    experts = int(a.get("num_experts") or 0)
+    if experts:
+        inter = int(a.get("moe_intermediate_size") or a.get("intermediate_size") or 4 * h)
+        mlp = experts * 3 * h * inter + experts * h
+    else:
+        mlp = 3 * h * int(a.get("intermediate_size") or 4 * h)
+    per_layer = h * q + 2 * h * kv + q * h + mlp + 2 * h + 2 * hd
+    vocab = _vocab(cfg, a)
+    embed = vocab * h * (1 if a.get("tie_word_embeddings", False) else 2)
+    return layers * per_layer + embed + h
+
+
+@dataclass
+class TrainerMemory:
+    """Bytes one colocated trainer rank holds on its GPU (see the module docstring)."""
+
+    state: int  # master weights, gradients, optimizer moments, compute copy
+    activations: int
+    sync_buffer: int
+    overhead: int
+
+    @property
+    def peak(self) -> int:
+        return int((self.state + self.activations + self.sync_buffer + self.overhead) * FRAGMENTATION)
+
+    @property
+    def resident(self) -> int:
+        """What stays while the trainer is idle (activations released to the driver)."""
+        return int((self.state + self.sync_buffer + self.overhead) * FRAGMENTATION)
+
+
+def trainer_memory(cfg: RunConfig) -> TrainerMemory | None:
+    """The trainer rank's footprint; None when `model.arch` does not give the model's shape."""
+    p, a = param_count(cfg), _arch(cfg)
+    if p is None or a is None:
+        return None
+    t = cfg.trainer
+    shards = max(t.world_size, 1)
+    width = _BYTES.get(t.param_dtype, 4)
+    trainable = p if not t.lora.enabled else 0  # LoRA adapters are tiny next to the base
+    state = (p * width + trainable * 3 * width) / shards
+    if t.mixed_precision and width > 2:
+        state += p * 2 * 2  # the gathered bf16 compute copy and its bf16 gradients
+    h, layers, heads = int(a["hidden_size"]), int(a["num_hidden_layers"]), int(a["num_attention_heads"])
+    hd = int(a.get("head_dim") or h // heads)
+    q, kv = heads * hd, int(a.get("num_key_value_heads") or heads) * hd
+    inter = int(a.get("moe_intermediate_size") or a.get("intermediate_size") or 4 * h)
+    if a.get("num_experts"):
+        inter *= int(a.get("num_experts_per_tok") or 1)
+    per_token_layer = 2 * (5 * h + 3 * q + 2 * kv + 4 * inter)
+    tokens = t.micro_batch_tokens // max(t.cp, 1)
+    if t.activation_checkpointing == "none":
+        acts = tokens * layers * per_token_layer
+    else:
+        acts = tokens * (layers * 2 * h + per_token_layer)
+    chunk = t.logprob_chunk_tokens or tokens
+    logits = min(min(chunk, tokens) * _vocab(cfg, a) * 4 * 2, int(t.logprob_keep_logits_gib * GIB) or 1 << 62)
+    return TrainerMemory(state=int(state), activations=int(acts + logits), sync_buffer=p * 2,
+                         overhead=int(OVERHEAD_GIB * GIB))
+
+
+def engine_min_bytes(cfg: RunConfig) -> int | None:
+    """Least an engine can run in: bf16 weights plus ENGINE_MIN_FREE_GIB."""
+    p = param_count(cfg)
+    return None if p is None else p * 2 + int(ENGINE_MIN_FREE_GIB * GIB)
+
+
+def _trainer_bytes_beside_engine(cfg: RunConfig, mem: TrainerMemory) -> int:
+    """A sleeping engine (sleep_level > 0) gives its memory back while the trainer steps, so the
+    awake engine only sits beside the trainer's resident part; a resident engine beside its peak."""
+    return mem.resident if cfg.rollout.sleep_level else mem.peak
+
+
+def colocated_engine_fraction(cfg: RunConfig, gpu_bytes: int) -> float | None:
+    """The `gpu_memory_utilization` left for a colocated engine: (GPU - trainer) / GPU, rounded
+    down to 0.01 and capped at MAX_ENGINE_FRACTION, with the trainer taken at TRAINER_MARGIN x its
+    estimate; None when the model's shape is unknown."""
+    mem = trainer_memory(cfg)
+    if mem is None:
+        return None
+    free = gpu_bytes - TRAINER_MARGIN * _trainer_bytes_beside_engine(cfg, mem)
+    return max(0.0, min(MAX_ENGINE_FRACTION, math.floor(free / gpu_bytes * 100) / 100))
+
+
+def _gib(n: float) -> str:
+    return f"{n / GIB:.1f} GiB"
+
+
+def memory_problems(cfg: RunConfig, gpu_bytes: int) -> list[tuple[str, str]]:
+    """One line when the colocated trainer rank and engine do not fit one GPU of `gpu_bytes`."""
+    mem, need = trainer_memory(cfg), engine_min_bytes(cfg)
+    if mem is None or need is None:
+        return []
+    beside = _trainer_bytes_beside_engine(cfg, mem)
+    fraction = cfg.rollout.engine_kwargs.get("gpu_memory_utilization")
+    engine = max(need, int(float(fraction) * gpu_bytes)) if fraction is not None else need
+    if beside + engine <= gpu_bytes:
+        return []
+    if fraction is not None and beside + need <= gpu_bytes:
+        key = "rollout.engine_kwargs.gpu_memory_utilization"  # the engine's share alone is too large
+    elif not cfg.rollout.sleep_level and beside - mem.activations + engine <= gpu_bytes:
+        key = "trainer.micro_batch_tokens"  # fewer activation bytes would make it fit
+    else:
+        key = "placement"
+    what = (f"trainer {_gib(beside)} (state {_gib(mem.state)}, activations at trainer.micro_batch_tokens="
+            f"{cfg.trainer.micro_batch_tokens} {_gib(mem.activations if not cfg.rollout.sleep_level else 0)}, "
+            f"sync buffer {_gib(mem.sync_buffer)}, overhead {_gib(mem.overhead)}) + engine {_gib(engine)}"
+            + (f" (gpu_memory_utilization={fraction})" if fraction is not None else " (bf16 weights + "
+               f"{ENGINE_MIN_FREE_GIB:g} GiB)"))
+    hint = "set rollout.sleep_level=2 with algo.max_off_policy_steps=0, " if not cfg.rollout.sleep_level else ""
+    return [(key, f"colocated on one {_gib(gpu_bytes)} GPU: {what} = {_gib(beside + engine)} do not fit; "
+             f"{hint}lower trainer.micro_batch_tokens or the engine's share, or use placement=split")]

@@ -1,0 +1,116 @@
+"""Placement: split (trainer ranks and engines on their own GPUs) or colocated (one trainer rank
+and one engine share each GPU), resolved from the config and the GPUs present, before Ray starts.
+
+Colocated layout: one placement group of `trainer.world_size` bundles `{CPU: cpus_per_rank +
+cpus_per_actor, GPU: 1}`; trainer rank i and rollout actor i both take a share of bundle i's GPU
+(`SHARE` each), so Ray gives both the same device. Weights then move over CUDA IPC
+(`rlcore.transfer.ipc`), never NCCL between two processes on one GPU. Pure: no Ray, no CUDA.
+"""
+
+from __future__ import annotations
+
+import copy
+
+from rlcore.config import RunConfig
+from rlcore.memory_plan import colocated_engine_fraction, engine_min_bytes, memory_problems
+
+PLACEMENTS = ("auto", "colocated", "split")
+SHARE = 0.5
+"""GPU share of each colocated actor in its bundle (Ray's bookkeeping only; memory is planned by
+`rlcore.memory_plan`)."""
+
+
+def both_on_gpu(cfg: RunConfig) -> bool:
+    """Whether an RL run has GPU trainer ranks and GPU engines (the only case placement matters)."""
+    return cfg.mode == "rl" and cfg.trainer.gpus_per_rank > 0 and cfg.rollout.gpus_per_actor > 0
+
+
+def colocatable(cfg: RunConfig) -> bool:
+    """Whether the layout has the colocated shape: GPU trainer ranks and TP=1 engines, as many
+    engines as ranks, at most one GPU each."""
+    t, r = cfg.trainer, cfg.rollout
+    return both_on_gpu(cfg) and r.tensor_parallel_size == 1 and r.num_actors == t.world_size \
+        and t.gpus_per_rank <= 1 and r.gpus_per_actor <= 1
+
+
+def resolve_placement(cfg: RunConfig, gpus: float) -> str:
+    """`split` or `colocated`. `auto` is colocated when the layout has the colocated shape
+    (`colocatable`) and either split placement needs more than `gpus` (world_size x
+    gpus_per_rank + num_actors x gpus_per_actor) or a side asks a fraction of a GPU (it would
+    share a device anyway); split otherwise."""
+    if cfg.placement != "auto":
+        return cfg.placement
+    if not colocatable(cfg):
+        return "split"
+    t, r = cfg.trainer, cfg.rollout
+    need = t.world_size * t.gpus_per_rank + r.num_actors * r.gpus_per_actor
+    return "colocated" if need > gpus or t.gpus_per_rank < 1 or r.gpus_per_actor < 1 else "split"
+
+
+def resolve(cfg: RunConfig, gpus: float, gpu_bytes: int | None) -> RunConfig:
+    """A copy of `cfg` with `placement` resolved; colocated vLLM engines without an explicit
+    `gpu_memory_utilization` get the share the memory plan leaves beside the trainer."""
+    out = copy.deepcopy(cfg)
+    out.placement = resolve_placement(cfg, gpus)
+    if out.placement == "colocated" and out.rollout.engine == "vllm" and gpu_bytes \
+            and "gpu_memory_utilization" not in out.rollout.engine_kwargs:
+        fraction = colocated_engine_fraction(out, gpu_bytes)
+        need = engine_min_bytes(out)
+        if fraction is not None and need is not None and fraction * gpu_bytes >= need:
+            out.rollout.engine_kwargs = {**out.rollout.engine_kwargs, "gpu_memory_utilization": fraction}
+    return out
+
+
+def placement_problems(cfg: RunConfig, gpus: float, gpu_bytes: int | None, where: str) -> list[tuple[str, str]]:
+    """Problems of a config whose placement is resolved (`resolve`): layouts colocation cannot
+    serve, switches it does not support, and the memory plan. Split placement keeps its checks."""
+    t, r = cfg.trainer, cfg.rollout
+    out: list[tuple[str, str]] = []
+    if cfg.placement == "split":
+        if r.engine == "vllm" and r.gpus_per_actor < r.tensor_parallel_size:
+            out.append(("rollout.gpus_per_actor", f"the vllm engine needs tensor_parallel_size "
+                        f"({r.tensor_parallel_size}) GPUs per actor, got {r.gpus_per_actor}"))
+        if r.sleep_level:
+            out.append(("rollout.sleep_level", "sleep mode frees the GPU an engine shares with a trainer rank: it "
+                        "needs placement=colocated (this run is split)"))
+        return out
+    if cfg.mode != "rl":
+        return [("placement", f"colocated placement shares GPUs between trainer ranks and engines: it is for "
+                 f"mode=rl, got mode={cfg.mode}")]
+    if t.gpus_per_rank <= 0 or r.gpus_per_actor <= 0:
+        return [("placement", f"colocated placement shares GPUs: needs trainer.gpus_per_rank > 0 and "
+                 f"rollout.gpus_per_actor > 0, got {t.gpus_per_rank:g} and {r.gpus_per_actor:g}")]
+    if r.engine != "vllm":
+        out.append(("rollout.engine", f"colocated placement needs rollout.engine=vllm (weights over CUDA IPC "
+                    f"into vLLM), got {r.engine!r}; use placement=split"))
+    if r.tensor_parallel_size != 1:
+        out.append(("rollout.tensor_parallel_size", f"colocated engines run with tensor_parallel_size=1 (one "
+                    f"engine beside each trainer rank), got {r.tensor_parallel_size}; use placement=split"))
+    if r.num_actors != t.world_size:
+        out.append(("rollout.num_actors", f"colocated placement puts one engine beside each trainer rank: needs "
+                    f"rollout.num_actors = trainer.world_size = {t.world_size}, got {r.num_actors}"))
+    if t.gpus_per_rank > 1 or r.gpus_per_actor > 1:
+        out.append(("trainer.gpus_per_rank", f"colocated trainer ranks and engines share one GPU each: "
+                    f"gpus_per_rank and gpus_per_actor must be at most 1, got {t.gpus_per_rank:g} and "
+                    f"{r.gpus_per_actor:g}"))
+    if gpus < t.world_size:
+        out.append(("placement", f"colocated placement needs {t.world_size} GPU(s) (one per trainer rank); "
+                    f"{where} has {gpus:g}"))
+    if r.quantization is not None:
+        out.append(("rollout.quantization", f"{r.quantization} rollout re-quantizes through vLLM's layerwise "
+                    "reload, which the colocated IPC receive does not run; use placement=split"))
+    if r.weight_reload == "layerwise":
+        out.append(("rollout.weight_reload", "colocated engines receive weights in place over CUDA IPC "
+                    "(direct); use weight_reload=auto or placement=split"))
+    if r.sleep_level not in (0, 1, 2):
+        out.append(("rollout.sleep_level", f"must be 0, 1 or 2, got {r.sleep_level}"))
+    elif r.sleep_level:
+        if cfg.algo.max_off_policy_steps != 0:
+            out.append(("rollout.sleep_level", f"a sleeping engine cannot generate while the trainer steps: sleep "
+                        f"mode needs algo.max_off_policy_steps=0, got {cfg.algo.max_off_policy_steps}"))
+        if cfg.eval.every_n_steps > 0:
+            out.append(("rollout.sleep_level", "evaluation during training would reach a sleeping engine: set "
+                        "eval.every_n_steps=0 with sleep mode"))
+    if not out and gpu_bytes:
+        out.extend(memory_problems(cfg, gpu_bytes))
+    return out

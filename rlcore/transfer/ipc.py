@@ -1,0 +1,116 @@
+"""CUDA IPC weight transport, for a trainer rank and an engine that share one GPU (colocated
+placement). NCCL never runs between two processes on one device.
+
+Sender (trainer rank): one persistent flat buffer holding every tensor of the sync in wire dtype,
+back to back in the order of the update info (so vLLM's packed buckets are consecutive byte
+ranges of it). Its CUDA IPC handle is made once (`reduce_tensor`) and handed to the engine once,
+keyed by the GPU's UUID. A sync copies the parameters into the buffer and waits for the copies.
+
+Receiver (vLLM worker): opens the handle once, on the worker's device (the UUID must match: the
+two processes really share the GPU), and lands each bucket straight in the engine's parameters
+with :meth:`rlcore.engine.direct_receive.DirectReceiver.receive_in_place` (vLLM's loader recorded
+once, replayed as batched device copies), between two engine steps.
+
+Ordering: the sender fills and synchronises before the receiver reads; the receiver
+synchronises before it returns, and the sender only writes again at the next sync. The driver
+runs the two halves one after the other (`actors.colocation`).
+"""
+
+from __future__ import annotations
+
+import math
+import pickle
+import time
+from typing import Iterable
+
+import torch
+from torch.multiprocessing.reductions import rebuild_cuda_tensor, reduce_tensor
+
+
+def tensor_bytes(update_info: dict) -> list[int]:
+    """Bytes of each tensor of the update, in order."""
+    return [math.prod(s) * getattr(torch, d).itemsize
+            for s, d in zip(update_info["shapes"], update_info["dtype_names"])]
+
+
+def gpu_uuid(device: torch.device | int) -> str:
+    return str(torch.cuda.get_device_properties(device).uuid)
+
+
+class IPCSender:
+    """Trainer side: the flat buffer and its handle (see the module docstring)."""
+
+    def __init__(self, update_info: dict, device: torch.device | str):
+        self.update_info = update_info
+        self.device = torch.device(device)
+        if self.device.index is None:
+            self.device = torch.device("cuda", torch.cuda.current_device())
+        sizes = tensor_bytes(update_info)
+        self.nbytes = sum(sizes)
+        self.buffer = torch.empty(self.nbytes, dtype=torch.uint8, device=self.device)
+        self.views: list[torch.Tensor] = []
+        offset = 0
+        for size, dtype, shape in zip(sizes, update_info["dtype_names"], update_info["shapes"]):
+            self.views.append(self.buffer[offset:offset + size].view(getattr(torch, dtype)).view(shape))
+            offset += size
+        _, args = reduce_tensor(self.buffer)
+        self._handle = {"uuid": gpu_uuid(self.device), "args": pickle.dumps(args)}
+
+    def handle(self) -> dict:
+        """What the receiver needs to open the buffer: {"uuid": GPU UUID, "args": pickled
+        `rebuild_cuda_tensor` arguments}."""
+        return dict(self._handle)
+
+    def fill(self, named: Iterable[tuple[str, torch.Tensor]]) -> dict[str, float]:
+        """Copy every tensor (converted to wire dtype) into the buffer, in the update's order,
+        then wait for the copies. Raises ValueError on a name or shape the receiver does not
+        expect. Returns bytes and seconds."""
+        start = time.perf_counter()
+        names = self.update_info["names"]
+        count = 0
+        for i, (name, tensor) in enumerate(named):
+            if i >= len(names) or names[i] != name:
+                raise ValueError(f"ipc send: tensor {i} is {name!r}, the engine expects "
+                                 f"{names[i] if i < len(names) else 'nothing more'!r}")
+            full = getattr(tensor, "full_tensor", None)
+            tensor = full() if callable(full) else tensor
+            if tuple(tensor.shape) != tuple(self.views[i].shape):
+                raise ValueError(f"ipc send: {name} has shape {tuple(tensor.shape)}, the engine expects "
+                                 f"{tuple(self.views[i].shape)}")
+            self.views[i].copy_(tensor, non_blocking=True)
+            count += 1
+        if count != len(names):
+            raise ValueError(f"ipc send: sent {count} tensors, the engine expects {len(names)}")
+        torch.cuda.synchronize(self.device)
+        return {"bytes": float(self.nbytes), "fill_s": time.perf_counter() - start}
+
+
+def open_handle(handle: dict, device: torch.device | int) -> torch.Tensor:
+    """The sender's flat buffer, mapped into this process on `device` (same physical GPU)."""
+    index = device if isinstance(device, int) else (device.index if device.index is not None
+                                                    else torch.cuda.current_device())
+    here = gpu_uuid(index)
+    if handle["uuid"] != here:
+        raise RuntimeError(f"ipc receive: the trainer's buffer is on GPU {handle['uuid']}, this engine on "
+                           f"{here}: colocated actors must share their GPU")
+    args = list(pickle.loads(handle["args"]))
+    args[6] = index  # rebuild_cuda_tensor's device: the receiver's own index of that GPU
+    return rebuild_cuda_tensor(*args)
+
+
+class IPCReceiver:
+    """Engine-worker side: the opened buffer plus the direct receive into the model."""
+
+    def __init__(self, direct_receiver, device: torch.device):
+        self.direct = direct_receiver
+        self.device = device
+        self._opened: tuple[bytes, torch.Tensor] | None = None
+
+    def receive(self, update_info: dict, handle: dict) -> dict[str, float]:
+        if self._opened is None or self._opened[0] != handle["args"]:
+            self._opened = (handle["args"], open_handle(handle, self.device))
+        flat = self._opened[1]
+        if flat.numel() < sum(tensor_bytes(update_info)):
+            raise RuntimeError(f"ipc receive: the trainer's buffer holds {flat.numel()} bytes, the update "
+                               f"needs {sum(tensor_bytes(update_info))}")
+        return self.direct.receive_in_place(update_info, flat)
