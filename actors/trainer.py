@@ -48,6 +48,8 @@ class TrainerRank:
         """Rank 0 joins the weight-sync group as its sender (the engines join at the same time).
         Colocated: every rank makes its CUDA IPC buffer and returns its handle (for the engine on
         its GPU); None otherwise."""
+        if colocated(self.cfg) and self.sender is not None:
+            return self.sender.ipc.handle()  # a restarted engine reopens the same buffer (same plan)
         if self.rank == 0 or colocated(self.cfg):
             self.sender = TrainerSender(self.cfg, address, port, plan, self.device)
         return self.sender.ipc.handle() if self.sender is not None and self.sender.ipc is not None else None

@@ -102,9 +102,7 @@ def placement_problems(cfg: RunConfig, gpus: float, gpu_bytes: int | None, where
     if r.weight_reload == "layerwise":
         out.append(("rollout.weight_reload", "colocated engines receive weights in place over CUDA IPC "
                     "(direct); use weight_reload=auto or placement=split"))
-    if r.sleep_level not in (0, 1, 2):
-        out.append(("rollout.sleep_level", f"must be 0, 1 or 2, got {r.sleep_level}"))
-    elif r.sleep_level:
+    if r.sleep_level:  # its values are checked in rlcore.validate
         if cfg.algo.max_off_policy_steps != 0:
             out.append(("rollout.sleep_level", f"a sleeping engine cannot generate while the trainer steps: sleep "
                         f"mode needs algo.max_off_policy_steps=0, got {cfg.algo.max_off_policy_steps}"))
