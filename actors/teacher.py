@@ -29,7 +29,7 @@ from actors.rollout import make_engine
 from rlcore.busy import BusyClock
 from rlcore.config import RunConfig
 from rlcore.models.build import build_tokenizer
-from rlcore.teacher import teacher_run_config, tokenizer_fingerprint
+from rlcore.teacher import resolved, teacher_run_config, tokenizer_fingerprint
 from rlcore.types import Group
 
 log = logging.getLogger("rlcore")
@@ -108,7 +108,7 @@ class TeacherStage:
     teacher actors. `add` hands scored groups on; `fail(n)` counts n samples failed."""
 
     def __init__(self, cfg: RunConfig, add, fail):
-        self.cfg, self.add, self.fail = cfg, add, fail
+        self.cfg, self.add, self.fail = resolved(cfg), add, fail
         self.pg: PlacementGroup | None = None
         self.actors: list = []
         self.alive: list[bool] = []

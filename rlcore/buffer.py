@@ -16,7 +16,8 @@ class Accounting:
     (+ filtered, when dynamic sampling is on).
 
     `generated` counts samples requested from the engines; `in_flight` those requested and not
-    yet trained, dropped or failed (still generating, or waiting in the buffer)."""
+    yet trained, dropped or failed (still generating, waiting for the teacher of on-policy
+    distillation, or waiting in the buffer)."""
 
     generated: int = 0
     trained: int = 0

@@ -22,8 +22,8 @@ from omegaconf import OmegaConf
 from actors import colocation
 from actors.groups import Groups, place
 from actors.teacher import TeacherError, TeacherStage
-from rlcore.algo.distill import batch_token_advantages
 from rlcore.algo.advantages import compute_advantages, nonzero_advantage_groups
+from rlcore.algo.distill import batch_token_advantages
 from rlcore.algo.losses import loss_normalizer
 from rlcore.canary import CanaryError, canary_limits, canary_prompts, compare_logprobs, task_canary_pairs
 from rlcore.buffer import Accounting, RolloutBuffer

@@ -96,7 +96,9 @@ def config_problems(cfg: RunConfig) -> list[tuple[str, str]]:
         out.append(("teacher.dtype", f"unknown dtype {t.dtype!r}; choose one of {list(TEACHER_DTYPES)}"))
     if t.path is None and "model_type" not in (t.arch or cfg.model.arch):
         out.append(("teacher.arch", "needs model_type when teacher.path is null"))
-    if t.path and t.path.startswith((".", "/", "~")) and not Path(t.path).expanduser().exists():
+    # a hub id is "org/name"; anything else (./x, /x, ~/x, a/b/c) names a local directory
+    local_form = t.path and (t.path.startswith((".", "/", "~")) or t.path.count("/") > 1)
+    if local_form and not Path(t.path).expanduser().exists():
         out.append(("teacher.path", f"directory {t.path!r} does not exist (train the teacher first; "
                     "see the recipe's header)"))
     for key in ("num_actors", "cpus_per_actor", "tensor_parallel_size", "max_requests_per_actor",
@@ -134,6 +136,14 @@ def gpu_share_problems(cfg: RunConfig) -> list[tuple[str, str]]:
         return [("teacher.engine_kwargs.gpu_memory_utilization", f"a teacher on {t.gpus_per_actor:g} of a GPU "
                  f"needs gpu_memory_utilization in (0, {t.gpus_per_actor:g}], got {util}")]
     return []
+
+
+def resolved(cfg: RunConfig) -> RunConfig:
+    """`cfg` with a local `teacher.path` made absolute (actors need not share the driver's cwd)."""
+    t = cfg.teacher
+    if not _is_local(t.path) or not Path(t.path).expanduser().exists():
+        return cfg
+    return dataclasses.replace(cfg, teacher=dataclasses.replace(t, path=str(Path(t.path).expanduser().resolve())))
 
 
 def teacher_resources(cfg: RunConfig) -> tuple[float, float]:

@@ -175,3 +175,25 @@ def test_distill_metrics_tensor_free():
     _, m = batch_token_advantages([sample([1], [2], [-0.2], teacher=[-1.2])], [0.0], 1.0, 1.0)
     assert m["teacher_kl"] == pytest.approx(1.0)
     assert torch.isfinite(torch.tensor(m["teacher_logprob_mean"]))
+
+
+def test_cpu_recipe_without_its_teacher_says_what_to_run(tmp_path, capsys):
+    rc = main(["+recipe=distill_reverse_text", f"teacher.path={tmp_path}/missing/hf", "dry_run=true"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1 and "teacher.path" in err[0] and "train the teacher first" in err[0], err
+
+
+def test_gpu_recipe_plans_offline(capsys):
+    assert main(["+recipe=distill_qwen3_4b_to_06b", "dry_run=true"]) == 0
+    out = capsys.readouterr().out
+    assert "placement group 'rlcore-teacher'" in out and "Qwen/Qwen3-4B" in out
+
+
+def test_shared_gpu_vllm_teacher_needs_a_memory_share():
+    base = ["teacher.enabled=true", "teacher.engine=vllm", "teacher.gpus_per_actor=0.5"]
+    assert [k for k, _ in config_problems(compose(base))] == ["teacher.engine_kwargs.gpu_memory_utilization"]
+    assert config_problems(compose(base + ["+teacher.engine_kwargs.gpu_memory_utilization=0.4"])) == []
+    keys = [k for k, _ in config_problems(compose(base + ["+teacher.engine_kwargs.gpu_memory_utilization=0.6"]))]
+    assert keys == ["teacher.engine_kwargs.gpu_memory_utilization"]
+    keys = [k for k, _ in config_problems(compose(base + ["teacher.tensor_parallel_size=2"]))]
+    assert keys == ["teacher.gpus_per_actor"]

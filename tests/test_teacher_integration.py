@@ -28,7 +28,7 @@ def small(tmp_path, teachers: int) -> list[str]:
             "rollout.tasks_per_request=2", "rollout.max_requests_per_actor=1", "trainer.cpus_per_rank=0.5",
             "rollout.cpus_per_actor=0.5", "logger.console=false", "checkpoint.save_final=false",
             "teacher.enabled=true", f"teacher.num_actors={teachers}", "teacher.cpus_per_actor=0.5",
-            "teacher.max_restarts=0", "teacher.score_timeout_s=60", "teacher.start_timeout_s=60"]
+            "teacher.max_restarts=0", "teacher.score_timeout_s=120", "teacher.start_timeout_s=300"]
 
 
 def test_dead_teacher_actor_samples_count_failed_and_run_goes_on(ray_cluster, tmp_path):
@@ -52,7 +52,10 @@ def test_dead_teacher_actor_samples_count_failed_and_run_goes_on(ray_cluster, tm
         for h in history:
             # a random-weight teacher differs from the student: a positive, finite reverse KL
             assert math.isfinite(h["teacher_kl"]) and h["teacher_kl"] > 0
-            assert 0 <= h["teacher_busy_frac"] <= 1 and h["teacher_latency_s"] > 0
+            assert 0 <= h["teacher_busy_frac"] <= 1
+        # a step in which no score call finished reports no latency
+        latencies = [h["teacher_latency_s"] for h in history if h["teacher_latency_s"] is not None]
+        assert latencies and all(x > 0 for x in latencies)
     finally:
         driver.shutdown()
 
