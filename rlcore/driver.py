@@ -16,15 +16,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import ray
-import torch
 from omegaconf import OmegaConf
 
 from actors import colocation
 from actors.groups import Groups, place
 from actors.teacher import TeacherError, TeacherStage
-from rlcore.algo.advantages import compute_advantages, nonzero_advantage_groups
-from rlcore.algo.distill import batch_token_advantages
-from rlcore.algo.losses import loss_normalizer
 from rlcore.canary import CanaryError, canary_limits, canary_prompts, compare_logprobs, task_canary_pairs
 from rlcore.buffer import Accounting, RolloutBuffer
 from rlcore.config import RunConfig
@@ -34,9 +30,9 @@ from rlcore.lifecycle import StepHooks, TaskFeed
 from rlcore import samples
 from rlcore.metrics import MetricsLogger
 from rlcore.models.build import build_tokenizer
-from rlcore.packing import pack_for_ranks
 from rlcore.startup import StartupPhases
-from rlcore.trainer.parallel import data_parallel_size, shards_per_rank
+from rlcore.step import build_step, has_signal
+from rlcore.trainer.parallel import shards_per_rank
 from rlcore.types import Group, Task
 from rlcore.weight_sync import SyncPlan, TensorMeta, plan_buckets
 
@@ -361,54 +357,13 @@ class Driver:
                                  f"{self.cfg.rollout.generate_timeout_s:g})")
 
     # -- training ------------------------------------------------------------------------------
-    def advantages(self, batch: list[Group]) -> list[float]:
-        """Per-sample advantages, in batch order. Groups that lost failed samples can differ in
-        size; equal-size groups go through the estimator together (batch-level estimators such
-        as REINFORCE++ see the whole batch)."""
-        def tensors(groups):
-            return (torch.tensor([g.rewards for g in groups], dtype=torch.float32),
-                    torch.tensor([[sum(s.loss_mask) for s in g.samples] for g in groups], dtype=torch.float32))
-        if len({len(g.samples) for g in batch}) == 1:
-            rewards, lengths = tensors(batch)
-            adv = compute_advantages(rewards, self.cfg.algo, lengths=lengths)
-            return adv.flatten().tolist()
-        out = []
-        for g in batch:
-            r, lengths = tensors([g])
-            out.extend(compute_advantages(r, self.cfg.algo, lengths=lengths).flatten().tolist())
-        return out
-
-    def keep_group(self, group: Group) -> bool:
-        """Dynamic sampling (DAPO): a group whose rewards are all equal has zero advantage."""
-        return bool(nonzero_advantage_groups(torch.tensor([group.rewards]))[0])
-
     def start_train(self, state: StepState) -> list[ray.ObjectRef]:
         cfg = self.cfg
-        samples = [s for g in state.batch for s in g.samples]
-        flat_adv = self.advantages(state.batch)
-        if self.teacher is not None:
-            t = cfg.teacher
-            flat_adv, distill_metrics = batch_token_advantages(samples, flat_adv, t.kl_coef, t.reward_coef,
-                                                                t.kl_baseline)
-            state.metrics.update(distill_metrics)
-        # one shard per data-parallel rank; context-parallel ranks share their group's shard
-        shards = pack_for_ranks(samples, flat_adv, data_parallel_size(cfg.trainer), cfg.trainer.micro_batch_tokens)
-        loss_tokens = sum(int(mb.loss_mask.sum()) for shard in shards for mb in shard)
-        normalizer = loss_normalizer(cfg.algo, loss_tokens, len(samples), cfg.rollout.sampling.max_new_tokens)
-        all_rewards = [s.reward for s in samples]
-        state.metrics.update({
-            "reward_mean": sum(all_rewards) / len(all_rewards),
-            "reward_std": float(torch.tensor(all_rewards).std(unbiased=False)),
-            "completion_len_mean": sum(len(s.completion_ids) for s in samples) / len(samples),
-            "truncated_frac": sum(s.finish_reason == "length" for s in samples) / len(samples),
-            "max_staleness": state.max_staleness,
-            # groups whose rewards are all equal: no policy-gradient signal (1.0: the step learns nothing)
-            "zero_adv_frac": sum(not self.keep_group(g) for g in state.batch) / len(state.batch),
-            "batch_samples": len(samples),
-        })
+        step = build_step(state.batch, cfg, distill=self.teacher is not None)
+        state.metrics.update(step.metrics, max_staleness=state.max_staleness)
         # each rank fetches its own shard from the object store
-        refs = shards_per_rank([ray.put(shard) for shard in shards], cfg.trainer)
-        return [tr.train_step.remote(ref, normalizer) for tr, ref in zip(self.groups.trainers, refs)]
+        refs = shards_per_rank([ray.put(shard) for shard in step.shards], cfg.trainer)
+        return [tr.train_step.remote(ref, step.normalizer) for tr, ref in zip(self.groups.trainers, refs)]
 
     # -- the loop ------------------------------------------------------------------------------
     def run(self, logger: MetricsLogger) -> list[dict[str, Any]]:
@@ -435,7 +390,7 @@ class Driver:
                 self.rejoin(self.version)
             self.launch(step + (1 if train_refs else 0))
             if not train_refs:
-                keep = self.keep_group if cfg.algo.filter_zero_adv_groups else None
+                keep = has_signal if cfg.algo.filter_zero_adv_groups else None
                 batch = self.buffer.pop_batch(self.version, cfg.algo.batch_groups, keep)
                 if batch is not None:
                     batch.sort(key=lambda g: g.stream_index)  # arrival order is timing: train in data order
