@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from math import comb
 from typing import Any, Callable
 
+from actors.remote import RunError, get
 from rlcore.seeding import derive_seed
 from rlcore.startup import StartupPhases
 from rlcore.types import Group, Task
@@ -243,7 +244,6 @@ class EvalDriver:
     def setup(self) -> None:
         from actors.groups import place
         from rlcore import checkpoint as ckpt
-        from rlcore.driver import RunError, get
         cfg = self.cfg
         with self.startup.phase("placing actors"):
             self.groups = place(cfg, trainer=False)

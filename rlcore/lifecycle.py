@@ -32,6 +32,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from actors.remote import RunError, get
 from rlcore import checkpoint as ckpt
 from rlcore.seeding import derive_seed
 from rlcore.types import Task
@@ -100,7 +101,6 @@ class StepHooks:
 
     # -- setup / resume ------------------------------------------------------------------------
     def setup(self) -> None:
-        from rlcore.driver import RunError, get
         d, cfg = self.d, self.cfg
         if cfg.eval.every_n_steps > 0:
             from rlcore.evaluation import Evaluator
@@ -182,7 +182,6 @@ class StepHooks:
             self.export()
 
     def capture(self, step: int, eval_due: bool) -> dict[str, Any]:
-        from rlcore.driver import get
         d = self.d
         acct = asdict(d.acct)
         unfinished = []
@@ -202,7 +201,6 @@ class StepHooks:
                 "engine_rng": engine_rng, "eval_due": eval_due}
 
     def save(self, step: int, eval_due: bool = False) -> Path:
-        from rlcore.driver import RunError, get
         start = time.perf_counter()
         tmp = self.writer.begin(step)
         try:
@@ -221,7 +219,6 @@ class StepHooks:
         return path
 
     def export(self) -> str:
-        from rlcore.driver import get
         out = self.cfg.checkpoint.export_dir or str(self.out / "hf")
         get([tr.export_hf.remote(out) for tr in self.d.groups.trainers], self.cfg.trainer.step_timeout_s,
             f"export to {out}")

@@ -145,7 +145,7 @@ def format_plan(cfg: RunConfig, plan: Plan) -> str:
             f"  nodes: {_by_node(plan.rollout)}"]),
         f"  engines: {r.num_actors} x {r.engine} (tensor_parallel_size={r.tensor_parallel_size}), "
         f"{r.num_actors} data-parallel replicas",
-        (f"weight sync: CUDA IPC, trainer rank i -> engine i on the same GPU (no NCCL between them)"
+        ("weight sync: CUDA IPC, trainer rank i -> engine i on the same GPU (no NCCL between them)"
          if cfg.placement == "colocated" else
          f"weight sync: trainer rank 0 -> {r.num_actors} engine(s), buckets of {r.sync_bucket_mb:g} MiB"),
         *teacher_lines(cfg, plan),

@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from actors.remote import RunError, get
 from rlcore.startup import StartupPhases
 from rlcore.types import Sample
 
@@ -304,7 +305,6 @@ def warmup(cfg, trainers) -> int:
     group and optimizer); returns the trainer's policy version afterwards."""
     import ray
 
-    from rlcore.driver import get
     from rlcore.models.build import build_tokenizer
     data = build_dataset(cfg, build_tokenizer(cfg.model))
     version = 0
@@ -334,7 +334,6 @@ class SFTDriver:
     def setup(self) -> None:
         from actors.groups import place
         from rlcore import checkpoint as ckpt
-        from rlcore.driver import RunError, get
         cfg, t = self.cfg, self.cfg.trainer
         if self.data is None:
             from rlcore.models.build import build_tokenizer
@@ -368,7 +367,6 @@ class SFTDriver:
     def run(self, logger) -> list[dict[str, Any]]:
         import ray
 
-        from rlcore.driver import get
         cfg = self.cfg
         history = []
         run_start = time.perf_counter()
@@ -397,7 +395,6 @@ class SFTDriver:
 
     def save(self, step: int) -> Path:
         from rlcore import checkpoint as ckpt
-        from rlcore.driver import RunError, get
         tmp = self.writer.begin(step)
         try:
             get([tr.save_checkpoint.remote(str(tmp)) for tr in self.groups.trainers],

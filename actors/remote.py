@@ -1,0 +1,73 @@
+"""Remote calls with deadlines: every blocking `ray.get` of the drivers goes through `get`, so a
+dead or stuck peer becomes one `RunError` that names the operation and the participant."""
+
+from __future__ import annotations
+
+import time
+
+import ray
+
+
+class RunError(RuntimeError):
+    """A fault that stops the run, with a message that says where."""
+
+
+class ActorDied(RunError):
+    """A remote call failed because its actor died; `dead` names the participants."""
+
+    def __init__(self, message: str, dead: list[str]):
+        super().__init__(message)
+        self.dead = dead
+
+
+def get(refs, timeout_s: float, what: str, names: list[str] | None = None):
+    """`ray.get` with a timeout and an error that names the operation and, given `names` (one per
+    ref), which participant died or failed."""
+    try:
+        return ray.get(refs, timeout=timeout_s)
+    except ray.exceptions.GetTimeoutError as exc:
+        raise RunError(f"{what} did not finish within {timeout_s:.0f}s") from exc
+    except ray.exceptions.RayActorError as exc:
+        dead = failed_names(refs, names)
+        raise ActorDied(f"{what} failed: {', '.join(dead) or 'an actor'} died ({exc})", dead) from exc
+
+
+def failed_names(refs, names: list[str] | None) -> list[str]:
+    if not names or not isinstance(refs, list):
+        return []
+    dead = []
+    for ref, name in zip(refs, names):
+        try:
+            ray.get(ref, timeout=0)
+        except ray.exceptions.RayActorError:
+            dead.append(name)
+        except ray.exceptions.RayError:
+            pass
+    return dead
+
+
+def wait_ready(actors: list, timeout_s: float) -> None:
+    """Wait until every actor answers `ready()`, riding out restarts (an actor Ray is restarting
+    answers "unavailable" until its constructor has run again)."""
+    deadline = time.monotonic() + timeout_s
+    pending = list(actors)
+    while pending:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise RunError(f"{len(pending)} rollout actor(s) not ready within {timeout_s:.0f}s")
+        still = []
+        for actor in pending:
+            try:
+                ray.get(actor.ready.remote(), timeout=min(left, 30.0))
+            except (ray.exceptions.ActorUnavailableError, ray.exceptions.GetTimeoutError):
+                still.append(actor)
+            except ray.exceptions.ActorDiedError as exc:
+                raise RunError(f"a rollout actor died for good (restarts exhausted): {exc}") from exc
+        pending = still
+        if pending:
+            time.sleep(0.5)
+
+
+def refs_ready(refs: list[ray.ObjectRef]) -> bool:
+    ready, _ = ray.wait(refs, num_returns=len(refs), timeout=0)
+    return len(ready) == len(refs)
