@@ -184,6 +184,25 @@ def env_problems(cfg: RunConfig) -> list[tuple[str, str]]:
     for split in splits:
         if env.split_size(split) == 0:
             return [("env.args", f"the {split!r} split of environment {cfg.env.name!r} is empty (no tasks)")]
+    return demonstration_problems(cfg, env)
+
+
+def demonstration_problems(cfg: RunConfig, env) -> list[tuple[str, str]]:
+    """SFT on `sft.dataset=env` (mode=sft, or an RL warm-up) needs an environment that has
+    demonstrations; found out here rather than after Ray and the models have started."""
+    s = cfg.sft
+    if s.dataset != "env" or (cfg.mode != "sft" and s.warmup_steps == 0):
+        return []
+    key = "sft.dataset" if cfg.mode == "sft" else "sft.warmup_steps"
+    try:
+        conversation = env.demonstration_messages(env.make_task(0, s.split))
+    except Exception as exc:  # an environment's own code: any failure means "no demonstrations"
+        return [(key, f"environment {cfg.env.name!r} cannot make a demonstration of split {s.split!r} "
+                      f"({type(exc).__name__}: {exc})")]
+    if conversation is None:
+        fix = "set sft.warmup_steps=0 or " if cfg.mode != "sft" else ""
+        return [(key, f"environment {cfg.env.name!r} has no demonstrations for sft.dataset=env; "
+                      f"{fix}give a JSONL dataset (sft.dataset=FILE.jsonl)")]
     return []
 
 

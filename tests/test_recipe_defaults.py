@@ -10,6 +10,7 @@ from rlcore.envs import make_env
 from rlcore.models.build import build_tokenizer
 from rlcore.run import compose, recipes
 from rlcore.sft import build_dataset
+from rlcore.validate import ConfigError, validate
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -48,3 +49,14 @@ def test_recipe_warm_up_data_builds_and_fits(recipe):
         # only the policy's turns are trained on; the environment's replies are context
         assert 0 < sum(s.loss_mask) < len(s.completion_ids)
         assert len(s.prompt_ids) + len(s.completion_ids) <= cfg.env.args["max_episode_tokens"]
+
+
+def test_warm_up_without_demonstrations_is_refused_before_ray():
+    """The default job's warm-up kept with an environment that has no demonstrations: one line
+    naming the key, before anything starts (not a failure after Ray and the models are up)."""
+    with pytest.raises(ConfigError) as err:
+        validate(compose(["env=mini_swe"]))
+    assert err.value.key == "sft.warmup_steps" and "set sft.warmup_steps=0" in str(err.value)
+    validate(compose(["env=mini_swe", "sft.warmup_steps=0"]))
+    validate(compose(["+recipe=mini_swe"]))
+    validate(compose(["+recipe=alphabet_sort"]))
