@@ -1,7 +1,8 @@
 """Whole-config validation, before Ray starts: every problem is reported as the key it is about.
 
 `validate(cfg)` raises `ConfigError` carrying every problem found (the first one names its key
-in the error's one-line `str()`); `problems(cfg)` lists them.
+in the error's one-line `str()`); `problems(cfg)` lists the config's own problems and
+`machine_problems(cfg)` what this machine lacks for it (model source, output_dir).
 """
 
 from __future__ import annotations
@@ -70,9 +71,6 @@ def problems(cfg: RunConfig) -> list[tuple[str, str]]:
     if m.gguf_file and not m.path:
         out.append(("model.gguf_file", "needs model.path: the directory or hub id holding the file"))
     out.extend(gguf_problems(m.gguf_file))
-    if not cfg.dry_run:  # a dry run plans for another machine: its disks and network are not here
-        out.extend(model_path_problems(m.path, m.gguf_file))
-        out.extend(output_dir_problems(cfg))
 
     t = cfg.trainer
     _positive(out, "trainer.world_size", t.world_size)
@@ -304,8 +302,17 @@ def resource_problems(cfg: RunConfig, cpus: float, gpus: float, where: str) -> l
     return out
 
 
+def machine_problems(cfg: RunConfig) -> list[tuple[str, str]]:
+    """What this machine must provide for the run: a model.path it can load (a local directory,
+    or a hub id cached or reachable) and an output_dir it can write that holds no other run. A
+    dry run plans for another machine: its disks and network are not here, so none of this."""
+    if cfg.dry_run:
+        return []
+    return [*model_path_problems(cfg.model.path, cfg.model.gguf_file), *output_dir_problems(cfg)]
+
+
 def validate(cfg: RunConfig) -> None:
-    """Raise ConfigError with every problem of `cfg` (none: return)."""
-    found = problems(cfg)
+    """Raise ConfigError with every problem of `cfg` and of this machine for it (none: return)."""
+    found = problems(cfg) + machine_problems(cfg)
     if found:
         raise ConfigError(*found[0], more=found[1:])

@@ -31,8 +31,8 @@ BAD = [
 
 
 @pytest.mark.parametrize("overrides,key", BAD)
-def test_bad_config_names_the_key(overrides, key, capsys):
-    assert main(overrides) == 2
+def test_bad_config_names_the_key(overrides, key, capsys, tmp_path):
+    assert main([*overrides, f"output_dir={tmp_path}"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1, err
     assert err[0].startswith(f"rlcore: config error: {key}"), err[0]

@@ -18,6 +18,7 @@ from transformers import AutoConfig, AutoModelForCausalLM
 from rlcore.canary import DEFAULT_MAX_GAP, DEFAULT_MEAN_GAP, FP8_MAX_GAP, FP8_MEAN_GAP, canary_limits
 from rlcore.run import compose, main
 from rlcore.trainer import float8
+from rlcore import validate as validate_module
 from rlcore.validate import problems
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -36,8 +37,8 @@ GPU = ["trainer.gpus_per_rank=1", "rollout.engine=vllm", "rollout.gpus_per_actor
     (["rollout.canary_max_gap=0"], "rollout.canary_max_gap", "must be > 0"),
     ([*GPU, "+recipe=shape_count", "trainer.fp8=tensorwise"], "trainer.fp8", "vision-language"),
 ])
-def test_fp8_config_errors_name_the_key_before_ray(overrides, key, text, capsys):
-    assert main(overrides) == 2
+def test_fp8_config_errors_name_the_key_before_ray(overrides, key, text, capsys, tmp_path):
+    assert main([*overrides, f"output_dir={tmp_path}"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith(f"rlcore: config error: {key}") and text in err[0], err
 
@@ -47,7 +48,7 @@ def test_fp8_switches_validate_on_gpu_configs(monkeypatch):
     assert problems(compose([*GPU, "trainer.fp8=tensorwise", "trainer.lora.enabled=true"]))[0][0] == "trainer.fp8"
     assert "mixed_precision" in problems(compose([*GPU, "trainer.fp8=rowwise", "trainer.mixed_precision=false"]))[0][1]
     assert problems(compose(["mode=eval", "trainer.fp8=tensorwise"])) == []  # no trainer group in eval
-    monkeypatch.setattr(float8, "torchao_available", lambda: False)
+    monkeypatch.setattr(validate_module, "torchao_available", lambda: False)  # the name validation calls
     (key, msg), = problems(compose([*GPU, "trainer.fp8=tensorwise"]))
     assert key == "trainer.fp8" and "rlcore[fp8]" in msg
 

@@ -121,7 +121,7 @@ def test_sft_lowers_loss_exports_and_warm_starts_rl(ray_cluster, tmp_path):
     ids = torch.tensor([[1, 10, 11, 12, 2, 1, 7]])
     with torch.no_grad():
         assert torch.equal(AutoModelForCausalLM.from_pretrained(hf).eval()(ids).logits, ref(ids).logits)
-    auto = compose([f"model.path={hf}", "model.tokenizer=auto"])
+    auto = compose([f"model.path={hf}", "model.tokenizer=auto", f"output_dir={tmp_path / 'auto'}"])
     validate(auto)
     assert build_tokenizer(auto.model)("u:abc").input_ids == build_tokenizer(cfg.model)("u:abc").input_ids
 
