@@ -124,7 +124,9 @@ def gpu_share_problems(cfg: RunConfig) -> list[tuple[str, str]]:
     """A vLLM teacher takes whole GPUs (>= tensor_parallel_size), or a share of one GPU (0 < g < 1,
     tensor_parallel_size 1) next to another tenant (e.g. a trainer rank with gpus_per_rank 0.5):
     then its vLLM memory share `engine_kwargs.gpu_memory_utilization` must be set and stay within
-    the share Ray reserves (vLLM's default 0.9 would starve the other tenant)."""
+    the share Ray reserves (vLLM's default 0.9 would starve the other tenant). A one-GPU colocated
+    layout (trainer and student engine on the same GPU) must also count this share in its GPU
+    memory budget; that check belongs with the colocated placement's own."""
     t = cfg.teacher
     if t.gpus_per_actor >= t.tensor_parallel_size:
         return []
