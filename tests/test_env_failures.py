@@ -94,7 +94,8 @@ def test_hung_python_rewards_cost_their_sample_and_their_threads_stop():
     assert threads_abandoned() == before  # asked to stop at the deadline: none left
 
 
-def test_rewards_hung_in_c_leave_a_bounded_number_of_threads():
+def test_rewards_hung_in_c_leave_a_bounded_number_of_threads(monkeypatch):
+    monkeypatch.setattr("rlcore.envs.base.STUCK_AFTER_S", 0.0)  # count them as stuck at once
     bound = threads_abandoned() + 3  # earlier tests in this process may have left some
     env = Mixed("blocked", 30, reward_timeout_s=0.3, max_abandoned_threads=bound)
     hung_rounds(env, 6)
@@ -102,7 +103,8 @@ def test_rewards_hung_in_c_leave_a_bounded_number_of_threads():
     assert threads_abandoned() <= bound + 16  # at most one request's worth over the bound, then none
 
 
-def test_stateful_calls_fail_in_one_line_past_the_bound():
+def test_stateful_calls_fail_in_one_line_past_the_bound(monkeypatch):
+    monkeypatch.setattr("rlcore.envs.base.STUCK_AFTER_S", 0.0)
     class Stuck(MultiTurnEnvironment):
         def make_task(self, index, split):
             return Task(id=f"s/{index}", messages=[{"role": "user", "content": "go"}])

@@ -24,7 +24,7 @@ import random
 from typing import TYPE_CHECKING, Any, Iterator
 
 from rlcore.envs.render import render_prompt
-from rlcore.envs.safety import OUTPUT_LIMIT, Outcome, call_many, check_safety_args, threads_abandoned
+from rlcore.envs.safety import OUTPUT_LIMIT, STUCK_AFTER_S, Outcome, call_many, check_safety_args, threads_abandoned
 from rlcore.types import Group, Sample, Task
 
 if TYPE_CHECKING:  # type names only: validation constructs environments before torch loads
@@ -119,7 +119,8 @@ class Environment(abc.ABC):
         ones (`what` names them) raise EnvironmentStalled, as a forked child's state is lost."""
         # stateful calls mutate the episode's state in place: they run in threads whatever the setting
         isolation = "thread" if stateful else self.reward_isolation
-        hung = threads_abandoned() if isolation == "thread" and self.reward_timeout_s > 0 and calls else 0
+        # only threads that ignored the request to stop for STUCK_AFTER_S count (blocked in C)
+        hung = threads_abandoned(STUCK_AFTER_S) if isolation == "thread" and self.reward_timeout_s > 0 and calls else 0
         if hung > self.max_abandoned_threads:
             if stateful:
                 raise EnvironmentStalled(

@@ -39,8 +39,10 @@ ISOLATION = ("thread", "process")
 ON_ERROR = ("fail", "zero")
 OUTPUT_LIMIT = 4096
 """Characters of a call's stdout+stderr kept (the rest is counted, not kept)."""
-STOP_GRACE_S = 0.2
+STOP_GRACE_S = 0.05
 """How long a request waits, in all, for its timed-out threads to stop once asked."""
+STUCK_AFTER_S = 5.0
+"""A thread still running this long after it was asked to stop is stuck (blocked in C)."""
 
 
 @dataclass
@@ -113,7 +115,7 @@ class _ThreadRouter(io.TextIOBase):
 
 _local = threading.local()
 _router_lock = threading.Lock()
-_abandoned: list[threading.Thread] = []
+_abandoned: list[tuple[threading.Thread, float]] = []  # (thread, when it was asked to stop)
 
 
 def _install_router() -> None:
@@ -124,11 +126,13 @@ def _install_router() -> None:
             sys.stderr = _ThreadRouter(sys.stderr)
 
 
-def threads_abandoned() -> int:
-    """Threads of guarded calls that missed their deadline and are still running (this process)."""
+def threads_abandoned(older_than_s: float = 0.0) -> int:
+    """Threads of guarded calls that missed their deadline and are still running (this process),
+    counting only those asked to stop more than `older_than_s` seconds ago."""
+    now = time.monotonic()
     with _router_lock:
-        _abandoned[:] = [t for t in _abandoned if t.is_alive()]
-        return len(_abandoned)
+        _abandoned[:] = [(t, at) for t, at in _abandoned if t.is_alive()]
+        return sum(1 for _, at in _abandoned if now - at >= older_than_s)
 
 
 class _ThreadCall:
@@ -158,7 +162,7 @@ class _ThreadCall:
             self.abandoned = True
             _ask_to_stop(self._thread)
             with _router_lock:
-                _abandoned.append(self._thread)
+                _abandoned.append((self._thread, time.monotonic()))
             return Outcome(error=f"timeout after {timeout_s:g}s", output=self._sink.text())
         out = self._box[0]
         out.output = self._sink.text()
