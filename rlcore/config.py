@@ -335,6 +335,9 @@ class EvalConfig:
 
     every_n_steps: int = 0
     """During `rl`, evaluate the current policy after every N steps and after the last (0 = never)."""
+    at_start: bool = False
+    """During a fresh `rl` run with `every_n_steps` > 0, also evaluate the starting policy (after
+    any SFT warm-up), logged as step 0: the "before" of a before/after comparison."""
     num_tasks: int = 0
     """Tasks of the eval split per evaluation: indices 0..num_tasks-1 (0 = the whole split)."""
     samples_per_task: int = 8

@@ -115,6 +115,8 @@ class StepHooks:
                 from rlcore.sft import warmup
                 version = warmup(cfg, d.groups.trainers)
             d.sync_weights(version)  # engines start from exactly the trainer's weights
+            if self.evaluator is not None and cfg.eval.at_start:
+                self.evaluator.launch(0, version)
             return
         state = ckpt.load_driver_state(path)
         if state.get("kind") != "rl":

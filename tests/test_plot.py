@@ -26,7 +26,7 @@ def real_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("runs") / "async"
     proc = subprocess.run(
         [sys.executable, "-m", "rlcore.run", "steps=3", "sft.warmup_steps=0", "algo.batch_groups=4",
-         "eval.every_n_steps=2", "eval.num_tasks=4", "eval.samples_per_task=2", "eval.k=[1,2]",
+         "eval.every_n_steps=2", "eval.at_start=true", "eval.num_tasks=4", "eval.samples_per_task=2", "eval.k=[1,2]",
          "checkpoint.save_final=false", "logger.console=false", f"output_dir={out}"],
         capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -38,8 +38,9 @@ def real_run(tmp_path_factory):
 def test_finished_run_writes_its_plot(real_run):
     run = read_run(real_run)
     assert [r["step"] for r in run.steps] == [1, 2, 3]
-    assert [r["step"] for r in run.evals] == [2, 3]  # every 2 steps and after the last
-    assert all("elapsed_s" in r for r in run.evals)
+    # the starting policy (eval.at_start), every 2 steps, and after the last
+    assert [r["step"] for r in run.evals] == [0, 2, 3]
+    assert run.evals[0]["elapsed_s"] == 0.0 and all("elapsed_s" in r for r in run.evals)
     width, height = png_size(real_run / "plot.png")
     # one row per panel, two columns (step, wall-clock): 8 rows of 2.6 in at 90 dpi, 12 in wide
     assert (width, height) == (1080, round(8 * 2.6 * 90))
@@ -67,3 +68,11 @@ def test_cli_overlays_runs_and_skips_missing_metrics(real_run, tmp_path):
     proc = subprocess.run([sys.executable, "-m", "rlcore.plot", str(tmp_path / "nowhere")],
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and "no metrics.jsonl" in proc.stderr
+
+
+def test_eval_at_start_needs_periodic_evaluation():
+    from rlcore.run import compose
+    from rlcore.validate import problems
+    assert ("eval.at_start", "evaluates only in a run with periodic evaluation (eval.every_n_steps > 0)") in \
+        problems(compose(["eval.at_start=true"]))
+    assert not [k for k, _ in problems(compose(["eval.at_start=true", "eval.every_n_steps=5"])) if k.startswith("eval")]
