@@ -1,14 +1,16 @@
 """rlcore.plot on the metrics.jsonl of a real (short, CPU) run: the run writes its own plot, the
 CLI overlays several runs, and panels a run did not log are left out."""
 
+import contextlib
+import io
 import json
 import struct
-import subprocess
-import sys
 
 import pytest
 
 from rlcore.plot import PANELS, plot_runs, read_run
+from rlcore.plot import main as plot_main
+from rlcore.run import main
 
 ALL_PANELS = [p.title for p in PANELS]
 
@@ -23,14 +25,15 @@ def png_size(path) -> tuple[int, int]:
 
 @pytest.fixture(scope="module")
 def real_run(tmp_path_factory):
+    """A short run of the embedded default through the CLI's main (in this process)."""
     out = tmp_path_factory.mktemp("runs") / "async"
-    proc = subprocess.run(
-        [sys.executable, "-m", "rlcore.run", "steps=3", "sft.warmup_steps=0", "algo.batch_groups=4",
-         "eval.every_n_steps=2", "eval.at_start=true", "eval.num_tasks=4", "eval.samples_per_task=2", "eval.k=[1,2]",
-         "checkpoint.save_final=false", "logger.console=false", f"output_dir={out}"],
-        capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert f"plot in {out / 'plot.png'}" in proc.stdout, proc.stdout[-2000:]
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        code = main(["steps=3", "sft.warmup_steps=0", "algo.batch_groups=4", "eval.every_n_steps=2",
+                     "eval.at_start=true", "eval.num_tasks=4", "eval.samples_per_task=2", "eval.k=[1,2]",
+                     "checkpoint.save_final=false", "logger.console=false", f"output_dir={out}"])
+    assert code == 0, printed.getvalue()[-2000:]
+    assert f"plot in {out / 'plot.png'}" in printed.getvalue(), printed.getvalue()[-2000:]
     return out
 
 
@@ -48,7 +51,7 @@ def test_finished_run_writes_its_plot(real_run):
 
 
 @pytest.mark.integration
-def test_cli_overlays_runs_and_skips_missing_metrics(real_run, tmp_path):
+def test_cli_overlays_runs_and_skips_missing_metrics(real_run, tmp_path, capsys):
     # a second run dir holding only part of the real rows' metrics (as an SFT run would)
     other = tmp_path / "sync"
     other.mkdir()
@@ -59,15 +62,12 @@ def test_cli_overlays_runs_and_skips_missing_metrics(real_run, tmp_path):
     assert plot_runs([other], tmp_path / "partial.png") == ["reward", "loss"]
     assert png_size(tmp_path / "partial.png") == (1080, round(2 * 2.6 * 90))
 
-    proc = subprocess.run([sys.executable, "-m", "rlcore.plot", str(real_run), str(other), "-o",
-                           str(tmp_path / "both.png")], capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0, proc.stderr
-    assert f"({', '.join(ALL_PANELS)})" in proc.stdout
+    assert plot_main([str(real_run), str(other), "-o", str(tmp_path / "both.png")]) == 0
+    assert f"({', '.join(ALL_PANELS)})" in capsys.readouterr().out
     assert png_size(tmp_path / "both.png") == (1080, round(8 * 2.6 * 90))
 
-    proc = subprocess.run([sys.executable, "-m", "rlcore.plot", str(tmp_path / "nowhere")],
-                          capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 2 and "no metrics.jsonl" in proc.stderr
+    assert plot_main([str(tmp_path / "nowhere")]) == 2
+    assert "no metrics.jsonl" in capsys.readouterr().err
 
 
 def test_eval_at_start_needs_periodic_evaluation():

