@@ -112,6 +112,7 @@ def convert(path: str) -> Path:
         model.save_pretrained(tmp)
         AutoTokenizer.from_pretrained(pkg_dir, gguf_file=gguf).save_pretrained(tmp)
         (tmp / _DONE).write_text(json.dumps({"package": path[len(PREFIX):], "version": version, "gguf": gguf}))
+        os.chmod(tmp, 0o755)  # mkdtemp's 0700 would hide a shared cache from other users
         try:
             tmp.rename(target)
         except OSError:  # another process finished first: its directory is the same checkpoint
