@@ -8,6 +8,7 @@ Hugging Face directory (bf16 safetensors + the checkpoint's tokenizer and chat t
 cache dir, and every process loads that directory as if it were any local checkpoint.
 
 Cache dir: ``$RLCORE_CACHE_DIR``, else ``$XDG_CACHE_HOME/rlcore``, else ``~/.cache/rlcore``.
+On a multi-node cluster it must be storage every node mounts (actors load the driver's path).
 The conversion writes a temporary directory next to the target and renames it into place, so
 a reader never sees half a checkpoint and two processes converting at once both end with the
 same complete directory.
