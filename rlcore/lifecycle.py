@@ -120,6 +120,8 @@ class StepHooks:
                     version = warmup(cfg, d.groups.trainers)
             with d.startup.phase("first weight sync"):
                 d.sync_weights(version)  # engines start from exactly the trainer's weights
+            if self.evaluator is not None and cfg.eval.at_start:
+                self.evaluator.launch(0, version)
             return
         state = ckpt.load_driver_state(path)
         if state.get("kind") != "rl":

@@ -18,8 +18,10 @@ from rlcore.cli import FlagError, help_text, job_output_dir, parse_flags, sweep_
 from rlcore.config import RunConfig
 from rlcore.config_keys import typed_env_arg_override, unknown_key, unknown_keys
 from rlcore.console import quiet_ray_environment, report_error
+from rlcore.models.shipped import resolve as resolve_model
 from rlcore.placement import placement_problems, resolve
 from rlcore.plan import format_plan, make_plan
+from rlcore.plot import write_run_plot
 from rlcore.resume_model import explicit_model_keys, use_checkpoint_model
 from rlcore.startup import StartupPhases
 from rlcore.summary import run_summary
@@ -294,6 +296,7 @@ def run_job(argv: list[str], print_cfg: bool = False) -> int:
                 return 0
         elif ray_address(cfg) is None:
             cfg = check_cluster(cfg)
+        cfg.model = resolve_model(cfg.model)  # pypi:PACKAGE -> its converted directory, before any actor
         prepared = prepare(cfg)
         out = prepare_output_dir(cfg)
     except ConfigError as exc:
@@ -325,6 +328,7 @@ def run_job(argv: list[str], print_cfg: bool = False) -> int:
         history = driver.run(logger)
         logger.close()  # before the summary: the progress bar stops, the files are complete
         if history:
+            write_run_plot(out)  # before the summary, which points to it
             print(summary(cfg, history, logger.eval_rows, ray_phase.done + driver.startup.done))
         return 0
     except ConfigError as exc:

@@ -13,6 +13,7 @@ from rlcore.config import RunConfig
 from rlcore.config_keys import env_arg_problems
 from rlcore.envs import make_env, registered
 from rlcore.envs.base import resolve_env
+from rlcore.models.shipped import is_shipped, shipped_problems
 from rlcore.models.source import gguf_problems, model_path_problems
 from rlcore.models.vl_names import VL_MODEL_TYPES, is_vl_arch
 from rlcore.placement import PLACEMENTS
@@ -66,11 +67,16 @@ def problems(cfg: RunConfig) -> list[tuple[str, str]]:
         out.append(("model.tokenizer", "a random-weight model (model.path null) needs the built-in 'char' tokenizer"))
     if m.tokenizer not in TOKENIZERS:
         out.append(("model.tokenizer", f"unknown tokenizer {m.tokenizer!r}; choose one of {list(TOKENIZERS)}"))
+    if m.chat_template_kwargs and m.tokenizer == "char":
+        out.append(("model.chat_template_kwargs", "the built-in 'char' template takes no variables; "
+                    "they are for a checkpoint's own template (model.tokenizer=auto)"))
     if m.dtype not in DTYPES:
         out.append(("model.dtype", f"unknown dtype {m.dtype!r}; choose one of {list(DTYPES)}"))
     if m.gguf_file and not m.path:
         out.append(("model.gguf_file", "needs model.path: the directory or hub id holding the file"))
     out.extend(gguf_problems(m.gguf_file))
+    if is_shipped(m.path):  # pypi:PACKAGE, converted before Ray starts (rlcore.models.shipped)
+        out.extend(shipped_problems(m.path))
 
     t = cfg.trainer
     _positive(out, "trainer.world_size", t.world_size)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerBase
 
@@ -24,6 +26,10 @@ def build_tokenizer(cfg: ModelConfig) -> PreTrainedTokenizerBase:
     else:
         kwargs = {"gguf_file": cfg.gguf_file} if cfg.gguf_file else {}
         tok = AutoTokenizer.from_pretrained(cfg.path, **kwargs)
+    if cfg.chat_template_kwargs:
+        # every rendering (prompts, env turns, SFT, the OpenAI server) goes through this method:
+        # binding the variables here keeps them identical across all of them
+        tok.apply_chat_template = functools.partial(tok.apply_chat_template, **cfg.chat_template_kwargs)
     tok.rlcore_vision = vision_spec(cfg, tok)
     return tok
 

