@@ -96,30 +96,6 @@ def sampling_overrides(cfg) -> dict[str, Any]:
             "max_new_tokens": s.max_new_tokens if e.max_new_tokens is None else e.max_new_tokens}
 
 
-def config_problems(cfg) -> list[tuple[str, str]]:
-    from rlcore.validate import check_min
-    e = cfg.eval
-    out = []
-    check_min(out, "eval.every_n_steps", e.every_n_steps, 0)
-    if e.at_start and e.every_n_steps <= 0:
-        out.append(("eval.at_start", "evaluates only in a run with periodic evaluation (eval.every_n_steps > 0)"))
-    check_min(out, "eval.num_tasks", e.num_tasks, 0, " (0 = the whole eval split)")
-    check_min(out, "eval.samples_per_task", e.samples_per_task, 1)
-    if not e.k:
-        out.append(("eval.k", "needs at least one k"))
-    for k in e.k:
-        if not 1 <= k <= e.samples_per_task:
-            out.append(("eval.k", f"each k must be in [1, samples_per_task={e.samples_per_task}], got {k}"))
-            break
-    if e.temperature is not None and e.temperature < 0:
-        out.append(("eval.temperature", f"must be >= 0, got {e.temperature}"))
-    if e.max_new_tokens is not None and e.max_new_tokens < 1:
-        out.append(("eval.max_new_tokens", f"must be >= 1, got {e.max_new_tokens}"))
-    if e.timeout_s <= 0:
-        out.append(("eval.timeout_s", f"must be > 0, got {e.timeout_s}"))
-    return out
-
-
 @dataclass
 class Round:
     """One evaluation in progress."""

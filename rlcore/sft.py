@@ -244,23 +244,6 @@ def build_dataset(cfg, tokenizer) -> SFTData:
     return data
 
 
-def config_problems(cfg) -> list[tuple[str, str]]:
-    from rlcore.validate import check_min
-    s = cfg.sft
-    out = []
-    check_min(out, "sft.warmup_steps", s.warmup_steps, 0)
-    if cfg.mode != "sft" and s.warmup_steps == 0:
-        return out
-    check_min(out, "sft.batch_examples", s.batch_examples, 1)
-    check_min(out, "sft.max_seq_len", s.max_seq_len, 2)
-    check_min(out, "sft.num_examples", s.num_examples, 0)
-    if s.dataset == "env" and s.num_examples < 1:  # (mode=sft or an RL warm-up)
-        out.append(("sft.num_examples", "sft.dataset=env needs num_examples > 0 (tasks rendered as demonstrations)"))
-    if s.dataset.endswith(".jsonl") and not Path(s.dataset).expanduser().is_file():
-        out.append(("sft.dataset", f"file {s.dataset!r} does not exist"))
-    return out
-
-
 # -- data order --------------------------------------------------------------------------------
 def epoch_order(n: int, seed: int, epoch: int, shuffle: bool) -> list[int]:
     order = list(range(n))

@@ -7,7 +7,9 @@ in the error's one-line `str()`); `problems(cfg)` lists the config's own problem
 
 from __future__ import annotations
 
-from rlcore import checkpoint_dirs, evaluation, sft
+from pathlib import Path
+
+from rlcore import checkpoint_dirs
 from rlcore.algo import validate_algo  # the algorithm family validates its own switches
 from rlcore.config import RunConfig
 from rlcore.config_keys import env_arg_problems
@@ -20,8 +22,14 @@ from rlcore.placement import PLACEMENTS
 from rlcore.rundir import output_dir_problems
 from rlcore.teacher import config_problems as teacher_config_problems
 from rlcore.teacher import teacher_resources
-from rlcore.trainer.options import AC_MODES, FP8_RECIPES, PARAM_DTYPE_NAMES, mesh_problems, torchao_available
-from rlcore.trainer.options import schedule_problems
+from rlcore.trainer.options import (
+    AC_MODES,
+    FP8_RECIPES,
+    PARAM_DTYPE_NAMES,
+    mesh_problems,
+    schedule_problems,
+    torchao_available,
+)
 
 ENGINES = ("hf", "vllm")
 DTYPES = ("float32", "bfloat16", "float16")
@@ -282,8 +290,49 @@ def fp8_problems(cfg: RunConfig) -> list[tuple[str, str]]:
 
 def lifecycle_problems(cfg: RunConfig) -> list[tuple[str, str]]:
     """checkpoint.*, sft.*, eval.* and the learning-rate schedule (each module checks its own)."""
-    return [*schedule_problems(cfg.trainer), *checkpoint_dirs.config_problems(cfg), *sft.config_problems(cfg),
-            *evaluation.config_problems(cfg)]
+    return [*schedule_problems(cfg.trainer), *checkpoint_dirs.config_problems(cfg), *sft_problems(cfg),
+            *eval_problems(cfg)]
+
+
+def sft_problems(cfg: RunConfig) -> list[tuple[str, str]]:
+    """sft.* for `mode=sft` and for an RL run's warm-up."""
+    s = cfg.sft
+    out = []
+    check_min(out, "sft.warmup_steps", s.warmup_steps, 0)
+    if cfg.mode != "sft" and s.warmup_steps == 0:
+        return out
+    check_min(out, "sft.batch_examples", s.batch_examples, 1)
+    check_min(out, "sft.max_seq_len", s.max_seq_len, 2)
+    check_min(out, "sft.num_examples", s.num_examples, 0)
+    if s.dataset == "env" and s.num_examples < 1:  # (mode=sft or an RL warm-up)
+        out.append(("sft.num_examples", "sft.dataset=env needs num_examples > 0 (tasks rendered as demonstrations)"))
+    if s.dataset.endswith(".jsonl") and not Path(s.dataset).expanduser().is_file():
+        out.append(("sft.dataset", f"file {s.dataset!r} does not exist"))
+    return out
+
+
+def eval_problems(cfg: RunConfig) -> list[tuple[str, str]]:
+    """eval.* (`mode=eval`, and periodic evaluation during `rl`)."""
+    e = cfg.eval
+    out = []
+    check_min(out, "eval.every_n_steps", e.every_n_steps, 0)
+    if e.at_start and e.every_n_steps <= 0:
+        out.append(("eval.at_start", "evaluates only in a run with periodic evaluation (eval.every_n_steps > 0)"))
+    check_min(out, "eval.num_tasks", e.num_tasks, 0, " (0 = the whole eval split)")
+    check_min(out, "eval.samples_per_task", e.samples_per_task, 1)
+    if not e.k:
+        out.append(("eval.k", "needs at least one k"))
+    for k in e.k:
+        if not 1 <= k <= e.samples_per_task:
+            out.append(("eval.k", f"each k must be in [1, samples_per_task={e.samples_per_task}], got {k}"))
+            break
+    if e.temperature is not None and e.temperature < 0:
+        out.append(("eval.temperature", f"must be >= 0, got {e.temperature}"))
+    if e.max_new_tokens is not None and e.max_new_tokens < 1:
+        out.append(("eval.max_new_tokens", f"must be >= 1, got {e.max_new_tokens}"))
+    if e.timeout_s <= 0:
+        out.append(("eval.timeout_s", f"must be > 0, got {e.timeout_s}"))
+    return out
 
 
 def resource_problems(cfg: RunConfig, cpus: float, gpus: float, where: str) -> list[tuple[str, str]]:

@@ -5,9 +5,10 @@ import random
 
 import pytest
 
-from rlcore.evaluation import config_problems, pass_at_k, summarize
+from rlcore.evaluation import pass_at_k, summarize
 from rlcore.run import compose
 from rlcore.types import Group, Sample, Task
+from rlcore.validate import eval_problems as config_problems
 
 
 def brute_force(n, c, k):
