@@ -166,7 +166,7 @@ def teacher_lines(cfg: RunConfig, plan: Plan) -> list[str]:
             f"  nodes: {_by_node(plan.teacher)}",
             f"  teacher: {tc.num_actors} x {tc.engine} (tensor_parallel_size={tc.tensor_parallel_size}) serving "
             f"{tc.path or 'a random-weight model'}; no weight sync; advantage = {tc.reward_coef:g} x reward "
-            f"advantage + {tc.kl_coef:g} x (teacher - student logprob)"]
+            f"advantage + {tc.kl_coef:g} x (teacher - student logprob{' - batch mean' if tc.kl_baseline else ''})"]
 
 
 def _colocated_lines(cfg: RunConfig, plan: Plan) -> list[str]:
