@@ -3,7 +3,7 @@ weight group, the two-phase sync, and sleep / wake of the hybrid synchronous sch
 
 Unlike NCCL (both sides must join at once), IPC is ordered: each trainer rank writes its buffer
 and returns, then each engine reads the buffer on its own GPU. `get` is the driver's `ray.get`
-with a timeout and participant names (`rlcore.driver.get`).
+with a timeout and participant names (`actors.driver.get`).
 """
 
 from __future__ import annotations

@@ -98,3 +98,8 @@ def typed_env_arg_override(override: str) -> str:
     if bare.startswith(ENV_ARGS + ".") and "=" in bare and not override.startswith("~"):
         return "++" + bare
     return override
+
+
+def config_dict(cfg) -> dict[str, Any]:
+    """The resolved config as plain containers (for config.yaml, checkpoints and loggers)."""
+    return OmegaConf.to_container(OmegaConf.structured(cfg), resolve=True)

@@ -161,12 +161,12 @@ def prepare(cfg: RunConfig):
 def make_runner(cfg: RunConfig, prepared=None):
     """The driver of `cfg.mode`; each has setup(), run(logger) -> step records, shutdown()."""
     if cfg.mode == "sft":
-        from rlcore.sft import SFTDriver
+        from actors.sft import SFTDriver
         return SFTDriver(cfg, prepared)
     if cfg.mode == "eval":
-        from rlcore.evaluation import EvalDriver
+        from actors.evaluation import EvalDriver
         return EvalDriver(cfg)
-    from rlcore.driver import Driver
+    from actors.driver import Driver
     return Driver(cfg)
 
 
@@ -306,7 +306,8 @@ def run_job(argv: list[str], print_cfg: bool = False) -> int:
         local_ray_environment()
     import ray
 
-    from rlcore.driver import RunError, config_dict
+    from actors.remote import RunError
+    from rlcore.config_keys import config_dict
     from rlcore.metrics import MetricsLogger
 
     ray_phase = StartupPhases()

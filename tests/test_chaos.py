@@ -26,7 +26,7 @@ def run_job(tmp_path, name, overrides, kills=()):
     killed actor back, rows, driver)."""
     import ray
 
-    from rlcore.driver import Driver, wait_ready
+    from actors.driver import Driver, wait_ready
     from rlcore.metrics import MetricsLogger
 
     out = tmp_path / name

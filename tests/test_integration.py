@@ -27,7 +27,7 @@ def ray_cluster():
 def test_fsdp_two_ranks_weights_reach_engine(ray_cluster, tmp_path):
     """Two FSDP2 ranks (gloo) train; after every sync the engine holds exactly the trainer's
     full weights, and the accounting identity holds."""
-    from rlcore.driver import Driver
+    from actors.driver import Driver
     from rlcore.metrics import MetricsLogger
     from rlcore.models.build import build_model, build_tokenizer
     from rlcore.types import Task

@@ -42,7 +42,7 @@ def write_demos(path, env, n: int) -> None:
 def test_smollm2_sft_then_rl_multiturn_sync_canary_export(ray_cluster, tmp_path):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from rlcore.driver import Driver
+    from actors.driver import Driver
     from rlcore.metrics import MetricsLogger
 
     cfg = compose([

@@ -32,7 +32,7 @@ def small(tmp_path, teachers: int) -> list[str]:
 
 
 def test_dead_teacher_actor_samples_count_failed_and_run_goes_on(ray_cluster, tmp_path):
-    from rlcore.driver import Driver
+    from actors.driver import Driver
     from rlcore.metrics import MetricsLogger
 
     cfg = compose(small(tmp_path, teachers=2))
@@ -61,7 +61,7 @@ def test_dead_teacher_actor_samples_count_failed_and_run_goes_on(ray_cluster, tm
 
 
 def test_no_teacher_left_stops_the_run_without_hanging(ray_cluster, tmp_path):
-    from rlcore.driver import Driver, RunError
+    from actors.driver import Driver, RunError
     from rlcore.metrics import MetricsLogger
 
     cfg = compose(small(tmp_path, teachers=1))

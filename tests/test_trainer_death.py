@@ -15,7 +15,7 @@ pytestmark = pytest.mark.integration
 def test_trainer_death_names_rank_and_checkpoint_then_resume(tmp_path):
     import ray
 
-    from rlcore.driver import Driver, RunError
+    from actors.driver import Driver, RunError
     from rlcore.metrics import MetricsLogger
 
     overrides = [f"output_dir={tmp_path}", "steps=8", "checkpoint.interval=2", "sft.warmup_steps=0",

@@ -131,9 +131,10 @@ def test_packed_equals_unpacked_logprobs(vl):
 
 
 def test_freeze_vision_trains_language_model_only(tmp_path):
+    import os
+
     from rlcore.config import RunConfig
     from rlcore.trainer.core import TrainerCore, free_port
-    import os
 
     cfg = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(RunConfig), {
         "model": OmegaConf.to_container(OmegaConf.structured(tiny_vl(freeze_vision=True))),

@@ -5,7 +5,7 @@ resume put back; each generate request is seeded from its first task's index
 (`rollout.request_seeds`), so what a request samples does not depend on which actor or thread
 runs it, or on what runs next to it.
 
-`StepHooks` is called by `rlcore.driver.Driver` at fixed points:
+`StepHooks` is called by `actors.driver.Driver` at fixed points:
 
 - `setup()` (end of `Driver.setup`): a fresh start syncs version 0 to the engines; a resume loads
   the trainer checkpoint (any world size), restores the driver state, trims metrics rows logged
@@ -32,13 +32,16 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from actors.evaluation import Evaluator
 from actors.remote import RunError, get
+from actors.sft import warmup
 from rlcore import checkpoint as ckpt
+from rlcore.config_keys import config_dict
 from rlcore.seeding import derive_seed
 from rlcore.types import Task
 
 if TYPE_CHECKING:
-    from rlcore.driver import Driver
+    from actors.driver import Driver
 
 log = logging.getLogger("rlcore")
 
@@ -103,7 +106,6 @@ class StepHooks:
     def setup(self) -> None:
         d, cfg = self.d, self.cfg
         if cfg.eval.every_n_steps > 0:
-            from rlcore.evaluation import Evaluator
             self.evaluator = Evaluator(cfg, d.env, d.groups.rollouts)
         self.writer.clean_stale()
         path = ckpt.resolve_resume(cfg)
@@ -115,7 +117,6 @@ class StepHooks:
                 log.info("SFT warm-up: %d steps on sft.dataset=%s before RL%s (sft.warmup_steps=0 skips it)",
                          cfg.sft.warmup_steps, cfg.sft.dataset,
                          f", on the trained model.path={cfg.model.path}" if cfg.model.path else "")
-                from rlcore.sft import warmup
                 with d.startup.phase(f"SFT warm-up ({cfg.sft.warmup_steps} steps)", chatty=True):
                     version = warmup(cfg, d.groups.trainers)
             with d.startup.phase("first weight sync"):
@@ -159,7 +160,6 @@ class StepHooks:
             self.evaluator.launch(step, d.version)
 
     def _warn_config_changes(self, path: Path) -> None:
-        from rlcore.driver import config_dict
         try:
             changed = ckpt.config_differences(ckpt.read_meta(path).get("config") or {}, config_dict(self.cfg))
         except Exception:  # an unreadable meta is not a reason to refuse a resume

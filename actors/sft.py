@@ -1,0 +1,127 @@
+"""The SFT driver (`mode=sft`) and the RL warm-up: the trainer group alone, stepping through the
+data that `rlcore.sft` reads, tokenizes and orders (see there for the data rules)."""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+import ray
+
+from actors.groups import place
+from actors.remote import RunError, get
+from rlcore import checkpoint as ckpt
+from rlcore.checkpoint import CheckpointWriter
+from rlcore.models.build import build_tokenizer
+from rlcore.sft import SFTData, build_dataset, step_shards
+from rlcore.startup import StartupPhases
+
+log = logging.getLogger("rlcore")
+
+
+def warmup(cfg, trainers) -> int:
+    """Supervised warm-up before RL (`sft.warmup_steps` steps on `sft.dataset`, same trainer
+    group and optimizer); returns the trainer's policy version afterwards."""
+
+    data = build_dataset(cfg, build_tokenizer(cfg.model))
+    version = 0
+    for step in range(cfg.sft.warmup_steps):
+        shards, loss_tokens, _ = step_shards(cfg, data, step)
+        results = get([tr.sft_step.remote(ray.put(shard), loss_tokens) for tr, shard in zip(trainers, shards)],
+                      cfg.trainer.step_timeout_s, f"SFT warm-up step {step + 1}")
+        version = int(results[0]["version"])
+        if step == 0 or (step + 1) % 10 == 0 or step + 1 == cfg.sft.warmup_steps:
+            log.info("SFT warm-up step %d/%d: loss %.4f", step + 1, cfg.sft.warmup_steps, results[0]["loss"])
+    return version
+
+
+# -- the run -----------------------------------------------------------------------------------
+class SFTDriver:
+    """`mode=sft`: the trainer group alone (no rollout group), same checkpoints and metrics."""
+
+    def __init__(self, cfg, data: SFTData | None = None):
+        self.cfg = cfg
+        self.data = data
+        self.groups = None
+        self.start_step = 0
+        self.startup = StartupPhases()
+        self.writer = CheckpointWriter(cfg)
+
+    def setup(self) -> None:
+        cfg, t = self.cfg, self.cfg.trainer
+        if self.data is None:
+            self.data = build_dataset(cfg, build_tokenizer(cfg.model))
+        with self.startup.phase("placing actors"):
+            self.groups = place(cfg, rollout=False)
+        trainers = self.groups.trainers
+        with self.startup.phase("starting the trainer and loading its model"):
+            addr, port = get(trainers[0].address.remote(), t.step_timeout_s, "trainer rank 0 start")
+            get([tr.init_distributed.remote(addr, port) for tr in trainers], t.step_timeout_s, "trainer process-group init")
+        self.writer.clean_stale()
+        path = ckpt.resolve_resume(cfg)
+        if path is None:
+            return
+        state = ckpt.load_driver_state(path)
+        if state.get("kind") != "sft":
+            raise RunError(f"checkpoint.resume: {path} is a {state.get('kind')!r} checkpoint, not an SFT one")
+        if state.get("num_examples") != len(self.data.samples):
+            log.warning("resume: the dataset has %d examples, the checkpoint's had %s: the data order differs",
+                        len(self.data.samples), state.get("num_examples"))
+        get([tr.load_checkpoint.remote(str(path)) for tr in trainers], t.step_timeout_s, f"loading checkpoint {path}")
+        self.start_step = int(state["step"])
+        ckpt.set_rng_state(state["rng"])
+        removed = ckpt.truncate_series(Path(cfg.output_dir) / "metrics.jsonl", self.start_step)
+        log.info("resumed SFT from %s at step %d%s", path, self.start_step,
+                 f" (dropped {removed} metrics rows logged after it)" if removed else "")
+
+    def step_shards(self, step: int):
+        return step_shards(self.cfg, self.data, step)
+
+    def run(self, logger) -> list[dict[str, Any]]:
+
+        cfg = self.cfg
+        history = []
+        run_start = time.perf_counter()
+        for step in range(self.start_step, cfg.steps):
+            start = time.perf_counter()
+            shards, loss_tokens, epoch = self.step_shards(step)
+            results = get([tr.sft_step.remote(ray.put(shard), loss_tokens)
+                           for tr, shard in zip(self.groups.trainers, shards)],
+                          cfg.trainer.step_timeout_s, f"SFT step {step + 1}")
+            m = dict(results[0])
+            m.pop("version", None)
+            dt = max(time.perf_counter() - start, 1e-9)
+            record = {"step": step + 1, "epoch": epoch, "step_time_s": dt,
+                      "tokens_per_s": m.pop("train_tokens") / dt, "elapsed_s": time.perf_counter() - run_start, **m}
+            logger.log(record)
+            history.append(record)
+            final = step + 1 == cfg.steps
+            if self.writer.due(step + 1, final):
+                self.save(step + 1)
+            if final and cfg.checkpoint.export_final:
+                out = cfg.checkpoint.export_dir or str(Path(cfg.output_dir) / "hf")
+                get([tr.export_hf.remote(out) for tr in self.groups.trainers], cfg.trainer.step_timeout_s,
+                    f"export to {out}")
+                log.info("exported the final weights to %s", out)
+        return history
+
+    def save(self, step: int) -> Path:
+        tmp = self.writer.begin(step)
+        try:
+            get([tr.save_checkpoint.remote(str(tmp)) for tr in self.groups.trainers],
+                self.cfg.trainer.step_timeout_s, f"checkpoint save of step {step}")
+            state = {"kind": "sft", "step": step, "examples_seen": step * self.cfg.sft.batch_examples,
+                     "num_examples": len(self.data.samples), "rng": ckpt.rng_state()}
+            path = self.writer.commit(tmp, step, state)
+        except Exception as exc:
+            self.writer.abort(tmp)
+            raise RunError(f"checkpoint save of step {step} to {self.writer.root} failed: {exc}") from exc
+        log.info("checkpoint %s saved", path)
+        return path
+
+    def shutdown(self) -> None:
+        if self.groups is not None:
+            self.groups.shutdown()
+            self.groups = None
