@@ -330,6 +330,7 @@ class Driver:
             "reward_std": float(torch.tensor(all_rewards).std(unbiased=False)),
             "completion_len_mean": sum(len(s.completion_ids) for s in samples) / len(samples),
             "truncated_frac": sum(s.finish_reason == "length" for s in samples) / len(samples),
+            "multiturn_prefix_breaks": sum(s.prefix_breaks for s in samples),
             "max_staleness": state.max_staleness,
             "batch_samples": len(samples),
         })

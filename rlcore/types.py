@@ -49,6 +49,10 @@ class Sample:
     images: list[Any] = field(default_factory=list)
     """The prompt's images as uint8 [H, W, 3] arrays (vision-language policies), in the order of
     their image-token runs in `prompt_ids`."""
+    prefix_breaks: int = 0
+    """Turns of a multi-turn episode whose fresh chat-template rendering would not have continued
+    the previous turn's exact ids (the recorded ids were spliced instead; see
+    `rlcore.serving.openai_server`)."""
 
     @property
     def num_tokens(self) -> int:
