@@ -101,12 +101,13 @@ def env_demonstrations(cfg, n: int) -> list[list[dict[str, str]]]:
     out = []
     for i in range(n):
         task = env.make_task(i, cfg.sft.split)
-        if not isinstance(task.answer, str):
+        turns = env.demonstration_turns(task)
+        if not turns:
             raise DataError(f"sft.dataset: environment {cfg.env.name!r} has no text answers "
                             f"(task {task.id} answer is {type(task.answer).__name__}); use a JSONL dataset")
         # images ride on the first message ("images" key; chat templates ignore it)
         first = {**task.messages[0], "images": list(task.images)} if task.images else task.messages[0]
-        out.append([first, *task.messages[1:], {"role": "assistant", "content": task.answer}])
+        out.append([first, *task.messages[1:], *turns])
     return out
 
 

@@ -116,20 +116,36 @@ def _tiny(max_positions=512):
     return build_model(cfg.model, tok), tok
 
 
-def _memorize(model, pairs, steps=150):
-    """Train `model` until it answers each (prompt ids, target ids) pair greedily."""
+def _memorize(model, pairs, max_steps=300):
+    """Train `model` until it answers each (prompt ids, target ids) pair greedily: every target
+    token is the argmax after its teacher-forced prefix (checked before each update)."""
     model.train()
     opt = torch.optim.Adam(model.parameters(), lr=3e-3)
-    for _ in range(steps):
-        for prompt, target in pairs:
-            ids = torch.tensor([prompt + target])
-            labels = torch.tensor([[-100] * len(prompt) + target])
-            loss = model(input_ids=ids, labels=labels).loss
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
+    batch = [(torch.tensor([p + t]), torch.tensor([[-100] * len(p) + t]), len(p)) for p, t in pairs]
+    for step in range(max_steps):
+        opt.zero_grad()
+        learned = True
+        for ids, labels, n in batch:
+            out = model(input_ids=ids, labels=labels)
+            learned &= bool((out.logits[0, n - 1:-1].argmax(-1) == ids[0, n:]).all())
+            out.loss.backward()
+        if learned:
+            break
+        opt.step()
+    else:
+        raise AssertionError(f"the model did not learn its demonstrations in {max_steps} steps")
     model.eval()
-    return model
+    return step
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """One torch thread, as the rollout actors run (on a shared 2-core box, more threads make
+    these small models tens of times slower)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="module")
@@ -208,7 +224,19 @@ def test_server_n_stop_logprobs():
         assert rec.completion_ids == recs[0].completion_ids[:len(rec.completion_ids)]
         assert tok.decode(rec.completion_ids, skip_special_tokens=True).endswith(stop)
         assert rec.logprobs == recs[0].logprobs[:len(rec.completion_ids)]
-        for bad in ({"stream": True}, {"top_logprobs": 2}, {"n": 0}, {"stop": 3}, {"messages": []}):
+        # streaming: the same reply as server-sent chunk events, then the usage, then [DONE]
+        req = urllib.request.Request(server.base_url + "/chat/completions", headers={"Content-Type": "application/json"},
+                                     data=json.dumps({"messages": msgs, "seed": 5, "stream": True,
+                                                      "stream_options": {"include_usage": True}}).encode())
+        with urllib.request.urlopen(req, timeout=60) as r:
+            assert r.headers["Content-Type"].startswith("text/event-stream")
+            events = [line[6:] for line in r.read().decode().splitlines() if line.startswith("data: ")]
+        assert events[-1] == "[DONE]"
+        chunks = [json.loads(e) for e in events[:-1]]
+        assert "".join(c["choices"][0]["delta"].get("content", "") for c in chunks if c["choices"]) == text
+        assert chunks[-2]["choices"][0]["finish_reason"] in ("stop", "length")
+        assert chunks[-1]["usage"]["completion_tokens"] == len(recs[0].completion_ids)
+        for bad in ({"top_logprobs": 2}, {"n": 0}, {"stop": 3}, {"messages": []}):
             assert _post(server, {"messages": msgs, **bad})[0] == 400
 
 
@@ -271,27 +299,36 @@ def _env(**args):
 
 
 def test_v1_env_tool_episode(tool_engine):
-    """One v1 episode with a real tool call through verifiers' interception: the sample is the
-    server's record of both turns, the tool result is masked, the rubric scores the reply."""
+    """v1 episodes with a real tool call through verifiers' interception: each sample is exactly
+    the server's record of both turns (tool result masked), and the task's reward scores it."""
     engine, tok = tool_engine
     env = _env()
     try:
         assert env.eval_size == 2
         task = env.make_task(0, "eval")
         assert task.messages == [{"role": "user", "content": "11*14="}] and task.answer == "154"
-        params = SamplingParams(max_new_tokens=80, temperature=1.0)
-        [group] = env.run_groups([task], 2, engine, tok, params)
-        server = env._server
-        for s in group.samples:
+        server = env.server(engine, tok)
+        seen = []  # the records the environment reads back, as the server kept them
+        pop_session = server.recorder.pop_session
+        server.recorder.pop_session = lambda sid: seen.append(pop_session(sid)) or seen[-1]
+        [group] = env.run_groups([task], 2, engine, tok, GREEDY)
+        assert len(seen) == 2 and all(len(records) == 2 for records in seen)  # two model calls each
+        for s, (rec1, rec2) in zip(group.samples, seen):
             assert not s.failed and s.error is None, s.error
-            assert s.prompt_ids == server.prompt_ids(normalize_messages(task.messages), [CALC])[0]
-            _check_policy_tokens(engine, s)
-            text = tok.decode(s.completion_ids)
-            assert text.startswith(CALL_TEXT + "<|im_end|>\n<|im_start|>user\n<tool_response>\n154\n")
-            env_tokens = [t for t, m in zip(s.completion_ids, s.loss_mask) if not m]
-            assert tok.decode(env_tokens) == "\n<|im_start|>user\n<tool_response>\n154\n</tool_response><|im_end|>\n<|im_start|>assistant\n"
-            assert s.prefix_breaks == 1
-            assert s.reward in (0.0, 1.0)
+            assert s.prompt_ids == rec1.prompt_ids == server.render(normalize_messages(task.messages), [CALC])
+            assert tok.decode(rec1.completion_ids, skip_special_tokens=True) == CALL_TEXT
+            assert rec1.tool_calls[0]["function"]["name"] == "calc"
+            context = rec1.prompt_ids + rec1.completion_ids
+            env_ids = rec2.prompt_ids[len(context):]
+            assert rec2.prompt_ids[:len(context)] == context
+            assert tok.decode(env_ids) == "\n<|im_start|>user\n<tool_response>\n154\n</tool_response><|im_end|>\n<|im_start|>assistant\n"
+            assert s.completion_ids == rec1.completion_ids + env_ids + rec2.completion_ids
+            assert s.loss_mask == [1] * len(rec1.completion_ids) + [0] * len(env_ids) + [1] * len(rec2.completion_ids)
+            assert s.logprobs == rec1.logprobs + [0.0] * len(env_ids) + rec2.logprobs
+            assert s.versions == rec1.versions + [-1] * len(env_ids) + rec2.versions
+            assert s.prefix_breaks == 1  # the template re-renders the call with newlines
+            final = (rec2.tool_calls is None) and rec2.text.strip() == "154"
+            assert s.reward == (1.0 if final else 0.0)
         assert len(server.recorder) == 0  # every record of the episodes was consumed
     finally:
         env.close()
@@ -304,7 +341,7 @@ def test_v1_env_empty_reply_is_scored():
     try:
         task = env.make_task(0, "eval")
         prompt = env.server(HFEngine(model, tok.pad_token_id, tok.eos_token_id), tok).render(task.messages, [CALC])
-        _memorize(model, [(prompt, [tok.eos_token_id])], steps=40)
+        _memorize(model, [(prompt, [tok.eos_token_id])])
         engine = HFEngine(model, tok.pad_token_id, tok.eos_token_id, seed=0)
         [group] = env.run_groups([task], 2, engine, tok, SamplingParams(max_new_tokens=8, temperature=0.0))
         for s in group.samples:

@@ -73,6 +73,13 @@ class Environment(abc.ABC):
         (default: the task's answer when it is a string)."""
         return task.answer if isinstance(task.answer, str) else None
 
+    def demonstration_turns(self, task: Task) -> list[Message] | None:
+        """The reference turns that follow the task's messages in supervised warm-up: one
+        assistant reply (`demonstration`) by default; a tool-using environment may give several
+        (assistant tool calls, tool results, the final reply). None if the task has none."""
+        demo = self.demonstration(task)
+        return None if demo is None else [{"role": "assistant", "content": demo}]
+
     def tasks(self, split: str = "train", start: int = 0) -> Iterator[Task]:
         """Endless, deterministic task stream; `start` resumes it."""
         index = start

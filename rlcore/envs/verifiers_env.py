@@ -175,6 +175,12 @@ class VerifiersEnvironment(Environment):
         return Task(id=f"verifiers:{split}:{index}", messages=task_messages(data),
                     answer=answer if isinstance(answer, str) else None, info={"vf_index": row})
 
+    def demonstration_turns(self, task: Task) -> list[dict[str, Any]] | None:
+        """The task data's `demonstration` (a list of messages after the prompt) when it has
+        one, else its string `answer` as one assistant reply."""
+        demo = getattr(self._tasks[task.info["vf_index"]].data, "demonstration", None)
+        return [dict(m) for m in demo] if demo else super().demonstration_turns(task)
+
     def reward(self, task: Task, completion: str) -> float:
         raise NotImplementedError("verifiers environments are scored by their tasks' @vf.reward functions")
 

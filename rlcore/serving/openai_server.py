@@ -5,7 +5,7 @@ the framework reads back, for every response, the exact token ids the engine saw
 with their logprobs and policy versions, so training samples are built without re-tokenizing.
 
 - Loopback only (127.0.0.1), ephemeral port, served by aiohttp on a background thread with its
-  own event loop. `POST /v1/chat/completions` (no streaming) and `GET /v1/models`.
+  own event loop. `POST /v1/chat/completions` and `GET /v1/models`.
 - As OpenAI's API: `n` choices per request (independent samples of one prompt), `stop` strings
   (the text ends before the earliest one, finish reason `stop`; applied to the sampled ids, see
   :func:`rlcore.serving.replies.truncate_at_stop`), `logprobs` (the sampled tokens' logprobs;
@@ -13,7 +13,9 @@ with their logprobs and policy versions, so training samples are built without r
   the chat template) with the reply's tool calls parsed into `tool_calls` by the parser named
   `tool_parser` (:mod:`rlcore.serving.tool_parsers`: vLLM's own registry where vLLM is installed,
   the built-in `hermes` otherwise), finish reason `tool_calls` then; `tool_choice: none` turns
-  parsing off for the request.
+  parsing off for the request. `stream: true` answers the same response as server-sent
+  `chat.completion.chunk` events once generation is done (`stream_options.include_usage` adds
+  the usage chunk).
 - Requests arriving within `batch_window_s` of each other with the same sampling settings are
   sent to the engine as one batch; engine calls are serialized (one at a time). Every request has
   a deadline (`request_timeout_s`, answered 504).
@@ -236,8 +238,6 @@ class OpenAIServer:
         return web.json_response({"error": {"message": message, "type": kind, "code": status}}, status=status)
 
     def _params(self, body: dict[str, Any]) -> SamplingParams:
-        if body.get("stream"):
-            raise ValueError("stream: streaming is not supported")
         if body.get("top_logprobs"):
             raise ValueError("top_logprobs: alternatives are not available (logprobs of the sampled tokens only)")
         n = body.get("n", 1)
@@ -312,9 +312,40 @@ class OpenAIServer:
                 prompt_ids=list(prompt_ids), completion_ids=list(kept.token_ids), logprobs=list(kept.logprobs),
                 versions=list(kept.versions), finish_reason=kept.finish_reason, text=content,
                 tool_calls=calls or None, prefix_break=prefix_break), session=session)
-        return web.json_response({
+        payload = {
             "id": response_id, "object": "chat.completion", "created": int(time.time()),
             "model": body.get("model") or self.model_name, "choices": choices,
             "usage": {"prompt_tokens": len(prompt_ids), "completion_tokens": completion_tokens,
                       "total_tokens": len(prompt_ids) + completion_tokens},
-        })
+        }
+        if body.get("stream"):
+            return await self._stream(request, payload, bool((body.get("stream_options") or {}).get("include_usage")))
+        return web.json_response(payload)
+
+    @staticmethod
+    async def _stream(request: web.Request, payload: dict[str, Any], include_usage: bool) -> web.StreamResponse:
+        """The finished response as OpenAI server-sent `chat.completion.chunk` events (per
+        choice: the role and content, the tool calls, the finish reason; then the usage when
+        asked; then `[DONE]`). Generation is not incremental, so the events come at once."""
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+        await resp.prepare(request)
+        head = {k: payload[k] for k in ("id", "created", "model")} | {"object": "chat.completion.chunk"}
+
+        async def send(obj: dict[str, Any] | str) -> None:
+            await resp.write(f"data: {obj if isinstance(obj, str) else json.dumps(obj)}\n\n".encode())
+
+        for c in payload["choices"]:
+            msg = c["message"]
+            await send({**head, "choices": [{"index": c["index"], "logprobs": c["logprobs"], "finish_reason": None,
+                                             "delta": {"role": "assistant", "content": msg["content"] or ""}}]})
+            if msg.get("tool_calls"):
+                calls = [{"index": j, **tc} for j, tc in enumerate(msg["tool_calls"])]
+                await send({**head, "choices": [{"index": c["index"], "delta": {"tool_calls": calls},
+                                                 "logprobs": None, "finish_reason": None}]})
+            await send({**head, "choices": [{"index": c["index"], "delta": {}, "logprobs": None,
+                                             "finish_reason": c["finish_reason"]}]})
+        if include_usage:
+            await send({**head, "choices": [], "usage": payload["usage"]})
+        await send("[DONE]")
+        await resp.write_eof()
+        return resp
