@@ -8,6 +8,7 @@ dozen optimizer steps) to answer the task with a hermes `<tool_call>` block.
 """
 
 import json
+import shutil
 import urllib.request
 
 import pytest
@@ -356,6 +357,51 @@ def test_v1_env_bad_taskset_is_a_config_error():
         make_env("verifiers", {"taskset": "no_such_taskset_xyz"}, seed=0)
     with pytest.raises(ValueError, match="env.args.taskset"):
         make_env("verifiers", {}, seed=0)
+    with pytest.raises(ValueError, match="env.args.tool_parser"):
+        _env(tool_parser="no_such_parser")
+
+
+# the README's example taskset, written as a module of its own
+README_TASKSET = '''
+import verifiers.v1 as vf
+
+class Data(vf.TaskData):
+    answer: str = ""
+
+class CalcTask(vf.Task[Data]):
+    @vf.reward(weight=1.0)
+    async def correct(self, trace: vf.Trace) -> float:
+        return float(self.data.answer in trace.last_reply)
+
+class CalcTaskset(vf.Taskset[CalcTask, vf.TasksetConfig]):
+    def load(self):
+        return [CalcTask(Data(prompt=f"{a}*{a + 7}=", answer=str(a * (a + 7))), self.config.task) for a in range(100)]
+
+__all__ = ["CalcTaskset"]
+'''
+
+
+@pytest.mark.integration
+@pytest.mark.skipif(shutil.which("uv") is None, reason="verifiers' shipped harnesses run their program through uv")
+@pytest.mark.parametrize("harness", ["null", "bash"])
+def test_shipped_harness_runs_unmodified(tmp_path, monkeypatch, harness):
+    """verifiers' own chat harnesses (`null`; `bash`, a taskset's default) play the README's
+    taskset against the endpoint: a separate program (a PEP 723 script run by uv) that streams."""
+    (tmp_path / "readme_calc.py").write_text(README_TASKSET)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    model, tok = _tiny()
+    engine = HFEngine(model, tok.pad_token_id, tok.eos_token_id, seed=0)
+    env = make_env("verifiers", {"taskset": "readme_calc", "on_reward_error": "zero",
+                                 "env_config": {"agent": {"harness": {"id": harness}}}}, seed=0)
+    try:
+        [group] = env.run_groups([env.make_task(0, "train")], 2, engine, tok, SamplingParams(max_new_tokens=8))
+        for s in group.samples:
+            assert not s.failed and s.error is None, s.error
+            assert s.loss_mask == [1] * len(s.completion_ids) and s.completion_ids
+            _check_policy_tokens(engine, s)
+            assert s.reward in (0.0, 1.0)
+    finally:
+        env.close()
 
 
 @pytest.mark.integration

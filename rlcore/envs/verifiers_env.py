@@ -36,9 +36,11 @@ pass; eval: the same tasks in order, `eval_size` of them); `SamplingParams.seed`
 from __future__ import annotations
 
 import asyncio
+import importlib
 import itertools
 import math
 import random
+import sys
 import threading
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -49,6 +51,7 @@ from transformers import PreTrainedTokenizerBase
 from rlcore.engine.base import RolloutEngine, SamplingParams
 from rlcore.envs.base import Environment, register
 from rlcore.serving.openai_server import OpenAIServer, TokenRecord, TokenRecorder
+from rlcore.serving.tool_parsers import check_tool_parser
 from rlcore.types import Group, Sample, Task
 
 API_KEY_VAR = "RLCORE_VERIFIERS_API_KEY"
@@ -81,8 +84,17 @@ def v1_env_config(taskset: str, env_config: Mapping[str, Any] | None) -> dict[st
 
 
 def load_v1_env(taskset: str, env_config: dict[str, Any] | None = None) -> Any:
-    """The `vf.Env` for taskset id `taskset` (+ `env_config`), as verifiers' own loaders build it."""
+    """The `vf.Env` for taskset id `taskset` (+ `env_config`), as verifiers' own loaders build it.
+
+    verifiers resolves an id as a top-level module name; a dotted module path (`my_pkg.my_env`)
+    is imported here and registered under its last component, which becomes the id."""
     import verifiers.v1 as vf
+    if "." in taskset:
+        module = importlib.import_module(taskset)
+        alias = taskset.rsplit(".", 1)[-1]
+        if sys.modules.setdefault(alias, module) is not module:
+            raise ValueError(f"another module is already imported as {alias!r}")
+        taskset = alias
     return vf.load_environment(vf.resolve_env_config(v1_env_config(taskset, env_config)))
 
 
@@ -141,6 +153,10 @@ class VerifiersEnvironment(Environment):
                  tool_parser: str = "hermes", request_timeout_s: float = 600.0, rollout_timeout_s: float = 1800.0,
                  batch_window_s: float = 0.005, max_tasks: int = 100_000, seed: int = 0, **common):
         super().__init__(seed, **common)
+        try:
+            check_tool_parser(tool_parser)
+        except ValueError as e:
+            raise ValueError(f"env.args.{e}") from None
         try:
             self.vf_env = load_v1_env(taskset, env_config)
         except (ImportError, TypeError, ValueError) as e:  # a missing taskset, a bad config key

@@ -42,7 +42,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import importlib.util
 import json
 import threading
 import time
@@ -58,7 +57,7 @@ from rlcore.engine.base import Generation, RolloutEngine, SamplingParams
 from rlcore.envs.render import TurnRenderer
 from rlcore.serving.records import TokenRecord, TokenRecorder, normalize_messages
 from rlcore.serving.replies import logprobs_content, truncate_at_stop
-from rlcore.serving.tool_parsers import make_tool_parser
+from rlcore.serving.tool_parsers import make_tool_parser, vllm_available
 
 __all__ = ["OpenAIServer", "TokenRecord", "TokenRecorder", "normalize_messages"]
 
@@ -96,7 +95,7 @@ class OpenAIServer:
         self.recorder = recorder or TokenRecorder()
         self._renderer = TurnRenderer(tokenizer) if tokenizer.eos_token else None
         # vLLM's parsers are text-level: used wherever vLLM is installed, whatever the engine
-        self._parse_tools = make_tool_parser(tool_parser, tokenizer, importlib.util.find_spec("vllm") is not None)
+        self._parse_tools = make_tool_parser(tool_parser, tokenizer, vllm_available())
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._runner: web.AppRunner | None = None

@@ -15,6 +15,7 @@ object with a string `name` is left in the content, as vLLM's hermes parser does
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import re
 import uuid
@@ -81,6 +82,27 @@ def _vllm_parser(name: str, tokenizer: Any) -> Callable[[str, list | None], Pars
             tool_call(c.function.name, c.function.arguments, c.id) for c in info.tool_calls])
 
     return parse
+
+
+def vllm_available() -> bool:
+    return importlib.util.find_spec("vllm") is not None
+
+
+def check_tool_parser(name: str) -> None:
+    """Raise ValueError (naming `tool_parser`) unless `name` is a parser this process can build."""
+    if not name or name in ("none", "hermes"):
+        return
+    if not vllm_available():
+        raise ValueError(f"tool_parser: {name!r} needs vLLM's parser registry (vLLM is not installed); "
+                         "the built-in parser is 'hermes' (or 'none')")
+    try:
+        from vllm.tool_parsers import ToolParserManager
+    except ImportError:
+        from vllm.entrypoints.openai.tool_parsers import ToolParserManager
+    try:
+        ToolParserManager.get_tool_parser(name)
+    except KeyError as e:
+        raise ValueError(f"tool_parser: vLLM has no tool parser {name!r}") from e
 
 
 def make_tool_parser(name: str, tokenizer: Any, use_vllm: bool) -> Callable[[str, list | None], ParsedTurn] | None:
