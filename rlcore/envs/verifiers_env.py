@@ -38,6 +38,7 @@ from __future__ import annotations
 import asyncio
 import importlib
 import itertools
+import logging
 import math
 import random
 import sys
@@ -53,6 +54,8 @@ from rlcore.envs.base import Environment, register
 from rlcore.serving.openai_server import OpenAIServer, TokenRecord, TokenRecorder
 from rlcore.serving.tool_parsers import check_tool_parser
 from rlcore.types import Group, Sample, Task
+
+log = logging.getLogger("rlcore")
 
 API_KEY_VAR = "RLCORE_VERIFIERS_API_KEY"
 """Env var verifiers reads the endpoint's key from (the loopback server checks none)."""
@@ -235,6 +238,10 @@ class VerifiersEnvironment(Environment):
             samples = [self._no_tokens(error) if episodes is None else self._sample(episodes[ti][j], server)
                        for j in range(group_size)]
             groups.append(Group(task=task, samples=samples))
+        errors = [s for g in groups for s in g.samples if s.error]
+        if errors:  # the driver counts them; the reason is only here
+            log.warning("verifiers: %d of %d samples errored (%d failed); first: %s", len(errors),
+                        len(tasks) * group_size, sum(s.failed for s in errors), errors[0].error)
         return groups
 
     async def _episodes(self, tasks: list[Task], group_size: int, server: OpenAIServer,
