@@ -344,10 +344,11 @@ def test_v1_env_empty_reply_is_scored():
         prompt = env.server(HFEngine(model, tok.pad_token_id, tok.eos_token_id), tok).render(task.messages, [CALC])
         _memorize(model, [(prompt, [tok.eos_token_id])])
         engine = HFEngine(model, tok.pad_token_id, tok.eos_token_id, seed=0)
-        [group] = env.run_groups([task], 2, engine, tok, SamplingParams(max_new_tokens=8, temperature=0.0))
-        for s in group.samples:
-            assert s.completion_ids == [tok.eos_token_id] and s.loss_mask == [1]
-            assert not s.failed and s.error is None and s.reward == 0.0
+        for _ in range(2):  # later calls run on the loop verifiers' locks were bound to
+            [group] = env.run_groups([task], 2, engine, tok, SamplingParams(max_new_tokens=8, temperature=0.0))
+            for s in group.samples:
+                assert s.completion_ids == [tok.eos_token_id] and s.loss_mask == [1]
+                assert not s.failed and s.error is None and s.reward == 0.0
     finally:
         env.close()
 

@@ -44,7 +44,7 @@ import random
 import sys
 import threading
 from collections.abc import Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any
 
 from transformers import PreTrainedTokenizerBase
@@ -138,14 +138,28 @@ def stitch(records: list[TokenRecord]) -> Sample:
     return sample
 
 
-def _run_coroutine(coro) -> Any:
-    """Run `coro` to completion from sync code, also when this thread already runs a loop."""
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        return asyncio.run(coro)
-    with ThreadPoolExecutor(max_workers=1) as pool:
-        return pool.submit(asyncio.run, coro).result()
+class _LoopThread:
+    """One event loop on a daemon thread for all of an environment's episodes: verifiers keeps
+    asyncio locks and pools bound to the loop that first used them, so every call must run on
+    the same loop."""
+
+    def __init__(self):
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self.loop.run_forever, name="verifiers-loop", daemon=True)
+        self._thread.start()
+
+    def run(self, coro, timeout_s: float) -> Any:
+        """`coro`'s result, or TimeoutError after `timeout_s` (the coroutine is cancelled)."""
+        future = asyncio.run_coroutine_threadsafe(coro, self.loop)
+        try:
+            return future.result(timeout_s)
+        except FutureTimeout:
+            future.cancel()
+            raise TimeoutError(f"rollouts exceeded rollout_timeout_s={timeout_s}") from None
+
+    def stop(self) -> None:
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(timeout=30)
 
 
 @register("verifiers")
@@ -175,6 +189,7 @@ class VerifiersEnvironment(Environment):
             raise ValueError(f"env.args.taskset: taskset {taskset!r} yielded no tasks")
         self._server: OpenAIServer | None = None
         self._server_lock = threading.Lock()
+        self._loop: _LoopThread | None = None
 
     # ---- tasks ---------------------------------------------------------------------------
     @property
@@ -222,14 +237,20 @@ class VerifiersEnvironment(Environment):
             if self._server is not None:
                 self._server.stop()
                 self._server = None
+            if self._loop is not None:
+                self._loop.stop()
+                self._loop = None
 
     def run_groups(self, tasks: list[Task], group_size: int, engine: RolloutEngine,
                    tokenizer: PreTrainedTokenizerBase, params: SamplingParams) -> list[Group]:
         server = self.server(engine, tokenizer)
         server.defaults = params
+        with self._server_lock:
+            if self._loop is None:
+                self._loop = _LoopThread()
+            loop = self._loop
         try:
-            episodes = _run_coroutine(asyncio.wait_for(
-                self._episodes(tasks, group_size, server, params), self.rollout_timeout_s))
+            episodes = loop.run(self._episodes(tasks, group_size, server, params), self.rollout_timeout_s)
             error = None
         except Exception as e:  # noqa: BLE001 (every sample of the request is marked)
             episodes, error = None, f"verifiers: {type(e).__name__}: {e}"
