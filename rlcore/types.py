@@ -55,6 +55,10 @@ class Sample:
     teacher_logprobs: list[float] | None = None
     """On-policy distillation: the teacher's teacher-forced logprob of each completion token
     (set by the teacher stage before the buffer; None without a teacher)."""
+    prefix_breaks: int = 0
+    """Turns of a multi-turn episode whose fresh chat-template rendering would not have continued
+    the previous turn's exact ids (the recorded ids were spliced instead; see
+    `rlcore.serving.openai_server`)."""
 
     @property
     def num_tokens(self) -> int:

@@ -1,119 +1,115 @@
-"""Run environments written with the `verifiers` package (classic API) against the rollout engine.
+"""Run `verifiers` v1 environments (verifiers 0.4.x, `import verifiers.v1 as vf`) on the rollout engine.
 
-`env.name: verifiers`, `env.args.load: package.module:function`, where the function (called
-with `env.args.env_kwargs`) returns a classic verifiers environment (`vf.SingleTurnEnv`,
-`vf.MultiTurnEnv`, `vf.ToolEnv`, ... from `verifiers.legacy`, also reachable as
-`import verifiers as vf` in the pinned 0.3.x). The v1 stack (`verifiers.v1`) is not supported.
+`env.name: verifiers`, `env.args.taskset: ID` (the v1 taskset id: an importable package or
+module exporting its `vf.Taskset` subclass, and optionally its `vf.Harness` / `vf.Env`, through
+`__all__`, exactly as `vf-eval ID` resolves it), `env.args.env_config: {...}` (the rest of the
+v1 env config, the `[env]` block of a verifiers TOML: `taskset.*` knobs, `agent.harness.*`,
+`agent.runtime.*`, ...; the agent's runtime defaults to the local `subprocess` one here).
 
 Per `run_groups` call, on the rollout actor:
 
 1. an :class:`~rlcore.serving.openai_server.OpenAIServer` (started once, loopback, ephemeral
    port) serves the engine over chat completions; its defaults are this call's SamplingParams;
-2. the verifiers environment runs `group_size` rollouts per task with an OpenAI client pointed at
-   it (`env.rollout`), then scores each group with its own rubric (`rubric.score_group`);
-3. each rollout's trajectory names the responses it got; their token records become one
-   :class:`Sample`: prompt ids of the first turn, then each turn's sampled ids (loss_mask 1, the
-   engine's logprobs and versions) with the ids the server added between turns (environment
-   tokens: loss_mask 0, logprob 0.0, version -1). The server's prefix rule makes every later turn
-   extend the earlier one token for token; a rollout whose turns do not (the environment
-   rewrote its history) cannot be one training sequence and is recorded as an error.
+2. the v1 env plays `group_size` episodes per task (`env.run_episode`, inside `env.serving()`)
+   with a `vf.ModelContext` whose client is a `vf.EvalClientConfig` pointed at that server, so
+   every model call of the harness goes through verifiers' interception to the server; the
+   task's `@vf.reward`s score each trace;
+3. each episode's one trainable trace becomes one :class:`Sample` from the token records the
+   server keeps for that trace's session (verifiers sends the trace id as `X-Session-ID`): prompt
+   ids of the first turn, then each turn's sampled ids (loss_mask 1, the engine's logprobs and
+   versions) with the ids the server added between turns (environment tokens: tool results,
+   user turns; loss_mask 0, logprob 0.0, version -1). The server's prefix rule makes every later
+   turn extend the earlier one token for token; a rollout whose turns do not (the harness
+   rewrote its history) cannot be one training sequence and is failed with that error.
+   `Sample.prefix_breaks` counts the turns where the chat template's fresh rendering would have
+   broken the prefix (the recorded ids were spliced; the driver logs `multiturn_prefix_breaks`).
 
-An empty completion (end-of-sequence at once) is an answer: verifiers' client would raise
-`EmptyModelResponseError` for it; the client used here hands it on as an empty message instead,
-so the rubric scores it (whatever low reward it gives empty text) and it is trained on.
-A rollout that errors (verifiers puts the error on its state: a failing request, a timeout),
-returns no reward, or a non-finite one, is handled per `on_reward_error`; one left without token
-ids (no recorded model call) is always failed, as there is nothing to train on.
-The verifiers rubric runs inside the verifiers rollout, under `rollout_timeout_s` (the whole
-request), not under the per-reward `reward_timeout_s` of rlcore environments.
+An empty reply is an ordinary reply: its tokens (at least the end-of-turn token) are trained and
+the rubric's reward is kept. An episode that errors (the harness, a timeout, scoring) is handled
+per `on_reward_error`; one without any recorded model call is always failed (nothing to train).
 
-Limits: the rollouts use this call's max_new_tokens / temperature / top_p (the verifiers env's
-own `sampling_args` are not merged in), and `SamplingParams.seed` is not forwarded (a per-request
-seed would make a group's identical prompts sample identically), so verifiers episodes are not
-reproducible by seed. The server answers text only: it does not parse tool calls, so `ToolEnv`
-episodes see the policy's text but never call tools. Turns of concurrent episodes share an
-engine batch when they reach the server within `batch_window_s` of each other.
+Limits: one trainable trace per episode (multi-agent envs whose several seats train are refused
+per episode); tasks come from the taskset in `load()` order (train: a seeded permutation per
+pass; eval: the same tasks in order, `eval_size` of them); `SamplingParams.seed` is not forwarded.
 """
 
 from __future__ import annotations
 
 import asyncio
 import importlib
+import itertools
+import logging
 import math
 import random
-import signal
+import sys
 import threading
-from concurrent.futures import ThreadPoolExecutor
-from typing import TYPE_CHECKING, Any
+from collections.abc import Mapping, Sequence
+from concurrent.futures import TimeoutError as FutureTimeout
+from typing import Any
 
+from transformers import PreTrainedTokenizerBase
+
+from rlcore.engine.base import RolloutEngine, SamplingParams
 from rlcore.envs.base import Environment, register
+from rlcore.serving.openai_server import OpenAIServer, TokenRecord, TokenRecorder
+from rlcore.serving.tool_parsers import check_tool_parser
 from rlcore.types import Group, Sample, Task
 
-if TYPE_CHECKING:  # rlcore.serving imports rlcore.envs: imported where used
-    from transformers import PreTrainedTokenizerBase
+log = logging.getLogger("rlcore")
 
-    from rlcore.engine.base import RolloutEngine, SamplingParams
-    from rlcore.serving.openai_server import OpenAIServer, TokenRecord
-
-
-def load_verifiers_env(spec: str, kwargs: dict[str, Any] | None = None) -> Any:
-    """`module:function` -> the verifiers environment the function returns."""
-    module, sep, attr = spec.partition(":")
-    if not sep or not module or not attr:
-        raise ValueError(f"env.args.load: expected 'package.module:function', got {spec!r}")
-    fn = getattr(importlib.import_module(module), attr)
-    # classic verifiers environments install process-wide SIGINT/SIGTERM handlers when built
-    # (their teardown, then exit); the actor's own handlers are put back (teardown still runs
-    # at exit through the atexit hook they also register)
-    main = threading.current_thread() is threading.main_thread()
-    saved = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)} if main else {}
-    try:
-        vf_env = fn(**(kwargs or {}))
-    finally:
-        for sig, handler in saved.items():
-            signal.signal(sig, handler)
-    if not (hasattr(vf_env, "rollout") and hasattr(vf_env, "rubric") and hasattr(vf_env, "get_dataset")):
-        raise TypeError(f"env.args.load: {spec} returned {type(vf_env).__name__}, not a classic verifiers "
-                        "Environment (verifiers.legacy / `import verifiers as vf`)")
-    return vf_env
+API_KEY_VAR = "RLCORE_VERIFIERS_API_KEY"
+"""Env var verifiers reads the endpoint's key from (the loopback server checks none)."""
 
 
-_CLIENT: list[type] = []
+def _plain(value: Any) -> Any:
+    """Plain dicts/lists (OmegaConf containers reach here from `env.args`)."""
+    if isinstance(value, Mapping):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)) or (isinstance(value, Sequence) and not isinstance(value, str)):
+        return [_plain(v) for v in value]
+    return value
 
 
-def empty_answers_client() -> type:
-    """verifiers' chat-completions client, except that an empty reply (one choice, no content,
-    no tool call) is returned as an empty assistant message for the rubric to score, where
-    verifiers raises EmptyModelResponseError and the rollout would be lost (built once: verifiers
-    is imported on first use)."""
-    if not _CLIENT:
-        from verifiers.legacy.clients import OpenAIChatCompletionsClient
-        from verifiers.legacy.errors import EmptyModelResponseError
-
-        class EmptyAnswersClient(OpenAIChatCompletionsClient):
-            async def raise_from_native_response(self, response):
-                try:
-                    await super().raise_from_native_response(response)
-                except EmptyModelResponseError:
-                    if response is None or not response.choices or len(response.choices) != 1:
-                        raise  # no reply at all: a fault, not an answer
-
-            async def from_native_response(self, response):
-                out = await super().from_native_response(response)
-                if out.message.content is None and not out.message.tool_calls:
-                    out.message.content = ""
-                return out
-
-        _CLIENT.append(EmptyAnswersClient)
-    return _CLIENT[0]
+def v1_env_config(taskset: str, env_config: Mapping[str, Any] | None) -> dict[str, Any]:
+    """The v1 env config dict: `env_config` with `taskset.id` set and a local agent runtime
+    unless one is given."""
+    cfg = _plain(env_config or {})
+    ts = dict(cfg.get("taskset") or {})
+    if taskset:
+        ts["id"] = taskset
+    if not ts.get("id"):
+        raise ValueError("env.args.taskset: required for env.name=verifiers (a verifiers v1 taskset id)")
+    cfg["taskset"] = ts
+    agent = dict(cfg.get("agent") or {})
+    agent.setdefault("runtime", {"type": "subprocess"})
+    cfg["agent"] = agent
+    return cfg
 
 
-def _plain(messages: Any) -> list[dict[str, Any]]:
-    out = []
-    for m in messages or []:
-        if hasattr(m, "model_dump"):
-            m = m.model_dump(exclude_none=True)
-        out.append({k: v for k, v in dict(m).items() if v is not None})
+def load_v1_env(taskset: str, env_config: dict[str, Any] | None = None) -> Any:
+    """The `vf.Env` for taskset id `taskset` (+ `env_config`), as verifiers' own loaders build it.
+
+    verifiers resolves an id as a top-level module name; a dotted module path (`my_pkg.my_env`)
+    is imported here and registered under its last component, which becomes the id."""
+    import verifiers.v1 as vf
+    if "." in taskset:
+        module = importlib.import_module(taskset)
+        alias = taskset.rsplit(".", 1)[-1]
+        if sys.modules.setdefault(alias, module) is not module:
+            raise ValueError(f"another module is already imported as {alias!r}")
+        taskset = alias
+    return vf.load_environment(vf.resolve_env_config(v1_env_config(taskset, env_config)))
+
+
+def task_messages(data: Any) -> list[dict[str, Any]]:
+    """The task's opening messages (system prompt, then the prompt) as plain chat dicts."""
+    out = [{"role": "system", "content": data.system_prompt}] if getattr(data, "system_prompt", None) else []
+    prompt = getattr(data, "prompt", None)
+    if isinstance(prompt, str):
+        out.append({"role": "user", "content": prompt})
+    elif prompt:
+        from verifiers.v1.dialects.chat import message_to_wire
+        out += [m if isinstance(m, dict) else message_to_wire(m) for m in prompt]
     return out
 
 
@@ -127,7 +123,7 @@ def stitch(records: list[TokenRecord]) -> Sample:
         if i:
             if rec.prompt_ids[:len(context)] != context:
                 raise ValueError(f"turn {i + 1}'s prompt does not extend the episode's token ids "
-                                 "(the environment rewrote earlier messages)")
+                                 "(the harness rewrote earlier messages)")
             env_ids = rec.prompt_ids[len(context):]
             sample.completion_ids += env_ids
             sample.logprobs += [0.0] * len(env_ids)
@@ -138,80 +134,94 @@ def stitch(records: list[TokenRecord]) -> Sample:
         sample.versions += rec.versions
         sample.loss_mask += [1] * len(rec.completion_ids)
         sample.finish_reason = rec.finish_reason
+        sample.prefix_breaks += int(rec.prefix_break)
     return sample
 
 
-def _run_coroutine(coro) -> Any:
-    """Run `coro` to completion from sync code, also when this thread already runs a loop."""
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        return asyncio.run(coro)
-    with ThreadPoolExecutor(max_workers=1) as pool:
-        return pool.submit(asyncio.run, coro).result()
+class _LoopThread:
+    """One event loop on a daemon thread for all of an environment's episodes: verifiers keeps
+    asyncio locks and pools bound to the loop that first used them, so every call must run on
+    the same loop."""
+
+    def __init__(self):
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self.loop.run_forever, name="verifiers-loop", daemon=True)
+        self._thread.start()
+
+    def run(self, coro, timeout_s: float) -> Any:
+        """`coro`'s result, or TimeoutError after `timeout_s` (the coroutine is cancelled)."""
+        future = asyncio.run_coroutine_threadsafe(coro, self.loop)
+        try:
+            return future.result(timeout_s)
+        except FutureTimeout:
+            future.cancel()
+            raise TimeoutError(f"rollouts exceeded rollout_timeout_s={timeout_s}") from None
+
+    def stop(self) -> None:
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(timeout=30)
 
 
 @register("verifiers")
 class VerifiersEnvironment(Environment):
-    """A classic `verifiers` environment behind rlcore's Environment interface (module doc)."""
+    """A verifiers v1 environment behind rlcore's Environment interface (module doc)."""
 
-    def __init__(self, load: str = "", env_kwargs: dict[str, Any] | None = None, model_name: str = "rlcore",
-                 request_timeout_s: float = 600.0, rollout_timeout_s: float = 1800.0,
-                 batch_window_s: float = 0.005, seed: int = 0, **common):
+    def __init__(self, taskset: str = "", env_config: dict[str, Any] | None = None, model_name: str = "rlcore",
+                 tool_parser: str = "hermes", request_timeout_s: float = 600.0, rollout_timeout_s: float = 1800.0,
+                 batch_window_s: float = 0.005, max_tasks: int = 100_000, seed: int = 0, **common):
         super().__init__(seed, **common)
-        if not load:
-            raise ValueError("env.args.load: required for env.name=verifiers ('package.module:function')")
-        self.load = load
-        self.vf_env = load_verifiers_env(load, dict(env_kwargs or {}))
+        try:
+            check_tool_parser(tool_parser)
+        except ValueError as e:
+            raise ValueError(f"env.args.{e}") from None
+        try:
+            self.vf_env = load_v1_env(taskset, env_config)
+        except (ImportError, TypeError, ValueError) as e:  # a missing taskset, a bad config key
+            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            raise ValueError(f"env.args.taskset: cannot load verifiers v1 env {taskset!r}: {first}") from e
         self.model_name = model_name
+        self.tool_parser = tool_parser
         self.request_timeout_s = float(request_timeout_s)
         self.rollout_timeout_s = float(rollout_timeout_s)
         self.batch_window_s = float(batch_window_s)
+        self._tasks = list(itertools.islice(iter(self.vf_env.taskset), int(max_tasks)))
+        if not self._tasks:
+            raise ValueError(f"env.args.taskset: taskset {taskset!r} yielded no tasks")
         self._server: OpenAIServer | None = None
         self._server_lock = threading.Lock()
-        self._datasets: dict[str, Any] = {}
+        self._loop: _LoopThread | None = None
 
     # ---- tasks ---------------------------------------------------------------------------
-    def _dataset(self, split: str):
-        """The verifiers env's eval dataset for `eval` (its train dataset when it has none), the
-        train dataset for `train` (its eval dataset when it has none)."""
-        if split not in self._datasets:
-            env = self.vf_env
-            has_train = env.dataset is not None or env.dataset_source is not None
-            has_eval = env.eval_dataset is not None or env.eval_dataset_source is not None
-            use_eval = has_eval if split == "eval" else not has_train
-            self._datasets[split] = env.get_eval_dataset() if use_eval else env.get_dataset()
-        return self._datasets[split]
-
     @property
     def eval_size(self) -> int:
-        return min(self._eval_size, len(self._dataset("eval")))
-
-    def split_size(self, split: str) -> int | None:
-        return len(self._dataset(split))
+        return min(self._eval_size, len(self._tasks))
 
     def make_task(self, index: int, split: str) -> Task:
-        ds = self._dataset(split)
-        n = len(ds)
-        if n == 0:
-            raise ValueError(f"env.args.load: the verifiers environment {self.load!r} has an empty {split} dataset")
+        n = len(self._tasks)
         if split == "eval":
-            row_index = index % n
-        else:  # a seeded permutation per pass over the dataset
+            row = index % n
+        else:  # a seeded permutation per pass over the taskset
             order = list(range(n))
             random.Random(f"{self.seed}:{split}:{index // n}").shuffle(order)
-            row_index = order[index % n]
-        row = dict(ds[row_index])
-        return Task(id=f"verifiers:{split}:{index}", messages=_plain(row.get("prompt")),
-                    answer=row.get("answer"), info={"row": row})
+            row = order[index % n]
+        data = self._tasks[row].data
+        answer = getattr(data, "answer", None)
+        return Task(id=f"verifiers:{split}:{index}", messages=task_messages(data),
+                    answer=answer if isinstance(answer, str) else None, info={"vf_index": row})
+
+    def demonstration_messages(self, task: Task) -> list[dict[str, Any]] | None:
+        """The task's messages then the task data's `demonstration` (the messages after the
+        prompt: tool calls, tool results, the final reply) when it has one, else its string
+        `answer` as one assistant reply."""
+        demo = getattr(self._tasks[task.info["vf_index"]].data, "demonstration", None)
+        return [*task.messages, *(dict(m) for m in demo)] if demo else super().demonstration_messages(task)
 
     def reward(self, task: Task, completion: str) -> float:
-        raise NotImplementedError("verifiers environments are scored by their own rubric")
+        raise NotImplementedError("verifiers environments are scored by their tasks' @vf.reward functions")
 
     # ---- episodes ------------------------------------------------------------------------
     def server(self, engine: RolloutEngine, tokenizer: PreTrainedTokenizerBase) -> OpenAIServer:
         """The actor's endpoint over `engine` (started on first use; restarted for another engine)."""
-        from rlcore.serving.openai_server import OpenAIServer, TokenRecorder
         with self._server_lock:
             s = self._server
             if s is None or s.engine is not engine or s.tokenizer is not tokenizer:
@@ -219,7 +229,7 @@ class VerifiersEnvironment(Environment):
                     s.stop()
                 s = OpenAIServer(engine, tokenizer, model_name=self.model_name,
                                  request_timeout_s=self.request_timeout_s, batch_window_s=self.batch_window_s,
-                                 recorder=TokenRecorder())
+                                 recorder=TokenRecorder(), tool_parser=self.tool_parser)
                 self._server = s.start()
             return s
 
@@ -228,54 +238,48 @@ class VerifiersEnvironment(Environment):
             if self._server is not None:
                 self._server.stop()
                 self._server = None
+            if self._loop is not None:
+                self._loop.stop()
+                self._loop = None
 
     def run_groups(self, tasks: list[Task], group_size: int, engine: RolloutEngine,
                    tokenizer: PreTrainedTokenizerBase, params: SamplingParams) -> list[Group]:
         server = self.server(engine, tokenizer)
         server.defaults = params
-        sampling_args = {"max_tokens": params.max_new_tokens, "temperature": params.temperature,
-                         "top_p": params.top_p}
+        with self._server_lock:
+            if self._loop is None:
+                self._loop = _LoopThread()
+            loop = self._loop
         try:
-            states = _run_coroutine(asyncio.wait_for(
-                self._rollouts(tasks, group_size, server, sampling_args), self.rollout_timeout_s))
+            episodes = loop.run(self._episodes(tasks, group_size, server, params), self.rollout_timeout_s)
             error = None
         except Exception as e:  # noqa: BLE001 (every sample of the request is marked)
-            states, error = None, f"verifiers: {type(e).__name__}: {e}"
+            episodes, error = None, f"verifiers: {type(e).__name__}: {e}"
         groups = []
         for ti, task in enumerate(tasks):
-            samples = []
-            for j in range(group_size):
-                if states is None:
-                    sample = self._no_tokens(error)
-                else:
-                    sample = self._sample(states[ti][j], server)
-                samples.append(sample)
+            samples = [self._no_tokens(error) if episodes is None else self._sample(episodes[ti][j], server)
+                       for j in range(group_size)]
             groups.append(Group(task=task, samples=samples))
+        errors = [s for g in groups for s in g.samples if s.error]
+        if errors:  # the driver counts them; the reason is only here
+            log.warning("verifiers: %d of %d samples errored (%d failed); first: %s", len(errors),
+                        len(tasks) * group_size, sum(s.failed for s in errors), errors[0].error)
         return groups
 
-    async def _rollouts(self, tasks: list[Task], group_size: int, server: OpenAIServer,
-                        sampling_args: dict[str, Any]) -> list[list[Any]]:
-        from openai import AsyncOpenAI
+    async def _episodes(self, tasks: list[Task], group_size: int, server: OpenAIServer,
+                        params: SamplingParams) -> list[list[Any]]:
+        import verifiers.v1 as vf
 
-        oai = AsyncOpenAI(base_url=server.base_url, api_key="EMPTY", timeout=self.request_timeout_s, max_retries=0)
-        client = empty_answers_client()(oai)
-        vf_env = self.vf_env
-
-        async def group(task: Task) -> list[Any]:
-            row = task.info["row"]
-            inputs = [dict(row) for _ in range(group_size)]
-            states = await asyncio.gather(*(vf_env.rollout(inp, client, self.model_name, dict(sampling_args))
-                                            for inp in inputs))
-            if vf_env.score_rollouts:
-                await vf_env.rubric.score_group(states)
-            for st in states:
-                await vf_env.rubric.cleanup(st)
-            return states
-
-        try:
-            return list(await asyncio.gather(*(group(t) for t in tasks)))
-        finally:
-            await oai.close()
+        ctx = vf.ModelContext(
+            model=self.model_name,
+            client=vf.EvalClientConfig(base_url=server.base_url, api_key_var=API_KEY_VAR),
+            sampling=vf.SamplingConfig(max_tokens=params.max_new_tokens, temperature=params.temperature,
+                                       top_p=params.top_p))
+        env = self.vf_env
+        async with env.serving():
+            flat = await asyncio.gather(*(env.run_episode(self._tasks[t.info["vf_index"]], ctx)
+                                          for t in tasks for _ in range(group_size)))
+        return [flat[i * group_size:(i + 1) * group_size] for i in range(len(tasks))]
 
     def _no_tokens(self, error: str) -> Sample:
         """A sample without token ids: always failed (nothing to train on), whatever
@@ -286,38 +290,31 @@ class VerifiersEnvironment(Environment):
         sample.failed = True
         return sample
 
-    def _sample(self, state: Any, server: OpenAIServer) -> Sample:
-        steps = state.get("trajectory") or []
-        records, missing = [], []
-        for step in steps:
-            response = step.get("response")
-            rid = getattr(response, "id", None) if response is not None else None
-            if rid is None and isinstance(response, dict):
-                rid = response.get("id")
-            rec = server.recorder.pop(rid) if rid else None
-            (records.append(rec) if rec is not None else missing.append(rid))
-        if missing:
-            return self._no_tokens(f"verifiers: no token record for response(s) {missing}")
+    def _sample(self, episode: Any, server: OpenAIServer) -> Sample:
+        per_trace = [(t, server.recorder.pop_session(t.id)) for t in episode.traces]
+        trainable = [(t, recs) for t, recs in per_trace if t.agent.trainable]
+        if len(trainable) != 1:
+            why = "; ".join(f"{e.type}: {e.message}" for e in episode.errors) or "no error recorded"
+            return self._no_tokens(f"verifiers: episode has {len(trainable)} trainable traces, one is "
+                                   f"supported ({why})")
+        trace, records = trainable[0]
+        errors = [*episode.errors, *trace.errors]
+        why = "; ".join(f"{e.type}: {e.message}" for e in errors)
         if not records:
-            err = state.get("error")
-            why = f"{type(err).__name__}: {err}" if err is not None else "no error recorded"
-            return self._no_tokens(f"verifiers: rollout made no model call ({why})")
+            return self._no_tokens(f"verifiers: rollout made no model call ({why or 'no error recorded'})")
         try:
             sample = stitch(records)
         except ValueError as e:
             return self._no_tokens(f"verifiers: {e}")
-        err = state.get("error")
-        if err is not None:
-            self.apply_error(sample, f"verifiers: {type(err).__name__}: {err}")
+        if errors or not episode.ok:
+            self.apply_error(sample, f"verifiers: {why or 'episode not ok'}")
             return sample
-        reward = state.get("reward")
-        try:
-            reward = float(reward)
-        except (TypeError, ValueError):
-            self.apply_error(sample, f"reward: not a number ({reward!r})")
+        if any(r is None for r in trace.rewards.values()):
+            self.apply_error(sample, "reward: scoring did not run")
             return sample
+        reward = trace.reward
         if not math.isfinite(reward):
             self.apply_error(sample, f"reward: not finite ({reward})")
             return sample
-        sample.reward = reward
+        sample.reward = float(reward)
         return sample

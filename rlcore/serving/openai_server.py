@@ -5,21 +5,37 @@ the framework reads back, for every response, the exact token ids the engine saw
 with their logprobs and policy versions, so training samples are built without re-tokenizing.
 
 - Loopback only (127.0.0.1), ephemeral port, served by aiohttp on a background thread with its
-  own event loop. `POST /v1/chat/completions` (n=1, no streaming) and `GET /v1/models`.
+  own event loop. `POST /v1/chat/completions` and `GET /v1/models`.
+- As OpenAI's API: `n` choices per request (independent samples of one prompt), `stop` strings
+  (the text ends before the earliest one, finish reason `stop`; applied to the sampled ids, see
+  :func:`rlcore.serving.replies.truncate_at_stop`), `logprobs` (the sampled tokens' logprobs;
+  `top_logprobs` alternatives are refused: the engines return none), `tools` (rendered through
+  the chat template) with the reply's tool calls parsed into `tool_calls` by the parser named
+  `tool_parser` (:mod:`rlcore.serving.tool_parsers`: vLLM's own registry where vLLM is installed,
+  the built-in `hermes` otherwise), finish reason `tool_calls` then; `tool_choice: none` turns
+  parsing off for the request. `stream: true` answers the same response as server-sent
+  `chat.completion.chunk` events once generation is done (`stream_options.include_usage` adds
+  the usage chunk).
 - Requests arriving within `batch_window_s` of each other with the same sampling settings are
   sent to the engine as one batch; engine calls are serialized (one at a time). Every request has
   a deadline (`request_timeout_s`, answered 504).
 - Prompt rendering and the multi-turn prefix rule: a request's messages are matched against the
   conversations already answered. If its messages start with an earlier request's messages
-  followed by that request's assistant reply (same role and text), the prompt ids are that
-  episode's exact ids (`prompt_ids + completion_ids` of the earlier response) followed by the
-  template delta of the new messages (:class:`rlcore.envs.render.TurnRenderer`: the end-of-turn
-  marker if the policy did not emit it, the new messages, the next assistant header). The
-  longest such match wins. Otherwise the messages are rendered from scratch with the chat
-  template (:func:`rlcore.envs.render.render_prompt`). So a later turn's prompt ids always extend
-  the earlier turn's ids token for token, and no sampled token is ever re-tokenized.
-- :class:`TokenRecorder` keeps a :class:`TokenRecord` per response id until the framework pops
-  it (bounded: the oldest are evicted past `max_records`).
+  followed by that request's assistant reply (same role, content and tool calls), the prompt ids
+  are that episode's exact ids (`prompt_ids + completion_ids` of the earlier response) followed
+  by the template delta of the new messages (:class:`rlcore.envs.render.TurnRenderer`: the
+  end-of-turn marker if the policy did not emit it, the new messages (tool results included),
+  the next assistant header). The longest such match wins. Otherwise the messages are rendered
+  from scratch with the chat template. So a later turn's prompt ids always extend the earlier
+  turn's ids token for token, and no sampled token is ever re-tokenized.
+- Prefix breaks: on every continued turn the server also renders the whole request from scratch;
+  where that rendering does not begin with the recorded ids (a template that re-renders earlier
+  turns differently, such as Qwen3's dropping `<think>` from earlier assistant turns, or text
+  that tokenizes differently than it was sampled) the turn is marked `prefix_break` on its
+  record. The recorded ids are spliced either way; the count is reported per sample.
+- :class:`TokenRecorder` keeps a :class:`TokenRecord` per choice until the framework pops it
+  (bounded: the oldest are evicted past `max_records`), and groups them by the `X-Session-ID`
+  header (one verifiers rollout).
 """
 
 from __future__ import annotations
@@ -30,7 +46,6 @@ import json
 import threading
 import time
 import uuid
-from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Self
@@ -38,107 +53,16 @@ from typing import Any, Self
 from aiohttp import web
 from transformers import PreTrainedTokenizerBase
 
-from rlcore.engine.base import RolloutEngine, SamplingParams
-from rlcore.envs.render import TurnRenderer, render_prompt
+from rlcore.engine.base import Generation, RolloutEngine, SamplingParams
+from rlcore.envs.render import TurnRenderer
+from rlcore.serving.records import TokenRecord, TokenRecorder, normalize_messages
+from rlcore.serving.replies import logprobs_content, truncate_at_stop
+from rlcore.serving.tool_parsers import make_tool_parser, vllm_available
 
+__all__ = ["OpenAIServer", "TokenRecord", "TokenRecorder", "normalize_messages"]
 
-@dataclass
-class TokenRecord:
-    """What the engine saw and produced for one chat-completions response."""
-
-    prompt_ids: list[int]
-    completion_ids: list[int]
-    logprobs: list[float]
-    versions: list[int]
-    finish_reason: str  # the engine's: stop | length | abort
-    text: str
-
-
-def _content_text(content: Any) -> str:
-    if content is None:
-        return ""
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):  # content parts: only text is supported
-        parts = []
-        for p in content:
-            if isinstance(p, dict) and p.get("type") in ("text", "input_text", "output_text"):
-                parts.append(str(p.get("text", "")))
-            else:
-                raise ValueError(f"unsupported message content part {p!r} (text only)")
-        return "".join(parts)
-    raise ValueError(f"unsupported message content {type(content).__name__}")
-
-
-def normalize_messages(messages: Any) -> list[dict[str, Any]]:
-    """Plain `{role, content}` dicts (text content; `name`/`tool_call_id` kept)."""
-    if not isinstance(messages, list) or not messages:
-        raise ValueError("messages: a non-empty list is required")
-    out = []
-    for m in messages:
-        if not isinstance(m, dict) or "role" not in m:
-            raise ValueError(f"messages: each message needs a role, got {m!r}")
-        msg = {"role": str(m["role"]), "content": _content_text(m.get("content"))}
-        for k in ("name", "tool_call_id"):
-            if m.get(k) is not None:
-                msg[k] = m[k]
-        out.append(msg)
-    return out
-
-
-def _key(messages: list[dict[str, Any]]) -> str:
-    return json.dumps([[m["role"], m["content"], m.get("name"), m.get("tool_call_id")] for m in messages])
-
-
-class TokenRecorder:
-    """Token records by response id, and the episode index used by the prefix rule."""
-
-    def __init__(self, max_records: int = 100_000):
-        self.max_records = max_records
-        self._lock = threading.Lock()
-        self._records: OrderedDict[str, TokenRecord] = OrderedDict()
-        self._episodes: dict[str, str] = {}  # key(messages + reply) -> response id
-        self._episode_of: dict[str, str] = {}
-
-    def add(self, response_id: str, messages: list[dict[str, Any]], record: TokenRecord) -> None:
-        key = _key([*messages, {"role": "assistant", "content": record.text}])
-        with self._lock:
-            self._records[response_id] = record
-            self._episodes[key] = response_id
-            self._episode_of[response_id] = key
-            while len(self._records) > self.max_records:
-                old, _ = self._records.popitem(last=False)
-                self._forget(old)
-
-    def _forget(self, response_id: str) -> None:
-        key = self._episode_of.pop(response_id, None)
-        if key is not None and self._episodes.get(key) == response_id:
-            del self._episodes[key]
-
-    def get(self, response_id: str) -> TokenRecord | None:
-        with self._lock:
-            return self._records.get(response_id)
-
-    def pop(self, response_id: str) -> TokenRecord | None:
-        with self._lock:
-            self._forget(response_id)
-            return self._records.pop(response_id, None)
-
-    def __len__(self) -> int:
-        with self._lock:
-            return len(self._records)
-
-    def longest_episode(self, messages: list[dict[str, Any]]) -> tuple[int, TokenRecord] | None:
-        """(k, record) for the longest k < len(messages) where messages[:k] is an answered
-        conversation ending with its recorded assistant reply."""
-        with self._lock:
-            for k in range(len(messages) - 1, 0, -1):
-                if messages[k - 1]["role"] != "assistant":
-                    continue
-                rid = self._episodes.get(_key(messages[:k]))
-                if rid is not None and rid in self._records:
-                    return k, self._records[rid]
-        return None
+SESSION_HEADER = "X-Session-ID"
+"""Per-rollout header verifiers' clients send (the trace id); groups a rollout's responses."""
 
 
 @dataclass
@@ -153,13 +77,14 @@ class OpenAIServer:
 
     `defaults` are the sampling settings a request does not override (`max_tokens` /
     `max_completion_tokens`, `temperature`, `top_p`, `seed`); `stop_token_ids` always come from
-    them. Use as a context manager, or `start()` / `stop()`.
+    them. `tool_parser` names the tool-call parser (`none` = off). Use as a context manager, or
+    `start()` / `stop()`.
     """
 
     def __init__(self, engine: RolloutEngine, tokenizer: PreTrainedTokenizerBase,
                  defaults: SamplingParams | None = None, model_name: str = "rlcore",
                  request_timeout_s: float = 600.0, batch_window_s: float = 0.005,
-                 max_batch: int = 256, recorder: TokenRecorder | None = None):
+                 max_batch: int = 256, recorder: TokenRecorder | None = None, tool_parser: str = "hermes"):
         self.engine = engine
         self.tokenizer = tokenizer
         self.defaults = defaults or SamplingParams()
@@ -169,6 +94,8 @@ class OpenAIServer:
         self.max_batch = int(max_batch)
         self.recorder = recorder or TokenRecorder()
         self._renderer = TurnRenderer(tokenizer) if tokenizer.eos_token else None
+        # vLLM's parsers are text-level: used wherever vLLM is installed, whatever the engine
+        self._parse_tools = make_tool_parser(tool_parser, tokenizer, vllm_available())
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._runner: web.AppRunner | None = None
@@ -242,17 +169,23 @@ class OpenAIServer:
             await self._runner.cleanup()
 
     # ---- prompt ids ----------------------------------------------------------------------
-    def prompt_ids(self, messages: list[dict[str, Any]], tools: list | None = None) -> list[int]:
-        """Exact prompt ids for `messages` by the prefix rule (module doc)."""
-        match = self.recorder.longest_episode(messages) if self._renderer is not None and not tools else None
-        if match is not None:
-            k, rec = match
-            rest = messages[k:]
-            return rec.prompt_ids + rec.completion_ids + self._renderer.continuation(rec.completion_ids, rest)
-        if tools:
-            text = self.tokenizer.apply_chat_template(messages, tools=tools, add_generation_prompt=True, tokenize=False)
-            return self.tokenizer(text, add_special_tokens=False).input_ids
-        return render_prompt(self.tokenizer, messages)
+    def render(self, messages: list[dict[str, Any]], tools: list | None = None) -> list[int]:
+        """`messages` rendered from scratch with the chat template (and `tools`), ending with
+        the assistant header."""
+        text = self.tokenizer.apply_chat_template(messages, tools=tools or None, add_generation_prompt=True,
+                                                  tokenize=False)
+        return self.tokenizer(text, add_special_tokens=False).input_ids
+
+    def prompt_ids(self, messages: list[dict[str, Any]], tools: list | None = None) -> tuple[list[int], bool]:
+        """(exact prompt ids for `messages` by the prefix rule, whether that turn is a prefix
+        break: a fresh rendering would not have continued the recorded ids) (module doc)."""
+        match = self.recorder.longest_episode(messages) if self._renderer is not None else None
+        if match is None:
+            return self.render(messages, tools), False
+        k, rec = match
+        context = rec.prompt_ids + rec.completion_ids
+        fresh = self.render(messages, tools)
+        return context + self._renderer.continuation(rec.completion_ids, messages[k:]), fresh[:len(context)] != context
 
     # ---- engine batching -----------------------------------------------------------------
     async def _batch_loop(self) -> None:
@@ -304,12 +237,15 @@ class OpenAIServer:
         return web.json_response({"error": {"message": message, "type": kind, "code": status}}, status=status)
 
     def _params(self, body: dict[str, Any]) -> SamplingParams:
-        if body.get("n", 1) != 1:
-            raise ValueError("n: only n=1 is supported")
-        if body.get("stream"):
-            raise ValueError("stream: streaming is not supported")
-        if body.get("stop"):
-            raise ValueError("stop: stop strings are not supported (the engine stops on token ids)")
+        if body.get("top_logprobs"):
+            raise ValueError("top_logprobs: alternatives are not available (logprobs of the sampled tokens only)")
+        n = body.get("n", 1)
+        if not isinstance(n, int) or n < 1:
+            raise ValueError(f"n: must be a positive integer, got {n!r}")
+        stop = body.get("stop")
+        if stop is not None and not (isinstance(stop, str) or
+                                     (isinstance(stop, list) and all(isinstance(s, str) for s in stop))):
+            raise ValueError("stop: a string or a list of strings")
         p = self.defaults
         max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
         return dataclasses.replace(
@@ -321,42 +257,94 @@ class OpenAIServer:
             stop_token_ids=list(p.stop_token_ids),
         )
 
+    def _choice(self, index: int, gen: Generation, body: dict[str, Any], tools: list | None,
+                stops: list[str]) -> tuple[dict[str, Any], Generation, str, list[dict[str, Any]]]:
+        """(OpenAI choice, kept generation, content, tool calls) for one sampled completion."""
+        gen, text = truncate_at_stop(self.tokenizer, gen, stops)
+        content, calls = text, []
+        if tools and self._parse_tools is not None and body.get("tool_choice") != "none":
+            parsed = self._parse_tools(text, tools)
+            content, calls = parsed.content, parsed.tool_calls
+        message: dict[str, Any] = {"role": "assistant", "content": content}
+        if calls:
+            message["tool_calls"] = calls
+            message["content"] = content or None
+        # an aborted request reads as truncated to the client; the record keeps `abort`
+        finish = "tool_calls" if calls else ("stop" if gen.finish_reason == "stop" else "length")
+        choice = {"index": index, "message": message, "finish_reason": finish, "logprobs": None}
+        if body.get("logprobs"):
+            choice["logprobs"] = {"content": logprobs_content(self.tokenizer, gen)}
+        return choice, gen, content, calls
+
     async def _chat(self, request: web.Request) -> web.Response:
         try:
             body = await request.json()
             messages = normalize_messages(body.get("messages"))
             params = self._params(body)
             tools = body.get("tools") or None
-            prompt_ids = self.prompt_ids(messages, tools)
+            prompt_ids, prefix_break = self.prompt_ids(messages, tools)
         except (ValueError, TypeError, json.JSONDecodeError) as e:
             return self._error(400, str(e))
-        future = asyncio.get_running_loop().create_future()
-        await self._queue.put(_Pending(prompt_ids, params, future))
+        n = int(body.get("n", 1))
+        loop = asyncio.get_running_loop()
+        futures = []
+        for i in range(n):  # n independent samples (a fixed seed is offset per choice)
+            p = params if params.seed is None or i == 0 else dataclasses.replace(params, seed=params.seed + i)
+            futures.append(loop.create_future())
+            await self._queue.put(_Pending(prompt_ids, p, futures[-1]))
         try:
-            gen = await asyncio.wait_for(future, self.request_timeout_s)
+            gens = await asyncio.wait_for(asyncio.gather(*futures), self.request_timeout_s)
         except TimeoutError:
             return self._error(504, f"generation exceeded request_timeout_s={self.request_timeout_s}", "timeout")
         except Exception as e:  # noqa: BLE001
             return self._error(500, f"engine: {type(e).__name__}: {e}", "server_error")
-        text = self.tokenizer.decode(gen.token_ids, skip_special_tokens=True)
+        stop = body.get("stop")
+        stops = [stop] if isinstance(stop, str) else list(stop or [])
         response_id = f"chatcmpl-{uuid.uuid4().hex}"
-        self.recorder.add(response_id, messages, TokenRecord(
-            prompt_ids=list(prompt_ids), completion_ids=list(gen.token_ids), logprobs=list(gen.logprobs),
-            versions=list(gen.versions), finish_reason=gen.finish_reason, text=text))
-        choice: dict[str, Any] = {
-            "index": 0,
-            "message": {"role": "assistant", "content": text},
-            # an aborted request reads as truncated to the client; the record keeps `abort`
-            "finish_reason": "stop" if gen.finish_reason == "stop" else "length",
-            "logprobs": None,
-        }
-        if body.get("logprobs"):
-            choice["logprobs"] = {"content": [
-                {"token": self.tokenizer.decode([t]), "logprob": lp, "bytes": None, "top_logprobs": []}
-                for t, lp in zip(gen.token_ids, gen.logprobs)]}
-        return web.json_response({
+        session = request.headers.get(SESSION_HEADER) if n == 1 else None
+        choices, completion_tokens = [], 0
+        for i, gen in enumerate(gens):
+            choice, kept, content, calls = self._choice(i, gen, body, tools, stops)
+            choices.append(choice)
+            completion_tokens += len(kept.token_ids)
+            self.recorder.add(response_id if i == 0 else f"{response_id}-{i}", messages, TokenRecord(
+                prompt_ids=list(prompt_ids), completion_ids=list(kept.token_ids), logprobs=list(kept.logprobs),
+                versions=list(kept.versions), finish_reason=kept.finish_reason, text=content,
+                tool_calls=calls or None, prefix_break=prefix_break), session=session)
+        payload = {
             "id": response_id, "object": "chat.completion", "created": int(time.time()),
-            "model": body.get("model") or self.model_name, "choices": [choice],
-            "usage": {"prompt_tokens": len(prompt_ids), "completion_tokens": len(gen.token_ids),
-                      "total_tokens": len(prompt_ids) + len(gen.token_ids)},
-        })
+            "model": body.get("model") or self.model_name, "choices": choices,
+            "usage": {"prompt_tokens": len(prompt_ids), "completion_tokens": completion_tokens,
+                      "total_tokens": len(prompt_ids) + completion_tokens},
+        }
+        if body.get("stream"):
+            return await self._stream(request, payload, bool((body.get("stream_options") or {}).get("include_usage")))
+        return web.json_response(payload)
+
+    @staticmethod
+    async def _stream(request: web.Request, payload: dict[str, Any], include_usage: bool) -> web.StreamResponse:
+        """The finished response as OpenAI server-sent `chat.completion.chunk` events (per
+        choice: the role and content, the tool calls, the finish reason; then the usage when
+        asked; then `[DONE]`). Generation is not incremental, so the events come at once."""
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+        await resp.prepare(request)
+        head = {k: payload[k] for k in ("id", "created", "model")} | {"object": "chat.completion.chunk"}
+
+        async def send(obj: dict[str, Any] | str) -> None:
+            await resp.write(f"data: {obj if isinstance(obj, str) else json.dumps(obj)}\n\n".encode())
+
+        for c in payload["choices"]:
+            msg = c["message"]
+            await send({**head, "choices": [{"index": c["index"], "logprobs": c["logprobs"], "finish_reason": None,
+                                             "delta": {"role": "assistant", "content": msg["content"] or ""}}]})
+            if msg.get("tool_calls"):
+                calls = [{"index": j, **tc} for j, tc in enumerate(msg["tool_calls"])]
+                await send({**head, "choices": [{"index": c["index"], "delta": {"tool_calls": calls},
+                                                 "logprobs": None, "finish_reason": None}]})
+            await send({**head, "choices": [{"index": c["index"], "delta": {}, "logprobs": None,
+                                             "finish_reason": c["finish_reason"]}]})
+        if include_usage:
+            await send({**head, "choices": [], "usage": payload["usage"]})
+        await send("[DONE]")
+        await resp.write_eof()
+        return resp
