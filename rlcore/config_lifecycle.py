@@ -1,0 +1,101 @@
+"""The schema of what happens around the training loop: logging, checkpoints, supervised
+fine-tuning (and the RL warm-up), evaluation. Part of `rlcore.config.RunConfig`; one docstring
+per field, YAML only sets values."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional
+
+
+@dataclass
+class LoggerConfig:
+    """Where metrics go."""
+
+    wandb: bool = False
+    """Log to Weights & Biases (offline mode when no API key is set)."""
+    project: str = "rlcore"
+    """wandb project."""
+    run_name: Optional[str] = None
+    """wandb run name (null = wandb's own)."""
+    console: bool = True
+    """Progress bar and one line per step on the console."""
+    samples_every: int = 10
+    """Every this many RL steps, log sample completions (prompt, completion, reward, policy version)
+    to `samples.jsonl` in output_dir and, with wandb, as a wandb.Table `samples` (0 = never)."""
+    samples_per_table: int = 8
+    """Completions per samples table (spread over the step's groups)."""
+
+
+@dataclass
+class CheckpointConfig:
+    """Checkpoints (trainer via torch.distributed.checkpoint + driver state), resume and export."""
+
+    dir: Optional[str] = None
+    """Directory holding `step_NNNNNNNN/` checkpoints (null = `{output_dir}/checkpoints`)."""
+    interval: int = 0
+    """Save every this many steps (0 = only the final one, if `save_final`)."""
+    keep_last: int = 3
+    """Committed checkpoints to keep; older ones are deleted after a save (0 = keep all)."""
+    save_final: bool = True
+    """Save after the last step (`rl` and `sft` modes)."""
+    resume: Optional[str] = None
+    """`true`/`latest`: continue from the newest checkpoint in `dir` (fresh start if none); a path:
+    that checkpoint (must exist); null/`false`: fresh start. `resume=...` on the CLI is an alias."""
+    export_final: bool = False
+    """After the last step, also write the weights as a Hugging Face model directory."""
+    export_dir: Optional[str] = None
+    """Where `export_final` writes (null = `{output_dir}/hf`)."""
+
+
+@dataclass
+class SFTConfig:
+    """Supervised fine-tuning on chat data (`mode=sft`); loss on assistant tokens only."""
+
+    dataset: str = "env"
+    """A `.jsonl` file of `{"messages": [...]}` rows, `env` (demonstrations: the task prompts of
+    `env` answered with their reference answers), or a `datasets` hub name / saved dataset dir."""
+    split: str = "train"
+    """Split of the `datasets` dataset, or of the environment for `env`."""
+    messages_key: str = "messages"
+    """Field holding the chat messages in a JSONL row or dataset record."""
+    num_examples: int = 0
+    """Use the first N examples (0 = all; `env` needs N > 0: the number of tasks rendered)."""
+    batch_examples: int = 32
+    """Examples per optimizer step."""
+    max_seq_len: int = 2048
+    """Longer tokenized examples are dropped (and counted)."""
+    warmup_steps: int = 0
+    """In `rl` mode: SFT steps on `dataset` before the first RL step (fresh runs only), on the same
+    trainer group and optimizer; the RL run's policy versions continue from them."""
+    shuffle: bool = True
+    """Reshuffle the examples every epoch (seeded by `seed` and the epoch: order is reproducible)."""
+
+
+@dataclass
+class EvalConfig:
+    """Evaluation on the environment's eval split: mean reward and unbiased pass@k."""
+
+    every_n_steps: int = 0
+    """During `rl`, evaluate the current policy after every N steps and after the last (0 = never)."""
+    at_start: bool = False
+    """During a fresh `rl` run with `every_n_steps` > 0, also evaluate the starting policy (after
+    any SFT warm-up), logged as step 0: the "before" of a before/after comparison."""
+    num_tasks: int = 0
+    """Tasks of the eval split per evaluation: indices 0..num_tasks-1 (0 = the whole split)."""
+    samples_per_task: int = 8
+    """Completions per task (n of pass@k)."""
+    k: list[int] = field(default_factory=lambda: [1, 8])
+    """pass@k values reported (each <= samples_per_task)."""
+    correct_threshold: float = 1.0
+    """A completion counts as correct for pass@k when its reward is >= this."""
+    split: str = "eval"
+    """Environment split evaluated."""
+    temperature: Optional[float] = None
+    """Sampling temperature (null = rollout.sampling.temperature)."""
+    max_new_tokens: Optional[int] = None
+    """Completion length cap (null = rollout.sampling.max_new_tokens)."""
+    seed: int = 1234
+    """Sampling seed of evaluation requests: every evaluation draws with the same randomness."""
+    timeout_s: float = 600.0
+    """Longest the end of a run waits for evaluations still running."""
