@@ -16,11 +16,16 @@ def test_recipe_plans_offline(recipe, monkeypatch, capsys, tmp_path):
     assert cfg.model.path == REAL[recipe] and cfg.model.tokenizer == "auto"
     assert cfg.rollout.engine == "vllm" and cfg.rollout.num_actors == 1 and cfg.trainer.world_size == 1
     assert cfg.eval.every_n_steps > 0 and cfg.eval.at_start
-    # one trainer GPU + one engine GPU: split on a 2-GPU node (colocated on one GPU with placement=auto)
-    assert main([f"+recipe={recipe}", "dry_run=true", "cluster.nodes=1", "cluster.gpus_per_node=2",
+    # one GPU: placement=auto colocates the trainer rank and the engine on it
+    assert main([f"+recipe={recipe}", "dry_run=true", "cluster.nodes=1", "cluster.gpus_per_node=1",
                  f"output_dir={tmp_path}"]) == 0
     plan = capsys.readouterr().out
     assert f"model: {REAL[recipe]}" in plan and "1 x vllm (tensor_parallel_size=1)" in plan
+    assert "placement: colocated" in plan and "weight sync: CUDA IPC" in plan
+    # two GPUs: split, one each
+    assert main([f"+recipe={recipe}", "dry_run=true", "cluster.nodes=1", "cluster.gpus_per_node=2",
+                 f"output_dir={tmp_path}"]) == 0
+    assert "placement group 'rlcore-rollout'" in capsys.readouterr().out
     assert not (tmp_path / "metrics.jsonl").exists()
 
 
