@@ -4,7 +4,8 @@ Taskset id `rlcore.envs.vf_calculator` (`env=verifiers env.args.taskset=rlcore.e
 recipe `vf_calculator`). Each task is `A*B=` with `digits`-digit factors; the harness is a chat
 loop of at most `max_turns` model calls offering one tool, `calc(expr)`, whose calls the endpoint
 parses from the model's hermes `<tool_call>` blocks; the reward is 1 when the last reply is the
-exact product. Each task also carries a demonstration (call the tool with the expression, read
+exact product, plus 0.5 when the calculator was called with the task's expression copied
+exactly (max 1.5). Each task also carries a demonstration (call the tool with the expression, read
 the result, answer it) for the supervised warm-up (`sft.dataset=env`).
 """
 
@@ -39,14 +40,28 @@ class CalculatorData(vf.TaskData):
 class CalculatorTask(vf.Task[CalculatorData]):
     @vf.reward(weight=1.0)
     async def correct(self, trace: vf.Trace) -> float:
+        """1 when the last reply is exactly the product."""
         replies = [m.content for m in trace.messages if m.role == "assistant" and not getattr(m, "tool_calls", None)]
         return 1.0 if replies and (replies[-1] or "").strip() == self.data.answer else 0.0
+
+    @vf.reward(weight=0.5)
+    async def called_calculator(self, trace: vf.Trace) -> float:
+        """1 when the calculator was called with the task's expression, copied exactly."""
+        expr = (self.data.prompt or "").rstrip("=")
+        for m in trace.messages:
+            for call in getattr(m, "tool_calls", None) or []:
+                try:
+                    if call.name == "calc" and json.loads(call.arguments).get("expr") == expr:
+                        return 1.0
+                except (ValueError, AttributeError):
+                    continue
+        return 0.0
 
 
 class CalculatorConfig(vf.TasksetConfig):
     num_tasks: int = 4096
     """How many tasks the taskset holds."""
-    digits: int = 3
+    digits: int = 2
     """Digits of each factor."""
     seed: int = 0
     """Seed of the factors."""
