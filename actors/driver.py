@@ -118,7 +118,7 @@ class Driver(WeightSync):
             self.init_weight_group()
         if cfg.teacher.enabled:  # after the rollout engines are up: engines sharing a GPU start one by one
             with phase("starting the teacher"):
-                self.teacher = TeacherStage(cfg, self.buffer.add, self.buffer.fail)
+                self.teacher = TeacherStage(cfg, self.buffer.add, self.teacher_failed)
                 try:
                     self.teacher.start()
                 except TeacherError as exc:
@@ -328,6 +328,11 @@ class Driver(WeightSync):
             "rollout_restarts": self.restarts,
             **(self.teacher.step_metrics(step_time) if self.teacher is not None else {}),
         }
+
+    def teacher_failed(self, samples: int, why: str) -> None:
+        """A teacher score call failed: its samples are failed, counted under their reason."""
+        self.buffer.fail(samples)
+        self.failures.request_lost(samples, why, streak=False)  # the teacher stage has its own
 
     def teacher_groups(self) -> list[Group]:
         """Groups waiting for the teacher (a checkpoint puts their tasks back, like generating ones)."""

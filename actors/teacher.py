@@ -21,10 +21,15 @@ from dataclasses import dataclass, field
 
 import ray
 import torch
-from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
+from ray.util.placement_group import (
+    PlacementGroup,
+    placement_group,
+    remove_placement_group,
+)
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from actors.groups import bundle
+from actors.logs import QUIET_ENV, redirect_output
 from actors.rollout import make_engine
 from rlcore.busy import BusyClock
 from rlcore.config import RunConfig
@@ -44,6 +49,7 @@ class TeacherWorker:
     completion) pair and the actor's cumulative busy seconds (for the busy fraction)."""
 
     def __init__(self, cfg: RunConfig, index: int):
+        redirect_output(cfg.output_dir, "teacher", index)
         self.index = index
         torch.set_num_threads(max(1, int(cfg.teacher.cpus_per_actor)))
         tcfg = teacher_run_config(cfg)
@@ -105,10 +111,13 @@ def attach(groups: list[Group], logprobs: list[list[float]]) -> None:
 
 class TeacherStage:
     """Driver-side stage: queue, dispatch, collect and expire score calls; place and own the
-    teacher actors. `add` hands scored groups on; `fail(n)` counts n samples failed."""
+    teacher actors. `add` hands scored groups on; `fail(n, why)` counts n samples failed for
+    reason `why`. `rollout.stop_after_failed_requests` score calls failing in a row stop the run
+    (TeacherError), as all-failed generate requests do."""
 
     def __init__(self, cfg: RunConfig, add, fail):
         self.cfg, self.add, self.fail = resolved(cfg), add, fail
+        self.failed_in_a_row = 0
         self.pg: PlacementGroup | None = None
         self.actors: list = []
         self.alive: list[bool] = []
@@ -133,7 +142,7 @@ class TeacherStage:
         self.actors = [cls.options(
             num_cpus=t.cpus_per_actor, num_gpus=t.gpus_per_actor, max_concurrency=t.max_requests_per_actor + 1,
             max_restarts=t.max_restarts, max_task_retries=0,
-            runtime_env={"env_vars": {"NCCL_NVLS_ENABLE": "0", "TOKENIZERS_PARALLELISM": "false"}},
+            runtime_env={"env_vars": {"NCCL_NVLS_ENABLE": "0", "TOKENIZERS_PARALLELISM": "false", **QUIET_ENV}},
             scheduling_strategy=PlacementGroupSchedulingStrategy(self.pg, placement_group_bundle_index=i),
         ).remote(self.cfg, i) for i in range(t.num_actors)]
         self.alive = [True] * t.num_actors
@@ -220,6 +229,7 @@ class TeacherStage:
             if isinstance(exc, ray.exceptions.RayActorError):
                 self._probe(req.actor)
             return
+        self.failed_in_a_row = 0
         self.stats.latencies.append(time.perf_counter() - req.launched_at)
         last = self._busy_last.get(req.actor, 0.0)
         self._busy_step += busy - last if busy >= last else busy  # a restarted actor's clock starts at 0
@@ -230,8 +240,13 @@ class TeacherStage:
     def _failed(self, req: ScoreRequest, why: str) -> None:
         log.warning("teacher score call on teacher actor %d failed (%s): %d samples counted failed",
                     req.actor, why, req.samples)
-        self.fail(req.samples)
+        self.fail(req.samples, f"teacher: {why}")
         self.stats.failed += req.samples
+        self.failed_in_a_row += 1
+        limit = self.cfg.rollout.stop_after_failed_requests
+        if limit and self.failed_in_a_row >= limit:
+            raise TeacherError(f"no progress: the last {self.failed_in_a_row} teacher score calls failed "
+                               f"(rollout.stop_after_failed_requests={limit}); the last: {why}")
 
     def _probe(self, actor: int) -> None:
         """Stop dispatching to a dead actor until it answers again (Ray restarting it) or is gone."""

@@ -78,13 +78,15 @@ class FailureLog:
                     self._count(reason, 1)
         self._streak(total > 0 and failed == total)
 
-    def request_lost(self, samples: int, why: str, detail: str = "") -> None:
+    def request_lost(self, samples: int, why: str, detail: str = "", streak: bool = True) -> None:
         """A request that never returned (its actor died, it timed out): all its samples failed.
-        `why` is the bucket (`engine: ActorDiedError`), `detail` the message logged the first time."""
+        `why` is the bucket (`engine: ActorDiedError`), `detail` the message logged the first time;
+        `streak=False` counts them without touching the all-failed streak of generate requests."""
         reason = reason_of(why)
         self._first(reason, f"{why}: {detail.strip()[:500]}" if detail else why, "(whole request)", "")
         self._count(reason, samples)
-        self._streak(True)
+        if streak:
+            self._streak(True)
 
     def _streak(self, all_failed: bool) -> None:
         if all_failed:

@@ -40,8 +40,8 @@ def resolve_placement(cfg: RunConfig, gpus: float) -> str:
     share a device anyway); split otherwise."""
     if cfg.placement != "auto":
         return cfg.placement
-    if not colocatable(cfg):
-        return "split"
+    if not colocatable(cfg) or (cfg.teacher.enabled and cfg.teacher.gpus_per_actor > 0):
+        return "split"  # a GPU teacher is placed beside split groups only (see placement_problems)
     t, r = cfg.trainer, cfg.rollout
     need = t.world_size * t.gpus_per_rank + r.num_actors * r.gpus_per_actor
     return "colocated" if need > gpus or t.gpus_per_rank < 1 or r.gpus_per_actor < 1 else "split"
@@ -80,6 +80,9 @@ def placement_problems(cfg: RunConfig, gpus: float, gpu_bytes: int | None, where
     if t.gpus_per_rank <= 0 or r.gpus_per_actor <= 0:
         return [("placement", f"colocated placement shares GPUs: needs trainer.gpus_per_rank > 0 and "
                  f"rollout.gpus_per_actor > 0, got {t.gpus_per_rank:g} and {r.gpus_per_actor:g}")]
+    if cfg.teacher.enabled and cfg.teacher.gpus_per_actor > 0:
+        out.append(("teacher.gpus_per_actor", "a GPU teacher is not planned into a colocated GPU's memory: use "
+                    "placement=split (the teacher may share a trainer rank's GPU there) or a CPU teacher"))
     if r.engine != "vllm":
         out.append(("rollout.engine", f"colocated placement needs rollout.engine=vllm (weights over CUDA IPC "
                     f"into vLLM), got {r.engine!r}; use placement=split"))

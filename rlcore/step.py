@@ -80,8 +80,9 @@ def build_step(batch: list[Group], cfg: RunConfig, distill: bool = False) -> Ste
         "truncated_frac": sum(s.finish_reason == "length" for s in samples) / len(samples),
         # multi-turn turns whose template re-rendering would not continue the recorded ids (spliced)
         "multiturn_prefix_breaks": sum(s.prefix_breaks for s in samples),
-        # groups whose rewards are all equal: no policy-gradient signal (1.0: the step learns nothing)
-        "zero_adv_frac": sum(not has_signal(g) for g in batch) / len(batch),
+        # groups whose rewards are all equal: no policy-gradient signal (1.0: the step learns
+        # nothing), unless a teacher's per-token advantage gives every token one
+        "zero_adv_frac": 0.0 if distill and cfg.teacher.kl_coef else sum(not has_signal(g) for g in batch) / len(batch),
         "batch_samples": len(samples),
     })
     return StepBatch(shards, normalizer, metrics)

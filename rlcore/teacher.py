@@ -31,7 +31,8 @@ def teacher_run_config(cfg: RunConfig) -> RunConfig:
     t = cfg.teacher
     rollout = dataclasses.replace(cfg.rollout, engine=t.engine, gpus_per_actor=t.gpus_per_actor,
                                   cpus_per_actor=t.cpus_per_actor, tensor_parallel_size=t.tensor_parallel_size,
-                                  engine_kwargs=dict(t.engine_kwargs), quantization=None, weight_reload="auto")
+                                  engine_kwargs=dict(t.engine_kwargs), quantization=None, weight_reload="auto",
+                                  sleep_level=0)  # a teacher never sleeps: no cumem allocator
     return dataclasses.replace(cfg, model=teacher_model_config(cfg), rollout=rollout)
 
 
@@ -88,6 +89,9 @@ def config_problems(cfg: RunConfig) -> list[tuple[str, str]]:
         return out
     if cfg.mode != "rl":
         return [("teacher.enabled", f"on-policy distillation runs in mode=rl, got mode={cfg.mode}")]
+    if cfg.algo.filter_zero_adv_groups and t.kl_coef > 0:
+        out.append(("algo.filter_zero_adv_groups", "drops groups whose rewards are all equal, but with a teacher "
+                    "(teacher.kl_coef > 0) their tokens still carry the distillation advantage: set it false"))
     if t.engine not in TEACHER_ENGINES:
         out.append(("teacher.engine", f"unknown engine {t.engine!r}; choose one of {list(TEACHER_ENGINES)}"))
     elif t.engine == "vllm":
@@ -124,9 +128,9 @@ def gpu_share_problems(cfg: RunConfig) -> list[tuple[str, str]]:
     """A vLLM teacher takes whole GPUs (>= tensor_parallel_size), or a share of one GPU (0 < g < 1,
     tensor_parallel_size 1) next to another tenant (e.g. a trainer rank with gpus_per_rank 0.5):
     then its vLLM memory share `engine_kwargs.gpu_memory_utilization` must be set and stay within
-    the share Ray reserves (vLLM's default 0.9 would starve the other tenant). A one-GPU colocated
-    layout (trainer and student engine on the same GPU) must also count this share in its GPU
-    memory budget; that check belongs with the colocated placement's own."""
+    the share Ray reserves (vLLM's default 0.9 would starve the other tenant). Colocated placement
+    refuses a GPU teacher (`rlcore.placement.placement_problems`): its memory plan has no share
+    for one."""
     t = cfg.teacher
     if t.gpus_per_actor >= t.tensor_parallel_size:
         return []

@@ -197,3 +197,24 @@ def test_shared_gpu_vllm_teacher_needs_a_memory_share():
     assert keys == ["teacher.engine_kwargs.gpu_memory_utilization"]
     keys = [k for k, _ in config_problems(compose(base + ["teacher.tensor_parallel_size=2"]))]
     assert keys == ["teacher.gpus_per_actor"]
+
+
+def test_distillation_keeps_groups_with_equal_rewards():
+    """Their tokens carry the teacher's advantage: the zero-advantage filter is refused, and such
+    groups are not reported as steps without a learning signal."""
+    keys = [k for k, _ in config_problems(compose(["teacher.enabled=true", "algo.filter_zero_adv_groups=true"]))]
+    assert "algo.filter_zero_adv_groups" in keys
+    from rlcore.step import build_step
+    g = Group(Task("t", []), [sample([1], [2, 3], [-1.0, -1.0], teacher=[-0.5, -2.0]) for _ in range(2)])
+    cfg = compose(["teacher.enabled=true"])
+    assert build_step([g], cfg, distill=True).metrics["zero_adv_frac"] == 0.0
+    assert build_step([g], cfg).metrics["zero_adv_frac"] == 1.0
+
+
+def test_a_gpu_teacher_is_refused_beside_colocated_engines():
+    from rlcore.placement import placement_problems, resolve
+    cfg = compose(["teacher.enabled=true", "teacher.engine=vllm", "teacher.gpus_per_actor=1", "rollout.engine=vllm",
+                   "trainer.gpus_per_rank=1", "rollout.gpus_per_actor=1"])
+    assert resolve(cfg, 1, None).placement == "split"  # auto never colocates beside a GPU teacher
+    cfg.placement = "colocated"
+    assert "teacher.gpus_per_actor" in [k for k, _ in placement_problems(cfg, 2, None, "this machine")]

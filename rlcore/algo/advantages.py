@@ -11,9 +11,8 @@ from __future__ import annotations
 
 import torch
 
+from rlcore.algo.names import ESTIMATORS
 from rlcore.config import AlgoConfig
-
-from rlcore.algo.names import ESTIMATORS, LENGTH_PENALTIES  # noqa: F401  (re-exported)
 
 _EPS = 1e-6
 

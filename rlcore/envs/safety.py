@@ -233,6 +233,7 @@ def call_many(calls: list[tuple[Callable[..., Any], tuple]], timeout_s: float,
     deadline fails alone: the others' outcomes are kept. Outcomes in call order."""
     _install_router()
     if timeout_s is None or timeout_s <= 0:
+        outer = getattr(_local, "sink", None)  # a nested call: restored, and it gets the output too
         out = []
         for fn, args in calls:
             sink = _local.sink = _Sink()
@@ -241,8 +242,10 @@ def call_many(calls: list[tuple[Callable[..., Any], tuple]], timeout_s: float,
             except Exception as exc:
                 out.append(Outcome(error=_describe(exc)))
             finally:
-                _local.sink = None
+                _local.sink = outer
             out[-1].output = sink.text()
+            if outer is not None:
+                outer.write(out[-1].output)
         return out
     kind = _ProcessCall if isolation == "process" else _ThreadCall
     running = []

@@ -31,7 +31,6 @@ import dataclasses
 from torch import nn
 
 from rlcore.trainer.options import FP8_RECIPES as RECIPES
-from rlcore.trainer.options import torchao_available  # noqa: F401  (re-exported)
 
 _SKIP_NAMES = ("lm_head", "gate", "router", "shared_expert_gate")
 

@@ -29,7 +29,6 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
-from rlcore.trainer.options import mesh_problems  # noqa: F401  (re-exported)
 
 
 @dataclass(frozen=True)

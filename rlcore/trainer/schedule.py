@@ -11,7 +11,6 @@ import math
 import torch
 
 from rlcore.trainer.options import SCHEDULES
-from rlcore.trainer.options import schedule_problems as config_problems  # noqa: F401  (re-exported)
 
 
 def lr_multiplier(step: int, schedule: str, warmup_steps: int, total_steps: int, min_ratio: float) -> float:
