@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import abc
 from dataclasses import dataclass, field
-from typing import Iterable
+from typing import TYPE_CHECKING, Iterable
 
-import torch
+if TYPE_CHECKING:  # type names only: validation imports this before torch loads
+    import torch
 
 
 @dataclass

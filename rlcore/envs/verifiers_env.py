@@ -45,15 +45,17 @@ import sys
 import threading
 from collections.abc import Mapping, Sequence
 from concurrent.futures import TimeoutError as FutureTimeout
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from transformers import PreTrainedTokenizerBase
-
-from rlcore.engine.base import RolloutEngine, SamplingParams
 from rlcore.envs.base import Environment, register
 from rlcore.serving.openai_server import OpenAIServer, TokenRecord, TokenRecorder
 from rlcore.serving.tool_parsers import check_tool_parser
 from rlcore.types import Group, Sample, Task
+
+if TYPE_CHECKING:  # type names only: validation constructs environments before torch loads
+    from transformers import PreTrainedTokenizerBase
+
+    from rlcore.engine.base import RolloutEngine, SamplingParams
 
 log = logging.getLogger("rlcore")
 

@@ -48,16 +48,18 @@ import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, Self
+from typing import TYPE_CHECKING, Any, Self
 
 from aiohttp import web
-from transformers import PreTrainedTokenizerBase
 
 from rlcore.engine.base import Generation, RolloutEngine, SamplingParams
 from rlcore.envs.render import TurnRenderer
 from rlcore.serving.records import TokenRecord, TokenRecorder, normalize_messages
 from rlcore.serving.replies import logprobs_content, truncate_at_stop
 from rlcore.serving.tool_parsers import make_tool_parser, vllm_available
+
+if TYPE_CHECKING:  # type names only: validation imports this before torch loads
+    from transformers import PreTrainedTokenizerBase
 
 __all__ = ["OpenAIServer", "TokenRecord", "TokenRecorder", "normalize_messages"]
 

@@ -3,11 +3,12 @@ calls, logprobs. The token ids kept are always a prefix of what the engine sampl
 
 from __future__ import annotations
 
-from typing import Any
-
-from transformers import PreTrainedTokenizerBase
+from typing import TYPE_CHECKING, Any
 
 from rlcore.engine.base import Generation
+
+if TYPE_CHECKING:  # type names only: validation imports this before torch loads
+    from transformers import PreTrainedTokenizerBase
 
 
 def truncate_at_stop(tokenizer: PreTrainedTokenizerBase, gen: Generation, stops: list[str]) -> tuple[Generation, str]:
