@@ -105,3 +105,19 @@ def test_builtin_multiturn_envs_run_with_the_engine(setup):
         for s in groups[0].samples:
             _check_episode_tokens(s)
             assert not s.failed, (name, s.error)
+
+
+def test_each_turn_samples_with_its_own_seed(setup):
+    """A seeded request must not replay the same random draws every turn."""
+    cfg, tok, engine = setup
+    env = make_env("wordle", {"max_turns": 3}, seed=0)
+    seeds = []
+
+    class SeedRecording(Recording):
+        def generate(self, prompts, params):
+            seeds.append(params.seed)
+            return super().generate(prompts, params)
+
+    env.run_groups([env.make_task(0, "train")], 2, SeedRecording(engine), tok,
+                   SamplingParams(max_new_tokens=8, seed=11))
+    assert len(seeds) >= 2 and len(set(seeds)) == len(seeds) and seeds[0] == 11

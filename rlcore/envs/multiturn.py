@@ -17,7 +17,7 @@ when the engine aborts, or when the next prompt would exceed `max_episode_tokens
 from __future__ import annotations
 
 import abc
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from rlcore.envs.base import Environment, Message, keep_output
@@ -149,7 +149,10 @@ class MultiTurnEnvironment(Environment):
                 running = [ep for ep in episodes if not ep.done]
                 if not running:
                     break
-                self._policy_turn(running, engine, tokenizer, params)
+                # a fixed request seed re-seeds the sampler every call: offset it per turn, or
+                # every turn would draw the same random numbers (a random policy repeats its guess)
+                turn_params = params if params.seed is None else replace(params, seed=params.seed + turn)
+                self._policy_turn(running, engine, tokenizer, turn_params)
                 if turn + 1 < self.max_turns:
                     self._env_turn([ep for ep in running if not ep.done], renderer, params)
             errored = {id(ep) for ep in episodes if ep.sample.error}
