@@ -33,7 +33,7 @@ def real_run(tmp_path_factory):
                      "eval.at_start=true", "eval.num_tasks=4", "eval.samples_per_task=2", "eval.k=[1,2]",
                      "checkpoint.save_final=false", "logger.console=false", f"output_dir={out}"])
     assert code == 0, printed.getvalue()[-2000:]
-    assert f"plot in {out / 'plot.png'}" in printed.getvalue(), printed.getvalue()[-2000:]
+    assert f"plot: {out / 'plot.png'}" in printed.getvalue(), printed.getvalue()[-2000:]  # the run summary
     return out
 
 
