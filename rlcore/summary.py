@@ -88,11 +88,13 @@ def rl_summary(history: Sequence[dict[str, Any]], eval_rows: Sequence[dict[str, 
     zero = zero_advantage_steps(history)
     if zero:
         lines.append(f"zero-advantage steps {zero} of {n} (no learning signal in those steps)")
-    if phases:
-        lines.append(f"start-up {sum(s for _, s in phases):.1f}s: {format_phases(phases)}")
-    if artifact:
-        lines.append(artifact)
-    return lines
+    return lines + closing_lines(phases, artifact)
+
+
+def closing_lines(phases: Sequence[tuple[str, float]], artifact: str) -> list[str]:
+    """The lines every summary ends with: the start-up phases and where the plot or metrics are."""
+    out = [f"start-up {sum(s for _, s in phases):.1f}s: {format_phases(phases)}"] if phases else []
+    return out + ([artifact] if artifact else [])
 
 
 def sft_summary(history: Sequence[dict[str, Any]], phases: Sequence[tuple[str, float]] = (),
@@ -101,11 +103,7 @@ def sft_summary(history: Sequence[dict[str, Any]], phases: Sequence[tuple[str, f
     lines = [f"{len(history)} SFT steps"]
     if loss is not None:
         lines.append(f"loss {loss[0]:.4f} -> {loss[1]:.4f} (means of the first and last {_steps(loss[2])})")
-    if phases:
-        lines.append(f"start-up {sum(s for _, s in phases):.1f}s: {format_phases(phases)}")
-    if artifact:
-        lines.append(artifact)
-    return lines
+    return lines + closing_lines(phases, artifact)
 
 
 def eval_summary(history: Sequence[dict[str, Any]], phases: Sequence[tuple[str, float]] = (),
@@ -115,11 +113,7 @@ def eval_summary(history: Sequence[dict[str, Any]], phases: Sequence[tuple[str, 
                        if k.startswith("eval/pass@"))
     lines = [f"eval of step {last['step']}: reward_mean {last['eval/reward_mean']:.3f}"
              + (f", {passes}" if passes else "")]
-    if phases:
-        lines.append(f"start-up {sum(s for _, s in phases):.1f}s: {format_phases(phases)}")
-    if artifact:
-        lines.append(artifact)
-    return lines
+    return lines + closing_lines(phases, artifact)
 
 
 def run_summary(mode: str, history: Sequence[dict[str, Any]], eval_rows: Sequence[dict[str, Any]] = (),
