@@ -12,7 +12,7 @@ from actors.logs import QUIET_ENV
 from actors.rollout import RolloutWorker
 from actors.trainer import TrainerRank
 from rlcore.config import RunConfig
-from rlcore.placement import SHARE
+from rlcore.placement import colocated_shares
 
 
 def bundle(cpus: float, gpus: float) -> dict[str, float]:
@@ -23,9 +23,10 @@ def bundle(cpus: float, gpus: float) -> dict[str, float]:
 
 
 def colocated_bundles(cfg: RunConfig) -> list[dict[str, float]]:
-    """One bundle per GPU: trainer rank i and rollout actor i share it (`rlcore.placement`)."""
+    """One bundle per GPU: trainer rank i and rollout actor i share it; a GPU teacher takes the
+    rest of the GPU from its own group (`rlcore.placement.colocated_shares`)."""
     t, r = cfg.trainer, cfg.rollout
-    return [bundle(t.cpus_per_rank + r.cpus_per_actor, 1) for _ in range(t.world_size)]
+    return [bundle(t.cpus_per_rank + r.cpus_per_actor, colocated_shares(cfg)[0]) for _ in range(t.world_size)]
 
 
 def trainer_bundles(cfg: RunConfig) -> list[dict[str, float]]:
@@ -74,7 +75,7 @@ def place(cfg: RunConfig, trainer: bool = True, rollout: bool = True) -> Groups:
     with a timeout, and start one actor per bundle. `mode=sft` needs no rollout group and
     `mode=eval` no trainer group: pass False to leave one out (its list is then empty).
     Colocated placement: one group, 'rlcore-colocated', whose bundle i holds trainer rank i and
-    rollout actor i, each taking `SHARE` of its GPU."""
+    rollout actor i, each taking half of the bundle's GPU (`colocated_shares`)."""
     shared = cfg.placement == "colocated" and trainer and rollout
     if shared:
         trainer_pg = rollout_pg = placement_group(colocated_bundles(cfg), strategy="PACK", name="rlcore-colocated")
@@ -92,7 +93,7 @@ def place(cfg: RunConfig, trainer: bool = True, rollout: bool = True) -> Groups:
             f"(trainer {trainer_bundles(cfg)}, rollout {rollout_bundles(cfg)}); "
             f"cluster has {ray.available_resources()}")
     t, r = cfg.trainer, cfg.rollout
-    trainer_gpus, rollout_gpus = (SHARE, SHARE) if shared else (t.gpus_per_rank, r.gpus_per_actor)
+    trainer_gpus, rollout_gpus = (colocated_shares(cfg)[1],) * 2 if shared else (t.gpus_per_rank, r.gpus_per_actor)
     trainer_cls = ray.remote(TrainerRank)
     trainers = [
         trainer_cls.options(

@@ -16,6 +16,8 @@ Calibrated on nvidia-h200 (docs/benchmarks.md, issue 18): the Qwen3-4B shape at 
 peaked at 104.3 GiB reserved; this plan gives 104.1 GiB. The 0.6B shape used ~14 GiB; the plan
 gives 18.2 (the estimate errs high for small models: the fixed overhead dominates).
 The engine needs at least its bf16 weights plus ENGINE_MIN_FREE_GIB (activations, some KV cache).
+A GPU teacher beside them (on-policy distillation) holds its `gpu_memory_utilization` of the GPU,
+which must itself hold the teacher's bf16 weights plus ENGINE_MIN_FREE_GIB.
 Pure functions of the config; `model.path` checkpoints are planned from the facts a recipe
 restates in `model.arch` and skipped when those are missing.
 """
@@ -26,6 +28,7 @@ import math
 from dataclasses import dataclass
 
 from rlcore.config import RunConfig
+from rlcore.teacher import teacher_run_config
 
 GIB = 2**30
 OVERHEAD_GIB = 2.0
@@ -133,6 +136,15 @@ def engine_min_bytes(cfg: RunConfig) -> int | None:
     return None if p is None else p * 2 + int(ENGINE_MIN_FREE_GIB * GIB)
 
 
+def teacher_bytes(cfg: RunConfig, gpu_bytes: int) -> int:
+    """What a GPU teacher sharing each colocated GPU holds: its vLLM `gpu_memory_utilization` x
+    the GPU (0 without one; an unset share is refused in `rlcore.teacher`)."""
+    t = cfg.teacher
+    if not (cfg.mode == "rl" and t.enabled and t.gpus_per_actor > 0):
+        return 0
+    return int(float(t.engine_kwargs.get("gpu_memory_utilization") or 0) * gpu_bytes)
+
+
 def _trainer_bytes_beside_engine(cfg: RunConfig, mem: TrainerMemory) -> int:
     """A sleeping engine (sleep_level > 0) gives its memory back while the trainer steps, so the
     awake engine only sits beside the trainer's resident part; a resident engine beside its peak."""
@@ -146,7 +158,7 @@ def colocated_engine_fraction(cfg: RunConfig, gpu_bytes: int) -> float | None:
     mem = trainer_memory(cfg)
     if mem is None:
         return None
-    free = gpu_bytes - TRAINER_MARGIN * _trainer_bytes_beside_engine(cfg, mem)
+    free = gpu_bytes - TRAINER_MARGIN * _trainer_bytes_beside_engine(cfg, mem) - teacher_bytes(cfg, gpu_bytes)
     return max(0.0, min(MAX_ENGINE_FRACTION, math.floor(free / gpu_bytes * 100) / 100))
 
 
@@ -155,18 +167,26 @@ def _gib(n: float) -> str:
 
 
 def memory_problems(cfg: RunConfig, gpu_bytes: int) -> list[tuple[str, str]]:
-    """One line when the colocated trainer rank and engine do not fit one GPU of `gpu_bytes`."""
+    """One line when the colocated trainer rank, engine (and GPU teacher) do not fit one GPU of
+    `gpu_bytes`, or the teacher's share cannot hold its weights."""
     mem, need = trainer_memory(cfg), engine_min_bytes(cfg)
     if mem is None or need is None:
         return []
+    teacher = teacher_bytes(cfg, gpu_bytes)
+    teacher_need = engine_min_bytes(teacher_run_config(cfg)) if teacher else None
+    if teacher_need is not None and teacher < teacher_need:
+        return [("teacher.engine_kwargs.gpu_memory_utilization", f"the teacher's share of the {_gib(gpu_bytes)} "
+                 f"GPU, {_gib(teacher)}, cannot hold its bf16 weights + {ENGINE_MIN_FREE_GIB:g} GiB "
+                 f"({_gib(teacher_need)}): raise it")]
     beside = _trainer_bytes_beside_engine(cfg, mem)
     fraction = cfg.rollout.engine_kwargs.get("gpu_memory_utilization")
     engine = max(need, int(float(fraction) * gpu_bytes)) if fraction is not None else need
-    if beside + engine <= gpu_bytes:
+    total = beside + engine + teacher
+    if total <= gpu_bytes:
         return []
-    if fraction is not None and beside + need <= gpu_bytes:
+    if fraction is not None and beside + need + teacher <= gpu_bytes:
         key = "rollout.engine_kwargs.gpu_memory_utilization"  # the engine's share alone is too large
-    elif not cfg.rollout.sleep_level and beside - mem.activations + engine <= gpu_bytes:
+    elif not cfg.rollout.sleep_level and total - mem.activations <= gpu_bytes:
         key = "trainer.micro_batch_tokens"  # fewer activation bytes would make it fit
     else:
         key = "placement"
@@ -175,6 +195,8 @@ def memory_problems(cfg: RunConfig, gpu_bytes: int) -> list[tuple[str, str]]:
             f"sync buffer {_gib(mem.sync_buffer)}, overhead {_gib(mem.overhead)}) + engine {_gib(engine)}"
             + (f" (gpu_memory_utilization={fraction})" if fraction is not None else " (bf16 weights + "
                f"{ENGINE_MIN_FREE_GIB:g} GiB)"))
+    if teacher:
+        what += f" + teacher {_gib(teacher)} (teacher.engine_kwargs.gpu_memory_utilization)"
     hint = "set rollout.sleep_level=2 with algo.max_off_policy_steps=0, " if not cfg.rollout.sleep_level else ""
-    return [(key, f"colocated on one {_gib(gpu_bytes)} GPU: {what} = {_gib(beside + engine)} do not fit; "
+    return [(key, f"colocated on one {_gib(gpu_bytes)} GPU: {what} = {_gib(total)} do not fit; "
              f"{hint}lower trainer.micro_batch_tokens or the engine's share, or use placement=split")]

@@ -2,8 +2,9 @@
 and one engine share each GPU), resolved from the config and the GPUs present, before Ray starts.
 
 Colocated layout: one placement group of `trainer.world_size` bundles `{CPU: cpus_per_rank +
-cpus_per_actor, GPU: 1}`; trainer rank i and rollout actor i both take a share of bundle i's GPU
-(`SHARE` each), so Ray gives both the same device. Weights then move over CUDA IPC
+cpus_per_actor, GPU: 1 - T}`; trainer rank i and rollout actor i both take half of bundle i's GPU
+(`colocated_shares`), so Ray gives both the same device. T is the share of a GPU teacher
+(on-policy distillation) that sits beside them in its own group, 0 without one. Weights then move over CUDA IPC
 (`rlcore.transfer.ipc`), never NCCL between two processes on one GPU. Pure: no Ray, no CUDA.
 """
 
@@ -15,9 +16,20 @@ from rlcore.config import RunConfig
 from rlcore.memory_plan import colocated_engine_fraction, engine_min_bytes, memory_problems
 
 PLACEMENTS = ("auto", "colocated", "split")
-SHARE = 0.5
-"""GPU share of each colocated actor in its bundle (Ray's bookkeeping only; memory is planned by
-`rlcore.memory_plan`)."""
+
+
+def teacher_share(cfg: RunConfig) -> float:
+    """GPU share of each GPU teacher actor (0 without a teacher or with a CPU one)."""
+    t = cfg.teacher
+    return t.gpus_per_actor if cfg.mode == "rl" and t.enabled and t.gpus_per_actor > 0 else 0.0
+
+
+def colocated_shares(cfg: RunConfig) -> tuple[float, float]:
+    """(GPU of each colocated bundle, GPU of the trainer rank and of the engine in it): 1 - T and
+    (1 - T) / 2, T = `teacher_share`. Ray's bookkeeping only; memory is planned by
+    `rlcore.memory_plan`."""
+    bundle = round(1.0 - teacher_share(cfg), 4)  # Ray counts resources in 1e-4 units
+    return bundle, bundle / 2
 
 
 def both_on_gpu(cfg: RunConfig) -> bool:
@@ -40,10 +52,10 @@ def resolve_placement(cfg: RunConfig, gpus: float) -> str:
     share a device anyway); split otherwise."""
     if cfg.placement != "auto":
         return cfg.placement
-    if not colocatable(cfg) or (cfg.teacher.enabled and cfg.teacher.gpus_per_actor > 0):
-        return "split"  # a GPU teacher is placed beside split groups only (see placement_problems)
+    if not colocatable(cfg):
+        return "split"
     t, r = cfg.trainer, cfg.rollout
-    need = t.world_size * t.gpus_per_rank + r.num_actors * r.gpus_per_actor
+    need = t.world_size * t.gpus_per_rank + r.num_actors * r.gpus_per_actor + cfg.teacher.num_actors * teacher_share(cfg)
     return "colocated" if need > gpus or t.gpus_per_rank < 1 or r.gpus_per_actor < 1 else "split"
 
 
@@ -80,9 +92,7 @@ def placement_problems(cfg: RunConfig, gpus: float, gpu_bytes: int | None, where
     if t.gpus_per_rank <= 0 or r.gpus_per_actor <= 0:
         return [("placement", f"colocated placement shares GPUs: needs trainer.gpus_per_rank > 0 and "
                  f"rollout.gpus_per_actor > 0, got {t.gpus_per_rank:g} and {r.gpus_per_actor:g}")]
-    if cfg.teacher.enabled and cfg.teacher.gpus_per_actor > 0:
-        out.append(("teacher.gpus_per_actor", "a GPU teacher is not planned into a colocated GPU's memory: use "
-                    "placement=split (the teacher may share a trainer rank's GPU there) or a CPU teacher"))
+    out.extend(colocated_teacher_problems(cfg))
     if r.engine != "vllm":
         out.append(("rollout.engine", f"colocated placement needs rollout.engine=vllm (weights over CUDA IPC "
                     f"into vLLM), got {r.engine!r}; use placement=split"))
@@ -114,4 +124,25 @@ def placement_problems(cfg: RunConfig, gpus: float, gpu_bytes: int | None, where
                         "eval.every_n_steps=0 with sleep mode"))
     if not out and gpu_bytes:
         out.extend(memory_problems(cfg, gpu_bytes))
+    return out
+
+
+def colocated_teacher_problems(cfg: RunConfig) -> list[tuple[str, str]]:
+    """A GPU teacher beside colocated trainer ranks and engines: a vLLM engine (its memory is its
+    `gpu_memory_utilization`, planned with the others), a share below one GPU, at most one teacher
+    per GPU. Its share and memory fraction themselves are checked in `rlcore.teacher`."""
+    t, share = cfg.teacher, teacher_share(cfg)
+    if not share:
+        return []
+    out = []
+    if t.engine != "vllm":
+        out.append(("teacher.engine", f"a GPU teacher beside colocated trainer ranks and engines is planned by "
+                    f"its vLLM gpu_memory_utilization: use teacher.engine=vllm or a CPU teacher "
+                    f"(teacher.gpus_per_actor=0), got {t.engine!r}"))
+    if share >= 1:
+        out.append(("teacher.gpus_per_actor", f"a colocated GPU teacher shares a GPU with a trainer rank and an "
+                    f"engine: give it a share below 1 (e.g. 0.2), got {share:g}; or use placement=split"))
+    if t.num_actors > cfg.trainer.world_size:
+        out.append(("teacher.num_actors", f"colocated placement fits one teacher per GPU beside the trainer "
+                    f"ranks: at most trainer.world_size = {cfg.trainer.world_size}, got {t.num_actors}"))
     return out

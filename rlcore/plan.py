@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 from rlcore.config import RunConfig
 from rlcore.memory_plan import GIB, trainer_memory
-from rlcore.placement import SHARE, placement_problems, resolve
+from rlcore.placement import colocated_shares, placement_problems, resolve
 
 
 @dataclass
@@ -69,7 +69,8 @@ def make_plan(cfg: RunConfig) -> Plan:
     plan.gpu_bytes = gpu_bytes
     cfg = plan.config = resolve(cfg, plan.nodes * plan.gpus_per_node, gpu_bytes)
     if cfg.placement == "colocated":  # one bundle per GPU, shared by trainer rank i and engine i
-        plan.trainer = [Bundle("colocated", i, t.cpus_per_rank + r.cpus_per_actor, 1) for i in range(t.world_size)]
+        plan.trainer = [Bundle("colocated", i, t.cpus_per_rank + r.cpus_per_actor, colocated_shares(cfg)[0])
+                        for i in range(t.world_size)]
     else:
         plan.trainer = [Bundle("trainer", i, t.cpus_per_rank, t.gpus_per_rank) for i in range(t.world_size)]
         plan.rollout = [Bundle("rollout", i, r.cpus_per_actor, r.gpus_per_actor) for i in range(r.num_actors)]
@@ -80,7 +81,7 @@ def make_plan(cfg: RunConfig) -> Plan:
     free = [[float(plan.cpus_per_node), float(plan.gpus_per_node)] for _ in range(plan.nodes)]
     for b in plan.trainer + plan.rollout + plan.teacher:
         for n, (cpu, gpu) in enumerate(free):
-            if b.cpus <= cpu and b.gpus <= gpu:
+            if b.cpus <= cpu + 1e-9 and b.gpus <= gpu + 1e-9:  # shares like 0.8 + 0.2 must fill a GPU
                 b.node = n
                 free[n][0] -= b.cpus
                 free[n][1] -= b.gpus
@@ -101,7 +102,7 @@ def plan_problems(cfg: RunConfig, plan: Plan) -> list[tuple[str, str]]:
             return out
     need = sum(b.gpus for b in plan.trainer + plan.rollout + plan.teacher)
     have = plan.nodes * plan.gpus_per_node
-    if need > have:
+    if need > have + 1e-9:
         out.append(("cluster.nodes", f"trainer + rollout{' + teacher' if plan.teacher else ''} need {need:g} GPUs; "
                     f"{plan.nodes} node(s) x {plan.gpus_per_node} have {have}"))
     elif any(b.node < 0 for b in plan.trainer + plan.rollout + plan.teacher):
@@ -172,10 +173,12 @@ def teacher_lines(cfg: RunConfig, plan: Plan) -> list[str]:
 def _colocated_lines(cfg: RunConfig, plan: Plan) -> list[str]:
     """The colocated group: bundles, who shares them, and the planned GPU memory."""
     t, r = cfg.trainer, cfg.rollout
-    lines = ["placement: colocated (one trainer rank + one engine per GPU)",
+    bundle_gpu, share = colocated_shares(cfg)
+    lines = ["placement: colocated (one trainer rank + one engine per GPU"
+             + (", a teacher beside them)" if plan.teacher and plan.teacher[0].gpus else ")"),
              f"placement group 'rlcore-colocated' (PACK): {len(plan.trainer)} bundles of "
-             f"{{CPU: {t.cpus_per_rank + r.cpus_per_actor:g}, GPU: 1}}; trainer rank i and rollout actor i "
-             f"take GPU {SHARE:g} each of bundle i",
+             f"{{CPU: {t.cpus_per_rank + r.cpus_per_actor:g}, GPU: {bundle_gpu:g}}}; trainer rank i and rollout "
+             f"actor i take GPU {share:g} each of bundle i",
              f"  nodes: {_by_node(plan.trainer)}"]
     mem = trainer_memory(cfg)
     if mem is not None:
@@ -183,7 +186,9 @@ def _colocated_lines(cfg: RunConfig, plan: Plan) -> list[str]:
         gpu = f" of {plan.gpu_bytes / GIB:.1f} GiB" if plan.gpu_bytes else ""
         lines.append(f"  memory per GPU{gpu}: trainer peak {mem.peak / GIB:.1f} GiB (resident {mem.resident / GIB:.1f})"
                      f", engine gpu_memory_utilization={share if share is not None else 'unset'}, "
-                     f"sleep_level={r.sleep_level}")
+                     f"sleep_level={r.sleep_level}"
+                     + (f", teacher gpu_memory_utilization={cfg.teacher.engine_kwargs.get('gpu_memory_utilization')}"
+                        if plan.teacher and plan.teacher[0].gpus else ""))
     return lines
 
 

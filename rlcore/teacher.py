@@ -128,9 +128,9 @@ def gpu_share_problems(cfg: RunConfig) -> list[tuple[str, str]]:
     """A vLLM teacher takes whole GPUs (>= tensor_parallel_size), or a share of one GPU (0 < g < 1,
     tensor_parallel_size 1) next to another tenant (e.g. a trainer rank with gpus_per_rank 0.5):
     then its vLLM memory share `engine_kwargs.gpu_memory_utilization` must be set and stay within
-    the share Ray reserves (vLLM's default 0.9 would starve the other tenant). Colocated placement
-    refuses a GPU teacher (`rlcore.placement.placement_problems`): its memory plan has no share
-    for one."""
+    the share Ray reserves (vLLM's default 0.9 would starve the other tenant). Beside colocated
+    trainer ranks and engines the memory plan counts it (`rlcore.placement.colocated_teacher_problems`,
+    `rlcore.memory_plan.teacher_bytes`)."""
     t = cfg.teacher
     if t.gpus_per_actor >= t.tensor_parallel_size:
         return []

@@ -344,8 +344,8 @@ def resource_problems(cfg: RunConfig, cpus: float, gpus: float, where: str) -> l
     teacher_cpu, teacher_gpu = teacher_resources(cfg)
     need_cpu = nt * t.cpus_per_rank + nr * r.cpus_per_actor + teacher_cpu
     need_gpu = nt * t.gpus_per_rank + nr * r.gpus_per_actor + teacher_gpu
-    if cfg.placement == "colocated":  # trainer rank i and engine i share GPU i (rlcore.placement)
-        need_gpu = max(nt, nr) + teacher_gpu
+    if cfg.placement == "colocated":  # trainer rank i, engine i (and a GPU teacher) share GPU i (rlcore.placement)
+        need_gpu = max(nt, nr)
     teacher = f" + teacher {teacher_cpu:g} CPUs / {teacher_gpu:g} GPUs" if cfg.teacher.enabled else ""
     out = []
     if need_cpu > cpus:

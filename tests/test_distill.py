@@ -211,10 +211,42 @@ def test_distillation_keeps_groups_with_equal_rewards():
     assert build_step([g], cfg).metrics["zero_adv_frac"] == 1.0
 
 
-def test_a_gpu_teacher_is_refused_beside_colocated_engines():
-    from rlcore.placement import placement_problems, resolve
-    cfg = compose(["teacher.enabled=true", "teacher.engine=vllm", "teacher.gpus_per_actor=1", "rollout.engine=vllm",
-                   "trainer.gpus_per_rank=1", "rollout.gpus_per_actor=1"])
-    assert resolve(cfg, 1, None).placement == "split"  # auto never colocates beside a GPU teacher
-    cfg.placement = "colocated"
-    assert "teacher.gpus_per_actor" in [k for k, _ in placement_problems(cfg, 2, None, "this machine")]
+ONE_GPU_TEACHER = ["model=qwen3_06b_char", "rollout.engine=vllm", "trainer.gpus_per_rank=1", "rollout.gpus_per_actor=1",
+                   "cluster.num_gpus=1", "cluster.num_cpus=16", "cluster.gpu_memory_gib=139.8", "teacher.enabled=true",
+                   "teacher.engine=vllm", "teacher.gpus_per_actor=0.2", "teacher.dtype=bfloat16",
+                   "+teacher.engine_kwargs.gpu_memory_utilization=0.15"]
+
+
+def test_a_gpu_teacher_shares_the_one_gpu_with_colocated_trainer_and_engine():
+    """One GPU: the colocated bundle keeps 1 - 0.2 of it (trainer rank and engine 0.4 each), the
+    teacher's own bundle takes 0.2, and the memory plan leaves the engine what the trainer and the
+    teacher's 0.15 do not use."""
+    from rlcore.memory_plan import GIB
+    from rlcore.plan import make_plan
+    plan = make_plan(compose(ONE_GPU_TEACHER))
+    assert plan.problems == [] and plan.config.placement == "colocated"
+    assert [b.gpus for b in plan.trainer] == [0.8] and [b.gpus for b in plan.teacher] == [0.2]
+    assert plan.teacher[0].node == 0 and plan.rollout == []
+    share = plan.config.rollout.engine_kwargs["gpu_memory_utilization"]
+    assert 0 < share <= 0.6
+    big = make_plan(compose(ONE_GPU_TEACHER + ["teacher.gpus_per_actor=0.5",
+                                              "teacher.engine_kwargs.gpu_memory_utilization=0.5"]))
+    assert big.problems == []  # the teacher's 0.5 leaves the engine less than the cap
+    assert big.config.rollout.engine_kwargs["gpu_memory_utilization"] < share
+    assert big.gpu_bytes == int(139.8 * GIB)
+
+
+@pytest.mark.parametrize("overrides,key", [
+    (["teacher.engine=hf", "teacher.engine_kwargs={}"], "teacher.engine"),
+    (["teacher.num_actors=2"], "teacher.num_actors"),
+    (["teacher.gpus_per_actor=1", "placement=colocated"], "teacher.gpus_per_actor"),
+    (["teacher.engine_kwargs.gpu_memory_utilization=0.03",  # 4B bf16 weights do not fit in 4.2 GiB
+      "+teacher.arch={model_type: qwen3, hidden_size: 2560, intermediate_size: 9728, num_hidden_layers: 36, "
+      "num_attention_heads: 32, num_key_value_heads: 8}"], "teacher.engine_kwargs.gpu_memory_utilization"),
+    (["teacher.gpus_per_actor=0.5", "teacher.engine_kwargs.gpu_memory_utilization=0.5",
+      "+rollout.engine_kwargs.gpu_memory_utilization=0.5"], "rollout.engine_kwargs.gpu_memory_utilization"),
+])
+def test_impossible_colocated_teachers_refused(overrides, key):
+    from rlcore.plan import make_plan
+    problems = make_plan(compose(ONE_GPU_TEACHER + overrides)).problems
+    assert key in [k for k, _ in problems], problems
