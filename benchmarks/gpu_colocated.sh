@@ -3,10 +3,11 @@
 # `python -m rlcore.run`: the GPU test, then samples/s of sync (resident, and asleep with
 # sleep_level=2) against async (max_off_policy_steps 1, 2) for the Qwen3-0.6B shape, then IPC sync
 # time and memory for the Qwen3-4B shape. Usage: bash benchmarks/gpu_colocated.sh OUT_DIR [PARTS]
-# PARTS: any of test, avs, 4b (default: all three). TEST_K picks the GPU tests (default: the async
-# one; the avs part runs the sleep schedule through the CLI too).
+# PARTS: any of test, avs, sleep, 4b (default: all four). TEST_K picks the GPU tests (default: the
+# async one; the sleep part runs the sleep schedule through the CLI). AVS_OFF: the
+# max_off_policy_steps values of the avs part (default "0 1 2"), one CLI run each.
 set -uo pipefail
-OUT=${1:?output dir}; PARTS=${2:-"test avs 4b"}
+OUT=${1:?output dir}; PARTS=${2:-"test avs sleep 4b"}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0
 G="model=qwen3_06b_char rollout.engine=vllm trainer.gpus_per_rank=1 rollout.gpus_per_actor=1 cluster.num_gpus=1
@@ -21,12 +22,15 @@ if [[ $PARTS == *test* ]]; then
   grep -q " passed" "$OUT/test.log" || exit 1
 fi
 if [[ $PARTS == *avs* ]]; then
-  A="--steps ${AVS_STEPS:-6} --warmup 2 --timeout 300 --out $W/avs"
-  python benchmarks/async_vs_sync.py $A --off-policy 0 1 2 -- $G rollout.sampling.max_new_tokens=256 \
+  A="--steps ${AVS_STEPS:-6} --warmup 2 --timeout ${AVS_TIMEOUT:-300} --out $W/avs"
+  # shellcheck disable=SC2086
+  python benchmarks/async_vs_sync.py $A --off-policy ${AVS_OFF:-0 1 2} -- $G rollout.sampling.max_new_tokens=256 \
     2>&1 | tee "$OUT/avs.log"
-  python benchmarks/async_vs_sync.py $A/sleep --off-policy 0 -- $G rollout.sampling.max_new_tokens=256 \
-    rollout.sleep_level=2 2>&1 | tee "$OUT/avs_sleep.log"
   for k in 0 1 2; do cp $W/avs/off$k/metrics.jsonl "$OUT/avs_off${k}.jsonl" 2>/dev/null; done
+fi
+if [[ $PARTS == *sleep* ]]; then
+  python benchmarks/async_vs_sync.py --steps "${AVS_STEPS:-6}" --warmup 2 --timeout "${AVS_TIMEOUT:-300}" --out $W/avs/sleep \
+    --off-policy 0 -- $G rollout.sampling.max_new_tokens=256 rollout.sleep_level=2 2>&1 | tee "$OUT/avs_sleep.log"
   cp $W/avs/sleep/off0/metrics.jsonl "$OUT/avs_sleep_off0.jsonl" 2>/dev/null
 fi
 if [[ $PARTS == *4b* ]]; then
