@@ -24,7 +24,11 @@ from rlcore.trainer.moe import expert_modules
 
 
 def _full(p: torch.Tensor) -> torch.Tensor:
-    return p.full_tensor() if isinstance(p, DTensor) else p
+    if not isinstance(p, DTensor):
+        return p
+    if p.device_mesh.size() == 1:  # one rank holds it whole: skip DTensor's redistribute (per tensor, it
+        return p.to_local()        # dominated the colocated sync's trainer side)
+    return p.full_tensor()
 
 
 def _plan(model: torch.nn.Module):
