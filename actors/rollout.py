@@ -15,24 +15,13 @@ from actors.logs import redirect_output
 from actors.weight_transport import EngineReceiver
 from rlcore.busy import BusyClock
 from rlcore.config import RunConfig
-from rlcore.engine.base import RolloutEngine, SamplingParams
+from rlcore.engine.base import SamplingParams
+from rlcore.engine.registry import make_engine
 from rlcore.envs import make_env
 from rlcore.envs.safety import threads_abandoned
 from rlcore.models.build import build_model, build_tokenizer
 from rlcore.types import Group, Sample, Task
 from rlcore.weight_sync import SyncPlan
-
-
-def make_engine(cfg: RunConfig, tokenizer, seed: int) -> RolloutEngine:
-    if cfg.rollout.engine == "hf":
-        from rlcore.engine.hf_engine import HFEngine
-        device = "cuda" if cfg.rollout.gpus_per_actor > 0 else "cpu"
-        return HFEngine(build_model(cfg.model, tokenizer), tokenizer.pad_token_id, tokenizer.eos_token_id,
-                        seed=seed, device=device, vision=getattr(tokenizer, "rlcore_vision", None))
-    if cfg.rollout.engine == "vllm":
-        from rlcore.engine.vllm_engine import VLLMEngine
-        return VLLMEngine.from_config(cfg, seed=seed)
-    raise ValueError(f"rollout.engine: unknown engine {cfg.rollout.engine!r}")
 
 
 def failed_groups(tasks: list[Task], group_size: int, error: str) -> list[Group]:
@@ -75,10 +64,7 @@ class RolloutWorker:
 
     def canary_logprobs(self, pairs: list[tuple[list[int], list[int]]]) -> list[list[float]]:
         """The engine's teacher-forced logprobs (temperature 1) for the canary pairs."""
-        score_batch = getattr(self.engine, "score_batch", None)
-        if score_batch is not None:
-            return score_batch([(list(p), list(c)) for p, c in pairs])
-        return [self.engine.score(list(p), list(c)) for p, c in pairs]
+        return self.engine.score_batch([(list(p), list(c)) for p, c in pairs])
 
     def generate_groups(self, tasks: list[Task], group_size: int, split: str = "train", seed: int | None = None,
                         sampling: dict | None = None) -> list[Group]:
@@ -107,17 +93,12 @@ class RolloutWorker:
         return self.engine.policy_version
 
     def rng_state(self):
-        """The engine's sampling RNG state (None if the engine does not expose one)."""
-        get = getattr(self.engine, "rng_state", None)
-        return get() if get is not None else None
+        """The engine's sampling RNG state (None if the engine has none)."""
+        return self.engine.rng_state()
 
     def set_rng_state(self, state) -> bool:
         """Restore a state from `rng_state` (resume); False if the engine has no such RNG."""
-        put = getattr(self.engine, "set_rng_state", None)
-        if put is None or state is None:
-            return False
-        put(state)
-        return True
+        return state is not None and self.engine.set_rng_state(state)
 
     def load_checkpoint_weights(self, path: str, version: int) -> bool:
         """Load a checkpoint's model weights straight into the engine (evaluation of a

@@ -30,9 +30,9 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from actors.groups import bundle
 from actors.logs import QUIET_ENV, redirect_output
-from actors.rollout import make_engine
 from rlcore.busy import BusyClock
 from rlcore.config import RunConfig
+from rlcore.engine.registry import make_engine
 from rlcore.models.build import build_tokenizer
 from rlcore.teacher import resolved, teacher_run_config, tokenizer_fingerprint
 from rlcore.types import Group
@@ -65,11 +65,7 @@ class TeacherWorker:
 
     def score(self, pairs: list[tuple[list[int], list[int]]]) -> tuple[list[list[float]], float]:
         with self.clock.busy():
-            score_batch = getattr(self.engine, "score_batch", None)
-            if score_batch is not None:
-                out = score_batch(pairs)
-            else:
-                out = [self.engine.score(p, c) for p, c in pairs]
+            out = self.engine.score_batch(pairs)
         return out, self.clock.seconds()
 
 

@@ -9,8 +9,9 @@ import ray
 import torch
 
 from actors.logs import redirect_output
-from actors.weight_transport import TrainerSender, colocated
+from actors.weight_transport import TrainerSender
 from rlcore.config import RunConfig
+from rlcore.engine.registry import weight_transport
 from rlcore.engine.vllm_colocated import free_cached_memory
 from rlcore.packing import MicroBatch, make_micro_batch
 from rlcore.trainer.forward import forward_logprobs
@@ -48,9 +49,10 @@ class TrainerRank:
         """Rank 0 joins the weight-sync group as its sender (the engines join at the same time).
         Colocated: every rank makes its CUDA IPC buffer and returns its handle (for the engine on
         its GPU); None otherwise."""
-        if colocated(self.cfg) and self.sender is not None:
+        every_rank = weight_transport(self.cfg) == "ipc"  # each rank feeds the engine on its GPU
+        if every_rank and self.sender is not None:
             return self.sender.ipc.handle()  # a restarted engine reopens the same buffer (same plan)
-        if self.rank == 0 or colocated(self.cfg):
+        if self.rank == 0 or every_rank:
             self.sender = TrainerSender(self.cfg, address, port, plan, self.device)
         return self.sender.ipc.handle() if self.sender is not None and self.sender.ipc is not None else None
 

@@ -1,17 +1,18 @@
-"""Weight transport per engine kind: the same sync protocol over two wires.
+"""The weight transports (named in `rlcore.engine.registry`), trainer and engine side: the same
+sync protocol over three wires. Which one a run uses is `registry.weight_transport(cfg)`.
 
-- `hf` engines: our own weight group (`actors.weight_group`, gloo on CPU, NCCL on GPU) carrying
-  the `rlcore.weight_sync` bucket plan; the engine swaps the received tensors in between two
-  decode steps.
-- `vllm` engines: vLLM's native NCCL weight-transfer engine (packed buckets, received inside the
-  engine's workers while generation is paused in "keep" mode), driven by
-  `rlcore.engine.vllm_sync` on the trainer side.
-
-- colocated placement (trainer rank i and engine i on one GPU): CUDA IPC (`rlcore.transfer.ipc`),
-  every trainer rank a sender into its own engine; no process group at all.
+- `broadcast`: our own weight group (`actors.weight_group`, gloo on CPU, NCCL on GPU) carrying
+  the `rlcore.weight_sync` bucket plan; the engine swaps the received tensors in
+  (`apply_weights`) between two decode steps.
+- `nccl`: the engine's workers join the trainer's NCCL group and receive vLLM's packed buckets
+  in place (`init_weight_transfer` / `receive_weights`), driven by `rlcore.engine.vllm_sync` on
+  the trainer side.
+- `ipc` (colocated placement, trainer rank i and engine i on one GPU): CUDA IPC
+  (`rlcore.transfer.ipc`), every trainer rank a sender into its own engine (`receive_ipc`); no
+  process group at all.
 
 Ranks: the trainer's sending rank is 0; rollout actor i takes `ranks_per_actor` ranks from
-`1 + i * ranks_per_actor` (one per vLLM worker, one for an hf engine).
+`1 + i * ranks_per_actor` (one per engine worker over `nccl`, one per actor over `broadcast`).
 """
 
 from __future__ import annotations
@@ -23,14 +24,16 @@ import torch
 
 from actors.weight_group import WeightGroup, receive_all
 from rlcore.config import RunConfig
+from rlcore.engine.registry import tensor_parallel_size, weight_transport
 from rlcore.transfer.ipc import IPCSender
 from rlcore.weight_sync import SyncPlan
 
-VLLM_WIRE_DTYPE = torch.bfloat16  # the dtype vLLM engines serve in
+VLLM_WIRE_DTYPE = torch.bfloat16  # the dtype of the packed (`nccl`, `ipc`) wire: vLLM engines serve in it
 
 
 def ranks_per_actor(cfg: RunConfig) -> int:
-    return cfg.rollout.tensor_parallel_size if cfg.rollout.engine == "vllm" else 1
+    """Weight-group ranks of one rollout actor: each engine worker joins over `nccl`."""
+    return tensor_parallel_size(cfg.rollout) if weight_transport(cfg) == "nccl" else 1
 
 
 def world_size(cfg: RunConfig) -> int:
@@ -43,10 +46,6 @@ def vllm_update_info(cfg: RunConfig, plan: SyncPlan) -> dict:
     return update_info_for(metas, bucket_bytes=int(cfg.rollout.sync_bucket_mb * 2**20))
 
 
-def colocated(cfg: RunConfig) -> bool:
-    return cfg.placement == "colocated"
-
-
 class TrainerSender:
     """Lives on trainer rank 0 (on every rank when colocated: each feeds the engine on its GPU)."""
 
@@ -54,10 +53,11 @@ class TrainerSender:
         self.cfg, self.plan = cfg, plan
         timeout = cfg.rollout.weight_sync_timeout_s
         self.ipc: IPCSender | None = None
-        if colocated(cfg):
+        transport = weight_transport(cfg)
+        if transport == "ipc":
             self.ipc = IPCSender(vllm_update_info(cfg, plan), device)
             self.vllm, self.group = None, None
-        elif cfg.rollout.engine == "vllm":
+        elif transport == "nccl":
             from rlcore.engine.vllm_sync import init_sender
             self.update_info = vllm_update_info(cfg, plan)
             self.vllm = init_sender(address, port, world_size(cfg), timeout_s=timeout)
@@ -86,12 +86,13 @@ class EngineReceiver:
         self.cfg, self.engine, self.plan, self.handle = cfg, engine, plan, handle
         timeout = cfg.rollout.weight_sync_timeout_s
         first_rank = 1 + index * ranks_per_actor(cfg)
-        if colocated(cfg):
+        transport = weight_transport(cfg)
+        if transport == "ipc":
             if handle is None:
                 raise ValueError("colocated weight receive needs the trainer rank's IPC handle")
             self.update_info = vllm_update_info(cfg, plan)
             self.group = None
-        elif cfg.rollout.engine == "vllm":
+        elif transport == "nccl":
             self.update_info = vllm_update_info(cfg, plan)
             engine.init_weight_transfer(address, port, first_rank, world_size(cfg), timeout_s=timeout)
             self.group = None

@@ -129,7 +129,7 @@ class RolloutConfig:
     """The rollout group: engines and how they are placed."""
 
     engine: str = "hf"
-    """`hf` (transformers engine, CPU or GPU) or `vllm` (GPU only)."""
+    """`hf` (transformers engine, CPU or GPU) or `vllm` (GPU only): a name in `rlcore/engine/registry.py`."""
     num_actors: int = 1
     """Number of rollout actors (data-parallel engine replicas)."""
     cpus_per_actor: float = 1.0

@@ -13,6 +13,7 @@ from __future__ import annotations
 import copy
 
 from rlcore.config import RunConfig
+from rlcore.engine.registry import engine_spec, engines_where
 from rlcore.memory_plan import colocated_engine_fraction, engine_min_bytes, memory_problems
 
 PLACEMENTS = ("auto", "colocated", "split")
@@ -60,16 +61,17 @@ def resolve_placement(cfg: RunConfig, gpus: float) -> str:
 
 
 def resolve(cfg: RunConfig, gpus: float, gpu_bytes: int | None) -> RunConfig:
-    """A copy of `cfg` with `placement` resolved; colocated vLLM engines without an explicit
-    `gpu_memory_utilization` get the share the memory plan leaves beside the trainer."""
+    """A copy of `cfg` with `placement` resolved; colocated engines that take a GPU memory share
+    (vLLM's `gpu_memory_utilization`) and were given none get the share the memory plan leaves
+    beside the trainer."""
     out = copy.deepcopy(cfg)
     out.placement = resolve_placement(cfg, gpus)
-    if out.placement == "colocated" and out.rollout.engine == "vllm" and gpu_bytes \
-            and "gpu_memory_utilization" not in out.rollout.engine_kwargs:
+    share = engine_spec(out.rollout.engine).memory_share_kwarg
+    if out.placement == "colocated" and share and gpu_bytes and share not in out.rollout.engine_kwargs:
         fraction = colocated_engine_fraction(out, gpu_bytes)
         need = engine_min_bytes(out)
         if fraction is not None and need is not None and fraction * gpu_bytes >= need:
-            out.rollout.engine_kwargs = {**out.rollout.engine_kwargs, "gpu_memory_utilization": fraction}
+            out.rollout.engine_kwargs = {**out.rollout.engine_kwargs, share: fraction}
     return out
 
 
@@ -79,9 +81,8 @@ def placement_problems(cfg: RunConfig, gpus: float, gpu_bytes: int | None, where
     t, r = cfg.trainer, cfg.rollout
     out: list[tuple[str, str]] = []
     if cfg.placement == "split":
-        if r.engine == "vllm" and r.gpus_per_actor < r.tensor_parallel_size:
-            out.append(("rollout.gpus_per_actor", f"the vllm engine needs tensor_parallel_size "
-                        f"({r.tensor_parallel_size}) GPUs per actor, got {r.gpus_per_actor}"))
+        hook = engine_spec(r.engine).problems
+        out.extend(hook(cfg) if hook is not None else [])  # e.g. vLLM's whole GPUs per engine
         if r.sleep_level:
             out.append(("rollout.sleep_level", "sleep mode frees the GPU an engine shares with a trainer rank: it "
                         "needs placement=colocated (this run is split)"))
@@ -93,9 +94,10 @@ def placement_problems(cfg: RunConfig, gpus: float, gpu_bytes: int | None, where
         return [("placement", f"colocated placement shares GPUs: needs trainer.gpus_per_rank > 0 and "
                  f"rollout.gpus_per_actor > 0, got {t.gpus_per_rank:g} and {r.gpus_per_actor:g}")]
     out.extend(colocated_teacher_problems(cfg))
-    if r.engine != "vllm":
-        out.append(("rollout.engine", f"colocated placement needs rollout.engine=vllm (weights over CUDA IPC "
-                    f"into vLLM), got {r.engine!r}; use placement=split"))
+    if "ipc" not in engine_spec(r.engine).transports:
+        out.append(("rollout.engine", f"colocated placement needs rollout.engine="
+                    f"{engines_where(lambda s: 'ipc' in s.transports)} (weights over CUDA IPC into the engine), "
+                    f"got {r.engine!r}; use placement=split"))
     if r.tensor_parallel_size != 1:
         out.append(("rollout.tensor_parallel_size", f"colocated engines run with tensor_parallel_size=1 (one "
                     f"engine beside each trainer rank), got {r.tensor_parallel_size}; use placement=split"))
@@ -128,16 +130,17 @@ def placement_problems(cfg: RunConfig, gpus: float, gpu_bytes: int | None, where
 
 
 def colocated_teacher_problems(cfg: RunConfig) -> list[tuple[str, str]]:
-    """A GPU teacher beside colocated trainer ranks and engines: a vLLM engine (its memory is its
-    `gpu_memory_utilization`, planned with the others), a share below one GPU, at most one teacher
-    per GPU. Its share and memory fraction themselves are checked in `rlcore.teacher`."""
+    """A GPU teacher beside colocated trainer ranks and engines: an engine with a GPU memory share
+    (vLLM's `gpu_memory_utilization`, planned with the others), a share below one GPU, at most one
+    teacher per GPU. Its share and memory fraction themselves are checked in `rlcore.teacher`."""
     t, share = cfg.teacher, teacher_share(cfg)
     if not share:
         return []
     out = []
-    if t.engine != "vllm":
+    if engine_spec(t.engine).memory_share_kwarg is None:
         out.append(("teacher.engine", f"a GPU teacher beside colocated trainer ranks and engines is planned by "
-                    f"its vLLM gpu_memory_utilization: use teacher.engine=vllm or a CPU teacher "
+                    f"its memory share: use teacher.engine="
+                    f"{engines_where(lambda s: s.memory_share_kwarg is not None)} or a CPU teacher "
                     f"(teacher.gpus_per_actor=0), got {t.engine!r}"))
     if share >= 1:
         out.append(("teacher.gpus_per_actor", f"a colocated GPU teacher shares a GPU with a trainer rank and an "

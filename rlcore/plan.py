@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from rlcore.config import RunConfig
+from rlcore.engine.registry import tensor_parallel_size
 from rlcore.memory_plan import GIB, trainer_memory
 from rlcore.placement import colocated_shares, placement_problems, resolve
 
@@ -117,10 +118,10 @@ def plan_problems(cfg: RunConfig, plan: Plan) -> list[tuple[str, str]]:
     if heads is not None and t.cp > 1 and heads % t.cp:
         out.append(("trainer.cp", f"cp={t.cp} does not divide the model's {heads} attention heads"))
     kv_heads = arch_value(cfg, "num_key_value_heads")
-    if r.engine == "vllm" and kv_heads is not None and r.tensor_parallel_size > 1 \
-            and kv_heads % r.tensor_parallel_size and r.tensor_parallel_size % kv_heads:
+    tp = tensor_parallel_size(r)  # 1 for engines without tensor parallelism
+    if kv_heads is not None and tp > 1 and kv_heads % tp and tp % kv_heads:
         out.append(("rollout.tensor_parallel_size",
-                    f"TP={r.tensor_parallel_size} and the model's {kv_heads} KV heads do not divide each other"))
+                    f"TP={tp} and the model's {kv_heads} KV heads do not divide each other"))
     return out
 
 

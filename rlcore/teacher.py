@@ -12,8 +12,8 @@ import json
 from pathlib import Path
 
 from rlcore.config import ModelConfig, RunConfig
+from rlcore.engine.registry import engine_names, engine_spec
 
-TEACHER_ENGINES = ("hf", "vllm")
 TEACHER_DTYPES = ("float32", "bfloat16", "float16")
 
 
@@ -92,9 +92,9 @@ def config_problems(cfg: RunConfig) -> list[tuple[str, str]]:
     if cfg.algo.filter_zero_adv_groups and t.kl_coef > 0:
         out.append(("algo.filter_zero_adv_groups", "drops groups whose rewards are all equal, but with a teacher "
                     "(teacher.kl_coef > 0) their tokens still carry the distillation advantage: set it false"))
-    if t.engine not in TEACHER_ENGINES:
-        out.append(("teacher.engine", f"unknown engine {t.engine!r}; choose one of {list(TEACHER_ENGINES)}"))
-    elif t.engine == "vllm":
+    if t.engine not in engine_names():
+        out.append(("teacher.engine", f"unknown engine {t.engine!r}; choose one of {engine_names()}"))
+    elif engine_spec(t.engine).needs_gpu:
         out.extend(gpu_share_problems(cfg))
     if t.dtype not in TEACHER_DTYPES:
         out.append(("teacher.dtype", f"unknown dtype {t.dtype!r}; choose one of {list(TEACHER_DTYPES)}"))
@@ -125,22 +125,24 @@ def config_problems(cfg: RunConfig) -> list[tuple[str, str]]:
 
 
 def gpu_share_problems(cfg: RunConfig) -> list[tuple[str, str]]:
-    """A vLLM teacher takes whole GPUs (>= tensor_parallel_size), or a share of one GPU (0 < g < 1,
-    tensor_parallel_size 1) next to another tenant (e.g. a trainer rank with gpus_per_rank 0.5):
-    then its vLLM memory share `engine_kwargs.gpu_memory_utilization` must be set and stay within
-    the share Ray reserves (vLLM's default 0.9 would starve the other tenant). Beside colocated
-    trainer ranks and engines the memory plan counts it (`rlcore.placement.colocated_teacher_problems`,
+    """A GPU-only teacher engine (vLLM) takes whole GPUs (>= tensor_parallel_size), or a share of
+    one GPU (0 < g < 1, tensor_parallel_size 1) next to another tenant (e.g. a trainer rank with
+    gpus_per_rank 0.5): then its memory share (the engine's `memory_share_kwarg`, vLLM's
+    `engine_kwargs.gpu_memory_utilization`) must be set and stay within the share Ray reserves
+    (vLLM's default 0.9 would starve the other tenant). Beside colocated trainer ranks and engines
+    the memory plan counts it (`rlcore.placement.colocated_teacher_problems`,
     `rlcore.memory_plan.teacher_bytes`)."""
     t = cfg.teacher
+    share = engine_spec(t.engine).memory_share_kwarg
     if t.gpus_per_actor >= t.tensor_parallel_size:
         return []
-    if not 0 < t.gpus_per_actor < 1 or t.tensor_parallel_size != 1:
-        return [("teacher.gpus_per_actor", f"the vllm engine needs tensor_parallel_size ({t.tensor_parallel_size}) "
+    if not 0 < t.gpus_per_actor < 1 or t.tensor_parallel_size != 1 or share is None:
+        return [("teacher.gpus_per_actor", f"the {t.engine} engine needs tensor_parallel_size ({t.tensor_parallel_size}) "
                  f"GPUs per actor, or a share (0, 1) of one GPU with tensor_parallel_size 1; got {t.gpus_per_actor}")]
-    util = t.engine_kwargs.get("gpu_memory_utilization")
+    util = t.engine_kwargs.get(share)
     if util is None or not 0 < float(util) <= t.gpus_per_actor:
-        return [("teacher.engine_kwargs.gpu_memory_utilization", f"a teacher on {t.gpus_per_actor:g} of a GPU "
-                 f"needs gpu_memory_utilization in (0, {t.gpus_per_actor:g}], got {util}")]
+        return [(f"teacher.engine_kwargs.{share}", f"a teacher on {t.gpus_per_actor:g} of a GPU "
+                 f"needs {share} in (0, {t.gpus_per_actor:g}], got {util}")]
     return []
 
 

@@ -13,6 +13,7 @@ from rlcore import checkpoint_dirs
 from rlcore.algo import validate_algo  # the algorithm family validates its own switches
 from rlcore.config import RunConfig
 from rlcore.config_keys import env_arg_problems
+from rlcore.engine.registry import engine_problems, quantizations
 from rlcore.envs import make_env, registered
 from rlcore.envs.base import resolve_env
 from rlcore.models.shipped import is_shipped, shipped_problems
@@ -31,7 +32,6 @@ from rlcore.trainer.options import (
     torchao_available,
 )
 
-ENGINES = ("hf", "vllm")
 DTYPES = ("float32", "bfloat16", "float16")
 TOKENIZERS = ("char", "auto")
 MODES = ("rl", "sft", "eval")
@@ -100,15 +100,9 @@ def problems(cfg: RunConfig) -> list[tuple[str, str]]:
     out.extend(trainer_parallel_problems(cfg))
 
     r = cfg.rollout
-    if r.engine not in ENGINES:
-        out.append(("rollout.engine", f"unknown engine {r.engine!r}; choose one of {list(ENGINES)}"))
     if cfg.placement not in PLACEMENTS:
         out.append(("placement", f"unknown placement {cfg.placement!r}; choose one of {list(PLACEMENTS)}"))
-    # colocated engines take a share of a GPU: placement_problems checks them once resolved
-    if r.engine == "vllm" and r.gpus_per_actor < r.tensor_parallel_size \
-            and (cfg.placement == "split" or r.gpus_per_actor <= 0):
-        out.append(("rollout.gpus_per_actor", f"the vllm engine needs tensor_parallel_size "
-                    f"({r.tensor_parallel_size}) GPUs per actor, got {r.gpus_per_actor}"))
+    out.extend(engine_problems(cfg))  # the registry's checks and the engine's own hook
     _positive(out, "rollout.num_actors", r.num_actors)
     _positive(out, "rollout.cpus_per_actor", r.cpus_per_actor)
     check_min(out, "rollout.gpus_per_actor", r.gpus_per_actor, 0)
@@ -126,8 +120,6 @@ def problems(cfg: RunConfig) -> list[tuple[str, str]]:
                     f"{r.quantization!r} needs 'layerwise' (or 'auto')"))
     if r.sleep_level not in (0, 1, 2):
         out.append(("rollout.sleep_level", f"must be 0 (resident), 1 or 2 (vLLM sleep levels), got {r.sleep_level}"))
-    elif r.sleep_level and r.engine != "vllm":
-        out.append(("rollout.sleep_level", f"sleep mode is vLLM's: needs rollout.engine=vllm, got {r.engine!r}"))
     if r.kv_on_update not in ("keep", "recompute"):
         out.append(("rollout.kv_on_update", f"must be 'keep' or 'recompute', got {r.kv_on_update!r}"))
     # engine arguments that rollout fields own (the engine is built from those fields)
@@ -260,9 +252,6 @@ def trainer_parallel_problems(cfg: RunConfig) -> list[tuple[str, str]]:
     return out
 
 
-QUANTIZATIONS = ("fp8",)
-
-
 def fp8_problems(cfg: RunConfig) -> list[tuple[str, str]]:
     """`trainer.fp8` (torchao float8 on Hopper) and `rollout.quantization` (vLLM online FP8)."""
     t, r, out = cfg.trainer, cfg.rollout, []
@@ -279,13 +268,10 @@ def fp8_problems(cfg: RunConfig) -> list[tuple[str, str]]:
             out.append(("trainer.fp8", "rowwise FP8 needs bf16 compute: set trainer.mixed_precision=true"))
         elif not torchao_available():
             out.append(("trainer.fp8", "needs torchao: pip install 'rlcore[fp8]' (torchao==0.17.0)"))
-    if r.quantization is not None:
-        if r.quantization not in QUANTIZATIONS:
-            out.append(("rollout.quantization", f"unknown quantization {r.quantization!r}; choose null or one of "
-                        f"{list(QUANTIZATIONS)}"))
-        elif r.engine != "vllm":
-            out.append(("rollout.quantization", f"FP8 rollout needs rollout.engine=vllm, got {r.engine!r}"))
-    return out
+    if r.quantization is not None and r.quantization not in quantizations():
+        out.append(("rollout.quantization", f"unknown quantization {r.quantization!r}; choose null or one of "
+                    f"{list(quantizations())}"))
+    return out  # an engine that does not serve a known quantization: rlcore.engine.registry
 
 
 def lifecycle_problems(cfg: RunConfig) -> list[tuple[str, str]]:

@@ -239,7 +239,8 @@ def test_vllm_engine_from_config_takes_rollout_quantization(monkeypatch):
 
 def test_worker_load_weights_wraps_layerwise_reload(monkeypatch):
     """rlcore_load_weights(layerwise=True) brackets load_weights with vLLM's layerwise reload."""
-    from rlcore.engine.vllm_engine import RLCoreWorkerExtension, _pack_tensor
+    from rlcore.engine.vllm_codec import pack_tensor
+    from rlcore.engine.vllm_worker import RLCoreWorkerExtension
 
     calls = []
     reload_mod = types.ModuleType("vllm.model_executor.model_loader.reload")
@@ -256,8 +257,8 @@ def test_worker_load_weights_wraps_layerwise_reload(monkeypatch):
 
     worker = RLCoreWorkerExtension()
     worker.model_runner = types.SimpleNamespace(model=Model(2, 2), model_config="cfg")
-    assert worker.rlcore_load_weights([("weight", _pack_tensor(torch.zeros(2, 2)))], layerwise=True) == 1
+    assert worker.rlcore_load_weights([("weight", pack_tensor(torch.zeros(2, 2)))], layerwise=True) == 1
     assert calls == ["init", ("load", ["weight"]), ("finalize", "cfg")]
     calls.clear()
-    worker.rlcore_load_weights([("weight", _pack_tensor(torch.zeros(2, 2)))])
+    worker.rlcore_load_weights([("weight", pack_tensor(torch.zeros(2, 2)))])
     assert calls == [("load", ["weight"])]

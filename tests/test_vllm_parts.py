@@ -11,7 +11,7 @@ import torch
 
 from rlcore.canary import CanaryError, canary_prompts, compare_logprobs, teacher_forced_logprobs
 from rlcore.engine import vllm_sync
-from rlcore.engine.vllm_engine import _Request, _sampled_logprobs
+from rlcore.engine.vllm_versions import InFlightRequest, sampled_logprobs
 
 
 def test_canary_passes_small_gaps_and_raises_on_large_or_nan():
@@ -68,7 +68,7 @@ def _out(tokens, finished=False, reason=None):
 
 def test_version_marks_count_tokens_pending_in_the_collector_as_old():
     collector = types.SimpleNamespace(output=_out([4, 5]))  # delivered before the pause, not yet read
-    req = _Request("r", version=3, collector=collector)
+    req = InFlightRequest("r", version=3, collector=collector)
     req.absorb(_out([1, 2, 3]))
     req.marks.append((len(req.token_ids) + req.pending_tokens(), 4))  # what _bump_version does
     req.absorb(_out([4, 5]))
@@ -85,6 +85,6 @@ def test_sampled_logprobs_flat_fast_path():
         logprobs = [-1.0, -2.0]
         token_ids = [7, 9]
 
-    assert _sampled_logprobs([7, 9], Flat([{}, {}])) == [-1.0, -2.0]
+    assert sampled_logprobs([7, 9], Flat([{}, {}])) == [-1.0, -2.0]
     with pytest.raises(RuntimeError):
-        _sampled_logprobs([1], None)
+        sampled_logprobs([1], None)

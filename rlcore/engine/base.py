@@ -1,20 +1,35 @@
-"""The rollout-engine interface: one contract, a transformers and a vLLM implementation.
+"""The rollout-engine interface: the whole contract an engine plug-in implements.
 
 An engine turns prompt token ids into sampled completions and reports, for every sampled token,
 its logprob under the distribution actually sampled from (temperature and top-p applied) and the
-policy version whose weights produced it. Weights arrive as named full tensors (see
-:mod:`rlcore.weight_sync`); an update may land between two decode steps of requests in flight,
-which then continue on the new weights with the new version on their later tokens.
+policy version whose weights produced it. An update may land between two decode steps of requests
+in flight, which then continue on the new weights with the new version on their later tokens.
+
+Weights arrive through a named transport (:mod:`rlcore.engine.registry` lists the ones each
+engine accepts; ``actors/weight_transport.py`` drives them):
+
+- ``broadcast``: rlcore's own bucketed broadcast (:mod:`rlcore.weight_sync`; gloo on CPU, NCCL on
+  GPU); the receiver hands the full tensors to :meth:`RolloutEngine.apply_weights`. Every engine
+  can take it.
+- ``nccl``: the engine's own workers join the trainer's NCCL group
+  (:meth:`RolloutEngine.init_weight_transfer`) and receive each update in place
+  (:meth:`RolloutEngine.receive_weights`), as vLLM's packed broadcast does.
+- ``ipc``: the trainer rank on the same GPU writes a CUDA IPC buffer the engine reads
+  (:meth:`RolloutEngine.receive_ipc`).
+
+Engines are built by :meth:`RolloutEngine.from_config`; the registry names the class.
 """
 
 from __future__ import annotations
 
 import abc
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Iterable
+from typing import TYPE_CHECKING, Any, Iterable
 
 if TYPE_CHECKING:  # type names only: validation imports this before torch loads
     import torch
+
+    from rlcore.config import RunConfig
 
 
 @dataclass
@@ -42,6 +57,12 @@ class RolloutEngine(abc.ABC):
     """What the rollout actor needs from an inference engine."""
 
     policy_version: int = 0
+
+    @classmethod
+    @abc.abstractmethod
+    def from_config(cls, cfg: RunConfig, seed: int = 0, tokenizer: Any = None) -> "RolloutEngine":
+        """Build the engine of `cfg.model` with `cfg.rollout`'s settings; `seed` seeds its own
+        sampling RNG; `tokenizer` is the actor's (engines that need one may use it)."""
 
     @abc.abstractmethod
     def generate(self, prompts: list[list[int]], params: SamplingParams, images=None) -> list[Generation]:
@@ -71,8 +92,51 @@ class RolloutEngine(abc.ABC):
         self.load_weights(named_tensors)
         self.set_version(version)
 
+    def score_batch(self, pairs: list[tuple[list[int], list[int]]]) -> list[list[float]]:
+        """:meth:`score` for several (prompt, completion) pairs (engines may batch them)."""
+        return [self.score(list(p), list(c)) for p, c in pairs]
+
     def abort(self) -> None:
         """Finish requests in flight early with reason `abort` (default: nothing in flight)."""
+
+    # ---- sampling RNG (resume): engines without an RNG of their own keep these defaults
+
+    def rng_state(self) -> Any:
+        """State of the engine's own sampling RNG (requests without a seed draw from it); None
+        when the engine has none to save."""
+        return None
+
+    def set_rng_state(self, state: Any) -> bool:
+        """Restore a state from :meth:`rng_state`; False when the engine has no such RNG."""
+        return False
+
+    # ---- weight transports beyond `broadcast` (see the module docstring)
+
+    def init_weight_transfer(self, master_address: str, master_port: int, rank_offset: int, world_size: int,
+                             timeout_s: float | None = None) -> None:
+        """`nccl`: join the trainer's group; the engine's workers take ranks from `rank_offset`."""
+        raise NotImplementedError(f"{type(self).__name__} does not receive weights over the 'nccl' transport")
+
+    def receive_weights(self, update_info: dict, version: int, timeout_s: float | None = None) -> dict[str, float]:
+        """`nccl`: receive one update described by `update_info` and serve it as `version`;
+        returns timings in seconds."""
+        raise NotImplementedError(f"{type(self).__name__} does not receive weights over the 'nccl' transport")
+
+    def receive_ipc(self, update_info: dict, handle: dict, version: int,
+                    timeout_s: float | None = None) -> dict[str, float]:
+        """`ipc`: land the update the trainer rank on this GPU wrote into the buffer `handle`
+        names, and serve it as `version`; returns timings in seconds."""
+        raise NotImplementedError(f"{type(self).__name__} does not receive weights over the 'ipc' transport")
+
+    # ---- sleep mode (colocated engines that free their GPU memory while the trainer steps)
+
+    def sleep(self, level: int) -> float:
+        """Free the engine's GPU memory at `level`; returns seconds."""
+        raise NotImplementedError(f"{type(self).__name__} has no sleep mode")
+
+    def wake_up(self) -> float:
+        """Take the memory back after :meth:`sleep`; returns seconds."""
+        raise NotImplementedError(f"{type(self).__name__} has no sleep mode")
 
 
 class WeightSyncError(RuntimeError):

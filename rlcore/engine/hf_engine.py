@@ -17,6 +17,7 @@ import torch
 from transformers import DynamicCache
 
 from rlcore.engine.base import Generation, RolloutEngine, SamplingParams
+from rlcore.models.build import build_model, build_tokenizer
 
 
 def sample_with_logprobs(
@@ -61,6 +62,15 @@ class HFEngine(RolloutEngine):
         self._cache_kwarg = "cache" if "cache" in params else "past_key_values"
         self._params = dict(self.model.named_parameters())
         self._params.update(dict(self.model.named_buffers()))
+
+    @classmethod
+    def from_config(cls, cfg, seed: int = 0, tokenizer=None) -> "HFEngine":
+        """The run's model (random weights until the first sync, or `model.path`), on a GPU when
+        `rollout.gpus_per_actor` > 0."""
+        tokenizer = tokenizer if tokenizer is not None else build_tokenizer(cfg.model)
+        device = "cuda" if cfg.rollout.gpus_per_actor > 0 else "cpu"
+        return cls(build_model(cfg.model, tokenizer), tokenizer.pad_token_id, tokenizer.eos_token_id,
+                   seed=seed, device=device, vision=getattr(tokenizer, "rlcore_vision", None))
 
     @torch.inference_mode()
     def generate(self, prompts: list[list[int]], params: SamplingParams, images=None) -> list[Generation]:
@@ -173,8 +183,9 @@ class HFEngine(RolloutEngine):
         """State of the engine's own sampling RNG (requests without a seed draw from it)."""
         return self._generator.get_state()
 
-    def set_rng_state(self, state: torch.Tensor) -> None:
+    def set_rng_state(self, state: torch.Tensor) -> bool:
         self._generator.set_state(state)
+        return True
 
     def abort(self) -> None:
         self._abort.set()

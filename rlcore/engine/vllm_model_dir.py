@@ -1,0 +1,56 @@
+"""A vLLM engine's model and arguments from a run config, including the model directory of a
+random-weight model (vLLM loads models from a directory or hub id only)."""
+
+from __future__ import annotations
+
+import tempfile
+from typing import Any
+
+from transformers.models.auto.modeling_auto import (
+    MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
+    MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES,
+)
+
+from rlcore.models.build import build_tokenizer, random_model_config
+
+
+def engine_args_from_config(cfg: Any, seed: int = 0, tokenizer: Any = None) -> tuple[str, dict[str, Any]]:
+    """(model, keyword arguments) of :class:`rlcore.engine.vllm_engine.VLLMEngine` for a
+    :class:`rlcore.config.RunConfig`. A random-weight model (``model.path`` null) is written as a
+    directory holding its ``config.json`` (plus tokenizer and image processor for a
+    vision-language model) and started with dummy weights: the first sync fills them."""
+    quantization = cfg.rollout.quantization
+    reload = cfg.rollout.weight_reload
+    if reload == "auto":  # the fast direct receive unless weights are processed after loading
+        reload = "layerwise" if quantization else "direct"
+    kwargs: dict[str, Any] = dict(tensor_parallel_size=cfg.rollout.tensor_parallel_size, seed=seed,
+                                  reload=reload, kv_on_update=cfg.rollout.kv_on_update)
+    if quantization is not None:
+        kwargs["quantization"] = quantization
+    if cfg.rollout.sleep_level:
+        kwargs["enable_sleep_mode"] = True
+    kwargs.update(cfg.rollout.engine_kwargs)
+    path = cfg.model.path
+    if path is None:
+        model_type = cfg.model.arch.get("model_type")
+        tokenizer = tokenizer if tokenizer is not None else build_tokenizer(cfg.model)
+        vision = tokenizer.rlcore_vision
+        if vision is not None:
+            names, kind = MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES, "an image-text-to-text"
+        else:
+            names, kind = MODEL_FOR_CAUSAL_LM_MAPPING_NAMES, "a causal-LM"
+        if model_type not in names:
+            raise ValueError(f"model.arch.model_type: vLLM needs {kind} model_type, got {model_type!r}")
+        # the same config the trainer builds (vocabulary sized to the tokenizer)
+        hf_config = random_model_config(cfg.model, tokenizer)
+        hf_config.architectures = [names[model_type]]  # vLLM picks its class by this
+        path = tempfile.mkdtemp(prefix="rlcore-vllm-model-")
+        hf_config.save_pretrained(path)
+        kwargs["load_format"] = "dummy"
+        if vision is not None:
+            # vLLM's multimodal processor needs the tokenizer (placeholder ids) and the image
+            # processor config next to config.json, and a tokenizer-enabled engine
+            tokenizer.save_pretrained(path)
+            vision.save(path)
+            kwargs.update(skip_tokenizer_init=False, vision=vision)
+    return path, kwargs

@@ -1,0 +1,133 @@
+"""Engines are plug-ins: a third engine, defined in this file and added by one `register_engine`
+call, passes validation and runs the real episode loop, weight update and canary scoring.
+
+The engine is real, not a stand-in: the run's transformers model decoded without a KV cache
+(every step recomputes the whole sequence), one prompt at a time.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+
+import pytest
+import torch
+
+from rlcore.canary import teacher_forced_logprobs
+from rlcore.engine.base import Generation, RolloutEngine, SamplingParams
+from rlcore.engine.hf_engine import sample_with_logprobs
+from rlcore.engine.registry import (
+    EngineSpec,
+    engine_class,
+    make_engine,
+    register_engine,
+    tensor_parallel_size,
+    weight_transport,
+)
+from rlcore.envs import make_env
+from rlcore.models.build import build_model, build_tokenizer
+from rlcore.placement import placement_problems
+from rlcore.run import compose
+from rlcore.validate import problems
+
+
+class RecomputeEngine(RolloutEngine):
+    """A transformers model sampled without a KV cache."""
+
+    def __init__(self, model: torch.nn.Module, eos_token_id: int, seed: int):
+        self.model, self.eos_token_id = model.eval(), eos_token_id
+        self.generator = torch.Generator().manual_seed(seed)
+        self.lock = threading.Lock()
+        self.policy_version = 0
+
+    @classmethod
+    def from_config(cls, cfg, seed=0, tokenizer=None):
+        tokenizer = tokenizer if tokenizer is not None else build_tokenizer(cfg.model)
+        return cls(build_model(cfg.model, tokenizer), tokenizer.eos_token_id, seed)
+
+    @torch.inference_mode()
+    def generate(self, prompts, params: SamplingParams, images=None):
+        out = []
+        for i, prompt in enumerate(prompts):
+            gen = self.generator if params.seed is None else torch.Generator().manual_seed(params.seed + i)
+            tokens, logprobs, versions, finish = [], [], [], "length"
+            for _ in range(params.max_new_tokens):
+                with self.lock:
+                    logits = self.model(input_ids=torch.tensor([list(prompt) + tokens])).logits[:, -1]
+                    version = self.policy_version
+                token, logprob = sample_with_logprobs(logits, params.temperature, params.top_p, gen)
+                tokens.append(int(token))
+                logprobs.append(float(logprob))
+                versions.append(version)
+                if tokens[-1] == self.eos_token_id or tokens[-1] in params.stop_token_ids:
+                    finish = "stop"
+                    break
+            out.append(Generation(tokens, logprobs, versions, finish))
+        return out
+
+    @torch.inference_mode()
+    def score(self, prompt_ids, completion_ids):
+        return teacher_forced_logprobs(self.model, [(prompt_ids, completion_ids)])[0]
+
+    def load_weights(self, named_tensors):
+        params = dict(self.model.named_parameters())
+        with self.lock, torch.no_grad():
+            for name, tensor in named_tensors:
+                params[name].copy_(tensor)
+
+    def set_version(self, version):
+        with self.lock:
+            self.policy_version = version
+
+    def state_dict(self):
+        return {k: v.detach().clone() for k, v in self.model.state_dict().items()}
+
+
+register_engine(EngineSpec("recompute", f"{__name__}:RecomputeEngine"))
+
+BASE = ["rollout.engine=recompute", "rollout.sampling.max_new_tokens=6"]
+
+
+def test_validation_knows_the_plugin_and_checks_switches_it_lacks():
+    assert problems(compose(BASE)) == []
+    keys = dict(problems(compose([*BASE, "rollout.quantization=fp8"])))
+    assert "rollout.engine=vllm" in keys["rollout.quantization"]  # the engine that serves FP8 is named
+    keys = dict(problems(compose([*BASE, "rollout.sleep_level=1"])))
+    assert "rollout.sleep_level" in keys
+    unknown = dict(problems(compose(["rollout.engine=nope"])))["rollout.engine"]
+    assert "'recompute'" in unknown and "'vllm'" in unknown
+    # colocated placement needs the ipc transport, which this engine does not take
+    cfg = compose([*BASE, "placement=colocated", "trainer.gpus_per_rank=1", "rollout.gpus_per_actor=1"])
+    assert "rollout.engine" in dict(placement_problems(cfg, gpus=1, gpu_bytes=None, where="this machine"))
+    # a teacher may use it too
+    assert "teacher.engine" not in dict(problems(compose([*BASE, "teacher.enabled=true", "teacher.engine=recompute"])))
+
+
+def test_plugin_runs_episodes_takes_weights_and_scores_like_the_trainer():
+    cfg = compose(BASE)
+    assert weight_transport(cfg) == "broadcast" and tensor_parallel_size(cfg.rollout) == 1
+    tokenizer = build_tokenizer(cfg.model)
+    engine = make_engine(cfg, tokenizer, seed=0)
+    assert type(engine) is engine_class("recompute") is RecomputeEngine
+    env = make_env(cfg.env.name, dict(cfg.env.args), cfg.env.seed)
+    params = SamplingParams(max_new_tokens=6, temperature=1.0, seed=7)
+    groups = env.run_groups([env.make_task(i, "train") for i in range(2)], 3, engine, tokenizer, params)
+    samples = [s for g in groups for s in g.samples]
+    assert len(samples) == 6 and all(not s.failed for s in samples)
+    assert all(len(s.completion_ids) == len(s.logprobs) == len(s.versions) > 0 for s in samples)
+    assert all(v == 0 for s in samples for v in s.versions)
+
+    # a weight update: the trainer's model (another seed) lands as version 1
+    trainer = build_model(dataclasses.replace(cfg.model, seed=cfg.model.seed + 1), tokenizer)
+    engine.apply_weights(trainer.named_parameters(), version=1)
+    assert all(torch.equal(engine.state_dict()[n], p) for n, p in trainer.named_parameters())
+    (gen,) = engine.generate([samples[0].prompt_ids], params)
+    assert set(gen.versions) == {1}
+
+    # the canary's engine side (the contract's default score_batch) against the trainer's logprobs
+    pairs = [(s.prompt_ids, s.completion_ids) for s in samples[:2]]
+    with torch.no_grad():
+        want = teacher_forced_logprobs(trainer, pairs)
+    got = engine.score_batch(pairs)
+    assert all(g == pytest.approx(w, abs=1e-5) for g, w in zip(got, want))
+    assert engine.rng_state() is None and engine.set_rng_state(object()) is False  # no RNG to resume
