@@ -14,7 +14,11 @@ import copy
 
 from rlcore.config import RunConfig
 from rlcore.engine.registry import engine_spec, engines_where
-from rlcore.memory_plan import colocated_engine_fraction, engine_min_bytes, memory_problems
+from rlcore.memory_plan import (
+    colocated_engine_fraction,
+    engine_min_bytes,
+    memory_problems,
+)
 
 PLACEMENTS = ("auto", "colocated", "split")
 
