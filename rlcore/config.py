@@ -171,9 +171,9 @@ class RolloutConfig:
     every sync; 0 disables the canary."""
     canary_max_gap: Optional[float] = None
     """Largest per-token |engine - trainer| logprob gap (nats) a sync may leave; past it the run
-    stops. null = 1.0, or 2.0 when either side runs FP8 (`rlcore.canary.canary_limits`)."""
+    stops. null = 1.0, or 2.0 with FP8 or a real checkpoint (`rlcore.canary.canary_limits`)."""
     canary_mean_gap: Optional[float] = None
-    """Largest mean per-token gap (nats) a sync may leave; null = 0.1, or 0.25 with FP8."""
+    """Largest mean per-token gap (nats) a sync may leave; null = 0.1, or 0.25 with FP8 or a real checkpoint."""
     quantization: Optional[str] = None
     """vLLM online weight quantization of the rollout engines: null (bf16) or `fp8` (weights
     re-quantized on every sync, dynamic per-token activation scales; vLLM on Hopper/Ada only)."""

@@ -15,7 +15,7 @@ import pytest
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 
-from rlcore.canary import DEFAULT_MAX_GAP, DEFAULT_MEAN_GAP, FP8_MAX_GAP, FP8_MEAN_GAP, canary_limits
+from rlcore.canary import CHECKPOINT_MAX_GAP, CHECKPOINT_MEAN_GAP, DEFAULT_MAX_GAP, DEFAULT_MEAN_GAP, FP8_MAX_GAP, FP8_MEAN_GAP, canary_limits
 from rlcore.run import compose, main
 from rlcore.trainer import float8
 from rlcore import validate as validate_module
@@ -57,6 +57,9 @@ def test_canary_limits_loosen_with_fp8_unless_set():
     assert canary_limits(compose([])) == (DEFAULT_MAX_GAP, DEFAULT_MEAN_GAP)
     assert canary_limits(compose([*GPU, "rollout.quantization=fp8"])) == (FP8_MAX_GAP, FP8_MEAN_GAP)
     assert canary_limits(compose([*GPU, "trainer.fp8=tensorwise"])) == (FP8_MAX_GAP, FP8_MEAN_GAP)
+    # a real checkpoint's correct syncs leave larger gaps on its tail tokens (issue 20)
+    assert canary_limits(compose(["model=smollm2_135m"])) == (CHECKPOINT_MAX_GAP, CHECKPOINT_MEAN_GAP)
+    assert canary_limits(compose(["model=smollm2_135m", "rollout.canary_mean_gap=0.05"]))[1] == 0.05
     assert canary_limits(compose([*GPU, "rollout.quantization=fp8", "rollout.canary_max_gap=3.0"])) == (3.0, FP8_MEAN_GAP)
     assert DEFAULT_MAX_GAP < FP8_MAX_GAP < 3.7  # still below the smallest stale-sync gap seen (3.7 nats)
 
