@@ -78,7 +78,7 @@ class TrainerRank:
         return {**result.metrics, **memory, "version": result.version, "lr": float(lr)}
 
     def sft_step(self, micro_batches: list[MicroBatch], global_loss_tokens: int) -> dict:
-        lr = self.core.optimizer.param_groups[0]["lr"]
+        lr = self.cfg.sft.lr if self.cfg.sft.lr is not None else self.core.optimizer.param_groups[0]["lr"]
         result = self.core.sft_step(micro_batches, global_loss_tokens)
         return {**result.metrics, "version": result.version, "lr": float(lr)}
 
