@@ -251,6 +251,7 @@ class Driver(WeightSync):
             else:
                 raise RunError("nothing in flight and no batch ready: the staleness bound starves the run")
             self.expire()
+            self.members.poll()  # restarted engines that answered are noted (they join at a step boundary)
             for ref in ready:
                 if ref in self.pending:
                     gen_tokens += self.collect(ref)

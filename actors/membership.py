@@ -58,7 +58,8 @@ class Members:
         return True
 
     def probes(self) -> list[ray.ObjectRef]:
-        """`ready()` calls in flight (the driver's wait wakes when one answers)."""
+        """`ready()` calls in flight (the driver's wait wakes when one answers; `poll` clears
+        answered ones, so a finished probe never keeps the wait returning at once)."""
         return [r.probe for r in self.restarting.values() if r.probe is not None]
 
     def poll(self) -> list[int]:

@@ -102,8 +102,8 @@ class WeightSync:
         serving until Ray's restart of it has joined again (counted in `rollout_restarts`)."""
         if self.members.lost(actor, launched_at):
             self.restarts += 1
-            log.warning("rollout actor %d died: %d engine(s) serve on while Ray restarts it", actor,
-                        len(self.members.serving))
+            log.warning("rollout actor %d died at version %d: %d engine(s) serve on while Ray restarts it", actor,
+                        self.version, len(self.members.serving))
 
     def _sync(self, version: int, actors: list[int]) -> dict[str, float]:
         g = self.groups
