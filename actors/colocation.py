@@ -19,23 +19,29 @@ def _names(groups: Groups) -> tuple[list[str], list[str]]:
             [f"rollout actor {i}" for i in range(len(groups.rollouts))])
 
 
-def init_ipc_group(groups: Groups, plan: SyncPlan, get: Callable, timeout_s: float) -> None:
-    """Every trainer rank makes its IPC buffer; engine i keeps the handle of trainer rank i."""
+def init_ipc_group(groups: Groups, plan: SyncPlan, get: Callable, timeout_s: float,
+                   serving: list[int] | None = None) -> None:
+    """Every trainer rank makes its IPC buffer (once); engine i of `serving` (default: all)
+    keeps the handle of trainer rank i."""
     trainers, rollouts = _names(groups)
+    serving = list(range(len(groups.rollouts))) if serving is None else serving
     handles = get([tr.init_weight_group.remote("", 0, plan) for tr in groups.trainers], timeout_s,
                   "weight buffers (IPC) init", trainers)
-    get([r.init_weight_group.remote("", 0, plan, h) for r, h in zip(groups.rollouts, handles)], timeout_s,
-        "weight receivers (IPC) init", rollouts)
+    get([groups.rollouts[i].init_weight_group.remote("", 0, plan, handles[i]) for i in serving], timeout_s,
+        "weight receivers (IPC) init", [rollouts[i] for i in serving])
 
 
-def sync_ipc(groups: Groups, version: int, get: Callable, timeout_s: float) -> list[dict]:
+def sync_ipc(groups: Groups, version: int, get: Callable, timeout_s: float,
+             serving: list[int] | None = None) -> list[dict]:
     """Trainer ranks fill their buffers (all at once: the parameter gathers are collective),
-    then every engine lands them as `version`. Returns the trainers' then the engines' results."""
+    then every engine of `serving` (default: all) lands them as `version`. Returns the trainers'
+    then the engines' results."""
     trainers, rollouts = _names(groups)
+    serving = list(range(len(groups.rollouts))) if serving is None else serving
     pushed = get([tr.push_weights.remote() for tr in groups.trainers], timeout_s,
                  f"weight sync to version {version} (trainer buffers)", trainers)
-    pulled = get([r.pull_weights.remote(version) for r in groups.rollouts], timeout_s,
-                 f"weight sync to version {version} (engines)", rollouts)
+    pulled = get([groups.rollouts[i].pull_weights.remote(version) for i in serving], timeout_s,
+                 f"weight sync to version {version} (engines)", [rollouts[i] for i in serving])
     return pushed + pulled
 
 

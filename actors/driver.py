@@ -20,6 +20,7 @@ import ray
 from actors import colocation
 from actors.groups import Groups, place
 from actors.lifecycle import StepHooks, TaskFeed
+from actors.membership import Members
 from actors.remote import ActorDied, RunError, failed_names, get, refs_ready, wait_ready  # noqa: F401 (re-exported)
 from actors.teacher import TeacherError, TeacherStage
 from actors.weights import WeightSync
@@ -77,11 +78,11 @@ class Driver(WeightSync):
         self.version = 0  # policy version the engines serve (the trainer's optimizer steps, synced)
         self.pending: dict[ray.ObjectRef, Request] = {}
         self.groups: Groups | None = None
+        self.members: Members | None = None  # the rollout actors that serve (see actors.membership)
         self.teacher: TeacherStage | None = None  # on-policy distillation: scores groups before the buffer
         self.plan: SyncPlan | None = None
         self._rollout_busy_last = 0.0
         self._failed_last = 0
-        self.rejoin_needed = False
         self.restarts = 0
         self.version_base = 0  # engine version when RL step 0 began (see groups_allowed_in_flight)
         self._next_actor = itertools.cycle(range(cfg.rollout.num_actors))
@@ -99,6 +100,7 @@ class Driver(WeightSync):
         with phase("placing actors"):
             self.groups = place(cfg)
         g = self.groups
+        self.members = Members(g.rollouts, cfg.rollout.generate_timeout_s)
         t = cfg.trainer
         engines = f"starting the rollout engine{'s' if len(g.rollouts) > 1 else ''} ({cfg.rollout.engine})"
         if self.colocated:  # vLLM sizes its memory at startup: let it start before the trainer allocates
@@ -141,13 +143,14 @@ class Driver(WeightSync):
         queued = sum(len(q.tasks) for q in self.pending.values()) + len(self.buffer)
         if self.teacher is not None:
             queued += self.teacher.waiting_groups()
-        per_actor_cap = r.max_requests_per_actor
-        if self.rejoin_needed:  # a restarted engine would serve stale weights until the rejoin
-            return
-        while queued < self.groups_allowed_in_flight(batches_started) and len(self.pending) < per_actor_cap * r.num_actors:
+        serving = self.members.serving  # a restarted engine takes requests once it has the weights
+        while (serving and queued < self.groups_allowed_in_flight(batches_started)
+               and len(self.pending) < r.max_requests_per_actor * len(serving)):
             n_tasks = min(r.tasks_per_request, self.groups_allowed_in_flight(batches_started) - queued)
             indices, tasks = self.feed.take(n_tasks)
             actor = next(self._next_actor)
+            while actor not in serving:
+                actor = next(self._next_actor)
             ref = self.groups.rollouts[actor].generate_groups.remote(tasks, a.group_size, "train",
                                                                      self.feed.seed(indices))
             self.pending[ref] = Request(actor, tasks, n_tasks * a.group_size, time.perf_counter(), indices,
@@ -167,7 +170,7 @@ class Driver(WeightSync):
             self.buffer.fail(req.samples)
             self.failures.request_lost(req.samples, f"engine: {type(exc).__name__}", str(exc))
             if isinstance(exc, ray.exceptions.RayActorError):
-                self.rejoin_needed = True  # Ray restarts it; it must get the weights first
+                self.engine_lost(req.actor, req.launched_at)  # Ray restarts it; the others serve on
             return 0
         for group, index in zip(groups, req.indices):
             group.request_id, group.stream_index = req.seq, index
@@ -224,10 +227,8 @@ class Driver(WeightSync):
         gen_tokens = 0
         run_start = last_end = time.perf_counter()
         while step < cfg.steps:
-            if self.rejoin_needed and not train_refs:
-                log.warning("rollout actor restarted: rebuilding the weight group, re-sending version %d",
-                            self.version)
-                self.rejoin(self.version)
+            if not train_refs:  # a step boundary: restarted engines whose model is up join
+                self.admit_restarted()
             self.launch(step + (1 if train_refs else 0))
             if not train_refs:
                 keep = has_signal if cfg.algo.filter_zero_adv_groups else None
@@ -240,12 +241,17 @@ class Driver(WeightSync):
                             self.groups, self.sleep_level, get, cfg.rollout.weight_sync_timeout_s)
                     train_refs = self.start_train(state)
                     self.launch(step + 1)
-            waiting = list(self.pending) + train_refs[:1] + self.hooks.refs()
+            waiting = list(self.pending) + train_refs[:1] + self.hooks.refs() + self.members.probes()
             waiting += self.teacher.refs() if self.teacher is not None else []
-            if not waiting:
+            if waiting:
+                ready, _ = ray.wait(waiting, num_returns=1, timeout=1.0)
+            elif self.members.restarting:  # every engine is restarting: wait for the next probe
+                ready = []
+                time.sleep(0.1)
+            else:
                 raise RunError("nothing in flight and no batch ready: the staleness bound starves the run")
-            ready, _ = ray.wait(waiting, num_returns=1, timeout=1.0)
             self.expire()
+            self.members.poll()  # restarted engines that answered are noted (they join at a step boundary)
             for ref in ready:
                 if ref in self.pending:
                     gen_tokens += self.collect(ref)
@@ -289,7 +295,7 @@ class Driver(WeightSync):
     def rollout_busy_seconds(self) -> float | None:
         """Generation seconds summed over rollout actors; None when one does not answer within
         10 s or was restarted (busy accounting must never stall or fail training)."""
-        refs = [r.busy_seconds.remote() for r in self.groups.rollouts]
+        refs = [self.groups.rollouts[i].busy_seconds.remote() for i in self.members.serving]
         ready, _ = ray.wait(refs, num_returns=len(refs), timeout=10.0)
         if len(ready) < len(refs):
             return None
@@ -307,7 +313,7 @@ class Driver(WeightSync):
         rollout_busy = None
         if busy is not None:
             if busy >= self._rollout_busy_last:  # a restarted actor's clock starts again at 0
-                rollout_busy = (busy - self._rollout_busy_last) / max(step_time * len(self.groups.rollouts), 1e-9)
+                rollout_busy = (busy - self._rollout_busy_last) / max(step_time * max(1, len(self.members.serving)), 1e-9)
             self._rollout_busy_last = busy
         dt = max(step_time, 1e-9)
         return {

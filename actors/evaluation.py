@@ -41,8 +41,11 @@ class Round:
 class Evaluator:
     """Evaluation rounds on the rollout actors, interleaved with whatever else they run."""
 
-    def __init__(self, cfg, env, rollouts: list):
+    def __init__(self, cfg, env, rollouts: list, serving: Callable[[], list[int]] | None = None):
+        """`serving`: the actors that hold the current weights now (default: all; a restarted
+        one is left out until it has joined again)."""
         self.cfg, self.env, self.rollouts = cfg, env, rollouts
+        self.serving = serving or (lambda: list(range(len(rollouts))))
         self.tasks = eval_tasks(env, cfg)
         per = cfg.rollout.tasks_per_request
         self.chunks = [self.tasks[i:i + per] for i in range(0, len(self.tasks), per)]
@@ -62,7 +65,7 @@ class Evaluator:
     def pump(self) -> None:
         """Submit queued chunks, oldest round first, keeping one eval request per actor."""
         busy = {actor for _, _, actor in self._inflight.values()}
-        free = [i for i in range(len(self.rollouts)) if i not in busy]
+        free = [i for i in self.serving() if i not in busy]
         e = self.cfg.eval
         for rnd in self.rounds:
             while rnd.queued and free:

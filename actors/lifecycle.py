@@ -106,7 +106,7 @@ class StepHooks:
     def setup(self) -> None:
         d, cfg = self.d, self.cfg
         if cfg.eval.every_n_steps > 0:
-            self.evaluator = Evaluator(cfg, d.env, d.groups.rollouts)
+            self.evaluator = Evaluator(cfg, d.env, d.groups.rollouts, lambda: d.members.serving)
         self.writer.clean_stale()
         path = ckpt.resolve_resume(cfg)
         if path is None:
@@ -197,7 +197,10 @@ class StepHooks:
                 unfinished.append((g.stream_index, g.task))
         unfinished += [(i, t) for req in d.pending.values() for i, t in zip(req.indices, req.tasks)]
         unfinished += [(g.stream_index, g.task) for g in d.teacher_groups()]
-        engine_rng = get([r.rng_state.remote() for r in d.groups.rollouts], 60, "engine RNG state")
+        # a restarting engine has no state worth keeping (None: it keeps its own seed on resume)
+        serving = d.members.serving
+        states = get([d.groups.rollouts[i].rng_state.remote() for i in serving], 60, "engine RNG state")
+        engine_rng = [states[serving.index(i)] if i in serving else None for i in range(len(d.groups.rollouts))]
         return {"kind": "rl", "step": step, "version": d.version, "feed": d.feed.state(unfinished),
                 "request_seq": d.request_seq, "accounting": acct, "rng": ckpt.rng_state(),
                 "engine_rng": engine_rng, "eval_due": eval_due}
@@ -230,6 +233,11 @@ class StepHooks:
     # -- evaluation inside the loop ------------------------------------------------------------
     def refs(self) -> list:
         return self.evaluator.refs() if self.evaluator is not None else []
+
+    def engines_joined(self) -> None:
+        """Engines joined the weight group again: evaluation chunks waiting for one can go."""
+        if self.evaluator is not None:
+            self.evaluator.pump()
 
     def owns(self, ref) -> bool:
         return self.evaluator is not None and self.evaluator.owns(ref)

@@ -46,10 +46,13 @@ class RolloutWorker:
     def ready(self) -> int:
         return self.index
 
-    def init_weight_group(self, address: str, port: int, plan: SyncPlan, handle: dict | None = None) -> bool:
-        """Join the weight-sync group (the trainer's rank 0 joins at the same time); colocated,
-        keep the IPC `handle` of the trainer rank on this GPU instead."""
-        self.receiver = EngineReceiver(self.cfg, self.engine, self.index, address, port, plan, handle)
+    def init_weight_group(self, address: str, port: int, plan: SyncPlan, handle: dict | None = None,
+                          slot: int | None = None, engines: int | None = None) -> bool:
+        """Join the weight-sync group in `slot` of its `engines` actors (default: this actor's
+        index of all; the trainer's rank 0 joins at the same time); colocated, keep the IPC
+        `handle` of the trainer rank on this GPU instead."""
+        self.receiver = EngineReceiver(self.cfg, self.engine, self.index if slot is None else slot, address, port,
+                                       plan, handle, engines)
         return True
 
     def sleep(self, level: int) -> float:

@@ -45,15 +45,16 @@ class TrainerRank:
     def parameter_metas(self) -> list[tuple[str, tuple[int, ...], str]]:
         return self.core.parameter_metas()
 
-    def init_weight_group(self, address: str, port: int, plan: SyncPlan) -> dict | None:
-        """Rank 0 joins the weight-sync group as its sender (the engines join at the same time).
+    def init_weight_group(self, address: str, port: int, plan: SyncPlan, engines: int | None = None) -> dict | None:
+        """Rank 0 joins the weight-sync group of `engines` rollout actors (default: all) as its
+        sender (the engines join at the same time).
         Colocated: every rank makes its CUDA IPC buffer and returns its handle (for the engine on
         its GPU); None otherwise."""
         every_rank = weight_transport(self.cfg) == "ipc"  # each rank feeds the engine on its GPU
         if every_rank and self.sender is not None:
             return self.sender.ipc.handle()  # a restarted engine reopens the same buffer (same plan)
         if self.rank == 0 or every_rank:
-            self.sender = TrainerSender(self.cfg, address, port, plan, self.device)
+            self.sender = TrainerSender(self.cfg, address, port, plan, self.device, engines)
         return self.sender.ipc.handle() if self.sender is not None and self.sender.ipc is not None else None
 
     def canary_logprobs(self, pairs: list[tuple[list[int], list[int]]]) -> list[list[float]]:
@@ -79,7 +80,7 @@ class TrainerRank:
         return {**result.metrics, **memory, "version": result.version, "lr": float(lr)}
 
     def sft_step(self, micro_batches: list[MicroBatch], global_loss_tokens: int) -> dict:
-        lr = self.core.optimizer.param_groups[0]["lr"]
+        lr = self.cfg.sft.lr if self.cfg.sft.lr is not None else self.core.optimizer.param_groups[0]["lr"]
         result = self.core.sft_step(micro_batches, global_loss_tokens)
         return {**result.metrics, "version": result.version, "lr": float(lr)}
 

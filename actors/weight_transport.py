@@ -11,8 +11,11 @@ sync protocol over three wires. Which one a run uses is `registry.weight_transpo
   (`rlcore.transfer.ipc`), every trainer rank a sender into its own engine (`receive_ipc`); no
   process group at all.
 
-Ranks: the trainer's sending rank is 0; rollout actor i takes `ranks_per_actor` ranks from
-`1 + i * ranks_per_actor` (one per engine worker over `nccl`, one per actor over `broadcast`).
+Ranks: the trainer's sending rank is 0; the rollout actor in slot j of the group takes
+`ranks_per_actor` ranks from `1 + j * ranks_per_actor` (one per engine worker over `nccl`, one per
+actor over `broadcast`). The group holds the actors that serve (`actors.membership`): slot j is
+the j-th of them, so a group re-formed without a dead actor, or with a restarted one back,
+renumbers its ranks.
 """
 
 from __future__ import annotations
@@ -36,8 +39,10 @@ def ranks_per_actor(cfg: RunConfig) -> int:
     return tensor_parallel_size(cfg.rollout) if weight_transport(cfg) == "nccl" else 1
 
 
-def world_size(cfg: RunConfig) -> int:
-    return 1 + cfg.rollout.num_actors * ranks_per_actor(cfg)
+def world_size(cfg: RunConfig, engines: int | None = None) -> int:
+    """Ranks of a weight group holding `engines` rollout actors (default: all of them)."""
+    n = cfg.rollout.num_actors if engines is None else engines
+    return 1 + n * ranks_per_actor(cfg)
 
 
 def vllm_update_info(cfg: RunConfig, plan: SyncPlan) -> dict:
@@ -49,7 +54,8 @@ def vllm_update_info(cfg: RunConfig, plan: SyncPlan) -> dict:
 class TrainerSender:
     """Lives on trainer rank 0 (on every rank when colocated: each feeds the engine on its GPU)."""
 
-    def __init__(self, cfg: RunConfig, address: str, port: int, plan: SyncPlan, device: str):
+    def __init__(self, cfg: RunConfig, address: str, port: int, plan: SyncPlan, device: str,
+                 engines: int | None = None):
         self.cfg, self.plan = cfg, plan
         timeout = cfg.rollout.weight_sync_timeout_s
         self.ipc: IPCSender | None = None
@@ -60,11 +66,11 @@ class TrainerSender:
         elif transport == "nccl":
             from rlcore.engine.vllm_sync import init_sender
             self.update_info = vllm_update_info(cfg, plan)
-            self.vllm = init_sender(address, port, world_size(cfg), timeout_s=timeout)
+            self.vllm = init_sender(address, port, world_size(cfg, engines), timeout_s=timeout)
             self.group = None
         else:
             self.vllm = None
-            self.group = WeightGroup(address, port, 0, world_size(cfg), timeout, device)
+            self.group = WeightGroup(address, port, 0, world_size(cfg, engines), timeout, device)
 
     def send(self, named: Iterator[tuple[str, torch.Tensor]]) -> int:
         """Broadcast every parameter (colocated: write it into the IPC buffer); returns bytes sent."""
@@ -81,11 +87,12 @@ class TrainerSender:
 class EngineReceiver:
     """Lives in a rollout actor, next to its engine."""
 
-    def __init__(self, cfg: RunConfig, engine, index: int, address: str, port: int, plan: SyncPlan,
-                 handle: dict | None = None):
+    def __init__(self, cfg: RunConfig, engine, slot: int, address: str, port: int, plan: SyncPlan,
+                 handle: dict | None = None, engines: int | None = None):
+        """`slot`: this actor's position among the group's `engines` actors (default: all)."""
         self.cfg, self.engine, self.plan, self.handle = cfg, engine, plan, handle
         timeout = cfg.rollout.weight_sync_timeout_s
-        first_rank = 1 + index * ranks_per_actor(cfg)
+        first_rank = 1 + slot * ranks_per_actor(cfg)
         transport = weight_transport(cfg)
         if transport == "ipc":
             if handle is None:
@@ -94,11 +101,11 @@ class EngineReceiver:
             self.group = None
         elif transport == "nccl":
             self.update_info = vllm_update_info(cfg, plan)
-            engine.init_weight_transfer(address, port, first_rank, world_size(cfg), timeout_s=timeout)
+            engine.init_weight_transfer(address, port, first_rank, world_size(cfg, engines), timeout_s=timeout)
             self.group = None
         else:
             device = "cuda" if cfg.rollout.gpus_per_actor > 0 else "cpu"
-            self.group = WeightGroup(address, port, first_rank, world_size(cfg), timeout, device)
+            self.group = WeightGroup(address, port, first_rank, world_size(cfg, engines), timeout, device)
 
     def receive(self, version: int) -> dict[str, float]:
         start = time.perf_counter()

@@ -1,6 +1,7 @@
 """Weights from the trainer group to the engines after every train step, and the canary that
-checks them: the part of the RL driver (`actors.driver.Driver` mixes it in) that rebuilds the
-weight-sync group when an engine was replaced and stops the run on a stale or broken sync."""
+checks them: the part of the RL driver (`actors.driver.Driver` mixes it in) that re-forms the
+weight-sync group when an engine dies or comes back (`actors.membership`) and stops the run on a
+stale or broken sync."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import time
 import ray
 
 from actors import colocation
-from actors.remote import ActorDied, RunError, get, wait_ready
+from actors.remote import ActorDied, RunError, get
 from rlcore.canary import (
     CanaryError,
     canary_limits,
@@ -23,55 +24,103 @@ log = logging.getLogger("rlcore")
 
 
 class WeightSync:
-    """Needs the driver's `cfg`, `groups`, `plan`, `env`, `tokenizer`, `colocated`, `version`,
-    `restarts`, `rejoin_needed` and `_canary_pairs`."""
+    """Needs the driver's `cfg`, `groups`, `members`, `plan`, `env`, `tokenizer`, `colocated`,
+    `version`, `restarts` and `_canary_pairs`."""
 
-    def init_weight_group(self) -> None:
-        """(Re)build the weight-sync group: trainer rank 0 plus every rollout actor, on a fresh
-        rendezvous port (a group whose member died cannot be repaired, only replaced)."""
+    def init_weight_group(self, actors: list[int] | None = None) -> None:
+        """(Re)build the weight-sync group: trainer rank 0 plus the rollout actors `actors`
+        (default: those serving), on a fresh rendezvous port (a group whose member died cannot be
+        repaired, only replaced)."""
         g, cfg = self.groups, self.cfg
-        wait_ready(g.rollouts, cfg.rollout.generate_timeout_s)
+        actors = list(self.members.serving) if actors is None else actors
+        timeout = cfg.rollout.weight_sync_timeout_s
         if self.colocated:
-            colocation.init_ipc_group(g, self.plan, get, cfg.rollout.weight_sync_timeout_s)
-            self.rejoin_needed = False
-            return
-        waddr, wport = get(g.trainers[0].address.remote(), cfg.trainer.step_timeout_s, "weight group address")
-        get([tr.init_weight_group.remote(waddr, wport, self.plan) for tr in g.trainers]
-            + [r.init_weight_group.remote(waddr, wport, self.plan) for r in g.rollouts],
-            cfg.rollout.weight_sync_timeout_s, "weight group init")
-        self.rejoin_needed = False
+            colocation.init_ipc_group(g, self.plan, get, timeout, actors)
+        elif actors:
+            waddr, wport = get(g.trainers[0].address.remote(), cfg.trainer.step_timeout_s, "weight group address")
+            get([tr.init_weight_group.remote(waddr, wport, self.plan, len(actors)) for tr in g.trainers]
+                + [g.rollouts[i].init_weight_group.remote(waddr, wport, self.plan, None, slot, len(actors))
+                   for slot, i in enumerate(actors)],
+                timeout, "weight group init", [f"trainer rank {i}" for i in range(len(g.trainers))]
+                + [f"rollout actor {i}" for i in actors])
+        self.members.reform = False
 
-    def rejoin(self, version: int) -> dict[str, float]:
-        """After a rollout actor died (Ray restarts it) or a sync failed: rebuild the weight group
-        and give every engine the trainer's weights as `version` before it serves again."""
-        self.restarts += 1
-        self.init_weight_group()
-        return self._sync(version)
+    def admit_restarted(self) -> None:
+        """Call only while no train step runs (the trainer must join the group). Restarted
+        actors whose constructor has run join a re-formed group, receive the current version
+        and serve again; nothing waits for one still starting (see `actors.membership`)."""
+        ready = self.members.poll()
+        if not ready:
+            return
+        self._reform_and_sync(self.version, sorted(self.members.serving + ready))
+        joined = self.members.admit(ready)
+        if joined:
+            log.warning("rollout actor%s %s rejoined the weight group at version %d after a restart",
+                        "s" if len(joined) > 1 else "", ", ".join(map(str, joined)), self.version)
+            self.hooks.engines_joined()
 
     def sync_weights(self, version: int) -> dict[str, float]:
-        """Push the trainer's weights to every engine as `version`; returns timing metrics. A
-        sync that fails (a rollout actor died, a broken group) is retried once on a rebuilt group."""
-        try:
-            return self._sync(version)
-        except RunError as exc:
-            if isinstance(exc, ActorDied) and any(d.startswith("trainer") for d in exc.dead):
-                raise  # only engines can be replaced; a trainer rank's death stops the run
-            log.warning("weight sync to version %d failed (%s); rebuilding the weight group", version, exc)
-            return self.rejoin(version)
+        """Push the trainer's weights to every serving engine as `version`; returns timing
+        metrics. An engine that died leaves (the group is re-formed from the others, and the
+        sync retried once); nothing waits for its restart."""
+        return self._reform_and_sync(version, self.members.serving, self.members.reform)
 
-    def _sync(self, version: int) -> dict[str, float]:
+    def _reform_and_sync(self, version: int, actors: list[int], reform: bool = True) -> dict[str, float]:
+        """(Re-form the group of `actors` and) sync `version` to them. A failure retries once
+        without the engines that no longer answer; a trainer rank's death stops the run."""
+        for attempt in (1, 2):
+            try:
+                if reform:
+                    self.init_weight_group(actors)
+                return self._sync(version, actors)
+            except RunError as exc:
+                if attempt == 2 or (isinstance(exc, ActorDied) and any(d.startswith("trainer") for d in exc.dead)):
+                    raise  # only engines can be replaced
+                dead = self.dead_engines(actors)
+                log.warning("weight sync to version %d failed (%s); %s", version, exc,
+                            f"rollout actor(s) {dead} left, re-forming the weight group without them" if dead
+                            else "rebuilding the weight group")
+                for i in dead:
+                    self.engine_lost(i, float("inf"))
+                actors, reform = [i for i in actors if i not in dead], True
+        raise AssertionError("unreachable")
+
+    def dead_engines(self, actors: list[int]) -> list[int]:
+        """Actors of `actors` that do not answer `ready()` within 10 s (died or restarting)."""
+        refs = [self.groups.rollouts[i].ready.remote() for i in actors]
+        ray.wait(refs, num_returns=len(refs), timeout=10.0)
+        dead = []
+        for i, ref in zip(actors, refs):
+            try:
+                ray.get(ref, timeout=0)
+            except (ray.exceptions.RayError, ray.exceptions.GetTimeoutError):
+                dead.append(i)
+        return dead
+
+    def engine_lost(self, actor: int, launched_at: float) -> None:
+        """A call to `actor` launched at `launched_at` failed because the actor died: it stops
+        serving until Ray's restart of it has joined again (counted in `rollout_restarts`)."""
+        if self.members.lost(actor, launched_at):
+            self.restarts += 1
+            log.warning("rollout actor %d died at version %d: %d engine(s) serve on while Ray restarts it", actor,
+                        self.version, len(self.members.serving))
+
+    def _sync(self, version: int, actors: list[int]) -> dict[str, float]:
         g = self.groups
         start = time.perf_counter()
         timeout = self.cfg.rollout.weight_sync_timeout_s
+        if not actors:  # no engine serves: the one that joins next receives the trainer's weights then
+            self.version = version
+            return {"sync_time_s": 0.0, "sync_gb_per_s": 0.0, "sync_send_s": 0.0}
         try:
             if self.colocated:
-                out = colocation.sync_ipc(g, version, get, timeout)
+                out = colocation.sync_ipc(g, version, get, timeout, actors)
             else:
                 out = get([tr.push_weights.remote() for tr in g.trainers]
-                          + [r.pull_weights.remote(version) for r in g.rollouts], timeout,
+                          + [g.rollouts[i].pull_weights.remote(version) for i in actors], timeout,
                           f"weight sync to version {version}",
                           [f"trainer rank {i}" for i in range(len(g.trainers))]
-                          + [f"rollout actor {i}" for i in range(len(g.rollouts))])
+                          + [f"rollout actor {i}" for i in actors])
         except ray.exceptions.RayTaskError as exc:
             raise RunError(f"weight sync to version {version} failed: {exc}") from exc
         self.version = version
@@ -79,9 +128,9 @@ class WeightSync:
         sent = out[0]["sync_bytes"]
         metrics = {"sync_time_s": elapsed, "sync_gb_per_s": sent / max(elapsed, 1e-9) / 1e9,
                    "sync_send_s": out[0]["sync_send_s"]}
-        engine = out[len(g.trainers)] if g.rollouts else {}
+        engine = out[len(g.trainers)]
         metrics.update({k: float(v) for k, v in engine.items() if k in ("sync_engine_s", "sync_worker_s")})
-        metrics.update(self.check_canary(version))
+        metrics.update(self.check_canary(version, actors))
         return metrics
 
     def canary_pairs(self) -> list[tuple[list[int], list[int]]]:
@@ -99,7 +148,7 @@ class WeightSync:
             self._canary_pairs = pairs
         return self._canary_pairs
 
-    def check_canary(self, version: int) -> dict[str, float]:
+    def check_canary(self, version: int, actors: list[int]) -> dict[str, float]:
         """After a sync, every engine's teacher-forced logprobs on a fixed prompt set must match
         the trainer's (a stale, partial or mis-mapped sync shows as whole nats of gap)."""
         r = self.cfg.rollout
@@ -110,13 +159,13 @@ class WeightSync:
         start = time.perf_counter()
         # both sides at once: the sync already finished, so each scores the same version
         trainer_refs = [tr.canary_logprobs.remote(pairs) for tr in self.groups.trainers]
-        engine_refs = [a.canary_logprobs.remote(pairs) for a in self.groups.rollouts]
+        engine_refs = [self.groups.rollouts[i].canary_logprobs.remote(pairs) for i in actors]
         trainer = get(trainer_refs, timeout, "canary (trainer)",
                       [f"trainer rank {i}" for i in range(len(self.groups.trainers))])[0]
-        engines = get(engine_refs, timeout, "canary (engines)", [f"rollout actor {i}" for i in range(len(engine_refs))])
+        engines = get(engine_refs, timeout, "canary (engines)", [f"rollout actor {i}" for i in actors])
         worst = None
         max_gap, mean_gap = canary_limits(self.cfg)
-        for i, engine in enumerate(engines):
+        for i, engine in zip(actors, engines):
             try:
                 res = compare_logprobs(engine, trainer, max_gap=max_gap, mean_gap=mean_gap)
             except CanaryError as exc:

@@ -68,6 +68,9 @@ class SFTConfig:
     warmup_steps: int = 0
     """In `rl` mode: SFT steps on `dataset` before the first RL step (fresh runs only), on the same
     trainer group and optimizer; the RL run's policy versions continue from them."""
+    lr: Optional[float] = None
+    """Learning rate of every SFT step (the warm-up's and `mode=sft`'s), constant; null =
+    `trainer.lr` and its schedule. Lets a warm-up learn fast and the RL steps after it go slow."""
     shuffle: bool = True
     """Reshuffle the examples every epoch (seeded by `seed` and the epoch: order is reproducible)."""
 

@@ -287,6 +287,8 @@ def sft_problems(cfg: RunConfig) -> list[tuple[str, str]]:
     check_min(out, "sft.warmup_steps", s.warmup_steps, 0)
     if cfg.mode != "sft" and s.warmup_steps == 0:
         return out
+    if s.lr is not None and not s.lr > 0:
+        out.append(("sft.lr", f"must be > 0 (null = trainer.lr), got {s.lr!r}"))
     check_min(out, "sft.batch_examples", s.batch_examples, 1)
     check_min(out, "sft.max_seq_len", s.max_seq_len, 2)
     check_min(out, "sft.num_examples", s.num_examples, 0)

@@ -92,6 +92,7 @@ def test_data_order_is_a_function_of_the_step():
     (["mode=eval", "eval.k=[1,99]"], "eval.k"),
     (["mode=nope"], "mode"),
     (["trainer.lr_schedule=step"], "trainer.lr_schedule"),
+    (["mode=sft", "sft.num_examples=4", "sft.lr=0"], "sft.lr"),
 ])
 def test_bad_input_is_one_line_exit_2(overrides, key, capsys):
     assert main(overrides) == 2
@@ -120,3 +121,29 @@ def test_datasets_source_reads_records_and_skips_bad_ones(monkeypatch, tok):
     monkeypatch.setitem(sys.modules, "datasets", fake)
     data = build_dataset(compose(["mode=sft", "sft.dataset=org/chat", "sft.split=train_sft"]), tok)
     assert calls == [("org/chat", "train_sft")] and len(data.samples) == 2 and data.skipped == {"malformed": 1}
+
+
+def test_sft_steps_run_at_sft_lr_and_rl_steps_at_trainer_lr(monkeypatch):
+    """`sft.lr` sets the rate of SFT steps only: the warm-up learns fast, the RL steps after it
+    keep `trainer.lr`."""
+    import socket
+
+    from rlcore.packing import make_micro_batch
+    from rlcore.trainer.core import TrainerCore
+    from rlcore.types import Sample
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", str(port))
+    core = TrainerCore(compose(["trainer.lr=0.0003", "sft.lr=0.003"]), 0, 1)
+    try:
+        seen = []
+        core.optimizer.register_step_pre_hook(lambda opt, args, kwargs: seen.append(opt.param_groups[0]["lr"]))
+        mb = make_micro_batch([Sample([1, 10, 11], [20, 21, 2], [0.0] * 3, [0] * 3, [1] * 3)], [0.5])
+        core.sft_step([mb], 3)
+        core.train_step([mb], 3.0)
+        core.sft_step([mb], 3)
+        assert seen == [0.003, 0.0003, 0.003]
+    finally:
+        core.shutdown()

@@ -1,0 +1,101 @@
+"""Which rollout actors serve. An actor that serves is in the weight-sync group, takes generate
+requests and receives every sync. One that died leaves at once: the group is re-formed from
+those left before the next sync, and nothing waits for the dead one. Ray restarts it; its
+constructor (a new process, the model build) runs while the others keep generating and the
+driver keeps stepping. Once it answers `ready()`, the driver lets it back in at a step boundary
+(`actors.weights.WeightSync.admit_restarted`): the group is re-formed with it, it receives the
+current version, and only then does it take requests.
+
+Every check here is non-blocking (`ray.wait(timeout=0)`); a restart has a deadline
+(`rollout.generate_timeout_s`), and an actor whose restarts are exhausted stops the run.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import ray
+
+from actors.remote import RunError
+
+PROBE_RETRY_S = 0.5
+"""How soon an actor Ray is still restarting is asked `ready()` again."""
+
+
+@dataclass
+class Restarting:
+    """An actor that left the group: its pending `ready()` probe and since when it is away."""
+
+    left_at: float
+    probe: ray.ObjectRef | None = None
+    retry_at: float = 0.0
+    ready: bool = False
+
+
+class Members:
+    def __init__(self, actors: list, restart_timeout_s: float):
+        self.actors = actors
+        self.serving: list[int] = list(range(len(actors)))  # in the weight group, in slot order
+        self.joined_at = [0.0] * len(actors)  # calls launched before this belong to an earlier life
+        self.restarting: dict[int, Restarting] = {}
+        self.reform = False  # a member left: the group must be re-formed before the next sync
+        self.timeout_s = restart_timeout_s
+
+    def lost(self, actor: int, launched_at: float) -> bool:
+        """A call to `actor` launched at `launched_at` (perf_counter) failed because the actor
+        died. True when this is news: the actor leaves the group (or, joining, died again) and is
+        watched until back."""
+        if actor in self.restarting:  # died again while joining: watch its next restart
+            news = self.restarting[actor].ready
+            self.restarting[actor] = Restarting(self.restarting[actor].left_at)
+            return news
+        if actor not in self.serving or launched_at < self.joined_at[actor]:
+            return False
+        self.serving.remove(actor)
+        self.reform = True
+        self.restarting[actor] = Restarting(time.perf_counter())
+        return True
+
+    def probes(self) -> list[ray.ObjectRef]:
+        """`ready()` calls in flight (the driver's wait wakes when one answers; `poll` clears
+        answered ones, so a finished probe never keeps the wait returning at once)."""
+        return [r.probe for r in self.restarting.values() if r.probe is not None]
+
+    def poll(self) -> list[int]:
+        """Never blocks. Returns the restarted actors whose constructor has run (ready to join).
+        Raises RunError for an actor whose restarts are exhausted or that is not back in time."""
+        now = time.perf_counter()
+        for i, r in self.restarting.items():
+            if r.ready:
+                continue
+            if now - r.left_at > self.timeout_s:
+                raise RunError(f"rollout actor {i} was not back within rollout.generate_timeout_s="
+                               f"{self.timeout_s:g}s of its restart")
+            if r.probe is None:
+                if now >= r.retry_at:
+                    r.probe = self.actors[i].ready.remote()
+                continue
+            done, _ = ray.wait([r.probe], timeout=0)
+            if not done:
+                continue
+            try:
+                ray.get(r.probe, timeout=0)
+                r.ready = True
+            except ray.exceptions.ActorDiedError as exc:
+                raise RunError(f"rollout actor {i} died for good (rollout.max_restarts exhausted): {exc}") from exc
+            except ray.exceptions.RayError:  # still restarting: ask again shortly
+                r.retry_at = now + PROBE_RETRY_S
+            r.probe = None
+        return sorted(i for i, r in self.restarting.items() if r.ready)
+
+    def admit(self, actors: list[int]) -> list[int]:
+        """`actors` are in the re-formed group and hold the current weights: they serve again
+        (one that died again meanwhile is left out)."""
+        now = time.perf_counter()
+        actors = [i for i in actors if i in self.restarting and self.restarting[i].ready]
+        for i in actors:
+            del self.restarting[i]
+            self.joined_at[i] = now
+        self.serving = sorted(self.serving + list(actors))
+        return actors

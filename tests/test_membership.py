@@ -1,0 +1,28 @@
+"""Which rollout actors serve (actors.membership): a death is news once, calls of an earlier life
+are ignored, an actor joins only once ready, and one that died again while joining stays out."""
+
+from actors.membership import Members
+
+
+def test_a_death_leaves_once_and_a_ready_restart_joins_in_slot_order():
+    m = Members([object(), object(), object()], restart_timeout_s=60)
+    assert m.lost(1, launched_at=5.0) and m.serving == [0, 2] and m.reform
+    assert not m.lost(1, launched_at=6.0)  # its other requests in flight fail too: not news
+    m.admit([1])  # not ready yet: stays out
+    assert m.serving == [0, 2] and 1 in m.restarting
+    m.restarting[1].ready = True
+    m.admit([1])
+    assert m.serving == [0, 1, 2] and not m.restarting
+    assert not m.lost(1, launched_at=6.0)  # a call of its earlier life failing late
+    assert m.lost(1, launched_at=m.joined_at[1] + 1)  # a new death
+
+
+def test_dying_again_while_joining_restarts_the_watch():
+    m = Members([object(), object()], restart_timeout_s=60)
+    m.lost(0, launched_at=1.0)
+    m.restarting[0].ready = True
+    left_at = m.restarting[0].left_at
+    assert m.lost(0, launched_at=float("inf"))  # the admission sync found it dead: a new death
+    assert not m.lost(0, launched_at=float("inf"))  # still restarting: not news
+    assert not m.restarting[0].ready and m.restarting[0].left_at == left_at  # same deadline
+    assert m.admit([0]) == [] and m.serving == [1]
