@@ -21,6 +21,10 @@ class ScriptedPolicy(RolloutEngine):
         self.tok, self.first, self.second = tok, first, second
         self.prompts: list[str] = []
 
+    @classmethod
+    def from_config(cls, cfg, seed=0, tokenizer=None):
+        raise TypeError("a scripted policy is built by the test, never from a config")
+
     def generate(self, prompts, params, images=None):
         out = []
         for ids in prompts:
