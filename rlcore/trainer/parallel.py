@@ -29,6 +29,18 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
+from rlcore.models.vision import decoder_layers, is_vision_model, vision_tower
+from rlcore.trainer.activation_checkpoint import apply_activation_checkpointing
+from rlcore.trainer.attention import use_varlen_attention
+from rlcore.trainer.compile import compile_layers
+from rlcore.trainer.float8 import apply_float8
+from rlcore.trainer.logprobs import install_logprob_head
+from rlcore.trainer.lora import apply_lora
+from rlcore.trainer.moe import apply_expert_parallel
+
+TOKEN_MULTIPLE_ATTR = "rlcore_token_multiple"
+"""Model attribute holding the multiple its packed token count is padded to (16 with FP8 linears;
+`rlcore.trainer.forward.token_multiple` reads it)."""
 
 
 @dataclass(frozen=True)
@@ -99,12 +111,6 @@ def parallelize(model: torch.nn.Module, t, meshes: Meshes, device: torch.device,
     than one rank, see below).
     Parameter names stay the transformers names (weight sync and checkpoints rely on them).
     """
-    from rlcore.models.vision import decoder_layers, is_vision_model, vision_tower
-    from rlcore.trainer.activation_checkpoint import apply_activation_checkpointing
-    from rlcore.trainer.attention import use_varlen_attention
-    from rlcore.trainer.logprobs import install_logprob_head
-    from rlcore.trainer.lora import apply_lora
-    from rlcore.trainer.moe import apply_expert_parallel
 
     lora = getattr(t, "lora", None)
     if train and lora is not None and lora.enabled:
@@ -112,8 +118,6 @@ def parallelize(model: torch.nn.Module, t, meshes: Meshes, device: torch.device,
     moe_blocks = apply_expert_parallel(model, meshes.ep_group)
     fp8 = getattr(t, "fp8", "none") if train else "none"  # a frozen reference stays in bf16
     if fp8 != "none":
-        from rlcore.trainer.float8 import apply_float8
-        from rlcore.trainer.forward import TOKEN_MULTIPLE_ATTR
         if apply_float8(model, fp8, emulate=device.type != "cuda"):  # before fully_shard (torchao's contract)
             setattr(model, TOKEN_MULTIPLE_ATTR, 16)  # FP8 GEMMs: the packed token count too (forward pads)
     bf16_compute = mixed_precision_policy(t, device) is not None or param_dtype(t) == torch.bfloat16
@@ -127,7 +131,6 @@ def parallelize(model: torch.nn.Module, t, meshes: Meshes, device: torch.device,
     head = install_logprob_head(model, getattr(t, "logprob_chunk_tokens", 0))
     head.keep_logits_bytes = int(getattr(t, "logprob_keep_logits_gib", 0.0) * 2**30)
     if getattr(t, "compile", False):
-        from rlcore.trainer.compile import compile_layers
         compile_layers(model)  # per layer, after checkpointing, before FSDP2 (see trainer.compile)
         head.compiled = True
 
