@@ -6,7 +6,8 @@ and FSDP2, in that order.
 Layout (world = ``dp * cp`` ranks, row-major, like torchtitan's ``dp_shard x cp``)::
 
     rank = d * cp + c            d = data-parallel index (which micro-batches), c = context index
-    fsdp mesh  (world,)          dense parameters are sharded over *all* ranks: context ranks
+    world mesh (world,)          the one mesh (``Meshes.fsdp``); the two below are views of it.
+                                 Dense parameters are sharded over *all* ranks: context ranks
                                  hold the same parameters, so sharding over them saves memory too
     cp mesh    (dp, cp)          the ``cp`` rows exchange sequence shards (Ulysses all-to-all)
     ep mesh    (world/ep, ep)    expert parallelism borrows ranks from dp*cp: each row of ``ep``
@@ -86,14 +87,17 @@ class Meshes:
 
     @classmethod
     def build(cls, dims: ParallelDims, device_type: str) -> "Meshes":
-        fsdp = init_device_mesh(device_type, (dims.world,), mesh_dim_names=("dp",))
+        """One world mesh (every rank; FSDP2 shards dense parameters over it), and the cp and ep
+        layouts as views of it (``_unflatten``, as torchtitan derives its sub-meshes), so every
+        group comes from the same rank order; a TP dimension would be one more view."""
+        world = init_device_mesh(device_type, (dims.world,), mesh_dim_names=("world",))
         cp_group = ep_group = efsdp = None
         if dims.cp > 1:
-            cp_group = init_device_mesh(device_type, (dims.dp, dims.cp), mesh_dim_names=("dp", "cp"))["cp"].get_group()
+            cp_group = world._unflatten(0, (dims.dp, dims.cp), ("dp", "cp"))["cp"].get_group()
         if dims.ep > 1:
-            ep_mesh = init_device_mesh(device_type, (dims.world // dims.ep, dims.ep), mesh_dim_names=("efsdp", "ep"))
+            ep_mesh = world._unflatten(0, (dims.world // dims.ep, dims.ep), ("efsdp", "ep"))
             ep_group, efsdp = ep_mesh["ep"].get_group(), ep_mesh["efsdp"]
-        return cls(dims, fsdp, cp_group, ep_group, efsdp)
+        return cls(dims, world, cp_group, ep_group, efsdp)
 
 
 def parallelize(model: torch.nn.Module, t, meshes: Meshes, device: torch.device, train: bool = True,
