@@ -26,6 +26,7 @@ from actors.teacher import TeacherError, TeacherStage
 from actors.weights import WeightSync
 from rlcore import samples
 from rlcore.buffer import Accounting, RolloutBuffer
+from rlcore.checkpoint import latest_checkpoint
 from rlcore.config import RunConfig
 from rlcore.envs import make_env
 from rlcore.failures import FailureLog, NoProgress
@@ -286,7 +287,6 @@ class Driver(WeightSync):
 
     def resume_hint(self) -> str:
         """Where a stopped run can continue from."""
-        from rlcore.checkpoint import latest_checkpoint
         path = self.hooks.last_checkpoint or latest_checkpoint(self.hooks.writer.root)
         if path is None:
             return "no checkpoint was written yet (set checkpoint.interval to write them)"

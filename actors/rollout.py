@@ -14,6 +14,7 @@ import torch
 from actors.logs import redirect_output
 from actors.weight_transport import EngineReceiver
 from rlcore.busy import BusyClock
+from rlcore.checkpoint import load_model_weights
 from rlcore.config import RunConfig
 from rlcore.engine.base import SamplingParams
 from rlcore.engine.registry import make_engine
@@ -106,7 +107,6 @@ class RolloutWorker:
     def load_checkpoint_weights(self, path: str, version: int) -> bool:
         """Load a checkpoint's model weights straight into the engine (evaluation of a
         checkpoint without a trainer group)."""
-        from rlcore.checkpoint import load_model_weights
         model = build_model(self.cfg.model, self.tokenizer)
         load_model_weights(model, path)
         self.engine.apply_weights(model.named_parameters(), version)

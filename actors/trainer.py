@@ -10,13 +10,15 @@ import torch
 
 from actors.logs import redirect_output
 from actors.weight_transport import TrainerSender
+from rlcore.checkpoint import load_trainer, save_trainer
 from rlcore.config import RunConfig
 from rlcore.engine.registry import weight_transport
 from rlcore.engine.vllm_colocated import free_cached_memory
+from rlcore.export import write_hf_dir
 from rlcore.packing import MicroBatch, make_micro_batch
+from rlcore.trainer.core import TrainerCore, free_port
 from rlcore.trainer.forward import forward_logprobs
 from rlcore.types import Sample
-from rlcore.trainer.core import TrainerCore, free_port
 from rlcore.weight_sync import SyncPlan
 
 
@@ -86,19 +88,16 @@ class TrainerRank:
 
     def save_checkpoint(self, path: str) -> bool:
         """Write this rank's shard into checkpoint directory `path` (collective)."""
-        from rlcore.checkpoint import save_trainer
         save_trainer(self.core, path)
         return True
 
     def load_checkpoint(self, path: str) -> int:
         """Load a checkpoint saved at any trainer world size (collective); returns its version."""
-        from rlcore.checkpoint import load_trainer
         return load_trainer(self.core, path)
 
     def export_hf(self, out_dir: str) -> str | None:
         """Write the current full weights as a Hugging Face directory from rank 0 (collective:
         every rank takes part in gathering the parameters)."""
-        from rlcore.export import write_hf_dir
         params = self.core.full_parameters()
         if self.rank != 0:
             for _ in params:

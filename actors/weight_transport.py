@@ -28,6 +28,7 @@ import torch
 from actors.weight_group import WeightGroup, receive_all
 from rlcore.config import RunConfig
 from rlcore.engine.registry import tensor_parallel_size, weight_transport
+from rlcore.engine.vllm_sync import init_sender, update_info_for
 from rlcore.transfer.ipc import IPCSender
 from rlcore.weight_sync import SyncPlan
 
@@ -46,7 +47,6 @@ def world_size(cfg: RunConfig, engines: int | None = None) -> int:
 
 
 def vllm_update_info(cfg: RunConfig, plan: SyncPlan) -> dict:
-    from rlcore.engine.vllm_sync import update_info_for
     metas = [(m.name, VLLM_WIRE_DTYPE, m.shape) for b in plan.buckets for m in b.metas]
     return update_info_for(metas, bucket_bytes=int(cfg.rollout.sync_bucket_mb * 2**20))
 
@@ -64,7 +64,6 @@ class TrainerSender:
             self.ipc = IPCSender(vllm_update_info(cfg, plan), device)
             self.vllm, self.group = None, None
         elif transport == "nccl":
-            from rlcore.engine.vllm_sync import init_sender
             self.update_info = vllm_update_info(cfg, plan)
             self.vllm = init_sender(address, port, world_size(cfg, engines), timeout_s=timeout)
             self.group = None

@@ -25,6 +25,8 @@ from typing import Sequence
 
 import torch
 
+from rlcore.envs.render import render_prompt
+
 DEFAULT_MAX_GAP = 1.0
 """Nats; a correct sync stays an order of magnitude below, a stale one above."""
 DEFAULT_MEAN_GAP = 0.1
@@ -146,7 +148,6 @@ def task_canary_pairs(tasks: Sequence, tokenizer, max_prompt_tokens: int = 128,
     reference answer as text (the next task's prompt tail when it has none), `completion_len`
     ids at most. Text the policy actually sees keeps the canary's tolerance honest: random ids
     made FP8 engines trip the bound while their mismatch KL on real samples was 1e-4."""
-    from rlcore.envs.render import render_prompt
 
     pairs = []
     for i, task in enumerate(tasks):

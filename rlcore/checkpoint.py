@@ -32,8 +32,6 @@ from typing import Any
 
 import torch
 
-log = logging.getLogger("rlcore")
-
 from rlcore.checkpoint_dirs import (  # noqa: F401  (re-exported: the directory side lives there)
     DRIVER_STATE,
     HF_DIR,
@@ -51,6 +49,9 @@ from rlcore.checkpoint_dirs import (  # noqa: F401  (re-exported: the directory 
     resume_request,
     step_dir_name,
 )
+from rlcore.hf_files import save_config_and_tokenizer
+
+log = logging.getLogger("rlcore")
 
 
 def _fsync_dir(path: Path) -> None:
@@ -231,7 +232,6 @@ def save_trainer(core, ckpt_dir: str | Path) -> None:
         torch.save({"version": core.version, "world_size": core.world_size,
                     "scheduler": scheduler.state_dict() if scheduler is not None else None,
                     "rng": rng_state()}, ckpt_dir / TRAINER_EXTRA)
-        from rlcore.export import save_config_and_tokenizer
         save_config_and_tokenizer(core.model, core.tokenizer, ckpt_dir / HF_DIR, core.cfg.model.dtype)
 
 

@@ -22,47 +22,14 @@ from pathlib import Path
 from typing import Iterable
 
 import torch
+from safetensors.torch import save_file
+from transformers import AutoConfig, AutoModelForCausalLM
+
+from rlcore.checkpoint import commit_dir, load_model_weights, temp_dir_for
+from rlcore.checkpoint_dirs import HF_DIR, is_complete, latest_checkpoint, plain_load_problem
+from rlcore.hf_files import drop_gguf_quantization, save_config_and_tokenizer
 
 DEFAULT_SHARD_BYTES = 5 * 2**30
-
-
-def _base_class(model: torch.nn.Module) -> type:
-    """The transformers class under FSDP2's dynamic wrapper class (`FSDPQwen3ForCausalLM`)."""
-    try:
-        from torch.distributed.fsdp import FSDPModule
-    except ImportError:  # pragma: no cover - torch without FSDP2
-        return type(model)
-    return next(c for c in type(model).__mro__ if not issubclass(c, FSDPModule))
-
-
-def save_config_and_tokenizer(model: torch.nn.Module, tokenizer, out_dir: Path, dtype: str) -> None:
-    """config.json (with `architectures` and `dtype` set, which vLLM needs), generation config and
-    tokenizer files of `model` into `out_dir`."""
-    out_dir.mkdir(parents=True, exist_ok=True)
-    config = model.config
-    config.architectures = [_base_class(model).__name__]
-    config.dtype = dtype
-    config.save_pretrained(out_dir)
-    drop_gguf_quantization(out_dir / "config.json")
-    gen = getattr(model, "generation_config", None)
-    if gen is not None:
-        try:
-            gen.save_pretrained(out_dir)
-        except ValueError:  # an inconsistent generation config is not worth failing an export
-            pass
-    if tokenizer is not None:
-        tokenizer.save_pretrained(out_dir)
-
-
-def drop_gguf_quantization(config_json: Path) -> None:
-    """A model started from a GGUF file was dequantized at load: its weights are plain, so the
-    `quantization_config: {quant_method: gguf}` transformers leaves in its config would make the
-    exported directory claim a quantization it does not have (and fail to save again)."""
-    config = json.loads(config_json.read_text())
-    quant = config.get("quantization_config")
-    if isinstance(quant, dict) and quant.get("quant_method") == "gguf":
-        del config["quantization_config"]
-        config_json.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
 
 
 def exportable_tensors(model: torch.nn.Module) -> Iterable[tuple[str, torch.Tensor]]:
@@ -83,10 +50,6 @@ def write_hf_dir(out_dir: str | Path, named_tensors: Iterable[tuple[str, torch.T
     `save_config_and_tokenizer`, e.g. a checkpoint's `hf/`) or from `model` + `tokenizer`.
     An existing `out_dir` is replaced only once the new one is complete.
     """
-    from safetensors.torch import save_file
-
-    from rlcore.checkpoint import commit_dir, temp_dir_for
-
     out = Path(out_dir).expanduser()
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = temp_dir_for(out)
@@ -144,9 +107,6 @@ def write_hf_dir(out_dir: str | Path, named_tensors: Iterable[tuple[str, torch.T
 def export_checkpoint(ckpt_dir: str | Path, out_dir: str | Path) -> Path:
     """A checkpoint (`step_NNNNNNNN/`) -> Hugging Face directory. Builds the model on the meta
     device from the checkpoint's own config, so only the checkpoint's tensors take memory."""
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    from rlcore.checkpoint import HF_DIR, is_complete, load_model_weights, plain_load_problem
     ckpt = Path(ckpt_dir).expanduser()
     if not is_complete(ckpt):
         raise FileNotFoundError(f"{ckpt} is not a complete rlcore checkpoint")
@@ -171,7 +131,6 @@ def main(argv: list[str] | None = None) -> int:
         print("usage: python -m rlcore.export CHECKPOINT_DIR OUT_DIR   (CHECKPOINT_DIR: a step_NNNNNNNN "
               "directory, or a checkpoints directory: its newest)", file=sys.stderr)
         return 2
-    from rlcore.checkpoint import is_complete, latest_checkpoint
     src = Path(argv[0]).expanduser()
     if src.is_dir() and not is_complete(src):
         src = latest_checkpoint(src) or src

@@ -3,6 +3,10 @@
 Composes ``conf/`` (plus ``recipes/NAME.yaml``) with Hydra, validates the whole config before
 Ray starts (a bad key or value exits with code 2 and one line naming it), connects to
 ``RAY_ADDRESS`` or starts a local Ray, runs, and shuts everything down, also on Ctrl-C.
+
+The composition root, and the one place that imports inside functions: torch (through
+`rlcore.models.build` and `rlcore.sft`), `ray` and `actors/` load only after validation passed,
+so a bad config fails in a fraction of a second (`tests/test_config_keys.py` checks it).
 """
 
 from __future__ import annotations
@@ -16,8 +20,9 @@ from omegaconf import OmegaConf
 
 from rlcore.cli import FlagError, help_text, job_output_dir, parse_flags, sweep_jobs
 from rlcore.config import RunConfig
-from rlcore.config_keys import typed_env_arg_override, unknown_key, unknown_keys
+from rlcore.config_keys import config_dict, typed_env_arg_override, unknown_key, unknown_keys
 from rlcore.console import quiet_ray_environment, report_error
+from rlcore.metrics import MetricsLogger
 from rlcore.models.shipped import resolve as resolve_model
 from rlcore.placement import placement_problems, resolve
 from rlcore.plan import format_plan, make_plan
@@ -307,8 +312,6 @@ def run_job(argv: list[str], print_cfg: bool = False) -> int:
     import ray
 
     from actors.remote import RunError
-    from rlcore.config_keys import config_dict
-    from rlcore.metrics import MetricsLogger
 
     ray_phase = StartupPhases()
     try:

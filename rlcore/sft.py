@@ -32,6 +32,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from rlcore.envs import make_env
+from rlcore.models.images import check_image, expand_image_tokens, to_array
+from rlcore.packing import pack_for_ranks
+from rlcore.trainer.parallel import data_parallel_size, shards_per_rank
 from rlcore.types import Sample
 
 log = logging.getLogger("rlcore")
@@ -97,7 +101,6 @@ def read_jsonl(path: Path, key: str, data: SFTData, limit: int = 0) -> list[list
 def env_demonstrations(cfg, n: int) -> list[list[dict[str, str]]]:
     """Reference conversations of `cfg.env` (`Environment.demonstration_messages`: the task
     prompt answered with its reference answer; multi-turn environments play whole episodes)."""
-    from rlcore.envs import make_env
     env = make_env(cfg.env.name, dict(cfg.env.args), cfg.env.seed)
     out = []
     for i in range(n):
@@ -206,7 +209,6 @@ def expand_images(tokenizer, messages: list[dict], ids: list[int], mask: list[in
     raw = [im for m in messages for im in m.get("images", ())]
     if not raw:
         return [], ids, mask
-    from rlcore.models.vision import check_image, expand_image_tokens, to_array
     spec = getattr(tokenizer, "rlcore_vision", None)
     if spec is None:
         raise DataError("sft.dataset: examples have images but the policy is a text-only model")
@@ -270,8 +272,6 @@ def batch_indices(step: int, batch: int, n: int, seed: int, shuffle: bool) -> tu
 def step_shards(cfg, data: SFTData, step: int):
     """Per-trainer-rank packed micro-batches of SFT step `step`, the global loss-token count, and
     the epoch the step ends in."""
-    from rlcore.packing import pack_for_ranks
-    from rlcore.trainer.parallel import data_parallel_size, shards_per_rank
     idx, epoch = batch_indices(step, cfg.sft.batch_examples, len(data.samples), cfg.seed, cfg.sft.shuffle)
     samples = [data.samples[i] for i in idx]
     shards = pack_for_ranks(samples, [0.0] * len(samples), data_parallel_size(cfg.trainer),

@@ -14,8 +14,7 @@ from rlcore.algo import validate_algo  # the algorithm family validates its own 
 from rlcore.config import RunConfig
 from rlcore.config_keys import env_arg_problems
 from rlcore.engine.registry import engine_problems, quantizations
-from rlcore.envs import make_env, registered
-from rlcore.envs.base import resolve_env
+from rlcore.envs import make_env, registered, resolve_env
 from rlcore.models.shipped import is_shipped, shipped_problems
 from rlcore.models.source import gguf_problems, model_path_problems
 from rlcore.models.vl_names import VL_MODEL_TYPES, is_vl_arch

@@ -23,6 +23,35 @@ def test_alignment_of_targets_and_masks():
     assert mb.sample_index.tolist() == [0, 0, 0, 0, 1, 1]
 
 
+def test_micro_batch_columns_equal_the_per_token_reference():
+    """make_micro_batch fills its columns by slices; they must equal `sample_arrays`' per-token
+    lists, for scalar and per-token advantages, masked env tokens, and a prompt-less sample."""
+    import random
+
+    from rlcore.packing import sample_arrays
+    rng = random.Random(0)
+    samples, advantages = [], []
+    for i in range(40):
+        p, c = rng.randint(0 if i == 0 else 1, 9), rng.randint(0, 12)
+        samples.append(Sample(prompt_ids=[rng.randrange(50) for _ in range(p)],
+                              completion_ids=[rng.randrange(50) for _ in range(c)],
+                              logprobs=[-rng.random() for _ in range(c)], versions=[0] * c,
+                              loss_mask=[rng.randint(0, 1) for _ in range(c)]))
+        advantages.append([rng.gauss(0, 1) for _ in range(c)] if i % 2 else rng.gauss(0, 1))
+    mb = make_micro_batch(samples, advantages)
+    ref = {k: [] for k in ("input_ids", "position_ids", "targets", "behaviour_logprobs", "advantages", "loss_mask")}
+    index = []
+    for j, (s, a) in enumerate(zip(samples, advantages)):
+        for k, v in sample_arrays(s, a).items():
+            ref[k].extend(v)
+        index += [j] * s.num_tokens
+    for k, v in ref.items():
+        want = torch.tensor(v, dtype=torch.long if k in ("input_ids", "position_ids", "targets") else torch.float32)
+        got = getattr(mb, k)
+        assert got.dtype == want.dtype and torch.equal(got, want), k
+    assert mb.sample_index.tolist() == index and mb.num_samples == len(samples)
+
+
 def test_rank_balance_and_equal_micro_batch_counts():
     lengths = [10, 9, 8, 3, 2, 1]
     ranks = balance_across_ranks(lengths, 2)

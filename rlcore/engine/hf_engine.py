@@ -18,6 +18,7 @@ from transformers import DynamicCache
 
 from rlcore.engine.base import Generation, RolloutEngine, SamplingParams
 from rlcore.models.build import build_model, build_tokenizer
+from rlcore.models.vision import mrope_positions, pixel_values
 
 
 def sample_with_logprobs(
@@ -139,7 +140,6 @@ class HFEngine(RolloutEngine):
         """3-D mrope positions [3, B, L] of the left-padded prompts (pads at 0) and the pixel
         inputs of all images in row order (the model scatters them over the image tokens in
         that order); decode steps continue every row at its max position + 1."""
-        from rlcore.models.vision import mrope_positions, pixel_values
         if self.vision is None:
             raise ValueError("prompts have images but the engine's model is text-only")
         flat = [img for imgs in images for img in imgs]

@@ -40,6 +40,7 @@ from rlcore.engine.vllm_model_dir import engine_args_from_config
 from rlcore.engine.vllm_updates import KVOnUpdate, Reload, WeightUpdates, check_reload
 from rlcore.engine.vllm_versions import InFlightRequest, VersionMarks
 from rlcore.engine.vllm_worker import WORKER_EXTENSION
+from rlcore.models.vision import collapse_image_tokens
 
 log = logging.getLogger(__name__)
 
@@ -225,7 +226,6 @@ class VLLMEngine(WeightUpdates, VersionMarks, ColocatedEngine, RolloutEngine):
             raise ValueError("prompts have images but the engine's model is text-only")
         from PIL import Image
 
-        from rlcore.models.vision import collapse_image_tokens
         # With token prompts vLLM applies the prompt update itself (one <|image_pad|> -> the
         # image's token count, vllm/multimodal/processing/processor.py): hand it one per image.
         # It expands to the same count our samples hold (processor-ready images, same grid).

@@ -1,8 +1,8 @@
-"""Builtin environments register themselves on import."""
+"""Builtin environments register themselves on import (`rlcore.envs.catalog` imports them)."""
 
-from rlcore.envs import alphabet_sort, math_env, mini_swe, reverse_text, shape_count, tool_use, verifiers_env, wordle  # noqa: F401
-from rlcore.envs.base import Environment, make_env, registered
+from rlcore.envs.base import Environment
+from rlcore.envs.catalog import make_env, registered, resolve_env
 from rlcore.envs.multiturn import MultiTurnEnvironment
 from rlcore.envs.tools import ToolEnvironment
 
-__all__ = ["Environment", "MultiTurnEnvironment", "ToolEnvironment", "make_env", "registered"]
+__all__ = ["Environment", "MultiTurnEnvironment", "ToolEnvironment", "make_env", "registered", "resolve_env"]

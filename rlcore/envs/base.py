@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any, Iterator
 
 from rlcore.envs.render import render_prompt
 from rlcore.envs.safety import OUTPUT_LIMIT, STUCK_AFTER_S, Outcome, call_many, check_safety_args, threads_abandoned
+from rlcore.models.images import check_image, expand_image_tokens, to_array
 from rlcore.types import Group, Sample, Task
 
 if TYPE_CHECKING:  # type names only: validation constructs environments before torch loads
@@ -164,7 +165,6 @@ class Environment(abc.ABC):
         prompts = [self.render(t, tokenizer) for t in tasks]
         images = [task_images(t, tokenizer) for t in tasks]
         if any(images):  # one image token per image -> the model's count (token ids stay exact)
-            from rlcore.models.vision import expand_image_tokens
             prompts = [expand_image_tokens(p, im, tokenizer.rlcore_vision)[0] for p, im in zip(prompts, images)]
         flat = [p for p in prompts for _ in range(group_size)]
         extra = {"images": [im for im in images for _ in range(group_size)]} if any(images) else {}
@@ -202,7 +202,6 @@ def task_images(task: Task, tokenizer: PreTrainedTokenizerBase) -> list:
         return []
     if getattr(tokenizer, "rlcore_vision", None) is None:
         raise ValueError(f"task {task.id} has images but the policy is a text-only model")
-    from rlcore.models.vision import check_image, to_array
     out = [to_array(im) for im in task.images]
     for arr in out:
         check_image(arr, tokenizer.rlcore_vision)
@@ -214,39 +213,12 @@ def rng_for(seed: int, split: str, index: int) -> random.Random:
     return random.Random(f"{seed}:{split}:{index}")
 
 
-_REGISTRY: dict[str, type[Environment]] = {}
+ENV_CLASSES: dict[str, type[Environment]] = {}
 
 
 def register(name: str):
     def wrap(cls: type[Environment]) -> type[Environment]:
         cls.name = name
-        _REGISTRY[name] = cls
+        ENV_CLASSES[name] = cls
         return cls
     return wrap
-
-
-def registered() -> dict[str, type[Environment]]:
-    import rlcore.envs  # noqa: F401  (registers the builtin environments)
-    return dict(_REGISTRY)
-
-
-def resolve_env(name: str) -> type[Environment] | None:
-    """A registered name, or `package.module:ClassName` for a user's own environment (imported
-    in every process that needs it, so it must be importable on the whole cluster)."""
-    if ":" in name:
-        import importlib
-        module, _, attr = name.partition(":")
-        try:
-            cls = getattr(importlib.import_module(module), attr)
-        except (ImportError, AttributeError):
-            return None
-        return cls if isinstance(cls, type) and issubclass(cls, Environment) else None
-    return registered().get(name)
-
-
-def make_env(name: str, args: dict[str, Any], seed: int) -> Environment:
-    cls = resolve_env(name)
-    if cls is None:
-        raise KeyError(f"env.name: unknown environment {name!r}; choose one of {sorted(registered())} "
-                       "or give module:Class")
-    return cls(seed=seed, **args)

@@ -11,6 +11,8 @@ import string
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
+from rlcore.models.vl_names import VISION_TOKENS
+
 PAD, BOS, EOS, UNK = "<|pad|>", "<|im_start|>", "<|im_end|>", "<|unk|>"
 CHAT_TEMPLATE = (
     "{% for m in messages %}<|im_start|>{{ m['role'][0] }}:{{ m['content'] }}<|im_end|>{% endfor %}"
@@ -25,7 +27,6 @@ def char_tokenizer(vision: bool = False) -> PreTrainedTokenizerFast:
     ``vision`` appends Qwen-VL's vision markers (`<|vision_start|>`, `<|vision_end|>`,
     `<|image_pad|>`, `<|video_pad|>`) as special tokens after the text vocabulary, so the text
     ids (and a text-only model's initial weights) do not change."""
-    from rlcore.models.vision import VISION_TOKENS
     chars = sorted(set(string.printable) - set("\t\r\x0b\x0c"))
     specials = [PAD, BOS, EOS, UNK]
     extra = list(VISION_TOKENS) if vision else []

@@ -20,6 +20,7 @@ import importlib
 import torch
 from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
 
+from rlcore.models.vision import decoder_layers
 from rlcore.trainer.options import AC_MODES as MODES
 
 
@@ -80,6 +81,5 @@ def checkpoint_module(module: torch.nn.Module, mode: str) -> None:
 
 def apply_activation_checkpointing(model: torch.nn.Module, mode: str) -> None:
     """Checkpoint every decoder layer of a transformers causal LM (``model.model.layers``)."""
-    from rlcore.models.vision import decoder_layers
     for layer in decoder_layers(model):
         checkpoint_module(layer, mode)

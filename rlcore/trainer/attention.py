@@ -27,6 +27,8 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch.distributed import _functional_collectives as fc
 
+from rlcore.models.vision import decoder_layers, text_config
+
 try:  # a custom op (torch_attn::_varlen_attn, fake kernel + backward): traces under torch.compile
     from torch.nn.attention.varlen import varlen_attn
 except ImportError:  # older torch: CPU/SDPA path only
@@ -115,7 +117,6 @@ def use_varlen_attention(model: torch.nn.Module, cp_group: dist.ProcessGroup | N
     """Switch a transformers model to `varlen_attention` (and Ulysses over ``cp_group``)."""
     from transformers import AttentionInterface
 
-    from rlcore.models.vision import decoder_layers, text_config
     AttentionInterface.register(NAME, varlen_attention)
     # a VLM: the language model only (its vision tower attends bidirectionally within images)
     text_config(model.config)._attn_implementation = NAME

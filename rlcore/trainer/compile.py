@@ -37,6 +37,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from rlcore.models.vision import decoder_layers
+from rlcore.trainer.moe import MoEBlock
+
 _RECOMPILE_LIMIT = 64
 BACKEND = "inductor"
 
@@ -68,8 +71,6 @@ def compile_layers(model: nn.Module, fullgraph: bool = False) -> None:
     layer whose MLP is an rlcore `MoEBlock`, only the attention block (the MoE dispatch needs
     host-side split sizes and its experts are their own FSDP unit: compiling through it would
     cut the layer into many small graphs)."""
-    from rlcore.models.vision import decoder_layers
-    from rlcore.trainer.moe import MoEBlock
     for layer in decoder_layers(model):
         if isinstance(getattr(layer, "mlp", None), MoEBlock):
             compile_module_forward(layer.self_attn, fullgraph=fullgraph)

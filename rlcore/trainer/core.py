@@ -18,6 +18,7 @@ import torch.distributed as dist
 from rlcore.algo.losses import LossInputs, policy_loss
 from rlcore.config import RunConfig
 from rlcore.models.build import build_model, build_tokenizer
+from rlcore.models.vision import vision_tower
 from rlcore.packing import MicroBatch
 from rlcore.trainer import export
 from rlcore.trainer.forward import forward_logprobs
@@ -72,7 +73,6 @@ class TrainerCore:
         model = build_model(cfg.model, self.tokenizer).to(self.device)
         self.vision = getattr(self.tokenizer, "rlcore_vision", None)
         if cfg.model.freeze_vision:
-            from rlcore.models.vision import vision_tower
             vision_tower(model).requires_grad_(False)  # before sharding: the optimizer never sees it
         self.model = self._shard(model)
         t = cfg.trainer

@@ -14,14 +14,13 @@ from __future__ import annotations
 
 import torch
 
+from rlcore.models.vision import packed_mrope_positions, pixel_values, text_config
 from rlcore.packing import MicroBatch
-from rlcore.trainer.attention import NAME as VARLEN, cu_seqlens
+from rlcore.trainer.attention import NAME as VARLEN
+from rlcore.trainer.attention import cu_seqlens
 from rlcore.trainer.context_parallel import gather_sequence, local_slice, pad_to_multiple
 from rlcore.trainer.logprobs import logprob_request
-from rlcore.trainer.parallel import Meshes
-
-
-TOKEN_MULTIPLE_ATTR = "rlcore_token_multiple"
+from rlcore.trainer.parallel import TOKEN_MULTIPLE_ATTR, Meshes
 
 
 def token_multiple(model: torch.nn.Module) -> int:
@@ -48,7 +47,6 @@ def forward_logprobs(model: torch.nn.Module, mb: MicroBatch, temperature: float,
         rank = torch.distributed.get_rank(group)
         ids, pos, tgt = (local_slice(t, rank, cp) for t in (ids, pos, tgt))
     kwargs = {}
-    from rlcore.models.vision import text_config
     if getattr(text_config(model.config), "_attn_implementation", None) == VARLEN:  # (a VLM: its language model)
         # boundaries of the *whole* row: with cp, attention runs over all of it (Ulysses)
         cu, max_len = cu_seqlens(full_pos)
@@ -68,7 +66,6 @@ def _vision_forward(model: torch.nn.Module, mb: MicroBatch, temperature: float, 
     """A micro-batch with images (cp == 1, checked at config time): pixel values of all its
     images, 3-D mrope positions computed per sample, and sample boundaries passed explicitly
     (mrope positions do not restart/continue like 1-D ones; ``mb.position_ids`` still do)."""
-    from rlcore.models.vision import packed_mrope_positions, pixel_values
     if vision is None:
         raise ValueError("micro-batch has images but the policy is not a vision-language model")
     pixels, grids = pixel_values(mb.images, vision)

@@ -33,6 +33,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from rlcore.trainer import compile as rc
 from rlcore.trainer import logprob_kernels as lk
 
 
@@ -84,7 +85,6 @@ def _chunk_fns(compiled: bool) -> tuple:
     passes over ``chunk x V`` float32 in eager mode."""
     if not compiled:
         return _EAGER
-    from rlcore.trainer import compile as rc
     fns = _COMPILED.get(rc.BACKEND)
     if fns is None:
         fns = _COMPILED[rc.BACKEND] = (rc.compile_fn(_forward_chunk), rc.compile_fn(_backward_chunk))

@@ -30,6 +30,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.distributed import _functional_collectives as fc
 
+from rlcore.models.vision import decoder_layers
+
 
 def grouped_mm_available() -> bool:
     return hasattr(torch, "_grouped_mm")
@@ -171,7 +173,6 @@ def apply_expert_parallel(model: nn.Module, ep_group: dist.ProcessGroup | None) 
     """Replace every Qwen3-MoE sparse block by a `MoEBlock` (also with ep = 1, for the router
     statistics and sorted dispatch). Returns the blocks."""
     blocks = []
-    from rlcore.models.vision import decoder_layers
     for layer in decoder_layers(model):
         mlp = getattr(layer, "mlp", None)
         if isinstance(mlp, MoEBlock):

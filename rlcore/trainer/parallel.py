@@ -6,7 +6,8 @@ and FSDP2, in that order.
 Layout (world = ``dp * cp`` ranks, row-major, like torchtitan's ``dp_shard x cp``)::
 
     rank = d * cp + c            d = data-parallel index (which micro-batches), c = context index
-    fsdp mesh  (world,)          dense parameters are sharded over *all* ranks: context ranks
+    world mesh (world,)          the one mesh (``Meshes.fsdp``); the two below are views of it.
+                                 Dense parameters are sharded over *all* ranks: context ranks
                                  hold the same parameters, so sharding over them saves memory too
     cp mesh    (dp, cp)          the ``cp`` rows exchange sequence shards (Ulysses all-to-all)
     ep mesh    (world/ep, ep)    expert parallelism borrows ranks from dp*cp: each row of ``ep``
@@ -29,6 +30,18 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
+from rlcore.models.vision import decoder_layers, is_vision_model, vision_tower
+from rlcore.trainer.activation_checkpoint import apply_activation_checkpointing
+from rlcore.trainer.attention import use_varlen_attention
+from rlcore.trainer.compile import compile_layers
+from rlcore.trainer.float8 import apply_float8
+from rlcore.trainer.logprobs import install_logprob_head
+from rlcore.trainer.lora import apply_lora
+from rlcore.trainer.moe import apply_expert_parallel
+
+TOKEN_MULTIPLE_ATTR = "rlcore_token_multiple"
+"""Model attribute holding the multiple its packed token count is padded to (16 with FP8 linears;
+`rlcore.trainer.forward.token_multiple` reads it)."""
 
 
 @dataclass(frozen=True)
@@ -74,14 +87,17 @@ class Meshes:
 
     @classmethod
     def build(cls, dims: ParallelDims, device_type: str) -> "Meshes":
-        fsdp = init_device_mesh(device_type, (dims.world,), mesh_dim_names=("dp",))
+        """One world mesh (every rank; FSDP2 shards dense parameters over it), and the cp and ep
+        layouts as views of it (``_unflatten``, as torchtitan derives its sub-meshes), so every
+        group comes from the same rank order; a TP dimension would be one more view."""
+        world = init_device_mesh(device_type, (dims.world,), mesh_dim_names=("world",))
         cp_group = ep_group = efsdp = None
         if dims.cp > 1:
-            cp_group = init_device_mesh(device_type, (dims.dp, dims.cp), mesh_dim_names=("dp", "cp"))["cp"].get_group()
+            cp_group = world._unflatten(0, (dims.dp, dims.cp), ("dp", "cp"))["cp"].get_group()
         if dims.ep > 1:
-            ep_mesh = init_device_mesh(device_type, (dims.world // dims.ep, dims.ep), mesh_dim_names=("efsdp", "ep"))
+            ep_mesh = world._unflatten(0, (dims.world // dims.ep, dims.ep), ("efsdp", "ep"))
             ep_group, efsdp = ep_mesh["ep"].get_group(), ep_mesh["efsdp"]
-        return cls(dims, fsdp, cp_group, ep_group, efsdp)
+        return cls(dims, world, cp_group, ep_group, efsdp)
 
 
 def parallelize(model: torch.nn.Module, t, meshes: Meshes, device: torch.device, train: bool = True,
@@ -99,12 +115,6 @@ def parallelize(model: torch.nn.Module, t, meshes: Meshes, device: torch.device,
     than one rank, see below).
     Parameter names stay the transformers names (weight sync and checkpoints rely on them).
     """
-    from rlcore.models.vision import decoder_layers, is_vision_model, vision_tower
-    from rlcore.trainer.activation_checkpoint import apply_activation_checkpointing
-    from rlcore.trainer.attention import use_varlen_attention
-    from rlcore.trainer.logprobs import install_logprob_head
-    from rlcore.trainer.lora import apply_lora
-    from rlcore.trainer.moe import apply_expert_parallel
 
     lora = getattr(t, "lora", None)
     if train and lora is not None and lora.enabled:
@@ -112,8 +122,6 @@ def parallelize(model: torch.nn.Module, t, meshes: Meshes, device: torch.device,
     moe_blocks = apply_expert_parallel(model, meshes.ep_group)
     fp8 = getattr(t, "fp8", "none") if train else "none"  # a frozen reference stays in bf16
     if fp8 != "none":
-        from rlcore.trainer.float8 import apply_float8
-        from rlcore.trainer.forward import TOKEN_MULTIPLE_ATTR
         if apply_float8(model, fp8, emulate=device.type != "cuda"):  # before fully_shard (torchao's contract)
             setattr(model, TOKEN_MULTIPLE_ATTR, 16)  # FP8 GEMMs: the packed token count too (forward pads)
     bf16_compute = mixed_precision_policy(t, device) is not None or param_dtype(t) == torch.bfloat16
@@ -127,7 +135,6 @@ def parallelize(model: torch.nn.Module, t, meshes: Meshes, device: torch.device,
     head = install_logprob_head(model, getattr(t, "logprob_chunk_tokens", 0))
     head.keep_logits_bytes = int(getattr(t, "logprob_keep_logits_gib", 0.0) * 2**30)
     if getattr(t, "compile", False):
-        from rlcore.trainer.compile import compile_layers
         compile_layers(model)  # per layer, after checkpointing, before FSDP2 (see trainer.compile)
         head.compiled = True
 
