@@ -6,7 +6,7 @@ trace). Only the policy is scripted: a correct call and a correct answer earn th
 import pytest
 
 from rlcore.engine.base import Generation, RolloutEngine, SamplingParams
-from rlcore.envs.base import make_env
+from rlcore.envs.catalog import make_env
 from rlcore.envs.tool_use import calculate
 from rlcore.envs.vf_calculator import call_text
 from rlcore.models.build import build_tokenizer
