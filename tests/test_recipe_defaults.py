@@ -7,6 +7,7 @@ import pytest
 import yaml
 
 from rlcore.envs import make_env
+from rlcore.envs.wordle import feedback
 from rlcore.models.build import build_tokenizer
 from rlcore.run import compose, recipes
 from rlcore.sft import build_dataset
@@ -28,7 +29,8 @@ def test_each_rl_recipe_sets_its_own_warm_up(recipe):
     assert "warmup_steps" in sft, recipe
 
 
-@pytest.mark.parametrize("name,args", [("alphabet_sort", {}), ("tool_use", {"search_k": 1})])
+@pytest.mark.parametrize("name,args", [("alphabet_sort", {}), ("tool_use", {"search_k": 1}),
+                                       ("tool_use", {"facts": 1})])
 def test_multi_turn_demonstrations_are_whole_winning_episodes(name, args):
     env = make_env(name, args, 0)
     for i in range(50):
@@ -39,13 +41,59 @@ def test_multi_turn_demonstrations_are_whole_winning_episodes(name, args):
         assert env.score(task, conv, env.init_state(task)) == 1.0
 
 
-@pytest.mark.parametrize("recipe", ["alphabet_sort", "tool_use"])
+def test_wordle_solver_demonstrations_win_with_valid_consistent_guesses():
+    """The solver's games (wordle's warm-up data) are won inside the turn limit (all over the
+    recipe's short list; nearly all over the full list, where `-ight` words can outlast 6 guesses),
+    every guess is a listed word agreeing with all earlier marks, and the environment's own
+    reward pays them."""
+    for args, min_wins in (({}, 95), ({"words": compose(["+recipe=wordle"]).env.args["words"]}, 100)):
+        env, wins = make_env("wordle", args, 0), 0
+        for i in range(100):
+            task = env.make_task(i, "demo")
+            guesses = env.demonstration_turns(task)
+            assert len(guesses) <= env.max_turns
+            if guesses[-1] != task.answer:
+                assert len(guesses) == env.max_turns
+                continue
+            wins += 1
+            for k, g in enumerate(guesses):
+                assert g in env.words
+                assert all(feedback(p, g) == feedback(p, task.answer) for p in guesses[:k])
+            conv = env.demonstration_messages(task)
+            assert [m["content"] for m in conv if m["role"] == "assistant"] == guesses
+            assert env.score(task, conv, {}) == pytest.approx(1.0 - 0.1 * (len(guesses) - 1))
+        assert wins >= min_wins
+
+
+@pytest.mark.parametrize("path", ["", "math_one_step.jsonl"])
+def test_math_demonstrations_are_worked_answers_the_reward_accepts(path):
+    env = make_env("math", {"path": path}, 0)
+    for i in range(100):
+        task = env.make_task(i, "demo" if path else "train")
+        reply = env.demonstration(task)
+        assert "####" in reply and reply != task.answer and env.reward(task, reply) == 1.0
+        assert env.reward(task, reply.replace(f"#### {task.answer}", f"#### {int(task.answer) + 1}")) == 0.0
+
+
+def test_math_one_step_demo_split_is_apart_from_the_tasks():
+    env = make_env("math", {"path": "math_one_step.jsonl"}, 0)
+    questions = {s: {r["question"] for r in env.split_rows[s]} for s in ("train", "demo", "eval")}
+    assert all(len(q) >= 200 for q in questions.values())
+    assert not (questions["demo"] & questions["train"]) and not (questions["eval"] & (questions["train"] | questions["demo"]))
+    assert env.split_size("demo") == len(questions["demo"])
+
+
+@pytest.mark.parametrize("recipe", ["alphabet_sort", "tool_use", "wordle", "math"])
 def test_recipe_warm_up_data_builds_and_fits(recipe):
     cfg = compose([f"+recipe={recipe}", "sft.num_examples=16"])
     assert cfg.sft.warmup_steps > 0 and cfg.sft.dataset == "env"
+    validate(cfg)
     data = build_dataset(cfg, build_tokenizer(cfg.model))
     assert len(data.samples) == 16 and not data.skipped
     for s in data.samples:
+        if recipe == "math":  # single turn: the whole reply is trained on
+            assert all(s.loss_mask) and len(s.completion_ids) <= cfg.rollout.sampling.max_new_tokens
+            continue
         # only the policy's turns are trained on; the environment's replies are context
         assert 0 < sum(s.loss_mask) < len(s.completion_ids)
         assert len(s.prompt_ids) + len(s.completion_ids) <= cfg.env.args["max_episode_tokens"]
