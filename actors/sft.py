@@ -29,7 +29,8 @@ def warmup(cfg, trainers) -> int:
     version = 0
     for step in range(cfg.sft.warmup_steps):
         shards, loss_tokens, _ = step_shards(cfg, data, step)
-        results = get([tr.sft_step.remote(ray.put(shard), loss_tokens) for tr, shard in zip(trainers, shards)],
+        results = get([tr.sft_step.remote(ray.put(shard), loss_tokens, cfg.sft.warmup_lr)
+                       for tr, shard in zip(trainers, shards)],
                       cfg.trainer.step_timeout_s, f"SFT warm-up step {step + 1}")
         version = int(results[0]["version"])
         if step == 0 or (step + 1) % 10 == 0 or step + 1 == cfg.sft.warmup_steps:

@@ -76,9 +76,9 @@ class TrainerRank:
                 free_cached_memory()  # the engine on this GPU wakes into the memory the step used
         return {**result.metrics, **memory, "version": result.version, "lr": float(lr)}
 
-    def sft_step(self, micro_batches: list[MicroBatch], global_loss_tokens: int) -> dict:
-        lr = self.core.optimizer.param_groups[0]["lr"]
-        result = self.core.sft_step(micro_batches, global_loss_tokens)
+    def sft_step(self, micro_batches: list[MicroBatch], global_loss_tokens: int, lr: float | None = None) -> dict:
+        lr = lr if lr is not None else self.core.optimizer.param_groups[0]["lr"]  # the rate this step uses
+        result = self.core.sft_step(micro_batches, global_loss_tokens, lr)
         return {**result.metrics, "version": result.version, "lr": float(lr)}
 
     def save_checkpoint(self, path: str) -> bool:

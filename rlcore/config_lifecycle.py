@@ -68,6 +68,8 @@ class SFTConfig:
     warmup_steps: int = 0
     """In `rl` mode: SFT steps on `dataset` before the first RL step (fresh runs only), on the same
     trainer group and optimizer; the RL run's policy versions continue from them."""
+    warmup_lr: Optional[float] = None
+    """Learning rate of the warm-up steps (null = `trainer.lr`, which RL then uses)."""
     shuffle: bool = True
     """Reshuffle the examples every epoch (seeded by `seed` and the epoch: order is reproducible)."""
 

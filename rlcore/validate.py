@@ -299,6 +299,8 @@ def sft_problems(cfg: RunConfig) -> list[tuple[str, str]]:
     s = cfg.sft
     out = []
     check_min(out, "sft.warmup_steps", s.warmup_steps, 0)
+    if s.warmup_lr is not None and not s.warmup_lr > 0:
+        out.append(("sft.warmup_lr", f"must be > 0 (or null: trainer.lr), got {s.warmup_lr}"))
     if cfg.mode != "sft" and s.warmup_steps == 0:
         return out
     check_min(out, "sft.batch_examples", s.batch_examples, 1)

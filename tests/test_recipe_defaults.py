@@ -1,9 +1,12 @@
 """Builtin recipes can learn on CPU (issue 21 item 7): warm-up data for the multi-turn
 environments, and warm-up settings that belong to recipes, not environments."""
 
+import os
 from pathlib import Path
 
 import pytest
+import torch
+import torch.multiprocessing as mp
 import yaml
 
 from rlcore.envs import make_env
@@ -108,3 +111,42 @@ def test_warm_up_without_demonstrations_is_refused_before_ray():
     validate(compose(["env=mini_swe", "sft.warmup_steps=0"]))
     validate(compose(["+recipe=mini_swe"]))
     validate(compose(["+recipe=alphabet_sort"]))
+
+
+def _warmup_lr_rank(rank, port, out):
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    from rlcore.packing import pack_for_ranks
+    from rlcore.trainer.core import TrainerCore
+    cfg = compose(["trainer.lr=0.01", "mode=sft", "sft.num_examples=8"])
+    core = TrainerCore(cfg, rank, 1)
+    data = build_dataset(cfg, core.tokenizer)
+    shards = pack_for_ranks(data.samples, [0.0] * len(data.samples), 1, 4096)
+    tokens = sum(int(mb.loss_mask.sum()) for mb in shards[0])
+
+    def params():
+        return [t.detach().clone() for _, t in core.full_parameters()]
+    before = params()
+    core.sft_step(shards[0], tokens, lr=0.0)  # the warm-up's own rate: here none at all
+    frozen = all(torch.equal(a, b) for a, b in zip(before, params()))
+    lr_after = core.optimizer.param_groups[0]["lr"]  # restored for the next (RL) step
+    core.sft_step(shards[0], tokens)
+    moved = not all(torch.equal(a, b) for a, b in zip(before, params()))
+    torch.save({"frozen": frozen, "lr_after": lr_after, "moved": moved}, out)
+    core.shutdown()
+
+
+def test_warm_up_steps_run_at_their_own_learning_rate(tmp_path):
+    """sft.warmup_lr: a warm-up step uses it; the step after uses trainer.lr again (what RL runs at)."""
+    from rlcore.trainer.core import free_port
+    out = tmp_path / "r.pt"
+    mp.start_processes(_warmup_lr_rank, args=(free_port(), str(out)), nprocs=1, start_method="spawn")
+    r = torch.load(out)
+    assert r["frozen"] and r["lr_after"] == pytest.approx(0.01) and r["moved"]
+
+
+def test_warm_up_lr_must_be_positive():
+    with pytest.raises(ConfigError) as err:
+        validate(compose(["sft.warmup_lr=0"]))
+    assert err.value.key == "sft.warmup_lr"
+    validate(compose(["sft.warmup_lr=0.01"]))
