@@ -1,6 +1,7 @@
 """Builtin recipes can learn on CPU (issue 21 item 7): warm-up data for the multi-turn
 environments, and warm-up settings that belong to recipes, not environments."""
 
+import json
 import os
 from pathlib import Path
 
@@ -150,3 +151,10 @@ def test_warm_up_lr_must_be_positive():
         validate(compose(["sft.warmup_lr=0"]))
     assert err.value.key == "sft.warmup_lr"
     validate(compose(["sft.warmup_lr=0.01"]))
+
+
+def test_shipped_math_files_are_what_the_generator_writes():
+    from rlcore.data import data_path
+    from rlcore.data.make_math import FILES
+    for name, rows in FILES.items():
+        assert data_path(name).read_text() == "".join(json.dumps(r) + "\n" for r in rows()), name
