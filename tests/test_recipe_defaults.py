@@ -1,12 +1,17 @@
 """Builtin recipes can learn on CPU (issue 21 item 7): warm-up data for the multi-turn
 environments, and warm-up settings that belong to recipes, not environments."""
 
+import json
+import os
 from pathlib import Path
 
 import pytest
+import torch
+import torch.multiprocessing as mp
 import yaml
 
 from rlcore.envs import make_env
+from rlcore.envs.wordle import feedback
 from rlcore.models.build import build_tokenizer
 from rlcore.run import compose, recipes
 from rlcore.sft import build_dataset
@@ -28,7 +33,8 @@ def test_each_rl_recipe_sets_its_own_warm_up(recipe):
     assert "warmup_steps" in sft, recipe
 
 
-@pytest.mark.parametrize("name,args", [("alphabet_sort", {}), ("tool_use", {"search_k": 1})])
+@pytest.mark.parametrize("name,args", [("alphabet_sort", {}), ("tool_use", {"search_k": 1}),
+                                       ("tool_use", {"facts": 1})])
 def test_multi_turn_demonstrations_are_whole_winning_episodes(name, args):
     env = make_env(name, args, 0)
     for i in range(50):
@@ -39,13 +45,59 @@ def test_multi_turn_demonstrations_are_whole_winning_episodes(name, args):
         assert env.score(task, conv, env.init_state(task)) == 1.0
 
 
-@pytest.mark.parametrize("recipe", ["alphabet_sort", "tool_use"])
+def test_wordle_solver_demonstrations_win_with_valid_consistent_guesses():
+    """The solver's games (wordle's warm-up data) are won inside the turn limit (all over the
+    recipe's short list; nearly all over the full list, where `-ight` words can outlast 6 guesses),
+    every guess is a listed word agreeing with all earlier marks, and the environment's own
+    reward pays them."""
+    for args, min_wins in (({}, 95), ({"words": compose(["+recipe=wordle"]).env.args["words"]}, 100)):
+        env, wins = make_env("wordle", args, 0), 0
+        for i in range(100):
+            task = env.make_task(i, "demo")
+            guesses = env.demonstration_turns(task)
+            assert len(guesses) <= env.max_turns
+            if guesses[-1] != task.answer:
+                assert len(guesses) == env.max_turns
+                continue
+            wins += 1
+            for k, g in enumerate(guesses):
+                assert g in env.words
+                assert all(feedback(p, g) == feedback(p, task.answer) for p in guesses[:k])
+            conv = env.demonstration_messages(task)
+            assert [m["content"] for m in conv if m["role"] == "assistant"] == guesses
+            assert env.score(task, conv, {}) == pytest.approx(1.0 - 0.1 * (len(guesses) - 1))
+        assert wins >= min_wins
+
+
+@pytest.mark.parametrize("path", ["", "math_one_step.jsonl"])
+def test_math_demonstrations_are_worked_answers_the_reward_accepts(path):
+    env = make_env("math", {"path": path}, 0)
+    for i in range(100):
+        task = env.make_task(i, "demo" if path else "train")
+        reply = env.demonstration(task)
+        assert "####" in reply and reply != task.answer and env.reward(task, reply) == 1.0
+        assert env.reward(task, reply.replace(f"#### {task.answer}", f"#### {int(task.answer) + 1}")) == 0.0
+
+
+def test_math_one_step_demo_split_is_apart_from_the_tasks():
+    env = make_env("math", {"path": "math_one_step.jsonl"}, 0)
+    questions = {s: {r["question"] for r in env.split_rows[s]} for s in ("train", "demo", "eval")}
+    assert all(len(q) >= 200 for q in questions.values())
+    assert not (questions["demo"] & questions["train"]) and not (questions["eval"] & (questions["train"] | questions["demo"]))
+    assert env.split_size("demo") == len(questions["demo"])
+
+
+@pytest.mark.parametrize("recipe", ["alphabet_sort", "tool_use", "wordle", "math"])
 def test_recipe_warm_up_data_builds_and_fits(recipe):
     cfg = compose([f"+recipe={recipe}", "sft.num_examples=16"])
     assert cfg.sft.warmup_steps > 0 and cfg.sft.dataset == "env"
+    validate(cfg)
     data = build_dataset(cfg, build_tokenizer(cfg.model))
     assert len(data.samples) == 16 and not data.skipped
     for s in data.samples:
+        if recipe == "math":  # single turn: the whole reply is trained on
+            assert all(s.loss_mask) and len(s.completion_ids) <= cfg.rollout.sampling.max_new_tokens
+            continue
         # only the policy's turns are trained on; the environment's replies are context
         assert 0 < sum(s.loss_mask) < len(s.completion_ids)
         assert len(s.prompt_ids) + len(s.completion_ids) <= cfg.env.args["max_episode_tokens"]
@@ -60,3 +112,44 @@ def test_warm_up_without_demonstrations_is_refused_before_ray():
     validate(compose(["env=mini_swe", "sft.warmup_steps=0"]))
     validate(compose(["+recipe=mini_swe"]))
     validate(compose(["+recipe=alphabet_sort"]))
+
+
+def _sft_lr_rank(rank, port, out):
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    from rlcore.packing import pack_for_ranks
+    from rlcore.trainer.core import TrainerCore
+    cfg = compose(["trainer.lr=0.01", "mode=sft", "sft.num_examples=8"])
+    core = TrainerCore(cfg, rank, 1)
+    data = build_dataset(cfg, core.tokenizer)
+    shards = pack_for_ranks(data.samples, [0.0] * len(data.samples), 1, 4096)
+    tokens = sum(int(mb.loss_mask.sum()) for mb in shards[0])
+
+    def params():
+        return [t.detach().clone() for _, t in core.full_parameters()]
+    before = params()
+    core.sft_step(shards[0], tokens, lr=0.0)  # the warm-up's own rate: here none at all
+    frozen = all(torch.equal(a, b) for a, b in zip(before, params()))
+    lr_after = core.optimizer.param_groups[0]["lr"]  # restored for the next (RL) step
+    core.sft_step(shards[0], tokens)
+    moved = not all(torch.equal(a, b) for a, b in zip(before, params()))
+    torch.save({"frozen": frozen, "lr_after": lr_after, "moved": moved}, out)
+    core.shutdown()
+
+
+def test_warm_up_steps_run_at_their_own_learning_rate(tmp_path):
+    """A warm-up step's own rate (`sft.lr`, here passed per step): the step uses it; the step
+    after uses trainer.lr again (what RL runs at)."""
+    from rlcore.trainer.core import free_port
+    out = tmp_path / "r.pt"
+    mp.start_processes(_sft_lr_rank, args=(free_port(), str(out)), nprocs=1, start_method="spawn")
+    r = torch.load(out)
+    assert r["frozen"] and r["lr_after"] == pytest.approx(0.01) and r["moved"]
+
+
+
+def test_shipped_math_files_are_what_the_generator_writes():
+    from rlcore.data import data_path
+    from rlcore.data.make_math import FILES
+    for name, rows in FILES.items():
+        assert data_path(name).read_text() == "".join(json.dumps(r) + "\n" for r in rows()), name

@@ -1,8 +1,13 @@
 """Generates `math_word_problems.jsonl`: GSM8K-style multi-step arithmetic word problems.
 
-Run ``python -m rlcore.data.make_math`` to rebuild the shipped file (deterministic: the same
+Run ``python -m rlcore.data.make_math`` to rebuild the shipped files (deterministic: the same
 seed writes the same bytes). Each line: {"question", "answer" (GSM8K style: working then
-"#### N"), "split": "train" | "eval"}. Answers are integers.
+"#### N"), "split": "train" | "demo" | "eval"}. Answers are integers.
+
+- `math_word_problems.jsonl`: two-step problems with numbers up to a few hundred (train, eval);
+- `math_one_step.jsonl`: one addition or subtraction of numbers below 10 in a short sentence,
+  plus a "demo" split for supervised warm-up: a task a tiny policy can learn on a CPU (the
+  `math` recipe).
 """
 
 from __future__ import annotations
@@ -52,22 +57,43 @@ def _problem(rng: random.Random) -> tuple[str, str]:
             f"{a}+{b}={a + b}. {a + b}*{c}={(a + b) * c}.\n#### {(a + b) * c}")
 
 
-def generate(n_train: int = 400, n_eval: int = 100, seed: int = 1234) -> list[dict]:
+def _one_step(rng: random.Random) -> tuple[str, str]:
+    """One operation on numbers below 10: `a+b` (gets more) or `a-b` (gives away, a > b)."""
+    name, item = rng.choice(NAMES), rng.choice(ITEMS)
+    if rng.random() < 0.5:
+        a, b = rng.randint(1, 9), rng.randint(1, 9)
+        return f"{name} has {a} {item}, gets {b} more. How many now?", f"{a}+{b}={a + b}\n#### {a + b}"
+    a = rng.randint(2, 9)
+    b = rng.randint(1, a - 1)
+    return f"{name} has {a} {item}, gives {b} away. How many now?", f"{a}-{b}={a - b}\n#### {a - b}"
+
+
+def generate(n_train: int = 400, n_eval: int = 100, seed: int = 1234, problem=_problem,
+             n_demo: int = 0) -> list[dict]:
+    """`n_train` + `n_demo` + `n_eval` distinct problems, split in that order."""
     rng = random.Random(seed)
     rows, seen = [], set()
-    while len(rows) < n_train + n_eval:
-        q, a = _problem(rng)
+    while len(rows) < n_train + n_demo + n_eval:
+        q, a = problem(rng)
         if q in seen:
             continue
         seen.add(q)
-        rows.append({"question": q, "answer": a, "split": "train" if len(rows) < n_train else "eval"})
+        split = "train" if len(rows) < n_train else "demo" if len(rows) < n_train + n_demo else "eval"
+        rows.append({"question": q, "answer": a, "split": split})
     return rows
 
 
+FILES = {
+    "math_word_problems.jsonl": lambda: generate(),
+    "math_one_step.jsonl": lambda: generate(n_train=1500, n_demo=1500, n_eval=200, seed=4321, problem=_one_step),
+}
+
+
 def main() -> None:
-    out = Path(__file__).with_name("math_word_problems.jsonl")
-    out.write_text("".join(json.dumps(r) + "\n" for r in generate()))
-    print(f"wrote {out}")
+    for name, rows in FILES.items():
+        out = Path(__file__).with_name(name)
+        out.write_text("".join(json.dumps(r) + "\n" for r in rows()))
+        print(f"wrote {out}")
 
 
 if __name__ == "__main__":

@@ -3,7 +3,12 @@
 The dataset is a JSONL file of {"question", "answer", "split"} rows (GSM8K's own format works:
 the gold value follows `####`; rows without `split` are train). The default is the generated
 file shipped in `rlcore/data/` (see :mod:`rlcore.data.make_math`). The train split is visited in
-a fresh seeded permutation each epoch; the eval split in file order.
+a fresh seeded permutation each epoch (so is a "demo" split, when the file has one); the eval
+split in file order. `path` may also name a shipped file: `math_one_step.jsonl` holds one-step
+problems on numbers below 10 (what the tiny CPU policy of the `math` recipe can learn).
+
+Demonstrations (supervised warm-up, `sft.dataset=env`) are the rows' worked answers
+(`7+4=11\n#### 11`), which the reward scores 1.
 """
 
 from __future__ import annotations
@@ -32,15 +37,20 @@ def load_rows(path: str | Path) -> list[dict]:
 
 @register("math")
 class MathWordProblems(Environment):
-    """Args: `path` (JSONL; default the shipped file), `instruction` (prefix of every question)."""
+    """Args: `path` (JSONL, or a shipped file's name; default `math_word_problems.jsonl`),
+    `instruction` (prefix of every question)."""
 
     def __init__(self, seed: int = 0, path: str = "", instruction: str = DEFAULT_INSTRUCTION, **kwargs):
         super().__init__(seed, **kwargs)
         source = Path(path).expanduser() if path else data_path("math_word_problems.jsonl")
+        if path and not source.is_file() and "/" not in path and data_path(path).is_file():
+            source = data_path(path)
         if not source.is_file():
             raise ValueError(f"env.args.path: no such file {str(source)!r}")
         rows = load_rows(source)
-        self.split_rows = {s: [r for r in rows if r.get("split", "train") == s] for s in ("train", "eval")}
+        self.split_rows: dict[str, list[dict]] = {"train": [], "eval": []}
+        for r in rows:
+            self.split_rows.setdefault(r.get("split", "train"), []).append(r)
         if not self.split_rows["train"]:
             raise ValueError(f"env.args.path: {source} has no train rows")
         self.instruction = instruction
@@ -61,14 +71,18 @@ class MathWordProblems(Environment):
             return rows[index % len(rows)]
         epoch, pos = divmod(index, len(rows))
         order = list(range(len(rows)))
-        rng_for(self.seed, "train-epoch", epoch).shuffle(order)
+        rng_for(self.seed, f"{split}-epoch", epoch).shuffle(order)
         return rows[order[pos]]
 
     def make_task(self, index: int, split: str) -> Task:
         row = self._row(index, split)
         return Task(id=f"math/{split}/{index}",
                     messages=[{"role": "user", "content": self.instruction + row["question"]}],
-                    answer=gold_of(str(row["answer"])))
+                    answer=gold_of(str(row["answer"])), info={"solution": str(row["answer"])})
+
+    def demonstration(self, task: Task) -> str:
+        """The row's worked answer (GSM8K style, ending `#### N`)."""
+        return task.info["solution"]
 
     def reward(self, task: Task, completion: str) -> float:
         return 1.0 if equivalent(completion, task.answer) else 0.0

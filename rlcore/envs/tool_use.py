@@ -8,6 +8,10 @@ the :mod:`rlcore.envs.tools` format:
     <tool>calc: EXPRESSION</tool> exact arithmetic (+ - * / // % ** and parentheses)
 
 Reward: 1 when `<answer>` is numerically equal to the gold value, else 0.
+
+`facts` sets the difficulty: 2 (default) asks for a sum or difference of two towns' facts
+(search, search, calc, answer); 1 asks for one town's fact (search, answer), which the tiny CPU
+policy of the `tool_use` recipe can learn.
 """
 
 from __future__ import annotations
@@ -80,13 +84,19 @@ def search(corpus: list[dict[str, Any]], query: str, k: int) -> str:
 @register("tool_use")
 class ToolUse(ToolEnvironment):
     """Args: `corpus_path` (JSONL of {"title", "text", "population", "founded"}; default a
-    built-in generated corpus), `search_k` (results per search), plus the tool settings."""
+    built-in generated corpus), `search_k` (results per search), `facts` (1 or 2 per question),
+    `instruction` (the text before every question; default the tools' syntax), plus the tool
+    settings."""
 
     PROMPT = ("Tools: <tool>search: words</tool> <tool>calc: 1+2</tool>. "
               "Finish with <answer>number</answer>.\n")
 
-    def __init__(self, seed: int = 0, corpus_path: str = "", search_k: int = 1, max_turns: int = 4, **kwargs):
+    def __init__(self, seed: int = 0, corpus_path: str = "", search_k: int = 1, max_turns: int = 4,
+                 facts: int = 2, instruction: str = PROMPT, **kwargs):
         super().__init__(seed, max_turns=max_turns, **kwargs)
+        if facts not in (1, 2):
+            raise ValueError(f"env.args.facts: must be 1 or 2, got {facts}")
+        self.facts, self.instruction = facts, instruction
         if corpus_path:
             path = Path(corpus_path).expanduser()
             if not path.is_file():
@@ -105,17 +115,27 @@ class ToolUse(ToolEnvironment):
     def make_task(self, index: int, split: str) -> Task:
         rng = rng_for(self.seed, split, index)
         a, b = rng.sample(self.corpus, 2)
-        if rng.random() < 0.5:
-            question, gold = f"Total population of {a['title']} and {b['title']}?", a["population"] + b["population"]
+        if self.facts == 1:
+            fact = rng.choice(["population", "founded"])
+            question = f"{'Population' if fact == 'population' else 'Founding year'} of {a['title']}?"
+            gold, towns = a[fact], [a["title"]]
         else:
-            question, gold = f"Years between the founding of {a['title']} and {b['title']}?", abs(a["founded"] - b["founded"])
-        return Task(id=f"tool_use/{split}/{index}", messages=[{"role": "user", "content": self.PROMPT + question}],
-                    answer=str(gold), info={"towns": [a["title"], b["title"]]})
+            fact = "population" if rng.random() < 0.5 else "founded"
+            if fact == "population":
+                question, gold = f"Total population of {a['title']} and {b['title']}?", a["population"] + b["population"]
+            else:
+                question, gold = (f"Years between the founding of {a['title']} and {b['title']}?",
+                                  abs(a["founded"] - b["founded"]))
+            towns = [a["title"], b["title"]]
+        return Task(id=f"tool_use/{split}/{index}", messages=[{"role": "user", "content": self.instruction + question}],
+                    answer=str(gold), info={"towns": towns, "fact": fact})
 
     def demonstration_turns(self, task: Task) -> list[str]:
-        """Search each town, compute with the calculator, answer: one tool call per turn."""
+        """Search each town, compute with the calculator (two facts), answer: one tool call per turn."""
+        if len(task.info["towns"]) == 1:
+            return [f"<tool>search: {task.info['towns'][0]}</tool>", f"<answer>{task.answer}</answer>"]
         a, b = ({d["title"]: d for d in self.corpus}[t] for t in task.info["towns"])
-        if "population" in task.messages[0]["content"].rsplit("\n", 1)[-1].lower():
+        if task.info["fact"] == "population":
             expr = f"{a['population']}+{b['population']}"
         else:
             expr = f"{max(a['founded'], b['founded'])}-{min(a['founded'], b['founded'])}"

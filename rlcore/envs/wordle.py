@@ -6,6 +6,10 @@ place, `Y` in the word elsewhere, `-` not in the word (repeated letters are matc
 original game does: greens first, then yellows up to the letter's count). An unreadable guess
 costs a turn and gets a reminder. Reward: 1 - 0.1 * (guesses - 1) when solved; otherwise
 0.1 * (greens of the best guess) / 5, a small shaping signal.
+
+Demonstrations (supervised warm-up): a solver that guesses, each turn, the first word of the
+list (in `words` order) that agrees with all the feedback so far. `words` sets the difficulty:
+the `wordle` recipe plays over a short list, which the tiny CPU policy can learn.
 """
 
 from __future__ import annotations
@@ -42,6 +46,20 @@ def parse_guess(text: str) -> str | None:
     return found[-1].lower() if found else None
 
 
+def solve(target: str, words: list[str], max_turns: int) -> list[str]:
+    """The solver's guesses: each the first of `words` consistent with every earlier mark."""
+    guesses: list[str] = []
+    candidates = list(words)
+    while len(guesses) < max_turns and candidates:
+        guess = candidates[0]
+        guesses.append(guess)
+        if guess == target:
+            break
+        marks = feedback(guess, target)
+        candidates = [w for w in candidates if w != guess and feedback(guess, w) == marks]
+    return guesses
+
+
 def guesses_of(history: list[Message]) -> list[str | None]:
     return [parse_guess(m["content"]) for m in history if m["role"] == "assistant"]
 
@@ -73,6 +91,10 @@ class Wordle(MultiTurnEnvironment):
         if guess is None:
             return [{"role": "user", "content": "Invalid: reply with one 5-letter word."}], False
         return [{"role": "user", "content": f"{guess} {feedback(guess, task.answer)}"}], False
+
+    def demonstration_turns(self, task: Task) -> list[str]:
+        """The solver's guesses (see :func:`solve`), one word per turn."""
+        return solve(task.answer, self.words, self.max_turns)
 
     def score(self, task: Task, history: list[Message], state: dict[str, Any]) -> float:
         guesses = guesses_of(history)

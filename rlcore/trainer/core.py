@@ -107,12 +107,14 @@ class TrainerCore:
         `normalizer` comes from `rlcore.algo.losses.loss_normalizer` over the global batch."""
         return self._step(micro_batches, normalizer, lambda inp, n: policy_loss(inp, self.cfg.algo, n))
 
-    def sft_step(self, micro_batches: list[MicroBatch], global_loss_tokens: int) -> StepResult:
-        """One supervised step: token-level negative log-likelihood of the masked tokens, at
-        `sft.lr` when set (the scheduler sets the next step's rate again after it)."""
-        if self.cfg.sft.lr is not None:
+    def sft_step(self, micro_batches: list[MicroBatch], global_loss_tokens: int, lr: float | None = None) -> StepResult:
+        """One supervised step: token-level negative log-likelihood of the masked tokens, at `lr`
+        when given, else at `sft.lr` when set (the scheduler sets the next step's rate again
+        after it)."""
+        lr = lr if lr is not None else self.cfg.sft.lr
+        if lr is not None:
             for group in self.optimizer.param_groups:
-                group["lr"] = self.cfg.sft.lr
+                group["lr"] = lr
         return self._step(micro_batches, float(max(global_loss_tokens, 1)), sft_loss)
 
     def _loss_inputs(self, mb: MicroBatch, logprobs: torch.Tensor, entropy: torch.Tensor) -> LossInputs:
