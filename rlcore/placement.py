@@ -114,7 +114,8 @@ def placement_problems(cfg: RunConfig, gpus: float, gpu_bytes: int | None, where
                     f"{r.gpus_per_actor:g}"))
     if gpus < t.world_size:
         out.append(("placement", f"colocated placement needs {t.world_size} GPU(s) (one per trainer rank); "
-                    f"{where} has {gpus:g}"))
+                    f"{where} has {gpus:g}" + ("" if gpus else f" (to plan for a GPU machine from here: dry_run=true "
+                                               f"cluster.nodes=1 cluster.gpus_per_node={t.world_size})")))
     if r.quantization is not None:
         out.append(("rollout.quantization", f"{r.quantization} rollout re-quantizes through vLLM's layerwise "
                     "reload, which the colocated IPC receive does not run; use placement=split"))

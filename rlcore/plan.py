@@ -97,8 +97,8 @@ def plan_problems(cfg: RunConfig, plan: Plan) -> list[tuple[str, str]]:
     out: list[tuple[str, str]] = []
     for b in plan.trainer + plan.rollout + plan.teacher:
         if b.gpus > plan.gpus_per_node:
-            key = {"trainer": "trainer.gpus_per_rank", "rollout": "rollout.gpus_per_actor"}.get(
-                b.group, "teacher.gpus_per_actor")
+            key = {"trainer": "trainer.gpus_per_rank", "colocated": "trainer.gpus_per_rank",
+                   "rollout": "rollout.gpus_per_actor"}.get(b.group, "teacher.gpus_per_actor")
             out.append((key, f"a {b.group} bundle asks {b.gpus:g} GPUs; a node has {plan.gpus_per_node}"))
             return out
     need = sum(b.gpus for b in plan.trainer + plan.rollout + plan.teacher)

@@ -99,3 +99,12 @@ def test_refused_before_ray_on_this_machine(capsys):
     assert main(VLLM_1_1 + ["placement=colocated"]) == 2
     assert capsys.readouterr().err.strip().startswith("rlcore: config error: trainer.gpus_per_rank")
     assert "ray" not in sys.modules or not sys.modules["ray"].is_initialized()
+
+
+def test_a_gpu_recipe_planned_without_gpus_names_the_key_and_how_to_plan_offline(capsys):
+    """A colocated bundle that finds no GPU is the trainer's key (it was reported under
+    teacher.gpus_per_actor), and the line says how to plan for a GPU machine from here."""
+    assert main(VLLM_1_1 + ["cluster.num_gpus=0", "placement=colocated", "dry_run=true"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[0].startswith("rlcore: config error: trainer.gpus_per_rank: a colocated bundle"), err
+    assert any("dry_run=true cluster.nodes=1 cluster.gpus_per_node=1" in line for line in err), err
