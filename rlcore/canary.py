@@ -65,7 +65,7 @@ def canary_limits(cfg) -> tuple[float, float]:
     """
     r = cfg.rollout
     fp8 = uses_fp8(cfg)
-    real = bool(getattr(cfg.model, "path", None))
+    real = bool(cfg.model.path)
     default_max = FP8_MAX_GAP if fp8 else CHECKPOINT_MAX_GAP if real else DEFAULT_MAX_GAP
     default_mean = FP8_MEAN_GAP if fp8 else CHECKPOINT_MEAN_GAP if real else DEFAULT_MEAN_GAP
     max_gap = r.canary_max_gap if r.canary_max_gap is not None else default_max

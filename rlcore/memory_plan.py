@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 from rlcore.config import RunConfig
 from rlcore.engine.registry import engine_spec
-from rlcore.teacher import teacher_run_config
+from rlcore.teacher import gpu_share, teacher_run_config
 
 GIB = 2**30
 OVERHEAD_GIB = 2.0
@@ -141,7 +141,7 @@ def teacher_bytes(cfg: RunConfig, gpu_bytes: int) -> int:
     """What a GPU teacher sharing each colocated GPU holds: its vLLM `gpu_memory_utilization` x
     the GPU (0 without one; an unset share is refused in `rlcore.teacher`)."""
     t = cfg.teacher
-    if not (cfg.mode == "rl" and t.enabled and t.gpus_per_actor > 0):
+    if not gpu_share(cfg):
         return 0
     return int(float(t.engine_kwargs.get(engine_spec(t.engine).memory_share_kwarg or "") or 0) * gpu_bytes)
 

@@ -19,21 +19,16 @@ from rlcore.memory_plan import (
     engine_min_bytes,
     memory_problems,
 )
+from rlcore.teacher import gpu_share
 
 PLACEMENTS = ("auto", "colocated", "split")
 
 
-def teacher_share(cfg: RunConfig) -> float:
-    """GPU share of each GPU teacher actor (0 without a teacher or with a CPU one)."""
-    t = cfg.teacher
-    return t.gpus_per_actor if cfg.mode == "rl" and t.enabled and t.gpus_per_actor > 0 else 0.0
-
-
 def colocated_shares(cfg: RunConfig) -> tuple[float, float]:
     """(GPU of each colocated bundle, GPU of the trainer rank and of the engine in it): 1 - T and
-    (1 - T) / 2, T = `teacher_share`. Ray's bookkeeping only; memory is planned by
+    (1 - T) / 2, T = `rlcore.teacher.gpu_share`. Ray's bookkeeping only; memory is planned by
     `rlcore.memory_plan`."""
-    bundle = round(1.0 - teacher_share(cfg), 4)  # Ray counts resources in 1e-4 units
+    bundle = round(1.0 - gpu_share(cfg), 4)  # Ray counts resources in 1e-4 units
     return bundle, bundle / 2
 
 
@@ -60,7 +55,7 @@ def resolve_placement(cfg: RunConfig, gpus: float) -> str:
     if not colocatable(cfg):
         return "split"
     t, r = cfg.trainer, cfg.rollout
-    need = t.world_size * t.gpus_per_rank + r.num_actors * r.gpus_per_actor + cfg.teacher.num_actors * teacher_share(cfg)
+    need = t.world_size * t.gpus_per_rank + r.num_actors * r.gpus_per_actor + cfg.teacher.num_actors * gpu_share(cfg)
     return "colocated" if need > gpus or t.gpus_per_rank < 1 or r.gpus_per_actor < 1 else "split"
 
 
@@ -138,7 +133,7 @@ def colocated_teacher_problems(cfg: RunConfig) -> list[tuple[str, str]]:
     """A GPU teacher beside colocated trainer ranks and engines: an engine with a GPU memory share
     (vLLM's `gpu_memory_utilization`, planned with the others), a share below one GPU, at most one
     teacher per GPU. Its share and memory fraction themselves are checked in `rlcore.teacher`."""
-    t, share = cfg.teacher, teacher_share(cfg)
+    t, share = cfg.teacher, gpu_share(cfg)
     if not share:
         return []
     out = []

@@ -154,6 +154,12 @@ def resolved(cfg: RunConfig) -> RunConfig:
     return dataclasses.replace(cfg, teacher=dataclasses.replace(t, path=str(Path(t.path).expanduser().resolve())))
 
 
+def gpu_share(cfg: RunConfig) -> float:
+    """GPU share of each GPU teacher actor in an RL run (0 without a teacher or with a CPU one)."""
+    t = cfg.teacher
+    return t.gpus_per_actor if cfg.mode == "rl" and t.enabled and t.gpus_per_actor > 0 else 0.0
+
+
 def teacher_resources(cfg: RunConfig) -> tuple[float, float]:
     """(CPUs, GPUs) the teacher placement group asks for (0, 0 when disabled)."""
     t = cfg.teacher

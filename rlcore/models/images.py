@@ -5,7 +5,7 @@ before torch loads; the tensors (pixel values, mrope positions) are in :mod:`rlc
 Contract. Images travel as uint8 ``[H, W, 3]`` arrays (compact through Ray) and arrive
 *processor-ready*: height and width are multiples of ``patch_size * merge_size`` (28) and the
 pixel count lies in ``[min_pixels, max_pixels]``. Then the Qwen2-VL image processor does no
-resizing, and the trainer (this module), the transformers engine (this module) and vLLM (the
+resizing, and the trainer and the transformers engine (`rlcore.models.vision`) and vLLM (the
 transformers processor inside vLLM) all see exactly the same pixels; an image that is not
 processor-ready is rejected, never silently resized differently in different processes.
 `fit_image` resizes one for environments that load arbitrary pictures.

@@ -1,18 +1,6 @@
-"""Images for Qwen-VL-family policies (Qwen2.5-VL layout): token expansion, pixel values, mrope.
-
-Contract. Images travel as uint8 ``[H, W, 3]`` arrays (compact through Ray) and arrive
-*processor-ready*: height and width are multiples of ``patch_size * merge_size`` (28) and the
-pixel count lies in ``[min_pixels, max_pixels]``. Then the Qwen2-VL image processor does no
-resizing, and the trainer (this module), the transformers engine (this module) and vLLM (the
-transformers processor inside vLLM) all see exactly the same pixels; an image that is not
-processor-ready is rejected, never silently resized differently in different processes.
-`fit_image` resizes one for environments that load arbitrary pictures.
-
-Tokens. A prompt carries one ``<|image_pad|>`` per image (between ``<|vision_start|>`` and
-``<|vision_end|>``); `expand_image_tokens` replaces it by the ``t * h * w / merge**2`` copies the
-model consumes, once, when the prompt is rendered: samples store the expanded ids, so the
-trainer scores exactly the tokens the engine saw. Position ids are Qwen2-VL's 3-D mrope ones
-(`mrope_positions`), computed per sample.
+"""Images for Qwen-VL-family policies (Qwen2.5-VL layout), the torch half: pixel values and
+mrope position ids. The image contract (processor-ready uint8 arrays, one expanded
+``<|image_pad|>`` run per image) is stated in :mod:`rlcore.models.images`.
 
 The torch-free half (processor settings, image checks, token expansion) is
 :mod:`rlcore.models.images`, re-exported here.
