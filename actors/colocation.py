@@ -32,14 +32,16 @@ def init_ipc_group(groups: Groups, plan: SyncPlan, get: Callable, timeout_s: flo
 
 
 def sync_ipc(groups: Groups, version: int, get: Callable, timeout_s: float,
-             serving: list[int] | None = None) -> list[dict]:
+             serving: list[int] | None = None, pushed: list[dict] | None = None) -> list[dict]:
     """Trainer ranks fill their buffers (all at once: the parameter gathers are collective),
     then every engine of `serving` (default: all) lands them as `version`. Returns the trainers'
-    then the engines' results."""
+    then the engines' results. `pushed`: the trainers' results when their train step already
+    filled the buffers with `version` (then the sync is one call, the engines' receive)."""
     trainers, rollouts = _names(groups)
     serving = list(range(len(groups.rollouts))) if serving is None else serving
-    pushed = get([tr.push_weights.remote() for tr in groups.trainers], timeout_s,
-                 f"weight sync to version {version} (trainer buffers)", trainers)
+    if pushed is None:
+        pushed = get([tr.push_weights.remote() for tr in groups.trainers], timeout_s,
+                     f"weight sync to version {version} (trainer buffers)", trainers)
     pulled = get([groups.rollouts[i].pull_weights.remote(version) for i in serving], timeout_s,
                  f"weight sync to version {version} (engines)", [rollouts[i] for i in serving])
     return pushed + pulled

@@ -268,10 +268,11 @@ class Driver(WeightSync):
                 results = get(train_refs, cfg.trainer.step_timeout_s, f"train step {step + 1}",
                               [f"trainer rank {i}" for i in range(len(train_refs))])
                 train_refs = []
+                pushed = [r.pop("weights_pushed") for r in results] if "weights_pushed" in results[0] else None
                 state.metrics.update(results[0])
                 if self.sleep_level:
                     state.metrics["wake_s"] = colocation.wake_engines(self.groups, get, cfg.rollout.weight_sync_timeout_s)
-                state.metrics.update(self.sync_weights(results[0]["version"]))
+                state.metrics.update(self.sync_weights(results[0]["version"], pushed))
                 now = time.perf_counter()
                 record = self.step_record(state, now - last_end, now - run_start, gen_tokens)
                 logger.log(record)
@@ -323,7 +324,9 @@ class Driver(WeightSync):
             "tokens_per_s": m.pop("train_tokens") / dt,
             "samples_per_s": m["batch_samples"] / dt,
             "gen_tokens_per_s": gen_tokens / dt,
-            "trainer_busy_frac": min(1.0, (m["train_time_s"] + m["sync_time_s"]) / dt),
+            # a colocated step also wrote the weights into the IPC buffer (sync_in_step)
+            "trainer_busy_frac": min(1.0, (m["train_time_s"] + m["sync_time_s"]
+                                           + m.get("sync_in_step", 0.0) * m.get("sync_send_s", 0.0)) / dt),
             "rollout_busy_frac": None if rollout_busy is None else min(1.0, rollout_busy),
             "generate_time_s": None if rollout_busy is None else rollout_busy * dt,  # per actor
             "elapsed_s": elapsed,

@@ -70,8 +70,14 @@ class TrainerRank:
         return [logprobs[(mb.sample_index == i) & mask].tolist() for i in range(len(pairs))]
 
     def train_step(self, micro_batches: list[MicroBatch], normalizer: float) -> dict:
+        """One optimizer step. Colocated, the new weights are also written into this rank's IPC
+        buffer before returning (`weights_pushed`, as `push_weights` returns it): the driver's
+        sync is then one call, the engines' receive."""
         lr = self.core.optimizer.param_groups[0]["lr"]  # the rate this step uses
         result = self.core.train_step(micro_batches, normalizer)
+        pushed = {}
+        if self.sender is not None and self.sender.ipc is not None:
+            pushed = {"weights_pushed": self.push_weights()}
         memory = {}
         if self.device == "cuda":
             free, total = torch.cuda.mem_get_info()
@@ -79,7 +85,7 @@ class TrainerRank:
                       "gpu_used_gib": (total - free) / 2**30}  # every process on this GPU
             if self.cfg.rollout.sleep_level:
                 free_cached_memory()  # the engine on this GPU wakes into the memory the step used
-        return {**result.metrics, **memory, "version": result.version, "lr": float(lr)}
+        return {**result.metrics, **memory, **pushed, "version": result.version, "lr": float(lr)}
 
     def sft_step(self, micro_batches: list[MicroBatch], global_loss_tokens: int) -> dict:
         lr = self.cfg.sft.lr if self.cfg.sft.lr is not None else self.core.optimizer.param_groups[0]["lr"]

@@ -59,20 +59,22 @@ class WeightSync:
                         "s" if len(joined) > 1 else "", ", ".join(map(str, joined)), self.version)
             self.hooks.engines_joined()
 
-    def sync_weights(self, version: int) -> dict[str, float]:
+    def sync_weights(self, version: int, pushed: list[dict] | None = None) -> dict[str, float]:
         """Push the trainer's weights to every serving engine as `version`; returns timing
         metrics. An engine that died leaves (the group is re-formed from the others, and the
-        sync retried once); nothing waits for its restart."""
-        return self._reform_and_sync(version, self.members.serving, self.members.reform)
+        sync retried once); nothing waits for its restart. `pushed`: the trainer ranks' results
+        when their step already wrote `version` into the IPC buffers (colocated)."""
+        return self._reform_and_sync(version, self.members.serving, self.members.reform, pushed)
 
-    def _reform_and_sync(self, version: int, actors: list[int], reform: bool = True) -> dict[str, float]:
+    def _reform_and_sync(self, version: int, actors: list[int], reform: bool = True,
+                         pushed: list[dict] | None = None) -> dict[str, float]:
         """(Re-form the group of `actors` and) sync `version` to them. A failure retries once
         without the engines that no longer answer; a trainer rank's death stops the run."""
         for attempt in (1, 2):
             try:
                 if reform:
                     self.init_weight_group(actors)
-                return self._sync(version, actors)
+                return self._sync(version, actors, pushed)
             except RunError as exc:
                 if attempt == 2 or (isinstance(exc, ActorDied) and any(d.startswith("trainer") for d in exc.dead)):
                     raise  # only engines can be replaced
@@ -105,7 +107,7 @@ class WeightSync:
             log.warning("rollout actor %d died at version %d: %d engine(s) serve on while Ray restarts it", actor,
                         self.version, len(self.members.serving))
 
-    def _sync(self, version: int, actors: list[int]) -> dict[str, float]:
+    def _sync(self, version: int, actors: list[int], pushed: list[dict] | None = None) -> dict[str, float]:
         g = self.groups
         start = time.perf_counter()
         timeout = self.cfg.rollout.weight_sync_timeout_s
@@ -114,7 +116,7 @@ class WeightSync:
             return {"sync_time_s": 0.0, "sync_gb_per_s": 0.0, "sync_send_s": 0.0}
         try:
             if self.colocated:
-                out = colocation.sync_ipc(g, version, get, timeout, actors)
+                out = colocation.sync_ipc(g, version, get, timeout, actors, pushed)
             else:
                 out = get([tr.push_weights.remote() for tr in g.trainers]
                           + [g.rollouts[i].pull_weights.remote(version) for i in actors], timeout,
@@ -127,7 +129,9 @@ class WeightSync:
         elapsed = time.perf_counter() - start
         sent = out[0]["sync_bytes"]
         metrics = {"sync_time_s": elapsed, "sync_gb_per_s": sent / max(elapsed, 1e-9) / 1e9,
-                   "sync_send_s": out[0]["sync_send_s"]}
+                   "sync_send_s": out[0]["sync_send_s"],
+                   # the send ran inside the train step (colocated): sync_time_s is the receive alone
+                   "sync_in_step": float(pushed is not None)}
         engine = out[len(g.trainers)]
         metrics.update({k: float(v) for k, v in engine.items() if k in ("sync_engine_s", "sync_worker_s")})
         metrics.update(self.check_canary(version, actors))

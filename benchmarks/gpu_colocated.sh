@@ -5,13 +5,15 @@
 # time and memory for the Qwen3-4B shape. Usage: bash benchmarks/gpu_colocated.sh OUT_DIR [PARTS]
 # PARTS: any of test, avs, sleep, 4b (default: all four). TEST_K picks the GPU tests (default: the
 # async one; the sleep part runs the sleep schedule through the CLI). AVS_OFF: the
-# max_off_policy_steps values of the avs part (default "0 1 2"), one CLI run each.
+# max_off_policy_steps values of the avs part (default "0 1 2"), one CLI run each. EAGER=false
+# runs the engine with CUDA graphs (start-up compiles for a minute or two); AVS_TOKENS sets
+# max_new_tokens of the avs and sleep parts (default 256).
 set -uo pipefail
 OUT=${1:?output dir}; PARTS=${2:-"test avs sleep 4b"}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0
 G="model=qwen3_06b_char rollout.engine=vllm trainer.gpus_per_rank=1 rollout.gpus_per_actor=1 cluster.num_gpus=1
-   trainer.cpus_per_rank=4 rollout.cpus_per_actor=4 +rollout.engine_kwargs.enforce_eager=true
+   trainer.cpus_per_rank=4 rollout.cpus_per_actor=4 +rollout.engine_kwargs.enforce_eager=${EAGER:-true}
    +rollout.engine_kwargs.max_model_len=1024 trainer.lr=1e-4 checkpoint.save_final=false sft.warmup_steps=0"
 W=/tmp/rlcore-colocated
 if [[ $PARTS == *test* ]]; then
@@ -24,13 +26,13 @@ fi
 if [[ $PARTS == *avs* ]]; then
   A="--steps ${AVS_STEPS:-6} --warmup 2 --timeout ${AVS_TIMEOUT:-300} --out $W/avs"
   # shellcheck disable=SC2086
-  python benchmarks/async_vs_sync.py $A --off-policy ${AVS_OFF:-0 1 2} -- $G rollout.sampling.max_new_tokens=256 \
+  python benchmarks/async_vs_sync.py $A --off-policy ${AVS_OFF:-0 1 2} -- $G rollout.sampling.max_new_tokens=${AVS_TOKENS:-256} \
     2>&1 | tee "$OUT/avs.log"
   for k in 0 1 2; do cp $W/avs/off$k/metrics.jsonl "$OUT/avs_off${k}.jsonl" 2>/dev/null; done
 fi
 if [[ $PARTS == *sleep* ]]; then
   python benchmarks/async_vs_sync.py --steps "${AVS_STEPS:-6}" --warmup 2 --timeout "${AVS_TIMEOUT:-300}" --out $W/avs/sleep \
-    --off-policy 0 -- $G rollout.sampling.max_new_tokens=256 rollout.sleep_level=2 2>&1 | tee "$OUT/avs_sleep.log"
+    --off-policy 0 -- $G rollout.sampling.max_new_tokens=${AVS_TOKENS:-256} rollout.sleep_level=2 2>&1 | tee "$OUT/avs_sleep.log"
   cp $W/avs/sleep/off0/metrics.jsonl "$OUT/avs_sleep_off0.jsonl" 2>/dev/null
 fi
 if [[ $PARTS == *4b* ]]; then
