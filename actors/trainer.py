@@ -32,6 +32,9 @@ class TrainerRank:
         torch.set_num_threads(max(1, int(cfg.trainer.cpus_per_rank)))
         self.core: TrainerCore | None = None
         self.sender: TrainerSender | None = None
+        # aliases of the parameters a colocated one-rank sync reads (None: not built, or this
+        # rank does not hold every parameter whole); a checkpoint load rebuilds them
+        self._whole: list[tuple[str, torch.Tensor]] | None = None
 
     def address(self) -> tuple[str, int]:
         """Where this rank can host a rendezvous (called on rank 0)."""
@@ -99,6 +102,7 @@ class TrainerRank:
 
     def load_checkpoint(self, path: str) -> int:
         """Load a checkpoint saved at any trainer world size (collective); returns its version."""
+        self._whole = None  # the load may have replaced the parameters' storage
         return load_trainer(self.core, path)
 
     def export_hf(self, out_dir: str) -> str | None:
@@ -113,8 +117,16 @@ class TrainerRank:
                                 dtype=self.cfg.model.dtype))
 
     def push_weights(self) -> dict:
-        """Gather full parameters (all ranks) and broadcast them from rank 0, bucket by bucket."""
+        """Gather full parameters (all ranks) and broadcast them from rank 0, bucket by bucket
+        (colocated: every rank writes its IPC buffer; one rank that holds the whole model reads
+        its parameters' storage directly, `TrainerCore.whole_parameters`)."""
         start = time.perf_counter()
+        if self.sender is not None and self.sender.ipc is not None and self.world_size == 1:
+            if self._whole is None:
+                self._whole = self.core.whole_parameters()
+            if self._whole is not None:
+                sent = self.sender.send(iter(self._whole))
+                return {"sync_bytes": sent, "sync_send_s": time.perf_counter() - start}
         params = self.core.full_parameters()
         sent = 0
         try:

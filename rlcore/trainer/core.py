@@ -194,6 +194,11 @@ class TrainerCore:
         over ep, LoRA merged). Collective: every rank must iterate fully."""
         yield from export.full_parameters(self.model)
 
+    def whole_parameters(self) -> list[tuple[str, torch.Tensor]] | None:
+        """`full_parameters` as aliases of this rank's storage when it holds every parameter
+        whole (see `export.whole_parameters`); None otherwise."""
+        return export.whole_parameters(self.model)
+
     def parameter_metas(self) -> list[tuple[str, tuple[int, ...], str]]:
         """(name, full shape, dtype) of every parameter, in `full_parameters` order."""
         return export.parameter_metas(self.model)
