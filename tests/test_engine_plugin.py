@@ -90,10 +90,10 @@ BASE = ["rollout.engine=recompute", "rollout.sampling.max_new_tokens=6"]
 
 def test_validation_knows_the_plugin_and_checks_switches_it_lacks():
     assert problems(compose(BASE)) == []
-    keys = dict(problems(compose([*BASE, "rollout.quantization=fp8"])))
-    assert "rollout.engine=vllm" in keys["rollout.quantization"]  # the engine that serves FP8 is named
-    keys = dict(problems(compose([*BASE, "rollout.sleep_level=1"])))
-    assert "rollout.sleep_level" in keys
+    keys = dict(problems(compose([*BASE, "rollout.vllm.quantization=fp8"])))
+    assert "rollout.engine=vllm" in keys["rollout.vllm.quantization"]  # the engine that serves FP8 is named
+    keys = dict(problems(compose([*BASE, "rollout.vllm.sleep_level=1"])))
+    assert "rollout.vllm.sleep_level" in keys
     unknown = dict(problems(compose(["rollout.engine=nope"])))["rollout.engine"]
     assert "'recompute'" in unknown and "'vllm'" in unknown
     # colocated placement needs the ipc transport, which this engine does not take
