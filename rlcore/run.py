@@ -102,7 +102,7 @@ def compose(overrides: list[str]) -> RunConfig:
         raise ConfigError(*found[0], more=found[1:])
     obj: RunConfig = OmegaConf.to_object(cfg)
     obj.recipe = recipe
-    typed = [(k, f"{m}: set the engine or drop it") for k, m in inert_options(obj) if _typed(k, overrides)]
+    typed = [(k, f"{m}: drop it or select that engine") for k, m in inert_options(obj) if _typed(k, overrides)]
     if typed:  # set on this command line for an engine the run does not use: a mistake
         raise ConfigError(*typed[0], more=typed[1:])
     use_checkpoint_model(obj, explicit_model_keys(overrides))

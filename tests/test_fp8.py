@@ -28,7 +28,7 @@ GPU = ["trainer.gpus_per_rank=1", "rollout.engine=vllm", "rollout.gpus_per_actor
 @pytest.mark.parametrize("overrides,key,text", [
     (["trainer.fp8=tensorwise"], "trainer.fp8", "need a Hopper GPU"),
     (["trainer.fp8=fp4"], "trainer.fp8", "unknown FP8 recipe"),
-    (["rollout.vllm.quantization=fp8"], "rollout.vllm.quantization", "needs rollout.engine=vllm"),
+    (["rollout.vllm.quantization=fp8"], "rollout.vllm.quantization", "an option of the vllm engine (rollout.engine=vllm)"),
     ([*GPU, "rollout.vllm.quantization=int3"], "rollout.vllm.quantization", "unknown quantization"),
     ([*GPU, "rollout.vllm.quantization=fp8", "rollout.vllm.weight_reload=direct"], "rollout.vllm.weight_reload", "layerwise"),
     ([*GPU, "+rollout.vllm.engine_kwargs.reload=direct"], "rollout.vllm.engine_kwargs.reload", "rollout.vllm.weight_reload"),

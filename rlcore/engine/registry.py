@@ -205,8 +205,8 @@ def inert_options(cfg: RunConfig) -> list[tuple[str, str]]:
             if spec.section is None or spec.name == group.engine or spec.section == engine_spec(group.engine).section:
                 continue
             for name in _changed(getattr(group, spec.section)):
-                out.append((f"{prefix}.{spec.section}.{name}", f"an option of the {spec.name} engine, but "
-                            f"{prefix}.engine={group.engine}"))
+                out.append((f"{prefix}.{spec.section}.{name}", f"an option of the {spec.name} engine "
+                            f"({prefix}.engine={spec.name}), not of {prefix}.engine={group.engine}"))
     return out
 
 
