@@ -237,7 +237,7 @@ def test_a_gpu_teacher_shares_the_one_gpu_with_colocated_trainer_and_engine():
 
 
 @pytest.mark.parametrize("overrides,key", [
-    (["teacher.engine=hf"], "teacher.engine"),  # the recipe's teacher.vllm.* stays, inert (a warning)
+    (["teacher.engine=hf", "~teacher.vllm.engine_kwargs.gpu_memory_utilization"], "teacher.engine"),
     (["teacher.num_actors=2"], "teacher.num_actors"),
     (["teacher.gpus_per_actor=1", "placement=colocated"], "teacher.gpus_per_actor"),
     (["teacher.vllm.engine_kwargs.gpu_memory_utilization=0.03",  # 4B bf16 weights do not fit in 4.2 GiB
