@@ -25,6 +25,11 @@ ENGINE_GROUPS = ("rollout", "teacher")
 """Sections that hold one section per engine (`rollout.vllm`, `teacher.hf`, ...)."""
 
 
+def _section_options() -> list[str]:
+    """`vllm.sleep_level`, ...: every engine's options, as keys below `rollout` / `teacher`."""
+    return [f"{section}.{f.name}" for section, options in sections().values() for f in dataclasses.fields(options)]
+
+
 def moved_key(dotted: str, schema: DictConfig) -> str | None:
     """`rollout.X[.rest]` where X is not a key of `rollout` but an option of an engine's section:
     "moved to rollout.<section>.X[.rest]" (each engine that has X named); None otherwise."""
@@ -57,7 +62,8 @@ def unknown_key(dotted: str, schema: DictConfig | None = None) -> str | None:
             return f"{'.'.join(done)} is a value, not a section"
         if part not in node:
             prefix = ".".join(done) + "." if done else ""
-            return f"unknown key{' in ' + '.'.join(done) if done else ''}{_nearest(part, node.keys(), prefix)}"
+            choices = list(node.keys()) + (_section_options() if len(done) == 1 and done[0] in ENGINE_GROUPS else [])
+            return f"unknown key{' in ' + '.'.join(done) if done else ''}{_nearest(part, choices, prefix)}"
         done.append(part)
         node = node._get_node(part)
     return None

@@ -27,6 +27,7 @@ def errors(capsys) -> list[str]:
     ("+trainer.lrr=0.1", "trainer.lrr: unknown key in trainer; did you mean 'trainer.lr'?"),
     ("++rollout.sampling.temprature=0.5", "rollout.sampling.temprature: unknown key in rollout.sampling; "
                                           "did you mean 'rollout.sampling.temperature'?"),
+    ("rollout.sleep_levl=1", "rollout.sleep_levl: unknown key in rollout; did you mean 'rollout.vllm.sleep_level'?"),
     ("env.args.instrucion=Reverse", "env.args.instrucion: not an argument of environment 'reverse_text'; "
                                     "did you mean 'env.args.instruction'?"),
 ])

@@ -18,7 +18,7 @@ from rlcore.config import AlgoConfig
 from rlcore.models.tokenizer import char_tokenizer
 from rlcore.packing import make_micro_batch
 from rlcore.run import compose, main
-from rlcore.teacher import config_problems, teacher_model_config
+from rlcore.teacher import config_problems, teacher_model_config, teacher_run_config
 from rlcore.types import Group, Sample, Task
 
 
@@ -197,6 +197,21 @@ def test_shared_gpu_vllm_teacher_needs_a_memory_share():
     assert keys == ["teacher.vllm.engine_kwargs.gpu_memory_utilization"]
     keys = [k for k, _ in config_problems(compose(base + ["teacher.vllm.tensor_parallel_size=2"]))]
     assert keys == ["teacher.gpus_per_actor"]
+
+
+def test_a_vllm_teacher_reads_its_own_section_and_leaves_the_rollout_only_options_alone():
+    base = ["teacher.enabled=true", "teacher.engine=vllm", "teacher.gpus_per_actor=1",
+            "+teacher.vllm.engine_kwargs.max_model_len=512", "rollout.engine=vllm", "rollout.gpus_per_actor=1",
+            "rollout.vllm.sleep_level=2", "+rollout.vllm.engine_kwargs.max_model_len=2048"]
+    cfg = compose(base)
+    assert config_problems(cfg) == []
+    view = teacher_run_config(cfg).rollout  # what the teacher's engine is built from
+    assert view.engine == "vllm" and view.vllm.engine_kwargs == {"max_model_len": 512}
+    assert view.vllm.sleep_level == 0  # the teacher's own section, not the student's
+    for option in ("sleep_level=1", "quantization=fp8", "weight_reload=layerwise", "kv_on_update=recompute"):
+        key = "teacher.vllm." + option.partition("=")[0]
+        found = dict(config_problems(compose([*base, "teacher.vllm." + option])))
+        assert "never receives weights" in found[key], found
 
 
 def test_distillation_keeps_groups_with_equal_rewards():
