@@ -5,9 +5,16 @@ rollout and teacher actors and the weight transport (`actors/`) read an engine's
 :class:`EngineSpec` and never branch on its name. The class is named by its import path, so this
 module (and validation) stays free of torch: the class is imported only where an engine is built.
 
-Adding an engine (SGLang, say): write a :class:`rlcore.engine.base.RolloutEngine` in its own
-module or folder, and add one :class:`EngineSpec` line to ``_BUILT_IN`` below (a test or an
-out-of-tree plug-in may call :func:`register_engine` instead).
+Each engine reads its options from its own config section (`rollout.vllm.*`, `rollout.hf.*`, and
+the same under `teacher.*`): the spec names the section's attribute and dataclass, and the
+helpers below (`engine_options`, `option`, `tensor_parallel_size`, `sleep_level`, `memory_share`)
+let the rest of rlcore ask the selected engine's section without knowing which engine it is.
+
+Adding an engine (SGLang, say): write a :class:`rlcore.engine.base.RolloutEngine` (and its
+options dataclass) in its own module or folder, and add one :class:`EngineSpec` line to
+``_BUILT_IN`` below (a test or an out-of-tree plug-in calls :func:`register_engine` instead).
+Either way :func:`register_engine` adds the section to the schema; vllm's and hf's are also
+declared in `RolloutConfig` / `TeacherConfig`, where readers of the schema look for them.
 """
 
 from __future__ import annotations
@@ -66,7 +73,7 @@ _BUILT_IN = (
                transports=("nccl", "ipc"), needs_gpu=True, memory_share_kwarg="gpu_memory_utilization",
                rollout_only=("weight_reload", "kv_on_update", "quantization", "sleep_level"), problems=vllm_problems),
 )
-_ENGINES: dict[str, EngineSpec] = {spec.name: spec for spec in _BUILT_IN}
+_ENGINES: dict[str, EngineSpec] = {}
 
 
 def register_engine(spec: EngineSpec) -> EngineSpec:
@@ -80,9 +87,16 @@ def register_engine(spec: EngineSpec) -> EngineSpec:
         raise ValueError(f"engine {spec.name!r}: section and options go together, options a dataclass")
     if spec.section is not None:
         for holder in (RolloutConfig, TeacherConfig):
+            taken = {f.name: f.default_factory for f in fields(holder)}
+            if taken.get(spec.section, spec.options) is not spec.options:
+                raise ValueError(f"engine {spec.name!r}: {holder.__name__}.{spec.section} is already another key")
             add_section(holder, spec.section, spec.options)
     _ENGINES[spec.name] = spec
     return spec
+
+
+for _spec in _BUILT_IN:
+    register_engine(_spec)
 
 
 def engine_names() -> list[str]:
