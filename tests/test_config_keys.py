@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from rlcore.run import compose, main
+from rlcore.engine.registry import inert_options
+from rlcore.run import compose, main, recipes
 from rlcore.validate import ConfigError, validate
 
 REPO = Path(__file__).resolve().parent.parent
@@ -198,3 +199,9 @@ def test_another_engines_option_is_refused_on_the_command_line_and_warned_from_a
                               "(rollout.engine=vllm), not of rollout.engine=hf: ignored"]
     run.warn_inert(compose(["+recipe=math_qwen3"]))  # its own engine: nothing to say
     assert errors(capsys) == []
+
+
+@pytest.mark.parametrize("recipe", recipes())
+def test_every_recipe_composes_with_its_engines_own_sections(recipe):
+    """No recipe carries a flat engine key (refused above) or options of an engine it does not select."""
+    assert inert_options(compose([f"+recipe={recipe}"])) == []
