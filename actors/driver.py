@@ -28,6 +28,7 @@ from rlcore import samples
 from rlcore.buffer import Accounting, RolloutBuffer
 from rlcore.checkpoint import latest_checkpoint
 from rlcore.config import RunConfig
+from rlcore.engine.registry import sleep_level
 from rlcore.envs import make_env
 from rlcore.failures import FailureLog, NoProgress
 from rlcore.metrics import MetricsLogger
@@ -92,7 +93,7 @@ class Driver(WeightSync):
         # renders the canary's task prompts and decodes the samples table (logger.samples_every)
         self.tokenizer = build_tokenizer(cfg.model)
         self.colocated = cfg.placement == "colocated"
-        self.sleep_level = cfg.rollout.sleep_level if self.colocated else 0
+        self.sleep_level = sleep_level(cfg.rollout) if self.colocated else 0
 
     # -- setup ---------------------------------------------------------------------------------
     def setup(self) -> None:

@@ -12,7 +12,7 @@ from actors.logs import redirect_output
 from actors.weight_transport import TrainerSender
 from rlcore.checkpoint import load_trainer, save_trainer
 from rlcore.config import RunConfig
-from rlcore.engine.registry import weight_transport
+from rlcore.engine.registry import sleep_level, weight_transport
 from rlcore.engine.vllm_colocated import free_cached_memory
 from rlcore.export import write_hf_dir
 from rlcore.packing import MicroBatch, make_micro_batch
@@ -86,7 +86,7 @@ class TrainerRank:
             free, total = torch.cuda.mem_get_info()
             memory = {"trainer_peak_gib": torch.cuda.max_memory_reserved() / 2**30,
                       "gpu_used_gib": (total - free) / 2**30}  # every process on this GPU
-            if self.cfg.rollout.sleep_level:
+            if sleep_level(self.cfg.rollout):
                 free_cached_memory()  # the engine on this GPU wakes into the memory the step used
         return {**result.metrics, **memory, **pushed, "version": result.version, "lr": float(lr)}
 

@@ -15,8 +15,8 @@ shift
 mkdir -p "$OUT"
 M="model=qwen3_06b_char model.arch.max_position_embeddings=4096"
 G="trainer.gpus_per_rank=1 trainer.cpus_per_rank=4 rollout.engine=vllm rollout.gpus_per_actor=1
-   rollout.cpus_per_actor=4 +rollout.engine_kwargs.gpu_memory_utilization=0.6
-   +rollout.engine_kwargs.max_model_len=2048 rollout.tasks_per_request=8 rollout.max_requests_per_actor=8
+   rollout.cpus_per_actor=4 +rollout.vllm.engine_kwargs.gpu_memory_utilization=0.6
+   +rollout.vllm.engine_kwargs.max_model_len=2048 rollout.tasks_per_request=8 rollout.max_requests_per_actor=8
    algo.batch_groups=16 algo.group_size=8 trainer.micro_batch_tokens=16384 trainer.lr=${LR:-1e-5}
    checkpoint.save_final=false sft.warmup_steps=0 rollout.sampling.max_new_tokens=256"
 PAD_ARG=()

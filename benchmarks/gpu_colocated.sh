@@ -13,8 +13,8 @@ OUT=${1:?output dir}; PARTS=${2:-"test avs sleep 4b"}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0
 G="model=qwen3_06b_char rollout.engine=vllm trainer.gpus_per_rank=1 rollout.gpus_per_actor=1 cluster.num_gpus=1
-   trainer.cpus_per_rank=4 rollout.cpus_per_actor=4 +rollout.engine_kwargs.enforce_eager=${EAGER:-true}
-   +rollout.engine_kwargs.max_model_len=1024 trainer.lr=1e-4 checkpoint.save_final=false sft.warmup_steps=0"
+   trainer.cpus_per_rank=4 rollout.cpus_per_actor=4 +rollout.vllm.engine_kwargs.enforce_eager=${EAGER:-true}
+   +rollout.vllm.engine_kwargs.max_model_len=1024 trainer.lr=1e-4 checkpoint.save_final=false sft.warmup_steps=0"
 W=/tmp/rlcore-colocated
 if [[ $PARTS == *test* ]]; then
   timeout 300 python -m pytest -m gpu tests/gpu/test_colocated.py -k "${TEST_K:-async}" -x -v -s \
@@ -32,7 +32,7 @@ if [[ $PARTS == *avs* ]]; then
 fi
 if [[ $PARTS == *sleep* ]]; then
   python benchmarks/async_vs_sync.py --steps "${AVS_STEPS:-6}" --warmup 2 --timeout "${AVS_TIMEOUT:-300}" --out $W/avs/sleep \
-    --off-policy 0 -- $G rollout.sampling.max_new_tokens=${AVS_TOKENS:-256} rollout.sleep_level=2 2>&1 | tee "$OUT/avs_sleep.log"
+    --off-policy 0 -- $G rollout.sampling.max_new_tokens=${AVS_TOKENS:-256} rollout.vllm.sleep_level=2 2>&1 | tee "$OUT/avs_sleep.log"
   cp $W/avs/sleep/off0/metrics.jsonl "$OUT/avs_sleep_off0.jsonl" 2>/dev/null
 fi
 if [[ $PARTS == *4b* ]]; then

@@ -16,11 +16,11 @@ W=/tmp/rlcore-gpu
 python -m rlcore.run steps=12 output_dir=$W/distill model=qwen3_06b_char sft.warmup_steps=0 \
   trainer.gpus_per_rank=1 trainer.cpus_per_rank=4 trainer.lr=1e-5 cluster.num_gpus=1 \
   rollout.engine=vllm rollout.gpus_per_actor=1 rollout.cpus_per_actor=4 \
-  +rollout.engine_kwargs.max_model_len=1024 +rollout.engine_kwargs.enforce_eager=true \
+  +rollout.vllm.engine_kwargs.max_model_len=1024 +rollout.vllm.engine_kwargs.enforce_eager=true \
   rollout.sampling.max_new_tokens=256 \
   teacher.enabled=true teacher.engine=vllm teacher.gpus_per_actor=0.2 teacher.cpus_per_actor=4 \
-  teacher.dtype=bfloat16 +teacher.engine_kwargs.gpu_memory_utilization=0.15 \
-  +teacher.engine_kwargs.max_model_len=1024 +teacher.engine_kwargs.enforce_eager=true \
+  teacher.dtype=bfloat16 +teacher.vllm.engine_kwargs.gpu_memory_utilization=0.15 \
+  +teacher.vllm.engine_kwargs.max_model_len=1024 +teacher.vllm.engine_kwargs.enforce_eager=true \
   '+teacher.arch={model_type: qwen3, hidden_size: 2560, intermediate_size: 9728, num_hidden_layers: 36, num_attention_heads: 32, num_key_value_heads: 8, head_dim: 128, max_position_embeddings: 2048, tie_word_embeddings: true}' \
   teacher.kl_coef=1.0 teacher.reward_coef=0.0 \
   checkpoint.save_final=false logger.console=false 2>&1 | grep -v -e FutureWarning -e forward_call > "$OUT/distill.log"

@@ -8,8 +8,8 @@ OUT=${1:?output dir}
 mkdir -p "$OUT"
 M="model=qwen3_06b_char"
 G="trainer.gpus_per_rank=1 trainer.cpus_per_rank=4 rollout.engine=vllm rollout.gpus_per_actor=1
-   rollout.cpus_per_actor=4 +rollout.engine_kwargs.enforce_eager=true
-   +rollout.engine_kwargs.gpu_memory_utilization=0.6 +rollout.engine_kwargs.max_model_len=1024
+   rollout.cpus_per_actor=4 +rollout.vllm.engine_kwargs.enforce_eager=true
+   +rollout.vllm.engine_kwargs.gpu_memory_utilization=0.6 +rollout.vllm.engine_kwargs.max_model_len=1024
    trainer.lr=1e-4 checkpoint.save_final=false sft.warmup_steps=0"
 W=/tmp/rlcore-gpu
 python -m rlcore.run steps=8 algo.max_off_policy_steps=1 output_dir=$W/e2e $M $G logger.console=false \

@@ -43,8 +43,8 @@ bench() {
 
 M="model=qwen3_06b_char"
 G="trainer.gpus_per_rank=1 trainer.cpus_per_rank=4 rollout.engine=vllm rollout.gpus_per_actor=1
-   rollout.cpus_per_actor=4 +rollout.engine_kwargs.enforce_eager=true
-   +rollout.engine_kwargs.gpu_memory_utilization=0.6 +rollout.engine_kwargs.max_model_len=1024
+   rollout.cpus_per_actor=4 +rollout.vllm.engine_kwargs.enforce_eager=true
+   +rollout.vllm.engine_kwargs.gpu_memory_utilization=0.6 +rollout.vllm.engine_kwargs.max_model_len=1024
    trainer.lr=1e-4 checkpoint.save_final=false sft.warmup_steps=0 logger.console=false"
 
 e2e() {
@@ -53,9 +53,9 @@ e2e() {
   : > "$OUT/e2e.log"
   for run in ${RUNS:-rollout_fp8 trainer_fp8}; do
     case $run in
-      rollout_fp8) X="rollout.quantization=fp8" ;;
+      rollout_fp8) X="rollout.vllm.quantization=fp8" ;;
       trainer_fp8) X="trainer.fp8=tensorwise" ;;
-      both_fp8) X="rollout.quantization=fp8 trainer.fp8=tensorwise" ;;
+      both_fp8) X="rollout.vllm.quantization=fp8 trainer.fp8=tensorwise" ;;
       *) echo "unknown run $run (rollout_fp8, trainer_fp8, both_fp8)" >&2; exit 2 ;;
     esac
     # shellcheck disable=SC2086

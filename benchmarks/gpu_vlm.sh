@@ -22,8 +22,8 @@ M="model.arch.text_config.hidden_size=512 model.arch.text_config.intermediate_si
    model.arch.vision_config.out_hidden_size=512 model.arch.vision_config.hidden_size=256
    model.arch.vision_config.num_heads=4"
 G="trainer.gpus_per_rank=1 trainer.cpus_per_rank=4 rollout.engine=vllm rollout.gpus_per_actor=1
-   rollout.cpus_per_actor=4 +rollout.engine_kwargs.enforce_eager=true
-   +rollout.engine_kwargs.gpu_memory_utilization=0.5 +rollout.engine_kwargs.max_model_len=512
+   rollout.cpus_per_actor=4 +rollout.vllm.engine_kwargs.enforce_eager=true
+   +rollout.vllm.engine_kwargs.gpu_memory_utilization=0.5 +rollout.vllm.engine_kwargs.max_model_len=512
    trainer.lr=1e-4 checkpoint.save_final=false"
 W=/tmp/rlcore-gpu-vlm
 rm -rf "$W"

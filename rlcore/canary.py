@@ -25,6 +25,7 @@ from typing import Sequence
 
 import torch
 
+from rlcore.engine.registry import quantization
 from rlcore.envs.render import render_prompt
 
 DEFAULT_MAX_GAP = 1.0
@@ -32,7 +33,7 @@ DEFAULT_MAX_GAP = 1.0
 DEFAULT_MEAN_GAP = 0.1
 """Nats, averaged over all canary tokens."""
 FP8_MAX_GAP = 2.0
-"""Nats; the max bound when either side runs FP8 (``rollout.quantization`` or ``trainer.fp8``)."""
+"""Nats; the max bound when either side runs FP8 (``rollout.vllm.quantization`` or ``trainer.fp8``)."""
 FP8_MEAN_GAP = 0.25
 """Nats; the mean bound with FP8."""
 CHECKPOINT_MAX_GAP = 2.0
@@ -43,7 +44,7 @@ CHECKPOINT_MEAN_GAP = 0.25
 
 def uses_fp8(cfg) -> bool:
     """Whether the engines or the trainer run FP8 matmuls (a :class:`rlcore.config.RunConfig`)."""
-    return bool(cfg.rollout.quantization) or getattr(cfg.trainer, "fp8", "none") != "none"
+    return bool(quantization(cfg.rollout)) or getattr(cfg.trainer, "fp8", "none") != "none"
 
 
 def canary_limits(cfg) -> tuple[float, float]:

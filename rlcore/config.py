@@ -12,6 +12,7 @@ from typing import Any, Optional
 
 from omegaconf import MISSING
 
+from rlcore.config_engines import HFOptions, VLLMOptions
 from rlcore.config_lifecycle import CheckpointConfig, EvalConfig, LoggerConfig, SFTConfig
 from rlcore.config_teacher import TeacherConfig
 
@@ -129,15 +130,14 @@ class RolloutConfig:
     """The rollout group: engines and how they are placed."""
 
     engine: str = "hf"
-    """`hf` (transformers engine, CPU or GPU) or `vllm` (GPU only): a name in `rlcore/engine/registry.py`."""
+    """`hf` (transformers engine, CPU or GPU) or `vllm` (GPU only): a name in `rlcore/engine/registry.py`;
+    the engine reads its own section (`rollout.vllm.*`, `rollout.hf.*`)."""
     num_actors: int = 1
     """Number of rollout actors (data-parallel engine replicas)."""
     cpus_per_actor: float = 1.0
     """CPUs reserved in each rollout bundle."""
     gpus_per_actor: float = 0.0
     """GPUs reserved in each rollout bundle."""
-    tensor_parallel_size: int = 1
-    """Tensor parallelism inside one vLLM engine."""
     tasks_per_request: int = 4
     """Tasks (prompts) sent to an actor in one generate call; each expands to `algo.group_size`."""
     max_requests_per_actor: int = 2
@@ -153,19 +153,8 @@ class RolloutConfig:
     """Timeout of every weight-sync collective."""
     sync_bucket_mb: float = 256.0
     """Size of one weight-sync bucket in MiB."""
-    weight_reload: str = "auto"
-    """vLLM receive path: `direct` (buckets copied straight into the parameters between two
-    engine steps, no pause), `layerwise` (vLLM's reload; needed when weights are processed after
-    loading, e.g. quantised) or `auto` (direct, layerwise with `quantization`)."""
-    kv_on_update: str = "keep"
-    """KV cache of vLLM requests in flight at a weight update: `keep` (continue on the new weights
-    with the KV computed so far; new requests never reuse older versions' prefix cache) or
-    `recompute` (preempt and recompute their prefix under the new weights)."""
     max_restarts: int = 3
     """Times Ray restarts a dead rollout actor (it then rejoins the weight group); -1 = always."""
-    engine_kwargs: dict[str, Any] = field(default_factory=dict)
-    """Extra engine arguments (vLLM `AsyncEngineArgs`, e.g. enforce_eager, gpu_memory_utilization,
-    max_model_len); ignored by the hf engine."""
     canary_prompts: int = 4
     """Fixed prompts (16 + 16 random tokens) whose engine vs trainer logprobs are compared after
     every sync; 0 disables the canary."""
@@ -174,17 +163,13 @@ class RolloutConfig:
     stops. null = 1.0, or 2.0 with FP8 or a real checkpoint (`rlcore.canary.canary_limits`)."""
     canary_mean_gap: Optional[float] = None
     """Largest mean per-token gap (nats) a sync may leave; null = 0.1, or 0.25 with FP8 or a real checkpoint."""
-    quantization: Optional[str] = None
-    """vLLM online weight quantization of the rollout engines: null (bf16) or `fp8` (weights
-    re-quantized on every sync, dynamic per-token activation scales; vLLM on Hopper/Ada only)."""
-    sleep_level: int = 0
-    """Colocated vLLM engines only: 0 keeps the engine resident beside the trainer (asynchronous
-    schedules overlap decoding with training); 1 (weights offloaded to CPU) or 2 (weights dropped,
-    refilled by the next sync) puts the engine to sleep while the trainer steps, freeing its GPU
-    memory for models that do not fit beside the trainer (synchronous schedule only)."""
     request_seeds: bool = True
     """Seed each generate request from (seed, task index) so sampling does not depend on thread or
     actor interleaving (synchronous runs and their resumes are exact); false uses each engine's RNG."""
+    vllm: VLLMOptions = field(default_factory=VLLMOptions)
+    """Options of the vllm engine (`rollout.vllm.*`); read only when rollout.engine=vllm."""
+    hf: HFOptions = field(default_factory=HFOptions)
+    """Options of the hf engine (`rollout.hf.*`); read only when rollout.engine=hf."""
 
 
 @dataclass
@@ -337,6 +322,7 @@ __all__ = [
     "ClusterConfig",
     "EnvConfig",
     "EvalConfig",
+    "HFOptions",
     "LoggerConfig",
     "ModelConfig",
     "RolloutConfig",
@@ -345,4 +331,5 @@ __all__ = [
     "SFTConfig",
     "TeacherConfig",
     "TrainerConfig",
+    "VLLMOptions",
 ]

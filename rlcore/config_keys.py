@@ -2,12 +2,15 @@
 :class:`rlcore.config.RunConfig`, and every `env.args` key must be an argument of the chosen
 environment's constructor. A misspelt key is reported with the nearest valid one (difflib).
 
-Free-form mappings (`model.arch`, `model.processor`, `rollout.engine_kwargs`, `env.args.env_kwargs`)
-are passed through to transformers / vLLM / the user's code and are not checked here.
+Free-form mappings (`model.arch`, `model.processor`, `rollout.vllm.engine_kwargs`, `env.args.env_kwargs`)
+are passed through to transformers / vLLM / the user's code and are not checked here. An engine's
+option written at the top of `rollout` / `teacher` (the old flat `rollout.sleep_level`) is refused
+with the key it moved to (`rollout.vllm.sleep_level`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import inspect
 from typing import Any
@@ -15,8 +18,28 @@ from typing import Any
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from rlcore.config import RunConfig
+from rlcore.engine.registry import sections
 
 ENV_ARGS = "env.args"
+ENGINE_GROUPS = ("rollout", "teacher")
+"""Sections that hold one section per engine (`rollout.vllm`, `teacher.hf`, ...)."""
+
+
+def _section_options() -> list[str]:
+    """`vllm.sleep_level`, ...: every engine's options, as keys below `rollout` / `teacher`."""
+    return [f"{section}.{f.name}" for section, options in sections().values() for f in dataclasses.fields(options)]
+
+
+def moved_key(dotted: str, schema: DictConfig) -> str | None:
+    """`rollout.X[.rest]` where X is not a key of `rollout` but an option of an engine's section:
+    "moved to rollout.<section>.X[.rest]" (each engine that has X named); None otherwise."""
+    group, _, rest = dotted.partition(".")
+    name = rest.partition(".")[0]
+    if group not in ENGINE_GROUPS or not name or name in schema[group]:
+        return None
+    homes = [f"{group}.{section}.{rest}" for section, options in sections().values()
+             if name in {f.name for f in dataclasses.fields(options)}]
+    return f"moved to {' or '.join(homes)} (an engine's own section)" if homes else None
 
 
 def _nearest(word: str, choices, prefix: str = "") -> str:
@@ -28,6 +51,9 @@ def unknown_key(dotted: str, schema: DictConfig | None = None) -> str | None:
     """Why `dotted` (e.g. `trainer.lr`) is not a key of the schema, or None when it is (keys
     below a free-form mapping, including `env.args`, are accepted here)."""
     node: Any = OmegaConf.structured(RunConfig) if schema is None else schema
+    moved = moved_key(dotted, node)
+    if moved:
+        return moved
     done: list[str] = []
     for part in dotted.split("."):
         if isinstance(node, ListConfig) or (isinstance(node, DictConfig) and OmegaConf.get_type(node) is dict):
@@ -36,7 +62,8 @@ def unknown_key(dotted: str, schema: DictConfig | None = None) -> str | None:
             return f"{'.'.join(done)} is a value, not a section"
         if part not in node:
             prefix = ".".join(done) + "." if done else ""
-            return f"unknown key{' in ' + '.'.join(done) if done else ''}{_nearest(part, node.keys(), prefix)}"
+            choices = list(node.keys()) + (_section_options() if len(done) == 1 and done[0] in ENGINE_GROUPS else [])
+            return f"unknown key{' in ' + '.'.join(done) if done else ''}{_nearest(part, choices, prefix)}"
         done.append(part)
         node = node._get_node(part)
     return None

@@ -9,6 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
+from rlcore.config_engines import HFOptions, VLLMOptions
+
 
 @dataclass
 class TeacherConfig:
@@ -29,17 +31,14 @@ class TeacherConfig:
     dtype: str = "float32"
     """Teacher weight dtype (`float32`, `bfloat16`, `float16`)."""
     engine: str = "hf"
-    """`hf` (transformers, CPU or GPU) or `vllm` (GPU); the teacher never receives weights."""
+    """`hf` (transformers, CPU or GPU) or `vllm` (GPU); it reads its own section (`teacher.vllm.*`,
+    `teacher.hf.*`); the teacher never receives weights."""
     num_actors: int = 1
     """Teacher engine replicas (one actor each, on the teacher placement group)."""
     cpus_per_actor: float = 1.0
     """CPUs reserved in each teacher bundle."""
     gpus_per_actor: float = 0.0
-    """GPUs reserved in each teacher bundle (0 = CPU; with the vllm engine >= tensor_parallel_size)."""
-    tensor_parallel_size: int = 1
-    """Tensor parallelism inside one vLLM teacher engine."""
-    engine_kwargs: dict[str, Any] = field(default_factory=dict)
-    """Extra vLLM `AsyncEngineArgs` of the teacher (e.g. gpu_memory_utilization, max_model_len)."""
+    """GPUs reserved in each teacher bundle (0 = CPU; with the vllm engine >= vllm.tensor_parallel_size)."""
     max_requests_per_actor: int = 2
     """Score calls in flight per teacher actor (vLLM batches them; more hides latency)."""
     max_restarts: int = 3
@@ -55,3 +54,8 @@ class TeacherConfig:
     kl_baseline: bool = False
     """Subtract the batch mean of (log p_teacher - log p_student) from the distillation advantage
     (variance reduction; the expected gradient is unchanged)."""
+    vllm: VLLMOptions = field(default_factory=VLLMOptions)
+    """Options of a vllm teacher (`teacher.vllm.*`: tensor_parallel_size, engine_kwargs; the
+    rollout-only options must keep their defaults)."""
+    hf: HFOptions = field(default_factory=HFOptions)
+    """Options of an hf teacher (`teacher.hf.*`)."""

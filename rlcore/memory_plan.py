@@ -28,7 +28,14 @@ import math
 from dataclasses import dataclass
 
 from rlcore.config import RunConfig
-from rlcore.engine.registry import engine_spec
+from rlcore.engine.registry import (
+    engine_spec,
+    has_option,
+    memory_share,
+    memory_share_key,
+    option_key,
+    sleep_level,
+)
 from rlcore.teacher import gpu_share, teacher_run_config
 
 GIB = 2**30
@@ -143,13 +150,13 @@ def teacher_bytes(cfg: RunConfig, gpu_bytes: int) -> int:
     t = cfg.teacher
     if not gpu_share(cfg):
         return 0
-    return int(float(t.engine_kwargs.get(engine_spec(t.engine).memory_share_kwarg or "") or 0) * gpu_bytes)
+    return int(float(memory_share(t) or 0) * gpu_bytes)
 
 
 def _trainer_bytes_beside_engine(cfg: RunConfig, mem: TrainerMemory) -> int:
     """A sleeping engine (sleep_level > 0) gives its memory back while the trainer steps, so the
     awake engine only sits beside the trainer's resident part; a resident engine beside its peak."""
-    return mem.resident if cfg.rollout.sleep_level else mem.peak
+    return mem.resident if sleep_level(cfg.rollout) else mem.peak
 
 
 def colocated_engine_fraction(cfg: RunConfig, gpu_bytes: int) -> float | None:
@@ -176,29 +183,30 @@ def memory_problems(cfg: RunConfig, gpu_bytes: int) -> list[tuple[str, str]]:
     teacher = teacher_bytes(cfg, gpu_bytes)
     teacher_need = engine_min_bytes(teacher_run_config(cfg)) if teacher else None
     if teacher_need is not None and teacher < teacher_need:
-        return [(f"teacher.engine_kwargs.{engine_spec(cfg.teacher.engine).memory_share_kwarg}", f"the teacher's share of the {_gib(gpu_bytes)} "
+        return [(memory_share_key(cfg.teacher, "teacher"), f"the teacher's share of the {_gib(gpu_bytes)} "
                  f"GPU, {_gib(teacher)}, cannot hold its bf16 weights + {ENGINE_MIN_FREE_GIB:g} GiB "
                  f"({_gib(teacher_need)}): raise it")]
     beside = _trainer_bytes_beside_engine(cfg, mem)
-    share_key = engine_spec(cfg.rollout.engine).memory_share_kwarg or ""
-    fraction = cfg.rollout.engine_kwargs.get(share_key)
+    share_key = engine_spec(cfg.rollout.engine).memory_share_kwarg
+    fraction, asleep = memory_share(cfg.rollout), sleep_level(cfg.rollout)
     engine = max(need, int(float(fraction) * gpu_bytes)) if fraction is not None else need
     total = beside + engine + teacher
     if total <= gpu_bytes:
         return []
     if fraction is not None and beside + need + teacher <= gpu_bytes:
-        key = f"rollout.engine_kwargs.{share_key}"  # the engine's share alone is too large
-    elif not cfg.rollout.sleep_level and total - mem.activations <= gpu_bytes:
+        key = memory_share_key(cfg.rollout)  # the engine's share alone is too large
+    elif not asleep and total - mem.activations <= gpu_bytes:
         key = "trainer.micro_batch_tokens"  # fewer activation bytes would make it fit
     else:
         key = "placement"
     what = (f"trainer {_gib(beside)} (state {_gib(mem.state)}, activations at trainer.micro_batch_tokens="
-            f"{cfg.trainer.micro_batch_tokens} {_gib(mem.activations if not cfg.rollout.sleep_level else 0)}, "
+            f"{cfg.trainer.micro_batch_tokens} {_gib(mem.activations if not asleep else 0)}, "
             f"sync buffer {_gib(mem.sync_buffer)}, overhead {_gib(mem.overhead)}) + engine {_gib(engine)}"
             + (f" ({share_key}={fraction})" if fraction is not None else " (bf16 weights + "
                f"{ENGINE_MIN_FREE_GIB:g} GiB)"))
     if teacher:
-        what += f" + teacher {_gib(teacher)} (teacher.engine_kwargs.{engine_spec(cfg.teacher.engine).memory_share_kwarg})"
-    hint = "set rollout.sleep_level=2 with algo.max_off_policy_steps=0, " if not cfg.rollout.sleep_level else ""
+        what += f" + teacher {_gib(teacher)} ({memory_share_key(cfg.teacher, 'teacher')})"
+    hint = (f"set {option_key(cfg.rollout, 'sleep_level')}=2 with algo.max_off_policy_steps=0, "
+            if has_option(cfg.rollout, "sleep_level") and not asleep else "")
     return [(key, f"colocated on one {_gib(gpu_bytes)} GPU: {what} = {_gib(total)} do not fit; "
              f"{hint}lower trainer.micro_batch_tokens or the engine's share, or use placement=split")]

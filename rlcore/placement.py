@@ -13,7 +13,15 @@ from __future__ import annotations
 import copy
 
 from rlcore.config import RunConfig
-from rlcore.engine.registry import engine_spec, engines_where
+from rlcore.engine.registry import (
+    engine_spec,
+    engines_where,
+    memory_share,
+    option_key,
+    set_memory_share,
+    sleep_level,
+    tensor_parallel_size,
+)
 from rlcore.memory_plan import (
     colocated_engine_fraction,
     engine_min_bytes,
@@ -41,7 +49,7 @@ def colocatable(cfg: RunConfig) -> bool:
     """Whether the layout has the colocated shape: GPU trainer ranks and TP=1 engines, as many
     engines as ranks, at most one GPU each."""
     t, r = cfg.trainer, cfg.rollout
-    return both_on_gpu(cfg) and r.tensor_parallel_size == 1 and r.num_actors == t.world_size \
+    return both_on_gpu(cfg) and tensor_parallel_size(r) == 1 and r.num_actors == t.world_size \
         and t.gpus_per_rank <= 1 and r.gpus_per_actor <= 1
 
 
@@ -65,12 +73,12 @@ def resolve(cfg: RunConfig, gpus: float, gpu_bytes: int | None) -> RunConfig:
     beside the trainer."""
     out = copy.deepcopy(cfg)
     out.placement = resolve_placement(cfg, gpus)
-    share = engine_spec(out.rollout.engine).memory_share_kwarg
-    if out.placement == "colocated" and share and gpu_bytes and share not in out.rollout.engine_kwargs:
+    takes_share = engine_spec(out.rollout.engine).memory_share_kwarg is not None
+    if out.placement == "colocated" and takes_share and gpu_bytes and memory_share(out.rollout) is None:
         fraction = colocated_engine_fraction(out, gpu_bytes)
         need = engine_min_bytes(out)
         if fraction is not None and need is not None and fraction * gpu_bytes >= need:
-            out.rollout.engine_kwargs = {**out.rollout.engine_kwargs, share: fraction}
+            set_memory_share(out.rollout, fraction)
     return out
 
 
@@ -79,11 +87,11 @@ def placement_problems(cfg: RunConfig, gpus: float, gpu_bytes: int | None, where
     serve, switches it does not support, and the memory plan. Split placement keeps its checks."""
     t, r = cfg.trainer, cfg.rollout
     out: list[tuple[str, str]] = []
+    hook = engine_spec(r.engine).problems  # e.g. vLLM's whole GPUs per engine, or what colocation lacks
     if cfg.placement == "split":
-        hook = engine_spec(r.engine).problems
-        out.extend(hook(cfg) if hook is not None else [])  # e.g. vLLM's whole GPUs per engine
-        if r.sleep_level:
-            out.append(("rollout.sleep_level", "sleep mode frees the GPU an engine shares with a trainer rank: it "
+        out.extend(hook(cfg) if hook is not None else [])
+        if sleep_level(r):
+            out.append((option_key(r, "sleep_level"), "sleep mode frees the GPU an engine shares with a trainer rank: it "
                         "needs placement=colocated (this run is split)"))
         return out
     if cfg.mode != "rl":
@@ -97,9 +105,9 @@ def placement_problems(cfg: RunConfig, gpus: float, gpu_bytes: int | None, where
         out.append(("rollout.engine", f"colocated placement needs rollout.engine="
                     f"{engines_where(lambda s: 'ipc' in s.transports)} (weights over CUDA IPC into the engine), "
                     f"got {r.engine!r}; use placement=split"))
-    if r.tensor_parallel_size != 1:
-        out.append(("rollout.tensor_parallel_size", f"colocated engines run with tensor_parallel_size=1 (one "
-                    f"engine beside each trainer rank), got {r.tensor_parallel_size}; use placement=split"))
+    if tensor_parallel_size(r) != 1:
+        out.append((option_key(r, "tensor_parallel_size"), f"colocated engines run with tensor_parallel_size=1 (one "
+                    f"engine beside each trainer rank), got {tensor_parallel_size(r)}; use placement=split"))
     if r.num_actors != t.world_size:
         out.append(("rollout.num_actors", f"colocated placement puts one engine beside each trainer rank: needs "
                     f"rollout.num_actors = trainer.world_size = {t.world_size}, got {r.num_actors}"))
@@ -111,18 +119,13 @@ def placement_problems(cfg: RunConfig, gpus: float, gpu_bytes: int | None, where
         out.append(("placement", f"colocated placement needs {t.world_size} GPU(s) (one per trainer rank); "
                     f"{where} has {gpus:g}" + ("" if gpus else f" (to plan for a GPU machine from here: dry_run=true "
                                                f"cluster.nodes=1 cluster.gpus_per_node={t.world_size})")))
-    if r.quantization is not None:
-        out.append(("rollout.quantization", f"{r.quantization} rollout re-quantizes through vLLM's layerwise "
-                    "reload, which the colocated IPC receive does not run; use placement=split"))
-    if r.weight_reload == "layerwise":
-        out.append(("rollout.weight_reload", "colocated engines receive weights in place over CUDA IPC "
-                    "(direct); use weight_reload=auto or placement=split"))
-    if r.sleep_level:  # its values are checked in rlcore.validate
+    out.extend(hook(cfg) if hook is not None else [])  # e.g. vLLM's FP8 or layerwise reload
+    if sleep_level(r):  # its values are checked by the engine's hook
         if cfg.algo.max_off_policy_steps != 0:
-            out.append(("rollout.sleep_level", f"a sleeping engine cannot generate while the trainer steps: sleep "
+            out.append((option_key(r, "sleep_level"), f"a sleeping engine cannot generate while the trainer steps: sleep "
                         f"mode needs algo.max_off_policy_steps=0, got {cfg.algo.max_off_policy_steps}"))
         if cfg.eval.every_n_steps > 0:
-            out.append(("rollout.sleep_level", "evaluation during training would reach a sleeping engine: set "
+            out.append((option_key(r, "sleep_level"), "evaluation during training would reach a sleeping engine: set "
                         "eval.every_n_steps=0 with sleep mode"))
     if not out and gpu_bytes:
         out.extend(memory_problems(cfg, gpu_bytes))

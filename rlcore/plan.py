@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from rlcore.config import RunConfig
-from rlcore.engine.registry import tensor_parallel_size
+from rlcore.engine.registry import memory_share, option_key, sleep_level, tensor_parallel_size
 from rlcore.memory_plan import GIB, trainer_memory
 from rlcore.placement import colocated_shares, placement_problems, resolve
 
@@ -120,7 +120,7 @@ def plan_problems(cfg: RunConfig, plan: Plan) -> list[tuple[str, str]]:
     kv_heads = arch_value(cfg, "num_key_value_heads")
     tp = tensor_parallel_size(r)  # 1 for engines without tensor parallelism
     if kv_heads is not None and tp > 1 and kv_heads % tp and tp % kv_heads:
-        out.append(("rollout.tensor_parallel_size",
+        out.append((option_key(r, "tensor_parallel_size"),
                     f"TP={tp} and the model's {kv_heads} KV heads do not divide each other"))
     return out
 
@@ -145,7 +145,7 @@ def format_plan(cfg: RunConfig, plan: Plan) -> str:
             f"placement group 'rlcore-rollout' (PACK): {len(plan.rollout)} bundles of "
             f"{{CPU: {r.cpus_per_actor:g}, GPU: {r.gpus_per_actor:g}}}",
             f"  nodes: {_by_node(plan.rollout)}"]),
-        f"  engines: {r.num_actors} x {r.engine} (tensor_parallel_size={r.tensor_parallel_size}), "
+        f"  engines: {r.num_actors} x {r.engine} (tensor_parallel_size={tensor_parallel_size(r)}), "
         f"{r.num_actors} data-parallel replicas",
         ("weight sync: CUDA IPC, trainer rank i -> engine i on the same GPU (no NCCL between them)"
          if cfg.placement == "colocated" else
@@ -166,7 +166,7 @@ def teacher_lines(cfg: RunConfig, plan: Plan) -> list[str]:
     return [f"placement group 'rlcore-teacher' (PACK): {len(plan.teacher)} bundles of "
             f"{{CPU: {tc.cpus_per_actor:g}, GPU: {tc.gpus_per_actor:g}}}",
             f"  nodes: {_by_node(plan.teacher)}",
-            f"  teacher: {tc.num_actors} x {tc.engine} (tensor_parallel_size={tc.tensor_parallel_size}) serving "
+            f"  teacher: {tc.num_actors} x {tc.engine} (tensor_parallel_size={tensor_parallel_size(tc)}) serving "
             f"{tc.path or 'a random-weight model'}; no weight sync; advantage = {tc.reward_coef:g} x reward "
             f"advantage + {tc.kl_coef:g} x (teacher - student logprob{' - batch mean' if tc.kl_baseline else ''})"]
 
@@ -183,12 +183,12 @@ def _colocated_lines(cfg: RunConfig, plan: Plan) -> list[str]:
              f"  nodes: {_by_node(plan.trainer)}"]
     mem = trainer_memory(cfg)
     if mem is not None:
-        share = r.engine_kwargs.get("gpu_memory_utilization")
+        share = memory_share(r)
         gpu = f" of {plan.gpu_bytes / GIB:.1f} GiB" if plan.gpu_bytes else ""
         lines.append(f"  memory per GPU{gpu}: trainer peak {mem.peak / GIB:.1f} GiB (resident {mem.resident / GIB:.1f})"
                      f", engine gpu_memory_utilization={share if share is not None else 'unset'}, "
-                     f"sleep_level={r.sleep_level}"
-                     + (f", teacher gpu_memory_utilization={cfg.teacher.engine_kwargs.get('gpu_memory_utilization')}"
+                     f"sleep_level={sleep_level(r)}"
+                     + (f", teacher gpu_memory_utilization={memory_share(cfg.teacher)}"
                         if plan.teacher and plan.teacher[0].gpus else ""))
     return lines
 

@@ -22,6 +22,7 @@ from rlcore.cli import FlagError, help_text, job_output_dir, parse_flags, sweep_
 from rlcore.config import RunConfig
 from rlcore.config_keys import config_dict, typed_env_arg_override, unknown_key, unknown_keys
 from rlcore.console import quiet_ray_environment, report_error
+from rlcore.engine.registry import inert_options
 from rlcore.metrics import MetricsLogger
 from rlcore.models.shipped import resolve as resolve_model
 from rlcore.placement import placement_problems, resolve
@@ -101,8 +102,24 @@ def compose(overrides: list[str]) -> RunConfig:
         raise ConfigError(*found[0], more=found[1:])
     obj: RunConfig = OmegaConf.to_object(cfg)
     obj.recipe = recipe
+    typed = [(k, f"{m}: drop it or select that engine") for k, m in inert_options(obj) if _typed(k, overrides)]
+    if typed:  # set on this command line for an engine the run does not use: a mistake
+        raise ConfigError(*typed[0], more=typed[1:])
     use_checkpoint_model(obj, explicit_model_keys(overrides))
     return obj
+
+
+def _typed(key: str, overrides: list[str]) -> bool:
+    """Whether an override sets `key`, a key below it or a section above it."""
+    return any(k == key or key.startswith(k + ".") or k.startswith(key + ".")
+               for k in map(_override_key, overrides))
+
+
+def warn_inert(cfg: RunConfig) -> None:
+    """One warning line per option a YAML file (a recipe) set for an engine the run does not use
+    (e.g. the recipe's `rollout.vllm.*` under `rollout.engine=hf`): kept, it changes nothing."""
+    for key, message in inert_options(cfg):
+        print(f"rlcore: warning: {key}: {message}: ignored", file=sys.stderr)
 
 
 def _key_from(exc: BaseException) -> str | None:
@@ -287,6 +304,7 @@ def run_job(argv: list[str], print_cfg: bool = False) -> int:
     try:
         cfg = compose(argv)
         validate(cfg)
+        warn_inert(cfg)
         if print_cfg:
             print(OmegaConf.to_yaml(OmegaConf.structured(cfg)), end="")
             return 0

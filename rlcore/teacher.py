@@ -7,12 +7,21 @@ The teacher group itself (actors, placement group, the scoring stage before the 
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import json
 from pathlib import Path
 
 from rlcore.config import ModelConfig, RunConfig
-from rlcore.engine.registry import engine_names, engine_spec
+from rlcore.engine.registry import (
+    engine_names,
+    engine_spec,
+    memory_share,
+    memory_share_key,
+    option_key,
+    teacher_option_problems,
+    tensor_parallel_size,
+)
 
 TEACHER_DTYPES = ("float32", "bfloat16", "float16")
 
@@ -26,13 +35,15 @@ def teacher_model_config(cfg: RunConfig) -> ModelConfig:
 
 
 def teacher_run_config(cfg: RunConfig) -> RunConfig:
-    """The run config a teacher engine is built from (`VLLMEngine.from_config` reads `model` and
-    `rollout`): the teacher's model, its engine arguments, no quantization; weights never move."""
+    """The run config a teacher engine is built from (an engine's `from_config` reads `model` and
+    `rollout`): the teacher's model, its resources and its engine's section (`teacher.vllm` as
+    `rollout.vllm`; validation kept its rollout-only options, quantization and sleep among them,
+    at their defaults); weights never move."""
     t = cfg.teacher
+    section = engine_spec(t.engine).section
+    own = {section: copy.deepcopy(getattr(t, section))} if section is not None else {}
     rollout = dataclasses.replace(cfg.rollout, engine=t.engine, gpus_per_actor=t.gpus_per_actor,
-                                  cpus_per_actor=t.cpus_per_actor, tensor_parallel_size=t.tensor_parallel_size,
-                                  engine_kwargs=dict(t.engine_kwargs), quantization=None, weight_reload="auto",
-                                  sleep_level=0)  # a teacher never sleeps: no cumem allocator
+                                  cpus_per_actor=t.cpus_per_actor, **own)
     return dataclasses.replace(cfg, model=teacher_model_config(cfg), rollout=rollout)
 
 
@@ -94,8 +105,12 @@ def config_problems(cfg: RunConfig) -> list[tuple[str, str]]:
                     "(teacher.kl_coef > 0) their tokens still carry the distillation advantage: set it false"))
     if t.engine not in engine_names():
         out.append(("teacher.engine", f"unknown engine {t.engine!r}; choose one of {engine_names()}"))
-    elif engine_spec(t.engine).needs_gpu:
-        out.extend(gpu_share_problems(cfg))
+    else:
+        out.extend(teacher_option_problems(cfg))
+        if tensor_parallel_size(t) <= 0:
+            out.append((option_key(t, "tensor_parallel_size", "teacher"), f"must be > 0, got {tensor_parallel_size(t)!r}"))
+        elif engine_spec(t.engine).needs_gpu:
+            out.extend(gpu_share_problems(cfg))
     if t.dtype not in TEACHER_DTYPES:
         out.append(("teacher.dtype", f"unknown dtype {t.dtype!r}; choose one of {list(TEACHER_DTYPES)}"))
     if t.path is None and "model_type" not in (t.arch or cfg.model.arch):
@@ -105,7 +120,7 @@ def config_problems(cfg: RunConfig) -> list[tuple[str, str]]:
     if local_form and not Path(t.path).expanduser().exists():
         out.append(("teacher.path", f"directory {t.path!r} does not exist (train the teacher first; "
                     "see the recipe's header)"))
-    for key in ("num_actors", "cpus_per_actor", "tensor_parallel_size", "max_requests_per_actor",
+    for key in ("num_actors", "cpus_per_actor", "max_requests_per_actor",
                 "score_timeout_s", "start_timeout_s"):
         value = getattr(t, key)
         if not value > 0:
@@ -128,20 +143,20 @@ def gpu_share_problems(cfg: RunConfig) -> list[tuple[str, str]]:
     """A GPU-only teacher engine (vLLM) takes whole GPUs (>= tensor_parallel_size), or a share of
     one GPU (0 < g < 1, tensor_parallel_size 1) next to another tenant (e.g. a trainer rank with
     gpus_per_rank 0.5): then its memory share (the engine's `memory_share_kwarg`, vLLM's
-    `engine_kwargs.gpu_memory_utilization`) must be set and stay within the share Ray reserves
+    `teacher.vllm.engine_kwargs.gpu_memory_utilization`) must be set and stay within the share Ray reserves
     (vLLM's default 0.9 would starve the other tenant). Beside colocated trainer ranks and engines
     the memory plan counts it (`rlcore.placement.colocated_teacher_problems`,
     `rlcore.memory_plan.teacher_bytes`)."""
     t = cfg.teacher
-    share = engine_spec(t.engine).memory_share_kwarg
-    if t.gpus_per_actor >= t.tensor_parallel_size:
+    tp, share = tensor_parallel_size(t), engine_spec(t.engine).memory_share_kwarg
+    if t.gpus_per_actor >= tp:
         return []
-    if not 0 < t.gpus_per_actor < 1 or t.tensor_parallel_size != 1 or share is None:
-        return [("teacher.gpus_per_actor", f"the {t.engine} engine needs tensor_parallel_size ({t.tensor_parallel_size}) "
-                 f"GPUs per actor, or a share (0, 1) of one GPU with tensor_parallel_size 1; got {t.gpus_per_actor}")]
-    util = t.engine_kwargs.get(share)
+    if not 0 < t.gpus_per_actor < 1 or tp != 1 or share is None:
+        return [("teacher.gpus_per_actor", f"the {t.engine} engine needs {option_key(t, 'tensor_parallel_size', 'teacher')} "
+                 f"({tp}) GPUs per actor, or a share (0, 1) of one GPU with tensor_parallel_size 1; got {t.gpus_per_actor}")]
+    util = memory_share(t)
     if util is None or not 0 < float(util) <= t.gpus_per_actor:
-        return [(f"teacher.engine_kwargs.{share}", f"a teacher on {t.gpus_per_actor:g} of a GPU "
+        return [(memory_share_key(t, "teacher"), f"a teacher on {t.gpus_per_actor:g} of a GPU "
                  f"needs {share} in (0, {t.gpus_per_actor:g}], got {util}")]
     return []
 

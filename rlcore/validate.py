@@ -13,7 +13,7 @@ from rlcore import checkpoint_dirs
 from rlcore.algo import validate_algo  # the algorithm family validates its own switches
 from rlcore.config import RunConfig
 from rlcore.config_keys import env_arg_problems
-from rlcore.engine.registry import engine_problems, quantizations
+from rlcore.engine.registry import engine_problems
 from rlcore.envs import make_env, registered, resolve_env
 from rlcore.models.shipped import is_shipped, shipped_problems
 from rlcore.models.source import gguf_problems, model_path_problems
@@ -101,32 +101,16 @@ def problems(cfg: RunConfig) -> list[tuple[str, str]]:
     r = cfg.rollout
     if cfg.placement not in PLACEMENTS:
         out.append(("placement", f"unknown placement {cfg.placement!r}; choose one of {list(PLACEMENTS)}"))
-    out.extend(engine_problems(cfg))  # the registry's checks and the engine's own hook
+    out.extend(engine_problems(cfg))  # the engine's own section (its registry hook)
     _positive(out, "rollout.num_actors", r.num_actors)
     _positive(out, "rollout.cpus_per_actor", r.cpus_per_actor)
     check_min(out, "rollout.gpus_per_actor", r.gpus_per_actor, 0)
-    _positive(out, "rollout.tensor_parallel_size", r.tensor_parallel_size)
     _positive(out, "rollout.tasks_per_request", r.tasks_per_request)
     _positive(out, "rollout.max_requests_per_actor", r.max_requests_per_actor)
     _positive(out, "rollout.generate_timeout_s", r.generate_timeout_s)
     check_min(out, "rollout.stop_after_failed_requests", r.stop_after_failed_requests, 0)
     _positive(out, "rollout.weight_sync_timeout_s", r.weight_sync_timeout_s)
     _positive(out, "rollout.sync_bucket_mb", r.sync_bucket_mb)
-    if r.weight_reload not in ("auto", "direct", "layerwise"):
-        out.append(("rollout.weight_reload", f"must be 'auto', 'direct' or 'layerwise', got {r.weight_reload!r}"))
-    elif r.weight_reload == "direct" and r.quantization is not None:
-        out.append(("rollout.weight_reload", f"'direct' copies weights in unprocessed; quantization="
-                    f"{r.quantization!r} needs 'layerwise' (or 'auto')"))
-    if r.sleep_level not in (0, 1, 2):
-        out.append(("rollout.sleep_level", f"must be 0 (resident), 1 or 2 (vLLM sleep levels), got {r.sleep_level}"))
-    if r.kv_on_update not in ("keep", "recompute"):
-        out.append(("rollout.kv_on_update", f"must be 'keep' or 'recompute', got {r.kv_on_update!r}"))
-    # engine arguments that rollout fields own (the engine is built from those fields)
-    for key, field_name, why in (("reload", "weight_reload", ""), ("kv_on_update", "kv_on_update", ""),
-                                 ("quantization", "quantization",
-                                  " (the canary and the weight-sync path depend on it)")):
-        if key in r.engine_kwargs:
-            out.append((f"rollout.engine_kwargs.{key}", f"set rollout.{field_name} instead{why}"))
     for key in ("canary_max_gap", "canary_mean_gap"):
         if getattr(r, key) is not None:
             _positive(out, f"rollout.{key}", getattr(r, key))
@@ -252,8 +236,8 @@ def trainer_parallel_problems(cfg: RunConfig) -> list[tuple[str, str]]:
 
 
 def fp8_problems(cfg: RunConfig) -> list[tuple[str, str]]:
-    """`trainer.fp8` (torchao float8 on Hopper) and `rollout.quantization` (vLLM online FP8)."""
-    t, r, out = cfg.trainer, cfg.rollout, []
+    """`trainer.fp8` (torchao float8 on Hopper)."""
+    t, out = cfg.trainer, []
     if t.fp8 not in FP8_RECIPES:
         out.append(("trainer.fp8", f"unknown FP8 recipe {t.fp8!r}; choose one of {list(FP8_RECIPES)}"))
     elif t.fp8 != "none" and cfg.mode != "eval":
@@ -267,10 +251,7 @@ def fp8_problems(cfg: RunConfig) -> list[tuple[str, str]]:
             out.append(("trainer.fp8", "rowwise FP8 needs bf16 compute: set trainer.mixed_precision=true"))
         elif not torchao_available():
             out.append(("trainer.fp8", "needs torchao: pip install 'rlcore[fp8]' (torchao==0.17.0)"))
-    if r.quantization is not None and r.quantization not in quantizations():
-        out.append(("rollout.quantization", f"unknown quantization {r.quantization!r}; choose null or one of "
-                    f"{list(quantizations())}"))
-    return out  # an engine that does not serve a known quantization: rlcore.engine.registry
+    return out  # the rollout engine's quantization is its own section's (rlcore.engine.vllm_checks)
 
 
 def lifecycle_problems(cfg: RunConfig) -> list[tuple[str, str]]:

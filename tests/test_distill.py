@@ -18,7 +18,7 @@ from rlcore.config import AlgoConfig
 from rlcore.models.tokenizer import char_tokenizer
 from rlcore.packing import make_micro_batch
 from rlcore.run import compose, main
-from rlcore.teacher import config_problems, teacher_model_config
+from rlcore.teacher import config_problems, teacher_model_config, teacher_run_config
 from rlcore.types import Group, Sample, Task
 
 
@@ -191,12 +191,27 @@ def test_gpu_recipe_plans_offline(capsys):
 
 def test_shared_gpu_vllm_teacher_needs_a_memory_share():
     base = ["teacher.enabled=true", "teacher.engine=vllm", "teacher.gpus_per_actor=0.5"]
-    assert [k for k, _ in config_problems(compose(base))] == ["teacher.engine_kwargs.gpu_memory_utilization"]
-    assert config_problems(compose(base + ["+teacher.engine_kwargs.gpu_memory_utilization=0.4"])) == []
-    keys = [k for k, _ in config_problems(compose(base + ["+teacher.engine_kwargs.gpu_memory_utilization=0.6"]))]
-    assert keys == ["teacher.engine_kwargs.gpu_memory_utilization"]
-    keys = [k for k, _ in config_problems(compose(base + ["teacher.tensor_parallel_size=2"]))]
+    assert [k for k, _ in config_problems(compose(base))] == ["teacher.vllm.engine_kwargs.gpu_memory_utilization"]
+    assert config_problems(compose(base + ["+teacher.vllm.engine_kwargs.gpu_memory_utilization=0.4"])) == []
+    keys = [k for k, _ in config_problems(compose(base + ["+teacher.vllm.engine_kwargs.gpu_memory_utilization=0.6"]))]
+    assert keys == ["teacher.vllm.engine_kwargs.gpu_memory_utilization"]
+    keys = [k for k, _ in config_problems(compose(base + ["teacher.vllm.tensor_parallel_size=2"]))]
     assert keys == ["teacher.gpus_per_actor"]
+
+
+def test_a_vllm_teacher_reads_its_own_section_and_leaves_the_rollout_only_options_alone():
+    base = ["teacher.enabled=true", "teacher.engine=vllm", "teacher.gpus_per_actor=1",
+            "+teacher.vllm.engine_kwargs.max_model_len=512", "rollout.engine=vllm", "rollout.gpus_per_actor=1",
+            "rollout.vllm.sleep_level=2", "+rollout.vllm.engine_kwargs.max_model_len=2048"]
+    cfg = compose(base)
+    assert config_problems(cfg) == []
+    view = teacher_run_config(cfg).rollout  # what the teacher's engine is built from
+    assert view.engine == "vllm" and view.vllm.engine_kwargs == {"max_model_len": 512}
+    assert view.vllm.sleep_level == 0  # the teacher's own section, not the student's
+    for option in ("sleep_level=1", "quantization=fp8", "weight_reload=layerwise", "kv_on_update=recompute"):
+        key = "teacher.vllm." + option.partition("=")[0]
+        found = dict(config_problems(compose([*base, "teacher.vllm." + option])))
+        assert "never receives weights" in found[key], found
 
 
 def test_distillation_keeps_groups_with_equal_rewards():
@@ -214,7 +229,7 @@ def test_distillation_keeps_groups_with_equal_rewards():
 ONE_GPU_TEACHER = ["model=qwen3_06b_char", "rollout.engine=vllm", "trainer.gpus_per_rank=1", "rollout.gpus_per_actor=1",
                    "cluster.num_gpus=1", "cluster.num_cpus=16", "cluster.gpu_memory_gib=139.8", "teacher.enabled=true",
                    "teacher.engine=vllm", "teacher.gpus_per_actor=0.2", "teacher.dtype=bfloat16",
-                   "+teacher.engine_kwargs.gpu_memory_utilization=0.15"]
+                   "+teacher.vllm.engine_kwargs.gpu_memory_utilization=0.15"]
 
 
 def test_a_gpu_teacher_shares_the_one_gpu_with_colocated_trainer_and_engine():
@@ -227,24 +242,24 @@ def test_a_gpu_teacher_shares_the_one_gpu_with_colocated_trainer_and_engine():
     assert plan.problems == [] and plan.config.placement == "colocated"
     assert [b.gpus for b in plan.trainer] == [0.8] and [b.gpus for b in plan.teacher] == [0.2]
     assert plan.teacher[0].node == 0 and plan.rollout == []
-    share = plan.config.rollout.engine_kwargs["gpu_memory_utilization"]
+    share = plan.config.rollout.vllm.engine_kwargs["gpu_memory_utilization"]
     assert 0 < share <= 0.6
     big = make_plan(compose(ONE_GPU_TEACHER + ["teacher.gpus_per_actor=0.5",
-                                              "teacher.engine_kwargs.gpu_memory_utilization=0.5"]))
+                                              "teacher.vllm.engine_kwargs.gpu_memory_utilization=0.5"]))
     assert big.problems == []  # the teacher's 0.5 leaves the engine less than the cap
-    assert big.config.rollout.engine_kwargs["gpu_memory_utilization"] < share
+    assert big.config.rollout.vllm.engine_kwargs["gpu_memory_utilization"] < share
     assert big.gpu_bytes == int(139.8 * GIB)
 
 
 @pytest.mark.parametrize("overrides,key", [
-    (["teacher.engine=hf", "teacher.engine_kwargs={}"], "teacher.engine"),
+    (["teacher.engine=hf", "~teacher.vllm.engine_kwargs.gpu_memory_utilization"], "teacher.engine"),
     (["teacher.num_actors=2"], "teacher.num_actors"),
     (["teacher.gpus_per_actor=1", "placement=colocated"], "teacher.gpus_per_actor"),
-    (["teacher.engine_kwargs.gpu_memory_utilization=0.03",  # 4B bf16 weights do not fit in 4.2 GiB
+    (["teacher.vllm.engine_kwargs.gpu_memory_utilization=0.03",  # 4B bf16 weights do not fit in 4.2 GiB
       "+teacher.arch={model_type: qwen3, hidden_size: 2560, intermediate_size: 9728, num_hidden_layers: 36, "
-      "num_attention_heads: 32, num_key_value_heads: 8}"], "teacher.engine_kwargs.gpu_memory_utilization"),
-    (["teacher.gpus_per_actor=0.5", "teacher.engine_kwargs.gpu_memory_utilization=0.5",
-      "+rollout.engine_kwargs.gpu_memory_utilization=0.5"], "rollout.engine_kwargs.gpu_memory_utilization"),
+      "num_attention_heads: 32, num_key_value_heads: 8}"], "teacher.vllm.engine_kwargs.gpu_memory_utilization"),
+    (["teacher.gpus_per_actor=0.5", "teacher.vllm.engine_kwargs.gpu_memory_utilization=0.5",
+      "+rollout.vllm.engine_kwargs.gpu_memory_utilization=0.5"], "rollout.vllm.engine_kwargs.gpu_memory_utilization"),
 ])
 def test_impossible_colocated_teachers_refused(overrides, key):
     from rlcore.plan import make_plan

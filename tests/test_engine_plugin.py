@@ -1,5 +1,7 @@
-"""Engines are plug-ins: a third engine, defined in this file and added by one `register_engine`
-call, passes validation and runs the real episode loop, weight update and canary scoring.
+"""Engines are plug-ins: a third engine, defined in this file with its own options section and
+added by one `register_engine` call, gets `rollout.recompute.*` (and `teacher.recompute.*`) in the
+schema, reads its section, passes validation and runs the real episode loop, weight update and
+canary scoring.
 
 The engine is real, not a stand-in: the run's transformers model decoded without a KV cache
 (every step recomputes the whole sequence), one prompt at a time.
@@ -9,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import threading
+from dataclasses import dataclass
 
 import pytest
 import torch
@@ -28,14 +31,23 @@ from rlcore.envs import make_env
 from rlcore.models.build import build_model, build_tokenizer
 from rlcore.placement import placement_problems
 from rlcore.run import compose
-from rlcore.validate import problems
+from rlcore.teacher import teacher_run_config
+from rlcore.validate import ConfigError, problems
+
+
+@dataclass
+class RecomputeOptions:
+    """Options of the recompute engine (`rollout.recompute.*`)."""
+
+    max_tokens: int = 0
+    """Tokens a completion may take at most, below `rollout.sampling.max_new_tokens` (0 = no cap)."""
 
 
 class RecomputeEngine(RolloutEngine):
     """A transformers model sampled without a KV cache."""
 
-    def __init__(self, model: torch.nn.Module, eos_token_id: int, seed: int):
-        self.model, self.eos_token_id = model.eval(), eos_token_id
+    def __init__(self, model: torch.nn.Module, eos_token_id: int, seed: int, max_tokens: int = 0):
+        self.model, self.eos_token_id, self.max_tokens = model.eval(), eos_token_id, max_tokens
         self.generator = torch.Generator().manual_seed(seed)
         self.lock = threading.Lock()
         self.policy_version = 0
@@ -43,7 +55,7 @@ class RecomputeEngine(RolloutEngine):
     @classmethod
     def from_config(cls, cfg, seed=0, tokenizer=None):
         tokenizer = tokenizer if tokenizer is not None else build_tokenizer(cfg.model)
-        return cls(build_model(cfg.model, tokenizer), tokenizer.eos_token_id, seed)
+        return cls(build_model(cfg.model, tokenizer), tokenizer.eos_token_id, seed, cfg.rollout.recompute.max_tokens)
 
     @torch.inference_mode()
     def generate(self, prompts, params: SamplingParams, images=None):
@@ -51,7 +63,7 @@ class RecomputeEngine(RolloutEngine):
         for i, prompt in enumerate(prompts):
             gen = self.generator if params.seed is None else torch.Generator().manual_seed(params.seed + i)
             tokens, logprobs, versions, finish = [], [], [], "length"
-            for _ in range(params.max_new_tokens):
+            for _ in range(min(params.max_new_tokens, self.max_tokens or params.max_new_tokens)):
                 with self.lock:
                     logits = self.model(input_ids=torch.tensor([list(prompt) + tokens])).logits[:, -1]
                     version = self.policy_version
@@ -83,24 +95,42 @@ class RecomputeEngine(RolloutEngine):
         return {k: v.detach().clone() for k, v in self.model.state_dict().items()}
 
 
-register_engine(EngineSpec("recompute", f"{__name__}:RecomputeEngine"))
+register_engine(EngineSpec("recompute", f"{__name__}:RecomputeEngine", section="recompute", options=RecomputeOptions))
 
 BASE = ["rollout.engine=recompute", "rollout.sampling.max_new_tokens=6"]
 
 
-def test_validation_knows_the_plugin_and_checks_switches_it_lacks():
+def test_validation_knows_the_plugin_and_refuses_other_engines_options():
     assert problems(compose(BASE)) == []
-    keys = dict(problems(compose([*BASE, "rollout.quantization=fp8"])))
-    assert "rollout.engine=vllm" in keys["rollout.quantization"]  # the engine that serves FP8 is named
-    keys = dict(problems(compose([*BASE, "rollout.sleep_level=1"])))
-    assert "rollout.sleep_level" in keys
+    # another engine's option, typed with this engine selected, changes nothing: refused, that engine named
+    with pytest.raises(ConfigError, match=r"^rollout.vllm.quantization: an option of the vllm engine "
+                                          r"\(rollout.engine=vllm\), not of rollout.engine=recompute"):
+        compose([*BASE, "rollout.vllm.quantization=fp8"])
+    with pytest.raises(ConfigError, match=r"^rollout.recompute.max_tokens: an option of the recompute engine"):
+        compose(["rollout.recompute.max_tokens=2"])  # the default engine is hf
+    with pytest.raises(ConfigError, match=r"rollout.recompute.max_tokenz: unknown key in rollout.recompute"):
+        compose([*BASE, "rollout.recompute.max_tokenz=2"])
+    with pytest.raises(ConfigError, match=r"^rollout.max_tokens: moved to rollout.recompute.max_tokens"):
+        compose([*BASE, "rollout.max_tokens=2"])
     unknown = dict(problems(compose(["rollout.engine=nope"])))["rollout.engine"]
     assert "'recompute'" in unknown and "'vllm'" in unknown
     # colocated placement needs the ipc transport, which this engine does not take
     cfg = compose([*BASE, "placement=colocated", "trainer.gpus_per_rank=1", "rollout.gpus_per_actor=1"])
     assert "rollout.engine" in dict(placement_problems(cfg, gpus=1, gpu_bytes=None, where="this machine"))
     # a teacher may use it too
-    assert "teacher.engine" not in dict(problems(compose([*BASE, "teacher.enabled=true", "teacher.engine=recompute"])))
+    teacher = compose([*BASE, "teacher.enabled=true", "teacher.engine=recompute", "teacher.recompute.max_tokens=2"])
+    assert "teacher.engine" not in dict(problems(teacher))
+    assert teacher_run_config(teacher).rollout.recompute.max_tokens == 2  # the teacher's engine gets its section
+
+
+def test_the_section_reaches_the_engine():
+    cfg = compose([*BASE, "rollout.recompute.max_tokens=2"])
+    assert problems(cfg) == [] and cfg.rollout.recompute == RecomputeOptions(max_tokens=2)
+    tokenizer = build_tokenizer(cfg.model)
+    engine = make_engine(cfg, tokenizer, seed=0)
+    assert engine.max_tokens == 2
+    gens = engine.generate([[5, 6, 7]] * 4, SamplingParams(max_new_tokens=6, temperature=1.0, seed=3))
+    assert max(len(g.token_ids) for g in gens) == 2  # capped by the section (sampling allows 6)
 
 
 def test_plugin_runs_episodes_takes_weights_and_scores_like_the_trainer():

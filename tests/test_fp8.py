@@ -1,4 +1,4 @@
-"""FP8 switches on CPU: `trainer.fp8` / `rollout.quantization` validation, the canary bounds, the
+"""FP8 switches on CPU: `trainer.fp8` / `rollout.vllm.quantization` validation, the canary bounds, the
 FP8 module filter and torchao's float8 in emulation, and the vLLM engine's quantization plumbing
 (no vLLM here: the engine's loop runs against a fake AsyncLLM). The real FP8 paths run in
 tests/gpu/test_fp8_gpu.py on the GPU machine."""
@@ -28,12 +28,12 @@ GPU = ["trainer.gpus_per_rank=1", "rollout.engine=vllm", "rollout.gpus_per_actor
 @pytest.mark.parametrize("overrides,key,text", [
     (["trainer.fp8=tensorwise"], "trainer.fp8", "need a Hopper GPU"),
     (["trainer.fp8=fp4"], "trainer.fp8", "unknown FP8 recipe"),
-    (["rollout.quantization=fp8"], "rollout.quantization", "needs rollout.engine=vllm"),
-    ([*GPU, "rollout.quantization=int3"], "rollout.quantization", "unknown quantization"),
-    ([*GPU, "rollout.quantization=fp8", "rollout.weight_reload=direct"], "rollout.weight_reload", "layerwise"),
-    ([*GPU, "+rollout.engine_kwargs.reload=direct"], "rollout.engine_kwargs.reload", "rollout.weight_reload"),
-    ([*GPU, "+rollout.engine_kwargs.quantization=fp8"], "rollout.engine_kwargs.quantization",
-     "set rollout.quantization"),
+    (["rollout.vllm.quantization=fp8"], "rollout.vllm.quantization", "an option of the vllm engine (rollout.engine=vllm)"),
+    ([*GPU, "rollout.vllm.quantization=int3"], "rollout.vllm.quantization", "unknown quantization"),
+    ([*GPU, "rollout.vllm.quantization=fp8", "rollout.vllm.weight_reload=direct"], "rollout.vllm.weight_reload", "layerwise"),
+    ([*GPU, "+rollout.vllm.engine_kwargs.reload=direct"], "rollout.vllm.engine_kwargs.reload", "rollout.vllm.weight_reload"),
+    ([*GPU, "+rollout.vllm.engine_kwargs.quantization=fp8"], "rollout.vllm.engine_kwargs.quantization",
+     "set rollout.vllm.quantization"),
     (["rollout.canary_max_gap=0"], "rollout.canary_max_gap", "must be > 0"),
     ([*GPU, "+recipe=shape_count", "trainer.fp8=tensorwise"], "trainer.fp8", "vision-language"),
 ])
@@ -44,7 +44,7 @@ def test_fp8_config_errors_name_the_key_before_ray(overrides, key, text, capsys,
 
 
 def test_fp8_switches_validate_on_gpu_configs(monkeypatch):
-    assert problems(compose([*GPU, "rollout.quantization=fp8", "trainer.fp8=rowwise"])) == []
+    assert problems(compose([*GPU, "rollout.vllm.quantization=fp8", "trainer.fp8=rowwise"])) == []
     assert problems(compose([*GPU, "trainer.fp8=tensorwise", "trainer.lora.enabled=true"]))[0][0] == "trainer.fp8"
     assert "mixed_precision" in problems(compose([*GPU, "trainer.fp8=rowwise", "trainer.mixed_precision=false"]))[0][1]
     assert problems(compose(["mode=eval", "trainer.fp8=tensorwise"])) == []  # no trainer group in eval
@@ -55,12 +55,12 @@ def test_fp8_switches_validate_on_gpu_configs(monkeypatch):
 
 def test_canary_limits_loosen_with_fp8_unless_set():
     assert canary_limits(compose([])) == (DEFAULT_MAX_GAP, DEFAULT_MEAN_GAP)
-    assert canary_limits(compose([*GPU, "rollout.quantization=fp8"])) == (FP8_MAX_GAP, FP8_MEAN_GAP)
+    assert canary_limits(compose([*GPU, "rollout.vllm.quantization=fp8"])) == (FP8_MAX_GAP, FP8_MEAN_GAP)
     assert canary_limits(compose([*GPU, "trainer.fp8=tensorwise"])) == (FP8_MAX_GAP, FP8_MEAN_GAP)
     # a real checkpoint's correct syncs leave larger gaps on its tail tokens (issue 20)
     assert canary_limits(compose(["model=smollm2_135m"])) == (CHECKPOINT_MAX_GAP, CHECKPOINT_MEAN_GAP)
     assert canary_limits(compose(["model=smollm2_135m", "rollout.canary_mean_gap=0.05"]))[1] == 0.05
-    assert canary_limits(compose([*GPU, "rollout.quantization=fp8", "rollout.canary_max_gap=3.0"])) == (3.0, FP8_MEAN_GAP)
+    assert canary_limits(compose([*GPU, "rollout.vllm.quantization=fp8", "rollout.canary_max_gap=3.0"])) == (3.0, FP8_MEAN_GAP)
     assert DEFAULT_MAX_GAP < FP8_MAX_GAP < 3.7  # still below the smallest stale-sync gap seen (3.7 nats)
 
 
@@ -233,7 +233,7 @@ def test_vllm_engine_from_config_takes_rollout_quantization(monkeypatch):
 
     seen = {}
     monkeypatch.setattr(VLLMEngine, "__init__", lambda self, path, **kw: seen.update(kw))
-    VLLMEngine.from_config(compose([*GPU, "rollout.quantization=fp8"]))
+    VLLMEngine.from_config(compose([*GPU, "rollout.vllm.quantization=fp8"]))
     assert seen["quantization"] == "fp8" and seen["load_format"] == "dummy"
     seen.clear()
     VLLMEngine.from_config(compose(GPU))

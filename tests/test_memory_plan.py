@@ -44,7 +44,7 @@ def test_engine_share_and_fit():
     assert share * H200 > engine_min_bytes(big)
     assert (trainer_memory(big).peak + share * H200) < H200
     assert memory_problems(small, H200) == []
-    asleep = compose(["model=qwen3_06b_char", *SHAPE_4B, "rollout.sleep_level=2", "algo.max_off_policy_steps=0"])
+    asleep = compose(["model=qwen3_06b_char", *SHAPE_4B, "rollout.engine=vllm", "rollout.vllm.sleep_level=2", "algo.max_off_policy_steps=0"])
     assert colocated_engine_fraction(asleep, H200) > share  # a sleeping engine sits beside the resident part
     too_small = memory_problems(big, 40 * GIB)
     assert len(too_small) == 1 and "do not fit" in too_small[0][1] and "40.0 GiB GPU" in too_small[0][1]

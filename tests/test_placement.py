@@ -21,7 +21,7 @@ SHAPE_4B = ["model.arch.hidden_size=2560", "model.arch.intermediate_size=9728", 
     (["model=qwen3_06b_char", "rollout.engine=vllm", "trainer.gpus_per_rank=0.5", "rollout.gpus_per_actor=0.5"],
      2, "colocated"),  # fractions would share a GPU anyway
     (VLLM_1_1 + ["trainer.world_size=2", "rollout.num_actors=2"], 2, "colocated"),
-    (VLLM_1_1 + ["rollout.tensor_parallel_size=2", "rollout.gpus_per_actor=2"], 1, "split"),  # not colocatable
+    (VLLM_1_1 + ["rollout.vllm.tensor_parallel_size=2", "rollout.gpus_per_actor=2"], 1, "split"),  # not colocatable
     (VLLM_1_1 + ["rollout.num_actors=2"], 1, "split"),
     ([], 0, "split"),  # CPU default
     (VLLM_1_1 + ["mode=sft"], 1, "split"),
@@ -36,14 +36,14 @@ def test_one_gpu_command_is_colocated_with_planned_engine_share():
     """The combination recipes rely on: gpus_per_rank=1, gpus_per_actor=1, one GPU."""
     cfg = resolve(compose(VLLM_1_1), 1, int(H200))
     assert cfg.placement == "colocated"
-    assert cfg.rollout.engine_kwargs["gpu_memory_utilization"] == 0.6
+    assert cfg.rollout.vllm.engine_kwargs["gpu_memory_utilization"] == 0.6
     assert placement_problems(cfg, 1, int(H200), "this machine") == []
     assert resource_problems(cfg, 16, 1, "this machine") == []
     big = resolve(compose(VLLM_1_1 + SHAPE_4B), 1, int(H200))  # the trainer leaves the engine less
-    assert 0.05 < big.rollout.engine_kwargs["gpu_memory_utilization"] < 0.2
+    assert 0.05 < big.rollout.vllm.engine_kwargs["gpu_memory_utilization"] < 0.2
     assert placement_problems(big, 1, int(H200), "this machine") == []
-    explicit = resolve(compose(VLLM_1_1 + ["+rollout.engine_kwargs.gpu_memory_utilization=0.3"]), 1, int(H200))
-    assert explicit.rollout.engine_kwargs["gpu_memory_utilization"] == 0.3
+    explicit = resolve(compose(VLLM_1_1 + ["+rollout.vllm.engine_kwargs.gpu_memory_utilization=0.3"]), 1, int(H200))
+    assert explicit.rollout.vllm.engine_kwargs["gpu_memory_utilization"] == 0.3
 
 
 def test_dry_run_shows_the_colocated_group(capsys):
@@ -62,19 +62,19 @@ ONE_GPU = VLLM_1_1 + ["cluster.num_gpus=1", "cluster.gpu_memory_gib=139.8"]
 
 @pytest.mark.parametrize("overrides,key", [
     (["placement=sideways"], "placement"),
-    (["placement=colocated", "rollout.tensor_parallel_size=2", "rollout.gpus_per_actor=1"],
-     "rollout.tensor_parallel_size"),
+    (["placement=colocated", "rollout.vllm.tensor_parallel_size=2", "rollout.gpus_per_actor=1"],
+     "rollout.vllm.tensor_parallel_size"),
     (["placement=colocated", "rollout.num_actors=2"], "rollout.num_actors"),
     (["placement=colocated", "trainer.world_size=2", "rollout.num_actors=2"], "cluster.nodes"),  # 2 ranks, 1 GPU
     (["placement=colocated", "rollout.engine=hf"], "rollout.engine"),
-    (["placement=colocated", "rollout.quantization=fp8"], "rollout.quantization"),
-    (["placement=colocated", "rollout.weight_reload=layerwise"], "rollout.weight_reload"),
+    (["placement=colocated", "rollout.vllm.quantization=fp8"], "rollout.vllm.quantization"),
+    (["placement=colocated", "rollout.vllm.weight_reload=layerwise"], "rollout.vllm.weight_reload"),
     (["placement=colocated", "trainer.gpus_per_rank=0"], "placement"),
-    (["rollout.sleep_level=2"], "rollout.sleep_level"),  # async (max_off_policy_steps=1) cannot sleep
-    (["rollout.sleep_level=2", "algo.max_off_policy_steps=0", "eval.every_n_steps=2"], "rollout.sleep_level"),
-    (["rollout.sleep_level=3"], "rollout.sleep_level"),
-    (["placement=split", "rollout.sleep_level=1", "algo.max_off_policy_steps=0"], "cluster.nodes"),
-    (["+rollout.engine_kwargs.gpu_memory_utilization=0.95"], "rollout.engine_kwargs.gpu_memory_utilization"),
+    (["rollout.vllm.sleep_level=2"], "rollout.vllm.sleep_level"),  # async (max_off_policy_steps=1) cannot sleep
+    (["rollout.vllm.sleep_level=2", "algo.max_off_policy_steps=0", "eval.every_n_steps=2"], "rollout.vllm.sleep_level"),
+    (["rollout.vllm.sleep_level=3"], "rollout.vllm.sleep_level"),
+    (["placement=split", "rollout.vllm.sleep_level=1", "algo.max_off_policy_steps=0"], "cluster.nodes"),
+    (["+rollout.vllm.engine_kwargs.gpu_memory_utilization=0.95"], "rollout.vllm.engine_kwargs.gpu_memory_utilization"),
     (SHAPE_4B + ["trainer.micro_batch_tokens=16384"], "trainer.micro_batch_tokens"),
     (SHAPE_4B + ["model.arch.num_hidden_layers=72"], "placement"),  # too big even asleep
 ])

@@ -27,7 +27,7 @@ def test_dry_run_prints_plan_without_ray(capsys):
 @pytest.mark.parametrize("overrides,key", [
     (["trainer.ep=3", "trainer.world_size=12", "trainer.dp=6"], "trainer.ep"),
     (["cluster.nodes=3"], "cluster.nodes"),
-    (["rollout.gpus_per_actor=16", "rollout.tensor_parallel_size=16"], "rollout.gpus_per_actor"),
+    (["rollout.gpus_per_actor=16", "rollout.vllm.tensor_parallel_size=16"], "rollout.gpus_per_actor"),
     (["trainer.cp=3", "trainer.dp=4", "trainer.world_size=12", "trainer.ep=4"], "trainer.cp"),
 ])
 def test_impossible_layouts_refused(overrides, key, capsys):

@@ -5,21 +5,31 @@ rollout and teacher actors and the weight transport (`actors/`) read an engine's
 :class:`EngineSpec` and never branch on its name. The class is named by its import path, so this
 module (and validation) stays free of torch: the class is imported only where an engine is built.
 
-Adding an engine (SGLang, say): write a :class:`rlcore.engine.base.RolloutEngine` in its own
-module or folder, and add one :class:`EngineSpec` line to ``_BUILT_IN`` below (a test or an
-out-of-tree plug-in may call :func:`register_engine` instead).
+Each engine reads its options from its own config section (`rollout.vllm.*`, `rollout.hf.*`, and
+the same under `teacher.*`): the spec names the section's attribute and dataclass, and the
+helpers below (`engine_options`, `option`, `tensor_parallel_size`, `sleep_level`, `memory_share`)
+let the rest of rlcore ask the selected engine's section without knowing which engine it is.
+
+Adding an engine (SGLang, say): write a :class:`rlcore.engine.base.RolloutEngine` (and its
+options dataclass) in its own module or folder, and add one :class:`EngineSpec` line to
+``_BUILT_IN`` below (a test or an out-of-tree plug-in calls :func:`register_engine` instead).
+Either way :func:`register_engine` adds the section to the schema; vllm's and hf's are also
+declared in `RolloutConfig` / `TeacherConfig`, where readers of the schema look for them.
 """
 
 from __future__ import annotations
 
 import importlib
-from dataclasses import dataclass
+from dataclasses import dataclass, fields, is_dataclass
 from typing import TYPE_CHECKING, Any, Callable
 
+from rlcore.config import RolloutConfig
+from rlcore.config_engines import HFOptions, VLLMOptions, add_section
+from rlcore.config_teacher import TeacherConfig
 from rlcore.engine.vllm_checks import vllm_problems
 
 if TYPE_CHECKING:
-    from rlcore.config import RolloutConfig, RunConfig
+    from rlcore.config import RunConfig
     from rlcore.engine.base import RolloutEngine
 
 TRANSPORTS = ("broadcast", "nccl", "ipc")
@@ -36,46 +46,66 @@ class EngineSpec:
     """The `rollout.engine` / `teacher.engine` value."""
     cls: str
     """`module:Class` of its :class:`RolloutEngine` (imported only where an engine is built)."""
-    options: tuple[str, ...] = ()
-    """Its config section: the `rollout.*` keys it reads beyond the ones every engine reads."""
+    section: str | None = None
+    """Attribute of its config section under `rollout` and `teacher` (`vllm` -> `rollout.vllm.*`);
+    None: the engine reads no options of its own."""
+    options: type | None = None
+    """Dataclass of its section (one-line docstring per field); its engine reads it from
+    `cfg.rollout.<section>` (:func:`engine_options`)."""
     transports: tuple[str, ...] = ("broadcast",)
     """Weight transports it receives; split placement uses the first that is not `ipc`, and
     colocated placement needs `ipc`."""
     needs_gpu: bool = False
-    """It runs on GPUs only (tensor_parallel_size GPUs per actor)."""
-    sleeps: bool = False
-    """It has a sleep mode (`rollout.sleep_level`)."""
-    quantizations: tuple[str, ...] = ()
-    """The online weight quantizations it serves (`rollout.quantization`)."""
+    """It runs on GPUs only (`tensor_parallel_size` GPUs per actor)."""
     memory_share_kwarg: str | None = None
-    """The `engine_kwargs` key of its GPU memory share (colocated placement and a teacher on a
-    share of a GPU set it); None: the engine takes no such share."""
+    """The key of its section's `engine_kwargs` that holds its GPU memory share (colocated
+    placement and a teacher on a share of a GPU set it); None: the engine takes no such share."""
+    rollout_only: tuple[str, ...] = ()
+    """Options of its section that only a rollout engine reads (a teacher never receives
+    weights nor sleeps): a teacher's section must leave them at their defaults."""
     problems: Callable[[RunConfig], list[tuple[str, str]]] | None = None
     """Its own config checks (run by `rlcore.validate`), as (key, message) pairs."""
 
 
 _BUILT_IN = (
-    EngineSpec("hf", "rlcore.engine.hf_engine:HFEngine"),
-    EngineSpec("vllm", "rlcore.engine.vllm_engine:VLLMEngine",
-               options=("tensor_parallel_size", "weight_reload", "kv_on_update", "engine_kwargs", "quantization",
-                        "sleep_level"),
-               transports=("nccl", "ipc"), needs_gpu=True, sleeps=True, quantizations=("fp8",),
-               memory_share_kwarg="gpu_memory_utilization", problems=vllm_problems),
+    EngineSpec("hf", "rlcore.engine.hf_engine:HFEngine", section="hf", options=HFOptions),
+    EngineSpec("vllm", "rlcore.engine.vllm_engine:VLLMEngine", section="vllm", options=VLLMOptions,
+               transports=("nccl", "ipc"), needs_gpu=True, memory_share_kwarg="gpu_memory_utilization",
+               rollout_only=("weight_reload", "kv_on_update", "quantization", "sleep_level"), problems=vllm_problems),
 )
-_ENGINES: dict[str, EngineSpec] = {spec.name: spec for spec in _BUILT_IN}
+_ENGINES: dict[str, EngineSpec] = {}
 
 
 def register_engine(spec: EngineSpec) -> EngineSpec:
-    """Add (or replace) an engine by name; returns `spec`."""
+    """Add (or replace) an engine by name; returns `spec`. An engine with a section new to the
+    schema gets it under `rollout.<section>` and `teacher.<section>` (settable from YAML and the
+    command line like the built-in ones)."""
     unknown = [t for t in spec.transports if t not in TRANSPORTS]
     if unknown or not spec.transports:
         raise ValueError(f"engine {spec.name!r}: transports must be some of {list(TRANSPORTS)}, got {list(spec.transports)}")
+    if (spec.section is None) != (spec.options is None) or (spec.options is not None and not is_dataclass(spec.options)):
+        raise ValueError(f"engine {spec.name!r}: section and options go together, options a dataclass")
+    if spec.section is not None:
+        for holder in (RolloutConfig, TeacherConfig):
+            taken = {f.name: f.default_factory for f in fields(holder)}
+            if taken.get(spec.section, spec.options) is not spec.options:
+                raise ValueError(f"engine {spec.name!r}: {holder.__name__}.{spec.section} is already another key")
+            add_section(holder, spec.section, spec.options)
     _ENGINES[spec.name] = spec
     return spec
 
 
+for _spec in _BUILT_IN:
+    register_engine(_spec)
+
+
 def engine_names() -> list[str]:
     return list(_ENGINES)
+
+
+def sections() -> dict[str, tuple[str, type]]:
+    """Engine name -> (section attribute, options dataclass), for the engines that have one."""
+    return {s.name: (s.section, s.options) for s in _ENGINES.values() if s.section is not None}
 
 
 def engine_spec(name: str) -> EngineSpec:
@@ -109,9 +139,60 @@ def weight_transport(cfg: RunConfig) -> str:
     return next(t for t in engine_spec(cfg.rollout.engine).transports if t != "ipc")
 
 
-def tensor_parallel_size(r: RolloutConfig) -> int:
-    """Workers of one engine: `tensor_parallel_size` for engines that read it, else 1."""
-    return r.tensor_parallel_size if "tensor_parallel_size" in engine_spec(r.engine).options else 1
+def engine_options(group: RolloutConfig | TeacherConfig) -> Any:
+    """The section of `group.engine` (`group.vllm` for vllm); None for an engine without one."""
+    spec = engine_spec(group.engine)
+    return getattr(group, spec.section) if spec.section is not None else None
+
+
+def option(group: RolloutConfig | TeacherConfig, name: str, default: Any = None) -> Any:
+    """Option `name` of the selected engine's section, `default` where it has no such option
+    (e.g. `sleep_level` 0 for an engine without a sleep mode)."""
+    return getattr(engine_options(group), name, default)
+
+
+def has_option(group: RolloutConfig | TeacherConfig, name: str) -> bool:
+    """Whether the selected engine's section has option `name` (e.g. a sleep mode's `sleep_level`)."""
+    return hasattr(engine_options(group), name)
+
+
+def option_key(group: RolloutConfig | TeacherConfig, name: str, prefix: str = "rollout") -> str:
+    """The dotted key of the selected engine's option `name` (`rollout.vllm.sleep_level`)."""
+    return f"{prefix}.{engine_spec(group.engine).section}.{name}"
+
+
+def tensor_parallel_size(group: RolloutConfig | TeacherConfig) -> int:
+    """Workers of one engine: its section's `tensor_parallel_size`, 1 for engines without one."""
+    return option(group, "tensor_parallel_size", 1)
+
+
+def sleep_level(r: RolloutConfig) -> int:
+    """The rollout engine's sleep level (0 = resident; engines without a sleep mode: 0)."""
+    return option(r, "sleep_level", 0)
+
+
+def quantization(r: RolloutConfig) -> str | None:
+    """The rollout engine's online weight quantization (None: unquantized or no such option)."""
+    return option(r, "quantization", None)
+
+
+def memory_share_key(group: RolloutConfig | TeacherConfig, prefix: str = "rollout") -> str | None:
+    """Dotted key of the selected engine's GPU memory share (`rollout.vllm.engine_kwargs.
+    gpu_memory_utilization`); None for an engine without one."""
+    kwarg = engine_spec(group.engine).memory_share_kwarg
+    return None if kwarg is None else f"{option_key(group, 'engine_kwargs', prefix)}.{kwarg}"
+
+
+def memory_share(group: RolloutConfig | TeacherConfig) -> float | None:
+    """The GPU memory share set in the selected engine's `engine_kwargs`; None when unset."""
+    kwarg = engine_spec(group.engine).memory_share_kwarg
+    return None if kwarg is None else option(group, "engine_kwargs", {}).get(kwarg)
+
+
+def set_memory_share(group: RolloutConfig | TeacherConfig, fraction: float) -> None:
+    """Set the selected engine's GPU memory share (the engine must have one)."""
+    opts = engine_options(group)
+    opts.engine_kwargs = {**opts.engine_kwargs, engine_spec(group.engine).memory_share_kwarg: fraction}
 
 
 def min_gpus_per_actor(r: RolloutConfig) -> int:
@@ -119,24 +200,44 @@ def min_gpus_per_actor(r: RolloutConfig) -> int:
     return tensor_parallel_size(r) if engine_spec(r.engine).needs_gpu else 0
 
 
-def engine_problems(cfg: RunConfig) -> list[tuple[str, str]]:
-    """`rollout.engine` is registered, the switches it lacks are off, and its own checks pass."""
-    r = cfg.rollout
-    if r.engine not in _ENGINES:
-        return [("rollout.engine", f"unknown engine {r.engine!r}; choose one of {engine_names()}")]
-    spec, out = engine_spec(r.engine), []
-    if r.sleep_level in (1, 2) and not spec.sleeps:
-        out.append(("rollout.sleep_level", f"sleep mode needs an engine that has one: rollout.engine="
-                    f"{engines_where(lambda s: s.sleeps)}, got {r.engine!r}"))
-    known = {q for s in _ENGINES.values() for q in s.quantizations}
-    if r.quantization is not None and r.quantization in known and r.quantization not in spec.quantizations:
-        out.append(("rollout.quantization", f"{r.quantization.upper()} rollout needs rollout.engine="
-                    f"{engines_where(lambda s: r.quantization in s.quantizations)}, got {r.engine!r}"))
-    if spec.problems is not None:
-        out.extend(spec.problems(cfg))
+def _changed(options: Any) -> list[str]:
+    """Fields of an options dataclass that differ from its defaults."""
+    default = type(options)()
+    return [f.name for f in fields(options) if getattr(options, f.name) != getattr(default, f.name)]
+
+
+def inert_options(cfg: RunConfig) -> list[tuple[str, str]]:
+    """(key, message) for every option set in the section of an engine that is not the selected
+    one (`rollout.vllm.sleep_level=2` with rollout.engine=hf): it would change nothing. The
+    teacher's sections count only with the teacher enabled."""
+    groups = [("rollout", cfg.rollout)] + ([("teacher", cfg.teacher)] if cfg.teacher.enabled else [])
+    out = []
+    for prefix, group in groups:
+        if group.engine not in _ENGINES:
+            continue  # reported as an unknown engine
+        for spec in _ENGINES.values():
+            if spec.section is None or spec.name == group.engine or spec.section == engine_spec(group.engine).section:
+                continue
+            for name in _changed(getattr(group, spec.section)):
+                out.append((f"{prefix}.{spec.section}.{name}", f"an option of the {spec.name} engine "
+                            f"({prefix}.engine={spec.name}), not of {prefix}.engine={group.engine}"))
     return out
 
 
-def quantizations() -> tuple[str, ...]:
-    """Every online quantization some engine serves."""
-    return tuple(dict.fromkeys(q for s in _ENGINES.values() for q in s.quantizations))
+def teacher_option_problems(cfg: RunConfig) -> list[tuple[str, str]]:
+    """The teacher engine's rollout-only options (weights it never receives, sleep) stay at their defaults."""
+    t = cfg.teacher
+    opts, spec = engine_options(t), engine_spec(t.engine)
+    changed = _changed(opts) if opts is not None else []
+    return [(f"teacher.{spec.section}.{name}", f"a rollout engine's option; a teacher never receives weights "
+             f"nor sleeps: leave it unset (rollout.{spec.section}.{name} sets it for the student's engines)")
+            for name in changed if name in spec.rollout_only]
+
+
+def engine_problems(cfg: RunConfig) -> list[tuple[str, str]]:
+    """`rollout.engine` is registered and its own checks pass."""
+    r = cfg.rollout
+    if r.engine not in _ENGINES:
+        return [("rollout.engine", f"unknown engine {r.engine!r}; choose one of {engine_names()}")]
+    spec = engine_spec(r.engine)
+    return spec.problems(cfg) if spec.problems is not None else []

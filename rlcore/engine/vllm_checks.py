@@ -1,4 +1,5 @@
-"""Config checks of the vLLM engine (its registry hook), torch-free: they run before Ray starts."""
+"""Config checks of the vLLM engine's section (`rollout.vllm.*`; its registry hook), torch-free:
+they run before Ray starts."""
 
 from __future__ import annotations
 
@@ -7,13 +8,53 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from rlcore.config import RunConfig
 
+QUANTIZATIONS = ("fp8",)
+"""The online weight quantizations the engine serves (`rollout.vllm.quantization`)."""
+KEY = "rollout.vllm"
+
 
 def vllm_problems(cfg: RunConfig) -> list[tuple[str, str]]:
-    """Each engine runs on `tensor_parallel_size` whole GPUs under split placement; colocated
-    (or `auto`) engines take a share of one GPU, which `rlcore.placement.placement_problems`
-    checks once the placement is resolved."""
-    r = cfg.rollout
-    if r.gpus_per_actor < r.tensor_parallel_size and (cfg.placement == "split" or r.gpus_per_actor <= 0):
-        return [("rollout.gpus_per_actor", f"the vllm engine needs tensor_parallel_size "
-                 f"({r.tensor_parallel_size}) GPUs per actor, got {r.gpus_per_actor}")]
-    return []
+    """The section's values; the engine arguments its fields own; whole GPUs per engine under
+    split placement (colocated or `auto` engines take a share of one GPU, which
+    `rlcore.placement.placement_problems` checks once the placement is resolved); what the
+    colocated IPC receive cannot serve once placement is colocated."""
+    r, v = cfg.rollout, cfg.rollout.vllm
+    out: list[tuple[str, str]] = []
+    if v.tensor_parallel_size <= 0:
+        out.append((f"{KEY}.tensor_parallel_size", f"must be > 0, got {v.tensor_parallel_size!r}"))
+    elif r.gpus_per_actor < v.tensor_parallel_size and (cfg.placement == "split" or r.gpus_per_actor <= 0):
+        out.append(("rollout.gpus_per_actor", f"the vllm engine needs {KEY}.tensor_parallel_size "
+                    f"({v.tensor_parallel_size}) GPUs per actor, got {r.gpus_per_actor}"))
+    if v.quantization is not None and v.quantization not in QUANTIZATIONS:
+        out.append((f"{KEY}.quantization", f"unknown quantization {v.quantization!r}; choose null or one of "
+                    f"{list(QUANTIZATIONS)}"))
+    if v.weight_reload not in ("auto", "direct", "layerwise"):
+        out.append((f"{KEY}.weight_reload", f"must be 'auto', 'direct' or 'layerwise', got {v.weight_reload!r}"))
+    elif v.weight_reload == "direct" and v.quantization is not None:
+        out.append((f"{KEY}.weight_reload", f"'direct' copies weights in unprocessed; quantization="
+                    f"{v.quantization!r} needs 'layerwise' (or 'auto')"))
+    if v.sleep_level not in (0, 1, 2):
+        out.append((f"{KEY}.sleep_level", f"must be 0 (resident), 1 or 2 (vLLM sleep levels), got {v.sleep_level}"))
+    if v.kv_on_update not in ("keep", "recompute"):
+        out.append((f"{KEY}.kv_on_update", f"must be 'keep' or 'recompute', got {v.kv_on_update!r}"))
+    # engine arguments that the section's fields own (the engine is built from those fields)
+    for key, field_name, why in (("reload", "weight_reload", ""), ("kv_on_update", "kv_on_update", ""),
+                                 ("quantization", "quantization",
+                                  " (the canary and the weight-sync path depend on it)")):
+        if key in v.engine_kwargs:
+            out.append((f"{KEY}.engine_kwargs.{key}", f"set {KEY}.{field_name} instead{why}"))
+    if cfg.placement == "colocated":
+        out.extend(colocated_problems(cfg))
+    return out
+
+
+def colocated_problems(cfg: RunConfig) -> list[tuple[str, str]]:
+    """What a colocated engine (weights in place over CUDA IPC) cannot do."""
+    v, out = cfg.rollout.vllm, []
+    if v.quantization is not None:
+        out.append((f"{KEY}.quantization", f"{v.quantization} rollout re-quantizes through vLLM's layerwise "
+                    "reload, which the colocated IPC receive does not run; use placement=split"))
+    if v.weight_reload == "layerwise":
+        out.append((f"{KEY}.weight_reload", "colocated engines receive weights in place over CUDA IPC "
+                    f"(direct); use {KEY}.weight_reload=auto or placement=split"))
+    return out

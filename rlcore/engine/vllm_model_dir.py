@@ -19,17 +19,18 @@ def engine_args_from_config(cfg: Any, seed: int = 0, tokenizer: Any = None) -> t
     :class:`rlcore.config.RunConfig`. A random-weight model (``model.path`` null) is written as a
     directory holding its ``config.json`` (plus tokenizer and image processor for a
     vision-language model) and started with dummy weights: the first sync fills them."""
-    quantization = cfg.rollout.quantization
-    reload = cfg.rollout.weight_reload
+    v = cfg.rollout.vllm  # the engine's own section (rlcore.config_engines.VLLMOptions)
+    quantization = v.quantization
+    reload = v.weight_reload
     if reload == "auto":  # the fast direct receive unless weights are processed after loading
         reload = "layerwise" if quantization else "direct"
-    kwargs: dict[str, Any] = dict(tensor_parallel_size=cfg.rollout.tensor_parallel_size, seed=seed,
-                                  reload=reload, kv_on_update=cfg.rollout.kv_on_update)
+    kwargs: dict[str, Any] = dict(tensor_parallel_size=v.tensor_parallel_size, seed=seed,
+                                  reload=reload, kv_on_update=v.kv_on_update)
     if quantization is not None:
         kwargs["quantization"] = quantization
-    if cfg.rollout.sleep_level:
+    if v.sleep_level:
         kwargs["enable_sleep_mode"] = True
-    kwargs.update(cfg.rollout.engine_kwargs)
+    kwargs.update(v.engine_kwargs)
     path = cfg.model.path
     if path is None:
         model_type = cfg.model.arch.get("model_type")

@@ -27,7 +27,7 @@ KV cache of requests in flight (``kv_on_update``):
 
 Multimodal models always clear caches (vLLM's encoder cache is keyed by image, not by weights).
 
-Quantized rollout (``quantization="fp8"``, ``rollout.quantization``). vLLM 0.26 quantizes a
+Quantized rollout (``quantization="fp8"``, ``rollout.vllm.quantization``). vLLM 0.26 quantizes a
 bf16 checkpoint online: its FP8 linear method creates each weight on the meta device in bf16
 shape, and once a layer's weights are loaded ``process_weights_after_loading`` replaces them with
 an FP8 (e4m3) copy, transposed, plus a per-tensor scale (activations get dynamic per-token

@@ -1,7 +1,7 @@
 """One GPU, trainer and vLLM engine colocated (placement=auto resolves to colocated), through the
 real CLI: weights over CUDA IPC into the direct receive, canary after every sync, a few
 asynchronous steps; then the synchronous hybrid schedule with the engine asleep while the
-trainer steps (rollout.sleep_level=2)."""
+trainer steps (rollout.vllm.sleep_level=2)."""
 
 import json
 import subprocess
@@ -14,7 +14,7 @@ pytest.importorskip("vllm")
 
 ONE_GPU = ["model=qwen3_06b_char", "rollout.engine=vllm", "trainer.gpus_per_rank=1", "rollout.gpus_per_actor=1",
            "cluster.num_gpus=1", "trainer.cpus_per_rank=4", "rollout.cpus_per_actor=4",
-           "+rollout.engine_kwargs.enforce_eager=true", "+rollout.engine_kwargs.max_model_len=1024",
+           "+rollout.vllm.engine_kwargs.enforce_eager=true", "+rollout.vllm.engine_kwargs.max_model_len=1024",
            "trainer.lr=1e-4", "checkpoint.save_final=false", "sft.warmup_steps=0", "logger.console=false"]
 
 
@@ -45,6 +45,6 @@ def test_colocated_async_on_one_gpu(tmp_path):
 
 @pytest.mark.gpu(gpus=1)
 def test_colocated_sync_with_sleep(tmp_path):
-    rows = run_cli(tmp_path / "sleep", "steps=3", "algo.max_off_policy_steps=0", "rollout.sleep_level=2")
+    rows = run_cli(tmp_path / "sleep", "steps=3", "algo.max_off_policy_steps=0", "rollout.vllm.sleep_level=2")
     check_rows(rows, 3, staleness=0)
     assert all(r["sleep_s"] > 0 and r["wake_s"] > 0 for r in rows)

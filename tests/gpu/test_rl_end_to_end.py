@@ -12,8 +12,8 @@ pytest.importorskip("vllm")
 
 QWEN3_0P6B_SHAPE = ["model=qwen3_06b_char"]  # conf/model/qwen3_06b_char.yaml
 TWO_GPUS = ["trainer.gpus_per_rank=1", "trainer.cpus_per_rank=4", "rollout.engine=vllm",
-            "rollout.gpus_per_actor=1", "rollout.cpus_per_actor=4", "+rollout.engine_kwargs.enforce_eager=true",
-            "+rollout.engine_kwargs.gpu_memory_utilization=0.6", "+rollout.engine_kwargs.max_model_len=1024",
+            "rollout.gpus_per_actor=1", "rollout.cpus_per_actor=4", "+rollout.vllm.engine_kwargs.enforce_eager=true",
+            "+rollout.vllm.engine_kwargs.gpu_memory_utilization=0.6", "+rollout.vllm.engine_kwargs.max_model_len=1024",
             "trainer.lr=1e-4", "checkpoint.save_final=false", "sft.warmup_steps=0", "logger.console=false"]
 
 

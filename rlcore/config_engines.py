@@ -1,0 +1,62 @@
+"""Engine sections of the config schema: each engine's own options (`rollout.vllm.*`,
+`rollout.hf.*`, and the same sections under `teacher.*`).
+
+An engine reads only its own section; :mod:`rlcore.engine.registry` names each engine's section
+(attribute and class), and validation refuses (command line) or warns about (YAML) options set
+in the section of an engine that is not the selected one. Kept out of :mod:`rlcore.config` for size.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields, make_dataclass
+from typing import Any, Optional
+
+
+@dataclass
+class VLLMOptions:
+    """Options of the vLLM engine (`rollout.engine=vllm` / `teacher.engine=vllm`)."""
+
+    tensor_parallel_size: int = 1
+    """Tensor parallelism inside one vLLM engine (GPUs per engine)."""
+    engine_kwargs: dict[str, Any] = field(default_factory=dict)
+    """Extra vLLM `AsyncEngineArgs`, e.g. enforce_eager, gpu_memory_utilization, max_model_len."""
+    weight_reload: str = "auto"
+    """Receive path: `direct` (buckets copied straight into the parameters between two engine
+    steps, no pause), `layerwise` (vLLM's reload; needed when weights are processed after
+    loading, e.g. quantised) or `auto` (direct, layerwise with `quantization`). Rollout only."""
+    kv_on_update: str = "keep"
+    """KV cache of requests in flight at a weight update: `keep` (continue on the new weights with
+    the KV computed so far; new requests never reuse older versions' prefix cache) or
+    `recompute` (preempt and recompute their prefix under the new weights). Rollout only."""
+    quantization: Optional[str] = None
+    """Online weight quantization: null (bf16) or `fp8` (weights re-quantized on every sync,
+    dynamic per-token activation scales; Hopper/Ada only). Rollout only."""
+    sleep_level: int = 0
+    """Colocated engines only: 0 keeps the engine resident beside the trainer (asynchronous
+    schedules overlap decoding with training); 1 (weights offloaded to CPU) or 2 (weights dropped,
+    refilled by the next sync) puts the engine to sleep while the trainer steps, freeing its GPU
+    memory for models that do not fit beside the trainer (synchronous schedule only). Rollout only."""
+
+
+@dataclass
+class HFOptions:
+    """Options of the transformers engine (`rollout.engine=hf` / `teacher.engine=hf`).
+
+    It has none of its own yet: it runs the run's model (`model.*`) on a GPU when
+    `rollout.gpus_per_actor` > 0, else on the CPU. The section exists so that a setting meant
+    for another engine cannot pass for one of this engine's."""
+
+
+def add_section(holder: type, name: str, options: type) -> None:
+    """Give the dataclass `holder` (RolloutConfig, TeacherConfig) a field `name: options`
+    defaulting to `options()`, in place, so every reference to the class (RunConfig's default
+    factories, the Hydra schema, `rlcore.config_keys`) sees it. How a plug-in engine registered
+    at run time (:func:`rlcore.engine.registry.register_engine`) gets its own section; a no-op
+    when `holder` already has the field."""
+    if name in {f.name for f in fields(holder)}:
+        return
+    spec = [(f.name, f.type, f) for f in fields(holder)] + [(name, options, field(default_factory=options))]
+    rebuilt = make_dataclass(holder.__name__, spec)
+    for attr in ("__init__", "__repr__", "__eq__", "__dataclass_fields__", "__match_args__"):
+        setattr(holder, attr, getattr(rebuilt, attr))
+    holder.__annotations__ = {**holder.__annotations__, name: options}
