@@ -16,6 +16,7 @@ from rlcore.engine.registry import weight_transport
 from rlcore.engine.vllm_colocated import free_cached_memory
 from rlcore.export import write_hf_dir
 from rlcore.packing import MicroBatch, make_micro_batch
+from rlcore.step import RankWork, rank_micro_batches
 from rlcore.trainer.core import TrainerCore, free_port
 from rlcore.trainer.forward import forward_logprobs
 from rlcore.types import Sample
@@ -69,8 +70,16 @@ class TrainerRank:
         logprobs, mask = logprobs.float().cpu(), mb.loss_mask.bool()
         return [logprobs[(mb.sample_index == i) & mask].tolist() for i in range(len(pairs))]
 
-    def train_step(self, micro_batches: list[MicroBatch], normalizer: float) -> dict:
+    def train_step(self, work: RankWork, normalizer: float) -> dict:
+        """One optimizer step (collective) on this rank's part of the batch: fetch the token data
+        of its samples from the object store (the refs in `work.data`, nested so that Ray hands
+        them over unresolved; bounded by `trainer.step_timeout_s`), pack them by the driver's
+        plan (`rlcore.step.rank_micro_batches`), and train."""
         lr = self.core.optimizer.param_groups[0]["lr"]  # the rate this step uses
+        start = time.perf_counter()
+        data = ray.get(work.data, timeout=self.cfg.trainer.step_timeout_s)
+        micro_batches = rank_micro_batches(work, data)
+        fetch_s = time.perf_counter() - start
         result = self.core.train_step(micro_batches, normalizer)
         memory = {}
         if self.device == "cuda":
@@ -79,7 +88,7 @@ class TrainerRank:
                       "gpu_used_gib": (total - free) / 2**30}  # every process on this GPU
             if self.cfg.rollout.sleep_level:
                 free_cached_memory()  # the engine on this GPU wakes into the memory the step used
-        return {**result.metrics, **memory, "version": result.version, "lr": float(lr)}
+        return {**result.metrics, **memory, "version": result.version, "lr": float(lr), "train_fetch_s": fetch_s}
 
     def sft_step(self, micro_batches: list[MicroBatch], global_loss_tokens: int) -> dict:
         lr = self.cfg.sft.lr if self.cfg.sft.lr is not None else self.core.optimizer.param_groups[0]["lr"]

@@ -204,8 +204,9 @@ def test_distillation_keeps_groups_with_equal_rewards():
     groups are not reported as steps without a learning signal."""
     keys = [k for k, _ in config_problems(compose(["teacher.enabled=true", "algo.filter_zero_adv_groups=true"]))]
     assert "algo.filter_zero_adv_groups" in keys
+    from rlcore.meta import group_meta
     from rlcore.step import build_step
-    g = Group(Task("t", []), [sample([1], [2, 3], [-1.0, -1.0], teacher=[-0.5, -2.0]) for _ in range(2)])
+    g = group_meta(Group(Task("t", []), [sample([1], [2, 3], [-1.0, -1.0], teacher=[-0.5, -2.0]) for _ in range(2)]))
     cfg = compose(["teacher.enabled=true"])
     assert build_step([g], cfg, distill=True).metrics["zero_adv_frac"] == 0.0
     assert build_step([g], cfg).metrics["zero_adv_frac"] == 1.0
