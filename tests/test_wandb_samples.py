@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from rlcore.config import LoggerConfig
-from rlcore.metrics import MetricsLogger
 from rlcore.meta import group_meta
+from rlcore.metrics import MetricsLogger
 from rlcore.samples import due, sample_rows
 from rlcore.types import Group, Sample, Task
 
