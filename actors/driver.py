@@ -5,6 +5,9 @@ whichever remote call finishes first, and react: a finished request fills the bu
 buffer starts a train step; a finished train step starts a weight sync; a finished sync
 advances the policy version and logs the step. Generation never waits for training except
 where `max_off_policy_steps` says so (0 gives the synchronous schedule on the same path).
+Rollout data passes as refs: the driver keeps each group's metadata and the ref of its token
+data, plans the step from metadata, and each trainer rank fetches its own samples
+(`actors.rollout_refs` says where the driver still reads token data, and why).
 """
 
 from __future__ import annotations
