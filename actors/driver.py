@@ -317,7 +317,7 @@ class Driver(WeightSync):
             "tokens_per_s": m.pop("train_tokens") / dt,
             "samples_per_s": m["batch_samples"] / dt,
             "gen_tokens_per_s": gen_tokens / dt,
-            "trainer_busy_frac": min(1.0, (m["train_time_s"] + m["sync_time_s"]) / dt),
+            "trainer_busy_frac": min(1.0, (m["train_time_s"] + m.get("train_fetch_s", 0.0) + m["sync_time_s"]) / dt),
             "rollout_busy_frac": None if rollout_busy is None else min(1.0, rollout_busy),
             "generate_time_s": None if rollout_busy is None else rollout_busy * dt,  # per actor
             "elapsed_s": elapsed,

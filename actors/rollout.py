@@ -22,7 +22,7 @@ from rlcore.envs import make_env
 from rlcore.envs.safety import threads_abandoned
 from rlcore.meta import samples_meta
 from rlcore.models.build import build_model, build_tokenizer
-from rlcore.types import Group, Sample, Task
+from rlcore.types import Group, Sample, SampleMeta, Task
 from rlcore.weight_sync import SyncPlan
 
 
@@ -102,6 +102,13 @@ class RolloutWorker:
             groups = failed_groups(tasks, group_size, f"environment returned {len(groups)} groups for {len(tasks)} tasks")
         stats = groups[0].env_stats if groups else {}
         return ([samples_meta(g.samples) for g in groups], stats), *[g.samples for g in groups]
+
+    def generate_meta(self, tasks: list[Task], group_size: int, split: str = "eval", seed: int | None = None,
+                      sampling: dict | None = None) -> tuple[list[list[SampleMeta]], dict]:
+        """`generate_groups` for a caller that needs the metadata only (evaluation rounds):
+        `(per group list[SampleMeta], env_stats)`; the token data is not sent anywhere."""
+        groups = self.generate_groups(tasks, group_size, split, seed, sampling)
+        return [samples_meta(g.samples) for g in groups], (groups[0].env_stats if groups else {})
 
     def busy_seconds(self) -> float:
         """Seconds this actor spent generating (overlapping requests counted once)."""

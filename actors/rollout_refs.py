@@ -7,12 +7,13 @@ Because the caller owns the return objects of a task, token data sitting in the 
 outlives the rollout actor that made it (Ray's ownership model: the value lives in the node's
 object store, its metadata at the owner); an actor restart loses none of it.
 
-The driver reads token data in three bounded places only, each with a timeout:
+The driver reads token data in two bounded places only, each with a timeout:
 - on-policy distillation (`fetch_groups`): the teacher scores the student's tokens, and the
-  scored groups go back to the object store (`scored_meta`);
-- the samples table every `logger.samples_every` steps (`table_rows`): the groups shown only;
-- evaluation rounds (`actors.evaluation`) still take whole groups (`summarize` reads every
-  policy token's version); they are not on the training path.
+  scored groups go back to the object store (`scored_meta`); moving this fetch to the teacher
+  actors is left for later;
+- the samples table every `logger.samples_every` steps (`table_rows`): the groups shown only.
+Evaluation rounds take metadata only (`RolloutWorker.generate_meta`), and a checkpoint's
+put-back needs the tasks only.
 """
 
 from __future__ import annotations

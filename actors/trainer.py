@@ -74,7 +74,8 @@ class TrainerRank:
         """One optimizer step (collective) on this rank's part of the batch: fetch the token data
         of its samples from the object store (the refs in `work.data`, nested so that Ray hands
         them over unresolved; bounded by `trainer.step_timeout_s`), pack them by the driver's
-        plan (`rlcore.step.rank_micro_batches`), and train."""
+        plan (`rlcore.step.rank_micro_batches`), and train. `train_fetch_s`: the fetch and packing
+        seconds (outside `train_time_s`)."""
         lr = self.core.optimizer.param_groups[0]["lr"]  # the rate this step uses
         start = time.perf_counter()
         data = ray.get(work.data, timeout=self.cfg.trainer.step_timeout_s)

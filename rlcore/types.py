@@ -108,6 +108,8 @@ class SampleMeta:
     """`sum(loss_mask)`: tokens the loss trains on (advantage length terms, loss normaliser)."""
     min_version: int
     """`Sample.min_version` (2**62 when the sample has no policy token)."""
+    max_version: int = -1
+    """Version of the newest policy token (-1 when the sample has none)."""
     finish_reason: str = "stop"
     failed: bool = False
     error: str | None = None
