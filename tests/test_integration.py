@@ -7,6 +7,7 @@ import sys
 import pytest
 import torch
 
+from actors.rollout_refs import launch_generate, request_groups
 from rlcore.run import compose
 
 pytestmark = pytest.mark.integration
@@ -62,7 +63,6 @@ def test_fsdp_two_ranks_weights_reach_engine(ray_cluster, tmp_path):
         assert {v for s in groups[0].samples for v in s.versions} == {2}
         # refs, not data: the driver fetches a request's metadata only; the token data it owns
         # outlives the rollout actor that made it (a trainer rank reads it after a restart)
-        from actors.rollout_refs import launch_generate, request_groups
         tasks = [Task(id=f"y{i}", messages=[{"role": "user", "content": "abcd"[:i + 2]}], answer="") for i in range(2)]
         meta_ref, data_refs = launch_generate(driver.groups.rollouts[0], tasks, 3, seed=1)
         metas = request_groups(ray.get(meta_ref, timeout=60), tasks, data_refs, 0, [0, 1])
