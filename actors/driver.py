@@ -5,6 +5,9 @@ whichever remote call finishes first, and react: a finished request fills the bu
 buffer starts a train step; a finished train step starts a weight sync; a finished sync
 advances the policy version and logs the step. Generation never waits for training except
 where `max_off_policy_steps` says so (0 gives the synchronous schedule on the same path).
+Rollout data passes as refs: the driver keeps each group's metadata and the ref of its token
+data, plans the step from metadata, and each trainer rank fetches its own samples
+(`actors.rollout_refs` says where the driver still reads token data, and why).
 """
 
 from __future__ import annotations
@@ -22,6 +25,13 @@ from actors.groups import Groups, place
 from actors.lifecycle import StepHooks, TaskFeed
 from actors.membership import Members
 from actors.remote import ActorDied, RunError, failed_names, get, refs_ready, wait_ready  # noqa: F401 (re-exported)
+from actors.rollout_refs import (
+    fetch_groups,
+    launch_generate,
+    request_groups,
+    scored_meta,
+    table_rows,
+)
 from actors.teacher import TeacherError, TeacherStage
 from actors.weights import WeightSync
 from rlcore import samples
@@ -36,7 +46,7 @@ from rlcore.models.build import build_tokenizer
 from rlcore.startup import StartupPhases
 from rlcore.step import build_step, has_signal
 from rlcore.trainer.parallel import shards_per_rank
-from rlcore.types import Group, Task
+from rlcore.types import Group, GroupMeta, Task
 from rlcore.weight_sync import SyncPlan, TensorMeta, plan_buckets
 
 log = logging.getLogger("rlcore")
@@ -51,6 +61,8 @@ class Request:
     indices: list[int] = field(default_factory=list)
     """Train-stream index of each task (data order; put back on resume)."""
     seq: int = -1
+    data: list = field(default_factory=list)
+    """Token-data ref of each task's group (the driver owns them; trainer ranks read them)."""
 
 
 @dataclass
@@ -58,7 +70,7 @@ class StepState:
     """What the step being trained carries from batch to log line."""
 
     step: int
-    batch: list[Group]
+    batch: list[GroupMeta]
     max_staleness: int
     metrics: dict[str, Any] = field(default_factory=dict)
 
@@ -122,7 +134,7 @@ class Driver(WeightSync):
             self.init_weight_group()
         if cfg.teacher.enabled:  # after the rollout engines are up: engines sharing a GPU start one by one
             with phase("starting the teacher"):
-                self.teacher = TeacherStage(cfg, self.buffer.add, self.teacher_failed)
+                self.teacher = TeacherStage(cfg, lambda g: self.buffer.add(scored_meta(g)), self.teacher_failed)
                 try:
                     self.teacher.start()
                 except TeacherError as exc:
@@ -153,19 +165,20 @@ class Driver(WeightSync):
             actor = next(self._next_actor)
             while actor not in serving:
                 actor = next(self._next_actor)
-            ref = self.groups.rollouts[actor].generate_groups.remote(tasks, a.group_size, "train",
-                                                                     self.feed.seed(indices))
+            ref, data = launch_generate(self.groups.rollouts[actor], tasks, a.group_size, self.feed.seed(indices))
             self.pending[ref] = Request(actor, tasks, n_tasks * a.group_size, time.perf_counter(), indices,
-                                        self.request_seq)
+                                        self.request_seq, data)
             self.request_seq += 1
             self.buffer.launched(n_tasks * a.group_size)
             queued += n_tasks
 
     def collect(self, ref: ray.ObjectRef) -> int:
-        """Move a finished request's groups into the buffer; returns completion tokens."""
+        """Move a finished request's groups (metadata and token-data refs) into the buffer;
+        returns completion tokens. With a teacher, the groups' token data is fetched for scoring."""
         req = self.pending.pop(ref)
         try:
-            groups: list[Group] = ray.get(ref, timeout=0)
+            groups = request_groups(ray.get(ref, timeout=0), req.tasks, req.data, req.seq, req.indices)
+            whole = fetch_groups(groups, self.cfg.rollout.generate_timeout_s) if self.teacher is not None else None
         except ray.exceptions.RayError as exc:
             log.warning("generate request on rollout actor %d failed (%s): %d samples counted failed",
                         req.actor, type(exc).__name__, req.samples)
@@ -174,15 +187,13 @@ class Driver(WeightSync):
             if isinstance(exc, ray.exceptions.RayActorError):
                 self.engine_lost(req.actor, req.launched_at)  # Ray restarts it; the others serve on
             return 0
-        for group, index in zip(groups, req.indices):
-            group.request_id, group.stream_index = req.seq, index
         self.failures.request_done(groups, req.actor)
-        if self.teacher is not None:
-            self.teacher.submit(groups)  # the buffer gets them once scored
+        if whole is not None:
+            self.teacher.submit(whole)  # the buffer gets them once scored
         else:
             for group in groups:
                 self.buffer.add(group)
-        return sum(len(s.completion_ids) for g in groups for s in g.samples if not s.failed)
+        return sum(s.completion_len for g in groups for s in g.samples if not s.failed)
 
     def expire(self) -> None:
         """Count requests older than the generate timeout (and teacher calls older than theirs)
@@ -204,11 +215,11 @@ class Driver(WeightSync):
     # -- training ------------------------------------------------------------------------------
     def start_train(self, state: StepState) -> list[ray.ObjectRef]:
         cfg = self.cfg
-        step = build_step(state.batch, cfg, distill=self.teacher is not None)
-        state.metrics.update(step.metrics, max_staleness=state.max_staleness)
-        # each rank fetches its own shard from the object store
-        refs = shards_per_rank([ray.put(shard) for shard in step.shards], cfg.trainer)
-        return [tr.train_step.remote(ref, step.normalizer) for tr, ref in zip(self.groups.trainers, refs)]
+        plan = build_step(state.batch, cfg, distill=self.teacher is not None)  # metadata only
+        state.metrics.update(plan.metrics, max_staleness=state.max_staleness)
+        # each rank fetches its own samples' token data from the object store and packs them
+        works = shards_per_rank(plan.ranks, cfg.trainer)
+        return [tr.train_step.remote(work, plan.normalizer) for tr, work in zip(self.groups.trainers, works)]
 
     # -- the loop ------------------------------------------------------------------------------
     def run(self, logger: MetricsLogger) -> list[dict[str, Any]]:
@@ -278,9 +289,10 @@ class Driver(WeightSync):
                 record = self.step_record(state, now - last_end, now - run_start, gen_tokens)
                 logger.log(record)
                 if samples.due(record["step"], cfg.logger.samples_every):
-                    logger.log_samples(record["step"], samples.sample_rows(
-                        state.batch, lambda ids: self.tokenizer.decode(ids, skip_special_tokens=True),
-                        cfg.logger.samples_per_table))
+                    rows = table_rows(state.batch, lambda ids: self.tokenizer.decode(ids, skip_special_tokens=True),
+                                      cfg.logger.samples_per_table, cfg.rollout.generate_timeout_s)
+                    if rows is not None:
+                        logger.log_samples(record["step"], rows)
                 history.append(record)
                 step, last_end, gen_tokens = step + 1, now, 0
                 self.hooks.after_step(step, state, logger)
@@ -294,24 +306,12 @@ class Driver(WeightSync):
             return "no checkpoint was written yet (set checkpoint.interval to write them)"
         return f"last checkpoint: {path}; continue with resume=true"
 
-    def rollout_busy_seconds(self) -> float | None:
-        """Generation seconds summed over rollout actors; None when one does not answer within
-        10 s or was restarted (busy accounting must never stall or fail training)."""
-        refs = [self.groups.rollouts[i].busy_seconds.remote() for i in self.members.serving]
-        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=10.0)
-        if len(ready) < len(refs):
-            return None
-        try:
-            return sum(ray.get(ready))
-        except ray.exceptions.RayError:
-            return None
-
     def step_record(self, state: StepState, step_time: float, elapsed: float, gen_tokens: int) -> dict[str, Any]:
         self.acct.check()
         m = dict(state.metrics)
         m.pop("version", None)
         failed_before, self._failed_last = self._failed_last, self.acct.failed
-        busy = self.rollout_busy_seconds()
+        busy = self.members.busy_seconds()
         rollout_busy = None
         if busy is not None:
             if busy >= self._rollout_busy_last:  # a restarted actor's clock starts again at 0
@@ -326,7 +326,7 @@ class Driver(WeightSync):
             "samples_per_s": m["batch_samples"] / dt,
             "gen_tokens_per_s": gen_tokens / dt,
             # a colocated step also wrote the weights into the IPC buffer (sync_in_step)
-            "trainer_busy_frac": min(1.0, (m["train_time_s"] + m["sync_time_s"]
+            "trainer_busy_frac": min(1.0, (m["train_time_s"] + m.get("train_fetch_s", 0.0) + m["sync_time_s"]
                                            + m.get("sync_in_step", 0.0) * m.get("sync_send_s", 0.0)) / dt),
             "rollout_busy_frac": None if rollout_busy is None else min(1.0, rollout_busy),
             "generate_time_s": None if rollout_busy is None else rollout_busy * dt,  # per actor

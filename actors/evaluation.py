@@ -18,9 +18,10 @@ from actors.rollout import failed_groups
 from rlcore import checkpoint as ckpt
 from rlcore.envs import make_env
 from rlcore.evaluation import eval_tasks, sampling_overrides, summarize
+from rlcore.meta import group_meta
 from rlcore.seeding import derive_seed
 from rlcore.startup import StartupPhases
-from rlcore.types import Group, Task
+from rlcore.types import GroupMeta, Task
 
 log = logging.getLogger("rlcore")
 
@@ -33,8 +34,9 @@ class Round:
     version: int
     started: float
     queued: list[list[tuple[int, Task]]]
-    results: dict[int, list[Group]] = field(default_factory=dict)
-    """Finished requests by chunk number (kept in task order for the summary)."""
+    results: dict[int, list[GroupMeta]] = field(default_factory=dict)
+    """Finished requests by chunk number (kept in task order for the summary); metadata only:
+    the token data of an evaluation never leaves the rollout actor."""
     outstanding: int = 0
 
 
@@ -72,7 +74,7 @@ class Evaluator:
                 chunk_no, chunk = rnd.queued.pop(0)
                 actor = free.pop(0)
                 first = chunk[0][0]
-                ref = self.rollouts[actor].generate_groups.remote(
+                ref = self.rollouts[actor].generate_meta.remote(
                     [t for _, t in chunk], e.samples_per_task, e.split,
                     derive_seed(e.seed, e.split, first), self.sampling)
                 self._inflight[ref] = (rnd, chunk_no, actor)
@@ -92,13 +94,15 @@ class Evaluator:
         """Take a finished eval request; returns the round's record when the round is complete."""
         rnd, chunk_no, actor = self._inflight.pop(ref)
         rnd.outstanding -= 1
+        tasks = [t for _, t in self.chunks[chunk_no]]
         try:
-            rnd.results[chunk_no] = ray.get(ref, timeout=0)
+            metas, _ = ray.get(ref, timeout=0)
+            rnd.results[chunk_no] = [GroupMeta(task=t, samples=m) for t, m in zip(tasks, metas)]
         except ray.exceptions.RayError as exc:
             log.warning("eval request on rollout actor %d failed (%s); its tasks count as failed", actor,
                         type(exc).__name__)
-            rnd.results[chunk_no] = failed_groups([t for _, t in self.chunks[chunk_no]],
-                                                  self.cfg.eval.samples_per_task, str(exc))
+            rnd.results[chunk_no] = [group_meta(g) for g in failed_groups(tasks, self.cfg.eval.samples_per_task,
+                                                                          str(exc))]
         self.pump()
         if rnd.queued or rnd.outstanding:
             return None

@@ -99,3 +99,15 @@ class Members:
             self.joined_at[i] = now
         self.serving = sorted(self.serving + list(actors))
         return actors
+
+    def busy_seconds(self) -> float | None:
+        """Generation seconds summed over the serving actors; None when one does not answer
+        within 10 s or was restarted (busy accounting must never stall or fail training)."""
+        refs = [self.actors[i].busy_seconds.remote() for i in self.serving]
+        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=10.0)
+        if len(ready) < len(refs):
+            return None
+        try:
+            return sum(ray.get(ready))
+        except ray.exceptions.RayError:
+            return None

@@ -20,8 +20,9 @@ from rlcore.engine.base import SamplingParams
 from rlcore.engine.registry import make_engine
 from rlcore.envs import make_env
 from rlcore.envs.safety import threads_abandoned
+from rlcore.meta import samples_meta
 from rlcore.models.build import build_model, build_tokenizer
-from rlcore.types import Group, Sample, Task
+from rlcore.types import Group, Sample, SampleMeta, Task
 from rlcore.weight_sync import SyncPlan
 
 
@@ -88,6 +89,26 @@ class RolloutWorker:
         for g in groups:
             g.env_stats = stats
         return groups
+
+    def generate_split(self, tasks: list[Task], group_size: int, split: str = "train",
+                       seed: int | None = None) -> tuple:
+        """`generate_groups`, returned as `1 + len(tasks)` objects (call it with
+        `.options(num_returns=1 + len(tasks))`): return 0 is the metadata the driver keeps
+        (`(per group list[SampleMeta], env_stats)`), return 1 + i the token data of group i
+        (`list[Sample]`), which only trainer ranks fetch. The caller owns every return object, so
+        the data outlives this actor (a restart loses none of it)."""
+        groups = self.generate_groups(tasks, group_size, split, seed)
+        if len(groups) != len(tasks):  # the return count is fixed by the call: keep it whatever happened
+            groups = failed_groups(tasks, group_size, f"environment returned {len(groups)} groups for {len(tasks)} tasks")
+        stats = groups[0].env_stats if groups else {}
+        return ([samples_meta(g.samples) for g in groups], stats), *[g.samples for g in groups]
+
+    def generate_meta(self, tasks: list[Task], group_size: int, split: str = "eval", seed: int | None = None,
+                      sampling: dict | None = None) -> tuple[list[list[SampleMeta]], dict]:
+        """`generate_groups` for a caller that needs the metadata only (evaluation rounds):
+        `(per group list[SampleMeta], env_stats)`; the token data is not sent anywhere."""
+        groups = self.generate_groups(tasks, group_size, split, seed, sampling)
+        return [samples_meta(g.samples) for g in groups], (groups[0].env_stats if groups else {})
 
     def busy_seconds(self) -> float:
         """Seconds this actor spent generating (overlapping requests counted once)."""

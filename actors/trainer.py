@@ -16,6 +16,7 @@ from rlcore.engine.registry import sleep_level, weight_transport
 from rlcore.engine.vllm_colocated import free_cached_memory
 from rlcore.export import write_hf_dir
 from rlcore.packing import MicroBatch, make_micro_batch
+from rlcore.step import RankWork, rank_micro_batches
 from rlcore.trainer.core import TrainerCore, free_port
 from rlcore.trainer.forward import forward_logprobs
 from rlcore.types import Sample
@@ -72,11 +73,19 @@ class TrainerRank:
         logprobs, mask = logprobs.float().cpu(), mb.loss_mask.bool()
         return [logprobs[(mb.sample_index == i) & mask].tolist() for i in range(len(pairs))]
 
-    def train_step(self, micro_batches: list[MicroBatch], normalizer: float) -> dict:
-        """One optimizer step. Colocated, the new weights are also written into this rank's IPC
-        buffer before returning (`weights_pushed`, as `push_weights` returns it): the driver's
-        sync is then one call, the engines' receive."""
+    def train_step(self, work: RankWork, normalizer: float) -> dict:
+        """One optimizer step (collective) on this rank's part of the batch: fetch the token data
+        of its samples from the object store (the refs in `work.data`, nested so that Ray hands
+        them over unresolved; bounded by `trainer.step_timeout_s`), pack them by the driver's
+        plan (`rlcore.step.rank_micro_batches`), and train. `train_fetch_s`: the fetch and packing
+        seconds (outside `train_time_s`). Colocated, the new weights are also written into this
+        rank's IPC buffer before returning (`weights_pushed`, as `push_weights` returns it): the
+        driver's sync is then one call, the engines' receive."""
         lr = self.core.optimizer.param_groups[0]["lr"]  # the rate this step uses
+        start = time.perf_counter()
+        data = ray.get(work.data, timeout=self.cfg.trainer.step_timeout_s)
+        micro_batches = rank_micro_batches(work, data)
+        fetch_s = time.perf_counter() - start
         result = self.core.train_step(micro_batches, normalizer)
         pushed = {}
         if self.sender is not None and self.sender.ipc is not None:
@@ -88,7 +97,8 @@ class TrainerRank:
                       "gpu_used_gib": (total - free) / 2**30}  # every process on this GPU
             if sleep_level(self.cfg.rollout):
                 free_cached_memory()  # the engine on this GPU wakes into the memory the step used
-        return {**result.metrics, **memory, **pushed, "version": result.version, "lr": float(lr)}
+        return {**result.metrics, **memory, **pushed, "version": result.version, "lr": float(lr),
+                "train_fetch_s": fetch_s}
 
     def sft_step(self, micro_batches: list[MicroBatch], global_loss_tokens: int) -> dict:
         lr = self.cfg.sft.lr if self.cfg.sft.lr is not None else self.core.optimizer.param_groups[0]["lr"]

@@ -1,18 +1,23 @@
 """What the RL driver itself costs per sample and per step, with synthetic groups (no engine).
 
-The driver does four things with rollout data each step (`actors/driver.py`):
+The driver keeps ObjectRefs plus per-sample metadata; it never deserialises token data on the RL
+path (`actors/rollout_refs.py`). Each step it does (`actors/driver.py`):
 
-1. `collect`: `ray.get` of each finished generate request (the groups a rollout actor returned,
-   deserialised in the driver process), then `RolloutBuffer.add` per group;
+1. `collect`: `ray.get` of each finished generate request's return 0 (its groups' metadata,
+   `list[SampleMeta]` per group; returns 1..n, each group's `list[Sample]`, stay in the object
+   store as refs the driver owns), then `RolloutBuffer.add` per group;
 2. `pop_batch`: the batch leaves the buffer;
-3. `build_step` (`rlcore/step.py`): advantages, token-balanced packing into one shard per
-   data-parallel rank, the loss normaliser and the batch metrics;
-4. `ray.put` of each shard (every trainer rank fetches its own from the object store).
+3. `build_step` (`rlcore/step.py`): advantages, the token-balanced packing plan, the loss
+   normaliser and the batch metrics, from metadata alone;
+4. `dispatch`: serialising each data-parallel rank's `RankWork` (refs, sample picks,
+   advantages, micro-batch bins) into the object store, as a `train_step.remote` does with it.
 
-This script runs exactly those functions on groups made by a Ray task in another process (so
-the `ray.get` pays the same deserialisation as a rollout actor's reply) and reports the seconds
-of each part, per step and per sample. One driver can feed `samples/s per GPU` GPUs only while
-its own samples/s (1 / seconds per sample) stays above the GPUs' total.
+This script runs exactly those functions on requests made by a Ray task in another process
+(`generate_split`'s return layout, one object per group), and reports the seconds of each part,
+per step and per sample. One driver can feed `samples/s per GPU` GPUs only while its own
+samples/s (1 / seconds per sample) stays above the GPUs' total. `rank_fetch_pack_s` is not the
+driver's cost: it is what trainer rank 0 then spends (in its own process) fetching its samples'
+token data and packing its micro-batches (`rlcore.step.rank_micro_batches`).
 
     uv run python benchmarks/driver_overhead.py --samples 1000 10000 100000 --out driver_overhead.json
 """
@@ -33,20 +38,21 @@ local_ray_environment()  # what `python -m rlcore.run` sets before Ray is import
 
 import ray  # noqa: E402
 
+from actors.rollout_refs import request_groups  # noqa: E402
 from rlcore.buffer import Accounting, RolloutBuffer  # noqa: E402
-from rlcore.step import build_step  # noqa: E402
-from rlcore.trainer.parallel import shards_per_rank  # noqa: E402
-from rlcore.types import Group, Sample, Task  # noqa: E402
+from rlcore.meta import samples_meta  # noqa: E402
+from rlcore.step import RankWork, build_step, rank_micro_batches  # noqa: E402
+from rlcore.types import Sample, Task  # noqa: E402
 
 
 @ray.remote
-def make_request(first: int, groups: int, group_size: int, prompt_len: int, completion_len: int,
-                 vocab: int, seed: int) -> list[Group]:
-    """One generate request's reply, as a rollout actor returns it: `groups` groups of
-    `group_size` samples with random token ids, logprobs, rewards and completion lengths."""
+def make_request(groups: int, group_size: int, prompt_len: int, completion_len: int, vocab: int, seed: int) -> tuple:
+    """One generate request's reply, laid out as `RolloutWorker.generate_split` returns it (call
+    with `num_returns=1 + groups`): the metadata, then each group's samples (random token ids,
+    logprobs, rewards and completion lengths)."""
     rng = random.Random(seed)
-    out = []
-    for g in range(groups):
+    data = []
+    for _ in range(groups):
         prompt = [rng.randrange(vocab) for _ in range(prompt_len)]
         samples = []
         for _ in range(group_size):
@@ -54,9 +60,16 @@ def make_request(first: int, groups: int, group_size: int, prompt_len: int, comp
             samples.append(Sample(prompt, [rng.randrange(vocab) for _ in range(n)],
                                   [-rng.random() for _ in range(n)], [0] * n, [1] * n,
                                   finish_reason="stop", reward=float(rng.random() < 0.5)))
-        out.append(Group(task=Task(id=f"t{first + g}", messages=[{"role": "user", "content": "x"}]),
-                         samples=samples, stream_index=first + g))
-    return out
+        data.append(samples)
+    return ([samples_meta(d) for d in data], {}), *data
+
+
+@ray.remote
+def rank_side(work: RankWork, timeout_s: float) -> float:
+    """What a trainer rank does before its forward passes: fetch its groups, pack its micro-batches."""
+    start = time.perf_counter()
+    rank_micro_batches(work, ray.get(work.data, timeout=timeout_s))
+    return time.perf_counter() - start
 
 
 def measure(samples: int, args) -> dict:
@@ -65,15 +78,21 @@ def measure(samples: int, args) -> dict:
                    f"trainer.world_size={args.dp}", f"trainer.micro_batch_tokens={args.micro_batch_tokens}",
                    f"rollout.sampling.max_new_tokens={args.completion_len}"])
     per_request = args.tasks_per_request
-    refs = [make_request.remote(i, min(per_request, groups - i), args.group_size, args.prompt_len,
-                                args.completion_len, 32000, i) for i in range(0, groups, per_request)]
-    ray.wait(refs, num_returns=len(refs), timeout=3600, fetch_local=False)  # generation is not the driver's cost
+    requests = []
+    for first in range(0, groups, per_request):
+        n = min(per_request, groups - first)
+        refs = make_request.options(num_returns=1 + n).remote(n, args.group_size, args.prompt_len,
+                                                              args.completion_len, 32000, first)
+        tasks = [Task(id=f"t{first + g}", messages=[{"role": "user", "content": "x"}]) for g in range(n)]
+        requests.append((refs[0], list(refs[1:]), tasks, list(range(first, first + n))))
+    every = [r for req in requests for r in [req[0], *req[1]]]
+    ray.wait(every, num_returns=len(every), timeout=3600, fetch_local=False)  # generation is not the driver's cost
     acct = Accounting()
     buffer = RolloutBuffer(0, groups + 1, acct)
     buffer.launched(groups * args.group_size)
-    times = {}
     t0 = time.perf_counter()
-    fetched = [ray.get(ref, timeout=600) for ref in refs]  # one call per finished request, as `collect`
+    fetched = [request_groups(ray.get(meta, timeout=600), tasks, data, seq, indices)  # one call per request
+               for seq, (meta, data, tasks, indices) in enumerate(requests)]
     t1 = time.perf_counter()
     for request in fetched:
         for group in request:
@@ -84,17 +103,18 @@ def measure(samples: int, args) -> dict:
     t3 = time.perf_counter()
     step = build_step(batch, cfg)
     t4 = time.perf_counter()
-    shard_refs = shards_per_rank([ray.put(shard) for shard in step.shards], cfg.trainer)
+    work_refs = [ray.put(work) for work in step.ranks]
     t5 = time.perf_counter()
     times = {"ray_get_s": t1 - t0, "buffer_add_s": t2 - t1, "pop_batch_s": t3 - t2, "build_step_s": t4 - t3,
-             "ray_put_s": t5 - t4}
+             "dispatch_s": t5 - t4}
     total = t5 - t0
-    tokens = sum(len(s.prompt_ids) + len(s.completion_ids) for g in batch for s in g.samples)
-    del fetched, batch, step, shard_refs, refs
+    rank_s = ray.get(rank_side.remote(step.ranks[0], 600), timeout=600)
+    tokens = sum(s.num_tokens for g in batch for s in g.samples)
+    del fetched, batch, step, work_refs, requests, every
     gc.collect()
     return {"samples": groups * args.group_size, "tokens": tokens, "requests": -(-groups // per_request),
             **times, "total_s": total, "per_sample_us": total / (groups * args.group_size) * 1e6,
-            "driver_samples_per_s": groups * args.group_size / total}
+            "driver_samples_per_s": groups * args.group_size / total, "rank_fetch_pack_s": rank_s}
 
 
 def main() -> None:

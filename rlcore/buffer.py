@@ -1,5 +1,6 @@
-"""The rollout buffer: finished groups wait here until a batch is full; staleness is enforced
-and every sample is accounted for."""
+"""The rollout buffer: finished groups (their metadata, `GroupMeta`: the token data stays in the
+object store) wait here until a batch is full; staleness is enforced and every sample is
+accounted for."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from collections import deque
 from dataclasses import asdict, dataclass
 from typing import Callable
 
-from rlcore.types import Group
+from rlcore.types import GroupMeta
 
 
 @dataclass
@@ -49,7 +50,7 @@ class RolloutBuffer:
         self.max_off_policy_steps = max_off_policy_steps
         self.capacity_groups = capacity_groups
         self.acct = accounting
-        self._groups: deque[Group] = deque()
+        self._groups: deque[GroupMeta] = deque()
 
     def __len__(self) -> int:
         return len(self._groups)
@@ -63,7 +64,7 @@ class RolloutBuffer:
         self.acct.in_flight -= samples
         self.acct.failed += samples
 
-    def add(self, group: Group) -> None:
+    def add(self, group: GroupMeta) -> None:
         """Keep a finished group; its failed samples are counted and removed now."""
         ok = [s for s in group.samples if not s.failed]
         self.fail(len(group.samples) - len(ok))
@@ -75,7 +76,7 @@ class RolloutBuffer:
         group.samples = ok
         self._groups.append(group)
 
-    def is_stale(self, group: Group, version: int) -> bool:
+    def is_stale(self, group: GroupMeta, version: int) -> bool:
         return version - group.min_version > self.max_off_policy_steps
 
     def drop_stale(self, version: int) -> int:
@@ -92,13 +93,13 @@ class RolloutBuffer:
         return dropped
 
     def pop_batch(self, version: int, num_groups: int,
-                  keep: Callable[[Group], bool] | None = None) -> list[Group] | None:
+                  keep: Callable[[GroupMeta], bool] | None = None) -> list[GroupMeta] | None:
         """The oldest `num_groups` groups trainable at `version`, or None if there are not enough
         yet. Popped samples count as trained. Groups for which `keep` is false (dynamic
         sampling) are dropped and counted as filtered."""
         self.drop_stale(version)
         if keep is not None:
-            kept: deque[Group] = deque()
+            kept: deque[GroupMeta] = deque()
             for g in self._groups:
                 if keep(g):
                     kept.append(g)
@@ -114,9 +115,9 @@ class RolloutBuffer:
         self.acct.trained += n
         return batch
 
-    def snapshot(self) -> list[Group]:
+    def snapshot(self) -> list[GroupMeta]:
         """The buffered groups, oldest first (a checkpoint records their tasks)."""
         return list(self._groups)
 
-    def max_staleness(self, batch: list[Group], version: int) -> int:
+    def max_staleness(self, batch: list[GroupMeta], version: int) -> int:
         return max(version - g.min_version for g in batch)

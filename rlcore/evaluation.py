@@ -24,7 +24,7 @@ import logging
 from math import comb
 from typing import Any
 
-from rlcore.types import Group, Task
+from rlcore.types import GroupMeta, Task
 
 log = logging.getLogger("rlcore")
 
@@ -40,7 +40,7 @@ def pass_at_k(n: int, c: int, k: int) -> float:
     return 1.0 - comb(n - c, k) / comb(n, k)
 
 
-def summarize(groups: list[Group], ks: list[int], threshold: float, prefix: str = "eval/") -> dict[str, float]:
+def summarize(groups: list[GroupMeta], ks: list[int], threshold: float, prefix: str = "eval/") -> dict[str, float]:
     """Metrics of one round. A failed sample counts as incorrect for pass@k (n stays the number
     of completions asked for) and is left out of the reward mean (its count is reported)."""
     rewards, lengths, versions = [], [], []
@@ -53,8 +53,9 @@ def summarize(groups: list[Group], ks: list[int], threshold: float, prefix: str 
         for s in g.samples:
             if not s.failed:
                 rewards.append(s.reward)
-                lengths.append(len(s.completion_ids))
-                versions.extend(v for v, m in zip(s.versions, s.loss_mask) if m)
+                lengths.append(s.completion_len)
+                if s.max_version >= 0:  # it has policy tokens
+                    versions += [s.min_version, s.max_version]
         for k in ks:
             if n >= k:
                 passes[k].append(pass_at_k(n, c, k))

@@ -18,7 +18,7 @@ import logging
 import re
 from collections import Counter
 
-from rlcore.types import Group
+from rlcore.types import GroupMeta
 
 log = logging.getLogger("rlcore")
 REASON_CHARS = 160
@@ -63,7 +63,7 @@ class FailureLog:
             printed = f"; it printed ({len(output)} chars kept): " + " | ".join(lines[:3])[:300]
         log.warning("sample failed (first of its kind) on task %s: %s%s", task_id, message, printed)
 
-    def request_done(self, groups: list[Group], actor: int) -> None:
+    def request_done(self, groups: list[GroupMeta], actor: int) -> None:
         """Count a finished request's failed samples; update the all-failed streak."""
         total = failed = 0
         for g in groups:

@@ -152,16 +152,31 @@ def pack_first_fit(lengths: list[int], indices: list[int], budget: int) -> list[
     return bins
 
 
+def plan_for_ranks(lengths: list[int], num_ranks: int, micro_batch_tokens: int) -> list[list[list[int]]]:
+    """The packing plan, from sample lengths alone: per rank, per micro-batch, the sample indices
+    (token-balanced over ranks by :func:`balance_across_ranks`, first-fit-decreasing bins of at
+    most `micro_batch_tokens` by :func:`pack_first_fit`). Every rank gets the same number of
+    micro-batches: a rank with fewer gets empty ones (`[]`, an :func:`empty_micro_batch`)."""
+    per_rank = [pack_first_fit(lengths, indices, micro_batch_tokens)
+                for indices in balance_across_ranks(lengths, num_ranks)]
+    most = max(len(r) for r in per_rank)
+    for r in per_rank:
+        r.extend([] for _ in range(most - len(r)))
+    return per_rank
+
+
+def materialise(samples: list[Sample], advantages: list[Advantage], bins: list[list[int]],
+                pad_token_id: int = 0) -> list[MicroBatch]:
+    """One rank's micro-batches from its plan: bin `b` packs `samples[i]` for i in `bins[b]`, in
+    order; an empty bin is an :func:`empty_micro_batch`."""
+    return [make_micro_batch([samples[i] for i in b], [advantages[i] for i in b]) if b
+            else empty_micro_batch(pad_token_id) for b in bins]
+
+
 def pack_for_ranks(samples: list[Sample], advantages: list[Advantage], num_ranks: int,
                    micro_batch_tokens: int, pad_token_id: int = 0) -> list[list[MicroBatch]]:
     """Split samples over ranks (token-balanced), pack each rank's share into micro-batches of at
-    most `micro_batch_tokens`, and pad every rank to the same number of micro-batches."""
-    lengths = [s.num_tokens for s in samples]
-    per_rank = []
-    for indices in balance_across_ranks(lengths, num_ranks):
-        bins = pack_first_fit(lengths, indices, micro_batch_tokens)
-        per_rank.append([make_micro_batch([samples[i] for i in b], [advantages[i] for i in b]) for b in bins])
-    most = max(len(r) for r in per_rank)
-    for r in per_rank:
-        r.extend(empty_micro_batch(pad_token_id) for _ in range(most - len(r)))
-    return per_rank
+    most `micro_batch_tokens`, and pad every rank to the same number of micro-batches
+    (:func:`plan_for_ranks`, then :func:`materialise` per rank)."""
+    plan = plan_for_ranks([s.num_tokens for s in samples], num_ranks, micro_batch_tokens)
+    return [materialise(samples, advantages, bins, pad_token_id) for bins in plan]

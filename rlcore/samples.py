@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from rlcore.types import Group, Task
+from rlcore.types import GroupMeta, Sample, SampleMeta, Task
 
 
 def due(step: int, every: int) -> bool:
@@ -23,19 +23,20 @@ def prompt_text(task: Task) -> str:
     return str(task.messages)
 
 
-def sample_rows(groups: list[Group], decode: Callable[[list[int]], str], limit: int) -> list[dict[str, Any]]:
+def sample_rows(groups: list[GroupMeta], decode: Callable[[list[int]], str], limit: int,
+                fetch: Callable[[list], list[list[Sample]]] = list) -> list[dict[str, Any]]:
     """Up to `limit` scored samples, one per group in turn (so the rows cover many prompts):
     {prompt, completion, reward, version}; `version` is the oldest policy version among the
-    sample's tokens. Failed samples are left out."""
-    rows: list[dict[str, Any]] = []
+    sample's tokens. Failed samples are left out. The rows are chosen from metadata; `fetch`
+    (handles -> each group's `list[Sample]`; default: the handles are the lists) is called once,
+    with the token data handles of the groups shown only."""
+    picked: list[tuple[int, SampleMeta]] = []
     depth = max((len(g.samples) for g in groups), default=0)
     for i in range(depth):
-        for g in groups:
-            if len(rows) >= limit:
-                return rows
-            if i < len(g.samples) and not g.samples[i].failed:
-                s = g.samples[i]
-                version = s.min_version if any(s.loss_mask) else None
-                rows.append({"prompt": prompt_text(g.task), "completion": decode(s.completion_ids),
-                             "reward": float(s.reward), "version": version})
-    return rows
+        for gi, g in enumerate(groups):
+            if len(picked) < limit and i < len(g.samples) and not g.samples[i].failed:
+                picked.append((gi, g.samples[i]))
+    shown = list(dict.fromkeys(gi for gi, _ in picked))
+    data = dict(zip(shown, fetch([groups[gi].data for gi in shown]))) if shown else {}
+    return [{"prompt": prompt_text(groups[gi].task), "completion": decode(data[gi][s.index].completion_ids),
+             "reward": float(s.reward), "version": s.min_version if s.loss_tokens else None} for gi, s in picked]

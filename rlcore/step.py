@@ -1,11 +1,17 @@
-"""One RL step as data, Ray-free: a batch of scored groups in, per-rank shards out.
+"""One RL step as data, Ray-free: the driver plans it from metadata, each trainer rank builds its
+own micro-batches from the token data it fetched.
 
-    groups -> per-sample advantages (algo.*) [-> per-token distillation advantages (teacher.*)]
-           -> token-balanced packing into one shard of micro-batches per data-parallel rank
-           -> the loss normaliser over the global batch, and the batch's metrics
+    driver  (build_step, GroupMeta only):
+        per-sample advantages (algo.*) from rewards and loss-token counts
+        [on-policy distillation: the batch's teacher baseline and metrics from per-sample sums]
+        the packing plan from sample lengths (token-balanced ranks, micro-batch bins)
+        -> one RankWork per data-parallel rank, the loss normaliser, the batch's metrics
+    trainer rank (rank_micro_batches, its groups' list[Sample]):
+        [per-token distillation advantages] -> packed MicroBatch list (rlcore.packing.materialise)
 
-The RL driver calls :func:`build_step` and hands each trainer rank its shard; tests call it
-without Ray.
+Plan + materialise give exactly the micro-batches `rlcore.packing.pack_for_ranks` would give
+on the whole batch. The driver calls :func:`build_step` and sends each trainer rank its
+:class:`RankWork`; tests call both without Ray (a group's `data` handle is then the list itself).
 """
 
 from __future__ import annotations
@@ -16,33 +22,49 @@ from typing import Any
 import torch
 
 from rlcore.algo.advantages import compute_advantages, nonzero_advantage_groups
-from rlcore.algo.distill import batch_token_advantages
+from rlcore.algo.distill import batch_baseline, token_advantages
 from rlcore.algo.losses import loss_normalizer
 from rlcore.config import AlgoConfig, RunConfig
-from rlcore.packing import MicroBatch, pack_for_ranks
+from rlcore.packing import Advantage, MicroBatch, materialise, plan_for_ranks
 from rlcore.trainer.parallel import data_parallel_size
-from rlcore.types import Group
+from rlcore.types import GroupMeta, Sample
 
 
 @dataclass
-class StepBatch:
-    """What one train step needs: a shard per data-parallel rank, and the loss normaliser."""
+class RankWork:
+    """One data-parallel rank's part of a step: which token data to fetch and how to pack it."""
 
-    shards: list[list[MicroBatch]]
-    """Micro-batches of each data-parallel rank (context-parallel ranks share their group's)."""
+    data: list
+    """Handles of the groups' token data this rank reads (`GroupMeta.data`), each once."""
+    picks: list[tuple[int, int]]
+    """Rank-local sample j is sample `picks[j][1]` of the group list `data[picks[j][0]]`."""
+    advantages: list[float]
+    """The reward advantage of each rank-local sample."""
+    bins: list[list[int]]
+    """Rank-local sample indices of each micro-batch, in packing order (`[]`: an empty one)."""
+    distill: tuple[float, float, float] | None = None
+    """On-policy distillation: `(kl_coef, reward_coef, baseline)` of the per-token advantage."""
+
+
+@dataclass
+class StepPlan:
+    """What one train step needs: the work of each data-parallel rank, and the loss normaliser."""
+
+    ranks: list[RankWork]
+    """One per data-parallel rank (context-parallel ranks share their group's)."""
     normalizer: float
     """Global-batch divisor of the summed per-token loss (see `loss_normalizer`)."""
     metrics: dict[str, Any] = field(default_factory=dict)
     """The batch's reward, length and staleness statistics for the step's log line."""
 
 
-def sample_advantages(batch: list[Group], algo: AlgoConfig) -> list[float]:
+def sample_advantages(batch: list[GroupMeta], algo: AlgoConfig) -> list[float]:
     """Per-sample advantages, in batch order. Groups that lost failed samples can differ in size;
     equal-size groups go through the estimator together (batch-level estimators such as
     REINFORCE++ see the whole batch), unequal ones one group at a time."""
     def tensors(groups):
         return (torch.tensor([g.rewards for g in groups], dtype=torch.float32),
-                torch.tensor([[sum(s.loss_mask) for s in g.samples] for g in groups], dtype=torch.float32))
+                torch.tensor([[s.loss_tokens for s in g.samples] for g in groups], dtype=torch.float32))
     if len({len(g.samples) for g in batch}) == 1:
         rewards, lengths = tensors(batch)
         return compute_advantages(rewards, algo, lengths=lengths).flatten().tolist()
@@ -53,30 +75,56 @@ def sample_advantages(batch: list[Group], algo: AlgoConfig) -> list[float]:
     return out
 
 
-def has_signal(group: Group) -> bool:
+def has_signal(group: GroupMeta) -> bool:
     """False when every reward of the group is equal: its advantages are all zero."""
     return bool(nonzero_advantage_groups(torch.tensor([group.rewards]))[0])
 
 
-def build_step(batch: list[Group], cfg: RunConfig, distill: bool = False) -> StepBatch:
-    """Advantages, packing and normaliser for `batch`. With `distill`, every sample carries the
-    teacher's logprobs and the advantage becomes per-token (`rlcore.algo.distill`)."""
+def rank_work(batch: list[GroupMeta], where: list[tuple[int, int]], advantages: list[float],
+              bins: list[list[int]], distill: tuple[float, float, float] | None) -> RankWork:
+    """The :class:`RankWork` of a rank whose plan is `bins` (indices into the batch's samples;
+    sample i is sample `where[i][1]` of group `batch[where[i][0]]`'s token data)."""
+    slot: dict[int, int] = {}  # batch position of a group -> its position in RankWork.data
+    picks: list[tuple[int, int]] = []
+    local_advantages: list[float] = []
+    local_bins: list[list[int]] = []
+    for b in bins:
+        local = []
+        for i in b:
+            g, k = where[i]
+            local.append(len(picks))
+            picks.append((slot.setdefault(g, len(slot)), k))
+            local_advantages.append(advantages[i])
+        local_bins.append(local)
+    return RankWork([batch[g].data for g in slot], picks, local_advantages, local_bins, distill)
+
+
+def build_step(batch: list[GroupMeta], cfg: RunConfig, distill: bool = False) -> StepPlan:
+    """Advantages, packing plan, normaliser and metrics of `batch`, from metadata alone. With
+    `distill`, every sample carries its teacher sums and each rank turns the advantage into a
+    per-token one (`rlcore.algo.distill`) with the batch baseline worked out here."""
     samples = [s for g in batch for s in g.samples]
     advantages = sample_advantages(batch, cfg.algo)
     metrics: dict[str, Any] = {}
+    spec = None
     if distill:
+        if any(s.teacher_sums is None for s in samples):
+            raise ValueError("distill: a sample reached the trainer without teacher logprobs")
         t = cfg.teacher
-        advantages, distill_metrics = batch_token_advantages(samples, advantages, t.kl_coef, t.reward_coef,
-                                                             t.kl_baseline)
+        baseline, distill_metrics = batch_baseline([s.teacher_sums for s in samples], t.kl_baseline)
+        spec = (t.kl_coef, t.reward_coef, baseline)
         metrics.update(distill_metrics)
-    shards = pack_for_ranks(samples, advantages, data_parallel_size(cfg.trainer), cfg.trainer.micro_batch_tokens)
-    loss_tokens = sum(int(mb.loss_mask.sum()) for shard in shards for mb in shard)
+    plan = plan_for_ranks([s.num_tokens for s in samples], data_parallel_size(cfg.trainer),
+                          cfg.trainer.micro_batch_tokens)
+    where = [(gi, s.index) for gi, g in enumerate(batch) for s in g.samples]
+    ranks = [rank_work(batch, where, advantages, bins, spec) for bins in plan]
+    loss_tokens = sum(s.loss_tokens for s in samples)
     normalizer = loss_normalizer(cfg.algo, loss_tokens, len(samples), cfg.rollout.sampling.max_new_tokens)
     rewards = [s.reward for s in samples]
     metrics.update({
         "reward_mean": sum(rewards) / len(rewards),
         "reward_std": float(torch.tensor(rewards).std(unbiased=False)),
-        "completion_len_mean": sum(len(s.completion_ids) for s in samples) / len(samples),
+        "completion_len_mean": sum(s.completion_len for s in samples) / len(samples),
         "truncated_frac": sum(s.finish_reason == "length" for s in samples) / len(samples),
         # multi-turn turns whose template re-rendering would not continue the recorded ids (spliced)
         "multiturn_prefix_breaks": sum(s.prefix_breaks for s in samples),
@@ -85,4 +133,18 @@ def build_step(batch: list[Group], cfg: RunConfig, distill: bool = False) -> Ste
         "zero_adv_frac": 0.0 if distill and cfg.teacher.kl_coef else sum(not has_signal(g) for g in batch) / len(batch),
         "batch_samples": len(samples),
     })
-    return StepBatch(shards, normalizer, metrics)
+    return StepPlan(ranks, normalizer, metrics)
+
+
+def rank_micro_batches(work: RankWork, data: list[list[Sample]], pad_token_id: int = 0) -> list[MicroBatch]:
+    """A trainer rank's micro-batches: `data[j]` is the fetched token data of `work.data[j]`."""
+    samples = [data[g][k] for g, k in work.picks]
+    advantages: list[Advantage] = list(work.advantages)
+    if work.distill is not None:
+        kl_coef, reward_coef, baseline = work.distill
+        for s in samples:
+            if s.teacher_logprobs is None:
+                raise ValueError("distill: a sample reached the trainer without teacher logprobs")
+        advantages = [token_advantages(a, s.logprobs, s.teacher_logprobs, s.loss_mask, kl_coef, reward_coef, baseline)
+                      for s, a in zip(samples, work.advantages)]
+    return materialise(samples, advantages, work.bins, pad_token_id)

@@ -92,3 +92,57 @@ class Group:
     @property
     def rewards(self) -> list[float]:
         return [s.reward for s in self.samples]
+
+
+@dataclass
+class SampleMeta:
+    """What the driver keeps of one sample: the numbers its bookkeeping needs. The token data
+    (ids, logprobs, masks, images) stays in the object store until a trainer rank fetches it."""
+
+    index: int
+    """Position of the sample in its group's token data (the rollout actor's sample list)."""
+    reward: float
+    prompt_len: int
+    completion_len: int
+    loss_tokens: int
+    """`sum(loss_mask)`: tokens the loss trains on (advantage length terms, loss normaliser)."""
+    min_version: int
+    """`Sample.min_version` (2**62 when the sample has no policy token)."""
+    max_version: int = -1
+    """Version of the newest policy token (-1 when the sample has none)."""
+    finish_reason: str = "stop"
+    failed: bool = False
+    error: str | None = None
+    env_output: str = ""
+    """Kept for failed samples only (the failure log shows the first of each reason)."""
+    prefix_breaks: int = 0
+    teacher_sums: tuple[float, int, float] | None = None
+    """On-policy distillation: over the policy tokens, `(sum(s_t - q_t), count, sum(q_t))` of
+    behaviour logprob s_t and teacher logprob q_t (`rlcore.algo.distill.reverse_kl_sum`)."""
+
+    @property
+    def num_tokens(self) -> int:
+        return self.prompt_len + self.completion_len
+
+
+@dataclass
+class GroupMeta:
+    """A finished group as the driver holds it: the task, per-sample metadata and a handle to the
+    group's token data (`list[Sample]`, all samples, failed ones included) in the object store."""
+
+    task: Task
+    samples: list[SampleMeta]
+    data: Any = None
+    """The handle of the group's `list[Sample]` (a Ray ObjectRef on the RL path; anything with
+    which the caller can fetch the list: rlcore does not import Ray)."""
+    request_id: int = -1
+    stream_index: int = -1
+    env_stats: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def min_version(self) -> int:
+        return min(s.min_version for s in self.samples)
+
+    @property
+    def rewards(self) -> list[float]:
+        return [s.reward for s in self.samples]

@@ -6,6 +6,7 @@ import random
 import pytest
 
 from rlcore.evaluation import pass_at_k, summarize
+from rlcore.meta import group_meta
 from rlcore.run import compose
 from rlcore.types import Group, Sample, Task
 from rlcore.validate import eval_problems as config_problems
@@ -38,7 +39,7 @@ def test_pass_at_k_rejects_impossible_arguments():
 def _group(rewards, failed=()):
     samples = [Sample([1], [5, 6], [0.0, 0.0], [3, 4], [1, 1], reward=r, failed=i in failed)
                for i, r in enumerate(rewards)]
-    return Group(Task(id="t", messages=[]), samples)
+    return group_meta(Group(Task(id="t", messages=[]), samples))
 
 
 def test_summary_counts_failed_samples_as_incorrect():

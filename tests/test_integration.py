@@ -7,6 +7,7 @@ import sys
 import pytest
 import torch
 
+from actors.rollout_refs import launch_generate, request_groups
 from rlcore.run import compose
 
 pytestmark = pytest.mark.integration
@@ -60,6 +61,16 @@ def test_fsdp_two_ranks_weights_reach_engine(ray_cluster, tmp_path):
         groups = ray.get(driver.groups.rollouts[0].generate_groups.remote(
             [Task(id="x", messages=[{"role": "user", "content": "abc"}], answer="cba")], 2), timeout=60)
         assert {v for s in groups[0].samples for v in s.versions} == {2}
+        # refs, not data: the driver fetches a request's metadata only; the token data it owns
+        # outlives the rollout actor that made it (a trainer rank reads it after a restart)
+        tasks = [Task(id=f"y{i}", messages=[{"role": "user", "content": "abcd"[:i + 2]}], answer="") for i in range(2)]
+        meta_ref, data_refs = launch_generate(driver.groups.rollouts[0], tasks, 3, seed=1)
+        metas = request_groups(ray.get(meta_ref, timeout=60), tasks, data_refs, 0, [0, 1])
+        ray.kill(driver.groups.rollouts[0], no_restart=True)
+        data = ray.get(data_refs, timeout=60)
+        assert [len(d) for d in data] == [len(m.samples) for m in metas] == [3, 3]
+        assert [[(s.completion_len, s.loss_tokens) for s in m.samples] for m in metas] == \
+            [[(len(s.completion_ids), sum(s.loss_mask)) for s in d] for d in data]
         last = history[-1]
         assert last["samples_generated"] == (last["samples_trained"] + last["samples_dropped_stale"]
                                              + last["samples_failed"] + last["samples_in_flight"])

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from rlcore.config import LoggerConfig
+from rlcore.meta import group_meta
 from rlcore.metrics import MetricsLogger
 from rlcore.samples import due, sample_rows
 from rlcore.types import Group, Sample, Task
@@ -23,10 +24,12 @@ def sample(ids, reward, version, failed=False):
 
 
 def groups():
-    return [Group(task=Task(id="a", messages=[{"role": "system", "content": "s"}, {"role": "user", "content": "abc"}]),
-                  samples=[sample([3, 2, 1], 1.0, 4), sample([9], 0.0, 3, failed=True)]),
-            Group(task=Task(id="b", messages=[{"role": "user", "content": "xy"}]),
-                  samples=[sample([5], 0.5, 4), sample([6, 7], 0.25, 4)])]
+    """Groups as the driver holds them; each one's data handle is its sample list itself."""
+    whole = [Group(task=Task(id="a", messages=[{"role": "system", "content": "s"}, {"role": "user", "content": "abc"}]),
+                   samples=[sample([3, 2, 1], 1.0, 4), sample([9], 0.0, 3, failed=True)]),
+             Group(task=Task(id="b", messages=[{"role": "user", "content": "xy"}]),
+                   samples=[sample([5], 0.5, 4), sample([6, 7], 0.25, 4)])]
+    return [group_meta(g, data=g.samples) for g in whole]
 
 
 def test_sample_rows_cover_groups_first_and_skip_failed():
@@ -35,6 +38,17 @@ def test_sample_rows_cover_groups_first_and_skip_failed():
                     {"prompt": "xy", "completion": "5", "reward": 0.5, "version": 4},
                     {"prompt": "xy", "completion": "67", "reward": 0.25, "version": 4}]
     assert [due(s, 5) for s in (1, 5, 10, 11)] == [False, True, True, False] and not due(5, 0)
+
+
+def test_sample_rows_fetch_the_token_data_of_the_groups_shown_only():
+    fetched = []
+
+    def fetch(handles):
+        fetched.append(handles)
+        return handles
+    batch = groups()
+    rows = sample_rows(batch, str, limit=1, fetch=fetch)
+    assert [r["completion"] for r in rows] == ["[3, 2, 1]"] and fetched == [[batch[0].data]]
 
 
 def wandb_runs(out: Path) -> list[Path]:

@@ -61,22 +61,39 @@ def reverse_kl_sum(behaviour_logprobs: Sequence[float], teacher_logprobs: Sequen
     return total, count
 
 
+def teacher_sums(behaviour_logprobs: Sequence[float], teacher_logprobs: Sequence[float],
+                 loss_mask: Sequence[int]) -> tuple[float, int, float]:
+    """One sample's ``(sum_t m_t (s_t - q_t), sum_t m_t, sum_t m_t q_t)`` (what
+    :func:`batch_baseline` needs of it: the driver keeps these three numbers, not the tokens)."""
+    kl, count = reverse_kl_sum(behaviour_logprobs, teacher_logprobs, loss_mask)
+    return kl, count, sum(q for q, m in zip(teacher_logprobs, loss_mask) if m)
+
+
+def batch_baseline(sums: Sequence[tuple[float, int, float]], center: bool) -> tuple[float, dict[str, float]]:
+    """From each sample's ``(sum_t m_t (s_t - q_t), sum_t m_t, sum_t m_t q_t)``: the baseline ``b``
+    (``-sum kl / tokens`` with ``center``, else 0) and the metrics ``teacher_kl`` (mean
+    ``s_t - q_t`` over the batch's policy tokens) and ``teacher_logprob_mean`` (mean ``q_t``)."""
+    kl_total, tokens, q_total = 0.0, 0, 0.0
+    for kl, n, q in sums:
+        kl_total += kl
+        tokens += n
+        q_total += q
+    n = max(tokens, 1)
+    return (-kl_total / n if center else 0.0), {"teacher_kl": kl_total / n, "teacher_logprob_mean": q_total / n}
+
+
 def batch_token_advantages(samples: Sequence, reward_advantages: Sequence[float], kl_coef: float,
                            reward_coef: float, center: bool = False) -> tuple[list[list[float]], dict[str, float]]:
     """Per-token advantages of a batch of :class:`rlcore.types.Sample` that carry
     ``teacher_logprobs`` (``center``: minus the batch-mean baseline, see the module docstring),
     and the metrics ``teacher_kl`` (mean of ``s_t - q_t`` over all policy tokens of the batch) and
     ``teacher_logprob_mean`` (mean ``q_t``)."""
-    kl_total, tokens, q_total = 0.0, 0, 0.0
+    sums = []
     for sample in samples:
         if sample.teacher_logprobs is None:
             raise ValueError("distill: a sample reached the trainer without teacher logprobs")
-        kl, n = reverse_kl_sum(sample.logprobs, sample.teacher_logprobs, sample.loss_mask)
-        kl_total += kl
-        tokens += n
-        q_total += sum(q for q, m in zip(sample.teacher_logprobs, sample.loss_mask) if m)
-    n = max(tokens, 1)
-    baseline = -kl_total / n if center else 0.0
+        sums.append(teacher_sums(sample.logprobs, sample.teacher_logprobs, sample.loss_mask))
+    baseline, metrics = batch_baseline(sums, center)
     out = [token_advantages(adv, s.logprobs, s.teacher_logprobs, s.loss_mask, kl_coef, reward_coef, baseline)
            for s, adv in zip(samples, reward_advantages)]
-    return out, {"teacher_kl": kl_total / n, "teacher_logprob_mean": q_total / n}
+    return out, metrics

@@ -1,0 +1,70 @@
+"""Refs, not data, through the driver: a generate request returns its groups' metadata and each
+group's token data as separate objects that the driver owns (`RolloutWorker.generate_split`
+with a per-call `num_returns`). The driver fetches the metadata only; trainer ranks fetch the
+token data of their own samples (`actors.trainer.TrainerRank.train_step`).
+
+Because the caller owns the return objects of a task, token data sitting in the object store
+outlives the rollout actor that made it (Ray's ownership model: the value lives in the node's
+object store, its metadata at the owner); an actor restart loses none of it.
+
+The driver reads token data in two bounded places only, each with a timeout:
+- on-policy distillation (`fetch_groups`): the teacher scores the student's tokens, and the
+  scored groups go back to the object store (`scored_meta`); moving this fetch to the teacher
+  actors is left for later;
+- the samples table every `logger.samples_every` steps (`table_rows`): the groups shown only.
+Evaluation rounds take metadata only (`RolloutWorker.generate_meta`), and a checkpoint's
+put-back needs the tasks only.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Callable
+
+import ray
+
+from rlcore import samples
+from rlcore.meta import group_meta
+from rlcore.types import Group, GroupMeta, SampleMeta, Task
+
+log = logging.getLogger("rlcore")
+
+
+def launch_generate(actor, tasks: list[Task], group_size: int, seed: int | None) -> tuple[Any, list]:
+    """Start a training generate request: (the metadata ref to wait on, one token-data ref per task)."""
+    refs = actor.generate_split.options(num_returns=1 + len(tasks)).remote(tasks, group_size, "train", seed)
+    return refs[0], list(refs[1:])
+
+
+def request_groups(reply: tuple[list[list[SampleMeta]], dict], tasks: list[Task], data: list,
+                   request_id: int, indices: list[int]) -> list[GroupMeta]:
+    """The driver's groups of a finished request: `reply` is its return 0, `data` returns 1..n."""
+    metas, stats = reply
+    return [GroupMeta(task=t, samples=m, data=d, request_id=request_id, stream_index=i, env_stats=stats)
+            for t, m, d, i in zip(tasks, metas, data, indices)]
+
+
+def fetch_groups(groups: list[GroupMeta], timeout_s: float) -> list[Group]:
+    """The whole groups (token data fetched; on-policy distillation's teacher scores them).
+    Raises a RayError (GetTimeoutError after `timeout_s`) when the data cannot be read."""
+    data = ray.get([g.data for g in groups], timeout=timeout_s)
+    return [Group(task=g.task, samples=d, request_id=g.request_id, stream_index=g.stream_index,
+                  env_stats=g.env_stats) for g, d in zip(groups, data)]
+
+
+def scored_meta(group: Group) -> GroupMeta:
+    """A teacher-scored group back in the object store (its samples carry teacher logprobs),
+    as the metadata the buffer keeps."""
+    return group_meta(group, ray.put(group.samples))
+
+
+def table_rows(batch: list[GroupMeta], decode: Callable[[list[int]], str], limit: int,
+               timeout_s: float) -> list[dict[str, Any]] | None:
+    """The samples table's rows (`rlcore.samples.sample_rows`), fetching the token data of the
+    groups shown only (at most `limit`); None, with a warning, when it cannot be read in time:
+    a table is never worth failing a run for."""
+    try:
+        return samples.sample_rows(batch, decode, limit, lambda refs: ray.get(refs, timeout=timeout_s))
+    except ray.exceptions.RayError as exc:
+        log.warning("samples table skipped: token data not readable (%s)", type(exc).__name__)
+        return None
