@@ -55,8 +55,21 @@ def add_section(holder: type, name: str, options: type) -> None:
     when `holder` already has the field."""
     if name in {f.name for f in fields(holder)}:
         return
-    spec = [(f.name, f.type, f) for f in fields(holder)] + [(name, options, field(default_factory=options))]
+    _rebuild(holder, [(f.name, f.type, f) for f in fields(holder)] + [(name, options, field(default_factory=options))])
+    holder.__annotations__ = {**holder.__annotations__, name: options}
+
+
+def remove_section(holder: type, name: str) -> None:
+    """Undo :func:`add_section` (an engine unregistered): every config built afterwards lacks
+    the field, so nothing pickled to an actor names the plug-in's options class. A no-op when
+    `holder` has no such field."""
+    if name not in {f.name for f in fields(holder)}:
+        return
+    _rebuild(holder, [(f.name, f.type, f) for f in fields(holder) if f.name != name])
+    holder.__annotations__ = {k: v for k, v in holder.__annotations__.items() if k != name}
+
+
+def _rebuild(holder: type, spec: list) -> None:
     rebuilt = make_dataclass(holder.__name__, spec)
     for attr in ("__init__", "__repr__", "__eq__", "__dataclass_fields__", "__match_args__"):
         setattr(holder, attr, getattr(rebuilt, attr))
-    holder.__annotations__ = {**holder.__annotations__, name: options}

@@ -17,6 +17,7 @@ import pytest
 import torch
 
 from rlcore.canary import teacher_forced_logprobs
+from rlcore.config import RolloutConfig
 from rlcore.engine.base import Generation, RolloutEngine, SamplingParams
 from rlcore.engine.hf_engine import sample_with_logprobs
 from rlcore.engine.registry import (
@@ -25,6 +26,7 @@ from rlcore.engine.registry import (
     make_engine,
     register_engine,
     tensor_parallel_size,
+    unregister_engine,
     weight_transport,
 )
 from rlcore.envs import make_env
@@ -95,7 +97,14 @@ class RecomputeEngine(RolloutEngine):
         return {k: v.detach().clone() for k, v in self.model.state_dict().items()}
 
 
-register_engine(EngineSpec("recompute", f"{__name__}:RecomputeEngine", section="recompute", options=RecomputeOptions))
+@pytest.fixture(autouse=True, scope="module")
+def recompute_engine():
+    """The one registry line, for this module's tests only: the section must not outlive them
+    (every later config would carry it, and Ray actors cannot import this test module)."""
+    register_engine(EngineSpec("recompute", f"{__name__}:RecomputeEngine", section="recompute", options=RecomputeOptions))
+    yield
+    unregister_engine("recompute")
+    assert "recompute" not in {f.name for f in dataclasses.fields(RolloutConfig)}
 
 BASE = ["rollout.engine=recompute", "rollout.sampling.max_new_tokens=6"]
 

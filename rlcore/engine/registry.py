@@ -24,7 +24,7 @@ from dataclasses import dataclass, fields, is_dataclass
 from typing import TYPE_CHECKING, Any, Callable
 
 from rlcore.config import RolloutConfig
-from rlcore.config_engines import HFOptions, VLLMOptions, add_section
+from rlcore.config_engines import HFOptions, VLLMOptions, add_section, remove_section
 from rlcore.config_teacher import TeacherConfig
 from rlcore.engine.vllm_checks import vllm_problems
 
@@ -93,6 +93,15 @@ def register_engine(spec: EngineSpec) -> EngineSpec:
             add_section(holder, spec.section, spec.options)
     _ENGINES[spec.name] = spec
     return spec
+
+
+def unregister_engine(name: str) -> None:
+    """Remove a registered engine and its config section (a test's or a plug-in's own
+    clean-up: a section left in the schema is carried, and pickled, by every later config)."""
+    spec = _ENGINES.pop(name, None)
+    if spec is not None and spec.section is not None and spec.section not in {s.section for s in _ENGINES.values()}:
+        for holder in (RolloutConfig, TeacherConfig):
+            remove_section(holder, spec.section)
 
 
 for _spec in _BUILT_IN:
