@@ -15,7 +15,7 @@ export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0
 G="model=qwen3_06b_char rollout.engine=vllm trainer.gpus_per_rank=1 rollout.gpus_per_actor=1 cluster.num_gpus=1
    trainer.cpus_per_rank=4 rollout.cpus_per_actor=4 +rollout.vllm.engine_kwargs.enforce_eager=${EAGER:-true}
    +rollout.vllm.engine_kwargs.max_model_len=1024 trainer.lr=1e-4 checkpoint.save_final=false sft.warmup_steps=0"
-W=/tmp/rlcore-colocated
+W=/tmp/rlcore-colocated; mkdir -p $W
 if [[ $PARTS == *test* ]]; then
   timeout 300 python -m pytest -m gpu tests/gpu/test_colocated.py -k "${TEST_K:-async}" -x -v -s \
     -p no:cacheprovider --basetemp=$W/pytest > "$OUT/test.log" 2>&1
