@@ -13,6 +13,12 @@ one JSON line). The repo lives in the episode state (a dict of files); tools act
 Code only ever runs in a :class:`rlcore.sandbox.Sandbox` (`sandbox` arg: `local` or
 `module:Class` for a cluster's container sandbox). Reward = fraction of tests passing when the
 *original* tests run against the agent's final files (editing tests cannot game it).
+
+Demonstrations (supervised warm-up): a scripted agent that reads lib.py, writes it back with
+every function in its correct form, runs the tests, and stops ("done", no tool call). Its
+episodes are played against this environment, so the test run really happens in the sandbox.
+`functions` sets the difficulty: the `mini_swe` recipe uses 1 (one short function per repo,
+a one-line bug, episodes of 300-450 characters), which the tiny CPU policy can learn.
 """
 
 from __future__ import annotations
@@ -118,11 +124,17 @@ class MiniSWE(ToolEnvironment):
         picked = rng.sample(FUNCTIONS, self.functions)
         broken = set(rng.sample(range(self.functions), self.bugs))
         lib = "\n\n".join(bad if i in broken else good for i, (_, good, bad, _) in enumerate(picked))
+        fixed = "\n\n".join(good for _, good, _, _ in picked)
         tests = "from lib import *\n" + "".join(
             f"\n\ndef test_{name}_{j}():\n    {line}\n" for name, _, _, lines in picked for j, line in enumerate(lines))
         files = {"lib.py": lib, "test_lib.py": tests, "run_tests.py": RUNNER}
         return Task(id=f"mini_swe/{split}/{index}", messages=[{"role": "user", "content": self.PROMPT}],
-                    answer=None, info={"files": files, "broken": sorted(picked[i][0] for i in broken)})
+                    answer=None, info={"files": files, "broken": sorted(picked[i][0] for i in broken), "fixed": fixed})
+
+    def demonstration_turns(self, task: Task) -> list[str]:
+        """Read lib.py, write the correct lib.py, run the tests, stop: one tool call per turn."""
+        return ["<tool>read: lib.py</tool>", f"<tool>write: lib.py\n{task.info['fixed']}</tool>",
+                "<tool>run: tests</tool>", "done"]
 
     def init_state(self, task: Task) -> dict[str, Any]:
         return {"files": dict(task.info["files"])}
