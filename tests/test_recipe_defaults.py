@@ -109,16 +109,42 @@ def test_mini_swe_demonstrations_fix_the_repo_in_the_real_sandbox(args):
         results = [m["content"] for m in conv[len(task.messages):] if m["role"] == "user"]
         assert results[0] == f"<result>read: {task.info['files']['lib.py']}</result>"
         assert "passed; failed: none" in results[-1]
-        # the episode replayed through the environment: state is only what the tools did
-        state, history = env.init_state(task), list(task.messages)
-        assert env.score(task, history, state) < 1.0  # the planted bug breaks a test
-        for reply in replies:
-            history.append({"role": "assistant", "content": reply})
-            messages, done = env.env_response(task, history, state)
-            if done:
-                break
-            history.extend(messages)
-        assert done and env.score(task, history, state) == 1.0
+        assert env.score(task, task.messages, env.init_state(task)) < 1.0  # the planted bug breaks a test
+        assert replay_score(env, task, replies) == 1.0
+
+
+def replay_score(env, task, replies):
+    """Play `replies` through the environment (state is only what the tools did); its score."""
+    state, history = env.init_state(task), list(task.messages)
+    for reply in replies:
+        history.append({"role": "assistant", "content": reply})
+        messages, done = env.env_response(task, history, state)
+        if done:
+            break
+        history.extend(messages)
+    assert done
+    return env.score(task, history, state)
+
+
+def test_noisy_mini_swe_demonstrations_leave_some_repos_unfixed():
+    """`demo_noise` (the mini_swe recipe's warm-up): the demonstrator writes some repos back as
+    it read them (bug kept: the environment scores them as before), fixes the rest (scored 1);
+    the same tasks each time, and about the share asked for."""
+    args = dict(compose(["+recipe=mini_swe"]).env.args)
+    assert 0 < args["demo_noise"] < 1
+    env, unfixed = make_env("mini_swe", args, 0), 0
+    for i in range(24):
+        task = env.make_task(i, "demo")
+        turns = env.demonstration_turns(task)
+        assert turns == env.demonstration_turns(task)
+        kept = turns[1] == f"<tool>write: lib.py\n{task.info['files']['lib.py']}</tool>"
+        assert kept or turns[1] == f"<tool>write: lib.py\n{task.info['fixed']}</tool>"
+        broken = env.score(task, task.messages, env.init_state(task))
+        assert replay_score(env, task, turns) == (broken if kept else 1.0)
+        unfixed += kept
+    assert 4 <= unfixed <= 20
+    with pytest.raises(ValueError, match="env.args.demo_noise"):
+        make_env("mini_swe", {"demo_noise": -0.1}, 0)
 
 
 @pytest.mark.parametrize("path", ["", "math_one_step.jsonl"])
