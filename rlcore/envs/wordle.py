@@ -10,9 +10,9 @@ costs a turn and gets a reminder. Reward: 1 - 0.1 * (guesses - 1) when solved; o
 Demonstrations (supervised warm-up): a solver that guesses, each turn, the first word of the
 list (in `words` order) that agrees with all the feedback so far. `words` sets the difficulty:
 the `wordle` recipe plays over a short list, which the tiny CPU policy can learn.
-`demo_noise` weakens the demonstrator: each of its guesses is, with that probability, a word
-drawn uniformly from the list instead (often a wasted guess), so a policy that imitates it
-leaves RL something to learn: stop making such guesses.
+`demo_noise` weakens the demonstrator: each guess after its first is, with that probability, its
+previous guess again (a wasted turn), so a policy that imitates it leaves RL something to learn:
+stop repeating itself.
 """
 
 from __future__ import annotations
@@ -52,12 +52,12 @@ def parse_guess(text: str) -> str | None:
 
 def solve(target: str, words: list[str], max_turns: int, noise: float = 0.0,
           rng: random.Random | None = None) -> list[str]:
-    """The solver's guesses: each the first of `words` consistent with every earlier mark; with
-    probability `noise` (drawn from `rng`) a uniformly drawn word of `words` instead."""
+    """The solver's guesses: each the first of `words` consistent with every earlier mark; after
+    the first, with probability `noise` (drawn from `rng`), the previous guess repeated instead."""
     guesses: list[str] = []
     candidates = list(words)
     while len(guesses) < max_turns and candidates:
-        guess = rng.choice(words) if noise and rng.random() < noise else candidates[0]
+        guess = guesses[-1] if guesses and noise and rng.random() < noise else candidates[0]
         guesses.append(guess)
         if guess == target:
             break
@@ -73,7 +73,7 @@ def guesses_of(history: list[Message]) -> list[str | None]:
 @register("wordle")
 class Wordle(MultiTurnEnvironment):
     """Args: `max_turns` (guesses, default 6), `words` (space-separated target list; default a
-    built-in list of common words), `demo_noise` (the demonstrator's share of random guesses)."""
+    built-in list of common words), `demo_noise` (the chance the demonstrator repeats its last guess)."""
 
     PROMPT = "Wordle: guess the 5-letter word. Reply with one word. Marks: G=right spot, Y=wrong spot, -=absent."
 
