@@ -20,7 +20,7 @@ episodes are played against this environment, so the test run really happens in 
 `demo_noise` weakens it: with that probability (fixed per task) it writes lib.py back as it read
 it, bug included, and loses; a policy imitating it leaves RL something to learn: make the fix.
 `functions` sets the difficulty: the `mini_swe` recipe uses 1 (one short function per repo,
-a one-line bug, episodes of 300-450 characters), which the tiny CPU policy can learn.
+a one-line bug, whole episodes of 430-545 characters), which the tiny CPU policy can learn.
 """
 
 from __future__ import annotations

@@ -102,8 +102,8 @@ class Wordle(MultiTurnEnvironment):
         return [{"role": "user", "content": f"{guess} {feedback(guess, task.answer)}"}], False
 
     def demonstration_turns(self, task: Task) -> list[str]:
-        """The solver's guesses (see :func:`solve`), one word per turn; its random guesses are a
-        function of the task, so a demonstration is the same every time it is built."""
+        """The solver's guesses (see :func:`solve`), one word per turn; its repeats are drawn from
+        the task's own RNG, so a demonstration is the same every time it is built."""
         return solve(task.answer, self.words, self.max_turns, self.demo_noise,
                      random.Random(f"{self.seed}:demo-noise:{task.id}"))
 
