@@ -77,7 +77,8 @@ def test_noisy_wordle_demonstrations_are_weaker_games_of_listed_words():
     words = compose(["+recipe=wordle"]).env.args["words"]
     noise = compose(["+recipe=wordle"]).env.args["demo_noise"]
     assert 0 < noise < 1
-    solver, noisy = make_env("wordle", {"words": words}, 0), make_env("wordle", {"words": words, "demo_noise": noise}, 0)
+    solver = make_env("wordle", {"words": words}, 0)
+    noisy = make_env("wordle", {"words": words, "demo_noise": noise}, 0)
     totals = {"solver": 0.0, "noisy": 0.0}
     repeated = 0
     for i in range(200):
