@@ -11,6 +11,7 @@ import torch.multiprocessing as mp
 import yaml
 
 from rlcore.envs import make_env
+from rlcore.envs.reverse_text import ReverseText
 from rlcore.envs.wordle import feedback
 from rlcore.models.build import build_tokenizer
 from rlcore.run import compose, recipes
@@ -69,6 +70,87 @@ def test_wordle_solver_demonstrations_win_with_valid_consistent_guesses():
         assert wins >= min_wins
 
 
+def test_noisy_wordle_demonstrations_are_weaker_games_of_listed_words():
+    """`demo_noise` (the wordle recipe's warm-up): some guesses repeat the previous one, so the
+    demonstrator scores clearly below the solver (RL has room above it); the games are the same
+    each time they are built, and apart from the repeats they are the solver's games."""
+    words = compose(["+recipe=wordle"]).env.args["words"]
+    noise = compose(["+recipe=wordle"]).env.args["demo_noise"]
+    assert 0 < noise < 1
+    solver = make_env("wordle", {"words": words}, 0)
+    noisy = make_env("wordle", {"words": words, "demo_noise": noise}, 0)
+    totals = {"solver": 0.0, "noisy": 0.0}
+    repeated = 0
+    for i in range(200):
+        task = noisy.make_task(i, "demo")
+        guesses = noisy.demonstration_turns(task)
+        assert guesses == noisy.demonstration_turns(task) and all(g in noisy.words for g in guesses)
+        repeats = [k for k in range(1, len(guesses)) if guesses[k] == guesses[k - 1]]
+        repeated += bool(repeats)
+        distinct = [g for k, g in enumerate(guesses) if k not in repeats]
+        assert distinct == solver.demonstration_turns(task)[:len(distinct)]
+        conv = noisy.demonstration_messages(task)
+        totals["noisy"] += noisy.score(task, conv, {})
+        totals["solver"] += solver.score(task, solver.demonstration_messages(task), {})
+    assert totals["solver"] / 200 > 0.85 and totals["noisy"] / 200 < totals["solver"] / 200 - 0.05
+    assert repeated > 20  # the wasted turns RL is left to unlearn
+    with pytest.raises(ValueError, match="env.args.demo_noise"):
+        make_env("wordle", {"demo_noise": 1.5}, 0)
+
+
+@pytest.mark.parametrize("args", [{"functions": 1}, {"functions": 2, "bugs": 1}, {"functions": 3, "bugs": 2}])
+def test_mini_swe_demonstrations_fix_the_repo_in_the_real_sandbox(args):
+    """The scripted agent (read, write the correct lib.py, run the tests, stop) wins every task:
+    its test run happens in the sandbox and reports all passing, and the environment's own
+    reward (the original tests, run in the sandbox against the final files) is 1, up from the
+    broken repo's score."""
+    env = make_env("mini_swe", args, 0)
+    for i in range(8):
+        task = env.make_task(i, "demo")
+        conv = env.demonstration_messages(task)
+        replies = [m["content"] for m in conv if m["role"] == "assistant"]
+        assert replies[0] == "<tool>read: lib.py</tool>" and replies[-1] == "done" and len(replies) <= env.max_turns
+        results = [m["content"] for m in conv[len(task.messages):] if m["role"] == "user"]
+        assert results[0] == f"<result>read: {task.info['files']['lib.py']}</result>"
+        assert "passed; failed: none" in results[-1]
+        assert env.score(task, task.messages, env.init_state(task)) < 1.0  # the planted bug breaks a test
+        assert replay_score(env, task, replies) == 1.0
+
+
+def replay_score(env, task, replies):
+    """Play `replies` through the environment (state is only what the tools did); its score."""
+    state, history = env.init_state(task), list(task.messages)
+    for reply in replies:
+        history.append({"role": "assistant", "content": reply})
+        messages, done = env.env_response(task, history, state)
+        if done:
+            break
+        history.extend(messages)
+    assert done
+    return env.score(task, history, state)
+
+
+def test_noisy_mini_swe_demonstrations_leave_some_repos_unfixed():
+    """`demo_noise` (the mini_swe recipe's warm-up): the demonstrator writes some repos back as
+    it read them (bug kept: the environment scores them as before), fixes the rest (scored 1);
+    the same tasks each time, and about the share asked for."""
+    args = dict(compose(["+recipe=mini_swe"]).env.args)
+    assert 0 < args["demo_noise"] < 1
+    env, unfixed = make_env("mini_swe", args, 0), 0
+    for i in range(24):
+        task = env.make_task(i, "demo")
+        turns = env.demonstration_turns(task)
+        assert turns == env.demonstration_turns(task)
+        kept = turns[1] == f"<tool>write: lib.py\n{task.info['files']['lib.py']}</tool>"
+        assert kept or turns[1] == f"<tool>write: lib.py\n{task.info['fixed']}</tool>"
+        broken = env.score(task, task.messages, env.init_state(task))
+        assert replay_score(env, task, turns) == (broken if kept else 1.0)
+        unfixed += kept
+    assert 4 <= unfixed <= 20
+    with pytest.raises(ValueError, match="env.args.demo_noise"):
+        make_env("mini_swe", {"demo_noise": -0.1}, 0)
+
+
 @pytest.mark.parametrize("path", ["", "math_one_step.jsonl"])
 def test_math_demonstrations_are_worked_answers_the_reward_accepts(path):
     env = make_env("math", {"path": path}, 0)
@@ -87,7 +169,7 @@ def test_math_one_step_demo_split_is_apart_from_the_tasks():
     assert env.split_size("demo") == len(questions["demo"])
 
 
-@pytest.mark.parametrize("recipe", ["alphabet_sort", "tool_use", "wordle", "math"])
+@pytest.mark.parametrize("recipe", ["alphabet_sort", "tool_use", "wordle", "math", "mini_swe"])
 def test_recipe_warm_up_data_builds_and_fits(recipe):
     cfg = compose([f"+recipe={recipe}", "sft.num_examples=16"])
     assert cfg.sft.warmup_steps > 0 and cfg.sft.dataset == "env"
@@ -103,13 +185,21 @@ def test_recipe_warm_up_data_builds_and_fits(recipe):
         assert len(s.prompt_ids) + len(s.completion_ids) <= cfg.env.args["max_episode_tokens"]
 
 
+class NoDemonstrations(ReverseText):
+    """reverse_text without reference replies."""
+
+    def demonstration(self, task):
+        return None
+
+
 def test_warm_up_without_demonstrations_is_refused_before_ray():
     """The default job's warm-up kept with an environment that has no demonstrations: one line
     naming the key, before anything starts (not a failure after Ray and the models are up)."""
+    env = f"env.name={__name__}:NoDemonstrations"
     with pytest.raises(ConfigError) as err:
-        validate(compose(["env=mini_swe"]))
+        validate(compose([env]))
     assert err.value.key == "sft.warmup_steps" and "set sft.warmup_steps=0" in str(err.value)
-    validate(compose(["env=mini_swe", "sft.warmup_steps=0"]))
+    validate(compose([env, "sft.warmup_steps=0"]))
     validate(compose(["+recipe=mini_swe"]))
     validate(compose(["+recipe=alphabet_sort"]))
 

@@ -13,12 +13,21 @@ one JSON line). The repo lives in the episode state (a dict of files); tools act
 Code only ever runs in a :class:`rlcore.sandbox.Sandbox` (`sandbox` arg: `local` or
 `module:Class` for a cluster's container sandbox). Reward = fraction of tests passing when the
 *original* tests run against the agent's final files (editing tests cannot game it).
+
+Demonstrations (supervised warm-up): a scripted agent that reads lib.py, writes it back with
+every function in its correct form, runs the tests, and stops ("done", no tool call). Its
+episodes are played against this environment, so the test run really happens in the sandbox.
+`demo_noise` weakens it: with that probability (fixed per task) it writes lib.py back as it read
+it, bug included, and loses; a policy imitating it leaves RL something to learn: make the fix.
+`functions` sets the difficulty: the `mini_swe` recipe uses 1 (one short function per repo,
+a one-line bug, whole episodes of 430-545 characters), which the tiny CPU policy can learn.
 """
 
 from __future__ import annotations
 
 import importlib
 import json
+import random
 from typing import Any
 
 from rlcore.envs.base import Message, register, rng_for
@@ -90,8 +99,8 @@ def parse_summary(stdout: str) -> dict | None:
 @register("mini_swe")
 class MiniSWE(ToolEnvironment):
     """Args: `functions` (per repo), `bugs` (how many of them are broken), `sandbox`,
-    `sandbox_isolation` (`namespaces` or `weak`), `test_timeout_s`, `memory_mb`, plus the tool
-    settings (`max_turns`, ...)."""
+    `sandbox_isolation` (`namespaces` or `weak`), `test_timeout_s`, `memory_mb`, `demo_noise`
+    (the demonstrator's share of tasks it leaves unfixed), plus the tool settings (`max_turns`, ...)."""
 
     PROMPT = ("Fix lib.py so the tests pass. Tools: <tool>read: lib.py</tool> <tool>write: lib.py\\nCODE</tool> "
               "<tool>run: tests</tool> <tool>ls:</tool>")
@@ -99,7 +108,7 @@ class MiniSWE(ToolEnvironment):
     def __init__(self, seed: int = 0, functions: int = 2, bugs: int = 1, sandbox: str = "local",
                  test_timeout_s: float = 10.0, memory_mb: int = 512, max_turns: int = 6,
                  tool_timeout_s: float = 15.0, max_calls_per_turn: int = 2, reward_timeout_s: float = 60.0,
-                 sandbox_isolation: str = "namespaces", **kwargs):
+                 sandbox_isolation: str = "namespaces", demo_noise: float = 0.0, **kwargs):
         super().__init__(seed, max_turns=max_turns, tool_timeout_s=tool_timeout_s,
                          max_calls_per_turn=max_calls_per_turn, reward_timeout_s=reward_timeout_s, **kwargs)
         if not 1 <= functions <= len(FUNCTIONS):
@@ -108,7 +117,9 @@ class MiniSWE(ToolEnvironment):
             raise ValueError(f"env.args.bugs: must be in [1, functions={functions}], got {bugs}")
         if test_timeout_s <= 0 or test_timeout_s >= tool_timeout_s:
             raise ValueError(f"env.args.test_timeout_s: must be in (0, tool_timeout_s={tool_timeout_s}), got {test_timeout_s}")
-        self.functions, self.bugs = functions, bugs
+        if not 0.0 <= demo_noise <= 1.0:
+            raise ValueError(f"env.args.demo_noise: must be in [0, 1], got {demo_noise}")
+        self.functions, self.bugs, self.demo_noise = functions, bugs, float(demo_noise)
         self.sandbox = make_sandbox(sandbox, Limits(timeout_s=test_timeout_s, cpu_s=max(1, int(test_timeout_s)),
                                                     memory_mb=memory_mb), sandbox_isolation)
         self.tools = {"ls": self._ls, "read": self._read, "write": self._write, "run": self._run}
@@ -118,11 +129,20 @@ class MiniSWE(ToolEnvironment):
         picked = rng.sample(FUNCTIONS, self.functions)
         broken = set(rng.sample(range(self.functions), self.bugs))
         lib = "\n\n".join(bad if i in broken else good for i, (_, good, bad, _) in enumerate(picked))
+        fixed = "\n\n".join(good for _, good, _, _ in picked)
         tests = "from lib import *\n" + "".join(
             f"\n\ndef test_{name}_{j}():\n    {line}\n" for name, _, _, lines in picked for j, line in enumerate(lines))
         files = {"lib.py": lib, "test_lib.py": tests, "run_tests.py": RUNNER}
         return Task(id=f"mini_swe/{split}/{index}", messages=[{"role": "user", "content": self.PROMPT}],
-                    answer=None, info={"files": files, "broken": sorted(picked[i][0] for i in broken)})
+                    answer=None, info={"files": files, "broken": sorted(picked[i][0] for i in broken), "fixed": fixed})
+
+    def demonstration_turns(self, task: Task) -> list[str]:
+        """Read lib.py, write the correct lib.py (with probability `demo_noise` the file as it was
+        read), run the tests, stop: one tool call per turn."""
+        unfixed = self.demo_noise and random.Random(f"{self.seed}:demo-noise:{task.id}").random() < self.demo_noise
+        content = task.info["files"]["lib.py"] if unfixed else task.info["fixed"]
+        return ["<tool>read: lib.py</tool>", f"<tool>write: lib.py\n{content}</tool>",
+                "<tool>run: tests</tool>", "done"]
 
     def init_state(self, task: Task) -> dict[str, Any]:
         return {"files": dict(task.info["files"])}

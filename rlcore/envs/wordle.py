@@ -10,10 +10,14 @@ costs a turn and gets a reminder. Reward: 1 - 0.1 * (guesses - 1) when solved; o
 Demonstrations (supervised warm-up): a solver that guesses, each turn, the first word of the
 list (in `words` order) that agrees with all the feedback so far. `words` sets the difficulty:
 the `wordle` recipe plays over a short list, which the tiny CPU policy can learn.
+`demo_noise` weakens the demonstrator: each guess after its first is, with that probability, its
+previous guess again (a wasted turn), so a policy that imitates it leaves RL something to learn:
+stop repeating itself.
 """
 
 from __future__ import annotations
 
+import random
 import re
 from collections import Counter
 from typing import Any
@@ -46,12 +50,14 @@ def parse_guess(text: str) -> str | None:
     return found[-1].lower() if found else None
 
 
-def solve(target: str, words: list[str], max_turns: int) -> list[str]:
-    """The solver's guesses: each the first of `words` consistent with every earlier mark."""
+def solve(target: str, words: list[str], max_turns: int, noise: float = 0.0,
+          rng: random.Random | None = None) -> list[str]:
+    """The solver's guesses: each the first of `words` consistent with every earlier mark; after
+    the first, with probability `noise` (drawn from `rng`), the previous guess repeated instead."""
     guesses: list[str] = []
     candidates = list(words)
     while len(guesses) < max_turns and candidates:
-        guess = candidates[0]
+        guess = guesses[-1] if guesses and noise and rng.random() < noise else candidates[0]
         guesses.append(guess)
         if guess == target:
             break
@@ -67,12 +73,15 @@ def guesses_of(history: list[Message]) -> list[str | None]:
 @register("wordle")
 class Wordle(MultiTurnEnvironment):
     """Args: `max_turns` (guesses, default 6), `words` (space-separated target list; default a
-    built-in list of common words)."""
+    built-in list of common words), `demo_noise` (the chance the demonstrator repeats its last guess)."""
 
     PROMPT = "Wordle: guess the 5-letter word. Reply with one word. Marks: G=right spot, Y=wrong spot, -=absent."
 
-    def __init__(self, seed: int = 0, words: str = "", max_turns: int = 6, **kwargs):
+    def __init__(self, seed: int = 0, words: str = "", max_turns: int = 6, demo_noise: float = 0.0, **kwargs):
         super().__init__(seed, max_turns=max_turns, **kwargs)
+        if not 0.0 <= demo_noise <= 1.0:
+            raise ValueError(f"env.args.demo_noise: must be in [0, 1], got {demo_noise}")
+        self.demo_noise = float(demo_noise)
         self.words = sorted(set(words.lower().split())) if words else list(FIVE_LETTER_WORDS)
         bad = [w for w in self.words if not _WORD.fullmatch(w)]
         if bad or not self.words:
@@ -93,8 +102,10 @@ class Wordle(MultiTurnEnvironment):
         return [{"role": "user", "content": f"{guess} {feedback(guess, task.answer)}"}], False
 
     def demonstration_turns(self, task: Task) -> list[str]:
-        """The solver's guesses (see :func:`solve`), one word per turn."""
-        return solve(task.answer, self.words, self.max_turns)
+        """The solver's guesses (see :func:`solve`), one word per turn; its repeats are drawn from
+        the task's own RNG, so a demonstration is the same every time it is built."""
+        return solve(task.answer, self.words, self.max_turns, self.demo_noise,
+                     random.Random(f"{self.seed}:demo-noise:{task.id}"))
 
     def score(self, task: Task, history: list[Message], state: dict[str, Any]) -> float:
         guesses = guesses_of(history)
