@@ -78,7 +78,10 @@ class WeightSync:
             except RunError as exc:
                 if attempt == 2 or (isinstance(exc, ActorDied) and any(d.startswith("trainer") for d in exc.dead)):
                     raise  # only engines can be replaced
-                dead = self.dead_engines(actors)
+                # engines the failed call saw die need no probe: a restarting actor answers the
+                # probe only once Ray has rebuilt it, so probing it costs the probe's whole 10 s
+                died = [i for i in actors if isinstance(exc, ActorDied) and f"rollout actor {i}" in exc.dead]
+                dead = died + self.dead_engines([i for i in actors if i not in died])
                 log.warning("weight sync to version %d failed (%s); %s", version, exc,
                             f"rollout actor(s) {dead} left, re-forming the weight group without them" if dead
                             else "rebuilding the weight group")
@@ -89,6 +92,8 @@ class WeightSync:
 
     def dead_engines(self, actors: list[int]) -> list[int]:
         """Actors of `actors` that do not answer `ready()` within 10 s (died or restarting)."""
+        if not actors:
+            return []
         refs = [self.groups.rollouts[i].ready.remote() for i in actors]
         ray.wait(refs, num_returns=len(refs), timeout=10.0)
         dead = []

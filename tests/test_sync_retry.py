@@ -1,0 +1,51 @@
+"""A weight sync that fails because an engine died retries once without it, and does not probe
+the engine the failed call already saw die: a restarting actor answers a probe only once Ray has
+rebuilt it, so probing it cost the probe's whole 10 s per kill (issue 22's chaos run)."""
+
+import pytest
+
+from actors.remote import ActorDied, RunError
+from actors.weights import WeightSync
+
+
+class Sync(WeightSync):
+    """The driver's side of the retry, with the remote calls recorded instead of made."""
+
+    def __init__(self, fail: list[Exception]):
+        self.fail, self.synced, self.probed, self.lost = fail, [], [], []
+
+    def init_weight_group(self, actors=None):
+        pass
+
+    def _sync(self, version, actors, pushed=None):
+        if self.fail:
+            raise self.fail.pop(0)
+        self.synced.append((version, list(actors)))
+        return {"sync_time_s": 0.0}
+
+    def dead_engines(self, actors):
+        self.probed.append(list(actors))
+        return []
+
+    def engine_lost(self, actor, launched_at):
+        self.lost.append(actor)
+
+
+def test_engine_seen_dying_is_not_probed_and_the_others_get_the_version():
+    s = Sync([ActorDied("weight sync to version 3 failed: rollout actor 1 died", ["rollout actor 1"])])
+    s._reform_and_sync(3, [0, 1, 2])
+    assert s.lost == [1] and s.probed == [[0, 2]] and s.synced == [(3, [0, 2])]
+
+
+def test_a_failure_without_a_named_engine_probes_all_and_a_second_failure_stops():
+    s = Sync([RunError("weight sync to version 3 did not finish within 120s")] * 2)
+    with pytest.raises(RunError):
+        s._reform_and_sync(3, [0, 1])
+    assert s.probed == [[0, 1]] and s.synced == []
+
+
+def test_a_dead_trainer_rank_stops_the_run_at_once():
+    s = Sync([ActorDied("weight sync failed: trainer rank 0 died", ["trainer rank 0"])])
+    with pytest.raises(ActorDied):
+        s._reform_and_sync(3, [0, 1])
+    assert s.probed == [] and s.lost == []
