@@ -106,10 +106,11 @@ def test_chaos_run_finishes_within_twice_the_clean_time_explains_failures_and_le
     # 20.7 s before); its restarts took 19-22 s, while 6 and 3 steps were trained. Start-up is part
     # of both runs; their RL steps alone took 8.3 s and 57.3 s, most of the difference while one
     # engine served and the restarted process (a new Python, torch, the model) took CPU from it.
-    # The issue asks for 2x. On an idle 2-core machine this run measured 1.79x, 1.81x and 2.23x
-    # (the clean run's start-up varies 32-47 s, and the two restarts each take a core for ~20 s),
-    # so 2x is not met reliably here and is not asserted: the bound below catches a driver that
-    # blocks on a restart again (that cost ~30 s per kill: 3x and more).
+    # The issue asks for 2x. On an idle 2-core machine this run measured 1.79x, 1.81x, 2.23x,
+    # 1.79x and 1.84x while a sync that failed on a dead engine still probed that engine (10 s per
+    # kill: a restarting actor answers only once rebuilt); 1.57x and 1.43x since. Timings are not
+    # asserted tightly here: the bound below catches a driver that blocks on a restart again
+    # (that cost ~30 s per kill: 3x and more).
     assert chaos_s < 2.6 * clean_s, (chaos_s, clean_s)
     assert rows[-1]["rollout_restarts"] >= 2
     for r in rows:
