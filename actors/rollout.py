@@ -26,6 +26,12 @@ from rlcore.types import Group, Sample, SampleMeta, Task
 from rlcore.weight_sync import SyncPlan
 
 
+def meta_reply(groups: list[Group]) -> tuple[list[list[SampleMeta]], dict]:
+    """What the driver keeps of a request: each group's sample metadata, and the environment's
+    health as the actor saw it (`generate_groups` gives every group the same stats)."""
+    return [samples_meta(g.samples) for g in groups], (groups[0].env_stats if groups else {})
+
+
 def failed_groups(tasks: list[Task], group_size: int, error: str) -> list[Group]:
     """Placeholder groups for a request that failed as a whole, so its samples are counted."""
     return [Group(task=t, samples=[Sample([], [], [], [], [], finish_reason="abort", failed=True, error=error)
@@ -100,15 +106,13 @@ class RolloutWorker:
         groups = self.generate_groups(tasks, group_size, split, seed)
         if len(groups) != len(tasks):  # the return count is fixed by the call: keep it whatever happened
             groups = failed_groups(tasks, group_size, f"environment returned {len(groups)} groups for {len(tasks)} tasks")
-        stats = groups[0].env_stats if groups else {}
-        return ([samples_meta(g.samples) for g in groups], stats), *[g.samples for g in groups]
+        return meta_reply(groups), *[g.samples for g in groups]
 
     def generate_meta(self, tasks: list[Task], group_size: int, split: str = "eval", seed: int | None = None,
                       sampling: dict | None = None) -> tuple[list[list[SampleMeta]], dict]:
         """`generate_groups` for a caller that needs the metadata only (evaluation rounds):
         `(per group list[SampleMeta], env_stats)`; the token data is not sent anywhere."""
-        groups = self.generate_groups(tasks, group_size, split, seed, sampling)
-        return [samples_meta(g.samples) for g in groups], (groups[0].env_stats if groups else {})
+        return meta_reply(self.generate_groups(tasks, group_size, split, seed, sampling))
 
     def busy_seconds(self) -> float:
         """Seconds this actor spent generating (overlapping requests counted once)."""

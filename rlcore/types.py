@@ -71,8 +71,23 @@ class Sample:
         return min(policy) if policy else 2**62
 
 
+class GroupScores:
+    """What a group of samples (`Sample` or `SampleMeta`) tells the buffer and the advantages."""
+
+    samples: list
+
+    @property
+    def min_version(self) -> int:
+        """Version of the oldest policy token of the group (its staleness)."""
+        return min(s.min_version for s in self.samples)
+
+    @property
+    def rewards(self) -> list[float]:
+        return [s.reward for s in self.samples]
+
+
 @dataclass
-class Group:
+class Group(GroupScores):
     """The `group_size` samples of one task: the unit advantages are relative to."""
 
     task: Task
@@ -84,14 +99,6 @@ class Group:
     env_stats: dict[str, float] = field(default_factory=dict)
     """The rollout actor's environment health when it returned the group
     (`reward_threads_abandoned`: guarded calls that missed their deadline and still run)."""
-
-    @property
-    def min_version(self) -> int:
-        return min(s.min_version for s in self.samples)
-
-    @property
-    def rewards(self) -> list[float]:
-        return [s.reward for s in self.samples]
 
 
 @dataclass
@@ -126,7 +133,7 @@ class SampleMeta:
 
 
 @dataclass
-class GroupMeta:
+class GroupMeta(GroupScores):
     """A finished group as the driver holds it: the task, per-sample metadata and a handle to the
     group's token data (`list[Sample]`, all samples, failed ones included) in the object store."""
 
@@ -138,11 +145,3 @@ class GroupMeta:
     request_id: int = -1
     stream_index: int = -1
     env_stats: dict[str, float] = field(default_factory=dict)
-
-    @property
-    def min_version(self) -> int:
-        return min(s.min_version for s in self.samples)
-
-    @property
-    def rewards(self) -> list[float]:
-        return [s.reward for s in self.samples]

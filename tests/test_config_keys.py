@@ -46,15 +46,21 @@ def test_env_args_are_typed_per_environment(tmp_path):
     validate(cfg)
 
 
-def test_an_unknown_key_in_a_yaml_file_is_refused(tmp_path, monkeypatch):
+def add_recipe(tmp_path, monkeypatch, name: str, body: str) -> None:
+    """A copy of conf/ in `tmp_path` with recipe `name` (`body` under `# @package _global_`),
+    which `compose(["+recipe=NAME"])` then reads."""
     import rlcore.run as run
     conf = tmp_path / "conf"
     shutil.copytree(run.CONF_DIR, conf)  # follows conf/recipe's link to recipes/
-    (conf / "recipe" / "typo.yaml").write_text("# @package _global_\nsteps: 3\ntrainer:\n  max_grad_nrom: 0.5\n")
+    (conf / "recipe" / f"{name}.yaml").write_text("# @package _global_\n" + body)
     (tmp_path / "recipes").mkdir()
-    (tmp_path / "recipes" / "typo.yaml").write_text("")
+    (tmp_path / "recipes" / f"{name}.yaml").write_text("")
     monkeypatch.setattr(run, "CONF_DIR", conf)
     monkeypatch.setattr(run, "RECIPES_DIR", tmp_path / "recipes")
+
+
+def test_an_unknown_key_in_a_yaml_file_is_refused(tmp_path, monkeypatch):
+    add_recipe(tmp_path, monkeypatch, "typo", "steps: 3\ntrainer:\n  max_grad_nrom: 0.5\n")
     with pytest.raises(ConfigError, match=r"trainer.max_grad_nrom: unknown key in trainer; did you mean .trainer.max_grad_norm."):
         compose(["+recipe=typo"])
 
@@ -173,14 +179,7 @@ def test_an_engine_option_at_its_old_flat_key_names_its_section(override, moved,
 
 
 def test_a_recipe_with_an_old_flat_key_is_refused_with_its_new_one(tmp_path, monkeypatch):
-    import rlcore.run as run
-    conf = tmp_path / "conf"
-    shutil.copytree(run.CONF_DIR, conf)
-    (conf / "recipe" / "old.yaml").write_text("# @package _global_\nrollout:\n  engine: vllm\n  sleep_level: 1\n")
-    (tmp_path / "recipes").mkdir()
-    (tmp_path / "recipes" / "old.yaml").write_text("")
-    monkeypatch.setattr(run, "CONF_DIR", conf)
-    monkeypatch.setattr(run, "RECIPES_DIR", tmp_path / "recipes")
+    add_recipe(tmp_path, monkeypatch, "old", "rollout:\n  engine: vllm\n  sleep_level: 1\n")
     with pytest.raises(ConfigError, match=r"^rollout.sleep_level: moved to rollout.vllm.sleep_level"):
         compose(["+recipe=old"])
 
