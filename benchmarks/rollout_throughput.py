@@ -51,9 +51,16 @@ def engine_tokens(engine, batch: list[list[int]], sp) -> int:
     return sum(len(g.token_ids) for g in gens)
 
 
-def record(results: dict[str, list[float]], label: str, rep: int, ntok: int, dt: float) -> None:
+def record(results: dict[str, list[float]], label: str, rep: int, ntok: int, dt: float,
+           cpu: float | None = None) -> None:
+    """One repetition's tok/s into ``results[label]``; ``cpu``: this (client) process's CPU
+    seconds during it, into ``results[label + " cpu_s"]`` (the engine core is another process)."""
     results.setdefault(label, []).append(ntok / dt)
-    print(f"{label} rep {rep}: {ntok} tokens in {dt:.3f} s = {ntok / dt:.0f} tok/s", flush=True)
+    extra = ""
+    if cpu is not None:
+        results.setdefault(f"{label} cpu_s", []).append(cpu)
+        extra = f", client CPU {cpu:.3f} s"
+    print(f"{label} rep {rep}: {ntok} tokens in {dt:.3f} s = {ntok / dt:.0f} tok/s{extra}", flush=True)
 
 
 def report(args: argparse.Namespace, results: dict[str, list[float]], title: str, rows: dict[str, str],
@@ -67,6 +74,12 @@ def report(args: argparse.Namespace, results: dict[str, list[float]], title: str
         print(f"| {name} | {med[label]:.0f} |")
     ratio = med[pair[0]] / med[pair[1]]
     print(f"{ratio_text} = {ratio:.3f}{suffix}")
+    a, b = results[pair[0]], results[pair[1]]
+    print(f"ratio of means {statistics.mean(a) / statistics.mean(b):.3f}, median of per-repetition ratios "
+          f"{statistics.median(x / y for x, y in zip(a, b)):.3f}")
+    for label in pair:
+        if f"{label} cpu_s" in results:
+            print(f"{label}: client process CPU per repetition, median {med[label + ' cpu_s']:.3f} s")
     if args.out:
         with open(args.out, "w") as f:
             json.dump({"args": vars(args), "tok_s": results, key: ratio}, f, indent=1)
@@ -151,7 +164,7 @@ def main() -> None:
         for r in range(args.reps):
             batch = fresh_batch(prompts, r)  # the same prompts for both sides
             for side in (("engine", "raw") if r % 2 == 0 else ("raw", "engine")):
-                t = time.perf_counter()
+                t, cpu = time.perf_counter(), time.process_time()
                 if side == "engine":
                     ntok = engine_tokens(engine, batch, sp)
                     label = "VLLMEngine"
@@ -159,7 +172,7 @@ def main() -> None:
                     outs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in batch], vsp, use_tqdm=False)
                     ntok = sum(len(o.outputs[0].token_ids) for o in outs)
                     label = "vllm.LLM"
-                record(results, label, r, ntok, time.perf_counter() - t)
+                record(results, label, r, ntok, time.perf_counter() - t, time.process_time() - cpu)
     finally:
         engine.shutdown()
 

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import math
+import random
 import types
 
 import pytest
@@ -88,3 +89,36 @@ def test_sampled_logprobs_flat_fast_path():
     assert sampled_logprobs([7, 9], Flat([{}, {}])) == [-1.0, -2.0]
     with pytest.raises(RuntimeError):
         sampled_logprobs([1], None)
+
+
+def _absorb_token_by_token(version, marks, outputs):
+    """The per-token rule `absorb` implements: a token's version is that of the last mark whose
+    first index is at or before it."""
+    versions, pos, i = [], 0, 0
+    for out in outputs:
+        for _ in out.outputs[0].token_ids:
+            while i < len(marks) and marks[i][0] <= pos:
+                version, i = marks[i][1], i + 1
+            versions.append(version)
+            pos += 1
+    return versions
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_absorb_versions_match_the_per_token_rule(seed):
+    rng = random.Random(seed)
+    chunks = [rng.randrange(0, 6) for _ in range(rng.randrange(1, 5))]
+    total = sum(chunks)
+    # marks in order, several may share an index (two updates between two outputs), some past the end
+    marks = sorted((rng.randrange(0, total + 3), v) for v in range(1, rng.randrange(1, 5)))
+    marks = [(first, 10 + k) for k, (first, _) in enumerate(marks)]
+    outputs, tok = [], 0
+    for n in chunks:
+        outputs.append(_out(list(range(tok, tok + n))))
+        tok += n
+    req = InFlightRequest("r", version=7, marks=list(marks))
+    for out in outputs:
+        req.absorb(out)
+    assert req.token_ids == list(range(total))
+    assert req.versions == _absorb_token_by_token(7, marks, outputs)
+    assert len(req.logprobs) == total

@@ -252,8 +252,11 @@ class VLLMEngine(WeightUpdates, VersionMarks, ColocatedEngine, RolloutEngine):
 
     async def _generate(self, prompts: list[list[int]], params: SamplingParams, images=None) -> list[Generation]:
         images = images or [None] * len(prompts)
-        tasks = [asyncio.ensure_future(self._one(p, self._vllm_params(params, i), im))
-                 for i, (p, im) in enumerate(zip(prompts, images))]
+        # vLLM clones a request's params on submission, so unseeded prompts share one object
+        # (building it costs about as much as submitting the request); seeded ones differ by index.
+        shared = self._vllm_params(params, 0) if params.seed is None else None
+        sps = [shared if shared is not None else self._vllm_params(params, i) for i in range(len(prompts))]
+        tasks = [asyncio.ensure_future(self._one(p, sp, im)) for p, sp, im in zip(prompts, sps, images)]
         try:
             return list(await asyncio.gather(*tasks))
         except BaseException:

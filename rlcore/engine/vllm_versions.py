@@ -47,16 +47,24 @@ class InFlightRequest:
         return len(outputs[0].token_ids) if outputs else 0
 
     def absorb(self, out: Any) -> None:
+        """Append one output's tokens and logprobs; each token's version is the one of the last
+        mark at or before its index. Whole runs of tokens are appended at once: in "final" mode
+        one output carries every token of a request, and a per-token Python loop cost a
+        measurable share of the client's time per decode batch."""
         comp = out.outputs[0]
         tokens = list(comp.token_ids)
-        for tok, lp in zip(tokens, sampled_logprobs(tokens, comp.logprobs)):
-            pos = len(self.token_ids)
-            while self.mark_i < len(self.marks) and self.marks[self.mark_i][0] <= pos:
-                self.version = self.marks[self.mark_i][1]
-                self.mark_i += 1
-            self.token_ids.append(tok)
-            self.logprobs.append(lp)
-            self.versions.append(self.version)
+        start = len(self.token_ids)
+        end = start + len(tokens)
+        self.token_ids.extend(tokens)
+        self.logprobs.extend(sampled_logprobs(tokens, comp.logprobs))
+        pos = start
+        while self.mark_i < len(self.marks) and self.marks[self.mark_i][0] < end:
+            first = max(self.marks[self.mark_i][0], pos)
+            self.versions.extend([self.version] * (first - pos))
+            pos = first
+            self.version = self.marks[self.mark_i][1]
+            self.mark_i += 1
+        self.versions.extend([self.version] * (end - pos))
         if out.finished:
             self.finished = True
             self.finish_reason = finish_reason_of(comp.finish_reason)
