@@ -9,9 +9,10 @@ take ranks ``1 .. world_size - 1`` (each engine joins with its own ``rank_offset
 format is vLLM's packed broadcast: tensors are flattened to bytes and concatenated into buckets of
 ``bucket_bytes`` (a bucket closes at the first tensor that takes it past the size), broadcast one
 after another with ``num_buffers`` buckets in flight. The receiver rebuilds the same buckets from
-:func:`rlcore.transfer.plan.update_info_for`, so the names, dtypes, shapes, order, bucket size and buffer count must be
-identical on both sides: compute the update info once from the trainer's parameter metadata, hand
-it to the engines, and send exactly those tensors in that order.
+:func:`rlcore.transfer.plan.update_info_for`, so the names, dtypes, shapes, order, bucket size and
+buffer count must be identical on both sides: compute the update info once from the trainer's
+parameter metadata (:func:`rlcore.transfer.plan.vllm_update_info`), hand it to the engines, and
+send exactly those tensors in that order.
 
 Timeouts. NCCL calls have none of their own and vLLM's packed producer synchronises its streams
 without one, so every blocking step here runs in a watchdog thread joined with a deadline. On a
