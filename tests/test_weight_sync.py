@@ -18,13 +18,21 @@ from rlcore.transfer import (
     PAIRS,
     base,
     first_rank,
+    ipc,
+    nccl,
     pair_for,
     ranks_per_actor,
     receiver_for,
     sender_for,
     world_size,
 )
-from rlcore.transfer.plan import TensorMeta, iter_buckets, plan_buckets, unpack_bucket
+from rlcore.transfer.plan import (
+    TensorMeta,
+    iter_buckets,
+    plan_buckets,
+    unpack_bucket,
+    vllm_update_info,
+)
 
 
 def metas():
@@ -124,3 +132,43 @@ def test_broadcast_pair_over_gloo_lands_a_model_in_an_engine():
     assert engine.policy_version == 1
     state = engine.state_dict()
     assert all(torch.equal(state[n], p) for n, p in trainer.named_parameters())
+
+
+class EngineCalls:
+    """Records what a packed receiver asks of its engine (vLLM's side runs on GPUs only)."""
+
+    def __init__(self):
+        self.calls = []
+
+    def init_weight_transfer(self, *args, **kwargs):
+        self.calls.append(("join", args, kwargs))
+
+    def receive_weights(self, update_info, version, timeout_s=None):
+        self.calls.append(("nccl", update_info, version, timeout_s))
+        return {"worker_s": 0.5}
+
+    def receive_ipc(self, update_info, handle, version, timeout_s=None):
+        self.calls.append(("ipc", update_info, handle, version, timeout_s))
+        return {"worker_s": 0.25}
+
+
+def test_packed_receivers_hand_their_engine_the_plans_update_info():
+    cfg = compose(["rollout.sync_bucket_mb=1", "rollout.weight_sync_timeout_s=7"])
+    plan = plan_buckets(metas(), bucket_bytes=26 * 4)
+    info = vllm_update_info(cfg, plan)
+    assert info["names"] == plan.names and set(info["dtype_names"]) == {"bfloat16"}
+    assert info["shapes"] == [list(m.shape) for b in plan.buckets for m in b.metas]
+    assert info["packed_buffer_size_bytes"] == 2**20
+
+    engine = EngineCalls()
+    receiver = nccl.Receiver(cfg, plan, engine, "10.0.0.1", 4242, 3, 9)
+    assert engine.calls == [("join", ("10.0.0.1", 4242, 3, 9), {"timeout_s": 7.0})]
+    times = receiver.receive(4)
+    assert engine.calls[1] == ("nccl", info, 4, 7.0)
+    assert set(times) == {"sync_engine_s", "sync_worker_s"} and times["sync_worker_s"] == 0.5
+
+    with pytest.raises(ValueError, match="IPC handle"):
+        ipc.Receiver(cfg, plan, engine, "", 0, 1, 2)
+    handle = {"uuid": "GPU-0", "args": b""}
+    times = ipc.Receiver(cfg, plan, engine, "", 0, 1, 2, handle).receive(5)
+    assert engine.calls[2] == ("ipc", info, handle, 5, 7.0) and times["sync_worker_s"] == 0.25

@@ -5,12 +5,12 @@ placement). NCCL never runs between two processes on one device.
 rollout actor on the same GPU) has the engine land it (:meth:`RolloutEngine.receive_ipc`, whose
 vLLM workers use an :class:`IPCReceiver`).
 
-Sender (trainer rank): one persistent flat buffer holding every tensor of the sync in wire dtype,
+IPCSender (trainer rank): one persistent flat buffer holding every tensor of the sync in wire dtype,
 back to back in the order of the update info (so vLLM's packed buckets are consecutive byte
 ranges of it). Its CUDA IPC handle is made once (`reduce_tensor`) and handed to the engine once,
 keyed by the GPU's UUID. A sync copies the parameters into the buffer and waits for the copies.
 
-Receiver (vLLM worker): opens the handle once, on the worker's device (the UUID must match: the
+IPCReceiver (vLLM worker): opens the handle once, on the worker's device (the UUID must match: the
 two processes really share the GPU), and lands each bucket straight in the engine's parameters
 with :meth:`rlcore.engine.direct_receive.DirectReceiver.receive_in_place` (vLLM's loader recorded
 once, replayed as batched device copies), between two engine steps.
