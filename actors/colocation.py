@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Callable
 
 from actors.groups import Groups
-from rlcore.weight_sync import SyncPlan
+from rlcore.transfer.plan import SyncPlan
 
 
 def _names(groups: Groups) -> tuple[list[str], list[str]]:

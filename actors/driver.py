@@ -46,8 +46,8 @@ from rlcore.models.build import build_tokenizer
 from rlcore.startup import StartupPhases
 from rlcore.step import build_step, has_signal
 from rlcore.trainer.parallel import shards_per_rank
+from rlcore.transfer.plan import SyncPlan, TensorMeta, plan_buckets
 from rlcore.types import Group, GroupMeta, Task
-from rlcore.weight_sync import SyncPlan, TensorMeta, plan_buckets
 
 log = logging.getLogger("rlcore")
 

@@ -12,18 +12,18 @@ import traceback
 import torch
 
 from actors.logs import redirect_output
-from actors.weight_transport import EngineReceiver
 from rlcore.busy import BusyClock
 from rlcore.checkpoint import load_model_weights
 from rlcore.config import RunConfig
 from rlcore.engine.base import SamplingParams
-from rlcore.engine.registry import make_engine
+from rlcore.engine.registry import make_engine, weight_transport
 from rlcore.envs import make_env
 from rlcore.envs.safety import threads_abandoned
 from rlcore.meta import samples_meta
 from rlcore.models.build import build_model, build_tokenizer
+from rlcore.transfer import Receiver, first_rank, receiver_for, world_size
+from rlcore.transfer.plan import SyncPlan
 from rlcore.types import Group, Sample, SampleMeta, Task
-from rlcore.weight_sync import SyncPlan
 
 
 def meta_reply(groups: list[Group]) -> tuple[list[list[SampleMeta]], dict]:
@@ -48,7 +48,7 @@ class RolloutWorker:
         self.env = make_env(cfg.env.name, dict(cfg.env.args), cfg.env.seed)
         s = cfg.rollout.sampling
         self.params = SamplingParams(max_new_tokens=s.max_new_tokens, temperature=s.temperature, top_p=s.top_p)
-        self.receiver: EngineReceiver | None = None
+        self.receiver: Receiver | None = None
         self.clock = BusyClock()
 
     def ready(self) -> int:
@@ -59,8 +59,9 @@ class RolloutWorker:
         """Join the weight-sync group in `slot` of its `engines` actors (default: this actor's
         index of all; the trainer's rank 0 joins at the same time); colocated, keep the IPC
         `handle` of the trainer rank on this GPU instead."""
-        self.receiver = EngineReceiver(self.cfg, self.engine, self.index if slot is None else slot, address, port,
-                                       plan, handle, engines)
+        rank = first_rank(self.cfg, self.index if slot is None else slot)
+        self.receiver = receiver_for(weight_transport(self.cfg))(self.cfg, plan, self.engine, address, port, rank,
+                                                                 world_size(self.cfg, engines), handle)
         return True
 
     def sleep(self, level: int) -> float:

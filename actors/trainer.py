@@ -9,7 +9,6 @@ import ray
 import torch
 
 from actors.logs import redirect_output
-from actors.weight_transport import TrainerSender
 from rlcore.checkpoint import load_trainer, save_trainer
 from rlcore.config import RunConfig
 from rlcore.engine.registry import sleep_level, weight_transport
@@ -19,8 +18,9 @@ from rlcore.packing import MicroBatch, make_micro_batch
 from rlcore.step import RankWork, rank_micro_batches
 from rlcore.trainer.core import TrainerCore, free_port
 from rlcore.trainer.forward import forward_logprobs
+from rlcore.transfer import Sender, sender_for, world_size
+from rlcore.transfer.plan import SyncPlan
 from rlcore.types import Sample
-from rlcore.weight_sync import SyncPlan
 
 
 class TrainerRank:
@@ -32,7 +32,7 @@ class TrainerRank:
         self.device = "cuda" if cfg.trainer.gpus_per_rank > 0 else "cpu"
         torch.set_num_threads(max(1, int(cfg.trainer.cpus_per_rank)))
         self.core: TrainerCore | None = None
-        self.sender: TrainerSender | None = None
+        self.sender: Sender | None = None
         # aliases of the parameters a colocated one-rank sync reads (None: not built, or this
         # rank does not hold every parameter whole); a checkpoint load rebuilds them
         self._whole: list[tuple[str, torch.Tensor]] | None = None
@@ -56,12 +56,12 @@ class TrainerRank:
         sender (the engines join at the same time).
         Colocated: every rank makes its CUDA IPC buffer and returns its handle (for the engine on
         its GPU); None otherwise."""
-        every_rank = weight_transport(self.cfg) == "ipc"  # each rank feeds the engine on its GPU
-        if every_rank and self.sender is not None:
-            return self.sender.ipc.handle()  # a restarted engine reopens the same buffer (same plan)
-        if self.rank == 0 or every_rank:
-            self.sender = TrainerSender(self.cfg, address, port, plan, self.device, engines)
-        return self.sender.ipc.handle() if self.sender is not None and self.sender.ipc is not None else None
+        transport = sender_for(weight_transport(self.cfg))
+        if transport.every_rank and self.sender is not None:  # each rank feeds the engine on its GPU
+            return self.sender.handle()  # a restarted engine reopens the same buffer (same plan)
+        if self.rank == 0 or transport.every_rank:
+            self.sender = transport(self.cfg, plan, self.device, address, port, world_size(self.cfg, engines))
+        return self.sender.handle() if self.sender is not None else None
 
     def canary_logprobs(self, pairs: list[tuple[list[int], list[int]]]) -> list[list[float]]:
         """Teacher-forced logprobs (temperature 1) of each completion after its prompt, under the
@@ -88,7 +88,7 @@ class TrainerRank:
         fetch_s = time.perf_counter() - start
         result = self.core.train_step(micro_batches, normalizer)
         pushed = {}
-        if self.sender is not None and self.sender.ipc is not None:
+        if self.sender is not None and self.sender.buffered:
             pushed = {"weights_pushed": self.push_weights()}
         memory = {}
         if self.device == "cuda":
@@ -131,7 +131,7 @@ class TrainerRank:
         (colocated: every rank writes its IPC buffer; one rank that holds the whole model reads
         its parameters' storage directly, `TrainerCore.whole_parameters`)."""
         start = time.perf_counter()
-        if self.sender is not None and self.sender.ipc is not None and self.world_size == 1:
+        if self.sender is not None and self.sender.buffered and self.world_size == 1:
             if self._whole is None:
                 self._whole = self.core.whole_parameters()
             if self._whole is not None:

@@ -4,7 +4,7 @@ A "trainer" is a plain torch process on its own GPU holding a random-weight tran
 bf16; it can take a fake optimizer step (every weight set to its initial value times
 ``1 + scale * noise``, fresh noise per step, so steps never compound and the model keeps its
 scale), send its weights
-through :mod:`rlcore.engine.vllm_sync`, and compute teacher-forced logprobs for the canary. The
+through :mod:`rlcore.transfer.nccl`, and compute teacher-forced logprobs for the canary. The
 engine side is a :class:`rlcore.engine.vllm_engine.VLLMEngine` in the calling process, started on
 another GPU with ``load_format="dummy"`` from a directory holding only ``config.json``.
 
@@ -57,7 +57,8 @@ def _trainer_main(conn: Any, model_dir: str, seed: int) -> None:
         from transformers import AutoConfig, AutoModelForCausalLM
 
         from rlcore.canary import teacher_forced_logprobs
-        from rlcore.engine import vllm_sync
+        from rlcore.transfer import nccl
+        from rlcore.transfer.plan import update_info_for
 
         torch.cuda.set_device(0)
         cfg = AutoConfig.from_pretrained(model_dir)
@@ -85,11 +86,11 @@ def _trainer_main(conn: Any, model_dir: str, seed: int) -> None:
                 if cmd == "init_sender":
                     addr, port, world_size, timeout = args
                     t = time.perf_counter()
-                    sender = vllm_sync.init_sender(addr, port, world_size, timeout_s=timeout)
+                    sender = nccl.init_sender(addr, port, world_size, timeout_s=timeout)
                     conn.send(("ok", time.perf_counter() - t))
                 elif cmd == "update_info":
                     bucket, nbuf = args
-                    conn.send(("ok", vllm_sync.update_info_for(params, bucket, nbuf)))
+                    conn.send(("ok", update_info_for(params, bucket, nbuf)))
                 elif cmd == "step_send":
                     scale, step_seed, send, bucket, nbuf, expect, timeout = args
                     gen = torch.Generator(device="cuda").manual_seed(step_seed)
@@ -101,13 +102,13 @@ def _trainer_main(conn: Any, model_dir: str, seed: int) -> None:
                     t_done = time.time()
                     conn.send(("stepped", t_done))
                     if send:
-                        info = vllm_sync.send_weights(params, bucket, sender=sender, num_buffers=nbuf,
-                                                      timeout_s=timeout, expect=expect)
+                        info = nccl.send_weights(params, bucket, sender=sender, num_buffers=nbuf,
+                                                 timeout_s=timeout, expect=expect)
                         conn.send(("sent", time.time(), info["stats"]))
                 elif cmd == "send_only":
                     bucket, nbuf, expect, timeout = args
-                    info = vllm_sync.send_weights(params, bucket, sender=sender, num_buffers=nbuf,
-                                                  timeout_s=timeout, expect=expect)
+                    info = nccl.send_weights(params, bucket, sender=sender, num_buffers=nbuf,
+                                             timeout_s=timeout, expect=expect)
                     conn.send(("sent", time.time(), info["stats"]))
                 elif cmd == "logprobs":
                     pairs, temperature = args

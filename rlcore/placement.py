@@ -14,6 +14,7 @@ import copy
 
 from rlcore.config import RunConfig
 from rlcore.engine.registry import (
+    COLOCATED_TRANSPORT,
     engine_spec,
     engines_where,
     memory_share,
@@ -101,9 +102,10 @@ def placement_problems(cfg: RunConfig, gpus: float, gpu_bytes: int | None, where
         return [("placement", f"colocated placement shares GPUs: needs trainer.gpus_per_rank > 0 and "
                  f"rollout.gpus_per_actor > 0, got {t.gpus_per_rank:g} and {r.gpus_per_actor:g}")]
     out.extend(colocated_teacher_problems(cfg))
-    if "ipc" not in engine_spec(r.engine).transports:
+    if COLOCATED_TRANSPORT not in engine_spec(r.engine).transports:
+        takes_it = engines_where(lambda s: COLOCATED_TRANSPORT in s.transports)
         out.append(("rollout.engine", f"colocated placement needs rollout.engine="
-                    f"{engines_where(lambda s: 'ipc' in s.transports)} (weights over CUDA IPC into the engine), "
+                    f"{takes_it} (weights over CUDA IPC into the engine), "
                     f"got {r.engine!r}; use placement=split"))
     if tensor_parallel_size(r) != 1:
         out.append((option_key(r, "tensor_parallel_size"), f"colocated engines run with tensor_parallel_size=1 (one "

@@ -1,6 +1,38 @@
+"""The weight-sync plan (buckets, packing) and the transports built on it (`rlcore.transfer`):
+the table of sender / receiver pairs, the group's rank arithmetic, and the `broadcast` pair
+over gloo moving a real model into a real engine."""
+
+import dataclasses
+import inspect
+import threading
+
+import pytest
 import torch
 
-from rlcore.weight_sync import TensorMeta, iter_buckets, plan_buckets, unpack_bucket
+from rlcore.engine.registry import TRANSPORTS, make_engine, weight_transport
+from rlcore.models.build import build_model, build_tokenizer
+from rlcore.run import compose
+from rlcore.trainer.core import free_port
+from rlcore.trainer.export import parameter_metas
+from rlcore.transfer import (
+    PAIRS,
+    base,
+    first_rank,
+    ipc,
+    nccl,
+    pair_for,
+    ranks_per_actor,
+    receiver_for,
+    sender_for,
+    world_size,
+)
+from rlcore.transfer.plan import (
+    TensorMeta,
+    iter_buckets,
+    plan_buckets,
+    unpack_bucket,
+    vllm_update_info,
+)
 
 
 def metas():
@@ -34,3 +66,109 @@ def test_wrong_order_is_an_error():
         assert "expected 'a'" in str(exc)
     else:
         raise AssertionError("mismatched order accepted")
+
+
+def test_every_registry_transport_has_a_sender_and_receiver_with_the_common_interface():
+    assert set(PAIRS) == set(TRANSPORTS)
+    for name in TRANSPORTS:
+        sender, receiver = pair_for(name)
+        assert sender is sender_for(name) and receiver is receiver_for(name)
+        assert issubclass(sender, base.Sender) and issubclass(receiver, base.Receiver), name
+        assert not inspect.isabstract(sender) and not inspect.isabstract(receiver), name
+        for cls, contract in ((sender, base.Sender), (receiver, base.Receiver)):
+            got, want = inspect.signature(cls.__init__), inspect.signature(contract.__init__)
+            assert list(got.parameters) == list(want.parameters), (name, cls)
+    with pytest.raises(KeyError, match="unknown weight transport 'smoke'"):
+        sender_for("smoke")
+    # a buffered sender (written before the engines read) is the one each trainer rank holds
+    assert [n for n in TRANSPORTS if sender_for(n).buffered] == [n for n in TRANSPORTS if sender_for(n).every_rank]
+
+
+def test_group_ranks_follow_the_transport():
+    cfg = compose(["rollout.num_actors=3"])
+    assert weight_transport(cfg) == "broadcast"
+    assert (ranks_per_actor(cfg), first_rank(cfg, 2), world_size(cfg), world_size(cfg, 2)) == (1, 3, 4, 3)
+    cfg.rollout.engine, cfg.rollout.vllm.tensor_parallel_size = "vllm", 2  # vLLM's workers join one rank each
+    assert weight_transport(cfg) == "nccl"
+    assert (ranks_per_actor(cfg), first_rank(cfg, 2), world_size(cfg), world_size(cfg, 2)) == (2, 5, 7, 5)
+
+
+def test_broadcast_pair_over_gloo_lands_a_model_in_an_engine():
+    """Trainer rank 0 and one rollout actor, each in its own thread, over a real gloo group."""
+    cfg = compose(["rollout.sync_bucket_mb=0.01"])  # several buckets
+    tokenizer = build_tokenizer(cfg.model)
+    engine = make_engine(cfg, tokenizer, seed=0)
+    trainer = build_model(dataclasses.replace(cfg.model, seed=cfg.model.seed + 1), tokenizer)
+    plan = plan_buckets([TensorMeta(n, s, d) for n, s, d in parameter_metas(trainer)],
+                        int(cfg.rollout.sync_bucket_mb * 2**20))
+    assert len(plan.buckets) > 1
+    assert not all(torch.equal(engine.state_dict()[n], p) for n, p in trainer.named_parameters())
+    sender_cls, receiver_cls = pair_for(weight_transport(cfg))
+    port, out = free_port(), {}
+
+    def side(name, work):
+        try:
+            out[name] = work()
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            out[name] = exc
+
+    def send():
+        sender = sender_cls(cfg, plan, "cpu", "127.0.0.1", port, world_size(cfg))
+        return sender.send((n, p.detach()) for n, p in trainer.named_parameters())
+
+    def receive():
+        receiver = receiver_cls(cfg, plan, engine, "127.0.0.1", port, first_rank(cfg, 0), world_size(cfg))
+        return receiver.receive(version=1)
+
+    threads = [threading.Thread(target=side, args=("sent", send)), threading.Thread(target=side, args=("got", receive))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert out.keys() == {"sent", "got"}, out
+    assert not any(isinstance(v, BaseException) for v in out.values()), out
+    assert out["sent"] == plan.nbytes
+    assert set(out["got"]) == {"sync_recv_s", "sync_apply_s"}
+    assert engine.policy_version == 1
+    state = engine.state_dict()
+    assert all(torch.equal(state[n], p) for n, p in trainer.named_parameters())
+
+
+class EngineCalls:
+    """Records what a packed receiver asks of its engine (vLLM's side runs on GPUs only)."""
+
+    def __init__(self):
+        self.calls = []
+
+    def init_weight_transfer(self, *args, **kwargs):
+        self.calls.append(("join", args, kwargs))
+
+    def receive_weights(self, update_info, version, timeout_s=None):
+        self.calls.append(("nccl", update_info, version, timeout_s))
+        return {"worker_s": 0.5}
+
+    def receive_ipc(self, update_info, handle, version, timeout_s=None):
+        self.calls.append(("ipc", update_info, handle, version, timeout_s))
+        return {"worker_s": 0.25}
+
+
+def test_packed_receivers_hand_their_engine_the_plans_update_info():
+    cfg = compose(["rollout.sync_bucket_mb=1", "rollout.weight_sync_timeout_s=7"])
+    plan = plan_buckets(metas(), bucket_bytes=26 * 4)
+    info = vllm_update_info(cfg, plan)
+    assert info["names"] == plan.names and set(info["dtype_names"]) == {"bfloat16"}
+    assert info["shapes"] == [list(m.shape) for b in plan.buckets for m in b.metas]
+    assert info["packed_buffer_size_bytes"] == 2**20
+
+    engine = EngineCalls()
+    receiver = nccl.Receiver(cfg, plan, engine, "10.0.0.1", 4242, 3, 9)
+    assert engine.calls == [("join", ("10.0.0.1", 4242, 3, 9), {"timeout_s": 7.0})]
+    times = receiver.receive(4)
+    assert engine.calls[1] == ("nccl", info, 4, 7.0)
+    assert set(times) == {"sync_engine_s", "sync_worker_s"} and times["sync_worker_s"] == 0.5
+
+    with pytest.raises(ValueError, match="IPC handle"):
+        ipc.Receiver(cfg, plan, engine, "", 0, 1, 2)
+    handle = {"uuid": "GPU-0", "args": b""}
+    times = ipc.Receiver(cfg, plan, engine, "", 0, 1, 2, handle).receive(5)
+    assert engine.calls[2] == ("ipc", info, handle, 5, 7.0) and times["sync_worker_s"] == 0.25

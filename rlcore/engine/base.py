@@ -6,11 +6,11 @@ policy version whose weights produced it. An update may land between two decode 
 in flight, which then continue on the new weights with the new version on their later tokens.
 
 Weights arrive through a named transport (:mod:`rlcore.engine.registry` lists the ones each
-engine accepts; ``actors/weight_transport.py`` drives them):
+engine accepts; :mod:`rlcore.transfer` holds each one's sender and receiver):
 
-- ``broadcast``: rlcore's own bucketed broadcast (:mod:`rlcore.weight_sync`; gloo on CPU, NCCL on
-  GPU); the receiver hands the full tensors to :meth:`RolloutEngine.apply_weights`. Every engine
-  can take it.
+- ``broadcast``: rlcore's own bucketed broadcast (:mod:`rlcore.transfer.broadcast`; gloo on CPU,
+  NCCL on GPU); the receiver hands the full tensors to :meth:`RolloutEngine.apply_weights`. Every
+  engine can take it.
 - ``nccl``: the engine's own workers join the trainer's NCCL group
   (:meth:`RolloutEngine.init_weight_transfer`) and receive each update in place
   (:meth:`RolloutEngine.receive_weights`), as vLLM's packed broadcast does.

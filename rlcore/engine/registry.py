@@ -1,8 +1,8 @@
 """Engine plug-ins: one table maps an engine name to everything the rest of rlcore asks about it.
 
 Validation (`rlcore.validate`), placement (`rlcore.placement`), the plan (`rlcore.plan`), the
-rollout and teacher actors and the weight transport (`actors/`) read an engine's
-:class:`EngineSpec` and never branch on its name. The class is named by its import path, so this
+rollout and teacher actors (`actors/`) and the weight transports (`rlcore.transfer`) read an
+engine's :class:`EngineSpec` and never branch on its name. The class is named by its import path, so this
 module (and validation) stays free of torch: the class is imported only where an engine is built.
 
 Each engine reads its options from its own config section (`rollout.vllm.*`, `rollout.hf.*`, and
@@ -33,9 +33,13 @@ if TYPE_CHECKING:
     from rlcore.engine.base import RolloutEngine
 
 TRANSPORTS = ("broadcast", "nccl", "ipc")
-"""Weight transports (see :mod:`rlcore.engine.base`): `broadcast` (rlcore's bucketed broadcast,
-gloo on CPU / NCCL on GPU, into `apply_weights`), `nccl` (the engine's workers join the
-trainer's NCCL group), `ipc` (CUDA IPC from the trainer rank on the same GPU)."""
+"""Weight transports (see :mod:`rlcore.engine.base`; each a sender / receiver pair in
+`rlcore.transfer`): `broadcast` (rlcore's bucketed broadcast, gloo on CPU / NCCL on GPU, into
+`apply_weights`), `nccl` (the engine's workers join the trainer's NCCL group), `ipc` (CUDA IPC
+from the trainer rank on the same GPU)."""
+COLOCATED_TRANSPORT = "ipc"
+"""The transport of colocated placement (trainer rank and engine on one GPU); split placement
+never uses it."""
 
 
 @dataclass(frozen=True)
@@ -53,8 +57,8 @@ class EngineSpec:
     """Dataclass of its section (one-line docstring per field); its engine reads it from
     `cfg.rollout.<section>` (:func:`engine_options`)."""
     transports: tuple[str, ...] = ("broadcast",)
-    """Weight transports it receives; split placement uses the first that is not `ipc`, and
-    colocated placement needs `ipc`."""
+    """Weight transports it receives; split placement uses the first that is not
+    :data:`COLOCATED_TRANSPORT`, and colocated placement needs that one."""
     needs_gpu: bool = False
     """It runs on GPUs only (`tensor_parallel_size` GPUs per actor)."""
     memory_share_kwarg: str | None = None
@@ -144,8 +148,8 @@ def weight_transport(cfg: RunConfig) -> str:
     """The transport a run's weights take to its engines: `ipc` when colocated (validation
     checked the engine takes it), else the engine's first other transport."""
     if cfg.placement == "colocated":
-        return "ipc"
-    return next(t for t in engine_spec(cfg.rollout.engine).transports if t != "ipc")
+        return COLOCATED_TRANSPORT
+    return next(t for t in engine_spec(cfg.rollout.engine).transports if t != COLOCATED_TRANSPORT)
 
 
 def engine_options(group: RolloutConfig | TeacherConfig) -> Any:

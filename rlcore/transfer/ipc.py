@@ -1,12 +1,16 @@
-"""CUDA IPC weight transport, for a trainer rank and an engine that share one GPU (colocated
+"""The `ipc` transport: CUDA IPC, for a trainer rank and an engine that share one GPU (colocated
 placement). NCCL never runs between two processes on one device.
 
-Sender (trainer rank): one persistent flat buffer holding every tensor of the sync in wire dtype,
+:class:`Sender` (every trainer rank) fills an :class:`IPCSender` buffer; :class:`Receiver` (the
+rollout actor on the same GPU) has the engine land it (:meth:`RolloutEngine.receive_ipc`, whose
+vLLM workers use an :class:`IPCReceiver`).
+
+IPCSender (trainer rank): one persistent flat buffer holding every tensor of the sync in wire dtype,
 back to back in the order of the update info (so vLLM's packed buckets are consecutive byte
 ranges of it). Its CUDA IPC handle is made once (`reduce_tensor`) and handed to the engine once,
 keyed by the GPU's UUID. A sync copies the parameters into the buffer and waits for the copies.
 
-Receiver (vLLM worker): opens the handle once, on the worker's device (the UUID must match: the
+IPCReceiver (vLLM worker): opens the handle once, on the worker's device (the UUID must match: the
 two processes really share the GPU), and lands each bucket straight in the engine's parameters
 with :meth:`rlcore.engine.direct_receive.DirectReceiver.receive_in_place` (vLLM's loader recorded
 once, replayed as batched device copies), between two engine steps.
@@ -21,10 +25,17 @@ from __future__ import annotations
 import math
 import pickle
 import time
-from typing import Iterable
+from typing import TYPE_CHECKING, Iterable, Iterator
 
 import torch
 from torch.multiprocessing.reductions import rebuild_cuda_tensor, reduce_tensor
+
+from rlcore.transfer import base
+from rlcore.transfer.plan import SyncPlan, vllm_update_info
+
+if TYPE_CHECKING:
+    from rlcore.config import RunConfig
+    from rlcore.engine.base import RolloutEngine
 
 
 FILL_CHUNK_BYTES = 256 * 2**20
@@ -130,3 +141,40 @@ class IPCReceiver:
             raise RuntimeError(f"ipc receive: the trainer's buffer holds {flat.numel()} bytes, the update "
                                f"needs {sum(tensor_bytes(update_info))}")
         return self.direct.receive_in_place(update_info, flat)
+
+
+class Sender(base.Sender):
+    """Every trainer rank: its IPC buffer, filled by `send` (the copy converts to wire dtype). No
+    group: `address`, `port` and `world_size` are unused."""
+
+    every_rank = True
+    buffered = True
+
+    def __init__(self, cfg: RunConfig, plan: SyncPlan, device: str, address: str, port: int,
+                 world_size: int):
+        self.ipc = IPCSender(vllm_update_info(cfg, plan), device)
+
+    def send(self, named: Iterator[tuple[str, torch.Tensor]]) -> int:
+        return int(self.ipc.fill(named)["bytes"])
+
+    def handle(self) -> dict:
+        """The buffer's handle (:meth:`IPCSender.handle`), for the engine on this GPU."""
+        return self.ipc.handle()
+
+
+class Receiver(base.Receiver):
+    """The rollout actor on the sender's GPU: its engine lands the buffer `handle` names. No group:
+    `address`, `port`, `rank` and `world_size` are unused."""
+
+    def __init__(self, cfg: RunConfig, plan: SyncPlan, engine: RolloutEngine, address: str, port: int,
+                 rank: int, world_size: int, handle: dict | None = None):
+        if handle is None:
+            raise ValueError("colocated weight receive needs the trainer rank's IPC handle")
+        self.cfg, self.engine, self.handle = cfg, engine, handle
+        self.update_info = vllm_update_info(cfg, plan)
+
+    def receive(self, version: int) -> dict[str, float]:
+        start = time.perf_counter()
+        times = self.engine.receive_ipc(self.update_info, self.handle, version,
+                                        timeout_s=self.cfg.rollout.weight_sync_timeout_s)
+        return base.engine_timings(start, times)

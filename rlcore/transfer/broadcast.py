@@ -1,5 +1,8 @@
-"""The weight-sync process group: trainer sender (rank 0) + every engine, apart from FSDP's group.
+"""The `broadcast` transport: rlcore's own bucketed broadcast of the `SyncPlan` over a weight
+group, into :meth:`RolloutEngine.apply_weights`. Every engine can take it. On CPU it runs over
+gloo (DESIGN's `gloo` transport), on GPU over NCCL.
 
+The weight group: trainer sender (rank 0) + one rank per rollout actor, apart from FSDP's group.
 It is a stand-alone gloo (CPU) or NCCL (GPU) group built from its own TCPStore, so it never
 touches the trainer's default process group; every operation waits with a timeout.
 """
@@ -7,12 +10,23 @@ touches the trainer's default process group; every operation waits with a timeou
 from __future__ import annotations
 
 import datetime
-from typing import Callable, Iterable, Iterator
+import time
+from typing import TYPE_CHECKING, Callable, Iterable, Iterator
 
 import torch
 import torch.distributed as dist
 
-from rlcore.weight_sync import SyncPlan, empty_bucket_buffer, iter_buckets, unpack_bucket
+from rlcore.transfer import base
+from rlcore.transfer.plan import (
+    SyncPlan,
+    empty_bucket_buffer,
+    iter_buckets,
+    unpack_bucket,
+)
+
+if TYPE_CHECKING:
+    from rlcore.config import RunConfig
+    from rlcore.engine.base import RolloutEngine
 
 
 class WeightGroup:
@@ -57,3 +71,33 @@ def receive_all(group: WeightGroup, plan: SyncPlan) -> Iterable[tuple[str, torch
     received: list[tuple[str, torch.Tensor]] = []
     group.receive(plan, lambda name, t: received.append((name, t)))
     return received
+
+
+class Sender(base.Sender):
+    """Trainer rank 0: hosts the weight group and broadcasts every bucket of the plan."""
+
+    def __init__(self, cfg: RunConfig, plan: SyncPlan, device: str, address: str, port: int,
+                 world_size: int):
+        self.plan = plan
+        self.group = WeightGroup(address, port, 0, world_size, cfg.rollout.weight_sync_timeout_s, device)
+
+    def send(self, named: Iterator[tuple[str, torch.Tensor]]) -> int:
+        return self.group.send(self.plan, named)
+
+
+class Receiver(base.Receiver):
+    """One rank per rollout actor (on its GPU, or CPU); receives the whole sync, then swaps it into
+    the engine under one short lock hold."""
+
+    def __init__(self, cfg: RunConfig, plan: SyncPlan, engine: RolloutEngine, address: str, port: int,
+                 rank: int, world_size: int, handle: dict | None = None):
+        self.plan, self.engine = plan, engine
+        device = "cuda" if cfg.rollout.gpus_per_actor > 0 else "cpu"
+        self.group = WeightGroup(address, port, rank, world_size, cfg.rollout.weight_sync_timeout_s, device)
+
+    def receive(self, version: int) -> dict[str, float]:
+        start = time.perf_counter()
+        tensors = receive_all(self.group, self.plan)
+        received = time.perf_counter()
+        self.engine.apply_weights(tensors, version)
+        return {"sync_recv_s": received - start, "sync_apply_s": time.perf_counter() - received}

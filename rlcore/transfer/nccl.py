@@ -1,13 +1,18 @@
-"""Trainer side of the NCCL weight transfer into vLLM engines (:class:`VLLMEngine`).
+"""The `nccl` transport: vLLM's packed NCCL broadcast into vLLM engines (:class:`VLLMEngine`).
+
+:class:`Sender` (trainer rank 0) drives the functions below; :class:`Receiver` (rollout actor)
+has the engine's workers join the group (:meth:`RolloutEngine.init_weight_transfer`) and receive
+each update in place (:meth:`RolloutEngine.receive_weights`, `rlcore.engine.vllm_updates`).
 
 The group: the trainer's sending rank is rank 0 (it hosts the rendezvous store); engine workers
 take ranks ``1 .. world_size - 1`` (each engine joins with its own ``rank_offset``). The wire
 format is vLLM's packed broadcast: tensors are flattened to bytes and concatenated into buckets of
 ``bucket_bytes`` (a bucket closes at the first tensor that takes it past the size), broadcast one
 after another with ``num_buffers`` buckets in flight. The receiver rebuilds the same buckets from
-:func:`update_info_for`, so the names, dtypes, shapes, order, bucket size and buffer count must be
-identical on both sides: compute the update info once from the trainer's parameter metadata, hand
-it to the engines, and send exactly those tensors in that order.
+:func:`rlcore.transfer.plan.update_info_for`, so the names, dtypes, shapes, order, bucket size and
+buffer count must be identical on both sides: compute the update info once from the trainer's
+parameter metadata (:func:`rlcore.transfer.plan.vllm_update_info`), hand it to the engines, and
+send exactly those tensors in that order.
 
 Timeouts. NCCL calls have none of their own and vLLM's packed producer synchronises its streams
 without one, so every blocking step here runs in a watchdog thread joined with a deadline. On a
@@ -24,64 +29,33 @@ vLLM is imported lazily (inside functions) so this module imports without it.
 
 from __future__ import annotations
 
-import math
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Sequence
 
 import torch
 
-DEFAULT_BUCKET_BYTES = 512 * 1024 * 1024
-"""Bucket size: large buckets run the broadcast near NVLink peak (345 GB/s at >= 1 GiB, 309 GB/s
-at 64 MiB measured on nvidia-h200-x2); each side holds ``num_buffers`` of them at once."""
-DEFAULT_NUM_BUFFERS = 2
+from rlcore.engine.registry import tensor_parallel_size
+from rlcore.transfer import base
+from rlcore.transfer.plan import (
+    DEFAULT_BUCKET_BYTES,
+    DEFAULT_NUM_BUFFERS,
+    WIRE_DTYPE,
+    SyncPlan,
+    dtype_name,
+    update_info_bytes,
+    update_info_for,
+    vllm_update_info,
+)
+
+if TYPE_CHECKING:
+    from rlcore.config import RunConfig
+    from rlcore.engine.base import RolloutEngine
 
 
 class WeightSyncTimeout(TimeoutError):
     """A weight-transfer step did not finish in time; the sender is unusable afterwards."""
-
-
-def _dtype_name(dtype: torch.dtype) -> str:
-    return str(dtype).removeprefix("torch.")
-
-
-def _as_meta(item: Any) -> tuple[str, torch.dtype, tuple[int, ...]]:
-    """(name, dtype, shape) from a (name, tensor) pair, a (name, dtype, shape) triple, or an object
-    with ``name`` / ``dtype`` / ``shape`` (vLLM's ``ParamMeta``)."""
-    if hasattr(item, "name") and hasattr(item, "dtype") and hasattr(item, "shape"):
-        return item.name, item.dtype, tuple(item.shape)
-    if len(item) == 2:
-        name, tensor = item
-        return name, tensor.dtype, tuple(tensor.shape)  # a DTensor reports its global shape
-    name, dtype, shape = item
-    return name, dtype, tuple(shape)
-
-
-def update_info_for(metas: Iterable[Any], bucket_bytes: int = DEFAULT_BUCKET_BYTES,
-                    num_buffers: int = DEFAULT_NUM_BUFFERS) -> dict:
-    """The ``update_info`` an engine needs before the broadcast starts (vLLM's
-    ``NCCLWeightTransferUpdateInfo`` as a plain dict): names, dtype names, shapes, packing.
-
-    ``metas``: (name, tensor) pairs, (name, dtype, shape) triples or ``ParamMeta``-like objects,
-    in send order, with the dtype the tensors will have on the wire.
-    """
-    names, dtype_names, shapes = [], [], []
-    for item in metas:
-        name, dtype, shape = _as_meta(item)
-        names.append(name)
-        dtype_names.append(_dtype_name(dtype))
-        shapes.append(list(shape))
-    if not names:
-        raise ValueError("update_info_for: no tensors")
-    return dict(names=names, dtype_names=dtype_names, shapes=shapes, packed=True,
-                packed_buffer_size_bytes=int(bucket_bytes), packed_num_buffers=int(num_buffers))
-
-
-def update_info_bytes(update_info: dict) -> int:
-    """Payload bytes of one update described by ``update_info``."""
-    return sum(math.prod(s) * getattr(torch, d).itemsize
-               for s, d in zip(update_info["shapes"], update_info["dtype_names"]))
 
 
 def _run_with_deadline(fn: Callable[[], Any], timeout_s: float, what: str,
@@ -201,7 +175,7 @@ def send_weights(named_tensors: Iterable[tuple[str, torch.Tensor]], bucket_bytes
             if expect is not None:
                 want = (expect["names"][i], expect["dtype_names"][i], list(expect["shapes"][i])) \
                     if i < len(expect["names"]) else None
-                if want != (name, _dtype_name(tensor.dtype), list(tensor.shape)):
+                if want != (name, dtype_name(tensor.dtype), list(tensor.shape)):
                     raise ValueError(f"send_weights: tensor {i} is {meta}, the engines expect {want}")
             recorded.append(meta)
             yield name, tensor
@@ -254,3 +228,41 @@ def _check_same(got: dict, expect: dict) -> None:
                         raise ValueError(f"send_weights: {key}[{i}] is {a!r}, the engines expect {b!r}")
                 raise ValueError(f"send_weights: {len(got[key])} {key}, the engines expect {len(expect[key])}")
             raise ValueError(f"send_weights: {key} is {got[key]!r}, the engines expect {expect[key]!r}")
+
+
+class Sender(base.Sender):
+    """Trainer rank 0: hosts the group and broadcasts every update in :data:`WIRE_DTYPE`, checked
+    against the update info the engines were given."""
+
+    def __init__(self, cfg: RunConfig, plan: SyncPlan, device: str, address: str, port: int,
+                 world_size: int):
+        self.cfg = cfg
+        self.update_info = vllm_update_info(cfg, plan)
+        self.vllm = init_sender(address, port, world_size, timeout_s=cfg.rollout.weight_sync_timeout_s)
+
+    def send(self, named: Iterator[tuple[str, torch.Tensor]]) -> int:
+        wire = ((n, t.to(WIRE_DTYPE)) for n, t in named)
+        info = self.vllm.send(wire, bucket_bytes=int(self.cfg.rollout.sync_bucket_mb * 2**20),
+                              expect=self.update_info)
+        return int(info["stats"]["bytes"])
+
+
+class Receiver(base.Receiver):
+    """The engine's workers join the group, one rank each, and land every update in place."""
+
+    def __init__(self, cfg: RunConfig, plan: SyncPlan, engine: RolloutEngine, address: str, port: int,
+                 rank: int, world_size: int, handle: dict | None = None):
+        self.cfg, self.engine = cfg, engine
+        self.update_info = vllm_update_info(cfg, plan)
+        engine.init_weight_transfer(address, port, rank, world_size, timeout_s=cfg.rollout.weight_sync_timeout_s)
+
+    def receive(self, version: int) -> dict[str, float]:
+        start = time.perf_counter()
+        times = self.engine.receive_weights(self.update_info, version,
+                                            timeout_s=self.cfg.rollout.weight_sync_timeout_s)
+        return base.engine_timings(start, times)
+
+    @classmethod
+    def ranks_per_actor(cls, cfg: RunConfig) -> int:
+        """One rank per engine worker."""
+        return tensor_parallel_size(cfg.rollout)
