@@ -72,16 +72,20 @@ class TeacherWorker:
     def score(self, *groups: list[Sample]) -> tuple:
         """Score the token data of n groups (`list[Sample]` each; the caller passes their refs and
         Ray resolves them here) with `.options(num_returns=1 + n)`: return 0 is
-        `(cumulative busy seconds, per group [SampleMeta.teacher_sums of each sample])`, return
-        1 + i group i's samples carrying `teacher_logprobs` (failed samples unscored). Raises when
-        the engine returns logprobs whose count differs from a completion's (`attach`): the
-        caller counts the call failed."""
-        with self.clock.busy():
-            logprobs = self.engine.score_batch(score_pairs(groups))
-            attach(groups, logprobs)
+        `(cumulative busy seconds, per group [SampleMeta.teacher_sums of each sample], None)`,
+        return 1 + i group i's samples carrying `teacher_logprobs` (failed samples unscored).
+        Never raises for a scoring fault (an engine error, or logprobs whose count differs from
+        a completion's: `attach`): return 0 is then `(busy seconds, None, one line saying why)`
+        and returns 1..n are None, so no error object sits unread in the store."""
+        try:
+            with self.clock.busy():
+                logprobs = self.engine.score_batch(score_pairs(groups))
+                attach(groups, logprobs)
+        except Exception as exc:
+            return (self.clock.seconds(), None, one_line(exc)), *[None] * len(groups)
         sums = [[None if s.teacher_logprobs is None else teacher_sums(s.logprobs, s.teacher_logprobs, s.loss_mask)
                  for s in g] for g in groups]
-        return (self.clock.seconds(), sums), *groups
+        return (self.clock.seconds(), sums, None), *groups
 
 
 @dataclass
@@ -136,13 +140,13 @@ def scored(group: GroupMeta, sums: list, data) -> GroupMeta:
         dataclasses.replace(m, teacher_sums=t) for m, t in zip(group.samples, sums)])
 
 
-def failure_reason(exc: BaseException) -> str:
-    """One line naming why a score call failed: an exception raised in the teacher actor (e.g.
-    `attach`'s length check) by its own type and message, not Ray's wrapper (whose first line
-    names a pid)."""
-    cause = getattr(exc, "cause", None) if isinstance(exc, ray.exceptions.RayTaskError) else None
-    exc = cause if isinstance(cause, BaseException) else exc
+def one_line(exc: BaseException) -> str:
+    """`Type: first line of the message` (a failure reason)."""
     return f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+
+
+class ScoreFailed(RuntimeError):
+    """A score call whose teacher actor reported a scoring fault (the message is its reason)."""
 
 
 class TeacherStage:
@@ -258,12 +262,14 @@ class TeacherStage:
     def _collect(self, ref: ray.ObjectRef) -> None:
         req = self.pending.pop(ref)
         try:
-            busy, sums = ray.get(ref, timeout=0)  # return 0: small; the scored data stays in the store
+            busy, sums, error = ray.get(ref, timeout=0)  # return 0: small; the scored data stays in the store
+            if error is not None:
+                raise ScoreFailed(error)
             if len(sums) != len(req.groups):
                 raise ValueError(f"teacher returned {len(sums)} groups for {len(req.groups)}")
             groups = [scored(g, t, d) for g, t, d in zip(req.groups, sums, req.data)]
-        except (ray.exceptions.RayError, ValueError) as exc:
-            self._failed(req, failure_reason(exc))
+        except (ray.exceptions.RayError, ValueError, ScoreFailed) as exc:
+            self._failed(req, str(exc) if isinstance(exc, ScoreFailed) else one_line(exc))
             if isinstance(exc, ray.exceptions.RayActorError):
                 self._probe(req.actor)
             return
