@@ -6,14 +6,15 @@ Flow: a finished generate request's groups (metadata, `GroupMeta`) go to `Teache
 instead of the buffer. A score call hands a teacher actor the groups' token-data refs only: Ray
 resolves them in the actor (`TeacherWorker.score`), which scores the non-failed samples, attaches
 the teacher logprobs and returns the scored groups as new objects the driver owns (a per-call
-`num_returns`, like `RolloutWorker.generate_split`). The driver reads return 0 only (busy seconds,
-each sample's teacher sums) and hands the buffer each group's metadata with the new data ref: it
-never touches token data on this path. Scoring is asynchronous (generation never waits: the
-driver's event loop waits on teacher calls like on generate calls). Samples at the teacher stay
-counted `in_flight` (the accounting identity holds at every step). A score call that fails
-(a length mismatch of the returned logprobs included), times out, or whose actor died counts its
-samples failed; a dead actor is probed (Ray restarts it up to `teacher.max_restarts`) and dropped
-when it is gone for good; with no teacher left the run stops with one line.
+`num_returns`, like `RolloutWorker.generate_split`; they outlive the teacher actor). The driver
+reads return 0 only (busy seconds, each sample's teacher sums) and hands the buffer each group's
+metadata with the new data ref: it never touches token data on this path. Scoring is
+asynchronous (generation never waits: the driver's event loop waits on teacher calls like on
+generate calls). Samples at the teacher stay counted `in_flight` (the accounting identity holds
+at every step). A score call that fails (a length mismatch of the returned logprobs included),
+times out, or whose actor died counts its samples failed; a dead actor is probed (Ray restarts it
+up to `teacher.max_restarts`) and dropped when it is gone for good; with no teacher left the run
+stops with one line.
 Teachers never receive weights.
 """
 
@@ -151,9 +152,9 @@ class ScoreFailed(RuntimeError):
 
 class TeacherStage:
     """Driver-side stage: queue, dispatch, collect and expire score calls; place and own the
-    teacher actors. It holds metadata and refs only. `add` hands scored groups (`GroupMeta`) on; `fail(n, why)` counts n samples failed for
-    reason `why`. `rollout.stop_after_failed_requests` score calls failing in a row stop the run
-    (TeacherError), as all-failed generate requests do."""
+    teacher actors. It holds metadata and refs only: `add` hands scored groups (`GroupMeta`) on;
+    `fail(n, why)` counts n samples failed for reason `why`. `rollout.stop_after_failed_requests`
+    score calls failing in a row stop the run (TeacherError), as all-failed generate requests do."""
 
     def __init__(self, cfg: RunConfig, add, fail):
         self.cfg, self.add, self.fail = resolved(cfg), add, fail

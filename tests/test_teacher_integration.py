@@ -133,7 +133,8 @@ def test_teacher_actor_reads_the_token_data_and_returns_new_driver_owned_groups(
         assert len(samples[0].teacher_logprobs) == 3 and samples[1].teacher_logprobs is None
         assert all(math.isfinite(x) and x < 0 for x in samples[0].teacher_logprobs)
         s = samples[0]
-        assert scored.samples[0].teacher_sums == pytest.approx(teacher_sums(s.logprobs, s.teacher_logprobs, s.loss_mask))
+        want = teacher_sums(s.logprobs, s.teacher_logprobs, s.loss_mask)
+        assert scored.samples[0].teacher_sums == pytest.approx(want)
         assert scored.samples[1].teacher_sums is None
         assert ray_cluster.get(ok.data, timeout=30)[0].teacher_logprobs is None  # the submitted data untouched
         assert stage.step_metrics(1.0)["teacher_failed_step"] == 1
