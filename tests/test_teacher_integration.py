@@ -113,7 +113,9 @@ def test_teacher_actor_reads_the_token_data_and_returns_new_driver_owned_groups(
         monkeypatch.setattr(ray_cluster, "get", recording_get)
         for g in (ok, all_failed, out_of_vocab):
             stage.submit([g])
-        assert stage.waiting_groups() == 2 and stage.groups()[0] is ok  # the all-failed one passed on
+        assert stage.waiting_groups() == 2  # the all-failed one passed on at once
+        # what a checkpoint puts back of the groups at the teacher (`Driver.teacher_groups`)
+        assert [(g.stream_index, g.task) for g in stage.groups()] == [(0, ok.task), (2, out_of_vocab.task)]
         deadline = time.monotonic() + 120
         while stage.refs() and time.monotonic() < deadline:
             ready, _ = ray_cluster.wait(stage.refs(), num_returns=1, timeout=1.0)
