@@ -25,13 +25,7 @@ from actors.groups import Groups, place
 from actors.lifecycle import StepHooks, TaskFeed
 from actors.membership import Members
 from actors.remote import ActorDied, RunError, failed_names, get, refs_ready, wait_ready  # noqa: F401 (re-exported)
-from actors.rollout_refs import (
-    fetch_groups,
-    launch_generate,
-    request_groups,
-    scored_meta,
-    table_rows,
-)
+from actors.rollout_refs import launch_generate, request_groups, table_rows
 from actors.teacher import TeacherError, TeacherStage
 from actors.weights import WeightSync
 from rlcore import samples
@@ -47,7 +41,7 @@ from rlcore.startup import StartupPhases
 from rlcore.step import build_step, has_signal
 from rlcore.trainer.parallel import shards_per_rank
 from rlcore.transfer.plan import SyncPlan, TensorMeta, plan_buckets
-from rlcore.types import Group, GroupMeta, Task
+from rlcore.types import GroupMeta, Task
 
 log = logging.getLogger("rlcore")
 
@@ -134,7 +128,7 @@ class Driver(WeightSync):
             self.init_weight_group()
         if cfg.teacher.enabled:  # after the rollout engines are up: engines sharing a GPU start one by one
             with phase("starting the teacher"):
-                self.teacher = TeacherStage(cfg, lambda g: self.buffer.add(scored_meta(g)), self.teacher_failed)
+                self.teacher = TeacherStage(cfg, self.buffer.add, self.teacher_failed)
                 try:
                     self.teacher.start()
                 except TeacherError as exc:
@@ -173,12 +167,11 @@ class Driver(WeightSync):
             queued += n_tasks
 
     def collect(self, ref: ray.ObjectRef) -> int:
-        """Move a finished request's groups (metadata and token-data refs) into the buffer;
-        returns completion tokens. With a teacher, the groups' token data is fetched for scoring."""
+        """Move a finished request's groups (metadata and token-data refs) into the buffer, or
+        to the teacher stage first; returns completion tokens."""
         req = self.pending.pop(ref)
         try:
             groups = request_groups(ray.get(ref, timeout=0), req.tasks, req.data, req.seq, req.indices)
-            whole = fetch_groups(groups, self.cfg.rollout.generate_timeout_s) if self.teacher is not None else None
         except ray.exceptions.RayError as exc:
             log.warning("generate request on rollout actor %d failed (%s): %d samples counted failed",
                         req.actor, type(exc).__name__, req.samples)
@@ -188,8 +181,8 @@ class Driver(WeightSync):
                 self.engine_lost(req.actor, req.launched_at)  # Ray restarts it; the others serve on
             return 0
         self.failures.request_done(groups, req.actor)
-        if whole is not None:
-            self.teacher.submit(whole)  # the buffer gets them once scored
+        if self.teacher is not None:
+            self.teacher.submit(groups)  # the buffer gets them once scored
         else:
             for group in groups:
                 self.buffer.add(group)
@@ -344,7 +337,7 @@ class Driver(WeightSync):
         self.buffer.fail(samples)
         self.failures.request_lost(samples, why, streak=False)  # the teacher stage has its own
 
-    def teacher_groups(self) -> list[Group]:
+    def teacher_groups(self) -> list[GroupMeta]:
         """Groups waiting for the teacher (a checkpoint puts their tasks back, like generating ones)."""
         return self.teacher.groups() if self.teacher is not None else []
 

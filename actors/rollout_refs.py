@@ -7,13 +7,11 @@ Because the caller owns the return objects of a task, token data sitting in the 
 outlives the rollout actor that made it (Ray's ownership model: the value lives in the node's
 object store, its metadata at the owner); an actor restart loses none of it.
 
-The driver reads token data in two bounded places only, each with a timeout:
-- on-policy distillation (`fetch_groups`): the teacher scores the student's tokens, and the
-  scored groups go back to the object store (`scored_meta`); moving this fetch to the teacher
-  actors is left for later;
-- the samples table every `logger.samples_every` steps (`table_rows`): the groups shown only.
-Evaluation rounds take metadata only (`RolloutWorker.generate_meta`), and a checkpoint's
-put-back needs the tasks only.
+The driver reads token data in one bounded place only, with a timeout: the samples table every
+`logger.samples_every` steps (`table_rows`), the groups shown only. On-policy distillation's
+teacher actors read the groups' token data themselves and return the scored groups as new
+objects the driver owns (`actors.teacher.TeacherWorker.score`); evaluation rounds take metadata
+only (`RolloutWorker.generate_meta`), and a checkpoint's put-back needs the tasks only.
 """
 
 from __future__ import annotations
@@ -24,8 +22,7 @@ from typing import Any, Callable
 import ray
 
 from rlcore import samples
-from rlcore.meta import group_meta
-from rlcore.types import Group, GroupMeta, SampleMeta, Task
+from rlcore.types import GroupMeta, SampleMeta, Task
 
 log = logging.getLogger("rlcore")
 
@@ -42,20 +39,6 @@ def request_groups(reply: tuple[list[list[SampleMeta]], dict], tasks: list[Task]
     metas, stats = reply
     return [GroupMeta(task=t, samples=m, data=d, request_id=request_id, stream_index=i, env_stats=stats)
             for t, m, d, i in zip(tasks, metas, data, indices)]
-
-
-def fetch_groups(groups: list[GroupMeta], timeout_s: float) -> list[Group]:
-    """The whole groups (token data fetched; on-policy distillation's teacher scores them).
-    Raises a RayError (GetTimeoutError after `timeout_s`) when the data cannot be read."""
-    data = ray.get([g.data for g in groups], timeout=timeout_s)
-    return [Group(task=g.task, samples=d, request_id=g.request_id, stream_index=g.stream_index,
-                  env_stats=g.env_stats) for g, d in zip(groups, data)]
-
-
-def scored_meta(group: Group) -> GroupMeta:
-    """A teacher-scored group back in the object store (its samples carry teacher logprobs),
-    as the metadata the buffer keeps."""
-    return group_meta(group, ray.put(group.samples))
 
 
 def table_rows(batch: list[GroupMeta], decode: Callable[[list[int]], str], limit: int,

@@ -2,18 +2,25 @@
 (teacher-forced logprobs of the sampled tokens), on their own placement group, and the driver's
 scoring stage between generation and the buffer.
 
-Flow: a finished generate request's groups go to `TeacherStage.submit` instead of the buffer;
-a teacher actor scores them asynchronously (generation never waits: the driver's event loop
-waits on teacher calls like on generate calls); `collect` attaches the logprobs and hands the
-groups on to the buffer. Samples at the teacher stay counted `in_flight` (the accounting
-identity holds at every step). A score call that fails, times out, or whose actor died counts
-its samples failed; a dead actor is probed (Ray restarts it up to `teacher.max_restarts`) and
-dropped when it is gone for good; with no teacher left the run stops with one line.
+Flow: a finished generate request's groups (metadata, `GroupMeta`) go to `TeacherStage.submit`
+instead of the buffer. A score call hands a teacher actor the groups' token-data refs only: Ray
+resolves them in the actor (`TeacherWorker.score`), which scores the non-failed samples, attaches
+the teacher logprobs and returns the scored groups as new objects the driver owns (a per-call
+`num_returns`, like `RolloutWorker.generate_split`; they outlive the teacher actor). The driver
+reads return 0 only (busy seconds, each sample's teacher sums) and hands the buffer each group's
+metadata with the new data ref: it never touches token data on this path. Scoring is
+asynchronous (generation never waits: the driver's event loop waits on teacher calls like on
+generate calls). Samples at the teacher stay counted `in_flight` (the accounting identity holds
+at every step). A score call that fails (a length mismatch of the returned logprobs included),
+times out, or whose actor died counts its samples failed; a dead actor is probed (Ray restarts it
+up to `teacher.max_restarts`) and dropped when it is gone for good; with no teacher left the run
+stops with one line.
 Teachers never receive weights.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections import deque
@@ -30,12 +37,13 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from actors.groups import bundle
 from actors.logs import QUIET_ENV, redirect_output
+from rlcore.algo.distill import teacher_sums
 from rlcore.busy import BusyClock
 from rlcore.config import RunConfig
 from rlcore.engine.registry import make_engine
 from rlcore.models.build import build_tokenizer
 from rlcore.teacher import resolved, teacher_run_config, tokenizer_fingerprint
-from rlcore.types import Group
+from rlcore.types import GroupMeta, Sample
 
 log = logging.getLogger("rlcore")
 
@@ -45,8 +53,7 @@ class TeacherError(RuntimeError):
 
 
 class TeacherWorker:
-    """One teacher engine. `score` returns the teacher-forced logprobs of each (prompt,
-    completion) pair and the actor's cumulative busy seconds (for the busy fraction)."""
+    """One teacher engine. `score` scores whole groups read from the object store (see there)."""
 
     def __init__(self, cfg: RunConfig, index: int):
         redirect_output(cfg.output_dir, "teacher", index)
@@ -63,17 +70,32 @@ class TeacherWorker:
     def ready(self) -> int:
         return self.index
 
-    def score(self, pairs: list[tuple[list[int], list[int]]]) -> tuple[list[list[float]], float]:
-        with self.clock.busy():
-            out = self.engine.score_batch(pairs)
-        return out, self.clock.seconds()
+    def score(self, *groups: list[Sample]) -> tuple:
+        """Score the token data of n groups (`list[Sample]` each; the caller passes their refs and
+        Ray resolves them here) with `.options(num_returns=1 + n)`: return 0 is
+        `(cumulative busy seconds, per group [SampleMeta.teacher_sums of each sample], None)`,
+        return 1 + i group i's samples carrying `teacher_logprobs` (failed samples unscored).
+        Never raises for a scoring fault (an engine error, or logprobs whose count differs from
+        a completion's: `attach`): return 0 is then `(busy seconds, None, one line saying why)`
+        and returns 1..n are None, so no error object sits unread in the store."""
+        try:
+            with self.clock.busy():
+                logprobs = self.engine.score_batch(score_pairs(groups))
+                attach(groups, logprobs)
+        except Exception as exc:
+            return (self.clock.seconds(), None, one_line(exc)), *[None] * len(groups)
+        sums = [[None if s.teacher_logprobs is None else teacher_sums(s.logprobs, s.teacher_logprobs, s.loss_mask)
+                 for s in g] for g in groups]
+        return (self.clock.seconds(), sums, None), *groups
 
 
 @dataclass
 class ScoreRequest:
     actor: int
-    groups: list[Group]
+    groups: list[GroupMeta]
     launched_at: float
+    data: list = field(default_factory=list)
+    """Returns 1..n of the score call: the scored token data of each group (the driver owns them)."""
 
     @property
     def samples(self) -> int:
@@ -88,16 +110,21 @@ class StepStats:
     failed: int = 0
 
 
-def score_pairs(groups: list[Group]) -> list[tuple[list[int], list[int]]]:
-    """The (prompt, completion) ids of every sample the teacher must score (failed ones are not)."""
-    return [(s.prompt_ids, s.completion_ids) for g in groups for s in g.samples if not s.failed]
+def score_pairs(groups) -> list[tuple[list[int], list[int]]]:
+    """The (prompt, completion) ids of every sample of `groups` (each a `list[Sample]`) the
+    teacher must score (failed ones are not)."""
+    return [(s.prompt_ids, s.completion_ids) for g in groups for s in g if not s.failed]
 
 
-def attach(groups: list[Group], logprobs: list[list[float]]) -> None:
-    """Give each scored sample its teacher logprobs, in `score_pairs` order."""
+def attach(groups, logprobs: list[list[float]]) -> None:
+    """Give each scored sample of `groups` (each a `list[Sample]`) its teacher logprobs, in
+    `score_pairs` order; ValueError when a count differs from the completion's."""
+    wanted = sum(not s.failed for g in groups for s in g)
+    if len(logprobs) != wanted:
+        raise ValueError(f"teacher returned {len(logprobs)} scored samples for {wanted}")
     it = iter(logprobs)
     for g in groups:
-        for s in g.samples:
+        for s in g:
             if not s.failed:
                 lp = next(it)
                 if len(lp) != len(s.completion_ids):
@@ -105,11 +132,29 @@ def attach(groups: list[Group], logprobs: list[list[float]]) -> None:
                 s.teacher_logprobs = list(lp)
 
 
+def scored(group: GroupMeta, sums: list, data) -> GroupMeta:
+    """`group` once scored: the same metadata with each sample's teacher sums, its token data at
+    `data` (the teacher's return object)."""
+    if len(sums) != len(group.samples):
+        raise ValueError(f"teacher returned {len(sums)} samples' sums for a group of {len(group.samples)}")
+    return dataclasses.replace(group, data=data, samples=[
+        dataclasses.replace(m, teacher_sums=t) for m, t in zip(group.samples, sums)])
+
+
+def one_line(exc: BaseException) -> str:
+    """`Type: first line of the message` (a failure reason)."""
+    return f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+
+
+class ScoreFailed(RuntimeError):
+    """A score call whose teacher actor reported a scoring fault (the message is its reason)."""
+
+
 class TeacherStage:
     """Driver-side stage: queue, dispatch, collect and expire score calls; place and own the
-    teacher actors. `add` hands scored groups on; `fail(n, why)` counts n samples failed for
-    reason `why`. `rollout.stop_after_failed_requests` score calls failing in a row stop the run
-    (TeacherError), as all-failed generate requests do."""
+    teacher actors. It holds metadata and refs only: `add` hands scored groups (`GroupMeta`) on;
+    `fail(n, why)` counts n samples failed for reason `why`. `rollout.stop_after_failed_requests`
+    score calls failing in a row stop the run (TeacherError), as all-failed generate requests do."""
 
     def __init__(self, cfg: RunConfig, add, fail):
         self.cfg, self.add, self.fail = resolved(cfg), add, fail
@@ -119,7 +164,7 @@ class TeacherStage:
         self.alive: list[bool] = []
         self.pending: dict[ray.ObjectRef, ScoreRequest] = {}
         self.probes: dict[ray.ObjectRef, tuple[int, float]] = {}
-        self.queue: deque[list[Group]] = deque()
+        self.queue: deque[list[GroupMeta]] = deque()
         self.stats = StepStats()
         self._busy_last: dict[int, float] = {}
         self._busy_step = 0.0
@@ -158,7 +203,7 @@ class TeacherStage:
         self.actors = []
 
     # -- flow ------------------------------------------------------------------------------------
-    def submit(self, groups: list[Group]) -> None:
+    def submit(self, groups: list[GroupMeta]) -> None:
         """Finished groups from one generate request: score them (now, or when a slot frees)."""
         self.queue.append(groups)
         self.dispatch()
@@ -167,7 +212,7 @@ class TeacherStage:
         """Groups at the teacher (queued or being scored): in flight for the staleness bound."""
         return sum(len(g) for g in self.queue) + sum(len(r.groups) for r in self.pending.values())
 
-    def groups(self) -> list[Group]:
+    def groups(self) -> list[GroupMeta]:
         """The groups at the teacher, queued first."""
         return [g for gs in self.queue for g in gs] + [g for r in self.pending.values() for g in r.groups]
 
@@ -200,13 +245,13 @@ class TeacherStage:
             actor = free[0]
             self._next = (actor + 1) % n
             groups = self.queue.popleft()
-            pairs = score_pairs(groups)
-            if not pairs:  # every sample failed already: nothing to score
+            if all(s.failed for g in groups for s in g.samples):  # nothing to score
                 for g in groups:
                     self.add(g)
                 continue
-            ref = self.actors[actor].score.remote(pairs)
-            self.pending[ref] = ScoreRequest(actor, groups, time.perf_counter())
+            # top-level refs: Ray resolves them in the actor, the driver never reads them
+            refs = self.actors[actor].score.options(num_returns=1 + len(groups)).remote(*[g.data for g in groups])
+            self.pending[refs[0]] = ScoreRequest(actor, groups, time.perf_counter(), list(refs[1:]))
 
     def on_ready(self, ref: ray.ObjectRef) -> None:
         if ref in self.probes:
@@ -218,10 +263,14 @@ class TeacherStage:
     def _collect(self, ref: ray.ObjectRef) -> None:
         req = self.pending.pop(ref)
         try:
-            logprobs, busy = ray.get(ref, timeout=0)
-            attach(req.groups, logprobs)
-        except (ray.exceptions.RayError, ValueError) as exc:
-            self._failed(req, f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
+            busy, sums, error = ray.get(ref, timeout=0)  # return 0: small; the scored data stays in the store
+            if error is not None:
+                raise ScoreFailed(error)
+            if len(sums) != len(req.groups):
+                raise ValueError(f"teacher returned {len(sums)} groups for {len(req.groups)}")
+            groups = [scored(g, t, d) for g, t, d in zip(req.groups, sums, req.data)]
+        except (ray.exceptions.RayError, ValueError, ScoreFailed) as exc:
+            self._failed(req, str(exc) if isinstance(exc, ScoreFailed) else one_line(exc))
             if isinstance(exc, ray.exceptions.RayActorError):
                 self._probe(req.actor)
             return
@@ -230,7 +279,7 @@ class TeacherStage:
         last = self._busy_last.get(req.actor, 0.0)
         self._busy_step += busy - last if busy >= last else busy  # a restarted actor's clock starts at 0
         self._busy_last[req.actor] = busy
-        for g in req.groups:
+        for g in groups:
             self.add(g)
 
     def _failed(self, req: ScoreRequest, why: str) -> None:

@@ -8,10 +8,12 @@ Every expected number is worked out by hand in the comments from the formula in
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
-from actors.teacher import attach, score_pairs
+from actors.teacher import attach, score_pairs, scored
 from rlcore.algo.distill import batch_token_advantages, reverse_kl_sum, token_advantages
 from rlcore.algo.losses import LossInputs, policy_loss
 from rlcore.config import AlgoConfig
@@ -117,13 +119,28 @@ def test_score_pairs_skip_failed_samples_and_attach_in_order():
     ok1 = sample([1, 2], [3], [-1.0])
     bad = sample([], [], [], failed=True)
     ok2 = sample([4], [5, 6], [-1.0, -1.0])
-    groups = [Group(Task("a", []), [ok1, bad]), Group(Task("b", []), [ok2])]
+    groups = [[ok1, bad], [ok2]]  # each group's token data, as the teacher actor reads it
     assert score_pairs(groups) == [([1, 2], [3]), ([4], [5, 6])]
     attach(groups, [[-0.1], [-0.2, -0.3]])
     assert ok1.teacher_logprobs == [-0.1] and ok2.teacher_logprobs == [-0.2, -0.3]
     assert bad.teacher_logprobs is None
     with pytest.raises(ValueError, match="1 logprobs for 2 tokens"):
-        attach([Group(Task("c", []), [sample([1], [2, 3], [0.0, 0.0])])], [[-1.0]])
+        attach([[sample([1], [2, 3], [0.0, 0.0])]], [[-1.0]])
+    with pytest.raises(ValueError, match="1 scored samples for 2"):
+        attach([[ok1], [ok2]], [[-0.1]])
+
+
+def test_scored_group_keeps_its_metadata_with_teacher_sums_and_the_new_data_handle():
+    ok = sample([1], [5, 6], [-1.0, -2.0])
+    bad = sample([], [], [], failed=True)
+    meta = group_meta(Group(Task("a", []), [ok, bad], request_id=3, stream_index=7), data="old")
+    out = scored(meta, [(2.0, 2, -5.0), None], data="new")
+    assert out.data == "new" and meta.data == "old"  # a new object; the submitted one unchanged
+    assert (out.task, out.request_id, out.stream_index) == (meta.task, 3, 7)
+    assert [s.teacher_sums for s in out.samples] == [(2.0, 2, -5.0), None]
+    assert [dataclasses.replace(s, teacher_sums=None) for s in out.samples] == meta.samples
+    with pytest.raises(ValueError, match="1 samples' sums for a group of 2"):
+        scored(meta, [None], data="new")
 
 
 def test_teacher_config_checks():

@@ -77,3 +77,68 @@ def test_no_teacher_left_stops_the_run_without_hanging(ray_cluster, tmp_path):
         driver.acct.check()
     finally:
         driver.shutdown()
+
+
+def test_teacher_actor_reads_the_token_data_and_returns_new_driver_owned_groups(ray_cluster, tmp_path, monkeypatch):
+    """The driver-side stage submits metadata only: the teacher actor reads each group's token
+    data from the object store and returns the scored groups as new objects; the stage never
+    `ray.get`s group data. A score call failing in the actor counts its samples failed under
+    the actor's own exception (no crash of the driver); an all-failed group passes unscored."""
+    from actors.teacher import TeacherStage
+    from rlcore.algo.distill import teacher_sums
+    from rlcore.meta import group_meta
+    from rlcore.types import Group, Sample, Task
+
+    def sample(prompt, completion, failed=False):
+        return Sample(prompt, completion, [-1.0] * len(completion), [0] * len(completion),
+                      [1] * len(completion), failed=failed)
+
+    def meta(samples, index):
+        return group_meta(Group(Task(f"t{index}", []), samples, stream_index=index), ray_cluster.put(samples))
+
+    real_get, fetched = ray_cluster.get, []
+
+    def recording_get(refs, *args, **kwargs):
+        fetched.extend(refs if isinstance(refs, list) else [refs])
+        return real_get(refs, *args, **kwargs)
+
+    cfg = compose(small(tmp_path, teachers=1))
+    added, failed = [], []
+    stage = TeacherStage(cfg, added.append, lambda n, why: failed.append((n, why)))
+    try:
+        stage.start()
+        ok = meta([sample([3, 4], [5, 6, 7]), sample([], [], failed=True)], 0)
+        all_failed = meta([sample([], [], failed=True)], 1)
+        out_of_vocab = meta([sample([3], [10_000])], 2)  # the engine's embedding raises in the actor
+        monkeypatch.setattr(ray_cluster, "get", recording_get)
+        for g in (ok, all_failed, out_of_vocab):
+            stage.submit([g])
+        assert stage.waiting_groups() == 2  # the all-failed one passed on at once
+        # what a checkpoint puts back of the groups at the teacher (`Driver.teacher_groups`)
+        assert [(g.stream_index, g.task) for g in stage.groups()] == [(0, ok.task), (2, out_of_vocab.task)]
+        deadline = time.monotonic() + 120
+        while stage.refs() and time.monotonic() < deadline:
+            ready, _ = ray_cluster.wait(stage.refs(), num_returns=1, timeout=1.0)
+            for ref in ready:
+                stage.on_ready(ref)
+            stage.expire()
+        monkeypatch.undo()
+        assert not stage.refs() and stage.waiting_groups() == 0
+        data_refs = {ok.data, all_failed.data, out_of_vocab.data} | {g.data for g in added}
+        assert not data_refs & set(fetched)  # the stage read return 0 of its calls only
+        assert added[0] is all_failed
+        assert len(failed) == 1 and failed[0][0] == 1
+        assert failed[0][1] == "teacher: IndexError: index out of range in self"
+        (scored,) = added[1:]
+        assert scored.data != ok.data and scored.stream_index == 0 and scored.task == ok.task
+        samples = ray_cluster.get(scored.data, timeout=30)
+        assert len(samples[0].teacher_logprobs) == 3 and samples[1].teacher_logprobs is None
+        assert all(math.isfinite(x) and x < 0 for x in samples[0].teacher_logprobs)
+        s = samples[0]
+        want = teacher_sums(s.logprobs, s.teacher_logprobs, s.loss_mask)
+        assert scored.samples[0].teacher_sums == pytest.approx(want)
+        assert scored.samples[1].teacher_sums is None
+        assert ray_cluster.get(ok.data, timeout=30)[0].teacher_logprobs is None  # the submitted data untouched
+        assert stage.step_metrics(1.0)["teacher_failed_step"] == 1
+    finally:
+        stage.shutdown()
