@@ -10,6 +10,7 @@ import json
 import os
 import re
 import signal
+import statistics
 import subprocess
 import sys
 import threading
@@ -129,9 +130,13 @@ def test_chaos_run_finishes_within_twice_the_clean_time_explains_failures_and_le
     # the fix they piled up by thousands)
     assert max(r["reward_threads_abandoned"] for r in rows) <= 64
     assert log_bytes < 20e6  # 1 MB prints per call stayed out of the actors' logs
-    first = sum(r["reward_mean"] for r in rows[:3]) / 3
-    last = sum(r["reward_mean"] for r in rows[-3:]) / 3
-    assert last > first + 0.02, (first, last)
+    # learning goes on: the least-squares line through the rewards of all steps rises. Its rise
+    # over the run measured 0.034-0.076 (clean runs 0.043-0.052) with per-step noise of 0.016-0.023,
+    # so the bound is ~2.5 sd of the fitted rise below the usual figure; the earlier check (means
+    # of the first and last 3 steps, 0.02 apart) failed about one run in ten on that noise alone
+    rewards = [r["reward_mean"] for r in rows]
+    rise = statistics.linear_regression(range(len(rewards)), rewards).slope * (len(rewards) - 1)
+    assert rise > 0.01, (rise, rewards)
 
 
 def test_reward_that_always_raises_stops_the_run_in_one_line(tmp_path):
