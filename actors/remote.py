@@ -20,16 +20,51 @@ class ActorDied(RunError):
         self.dead = dead
 
 
+_UNREAD: list = []
+"""Refs of a failed `get` that were not read: held until they finish, then read (see `get`)."""
+_UNREAD_LIMIT = 10_000
+
+
+def read_unread() -> int:
+    """Read (and drop) the errors of the refs a failed `get` left behind that have finished since;
+    returns how many are still pending. Ray prints every error object nobody read as an
+    "Unhandled error" traceback once its ref is dropped; a fault the run already handled (one
+    engine's death failing the other engines' half of a weight sync) must not read as a crash."""
+    if _UNREAD:
+        done, pending = ray.wait(list(_UNREAD), num_returns=len(_UNREAD), timeout=0)
+        for ref in done:
+            try:
+                ray.get(ref, timeout=0)
+            except ray.exceptions.RayError:
+                pass
+        _UNREAD[:] = pending[-_UNREAD_LIMIT:]
+    return len(_UNREAD)
+
+
 def get(refs, timeout_s: float, what: str, names: list[str] | None = None):
     """`ray.get` with a timeout and an error that names the operation and, given `names` (one per
-    ref), which participant died or failed."""
+    ref), which participant died or failed. When it fails, the other refs of the call are kept
+    and read once they finish (`read_unread`, run by every `get`)."""
+    read_unread()
     try:
         return ray.get(refs, timeout=timeout_s)
     except ray.exceptions.GetTimeoutError as exc:
+        _keep_unread(refs)
         raise RunError(f"{what} did not finish within {timeout_s:.0f}s") from exc
     except ray.exceptions.RayActorError as exc:
+        _keep_unread(refs)
         dead = failed_names(refs, names)
         raise ActorDied(f"{what} failed: {', '.join(dead) or 'an actor'} died ({exc})", dead) from exc
+    except ray.exceptions.RayError:
+        _keep_unread(refs)
+        raise
+
+
+def _keep_unread(refs) -> None:
+    kept = dict.fromkeys(_UNREAD)  # ray.wait takes each ref once
+    kept.update(dict.fromkeys(refs if isinstance(refs, list) else [refs]))
+    _UNREAD[:] = list(kept)
+    read_unread()
 
 
 def failed_names(refs, names: list[str] | None) -> list[str]:
