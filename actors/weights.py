@@ -19,6 +19,7 @@ from rlcore.canary import (
     compare_logprobs,
     task_canary_pairs,
 )
+from rlcore.console import one_line
 
 log = logging.getLogger("rlcore")
 
@@ -82,7 +83,11 @@ class WeightSync:
                 # probe only once Ray has rebuilt it, so probing it costs the probe's whole 10 s
                 died = [i for i in actors if isinstance(exc, ActorDied) and f"rollout actor {i}" in exc.dead]
                 dead = died + self.dead_engines([i for i in actors if i not in died])
-                log.warning("weight sync to version %d failed (%s); %s", version, exc,
+                # one line: the message may hold a remote traceback (the whole text is for a fatal error)
+                what = one_line(str(exc))
+                if not what.startswith("weight sync"):
+                    what = f"weight sync to version {version}: {what}"
+                log.warning("%s; %s", what,
                             f"rollout actor(s) {dead} left, re-forming the weight group without them" if dead
                             else "rebuilding the weight group")
                 for i in dead:

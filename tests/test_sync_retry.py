@@ -49,3 +49,18 @@ def test_a_dead_trainer_rank_stops_the_run_at_once():
     with pytest.raises(ActorDied):
         s._reform_and_sync(3, [0, 1])
     assert s.probed == [] and s.lost == []
+
+
+def test_the_retry_warning_is_one_line_however_long_the_remote_traceback(caplog):
+    remote = ("weight sync to version 3 failed: \x1b[36mray::TrainerRank.push_weights()\x1b[39m (pid=7)\n"
+              "  File \"rlcore/transfer/broadcast.py\", line 49, in broadcast\n"
+              "    self.pg.broadcast([tensor], opts).wait(self.timeout)\n"
+              "RuntimeError: [gloo/pair.cc:547] Connection closed by peer [127.0.0.1]:52874")
+    s = Sync([ActorDied(remote, ["rollout actor 1"])])
+    with caplog.at_level("WARNING", logger="rlcore"):
+        s._reform_and_sync(3, [0, 1])
+    (warning,) = [r.getMessage() for r in caplog.records if "re-forming" in r.getMessage()]
+    assert "\n" not in warning and "\x1b" not in warning
+    assert warning.startswith("weight sync to version 3 failed: ray::TrainerRank.push_weights()")
+    assert "RuntimeError: [gloo/pair.cc:547] Connection closed by peer" in warning
+    assert warning.endswith("rollout actor(s) [1] left, re-forming the weight group without them")
