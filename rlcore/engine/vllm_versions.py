@@ -49,8 +49,8 @@ class InFlightRequest:
     def absorb(self, out: Any) -> None:
         """Append one output's tokens and logprobs; each token's version is the one of the last
         mark at or before its index. Whole runs of tokens are appended at once: in "final" mode
-        one output carries every token of a request, and a per-token Python loop cost a
-        measurable share of the client's time per decode batch."""
+        one output carries every token of a request, and a per-token Python loop was 65k
+        iterations per batch of 256 requests x 256 tokens."""
         comp = out.outputs[0]
         tokens = list(comp.token_ids)
         start = len(self.token_ids)
