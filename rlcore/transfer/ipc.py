@@ -22,7 +22,6 @@ runs the two halves one after the other (`actors.colocation`).
 
 from __future__ import annotations
 
-import math
 import pickle
 import time
 from typing import TYPE_CHECKING, Iterable, Iterator
@@ -31,7 +30,12 @@ import torch
 from torch.multiprocessing.reductions import rebuild_cuda_tensor, reduce_tensor
 
 from rlcore.transfer import base
-from rlcore.transfer.plan import SyncPlan, vllm_update_info
+from rlcore.transfer.plan import (
+    SyncPlan,
+    tensor_bytes,
+    update_info_bytes,
+    vllm_update_info,
+)
 
 if TYPE_CHECKING:
     from rlcore.config import RunConfig
@@ -40,12 +44,6 @@ if TYPE_CHECKING:
 
 FILL_CHUNK_BYTES = 256 * 2**20
 """Wire bytes per multi-tensor copy of a fill (see `IPCSender.fill`)."""
-
-
-def tensor_bytes(update_info: dict) -> list[int]:
-    """Bytes of each tensor of the update, in order."""
-    return [math.prod(s) * getattr(torch, d).itemsize
-            for s, d in zip(update_info["shapes"], update_info["dtype_names"])]
 
 
 def gpu_uuid(device: torch.device | int) -> str:
@@ -137,9 +135,10 @@ class IPCReceiver:
         if self._opened is None or self._opened[0] != handle["args"]:
             self._opened = (handle["args"], open_handle(handle, self.device))
         flat = self._opened[1]
-        if flat.numel() < sum(tensor_bytes(update_info)):
+        needed = update_info_bytes(update_info)
+        if flat.numel() < needed:
             raise RuntimeError(f"ipc receive: the trainer's buffer holds {flat.numel()} bytes, the update "
-                               f"needs {sum(tensor_bytes(update_info))}")
+                               f"needs {needed}")
         return self.direct.receive_in_place(update_info, flat)
 
 

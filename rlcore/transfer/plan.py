@@ -181,10 +181,15 @@ def update_info_for(metas: Iterable[Any], bucket_bytes: int = DEFAULT_BUCKET_BYT
                 packed_buffer_size_bytes=int(bucket_bytes), packed_num_buffers=int(num_buffers))
 
 
+def tensor_bytes(update_info: dict) -> list[int]:
+    """Bytes of each tensor of the update described by ``update_info``, in order."""
+    return [math.prod(s) * getattr(torch, d).itemsize
+            for s, d in zip(update_info["shapes"], update_info["dtype_names"])]
+
+
 def update_info_bytes(update_info: dict) -> int:
     """Payload bytes of one update described by ``update_info``."""
-    return sum(math.prod(s) * getattr(torch, d).itemsize
-               for s, d in zip(update_info["shapes"], update_info["dtype_names"]))
+    return sum(tensor_bytes(update_info))
 
 
 def vllm_update_info(cfg: RunConfig, plan: SyncPlan) -> dict:
