@@ -73,7 +73,7 @@ def help_text(conf_dir: Path, recipe_names: list[str]) -> str:
              "config groups (GROUP=OPTION):"]
     lines += [f"  {name}: {', '.join(options)}" for name, options in groups(conf_dir).items()]
     lines += ["",
-              "keys: every field of the schema in rlcore/config.py, e.g. steps=20 trainer.lr=3e-4",
+              "keys: every field of the schema in rlcore/config/, e.g. steps=20 trainer.lr=3e-4",
               "  rollout.engine=vllm env.args.eval_size=32 output_dir=outputs/try1 resume=true",
               "",
               "flags:",

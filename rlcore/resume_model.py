@@ -14,7 +14,7 @@ import logging
 from omegaconf import OmegaConf
 
 from rlcore.checkpoint_dirs import resolve_resume, saved_model_config
-from rlcore.validate import ConfigError
+from rlcore.config.errors import ConfigError
 
 log = logging.getLogger("rlcore")
 

@@ -20,7 +20,8 @@ from omegaconf import OmegaConf
 
 from rlcore.cli import FlagError, help_text, job_output_dir, parse_flags, sweep_jobs
 from rlcore.config import RunConfig
-from rlcore.config_keys import config_dict, typed_env_arg_override, unknown_key, unknown_keys
+from rlcore.config.keys import config_dict, typed_env_arg_override, unknown_key, unknown_keys
+from rlcore.config.validate import ConfigError, resource_problems, validate
 from rlcore.console import quiet_ray_environment, report_error
 from rlcore.engine.registry import inert_options
 from rlcore.metrics import MetricsLogger
@@ -31,7 +32,6 @@ from rlcore.plot import write_run_plot
 from rlcore.resume_model import explicit_model_keys, use_checkpoint_model
 from rlcore.startup import StartupPhases
 from rlcore.summary import run_summary
-from rlcore.validate import ConfigError, resource_problems, validate
 
 REPO = Path(__file__).resolve().parent.parent
 CONF_DIR = REPO / "conf"

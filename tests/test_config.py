@@ -6,7 +6,7 @@ import sys
 import pytest
 
 from rlcore.run import compose, main
-from rlcore.validate import ConfigError, problems, validate
+from rlcore.config.validate import ConfigError, problems, validate
 
 BAD = [
     (["trainer.lr=-1"], "trainer.lr"),

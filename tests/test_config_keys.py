@@ -13,7 +13,7 @@ import pytest
 
 from rlcore.engine.registry import inert_options
 from rlcore.run import compose, main, recipes
-from rlcore.validate import ConfigError, validate
+from rlcore.config.validate import ConfigError, validate
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -156,7 +156,7 @@ def test_gguf_packages_are_checked_before_start(tmp_path, monkeypatch):
 
 
 def validate_problems(cfg):
-    from rlcore.validate import problems
+    from rlcore.config.validate import problems
     return problems(cfg)
 
 

@@ -181,7 +181,7 @@ def test_char_teacher_with_another_tokenizer_kind_is_refused(capsys):
 
 
 def test_teacher_resources_count_against_the_machine():
-    from rlcore.validate import resource_problems
+    from rlcore.config.validate import resource_problems
     cfg = compose(["teacher.enabled=true", "teacher.cpus_per_actor=2"])
     found = resource_problems(cfg, cpus=3, gpus=0, where="this machine")
     assert found and "teacher 2 CPUs" in found[0][1]

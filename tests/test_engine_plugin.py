@@ -34,7 +34,7 @@ from rlcore.models.build import build_model, build_tokenizer
 from rlcore.placement import placement_problems
 from rlcore.run import compose
 from rlcore.teacher import teacher_run_config
-from rlcore.validate import ConfigError, problems
+from rlcore.config.validate import ConfigError, problems
 
 
 @dataclass

@@ -18,8 +18,8 @@ from transformers import AutoConfig, AutoModelForCausalLM
 from rlcore.canary import CHECKPOINT_MAX_GAP, CHECKPOINT_MEAN_GAP, DEFAULT_MAX_GAP, DEFAULT_MEAN_GAP, FP8_MAX_GAP, FP8_MEAN_GAP, canary_limits
 from rlcore.run import compose, main
 from rlcore.trainer import float8
-from rlcore import validate as validate_module
-from rlcore.validate import problems
+from rlcore.config import validate as validate_module
+from rlcore.config.validate import problems
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 GPU = ["trainer.gpus_per_rank=1", "rollout.engine=vllm", "rollout.gpus_per_actor=1"]

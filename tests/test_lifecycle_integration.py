@@ -11,7 +11,7 @@ import torch
 
 from rlcore.metrics import MetricsLogger
 from rlcore.run import compose, make_runner, prepare
-from rlcore.validate import validate
+from rlcore.config.validate import validate
 
 pytestmark = pytest.mark.integration
 

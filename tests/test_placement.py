@@ -7,7 +7,7 @@ from rlcore.memory_plan import GIB
 from rlcore.placement import placement_problems, resolve, resolve_placement
 from rlcore.plan import make_plan
 from rlcore.run import compose, main
-from rlcore.validate import resource_problems
+from rlcore.config.validate import resource_problems
 
 H200 = 139.8 * GIB
 VLLM_1_1 = ["model=qwen3_06b_char", "rollout.engine=vllm", "trainer.gpus_per_rank=1", "rollout.gpus_per_actor=1"]

@@ -72,7 +72,7 @@ def test_cli_overlays_runs_and_skips_missing_metrics(real_run, tmp_path, capsys)
 
 def test_eval_at_start_needs_periodic_evaluation():
     from rlcore.run import compose
-    from rlcore.validate import problems
+    from rlcore.config.validate import problems
     assert ("eval.at_start", "evaluates only in a run with periodic evaluation (eval.every_n_steps > 0)") in \
         problems(compose(["eval.at_start=true"]))
     assert not [k for k, _ in problems(compose(["eval.at_start=true", "eval.every_n_steps=5"])) if k.startswith("eval")]

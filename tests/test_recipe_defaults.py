@@ -16,7 +16,7 @@ from rlcore.envs.wordle import feedback
 from rlcore.models.build import build_tokenizer
 from rlcore.run import compose, recipes
 from rlcore.sft import build_dataset
-from rlcore.validate import ConfigError, validate
+from rlcore.config.validate import ConfigError, validate
 
 REPO = Path(__file__).resolve().parent.parent
 

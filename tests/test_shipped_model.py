@@ -6,7 +6,7 @@ from rlcore.models.build import build_tokenizer
 from rlcore.models.shipped import cache_root, converted_dir, gguf_in_package, resolve, shipped_problems
 from rlcore.models.tokenizer import char_tokenizer
 from rlcore.run import compose, main
-from rlcore.validate import problems
+from rlcore.config.validate import problems
 
 
 def test_preset_names_the_shipped_gguf():

@@ -13,7 +13,7 @@ from rlcore.envs import make_env
 from rlcore.envs.render import TurnRenderer, render_prompt
 from rlcore.models.shipped import converted_dir, resolve
 from rlcore.run import compose
-from rlcore.validate import validate
+from rlcore.config.validate import validate
 
 pytestmark = pytest.mark.integration
 

@@ -190,7 +190,7 @@ def test_lora_trains_only_adapters_and_merges():
 # -- mesh validation ------------------------------------------------------------------------
 
 def test_mesh_validation(tiny_cfg):
-    from rlcore.validate import problems
+    from rlcore.config.validate import problems
     cfg = copy.deepcopy(tiny_cfg)
     cfg.trainer.world_size, cfg.trainer.dp, cfg.trainer.cp = 4, 3, 2
     cfg.trainer.ep = 3
@@ -363,7 +363,7 @@ def test_trainer_core_ep_cp(tiny_cfg):
     cfg.trainer.world_size, cfg.trainer.cp, cfg.trainer.ep = 2, 2, 2
     cfg.trainer.activation_checkpointing = "selective"
     cfg.trainer.logprob_chunk_tokens = 16
-    from rlcore.validate import problems
+    from rlcore.config.validate import problems
     assert not [p for p in problems(cfg) if p[0].startswith("trainer.")]
     _spawn(_core_worker, cfg)
 

@@ -195,7 +195,7 @@ def test_shape_count_env():
 
 def test_validation_messages():
     from rlcore.run import compose
-    from rlcore.validate import problems
+    from rlcore.config.validate import problems
 
     keys = dict(problems(compose(["+recipe=shape_count", "model=tiny_char"])))
     assert "images" in keys.get("env.name", "")

@@ -1,6 +1,6 @@
 """Engine plug-ins: one table maps an engine name to everything the rest of rlcore asks about it.
 
-Validation (`rlcore.validate`), placement (`rlcore.placement`), the plan (`rlcore.plan`), the
+Validation (`rlcore.config.validate`), placement (`rlcore.placement`), the plan (`rlcore.plan`), the
 rollout and teacher actors (`actors/`) and the weight transports (`rlcore.transfer`) read an
 engine's :class:`EngineSpec` and never branch on its name. The class is named by its import path, so this
 module (and validation) stays free of torch: the class is imported only where an engine is built.
@@ -24,8 +24,8 @@ from dataclasses import dataclass, fields, is_dataclass
 from typing import TYPE_CHECKING, Any, Callable
 
 from rlcore.config import RolloutConfig
-from rlcore.config_engines import HFOptions, VLLMOptions, add_section, remove_section
-from rlcore.config_teacher import TeacherConfig
+from rlcore.config.engines import HFOptions, VLLMOptions, add_section, remove_section
+from rlcore.config.teacher import TeacherConfig
 from rlcore.engine.vllm_checks import vllm_problems
 
 if TYPE_CHECKING:
@@ -68,7 +68,7 @@ class EngineSpec:
     """Options of its section that only a rollout engine reads (a teacher never receives
     weights nor sleeps): a teacher's section must leave them at their defaults."""
     problems: Callable[[RunConfig], list[tuple[str, str]]] | None = None
-    """Its own config checks (run by `rlcore.validate`), as (key, message) pairs."""
+    """Its own config checks (run by `rlcore.config.validate`), as (key, message) pairs."""
 
 
 _BUILT_IN = (

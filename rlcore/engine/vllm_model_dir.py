@@ -19,7 +19,7 @@ def engine_args_from_config(cfg: Any, seed: int = 0, tokenizer: Any = None) -> t
     :class:`rlcore.config.RunConfig`. A random-weight model (``model.path`` null) is written as a
     directory holding its ``config.json`` (plus tokenizer and image processor for a
     vision-language model) and started with dummy weights: the first sync fills them."""
-    v = cfg.rollout.vllm  # the engine's own section (rlcore.config_engines.VLLMOptions)
+    v = cfg.rollout.vllm  # the engine's own section (rlcore.config.engines.VLLMOptions)
     quantization = v.quantization
     reload = v.weight_reload
     if reload == "auto":  # the fast direct receive unless weights are processed after loading

@@ -2,7 +2,7 @@
 
 Hydra composes YAML from ``conf/`` and ``recipes/`` on top of these structured configs, so a key
 that is not declared here, or a value of the wrong type, is rejected while composing.
-Cross-field rules (ranges, layouts, resources) live in :mod:`rlcore.validate`.
+Cross-field rules (ranges, layouts, resources) live in :mod:`rlcore.config.validate`.
 """
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ from typing import Any, Optional
 
 from omegaconf import MISSING
 
-from rlcore.config_engines import HFOptions, VLLMOptions
-from rlcore.config_lifecycle import CheckpointConfig, EvalConfig, LoggerConfig, SFTConfig
-from rlcore.config_teacher import TeacherConfig
+from rlcore.config.engines import HFOptions, VLLMOptions
+from rlcore.config.lifecycle import CheckpointConfig, EvalConfig, LoggerConfig, SFTConfig
+from rlcore.config.teacher import TeacherConfig
 
 
 @dataclass

@@ -17,7 +17,7 @@ from typing import Any
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
-from rlcore.config import RunConfig
+from rlcore.config.schema import RunConfig
 from rlcore.engine.registry import sections
 
 ENV_ARGS = "env.args"

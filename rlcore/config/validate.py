@@ -11,8 +11,9 @@ from pathlib import Path
 
 from rlcore import checkpoint_dirs
 from rlcore.algo import validate_algo  # the algorithm family validates its own switches
-from rlcore.config import RunConfig
-from rlcore.config_keys import env_arg_problems
+from rlcore.config.errors import ConfigError
+from rlcore.config.keys import env_arg_problems
+from rlcore.config.schema import RunConfig
 from rlcore.engine.registry import engine_problems
 from rlcore.envs import make_env, registered, resolve_env
 from rlcore.models.shipped import is_shipped, shipped_problems
@@ -34,20 +35,6 @@ from rlcore.trainer.options import (
 DTYPES = ("float32", "bfloat16", "float16")
 TOKENIZERS = ("char", "auto")
 MODES = ("rl", "sft", "eval")
-
-
-class ConfigError(ValueError):
-    """A bad config value; `str()` is one line that starts with the offending key. `problems`
-    holds it and any further (key, message) pairs found in the same check."""
-
-    def __init__(self, key: str, message: str, more: list[tuple[str, str]] | tuple = ()):
-        self.key = key
-        self.problems = [(key, message), *more]
-        super().__init__(f"{key}: {message}")
-
-    def lines(self) -> list[str]:
-        """One `KEY: message` line per problem, the first one first."""
-        return [f"{k}: {m}" for k, m in self.problems]
 
 
 def check_min(problems: list, key: str, value, minimum: int, note: str = "") -> None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from rlcore.config_engines import HFOptions, VLLMOptions
+from rlcore.config.engines import HFOptions, VLLMOptions
 
 
 @dataclass

@@ -50,7 +50,7 @@ class HFOptions:
 def add_section(holder: type, name: str, options: type) -> None:
     """Give the dataclass `holder` (RolloutConfig, TeacherConfig) a field `name: options`
     defaulting to `options()`, in place, so every reference to the class (RunConfig's default
-    factories, the Hydra schema, `rlcore.config_keys`) sees it. How a plug-in engine registered
+    factories, the Hydra schema, `rlcore.config.keys`) sees it. How a plug-in engine registered
     at run time (:func:`rlcore.engine.registry.register_engine`) gets its own section; a no-op
     when `holder` already has the field."""
     if name in {f.name for f in fields(holder)}:
