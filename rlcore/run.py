@@ -20,7 +20,15 @@ from omegaconf import OmegaConf
 
 from rlcore.cli import FlagError, help_text, job_output_dir, parse_flags, sweep_jobs
 from rlcore.config import RunConfig
-from rlcore.config.keys import config_dict, typed_env_arg_override, unknown_key, unknown_keys
+from rlcore.config.keys import (
+    config_dict,
+    schema_node,
+    to_node,
+    to_run_config,
+    typed_env_arg_override,
+    unknown_key,
+    unknown_keys,
+)
 from rlcore.config.validate import ConfigError, resource_problems, validate
 from rlcore.console import quiet_ray_environment, report_error
 from rlcore.engine.registry import inert_options
@@ -88,7 +96,7 @@ def compose(overrides: list[str]) -> RunConfig:
                 raise ConfigError(key, why)
     overrides = [typed_env_arg_override(o) for o in overrides]
 
-    ConfigStore.instance().store(name="rlcore_schema", node=RunConfig)
+    ConfigStore.instance().store(name="rlcore_schema", node=schema_node())
     GlobalHydra.instance().clear()
     try:
         with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
@@ -100,7 +108,7 @@ def compose(overrides: list[str]) -> RunConfig:
     found = unknown_keys(cfg)  # a recipe's or a YAML file's own misspelt keys
     if found:
         raise ConfigError(*found[0], more=found[1:])
-    obj: RunConfig = OmegaConf.to_object(cfg)
+    obj = to_run_config(cfg)
     obj.recipe = recipe
     typed = [(k, f"{m}: drop it or select that engine") for k, m in inert_options(obj) if _typed(k, overrides)]
     if typed:  # set on this command line for an engine the run does not use: a mistake
@@ -247,7 +255,7 @@ def prepare_output_dir(cfg: RunConfig) -> Path:
     out = Path(cfg.output_dir).expanduser()
     try:
         out.mkdir(parents=True, exist_ok=True)
-        OmegaConf.save(OmegaConf.structured(cfg), out / "config.yaml")
+        OmegaConf.save(to_node(cfg), out / "config.yaml")
     except OSError as exc:
         raise ConfigError("output_dir", f"{cfg.output_dir!r}: {exc.strerror or exc}") from None
     return out
@@ -306,7 +314,7 @@ def run_job(argv: list[str], print_cfg: bool = False) -> int:
         validate(cfg)
         warn_inert(cfg)
         if print_cfg:
-            print(OmegaConf.to_yaml(OmegaConf.structured(cfg)), end="")
+            print(OmegaConf.to_yaml(to_node(cfg)), end="")
             return 0
         if cfg.cluster.nodes is not None or cfg.dry_run:
             plan = make_plan(cfg)  # the described cluster (or this machine as one node)

@@ -170,3 +170,16 @@ def test_plugin_runs_episodes_takes_weights_and_scores_like_the_trainer():
     got = engine.score_batch(pairs)
     assert all(g == pytest.approx(w, abs=1e-5) for g, w in zip(got, want))
     assert engine.rng_state() is None and engine.set_rng_state(object()) is False  # no RNG to resume
+
+
+def test_the_section_leaves_the_schema_classes_unchanged_and_travels_with_the_config():
+    import pickle
+
+    from rlcore.config.keys import config_dict
+    assert "recompute" not in {f.name for f in dataclasses.fields(RolloutConfig)}  # registration adds no field
+    cfg = compose([*BASE, "rollout.recompute.max_tokens=2"])
+    assert config_dict(cfg)["rollout"]["recompute"] == {"max_tokens": 2}  # config.yaml, loggers, checkpoints
+    assert pickle.loads(pickle.dumps(cfg)).rollout.recompute == RecomputeOptions(max_tokens=2)  # to the actors
+    assert RolloutConfig().recompute == RecomputeOptions()  # a config built in Python reads the defaults
+    with pytest.raises(AttributeError, match="no attribute 'recompose'"):
+        RolloutConfig().recompose
