@@ -34,7 +34,8 @@ from rlcore.models.build import build_model, build_tokenizer
 from rlcore.placement import placement_problems
 from rlcore.run import compose
 from rlcore.teacher import teacher_run_config
-from rlcore.config.validate import ConfigError, problems
+from rlcore.config.errors import ConfigError
+from rlcore.config.validate import problems
 
 
 @dataclass
@@ -175,7 +176,7 @@ def test_plugin_runs_episodes_takes_weights_and_scores_like_the_trainer():
 def test_the_section_leaves_the_schema_classes_unchanged_and_travels_with_the_config():
     import pickle
 
-    from rlcore.config.keys import config_dict
+    from rlcore.config.nodes import config_dict
     assert "recompute" not in {f.name for f in dataclasses.fields(RolloutConfig)}  # registration adds no field
     cfg = compose([*BASE, "rollout.recompute.max_tokens=2"])
     assert config_dict(cfg)["rollout"]["recompute"] == {"max_tokens": 2}  # config.yaml, loggers, checkpoints

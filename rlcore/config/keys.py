@@ -15,49 +15,12 @@ import difflib
 import inspect
 from typing import Any
 
-from omegaconf import DictConfig, ListConfig, OmegaConf, open_dict
+from omegaconf import DictConfig, ListConfig, OmegaConf
 
-from rlcore.config.plugins import plugin_sections, set_plugin_sections
-from rlcore.config.schema import RunConfig
+from rlcore.config.nodes import ENGINE_GROUPS, schema_node
 from rlcore.engine.registry import sections
 
 ENV_ARGS = "env.args"
-ENGINE_GROUPS = ("rollout", "teacher")
-"""Sections that hold one section per engine (`rollout.vllm`, `teacher.hf`, ...)."""
-
-
-def schema_node() -> DictConfig:
-    """The schema as the node Hydra composes against: :class:`RunConfig`, plus each plug-in
-    engine's section under `rollout` and `teacher`, typed by its options dataclass."""
-    node = OmegaConf.structured(RunConfig)
-    _add_plugin_nodes(node, {name: OmegaConf.structured(options) for name, options in plugin_sections().items()})
-    return node
-
-
-def _add_plugin_nodes(node: DictConfig, sections: dict[str, Any], groups=ENGINE_GROUPS) -> None:
-    for group in groups:
-        with open_dict(node[group]):
-            for name, section in sections.items():
-                node[group][name] = section
-
-
-def to_run_config(node: DictConfig) -> RunConfig:
-    """A composed node as a :class:`RunConfig`, plug-in sections included (set on its `rollout`
-    and `teacher` instances, as their options dataclasses)."""
-    obj: RunConfig = OmegaConf.to_object(node)
-    for group in ENGINE_GROUPS:
-        set_plugin_sections(getattr(obj, group), {name: OmegaConf.to_object(node[group][name])
-                                                  for name in plugin_sections() if name in node[group]})
-    return obj
-
-
-def to_node(cfg: RunConfig) -> DictConfig:
-    """`cfg` as an OmegaConf node, plug-in sections included (config.yaml, `--cfg job`)."""
-    node = OmegaConf.structured(cfg)
-    for group in ENGINE_GROUPS:
-        _add_plugin_nodes(node, {name: OmegaConf.structured(getattr(getattr(cfg, group), name))
-                                 for name in plugin_sections()}, groups=(group,))
-    return node
 
 
 def _section_options() -> list[str]:
@@ -160,8 +123,3 @@ def typed_env_arg_override(override: str) -> str:
     if bare.startswith(ENV_ARGS + ".") and "=" in bare and not override.startswith("~"):
         return "++" + bare
     return override
-
-
-def config_dict(cfg) -> dict[str, Any]:
-    """The resolved config as plain containers (for config.yaml, checkpoints and loggers)."""
-    return OmegaConf.to_container(to_node(cfg), resolve=True)
