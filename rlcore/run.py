@@ -4,9 +4,12 @@ Composes ``conf/`` (plus ``recipes/NAME.yaml``) with Hydra, validates the whole 
 Ray starts (a bad key or value exits with code 2 and one line naming it), connects to
 ``RAY_ADDRESS`` or starts a local Ray, runs, and shuts everything down, also on Ctrl-C.
 
-The composition root, and the one place that imports inside functions: torch (through
-`rlcore.models.build` and `rlcore.sft`), `ray` and `actors/` load only after validation passed,
-so a bad config fails in a fraction of a second (`tests/test_config_keys.py` checks it).
+The composition root, the one module of `rlcore` that may import `ray` and `actors/`
+(`tests/test_layers.py` checks the layers). It imports hydra, torch (through
+`rlcore.models.build` and `rlcore.sft`), `ray` and `actors/` inside the functions that need
+them, so validation (:mod:`rlcore.config`, torch- and Ray-free) answers a bad config before any
+of them loads (`tests/test_config_keys.py` checks it). Every config problem is decided in
+:mod:`rlcore.config`; this module only reports `ConfigError` (exit code 2).
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 from rlcore.cli import FlagError, help_text, job_output_dir, parse_flags, sweep_jobs
-from rlcore.config import RunConfig
+from rlcore.config import ClusterConfig, RunConfig
 from rlcore.config.errors import ConfigError, keyed_errors, raise_problems
 from rlcore.config.keys import typed_env_arg_override
 from rlcore.config.nodes import config_dict, schema_node, to_node, to_run_config, write_config
@@ -166,8 +169,9 @@ def summary(cfg: RunConfig, history: list[dict], eval_rows: list[dict] = (),
     return run_summary(cfg.mode, history, eval_rows, phases, artifact)
 
 
-def ray_address(cfg: RunConfig) -> str | None:
-    return cfg.cluster.address or os.environ.get("RAY_ADDRESS") or None
+def ray_address(cluster: ClusterConfig) -> str | None:
+    """The Ray cluster to join: `cluster.address`, else RAY_ADDRESS; None starts a local one."""
+    return cluster.address or os.environ.get("RAY_ADDRESS") or None
 
 
 class RayStartError(RuntimeError):
@@ -180,7 +184,7 @@ def start_ray(cfg: RunConfig) -> None:
     loaded machine) is retried once after a clean shutdown; connecting is not retried (the
     address is wrong or the cluster is down). Raises RayStartError with one line."""
     import ray
-    address = ray_address(cfg)
+    address = ray_address(cfg.cluster)
     kwargs = dict(address=address, num_cpus=None if address else cfg.cluster.num_cpus,
                   num_gpus=None if address else cfg.cluster.num_gpus, include_dashboard=False,
                   # actors write to OUTPUT_DIR/logs/ (actors.logs); their errors come back as
@@ -270,7 +274,7 @@ def run_job(argv: list[str], print_cfg: bool = False) -> int:
             validate(cfg, planned=plan.problems)
             if cfg.dry_run:
                 return 0
-        elif ray_address(cfg) is None:
+        elif ray_address(cfg.cluster) is None:
             cfg = check_cluster(cfg)
         cfg.model = resolve_model(cfg.model)  # pypi:PACKAGE -> its converted directory, before any actor
         prepared = prepare(cfg)
@@ -278,7 +282,7 @@ def run_job(argv: list[str], print_cfg: bool = False) -> int:
     except ConfigError as exc:
         return report(exc)
 
-    if ray_address(cfg) is None:
+    if ray_address(cfg.cluster) is None:
         local_ray_environment()
     import ray
 
@@ -286,12 +290,12 @@ def run_job(argv: list[str], print_cfg: bool = False) -> int:
 
     ray_phase = StartupPhases()
     try:
-        with ray_phase.phase("starting Ray" if ray_address(cfg) is None else f"connecting to Ray at {ray_address(cfg)}"):
+        with ray_phase.phase("starting Ray" if ray_address(cfg.cluster) is None else f"connecting to Ray at {ray_address(cfg.cluster)}"):
             start_ray(cfg)
     except RayStartError as exc:
         print(f"rlcore: error: {exc}", file=sys.stderr)
         return EXIT_RUN
-    address = ray_address(cfg)
+    address = ray_address(cfg.cluster)
     driver = None
     logger = None
     try:
