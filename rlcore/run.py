@@ -282,7 +282,8 @@ def run_job(argv: list[str], print_cfg: bool = False) -> int:
     except ConfigError as exc:
         return report(exc)
 
-    if ray_address(cfg.cluster) is None:
+    address = ray_address(cfg.cluster)
+    if address is None:
         local_ray_environment()
     import ray
 
@@ -290,12 +291,11 @@ def run_job(argv: list[str], print_cfg: bool = False) -> int:
 
     ray_phase = StartupPhases()
     try:
-        with ray_phase.phase("starting Ray" if ray_address(cfg.cluster) is None else f"connecting to Ray at {ray_address(cfg.cluster)}"):
+        with ray_phase.phase("starting Ray" if address is None else f"connecting to Ray at {address}"):
             start_ray(cfg)
     except RayStartError as exc:
         print(f"rlcore: error: {exc}", file=sys.stderr)
         return EXIT_RUN
-    address = ray_address(cfg.cluster)
     driver = None
     logger = None
     try:
