@@ -191,3 +191,12 @@ def test_the_default_job_trains_with_a_loss_from_outside_the_package(tmp_path):
         assert row["ratio_min"] == row["ratio_max"] == 1.0 and row["clip_frac"] == 0.0, row
         assert math.isfinite(row["loss"]) and row["loss_tokens"] > 0, row
     assert "loss: tests.my_loss:loss" in (out / "config.yaml").read_text()
+
+
+def test_a_registered_spec_naming_a_missing_module_is_refused_before_start():
+    register_loss(LossSpec("lost", "tests.no_such_module:surrogate"))
+    try:
+        assert validate_algo(AlgoConfig(loss="lost")) == [
+            ("algo.loss", "'lost' names 'tests.no_such_module:surrogate', but there is no module 'tests.no_such_module'")]
+    finally:
+        unregister_loss("lost")

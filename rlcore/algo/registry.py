@@ -20,6 +20,7 @@ field ``algo.<name>`` in the config schema, and checks them in its ``problems``.
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import inspect
 from dataclasses import dataclass, fields
 from typing import Any, Callable
@@ -213,13 +214,20 @@ def _takes(key: str, fn: Callable[..., Any], params: str, count: int) -> list[Pr
 def _selected(key: str, resolve: Callable[[str], Any], name: str, attr: str, params: str,
               count: int) -> list[Problem]:
     """Whether ``name`` resolves to a spec, and whether its function, when already imported (a
-    path names it), takes ``params``: a function named by a string is not imported here, so a
-    built-in name keeps validation free of torch."""
+    path names it), takes ``params``. A function named by a string is only looked for (its
+    module found, not run), so a built-in name keeps validation free of torch."""
     try:
         ref = getattr(resolve(name), attr)
     except SpecError as exc:
         return [exc.problem]
-    return [] if isinstance(ref, str) else _takes(key, ref, params, count)
+    if not isinstance(ref, str):
+        return _takes(key, ref, params, count)
+    module = ref.partition(":")[0]
+    try:
+        found = importlib.util.find_spec(module)
+    except (ImportError, ValueError):  # a parent package that is missing or broken
+        found = None
+    return [] if found is not None else [(key, f"{name!r} names {ref!r}, but there is no module {module!r}")]
 
 
 def loss_problems(cfg: AlgoConfig) -> list[Problem]:
