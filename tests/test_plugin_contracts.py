@@ -200,3 +200,16 @@ def test_a_registered_spec_naming_a_missing_module_is_refused_before_start():
             ("algo.loss", "'lost' names 'tests.no_such_module:surrogate', but there is no module 'tests.no_such_module'")]
     finally:
         unregister_loss("lost")
+
+
+def test_a_plugin_returning_the_wrong_shape_is_named_at_its_first_call():
+    register_loss(LossSpec("scalar", lambda log_ratio, adv, cfg, ctx: (log_ratio.sum(), adv < 0, log_ratio.exp())))
+    register_estimator(EstimatorSpec("means", lambda rewards, cfg: rewards.mean(dim=1)))
+    try:
+        with pytest.raises(ValueError, match=r"algo.loss=scalar: the surrogate returned shapes \[\(\), \(2,\), \(2,\)\]"):
+            policy_loss(inputs([-1.0, -1.0], [1.0, 1.0], [1.0, -1.0]), AlgoConfig(loss="scalar"), 1.0)
+        with pytest.raises(ValueError, match=r"algo.name=means: the estimator returned \(1,\), expected .* \(1, 2\)"):
+            compute_advantages(torch.tensor([[1.0, 0.0]]), AlgoConfig(name="means"))
+    finally:
+        unregister_loss("scalar")
+        unregister_estimator("means")
