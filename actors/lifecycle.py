@@ -36,7 +36,7 @@ from actors.evaluation import Evaluator
 from actors.remote import RunError, get
 from actors.sft import warmup
 from rlcore import checkpoint as ckpt
-from rlcore.config.keys import config_dict
+from rlcore.config.nodes import config_dict
 from rlcore.seeding import derive_seed
 from rlcore.types import Task
 

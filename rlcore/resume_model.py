@@ -14,7 +14,6 @@ import logging
 from omegaconf import OmegaConf
 
 from rlcore.checkpoint_dirs import resolve_resume, saved_model_config
-from rlcore.config.errors import ConfigError
 
 log = logging.getLogger("rlcore")
 
@@ -36,16 +35,16 @@ def explicit_model_keys(overrides: list[str]) -> set[str]:
     return keys
 
 
-def use_checkpoint_model(cfg, explicit: set[str]) -> None:
-    """Set `cfg.model` from the checkpoint `checkpoint.resume` points at (if any); raise
-    ConfigError when an explicit shape field disagrees with it."""
+def use_checkpoint_model(cfg, explicit: set[str]) -> list[tuple[str, str]]:
+    """Set `cfg.model` from the checkpoint `checkpoint.resume` points at (if any). Returns the
+    config problem (key, message) of an explicit shape field that disagrees with it, else []."""
     try:
         path = resolve_resume(cfg)
     except ValueError:
-        return  # a bad resume target is reported by validation
+        return []  # a bad resume target is reported by validation
     saved = saved_model_config(path) if path is not None else None
     if not saved:
-        return
+        return []
     current = OmegaConf.to_container(OmegaConf.structured(cfg.model), resolve=True)
     taken = []
     for key, value in saved.items():
@@ -53,11 +52,11 @@ def use_checkpoint_model(cfg, explicit: set[str]) -> None:
             continue
         if ALL in explicit or key in explicit:
             if key in SHAPE_KEYS:
-                raise ConfigError(f"model.{key}", f"the checkpoint {path} was saved with model.{key}={value!r}, "
-                                  f"the config sets {current[key]!r}; leave model.{key} unset to use the "
-                                  "checkpoint's model")
+                return [(f"model.{key}", f"the checkpoint {path} was saved with model.{key}={value!r}, "
+                         f"the config sets {current[key]!r}; leave model.{key} unset to use the checkpoint's model")]
             continue  # e.g. model.dtype: a setting, not the model's shape
         setattr(cfg.model, key, value)
         taken.append(key)
     if taken:
         log.info("model config from checkpoint %s: %s", path, ", ".join(f"model.{k}" for k in taken))
+    return []

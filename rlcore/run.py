@@ -20,13 +20,24 @@ from omegaconf import OmegaConf
 
 from rlcore.cli import FlagError, help_text, job_output_dir, parse_flags, sweep_jobs
 from rlcore.config import RunConfig
-from rlcore.config.keys import config_dict, typed_env_arg_override, unknown_key, unknown_keys
-from rlcore.config.validate import ConfigError, resource_problems, validate
+from rlcore.config.errors import ConfigError, keyed_errors, raise_problems
+from rlcore.config.keys import typed_env_arg_override
+from rlcore.config.nodes import config_dict, schema_node, to_node, to_run_config, write_config
+from rlcore.config.overrides import (
+    check_composed_keys,
+    check_override_keys,
+    check_recipe,
+    check_typed_options,
+    composition_errors,
+    one_line,
+    override_key,
+)
+from rlcore.config.validate import Capacity, validate
 from rlcore.console import quiet_ray_environment, report_error
 from rlcore.engine.registry import inert_options
 from rlcore.metrics import MetricsLogger
 from rlcore.models.shipped import resolve as resolve_model
-from rlcore.placement import placement_problems, resolve
+from rlcore.placement import resolve
 from rlcore.plan import format_plan, make_plan
 from rlcore.plot import write_run_plot
 from rlcore.resume_model import explicit_model_keys, use_checkpoint_model
@@ -46,21 +57,6 @@ def recipes() -> list[str]:
     return sorted(p.stem for p in RECIPES_DIR.glob("*.yaml"))
 
 
-def _one_line(exc: BaseException) -> str:
-    """Hydra and OmegaConf errors span several lines (key, value, type); keep the first two
-    meaningful ones on one line."""
-    lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
-    cause = exc.__cause__ or exc.__context__
-    if cause is not None and str(cause).strip():
-        lines += [ln.strip() for ln in str(cause).splitlines()[:1] if ln.strip()]
-    keep = [ln for ln in lines if not ln.startswith(("object_type", "Set the environment variable"))]
-    return " | ".join(keep[:3]) or type(exc).__name__
-
-
-def _override_key(override: str) -> str:
-    return override.lstrip("~+").partition("=")[0]
-
-
 def compose(overrides: list[str]) -> RunConfig:
     """Hydra composition of conf/config.yaml, the recipe, and the command-line overrides,
     typed against the RunConfig schema. A key the schema does not declare is refused, with or
@@ -75,44 +71,23 @@ def compose(overrides: list[str]) -> RunConfig:
         key, _, value = o.lstrip("+").partition("=")
         if key == "recipe":
             recipe = value
-            if value not in recipes():
-                raise ConfigError("recipe", f"unknown recipe {value!r}; choose one of {recipes()}")
+            check_recipe(value, recipes())
     overrides = ["+recipe=" + recipe if o.lstrip("+").startswith("recipe=") else o for o in overrides]
     # `resume=true|PATH` is the documented spelling of `checkpoint.resume=...`
     overrides = ["checkpoint." + o.lstrip("+") if o.lstrip("+").startswith("resume=") else o for o in overrides]
-    for o in overrides:
-        key = _override_key(o)
-        if key != "recipe" and not key.startswith("hydra.") and "@" not in key:
-            why = unknown_key(key)
-            if why:
-                raise ConfigError(key, why)
+    check_override_keys(overrides)
     overrides = [typed_env_arg_override(o) for o in overrides]
 
-    ConfigStore.instance().store(name="rlcore_schema", node=RunConfig)
+    ConfigStore.instance().store(name="rlcore_schema", node=schema_node())
     GlobalHydra.instance().clear()
-    try:
-        with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
-            cfg = hydra_compose(config_name="config", overrides=overrides)
-    except Exception as exc:  # Hydra/OmegaConf raise many types; all mean "bad config"
-        key = getattr(exc, "full_key", None) or _key_from(exc)
-        why = unknown_key(key) if key else None  # a YAML file's misspelt key: name the nearest one
-        raise ConfigError(key or "config", why or _one_line(exc)) from None
-    found = unknown_keys(cfg)  # a recipe's or a YAML file's own misspelt keys
-    if found:
-        raise ConfigError(*found[0], more=found[1:])
-    obj: RunConfig = OmegaConf.to_object(cfg)
+    with composition_errors(), initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
+        cfg = hydra_compose(config_name="config", overrides=overrides)
+    check_composed_keys(cfg)
+    obj = to_run_config(cfg)
     obj.recipe = recipe
-    typed = [(k, f"{m}: drop it or select that engine") for k, m in inert_options(obj) if _typed(k, overrides)]
-    if typed:  # set on this command line for an engine the run does not use: a mistake
-        raise ConfigError(*typed[0], more=typed[1:])
-    use_checkpoint_model(obj, explicit_model_keys(overrides))
+    check_typed_options(obj, overrides)  # set on this command line for an engine the run does not use
+    raise_problems(use_checkpoint_model(obj, explicit_model_keys(overrides)))
     return obj
-
-
-def _typed(key: str, overrides: list[str]) -> bool:
-    """Whether an override sets `key`, a key below it or a section above it."""
-    return any(k == key or key.startswith(k + ".") or k.startswith(key + ".")
-               for k in map(_override_key, overrides))
 
 
 def warn_inert(cfg: RunConfig) -> None:
@@ -120,11 +95,6 @@ def warn_inert(cfg: RunConfig) -> None:
     (e.g. the recipe's `rollout.vllm.*` under `rollout.engine=hf`): kept, it changes nothing."""
     for key, message in inert_options(cfg):
         print(f"rlcore: warning: {key}: {message}: ignored", file=sys.stderr)
-
-
-def _key_from(exc: BaseException) -> str | None:
-    cause = exc.__cause__ or exc.__context__
-    return getattr(cause, "full_key", None) if cause else None
 
 
 def local_gpu_bytes(cfg: RunConfig) -> int | None:
@@ -150,9 +120,7 @@ def check_cluster(cfg: RunConfig) -> RunConfig:
         gpus = cfg.cluster.num_gpus if cfg.cluster.num_gpus is not None else torch.cuda.device_count()
         where, gpu_bytes = "this machine", local_gpu_bytes(cfg) if gpus else None
     cfg = resolve(cfg, gpus, gpu_bytes)
-    found = resource_problems(cfg, cpus, gpus, where) + placement_problems(cfg, gpus, gpu_bytes, where)
-    if found:
-        raise ConfigError(*found[0], more=found[1:])
+    validate(cfg, on=Capacity(cpus, gpus, gpu_bytes, where))
     return cfg
 
 
@@ -173,11 +141,8 @@ def prepare(cfg: RunConfig):
         return None
     from rlcore.models.build import build_tokenizer
     from rlcore.sft import DataError, build_dataset
-    try:
+    with keyed_errors(DataError):
         return build_dataset(cfg, build_tokenizer(cfg.model))
-    except DataError as exc:
-        key, _, msg = str(exc).partition(": ")
-        raise ConfigError(key, msg) from None
 
 
 def make_runner(cfg: RunConfig, prepared=None):
@@ -229,7 +194,7 @@ def start_ray(cfg: RunConfig) -> None:
             ray.init(**kwargs)
             return
         except Exception as exc:  # Ray raises plain Exception, RuntimeError, ConnectionError here
-            why = _one_line(exc)
+            why = one_line(exc)
             ray.shutdown()  # leaves nothing of the failed start behind
             if attempt < attempts:
                 logging.getLogger("rlcore").warning("Ray failed to start (%s); retrying once", why)
@@ -240,17 +205,6 @@ def start_ray(cfg: RunConfig) -> None:
             raise RayStartError(f"the local Ray cluster did not start, twice ({why}); the machine may be "
                                 "overloaded: retry, lower cluster.num_cpus, or start Ray yourself "
                                 "(`ray start --head`) and set RAY_ADDRESS") from exc
-
-
-def prepare_output_dir(cfg: RunConfig) -> Path:
-    """Create `output_dir` and write the composed config into it (validation checked both)."""
-    out = Path(cfg.output_dir).expanduser()
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-        OmegaConf.save(OmegaConf.structured(cfg), out / "config.yaml")
-    except OSError as exc:
-        raise ConfigError("output_dir", f"{cfg.output_dir!r}: {exc.strerror or exc}") from None
-    return out
 
 
 def report(exc: ConfigError) -> int:
@@ -282,14 +236,14 @@ def multirun(overrides: list[str]) -> int:
     try:
         jobs = sweep_jobs(overrides)
         base = compose(jobs[0]).output_dir
-        jobs = [[o for o in job if _override_key(o) != "output_dir"] + [f"output_dir={job_output_dir(base, i)}"]
+        jobs = [[o for o in job if override_key(o) != "output_dir"] + [f"output_dir={job_output_dir(base, i)}"]
                 for i, job in enumerate(jobs)]
         for job in jobs:
             validate(compose(job))
     except ConfigError as exc:
         return report(exc)
     except Exception as exc:  # Hydra's override grammar errors
-        print(f"rlcore: config error: multirun: {_one_line(exc)}", file=sys.stderr)
+        print(f"rlcore: config error: multirun: {one_line(exc)}", file=sys.stderr)
         return EXIT_CONFIG
     codes = []
     for i, job in enumerate(jobs):
@@ -306,22 +260,21 @@ def run_job(argv: list[str], print_cfg: bool = False) -> int:
         validate(cfg)
         warn_inert(cfg)
         if print_cfg:
-            print(OmegaConf.to_yaml(OmegaConf.structured(cfg)), end="")
+            print(OmegaConf.to_yaml(to_node(cfg)), end="")
             return 0
         if cfg.cluster.nodes is not None or cfg.dry_run:
             plan = make_plan(cfg)  # the described cluster (or this machine as one node)
             cfg = plan.config  # placement resolved for the plan's GPUs
             if cfg.dry_run:
                 print(format_plan(cfg, plan))
-            if plan.problems:
-                raise ConfigError(*plan.problems[0], more=plan.problems[1:])
+            validate(cfg, planned=plan.problems)
             if cfg.dry_run:
                 return 0
         elif ray_address(cfg) is None:
             cfg = check_cluster(cfg)
         cfg.model = resolve_model(cfg.model)  # pypi:PACKAGE -> its converted directory, before any actor
         prepared = prepare(cfg)
-        out = prepare_output_dir(cfg)
+        out = write_config(cfg)
     except ConfigError as exc:
         return report(exc)
 

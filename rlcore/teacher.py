@@ -42,9 +42,10 @@ def teacher_run_config(cfg: RunConfig) -> RunConfig:
     at their defaults); weights never move."""
     t = cfg.teacher
     section = engine_spec(t.engine).section
-    own = {section: copy.deepcopy(getattr(t, section))} if section is not None else {}
-    rollout = dataclasses.replace(cfg.rollout, engine=t.engine, gpus_per_actor=t.gpus_per_actor,
-                                  cpus_per_actor=t.cpus_per_actor, **own)
+    rollout = copy.copy(cfg.rollout)  # not dataclasses.replace: that drops plug-in sections
+    rollout.engine, rollout.gpus_per_actor, rollout.cpus_per_actor = t.engine, t.gpus_per_actor, t.cpus_per_actor
+    if section is not None:
+        setattr(rollout, section, copy.deepcopy(getattr(t, section)))
     return dataclasses.replace(cfg, model=teacher_model_config(cfg), rollout=rollout)
 
 

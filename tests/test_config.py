@@ -6,7 +6,8 @@ import sys
 import pytest
 
 from rlcore.run import compose, main
-from rlcore.config.validate import ConfigError, problems, validate
+from rlcore.config.errors import ConfigError
+from rlcore.config.validate import problems, validate
 
 BAD = [
     (["trainer.lr=-1"], "trainer.lr"),

@@ -13,7 +13,8 @@ import pytest
 
 from rlcore.engine.registry import inert_options
 from rlcore.run import compose, main, recipes
-from rlcore.config.validate import ConfigError, validate
+from rlcore.config.errors import ConfigError
+from rlcore.config.validate import validate
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -34,7 +34,8 @@ from rlcore.models.build import build_model, build_tokenizer
 from rlcore.placement import placement_problems
 from rlcore.run import compose
 from rlcore.teacher import teacher_run_config
-from rlcore.config.validate import ConfigError, problems
+from rlcore.config.errors import ConfigError
+from rlcore.config.validate import problems
 
 
 @dataclass
@@ -170,3 +171,16 @@ def test_plugin_runs_episodes_takes_weights_and_scores_like_the_trainer():
     got = engine.score_batch(pairs)
     assert all(g == pytest.approx(w, abs=1e-5) for g, w in zip(got, want))
     assert engine.rng_state() is None and engine.set_rng_state(object()) is False  # no RNG to resume
+
+
+def test_the_section_leaves_the_schema_classes_unchanged_and_travels_with_the_config():
+    import pickle
+
+    from rlcore.config.nodes import config_dict
+    assert "recompute" not in {f.name for f in dataclasses.fields(RolloutConfig)}  # registration adds no field
+    cfg = compose([*BASE, "rollout.recompute.max_tokens=2"])
+    assert config_dict(cfg)["rollout"]["recompute"] == {"max_tokens": 2}  # config.yaml, loggers, checkpoints
+    assert pickle.loads(pickle.dumps(cfg)).rollout.recompute == RecomputeOptions(max_tokens=2)  # to the actors
+    assert RolloutConfig().recompute == RecomputeOptions()  # a config built in Python reads the defaults
+    with pytest.raises(AttributeError, match="no attribute 'recompose'"):
+        RolloutConfig().recompose

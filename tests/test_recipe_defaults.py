@@ -16,7 +16,8 @@ from rlcore.envs.wordle import feedback
 from rlcore.models.build import build_tokenizer
 from rlcore.run import compose, recipes
 from rlcore.sft import build_dataset
-from rlcore.config.validate import ConfigError, validate
+from rlcore.config.errors import ConfigError
+from rlcore.config.validate import validate
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -8,7 +8,7 @@ import pytest
 
 from rlcore.checkpoint_dirs import META, TRAINER_DIR
 from rlcore.run import compose, main
-from rlcore.config.validate import ConfigError
+from rlcore.config.errors import ConfigError
 
 
 def fake_checkpoint(root, step=3, **model_changes):

@@ -3,12 +3,13 @@
 
 An engine reads only its own section; :mod:`rlcore.engine.registry` names each engine's section
 (attribute and class), and validation refuses (command line) or warns about (YAML) options set
-in the section of an engine that is not the selected one. Kept out of :mod:`rlcore.config` for size.
+in the section of an engine that is not the selected one. A plug-in engine's section is declared
+by its registration instead (:mod:`rlcore.config.plugins`); these classes are never changed.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields, make_dataclass
+from dataclasses import dataclass, field
 from typing import Any, Optional
 
 
@@ -45,31 +46,3 @@ class HFOptions:
     It has none of its own yet: it runs the run's model (`model.*`) on a GPU when
     `rollout.gpus_per_actor` > 0, else on the CPU. The section exists so that a setting meant
     for another engine cannot pass for one of this engine's."""
-
-
-def add_section(holder: type, name: str, options: type) -> None:
-    """Give the dataclass `holder` (RolloutConfig, TeacherConfig) a field `name: options`
-    defaulting to `options()`, in place, so every reference to the class (RunConfig's default
-    factories, the Hydra schema, `rlcore.config.keys`) sees it. How a plug-in engine registered
-    at run time (:func:`rlcore.engine.registry.register_engine`) gets its own section; a no-op
-    when `holder` already has the field."""
-    if name in {f.name for f in fields(holder)}:
-        return
-    _rebuild(holder, [(f.name, f.type, f) for f in fields(holder)] + [(name, options, field(default_factory=options))])
-    holder.__annotations__ = {**holder.__annotations__, name: options}
-
-
-def remove_section(holder: type, name: str) -> None:
-    """Undo :func:`add_section` (an engine unregistered): every config built afterwards lacks
-    the field, so nothing pickled to an actor names the plug-in's options class. A no-op when
-    `holder` has no such field."""
-    if name not in {f.name for f in fields(holder)}:
-        return
-    _rebuild(holder, [(f.name, f.type, f) for f in fields(holder) if f.name != name])
-    holder.__annotations__ = {k: v for k, v in holder.__annotations__.items() if k != name}
-
-
-def _rebuild(holder: type, spec: list) -> None:
-    rebuilt = make_dataclass(holder.__name__, spec)
-    for attr in ("__init__", "__repr__", "__eq__", "__dataclass_fields__", "__match_args__"):
-        setattr(holder, attr, getattr(rebuilt, attr))

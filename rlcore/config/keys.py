@@ -19,12 +19,10 @@ from typing import Any
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from rlcore.config.losses import moved_loss_key
-from rlcore.config.schema import RunConfig
+from rlcore.config.nodes import ENGINE_GROUPS, schema_node
 from rlcore.engine.registry import sections
 
 ENV_ARGS = "env.args"
-ENGINE_GROUPS = ("rollout", "teacher")
-"""Sections that hold one section per engine (`rollout.vllm`, `teacher.hf`, ...)."""
 
 
 def _section_options() -> list[str]:
@@ -52,7 +50,7 @@ def _nearest(word: str, choices, prefix: str = "") -> str:
 def unknown_key(dotted: str, schema: DictConfig | None = None) -> str | None:
     """Why `dotted` (e.g. `trainer.lr`) is not a key of the schema, or None when it is (keys
     below a free-form mapping, including `env.args`, are accepted here)."""
-    node: Any = OmegaConf.structured(RunConfig) if schema is None else schema
+    node: Any = schema_node() if schema is None else schema
     moved = moved_key(dotted, node) or moved_loss_key(dotted)
     if moved:
         return moved
@@ -73,13 +71,13 @@ def unknown_key(dotted: str, schema: DictConfig | None = None) -> str | None:
 
 def unknown_keys(cfg: DictConfig) -> list[tuple[str, str]]:
     """(key, message) for every key of a composed config that the schema does not declare."""
-    schema = OmegaConf.structured(RunConfig)
+    node_schema = schema_node()
     out: list[tuple[str, str]] = []
 
     def walk(node: DictConfig, prefix: str) -> None:
         for key in node.keys():
             dotted = f"{prefix}{key}"
-            why = unknown_key(dotted, schema)
+            why = unknown_key(dotted, node_schema)
             if why:
                 out.append((dotted, why))
                 continue
@@ -127,8 +125,3 @@ def typed_env_arg_override(override: str) -> str:
     if bare.startswith(ENV_ARGS + ".") and "=" in bare and not override.startswith("~"):
         return "++" + bare
     return override
-
-
-def config_dict(cfg) -> dict[str, Any]:
-    """The resolved config as plain containers (for config.yaml, checkpoints and loggers)."""
-    return OmegaConf.to_container(OmegaConf.structured(cfg), resolve=True)

@@ -15,6 +15,7 @@ from omegaconf import MISSING
 from rlcore.config.engines import HFOptions, VLLMOptions
 from rlcore.config.lifecycle import CheckpointConfig, EvalConfig, LoggerConfig, SFTConfig
 from rlcore.config.losses import CispoOptions, DapoOptions, DrGrpoOptions, GspoOptions
+from rlcore.config.plugins import PluginSections
 from rlcore.config.teacher import TeacherConfig
 
 
@@ -127,8 +128,9 @@ class SamplingConfig:
 
 
 @dataclass
-class RolloutConfig:
-    """The rollout group: engines and how they are placed."""
+class RolloutConfig(PluginSections):
+    """The rollout group: engines and how they are placed (a plug-in engine's section,
+    `rollout.<section>.*`, is declared by its registration: :mod:`rlcore.config.plugins`)."""
 
     engine: str = "hf"
     """`hf` (transformers engine, CPU or GPU) or `vllm` (GPU only): a name in `rlcore/engine/registry.py`;

@@ -10,10 +10,11 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from rlcore.config.engines import HFOptions, VLLMOptions
+from rlcore.config.plugins import PluginSections
 
 
 @dataclass
-class TeacherConfig:
+class TeacherConfig(PluginSections):
     """A teacher group: engines that score the student's finished samples (on-policy distillation)."""
 
     enabled: bool = False

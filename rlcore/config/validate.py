@@ -1,17 +1,20 @@
-"""Whole-config validation, before Ray starts: every problem is reported as the key it is about.
+"""Whole-config validation, before the work a problem would break: every problem is reported as
+the key it is about, through the one `validate`.
 
 `validate(cfg)` raises `ConfigError` carrying every problem found (the first one names its key
-in the error's one-line `str()`); `problems(cfg)` lists the config's own problems and
-`machine_problems(cfg)` what this machine lacks for it (model source, output_dir).
-"""
+in the error's one-line `str()`); `problems(cfg)` lists the config's own problems,
+`machine_problems(cfg)` what this machine lacks for it (model source, output_dir) and
+`cluster_problems(cfg, capacity)` what the machine or Ray cluster lacks for the placed run.
+The checks of the command line around composition are :mod:`rlcore.config.overrides`."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 from rlcore import checkpoint_dirs
 from rlcore.algo import validate_algo  # the algorithm family validates its own switches
-from rlcore.config.errors import ConfigError
+from rlcore.config.errors import raise_problems
 from rlcore.config.keys import env_arg_problems
 from rlcore.config.schema import RunConfig
 from rlcore.engine.registry import engine_problems
@@ -19,7 +22,7 @@ from rlcore.envs import make_env, registered, resolve_env
 from rlcore.models.shipped import is_shipped, shipped_problems
 from rlcore.models.source import gguf_problems, model_path_problems
 from rlcore.models.vl_names import VL_MODEL_TYPES, is_vl_arch
-from rlcore.placement import PLACEMENTS
+from rlcore.placement import PLACEMENTS, placement_problems
 from rlcore.rundir import output_dir_problems
 from rlcore.teacher import config_problems as teacher_config_problems
 from rlcore.teacher import teacher_resources
@@ -321,8 +324,36 @@ def machine_problems(cfg: RunConfig) -> list[tuple[str, str]]:
     return [*model_path_problems(cfg.model.path, cfg.model.gguf_file), *output_dir_problems(cfg)]
 
 
-def validate(cfg: RunConfig) -> None:
-    """Raise ConfigError with every problem of `cfg` and of this machine for it (none: return)."""
-    found = problems(cfg) + machine_problems(cfg)
-    if found:
-        raise ConfigError(*found[0], more=found[1:])
+@dataclass(frozen=True)
+class Capacity:
+    """What a run is placed on: this machine or the Ray cluster it joined."""
+
+    cpus: float
+    """CPUs it offers."""
+    gpus: float
+    """GPUs it offers."""
+    gpu_bytes: int | None
+    """Memory of one GPU (the colocated memory plan); None: unknown, that plan is skipped."""
+    where: str
+    """How messages name it (`this machine`, `the Ray cluster`)."""
+
+
+def cluster_problems(cfg: RunConfig, on: Capacity) -> list[tuple[str, str]]:
+    """What `on` lacks for `cfg` placed on it (`rlcore.placement.resolve`): CPUs and GPUs for
+    the placement groups (`resource_problems`), then the placement's own needs (`placement_problems`)."""
+    return (resource_problems(cfg, on.cpus, on.gpus, on.where)
+            + placement_problems(cfg, on.gpus, on.gpu_bytes, on.where))
+
+
+def validate(cfg: RunConfig, on: Capacity | None = None, planned: list[tuple[str, str]] = ()) -> None:
+    """Raise ConfigError with every problem found, the first one first (none: return). The run
+    asks at each point where the facts become known, before the work they would break:
+    `validate(cfg)` right after composing: the config's own problems (`problems`) and this
+    machine's for it (`machine_problems`); `validate(cfg, on=capacity)` once the machine or
+    the Ray cluster is known: `cluster_problems`; `validate(cfg, planned=plan.problems)`: a
+    described cluster's plan (`rlcore.plan.make_plan`)."""
+    if on is not None or planned:
+        found = [*(cluster_problems(cfg, on) if on is not None else []), *planned]
+    else:
+        found = problems(cfg) + machine_problems(cfg)
+    raise_problems(found)

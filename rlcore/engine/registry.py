@@ -13,8 +13,8 @@ let the rest of rlcore ask the selected engine's section without knowing which e
 Adding an engine (SGLang, say): write a :class:`rlcore.engine.base.RolloutEngine` (and its
 options dataclass) in its own module or folder, and add one :class:`EngineSpec` line to
 ``_BUILT_IN`` below (a test or an out-of-tree plug-in calls :func:`register_engine` instead).
-Either way :func:`register_engine` adds the section to the schema; vllm's and hf's are also
-declared in `RolloutConfig` / `TeacherConfig`, where readers of the schema look for them.
+vllm's and hf's sections are fields of `RolloutConfig` / `TeacherConfig`; a plug-in's section is
+declared by :func:`register_engine` in :mod:`rlcore.config.plugins` (no class is changed).
 """
 
 from __future__ import annotations
@@ -24,7 +24,8 @@ from dataclasses import dataclass, fields, is_dataclass
 from typing import TYPE_CHECKING, Any, Callable
 
 from rlcore.config import RolloutConfig
-from rlcore.config.engines import HFOptions, VLLMOptions, add_section, remove_section
+from rlcore.config.engines import HFOptions, VLLMOptions
+from rlcore.config.plugins import add_plugin_section, remove_plugin_section
 from rlcore.config.teacher import TeacherConfig
 from rlcore.engine.vllm_checks import vllm_problems
 
@@ -91,10 +92,14 @@ def register_engine(spec: EngineSpec) -> EngineSpec:
         raise ValueError(f"engine {spec.name!r}: section and options go together, options a dataclass")
     if spec.section is not None:
         for holder in (RolloutConfig, TeacherConfig):
-            taken = {f.name: f.default_factory for f in fields(holder)}
-            if taken.get(spec.section, spec.options) is not spec.options:
+            declared = {f.name: f.default_factory for f in fields(holder)}
+            if declared.get(spec.section, spec.options) is not spec.options:
                 raise ValueError(f"engine {spec.name!r}: {holder.__name__}.{spec.section} is already another key")
-            add_section(holder, spec.section, spec.options)
+        if spec.section not in {f.name for f in fields(RolloutConfig)}:
+            try:
+                add_plugin_section(spec.section, spec.options)
+            except ValueError as exc:
+                raise ValueError(f"engine {spec.name!r}: {exc}") from None
     _ENGINES[spec.name] = spec
     return spec
 
@@ -104,8 +109,7 @@ def unregister_engine(name: str) -> None:
     clean-up: a section left in the schema is carried, and pickled, by every later config)."""
     spec = _ENGINES.pop(name, None)
     if spec is not None and spec.section is not None and spec.section not in {s.section for s in _ENGINES.values()}:
-        for holder in (RolloutConfig, TeacherConfig):
-            remove_section(holder, spec.section)
+        remove_plugin_section(spec.section)
 
 
 for _spec in _BUILT_IN:
