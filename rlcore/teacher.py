@@ -12,6 +12,7 @@ import dataclasses
 import json
 from pathlib import Path
 
+from rlcore.algo.registry import is_per_sequence
 from rlcore.config import ModelConfig, RunConfig
 from rlcore.engine.registry import (
     engine_names,
@@ -132,9 +133,9 @@ def config_problems(cfg: RunConfig) -> list[tuple[str, str]]:
             out.append((f"teacher.{key}", f"must be >= 0, got {value!r}"))
     if t.kl_coef == 0 and t.reward_coef == 0:
         out.append(("teacher.kl_coef", "kl_coef and reward_coef are both 0: nothing to train on"))
-    if t.kl_coef > 0 and cfg.algo.loss == "gspo":
+    if t.kl_coef > 0 and is_per_sequence(cfg.algo.loss):
         out.append(("teacher.kl_coef", "per-token distillation advantages need a token-level loss; "
-                    "algo.loss=gspo uses one ratio per sequence"))
+                    f"algo.loss={cfg.algo.loss} uses one ratio per sequence"))
     if not out:
         out.extend(tokenizer_problems(cfg))
     return out

@@ -14,7 +14,7 @@ from omegaconf import OmegaConf
 
 from rlcore.algo import validate_algo
 from rlcore.algo.losses import LOSSES, LossInputs, loss_normalizer, policy_loss, ppo_clip_loss
-from rlcore.config import AlgoConfig
+from rlcore.config import AlgoConfig, CispoOptions, DapoOptions, DrGrpoOptions, GspoOptions
 
 LN = math.log
 
@@ -153,7 +153,7 @@ def test_dr_grpo_sums_tokens_over_a_constant():
     close(loss, -0.3 / 16)
     close(grad, [-1 / 16, 0.0, 0.0, 1.1 / 16])
     # an explicit constant wins over the generation budget
-    assert loss_normalizer(AlgoConfig(loss="dr_grpo", dr_grpo_max_tokens=100), 4, 2, 8) == 200.0
+    assert loss_normalizer(AlgoConfig(loss="dr_grpo", dr_grpo=DrGrpoOptions(max_tokens=100)), 4, 2, 8) == 200.0
 
 
 def test_loss_normalizer_per_loss():
@@ -198,7 +198,7 @@ def gspo_inputs():
 
 
 def test_gspo_sequence_ratio_clip_and_gradient():
-    cfg = AlgoConfig(loss="gspo", gspo_clip_eps_low=0.2, gspo_clip_eps_high=0.2)
+    cfg = AlgoConfig(loss="gspo", gspo=GspoOptions(clip_eps_low=0.2, clip_eps_high=0.2))
     # s0 = e^0.2 = 1.221403 > 1.2 with A = +1: clipped, J0 = 1.2, no gradient
     # s1 = e^-0.1 = 0.904837 in [0.8, 1.2] with A = -1: J1 = -0.904837
     # loss = -(J0 + J1) / N, N = 2 samples
@@ -245,7 +245,7 @@ def test_cispo_stop_gradient_weight():
 def test_cispo_lower_bound_when_set():
     # eps_low 0.5 -> weight >= 0.5: r = 0.2 with A = 1 gets weight 0.5, grad -0.5
     inp = make([-1.0], [0.2], [1.0])
-    _, grad, m = grad_of(inp, AlgoConfig(loss="cispo", cispo_eps_low=0.5), 1.0)
+    _, grad, m = grad_of(inp, AlgoConfig(loss="cispo", cispo=CispoOptions(eps_low=0.5)), 1.0)
     close(grad, [-0.5])
     close(m["clip_frac"], 1.0)
 
@@ -392,11 +392,11 @@ def test_defaults_are_valid():
         ({"clip_eps_low": -0.1}, "algo.clip_eps_low", "[0.0, 1.0]"),
         ({"clip_eps_high": -0.1}, "algo.clip_eps_high", ">= 0"),
         ({"clip_eps_high": math.nan}, "algo.clip_eps_high", ">= 0"),
-        ({"dapo_clip_eps_high": -1.0}, "algo.dapo_clip_eps_high", ">= 0"),
-        ({"gspo_clip_eps_low": 2.0}, "algo.gspo_clip_eps_low", "[0.0, 1.0]"),
-        ({"cispo_eps_high": -1.0}, "algo.cispo_eps_high", ">= 0"),
+        ({"dapo": DapoOptions(clip_eps_high=-1.0)}, "algo.dapo.clip_eps_high", ">= 0"),
+        ({"gspo": GspoOptions(clip_eps_low=2.0)}, "algo.gspo.clip_eps_low", "[0.0, 1.0]"),
+        ({"cispo": CispoOptions(eps_high=-1.0)}, "algo.cispo.eps_high", ">= 0"),
         ({"loss": "dr_grpo"}, "algo.std_normalize", "std_normalize=false"),
-        ({"dr_grpo_max_tokens": -1}, "algo.dr_grpo_max_tokens", ">= 0"),
+        ({"dr_grpo": DrGrpoOptions(max_tokens=-1)}, "algo.dr_grpo.max_tokens", ">= 0"),
         ({"tis_cap": 0.5}, "algo.tis_cap", ">= 1"),
         ({"mis_level": "batch"}, "algo.mis_level", "token, sequence"),
         ({"mis_low": 1.5}, "algo.mis_low", "[0.0, 1.0]"),

@@ -3,6 +3,16 @@
 All take ``rewards`` of shape ``[G, n]`` (G groups of n samples of the same task) and return
 per-sample advantages of the same shape; the trainer broadcasts them over the sample's tokens.
 
+The contract of an estimator that ``algo.name`` selects (:mod:`rlcore.algo.registry`: a built-in
+name or ``algo.name=pkg.mod:fn``) is::
+
+    advantages = estimate(rewards, cfg)
+
+``rewards`` ``[G, n]`` float (already shaped by the length penalty), ``cfg`` the run's
+``AlgoConfig``; it returns float advantages ``[G, n]``, one per sample. It runs on the driver,
+on CPU tensors, once per step over the whole batch when its groups have equal sizes, else once
+per group (``G = 1``), so a batch-level statistic must not assume a fixed ``G``.
+
 Optional reward shaping by completion length (``cfg.length_penalty``) is applied to the rewards
 before any baseline, so the penalty is itself made group-relative, as in DAPO.
 """
@@ -11,7 +21,7 @@ from __future__ import annotations
 
 import torch
 
-from rlcore.algo.names import ESTIMATORS
+from rlcore.algo.registry import estimator_spec, function
 from rlcore.config import AlgoConfig
 
 _EPS = 1e-6
@@ -67,6 +77,21 @@ def reinforce_pp_baseline_advantages(rewards: torch.Tensor, eps: float = _EPS) -
     """
     centred = rewards - group_mean(rewards)
     return (centred - centred.mean()) / (centred.std(unbiased=False) + eps)
+
+
+def grpo_estimator(rewards: torch.Tensor, cfg: AlgoConfig) -> torch.Tensor:
+    """``algo.name=grpo``: :func:`grpo_advantages` with ``algo.std_normalize``."""
+    return grpo_advantages(rewards, std_normalize=cfg.std_normalize)
+
+
+def rloo_estimator(rewards: torch.Tensor, cfg: AlgoConfig) -> torch.Tensor:
+    """``algo.name=rloo``: :func:`rloo_advantages`."""
+    return rloo_advantages(rewards)
+
+
+def reinforce_pp_baseline_estimator(rewards: torch.Tensor, cfg: AlgoConfig) -> torch.Tensor:
+    """``algo.name=reinforce_pp_baseline``: :func:`reinforce_pp_baseline_advantages`."""
+    return reinforce_pp_baseline_advantages(rewards)
 
 
 def overlong_penalty(
@@ -136,20 +161,18 @@ def nonzero_advantage_groups(rewards: torch.Tensor, atol: float = 0.0) -> torch.
 def compute_advantages(
     rewards: torch.Tensor, cfg: AlgoConfig, lengths: torch.Tensor | None = None
 ) -> torch.Tensor:
-    """Dispatch on ``cfg.name`` after shaping the rewards with ``cfg.length_penalty``.
+    """The estimator ``cfg.name`` selects, on the rewards shaped by ``cfg.length_penalty``.
 
     ``rewards`` ``[G, n]``; ``lengths`` ``[G, n]`` completion lengths, needed only when a length
     penalty is configured. Returns float advantages ``[G, n]``.
     """
+    spec = estimator_spec(cfg.name)
     if not rewards.is_floating_point():
         rewards = rewards.to(torch.float32)
     rewards = shaped_rewards(rewards, cfg, lengths)
-    if cfg.name == "grpo":
-        return grpo_advantages(rewards, std_normalize=cfg.std_normalize)
-    if cfg.name == "rloo":
-        return rloo_advantages(rewards)
-    if cfg.name == "reinforce_pp_baseline":
-        return reinforce_pp_baseline_advantages(rewards)
-    raise ValueError(
-        f"algo.name: unknown advantage estimator {cfg.name!r}; choose one of {', '.join(ESTIMATORS)}"
-    )
+    advantages = function(spec.estimate, "algo.name")(rewards, cfg)
+    if not isinstance(advantages, torch.Tensor) or advantages.shape != rewards.shape:
+        got = tuple(advantages.shape) if isinstance(advantages, torch.Tensor) else type(advantages).__name__
+        raise ValueError(f"algo.name={spec.name}: the estimator returned {got}, expected a tensor of the "
+                         f"rewards' shape {tuple(rewards.shape)}")
+    return advantages

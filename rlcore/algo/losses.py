@@ -16,11 +16,15 @@ gradient is trusted, and the regularisers are valid on any token.
 
 ``normalizer`` is the same number on every micro-batch and rank of one optimizer step, so that
 gradient accumulation over micro-batches and the FSDP mean over ranks add up to the objective
-over the global batch; :func:`loss_normalizer` gives it for ``cfg.loss``:
+over the global batch; :func:`loss_normalizer` gives it for ``cfg.loss`` (its spec's
+``normalizer``, :mod:`rlcore.algo.registry`):
 
-- ``ppo_clip``, ``dapo``, ``cispo``: the number of loss tokens in the global batch (token mean);
+- ``ppo_clip``, ``dapo``, ``cispo`` and a loss given by path: the number of loss tokens in the
+  global batch (token mean);
 - ``dr_grpo``: ``num_samples * max_tokens``, a constant that does not depend on the lengths;
 - ``gspo``: the number of samples in the global batch (sequence mean).
+
+The surrogates ``l_t`` and the contract of a loss function are in :mod:`rlcore.algo.surrogates`.
 
 Metrics: names ending in ``_frac`` or ``_sum`` are token sums over the micro-batch's loss
 tokens (the caller adds them over micro-batches and ranks and divides by the loss-token
@@ -36,10 +40,12 @@ import torch
 from torch import Tensor
 
 from rlcore.algo.corrections import mismatch_correction, uses_old_ratio
-from rlcore.algo.tokens import masked_max, masked_min, masked_sum, per_sample_count, per_sample_mean
+from rlcore.algo.registry import LossSpec, function, loss_spec
+from rlcore.algo.surrogates import SurrogateContext
+from rlcore.algo.tokens import masked_max, masked_min, masked_sum, per_sample_count
 from rlcore.config import AlgoConfig
 
-from rlcore.algo.names import LOSSES  # noqa: F401  (re-exported)
+from rlcore.algo.registry import LOSSES  # noqa: F401  (re-exported)
 
 
 @dataclass
@@ -67,147 +73,14 @@ class LossInputs:
     ``algo.entropy_coef > 0``."""
 
 
-# ---- per-token surrogates ------------------------------------------------------------------------
-
-_Surrogate = tuple[Tensor, Tensor, Tensor]
-"""(loss_t, clipped_t, ratio_t), all ``[T]``: per-token loss, bool 'the clip acted', policy ratio."""
-
-
-@dataclass
-class _Context:
-    """What some surrogates need besides the log-ratio and advantages."""
-
-    mask: Tensor
-    """Bool loss mask."""
-    sample_index: Tensor | None
-    """Token -> sample of the micro-batch (gspo)."""
-    logprobs: Tensor
-    """Current logprobs with grad, zero off the mask (cispo)."""
-
-
-def clipped_surrogate(log_ratio: Tensor, adv: Tensor, eps_low: float, eps_high: float) -> _Surrogate:
-    """PPO's clipped surrogate, per token: ``max(-A r, -A clip(r, 1 - eps_low, 1 + eps_high))``.
-
-    ``clipped`` marks tokens where the clipped branch is the larger one, i.e. whose gradient the
-    clip removes (``r > 1 + eps_high`` with ``A > 0``, or ``r < 1 - eps_low`` with ``A < 0``).
-    """
-    ratio = torch.exp(log_ratio)
-    clipped_ratio = ratio.clamp(1.0 - eps_low, 1.0 + eps_high)
-    unclipped_loss = -adv * ratio
-    clipped_loss = -adv * clipped_ratio
-    return torch.maximum(unclipped_loss, clipped_loss), clipped_loss > unclipped_loss, ratio
-
-
-def ppo_clip_surrogate(log_ratio: Tensor, adv: Tensor, cfg: AlgoConfig, ctx: _Context) -> _Surrogate:
-    """Token-level clipped policy gradient (PPO, Schulman et al. 2017, arXiv:1707.06347; GRPO,
-    Shao et al. 2024, arXiv:2402.03300, applies it per token). With ``r_t = exp(logp_t - logp_anchor_t)``::
-
-        l_t = max(-A_t r_t, -A_t clip(r_t, 1 - clip_eps_low, 1 + clip_eps_high))
-
-    normalised by the global loss-token count (a token mean over the batch, as DAPO recommends,
-    rather than GRPO's original mean of per-sample means, which under-weights long samples).
-    The anchor is the behaviour logprobs, so the ratio also corrects the off-policy gap of
-    asynchronous generation; with truncated IS on it is the trainer's old logprobs.
-    """
-    return clipped_surrogate(log_ratio, adv, cfg.clip_eps_low, cfg.clip_eps_high)
-
-
-def dr_grpo_surrogate(log_ratio: Tensor, adv: Tensor, cfg: AlgoConfig, ctx: _Context) -> _Surrogate:
-    """Dr.GRPO (Liu et al. 2025, "Understanding R1-Zero-Like Training", arXiv:2503.20783).
-
-    Same per-token clipped surrogate as ``ppo_clip`` (``clip_eps_low/high``), but GRPO's two
-    length- and difficulty-dependent normalisations are removed: no ``1/|y_i|`` (the loss is a
-    plain token *sum*) and no reward std (set ``algo.std_normalize=false``)::
-
-        loss = sum_i sum_t l_it / (num_samples * L)
-
-    ``L`` is a constant (the generation budget, ``dr_grpo_max_tokens`` or ``max_new_tokens``,
-    as in the paper's code) that only fixes the scale; :func:`loss_normalizer` returns
-    ``num_samples * L`` as the ``normalizer``. A token's weight then depends neither on its own
-    sample's length (GRPO's per-sample mean favours short correct and long wrong answers) nor on
-    the lengths of the rest of the batch (as a token mean's would).
-    """
-    return clipped_surrogate(log_ratio, adv, cfg.clip_eps_low, cfg.clip_eps_high)
-
-
-def dapo_surrogate(log_ratio: Tensor, adv: Tensor, cfg: AlgoConfig, ctx: _Context) -> _Surrogate:
-    """DAPO's clip-higher token-level loss (Yu et al. 2025, arXiv:2503.14476)::
-
-        l_t = max(-A_t r_t, -A_t clip(r_t, 1 - clip_eps_low, 1 + dapo_clip_eps_high))
-
-    with a larger upper clip (0.28 vs 0.2) so that low-probability tokens with positive
-    advantage can grow, which keeps entropy from collapsing; normalised by the global
-    loss-token count. DAPO's other parts live elsewhere: dynamic sampling is
-    ``algo.filter_zero_adv_groups`` and the overlong penalty ``algo.length_penalty=overlong``.
-    """
-    return clipped_surrogate(log_ratio, adv, cfg.clip_eps_low, cfg.dapo_clip_eps_high)
-
-
-def gspo_surrogate(log_ratio: Tensor, adv: Tensor, cfg: AlgoConfig, ctx: _Context) -> _Surrogate:
-    """GSPO (Zheng et al. 2025, "Group Sequence Policy Optimization", arXiv:2507.18071).
-
-    The importance ratio is per *sequence*: the geometric mean of its token ratios, and the clip
-    acts on it, so a sample is kept or clipped as a whole::
-
-        s_i = exp( (1/|y_i|) sum_t log r_it )
-        J_i = min(s_i A_i, clip(s_i, 1 - gspo_clip_eps_low, 1 + gspo_clip_eps_high) A_i)
-        loss = -(1/N) sum_i J_i
-
-    Here ``l_t = -J_i`` on every token of sample i and the aggregation weight ``1/|y_i|`` makes the
-    sample's tokens add up to ``-J_i``; :func:`loss_normalizer` gives ``N`` (samples). The
-    gradient, ``s_i A_i (1/|y_i|) sum_t grad log pi(y_it)``, equals that of the paper's
-    GSPO-token form when the advantage is constant over the sample.
-    """
-    if ctx.sample_index is None:
-        raise ValueError("algo.loss=gspo needs LossInputs.sample_index (token -> sample of the micro-batch)")
-    seq_log_ratio = per_sample_mean(log_ratio, ctx.sample_index, ctx.mask)
-    return clipped_surrogate(seq_log_ratio, adv, cfg.gspo_clip_eps_low, cfg.gspo_clip_eps_high)
-
-
-def cispo_surrogate(log_ratio: Tensor, adv: Tensor, cfg: AlgoConfig, ctx: _Context) -> _Surrogate:
-    """CISPO (MiniMax-M1, MiniMax 2025, arXiv:2506.13585, eq. 4).
-
-    Clip the importance *weight* and stop its gradient, instead of clipping the update::
-
-        l_t = -sg(clip(r_t, 1 - cispo_eps_low, 1 + cispo_eps_high)) * A_t * log pi(y_t)
-
-    so ``grad l_t = -clip(r_t) A_t grad log pi(y_t)``: every token keeps a gradient (PPO drops the
-    clipped ones, often the rare "reflective" tokens), with a bounded weight. Normalised by the
-    global loss-token count, as in the paper. ``clipped`` marks tokens whose weight was clipped.
-    """
-    ratio = torch.exp(log_ratio).detach()
-    low, high = 1.0 - cfg.cispo_eps_low, 1.0 + cfg.cispo_eps_high
-    weight = ratio.clamp(low, high)
-    return -weight * adv * ctx.logprobs, (ratio < low) | (ratio > high), ratio
-
-
-_SURROGATES = {
-    "ppo_clip": ppo_clip_surrogate,
-    "dr_grpo": dr_grpo_surrogate,
-    "dapo": dapo_surrogate,
-    "gspo": gspo_surrogate,
-    "cispo": cispo_surrogate,
-}
-
-
 def loss_normalizer(cfg: AlgoConfig, num_tokens: int, num_samples: int, max_new_tokens: int = 0) -> float:
     """The ``normalizer`` to pass to :func:`policy_loss` for ``cfg.loss``, from global-batch counts.
 
     ``num_tokens``: loss tokens in the global batch (all ranks, all micro-batches);
     ``num_samples``: samples in it; ``max_new_tokens``: the generation budget, used by
-    ``dr_grpo`` when ``cfg.dr_grpo_max_tokens`` is 0. At least 1, so an empty batch gives loss 0.
+    ``dr_grpo`` when ``cfg.dr_grpo.max_tokens`` is 0. At least 1, so an empty batch gives loss 0.
     """
-    if cfg.loss == "dr_grpo":
-        per_sample = cfg.dr_grpo_max_tokens or max_new_tokens
-        if per_sample <= 0:
-            raise ValueError("algo.loss=dr_grpo needs algo.dr_grpo_max_tokens or max_new_tokens > 0")
-        value = num_samples * per_sample
-    elif cfg.loss == "gspo":
-        value = num_samples
-    elif cfg.loss in LOSSES:
-        value = num_tokens
-    else:
-        raise ValueError(f"algo.loss: unknown policy loss {cfg.loss!r}; choose one of {', '.join(LOSSES)}")
+    value = loss_spec(cfg.loss).normalizer(cfg, num_tokens, num_samples, max_new_tokens)
     return float(max(value, 1))
 
 
@@ -234,19 +107,20 @@ def policy_loss(inp: LossInputs, cfg: AlgoConfig, normalizer: float) -> tuple[Te
     :func:`~rlcore.algo.corrections.mismatch_correction` (``mismatch_kl_sum`` always),
     ``kl_ref_sum`` and ``entropy_sum`` when those terms are on.
     """
-    return _policy_loss(inp, cfg, normalizer, cfg.loss)
+    return _policy_loss(inp, cfg, normalizer, loss_spec(cfg.loss))
 
 
 def ppo_clip_loss(inp: LossInputs, cfg: AlgoConfig, normalizer: float) -> tuple[Tensor, dict[str, Tensor]]:
     """:func:`policy_loss` with the ``ppo_clip`` surrogate whatever ``cfg.loss`` says."""
-    return _policy_loss(inp, cfg, normalizer, "ppo_clip")
+    return _policy_loss(inp, cfg, normalizer, loss_spec("ppo_clip"))
 
 
 def _policy_loss(
-    inp: LossInputs, cfg: AlgoConfig, normalizer: float, loss_name: str
+    inp: LossInputs, cfg: AlgoConfig, normalizer: float, spec: LossSpec
 ) -> tuple[Tensor, dict[str, Tensor]]:
-    if loss_name not in _SURROGATES:
-        raise ValueError(f"algo.loss: unknown policy loss {loss_name!r}; choose one of {', '.join(LOSSES)}")
+    surrogate = function(spec.surrogate, "algo.loss")
+    if spec.per_sequence and inp.sample_index is None:
+        raise ValueError(f"algo.loss={spec.name} needs LossInputs.sample_index (token -> sample of the micro-batch)")
     if isinstance(normalizer, (int, float)):
         if normalizer < 0:
             raise ValueError(f"normalizer must be >= 0, got {normalizer}")
@@ -262,12 +136,16 @@ def _policy_loss(
     # Zero everything off the loss mask: prompt/env positions may hold any logprob, and an inf
     # there would turn 0 * inf into nan in the forward or the backward pass.
     log_ratio = torch.where(mask, logprobs - anchor, 0.0)
-    ctx = _Context(mask=mask, sample_index=inp.sample_index, logprobs=torch.where(mask, logprobs, 0.0))
+    ctx = SurrogateContext(mask=mask, sample_index=inp.sample_index, logprobs=torch.where(mask, logprobs, 0.0))
     adv = torch.where(mask, inp.advantages.float(), 0.0)
 
-    per_token, clipped, ratio = _SURROGATES[loss_name](log_ratio, adv, cfg, ctx)
-    # Aggregation weight: gspo averages over each sample's tokens, the others sum over tokens.
-    if loss_name == "gspo":
+    per_token, clipped, ratio = surrogate(log_ratio, adv, cfg, ctx)
+    shapes = [tuple(t.shape) for t in (per_token, clipped, ratio)]
+    if any(shape != tuple(log_ratio.shape) for shape in shapes):
+        raise ValueError(f"algo.loss={spec.name}: the surrogate returned shapes {shapes}, "
+                         f"expected three of [T] = {tuple(log_ratio.shape)}")
+    # Aggregation weight: a sequence-level loss averages over each sample's tokens, the others sum.
+    if spec.per_sequence:
         agg = 1.0 / per_sample_count(inp.sample_index, mask)
     else:
         agg = torch.ones_like(per_token)

@@ -6,57 +6,20 @@ config validator can report every problem at once and name the key.
 
 from __future__ import annotations
 
-from rlcore.algo.names import ESTIMATORS, LENGTH_PENALTIES, LOSSES, MIS_LEVELS
+from rlcore.algo.checks import Problem, at_least, between, choice, clip_eps
+from rlcore.algo.names import LENGTH_PENALTIES, MIS_LEVELS
+from rlcore.algo.registry import estimator_problems, loss_problems
 from rlcore.config import AlgoConfig
-
-Problem = tuple[str, str]
-
-
-def _choice(key: str, value: str, choices: tuple[str, ...], what: str) -> list[Problem]:
-    if value in choices:
-        return []
-    return [(key, f"unknown {what} {value!r}; choose one of {', '.join(choices)}")]
-
-
-def _at_least(key: str, value: float, low: float, why: str = "") -> list[Problem]:
-    # Written as `not (value >= low)` so that nan fails too.
-    if not (value >= low):
-        return [(key, f"must be >= {low}, got {value}{'; ' + why if why else ''}")]
-    return []
-
-
-def _between(key: str, value: float, low: float, high: float, why: str = "") -> list[Problem]:
-    if not (low <= value <= high):
-        return [(key, f"must be in [{low}, {high}], got {value}{'; ' + why if why else ''}")]
-    return []
-
-
-def _clip_eps(prefix: str, low: float, high: float) -> list[Problem]:
-    """A ratio clip ``[1 - low, 1 + high]``: ``low`` in [0, 1] (1 = no lower bound), ``high`` >= 0."""
-    return _between(f"algo.{prefix}_low", low, 0.0, 1.0, "the lower clip 1 - eps must stay >= 0") + _at_least(
-        f"algo.{prefix}_high", high, 0.0
-    )
 
 
 def _objective(cfg: AlgoConfig) -> list[Problem]:
-    problems = _choice("algo.name", cfg.name, ESTIMATORS, "advantage estimator")
-    problems += _choice("algo.loss", cfg.loss, LOSSES, "loss")
-    problems += _at_least("algo.group_size", cfg.group_size, 2, "advantages are relative within a group")
-    problems += _at_least("algo.batch_groups", cfg.batch_groups, 1)
-    problems += _clip_eps("clip_eps", cfg.clip_eps_low, cfg.clip_eps_high)
-    problems += _at_least("algo.dapo_clip_eps_high", cfg.dapo_clip_eps_high, 0.0)
-    problems += _clip_eps("gspo_clip_eps", cfg.gspo_clip_eps_low, cfg.gspo_clip_eps_high)
-    problems += _clip_eps("cispo_eps", cfg.cispo_eps_low, cfg.cispo_eps_high)
-    problems += _at_least("algo.dr_grpo_max_tokens", cfg.dr_grpo_max_tokens, 0)
-    if cfg.loss == "dr_grpo" and cfg.name == "grpo" and cfg.std_normalize:
-        problems.append(
-            (
-                "algo.std_normalize",
-                "Dr.GRPO removes the std normalisation: set algo.std_normalize=false with algo.loss=dr_grpo",
-            )
-        )
-    problems += _at_least("algo.kl_coef", cfg.kl_coef, 0.0)
-    problems += _at_least("algo.entropy_coef", cfg.entropy_coef, 0.0)
+    problems = estimator_problems(cfg)
+    problems += loss_problems(cfg)  # the selected loss, and each loss's own section
+    problems += at_least("algo.group_size", cfg.group_size, 2, "advantages are relative within a group")
+    problems += at_least("algo.batch_groups", cfg.batch_groups, 1)
+    problems += clip_eps("algo.clip_eps", cfg.clip_eps_low, cfg.clip_eps_high)
+    problems += at_least("algo.kl_coef", cfg.kl_coef, 0.0)
+    problems += at_least("algo.entropy_coef", cfg.entropy_coef, 0.0)
     return problems
 
 
@@ -69,15 +32,15 @@ def _corrections(cfg: AlgoConfig) -> list[Problem]:
                 f"must be 0 (off) or >= 1, got {cfg.tis_cap}; a cap below 1 down-weights on-policy tokens",
             )
         )
-    problems += _choice("algo.mis_level", cfg.mis_level, MIS_LEVELS, "masked-IS level")
-    problems += _between("algo.mis_low", cfg.mis_low, 0.0, 1.0, "an on-policy token (ratio 1) must be kept")
-    problems += _at_least("algo.mis_high", cfg.mis_high, 1.0, "an on-policy token (ratio 1) must be kept")
-    problems += _between("algo.prob_diff_threshold", cfg.prob_diff_threshold, 0.0, 1.0, "0 is off")
+    problems += choice("algo.mis_level", cfg.mis_level, MIS_LEVELS, "masked-IS level")
+    problems += between("algo.mis_low", cfg.mis_low, 0.0, 1.0, "an on-policy token (ratio 1) must be kept")
+    problems += at_least("algo.mis_high", cfg.mis_high, 1.0, "an on-policy token (ratio 1) must be kept")
+    problems += between("algo.prob_diff_threshold", cfg.prob_diff_threshold, 0.0, 1.0, "0 is off")
     return problems
 
 
 def _length_penalty(cfg: AlgoConfig) -> list[Problem]:
-    problems = _choice("algo.length_penalty", cfg.length_penalty, LENGTH_PENALTIES, "length penalty")
+    problems = choice("algo.length_penalty", cfg.length_penalty, LENGTH_PENALTIES, "length penalty")
     if cfg.length_penalty == "overlong":
         if not cfg.overlong_max_tokens > 0:
             problems.append(
@@ -94,7 +57,7 @@ def _length_penalty(cfg: AlgoConfig) -> list[Problem]:
                     f"with algo.length_penalty=overlong, got {cfg.overlong_buffer_tokens}",
                 )
             )
-        problems += _at_least("algo.overlong_penalty", cfg.overlong_penalty, 0.0)
+        problems += at_least("algo.overlong_penalty", cfg.overlong_penalty, 0.0)
     if cfg.length_penalty == "linear" and not cfg.length_penalty_per_token > 0:
         problems.append(("algo.length_penalty_per_token", "must be > 0 with algo.length_penalty=linear"))
     return problems

@@ -9,6 +9,7 @@ validator, so importing a schema class stays cheap and free of import cycles.
 from rlcore.config.engines import HFOptions, VLLMOptions
 from rlcore.config.errors import ConfigError
 from rlcore.config.lifecycle import CheckpointConfig, EvalConfig, LoggerConfig, SFTConfig
+from rlcore.config.losses import CispoOptions, DapoOptions, DrGrpoOptions, GspoOptions
 from rlcore.config.schema import (
     AlgoConfig,
     ClusterConfig,
@@ -23,7 +24,8 @@ from rlcore.config.schema import (
 from rlcore.config.teacher import TeacherConfig
 
 __all__ = [
-    "AlgoConfig", "CheckpointConfig", "ClusterConfig", "ConfigError", "EnvConfig", "EvalConfig",
+    "AlgoConfig", "CheckpointConfig", "CispoOptions", "ClusterConfig", "ConfigError", "DapoOptions",
+    "DrGrpoOptions", "EnvConfig", "EvalConfig", "GspoOptions",
     "HFOptions", "LoRAConfig", "LoggerConfig", "ModelConfig", "RolloutConfig", "RunConfig",
     "SFTConfig", "SamplingConfig", "TeacherConfig", "TrainerConfig", "VLLMOptions",
 ]

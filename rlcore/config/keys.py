@@ -5,7 +5,8 @@ environment's constructor. A misspelt key is reported with the nearest valid one
 Free-form mappings (`model.arch`, `model.processor`, `rollout.vllm.engine_kwargs`, `env.args.env_kwargs`)
 are passed through to transformers / vLLM / the user's code and are not checked here. An engine's
 option written at the top of `rollout` / `teacher` (the old flat `rollout.sleep_level`) is refused
-with the key it moved to (`rollout.vllm.sleep_level`).
+with the key it moved to (`rollout.vllm.sleep_level`), and so is a loss's option at its old flat
+key (`algo.dapo_clip_eps_high` -> `algo.dapo.clip_eps_high`).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from typing import Any
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
+from rlcore.config.losses import moved_loss_key
 from rlcore.config.nodes import ENGINE_GROUPS, schema_node
 from rlcore.engine.registry import sections
 
@@ -49,7 +51,7 @@ def unknown_key(dotted: str, schema: DictConfig | None = None) -> str | None:
     """Why `dotted` (e.g. `trainer.lr`) is not a key of the schema, or None when it is (keys
     below a free-form mapping, including `env.args`, are accepted here)."""
     node: Any = schema_node() if schema is None else schema
-    moved = moved_key(dotted, node)
+    moved = moved_key(dotted, node) or moved_loss_key(dotted)
     if moved:
         return moved
     done: list[str] = []

@@ -14,6 +14,7 @@ from omegaconf import MISSING
 
 from rlcore.config.engines import HFOptions, VLLMOptions
 from rlcore.config.lifecycle import CheckpointConfig, EvalConfig, LoggerConfig, SFTConfig
+from rlcore.config.losses import CispoOptions, DapoOptions, DrGrpoOptions, GspoOptions
 from rlcore.config.plugins import PluginSections
 from rlcore.config.teacher import TeacherConfig
 
@@ -179,9 +180,11 @@ class AlgoConfig:
     """The RL objective and its advantage estimator."""
 
     name: str = "grpo"
-    """Advantage estimator: `grpo`, `rloo` or `reinforce_pp_baseline` (see rlcore/algo/advantages.py)."""
+    """Advantage estimator: `grpo`, `rloo`, `reinforce_pp_baseline` (rlcore/algo/advantages.py) or
+    `pkg.mod:fn`, a function outside the package (rlcore/algo/registry.py)."""
     loss: str = "ppo_clip"
-    """Policy loss: `ppo_clip`, `dr_grpo`, `dapo`, `gspo` or `cispo` (see rlcore/algo/losses.py)."""
+    """Policy loss: `ppo_clip`, `dr_grpo`, `dapo`, `gspo`, `cispo` (rlcore/algo/surrogates.py) or
+    `pkg.mod:fn`, a surrogate outside the package (rlcore/algo/registry.py)."""
     group_size: int = 8
     """Samples per task; advantages are relative within a group."""
     batch_groups: int = 8
@@ -189,21 +192,17 @@ class AlgoConfig:
     std_normalize: bool = True
     """Divide group-relative advantages by the group's reward std (`grpo` only); false gives Dr.GRPO."""
     clip_eps_low: float = 0.2
-    """Lower clip of the importance ratio: ratio >= 1 - clip_eps_low."""
+    """Lower clip of the importance ratio: ratio >= 1 - clip_eps_low (ppo_clip, dr_grpo, dapo)."""
     clip_eps_high: float = 0.2
-    """Upper clip of the importance ratio: ratio <= 1 + clip_eps_high."""
-    dapo_clip_eps_high: float = 0.28
-    """Upper ratio clip of loss `dapo` (clip-higher, DAPO's 0.28); its lower clip is clip_eps_low."""
-    gspo_clip_eps_low: float = 3e-4
-    """Lower clip of loss `gspo`'s sequence ratio (GSPO paper: 3e-4)."""
-    gspo_clip_eps_high: float = 4e-4
-    """Upper clip of loss `gspo`'s sequence ratio (GSPO paper: 4e-4)."""
-    cispo_eps_low: float = 1.0
-    """Loss `cispo`: IS weight >= 1 - cispo_eps_low (1.0 = no lower bound, as in MiniMax-M1)."""
-    cispo_eps_high: float = 3.0
-    """Loss `cispo`: IS weight <= 1 + cispo_eps_high (3.0 caps the weight at 4)."""
-    dr_grpo_max_tokens: int = 0
-    """Loss `dr_grpo`: constant per-sample token normaliser; 0 = rollout.sampling.max_new_tokens."""
+    """Upper clip of the importance ratio: ratio <= 1 + clip_eps_high (ppo_clip, dr_grpo)."""
+    dr_grpo: DrGrpoOptions = field(default_factory=DrGrpoOptions)
+    """Loss `dr_grpo`'s own options (rlcore/config/losses.py)."""
+    dapo: DapoOptions = field(default_factory=DapoOptions)
+    """Loss `dapo`'s own options."""
+    gspo: GspoOptions = field(default_factory=GspoOptions)
+    """Loss `gspo`'s own options."""
+    cispo: CispoOptions = field(default_factory=CispoOptions)
+    """Loss `cispo`'s own options."""
     tis_cap: float = 0.0
     """Truncated IS cap C (0 = off): weight tokens by min(p_old/p_behaviour, C), ratio vs old logprobs."""
     mis_level: str = "none"
