@@ -60,11 +60,12 @@ def test_write_outside_blocked(sandbox, tmp_path):
 
 
 def test_readonly_filesystem_blocks_any_program(sandbox):
-    target = f"/tmp/rlcore-escape-{uuid.uuid4().hex}"
-    r = sandbox.run(["sh", "-c", f"echo x > {target}; echo y > inside.txt"])
+    # host /tmp is not in the sandbox at all; the system paths that are, are read-only
+    target, system = f"/tmp/rlcore-escape-{uuid.uuid4().hex}", f"/usr/rlcore-escape-{uuid.uuid4().hex}"
+    r = sandbox.run(["sh", "-c", f"echo x > {target}; echo x > {system}; echo y > inside.txt"])
     assert "Read-only file system" in r.stderr and r.files == {"inside.txt": "y\n"}
     assert r.reason == "sandbox_violation"
-    assert not os.path.exists(target)
+    assert not os.path.exists(target) and not os.path.exists(system)
 
 
 def test_paths_must_stay_inside(sandbox):

@@ -99,7 +99,8 @@ def parse_summary(stdout: str) -> dict | None:
 @register("mini_swe")
 class MiniSWE(ToolEnvironment):
     """Args: `functions` (per repo), `bugs` (how many of them are broken), `sandbox`,
-    `sandbox_isolation` (`namespaces` or `weak`), `test_timeout_s`, `memory_mb`, `demo_noise`
+    `sandbox_isolation` (`namespaces` or `weak`), `test_timeout_s`, `memory_mb`, `disk_mb` (the
+    work directory's quota), `demo_noise`
     (the demonstrator's share of tasks it leaves unfixed), plus the tool settings (`max_turns`, ...)."""
 
     PROMPT = ("Fix lib.py so the tests pass. Tools: <tool>read: lib.py</tool> <tool>write: lib.py\\nCODE</tool> "
@@ -108,7 +109,7 @@ class MiniSWE(ToolEnvironment):
     def __init__(self, seed: int = 0, functions: int = 2, bugs: int = 1, sandbox: str = "local",
                  test_timeout_s: float = 10.0, memory_mb: int = 512, max_turns: int = 6,
                  tool_timeout_s: float = 15.0, max_calls_per_turn: int = 2, reward_timeout_s: float = 60.0,
-                 sandbox_isolation: str = "namespaces", demo_noise: float = 0.0, **kwargs):
+                 sandbox_isolation: str = "namespaces", demo_noise: float = 0.0, disk_mb: int = 100, **kwargs):
         super().__init__(seed, max_turns=max_turns, tool_timeout_s=tool_timeout_s,
                          max_calls_per_turn=max_calls_per_turn, reward_timeout_s=reward_timeout_s, **kwargs)
         if not 1 <= functions <= len(FUNCTIONS):
@@ -121,7 +122,7 @@ class MiniSWE(ToolEnvironment):
             raise ValueError(f"env.args.demo_noise: must be in [0, 1], got {demo_noise}")
         self.functions, self.bugs, self.demo_noise = functions, bugs, float(demo_noise)
         self.sandbox = make_sandbox(sandbox, Limits(timeout_s=test_timeout_s, cpu_s=max(1, int(test_timeout_s)),
-                                                    memory_mb=memory_mb), sandbox_isolation)
+                                                    memory_mb=memory_mb, disk_mb=disk_mb), sandbox_isolation)
         self.tools = {"ls": self._ls, "read": self._read, "write": self._write, "run": self._run}
 
     def make_task(self, index: int, split: str) -> Task:

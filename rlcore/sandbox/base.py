@@ -23,11 +23,14 @@ class Limits:
     cpu_s: int = 10
     """CPU-time limit (seconds), enforced by the kernel (SIGXCPU, then SIGKILL)."""
     memory_mb: int = 1024
-    """Address-space limit (MiB); allocations beyond it fail (MemoryError in Python)."""
+    """Memory limit (MiB): each process's address space (allocations beyond it fail: MemoryError in
+    Python) and the resident memory of the whole process tree together (the tree is killed)."""
     file_size_mb: int = 16
     """Largest file (and captured stdout/stderr) the command may write (MiB)."""
     max_processes: int = 64
     """Process limit (RLIMIT_NPROC) of the whole sandbox."""
+    disk_mb: int = 100
+    """Disk quota of the work directory (MiB), every file together; writes past it fail (ENOSPC)."""
 
 
 @dataclass
@@ -38,8 +41,8 @@ class SandboxResult:
     stdout: str
     stderr: str
     reason: str | None = None
-    """`timeout`, `cpu_limit`, `memory_limit`, `file_size_limit`, `sandbox_violation`,
-    `isolation_failed`, `signal N` or None."""
+    """`timeout`, `cpu_limit`, `memory_limit`, `file_size_limit`, `disk_quota`, `sandbox_violation`,
+    `isolation_failed`, `signal N` (a signal no limit sent, e.g. `kill -9 -1` inside) or None."""
     files: dict[str, str] = field(default_factory=dict)
     """Text files under the working directory after the run (relative path -> content)."""
     duration_s: float = 0.0

