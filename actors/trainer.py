@@ -12,7 +12,7 @@ from actors.logs import redirect_output
 from rlcore.checkpoint import load_trainer, save_trainer
 from rlcore.config import RunConfig
 from rlcore.engine.registry import sleep_level, weight_transport
-from rlcore.engine.vllm_colocated import free_cached_memory
+from rlcore.engine.vllm.vllm_colocated import free_cached_memory
 from rlcore.export import write_hf_dir
 from rlcore.packing import MicroBatch, make_micro_batch
 from rlcore.step import RankWork, rank_micro_batches

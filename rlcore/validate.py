@@ -251,7 +251,7 @@ def fp8_problems(cfg: RunConfig) -> list[tuple[str, str]]:
             out.append(("trainer.fp8", "rowwise FP8 needs bf16 compute: set trainer.mixed_precision=true"))
         elif not torchao_available():
             out.append(("trainer.fp8", "needs torchao: pip install 'rlcore[fp8]' (torchao==0.17.0)"))
-    return out  # the rollout engine's quantization is its own section's (rlcore.engine.vllm_checks)
+    return out  # the rollout engine's quantization is its own section's (rlcore.engine.vllm.vllm_checks)
 
 
 def lifecycle_problems(cfg: RunConfig) -> list[tuple[str, str]]:

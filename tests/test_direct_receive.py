@@ -5,7 +5,7 @@ import math
 
 import torch
 
-from rlcore.engine.direct_receive import DirectReceiver, bucket_layout
+from rlcore.engine.vllm.direct_receive import DirectReceiver, bucket_layout
 
 
 class FusedModel(torch.nn.Module):

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any, Callable
 from rlcore.config import RolloutConfig
 from rlcore.config_engines import HFOptions, VLLMOptions, add_section, remove_section
 from rlcore.config_teacher import TeacherConfig
-from rlcore.engine.vllm_checks import vllm_problems
+from rlcore.engine.vllm.vllm_checks import vllm_problems
 
 if TYPE_CHECKING:
     from rlcore.config import RunConfig
@@ -73,7 +73,7 @@ class EngineSpec:
 
 _BUILT_IN = (
     EngineSpec("hf", "rlcore.engine.hf_engine:HFEngine", section="hf", options=HFOptions),
-    EngineSpec("vllm", "rlcore.engine.vllm_engine:VLLMEngine", section="vllm", options=VLLMOptions,
+    EngineSpec("vllm", "rlcore.engine.vllm.vllm_engine:VLLMEngine", section="vllm", options=VLLMOptions,
                transports=("nccl", "ipc"), needs_gpu=True, memory_share_kwarg="gpu_memory_utilization",
                rollout_only=("weight_reload", "kv_on_update", "quantization", "sleep_level"), problems=vllm_problems),
 )

@@ -12,7 +12,7 @@ keyed by the GPU's UUID. A sync copies the parameters into the buffer and waits 
 
 IPCReceiver (vLLM worker): opens the handle once, on the worker's device (the UUID must match: the
 two processes really share the GPU), and lands each bucket straight in the engine's parameters
-with :meth:`rlcore.engine.direct_receive.DirectReceiver.receive_in_place` (vLLM's loader recorded
+with :meth:`rlcore.engine.vllm.direct_receive.DirectReceiver.receive_in_place` (vLLM's loader recorded
 once, replayed as batched device copies), between two engine steps.
 
 Ordering: the sender fills and synchronises before the receiver reads; the receiver

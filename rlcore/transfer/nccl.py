@@ -2,7 +2,7 @@
 
 :class:`Sender` (trainer rank 0) drives the functions below; :class:`Receiver` (rollout actor)
 has the engine's workers join the group (:meth:`RolloutEngine.init_weight_transfer`) and receive
-each update in place (:meth:`RolloutEngine.receive_weights`, `rlcore.engine.vllm_updates`).
+each update in place (:meth:`RolloutEngine.receive_weights`, `rlcore.engine.vllm.vllm_updates`).
 
 The group: the trainer's sending rank is rank 0 (it hosts the rendezvous store); engine workers
 take ranks ``1 .. world_size - 1`` (each engine joins with its own ``rank_offset``). The wire

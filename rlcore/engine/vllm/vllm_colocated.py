@@ -1,7 +1,7 @@
 """What a vLLM engine does when it shares its GPU with a trainer rank (colocated placement):
 receive weights over CUDA IPC (:mod:`rlcore.transfer.ipc`) and sleep while the trainer steps.
 
-Mixed into :class:`rlcore.engine.vllm_engine.VLLMEngine` (it uses that class's loop plumbing:
+Mixed into :class:`rlcore.engine.vllm.vllm_engine.VLLMEngine` (it uses that class's loop plumbing:
 ``_call``, ``_rpc``, ``_swap``, ``_needs_pause``); the worker half is
 :meth:`RLCoreWorkerExtension.rlcore_receive_ipc`.
 """
@@ -15,14 +15,14 @@ from typing import Any
 import torch
 
 from rlcore.engine.base import WeightSyncError
-from rlcore.engine.direct_receive import DirectReceiver
+from rlcore.engine.vllm.direct_receive import DirectReceiver
 from rlcore.transfer.ipc import IPCReceiver
 
 
 def receive_ipc_on_worker(worker: Any, update_info: dict, handle: dict) -> dict:
     """Worker side: open the trainer's buffer once and land the update in the parameters
     (:class:`rlcore.transfer.ipc.IPCReceiver` over a
-    :class:`rlcore.engine.direct_receive.DirectReceiver`). Returns the worker's seconds and counts."""
+    :class:`rlcore.engine.vllm.direct_receive.DirectReceiver`). Returns the worker's seconds and counts."""
     start = time.perf_counter()
     receiver = getattr(worker, "_rlcore_ipc_receiver", None)
     if receiver is None:

@@ -13,12 +13,12 @@ with ``logprobs_mode="processed_logprobs"``, which makes vLLM report log-softmax
 prompt logprobs, which are always the raw (temperature 1) ones.
 
 The engine's other jobs live next to it, one module each: per-token versions of requests in
-flight (:mod:`rlcore.engine.vllm_versions`), weight receive and load with the KV-cache and
-quantization rules (:mod:`rlcore.engine.vllm_updates`), colocated IPC receive and sleep mode
-(:mod:`rlcore.engine.vllm_colocated`), the code that runs inside vLLM's workers
-(:mod:`rlcore.engine.vllm_worker`), the tensor codec of its RPC channel
-(:mod:`rlcore.engine.vllm_codec`) and the model directory built from a run config
-(:mod:`rlcore.engine.vllm_model_dir`).
+flight (:mod:`rlcore.engine.vllm.vllm_versions`), weight receive and load with the KV-cache and
+quantization rules (:mod:`rlcore.engine.vllm.vllm_updates`), colocated IPC receive and sleep mode
+(:mod:`rlcore.engine.vllm.vllm_colocated`), the code that runs inside vLLM's workers
+(:mod:`rlcore.engine.vllm.vllm_worker`), the tensor codec of its RPC channel
+(:mod:`rlcore.engine.vllm.vllm_codec`) and the model directory built from a run config
+(:mod:`rlcore.engine.vllm.vllm_model_dir`).
 
 vLLM is imported lazily: this module imports on a CPU-only machine without vLLM.
 """
@@ -35,11 +35,11 @@ import threading
 from typing import Any, Literal
 
 from rlcore.engine.base import Generation, RolloutEngine, SamplingParams, WeightSyncError
-from rlcore.engine.vllm_colocated import ColocatedEngine
-from rlcore.engine.vllm_model_dir import engine_args_from_config
-from rlcore.engine.vllm_updates import KVOnUpdate, Reload, WeightUpdates, check_reload
-from rlcore.engine.vllm_versions import InFlightRequest, VersionMarks
-from rlcore.engine.vllm_worker import WORKER_EXTENSION
+from rlcore.engine.vllm.vllm_colocated import ColocatedEngine
+from rlcore.engine.vllm.vllm_model_dir import engine_args_from_config
+from rlcore.engine.vllm.vllm_updates import KVOnUpdate, Reload, WeightUpdates, check_reload
+from rlcore.engine.vllm.vllm_versions import InFlightRequest, VersionMarks
+from rlcore.engine.vllm.vllm_worker import WORKER_EXTENSION
 from rlcore.models.vision import collapse_image_tokens
 
 log = logging.getLogger(__name__)
@@ -155,7 +155,7 @@ class VLLMEngine(WeightUpdates, VersionMarks, ColocatedEngine, RolloutEngine):
     @classmethod
     def from_config(cls, cfg: Any, seed: int = 0, tokenizer: Any = None, **overrides: Any) -> "VLLMEngine":
         """Build from a :class:`rlcore.config.RunConfig`
-        (:func:`rlcore.engine.vllm_model_dir.engine_args_from_config`); ``overrides`` go to the
+        (:func:`rlcore.engine.vllm.vllm_model_dir.engine_args_from_config`); ``overrides`` go to the
         constructor. A random-weight model (``model.path`` null) is started from its ``arch``
         config with dummy weights: the first sync fills them."""
         path, kwargs = engine_args_from_config(cfg, seed=seed, tokenizer=tokenizer)

@@ -9,7 +9,7 @@ Weight sync. The NCCL path is vLLM's native weight transfer (``weight_transfer_c
   finish_weight_update -> bump version -> resume. The layer-by-layer reload re-materialises and
   re-processes every layer, so quantised or post-processed weights stay correct.
 - ``reload="direct"``: one worker call receives the same packed buckets straight into the
-  parameters (:class:`rlcore.engine.direct_receive.DirectReceiver`: vLLM's loader recorded once,
+  parameters (:class:`rlcore.engine.vllm.direct_receive.DirectReceiver`: vLLM's loader recorded once,
   replayed as batched copies) -> bump version. It runs between two engine steps and needs no
   pause. Only for weights that need no processing after loading; the canary catches a mismatch.
 
@@ -39,9 +39,9 @@ bf16 and each sync re-quantizes. ``reload="direct"`` (plain ``load_weights`` int
 processed FP8 parameters) is wrong for such a model and is refused; :meth:`load_weights` wraps
 its ``load_weights`` in the same layerwise reload when the engine is quantized.
 
-:class:`WeightUpdates` is mixed into :class:`rlcore.engine.vllm_engine.VLLMEngine` (it uses that
+:class:`WeightUpdates` is mixed into :class:`rlcore.engine.vllm.vllm_engine.VLLMEngine` (it uses that
 class's loop plumbing: ``_call``, ``_rpc``, ``_check``, ``_llm``); the worker half is
-:mod:`rlcore.engine.vllm_worker`.
+:mod:`rlcore.engine.vllm.vllm_worker`.
 """
 
 from __future__ import annotations
@@ -54,7 +54,7 @@ from typing import Any, Iterable, Literal
 import torch
 
 from rlcore.engine.base import WeightSyncError
-from rlcore.engine.vllm_codec import pack_tensor, unpack_tensor
+from rlcore.engine.vllm.vllm_codec import pack_tensor, unpack_tensor
 
 Reload = Literal["layerwise", "direct"]
 KVOnUpdate = Literal["keep", "recompute"]
