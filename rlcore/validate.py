@@ -13,7 +13,7 @@ from rlcore import checkpoint_dirs
 from rlcore.algo import validate_algo  # the algorithm family validates its own switches
 from rlcore.config import RunConfig
 from rlcore.config_keys import env_arg_problems
-from rlcore.engine.registry import engine_problems
+from rlcore.engine.registry import engine_names, engine_problems, engine_spec
 from rlcore.envs import make_env, registered, resolve_env
 from rlcore.models.shipped import is_shipped, shipped_problems
 from rlcore.models.source import gguf_problems, model_path_problems
@@ -30,6 +30,7 @@ from rlcore.trainer.options import (
     schedule_problems,
     torchao_available,
 )
+from rlcore.transfer import transport_problems
 
 DTYPES = ("float32", "bfloat16", "float16")
 TOKENIZERS = ("char", "auto")
@@ -102,6 +103,8 @@ def problems(cfg: RunConfig) -> list[tuple[str, str]]:
     if cfg.placement not in PLACEMENTS:
         out.append(("placement", f"unknown placement {cfg.placement!r}; choose one of {list(PLACEMENTS)}"))
     out.extend(engine_problems(cfg))  # the engine's own section (its registry hook)
+    if r.engine in engine_names():  # its weight transports are registered ones
+        out.extend(transport_problems(r.engine, engine_spec(r.engine).transports))
     _positive(out, "rollout.num_actors", r.num_actors)
     _positive(out, "rollout.cpus_per_actor", r.cpus_per_actor)
     check_min(out, "rollout.gpus_per_actor", r.gpus_per_actor, 0)

@@ -15,7 +15,8 @@ prompt logprobs, which are always the raw (temperature 1) ones.
 The engine's other jobs live next to it, one module each: per-token versions of requests in
 flight (:mod:`rlcore.engine.vllm.vllm_versions`), weight receive and load with the KV-cache and
 quantization rules (:mod:`rlcore.engine.vllm.vllm_updates`), colocated IPC receive and sleep mode
-(:mod:`rlcore.engine.vllm.vllm_colocated`), the code that runs inside vLLM's workers
+(:mod:`rlcore.engine.vllm.vllm_colocated`), its receivers for the `nccl` and `ipc` transports
+(:mod:`rlcore.engine.vllm.vllm_receivers`), the code that runs inside vLLM's workers
 (:mod:`rlcore.engine.vllm.vllm_worker`), the tensor codec of its RPC channel
 (:mod:`rlcore.engine.vllm.vllm_codec`) and the model directory built from a run config
 (:mod:`rlcore.engine.vllm.vllm_model_dir`).
@@ -37,10 +38,12 @@ from typing import Any, Literal
 from rlcore.engine.base import Generation, RolloutEngine, SamplingParams, WeightSyncError
 from rlcore.engine.vllm.vllm_colocated import ColocatedEngine
 from rlcore.engine.vllm.vllm_model_dir import engine_args_from_config
+from rlcore.engine.vllm.vllm_receivers import RECEIVERS
 from rlcore.engine.vllm.vllm_updates import KVOnUpdate, Reload, WeightUpdates, check_reload
 from rlcore.engine.vllm.vllm_versions import InFlightRequest, VersionMarks
 from rlcore.engine.vllm.vllm_worker import WORKER_EXTENSION
 from rlcore.models.vision import collapse_image_tokens
+from rlcore.weights_protocol import Receiver, Seat
 
 log = logging.getLogger(__name__)
 
@@ -325,7 +328,16 @@ class VLLMEngine(WeightUpdates, VersionMarks, ColocatedEngine, RolloutEngine):
             raise ValueError("score needs at least one prompt token before the completion")
         return self._call(self._score_many(pairs), self.request_timeout_s, "score")
 
-    # ---------------------------------------------------------------- worker calls (weights: vllm_updates)
+    # ---------------------------------------------------------------- weight receive (the rest: vllm_updates)
+
+    def receiver(self, transport: str, seat: Seat) -> Receiver | None:
+        """Its own receiver for `nccl` or `ipc` (:mod:`rlcore.engine.vllm.vllm_receivers`),
+        joined at `seat`; None for any other transport (then the weights arrive through
+        :meth:`apply_weights`, the slow RPC path)."""
+        cls = RECEIVERS.get(transport)
+        return None if cls is None else cls(self, seat)
+
+    # ---------------------------------------------------------------- worker calls
 
     async def _rpc(self, method: str, **kwargs: Any) -> list:
         return await self._llm.collective_rpc(method, timeout=self.rpc_timeout_s, kwargs=kwargs or None)

@@ -3,7 +3,8 @@
 Weight sync. The NCCL path is vLLM's native weight transfer (``weight_transfer_config =
 {"backend": "nccl"}``): :meth:`init_weight_transfer` joins the trainer's group, and
 :meth:`receive_weights` runs one of two receive paths around the trainer's broadcast
-(:mod:`rlcore.transfer.nccl`):
+(the `nccl` transport; the engine's receiver for it is
+:class:`rlcore.engine.vllm.vllm_receivers.NCCLReceiver`):
 
 - ``reload="layerwise"`` (vLLM's own): pause(keep) -> start_weight_update -> update_weights ->
   finish_weight_update -> bump version -> resume. The layer-by-layer reload re-materialises and
@@ -131,7 +132,7 @@ class WeightUpdates:
     def init_weight_transfer(self, master_address: str, master_port: int, rank_offset: int,
                              world_size: int, timeout_s: float | None = None) -> None:
         """Join the trainer's NCCL weight-transfer group (blocks until every member joined; the
-        trainer calls :func:`rlcore.transfer.nccl.init_sender` at the same time). This
+        trainer's `nccl` sender hosts it at the same time). This
         engine's workers take ranks ``rank_offset .. rank_offset + num_workers - 1``."""
         self._check()
         init_info = dict(master_address=master_address, master_port=int(master_port),
@@ -143,7 +144,7 @@ class WeightUpdates:
     def receive_weights(self, update_info: dict, version: int, timeout_s: float | None = None) -> dict[str, float]:
         """Receive one NCCL broadcast of the full weights and serve them as policy ``version``.
 
-        ``update_info`` comes from :func:`rlcore.transfer.plan.update_info_for` (names, dtypes,
+        ``update_info`` is vLLM's packed description that the trainer's sender made (names, dtypes,
         shapes, bucket layout: it must match what the trainer sends, in order). Call it while the
         trainer calls ``send_weights``. Returns timings (``pause_s``, ``load_s``, ``resume_s``,
         ``total_s``, and per-step ones). Raises :class:`WeightSyncError` on failure or after
