@@ -138,7 +138,8 @@ def test_broadcast_pair_over_gloo_lands_a_model_in_an_engine():
         return sender.send((n, p.detach()) for n, p in trainer.named_parameters())
 
     def receive():
-        receiver = make_receiver(name, options, plan, engine, "127.0.0.1", port, first_rank(name, 0), world_size(name, 1))
+        receiver = make_receiver(name, options, plan, engine, "127.0.0.1", port, first_rank(name, 0),
+                                 world_size(name, 1))
         assert type(receiver) is own_receiver(name)  # the transformers engine has no receiver of its own
         return receiver.receive(version=1)
 

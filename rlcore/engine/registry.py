@@ -87,7 +87,8 @@ def register_engine(spec: EngineSpec) -> EngineSpec:
     schema gets it under `rollout.<section>` and `teacher.<section>` (settable from YAML and the
     command line like the built-in ones)."""
     if not spec.transports or not all(isinstance(t, str) and t for t in spec.transports):
-        raise ValueError(f"engine {spec.name!r}: transports must be transport names, got {list(spec.transports)}")
+        raise ValueError(f"engine {spec.name!r}: transports must be transport names, "
+                         f"got {list(spec.transports)}")
     if (spec.section is None) != (spec.options is None) or (spec.options is not None and not is_dataclass(spec.options)):
         raise ValueError(f"engine {spec.name!r}: section and options go together, options a dataclass")
     if spec.section is not None:
