@@ -16,14 +16,15 @@ from rlcore.busy import BusyClock
 from rlcore.checkpoint import load_model_weights
 from rlcore.config import RunConfig
 from rlcore.engine.base import SamplingParams
-from rlcore.engine.registry import make_engine, weight_transport
+from rlcore.engine.registry import make_engine, tensor_parallel_size, weight_transport
 from rlcore.envs import make_env
 from rlcore.envs.safety import threads_abandoned
 from rlcore.meta import samples_meta
 from rlcore.models.build import build_model, build_tokenizer
-from rlcore.transfer import Receiver, first_rank, receiver_for, world_size
+from rlcore.transfer import first_rank, make_receiver, transfer_options, world_size
 from rlcore.transfer.plan import SyncPlan
 from rlcore.types import Group, Sample, SampleMeta, Task
+from rlcore.weights_protocol import Receiver
 
 
 def meta_reply(groups: list[Group]) -> tuple[list[list[SampleMeta]], dict]:
@@ -59,9 +60,11 @@ class RolloutWorker:
         """Join the weight-sync group in `slot` of its `engines` actors (default: this actor's
         index of all; the trainer's rank 0 joins at the same time); colocated, keep the IPC
         `handle` of the trainer rank on this GPU instead."""
-        rank = first_rank(self.cfg, self.index if slot is None else slot)
-        self.receiver = receiver_for(weight_transport(self.cfg))(self.cfg, plan, self.engine, address, port, rank,
-                                                                 world_size(self.cfg, engines), handle)
+        name, workers = weight_transport(self.cfg), tensor_parallel_size(self.cfg.rollout)
+        rank = first_rank(name, self.index if slot is None else slot, workers)
+        size = world_size(name, self.cfg.rollout.num_actors if engines is None else engines, workers)
+        self.receiver = make_receiver(name, transfer_options(self.cfg), plan, self.engine, address, port, rank,
+                                      size, handle)
         return True
 
     def sleep(self, level: int) -> float:

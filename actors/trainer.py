@@ -11,14 +11,15 @@ import torch
 from actors.logs import redirect_output
 from rlcore.checkpoint import load_trainer, save_trainer
 from rlcore.config import RunConfig
-from rlcore.engine.registry import sleep_level, weight_transport
-from rlcore.engine.vllm_colocated import free_cached_memory
+from rlcore.engine.registry import sleep_level, tensor_parallel_size, weight_transport
+from rlcore.engine.vllm.vllm_colocated import free_cached_memory
 from rlcore.export import write_hf_dir
 from rlcore.packing import MicroBatch, make_micro_batch
 from rlcore.step import RankWork, rank_micro_batches
 from rlcore.trainer.core import TrainerCore, free_port
 from rlcore.trainer.forward import forward_logprobs
-from rlcore.transfer import Sender, sender_for, world_size
+from rlcore.transfer import make_sender, sender_for, transfer_options, world_size
+from rlcore.transfer.base import Sender
 from rlcore.transfer.plan import SyncPlan
 from rlcore.types import Sample
 
@@ -56,11 +57,14 @@ class TrainerRank:
         sender (the engines join at the same time).
         Colocated: every rank makes its CUDA IPC buffer and returns its handle (for the engine on
         its GPU); None otherwise."""
-        transport = sender_for(weight_transport(self.cfg))
-        if transport.every_rank and self.sender is not None:  # each rank feeds the engine on its GPU
+        name = weight_transport(self.cfg)
+        every_rank = sender_for(name).every_rank
+        if every_rank and self.sender is not None:  # each rank feeds the engine on its GPU
             return self.sender.handle()  # a restarted engine reopens the same buffer (same plan)
-        if self.rank == 0 or transport.every_rank:
-            self.sender = transport(self.cfg, plan, self.device, address, port, world_size(self.cfg, engines))
+        if self.rank == 0 or every_rank:
+            size = world_size(name, self.cfg.rollout.num_actors if engines is None else engines,
+                              tensor_parallel_size(self.cfg.rollout))
+            self.sender = make_sender(name, transfer_options(self.cfg), plan, self.device, address, port, size)
         return self.sender.handle() if self.sender is not None else None
 
     def canary_logprobs(self, pairs: list[tuple[list[int], list[int]]]) -> list[list[float]]:

@@ -5,7 +5,7 @@ bf16; it can take a fake optimizer step (every weight set to its initial value t
 ``1 + scale * noise``, fresh noise per step, so steps never compound and the model keeps its
 scale), send its weights
 through :mod:`rlcore.transfer.nccl`, and compute teacher-forced logprobs for the canary. The
-engine side is a :class:`rlcore.engine.vllm_engine.VLLMEngine` in the calling process, started on
+engine side is a :class:`rlcore.engine.vllm.vllm_engine.VLLMEngine` in the calling process, started on
 another GPU with ``load_format="dummy"`` from a directory holding only ``config.json``.
 
 The calling process never touches CUDA itself: each process gets its GPU through
@@ -216,7 +216,7 @@ def trainer_and_engine(shape: str, bucket: int, engine_gpu: str = "1", **engine_
     ``trainer``, ``info`` (update info for ``bucket``-byte buckets, 2 buffers), ``version``,
     ``step`` and the canary ``pairs``; shuts both down on exit."""
     from rlcore.canary import canary_prompts
-    from rlcore.engine.vllm_engine import VLLMEngine
+    from rlcore.engine.vllm.vllm_engine import VLLMEngine
 
     model_dir = write_model_dir(shape)
     trainer = TrainerProc(model_dir, gpu="0")  # builds its model while the engine starts

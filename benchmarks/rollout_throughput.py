@@ -36,7 +36,7 @@ def fresh_batch(prompts: list[list[int]], rep: int) -> list[list[int]]:
 
 
 def start_engine(model_dir: str, label: str, **engine_args):
-    from rlcore.engine.vllm_engine import VLLMEngine
+    from rlcore.engine.vllm.vllm_engine import VLLMEngine
 
     t = time.perf_counter()
     engine = VLLMEngine(model_dir, extra_sampling={"ignore_eos": True}, **engine_args)

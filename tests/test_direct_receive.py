@@ -3,9 +3,10 @@ loaders put it, and anything it cannot replay stays on the loader."""
 
 import math
 
+import pytest
 import torch
 
-from rlcore.engine.direct_receive import DirectReceiver, bucket_layout
+from rlcore.engine.vllm.direct_receive import DirectReceiver, bucket_layout
 
 
 class FusedModel(torch.nn.Module):
@@ -166,3 +167,16 @@ def test_in_place_receive_reads_straight_from_a_shared_flat_buffer():
             assert stats["planning"] == (step == 0) and (stats["planned"], stats["fallback"]) == (4, 2)
         other = flat.clone()  # another buffer (a rebuilt sender): planned afresh, not replayed from the old one
         assert rx.receive_in_place(info_for(tensors, bucket_bytes), other)["planning"]
+
+
+def test_in_place_receive_refuses_a_buffer_smaller_than_the_update():
+    """The trainer's buffer (mapped over CUDA IPC) must hold every bucket: a short one is refused
+    before anything is loaded, naming both sizes."""
+    model = FusedModel()
+    rx = DirectReceiver(model.load_weights, "cpu")
+    tensors = trainer_tensors(0)
+    flat = torch.cat(wire(tensors, 10_000))
+    info = info_for(tensors, 10_000)
+    with pytest.raises(RuntimeError, match=f"holds {flat.numel() - 4} bytes, the update needs {flat.numel()}"):
+        rx.receive_in_place(info, flat[:-4])
+    assert model.calls == 0

@@ -1,7 +1,9 @@
-"""Engines are plug-ins: a third engine, defined in this file with its own options section and
-added by one `register_engine` call, gets `rollout.recompute.*` (and `teacher.recompute.*`) in the
-schema, reads its section, passes validation and runs the real episode loop, weight update and
-canary scoring.
+"""Engines and transports are plug-ins: a third engine, defined in this file with its own options
+section and added by one `register_engine` call, gets `rollout.recompute.*` (and
+`teacher.recompute.*`) in the schema, reads its section, passes validation and runs the real
+episode loop, weight update and canary scoring. A fourth transport (`tests/tensorwise_transport.py`,
+added by one `register_transport` call) that has no receiver of its own carries a real weight
+update into that engine through the receiver the engine returns for it; no package file changes.
 
 The engine is real, not a stand-in: the run's transformers model decoded without a KV cache
 (every step recomputes the whole sequence), one prompt at a time.
@@ -10,13 +12,17 @@ The engine is real, not a stand-in: the run's transformers model decoded without
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import threading
+import time
 from dataclasses import dataclass
 
 import pytest
+import tensorwise_transport
 import torch
+import torch.distributed as dist
 
-from rlcore.canary import teacher_forced_logprobs
+from rlcore.canary import compare_logprobs, teacher_forced_logprobs
 from rlcore.config import RolloutConfig
 from rlcore.engine.base import Generation, RolloutEngine, SamplingParams
 from rlcore.engine.hf_engine import sample_with_logprobs
@@ -36,6 +42,20 @@ from rlcore.run import compose
 from rlcore.teacher import teacher_run_config
 from rlcore.config.errors import ConfigError
 from rlcore.config.validate import problems
+from rlcore.trainer.core import free_port
+from rlcore.trainer.export import parameter_metas
+from rlcore.transfer import (
+    TransportSpec,
+    first_rank,
+    make_receiver,
+    make_sender,
+    register_transport,
+    transfer_options,
+    unregister_transport,
+    world_size,
+)
+from rlcore.transfer.plan import TensorMeta, plan_buckets
+from rlcore.weights_protocol import Receiver, Seat
 
 
 @dataclass
@@ -96,6 +116,39 @@ class RecomputeEngine(RolloutEngine):
 
     def state_dict(self):
         return {k: v.detach().clone() for k, v in self.model.state_dict().items()}
+
+    def receiver(self, transport: str, seat: Seat) -> Receiver | None:
+        """Its own receiver of the `tensorwise` wire; none for another transport (`broadcast`
+        then lands weights through `apply_weights`)."""
+        return TensorwiseReceiver(self, seat) if transport == "tensorwise" else None
+
+
+class TensorwiseReceiver(Receiver):
+    """The recompute engine's end of the `tensorwise` wire (documented in
+    `tests/tensorwise_transport.py`; this code does not import it): each broadcast lands straight
+    in its parameter, under the engine's lock, and the version moves with the last one."""
+
+    def __init__(self, engine: RecomputeEngine, seat: Seat):
+        self.engine, self.layout = engine, seat.layout
+        params = dict(engine.model.named_parameters())
+        for name, shape, dtype in self.layout:
+            p = params.get(name)
+            if p is None or tuple(p.shape) != tuple(shape) or str(p.dtype).removeprefix("torch.") != dtype:
+                raise ValueError(f"tensorwise receive: {name} {tuple(shape)} {dtype} does not fit this engine's model")
+        self.timeout = datetime.timedelta(seconds=seat.options.timeout_s)
+        store = dist.TCPStore(seat.address, seat.port, seat.world_size, is_master=False, timeout=self.timeout)
+        self.group = dist.ProcessGroupGloo(store, seat.rank, seat.world_size, self.timeout)
+
+    def receive(self, version: int) -> dict[str, float]:
+        start = time.perf_counter()
+        params = dict(self.engine.model.named_parameters())
+        opts = dist.BroadcastOptions()
+        opts.rootRank, opts.timeout = 0, self.timeout
+        with self.engine.lock, torch.no_grad():
+            for name, _, _ in self.layout:
+                self.group.broadcast([params[name].data], opts).wait(self.timeout)
+            self.engine.policy_version = version
+        return {"sync_recv_s": time.perf_counter() - start}
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -184,3 +237,76 @@ def test_the_section_leaves_the_schema_classes_unchanged_and_travels_with_the_co
     assert RolloutConfig().recompute == RecomputeOptions()  # a config built in Python reads the defaults
     with pytest.raises(AttributeError, match="no attribute 'recompose'"):
         RolloutConfig().recompose
+
+
+@pytest.fixture
+def tensorwise():
+    """The transport and an engine that takes it (the same class, receiving over it), registered
+    from outside the package for one test; both leave the tables after it."""
+    register_transport(TransportSpec("tensorwise", f"{tensorwise_transport.__name__}:Sender"))
+    register_engine(EngineSpec("recompute_tw", f"{__name__}:RecomputeEngine", section="recompute",
+                               options=RecomputeOptions, transports=("tensorwise",)))
+    yield
+    unregister_engine("recompute_tw")
+    unregister_transport("tensorwise")
+
+
+def test_a_transport_from_outside_carries_weights_into_the_engines_own_receiver(tensorwise):
+    cfg = compose(["rollout.engine=recompute_tw", "rollout.sampling.max_new_tokens=6", "rollout.num_actors=2"])
+    assert problems(cfg) == []
+    name = weight_transport(cfg)
+    assert name == "tensorwise"
+    tokenizer = build_tokenizer(cfg.model)
+    engines = [make_engine(cfg, tokenizer, seed=i) for i in range(2)]
+    trainer = build_model(dataclasses.replace(cfg.model, seed=cfg.model.seed + 1), tokenizer)
+    plan = plan_buckets([TensorMeta(n, s, d) for n, s, d in parameter_metas(trainer)],
+                        int(cfg.rollout.sync_bucket_mb * 2**20))
+    pairs = [([5, 6, 7, 8], [9, 10, 11]), ([12, 13], [14, 15, 16, 17])]
+    with torch.no_grad():
+        want = teacher_forced_logprobs(trainer, pairs)
+    with pytest.raises(Exception):  # the canary tells the engines' start weights from the trainer's
+        compare_logprobs(engines[0].score_batch(pairs), want)
+
+    # the functions the trainer and rollout actors call (`init_weight_group`), one thread per side
+    options, workers, port, out = transfer_options(cfg), tensor_parallel_size(cfg.rollout), free_port(), {}
+    size = world_size(name, cfg.rollout.num_actors, workers)
+    assert size == 3
+
+    def side(key, work):
+        try:
+            out[key] = work()
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            out[key] = exc
+
+    def send():
+        sender = make_sender(name, options, plan, "cpu", "127.0.0.1", port, size)
+        return sender.send((n, p.detach()) for n, p in trainer.named_parameters())
+
+    def receive(slot):
+        receiver = make_receiver(name, options, plan, engines[slot], "127.0.0.1", port,
+                                 first_rank(name, slot, workers), size)
+        assert type(receiver) is TensorwiseReceiver  # the engine's own, the transport has none
+        return receiver.receive(version=1)
+
+    threads = [threading.Thread(target=side, args=("sent", send))] + [
+        threading.Thread(target=side, args=(f"got{i}", lambda i=i: receive(i))) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert out.keys() == {"sent", "got0", "got1"}, out
+    assert not any(isinstance(v, BaseException) for v in out.values()), out
+    assert out["sent"] == plan.nbytes and set(out["got0"]) == {"sync_recv_s"}
+    for engine in engines:
+        assert engine.policy_version == 1
+        assert all(torch.equal(engine.state_dict()[n], p) for n, p in trainer.named_parameters())
+        compare_logprobs(engine.score_batch(pairs), want, max_gap=1e-4, mean_gap=1e-5)  # the canary passes
+        (gen,) = engine.generate([[5, 6, 7]], SamplingParams(max_new_tokens=3, seed=1))
+        assert set(gen.versions) == {1}
+
+
+def test_an_engine_listing_an_unregistered_transport_is_refused_in_one_line(tensorwise):
+    cfg = compose(["rollout.engine=recompute_tw"])
+    unregister_transport("tensorwise")
+    assert dict(problems(cfg))["rollout.engine"].startswith(
+        "engine 'recompute_tw' receives weights over ['tensorwise'], which no registered transport provides")

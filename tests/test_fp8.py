@@ -187,7 +187,7 @@ class _FakeLLM:
 
 @pytest.fixture
 def fake_engine(monkeypatch):
-    from rlcore.engine.vllm_engine import VLLMEngine
+    from rlcore.engine.vllm.vllm_engine import VLLMEngine
 
     async def _start(self):
         self._update_lock = asyncio.Lock()
@@ -205,7 +205,7 @@ def fake_engine(monkeypatch):
 
 
 def test_vllm_engine_passes_quantization_and_refuses_direct_reload(fake_engine):
-    from rlcore.engine.vllm_engine import VLLMEngine
+    from rlcore.engine.vllm.vllm_engine import VLLMEngine
 
     e = fake_engine(quantization="fp8")
     assert e._engine_args["quantization"] == "fp8" and e.reload == "layerwise"
@@ -229,7 +229,7 @@ def test_vllm_engine_rpc_load_is_layerwise_when_quantized(fake_engine):
 
 
 def test_vllm_engine_from_config_takes_rollout_quantization(monkeypatch):
-    from rlcore.engine.vllm_engine import VLLMEngine
+    from rlcore.engine.vllm.vllm_engine import VLLMEngine
 
     seen = {}
     monkeypatch.setattr(VLLMEngine, "__init__", lambda self, path, **kw: seen.update(kw))
@@ -242,8 +242,8 @@ def test_vllm_engine_from_config_takes_rollout_quantization(monkeypatch):
 
 def test_worker_load_weights_wraps_layerwise_reload(monkeypatch):
     """rlcore_load_weights(layerwise=True) brackets load_weights with vLLM's layerwise reload."""
-    from rlcore.engine.vllm_codec import pack_tensor
-    from rlcore.engine.vllm_worker import RLCoreWorkerExtension
+    from rlcore.engine.vllm.vllm_codec import pack_tensor
+    from rlcore.engine.vllm.vllm_worker import RLCoreWorkerExtension
 
     calls = []
     reload_mod = types.ModuleType("vllm.model_executor.model_loader.reload")

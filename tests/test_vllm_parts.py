@@ -16,7 +16,7 @@ from rlcore.canary import (
     compare_logprobs,
     teacher_forced_logprobs,
 )
-from rlcore.engine.vllm_versions import InFlightRequest, sampled_logprobs
+from rlcore.engine.vllm.vllm_versions import InFlightRequest, sampled_logprobs
 from rlcore.transfer import nccl
 from rlcore.transfer.plan import update_info_bytes, update_info_for
 

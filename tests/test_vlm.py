@@ -211,7 +211,7 @@ def test_vllm_engine_from_config_writes_a_processor_ready_model_dir(monkeypatch,
     dir; a text model's dir holds config.json alone."""
     import os
 
-    from rlcore.engine.vllm_engine import VLLMEngine
+    from rlcore.engine.vllm.vllm_engine import VLLMEngine
     from rlcore.run import compose
 
     monkeypatch.setattr("tempfile.tempdir", str(tmp_path))

@@ -9,7 +9,17 @@ import threading
 import pytest
 import torch
 
-from rlcore.engine.registry import TRANSPORTS, make_engine, weight_transport
+from rlcore import weights_protocol
+from rlcore.engine.base import RolloutEngine
+from rlcore.engine.registry import (
+    engine_class,
+    engine_names,
+    engine_spec,
+    make_engine,
+    tensor_parallel_size,
+    weight_transport,
+)
+from rlcore.engine.vllm.vllm_engine import VLLMEngine
 from rlcore.models.build import build_model, build_tokenizer
 from rlcore.run import compose
 from rlcore.trainer.core import free_port
@@ -18,12 +28,12 @@ from rlcore.transfer import (
     PAIRS,
     base,
     first_rank,
-    ipc,
-    nccl,
-    pair_for,
+    make_receiver,
+    make_sender,
+    own_receiver,
     ranks_per_actor,
-    receiver_for,
     sender_for,
+    transfer_options,
     world_size,
 )
 from rlcore.transfer.plan import (
@@ -68,29 +78,40 @@ def test_wrong_order_is_an_error():
         raise AssertionError("mismatched order accepted")
 
 
-def test_every_registry_transport_has_a_sender_and_receiver_with_the_common_interface():
-    assert set(PAIRS) == set(TRANSPORTS)
-    for name in TRANSPORTS:
-        sender, receiver = pair_for(name)
-        assert sender is sender_for(name) and receiver is receiver_for(name)
-        assert issubclass(sender, base.Sender) and issubclass(receiver, base.Receiver), name
-        assert not inspect.isabstract(sender) and not inspect.isabstract(receiver), name
-        for cls, contract in ((sender, base.Sender), (receiver, base.Receiver)):
-            got, want = inspect.signature(cls.__init__), inspect.signature(contract.__init__)
-            assert list(got.parameters) == list(want.parameters), (name, cls)
+def test_every_engines_transport_has_a_sender_and_a_receiver_with_the_common_interface():
+    assert {t for e in engine_names() for t in engine_spec(e).transports} <= set(PAIRS)
+    assert {"broadcast", "nccl", "ipc"} <= set(PAIRS)
+    for name in PAIRS:
+        sender = sender_for(name)
+        assert issubclass(sender, base.Sender) and not inspect.isabstract(sender), name
+        got, want = inspect.signature(sender.__init__), inspect.signature(base.Sender.__init__)
+        assert list(got.parameters) == list(want.parameters), name
+        receiver = own_receiver(name)
+        if receiver is not None:  # the transport's own, for any engine
+            assert issubclass(receiver, weights_protocol.Receiver) and not inspect.isabstract(receiver), name
+            assert list(inspect.signature(receiver.__init__).parameters) == ["self", "seat", "engine"], name
+    # a transport without a receiver of its own is received by every engine that lists it through its hook
+    for e in engine_names():
+        for t in engine_spec(e).transports:
+            if own_receiver(t) is None:
+                assert engine_class(e).receiver is not RolloutEngine.receiver, (e, t)
     with pytest.raises(KeyError, match="unknown weight transport 'smoke'"):
         sender_for("smoke")
     # a buffered sender (written before the engines read) is the one each trainer rank holds
-    assert [n for n in TRANSPORTS if sender_for(n).buffered] == [n for n in TRANSPORTS if sender_for(n).every_rank]
+    assert [n for n in PAIRS if sender_for(n).buffered] == [n for n in PAIRS if sender_for(n).every_rank]
 
 
 def test_group_ranks_follow_the_transport():
     cfg = compose(["rollout.num_actors=3"])
-    assert weight_transport(cfg) == "broadcast"
-    assert (ranks_per_actor(cfg), first_rank(cfg, 2), world_size(cfg), world_size(cfg, 2)) == (1, 3, 4, 3)
+    name, workers, n = weight_transport(cfg), tensor_parallel_size(cfg.rollout), cfg.rollout.num_actors
+    assert name == "broadcast"
+    assert (ranks_per_actor(name, workers), first_rank(name, 2, workers), world_size(name, n, workers),
+            world_size(name, 2, workers)) == (1, 3, 4, 3)
     cfg.rollout.engine, cfg.rollout.vllm.tensor_parallel_size = "vllm", 2  # vLLM's workers join one rank each
-    assert weight_transport(cfg) == "nccl"
-    assert (ranks_per_actor(cfg), first_rank(cfg, 2), world_size(cfg), world_size(cfg, 2)) == (2, 5, 7, 5)
+    name, workers = weight_transport(cfg), tensor_parallel_size(cfg.rollout)
+    assert name == "nccl"
+    assert (ranks_per_actor(name, workers), first_rank(name, 2, workers), world_size(name, n, workers),
+            world_size(name, 2, workers)) == (2, 5, 7, 5)
 
 
 def test_broadcast_pair_over_gloo_lands_a_model_in_an_engine():
@@ -103,7 +124,7 @@ def test_broadcast_pair_over_gloo_lands_a_model_in_an_engine():
                         int(cfg.rollout.sync_bucket_mb * 2**20))
     assert len(plan.buckets) > 1
     assert not all(torch.equal(engine.state_dict()[n], p) for n, p in trainer.named_parameters())
-    sender_cls, receiver_cls = pair_for(weight_transport(cfg))
+    name, options = weight_transport(cfg), transfer_options(cfg)
     port, out = free_port(), {}
 
     def side(name, work):
@@ -113,11 +134,13 @@ def test_broadcast_pair_over_gloo_lands_a_model_in_an_engine():
             out[name] = exc
 
     def send():
-        sender = sender_cls(cfg, plan, "cpu", "127.0.0.1", port, world_size(cfg))
+        sender = make_sender(name, options, plan, "cpu", "127.0.0.1", port, world_size(name, 1))
         return sender.send((n, p.detach()) for n, p in trainer.named_parameters())
 
     def receive():
-        receiver = receiver_cls(cfg, plan, engine, "127.0.0.1", port, first_rank(cfg, 0), world_size(cfg))
+        receiver = make_receiver(name, options, plan, engine, "127.0.0.1", port, first_rank(name, 0),
+                                 world_size(name, 1))
+        assert type(receiver) is own_receiver(name)  # the transformers engine has no receiver of its own
         return receiver.receive(version=1)
 
     threads = [threading.Thread(target=side, args=("sent", send)), threading.Thread(target=side, args=("got", receive))]
@@ -135,7 +158,9 @@ def test_broadcast_pair_over_gloo_lands_a_model_in_an_engine():
 
 
 class EngineCalls:
-    """Records what a packed receiver asks of its engine (vLLM's side runs on GPUs only)."""
+    """Records what the vLLM engine's own receivers ask of it (vLLM's side runs on GPUs only)."""
+
+    receiver = VLLMEngine.receiver  # the engine's hook itself, over this recorder
 
     def __init__(self):
         self.calls = []
@@ -152,23 +177,32 @@ class EngineCalls:
         return {"worker_s": 0.25}
 
 
-def test_packed_receivers_hand_their_engine_the_plans_update_info():
+class NoReceiverOfItsOwn:
+    receiver = RolloutEngine.receiver
+
+
+def test_vllm_receivers_hand_their_engine_the_plans_update_info():
     cfg = compose(["rollout.sync_bucket_mb=1", "rollout.weight_sync_timeout_s=7"])
+    options = transfer_options(cfg)
     plan = plan_buckets(metas(), bucket_bytes=26 * 4)
-    info = vllm_update_info(cfg, plan)
+    info = vllm_update_info(plan, options.bucket_bytes)
     assert info["names"] == plan.names and set(info["dtype_names"]) == {"bfloat16"}
     assert info["shapes"] == [list(m.shape) for b in plan.buckets for m in b.metas]
     assert info["packed_buffer_size_bytes"] == 2**20
 
     engine = EngineCalls()
-    receiver = nccl.Receiver(cfg, plan, engine, "10.0.0.1", 4242, 3, 9)
+    receiver = make_receiver("nccl", options, plan, engine, "10.0.0.1", 4242, 3, 9)
     assert engine.calls == [("join", ("10.0.0.1", 4242, 3, 9), {"timeout_s": 7.0})]
     times = receiver.receive(4)
     assert engine.calls[1] == ("nccl", info, 4, 7.0)
     assert set(times) == {"sync_engine_s", "sync_worker_s"} and times["sync_worker_s"] == 0.5
 
     with pytest.raises(ValueError, match="IPC handle"):
-        ipc.Receiver(cfg, plan, engine, "", 0, 1, 2)
+        make_receiver("ipc", options, plan, engine, "", 0, 1, 2)
     handle = {"uuid": "GPU-0", "args": b""}
-    times = ipc.Receiver(cfg, plan, engine, "", 0, 1, 2, handle).receive(5)
+    times = make_receiver("ipc", options, plan, engine, "", 0, 1, 2, handle).receive(5)
     assert engine.calls[2] == ("ipc", info, handle, 5, 7.0) and times["sync_worker_s"] == 0.25
+
+    # an engine without a receiver of its own cannot take a transport that has none either
+    with pytest.raises(ValueError, match="'nccl' has no receiver of its own and NoReceiverOfItsOwn"):
+        make_receiver("nccl", options, plan, NoReceiverOfItsOwn(), "10.0.0.1", 4242, 1, 2)

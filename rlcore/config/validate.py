@@ -17,7 +17,7 @@ from rlcore.algo import validate_algo  # the algorithm family validates its own 
 from rlcore.config.errors import raise_problems
 from rlcore.config.keys import env_arg_problems
 from rlcore.config.schema import RunConfig
-from rlcore.engine.registry import engine_problems
+from rlcore.engine.registry import engine_names, engine_problems, engine_spec
 from rlcore.envs import make_env, registered, resolve_env
 from rlcore.models.shipped import is_shipped, shipped_problems
 from rlcore.models.source import gguf_problems, model_path_problems
@@ -34,6 +34,7 @@ from rlcore.trainer.options import (
     schedule_problems,
     torchao_available,
 )
+from rlcore.transfer import transport_problems
 
 DTYPES = ("float32", "bfloat16", "float16")
 TOKENIZERS = ("char", "auto")
@@ -92,6 +93,8 @@ def problems(cfg: RunConfig) -> list[tuple[str, str]]:
     if cfg.placement not in PLACEMENTS:
         out.append(("placement", f"unknown placement {cfg.placement!r}; choose one of {list(PLACEMENTS)}"))
     out.extend(engine_problems(cfg))  # the engine's own section (its registry hook)
+    if r.engine in engine_names():  # its weight transports are registered ones
+        out.extend(transport_problems(r.engine, engine_spec(r.engine).transports))
     _positive(out, "rollout.num_actors", r.num_actors)
     _positive(out, "rollout.cpus_per_actor", r.cpus_per_actor)
     check_min(out, "rollout.gpus_per_actor", r.gpus_per_actor, 0)
@@ -241,7 +244,7 @@ def fp8_problems(cfg: RunConfig) -> list[tuple[str, str]]:
             out.append(("trainer.fp8", "rowwise FP8 needs bf16 compute: set trainer.mixed_precision=true"))
         elif not torchao_available():
             out.append(("trainer.fp8", "needs torchao: pip install 'rlcore[fp8]' (torchao==0.17.0)"))
-    return out  # the rollout engine's quantization is its own section's (rlcore.engine.vllm_checks)
+    return out  # the rollout engine's quantization is its own section's (rlcore.engine.vllm.vllm_checks)
 
 
 def lifecycle_problems(cfg: RunConfig) -> list[tuple[str, str]]:

@@ -5,17 +5,15 @@ its logprob under the distribution actually sampled from (temperature and top-p 
 policy version whose weights produced it. An update may land between two decode steps of requests
 in flight, which then continue on the new weights with the new version on their later tokens.
 
-Weights arrive through a named transport (:mod:`rlcore.engine.registry` lists the ones each
-engine accepts; :mod:`rlcore.transfer` holds each one's sender and receiver):
-
-- ``broadcast``: rlcore's own bucketed broadcast (:mod:`rlcore.transfer.broadcast`; gloo on CPU,
-  NCCL on GPU); the receiver hands the full tensors to :meth:`RolloutEngine.apply_weights`. Every
-  engine can take it.
-- ``nccl``: the engine's own workers join the trainer's NCCL group
-  (:meth:`RolloutEngine.init_weight_transfer`) and receive each update in place
-  (:meth:`RolloutEngine.receive_weights`), as vLLM's packed broadcast does.
-- ``ipc``: the trainer rank on the same GPU writes a CUDA IPC buffer the engine reads
-  (:meth:`RolloutEngine.receive_ipc`).
+Weights arrive through a named transport (`rlcore.engine.registry` lists the ones each engine
+takes; the transfer package's `PAIRS` is the table of transports). The engine's part is one hook,
+:meth:`RolloutEngine.receiver`: for a transport it receives in its own way it returns its own
+receiver (a `rlcore.weights_protocol.Receiver`, built from the `Seat` it is given: rendezvous,
+ranks, what a sync holds, timeouts); otherwise None, and the transport's own receiver, if it has
+one, lands the weights through :meth:`RolloutEngine.apply_weights`. So an engine that takes
+`broadcast` writes nothing for it, and a transport whose receiving end runs inside the engine
+(vLLM's workers over `nccl` or `ipc`) is received by the engine's own code. An engine never
+imports a transport module, nor the reverse; they share only `rlcore.weights_protocol`.
 
 Engines are built by :meth:`RolloutEngine.from_config`; the registry names the class.
 """
@@ -30,6 +28,7 @@ if TYPE_CHECKING:  # type names only: validation imports this before torch loads
     import torch
 
     from rlcore.config import RunConfig
+    from rlcore.weights_protocol import Receiver, Seat
 
 
 @dataclass
@@ -110,23 +109,13 @@ class RolloutEngine(abc.ABC):
         """Restore a state from :meth:`rng_state`; False when the engine has no such RNG."""
         return False
 
-    # ---- weight transports beyond `broadcast` (see the module docstring)
+    # ---- weight receive (see the module docstring)
 
-    def init_weight_transfer(self, master_address: str, master_port: int, rank_offset: int, world_size: int,
-                             timeout_s: float | None = None) -> None:
-        """`nccl`: join the trainer's group; the engine's workers take ranks from `rank_offset`."""
-        raise NotImplementedError(f"{type(self).__name__} does not receive weights over the 'nccl' transport")
-
-    def receive_weights(self, update_info: dict, version: int, timeout_s: float | None = None) -> dict[str, float]:
-        """`nccl`: receive one update described by `update_info` and serve it as `version`;
-        returns timings in seconds."""
-        raise NotImplementedError(f"{type(self).__name__} does not receive weights over the 'nccl' transport")
-
-    def receive_ipc(self, update_info: dict, handle: dict, version: int,
-                    timeout_s: float | None = None) -> dict[str, float]:
-        """`ipc`: land the update the trainer rank on this GPU wrote into the buffer `handle`
-        names, and serve it as `version`; returns timings in seconds."""
-        raise NotImplementedError(f"{type(self).__name__} does not receive weights over the 'ipc' transport")
+    def receiver(self, transport: str, seat: Seat) -> Receiver | None:
+        """This engine's own receiver for `transport`, joined to its group at `seat` (building it
+        joins, at the same time as the sender); None (the default): it has no receiver of its own,
+        and the transport's own receiver delivers each sync through :meth:`apply_weights`."""
+        return None
 
     # ---- sleep mode (colocated engines that free their GPU memory while the trainer steps)
 

@@ -1,8 +1,9 @@
 """Engine plug-ins: one table maps an engine name to everything the rest of rlcore asks about it.
 
-Validation (`rlcore.config.validate`), placement (`rlcore.placement`), the plan (`rlcore.plan`), the
-rollout and teacher actors (`actors/`) and the weight transports (`rlcore.transfer`) read an
-engine's :class:`EngineSpec` and never branch on its name. The class is named by its import path, so this
+Validation (`rlcore.config.validate`), placement (`rlcore.placement`), the plan (`rlcore.plan`) and the
+rollout and teacher actors (`actors/`) read an engine's :class:`EngineSpec` and never branch on
+its name. The weight transports never read it: the actors pass them the transport's name
+(:func:`weight_transport`) and the engine's worker count (:func:`tensor_parallel_size`). The class is named by its import path, so this
 module (and validation) stays free of torch: the class is imported only where an engine is built.
 
 Each engine reads its options from its own config section (`rollout.vllm.*`, `rollout.hf.*`, and
@@ -14,7 +15,11 @@ Adding an engine (SGLang, say): write a :class:`rlcore.engine.base.RolloutEngine
 options dataclass) in its own module or folder, and add one :class:`EngineSpec` line to
 ``_BUILT_IN`` below (a test or an out-of-tree plug-in calls :func:`register_engine` instead).
 vllm's and hf's sections are fields of `RolloutConfig` / `TeacherConfig`; a plug-in's section is
-declared by :func:`register_engine` in :mod:`rlcore.config.plugins` (no class is changed).
+declared by :func:`register_engine` in :mod:`rlcore.config.plugins` (no class is changed). Over
+`broadcast` that is all: the transport's own receiver lands weights through `apply_weights`. For
+a transport whose receiving end runs inside the engine (`nccl`, `ipc`, or one of its own wire
+registered with the transfer package's `register_transport`), the engine also returns its
+receiver from `RolloutEngine.receiver`, in its own folder (vLLM's: `rlcore/engine/vllm/`).
 """
 
 from __future__ import annotations
@@ -27,17 +32,12 @@ from rlcore.config import RolloutConfig
 from rlcore.config.engines import HFOptions, VLLMOptions
 from rlcore.config.plugins import add_plugin_section, remove_plugin_section
 from rlcore.config.teacher import TeacherConfig
-from rlcore.engine.vllm_checks import vllm_problems
+from rlcore.engine.vllm.vllm_checks import vllm_problems
 
 if TYPE_CHECKING:
     from rlcore.config import RunConfig
     from rlcore.engine.base import RolloutEngine
 
-TRANSPORTS = ("broadcast", "nccl", "ipc")
-"""Weight transports (see :mod:`rlcore.engine.base`; each a sender / receiver pair in
-`rlcore.transfer`): `broadcast` (rlcore's bucketed broadcast, gloo on CPU / NCCL on GPU, into
-`apply_weights`), `nccl` (the engine's workers join the trainer's NCCL group), `ipc` (CUDA IPC
-from the trainer rank on the same GPU)."""
 COLOCATED_TRANSPORT = "ipc"
 """The transport of colocated placement (trainer rank and engine on one GPU); split placement
 never uses it."""
@@ -58,8 +58,10 @@ class EngineSpec:
     """Dataclass of its section (one-line docstring per field); its engine reads it from
     `cfg.rollout.<section>` (:func:`engine_options`)."""
     transports: tuple[str, ...] = ("broadcast",)
-    """Weight transports it receives; split placement uses the first that is not
-    :data:`COLOCATED_TRANSPORT`, and colocated placement needs that one."""
+    """Weight transports it receives (names in the transfer package's `PAIRS`; validation checks
+    they are registered); split placement uses the first that is not :data:`COLOCATED_TRANSPORT`,
+    and colocated placement needs that one. For each that has no receiver of its own the engine
+    returns its receiver from `RolloutEngine.receiver`."""
     needs_gpu: bool = False
     """It runs on GPUs only (`tensor_parallel_size` GPUs per actor)."""
     memory_share_kwarg: str | None = None
@@ -74,7 +76,7 @@ class EngineSpec:
 
 _BUILT_IN = (
     EngineSpec("hf", "rlcore.engine.hf_engine:HFEngine", section="hf", options=HFOptions),
-    EngineSpec("vllm", "rlcore.engine.vllm_engine:VLLMEngine", section="vllm", options=VLLMOptions,
+    EngineSpec("vllm", "rlcore.engine.vllm.vllm_engine:VLLMEngine", section="vllm", options=VLLMOptions,
                transports=("nccl", "ipc"), needs_gpu=True, memory_share_kwarg="gpu_memory_utilization",
                rollout_only=("weight_reload", "kv_on_update", "quantization", "sleep_level"), problems=vllm_problems),
 )
@@ -85,9 +87,9 @@ def register_engine(spec: EngineSpec) -> EngineSpec:
     """Add (or replace) an engine by name; returns `spec`. An engine with a section new to the
     schema gets it under `rollout.<section>` and `teacher.<section>` (settable from YAML and the
     command line like the built-in ones)."""
-    unknown = [t for t in spec.transports if t not in TRANSPORTS]
-    if unknown or not spec.transports:
-        raise ValueError(f"engine {spec.name!r}: transports must be some of {list(TRANSPORTS)}, got {list(spec.transports)}")
+    if not spec.transports or not all(isinstance(t, str) and t for t in spec.transports):
+        raise ValueError(f"engine {spec.name!r}: transports must be transport names, "
+                         f"got {list(spec.transports)}")
     if (spec.section is None) != (spec.options is None) or (spec.options is not None and not is_dataclass(spec.options)):
         raise ValueError(f"engine {spec.name!r}: section and options go together, options a dataclass")
     if spec.section is not None:

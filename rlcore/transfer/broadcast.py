@@ -1,6 +1,6 @@
 """The `broadcast` transport: rlcore's own bucketed broadcast of the `SyncPlan` over a weight
-group, into :meth:`RolloutEngine.apply_weights`. Every engine can take it. On CPU it runs over
-gloo (DESIGN's `gloo` transport), on GPU over NCCL.
+group, into the engine's `apply_weights`. Its :class:`Receiver` is the transport's own, so every
+engine can take it without a receiver of its own. On CPU it runs over gloo, on GPU over NCCL.
 
 The weight group: trainer sender (rank 0) + one rank per rollout actor, apart from FSDP's group.
 It is a stand-alone gloo (CPU) or NCCL (GPU) group built from its own TCPStore, so it never
@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Callable, Iterable, Iterator
 import torch
 import torch.distributed as dist
 
+from rlcore import weights_protocol
 from rlcore.transfer import base
 from rlcore.transfer.plan import (
     SyncPlan,
@@ -25,8 +26,7 @@ from rlcore.transfer.plan import (
 )
 
 if TYPE_CHECKING:
-    from rlcore.config import RunConfig
-    from rlcore.engine.base import RolloutEngine
+    from rlcore.weights_protocol import ReceivingEngine, Seat, TransferOptions
 
 
 class WeightGroup:
@@ -76,24 +76,23 @@ def receive_all(group: WeightGroup, plan: SyncPlan) -> Iterable[tuple[str, torch
 class Sender(base.Sender):
     """Trainer rank 0: hosts the weight group and broadcasts every bucket of the plan."""
 
-    def __init__(self, cfg: RunConfig, plan: SyncPlan, device: str, address: str, port: int,
+    def __init__(self, options: TransferOptions, plan: SyncPlan, device: str, address: str, port: int,
                  world_size: int):
         self.plan = plan
-        self.group = WeightGroup(address, port, 0, world_size, cfg.rollout.weight_sync_timeout_s, device)
+        self.group = WeightGroup(address, port, 0, world_size, options.timeout_s, device)
 
     def send(self, named: Iterator[tuple[str, torch.Tensor]]) -> int:
         return self.group.send(self.plan, named)
 
 
-class Receiver(base.Receiver):
+class Receiver(weights_protocol.Receiver):
     """One rank per rollout actor (on its GPU, or CPU); receives the whole sync, then swaps it into
-    the engine under one short lock hold."""
+    the engine (any engine: through `apply_weights`) under one short lock hold."""
 
-    def __init__(self, cfg: RunConfig, plan: SyncPlan, engine: RolloutEngine, address: str, port: int,
-                 rank: int, world_size: int, handle: dict | None = None):
-        self.plan, self.engine = plan, engine
-        device = "cuda" if cfg.rollout.gpus_per_actor > 0 else "cpu"
-        self.group = WeightGroup(address, port, rank, world_size, cfg.rollout.weight_sync_timeout_s, device)
+    def __init__(self, seat: Seat, engine: ReceivingEngine):
+        self.plan, self.engine = seat.layout, engine
+        self.group = WeightGroup(seat.address, seat.port, seat.rank, seat.world_size, seat.options.timeout_s,
+                                 seat.options.receive_device)
 
     def receive(self, version: int) -> dict[str, float]:
         start = time.perf_counter()

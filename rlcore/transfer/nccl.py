@@ -1,11 +1,14 @@
-"""The `nccl` transport: vLLM's packed NCCL broadcast into vLLM engines (:class:`VLLMEngine`).
+"""The `nccl` transport: vLLM's packed NCCL broadcast, into engines whose workers join the group
+themselves (vLLM's).
 
-:class:`Sender` (trainer rank 0) drives the functions below; :class:`Receiver` (rollout actor)
-has the engine's workers join the group (:meth:`RolloutEngine.init_weight_transfer`) and receive
-each update in place (:meth:`RolloutEngine.receive_weights`, `rlcore.engine.vllm_updates`).
+:class:`Sender` (trainer rank 0) drives the functions below. There is no receiver here: the
+receiving end runs inside the engine's workers, so an engine that takes `nccl` returns its own
+receiver from its `receiver` hook, built from its `Seat` (rendezvous, first rank, and
+`Seat.layout`: the packed `update_info` of :meth:`Sender.layout`). Each engine worker takes one
+rank of the group (the transport's `rank_per_worker`).
 
 The group: the trainer's sending rank is rank 0 (it hosts the rendezvous store); engine workers
-take ranks ``1 .. world_size - 1`` (each engine joins with its own ``rank_offset``). The wire
+take ranks ``1 .. world_size - 1`` (each engine joins with its own first rank). The wire
 format is vLLM's packed broadcast: tensors are flattened to bytes and concatenated into buckets of
 ``bucket_bytes`` (a bucket closes at the first tensor that takes it past the size), broadcast one
 after another with ``num_buffers`` buckets in flight. The receiver rebuilds the same buckets from
@@ -36,7 +39,6 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Sequence
 
 import torch
 
-from rlcore.engine.registry import tensor_parallel_size
 from rlcore.transfer import base
 from rlcore.transfer.plan import (
     DEFAULT_BUCKET_BYTES,
@@ -50,8 +52,7 @@ from rlcore.transfer.plan import (
 )
 
 if TYPE_CHECKING:
-    from rlcore.config import RunConfig
-    from rlcore.engine.base import RolloutEngine
+    from rlcore.weights_protocol import TransferOptions
 
 
 class WeightSyncTimeout(TimeoutError):
@@ -121,7 +122,7 @@ def init_sender(master_address: str, master_port: int, world_size: int, timeout_
                 device: torch.device | int | None = None) -> WeightSender:
     """Host the rendezvous as rank 0 and build the NCCL communicator with every engine worker
     (vLLM's ``NCCLWeightTransferEngine.trainer_init``). Blocks until all ``world_size`` members
-    joined (engines call :meth:`VLLMEngine.init_weight_transfer` at the same time), at most
+    joined (the engines' receivers join at the same time), at most
     ``timeout_s``."""
     from vllm.distributed.weight_transfer.nccl_engine import NCCLWeightTransferEngine
 
@@ -234,35 +235,18 @@ class Sender(base.Sender):
     """Trainer rank 0: hosts the group and broadcasts every update in :data:`WIRE_DTYPE`, checked
     against the update info the engines were given."""
 
-    def __init__(self, cfg: RunConfig, plan: SyncPlan, device: str, address: str, port: int,
+    def __init__(self, options: TransferOptions, plan: SyncPlan, device: str, address: str, port: int,
                  world_size: int):
-        self.cfg = cfg
-        self.update_info = vllm_update_info(cfg, plan)
-        self.vllm = init_sender(address, port, world_size, timeout_s=cfg.rollout.weight_sync_timeout_s)
+        self.bucket_bytes = options.bucket_bytes
+        self.update_info = vllm_update_info(plan, options.bucket_bytes)
+        self.vllm = init_sender(address, port, world_size, timeout_s=options.timeout_s)
 
     def send(self, named: Iterator[tuple[str, torch.Tensor]]) -> int:
         wire = ((n, t.to(WIRE_DTYPE)) for n, t in named)
-        info = self.vllm.send(wire, bucket_bytes=int(self.cfg.rollout.sync_bucket_mb * 2**20),
-                              expect=self.update_info)
+        info = self.vllm.send(wire, bucket_bytes=self.bucket_bytes, expect=self.update_info)
         return int(info["stats"]["bytes"])
 
-
-class Receiver(base.Receiver):
-    """The engine's workers join the group, one rank each, and land every update in place."""
-
-    def __init__(self, cfg: RunConfig, plan: SyncPlan, engine: RolloutEngine, address: str, port: int,
-                 rank: int, world_size: int, handle: dict | None = None):
-        self.cfg, self.engine = cfg, engine
-        self.update_info = vllm_update_info(cfg, plan)
-        engine.init_weight_transfer(address, port, rank, world_size, timeout_s=cfg.rollout.weight_sync_timeout_s)
-
-    def receive(self, version: int) -> dict[str, float]:
-        start = time.perf_counter()
-        times = self.engine.receive_weights(self.update_info, version,
-                                            timeout_s=self.cfg.rollout.weight_sync_timeout_s)
-        return base.engine_timings(start, times)
-
     @classmethod
-    def ranks_per_actor(cls, cfg: RunConfig) -> int:
-        """One rank per engine worker."""
-        return tensor_parallel_size(cfg.rollout)
+    def layout(cls, plan: SyncPlan, options: TransferOptions) -> dict:
+        """vLLM's packed `update_info` of every update (:func:`vllm_update_info`)."""
+        return vllm_update_info(plan, options.bucket_bytes)

@@ -16,12 +16,9 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Iterable, Iterator
+from typing import Any, Iterable, Iterator
 
 import torch
-
-if TYPE_CHECKING:
-    from rlcore.config import RunConfig
 
 _DTYPES = {
     "float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16,
@@ -192,8 +189,8 @@ def update_info_bytes(update_info: dict) -> int:
     return sum(tensor_bytes(update_info))
 
 
-def vllm_update_info(cfg: RunConfig, plan: SyncPlan) -> dict:
+def vllm_update_info(plan: SyncPlan, bucket_bytes: int) -> dict:
     """`plan`'s tensors, in plan order, in :data:`WIRE_DTYPE`, packed in buckets of
-    `rollout.sync_bucket_mb`: what a vLLM engine is told before each `nccl` / `ipc` update."""
+    `bucket_bytes`: what a vLLM engine is told before each `nccl` / `ipc` update."""
     metas = [(m.name, WIRE_DTYPE, m.shape) for b in plan.buckets for m in b.metas]
-    return update_info_for(metas, bucket_bytes=int(cfg.rollout.sync_bucket_mb * 2**20))
+    return update_info_for(metas, bucket_bytes=int(bucket_bytes))

@@ -165,7 +165,7 @@ def test_timeouts_give_errors_not_hangs(setup):
     timeout, either with WeightSyncError (engine then refuses work) or, as seen on the H200 box,
     "successfully" with garbage, which the canary must catch. Leaves the group broken: keep last."""
     from rlcore.engine.base import SamplingParams
-    from rlcore.engine.vllm_engine import WeightSyncError
+    from rlcore.engine.vllm.vllm_engine import WeightSyncError
 
     engine, trainer, info = setup["engine"], setup["trainer"], setup["info"]
     t = time.monotonic()

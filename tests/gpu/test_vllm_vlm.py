@@ -29,7 +29,7 @@ def test_vllm_vlm_image_prompt_sync_and_canary():
 
     from rlcore.engine.base import SamplingParams
     from rlcore.engine.hf_engine import HFEngine
-    from rlcore.engine.vllm_engine import VLLMEngine
+    from rlcore.engine.vllm.vllm_engine import VLLMEngine
     from rlcore.envs import make_env
     from rlcore.envs.base import task_images
     from rlcore.models.build import build_model, build_tokenizer

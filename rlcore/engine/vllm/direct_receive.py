@@ -201,8 +201,9 @@ class DirectReceiver:
     def receive_in_place(self, update_info: dict, flat: torch.Tensor) -> dict[str, float]:
         """Receive one update whose buckets already lie back to back in ``flat`` (uint8, e.g. a
         trainer's buffer mapped over CUDA IPC): the planned copies read straight from it, no
-        receive buffer. ``flat`` must stay the same tensor between updates (plans point into it).
-        Returns the same counts as :meth:`receive`."""
+        receive buffer. ``flat`` must stay the same tensor between updates (plans point into it)
+        and hold every bucket (RuntimeError otherwise, before anything is copied). Returns the
+        same counts as :meth:`receive`."""
         key = (self._key(update_info), flat.data_ptr())
         if self.fingerprint() != self._planned_for:
             self._plans.clear()
@@ -210,6 +211,10 @@ class DirectReceiver:
         planning = buckets is None
         if planning:
             buckets = self._layout(update_info)
+            needed = sum(b.size for b in buckets)
+            if flat.numel() * flat.element_size() < needed:
+                raise RuntimeError(f"ipc receive: the trainer's buffer holds {flat.numel() * flat.element_size()} "
+                                   f"bytes, the update needs {needed}")
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         offset = 0

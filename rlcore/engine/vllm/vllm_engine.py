@@ -13,12 +13,13 @@ with ``logprobs_mode="processed_logprobs"``, which makes vLLM report log-softmax
 prompt logprobs, which are always the raw (temperature 1) ones.
 
 The engine's other jobs live next to it, one module each: per-token versions of requests in
-flight (:mod:`rlcore.engine.vllm_versions`), weight receive and load with the KV-cache and
-quantization rules (:mod:`rlcore.engine.vllm_updates`), colocated IPC receive and sleep mode
-(:mod:`rlcore.engine.vllm_colocated`), the code that runs inside vLLM's workers
-(:mod:`rlcore.engine.vllm_worker`), the tensor codec of its RPC channel
-(:mod:`rlcore.engine.vllm_codec`) and the model directory built from a run config
-(:mod:`rlcore.engine.vllm_model_dir`).
+flight (:mod:`rlcore.engine.vllm.vllm_versions`), weight receive and load with the KV-cache and
+quantization rules (:mod:`rlcore.engine.vllm.vllm_updates`), colocated IPC receive and sleep mode
+(:mod:`rlcore.engine.vllm.vllm_colocated`), its receivers for the `nccl` and `ipc` transports
+(:mod:`rlcore.engine.vllm.vllm_receivers`), the code that runs inside vLLM's workers
+(:mod:`rlcore.engine.vllm.vllm_worker`), the tensor codec of its RPC channel
+(:mod:`rlcore.engine.vllm.vllm_codec`) and the model directory built from a run config
+(:mod:`rlcore.engine.vllm.vllm_model_dir`).
 
 vLLM is imported lazily: this module imports on a CPU-only machine without vLLM.
 """
@@ -35,12 +36,14 @@ import threading
 from typing import Any, Literal
 
 from rlcore.engine.base import Generation, RolloutEngine, SamplingParams, WeightSyncError
-from rlcore.engine.vllm_colocated import ColocatedEngine
-from rlcore.engine.vllm_model_dir import engine_args_from_config
-from rlcore.engine.vllm_updates import KVOnUpdate, Reload, WeightUpdates, check_reload
-from rlcore.engine.vllm_versions import InFlightRequest, VersionMarks
-from rlcore.engine.vllm_worker import WORKER_EXTENSION
+from rlcore.engine.vllm.vllm_colocated import ColocatedEngine
+from rlcore.engine.vllm.vllm_model_dir import engine_args_from_config
+from rlcore.engine.vllm.vllm_receivers import RECEIVERS
+from rlcore.engine.vllm.vllm_updates import KVOnUpdate, Reload, WeightUpdates, check_reload
+from rlcore.engine.vllm.vllm_versions import InFlightRequest, VersionMarks
+from rlcore.engine.vllm.vllm_worker import WORKER_EXTENSION
 from rlcore.models.vision import collapse_image_tokens
+from rlcore.weights_protocol import Receiver, Seat
 
 log = logging.getLogger(__name__)
 
@@ -155,7 +158,7 @@ class VLLMEngine(WeightUpdates, VersionMarks, ColocatedEngine, RolloutEngine):
     @classmethod
     def from_config(cls, cfg: Any, seed: int = 0, tokenizer: Any = None, **overrides: Any) -> "VLLMEngine":
         """Build from a :class:`rlcore.config.RunConfig`
-        (:func:`rlcore.engine.vllm_model_dir.engine_args_from_config`); ``overrides`` go to the
+        (:func:`rlcore.engine.vllm.vllm_model_dir.engine_args_from_config`); ``overrides`` go to the
         constructor. A random-weight model (``model.path`` null) is started from its ``arch``
         config with dummy weights: the first sync fills them."""
         path, kwargs = engine_args_from_config(cfg, seed=seed, tokenizer=tokenizer)
@@ -325,7 +328,16 @@ class VLLMEngine(WeightUpdates, VersionMarks, ColocatedEngine, RolloutEngine):
             raise ValueError("score needs at least one prompt token before the completion")
         return self._call(self._score_many(pairs), self.request_timeout_s, "score")
 
-    # ---------------------------------------------------------------- worker calls (weights: vllm_updates)
+    # ---------------------------------------------------------------- weight receive (the rest: vllm_updates)
+
+    def receiver(self, transport: str, seat: Seat) -> Receiver | None:
+        """Its own receiver for `nccl` or `ipc` (:mod:`rlcore.engine.vllm.vllm_receivers`),
+        joined at `seat`; None for any other transport (then the weights arrive through
+        :meth:`apply_weights`, the slow RPC path)."""
+        cls = RECEIVERS.get(transport)
+        return None if cls is None else cls(self, seat)
+
+    # ---------------------------------------------------------------- worker calls
 
     async def _rpc(self, method: str, **kwargs: Any) -> list:
         return await self._llm.collective_rpc(method, timeout=self.rpc_timeout_s, kwargs=kwargs or None)

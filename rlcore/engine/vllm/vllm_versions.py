@@ -13,7 +13,7 @@ handler runs on this loop during the update's awaits).
 
 :class:`InFlightRequest` keeps one request's tokens and the version marks (first token index,
 version) updates left on it; :class:`VersionMarks` is the engine's side (mixed into
-:class:`rlcore.engine.vllm_engine.VLLMEngine`, whose ``_active``, ``_llm``, ``_version`` and
+:class:`rlcore.engine.vllm.vllm_engine.VLLMEngine`, whose ``_active``, ``_llm``, ``_version`` and
 ``output_mode`` it reads).
 """
 

@@ -12,11 +12,11 @@ import time
 
 import torch
 
-from rlcore.engine.direct_receive import DirectReceiver
-from rlcore.engine.vllm_codec import pack_tensor, unpack_tensor
-from rlcore.engine.vllm_colocated import receive_ipc_on_worker
+from rlcore.engine.vllm.direct_receive import DirectReceiver
+from rlcore.engine.vllm.vllm_codec import pack_tensor, unpack_tensor
+from rlcore.engine.vllm.vllm_colocated import receive_ipc_on_worker
 
-WORKER_EXTENSION = "rlcore.engine.vllm_worker.RLCoreWorkerExtension"
+WORKER_EXTENSION = "rlcore.engine.vllm.vllm_worker.RLCoreWorkerExtension"
 """The dotted path vLLM imports the extension by (``worker_extension_cls``)."""
 
 
@@ -31,7 +31,7 @@ class RLCoreWorkerExtension:
 
     def rlcore_receive_direct(self, update_info: dict) -> dict:
         """Receive one packed NCCL update straight into the parameters
-        (:class:`rlcore.engine.direct_receive.DirectReceiver`: vLLM's loader is run and recorded
+        (:class:`rlcore.engine.vllm.direct_receive.DirectReceiver`: vLLM's loader is run and recorded
         on the first update of a layout, replayed as batched copies after). Returns the seconds
         spent on this worker and the receiver's counts."""
         engine = getattr(self, "weight_transfer_engine", None)
@@ -53,7 +53,7 @@ class RLCoreWorkerExtension:
 
     def rlcore_receive_ipc(self, update_info: dict, handle: dict) -> dict:
         """Colocated placement: receive one update from the trainer rank's CUDA IPC buffer
-        (:func:`rlcore.engine.vllm_colocated.receive_ipc_on_worker`)."""
+        (:func:`rlcore.engine.vllm.vllm_colocated.receive_ipc_on_worker`)."""
         return receive_ipc_on_worker(self, update_info, handle)
 
     def rlcore_load_weights(self, weights: list, layerwise: bool = False) -> int:

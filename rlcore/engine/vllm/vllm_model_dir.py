@@ -15,7 +15,7 @@ from rlcore.models.build import build_tokenizer, random_model_config
 
 
 def engine_args_from_config(cfg: Any, seed: int = 0, tokenizer: Any = None) -> tuple[str, dict[str, Any]]:
-    """(model, keyword arguments) of :class:`rlcore.engine.vllm_engine.VLLMEngine` for a
+    """(model, keyword arguments) of :class:`rlcore.engine.vllm.vllm_engine.VLLMEngine` for a
     :class:`rlcore.config.RunConfig`. A random-weight model (``model.path`` null) is written as a
     directory holding its ``config.json`` (plus tokenizer and image processor for a
     vision-language model) and started with dummy weights: the first sync fills them."""

@@ -3,13 +3,14 @@
 Weight sync. The NCCL path is vLLM's native weight transfer (``weight_transfer_config =
 {"backend": "nccl"}``): :meth:`init_weight_transfer` joins the trainer's group, and
 :meth:`receive_weights` runs one of two receive paths around the trainer's broadcast
-(:mod:`rlcore.transfer.nccl`):
+(the `nccl` transport; the engine's receiver for it is
+:class:`rlcore.engine.vllm.vllm_receivers.NCCLReceiver`):
 
 - ``reload="layerwise"`` (vLLM's own): pause(keep) -> start_weight_update -> update_weights ->
   finish_weight_update -> bump version -> resume. The layer-by-layer reload re-materialises and
   re-processes every layer, so quantised or post-processed weights stay correct.
 - ``reload="direct"``: one worker call receives the same packed buckets straight into the
-  parameters (:class:`rlcore.engine.direct_receive.DirectReceiver`: vLLM's loader recorded once,
+  parameters (:class:`rlcore.engine.vllm.direct_receive.DirectReceiver`: vLLM's loader recorded once,
   replayed as batched copies) -> bump version. It runs between two engine steps and needs no
   pause. Only for weights that need no processing after loading; the canary catches a mismatch.
 
@@ -39,9 +40,9 @@ bf16 and each sync re-quantizes. ``reload="direct"`` (plain ``load_weights`` int
 processed FP8 parameters) is wrong for such a model and is refused; :meth:`load_weights` wraps
 its ``load_weights`` in the same layerwise reload when the engine is quantized.
 
-:class:`WeightUpdates` is mixed into :class:`rlcore.engine.vllm_engine.VLLMEngine` (it uses that
+:class:`WeightUpdates` is mixed into :class:`rlcore.engine.vllm.vllm_engine.VLLMEngine` (it uses that
 class's loop plumbing: ``_call``, ``_rpc``, ``_check``, ``_llm``); the worker half is
-:mod:`rlcore.engine.vllm_worker`.
+:mod:`rlcore.engine.vllm.vllm_worker`.
 """
 
 from __future__ import annotations
@@ -54,7 +55,7 @@ from typing import Any, Iterable, Literal
 import torch
 
 from rlcore.engine.base import WeightSyncError
-from rlcore.engine.vllm_codec import pack_tensor, unpack_tensor
+from rlcore.engine.vllm.vllm_codec import pack_tensor, unpack_tensor
 
 Reload = Literal["layerwise", "direct"]
 KVOnUpdate = Literal["keep", "recompute"]
@@ -131,7 +132,7 @@ class WeightUpdates:
     def init_weight_transfer(self, master_address: str, master_port: int, rank_offset: int,
                              world_size: int, timeout_s: float | None = None) -> None:
         """Join the trainer's NCCL weight-transfer group (blocks until every member joined; the
-        trainer calls :func:`rlcore.transfer.nccl.init_sender` at the same time). This
+        trainer's `nccl` sender hosts it at the same time). This
         engine's workers take ranks ``rank_offset .. rank_offset + num_workers - 1``."""
         self._check()
         init_info = dict(master_address=master_address, master_port=int(master_port),
@@ -143,7 +144,7 @@ class WeightUpdates:
     def receive_weights(self, update_info: dict, version: int, timeout_s: float | None = None) -> dict[str, float]:
         """Receive one NCCL broadcast of the full weights and serve them as policy ``version``.
 
-        ``update_info`` comes from :func:`rlcore.transfer.plan.update_info_for` (names, dtypes,
+        ``update_info`` is vLLM's packed description that the trainer's sender made (names, dtypes,
         shapes, bucket layout: it must match what the trainer sends, in order). Call it while the
         trainer calls ``send_weights``. Returns timings (``pause_s``, ``load_s``, ``resume_s``,
         ``total_s``, and per-step ones). Raises :class:`WeightSyncError` on failure or after

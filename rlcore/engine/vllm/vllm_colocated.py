@@ -1,7 +1,8 @@
 """What a vLLM engine does when it shares its GPU with a trainer rank (colocated placement):
-receive weights over CUDA IPC (:mod:`rlcore.transfer.ipc`) and sleep while the trainer steps.
+receive weights over CUDA IPC (the `ipc` transport; its receiver is
+:class:`rlcore.engine.vllm.vllm_receivers.IPCReceiver`) and sleep while the trainer steps.
 
-Mixed into :class:`rlcore.engine.vllm_engine.VLLMEngine` (it uses that class's loop plumbing:
+Mixed into :class:`rlcore.engine.vllm.vllm_engine.VLLMEngine` (it uses that class's loop plumbing:
 ``_call``, ``_rpc``, ``_swap``, ``_needs_pause``); the worker half is
 :meth:`RLCoreWorkerExtension.rlcore_receive_ipc`.
 """
@@ -14,15 +15,33 @@ from typing import Any
 
 import torch
 
+from rlcore.cuda_ipc import open_handle
 from rlcore.engine.base import WeightSyncError
-from rlcore.engine.direct_receive import DirectReceiver
-from rlcore.transfer.ipc import IPCReceiver
+from rlcore.engine.vllm.direct_receive import DirectReceiver
+
+
+class WorkerIPCReceiver:
+    """Engine-worker side of the `ipc` transport: the trainer's buffer, opened once on the
+    worker's device (the GPU's UUID must match the handle's: the two processes really share the
+    GPU), and each update landed straight in the parameters with
+    :meth:`DirectReceiver.receive_in_place` (vLLM's loader recorded once, replayed as batched
+    device copies), between two engine steps."""
+
+    def __init__(self, direct_receiver: DirectReceiver, device: torch.device):
+        self.direct = direct_receiver
+        self.device = device
+        self._opened: tuple[bytes, torch.Tensor] | None = None
+
+    def receive(self, update_info: dict, handle: dict) -> dict[str, float]:
+        if self._opened is None or self._opened[0] != handle["args"]:
+            self._opened = (handle["args"], open_handle(handle, self.device))
+        return self.direct.receive_in_place(update_info, self._opened[1])
 
 
 def receive_ipc_on_worker(worker: Any, update_info: dict, handle: dict) -> dict:
     """Worker side: open the trainer's buffer once and land the update in the parameters
-    (:class:`rlcore.transfer.ipc.IPCReceiver` over a
-    :class:`rlcore.engine.direct_receive.DirectReceiver`). Returns the worker's seconds and counts."""
+    (:class:`WorkerIPCReceiver` over a :class:`rlcore.engine.vllm.direct_receive.DirectReceiver`).
+    Returns the worker's seconds and counts."""
     start = time.perf_counter()
     receiver = getattr(worker, "_rlcore_ipc_receiver", None)
     if receiver is None:
@@ -30,7 +49,7 @@ def receive_ipc_on_worker(worker: Any, update_info: dict, handle: dict) -> dict:
         device = next(p for p in model.parameters() if p.device.type == "cuda").device
         direct = DirectReceiver(model.load_weights, device,
                                 fingerprint=lambda: tuple(p.data_ptr() for p in model.parameters()))
-        receiver = worker._rlcore_ipc_receiver = IPCReceiver(direct, device)
+        receiver = worker._rlcore_ipc_receiver = WorkerIPCReceiver(direct, device)
     stats = receiver.receive(update_info, handle)
     return {**stats, "worker_s": time.perf_counter() - start}
 
