@@ -5,10 +5,10 @@ back, and checks each sync with the canary.
 
 The order of a sync's calls comes from the transport's own flags (`rlcore.transfer.base.Sender`):
 a collective transport (`buffered` False: `broadcast`, `nccl`) has rank 0's rendezvous, and the
-trainer's send and the engines' receive run together; a buffered one (`ipc`, where `every_rank`:
-every trainer rank writes a buffer that the engine on its GPU opens) has no process group, and
-the engines read only after every rank has written (or the train step wrote it already,
-`pushed`). Colocated placement (trainer rank i and engine i on GPU i) is this component's
+trainer's send and the engines' receive run together; a buffered one (`ipc`) has no process
+group, and the engines read only after every rank has written (or the train step wrote it
+already, `pushed`). With `every_rank` (`ipc`) each trainer rank writes a buffer that the engine
+of the same index (on its GPU) opens; without it, every engine opens rank 0's. Colocated placement (trainer rank i and engine i on GPU i) is this component's
 business too: the engines start before the trainer (vLLM sizes its memory at start-up), and with
 a sleep level they sleep while the trainer steps (`before_train` / `after_train`).
 """
@@ -73,8 +73,10 @@ class WeightSync:
         whose member died cannot be repaired, only replaced)."""
         actors = list(self.rollouts.serving) if actors is None else actors
         t, r = self.trainers, self.rollouts
-        if self.transport.buffered:  # no process group: each engine opens its trainer rank's buffer
+        if self.transport.buffered:  # no process group: the engines open the trainer's buffers
             handles = get(t.init_weight_group("", 0, self.plan), self.timeout_s, "weight buffers (IPC) init", t.names)
+            if not self.transport.every_rank:  # one sender (rank 0): every engine reads its buffer
+                handles = [handles[0]] * len(r)
             get(r.open_buffers(actors, self.plan, handles), self.timeout_s, "weight receivers (IPC) init",
                 r.names(actors))
         elif actors:
