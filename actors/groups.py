@@ -1,4 +1,6 @@
-"""Placement: one placement group for the trainer ranks, one for the rollout actors."""
+"""Placement: one placement group for the trainer ranks, one for the rollout actors (one shared
+group when colocated); the trainer group (`actors.trainer_group`) and the rollout actors start
+in their bundles."""
 
 from __future__ import annotations
 
@@ -12,9 +14,9 @@ from ray.util.placement_group import (
 )
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from actors.logs import QUIET_ENV
+from actors.logs import runtime_env
 from actors.rollout import RolloutWorker
-from actors.trainer import TrainerRank
+from actors.trainer_group import TrainerGroup
 from rlcore.config import RunConfig
 from rlcore.placement import colocated_shares
 
@@ -45,22 +47,25 @@ def rollout_bundles(cfg: RunConfig) -> list[dict[str, float]]:
 
 @dataclass
 class Groups:
+    """What `place` started: the placement groups, the trainer group (None without one) and the
+    rollout actors' handles (empty without them)."""
+
     trainer_pg: PlacementGroup | None
     rollout_pg: PlacementGroup | None
-    trainers: list
+    trainers: TrainerGroup | None
     rollouts: list
 
     def shutdown(self) -> None:
         """Close the trainers' process groups (best effort: this runs on the way out, also after a
         fault), then kill every actor and free both placement groups."""
-        try:
-            ray.get([t.shutdown.remote() for t in self.trainers], timeout=30)
-        except Exception:
-            pass
+        if self.trainers is not None:
+            self.trainers.shutdown()
         self.remove()
 
     def remove(self) -> None:
-        for a in self.trainers + self.rollouts:
+        if self.trainers is not None:
+            self.trainers.kill()
+        for a in self.rollouts:
             ray.kill(a, no_restart=True)
         pgs = [self.trainer_pg] + ([self.rollout_pg] if self.rollout_pg is not self.trainer_pg else [])
         for pg in pgs:
@@ -68,16 +73,10 @@ class Groups:
                 remove_placement_group(pg)
 
 
-def _runtime_env() -> dict:
-    # NVLink SHARP (NVLS) multicast is unreliable on the lent machines; keep it off everywhere
-    # QUIET_ENV: progress bars and C++ info logs off (actors' output goes to OUTPUT_DIR/logs)
-    return {"env_vars": {"NCCL_NVLS_ENABLE": "0", "TOKENIZERS_PARALLELISM": "false", **QUIET_ENV}}
-
-
 def place(cfg: RunConfig, trainer: bool = True, rollout: bool = True) -> Groups:
     """Reserve the placement groups (PACK: ranks of one group close together), wait for them
     with a timeout, and start one actor per bundle. `mode=sft` needs no rollout group and
-    `mode=eval` no trainer group: pass False to leave one out (its list is then empty).
+    `mode=eval` no trainer group: pass False to leave one out (`trainers` None, `rollouts` empty).
     Colocated placement: one group, 'rlcore-colocated', whose bundle i holds trainer rank i and
     rollout actor i, each taking half of the bundle's GPU (`colocated_shares`)."""
     shared = cfg.placement == "colocated" and trainer and rollout
@@ -98,14 +97,7 @@ def place(cfg: RunConfig, trainer: bool = True, rollout: bool = True) -> Groups:
             f"cluster has {ray.available_resources()}")
     t, r = cfg.trainer, cfg.rollout
     trainer_gpus, rollout_gpus = (colocated_shares(cfg)[1],) * 2 if shared else (t.gpus_per_rank, r.gpus_per_actor)
-    trainer_cls = ray.remote(TrainerRank)
-    trainers = [
-        trainer_cls.options(
-            num_cpus=t.cpus_per_rank, num_gpus=trainer_gpus, runtime_env=_runtime_env(),
-            scheduling_strategy=PlacementGroupSchedulingStrategy(trainer_pg, placement_group_bundle_index=i),
-        ).remote(cfg, i, t.world_size)
-        for i in range(t.world_size if trainer else 0)
-    ]
+    trainers = TrainerGroup(cfg, trainer_pg, trainer_gpus) if trainer else None
     rollout_cls = ray.remote(RolloutWorker)
     rollouts = [
         rollout_cls.options(
@@ -116,7 +108,7 @@ def place(cfg: RunConfig, trainer: bool = True, rollout: bool = True) -> Groups:
             # a dead engine is restarted and rejoins the weight group; its requests in flight are
             # counted failed by the driver, never retried blindly on new weights
             max_restarts=r.max_restarts, max_task_retries=0,
-            runtime_env=_runtime_env(),
+            runtime_env=runtime_env(),
             scheduling_strategy=PlacementGroupSchedulingStrategy(rollout_pg, placement_group_bundle_index=i),
         ).remote(cfg, i)
         for i in range(r.num_actors if rollout else 0)
