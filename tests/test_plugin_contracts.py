@@ -213,3 +213,19 @@ def test_a_plugin_returning_the_wrong_shape_is_named_at_its_first_call():
     finally:
         unregister_loss("scalar")
         unregister_estimator("means")
+
+
+def test_a_recipe_with_an_old_flat_loss_key_is_refused_naming_its_section(tmp_path, monkeypatch):
+    import shutil
+
+    import rlcore.run as run
+    from rlcore.config import ConfigError
+    conf = tmp_path / "conf"
+    shutil.copytree(run.CONF_DIR, conf)  # follows conf/recipe's link to recipes/
+    (conf / "recipe" / "old.yaml").write_text("# @package _global_\nalgo:\n  loss: dapo\n  dapo_clip_eps_high: 0.3\n")
+    (tmp_path / "recipes").mkdir()
+    (tmp_path / "recipes" / "old.yaml").write_text("")
+    monkeypatch.setattr(run, "CONF_DIR", conf)
+    monkeypatch.setattr(run, "RECIPES_DIR", tmp_path / "recipes")
+    with pytest.raises(ConfigError, match=r"^algo.dapo_clip_eps_high: moved to algo.dapo.clip_eps_high \(loss dapo's"):
+        compose(["+recipe=old"])
