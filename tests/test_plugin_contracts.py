@@ -185,8 +185,9 @@ def test_the_default_job_trains_with_a_loss_from_outside_the_package(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert len(rows) == 3
-    # the trainer ranks (other processes) ran tests.my_loss: ratio exactly 1, nothing clipped;
-    # ppo_clip's ratio against the engine's logprobs is never exactly 1 on every token
+    # the trainer ranks (other processes) ran tests.my_loss: ratio exactly 1, nothing clipped.
+    # The default ppo_clip on the same command measured ratio_min/max 0.999999/1.000001 at step 1
+    # (engine and trainer logprobs differ in the last bits), 0.35/2.72 and clip_frac 0.33 at step 2
     for row in rows:
         assert row["ratio_min"] == row["ratio_max"] == 1.0 and row["clip_frac"] == 0.0, row
         assert math.isfinite(row["loss"]) and row["loss_tokens"] > 0, row
