@@ -75,9 +75,9 @@ class RecomputeEngine(RolloutEngine):
         self.policy_version = 0
 
     @classmethod
-    def from_config(cls, cfg, seed=0, tokenizer=None):
-        tokenizer = tokenizer if tokenizer is not None else build_tokenizer(cfg.model)
-        return cls(build_model(cfg.model, tokenizer), tokenizer.eos_token_id, seed, cfg.rollout.recompute.max_tokens)
+    def from_config(cls, options: RecomputeOptions, model, *, seed=0, tokenizer=None, device="cpu"):
+        tokenizer = tokenizer if tokenizer is not None else build_tokenizer(model)
+        return cls(build_model(model, tokenizer), tokenizer.eos_token_id, seed, options.max_tokens)
 
     @torch.inference_mode()
     def generate(self, prompts, params: SamplingParams, images=None):
