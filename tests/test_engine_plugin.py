@@ -119,7 +119,7 @@ class RecomputeEngine(RolloutEngine):
     def receiver(self, transport: str, seat: Seat) -> Receiver | None:
         """Its own receiver of the `tensorwise` wire; none for another transport (`broadcast`
         then lands weights through `apply_weights`)."""
-        return TensorwiseReceiver(self, seat) if transport == "tensorwise" else None
+        return TensorwiseReceiver(seat, self) if transport == "tensorwise" else None
 
 
 class TensorwiseReceiver(Receiver):
@@ -127,7 +127,7 @@ class TensorwiseReceiver(Receiver):
     `tests/tensorwise_transport.py`; this code does not import it): each broadcast lands straight
     in its parameter, under the engine's lock, and the version moves with the last one."""
 
-    def __init__(self, engine: RecomputeEngine, seat: Seat):
+    def __init__(self, seat: Seat, engine: RecomputeEngine):
         self.engine, self.layout = engine, seat.layout
         params = dict(engine.model.named_parameters())
         for name, shape, dtype in self.layout:

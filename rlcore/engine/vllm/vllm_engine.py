@@ -336,7 +336,7 @@ class VLLMEngine(WeightUpdates, VersionMarks, ColocatedEngine, RolloutEngine):
         joined at `seat`; None for any other transport (then the weights arrive through
         :meth:`apply_weights`, the slow RPC path)."""
         cls = RECEIVERS.get(transport)
-        return None if cls is None else cls(self, seat)
+        return None if cls is None else cls(seat, self)
 
     # ---------------------------------------------------------------- worker calls
 
