@@ -36,7 +36,7 @@ def teacher_model_config(cfg: RunConfig) -> ModelConfig:
 
 
 def teacher_run_config(cfg: RunConfig) -> RunConfig:
-    """The run config a teacher engine is built from (an engine's `from_config` reads `model` and
+    """The run config a teacher engine is built from (`make_engine` reads `model` and
     `rollout`): the teacher's model, its resources and its engine's section (`teacher.vllm` as
     `rollout.vllm`; validation kept its rollout-only options, quantization and sleep among them,
     at their defaults); weights never move."""

@@ -60,8 +60,8 @@ class Seat:
 
 
 class Receiver(abc.ABC):
-    """Engine side of a weight sync: built once per group (building joins it, at the same time as
-    the sender), then :meth:`receive` once per sync."""
+    """Engine side of a weight sync: built once per group as `Receiver(seat, engine)` (building
+    joins the group, at the same time as the sender), then :meth:`receive` once per sync."""
 
     @abc.abstractmethod
     def receive(self, version: int) -> dict[str, float]:

@@ -76,9 +76,9 @@ class RecomputeEngine(RolloutEngine):
         self.policy_version = 0
 
     @classmethod
-    def from_config(cls, cfg, seed=0, tokenizer=None):
-        tokenizer = tokenizer if tokenizer is not None else build_tokenizer(cfg.model)
-        return cls(build_model(cfg.model, tokenizer), tokenizer.eos_token_id, seed, cfg.rollout.recompute.max_tokens)
+    def from_config(cls, options: RecomputeOptions, model, *, seed=0, tokenizer=None, device="cpu"):
+        tokenizer = tokenizer if tokenizer is not None else build_tokenizer(model)
+        return cls(build_model(model, tokenizer), tokenizer.eos_token_id, seed, options.max_tokens)
 
     @torch.inference_mode()
     def generate(self, prompts, params: SamplingParams, images=None):
@@ -120,7 +120,7 @@ class RecomputeEngine(RolloutEngine):
     def receiver(self, transport: str, seat: Seat) -> Receiver | None:
         """Its own receiver of the `tensorwise` wire; none for another transport (`broadcast`
         then lands weights through `apply_weights`)."""
-        return TensorwiseReceiver(self, seat) if transport == "tensorwise" else None
+        return TensorwiseReceiver(seat, self) if transport == "tensorwise" else None
 
 
 class TensorwiseReceiver(Receiver):
@@ -128,7 +128,7 @@ class TensorwiseReceiver(Receiver):
     `tests/tensorwise_transport.py`; this code does not import it): each broadcast lands straight
     in its parameter, under the engine's lock, and the version moves with the last one."""
 
-    def __init__(self, engine: RecomputeEngine, seat: Seat):
+    def __init__(self, seat: Seat, engine: RecomputeEngine):
         self.engine, self.layout = engine, seat.layout
         params = dict(engine.model.named_parameters())
         for name, shape, dtype in self.layout:

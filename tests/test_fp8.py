@@ -233,10 +233,12 @@ def test_vllm_engine_from_config_takes_rollout_quantization(monkeypatch):
 
     seen = {}
     monkeypatch.setattr(VLLMEngine, "__init__", lambda self, path, **kw: seen.update(kw))
-    VLLMEngine.from_config(compose([*GPU, "rollout.vllm.quantization=fp8"]))
+    cfg = compose([*GPU, "rollout.vllm.quantization=fp8"])
+    VLLMEngine.from_config(cfg.rollout.vllm, cfg.model)
     assert seen["quantization"] == "fp8" and seen["load_format"] == "dummy"
     seen.clear()
-    VLLMEngine.from_config(compose(GPU))
+    cfg = compose(GPU)
+    VLLMEngine.from_config(cfg.rollout.vllm, cfg.model)
     assert "quantization" not in seen
 
 

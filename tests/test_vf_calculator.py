@@ -22,7 +22,7 @@ class ScriptedPolicy(RolloutEngine):
         self.prompts: list[str] = []
 
     @classmethod
-    def from_config(cls, cfg, seed=0, tokenizer=None):
+    def from_config(cls, options, model, *, seed=0, tokenizer=None, device="cpu"):
         raise TypeError("a scripted policy is built by the test, never from a config")
 
     def generate(self, prompts, params, images=None):

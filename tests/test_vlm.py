@@ -217,10 +217,12 @@ def test_vllm_engine_from_config_writes_a_processor_ready_model_dir(monkeypatch,
     monkeypatch.setattr("tempfile.tempdir", str(tmp_path))
     seen = {}
     monkeypatch.setattr(VLLMEngine, "__init__", lambda self, path, **kw: seen.update(kw, path=path))
-    VLLMEngine.from_config(compose(["+recipe=shape_count", "rollout.engine=vllm"]))
+    cfg = compose(["+recipe=shape_count", "rollout.engine=vllm"])
+    VLLMEngine.from_config(cfg.rollout.vllm, cfg.model)
     files = set(os.listdir(seen["path"]))
     assert {"config.json", "tokenizer.json", "preprocessor_config.json"} <= files
     assert seen["skip_tokenizer_init"] is False and seen["vision"] is not None and seen["load_format"] == "dummy"
     seen.clear()
-    VLLMEngine.from_config(compose(["rollout.engine=vllm"]))
+    cfg = compose(["rollout.engine=vllm"])
+    VLLMEngine.from_config(cfg.rollout.vllm, cfg.model)
     assert os.listdir(seen["path"]) == ["config.json"] and "vision" not in seen

@@ -2,9 +2,11 @@
 the table of sender / receiver pairs, the group's rank arithmetic, and the `broadcast` pair
 over gloo moving a real model into a real engine."""
 
+import ast
 import dataclasses
 import inspect
 import threading
+from pathlib import Path
 
 import pytest
 import torch
@@ -206,3 +208,32 @@ def test_vllm_receivers_hand_their_engine_the_plans_update_info():
     # an engine without a receiver of its own cannot take a transport that has none either
     with pytest.raises(ValueError, match="'nccl' has no receiver of its own and NoReceiverOfItsOwn"):
         make_receiver("nccl", options, plan, NoReceiverOfItsOwn(), "10.0.0.1", 4242, 1, 2)
+
+
+def imports_of(package_dir: Path, forbidden: str) -> list[str]:
+    """`file:line` of every import of `forbidden` (or a module under it) in `package_dir`'s
+    Python files, TYPE_CHECKING blocks included."""
+    found = []
+    for path in sorted(package_dir.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                names = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+            else:
+                continue
+            if any(n == forbidden or n.startswith(forbidden + ".") for n in names):
+                found.append(f"{path.name}:{node.lineno}")
+    return found
+
+
+def test_engines_and_transports_do_not_import_each_other(tmp_path):
+    root = Path(__file__).resolve().parents[1] / "rlcore"
+    assert imports_of(root / "engine", "rlcore.transfer") == []
+    assert imports_of(root / "transfer", "rlcore.engine") == []
+    # the check sees a planted violation, also one hidden under TYPE_CHECKING
+    (tmp_path / "planted.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
+                                         "    from rlcore.transfer.plan import SyncPlan\n")
+    assert imports_of(tmp_path, "rlcore.transfer") == ["planted.py:3"]
+    (tmp_path / "planted.py").write_text("import rlcore.engine.registry\n")
+    assert imports_of(tmp_path, "rlcore.engine") == ["planted.py:1"]

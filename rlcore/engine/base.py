@@ -15,7 +15,8 @@ one, lands the weights through :meth:`RolloutEngine.apply_weights`. So an engine
 (vLLM's workers over `nccl` or `ipc`) is received by the engine's own code. An engine never
 imports a transport module, nor the reverse; they share only `rlcore.weights_protocol`.
 
-Engines are built by :meth:`RolloutEngine.from_config`; the registry names the class.
+Engines are built by :meth:`RolloutEngine.from_config` from their own config section and the
+model config, not the whole run config; the registry names the class (`make_engine`).
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from typing import TYPE_CHECKING, Any, Iterable
 if TYPE_CHECKING:  # type names only: validation imports this before torch loads
     import torch
 
-    from rlcore.config import RunConfig
+    from rlcore.config import ModelConfig
     from rlcore.weights_protocol import Receiver, Seat
 
 
@@ -59,9 +60,12 @@ class RolloutEngine(abc.ABC):
 
     @classmethod
     @abc.abstractmethod
-    def from_config(cls, cfg: RunConfig, seed: int = 0, tokenizer: Any = None) -> "RolloutEngine":
-        """Build the engine of `cfg.model` with `cfg.rollout`'s settings; `seed` seeds its own
-        sampling RNG; `tokenizer` is the actor's (engines that need one may use it)."""
+    def from_config(cls, options: Any, model: ModelConfig, *, seed: int = 0, tokenizer: Any = None,
+                    device: str = "cpu") -> "RolloutEngine":
+        """Build the engine of `model` with its own config section `options` (`rollout.<section>`,
+        or the teacher's; None for an engine without one) on `device` (`cuda` when its actor
+        holds GPUs); `seed` seeds its own sampling RNG; `tokenizer` is the actor's (engines that
+        need one may use it)."""
 
     @abc.abstractmethod
     def generate(self, prompts: list[list[int]], params: SamplingParams, images=None) -> list[Generation]:

@@ -65,12 +65,11 @@ class HFEngine(RolloutEngine):
         self._params.update(dict(self.model.named_buffers()))
 
     @classmethod
-    def from_config(cls, cfg, seed: int = 0, tokenizer=None) -> "HFEngine":
-        """The run's model (random weights until the first sync, or `model.path`), on a GPU when
-        `rollout.gpus_per_actor` > 0."""
-        tokenizer = tokenizer if tokenizer is not None else build_tokenizer(cfg.model)
-        device = "cuda" if cfg.rollout.gpus_per_actor > 0 else "cpu"
-        return cls(build_model(cfg.model, tokenizer), tokenizer.pad_token_id, tokenizer.eos_token_id,
+    def from_config(cls, options, model, *, seed: int = 0, tokenizer=None, device: str = "cpu") -> "HFEngine":
+        """`model` (random weights until the first sync, or `model.path`) on `device`; its section
+        (`rollout.hf`) holds no option it reads."""
+        tokenizer = tokenizer if tokenizer is not None else build_tokenizer(model)
+        return cls(build_model(model, tokenizer), tokenizer.pad_token_id, tokenizer.eos_token_id,
                    seed=seed, device=device, vision=getattr(tokenizer, "rlcore_vision", None))
 
     @torch.inference_mode()

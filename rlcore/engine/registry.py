@@ -146,8 +146,11 @@ def engine_class(name: str) -> type[RolloutEngine]:
 
 
 def make_engine(cfg: RunConfig, tokenizer: Any, seed: int) -> RolloutEngine:
-    """Build `cfg.rollout.engine` for `cfg.model` (:meth:`RolloutEngine.from_config`)."""
-    return engine_class(cfg.rollout.engine).from_config(cfg, seed=seed, tokenizer=tokenizer)
+    """Build `cfg.rollout.engine` for `cfg.model` from its own section
+    (:meth:`RolloutEngine.from_config`), on CUDA when `rollout.gpus_per_actor` > 0."""
+    r = cfg.rollout
+    return engine_class(r.engine).from_config(engine_options(r), cfg.model, seed=seed, tokenizer=tokenizer,
+                                              device="cuda" if r.gpus_per_actor > 0 else "cpu")
 
 
 def weight_transport(cfg: RunConfig) -> str:

@@ -43,8 +43,9 @@ def test_vllm_vlm_image_prompt_sync_and_canary():
     with torch.no_grad():  # move off the initial weights so a missed sync shows
         for p in trainer_model.parameters():
             p.add_(0.01 * torch.randn_like(p))
-    engine = VLLMEngine.from_config(cfg, seed=0, enforce_eager=True, gpu_memory_utilization=0.3,
-                                    max_model_len=512, rpc_timeout_s=300, startup_timeout_s=900)
+    engine = VLLMEngine.from_config(cfg.rollout.vllm, cfg.model, seed=0, enforce_eager=True,
+                                    gpu_memory_utilization=0.3, max_model_len=512, rpc_timeout_s=300,
+                                    startup_timeout_s=900)
     try:
         # trainer names (model.visual.*, model.language_model.*) through vLLM's hf_to_vllm_mapper
         engine.apply_weights(list(trainer_model.named_parameters()), 1)

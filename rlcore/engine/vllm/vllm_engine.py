@@ -37,7 +37,7 @@ from typing import Any, Literal
 
 from rlcore.engine.base import Generation, RolloutEngine, SamplingParams, WeightSyncError
 from rlcore.engine.vllm.vllm_colocated import ColocatedEngine
-from rlcore.engine.vllm.vllm_model_dir import engine_args_from_config
+from rlcore.engine.vllm.vllm_model_dir import engine_args
 from rlcore.engine.vllm.vllm_receivers import RECEIVERS
 from rlcore.engine.vllm.vllm_updates import KVOnUpdate, Reload, WeightUpdates, check_reload
 from rlcore.engine.vllm.vllm_versions import InFlightRequest, VersionMarks
@@ -156,12 +156,13 @@ class VLLMEngine(WeightUpdates, VersionMarks, ColocatedEngine, RolloutEngine):
             raise
 
     @classmethod
-    def from_config(cls, cfg: Any, seed: int = 0, tokenizer: Any = None, **overrides: Any) -> "VLLMEngine":
-        """Build from a :class:`rlcore.config.RunConfig`
-        (:func:`rlcore.engine.vllm.vllm_model_dir.engine_args_from_config`); ``overrides`` go to the
-        constructor. A random-weight model (``model.path`` null) is started from its ``arch``
-        config with dummy weights: the first sync fills them."""
-        path, kwargs = engine_args_from_config(cfg, seed=seed, tokenizer=tokenizer)
+    def from_config(cls, options: Any, model: Any, *, seed: int = 0, tokenizer: Any = None, device: str = "cuda",
+                    **overrides: Any) -> "VLLMEngine":
+        """Build from its section ``options`` (``rollout.vllm``, a :class:`VLLMOptions`) and the
+        model config (:func:`rlcore.engine.vllm.vllm_model_dir.engine_args`); ``overrides`` go to
+        the constructor; ``device`` is always CUDA. A random-weight model (``model.path`` null) is
+        started from its ``arch`` config with dummy weights: the first sync fills them."""
+        path, kwargs = engine_args(options, model, seed=seed, tokenizer=tokenizer)
         kwargs.update(overrides)
         return cls(path, **kwargs)
 
@@ -335,7 +336,7 @@ class VLLMEngine(WeightUpdates, VersionMarks, ColocatedEngine, RolloutEngine):
         joined at `seat`; None for any other transport (then the weights arrive through
         :meth:`apply_weights`, the slow RPC path)."""
         cls = RECEIVERS.get(transport)
-        return None if cls is None else cls(self, seat)
+        return None if cls is None else cls(seat, self)
 
     # ---------------------------------------------------------------- worker calls
 

@@ -1,5 +1,5 @@
-"""A vLLM engine's model and arguments from a run config, including the model directory of a
-random-weight model (vLLM loads models from a directory or hub id only)."""
+"""A vLLM engine's model and arguments from its config section and the model config, including
+the model directory of a random-weight model (vLLM loads models from a directory or hub id only)."""
 
 from __future__ import annotations
 
@@ -14,12 +14,12 @@ from transformers.models.auto.modeling_auto import (
 from rlcore.models.build import build_tokenizer, random_model_config
 
 
-def engine_args_from_config(cfg: Any, seed: int = 0, tokenizer: Any = None) -> tuple[str, dict[str, Any]]:
-    """(model, keyword arguments) of :class:`rlcore.engine.vllm.vllm_engine.VLLMEngine` for a
-    :class:`rlcore.config.RunConfig`. A random-weight model (``model.path`` null) is written as a
-    directory holding its ``config.json`` (plus tokenizer and image processor for a
-    vision-language model) and started with dummy weights: the first sync fills them."""
-    v = cfg.rollout.vllm  # the engine's own section (rlcore.config.engines.VLLMOptions)
+def engine_args(v: Any, model: Any, seed: int = 0, tokenizer: Any = None) -> tuple[str, dict[str, Any]]:
+    """(model, keyword arguments) of :class:`rlcore.engine.vllm.vllm_engine.VLLMEngine` for its
+    section ``v`` (``rollout.vllm``: a ``VLLMOptions``) and ``model`` (a ``ModelConfig``). A
+    random-weight model (``model.path`` null) is written as a directory holding its
+    ``config.json`` (plus tokenizer and image processor for a vision-language model) and started
+    with dummy weights: the first sync fills them."""
     quantization = v.quantization
     reload = v.weight_reload
     if reload == "auto":  # the fast direct receive unless weights are processed after loading
@@ -31,10 +31,10 @@ def engine_args_from_config(cfg: Any, seed: int = 0, tokenizer: Any = None) -> t
     if v.sleep_level:
         kwargs["enable_sleep_mode"] = True
     kwargs.update(v.engine_kwargs)
-    path = cfg.model.path
+    path = model.path
     if path is None:
-        model_type = cfg.model.arch.get("model_type")
-        tokenizer = tokenizer if tokenizer is not None else build_tokenizer(cfg.model)
+        model_type = model.arch.get("model_type")
+        tokenizer = tokenizer if tokenizer is not None else build_tokenizer(model)
         vision = tokenizer.rlcore_vision
         if vision is not None:
             names, kind = MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES, "an image-text-to-text"
@@ -43,7 +43,7 @@ def engine_args_from_config(cfg: Any, seed: int = 0, tokenizer: Any = None) -> t
         if model_type not in names:
             raise ValueError(f"model.arch.model_type: vLLM needs {kind} model_type, got {model_type!r}")
         # the same config the trainer builds (vocabulary sized to the tokenizer)
-        hf_config = random_model_config(cfg.model, tokenizer)
+        hf_config = random_model_config(model, tokenizer)
         hf_config.architectures = [names[model_type]]  # vLLM picks its class by this
         path = tempfile.mkdtemp(prefix="rlcore-vllm-model-")
         hf_config.save_pretrained(path)

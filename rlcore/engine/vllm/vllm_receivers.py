@@ -31,7 +31,7 @@ def engine_timings(start: float, times: dict[str, float]) -> dict[str, float]:
 class NCCLReceiver(Receiver):
     """The engine's workers in the trainer's NCCL group; every update lands in place."""
 
-    def __init__(self, engine: VLLMEngine, seat: Seat):
+    def __init__(self, seat: Seat, engine: VLLMEngine):
         self.engine, self.update_info, self.timeout_s = engine, seat.layout, seat.options.timeout_s
         engine.init_weight_transfer(seat.address, seat.port, seat.rank, seat.world_size, timeout_s=self.timeout_s)
 
@@ -44,7 +44,7 @@ class IPCReceiver(Receiver):
     """The engine on the trainer rank's GPU, landing that rank's IPC buffer. No group: the seat's
     rendezvous and ranks are unused."""
 
-    def __init__(self, engine: VLLMEngine, seat: Seat):
+    def __init__(self, seat: Seat, engine: VLLMEngine):
         if seat.handle is None:
             raise ValueError("colocated weight receive needs the trainer rank's IPC handle")
         self.engine, self.update_info, self.handle = engine, seat.layout, seat.handle
