@@ -58,10 +58,29 @@ def test_the_default_bash_harness_on_the_host_is_refused_in_one_line(tasksets):
     assert text.startswith("env.args.allow_host_tools: ") and "'bash' executes code" in text and "\n" not in text
 
 
-def test_harness_id_null_is_the_tool_less_loop(tasksets):
+def test_harness_id_null_is_the_tool_less_loop_in_process(tasksets):
     # what Hydra makes of the README's `env.args.env_config={agent: {harness: {id: null}}}`
-    env = make_env("verifiers", {"taskset": "host_calc", "env_config": {"agent": {"harness": {"id": None}}}}, seed=0)
-    assert _harness(env) == "NullHarness"
+    import torch
+
+    from rlcore.engine.base import SamplingParams
+    from rlcore.engine.hf_engine import HFEngine
+    from rlcore.models.build import build_model, build_tokenizer
+    from rlcore.run import compose
+
+    env = make_env("verifiers", {"taskset": "host_calc", "on_reward_error": "zero",
+                                 "env_config": {"agent": {"harness": {"id": None}}}}, seed=0)
+    assert _harness(env) == "InProcessChatHarness" and not env.vf_env._harnesses["agent"].EXECUTES_CODE
+    cfg = compose([])
+    tok = build_tokenizer(cfg.model)
+    torch.manual_seed(0)
+    engine = HFEngine(build_model(cfg.model, tok), tok.pad_token_id, tok.eos_token_id, seed=0)
+    try:
+        [group] = env.run_groups([env.make_task(0, "train")], 2, engine, tok, SamplingParams(max_new_tokens=8))
+    finally:
+        env.close()
+    for s in group.samples:  # one model call each, through the endpoint, trained and scored
+        assert not s.failed and s.error is None and s.completion_ids and s.loss_mask == [1] * len(s.completion_ids)
+        assert s.reward in (0.0, 1.0)
 
 
 def test_host_tools_on_request_are_warned_about(tasksets, caplog):

@@ -16,15 +16,22 @@ from typing import Any
 
 ALLOW_KEY = "env.args.allow_host_tools"
 HOST_RUNTIME = "subprocess"
-NULL_HARNESS = "null"
+IN_PROCESS_CHAT = "rlcore_vf_chat"
+"""Harness id of :mod:`rlcore.envs.vf_chat` (the tool-less chat loop, in process): verifiers
+resolves a harness id as a top-level module name, so the module is registered under it."""
 
 
 def null_harness_id(cfg: dict[str, Any]) -> dict[str, Any]:
-    """`agent.harness.id: null` (Hydra's None) means verifiers' tool-less `null` harness, as the
-    README says; verifiers itself would read None as "unset" and fall back to `bash`."""
+    """`agent.harness.id: null` (Hydra's None) means the tool-less chat loop, as the README says:
+    rlcore's in-process one (verifiers' own is `id: "null"`, a uv-launched program per rollout);
+    verifiers itself would read None as "unset" and fall back to `bash`."""
     harness = (cfg.get("agent") or {}).get("harness")
     if isinstance(harness, dict) and "id" in harness and harness["id"] is None:
-        cfg["agent"] = {**cfg["agent"], "harness": {**harness, "id": NULL_HARNESS}}
+        import sys
+
+        from rlcore.envs import vf_chat
+        sys.modules.setdefault(IN_PROCESS_CHAT, vf_chat)
+        cfg["agent"] = {**cfg["agent"], "harness": {**harness, "id": IN_PROCESS_CHAT}}
     return cfg
 
 
