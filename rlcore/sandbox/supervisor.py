@@ -148,7 +148,7 @@ def supervise(spec: dict) -> dict:
             break
         if done == pid:
             status, cpu = st, usage.ru_utime + usage.ru_stime
-        else:
+        elif not over:  # a tree killed for its memory took the command with it: none outlived it
             leftover += 1
     return {"status": status, "cpu_s": cpu, "timed_out": timed_out, "leftover": leftover,
             "memory_mb": round(peak, 1), "memory_exceeded": over}
