@@ -188,3 +188,20 @@ def test_kill_everything_is_reported_as_a_signal_not_a_cpu_limit(who):
 def test_cpu_limit_is_still_a_cpu_limit(who):
     r = run_as(who, ["python", "-I", "-c", "while True: pass"], cpu_s=1, timeout_s=60)
     assert r.reason == "cpu_limit", vars(r)
+
+
+@pytest.mark.parametrize("missing", ["libseccomp", "bubblewrap"])
+def test_a_missing_piece_is_refused_in_one_line_naming_it(monkeypatch, missing):
+    from rlcore.sandbox import bwrap, local, seccomp
+    from rlcore.sandbox.local import SandboxUnavailable
+
+    def absent():
+        raise OSError(f"{missing} is not on this machine")
+
+    monkeypatch.setattr(seccomp, "_BPF", [])
+    monkeypatch.setattr(seccomp if missing == "libseccomp" else bwrap,
+                        "_library" if missing == "libseccomp" else "bwrap_binary", absent)
+    monkeypatch.setattr(local, "_PROBE", {})
+    with pytest.raises(SandboxUnavailable) as err:
+        LocalSandbox()
+    assert f"{missing} is not on this machine" in str(err.value) and "\n" not in str(err.value)

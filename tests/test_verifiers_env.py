@@ -393,7 +393,8 @@ def test_shipped_harness_runs_unmodified(tmp_path, monkeypatch, harness):
     model, tok = _tiny()
     engine = HFEngine(model, tok.pad_token_id, tok.eos_token_id, seed=0)
     env = make_env("verifiers", {"taskset": "readme_calc", "on_reward_error": "zero",
-                                 "env_config": {"agent": {"harness": {"id": harness}}}}, seed=0)
+                                 "env_config": {"agent": {"harness": {"id": harness}}},
+                                 "allow_host_tools": harness == "bash"}, seed=0)  # bash runs its shell here
     try:
         [group] = env.run_groups([env.make_task(0, "train")], 2, engine, tok, SamplingParams(max_new_tokens=8))
         for s in group.samples:

@@ -4,7 +4,11 @@
 module exporting its `vf.Taskset` subclass, and optionally its `vf.Harness` / `vf.Env`, through
 `__all__`, exactly as `vf-eval ID` resolves it), `env.args.env_config: {...}` (the rest of the
 v1 env config, the `[env]` block of a verifiers TOML: `taskset.*` knobs, `agent.harness.*`,
-`agent.runtime.*`, ...; the agent's runtime defaults to the local `subprocess` one here).
+`agent.runtime.*`, ...; the agent's runtime defaults to the local `subprocess` one here;
+`agent.harness.id: null` is verifiers' tool-less `null` harness). An environment whose harness
+executes code, or whose taskset serves tools, in the `subprocess` runtime would run the policy's
+tools on this host outside rlcore's sandbox: it is refused (:mod:`rlcore.envs.verifiers_host`)
+unless `env.args.allow_host_tools=true`.
 
 Per `run_groups` call, on the rollout actor:
 
@@ -48,6 +52,7 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from typing import TYPE_CHECKING, Any
 
 from rlcore.envs.base import Environment, register
+from rlcore.envs.verifiers_host import host_tools, null_harness_id, refusal, taskset_import_error
 from rlcore.serving.openai_server import OpenAIServer, TokenRecord, TokenRecorder
 from rlcore.serving.tool_parsers import check_tool_parser
 from rlcore.types import Group, Sample, Task
@@ -73,9 +78,9 @@ def _plain(value: Any) -> Any:
 
 
 def v1_env_config(taskset: str, env_config: Mapping[str, Any] | None) -> dict[str, Any]:
-    """The v1 env config dict: `env_config` with `taskset.id` set and a local agent runtime
-    unless one is given."""
-    cfg = _plain(env_config or {})
+    """The v1 env config dict: `env_config` with `taskset.id` set, a local agent runtime unless
+    one is given, and `agent.harness.id: None` read as the `null` harness."""
+    cfg = null_harness_id(_plain(env_config or {}))
     ts = dict(cfg.get("taskset") or {})
     if taskset:
         ts["id"] = taskset
@@ -170,7 +175,8 @@ class VerifiersEnvironment(Environment):
 
     def __init__(self, taskset: str = "", env_config: dict[str, Any] | None = None, model_name: str = "rlcore",
                  tool_parser: str = "hermes", request_timeout_s: float = 600.0, rollout_timeout_s: float = 1800.0,
-                 batch_window_s: float = 0.005, max_tasks: int = 100_000, seed: int = 0, **common):
+                 batch_window_s: float = 0.005, max_tasks: int = 100_000, allow_host_tools: bool = False,
+                 seed: int = 0, **common):
         super().__init__(seed, **common)
         try:
             check_tool_parser(tool_parser)
@@ -180,7 +186,15 @@ class VerifiersEnvironment(Environment):
             self.vf_env = load_v1_env(taskset, env_config)
         except (ImportError, TypeError, ValueError) as e:  # a missing taskset, a bad config key
             first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            if isinstance(e, ImportError):  # verifiers says "not found" for any ImportError inside it
+                first = taskset_import_error(taskset) or first
             raise ValueError(f"env.args.taskset: cannot load verifiers v1 env {taskset!r}: {first}") from e
+        found = host_tools(self.vf_env)
+        if found and allow_host_tools is not True:
+            raise ValueError(refusal(found))
+        if found:
+            log.warning("verifiers: tools run on this host, outside rlcore's sandbox (env.args.allow_host_tools=true): "
+                        "%s", "; ".join(found))
         self.model_name = model_name
         self.tool_parser = tool_parser
         self.request_timeout_s = float(request_timeout_s)

@@ -117,6 +117,7 @@ def supervise(spec: dict) -> dict:
     limit_mb, poll = spec["limits"]["memory_mb"], spec["poll_s"]
     status, cpu, timed_out, leftover, peak, over = None, 0.0, False, 0, 0.0, False
     deadline = time.monotonic() + spec["timeout"]
+    nap = 0.001  # short commands are seen to end at once; long ones cost one look per poll_s
     pid = os.fork()
     if pid == 0:
         command(spec)
@@ -134,7 +135,8 @@ def supervise(spec: dict) -> dict:
         if peak > limit_mb:
             over = True
             break
-        time.sleep(poll)
+        time.sleep(nap)
+        nap = min(nap * 2, poll)
     try:
         os.kill(-1, signal.SIGKILL)  # everyone in the namespace but PID 1
     except ProcessLookupError:  # nobody left
@@ -146,7 +148,7 @@ def supervise(spec: dict) -> dict:
             break
         if done == pid:
             status, cpu = st, usage.ru_utime + usage.ru_stime
-        else:
+        elif not over:  # a tree killed for its memory took the command with it: none outlived it
             leftover += 1
     return {"status": status, "cpu_s": cpu, "timed_out": timed_out, "leftover": leftover,
             "memory_mb": round(peak, 1), "memory_exceeded": over}
