@@ -1,0 +1,77 @@
+"""RolloutGroup.launch (actors.rollout_group): requests go round-robin to the serving actors only,
+never past the staleness bound the driver gives nor past `rollout.max_requests_per_actor` per
+serving actor, in data order and counted as launched; `expire` counts an overdue request failed.
+The actors here record the calls instead of generating (the real path: tests/test_integration.py)."""
+
+import pytest
+
+from actors.rollout_group import RolloutGroup
+from actors.run_state import RunState, TaskFeed
+from rlcore.buffer import Accounting, RolloutBuffer
+from rlcore.envs import make_env
+from rlcore.failures import FailureLog
+from rlcore.run import compose
+
+
+class Call:
+    def __init__(self, actor, calls):
+        self.actor, self.calls = actor, calls
+
+    def options(self, num_returns):
+        self.num_returns = num_returns
+        return self
+
+    def remote(self, tasks, group_size, split, seed):
+        self.calls.append((self.actor, len(tasks), seed))
+        return [object() for _ in range(self.num_returns)]
+
+
+class Actor:
+    def __init__(self, index, calls):
+        self.generate_split = Call(index, calls)
+
+
+@pytest.fixture
+def group():
+    cfg = compose(["rollout.num_actors=3", "rollout.tasks_per_request=2", "rollout.max_requests_per_actor=2",
+                   "algo.group_size=4"])
+    calls: list = []
+    acct = Accounting()
+    env = make_env(cfg.env.name, dict(cfg.env.args), cfg.env.seed)
+    run = RunState(acct, TaskFeed(env, cfg))
+    g = RolloutGroup(cfg, [Actor(i, calls) for i in range(3)], run, RolloutBuffer(1, 100, acct),
+                     FailureLog(cfg.rollout.stop_after_failed_requests))
+    return g, calls, run
+
+
+def test_launch_stops_at_the_staleness_bound_and_goes_round_robin(group):
+    g, calls, run = group
+    g.launch(allowed=5, queued_elsewhere=0)  # 2 + 2 + 1 tasks
+    assert [(a, n) for a, n, _ in calls] == [(0, 2), (1, 2), (2, 1)]
+    assert run.request_seq == 3 and run.feed.next_index == 5 and run.acct.in_flight == 5 * 4
+    g.launch(allowed=5, queued_elsewhere=0)  # nothing more: the bound is reached
+    assert len(calls) == 3
+    seeds = [s for _, _, s in calls]
+    assert seeds == [run.feed.seed([0]), run.feed.seed([2]), run.feed.seed([4])]  # seeded by data index
+
+
+def test_launch_skips_actors_not_serving_and_caps_requests_per_serving_actor(group):
+    g, calls, run = group
+    g.engine_lost(1, launched_at=1.0)
+    assert g.serving == [0, 2] and g.restarts == 1
+    g.launch(allowed=100, queued_elsewhere=3)
+    assert [a for a, _, _ in calls] == [0, 2, 0, 2]  # 2 requests x 2 serving actors
+    assert len(g.pending) == 4 and g.queued_tasks() == 8
+
+
+def test_an_overdue_request_is_cancelled_and_counted_failed(group, monkeypatch):
+    import actors.rollout_group as mod
+    g, calls, run = group
+    g.launch(allowed=2, queued_elsewhere=0)
+    (req,) = g.pending.values()
+    req.launched_at -= g.timeout_s + 1
+    cancelled = []
+    monkeypatch.setattr(mod.ray, "cancel", lambda ref, force: cancelled.append(ref))
+    g.expire()
+    assert len(cancelled) == 1 and not g.pending
+    assert run.acct.failed == 8 and run.acct.in_flight == 0
