@@ -18,6 +18,8 @@ import torch
 
 from rlcore.canary import teacher_forced_logprobs
 from rlcore.config import RolloutConfig
+from rlcore.config.errors import ConfigError
+from rlcore.config.validate import problems
 from rlcore.engine.base import Generation, RolloutEngine, SamplingParams
 from rlcore.engine.hf_engine import sample_with_logprobs
 from rlcore.engine.registry import (
@@ -34,8 +36,6 @@ from rlcore.models.build import build_model, build_tokenizer
 from rlcore.placement import placement_problems
 from rlcore.run import compose
 from rlcore.teacher import teacher_run_config
-from rlcore.config.errors import ConfigError
-from rlcore.config.validate import problems
 
 
 @dataclass
