@@ -45,7 +45,7 @@ from rlcore.metrics import MetricsLogger
 from rlcore.models.build import build_tokenizer
 from rlcore.startup import StartupPhases
 from rlcore.step import build_step, has_signal
-from rlcore.trainer.parallel import shards_per_rank
+from rlcore.parallel_dims import shards_per_rank
 from rlcore.transfer import sender_for
 from rlcore.types import GroupMeta, Task
 

@@ -322,7 +322,8 @@ def run_variant(a: argparse.Namespace, variant: str, rank: int, world: int, devi
     from rlcore.config import TrainerConfig
     from rlcore.trainer.forward import forward_logprobs
     from rlcore.trainer.moe import expert_modules
-    from rlcore.trainer.parallel import Meshes, ParallelDims, begin_micro_batch, clip_grad_norm, parallelize
+    from rlcore.parallel_dims import ParallelDims
+    from rlcore.trainer.parallel import Meshes, begin_micro_batch, clip_grad_norm, parallelize
 
     shape = SHAPES[a.shape]
     t_kwargs, extra = variant_settings(variant, a)

@@ -26,7 +26,7 @@ from typing import Sequence
 import torch
 
 from rlcore.engine.registry import quantization
-from rlcore.envs.render import render_prompt
+from rlcore.models.render import render_prompt
 
 DEFAULT_MAX_GAP = 1.0
 """Nats; a correct sync stays an order of magnitude below, a stale one above."""

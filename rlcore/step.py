@@ -26,7 +26,7 @@ from rlcore.algo.distill import batch_baseline, token_advantages
 from rlcore.algo.losses import loss_normalizer
 from rlcore.config import AlgoConfig, RunConfig
 from rlcore.packing import Advantage, MicroBatch, materialise, plan_for_ranks
-from rlcore.trainer.parallel import data_parallel_size
+from rlcore.parallel_dims import data_parallel_size
 from rlcore.types import GroupMeta, Sample
 
 

@@ -5,7 +5,7 @@ import pytest
 from rlcore.engine.base import SamplingParams
 from rlcore.engine.hf_engine import HFEngine
 from rlcore.envs import make_env
-from rlcore.envs.render import TurnRenderer, env_turn_text
+from rlcore.models.render import TurnRenderer, env_turn_text
 from rlcore.models.build import build_model, build_tokenizer
 
 CHATML = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"

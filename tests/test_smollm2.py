@@ -10,7 +10,7 @@ import torch
 
 from rlcore.canary import canary_limits
 from rlcore.envs import make_env
-from rlcore.envs.render import TurnRenderer, render_prompt
+from rlcore.models.render import TurnRenderer, render_prompt
 from rlcore.models.shipped import converted_dir, resolve
 from rlcore.run import compose
 from rlcore.config.validate import validate

@@ -120,7 +120,8 @@ def test_compiled_chunk_math_equals_eager(aot_eager):
 
 def test_parallelize_compile_and_bf16_params(aot_eager, world1):
     """Through parallelize (FSDP2, world 1): compiled = eager; bf16 params keep fp32 buffers."""
-    from rlcore.trainer.parallel import Meshes, ParallelDims, clip_grad_norm, parallelize
+    from rlcore.parallel_dims import ParallelDims
+    from rlcore.trainer.parallel import Meshes, clip_grad_norm, parallelize
     base = tiny_model()
     mb = random_batch(3, [33, 21, 12])
     results = {}
@@ -140,7 +141,8 @@ def test_parallelize_compile_and_bf16_params(aot_eager, world1):
 
 
 def test_clip_grad_norm_world1(world1):
-    from rlcore.trainer.parallel import Meshes, ParallelDims, clip_grad_norm, parallelize
+    from rlcore.parallel_dims import ParallelDims
+    from rlcore.trainer.parallel import Meshes, clip_grad_norm, parallelize
     base = tiny_model()
     mb = random_batch(4, [40, 27])
     ref = copy.deepcopy(base)
@@ -283,7 +285,8 @@ def test_parameters_kept_between_micro_batches_follow_each_update(world1, keep_l
     plain model over two optimizer steps; the forward after each optimizer step sees the updated
     weights. (``keep_last`` breaks the contract on purpose: the last backward keeps the
     parameters too, so the next step computes with stale weights; the check must see it.)"""
-    from rlcore.trainer.parallel import Meshes, ParallelDims, begin_micro_batch, parallelize
+    from rlcore.parallel_dims import ParallelDims
+    from rlcore.trainer.parallel import Meshes, begin_micro_batch, parallelize
     base = tiny_model()
     ref = copy.deepcopy(base)
     t = TrainerConfig(world_size=1, logprob_chunk_tokens=16)

@@ -252,7 +252,8 @@ def _full_grads(model) -> dict[str, torch.Tensor]:
 def _ep_worker(rank, ac_mode):
     from rlcore.trainer.forward import forward_logprobs
     from rlcore.trainer.moe import router_metrics
-    from rlcore.trainer.parallel import Meshes, ParallelDims, clip_grad_norm, parallelize
+    from rlcore.parallel_dims import ParallelDims
+    from rlcore.trainer.parallel import Meshes, clip_grad_norm, parallelize
     base = tiny_model("qwen3_moe")
     batches = [random_batch(10, [30, 22, 17]), random_batch(11, [41, 9])]
     # single-rank reference: transformers' own MoE block over both ranks' micro-batches
@@ -296,7 +297,8 @@ def test_expert_parallel_equals_single_rank():
 
 def _cp_worker(rank, ac_mode):
     from rlcore.trainer.forward import forward_logprobs
-    from rlcore.trainer.parallel import Meshes, ParallelDims, parallelize
+    from rlcore.parallel_dims import ParallelDims
+    from rlcore.trainer.parallel import Meshes, parallelize
     base = tiny_model()
     mb = random_batch(20, [97, 64, 42])  # 203 tokens: odd, so the cp split pads
     ref = copy.deepcopy(base)
@@ -328,7 +330,7 @@ def _core_worker(rank, cfg):
     from rlcore.models.build import build_model, build_tokenizer
     from rlcore.packing import pack_for_ranks
     from rlcore.trainer.core import TrainerCore
-    from rlcore.trainer.parallel import shards_per_rank
+    from rlcore.parallel_dims import shards_per_rank
     tok = build_tokenizer(cfg.model)
     g = torch.Generator().manual_seed(5)
     samples = [sample(torch.randint(4, len(tok), (n,), generator=g).tolist(), n // 2) for n in (40, 33, 27)]

@@ -20,7 +20,7 @@ from verifiers.v1.runtimes import ProgramResult
 from rlcore.engine.base import SamplingParams
 from rlcore.engine.hf_engine import HFEngine
 from rlcore.envs import make_env
-from rlcore.envs.render import TurnRenderer
+from rlcore.models.render import TurnRenderer
 from rlcore.envs.tool_use import calculate
 from rlcore.models.build import build_model, build_tokenizer
 from rlcore.serving.openai_server import OpenAIServer

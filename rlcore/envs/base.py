@@ -23,7 +23,7 @@ import math
 import random
 from typing import TYPE_CHECKING, Any, Iterator
 
-from rlcore.envs.render import render_prompt
+from rlcore.models.render import render_prompt
 from rlcore.envs.safety import OUTPUT_LIMIT, STUCK_AFTER_S, Outcome, call_many, check_safety_args, threads_abandoned
 from rlcore.models.images import check_image, expand_image_tokens, to_array
 from rlcore.types import Group, Sample, Task

@@ -4,7 +4,7 @@ Token contract (what the trainer relies on), for every sample of a multi-turn ep
 
 - `prompt_ids` are the first turn's prompt; they and every sampled token are never re-tokenized.
 - `completion_ids` holds, in order, each policy turn's sampled ids followed by the environment's
-  reply ids (see :class:`rlcore.envs.render.TurnRenderer`). The prompt of turn k+1 is exactly
+  reply ids (see :class:`rlcore.models.render.TurnRenderer`). The prompt of turn k+1 is exactly
   `prompt_ids + completion_ids` as they stood after turn k's reply.
 - policy tokens: loss_mask 1, the engine's logprob and policy version;
   environment tokens: loss_mask 0, logprob 0.0, version -1.
@@ -21,7 +21,7 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from rlcore.envs.base import Environment, Message, keep_output
-from rlcore.envs.render import TurnRenderer
+from rlcore.models.render import TurnRenderer
 from rlcore.types import Group, Sample, Task
 
 if TYPE_CHECKING:  # type names only: validation constructs environments before torch loads

@@ -23,7 +23,7 @@ with their logprobs and policy versions, so training samples are built without r
   conversations already answered. If its messages start with an earlier request's messages
   followed by that request's assistant reply (same role, content and tool calls), the prompt ids
   are that episode's exact ids (`prompt_ids + completion_ids` of the earlier response) followed
-  by the template delta of the new messages (:class:`rlcore.envs.render.TurnRenderer`: the
+  by the template delta of the new messages (:class:`rlcore.models.render.TurnRenderer`: the
   end-of-turn marker if the policy did not emit it, the new messages (tool results included),
   the next assistant header). The longest such match wins. Otherwise the messages are rendered
   from scratch with the chat template. So a later turn's prompt ids always extend the earlier
@@ -53,7 +53,7 @@ from typing import TYPE_CHECKING, Any, Self
 from aiohttp import web
 
 from rlcore.engine.base import Generation, RolloutEngine, SamplingParams
-from rlcore.envs.render import TurnRenderer
+from rlcore.models.render import TurnRenderer
 from rlcore.serving.records import TokenRecord, TokenRecorder, normalize_messages
 from rlcore.serving.replies import logprobs_content, truncate_at_stop
 from rlcore.serving.tool_parsers import make_tool_parser, vllm_available

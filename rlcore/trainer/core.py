@@ -23,7 +23,8 @@ from rlcore.packing import MicroBatch
 from rlcore.trainer import export
 from rlcore.trainer.forward import forward_logprobs
 from rlcore.trainer.moe import router_metrics
-from rlcore.trainer.parallel import Meshes, ParallelDims, begin_micro_batch, clip_grad_norm, parallelize
+from rlcore.parallel_dims import ParallelDims
+from rlcore.trainer.parallel import Meshes, begin_micro_batch, clip_grad_norm, parallelize
 from rlcore.trainer.schedule import build_scheduler
 
 

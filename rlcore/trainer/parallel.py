@@ -31,6 +31,7 @@ from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
 from rlcore.models.vision import decoder_layers, is_vision_model, vision_tower
+from rlcore.parallel_dims import ParallelDims
 from rlcore.trainer.activation_checkpoint import apply_activation_checkpointing
 from rlcore.trainer.attention import use_varlen_attention
 from rlcore.trainer.compile import compile_layers
@@ -42,37 +43,6 @@ from rlcore.trainer.moe import apply_expert_parallel
 TOKEN_MULTIPLE_ATTR = "rlcore_token_multiple"
 """Model attribute holding the multiple its packed token count is padded to (16 with FP8 linears;
 `rlcore.trainer.forward.token_multiple` reads it)."""
-
-
-@dataclass(frozen=True)
-class ParallelDims:
-    """How ``world`` ranks are split: ``dp * cp == world``, ``ep`` divides ``world``."""
-
-    dp: int
-    cp: int = 1
-    ep: int = 1
-
-    @property
-    def world(self) -> int:
-        return self.dp * self.cp
-
-    @classmethod
-    def from_config(cls, t, world_size: int) -> "ParallelDims":
-        """``trainer.dp`` null means "whatever is left": ``world_size // cp``."""
-        cp = int(getattr(t, "cp", 1) or 1)
-        dp = getattr(t, "dp", None)
-        dp = world_size // cp if dp is None else int(dp)
-        dims = cls(dp=dp, cp=cp, ep=int(getattr(t, "ep", 1) or 1))
-        if dims.world != world_size or world_size % dims.ep:
-            raise ValueError(f"trainer mesh dp={dp} x cp={cp} (ep={dims.ep}) does not fit world_size={world_size}")
-        return dims
-
-    def data_rank(self, rank: int) -> int:
-        """Index of the data shard (list of micro-batches) that ``rank`` trains on."""
-        return rank // self.cp
-
-    def cp_rank(self, rank: int) -> int:
-        return rank % self.cp
 
 
 @dataclass
@@ -242,15 +212,3 @@ def clip_grad_norm(model: torch.nn.Module, max_norm: float, meshes: Meshes) -> f
 def _device_of(model: torch.nn.Module) -> torch.device:
     p = next(model.parameters())
     return p.to_local().device if isinstance(p, DTensor) else p.device
-
-
-def data_parallel_size(t) -> int:
-    """Number of distinct micro-batch streams (``trainer.dp``, or ``world_size // cp``)."""
-    return ParallelDims.from_config(t, t.world_size).dp
-
-
-def shards_per_rank(shards: list, t) -> list:
-    """Expand one shard per data-parallel rank to one per trainer rank: the ``cp`` ranks of a
-    data-parallel group train on the same micro-batches (each on its slice of the sequence)."""
-    dims = ParallelDims.from_config(t, t.world_size)
-    return [shards[dims.data_rank(r)] for r in range(dims.world)]

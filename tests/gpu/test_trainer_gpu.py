@@ -25,7 +25,8 @@ from transformers import AutoConfig, AutoModelForCausalLM
 from rlcore.config import TrainerConfig
 from rlcore.packing import make_micro_batch
 from rlcore.trainer.forward import forward_logprobs
-from rlcore.trainer.parallel import Meshes, ParallelDims, parallelize
+from rlcore.parallel_dims import ParallelDims
+from rlcore.trainer.parallel import Meshes, parallelize
 from rlcore.types import Sample
 
 with socket.socket() as s:
