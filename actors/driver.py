@@ -35,6 +35,7 @@ from rlcore.config import RunConfig
 from rlcore.engine.registry import sleep_level
 from rlcore.envs import make_env
 from rlcore.failures import FailureLog, NoProgress
+from rlcore.interrupt import StopRequest
 from rlcore.metrics import MetricsLogger
 from rlcore.models.build import build_tokenizer
 from rlcore.startup import StartupPhases
@@ -70,8 +71,10 @@ class StepState:
 
 
 class Driver(WeightSync):
-    def __init__(self, cfg: RunConfig):
+    def __init__(self, cfg: RunConfig, stop: StopRequest | None = None):
+        """`stop`: once requested (Ctrl-C, SIGTERM), the loop ends at the next step boundary."""
         self.cfg = cfg
+        self.stop = stop
         self.acct = Accounting()
         self.failures = FailureLog(cfg.rollout.stop_after_failed_requests)  # reasons, liveness
         a = cfg.algo
@@ -233,6 +236,9 @@ class Driver(WeightSync):
         gen_tokens = 0
         run_start = last_end = time.perf_counter()
         while step < cfg.steps:
+            if not train_refs and self.stop is not None and self.stop.requested:
+                self.hooks.interrupted(step, self.stop.signal_name)  # a step boundary: save there
+                return history
             if not train_refs:  # a step boundary: restarted engines whose model is up join
                 self.admit_restarted()
             self.launch(step + (1 if train_refs else 0))

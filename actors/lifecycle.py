@@ -37,6 +37,7 @@ from actors.remote import RunError, get
 from actors.sft import warmup
 from rlcore import checkpoint as ckpt
 from rlcore.config_keys import config_dict
+from rlcore.rundir import SERIES_FILES
 from rlcore.seeding import derive_seed
 from rlcore.types import Task
 
@@ -145,7 +146,7 @@ class StepHooks:
             next(d._next_actor)
         ckpt.set_rng_state(state["rng"])
         eval_due = bool(state.get("eval_due")) and self.evaluator is not None
-        for name in ("metrics.jsonl", DATA_ORDER):
+        for name in SERIES_FILES:
             removed = ckpt.truncate_series(self.out / name, step, drop_eval_at_step=eval_due)
             if removed:
                 log.info("resume: dropped %d rows of %s logged after step %d", removed, name, step)
@@ -182,6 +183,26 @@ class StepHooks:
             self.evaluator.launch(step, d.version)
         if final and self.cfg.checkpoint.export_final:
             self.export()
+
+    def interrupted(self, step: int, signal_name: str) -> Path | None:
+        """The run stops early at the boundary after `step` steps (a signal asked for it): save
+        that step unless it is saved already or saving is off; one line says which."""
+        c = self.cfg.checkpoint
+        saved = self.last_checkpoint is not None and self.last_checkpoint.name == ckpt.step_dir_name(step)
+        if saved:
+            path = self.last_checkpoint
+        elif step == self.d.start_step:
+            log.warning("%s: stopped before a step finished; nothing new to save", signal_name)
+            return None
+        elif c.interval <= 0 and not c.save_final:
+            log.warning("%s: stopped after step %d; no checkpoint kept (checkpoint.interval=0 and "
+                        "checkpoint.save_final=false)", signal_name, step)
+            return None
+        else:
+            path = self.save(step)
+        log.warning("%s: stopped after step %d of %d; checkpoint %s; continue with resume=true", signal_name, step,
+                    self.cfg.steps, path)
+        return path
 
     def capture(self, step: int, eval_due: bool) -> dict[str, Any]:
         d = self.d

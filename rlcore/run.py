@@ -18,17 +18,20 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
+from rlcore.checkpoint_dirs import checkpoint_root, latest_checkpoint
 from rlcore.cli import FlagError, help_text, job_output_dir, parse_flags, sweep_jobs
 from rlcore.config import RunConfig
 from rlcore.config_keys import config_dict, typed_env_arg_override, unknown_key, unknown_keys
 from rlcore.console import quiet_ray_environment, report_error
 from rlcore.engine.registry import inert_options
+from rlcore.interrupt import StopRequest
 from rlcore.metrics import MetricsLogger
 from rlcore.models.shipped import resolve as resolve_model
 from rlcore.placement import placement_problems, resolve
 from rlcore.plan import format_plan, make_plan
 from rlcore.plot import write_run_plot
 from rlcore.resume_model import explicit_model_keys, use_checkpoint_model
+from rlcore.rundir import FolderInUse, hold_output_dir, restart_series
 from rlcore.startup import StartupPhases
 from rlcore.summary import run_summary
 from rlcore.validate import ConfigError, resource_problems, validate
@@ -180,8 +183,9 @@ def prepare(cfg: RunConfig):
         raise ConfigError(key, msg) from None
 
 
-def make_runner(cfg: RunConfig, prepared=None):
-    """The driver of `cfg.mode`; each has setup(), run(logger) -> step records, shutdown()."""
+def make_runner(cfg: RunConfig, prepared=None, stop: StopRequest | None = None):
+    """The driver of `cfg.mode`; each has setup(), run(logger) -> step records, shutdown().
+    `stop`: the RL driver stops at the step boundary after it is requested."""
     if cfg.mode == "sft":
         from actors.sft import SFTDriver
         return SFTDriver(cfg, prepared)
@@ -189,7 +193,7 @@ def make_runner(cfg: RunConfig, prepared=None):
         from actors.evaluation import EvalDriver
         return EvalDriver(cfg)
     from actors.driver import Driver
-    return Driver(cfg)
+    return Driver(cfg, stop)
 
 
 def summary(cfg: RunConfig, history: list[dict], eval_rows: list[dict] = (),
@@ -242,15 +246,25 @@ def start_ray(cfg: RunConfig) -> None:
                                 "(`ray start --head`) and set RAY_ADDRESS") from exc
 
 
-def prepare_output_dir(cfg: RunConfig) -> Path:
-    """Create `output_dir` and write the composed config into it (validation checked both)."""
+def prepare_output_dir(cfg: RunConfig):
+    """Create `output_dir`, take its run lock (`rlcore.rundir.hold_output_dir`; a folder another
+    live run holds is refused), cut a resume's series back to step 0 when it has no checkpoint,
+    and write the composed config (validation checked the rest). Returns (folder, open lock)."""
     out = Path(cfg.output_dir).expanduser()
     try:
-        out.mkdir(parents=True, exist_ok=True)
-        OmegaConf.save(OmegaConf.structured(cfg), out / "config.yaml")
+        lock = hold_output_dir(out)
+    except FolderInUse as exc:
+        raise ConfigError("output_dir", str(exc)) from None
     except OSError as exc:
         raise ConfigError("output_dir", f"{cfg.output_dir!r}: {exc.strerror or exc}") from None
-    return out
+    try:
+        if cfg.mode == "rl":
+            restart_series(cfg)
+        OmegaConf.save(OmegaConf.structured(cfg), out / "config.yaml")
+    except OSError as exc:
+        lock.close()
+        raise ConfigError("output_dir", f"{cfg.output_dir!r}: {exc.strerror or exc}") from None
+    return out, lock
 
 
 def report(exc: ConfigError) -> int:
@@ -321,10 +335,17 @@ def run_job(argv: list[str], print_cfg: bool = False) -> int:
             cfg = check_cluster(cfg)
         cfg.model = resolve_model(cfg.model)  # pypi:PACKAGE -> its converted directory, before any actor
         prepared = prepare(cfg)
-        out = prepare_output_dir(cfg)
+        out, lock = prepare_output_dir(cfg)
     except ConfigError as exc:
         return report(exc)
+    try:
+        return _run_prepared(cfg, prepared, out)
+    finally:
+        lock.close()  # the folder is free for the next run (exit or a crash frees it too)
 
+
+def _run_prepared(cfg: RunConfig, prepared, out: Path) -> int:
+    """Start Ray and run the job of a validated config into its (locked) folder."""
     if ray_address(cfg) is None:
         local_ray_environment()
     import ray
@@ -341,10 +362,12 @@ def run_job(argv: list[str], print_cfg: bool = False) -> int:
     address = ray_address(cfg)
     driver = None
     logger = None
+    # after ray.init: it installs a fatal-signal handler that prints a C++ stack on SIGTERM
+    stop = StopRequest(graceful=cfg.mode == "rl").install()
     try:
         if address is not None:
             cfg = check_cluster(cfg)
-        driver = make_runner(cfg, prepared)
+        driver = make_runner(cfg, prepared, stop)
         driver.setup()
         logger = MetricsLogger(cfg.logger, str(out), config_dict(cfg), 0 if cfg.mode == "eval" else cfg.steps)
         history = driver.run(logger)
@@ -352,11 +375,12 @@ def run_job(argv: list[str], print_cfg: bool = False) -> int:
         if history:
             write_run_plot(out)  # before the summary, which points to it
             print(summary(cfg, history, logger.eval_rows, ray_phase.done + driver.startup.done))
-        return 0
+        return EXIT_INTERRUPTED if stop.requested else 0
     except ConfigError as exc:
         return report(exc)
     except KeyboardInterrupt:
-        print("rlcore: interrupted; shutting down", file=sys.stderr)
+        print(f"rlcore: interrupted ({stop.signal_name or 'SIGINT'}); stopped at once, no checkpoint kept of this "
+              f"point; {last_checkpoint_hint(cfg)}; shutting down", file=sys.stderr)
         return EXIT_INTERRUPTED
     except (RunError, TimeoutError, ray.exceptions.RayError) as exc:  # RayError: an actor's own exception
         print(report_error(str(exc), cfg.output_dir), file=sys.stderr)
@@ -367,6 +391,13 @@ def run_job(argv: list[str], print_cfg: bool = False) -> int:
         if driver is not None:
             driver.shutdown()
         ray.shutdown()
+        stop.restore()
+
+
+def last_checkpoint_hint(cfg: RunConfig) -> str:
+    """Where a stopped run can continue from, in a few words."""
+    path = latest_checkpoint(checkpoint_root(cfg))
+    return f"last checkpoint: {path} (resume=true continues from it)" if path else "no checkpoint was written yet"
 
 
 if __name__ == "__main__":
