@@ -21,7 +21,8 @@ from omegaconf import OmegaConf
 from rlcore.checkpoint_dirs import checkpoint_root, latest_checkpoint
 from rlcore.cli import FlagError, help_text, job_output_dir, parse_flags, sweep_jobs
 from rlcore.config import RunConfig
-from rlcore.config_keys import config_dict, typed_env_arg_override, unknown_key, unknown_keys
+from rlcore.config_keys import (config_dict, group_option_problem, multirun_hint, typed_env_arg_override, unknown_key,
+                                unknown_keys)
 from rlcore.console import quiet_ray_environment, report_error
 from rlcore.engine.registry import inert_options
 from rlcore.interrupt import StopRequest
@@ -85,6 +86,8 @@ def compose(overrides: list[str]) -> RunConfig:
     overrides = ["checkpoint." + o.lstrip("+") if o.lstrip("+").startswith("resume=") else o for o in overrides]
     for o in overrides:
         key = _override_key(o)
+        if key != "recipe" and group_option_problem(o, CONF_DIR):
+            raise ConfigError(*group_option_problem(o, CONF_DIR))
         if key != "recipe" and not key.startswith("hydra.") and "@" not in key:
             why = unknown_key(key)
             if why:
@@ -99,7 +102,7 @@ def compose(overrides: list[str]) -> RunConfig:
     except Exception as exc:  # Hydra/OmegaConf raise many types; all mean "bad config"
         key = getattr(exc, "full_key", None) or _key_from(exc)
         why = unknown_key(key) if key else None  # a YAML file's misspelt key: name the nearest one
-        raise ConfigError(key or "config", why or _one_line(exc)) from None
+        raise ConfigError(key or "config", why or multirun_hint(_one_line(exc))) from None
     found = unknown_keys(cfg)  # a recipe's or a YAML file's own misspelt keys
     if found:
         raise ConfigError(*found[0], more=found[1:])
