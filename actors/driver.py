@@ -179,11 +179,11 @@ class Driver(WeightSync):
             log.warning("generate request on rollout actor %d failed (%s): %d samples counted failed",
                         req.actor, type(exc).__name__, req.samples)
             self.buffer.fail(req.samples)
-            self.failures.request_lost(req.samples, f"engine: {type(exc).__name__}", str(exc))
+            self.failures.request_lost(req.samples, f"engine: {type(exc).__name__}", str(exc), seq=req.seq)
             if isinstance(exc, ray.exceptions.RayActorError):
                 self.engine_lost(req.actor, req.launched_at)  # Ray restarts it; the others serve on
             return 0
-        self.failures.request_done(groups, req.actor)
+        self.failures.request_done(groups, req.actor, req.seq)
         if self.teacher is not None:
             self.teacher.submit(groups)  # the buffer gets them once scored
         else:
@@ -206,7 +206,7 @@ class Driver(WeightSync):
                             req.actor, req.samples)
                 self.failures.request_lost(
                     req.samples, f"engine: generate request timed out (rollout.generate_timeout_s="
-                                 f"{self.cfg.rollout.generate_timeout_s:g})")
+                                 f"{self.cfg.rollout.generate_timeout_s:g})", seq=req.seq)
 
     # -- training ------------------------------------------------------------------------------
     def start_train(self, state: StepState) -> list[ray.ObjectRef]:
@@ -231,6 +231,7 @@ class Driver(WeightSync):
         step = self.start_step
         self.version_base = self.version - step
         self._failed_last = self.acct.failed  # a resume restores the counters
+        self.failures.resume_at(self.request_seq)  # the no-progress streak follows launch order
         train_refs: list[ray.ObjectRef] = []
         state: StepState | None = None
         gen_tokens = 0

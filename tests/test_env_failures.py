@@ -207,6 +207,28 @@ def test_liveness_stops_with_the_most_frequent_failure():
         failures.check()
 
 
+@pytest.mark.parametrize("behaviour", ["raise", "string", "nan"])
+def test_the_stop_rule_follows_launch_order_not_finish_order(behaviour):
+    """Requests 0, 1 fail in every sample, 2 succeeds, 3 fails: never 3 in a row in launch order.
+    Whichever order they finish in (a fast reward, a slow one), the run is not stopped; with 3
+    failing requests launched in a row it is, again whatever the finish order."""
+    import itertools
+    env = Mixed(behaviour, 100)
+    failed, ok = groups_of(env, 0, tasks=1, n=2), [Group(Task(id="ok", messages=[]), [Sample([1], [2], [0.0], [0], [1])])]
+    for outcome, results in ((False, [failed, failed, ok, failed]), (True, [failed, ok, failed, failed, failed])):
+        for order in itertools.permutations(range(len(results))):
+            failures = FailureLog(stop_after=3)
+            failures.resume_at(0)
+            stopped = False
+            for seq in order:
+                failures.request_done(results[seq], actor=seq % 2, seq=seq)
+                try:
+                    failures.check()
+                except NoProgress:
+                    stopped = True
+            assert stopped is outcome, (behaviour, order)
+
+
 def test_thread_counter_counts_only_live_threads():
     stop = threading.Event()
     before = threads_abandoned()
