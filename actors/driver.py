@@ -24,7 +24,7 @@ from actors import colocation
 from actors.groups import Groups, place
 from actors.lifecycle import StepHooks, TaskFeed
 from actors.membership import Members
-from actors.remote import ActorDied, RunError, failed_names, get, refs_ready, wait_ready  # noqa: F401 (re-exported)
+from actors.remote import ActorDied, RunError, died, failed_names, get, refs_ready, wait_ready  # noqa: F401 (re-exported)
 from actors.rollout_refs import launch_generate, request_groups, table_rows
 from actors.teacher import TeacherError, TeacherStage
 from actors.weights import WeightSync
@@ -35,6 +35,7 @@ from rlcore.config import RunConfig
 from rlcore.engine.registry import sleep_level
 from rlcore.envs import make_env
 from rlcore.failures import FailureLog, NoProgress
+from rlcore.faults import memory_kill
 from rlcore.interrupt import StopRequest
 from rlcore.metrics import MetricsLogger
 from rlcore.models.build import build_tokenizer
@@ -180,8 +181,8 @@ class Driver(WeightSync):
                         req.actor, type(exc).__name__, req.samples)
             self.buffer.fail(req.samples)
             self.failures.request_lost(req.samples, f"engine: {type(exc).__name__}", str(exc), seq=req.seq)
-            if isinstance(exc, ray.exceptions.RayActorError):
-                self.engine_lost(req.actor, req.launched_at)  # Ray restarts it; the others serve on
+            if died(exc):  # died, or killed by Ray's memory monitor: Ray restarts it; the others serve on
+                self.engine_lost(req.actor, req.launched_at, memory_kill(str(exc)))
             return 0
         self.failures.request_done(groups, req.actor, req.seq)
         if self.teacher is not None:

@@ -91,7 +91,7 @@ class WeightSync:
                             f"rollout actor(s) {dead} left, re-forming the weight group without them" if dead
                             else "rebuilding the weight group")
                 for i in dead:
-                    self.engine_lost(i, float("inf"))
+                    self.engine_lost(i, float("inf"), exc.how if i in died else None)
                 actors, reform = [i for i in actors if i not in dead], True
         raise AssertionError("unreachable")
 
@@ -109,13 +109,14 @@ class WeightSync:
                 dead.append(i)
         return dead
 
-    def engine_lost(self, actor: int, launched_at: float) -> None:
-        """A call to `actor` launched at `launched_at` failed because the actor died: it stops
-        serving until Ray's restart of it has joined again (counted in `rollout_restarts`)."""
+    def engine_lost(self, actor: int, launched_at: float, cause: str | None = None) -> None:
+        """A call to `actor` launched at `launched_at` failed because the actor died (`cause`:
+        how, e.g. `rlcore.faults.memory_kill`'s line): it stops serving until Ray's restart of it
+        has joined again (counted in `rollout_restarts`)."""
         if self.members.lost(actor, launched_at):
             self.restarts += 1
-            log.warning("rollout actor %d died at version %d: %d engine(s) serve on while Ray restarts it", actor,
-                        self.version, len(self.members.serving))
+            log.warning("rollout actor %d %s at version %d: %d engine(s) serve on while Ray restarts it", actor,
+                        cause or "died", self.version, len(self.members.serving))
 
     def _sync(self, version: int, actors: list[int], pushed: list[dict] | None = None) -> dict[str, float]:
         g = self.groups
