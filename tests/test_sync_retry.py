@@ -27,7 +27,7 @@ class Sync(WeightSync):
         self.probed.append(list(actors))
         return []
 
-    def engine_lost(self, actor, launched_at):
+    def engine_lost(self, actor, launched_at, cause=None):
         self.lost.append(actor)
 
 
