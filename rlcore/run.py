@@ -18,11 +18,10 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from rlcore.checkpoint_dirs import checkpoint_root, latest_checkpoint
 from rlcore.cli import FlagError, help_text, job_output_dir, parse_flags, sweep_jobs
 from rlcore.config import RunConfig
-from rlcore.config_keys import (config_dict, group_option_problem, multirun_hint, typed_env_arg_override, unknown_key,
-                                unknown_keys)
+from rlcore.config_keys import config_dict, group_option_problem, multirun_hint, typed_env_arg_override
+from rlcore.config_keys import unknown_key, unknown_keys
 from rlcore.console import quiet_ray_environment, report_error
 from rlcore.engine.registry import inert_options
 from rlcore.interrupt import StopRequest
@@ -32,7 +31,7 @@ from rlcore.placement import placement_problems, resolve
 from rlcore.plan import format_plan, make_plan
 from rlcore.plot import write_run_plot
 from rlcore.resume_model import explicit_model_keys, use_checkpoint_model
-from rlcore.rundir import FolderInUse, hold_output_dir, restart_series
+from rlcore.rundir import FolderInUse, hold_output_dir, last_checkpoint_hint, restart_series
 from rlcore.startup import StartupPhases
 from rlcore.summary import run_summary
 from rlcore.validate import ConfigError, resource_problems, validate
@@ -395,12 +394,6 @@ def _run_prepared(cfg: RunConfig, prepared, out: Path) -> int:
             driver.shutdown()
         ray.shutdown()
         stop.restore()
-
-
-def last_checkpoint_hint(cfg: RunConfig) -> str:
-    """Where a stopped run can continue from, in a few words."""
-    path = latest_checkpoint(checkpoint_root(cfg))
-    return f"last checkpoint: {path} (resume=true continues from it)" if path else "no checkpoint was written yet"
 
 
 if __name__ == "__main__":

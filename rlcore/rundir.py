@@ -25,7 +25,7 @@ import uuid
 from pathlib import Path
 from typing import IO
 
-from rlcore.checkpoint_dirs import checkpoint_root, list_checkpoints, resolve_resume, resume_request
+from rlcore.checkpoint_dirs import checkpoint_root, latest_checkpoint, list_checkpoints, resolve_resume, resume_request
 
 log = logging.getLogger("rlcore")
 
@@ -158,3 +158,9 @@ def restart_series(cfg) -> int:
                      "of %s an earlier attempt logged", n, name)
         removed += n
     return removed
+
+
+def last_checkpoint_hint(cfg) -> str:
+    """Where a stopped run can continue from, in a few words."""
+    path = latest_checkpoint(checkpoint_root(cfg))
+    return f"last checkpoint: {path} (resume=true continues from it)" if path else "no checkpoint was written yet"
