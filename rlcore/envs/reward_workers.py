@@ -101,9 +101,16 @@ class WorkerPool:
         while queue or busy:
             while queue and len(busy) < self.size:
                 i, (fn, args) = queue.pop(0)
-                worker = self.idle.pop() if self.idle else _Worker(self.owner)
+                worker, reused = self._idle_worker()
                 try:
                     worker.conn.send((fn.__name__, args))
+                except OSError as exc:  # it died while idle (PR_SET_PDEATHSIG: the thread that forked it ended)
+                    worker.kill()
+                    if reused:
+                        queue.insert(0, (i, (fn, args)))
+                    else:
+                        results[i] = Outcome(error=f"reward worker did not start: {_describe(exc)}")
+                    continue
                 except Exception as exc:  # unpicklable arguments: this call fails, the worker is fine
                     results[i] = Outcome(error=f"reward arguments cannot be sent to the worker: {_describe(exc)}")
                     self.idle.append(worker)
@@ -128,6 +135,15 @@ class WorkerPool:
                 results[i] = Outcome(error=f"timeout after {timeout_s:g}s")
                 self._drop(worker)
         return results
+
+    def _idle_worker(self) -> tuple[_Worker, bool]:
+        """A live idle worker (True) or a new one (False)."""
+        while self.idle:
+            worker = self.idle.pop()
+            if worker.proc.is_alive():
+                return worker, True
+            worker.kill()
+        return _Worker(self.owner), False
 
     def _drop(self, worker: _Worker) -> None:
         worker.kill()
