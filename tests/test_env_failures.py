@@ -278,3 +278,12 @@ def test_an_overrunning_busy_reward_is_killed_and_the_next_one_runs_promptly():
     samples = [s for g in groups_of(env, 100, tasks=1, n=2) for s in g.samples]
     assert [(s.reward, s.error) for s in samples] == [(1.0, None), (1.0, None)]
     pool.close()
+
+
+def test_a_reward_whose_arguments_do_not_pickle_still_runs_under_its_deadline():
+    env = Scored("ok", reward_timeout_s=5)
+    lock = threading.Lock()  # not picklable: it cannot be sent to a worker
+    out = env.guarded([(env.score, (env.make_task(0, "train"), [{"role": "assistant", "content": "x"}], {"l": lock}))],
+                      "score")
+    assert [(o.value, o.error) for o in out] == [(1.0, None)]
+    env.reward_pool().close()

@@ -10,7 +10,8 @@ forked: scoring must not depend on state that changes later) and sends back an
 session killed (SIGKILL) and the worker replaced on the next call, so a busy loop, a runaway C
 extension or a child it started costs the timeout and nothing after, and never shares the
 actor's interpreter (no GIL taken from the engine). Workers die with their parent
-(PR_SET_PDEATHSIG). What a call prints from Python is kept on its outcome (first
+(PR_SET_PDEATHSIG). A call whose arguments do not pickle runs in a fork of its own (`process`
+isolation), which inherits them. What a call prints from Python is kept on its outcome (first
 `OUTPUT_LIMIT` characters); output written straight to file descriptors 1 and 2 is dropped.
 """
 
@@ -25,7 +26,7 @@ import time
 from multiprocessing.connection import wait
 from typing import Any, Callable
 
-from rlcore.envs.safety import Outcome, _describe, _Sink
+from rlcore.envs.safety import Outcome, _describe, _Sink, call_many
 
 PR_SET_PDEATHSIG = 1
 
@@ -98,6 +99,7 @@ class WorkerPool:
         queue = list(enumerate(calls))
         results: list[Outcome | None] = [None] * len(calls)
         busy: dict[_Worker, tuple[int, float]] = {}
+        forked: list[int] = []
         while queue or busy:
             while queue and len(busy) < self.size:
                 i, (fn, args) = queue.pop(0)
@@ -111,8 +113,8 @@ class WorkerPool:
                     else:
                         results[i] = Outcome(error=f"reward worker did not start: {_describe(exc)}")
                     continue
-                except Exception as exc:  # unpicklable arguments: this call fails, the worker is fine
-                    results[i] = Outcome(error=f"reward arguments cannot be sent to the worker: {_describe(exc)}")
+                except Exception:  # unpicklable arguments: a fork of this process inherits them instead
+                    forked.append(i)
                     self.idle.append(worker)
                     continue
                 busy[worker] = (i, time.monotonic() + timeout_s)
@@ -134,6 +136,8 @@ class WorkerPool:
                 i, _ = busy.pop(worker)
                 results[i] = Outcome(error=f"timeout after {timeout_s:g}s")
                 self._drop(worker)
+        for i, out in zip(forked, call_many([calls[i] for i in forked], timeout_s, "process") if forked else []):
+            results[i] = out
         return results
 
     def _idle_worker(self) -> tuple[_Worker, bool]:
