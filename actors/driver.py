@@ -41,6 +41,7 @@ from rlcore.config import RunConfig
 from rlcore.engine.registry import weight_transport
 from rlcore.envs import make_env
 from rlcore.failures import FailureLog, NoProgress
+from rlcore.interrupt import StopRequest
 from rlcore.metrics import MetricsLogger
 from rlcore.models.build import build_tokenizer
 from rlcore.startup import StartupPhases
@@ -63,8 +64,9 @@ class StepState:
 
 
 class Driver:
-    def __init__(self, cfg: RunConfig):
-        self.cfg = cfg
+    def __init__(self, cfg: RunConfig, stop: StopRequest | None = None):
+        """`stop`: once requested (Ctrl-C, SIGTERM), the loop ends at the next step boundary."""
+        self.cfg, self.stop = cfg, stop
         acct = Accounting()
         self.failures = FailureLog(cfg.rollout.stop_after_failed_requests)  # reasons, liveness
         a = cfg.algo
@@ -119,11 +121,14 @@ class Driver:
         history: list[dict[str, Any]] = []
         run.version_base = run.version - run.step
         self._failed_last = run.acct.failed  # a resume restores the counters
+        self.failures.resume_at(run.request_seq)  # the no-progress streak follows launch order
         train: list[ray.ObjectRef] = []  # the refs of the train step in flight
         state: StepState | None = None
         gen_tokens = 0
         run_start = last_end = time.perf_counter()
         while run.step < cfg.steps:
+            if not train and self.stopping():  # a signal asked for a stop: this is a step boundary
+                return history
             if not train:  # a step boundary: restarted engines whose model is up join
                 self.admit_restarted()
             self.launch(run.step + (1 if train else 0))
@@ -143,6 +148,14 @@ class Driver:
         return history
 
     # -- the loop's verbs ----------------------------------------------------------------------
+    def stopping(self) -> bool:
+        """Whether a signal asked the run to stop; if so, save this step boundary (one line says
+        what was kept, `StepHooks.interrupted`)."""
+        if self.stop is None or not self.stop.requested:
+            return False
+        self.hooks.interrupted(self.run_state.step, self.stop.signal_name)
+        return True
+
     def admit_restarted(self) -> None:
         """Restarted engines that are up join the weight group (call only between steps)."""
         if self.weights.admit_restarted():

@@ -38,6 +38,7 @@ from rlcore import checkpoint as ckpt
 from rlcore.buffer import RolloutBuffer
 from rlcore.config import RunConfig
 from rlcore.config.nodes import config_dict
+from rlcore.rundir import SERIES_FILES
 from rlcore.startup import StartupPhases
 from rlcore.types import Task
 
@@ -65,6 +66,7 @@ class StepHooks:
         self.writer = ckpt.CheckpointWriter(cfg)
         self.evaluator = None
         self.last_checkpoint: Path | None = None
+        self.start_step = 0  # the step the run started from (a resume's checkpoint step)
 
     # -- setup / resume ------------------------------------------------------------------------
     def setup(self) -> None:
@@ -96,7 +98,7 @@ class StepHooks:
         with phase("loading the checkpoint"):
             version = self.trainers.load(path)
         step = int(state["step"])
-        run.step = step
+        run.step = self.start_step = step
         run.feed.restore(state["feed"])
         for k, v in state["accounting"].items():
             setattr(run.acct, k, v)
@@ -107,7 +109,7 @@ class StepHooks:
         run.restore_cursor(cfg.rollout.num_actors)
         ckpt.set_rng_state(state["rng"])
         eval_due = bool(state.get("eval_due")) and self.evaluator is not None
-        for name in ("metrics.jsonl", DATA_ORDER):
+        for name in SERIES_FILES:
             removed = ckpt.truncate_series(self.out / name, step, drop_eval_at_step=eval_due)
             if removed:
                 log.info("resume: dropped %d rows of %s logged after step %d", removed, name, step)
@@ -141,6 +143,25 @@ class StepHooks:
             self.evaluator.launch(step, self.run.version)
         if final and self.cfg.checkpoint.export_final:
             self.trainers.export()
+
+    def interrupted(self, step: int, signal_name: str) -> Path | None:
+        """The run stops early at the boundary after `step` steps (a signal asked for it): save
+        that step unless it is saved already or saving is off; one line says which."""
+        c = self.cfg.checkpoint
+        if self.last_checkpoint is not None and self.last_checkpoint.name == ckpt.step_dir_name(step):
+            path = self.last_checkpoint
+        elif step == self.start_step:
+            log.warning("%s: stopped before a step finished; nothing new to save", signal_name)
+            return None
+        elif c.interval <= 0 and not c.save_final:
+            log.warning("%s: stopped after step %d; no checkpoint kept (checkpoint.interval=0 and "
+                        "checkpoint.save_final=false)", signal_name, step)
+            return None
+        else:
+            path = self.save(step)
+        log.warning("%s: stopped after step %d of %d; checkpoint %s; continue with resume=true", signal_name, step,
+                    self.cfg.steps, path)
+        return path
 
     def capture(self, step: int, eval_due: bool) -> dict[str, Any]:
         run, buffer = self.run, self.buffer

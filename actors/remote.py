@@ -7,17 +7,21 @@ import time
 
 import ray
 
+from rlcore.faults import NotInWeightGroup, memory_kill
+
 
 class RunError(RuntimeError):
     """A fault that stops the run, with a message that says where."""
 
 
 class ActorDied(RunError):
-    """A remote call failed because its actor died; `dead` names the participants."""
+    """A remote call failed because its actor died; `dead` names the participants, `how` says
+    how they went (died, killed by Ray's memory monitor with the node's figures, restarted)."""
 
-    def __init__(self, message: str, dead: list[str]):
+    def __init__(self, message: str, dead: list[str], how: str = "died"):
         super().__init__(message)
         self.dead = dead
+        self.how = how
 
 
 _UNREAD: list = []
@@ -51,13 +55,25 @@ def get(refs, timeout_s: float, what: str, names: list[str] | None = None):
     except ray.exceptions.GetTimeoutError as exc:
         _keep_unread(refs)
         raise RunError(f"{what} did not finish within {timeout_s:.0f}s") from exc
-    except ray.exceptions.RayActorError as exc:
+    except ray.exceptions.RayError as exc:
         _keep_unread(refs)
+        if not died(exc):
+            raise
         dead = failed_names(refs, names)
-        raise ActorDied(f"{what} failed: {', '.join(dead) or 'an actor'} died ({exc})", dead) from exc
-    except ray.exceptions.RayError:
-        _keep_unread(refs)
-        raise
+        how = memory_kill(str(exc)) or ("was restarted and has not rejoined the weight group"
+                                        if isinstance(_cause(exc), NotInWeightGroup) else "died")
+        raise ActorDied(f"{what} failed: {', '.join(dead) or 'an actor'} {how} ({exc})", dead, how) from exc
+
+
+def _cause(exc: BaseException):
+    return getattr(exc, "cause", None) if isinstance(exc, ray.exceptions.RayTaskError) else None
+
+
+def died(exc: BaseException) -> bool:
+    """Whether a call failed because its actor's process is gone: it died, Ray's memory monitor
+    killed it (`OutOfMemoryError`), or it is a restarted process not yet back in the group."""
+    return (isinstance(exc, (ray.exceptions.RayActorError, ray.exceptions.OutOfMemoryError))
+            or memory_kill(str(exc)) is not None or isinstance(_cause(exc), NotInWeightGroup))
 
 
 def _keep_unread(refs) -> None:
@@ -74,10 +90,9 @@ def failed_names(refs, names: list[str] | None) -> list[str]:
     for ref, name in zip(refs, names):
         try:
             ray.get(ref, timeout=0)
-        except ray.exceptions.RayActorError:
-            dead.append(name)
-        except ray.exceptions.RayError:
-            pass
+        except ray.exceptions.RayError as exc:
+            if died(exc):
+                dead.append(name)
     return dead
 
 

@@ -21,6 +21,7 @@ from rlcore.envs import make_env
 from rlcore.envs.safety import threads_abandoned
 from rlcore.meta import samples_meta
 from rlcore.models.build import build_model, build_tokenizer
+from rlcore.faults import NotInWeightGroup
 from rlcore.transfer import first_rank, make_receiver, transfer_options, world_size
 from rlcore.transfer.plan import SyncPlan
 from rlcore.types import Group, Sample, SampleMeta, Task
@@ -75,6 +76,9 @@ class RolloutWorker:
         return self.engine.wake_up()
 
     def pull_weights(self, version: int) -> dict:
+        if self.receiver is None:  # a restarted process: the driver re-forms the group with it first
+            raise NotInWeightGroup(f"rollout actor {self.index} is not in the weight-sync group (restarted, not "
+                                   "yet rejoined)")
         return self.receiver.receive(version)
 
     def canary_logprobs(self, pairs: list[tuple[list[int], list[int]]]) -> list[list[float]]:

@@ -19,12 +19,13 @@ from dataclasses import dataclass, field
 import ray
 
 from actors.membership import Members
-from actors.remote import get, wait_ready
+from actors.remote import died, get, wait_ready
 from actors.rollout_refs import launch_generate, request_groups
 from actors.run_state import RunState
 from rlcore.buffer import RolloutBuffer
 from rlcore.config import RunConfig
 from rlcore.failures import FailureLog
+from rlcore.faults import memory_kill
 from rlcore.transfer.plan import SyncPlan
 from rlcore.types import GroupMeta, Task
 
@@ -114,11 +115,11 @@ class RolloutGroup:
             log.warning("generate request on rollout actor %d failed (%s): %d samples counted failed",
                         req.actor, type(exc).__name__, req.samples)
             self.buffer.fail(req.samples)
-            self.failures.request_lost(req.samples, f"engine: {type(exc).__name__}", str(exc))
-            if isinstance(exc, ray.exceptions.RayActorError):
-                self.engine_lost(req.actor, req.launched_at)  # Ray restarts it; the others serve on
+            self.failures.request_lost(req.samples, f"engine: {type(exc).__name__}", str(exc), seq=req.seq)
+            if died(exc):  # died, or killed by Ray's memory monitor: Ray restarts it; the others serve on
+                self.engine_lost(req.actor, req.launched_at, memory_kill(str(exc)))
             return []
-        self.failures.request_done(groups, req.actor)
+        self.failures.request_done(groups, req.actor, req.seq)
         return groups
 
     def expire(self) -> None:
@@ -133,20 +134,21 @@ class RolloutGroup:
                             req.actor, req.samples)
                 self.failures.request_lost(
                     req.samples, f"engine: generate request timed out (rollout.generate_timeout_s="
-                                 f"{self.timeout_s:g})")
+                                 f"{self.timeout_s:g})", seq=req.seq)
 
     def unfinished(self) -> list[tuple[int, Task]]:
         """(stream index, task) of every task still generating (a checkpoint puts them back)."""
         return [(i, t) for req in self.pending.values() for i, t in zip(req.indices, req.tasks)]
 
     # -- deaths and restarts -------------------------------------------------------------------
-    def engine_lost(self, actor: int, launched_at: float) -> None:
-        """A call to `actor` launched at `launched_at` failed because the actor died: it stops
-        serving until Ray's restart of it has joined again (counted in `rollout_restarts`)."""
+    def engine_lost(self, actor: int, launched_at: float, cause: str | None = None) -> None:
+        """A call to `actor` launched at `launched_at` failed because the actor died (`cause`:
+        how, e.g. `rlcore.faults.memory_kill`'s line): it stops serving until Ray's restart of it
+        has joined again (counted in `rollout_restarts`)."""
         if self.members.lost(actor, launched_at):
             self.restarts += 1
-            log.warning("rollout actor %d died at version %d: %d engine(s) serve on while Ray restarts it", actor,
-                        self.run.version, len(self.serving))
+            log.warning("rollout actor %d %s at version %d: %d engine(s) serve on while Ray restarts it", actor,
+                        cause or "died", self.run.version, len(self.serving))
 
     def dead_engines(self, actors: list[int]) -> list[int]:
         """Actors of `actors` that do not answer `ready()` within 10 s (died or restarting)."""

@@ -141,7 +141,7 @@ class WeightSync:
                             f"rollout actor(s) {dead} left, re-forming the weight group without them" if dead
                             else "rebuilding the weight group")
                 for i in dead:
-                    self.rollouts.engine_lost(i, float("inf"))
+                    self.rollouts.engine_lost(i, float("inf"), exc.how if i in died else None)
                 actors, reform = [i for i in actors if i not in dead], True
         raise AssertionError("unreachable")
 

@@ -50,6 +50,7 @@ from rlcore.checkpoint_dirs import (  # noqa: F401  (re-exported: the directory 
     step_dir_name,
 )
 from rlcore.hf_files import save_config_and_tokenizer
+from rlcore.rundir import truncate_series  # noqa: F401  (re-exported: the series live in the run folder)
 
 log = logging.getLogger("rlcore")
 
@@ -272,30 +273,3 @@ def read_trainer_extra(ckpt_dir: str | Path) -> dict[str, Any]:
 
 
 # -- metrics series on resume ------------------------------------------------------------------
-def truncate_series(path: Path, step: int, drop_eval_at_step: bool = False) -> int:
-    """Drop rows of a JSONL series logged after checkpoint `step` (the run went on past its last
-    checkpoint before it stopped), so the resumed run continues the same series without
-    duplicates. With `drop_eval_at_step`, evaluation rows of `step` itself go too (that
-    evaluation is re-run). Returns rows removed; rewrites atomically."""
-    if not path.is_file():
-        return 0
-    keep, removed = [], 0
-    for line in path.read_text().splitlines():
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-            s = int(row.get("step", -1))
-        except (ValueError, TypeError, AttributeError):
-            keep.append(line)  # not ours to judge
-            continue
-        is_eval = any(str(k).startswith("eval/") for k in row)
-        if s > step or (drop_eval_at_step and is_eval and s == step):
-            removed += 1
-        else:
-            keep.append(line)
-    if removed:
-        tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}")
-        tmp.write_text("".join(line + "\n" for line in keep))
-        os.replace(tmp, path)
-    return removed

@@ -125,17 +125,37 @@ def export_checkpoint(ckpt_dir: str | Path, out_dir: str | Path) -> Path:
     return write_hf_dir(out_dir, exportable_tensors(model), config_src=hf)
 
 
+def used_folder(out: Path) -> str | None:
+    """Why writing to `out` would replace something, or None (absent, or an empty directory)."""
+    if not out.exists():
+        return None
+    if not out.is_dir():
+        return f"{str(out)!r} is a file"
+    entries = sorted(p.name for p in out.iterdir())
+    if not entries:
+        return None
+    return f"{str(out)!r} is not empty ({len(entries)} entries, e.g. {entries[0]})"
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    force = "--force" in argv
+    argv = [a for a in argv if a != "--force"]
     if len(argv) != 2 or argv[0] in ("-h", "--help"):
-        print("usage: python -m rlcore.export CHECKPOINT_DIR OUT_DIR   (CHECKPOINT_DIR: a step_NNNNNNNN "
-              "directory, or a checkpoints directory: its newest)", file=sys.stderr)
+        print("usage: python -m rlcore.export CHECKPOINT_DIR OUT_DIR [--force]   (CHECKPOINT_DIR: a step_NNNNNNNN "
+              "directory, or a checkpoints directory: its newest; --force replaces a non-empty OUT_DIR)",
+              file=sys.stderr)
         return 2
     src = Path(argv[0]).expanduser()
     if src.is_dir() and not is_complete(src):
         src = latest_checkpoint(src) or src
     if not is_complete(src):
         print(f"rlcore: export: {argv[0]!r} is not a complete checkpoint", file=sys.stderr)
+        return 2
+    used = used_folder(Path(argv[1]).expanduser())
+    if used and not force:
+        print(f"rlcore: export: OUT_DIR {used}; choose another folder, or pass --force to replace it",
+              file=sys.stderr)
         return 2
     try:
         out = export_checkpoint(src, argv[1])
@@ -144,7 +164,6 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     print(f"rlcore: exported {src} -> {out}")
     return 0
-
 
 if __name__ == "__main__":
     sys.exit(main())

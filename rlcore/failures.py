@@ -9,7 +9,10 @@ counted: :meth:`FailureLog.step_metrics` gives `failed_by_reason` (this step's c
 `reward_threads_abandoned` (summed over rollout actors).
 
 Liveness: after `stop_after` requests in a row whose every sample failed, :meth:`check` raises
-:class:`NoProgress` naming the most frequent reason of that streak.
+:class:`NoProgress` naming the most frequent reason of that streak. "In a row" is launch order
+(each request's `seq`), not the order requests happen to finish in: results that finish early
+wait until every request launched before them is in, so which requests form a streak is a
+function of the data order, never of how fast one reward is against another.
 """
 
 from __future__ import annotations
@@ -45,12 +48,19 @@ class FailureLog:
         self.streak = 0
         self.streak_counts: Counter[str] = Counter()
         self.threads_by_actor: dict[int, float] = {}
+        self.next_seq: int | None = None
+        """Launch number of the next request the streak takes (None: take them as they come)."""
+        self._waiting: dict[int, tuple[bool, Counter[str]]] = {}  # finished before an earlier one
 
-    def _count(self, reason: str, n: int) -> None:
+    def resume_at(self, seq: int) -> None:
+        """The next request to be launched has number `seq` (0, or a resumed run's count)."""
+        self.next_seq = seq
+
+    def _count(self, reason: str, n: int, request: Counter[str]) -> None:
         if reason not in self.step_counts and len(self.step_counts) >= MAX_REASONS:
             reason = "other"
         self.step_counts[reason] += n
-        self.streak_counts[reason] += n
+        request[reason] += n
 
     def _first(self, reason: str, message: str, task_id: str, output: str) -> None:
         """Log a reason the first time it is seen, with the first occurrence's own message."""
@@ -63,9 +73,11 @@ class FailureLog:
             printed = f"; it printed ({len(output)} chars kept): " + " | ".join(lines[:3])[:300]
         log.warning("sample failed (first of its kind) on task %s: %s%s", task_id, message, printed)
 
-    def request_done(self, groups: list[GroupMeta], actor: int) -> None:
-        """Count a finished request's failed samples; update the all-failed streak."""
+    def request_done(self, groups: list[GroupMeta], actor: int, seq: int | None = None) -> None:
+        """Count a finished request's failed samples; update the all-failed streak with it in
+        launch order (`seq`, the request's launch number)."""
         total = failed = 0
+        reasons: Counter[str] = Counter()
         for g in groups:
             if g.env_stats:
                 self.threads_by_actor[actor] = g.env_stats.get("reward_threads_abandoned", 0)
@@ -75,22 +87,35 @@ class FailureLog:
                     failed += 1
                     reason = reason_of(s.error)
                     self._first(reason, (s.error or "").strip()[:500], g.task.id, s.env_output)
-                    self._count(reason, 1)
-        self._streak(total > 0 and failed == total)
+                    self._count(reason, 1, reasons)
+        self._in_order(seq, total > 0 and failed == total, reasons)
 
-    def request_lost(self, samples: int, why: str, detail: str = "", streak: bool = True) -> None:
+    def request_lost(self, samples: int, why: str, detail: str = "", streak: bool = True,
+                     seq: int | None = None) -> None:
         """A request that never returned (its actor died, it timed out): all its samples failed.
         `why` is the bucket (`engine: ActorDiedError`), `detail` the message logged the first time;
         `streak=False` counts them without touching the all-failed streak of generate requests."""
         reason = reason_of(why)
         self._first(reason, f"{why}: {detail.strip()[:500]}" if detail else why, "(whole request)", "")
-        self._count(reason, samples)
+        reasons: Counter[str] = Counter()
+        self._count(reason, samples, reasons)
         if streak:
-            self._streak(True)
+            self._in_order(seq, True, reasons)
 
-    def _streak(self, all_failed: bool) -> None:
+    def _in_order(self, seq: int | None, all_failed: bool, reasons: Counter[str]) -> None:
+        """Apply a request's result to the streak once every request launched before it is in."""
+        if seq is None or self.next_seq is None:
+            self._streak(all_failed, reasons)
+            return
+        self._waiting[seq] = (all_failed, reasons)
+        while self.next_seq in self._waiting:
+            self._streak(*self._waiting.pop(self.next_seq))
+            self.next_seq += 1
+
+    def _streak(self, all_failed: bool, reasons: Counter[str]) -> None:
         if all_failed:
             self.streak += 1
+            self.streak_counts.update(reasons)
         else:
             self.streak, self.streak_counts = 0, Counter()
 

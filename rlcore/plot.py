@@ -52,7 +52,9 @@ class Run:
 
 def read_run(output_dir: str | Path) -> Run:
     """The rows of `output_dir/metrics.jsonl` split into train and eval rows, ordered by step.
-    Eval rows get the wall-clock of the train step they evaluated (0 for step 0)."""
+    Eval rows get the wall-clock of the train step they evaluated (0 for step 0); in a run
+    with no train rows (`mode=eval` of a checkpoint) the clock is the evaluations' own time
+    (`eval/time_s`), summed in step order."""
     path = Path(output_dir) / "metrics.jsonl"
     steps: dict[int, dict] = {}
     evals: dict[int, dict] = {}
@@ -69,8 +71,14 @@ def read_run(output_dir: str | Path) -> Run:
         (evals if is_eval else steps)[int(row["step"])] = row
     elapsed = {s: r["elapsed_s"] for s, r in steps.items() if "elapsed_s" in r}
     elapsed.setdefault(0, 0.0)
-    for s, row in evals.items():
-        if "elapsed_s" not in row and s in elapsed:
+    clock = 0.0
+    for s, row in sorted(evals.items()):
+        if "elapsed_s" in row:
+            continue
+        if not steps and isinstance(row.get("eval/time_s"), (int, float)):
+            clock += row["eval/time_s"]
+            row["elapsed_s"] = clock
+        elif s in elapsed:
             row["elapsed_s"] = elapsed[s]
     return Run(Path(output_dir).resolve().name, [steps[s] for s in sorted(steps)],
                [evals[s] for s in sorted(evals)])

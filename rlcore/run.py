@@ -25,7 +25,7 @@ from rlcore.cli import FlagError, help_text, job_output_dir, parse_flags, sweep_
 from rlcore.config import ClusterConfig, RunConfig
 from rlcore.config.errors import ConfigError, keyed_errors, raise_problems
 from rlcore.config.keys import typed_env_arg_override
-from rlcore.config.nodes import config_dict, schema_node, to_node, to_run_config, write_config
+from rlcore.config.nodes import claim_output_dir, config_dict, schema_node, to_node, to_run_config
 from rlcore.config.overrides import (
     check_composed_keys,
     check_override_keys,
@@ -38,12 +38,14 @@ from rlcore.config.overrides import (
 from rlcore.config.validate import Capacity, validate
 from rlcore.console import quiet_ray_environment, report_error
 from rlcore.engine.registry import inert_options
+from rlcore.interrupt import StopRequest
 from rlcore.metrics import MetricsLogger
 from rlcore.models.shipped import resolve as resolve_model
 from rlcore.placement import resolve
 from rlcore.plan import format_plan, make_plan
 from rlcore.plot import write_run_plot
 from rlcore.resume_model import explicit_model_keys, use_checkpoint_model
+from rlcore.rundir import last_checkpoint_hint
 from rlcore.startup import StartupPhases
 from rlcore.summary import run_summary
 
@@ -78,7 +80,7 @@ def compose(overrides: list[str]) -> RunConfig:
     overrides = ["+recipe=" + recipe if o.lstrip("+").startswith("recipe=") else o for o in overrides]
     # `resume=true|PATH` is the documented spelling of `checkpoint.resume=...`
     overrides = ["checkpoint." + o.lstrip("+") if o.lstrip("+").startswith("resume=") else o for o in overrides]
-    check_override_keys(overrides)
+    check_override_keys(overrides, CONF_DIR)
     overrides = [typed_env_arg_override(o) for o in overrides]
 
     ConfigStore.instance().store(name="rlcore_schema", node=schema_node())
@@ -148,8 +150,9 @@ def prepare(cfg: RunConfig):
         return build_dataset(cfg, build_tokenizer(cfg.model))
 
 
-def make_runner(cfg: RunConfig, prepared=None):
-    """The driver of `cfg.mode`; each has setup(), run(logger) -> step records, shutdown()."""
+def make_runner(cfg: RunConfig, prepared=None, stop: StopRequest | None = None):
+    """The driver of `cfg.mode`; each has setup(), run(logger) -> step records, shutdown().
+    `stop`: the RL driver stops at the step boundary after it is requested."""
     if cfg.mode == "sft":
         from actors.sft import SFTDriver
         return SFTDriver(cfg, prepared)
@@ -157,7 +160,7 @@ def make_runner(cfg: RunConfig, prepared=None):
         from actors.evaluation import EvalDriver
         return EvalDriver(cfg)
     from actors.driver import Driver
-    return Driver(cfg)
+    return Driver(cfg, stop)
 
 
 def summary(cfg: RunConfig, history: list[dict], eval_rows: list[dict] = (),
@@ -278,9 +281,17 @@ def run_job(argv: list[str], print_cfg: bool = False) -> int:
             cfg = check_cluster(cfg)
         cfg.model = resolve_model(cfg.model)  # pypi:PACKAGE -> its converted directory, before any actor
         prepared = prepare(cfg)
-        out = write_config(cfg)
+        out, lock = claim_output_dir(cfg)
     except ConfigError as exc:
         return report(exc)
+    try:
+        return _run_prepared(cfg, prepared, out)
+    finally:
+        lock.close()  # the folder is free for the next run (exit or a crash frees it too)
+
+
+def _run_prepared(cfg: RunConfig, prepared, out: Path) -> int:
+    """Start Ray and run the job of a validated config into its (locked) folder."""
 
     address = ray_address(cfg.cluster)
     if address is None:
@@ -296,12 +307,14 @@ def run_job(argv: list[str], print_cfg: bool = False) -> int:
     except RayStartError as exc:
         print(f"rlcore: error: {exc}", file=sys.stderr)
         return EXIT_RUN
+    # after ray.init: it installs a fatal-signal handler that prints a C++ stack on SIGTERM
+    stop = StopRequest(graceful=cfg.mode == "rl").install()
     driver = None
     logger = None
     try:
         if address is not None:
             cfg = check_cluster(cfg)
-        driver = make_runner(cfg, prepared)
+        driver = make_runner(cfg, prepared, stop)
         driver.setup()
         logger = MetricsLogger(cfg.logger, str(out), config_dict(cfg), 0 if cfg.mode == "eval" else cfg.steps)
         history = driver.run(logger)
@@ -309,11 +322,12 @@ def run_job(argv: list[str], print_cfg: bool = False) -> int:
         if history:
             write_run_plot(out)  # before the summary, which points to it
             print(summary(cfg, history, logger.eval_rows, ray_phase.done + driver.startup.done))
-        return 0
+        return EXIT_INTERRUPTED if stop.requested else 0
     except ConfigError as exc:
         return report(exc)
     except KeyboardInterrupt:
-        print("rlcore: interrupted; shutting down", file=sys.stderr)
+        print(f"rlcore: interrupted ({stop.signal_name or 'SIGINT'}); stopped at once, no checkpoint kept of this "
+              f"point; {last_checkpoint_hint(cfg)}; shutting down", file=sys.stderr)
         return EXIT_INTERRUPTED
     except (RunError, TimeoutError, ray.exceptions.RayError) as exc:  # RayError: an actor's own exception
         print(report_error(str(exc), cfg.output_dir), file=sys.stderr)
@@ -324,6 +338,7 @@ def run_job(argv: list[str], print_cfg: bool = False) -> int:
         if driver is not None:
             driver.shutdown()
         ray.shutdown()
+        stop.restore()
 
 
 if __name__ == "__main__":

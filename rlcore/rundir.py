@@ -5,14 +5,34 @@ and two runs never share one folder.
 - A fresh run refuses a folder that already holds a run (its metrics, checkpoints or eval
   results): the new run would append to the old series and resume or export stale checkpoints.
   `resume=true` continues the run that is there; otherwise choose another folder.
+- An empty `output_dir` is refused (it would train into the current directory).
+- A run holds its folder for its whole life (:func:`hold_output_dir`, an exclusive `flock` on
+  `OUTPUT_DIR/.lock`): a second run started into it while the first one still runs is refused,
+  however close together they started. The kernel drops the lock when the holder's file
+  descriptor closes, so a crashed or killed run never leaves its folder locked.
+- A resume that finds no checkpoint starts at step 0, so rows an earlier attempt logged are
+  dropped (:func:`restart_series`): a folder never holds two series.
 """
 
 from __future__ import annotations
 
+import fcntl
+import json
+import logging
+import os
 import tempfile
+import uuid
 from pathlib import Path
+from typing import IO
 
-from rlcore.checkpoint_dirs import checkpoint_root, list_checkpoints, resume_request
+from rlcore.checkpoint_dirs import checkpoint_root, latest_checkpoint, list_checkpoints, resolve_resume, resume_request
+
+log = logging.getLogger("rlcore")
+
+LOCK_FILE = ".lock"
+"""Held (flock) by the run writing into the folder; it holds that run's pid."""
+SERIES_FILES = ("metrics.jsonl", "data_order.jsonl", "samples.jsonl")
+"""Per-step JSONL series a run appends to; a resume cuts them back to its checkpoint's step."""
 
 RUN_FILES = ("metrics.jsonl", "eval_results.json")
 """Results a run writes into `output_dir`; any of them marks the folder as holding a run (a
@@ -50,6 +70,9 @@ def previous_run(cfg) -> str | None:
 
 def output_dir_problems(cfg) -> list[tuple[str, str]]:
     """`output_dir` is writable, and a fresh run does not reuse another run's folder."""
+    if not str(cfg.output_dir or "").strip():
+        return [("output_dir", "is empty, which would write the run into the current directory; name a folder "
+                 "(e.g. output_dir=outputs/run1)")]
     out = Path(cfg.output_dir).expanduser()
     why = not_writable(out)
     if why:
@@ -63,3 +86,81 @@ def output_dir_problems(cfg) -> list[tuple[str, str]]:
         return [("output_dir", f"{cfg.output_dir!r} already holds a run ({held}); continue it with resume=true, "
                  "or choose a new output_dir")]
     return []
+
+
+def truncate_series(path: Path, step: int, drop_eval_at_step: bool = False) -> int:
+    """Drop rows of a JSONL series logged after checkpoint `step` (the run went on past its last
+    checkpoint before it stopped), so the resumed run continues the same series without
+    duplicates. With `drop_eval_at_step`, evaluation rows of `step` itself go too (that
+    evaluation is re-run). Returns rows removed; rewrites atomically."""
+    if not path.is_file():
+        return 0
+    keep, removed = [], 0
+    for line in path.read_text().splitlines():
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+            s = int(row.get("step", -1))
+        except (ValueError, TypeError, AttributeError):
+            keep.append(line)  # not ours to judge
+            continue
+        is_eval = any(str(k).startswith("eval/") for k in row)
+        if s > step or (drop_eval_at_step and is_eval and s == step):
+            removed += 1
+        else:
+            keep.append(line)
+    if removed:
+        tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}")
+        tmp.write_text("".join(line + "\n" for line in keep))
+        os.replace(tmp, path)
+    return removed
+
+
+class FolderInUse(RuntimeError):
+    """Another live process holds the run folder."""
+
+
+def hold_output_dir(out: Path) -> IO:
+    """Take `out`'s run lock: an exclusive, non-blocking `flock` on `out/.lock`, which then
+    holds this pid. Returns the open lock file: the lock lasts while it stays open (close it at
+    the end of the run; exit or a crash closes it too). Raises FolderInUse naming the holder."""
+    out.mkdir(parents=True, exist_ok=True)
+    lock = open(out / LOCK_FILE, "a+")
+    try:
+        fcntl.flock(lock.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        lock.seek(0)
+        holder = lock.read().strip() or "unknown"
+        lock.close()
+        raise FolderInUse(f"{str(out)!r} is in use by another run (pid {holder}); wait for it to finish, or "
+                          "choose another output_dir") from None
+    lock.seek(0)
+    lock.truncate()
+    lock.write(f"{os.getpid()}\n")
+    lock.flush()
+    return lock
+
+
+def restart_series(cfg) -> int:
+    """A resume (`checkpoint.resume`) that finds no checkpoint starts at step 0: drop the rows an
+    earlier attempt logged to the series files, so the new rows do not form a second series
+    after them. Returns rows removed (0 for a fresh run or a resume from a checkpoint, whose
+    driver cuts the series at the checkpoint's step)."""
+    if resume_request(cfg) is None or resolve_resume(cfg) is not None:
+        return 0
+    out = Path(cfg.output_dir).expanduser()
+    removed = 0
+    for name in SERIES_FILES:
+        n = truncate_series(out / name, 0)
+        if n:
+            log.info("resume: no checkpoint to resume from, so the run starts at step 0: dropped the %d rows "
+                     "of %s an earlier attempt logged", n, name)
+        removed += n
+    return removed
+
+
+def last_checkpoint_hint(cfg) -> str:
+    """Where a stopped run can continue from, in a few words."""
+    path = latest_checkpoint(checkpoint_root(cfg))
+    return f"last checkpoint: {path} (resume=true continues from it)" if path else "no checkpoint was written yet"

@@ -1,6 +1,7 @@
 """Environments whose reward code misbehaves (for the chaos tests); imported by the rollout
 actors as `tests.chaos_env:NAME`."""
 
+import itertools
 import time
 import zlib
 
@@ -46,3 +47,23 @@ class AlwaysRaises(ReverseText):
 
     def reward(self, task, completion):
         raise KeyError("answer")
+
+
+class BusyReverseText(ReverseText):
+    """reverse_text whose reward busy-loops inside one C call for 1 task in 8 (past any timeout;
+    no request to stop reaches it)."""
+
+    def reward(self, task, completion):
+        if zlib.crc32(task.id.encode()) % 8 == 0:
+            return sum(itertools.repeat(1, 10**13))
+        return super().reward(task, completion)
+
+
+class SleepingReverseText(ReverseText):
+    """reverse_text whose reward sleeps (past any timeout) for 1 task in 8: the same failures
+    as BusyReverseText, without using a CPU."""
+
+    def reward(self, task, completion):
+        if zlib.crc32(task.id.encode()) % 8 == 0:
+            time.sleep(600)
+        return super().reward(task, completion)

@@ -32,6 +32,12 @@ def errors(capsys) -> list[str]:
     ("rollout.sleep_levl=1", "rollout.sleep_levl: unknown key in rollout; did you mean 'rollout.vllm.sleep_level'?"),
     ("env.args.instrucion=Reverse", "env.args.instrucion: not an argument of environment 'reverse_text'; "
                                     "did you mean 'env.args.instruction'?"),
+    # a key of another section, named exactly
+    ("rollout.batch_groups=2", "rollout.batch_groups: unknown key in rollout; did you mean 'algo.batch_groups'?"),
+    # a config group's option: the nearest one and all of them
+    ("env=revers_text", "env: unknown option 'revers_text'; did you mean 'reverse_text'?; choose one of "
+                        "['alphabet_sort', 'math', 'mini_swe', 'reverse_text', 'shape_count', 'tool_use', "
+                        "'verifiers', 'wordle']"),
 ])
 def test_unknown_key_is_refused_with_the_nearest_one(override, first, tmp_path, capsys):
     assert main([override, f"output_dir={tmp_path}", "dry_run=true"]) == 2
@@ -205,3 +211,10 @@ def test_another_engines_option_is_refused_on_the_command_line_and_warned_from_a
 def test_every_recipe_composes_with_its_engines_own_sections(recipe):
     """No recipe carries a flat engine key (refused above) or options of an engine it does not select."""
     assert inert_options(compose([f"+recipe={recipe}"])) == []
+
+
+def test_a_comma_value_without_multirun_hints_at_m(tmp_path, capsys):
+    assert main(["trainer.lr=1e-3,3e-3", f"output_dir={tmp_path}", "dry_run=true"]) == 2
+    err = errors(capsys)
+    assert len(err) == 1 and err[0].startswith("rlcore: config error: "), err
+    assert err[0].endswith("add -m: python -m rlcore.run -m trainer.lr=1e-3,3e-3"), err

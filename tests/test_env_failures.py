@@ -2,6 +2,7 @@
 sample and its timeout, hung threads are counted and bounded, busy loops are killed at the
 deadline, every failure has a reason, printed output is kept per sample, not on the console."""
 
+import itertools
 import logging
 import os
 import threading
@@ -98,7 +99,7 @@ def test_hung_python_rewards_cost_their_sample_and_their_threads_stop():
 def test_rewards_hung_in_c_leave_a_bounded_number_of_threads(monkeypatch):
     monkeypatch.setattr("rlcore.envs.base.STUCK_AFTER_S", 0.0)  # count them as stuck at once
     bound = threads_abandoned() + 3  # earlier tests in this process may have left some
-    env = Mixed("blocked", 30, reward_timeout_s=0.3, max_abandoned_threads=bound)
+    env = Mixed("blocked", 30, reward_timeout_s=0.3, max_abandoned_threads=bound, reward_isolation="thread")
     hung_rounds(env, 6)
     assert env.reward_isolation == "process"  # moved once past the bound
     assert threads_abandoned() <= bound + 16  # at most one request's worth over the bound, then none
@@ -207,10 +208,32 @@ def test_liveness_stops_with_the_most_frequent_failure():
         failures.check()
 
 
+@pytest.mark.parametrize("behaviour", ["raise", "string", "nan"])
+def test_the_stop_rule_follows_launch_order_not_finish_order(behaviour):
+    """Requests 0, 1 fail in every sample, 2 succeeds, 3 fails: never 3 in a row in launch order.
+    Whichever order they finish in (a fast reward, a slow one), the run is not stopped; with 3
+    failing requests launched in a row it is, again whatever the finish order."""
+    import itertools
+    env = Mixed(behaviour, 100)
+    failed, ok = groups_of(env, 0, tasks=1, n=2), [Group(Task(id="ok", messages=[]), [Sample([1], [2], [0.0], [0], [1])])]
+    for outcome, results in ((False, [failed, failed, ok, failed]), (True, [failed, ok, failed, failed, failed])):
+        for order in itertools.permutations(range(len(results))):
+            failures = FailureLog(stop_after=3)
+            failures.resume_at(0)
+            stopped = False
+            for seq in order:
+                failures.request_done(results[seq], actor=seq % 2, seq=seq)
+                try:
+                    failures.check()
+                except NoProgress:
+                    stopped = True
+            assert stopped is outcome, (behaviour, order)
+
+
 def test_thread_counter_counts_only_live_threads():
     stop = threading.Event()
     before = threads_abandoned()
-    env = Scored("ok", reward_timeout_s=0.2)
+    env = Scored("ok", reward_timeout_s=0.2, reward_isolation="thread")
     env.reward = lambda task, completion: stop.wait(5)
     groups_of(env, 0, tasks=1, n=2)
     assert threads_abandoned() == before + 2
@@ -222,7 +245,45 @@ def test_thread_counter_counts_only_live_threads():
 def test_busy_loop_in_a_thread_is_stopped_at_the_deadline():
     before = threads_abandoned()
     start = time.monotonic()
-    samples = [s for g in groups_of(Scored("spin", reward_timeout_s=0.3), 0, tasks=2, n=2) for s in g.samples]
+    samples = [s for g in groups_of(Scored("spin", reward_timeout_s=0.3, reward_isolation="thread"), 0, tasks=2, n=2)
+               for s in g.samples]
     assert time.monotonic() - start < 10.0 and all("timeout after 0.3s" in s.error for s in samples)
     time.sleep(0.3)
     assert threads_abandoned() == before  # no thread keeps spinning (and holding the GIL)
+
+
+class BusyInC(Mixed):
+    """Tasks below 100 busy-loop inside one C call (which no request to stop reaches), the
+    others score 1.0."""
+
+    def reward(self, task, completion):
+        if int(task.id.split("/")[1]) < 100:
+            return sum(itertools.repeat(1, 10**13))
+        return 1.0
+
+
+def test_an_overrunning_busy_reward_is_killed_and_the_next_one_runs_promptly():
+    """Default isolation: the overrunning rewards' worker processes are killed (not left to hold
+    the interpreter), no thread keeps spinning, and the next reward gets a fresh worker that
+    answers within the same 0.3 s deadline."""
+    before = threads_abandoned()
+    env = BusyInC("ok", 0, reward_timeout_s=0.3)
+    samples = [s for g in groups_of(env, 0, tasks=2, n=2) for s in g.samples]
+    assert all(s.failed and s.error == "reward: timeout after 0.3s" for s in samples), [s.error for s in samples]
+    pool = env.reward_pool()
+    assert len(pool.killed_pids) == 4
+    for pid in pool.killed_pids:  # killed and reaped: gone from the process table
+        assert not os.path.exists(f"/proc/{pid}"), _state(pid)
+    assert threads_abandoned() == before
+    samples = [s for g in groups_of(env, 100, tasks=1, n=2) for s in g.samples]
+    assert [(s.reward, s.error) for s in samples] == [(1.0, None), (1.0, None)]
+    pool.close()
+
+
+def test_a_reward_whose_arguments_do_not_pickle_still_runs_under_its_deadline():
+    env = Scored("ok", reward_timeout_s=5)
+    lock = threading.Lock()  # not picklable: it cannot be sent to a worker
+    out = env.guarded([(env.score, (env.make_task(0, "train"), [{"role": "assistant", "content": "x"}], {"l": lock}))],
+                      "score")
+    assert [(o.value, o.error) for o in out] == [(1.0, None)]
+    env.reward_pool().close()

@@ -59,3 +59,17 @@ def test_export_of_a_gguf_started_run_reloads_and_saves_again(tmp_path, capsys):
     reloaded = AutoModelForCausalLM.from_pretrained(tmp_path / "hf")
     reloaded.save_pretrained(tmp_path / "again")
     assert AutoModelForCausalLM.from_pretrained(tmp_path / "again") is not None
+
+
+def test_export_into_a_used_folder_is_refused_unless_forced(tmp_path, capsys):
+    path, _ = saved_checkpoint(tmp_path)
+    out = tmp_path / "hf"
+    out.mkdir()
+    (out / "notes.txt").write_text("someone's work")
+    assert main([str(path), str(out)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "is not empty" in err[0] and "--force" in err[0], err
+    assert sorted(p.name for p in out.iterdir()) == ["notes.txt"]  # untouched
+    assert main([str(path), str(out), "--force"]) == 0
+    assert (out / "model.safetensors").is_file() and not (out / "notes.txt").exists()
+    assert main([str(path), str(tmp_path / "empty_or_new")]) == 0

@@ -76,3 +76,13 @@ def test_eval_at_start_needs_periodic_evaluation():
     assert ("eval.at_start", "evaluates only in a run with periodic evaluation (eval.every_n_steps > 0)") in \
         problems(compose(["eval.at_start=true"]))
     assert not [k for k, _ in problems(compose(["eval.at_start=true", "eval.every_n_steps=5"])) if k.startswith("eval")]
+
+
+def test_an_eval_only_run_has_a_wall_clock(tmp_path):
+    """`mode=eval` of a checkpoint logs eval rows only (no train rows to take a clock from): the
+    wall-clock column uses the evaluations' own time, so its panel is not empty."""
+    rows = [{"step": 200, "eval/reward_mean": 0.58, "eval/pass@1": 0.0, "eval/time_s": 42.0}]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    run = read_run(tmp_path)
+    assert [r["elapsed_s"] for r in run.evals] == [42.0]
+    assert plot_runs([tmp_path], tmp_path / "plot.png") == ["eval reward"]

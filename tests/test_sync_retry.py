@@ -18,7 +18,7 @@ class Rollouts:
         self.probed.append(list(actors))
         return []
 
-    def engine_lost(self, actor, launched_at):
+    def engine_lost(self, actor, launched_at, cause=None):
         self.lost.append(actor)
 
 

@@ -1,6 +1,8 @@
 """Keys against the schema: every key a user writes (command line, recipe, YAML) must exist in
 :class:`rlcore.config.RunConfig`, and every `env.args` key must be an argument of the chosen
-environment's constructor. A misspelt key is reported with the nearest valid one (difflib).
+environment's constructor. A misspelt key is reported with the nearest valid one (difflib), or with the key of the same
+name in another section (`rollout.batch_groups` -> `algo.batch_groups`); a config group's unknown
+option (`env=revers_text`) with the nearest option and all of them.
 
 Free-form mappings (`model.arch`, `model.processor`, `rollout.vllm.engine_kwargs`, `env.args.env_kwargs`)
 are passed through to transformers / vLLM / the user's code and are not checked here. An engine's
@@ -14,6 +16,8 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import inspect
+import re
+from pathlib import Path
 from typing import Any
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
@@ -47,6 +51,40 @@ def _nearest(word: str, choices, prefix: str = "") -> str:
     return f"; did you mean {prefix + match[0]!r}?" if match else ""
 
 
+def keys_named(name: str, node: DictConfig, prefix: str = "") -> list[str]:
+    """Every dotted key of the schema whose last part is `name` (free-form mappings skipped)."""
+    found = []
+    for key in node.keys():
+        dotted = f"{prefix}{key}"
+        if key == name:
+            found.append(dotted)
+        child = node._get_node(key)
+        if isinstance(child, DictConfig) and OmegaConf.get_type(child) is not dict:
+            found += keys_named(name, child, dotted + ".")
+    return found
+
+
+def group_option_problem(override: str, conf_dir: Path) -> tuple[str, str] | None:
+    """(group, message) when `override` picks a config group's option (`env=NAME`, a file
+    `conf_dir/env/NAME.yaml`) that does not exist, naming the nearest option and every one."""
+    key, eq, value = override.lstrip("+").partition("=")
+    folder = conf_dir / key
+    if not eq or "." in key or "/" in key or not folder.is_dir() or not value or "," in value:
+        return None
+    options = sorted(p.stem for p in folder.glob("*.yaml"))
+    if value in options:
+        return None
+    return key, f"unknown option {value!r}{_nearest(value, options)}; choose one of {options}"
+
+
+def multirun_hint(message: str) -> str:
+    """Hydra's text for `key=a,b` says list or string; a sweep is what was most likely meant."""
+    found = re.search(r"Ambiguous value for argument '([^']+)'", message)
+    if found:
+        return f"{message} | 3. To run one job per value (a sweep), add -m: python -m rlcore.run -m {found[1]}"
+    return message
+
+
 def unknown_key(dotted: str, schema: DictConfig | None = None) -> str | None:
     """Why `dotted` (e.g. `trainer.lr`) is not a key of the schema, or None when it is (keys
     below a free-form mapping, including `env.args`, are accepted here)."""
@@ -63,7 +101,13 @@ def unknown_key(dotted: str, schema: DictConfig | None = None) -> str | None:
         if part not in node:
             prefix = ".".join(done) + "." if done else ""
             choices = list(node.keys()) + (_section_options() if len(done) == 1 and done[0] in ENGINE_GROUPS else [])
-            return f"unknown key{' in ' + '.'.join(done) if done else ''}{_nearest(part, choices, prefix)}"
+            where = f"unknown key{' in ' + '.'.join(done) if done else ''}"
+            root = OmegaConf.structured(RunConfig) if schema is None else schema
+            rest = dotted.split(".")[len(done) + 1:]  # `part` may head a whole section elsewhere
+            elsewhere = [k for k in keys_named(part, root) if unknown_key(".".join([k, *rest]), root) is None]
+            if elsewhere:
+                return f"{where}; did you mean {' or '.join(repr('.'.join([k, *rest])) for k in elsewhere)}?"
+            return f"{where}{_nearest(part, choices, prefix)}"
         done.append(part)
         node = node._get_node(part)
     return None

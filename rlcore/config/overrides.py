@@ -1,5 +1,5 @@
 """Checks around Hydra's composition (:func:`rlcore.run.compose`), each raising ConfigError:
-the recipe named, every key the command line sets, Hydra's and OmegaConf's own errors (one
+the recipe named, every key the command line sets (and the config group options it picks), Hydra's and OmegaConf's own errors (one
 line naming the key), the composed config's keys (a recipe's or YAML file's misspelt ones),
 and engine options typed for an engine the run does not use.
 
@@ -9,12 +9,13 @@ Parsing the command line stays in :mod:`rlcore.run`; what is wrong with it is de
 from __future__ import annotations
 
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Iterator
 
 from omegaconf import DictConfig
 
 from rlcore.config.errors import ConfigError, raise_problems
-from rlcore.config.keys import unknown_key, unknown_keys
+from rlcore.config.keys import group_option_problem, multirun_hint, unknown_key, unknown_keys
 from rlcore.config.schema import RunConfig
 from rlcore.engine.registry import inert_options
 
@@ -41,10 +42,13 @@ def check_recipe(name: str, known: list[str]) -> None:
         raise ConfigError("recipe", f"unknown recipe {name!r}; choose one of {known}")
 
 
-def check_override_keys(overrides: list[str]) -> None:
-    """Every key the overrides set is declared by the schema (with or without `+`)."""
+def check_override_keys(overrides: list[str], conf_dir: Path) -> None:
+    """Every key the overrides set is declared by the schema (with or without `+`), and every
+    config group option they pick (`env=NAME`) is a file of `conf_dir`."""
     for o in overrides:
         key = override_key(o)
+        if key != "recipe":
+            raise_problems([p] if (p := group_option_problem(o, conf_dir)) else [])
         if key != "recipe" and not key.startswith("hydra.") and "@" not in key:
             why = unknown_key(key)
             if why:
@@ -65,7 +69,7 @@ def composition_errors() -> Iterator[None]:
     except Exception as exc:
         key = getattr(exc, "full_key", None) or _key_from(exc)
         why = unknown_key(key) if key else None  # a YAML file's misspelt key: name the nearest one
-        raise ConfigError(key or "config", why or one_line(exc)) from None
+        raise ConfigError(key or "config", why or multirun_hint(one_line(exc))) from None
 
 
 def check_composed_keys(node: DictConfig) -> None:

@@ -6,7 +6,8 @@ sample `group_size` completions, score each. Multi-turn and tool environments de
 :class:`rlcore.envs.multiturn.MultiTurnEnvironment`, which overrides `run_groups`.
 
 Reward safety (every environment): scoring runs under a deadline per sample (`reward_timeout_s`,
-in `thread` or `process` isolation, see :mod:`rlcore.envs.safety`); an exception, a timeout or a
+in `worker` (default: reused processes killed at an overrun, :mod:`rlcore.envs.reward_workers`),
+`thread` or `process` isolation, see :mod:`rlcore.envs.safety`); an exception, a timeout or a
 non-finite reward either marks the sample failed (`on_reward_error: fail`, the driver counts and
 drops it) or scores it 0 with the error kept on `Sample.error` (`on_reward_error: zero`). When more
 than `max_abandoned_threads` timed-out threads are still running, scoring moves to `process`
@@ -20,12 +21,14 @@ from __future__ import annotations
 import abc
 import logging
 import math
+import os
 import random
 from typing import TYPE_CHECKING, Any, Iterator
 
-from rlcore.models.render import render_prompt
+from rlcore.envs.reward_workers import WorkerPool
 from rlcore.envs.safety import OUTPUT_LIMIT, STUCK_AFTER_S, Outcome, call_many, check_safety_args, threads_abandoned
 from rlcore.models.images import check_image, expand_image_tokens, to_array
+from rlcore.models.render import render_prompt
 from rlcore.types import Group, Sample, Task
 
 if TYPE_CHECKING:  # type names only: validation constructs environments before torch loads
@@ -53,7 +56,7 @@ class Environment(abc.ABC):
     """True when tasks carry images (the policy must then be a vision-language model)."""
 
     def __init__(self, seed: int = 0, reward_timeout_s: float = 10.0, on_reward_error: str = "fail",
-                 reward_isolation: str = "thread", eval_size: int = 64, max_abandoned_threads: int = 4):
+                 reward_isolation: str = "worker", eval_size: int = 64, max_abandoned_threads: int = 4):
         check_safety_args(reward_timeout_s, on_reward_error, reward_isolation, max_abandoned_threads)
         self.max_abandoned_threads = int(max_abandoned_threads)
         if eval_size < 1:
@@ -63,6 +66,18 @@ class Environment(abc.ABC):
         self.on_reward_error = on_reward_error
         self.reward_isolation = reward_isolation
         self._eval_size = int(eval_size)
+        self._reward_pool: WorkerPool | None = None  # `worker` isolation: forked on first use
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state.pop("_reward_pool", None)  # processes and pipes stay with the process that forked them
+        return state
+
+    def reward_pool(self) -> WorkerPool:
+        """The environment's reward workers (`reward_isolation: worker`)."""
+        if getattr(self, "_reward_pool", None) is None:
+            self._reward_pool = WorkerPool(self, max(2, min(4, os.cpu_count() or 1)))
+        return self._reward_pool
 
     @property
     def eval_size(self) -> int:
@@ -130,6 +145,11 @@ class Environment(abc.ABC):
             log.warning("%s: %d reward threads missed their deadline and still run; scoring moves to process "
                         "isolation (killed at the deadline)", self.name, hung)
             self.reward_isolation = isolation = "process"
+        if isolation == "worker":
+            pool = self.reward_pool()
+            if self.reward_timeout_s > 0 and all(pool.accepts(fn) for fn, _ in calls):
+                return pool.call_many(calls, self.reward_timeout_s)
+            isolation = "process"  # not a method of this environment (or no deadline): a fork per call
         return call_many(calls, self.reward_timeout_s, isolation)
 
     def score_all(self, jobs: list[tuple[Task, list[Message], dict[str, Any]]]) -> list[Outcome]:

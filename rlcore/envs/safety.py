@@ -6,9 +6,10 @@ Contract: :func:`call_many` never raises for the callee's faults. Each call gets
 callee printed (stdout and stderr) is captured per call, truncated to `OUTPUT_LIMIT` characters,
 and never reaches the process's own streams (the driver's console, Ray's log files).
 
-Two isolation modes:
+Three isolation modes (``worker``, the default for scoring, is :mod:`rlcore.envs.reward_workers`:
+reused worker processes, killed at the deadline; the two below are this module's):
 
-- ``thread`` (default): the call runs in a fresh daemon thread. Cheap, and right for pure-Python
+- ``thread``: the call runs in a fresh daemon thread. Cheap, and right for pure-Python
   scoring. Python cannot kill a thread: at the deadline the thread is abandoned and asked to stop
   (an asynchronous :class:`CallAbandoned` raised at its next bytecode, which ends sleep and busy
   loops in Python code but not a call blocked inside C). Abandoned threads still running are
@@ -35,7 +36,8 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
-ISOLATION = ("thread", "process")
+ISOLATION = ("worker", "thread", "process")
+"""`worker`: a pool of reused processes killed at an overrun (:mod:`rlcore.envs.reward_workers`)."""
 ON_ERROR = ("fail", "zero")
 OUTPUT_LIMIT = 4096
 """Characters of a call's stdout+stderr kept (the rest is counted, not kept)."""
