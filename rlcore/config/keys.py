@@ -88,7 +88,8 @@ def multirun_hint(message: str) -> str:
 def unknown_key(dotted: str, schema: DictConfig | None = None) -> str | None:
     """Why `dotted` (e.g. `trainer.lr`) is not a key of the schema, or None when it is (keys
     below a free-form mapping, including `env.args`, are accepted here)."""
-    node: Any = schema_node() if schema is None else schema
+    root = schema_node() if schema is None else schema
+    node: Any = root
     moved = moved_key(dotted, node) or moved_loss_key(dotted)
     if moved:
         return moved
@@ -102,7 +103,6 @@ def unknown_key(dotted: str, schema: DictConfig | None = None) -> str | None:
             prefix = ".".join(done) + "." if done else ""
             choices = list(node.keys()) + (_section_options() if len(done) == 1 and done[0] in ENGINE_GROUPS else [])
             where = f"unknown key{' in ' + '.'.join(done) if done else ''}"
-            root = OmegaConf.structured(RunConfig) if schema is None else schema
             rest = dotted.split(".")[len(done) + 1:]  # `part` may head a whole section elsewhere
             elsewhere = [k for k in keys_named(part, root) if unknown_key(".".join([k, *rest]), root) is None]
             if elsewhere:
