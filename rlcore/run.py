@@ -26,7 +26,8 @@ from rlcore.engine.registry import inert_options
 from rlcore.metrics import MetricsLogger
 from rlcore.models.shipped import resolve as resolve_model
 from rlcore.placement import placement_problems, resolve
-from rlcore.plan import format_plan, make_plan
+from rlcore.node_fit import NodeCapacity, fit_problems
+from rlcore.plan import format_plan, group_bundles, make_plan
 from rlcore.plot import write_run_plot
 from rlcore.resume_model import explicit_model_keys, use_checkpoint_model
 from rlcore.startup import StartupPhases
@@ -151,9 +152,25 @@ def check_cluster(cfg: RunConfig) -> RunConfig:
         where, gpu_bytes = "this machine", local_gpu_bytes(cfg) if gpus else None
     cfg = resolve(cfg, gpus, gpu_bytes)
     found = resource_problems(cfg, cpus, gpus, where) + placement_problems(cfg, gpus, gpu_bytes, where)
+    if not found and ray is not None and ray.is_initialized():
+        found = fit_problems(cfg, placed_bundles(cfg), live_nodes())
     if found:
         raise ConfigError(*found[0], more=found[1:])
     return cfg
+
+
+def placed_bundles(cfg: RunConfig) -> list:
+    """The bundles `actors.groups.place` asks Ray for in this mode (`sft` places no rollout
+    group, `eval` no trainer group; the teacher's group is placed on its own, on any node)."""
+    trainer, rollout, _ = group_bundles(cfg)
+    return (trainer if cfg.mode != "eval" else []) + (rollout if cfg.mode != "sft" else [])
+
+
+def live_nodes() -> list[NodeCapacity]:
+    """The alive nodes of the connected Ray cluster: total CPUs, GPUs and labels of each."""
+    import ray
+    return [NodeCapacity(n["NodeID"], n["Resources"].get("CPU", 0.0), n["Resources"].get("GPU", 0.0),
+                         dict(n.get("Labels") or {})) for n in ray.nodes() if n["Alive"]]
 
 
 def local_ray_environment() -> None:

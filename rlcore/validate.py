@@ -18,6 +18,7 @@ from rlcore.envs import make_env, registered, resolve_env
 from rlcore.models.shipped import is_shipped, shipped_problems
 from rlcore.models.source import gguf_problems, model_path_problems
 from rlcore.models.vl_names import VL_MODEL_TYPES, is_vl_arch
+from rlcore.node_fit import label_problems
 from rlcore.placement import PLACEMENTS
 from rlcore.rundir import output_dir_problems
 from rlcore.teacher import config_problems as teacher_config_problems
@@ -133,6 +134,7 @@ def problems(cfg: RunConfig) -> list[tuple[str, str]]:
     _positive(out, "logger.samples_per_table", cfg.logger.samples_per_table)
 
     c = cfg.cluster
+    out.extend(label_problems(cfg))
     _positive(out, "cluster.placement_timeout_s", c.placement_timeout_s)
     if c.num_cpus is not None:
         _positive(out, "cluster.num_cpus", c.num_cpus)
