@@ -21,11 +21,11 @@ from typing import Any
 import ray
 
 from actors import colocation
-from actors.groups import Groups, place
+from actors.groups import Groups, bundle_nodes, place
 from actors.lifecycle import StepHooks, TaskFeed
 from actors.membership import Members
 from actors.remote import ActorDied, RunError, failed_names, get, refs_ready, wait_ready  # noqa: F401 (re-exported)
-from actors.rollout_refs import launch_generate, request_groups, table_rows
+from actors.rollout_refs import launch_generate, log_sample_nodes, request_groups, table_rows
 from actors.teacher import TeacherError, TeacherStage
 from actors.weights import WeightSync
 from rlcore import samples
@@ -281,6 +281,9 @@ class Driver(WeightSync):
                 now = time.perf_counter()
                 record = self.step_record(state, now - last_end, now - run_start, gen_tokens)
                 logger.log(record)
+                if record["step"] == self.start_step + 1:  # where the samples went (once)
+                    log_sample_nodes(state.batch, bundle_nodes(self.groups.rollout_pg) if self.groups.rollout_pg else [],
+                                     bundle_nodes(self.groups.trainer_pg))
                 if samples.due(record["step"], cfg.logger.samples_every):
                     rows = table_rows(state.batch, lambda ids: self.tokenizer.decode(ids, skip_special_tokens=True),
                                       cfg.logger.samples_per_table, cfg.rollout.generate_timeout_s)

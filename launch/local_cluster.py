@@ -15,8 +15,9 @@ raylet pid); the cluster's state is written to ``--state`` (default
 ``ray start --block`` process group of each node, then every process under the cluster's own temp
 dir), never other Ray instances on the machine, which is what ``ray stop`` would do.
 
-All nodes listen on 127.0.0.1 (``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0`` keeps Ray from swapping the
-loopback address for the machine's outward one), so the cluster is private to this machine.
+Ray refuses several nodes on one host unless ``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=1`` (the flag is
+read on every platform); the nodes run without token authentication (``RAY_AUTH_MODE=disabled``):
+a throwaway cluster of this machine's, not one to expose.
 """
 
 from __future__ import annotations
@@ -86,6 +87,8 @@ class Cluster:
     nodes: list[Node]
     started_s: float = 0.0
     """Seconds from the first `ray start` to every node registered alive."""
+    env: dict[str, str] = dataclasses.field(default_factory=dict)
+    """Environment variables every node's processes were started with (beyond `ray_env`'s)."""
 
     def save(self, path: Path) -> None:
         path.write_text(json.dumps(dataclasses.asdict(self), indent=1))
@@ -97,17 +100,24 @@ class Cluster:
         return cls(nodes=nodes, **raw)
 
 
-def ray_env() -> dict[str, str]:
+def ray_env(extra: Optional[dict[str, str]] = None) -> dict[str, str]:
     """The environment of every `ray start`: this venv first on PATH (jobs' `python` is looked up
-    there), the repo importable, Ray kept on loopback and quiet about usage stats."""
+    there), the repo importable, Ray kept on loopback and quiet about usage stats, then `extra`
+    (e.g. `RAY_max_direct_call_object_size`; every process of the node inherits it)."""
     return {
         **os.environ,
+        **(extra or {}),
         "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",
         "PYTHONPATH": os.pathsep.join(p for p in (str(REPO_ROOT), os.environ.get("PYTHONPATH")) if p),
         "RAY_USAGE_STATS_ENABLED": "0",
         "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "1",
         # the nodes run from this venv already: no uv-run runtime env per worker
         "RAY_ENABLE_UV_RUN_RUNTIME_ENV": "0",
+        # a private loopback cluster: no token (a token file other Ray instances on this machine
+        # write, ~/.ray/auth_token, would otherwise switch it on and lock out clients that do not
+        # send it)
+        "RAY_AUTH_MODE": "disabled",
+        **(extra or {}),
     }
 
 
@@ -123,17 +133,19 @@ def _node_args(spec: NodeSpec, temp_dir: str, port: int) -> list[str]:
     return args
 
 
-def _spawn(args: list[str], log_path: Path) -> int:
+def _spawn(args: list[str], log_path: Path, env: dict[str, str]) -> int:
     with open(log_path, "w") as log:
-        proc = subprocess.Popen([str(BIN / "ray"), "start", "--block", *args], env=ray_env(), stdout=log,
+        proc = subprocess.Popen([str(BIN / "ray"), "start", "--block", *args], env=ray_env(env), stdout=log,
                                 stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
     return proc.pid
 
 
 def _wait_dashboard(url: str, pid: int, log: str, deadline: float) -> None:
+    """Until the head's dashboard answers, its `ray start` exited (the caller retries), or the
+    deadline."""
     while time.monotonic() < deadline:
         if not _alive(pid):
-            raise ClusterError(f"the head's `ray start` exited: {Path(log).read_text()[-1500:]}")
+            return
         try:
             urllib.request.urlopen(f"{url}/api/version", timeout=5).close()
             return
@@ -152,60 +164,71 @@ def _alive(pid: int) -> bool:
         return False
 
 
-def alive_nodes(gcs_address: str, timeout_s: float) -> dict[int, str]:
-    """{node manager port: Ray node id} of the nodes the cluster's GCS lists alive."""
-    out: dict[int, str] = {}
-    # the query runs in a child: this process never becomes a driver of the cluster
-    code = ("import json, ray; ray.init(address=%r, logging_level='ERROR'); "
-            "print(json.dumps([[n['NodeManagerPort'], n['NodeID']] for n in ray.nodes() if n['Alive']]))"
-            % gcs_address)
+NODE_LABEL = "rlcore-local-node"
+"""Label every node gets: its index here, so the launcher can tell its nodes apart in Ray's list."""
+
+
+def alive_nodes(dashboard_url: str, timeout_s: float) -> dict[int, str]:
+    """{node index: Ray node id} of the nodes Ray's state API lists alive (asked through the
+    dashboard: this process never becomes a driver of the cluster)."""
+    from ray.util.state import list_nodes
+
     try:
-        proc = subprocess.run([sys.executable, "-c", code], env=ray_env(), capture_output=True, text=True,
-                              timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        raise ClusterError(f"listing the cluster's nodes took over {timeout_s:g}s") from None
-    if proc.returncode != 0:
-        raise ClusterError(f"listing the cluster's nodes failed: {proc.stderr.strip()[-800:]}")
-    for port, node_id in json.loads(proc.stdout.strip().splitlines()[-1]):
-        out[int(port)] = node_id
-    return out
+        nodes = list_nodes(address=dashboard_url, timeout=max(1, int(timeout_s)), raise_on_missing_output=False)
+    except Exception as exc:  # the state API raises RayStateApiException, ConnectionError, ...
+        raise ClusterError(f"listing the cluster's nodes failed: {str(exc).strip()[-500:]}") from None
+    return {int(n.labels[NODE_LABEL]): n.node_id for n in nodes
+            if n.state == "ALIVE" and NODE_LABEL in (n.labels or {})}
 
 
-def start(specs: Sequence[NodeSpec], timeout_s: float = 180.0) -> Cluster:
-    """Start a head (specs[0]) and one worker node per further spec, wait until every node is
-    registered alive, and return the cluster. Stops whatever it started when anything fails."""
+def _wait_registered(cluster: Cluster, index: int, deadline: float) -> bool:
+    """Wait until node `index` is listed alive (True) or its `ray start` exited (False)."""
+    while time.monotonic() < deadline:
+        ids = alive_nodes(cluster.dashboard_url, min(30.0, max(1.0, deadline - time.monotonic())))
+        if index in ids:
+            cluster.nodes[index].node_id = ids[index]
+            return True
+        if not _alive(cluster.nodes[index].pid):
+            return False
+        time.sleep(0.5)
+    raise ClusterError(f"node {index} did not register within the timeout: "
+                       f"{Path(cluster.nodes[index].log).read_text()[-800:]}")
+
+
+def start(specs: Sequence[NodeSpec], timeout_s: float = 180.0, env: Optional[dict[str, str]] = None) -> Cluster:
+    """Start a head (specs[0]) and one worker node per further spec, one after the other (a
+    loaded machine times out raylets started all at once: Ray gives each 30 s to register), each
+    retried once when its `ray start` gives up; return when every node is registered alive. Stops
+    whatever it started when anything fails."""
     if not specs:
         raise ClusterError("--nodes must be at least 1")
     temp_dir = tempfile.mkdtemp(prefix="rlc", dir="/tmp")  # AF_UNIX paths inside must stay short
     gcs_port, dash_port = free_port(), free_port()
     cluster = Cluster(temp_dir=temp_dir, gcs_address=f"127.0.0.1:{gcs_port}",
-                      dashboard_url=f"http://127.0.0.1:{dash_port}", nodes=[])
+                      dashboard_url=f"http://127.0.0.1:{dash_port}", nodes=[], env=dict(env or {}))
     began = time.monotonic()
     deadline = began + timeout_s
     try:
-        port = free_port()
-        log = Path(temp_dir) / "node-0.log"
-        head = ["--head", f"--port={gcs_port}", "--dashboard-host=127.0.0.1", f"--dashboard-port={dash_port}",
-                f"--dashboard-agent-listen-port={free_port()}"]
-        cluster.nodes.append(Node(specs[0], _spawn(head + _node_args(specs[0], temp_dir, port), log), port, str(log)))
-        _wait_dashboard(cluster.dashboard_url, cluster.nodes[0].pid, str(log), deadline)
-        for i, spec in enumerate(specs[1:], start=1):
-            port = free_port()
-            log = Path(temp_dir) / f"node-{i}.log"
-            worker = [f"--address={cluster.gcs_address}", f"--dashboard-agent-listen-port={free_port()}"]
-            cluster.nodes.append(Node(spec, _spawn(worker + _node_args(spec, temp_dir, port), log), port, str(log)))
-        while True:
-            for node in cluster.nodes:
-                if not _alive(node.pid):
-                    raise ClusterError(f"`ray start` of a node exited: {Path(node.log).read_text()[-1500:]}")
-            ids = alive_nodes(cluster.gcs_address, max(5.0, deadline - time.monotonic()))
-            if all(n.node_manager_port in ids for n in cluster.nodes):
-                for n in cluster.nodes:
-                    n.node_id = ids[n.node_manager_port]
-                break
-            if time.monotonic() > deadline:
-                raise ClusterError(f"{len(ids)} of {len(cluster.nodes)} nodes registered within {timeout_s:g}s")
-            time.sleep(0.5)
+        for i, spec in enumerate(specs):
+            spec = dataclasses.replace(spec, labels={**spec.labels, NODE_LABEL: str(i)})
+            for attempt in (1, 2):
+                port = free_port()
+                log = Path(temp_dir) / f"node-{i}-{attempt}.log"
+                role = (["--head", f"--port={gcs_port}", "--dashboard-host=127.0.0.1", f"--dashboard-port={dash_port}"]
+                        if i == 0 else [f"--address={cluster.gcs_address}"])
+                args = role + [f"--dashboard-agent-listen-port={free_port()}"] + _node_args(spec, temp_dir, port)
+                node = Node(spec, _spawn(args, log, cluster.env), port, str(log))
+                cluster.nodes[i:] = [node]
+                if i == 0:
+                    _wait_dashboard(cluster.dashboard_url, node.pid, str(log), deadline)
+                if _wait_registered(cluster, i, deadline):
+                    break
+                try:  # what the attempt left running (its `ray start` gave up, its daemons may not)
+                    os.killpg(node.pid, signal.SIGKILL)
+                except (ProcessLookupError, PermissionError):
+                    pass
+                if attempt == 2:
+                    raise ClusterError(f"`ray start` of node {i} exited twice: {log.read_text()[-1500:]}")
     except BaseException:
         stop(cluster)
         raise
@@ -340,6 +363,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     up.add_argument("--resources", default="", help="custom resources per node, ';' between nodes: 'a=1;;b=2'")
     up.add_argument("--labels", default="", help="labels per node, ';' between nodes: "
                     "'rlcore-group=driver;rlcore-group=trainer;rlcore-group=rollout'")
+    up.add_argument("--env", action="append", default=[], metavar="KEY=VALUE",
+                    help="environment variable of every node's processes (repeatable)")
     up.add_argument("--timeout", type=float, default=180.0, help="seconds for every node to come up")
     sub.add_parser("status", help="print the running cluster's nodes")
     sub.add_parser("stop", help="stop the cluster's processes (only those)")
@@ -348,7 +373,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         if args.command == "start":
             if args.state.exists():
                 raise ClusterError(f"{args.state} records a running cluster; `stop` it first or pass --state")
-            cluster = start(parse_specs(args.nodes, args.cpus, args.gpus, args.resources, args.labels), args.timeout)
+            env = {}
+            for item in args.env:
+                key, sep, value = item.partition("=")
+                if not sep or not key:
+                    raise ClusterError(f"--env {item!r} is not KEY=VALUE")
+                env[key] = value
+            cluster = start(parse_specs(args.nodes, args.cpus, args.gpus, args.resources, args.labels), args.timeout, env)
             cluster.save(args.state)
             print(describe(cluster), flush=True)
             return 0

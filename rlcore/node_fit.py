@@ -92,8 +92,9 @@ def fit_problems(cfg: RunConfig, bundles: list, nodes: list[NodeCapacity]) -> li
         key = LABEL_KEYS.get(b.group, "cluster.address") if selector else "cluster.address"
         if not matching:
             seen = sorted({f"{k}={v}" for n in nodes for k, v in n.labels.items() if not k.startswith(RESERVED_PREFIX)})
-            out.append((key, f"no alive node has the label {label} the {b.group} group asks for; the nodes' labels: "
-                        f"{', '.join(seen) or 'none'}"))
+            out.append((key, f"no alive node has the label {label} the {b.group} group asks for (the nodes' labels: "
+                        f"{', '.join(seen) or 'none'}); start such nodes with `ray start --labels {label}` "
+                        f"(or `python -m launch.local_cluster start --labels ...`) and pass cluster.address"))
             refused.add(b.group)
             continue
         for n in matching:

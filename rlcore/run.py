@@ -152,8 +152,9 @@ def check_cluster(cfg: RunConfig) -> RunConfig:
         where, gpu_bytes = "this machine", local_gpu_bytes(cfg) if gpus else None
     cfg = resolve(cfg, gpus, gpu_bytes)
     found = resource_problems(cfg, cpus, gpus, where) + placement_problems(cfg, gpus, gpu_bytes, where)
-    if not found and ray is not None and ray.is_initialized():
-        found = fit_problems(cfg, placed_bundles(cfg), live_nodes())
+    if not found:  # a local Ray is one node without labels
+        nodes = live_nodes() if where == "the Ray cluster" else [NodeCapacity(where, cpus, gpus)]
+        found = fit_problems(cfg, placed_bundles(cfg), nodes)
     if found:
         raise ConfigError(*found[0], more=found[1:])
     return cfg
