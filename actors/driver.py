@@ -108,6 +108,7 @@ class Driver(WeightSync):
         with phase("placing actors"):
             self.groups = place(cfg)
         g = self.groups
+        self.rollout_nodes = bundle_nodes(g.rollout_pg) if g.rollout_pg is not None else []  # node of each engine
         self.members = Members(g.rollouts, cfg.rollout.generate_timeout_s)
         t = cfg.trainer
         engines = f"starting the rollout engine{'s' if len(g.rollouts) > 1 else ''} ({cfg.rollout.engine})"

@@ -11,6 +11,7 @@ import time
 import ray
 
 from actors import colocation
+from actors.groups import bundle_nodes
 from actors.remote import ActorDied, RunError, get
 from rlcore.canary import (
     CanaryError,
@@ -59,6 +60,14 @@ class WeightSync:
             log.warning("rollout actor%s %s rejoined the weight group at version %d after a restart",
                         "s" if len(joined) > 1 else "", ", ".join(map(str, joined)), self.version)
             self.hooks.engines_joined()
+            rollout_nodes = getattr(self, "rollout_nodes", None)
+            if rollout_nodes and self.groups.rollout_pg is not None:  # a dead node's bundles moved
+                now = bundle_nodes(self.groups.rollout_pg)
+                for i in joined:
+                    if now[i] != rollout_nodes[i]:
+                        log.warning("rollout actor %d's node %s died: Ray re-placed its bundle on node %s, where it "
+                                    "runs now", i, rollout_nodes[i][:8], now[i][:8])
+                self.rollout_nodes = now
 
     def sync_weights(self, version: int, pushed: list[dict] | None = None) -> dict[str, float]:
         """Push the trainer's weights to every serving engine as `version`; returns timing

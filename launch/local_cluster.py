@@ -42,6 +42,9 @@ from typing import Optional, Sequence
 BIN = Path(sys.executable).parent
 REPO_ROOT = Path(__file__).resolve().parent.parent
 EXIT_BAD_INPUT = 2
+ATTEMPTS = 3
+"""Starts of one node before giving up: Ray gives a raylet 30 s to register, which a loaded
+machine can miss."""
 
 
 class ClusterError(Exception):
@@ -183,22 +186,26 @@ def alive_nodes(dashboard_url: str, timeout_s: float) -> dict[int, str]:
 
 def _wait_registered(cluster: Cluster, index: int, deadline: float) -> bool:
     """Wait until node `index` is listed alive (True) or its `ray start` exited (False)."""
+    last = "no answer yet"
     while time.monotonic() < deadline:
-        ids = alive_nodes(cluster.dashboard_url, min(30.0, max(1.0, deadline - time.monotonic())))
+        try:
+            ids = alive_nodes(cluster.dashboard_url, min(30.0, max(1.0, deadline - time.monotonic())))
+        except ClusterError as exc:  # the dashboard's state API starts a little after the dashboard
+            last, ids = str(exc), {}
         if index in ids:
             cluster.nodes[index].node_id = ids[index]
             return True
         if not _alive(cluster.nodes[index].pid):
             return False
         time.sleep(0.5)
-    raise ClusterError(f"node {index} did not register within the timeout: "
+    raise ClusterError(f"node {index} did not register within the timeout ({last}): "
                        f"{Path(cluster.nodes[index].log).read_text()[-800:]}")
 
 
 def start(specs: Sequence[NodeSpec], timeout_s: float = 180.0, env: Optional[dict[str, str]] = None) -> Cluster:
     """Start a head (specs[0]) and one worker node per further spec, one after the other (a
     loaded machine times out raylets started all at once: Ray gives each 30 s to register), each
-    retried once when its `ray start` gives up; return when every node is registered alive. Stops
+    retried (ATTEMPTS in all) when its `ray start` gives up; return when every node is registered alive. Stops
     whatever it started when anything fails."""
     if not specs:
         raise ClusterError("--nodes must be at least 1")
@@ -211,7 +218,7 @@ def start(specs: Sequence[NodeSpec], timeout_s: float = 180.0, env: Optional[dic
     try:
         for i, spec in enumerate(specs):
             spec = dataclasses.replace(spec, labels={**spec.labels, NODE_LABEL: str(i)})
-            for attempt in (1, 2):
+            for attempt in range(1, ATTEMPTS + 1):
                 port = free_port()
                 log = Path(temp_dir) / f"node-{i}-{attempt}.log"
                 role = (["--head", f"--port={gcs_port}", "--dashboard-host=127.0.0.1", f"--dashboard-port={dash_port}"]
@@ -227,8 +234,8 @@ def start(specs: Sequence[NodeSpec], timeout_s: float = 180.0, env: Optional[dic
                     os.killpg(node.pid, signal.SIGKILL)
                 except (ProcessLookupError, PermissionError):
                     pass
-                if attempt == 2:
-                    raise ClusterError(f"`ray start` of node {i} exited twice: {log.read_text()[-1500:]}")
+                if attempt == ATTEMPTS:
+                    raise ClusterError(f"`ray start` of node {i} exited {ATTEMPTS} times: {log.read_text()[-1500:]}")
     except BaseException:
         stop(cluster)
         raise
