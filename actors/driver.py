@@ -1,18 +1,23 @@
-"""The Ray driver: keeps generation going, trains on fresh groups, pushes weights, logs.
+"""The Ray driver of an RL run: keeps generation going, trains on fresh groups, pushes weights,
+logs. Its loop (`_run`) reads as what it does; each verb belongs to a component with its own state:
+`RolloutGroup` (requests in flight, engine deaths and restarts), `RolloutBuffer` (finished groups,
+staleness), `rlcore.step.build_step` (the step as data), `TrainerGroup` (the ranks), `WeightSync`
+(the weights to the engines, and whatever the placement needs around a step), `StepHooks`
+(checkpoints, evaluation, export), all sharing one explicit `RunState`.
 
 Event loop (one thread): launch generate requests while the staleness bound allows, wait for
-whichever remote call finishes first, and react: a finished request fills the buffer; a full
-buffer starts a train step; a finished train step starts a weight sync; a finished sync
-advances the policy version and logs the step. Generation never waits for training except
-where `max_off_policy_steps` says so (0 gives the synchronous schedule on the same path).
-Rollout data passes as refs: the driver keeps each group's metadata and the ref of its token
-data, plans the step from metadata, and each trainer rank fetches its own samples
-(`actors.rollout_refs` says where the driver still reads token data, and why).
+whichever remote call finishes first, and react: a finished request fills the buffer (through
+the teacher stage in on-policy distillation); a full buffer starts a train step; a finished train
+step is followed by a weight sync, which advances the policy version, and the step is logged.
+Restarted engines join only at a step boundary. Generation never waits for training except where
+`max_off_policy_steps` says so (0 gives the synchronous schedule on the same path). Rollout data
+passes as refs: the driver keeps each group's metadata and the ref of its token data, plans the
+step from metadata, and each trainer rank fetches its own samples (`actors.rollout_refs` says
+where the driver still reads token data, and why).
 """
 
 from __future__ import annotations
 
-import itertools
 import logging
 import time
 from dataclasses import dataclass, field
@@ -20,19 +25,20 @@ from typing import Any
 
 import ray
 
-from actors import colocation
-from actors.groups import Groups, bundle_nodes, place
-from actors.lifecycle import StepHooks, TaskFeed
-from actors.membership import Members
+from actors.groups import Groups, bundle_nodes, note_moved, place
+from actors.lifecycle import StepHooks
 from actors.remote import ActorDied, RunError, failed_names, get, refs_ready, wait_ready  # noqa: F401 (re-exported)
-from actors.rollout_refs import launch_generate, log_sample_nodes, request_groups, table_rows
+from actors.rollout_group import RolloutGroup
+from actors.rollout_refs import log_sample_nodes, table_rows
+from actors.run_state import RunState, TaskFeed, groups_allowed_in_flight
 from actors.teacher import TeacherError, TeacherStage
+from actors.trainer_group import TrainerGroup
 from actors.weights import WeightSync
 from rlcore import samples
 from rlcore.buffer import Accounting, RolloutBuffer
 from rlcore.checkpoint import latest_checkpoint
 from rlcore.config import RunConfig
-from rlcore.engine.registry import sleep_level
+from rlcore.engine.registry import weight_transport
 from rlcore.envs import make_env
 from rlcore.failures import FailureLog, NoProgress
 from rlcore.metrics import MetricsLogger
@@ -40,23 +46,10 @@ from rlcore.models.build import build_tokenizer
 from rlcore.startup import StartupPhases
 from rlcore.step import build_step, has_signal
 from rlcore.trainer.parallel import shards_per_rank
-from rlcore.transfer.plan import SyncPlan, TensorMeta, plan_buckets
+from rlcore.transfer import sender_for
 from rlcore.types import GroupMeta, Task
 
 log = logging.getLogger("rlcore")
-
-
-@dataclass
-class Request:
-    actor: int
-    tasks: list[Task]
-    samples: int
-    launched_at: float
-    indices: list[int] = field(default_factory=list)
-    """Train-stream index of each task (data order; put back on resume)."""
-    seq: int = -1
-    data: list = field(default_factory=list)
-    """Token-data ref of each task's group (the driver owns them; trainer ranks read them)."""
 
 
 @dataclass
@@ -69,151 +62,51 @@ class StepState:
     metrics: dict[str, Any] = field(default_factory=dict)
 
 
-class Driver(WeightSync):
+class Driver:
     def __init__(self, cfg: RunConfig):
         self.cfg = cfg
-        self.acct = Accounting()
+        acct = Accounting()
         self.failures = FailureLog(cfg.rollout.stop_after_failed_requests)  # reasons, liveness
         a = cfg.algo
         # launch rule below keeps at most (max_off_policy_steps + 1) batches in flight
         capacity = (a.max_off_policy_steps + 2) * a.batch_groups + cfg.rollout.num_actors * cfg.rollout.tasks_per_request
-        self.buffer = RolloutBuffer(a.max_off_policy_steps, capacity, self.acct)
+        self.buffer = RolloutBuffer(a.max_off_policy_steps, capacity, acct)
         self.env = make_env(cfg.env.name, dict(cfg.env.args), cfg.env.seed)
-        self.feed = TaskFeed(self.env, cfg)  # the data order (train stream + put-back tasks)
-        self.start_step = 0  # steps already done (a resume sets it)
-        self.request_seq = 0  # generate requests launched so far
-        self.hooks = StepHooks(self)  # resume, checkpoints, evaluation, data-order log
-        self.version = 0  # policy version the engines serve (the trainer's optimizer steps, synced)
-        self.pending: dict[ray.ObjectRef, Request] = {}
+        self.run_state = RunState(acct, TaskFeed(self.env, cfg))
         self.groups: Groups | None = None
-        self.members: Members | None = None  # the rollout actors that serve (see actors.membership)
+        self.trainers: TrainerGroup | None = None
+        self.rollouts: RolloutGroup | None = None
+        self.weights: WeightSync | None = None
+        self.hooks: StepHooks | None = None  # resume, checkpoints, evaluation, data-order log
         self.teacher: TeacherStage | None = None  # on-policy distillation: scores groups before the buffer
-        self.plan: SyncPlan | None = None
         self._rollout_busy_last = 0.0
         self._failed_last = 0
-        self.restarts = 0
-        self.version_base = 0  # engine version when RL step 0 began (see groups_allowed_in_flight)
-        self._next_actor = itertools.cycle(range(cfg.rollout.num_actors))
-        self._canary_pairs: list[tuple[list[int], list[int]]] | None = None
         self.startup = StartupPhases()  # timed start-up phases (progress lines, run summary)
         # renders the canary's task prompts and decodes the samples table (logger.samples_every)
         self.tokenizer = build_tokenizer(cfg.model)
-        self.colocated = cfg.placement == "colocated"
-        self.sleep_level = sleep_level(cfg.rollout) if self.colocated else 0
 
     # -- setup ---------------------------------------------------------------------------------
     def setup(self) -> None:
-        cfg = self.cfg
-        phase = self.startup.phase
-        with phase("placing actors"):
+        cfg, run = self.cfg, self.run_state
+        with self.startup.phase("placing actors"):
             self.groups = place(cfg)
-        g = self.groups
-        self.rollout_nodes = bundle_nodes(g.rollout_pg) if g.rollout_pg is not None else []  # node of each engine
-        self.members = Members(g.rollouts, cfg.rollout.generate_timeout_s)
-        t = cfg.trainer
-        engines = f"starting the rollout engine{'s' if len(g.rollouts) > 1 else ''} ({cfg.rollout.engine})"
-        if self.colocated:  # vLLM sizes its memory at startup: let it start before the trainer allocates
-            with phase(engines):
-                wait_ready(g.rollouts, cfg.rollout.generate_timeout_s)
-        with phase("starting the trainer and loading its model"):
-            addr, port = get(g.trainers[0].address.remote(), t.step_timeout_s, "trainer rank 0 start")
-            get([tr.init_distributed.remote(addr, port) for tr in g.trainers], t.step_timeout_s,
-                "trainer process-group init")
-            metas = get(g.trainers[0].parameter_metas.remote(), t.step_timeout_s, "parameter metadata")
-        self.plan = plan_buckets([TensorMeta(n, tuple(s), d) for n, s, d in metas],
-                                 int(cfg.rollout.sync_bucket_mb * 2**20))
-        if not self.colocated:
-            with phase(engines):
-                wait_ready(g.rollouts, cfg.rollout.generate_timeout_s)  # model load (and vLLM's compile)
-        with phase("joining the weight-sync group"):
-            self.init_weight_group()
+        self.rollout_nodes = bundle_nodes(self.groups.rollout_pg) if self.groups.rollout_pg is not None else []
+        self.samples_located = False  # the first step's samples' nodes are logged once
+        self.trainers = self.groups.trainers
+        self.rollouts = RolloutGroup(cfg, self.groups.rollouts, run, self.buffer, self.failures)
+        self.weights = WeightSync(cfg, self.trainers, self.rollouts, sender_for(weight_transport(cfg)), run,
+                                  self.env, self.tokenizer)
+        self.weights.start(self.startup.phase)
         if cfg.teacher.enabled:  # after the rollout engines are up: engines sharing a GPU start one by one
-            with phase("starting the teacher"):
+            with self.startup.phase("starting the teacher"):
                 self.teacher = TeacherStage(cfg, self.buffer.add, self.teacher_failed)
                 try:
                     self.teacher.start()
                 except TeacherError as exc:
                     raise RunError(str(exc)) from exc
+        self.hooks = StepHooks(cfg, run, self.env, self.trainers, self.rollouts, self.weights, self.buffer,
+                               self.startup, self.teacher_tasks)
         self.hooks.setup()  # fresh: sync version 0; resume: load the checkpoint, sync its weights
-
-    # -- generation ----------------------------------------------------------------------------
-    def groups_allowed_in_flight(self, batches_started: int) -> int:
-        """Groups that may be generating or buffered now. A group launched at engine version v
-        is trained by a step s >= batches_started (steps whose batch was not yet taken) and must
-        satisfy s - v <= max_off_policy_steps, so only the batches of steps up to
-        v + max_off_policy_steps may be in flight."""
-        a = self.cfg.algo
-        # steps' policy versions run from version_base (an SFT warm-up or a resume moves it)
-        steps_synced = self.version - self.version_base
-        return max(0, (steps_synced + a.max_off_policy_steps + 1 - batches_started) * a.batch_groups)
-
-    def launch(self, batches_started: int) -> None:
-        r, a = self.cfg.rollout, self.cfg.algo
-        queued = sum(len(q.tasks) for q in self.pending.values()) + len(self.buffer)
-        if self.teacher is not None:
-            queued += self.teacher.waiting_groups()
-        serving = self.members.serving  # a restarted engine takes requests once it has the weights
-        while (serving and queued < self.groups_allowed_in_flight(batches_started)
-               and len(self.pending) < r.max_requests_per_actor * len(serving)):
-            n_tasks = min(r.tasks_per_request, self.groups_allowed_in_flight(batches_started) - queued)
-            indices, tasks = self.feed.take(n_tasks)
-            actor = next(self._next_actor)
-            while actor not in serving:
-                actor = next(self._next_actor)
-            ref, data = launch_generate(self.groups.rollouts[actor], tasks, a.group_size, self.feed.seed(indices))
-            self.pending[ref] = Request(actor, tasks, n_tasks * a.group_size, time.perf_counter(), indices,
-                                        self.request_seq, data)
-            self.request_seq += 1
-            self.buffer.launched(n_tasks * a.group_size)
-            queued += n_tasks
-
-    def collect(self, ref: ray.ObjectRef) -> int:
-        """Move a finished request's groups (metadata and token-data refs) into the buffer, or
-        to the teacher stage first; returns completion tokens."""
-        req = self.pending.pop(ref)
-        try:
-            groups = request_groups(ray.get(ref, timeout=0), req.tasks, req.data, req.seq, req.indices)
-        except ray.exceptions.RayError as exc:
-            log.warning("generate request on rollout actor %d failed (%s): %d samples counted failed",
-                        req.actor, type(exc).__name__, req.samples)
-            self.buffer.fail(req.samples)
-            self.failures.request_lost(req.samples, f"engine: {type(exc).__name__}", str(exc))
-            if isinstance(exc, ray.exceptions.RayActorError):
-                self.engine_lost(req.actor, req.launched_at)  # Ray restarts it; the others serve on
-            return 0
-        self.failures.request_done(groups, req.actor)
-        if self.teacher is not None:
-            self.teacher.submit(groups)  # the buffer gets them once scored
-        else:
-            for group in groups:
-                self.buffer.add(group)
-        return sum(s.completion_len for g in groups for s in g.samples if not s.failed)
-
-    def expire(self) -> None:
-        """Count requests older than the generate timeout (and teacher calls older than theirs)
-        as failed (and cancel them)."""
-        if self.teacher is not None:
-            self.teacher.expire()
-        now = time.perf_counter()
-        for ref, req in list(self.pending.items()):
-            if now - req.launched_at > self.cfg.rollout.generate_timeout_s:
-                ray.cancel(ref, force=False)
-                del self.pending[ref]
-                self.buffer.fail(req.samples)
-                log.warning("generate request on rollout actor %d timed out: %d samples counted failed",
-                            req.actor, req.samples)
-                self.failures.request_lost(
-                    req.samples, f"engine: generate request timed out (rollout.generate_timeout_s="
-                                 f"{self.cfg.rollout.generate_timeout_s:g})")
-
-    # -- training ------------------------------------------------------------------------------
-    def start_train(self, state: StepState) -> list[ray.ObjectRef]:
-        cfg = self.cfg
-        plan = build_step(state.batch, cfg, distill=self.teacher is not None)  # metadata only
-        state.metrics.update(plan.metrics, max_staleness=state.max_staleness)
-        # each rank fetches its own samples' token data from the object store and packs them
-        works = shards_per_rank(plan.ranks, cfg.trainer)
-        return [tr.train_step.remote(work, plan.normalizer) for tr, work in zip(self.groups.trainers, works)]
 
     # -- the loop ------------------------------------------------------------------------------
     def run(self, logger: MetricsLogger) -> list[dict[str, Any]]:
@@ -224,115 +117,169 @@ class Driver(WeightSync):
             raise RunError(f"{exc}; {self.resume_hint()}") from exc
 
     def _run(self, logger: MetricsLogger) -> list[dict[str, Any]]:
-        cfg = self.cfg
+        cfg, run = self.cfg, self.run_state
         history: list[dict[str, Any]] = []
-        step = self.start_step
-        self.version_base = self.version - step
-        self._failed_last = self.acct.failed  # a resume restores the counters
-        train_refs: list[ray.ObjectRef] = []
+        run.version_base = run.version - run.step
+        self._failed_last = run.acct.failed  # a resume restores the counters
+        train: list[ray.ObjectRef] = []  # the refs of the train step in flight
         state: StepState | None = None
         gen_tokens = 0
         run_start = last_end = time.perf_counter()
-        while step < cfg.steps:
-            if not train_refs:  # a step boundary: restarted engines whose model is up join
+        while run.step < cfg.steps:
+            if not train:  # a step boundary: restarted engines whose model is up join
                 self.admit_restarted()
-            self.launch(step + (1 if train_refs else 0))
-            if not train_refs:
-                keep = has_signal if cfg.algo.filter_zero_adv_groups else None
-                batch = self.buffer.pop_batch(self.version, cfg.algo.batch_groups, keep)
-                if batch is not None:
-                    batch.sort(key=lambda g: g.stream_index)  # arrival order is timing: train in data order
-                    state = StepState(step, batch, self.buffer.max_staleness(batch, self.version))
-                    if self.sleep_level:  # hybrid schedule: the engines free the GPU for the step
-                        state.metrics["sleep_s"] = colocation.sleep_engines(
-                            self.groups, self.sleep_level, get, cfg.rollout.weight_sync_timeout_s)
-                    train_refs = self.start_train(state)
-                    self.launch(step + 1)
-            waiting = list(self.pending) + train_refs[:1] + self.hooks.refs() + self.members.probes()
-            waiting += self.teacher.refs() if self.teacher is not None else []
-            if waiting:
-                ready, _ = ray.wait(waiting, num_returns=1, timeout=1.0)
-            elif self.members.restarting:  # every engine is restarting: wait for the next probe
-                ready = []
-                time.sleep(0.1)
-            else:
-                raise RunError("nothing in flight and no batch ready: the staleness bound starves the run")
-            self.expire()
-            self.members.poll()  # restarted engines that answered are noted (they join at a step boundary)
-            for ref in ready:
-                if ref in self.pending:
-                    gen_tokens += self.collect(ref)
-                elif self.teacher is not None and self.teacher.owns(ref):
-                    self.teacher.on_ready(ref)
-                elif self.hooks.owns(ref):
-                    self.hooks.on_ready(ref, logger)
-            try:
-                self.failures.check()
-            except NoProgress as exc:
-                raise RunError(str(exc)) from exc
-            if train_refs and refs_ready(train_refs):
-                results = get(train_refs, cfg.trainer.step_timeout_s, f"train step {step + 1}",
-                              [f"trainer rank {i}" for i in range(len(train_refs))])
-                train_refs = []
-                pushed = [r.pop("weights_pushed") for r in results] if "weights_pushed" in results[0] else None
-                state.metrics.update(results[0])
-                if self.sleep_level:
-                    state.metrics["wake_s"] = colocation.wake_engines(self.groups, get, cfg.rollout.weight_sync_timeout_s)
-                state.metrics.update(self.sync_weights(results[0]["version"], pushed))
-                now = time.perf_counter()
+            self.launch(run.step + (1 if train else 0))
+            if not train and (state := self.next_batch()) is not None:
+                train = self.start_train(state)
+                self.launch(run.step + 1)
+            gen_tokens += self.react(self.wait(train), logger)
+            if train and self.trainers.step_done(train):
+                self.train_and_sync(train, state)
+                train, now = [], time.perf_counter()
                 record = self.step_record(state, now - last_end, now - run_start, gen_tokens)
-                logger.log(record)
-                if record["step"] == self.start_step + 1:  # where the samples went (once)
-                    log_sample_nodes(state.batch, bundle_nodes(self.groups.rollout_pg) if self.groups.rollout_pg else [],
-                                     bundle_nodes(self.groups.trainer_pg))
-                if samples.due(record["step"], cfg.logger.samples_every):
-                    rows = table_rows(state.batch, lambda ids: self.tokenizer.decode(ids, skip_special_tokens=True),
-                                      cfg.logger.samples_per_table, cfg.rollout.generate_timeout_s)
-                    if rows is not None:
-                        logger.log_samples(record["step"], rows)
+                self.log_step(record, state, logger)
                 history.append(record)
-                step, last_end, gen_tokens = step + 1, now, 0
-                self.hooks.after_step(step, state, logger)
+                run.step, last_end, gen_tokens = run.step + 1, now, 0
+                self.hooks.after_step(run.step, state, logger)
         self.hooks.finish(logger)
         return history
 
+    # -- the loop's verbs ----------------------------------------------------------------------
+    def admit_restarted(self) -> None:
+        """Restarted engines that are up join the weight group (call only between steps)."""
+        joined = self.weights.admit_restarted()
+        if joined:
+            self.hooks.engines_joined()
+            self.rollout_nodes = note_moved(self.groups.rollout_pg, self.rollout_nodes, joined)  # after a node died
+
+    def launch(self, batches_started: int) -> None:
+        """Keep as many groups generating as the staleness bound allows (`groups_allowed_in_flight`)."""
+        a = self.cfg.algo
+        queued = len(self.buffer) + (self.teacher.waiting_groups() if self.teacher is not None else 0)
+        allowed = groups_allowed_in_flight(self.run_state, batches_started, a.max_off_policy_steps, a.batch_groups)
+        self.rollouts.launch(allowed, queued)
+
+    def next_batch(self) -> StepState | None:
+        """The next step's batch from the buffer (stale groups dropped), in data order; None: not yet."""
+        cfg, run = self.cfg, self.run_state
+        keep = has_signal if cfg.algo.filter_zero_adv_groups else None
+        batch = self.buffer.pop_batch(run.version, cfg.algo.batch_groups, keep)
+        if batch is None:
+            return None
+        batch.sort(key=lambda g: g.stream_index)  # arrival order is timing: train in data order
+        return StepState(run.step, batch, self.buffer.max_staleness(batch, run.version))
+
+    def start_train(self, state: StepState) -> list[ray.ObjectRef]:
+        cfg = self.cfg
+        state.metrics.update(self.weights.before_train())  # e.g. the engines free a shared GPU
+        plan = build_step(state.batch, cfg, distill=self.teacher is not None)  # metadata only
+        state.metrics.update(plan.metrics, max_staleness=state.max_staleness)
+        # each rank fetches its own samples' token data from the object store and packs them
+        return self.trainers.launch_step(shards_per_rank(plan.ranks, cfg.trainer), plan.normalizer)
+
+    def wait(self, train: list[ray.ObjectRef]) -> list[ray.ObjectRef]:
+        """Wait (at most 1 s) for the first of: a generate request, the train step, an evaluation
+        request, a restart probe, a teacher call."""
+        waiting = self.rollouts.refs() + train[:1] + self.hooks.refs() + self.rollouts.probes()
+        waiting += self.teacher.refs() if self.teacher is not None else []
+        if waiting:
+            return ray.wait(waiting, num_returns=1, timeout=1.0)[0]
+        if self.rollouts.restarting:  # every engine is restarting: wait for the next probe
+            time.sleep(0.1)
+            return []
+        raise RunError("nothing in flight and no batch ready: the staleness bound starves the run")
+
+    def react(self, ready: list[ray.ObjectRef], logger: MetricsLogger) -> int:
+        """Expire what is overdue, note restarted engines, hand each finished ref to its owner,
+        and stop a run that makes no progress; returns the completion tokens collected."""
+        if self.teacher is not None:
+            self.teacher.expire()
+        self.rollouts.expire()
+        self.rollouts.poll()  # restarted engines that answered are noted (they join at a step boundary)
+        tokens = 0
+        for ref in ready:
+            if self.rollouts.owns(ref):
+                tokens += self.collect(ref)
+            elif self.teacher is not None and self.teacher.owns(ref):
+                self.teacher.on_ready(ref)
+            elif self.hooks.owns(ref):
+                self.hooks.on_ready(ref, logger)
+        try:
+            self.failures.check()
+        except NoProgress as exc:
+            raise RunError(str(exc)) from exc
+        return tokens
+
+    def collect(self, ref: ray.ObjectRef) -> int:
+        """Move a finished request's groups into the buffer, or to the teacher stage first;
+        returns completion tokens."""
+        groups = self.rollouts.collect(ref)
+        if self.teacher is not None:
+            self.teacher.submit(groups)  # the buffer gets them once scored
+        else:
+            for group in groups:
+                self.buffer.add(group)
+        return sum(s.completion_len for g in groups for s in g.samples if not s.failed)
+
+    def train_and_sync(self, train: list[ray.ObjectRef], state: StepState) -> None:
+        """Finish the train step, then sync its weights to the engines (the new policy version)."""
+        result = self.trainers.finish_step(train, state.step + 1)
+        state.metrics.update(result.metrics)
+        state.metrics.update(self.weights.after_train())  # e.g. the engines wake on a shared GPU
+        state.metrics.update(self.weights.sync(result.version, result.pushed))
+
+    def log_step(self, record: dict[str, Any], state: StepState, logger: MetricsLogger) -> None:
+        logger.log(record)
+        if not self.samples_located and self.groups.trainer_pg is not None:  # where the samples went
+            log_sample_nodes(state.batch, self.rollout_nodes, bundle_nodes(self.groups.trainer_pg))
+            self.samples_located = True
+        if samples.due(record["step"], self.cfg.logger.samples_every):
+            rows = table_rows(state.batch, lambda ids: self.tokenizer.decode(ids, skip_special_tokens=True),
+                              self.cfg.logger.samples_per_table, self.cfg.rollout.generate_timeout_s)
+            if rows is not None:
+                logger.log_samples(record["step"], rows)
+
     def resume_hint(self) -> str:
         """Where a stopped run can continue from."""
+        if self.hooks is None:
+            return "no checkpoint was written yet (set checkpoint.interval to write them)"
         path = self.hooks.last_checkpoint or latest_checkpoint(self.hooks.writer.root)
         if path is None:
             return "no checkpoint was written yet (set checkpoint.interval to write them)"
         return f"last checkpoint: {path}; continue with resume=true"
 
     def step_record(self, state: StepState, step_time: float, elapsed: float, gen_tokens: int) -> dict[str, Any]:
-        self.acct.check()
+        """The step's metrics row; checks the accounting identity first (every step)."""
+        acct = self.run_state.acct
+        acct.check()
         m = dict(state.metrics)
         m.pop("version", None)
-        failed_before, self._failed_last = self._failed_last, self.acct.failed
-        busy = self.members.busy_seconds()
+        failed_before, self._failed_last = self._failed_last, acct.failed
+        busy = self.rollouts.busy_seconds()
         rollout_busy = None
         if busy is not None:
             if busy >= self._rollout_busy_last:  # a restarted actor's clock starts again at 0
-                rollout_busy = (busy - self._rollout_busy_last) / max(step_time * max(1, len(self.members.serving)), 1e-9)
+                rollout_busy = (busy - self._rollout_busy_last) / max(step_time * max(1, len(self.rollouts.serving)), 1e-9)
             self._rollout_busy_last = busy
         dt = max(step_time, 1e-9)
         return {
             "step": state.step + 1,
-            "policy_version": self.version,
+            "policy_version": self.run_state.version,
             "step_time_s": step_time,
             "tokens_per_s": m.pop("train_tokens") / dt,
             "samples_per_s": m["batch_samples"] / dt,
             "gen_tokens_per_s": gen_tokens / dt,
-            # a colocated step also wrote the weights into the IPC buffer (sync_in_step)
+            # a buffered transport's step also wrote the weights into its buffer (sync_in_step)
             "trainer_busy_frac": min(1.0, (m["train_time_s"] + m.get("train_fetch_s", 0.0) + m["sync_time_s"]
                                            + m.get("sync_in_step", 0.0) * m.get("sync_send_s", 0.0)) / dt),
             "rollout_busy_frac": None if rollout_busy is None else min(1.0, rollout_busy),
             "generate_time_s": None if rollout_busy is None else rollout_busy * dt,  # per actor
             "elapsed_s": elapsed,
             **m,
-            **self.acct.as_metrics(),
-            "samples_failed_step": self.acct.failed - failed_before,  # reward/tool/engine faults
+            **acct.as_metrics(),
+            "samples_failed_step": acct.failed - failed_before,  # reward/tool/engine faults
             **self.failures.step_metrics(),  # failed_by_reason, reward_threads_abandoned
-            "rollout_restarts": self.restarts,
+            "rollout_restarts": self.rollouts.restarts,
             **(self.teacher.step_metrics(step_time) if self.teacher is not None else {}),
         }
 
@@ -341,9 +288,9 @@ class Driver(WeightSync):
         self.buffer.fail(samples)
         self.failures.request_lost(samples, why, streak=False)  # the teacher stage has its own
 
-    def teacher_groups(self) -> list[GroupMeta]:
-        """Groups waiting for the teacher (a checkpoint puts their tasks back, like generating ones)."""
-        return self.teacher.groups() if self.teacher is not None else []
+    def teacher_tasks(self) -> list[tuple[int, Task]]:
+        """Tasks of the groups waiting for the teacher (a checkpoint puts them back, like generating ones)."""
+        return [(g.stream_index, g.task) for g in self.teacher.groups()] if self.teacher is not None else []
 
     def shutdown(self) -> None:
         if self.teacher is not None:

@@ -1,4 +1,6 @@
-"""Placement: one placement group for the trainer ranks, one for the rollout actors."""
+"""Placement: one placement group for the trainer ranks, one for the rollout actors (one shared
+group when colocated); the trainer group (`actors.trainer_group`) and the rollout actors start
+in their bundles."""
 
 from __future__ import annotations
 
@@ -14,9 +16,9 @@ from ray.util.placement_group import (
 )
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from actors.logs import QUIET_ENV
+from actors.logs import runtime_env
 from actors.rollout import RolloutWorker
-from actors.trainer import TrainerRank
+from actors.trainer_group import TrainerGroup
 from rlcore.config import RunConfig
 from rlcore.node_fit import group_selector
 from rlcore.placement import colocated_shares
@@ -50,22 +52,25 @@ def rollout_bundles(cfg: RunConfig) -> list[dict[str, float]]:
 
 @dataclass
 class Groups:
+    """What `place` started: the placement groups, the trainer group (None without one) and the
+    rollout actors' handles (empty without them)."""
+
     trainer_pg: PlacementGroup | None
     rollout_pg: PlacementGroup | None
-    trainers: list
+    trainers: TrainerGroup | None
     rollouts: list
 
     def shutdown(self) -> None:
         """Close the trainers' process groups (best effort: this runs on the way out, also after a
         fault), then kill every actor and free both placement groups."""
-        try:
-            ray.get([t.shutdown.remote() for t in self.trainers], timeout=30)
-        except Exception:
-            pass
+        if self.trainers is not None:
+            self.trainers.shutdown()
         self.remove()
 
     def remove(self) -> None:
-        for a in self.trainers + self.rollouts:
+        if self.trainers is not None:
+            self.trainers.kill()
+        for a in self.rollouts:
             ray.kill(a, no_restart=True)
         pgs = [self.trainer_pg] + ([self.rollout_pg] if self.rollout_pg is not self.trainer_pg else [])
         for pg in pgs:
@@ -73,15 +78,9 @@ class Groups:
                 remove_placement_group(pg)
 
 
-def _runtime_env() -> dict:
-    # NVLink SHARP (NVLS) multicast is unreliable on the lent machines; keep it off everywhere
-    # QUIET_ENV: progress bars and C++ info logs off (actors' output goes to OUTPUT_DIR/logs)
-    return {"env_vars": {"NCCL_NVLS_ENABLE": "0", "TOKENIZERS_PARALLELISM": "false", **QUIET_ENV}}
-
-
 def reserve(cfg: RunConfig, trainer: bool = True, rollout: bool = True) -> tuple[PlacementGroup | None, PlacementGroup | None]:
     """Reserve the placement groups (PACK: ranks of one group close together; each bundle only on
-    nodes with its group's label, `cluster.trainer_node_label` / `cluster.rollout_node_label`)
+    nodes with its group's labels, `cluster.trainer_node_labels` / `cluster.rollout_node_labels`)
     and wait for them with a timeout: (trainer or colocated group, rollout group), the same
     object twice when colocated, None for a group left out. Starts no actor."""
     shared = cfg.placement == "colocated" and trainer and rollout
@@ -120,24 +119,30 @@ def bundle_nodes(pg: PlacementGroup) -> list[str]:
     return [where.get(i, "") for i in range(len(pg.bundle_specs))]
 
 
+def note_moved(pg: PlacementGroup | None, before: list[str], joined: list[int]) -> list[str]:
+    """After restarted rollout actors `joined`: one line for each whose bundle Ray re-placed on
+    another node (it does so when the bundle's node died); returns the bundles' nodes now."""
+    if pg is None or not before:
+        return before
+    now = bundle_nodes(pg)
+    for i in joined:
+        if now[i] != before[i]:
+            log.warning("rollout actor %d's node %s died: Ray re-placed its bundle on node %s, where it runs now",
+                        i, before[i][:8], now[i][:8])
+    return now
+
+
 def place(cfg: RunConfig, trainer: bool = True, rollout: bool = True) -> Groups:
     """Reserve the placement groups (`reserve`) and start one actor per bundle. `mode=sft`
-    needs no rollout group and `mode=eval` no trainer group: pass False to leave one out (its
-    list is then empty). Colocated placement: one group, 'rlcore-colocated', whose bundle i
-    holds trainer rank i and rollout actor i, each taking half of the bundle's GPU
-    (`colocated_shares`)."""
+    needs no rollout group and `mode=eval` no trainer group: pass False to leave one out
+    (`trainers` None, `rollouts` empty). Colocated placement: one group, 'rlcore-colocated',
+    whose bundle i holds trainer rank i and rollout actor i, each taking half of the bundle's
+    GPU (`colocated_shares`)."""
     shared = cfg.placement == "colocated" and trainer and rollout
     trainer_pg, rollout_pg = reserve(cfg, trainer, rollout)
     t, r = cfg.trainer, cfg.rollout
     trainer_gpus, rollout_gpus = (colocated_shares(cfg)[1],) * 2 if shared else (t.gpus_per_rank, r.gpus_per_actor)
-    trainer_cls = ray.remote(TrainerRank)
-    trainers = [
-        trainer_cls.options(
-            num_cpus=t.cpus_per_rank, num_gpus=trainer_gpus, runtime_env=_runtime_env(),
-            scheduling_strategy=PlacementGroupSchedulingStrategy(trainer_pg, placement_group_bundle_index=i),
-        ).remote(cfg, i, t.world_size)
-        for i in range(t.world_size if trainer else 0)
-    ]
+    trainers = TrainerGroup(cfg, trainer_pg, trainer_gpus) if trainer else None
     rollout_cls = ray.remote(RolloutWorker)
     rollouts = [
         rollout_cls.options(
@@ -148,7 +153,7 @@ def place(cfg: RunConfig, trainer: bool = True, rollout: bool = True) -> Groups:
             # a dead engine is restarted and rejoins the weight group; its requests in flight are
             # counted failed by the driver, never retried blindly on new weights
             max_restarts=r.max_restarts, max_task_retries=0,
-            runtime_env=_runtime_env(),
+            runtime_env=runtime_env(),
             scheduling_strategy=PlacementGroupSchedulingStrategy(rollout_pg, placement_group_bundle_index=i),
         ).remote(cfg, i)
         for i in range(r.num_actors if rollout else 0)

@@ -22,6 +22,13 @@ QUIET_ENV = {
 }
 
 
+def runtime_env() -> dict:
+    """The runtime_env of every trainer and rollout actor."""
+    # NVLink SHARP (NVLS) multicast is unreliable on the lent machines; keep it off everywhere
+    # QUIET_ENV: progress bars and C++ info logs off (actors' output goes to OUTPUT_DIR/logs)
+    return {"env_vars": {"NCCL_NVLS_ENABLE": "0", "TOKENIZERS_PARALLELISM": "false", **QUIET_ENV}}
+
+
 def redirect_output(output_dir: str, kind: str, index: int) -> Path:
     """Send this process's stdout and stderr (Python and native writes alike) to
     `OUTPUT_DIR/logs/KIND-INDEX.log`, appending (a restarted actor continues its file)."""

@@ -1,5 +1,6 @@
-"""Which rollout actors serve. An actor that serves is in the weight-sync group, takes generate
-requests and receives every sync. One that died leaves at once: the group is re-formed from
+"""Which rollout actors serve (the member part of `actors.rollout_group.RolloutGroup`, its only
+user). An actor that serves is in the weight-sync group, takes generate requests and receives
+every sync. One that died leaves at once: the group is re-formed from
 those left before the next sync, and nothing waits for the dead one. Ray restarts it; its
 constructor (a new process, the model build) runs while the others keep generating and the
 driver keeps stepping. Once it answers `ready()`, the driver lets it back in at a step boundary

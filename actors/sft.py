@@ -1,5 +1,6 @@
-"""The SFT driver (`mode=sft`) and the RL warm-up: the trainer group alone, stepping through the
-data that `rlcore.sft` reads, tokenizes and orders (see there for the data rules)."""
+"""The SFT driver (`mode=sft`) and the RL warm-up: the trainer group alone (`TrainerGroup`),
+stepping through the data that `rlcore.sft` reads, tokenizes and orders (see there for the data
+rules). Start, checkpoint save / load and export are the trainer group's, shared with RL."""
 
 from __future__ import annotations
 
@@ -8,10 +9,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-import ray
-
 from actors.groups import place
-from actors.remote import RunError, get
+from actors.remote import RunError
+from actors.trainer_group import TrainerGroup
 from rlcore import checkpoint as ckpt
 from rlcore.checkpoint import CheckpointWriter
 from rlcore.models.build import build_tokenizer
@@ -21,7 +21,7 @@ from rlcore.startup import StartupPhases
 log = logging.getLogger("rlcore")
 
 
-def warmup(cfg, trainers) -> int:
+def warmup(cfg, trainers: TrainerGroup) -> int:
     """Supervised warm-up before RL (`sft.warmup_steps` steps on `sft.dataset`, same trainer
     group and optimizer); returns the trainer's policy version afterwards."""
 
@@ -29,11 +29,10 @@ def warmup(cfg, trainers) -> int:
     version = 0
     for step in range(cfg.sft.warmup_steps):
         shards, loss_tokens, _ = step_shards(cfg, data, step)
-        results = get([tr.sft_step.remote(ray.put(shard), loss_tokens) for tr, shard in zip(trainers, shards)],
-                      cfg.trainer.step_timeout_s, f"SFT warm-up step {step + 1}")
-        version = int(results[0]["version"])
+        result = trainers.sft_step(shards, loss_tokens, f"SFT warm-up step {step + 1}")
+        version = int(result["version"])
         if step == 0 or (step + 1) % 10 == 0 or step + 1 == cfg.sft.warmup_steps:
-            log.info("SFT warm-up step %d/%d: loss %.4f", step + 1, cfg.sft.warmup_steps, results[0]["loss"])
+            log.info("SFT warm-up step %d/%d: loss %.4f", step + 1, cfg.sft.warmup_steps, result["loss"])
     return version
 
 
@@ -45,20 +44,20 @@ class SFTDriver:
         self.cfg = cfg
         self.data = data
         self.groups = None
+        self.trainers: TrainerGroup | None = None
         self.start_step = 0
         self.startup = StartupPhases()
         self.writer = CheckpointWriter(cfg)
 
     def setup(self) -> None:
-        cfg, t = self.cfg, self.cfg.trainer
+        cfg = self.cfg
         if self.data is None:
             self.data = build_dataset(cfg, build_tokenizer(cfg.model))
         with self.startup.phase("placing actors"):
             self.groups = place(cfg, rollout=False)
-        trainers = self.groups.trainers
+        self.trainers = self.groups.trainers
         with self.startup.phase("starting the trainer and loading its model"):
-            addr, port = get(trainers[0].address.remote(), t.step_timeout_s, "trainer rank 0 start")
-            get([tr.init_distributed.remote(addr, port) for tr in trainers], t.step_timeout_s, "trainer process-group init")
+            self.trainers.start()
         self.writer.clean_stale()
         path = ckpt.resolve_resume(cfg)
         if path is None:
@@ -69,7 +68,7 @@ class SFTDriver:
         if state.get("num_examples") != len(self.data.samples):
             log.warning("resume: the dataset has %d examples, the checkpoint's had %s: the data order differs",
                         len(self.data.samples), state.get("num_examples"))
-        get([tr.load_checkpoint.remote(str(path)) for tr in trainers], t.step_timeout_s, f"loading checkpoint {path}")
+        self.trainers.load(path)
         self.start_step = int(state["step"])
         ckpt.set_rng_state(state["rng"])
         removed = ckpt.truncate_series(Path(cfg.output_dir) / "metrics.jsonl", self.start_step)
@@ -80,17 +79,13 @@ class SFTDriver:
         return step_shards(self.cfg, self.data, step)
 
     def run(self, logger) -> list[dict[str, Any]]:
-
         cfg = self.cfg
         history = []
         run_start = time.perf_counter()
         for step in range(self.start_step, cfg.steps):
             start = time.perf_counter()
             shards, loss_tokens, epoch = self.step_shards(step)
-            results = get([tr.sft_step.remote(ray.put(shard), loss_tokens)
-                           for tr, shard in zip(self.groups.trainers, shards)],
-                          cfg.trainer.step_timeout_s, f"SFT step {step + 1}")
-            m = dict(results[0])
+            m = dict(self.trainers.sft_step(shards, loss_tokens, f"SFT step {step + 1}"))
             m.pop("version", None)
             dt = max(time.perf_counter() - start, 1e-9)
             record = {"step": step + 1, "epoch": epoch, "step_time_s": dt,
@@ -101,25 +96,14 @@ class SFTDriver:
             if self.writer.due(step + 1, final):
                 self.save(step + 1)
             if final and cfg.checkpoint.export_final:
-                out = cfg.checkpoint.export_dir or str(Path(cfg.output_dir) / "hf")
-                get([tr.export_hf.remote(out) for tr in self.groups.trainers], cfg.trainer.step_timeout_s,
-                    f"export to {out}")
-                log.info("exported the final weights to %s", out)
+                self.trainers.export()
         return history
 
     def save(self, step: int) -> Path:
-        tmp = self.writer.begin(step)
-        try:
-            get([tr.save_checkpoint.remote(str(tmp)) for tr in self.groups.trainers],
-                self.cfg.trainer.step_timeout_s, f"checkpoint save of step {step}")
-            state = {"kind": "sft", "step": step, "examples_seen": step * self.cfg.sft.batch_examples,
-                     "num_examples": len(self.data.samples), "rng": ckpt.rng_state()}
-            path = self.writer.commit(tmp, step, state)
-        except Exception as exc:
-            self.writer.abort(tmp)
-            raise RunError(f"checkpoint save of step {step} to {self.writer.root} failed: {exc}") from exc
-        log.info("checkpoint %s saved", path)
-        return path
+        def state() -> dict[str, Any]:
+            return {"kind": "sft", "step": step, "examples_seen": step * self.cfg.sft.batch_examples,
+                    "num_examples": len(self.data.samples), "rng": ckpt.rng_state()}
+        return self.trainers.save(self.writer, step, state)
 
     def shutdown(self) -> None:
         if self.groups is not None:

@@ -1,80 +1,121 @@
-"""Weights from the trainer group to the engines after every train step, and the canary that
-checks them: the part of the RL driver (`actors.driver.Driver` mixes it in) that re-forms the
-weight-sync group when an engine dies or comes back (`actors.membership`) and stops the run on a
-stale or broken sync."""
+"""Weights from the trainer group to the engines, as one component: `WeightSync(cfg, trainers,
+rollouts, transport, run, ...)` brings both groups up in the order their placement needs, forms
+the weight-sync group, pushes every new version, re-forms the group when an engine dies or comes
+back, and checks each sync with the canary.
+
+The order of a sync's calls comes from the transport's own flags (`rlcore.transfer.base.Sender`):
+a collective transport (`buffered` False: `broadcast`, `nccl`) has rank 0's rendezvous, and the
+trainer's send and the engines' receive run together; a buffered one (`ipc`) has no process
+group, and the engines read only after every rank has written (or the train step wrote it
+already, `pushed`). With `every_rank` (`ipc`) each trainer rank writes a buffer that the engine
+of the same index (on its GPU) opens; without it, every engine opens rank 0's. Colocated placement (trainer rank i and engine i on GPU i) is this component's
+business too: the engines start before the trainer (vLLM sizes its memory at start-up), and with
+a sleep level they sleep while the trainer steps (`before_train` / `after_train`).
+"""
 
 from __future__ import annotations
 
 import logging
 import time
+from typing import Callable
 
 import ray
 
-from actors import colocation
-from actors.groups import bundle_nodes
 from actors.remote import ActorDied, RunError, get
-from rlcore.canary import (
-    CanaryError,
-    canary_limits,
-    canary_prompts,
-    compare_logprobs,
-    task_canary_pairs,
-)
+from actors.rollout_group import RolloutGroup
+from actors.run_state import RunState
+from actors.trainer_group import TrainerGroup
+from rlcore.canary import CanaryError, canary_limits, canary_prompts, compare_logprobs, task_canary_pairs
+from rlcore.config import RunConfig
 from rlcore.console import one_line
+from rlcore.engine.registry import sleep_level
+from rlcore.transfer.base import Sender
+from rlcore.transfer.plan import SyncPlan, plan_buckets
 
 log = logging.getLogger("rlcore")
 
 
 class WeightSync:
-    """Needs the driver's `cfg`, `groups`, `members`, `plan`, `env`, `tokenizer`, `colocated`,
-    `version`, `restarts` and `_canary_pairs`."""
+    """`transport`: the run's sender class (its `buffered` / `every_rank` flags order the calls).
+    `env`, `tokenizer`: where the canary's prompts come from. Sets `run.version` after a sync."""
 
-    def init_weight_group(self, actors: list[int] | None = None) -> None:
-        """(Re)build the weight-sync group: trainer rank 0 plus the rollout actors `actors`
-        (default: those serving), on a fresh rendezvous port (a group whose member died cannot be
-        repaired, only replaced)."""
-        g, cfg = self.groups, self.cfg
-        actors = list(self.members.serving) if actors is None else actors
-        timeout = cfg.rollout.weight_sync_timeout_s
-        if self.colocated:
-            colocation.init_ipc_group(g, self.plan, get, timeout, actors)
+    def __init__(self, cfg: RunConfig, trainers: TrainerGroup, rollouts: RolloutGroup, transport: type[Sender],
+                 run: RunState, env, tokenizer):
+        self.cfg, self.trainers, self.rollouts, self.transport, self.run = cfg, trainers, rollouts, transport, run
+        self.env, self.tokenizer = env, tokenizer
+        self.timeout_s = cfg.rollout.weight_sync_timeout_s
+        self.colocated = cfg.placement == "colocated"
+        self.sleep_level = sleep_level(cfg.rollout) if self.colocated else 0
+        self.plan: SyncPlan | None = None
+        self._canary_pairs: list[tuple[list[int], list[int]]] | None = None
+
+    # -- start-up ------------------------------------------------------------------------------
+    def start(self, phase: Callable) -> None:
+        """Start the trainer group and wait for the engines, in the order the placement needs
+        (`phase(name)`: the start-up phase timer), plan the buckets and form the group."""
+        n = len(self.rollouts)
+        engines = f"starting the rollout engine{'s' if n > 1 else ''} ({self.cfg.rollout.engine})"
+        if self.colocated:  # vLLM sizes its memory at startup: let it start before the trainer allocates
+            with phase(engines):
+                self.rollouts.wait_ready()
+        with phase("starting the trainer and loading its model"):
+            metas = self.trainers.start()
+        self.plan = plan_buckets(metas, int(self.cfg.rollout.sync_bucket_mb * 2**20))
+        if not self.colocated:
+            with phase(engines):
+                self.rollouts.wait_ready()  # model load (and vLLM's compile)
+        with phase("joining the weight-sync group"):
+            self.form()
+
+    def form(self, actors: list[int] | None = None) -> None:
+        """(Re)build the weight-sync group: the trainer group plus the rollout actors `actors`
+        (default: those serving). A collective transport gets a fresh rendezvous port (a group
+        whose member died cannot be repaired, only replaced)."""
+        actors = list(self.rollouts.serving) if actors is None else actors
+        t, r = self.trainers, self.rollouts
+        if self.transport.buffered:  # no process group: the engines open the trainer's buffers
+            handles = get(t.init_weight_group("", 0, self.plan), self.timeout_s, "weight buffers (IPC) init", t.names)
+            if not self.transport.every_rank:  # one sender (rank 0): every engine reads its buffer
+                handles = [handles[0]] * len(r)
+            get(r.open_buffers(actors, self.plan, handles), self.timeout_s, "weight receivers (IPC) init",
+                r.names(actors))
         elif actors:
-            waddr, wport = get(g.trainers[0].address.remote(), cfg.trainer.step_timeout_s, "weight group address")
-            get([tr.init_weight_group.remote(waddr, wport, self.plan, len(actors)) for tr in g.trainers]
-                + [g.rollouts[i].init_weight_group.remote(waddr, wport, self.plan, None, slot, len(actors))
-                   for slot, i in enumerate(actors)],
-                timeout, "weight group init", [f"trainer rank {i}" for i in range(len(g.trainers))]
-                + [f"rollout actor {i}" for i in actors])
-        self.members.reform = False
+            address, port = t.weight_address()
+            get(t.init_weight_group(address, port, self.plan, len(actors)) + r.join_group(actors, address, port, self.plan),
+                self.timeout_s, "weight group init", t.names + r.names(actors))
+        self.rollouts.members.reform = False
 
-    def admit_restarted(self) -> None:
-        """Call only while no train step runs (the trainer must join the group). Restarted
-        actors whose constructor has run join a re-formed group, receive the current version
-        and serve again; nothing waits for one still starting (see `actors.membership`)."""
-        ready = self.members.poll()
-        if not ready:
-            return
-        self._reform_and_sync(self.version, sorted(self.members.serving + ready))
-        joined = self.members.admit(ready)
-        if joined:
-            log.warning("rollout actor%s %s rejoined the weight group at version %d after a restart",
-                        "s" if len(joined) > 1 else "", ", ".join(map(str, joined)), self.version)
-            self.hooks.engines_joined()
-            rollout_nodes = getattr(self, "rollout_nodes", None)
-            if rollout_nodes and self.groups.rollout_pg is not None:  # a dead node's bundles moved
-                now = bundle_nodes(self.groups.rollout_pg)
-                for i in joined:
-                    if now[i] != rollout_nodes[i]:
-                        log.warning("rollout actor %d's node %s died: Ray re-placed its bundle on node %s, where it "
-                                    "runs now", i, rollout_nodes[i][:8], now[i][:8])
-                self.rollout_nodes = now
+    # -- around a train step (the hybrid schedule of a colocated run) --------------------------
+    def before_train(self) -> dict[str, float]:
+        """With a sleep level, the engines free the GPU for the train step (`sleep_s`); else {}."""
+        return {"sleep_s": self.rollouts.sleep(self.sleep_level, self.timeout_s)} if self.sleep_level else {}
 
-    def sync_weights(self, version: int, pushed: list[dict] | None = None) -> dict[str, float]:
+    def after_train(self) -> dict[str, float]:
+        """With a sleep level, the engines wake before the sync refills them (`wake_s`); else {}."""
+        return {"wake_s": self.rollouts.wake(self.timeout_s)} if self.sleep_level else {}
+
+    # -- syncs ---------------------------------------------------------------------------------
+    def sync(self, version: int, pushed: list[dict] | None = None) -> dict[str, float]:
         """Push the trainer's weights to every serving engine as `version`; returns timing
         metrics. An engine that died leaves (the group is re-formed from the others, and the
         sync retried once); nothing waits for its restart. `pushed`: the trainer ranks' results
-        when their step already wrote `version` into the IPC buffers (colocated)."""
-        return self._reform_and_sync(version, self.members.serving, self.members.reform, pushed)
+        when their step already wrote `version` into the transport's buffers."""
+        return self._reform_and_sync(version, self.rollouts.serving, self.rollouts.members.reform, pushed)
+
+    def admit_restarted(self) -> list[int]:
+        """Call only while no train step runs (the trainer must join the group). Restarted
+        actors whose constructor has run join a re-formed group, receive the current version
+        and serve again; returns them. Nothing waits for one still starting."""
+        ready = self.rollouts.poll()
+        if not ready:
+            return []
+        version = self.run.version
+        self._reform_and_sync(version, sorted(self.rollouts.serving + ready))
+        joined = self.rollouts.admit(ready)
+        if joined:
+            log.warning("rollout actor%s %s rejoined the weight group at version %d after a restart",
+                        "s" if len(joined) > 1 else "", ", ".join(map(str, joined)), version)
+        return joined
 
     def _reform_and_sync(self, version: int, actors: list[int], reform: bool = True,
                          pushed: list[dict] | None = None) -> dict[str, float]:
@@ -83,7 +124,7 @@ class WeightSync:
         for attempt in (1, 2):
             try:
                 if reform:
-                    self.init_weight_group(actors)
+                    self.form(actors)
                 return self._sync(version, actors, pushed)
             except RunError as exc:
                 if attempt == 2 or (isinstance(exc, ActorDied) and any(d.startswith("trainer") for d in exc.dead)):
@@ -91,7 +132,7 @@ class WeightSync:
                 # engines the failed call saw die need no probe: a restarting actor answers the
                 # probe only once Ray has rebuilt it, so probing it costs the probe's whole 10 s
                 died = [i for i in actors if isinstance(exc, ActorDied) and f"rollout actor {i}" in exc.dead]
-                dead = died + self.dead_engines([i for i in actors if i not in died])
+                dead = died + self.rollouts.dead_engines([i for i in actors if i not in died])
                 # one line: the message may hold a remote traceback (the whole text is for a fatal error)
                 what = one_line(str(exc))
                 if not what.startswith("weight sync"):
@@ -100,62 +141,41 @@ class WeightSync:
                             f"rollout actor(s) {dead} left, re-forming the weight group without them" if dead
                             else "rebuilding the weight group")
                 for i in dead:
-                    self.engine_lost(i, float("inf"))
+                    self.rollouts.engine_lost(i, float("inf"))
                 actors, reform = [i for i in actors if i not in dead], True
         raise AssertionError("unreachable")
 
-    def dead_engines(self, actors: list[int]) -> list[int]:
-        """Actors of `actors` that do not answer `ready()` within 10 s (died or restarting)."""
-        if not actors:
-            return []
-        refs = [self.groups.rollouts[i].ready.remote() for i in actors]
-        ray.wait(refs, num_returns=len(refs), timeout=10.0)
-        dead = []
-        for i, ref in zip(actors, refs):
-            try:
-                ray.get(ref, timeout=0)
-            except (ray.exceptions.RayError, ray.exceptions.GetTimeoutError):
-                dead.append(i)
-        return dead
-
-    def engine_lost(self, actor: int, launched_at: float) -> None:
-        """A call to `actor` launched at `launched_at` failed because the actor died: it stops
-        serving until Ray's restart of it has joined again (counted in `rollout_restarts`)."""
-        if self.members.lost(actor, launched_at):
-            self.restarts += 1
-            log.warning("rollout actor %d died at version %d: %d engine(s) serve on while Ray restarts it", actor,
-                        self.version, len(self.members.serving))
+    def _send(self, version: int, actors: list[int], pushed: list[dict] | None) -> list[dict]:
+        """The trainer ranks' then the engines' results of one sync, in the transport's order."""
+        t, r, what = self.trainers, self.rollouts, f"weight sync to version {version}"
+        if not self.transport.buffered:  # collective: both sides must be in the call at once
+            return get(t.push() + r.pull(actors, version), self.timeout_s, what, t.names + r.names(actors))
+        if pushed is None:  # the ranks' gathers are collective: all of them fill their buffers at once
+            pushed = get(t.push(), self.timeout_s, f"{what} (trainer buffers)", t.names)
+        return pushed + get(r.pull(actors, version), self.timeout_s, f"{what} (engines)", r.names(actors))
 
     def _sync(self, version: int, actors: list[int], pushed: list[dict] | None = None) -> dict[str, float]:
-        g = self.groups
         start = time.perf_counter()
-        timeout = self.cfg.rollout.weight_sync_timeout_s
         if not actors:  # no engine serves: the one that joins next receives the trainer's weights then
-            self.version = version
+            self.run.version = version
             return {"sync_time_s": 0.0, "sync_gb_per_s": 0.0, "sync_send_s": 0.0}
         try:
-            if self.colocated:
-                out = colocation.sync_ipc(g, version, get, timeout, actors, pushed)
-            else:
-                out = get([tr.push_weights.remote() for tr in g.trainers]
-                          + [g.rollouts[i].pull_weights.remote(version) for i in actors], timeout,
-                          f"weight sync to version {version}",
-                          [f"trainer rank {i}" for i in range(len(g.trainers))]
-                          + [f"rollout actor {i}" for i in actors])
+            out = self._send(version, actors, pushed)
         except ray.exceptions.RayTaskError as exc:
             raise RunError(f"weight sync to version {version} failed: {exc}") from exc
-        self.version = version
+        self.run.version = version
         elapsed = time.perf_counter() - start
         sent = out[0]["sync_bytes"]
         metrics = {"sync_time_s": elapsed, "sync_gb_per_s": sent / max(elapsed, 1e-9) / 1e9,
                    "sync_send_s": out[0]["sync_send_s"],
-                   # the send ran inside the train step (colocated): sync_time_s is the receive alone
+                   # the send ran inside the train step (buffered transport): sync_time_s is the receive alone
                    "sync_in_step": float(pushed is not None)}
-        engine = out[len(g.trainers)]
+        engine = out[len(self.trainers)]
         metrics.update({k: float(v) for k, v in engine.items() if k in ("sync_engine_s", "sync_worker_s")})
         metrics.update(self.check_canary(version, actors))
         return metrics
 
+    # -- the canary ----------------------------------------------------------------------------
     def canary_pairs(self) -> list[tuple[list[int], list[int]]]:
         """The canary's prompts: the environment's first eval tasks, rendered once; random ids
         only where tasks carry images (image tokens need pixel values to score)."""
@@ -174,18 +194,14 @@ class WeightSync:
     def check_canary(self, version: int, actors: list[int]) -> dict[str, float]:
         """After a sync, every engine's teacher-forced logprobs on a fixed prompt set must match
         the trainer's (a stale, partial or mis-mapped sync shows as whole nats of gap)."""
-        r = self.cfg.rollout
-        if r.canary_prompts <= 0:
+        if self.cfg.rollout.canary_prompts <= 0:
             return {}
         pairs = self.canary_pairs()
-        timeout = r.weight_sync_timeout_s
         start = time.perf_counter()
         # both sides at once: the sync already finished, so each scores the same version
-        trainer_refs = [tr.canary_logprobs.remote(pairs) for tr in self.groups.trainers]
-        engine_refs = [self.groups.rollouts[i].canary_logprobs.remote(pairs) for i in actors]
-        trainer = get(trainer_refs, timeout, "canary (trainer)",
-                      [f"trainer rank {i}" for i in range(len(self.groups.trainers))])[0]
-        engines = get(engine_refs, timeout, "canary (engines)", [f"rollout actor {i}" for i in actors])
+        trainer_refs, engine_refs = self.trainers.canary(pairs), self.rollouts.canary(actors, pairs)
+        trainer = get(trainer_refs, self.timeout_s, "canary (trainer)", self.trainers.names)[0]
+        engines = get(engine_refs, self.timeout_s, "canary (engines)", self.rollouts.names(actors))
         worst = None
         max_gap, mean_gap = canary_limits(self.cfg)
         for i, engine in zip(actors, engines):

@@ -233,7 +233,7 @@ def test_lr_schedule_shapes():
 
 
 def test_task_feed_puts_unfinished_tasks_back_in_stream_order():
-    from actors.lifecycle import TaskFeed
+    from actors.run_state import TaskFeed
     from rlcore.envs import make_env
     cfg = compose([])
     env = make_env(cfg.env.name, dict(cfg.env.args), cfg.env.seed)

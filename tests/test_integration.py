@@ -41,14 +41,14 @@ def test_fsdp_two_ranks_weights_reach_engine(ray_cluster, tmp_path):
         driver.setup()
         ray = ray_cluster
         # full_state is a collective: call every rank before waiting
-        trainer_state = ray.get([tr.full_state.remote() for tr in driver.groups.trainers], timeout=120)[0]
+        trainer_state = ray.get([tr.full_state.remote() for tr in driver.trainers.handles], timeout=120)[0]
         engine_state = ray.get(driver.groups.rollouts[0].state_dict.remote(), timeout=60)
         for name, t in trainer_state.items():
             assert torch.equal(engine_state[name], t), name
 
         history = driver.run(MetricsLogger(cfg.logger, str(tmp_path), {}, cfg.steps))
         assert [h["policy_version"] for h in history] == [1, 2]
-        refs = [tr.full_state.remote() for tr in driver.groups.trainers]
+        refs = [tr.full_state.remote() for tr in driver.trainers.handles]
         trainer_state = ray.get(refs, timeout=120)[0]
         engine_state = ray.get(driver.groups.rollouts[0].state_dict.remote(), timeout=60)
         for name, t in trainer_state.items():

@@ -8,20 +8,11 @@ from actors.remote import ActorDied, RunError
 from actors.weights import WeightSync
 
 
-class Sync(WeightSync):
-    """The driver's side of the retry, with the remote calls recorded instead of made."""
+class Rollouts:
+    """The rollout group's side of the retry (probes, deaths), recorded instead of made."""
 
-    def __init__(self, fail: list[Exception]):
-        self.fail, self.synced, self.probed, self.lost = fail, [], [], []
-
-    def init_weight_group(self, actors=None):
-        pass
-
-    def _sync(self, version, actors, pushed=None):
-        if self.fail:
-            raise self.fail.pop(0)
-        self.synced.append((version, list(actors)))
-        return {"sync_time_s": 0.0}
+    def __init__(self):
+        self.probed, self.lost = [], []
 
     def dead_engines(self, actors):
         self.probed.append(list(actors))
@@ -29,6 +20,30 @@ class Sync(WeightSync):
 
     def engine_lost(self, actor, launched_at):
         self.lost.append(actor)
+
+
+class Sync(WeightSync):
+    """WeightSync's retry, with the group forming and the sync's remote calls recorded instead of made."""
+
+    def __init__(self, fail: list[Exception]):
+        self.fail, self.synced, self.rollouts = fail, [], Rollouts()
+
+    @property
+    def probed(self):
+        return self.rollouts.probed
+
+    @property
+    def lost(self):
+        return self.rollouts.lost
+
+    def form(self, actors=None):
+        pass
+
+    def _sync(self, version, actors, pushed=None):
+        if self.fail:
+            raise self.fail.pop(0)
+        self.synced.append((version, list(actors)))
+        return {"sync_time_s": 0.0}
 
 
 def test_engine_seen_dying_is_not_probed_and_the_others_get_the_version():

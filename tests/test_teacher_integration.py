@@ -73,8 +73,8 @@ def test_no_teacher_left_stops_the_run_without_hanging(ray_cluster, tmp_path):
         with pytest.raises(RunError, match="every teacher actor died"):
             driver.run(MetricsLogger(cfg.logger, str(tmp_path), {}, cfg.steps))
         assert time.monotonic() - start < 60
-        assert driver.acct.failed > 0
-        driver.acct.check()
+        assert driver.run_state.acct.failed > 0
+        driver.run_state.acct.check()
     finally:
         driver.shutdown()
 

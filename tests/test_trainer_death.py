@@ -26,9 +26,9 @@ def test_trainer_death_names_rank_and_checkpoint_then_resume(tmp_path):
         driver = Driver(cfg)
 
         def kill_trainer():
-            while driver.version < 5:
+            while driver.run_state.version < 5:
                 time.sleep(0.05)
-            ray.kill(driver.groups.trainers[0], no_restart=True)
+            ray.kill(driver.trainers.handles[0], no_restart=True)
 
         try:
             driver.setup()
@@ -43,7 +43,7 @@ def test_trainer_death_names_rank_and_checkpoint_then_resume(tmp_path):
         resumed = Driver(compose([*overrides, "resume=true"]))
         try:
             resumed.setup()
-            assert resumed.start_step in (4, 6)  # the newest checkpoint written before the death
+            assert resumed.run_state.step in (4, 6)  # the newest checkpoint written before the death
             history = resumed.run(MetricsLogger(cfg.logger, str(tmp_path), {}, cfg.steps))
         finally:
             resumed.shutdown()

@@ -1,0 +1,223 @@
+"""The rollout group: the rollout actors' handles, which of them serve (`actors.membership`), the
+generate requests in flight, and the deaths and restarts of engines.
+
+`launch` keeps requests going while the staleness bound (given by the driver) and the per-actor
+request limit allow, round-robin over the serving actors; `collect` turns a finished request
+into groups (a failed one into failed samples, counted); `expire` cancels requests older than
+`rollout.generate_timeout_s`. An engine that dies leaves the serving set at once (`engine_lost`)
+and joins again at a step boundary through `WeightSync.admit_restarted`. The rest are the
+per-actor calls the driver and `WeightSync` make (weight-group join, pull, canary, sleep/wake,
+busy seconds, RNG state), each returning refs or waiting with a deadline.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+
+import ray
+
+from actors.membership import Members
+from actors.remote import get, wait_ready
+from actors.rollout_refs import launch_generate, request_groups
+from actors.run_state import RunState
+from rlcore.buffer import RolloutBuffer
+from rlcore.config import RunConfig
+from rlcore.failures import FailureLog
+from rlcore.transfer.plan import SyncPlan
+from rlcore.types import GroupMeta, Task
+
+log = logging.getLogger("rlcore")
+
+PROBE_TIMEOUT_S = 10.0
+"""How long `dead_engines` and `busy_seconds` wait for an answer."""
+CONTROL_TIMEOUT_S = 60.0
+"""Deadline of the small per-actor calls (RNG state get / set)."""
+
+
+@dataclass
+class Request:
+    actor: int
+    tasks: list[Task]
+    samples: int
+    launched_at: float
+    indices: list[int] = field(default_factory=list)
+    """Train-stream index of each task (data order; put back on resume)."""
+    seq: int = -1
+    data: list = field(default_factory=list)
+    """Token-data ref of each task's group (the driver owns them; trainer ranks read them)."""
+
+
+class RolloutGroup:
+    """`handles`: the rollout actors (index i is "rollout actor i"). Failed or expired samples
+    are counted in `buffer` (accounting) and `failures` (reasons, liveness)."""
+
+    def __init__(self, cfg: RunConfig, handles: list, run: RunState, buffer: RolloutBuffer, failures: FailureLog):
+        self.cfg, self.handles, self.run = cfg, handles, run
+        self.buffer, self.failures = buffer, failures
+        self.timeout_s = cfg.rollout.generate_timeout_s
+        self.members = Members(handles, self.timeout_s)
+        self.pending: dict[ray.ObjectRef, Request] = {}
+        self.restarts = 0  # deaths noticed (`rollout_restarts`)
+
+    def __len__(self) -> int:
+        return len(self.handles)
+
+    @property
+    def serving(self) -> list[int]:
+        return self.members.serving
+
+    @staticmethod
+    def names(actors: list[int]) -> list[str]:
+        return [f"rollout actor {i}" for i in actors]
+
+    def wait_ready(self) -> None:
+        """Wait until every actor's engine is up (model load, vLLM's compile), riding out restarts."""
+        wait_ready(self.handles, self.timeout_s)
+
+    # -- requests in flight --------------------------------------------------------------------
+    def queued_tasks(self) -> int:
+        return sum(len(q.tasks) for q in self.pending.values())
+
+    def launch(self, allowed: int, queued_elsewhere: int) -> None:
+        """Launch requests while fewer than `allowed` groups are generating or waiting (this
+        group's requests plus `queued_elsewhere`: buffered, at the teacher) and no serving actor
+        holds more than `rollout.max_requests_per_actor` on average."""
+        r, a, run = self.cfg.rollout, self.cfg.algo, self.run
+        queued = self.queued_tasks() + queued_elsewhere
+        serving = self.serving  # a restarted engine takes requests once it has the weights
+        while serving and queued < allowed and len(self.pending) < r.max_requests_per_actor * len(serving):
+            n_tasks = min(r.tasks_per_request, allowed - queued)
+            indices, tasks = run.feed.take(n_tasks)
+            actor = run.next_actor(len(self.handles), serving)
+            ref, data = launch_generate(self.handles[actor], tasks, a.group_size, run.feed.seed(indices))
+            self.pending[ref] = Request(actor, tasks, n_tasks * a.group_size, time.perf_counter(), indices,
+                                        run.request_seq, data)
+            run.request_seq += 1
+            self.buffer.launched(n_tasks * a.group_size)
+            queued += n_tasks
+
+    def owns(self, ref: ray.ObjectRef) -> bool:
+        return ref in self.pending
+
+    def refs(self) -> list[ray.ObjectRef]:
+        return list(self.pending)
+
+    def collect(self, ref: ray.ObjectRef) -> list[GroupMeta]:
+        """A finished request's groups (metadata and token-data refs). A failed request's samples
+        are counted failed (an actor that died leaves the serving set) and nothing is returned."""
+        req = self.pending.pop(ref)
+        try:
+            groups = request_groups(ray.get(ref, timeout=0), req.tasks, req.data, req.seq, req.indices)
+        except ray.exceptions.RayError as exc:
+            log.warning("generate request on rollout actor %d failed (%s): %d samples counted failed",
+                        req.actor, type(exc).__name__, req.samples)
+            self.buffer.fail(req.samples)
+            self.failures.request_lost(req.samples, f"engine: {type(exc).__name__}", str(exc))
+            if isinstance(exc, ray.exceptions.RayActorError):
+                self.engine_lost(req.actor, req.launched_at)  # Ray restarts it; the others serve on
+            return []
+        self.failures.request_done(groups, req.actor)
+        return groups
+
+    def expire(self) -> None:
+        """Count requests older than the generate timeout as failed (and cancel them)."""
+        now = time.perf_counter()
+        for ref, req in list(self.pending.items()):
+            if now - req.launched_at > self.timeout_s:
+                ray.cancel(ref, force=False)
+                del self.pending[ref]
+                self.buffer.fail(req.samples)
+                log.warning("generate request on rollout actor %d timed out: %d samples counted failed",
+                            req.actor, req.samples)
+                self.failures.request_lost(
+                    req.samples, f"engine: generate request timed out (rollout.generate_timeout_s="
+                                 f"{self.timeout_s:g})")
+
+    def unfinished(self) -> list[tuple[int, Task]]:
+        """(stream index, task) of every task still generating (a checkpoint puts them back)."""
+        return [(i, t) for req in self.pending.values() for i, t in zip(req.indices, req.tasks)]
+
+    # -- deaths and restarts -------------------------------------------------------------------
+    def engine_lost(self, actor: int, launched_at: float) -> None:
+        """A call to `actor` launched at `launched_at` failed because the actor died: it stops
+        serving until Ray's restart of it has joined again (counted in `rollout_restarts`)."""
+        if self.members.lost(actor, launched_at):
+            self.restarts += 1
+            log.warning("rollout actor %d died at version %d: %d engine(s) serve on while Ray restarts it", actor,
+                        self.run.version, len(self.serving))
+
+    def dead_engines(self, actors: list[int]) -> list[int]:
+        """Actors of `actors` that do not answer `ready()` within 10 s (died or restarting)."""
+        if not actors:
+            return []
+        refs = [self.handles[i].ready.remote() for i in actors]
+        ray.wait(refs, num_returns=len(refs), timeout=PROBE_TIMEOUT_S)
+        dead = []
+        for i, ref in zip(actors, refs):
+            try:
+                ray.get(ref, timeout=0)
+            except (ray.exceptions.RayError, ray.exceptions.GetTimeoutError):
+                dead.append(i)
+        return dead
+
+    @property
+    def restarting(self) -> bool:
+        return bool(self.members.restarting)
+
+    def probes(self) -> list[ray.ObjectRef]:
+        return self.members.probes()
+
+    def poll(self) -> list[int]:
+        """Never blocks: the restarted actors ready to join (see `Members.poll`)."""
+        return self.members.poll()
+
+    def admit(self, actors: list[int]) -> list[int]:
+        """`actors` hold the current weights in the re-formed group: they serve again."""
+        return self.members.admit(actors)
+
+    # -- per-actor calls -----------------------------------------------------------------------
+    def join_group(self, actors: list[int], address: str, port: int, plan: SyncPlan) -> list:
+        """Refs: actor `actors[j]` joins the weight group at `address:port` in slot j."""
+        return [self.handles[i].init_weight_group.remote(address, port, plan, None, slot, len(actors))
+                for slot, i in enumerate(actors)]
+
+    def open_buffers(self, actors: list[int], plan: SyncPlan, handles: list) -> list:
+        """Refs: actor i of `actors` keeps `handles[i]`, the buffer of the trainer rank on its GPU."""
+        return [self.handles[i].init_weight_group.remote("", 0, plan, handles[i]) for i in actors]
+
+    def pull(self, actors: list[int], version: int) -> list:
+        """Refs: each actor of `actors` receives the weights as `version`."""
+        return [self.handles[i].pull_weights.remote(version) for i in actors]
+
+    def canary(self, actors: list[int], pairs: list[tuple[list[int], list[int]]]) -> list:
+        """Refs: each actor's teacher-forced logprobs of the canary pairs."""
+        return [self.handles[i].canary_logprobs.remote(pairs) for i in actors]
+
+    def sleep(self, level: int, timeout_s: float) -> float:
+        """Put every engine to sleep (free its GPU memory); returns the slowest engine's seconds."""
+        return max(get([h.sleep.remote(level) for h in self.handles], timeout_s, "engine sleep",
+                       self.names(range(len(self.handles)))))
+
+    def wake(self, timeout_s: float) -> float:
+        """Wake every engine; returns the slowest engine's seconds."""
+        return max(get([h.wake_up.remote() for h in self.handles], timeout_s, "engine wake-up",
+                       self.names(range(len(self.handles)))))
+
+    def busy_seconds(self) -> float | None:
+        """Generation seconds summed over the serving actors (None: one did not answer in time)."""
+        return self.members.busy_seconds()
+
+    def rng_states(self) -> list:
+        """Each actor's engine RNG state, None for one not serving (a restarting engine has no
+        state worth keeping: it keeps its own seed on resume)."""
+        serving = self.serving
+        states = get([self.handles[i].rng_state.remote() for i in serving], CONTROL_TIMEOUT_S, "engine RNG state")
+        return [states[serving.index(i)] if i in serving else None for i in range(len(self.handles))]
+
+    def set_rng_states(self, states: list) -> None:
+        """Restore `rng_states()` of a checkpoint taken with as many actors (else: nothing)."""
+        if len(states) == len(self.handles):
+            get([h.set_rng_state.remote(s) for h, s in zip(self.handles, states)], CONTROL_TIMEOUT_S,
+                "engine RNG restore")

@@ -1,0 +1,183 @@
+"""The trainer group: the one place that holds the trainer ranks' handles, names ("trainer rank i")
+and deadline (`trainer.step_timeout_s`), and makes the calls that run on every rank at once.
+
+The RL driver, its warm-up and the SFT driver use it alike: `start` (rendezvous on rank 0,
+process-group init, parameter metadata), `launch_step` / `finish_step` (a train step the driver's
+event loop waits on without blocking), `step`, `sft_step`, `save` / `load` / `export`, and for
+`WeightSync` the weight-group calls (`init_weight_group`, `push`, `canary`), which return refs
+so the sync can wait on the trainer's and the engines' halves together. `restart` kills the ranks
+and starts new ones in the same placement group bundles. Every blocking call has the group's
+deadline and names the rank that died or failed (`actors.remote.get`).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import ray
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+from actors.logs import runtime_env
+from actors.remote import RunError, get, refs_ready
+from actors.trainer import TrainerRank
+from rlcore.checkpoint import CheckpointWriter
+from rlcore.config import RunConfig
+from rlcore.transfer.plan import SyncPlan, TensorMeta
+
+log = logging.getLogger("rlcore")
+
+CLOSE_TIMEOUT_S = 30.0
+"""How long closing the ranks' process groups may take on the way out (best effort)."""
+
+
+@dataclass
+class TrainResult:
+    """A finished train step: rank 0's metrics (with `version`), and, when the step also wrote the
+    new weights into the transport's buffers (a buffered transport), every rank's push result."""
+
+    metrics: dict[str, Any]
+    pushed: list[dict] | None
+
+    @property
+    def version(self) -> int:
+        return int(self.metrics["version"])
+
+
+class TrainerGroup:
+    """The trainer ranks of one run, created in placement group `pg` (bundle i holds rank i), each
+    asking for `gpus_per_rank` GPUs."""
+
+    def __init__(self, cfg: RunConfig, pg, gpus_per_rank: float):
+        self.cfg, self.pg, self.gpus_per_rank = cfg, pg, gpus_per_rank
+        self.timeout_s = cfg.trainer.step_timeout_s
+        self.names = [f"trainer rank {i}" for i in range(cfg.trainer.world_size)]
+        self.handles = self._spawn()
+
+    def __len__(self) -> int:
+        return len(self.handles)
+
+    def _spawn(self) -> list:
+        t = self.cfg.trainer
+        cls = ray.remote(TrainerRank)
+        return [cls.options(num_cpus=t.cpus_per_rank, num_gpus=self.gpus_per_rank, runtime_env=runtime_env(),
+                            scheduling_strategy=PlacementGroupSchedulingStrategy(self.pg, placement_group_bundle_index=i),
+                            ).remote(self.cfg, i, t.world_size)
+                for i in range(t.world_size)]
+
+    def _each(self, method: str, *args) -> list:
+        return [getattr(h, method).remote(*args) for h in self.handles]
+
+    def _get(self, refs: list, what: str) -> list:
+        return get(refs, self.timeout_s, what, self.names)
+
+    # -- start / restart -----------------------------------------------------------------------
+    def start(self) -> list[TensorMeta]:
+        """Rendezvous on rank 0, init the process group on every rank (each builds or loads its
+        model), and return the parameters' metadata (what a weight-sync plan is made from)."""
+        addr, port = get(self.handles[0].address.remote(), self.timeout_s, "trainer rank 0 start")
+        self._get(self._each("init_distributed", addr, port), "trainer process-group init")
+        metas = get(self.handles[0].parameter_metas.remote(), self.timeout_s, "parameter metadata")
+        return [TensorMeta(n, tuple(s), d) for n, s, d in metas]
+
+    def restart(self) -> list[TensorMeta]:
+        """Kill every rank (a dead one included) and start new ones in the same bundles, then
+        `start` them: the new ranks hold the initial model (`model.path` or random weights);
+        load a checkpoint to continue, and re-form the weight group (the old one had the dead
+        ranks). Returns the parameters' metadata."""
+        self.kill()
+        self.handles = self._spawn()
+        return self.start()
+
+    # -- steps ---------------------------------------------------------------------------------
+    def launch_step(self, works: list, normalizer: float) -> list:
+        """Start one RL optimizer step: rank i trains on `works[i]` (`rlcore.step.RankWork`).
+        Returns the refs to wait on (`step_done`, `finish_step`)."""
+        return [h.train_step.remote(w, normalizer) for h, w in zip(self.handles, works)]
+
+    @staticmethod
+    def step_done(refs: list) -> bool:
+        """Never blocks: whether every rank of a launched step has answered."""
+        return refs_ready(refs)
+
+    def finish_step(self, refs: list, step: int) -> TrainResult:
+        """The result of the launched step `step` (1-based, for messages)."""
+        results = self._get(refs, f"train step {step}")
+        pushed = [r.pop("weights_pushed") for r in results] if "weights_pushed" in results[0] else None
+        return TrainResult(results[0], pushed)
+
+    def step(self, works: list, normalizer: float, step: int) -> TrainResult:
+        """`launch_step` then `finish_step` (blocking)."""
+        return self.finish_step(self.launch_step(works, normalizer), step)
+
+    def sft_step(self, shards: list, loss_tokens: int, what: str) -> dict[str, Any]:
+        """One supervised optimizer step: rank i takes `shards[i]`; `loss_tokens` is the batch's
+        loss-token count over all ranks. Returns rank 0's metrics (with `version`)."""
+        refs = [h.sft_step.remote(ray.put(shard), loss_tokens) for h, shard in zip(self.handles, shards)]
+        return self._get(refs, what)[0]
+
+    # -- weight sync (refs: the sync waits on them together with the engines' calls) -----------
+    def weight_address(self) -> tuple[str, int]:
+        """Where rank 0 hosts a weight-group rendezvous (a fresh port per call)."""
+        return get(self.handles[0].address.remote(), self.timeout_s, "weight group address")
+
+    def init_weight_group(self, address: str, port: int, plan: SyncPlan, engines: int | None = None) -> list:
+        """Every rank's `TrainerRank.init_weight_group` call (refs)."""
+        return self._each("init_weight_group", address, port, plan, engines)
+
+    def push(self) -> list:
+        """Every rank's `push_weights` call (refs): gather the full weights and send them."""
+        return self._each("push_weights")
+
+    def canary(self, pairs: list[tuple[list[int], list[int]]]) -> list:
+        """Every rank's `canary_logprobs` call (refs; collective: rank 0's answer is the group's)."""
+        return self._each("canary_logprobs", pairs)
+
+    # -- checkpoints and export ----------------------------------------------------------------
+    def save(self, writer: CheckpointWriter, step: int, driver_state: Callable[[], dict[str, Any]]) -> Path:
+        """Write the checkpoint of `step`: every rank's shard into the writer's temporary folder,
+        then the driver's state (`driver_state()`, taken after the shards) and the commit. Any
+        failure removes the partial folder and raises RunError naming the step and the folder."""
+        start = time.perf_counter()
+        tmp = writer.begin(step)
+        try:
+            self._get(self._each("save_checkpoint", str(tmp)), f"checkpoint save of step {step}")
+            path = writer.commit(tmp, step, driver_state())
+        except BaseException as exc:
+            writer.abort(tmp)
+            if isinstance(exc, RunError):
+                raise
+            if isinstance(exc, Exception):
+                raise RunError(f"checkpoint save of step {step} to {writer.root} failed: {exc}") from exc
+            raise
+        log.info("checkpoint %s saved in %.1fs", path, time.perf_counter() - start)
+        return path
+
+    def load(self, path: Path | str) -> int:
+        """Load a checkpoint saved at any trainer world size on every rank; returns its version."""
+        return int(self._get(self._each("load_checkpoint", str(path)), f"loading checkpoint {path}")[0])
+
+    def export(self) -> str:
+        """Write the current weights as a Hugging Face folder (`checkpoint.export_dir`, default
+        OUTPUT_DIR/hf); returns it."""
+        out = self.cfg.checkpoint.export_dir or str(Path(self.cfg.output_dir) / "hf")
+        self._get(self._each("export_hf", out), f"export to {out}")
+        log.info("exported the final weights to %s", out)
+        return out
+
+    # -- the way out ---------------------------------------------------------------------------
+    def shutdown(self) -> None:
+        """Close the ranks' process groups (best effort: this runs on the way out, also after a
+        fault), then kill them."""
+        try:
+            ray.get(self._each("shutdown"), timeout=CLOSE_TIMEOUT_S)
+        except Exception:
+            pass
+        self.kill()
+
+    def kill(self) -> None:
+        for h in self.handles:
+            ray.kill(h, no_restart=True)

@@ -1,0 +1,108 @@
+"""WeightSync orders a sync's calls from the transport's own flags (rlcore.transfer.base.Sender):
+a collective transport waits on the trainer's send and the engines' receive in one call; a
+buffered one fills the trainer's buffers first (or takes what the train step pushed) and then
+lets the engines read; `every_rank` says whose buffer each engine opens. The groups' remote calls
+are recorded here instead of made (the real calls are covered by the integration tests)."""
+
+import pytest
+
+import actors.weights as weights_mod
+from actors.weights import WeightSync
+
+
+class Trainers:
+    names = ["trainer rank 0", "trainer rank 1"]
+
+    def __len__(self):
+        return 2
+
+    def push(self):
+        return [{"sync_bytes": 8, "sync_send_s": 0.1, "rank": i} for i in range(2)]
+
+    def init_weight_group(self, address, port, plan, engines=None):
+        return [f"handle{i}" for i in range(2)] if address == "" else [None, None]
+
+    def weight_address(self):
+        return "10.0.0.1", 1234
+
+
+class Rollouts:
+    def __init__(self):
+        self.opened, self.joined = None, None
+
+    def __len__(self):
+        return 2
+
+    @staticmethod
+    def names(actors):
+        return [f"rollout actor {i}" for i in actors]
+
+    def pull(self, actors, version):
+        return [{"engine": i, "version": version} for i in actors]
+
+    def open_buffers(self, actors, plan, handles):
+        self.opened = [(i, handles[i]) for i in actors]
+        return [True for _ in actors]
+
+    def join_group(self, actors, address, port, plan):
+        self.joined = (list(actors), address, port)
+        return [True for _ in actors]
+
+
+def flags(buffered, every_rank):
+    return type("Sender", (), {"buffered": buffered, "every_rank": every_rank})
+
+
+@pytest.fixture
+def calls(monkeypatch):
+    """Each `get` of the sync: (what, participant names); refs are the values themselves."""
+    seen = []
+
+    def get(refs, timeout_s, what, names=None):
+        seen.append((what, list(names or [])))
+        return refs
+    monkeypatch.setattr(weights_mod, "get", get)
+    return seen
+
+
+def make(transport):
+    s = WeightSync.__new__(WeightSync)
+    s.trainers, s.rollouts, s.transport, s.timeout_s, s.plan = Trainers(), Rollouts(), transport, 5.0, None
+    s.rollouts.members = type("M", (), {"reform": True})()
+    return s
+
+
+def test_a_collective_transport_waits_on_both_sides_at_once(calls):
+    out = make(flags(False, False))._send(3, [0, 1], None)
+    assert calls == [("weight sync to version 3", ["trainer rank 0", "trainer rank 1", "rollout actor 0",
+                                                   "rollout actor 1"])]
+    assert [o.get("engine") for o in out] == [None, None, 0, 1]
+
+
+def test_a_buffered_transport_fills_the_buffers_first_then_the_engines_read(calls):
+    make(flags(True, True))._send(3, [1], None)
+    assert calls == [("weight sync to version 3 (trainer buffers)", ["trainer rank 0", "trainer rank 1"]),
+                     ("weight sync to version 3 (engines)", ["rollout actor 1"])]
+
+
+def test_what_the_train_step_pushed_leaves_the_engines_receive_alone(calls):
+    pushed = [{"sync_bytes": 8, "sync_send_s": 0.0}] * 2
+    out = make(flags(True, True))._send(3, [0, 1], pushed)
+    assert [w for w, _ in calls] == ["weight sync to version 3 (engines)"] and out[:2] == pushed
+
+
+def test_every_rank_means_engine_i_opens_rank_i_s_buffer_else_rank_0_s(calls):
+    s = make(flags(True, True))
+    s.form([0, 1])
+    assert s.rollouts.opened == [(0, "handle0"), (1, "handle1")] and not s.rollouts.members.reform
+    s = make(flags(True, False))
+    s.form([1])
+    assert s.rollouts.opened == [(1, "handle0")]
+
+
+def test_a_collective_group_forms_on_a_rendezvous_with_the_serving_engines_in_slot_order(calls):
+    s = make(flags(False, False))
+    s.form([2, 0])
+    assert s.rollouts.joined == ([2, 0], "10.0.0.1", 1234)
+    assert calls == [("weight group init", ["trainer rank 0", "trainer rank 1", "rollout actor 2",
+                                            "rollout actor 0"])]
