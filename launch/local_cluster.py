@@ -223,7 +223,12 @@ def start(specs: Sequence[NodeSpec], timeout_s: float = 180.0, env: Optional[dic
                 log = Path(temp_dir) / f"node-{i}-{attempt}.log"
                 role = (["--head", f"--port={gcs_port}", "--dashboard-host=127.0.0.1", f"--dashboard-port={dash_port}"]
                         if i == 0 else [f"--address={cluster.gcs_address}"])
-                args = role + [f"--dashboard-agent-listen-port={free_port()}"] + _node_args(spec, temp_dir, port)
+                # a temp dir per node: each node's runtime-env agent unpacks and deletes job working
+                # dirs under its own, as on separate machines (a shared one pulls a driver's code
+                # from under it when another node sets up the same job's env)
+                node_dir = temp_dir if i == 0 else os.path.join(temp_dir, f"n{i}")
+                os.makedirs(node_dir, exist_ok=True)
+                args = role + [f"--dashboard-agent-listen-port={free_port()}"] + _node_args(spec, node_dir, port)
                 node = Node(spec, _spawn(args, log, cluster.env), port, str(log))
                 cluster.nodes[i:] = [node]
                 if i == 0:
