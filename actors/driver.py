@@ -25,11 +25,11 @@ from typing import Any
 
 import ray
 
-from actors.groups import Groups, place
+from actors.groups import Groups, bundle_nodes, note_moved, place
 from actors.lifecycle import StepHooks
 from actors.remote import ActorDied, RunError, failed_names, get, refs_ready, wait_ready  # noqa: F401 (re-exported)
 from actors.rollout_group import RolloutGroup
-from actors.rollout_refs import table_rows
+from actors.rollout_refs import log_sample_nodes, table_rows
 from actors.run_state import RunState, TaskFeed, groups_allowed_in_flight
 from actors.teacher import TeacherError, TeacherStage
 from actors.trainer_group import TrainerGroup
@@ -92,6 +92,8 @@ class Driver:
         cfg, run = self.cfg, self.run_state
         with self.startup.phase("placing actors"):
             self.groups = place(cfg)
+        self.rollout_nodes = bundle_nodes(self.groups.rollout_pg) if self.groups.rollout_pg is not None else []
+        self.samples_located = False  # the first step's samples' nodes are logged once
         self.trainers = self.groups.trainers
         self.rollouts = RolloutGroup(cfg, self.groups.rollouts, run, self.buffer, self.failures)
         self.weights = WeightSync(cfg, self.trainers, self.rollouts, sender_for(weight_transport(cfg)), run,
@@ -158,8 +160,10 @@ class Driver:
 
     def admit_restarted(self) -> None:
         """Restarted engines that are up join the weight group (call only between steps)."""
-        if self.weights.admit_restarted():
+        joined = self.weights.admit_restarted()
+        if joined:
             self.hooks.engines_joined()
+            self.rollout_nodes = note_moved(self.groups.rollout_pg, self.rollout_nodes, joined)  # after a node died
 
     def launch(self, batches_started: int) -> None:
         """Keep as many groups generating as the staleness bound allows (`groups_allowed_in_flight`)."""
@@ -239,6 +243,9 @@ class Driver:
 
     def log_step(self, record: dict[str, Any], state: StepState, logger: MetricsLogger) -> None:
         logger.log(record)
+        if not self.samples_located and self.groups.trainer_pg is not None:  # where the samples went
+            log_sample_nodes(state.batch, self.rollout_nodes, bundle_nodes(self.groups.trainer_pg))
+            self.samples_located = True
         if samples.due(record["step"], self.cfg.logger.samples_every):
             rows = table_rows(state.batch, lambda ids: self.tokenizer.decode(ids, skip_special_tokens=True),
                               self.cfg.logger.samples_per_table, self.cfg.rollout.generate_timeout_s)

@@ -4,12 +4,14 @@ in their bundles."""
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 
 import ray
 from ray.util.placement_group import (
     PlacementGroup,
     placement_group,
+    placement_group_table,
     remove_placement_group,
 )
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
@@ -18,7 +20,10 @@ from actors.logs import runtime_env
 from actors.rollout import RolloutWorker
 from actors.trainer_group import TrainerGroup
 from rlcore.config import RunConfig
+from rlcore.node_fit import group_selector
 from rlcore.placement import colocated_shares
+
+log = logging.getLogger("rlcore")
 
 
 def bundle(cpus: float, gpus: float) -> dict[str, float]:
@@ -73,18 +78,23 @@ class Groups:
                 remove_placement_group(pg)
 
 
-def place(cfg: RunConfig, trainer: bool = True, rollout: bool = True) -> Groups:
-    """Reserve the placement groups (PACK: ranks of one group close together), wait for them
-    with a timeout, and start one actor per bundle. `mode=sft` needs no rollout group and
-    `mode=eval` no trainer group: pass False to leave one out (`trainers` None, `rollouts` empty).
-    Colocated placement: one group, 'rlcore-colocated', whose bundle i holds trainer rank i and
-    rollout actor i, each taking half of the bundle's GPU (`colocated_shares`)."""
+def reserve(cfg: RunConfig, trainer: bool = True, rollout: bool = True) -> tuple[PlacementGroup | None, PlacementGroup | None]:
+    """Reserve the placement groups (PACK: ranks of one group close together; each bundle only on
+    nodes with its group's labels, `cluster.trainer_node_labels` / `cluster.rollout_node_labels`)
+    and wait for them with a timeout: (trainer or colocated group, rollout group), the same
+    object twice when colocated, None for a group left out. Starts no actor."""
     shared = cfg.placement == "colocated" and trainer and rollout
+
+    def group(bundles: list[dict[str, float]], kind: str) -> PlacementGroup:
+        selector = group_selector(cfg, kind)
+        return placement_group(bundles, strategy="PACK", name=f"rlcore-{kind}",
+                               bundle_label_selector=[selector] * len(bundles) if selector else None)
+
     if shared:
-        trainer_pg = rollout_pg = placement_group(colocated_bundles(cfg), strategy="PACK", name="rlcore-colocated")
+        trainer_pg = rollout_pg = group(colocated_bundles(cfg), "colocated")
     else:
-        trainer_pg = placement_group(trainer_bundles(cfg), strategy="PACK", name="rlcore-trainer") if trainer else None
-        rollout_pg = placement_group(rollout_bundles(cfg), strategy="PACK", name="rlcore-rollout") if rollout else None
+        trainer_pg = group(trainer_bundles(cfg), "trainer") if trainer else None
+        rollout_pg = group(rollout_bundles(cfg), "rollout") if rollout else None
     pgs = list({id(pg): pg for pg in (trainer_pg, rollout_pg) if pg is not None}.values())
     timeout = cfg.cluster.placement_timeout_s
     ready, _ = ray.wait([pg.ready() for pg in pgs], num_returns=len(pgs), timeout=timeout)
@@ -95,6 +105,41 @@ def place(cfg: RunConfig, trainer: bool = True, rollout: bool = True) -> Groups:
             f"cluster: placement groups not scheduled within {timeout:.0f}s "
             f"(trainer {trainer_bundles(cfg)}, rollout {rollout_bundles(cfg)}); "
             f"cluster has {ray.available_resources()}")
+    for name, pg in (("trainer", trainer_pg), ("rollout", rollout_pg)):
+        if pg is not None and not (shared and name == "rollout"):
+            log.info("placement: %s group's %d bundle(s) on node(s) %s", "colocated" if shared else name,
+                     len(pg.bundle_specs), ", ".join(n[:8] for n in bundle_nodes(pg)))
+    return trainer_pg, rollout_pg
+
+
+def bundle_nodes(pg: PlacementGroup) -> list[str]:
+    """The Ray node id of each bundle of a scheduled placement group, in bundle order (Ray moves
+    a dead node's bundles to another node: this is where they are now)."""
+    where = placement_group_table(pg)["bundles_to_node_id"]
+    return [where.get(i, "") for i in range(len(pg.bundle_specs))]
+
+
+def note_moved(pg: PlacementGroup | None, before: list[str], joined: list[int]) -> list[str]:
+    """After restarted rollout actors `joined`: one line for each whose bundle Ray re-placed on
+    another node (it does so when the bundle's node died); returns the bundles' nodes now."""
+    if pg is None or not before:
+        return before
+    now = bundle_nodes(pg)
+    for i in joined:
+        if now[i] != before[i]:
+            log.warning("rollout actor %d's node %s died: Ray re-placed its bundle on node %s, where it runs now",
+                        i, before[i][:8], now[i][:8])
+    return now
+
+
+def place(cfg: RunConfig, trainer: bool = True, rollout: bool = True) -> Groups:
+    """Reserve the placement groups (`reserve`) and start one actor per bundle. `mode=sft`
+    needs no rollout group and `mode=eval` no trainer group: pass False to leave one out
+    (`trainers` None, `rollouts` empty). Colocated placement: one group, 'rlcore-colocated',
+    whose bundle i holds trainer rank i and rollout actor i, each taking half of the bundle's
+    GPU (`colocated_shares`)."""
+    shared = cfg.placement == "colocated" and trainer and rollout
+    trainer_pg, rollout_pg = reserve(cfg, trainer, rollout)
     t, r = cfg.trainer, cfg.rollout
     trainer_gpus, rollout_gpus = (colocated_shares(cfg)[1],) * 2 if shared else (t.gpus_per_rank, r.gpus_per_actor)
     trainers = TrainerGroup(cfg, trainer_pg, trainer_gpus) if trainer else None

@@ -51,3 +51,30 @@ def table_rows(batch: list[GroupMeta], decode: Callable[[list[int]], str], limit
     except ray.exceptions.RayError as exc:
         log.warning("samples table skipped: token data not readable (%s)", type(exc).__name__)
         return None
+
+
+
+def log_sample_nodes(batch: list[GroupMeta], rollout_nodes: list[str], trainer_nodes: list[str],
+                     timeout_s: float = 10.0) -> None:
+    """One line saying which nodes hold the batch's token data (Ray's object directory,
+    `ray.experimental.get_object_locations`). The rollout actors made it on their nodes; once the
+    trainer ranks have read it, a trainer node that runs no rollout actor holds a copy only if
+    the data crossed raylets through the object store."""
+    refs = [g.data for g in batch if g.data is not None]
+    try:
+        where = ray.experimental.get_object_locations(refs, timeout_ms=int(timeout_s * 1000))
+    except ray.exceptions.RayError as exc:  # a log line is never worth failing a run for
+        log.warning("sample locations not readable (%s)", type(exc).__name__)
+        return
+    held = {n for loc in where.values() for n in loc.get("node_ids") or []}
+    copied = sorted(held & set(trainer_nodes) - set(rollout_nodes))
+
+    def ids(nodes) -> str:
+        return ", ".join(n[:8] for n in sorted(set(nodes))) or "none"
+    log.info("samples in the object store: %d groups' token data (%d bytes), made on rollout node(s) %s, held on "
+             "node(s) %s; trainer on node(s) %s: %s", len(refs), sum(loc.get("object_size") or 0 for loc in where.values()),
+             ids(rollout_nodes), ids(held), ids(trainer_nodes),
+             f"copied across raylets to {ids(copied)}" if copied else
+             "no copy on a trainer-only node" if held else
+             "inlined in their owner, the driver (objects under Ray's max_direct_call_object_size, 100 KiB by "
+             "default, skip the object store)")

@@ -1,6 +1,8 @@
 """Submit an rlcore run to a Ray cluster through the Ray Jobs API and follow it to its end.
 
     python -m launch.submit --address http://HEAD:8265 -- +recipe=NAME key=value ...
+    python -m launch.submit --address http://HEAD:8265 --follow SUBMISSION_ID
+    python -m launch.submit --address http://HEAD:8265 --stop SUBMISSION_ID
 
 Everything after ``--`` is handed to ``python -m rlcore.run`` unchanged. The repository is shipped
 as the job's working directory, the job's logs stream back here, and this process exits with the
@@ -8,7 +10,7 @@ job's outcome:
 
     0    SUCCEEDED
     N    FAILED: the entrypoint's own exit code N when Ray reports one, else 1
-    3    STOPPED (by someone else; Ctrl-C here leaves the job running)
+    3    STOPPED (by someone else, e.g. ``--stop``; Ctrl-C here leaves the job running)
     124  --timeout ran out (the job is stopped, so it does not hold the cluster)
     2    bad arguments, or the cluster could not be reached or did not answer in time
     130  interrupted here (the job keeps running)
@@ -266,7 +268,25 @@ def parse_args(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
         action="store_true",
         help="print the submission id and exit 0 once the job is accepted",
     )
+    existing = parser.add_mutually_exclusive_group()
+    existing.add_argument(
+        "--follow",
+        metavar="SUBMISSION_ID",
+        default=None,
+        help="submit nothing: follow that job to its end (its logs from the start, then its "
+        "outcome as the exit code)",
+    )
+    existing.add_argument(
+        "--stop",
+        metavar="SUBMISSION_ID",
+        default=None,
+        help="submit nothing: stop that job and wait until Ray reports it STOPPED (exit 0), "
+        "or finished otherwise (its outcome's exit code)",
+    )
     args = parser.parse_args(own)
+    if (args.follow or args.stop) and (overrides or args.no_wait):
+        parser.error(f"--{'follow' if args.follow else 'stop'} acts on a submitted job: no overrides after "
+                     "`--`, no --no-wait")
 
     if not re.match(r"^https?://[^/\s]+", args.address):
         parser.error(
@@ -425,13 +445,14 @@ async def follow(
 
 def run(argv: Sequence[str], out: TextIO = sys.stdout, err: TextIO = sys.stderr) -> int:
     args, overrides = parse_args(argv)
-    from ray.job_submission import JobStatus
-
+    client = _make_client(args.address, args.request_timeout)
+    if args.stop:
+        return stop(client, args.stop, args, err)
+    if args.follow:
+        return follow_to_end(client, args.follow, args, out, err)
     runtime_env = build_runtime_env(args.deps, args.extras, args.env_vars)
     entrypoint = entrypoint_for(overrides)
     submission_id = args.submission_id or default_submission_id(overrides)
-
-    client = _make_client(args.address, args.request_timeout)
     job_id = call_with_timeout(
         lambda: client.submit_job(
             entrypoint=entrypoint,
@@ -446,8 +467,29 @@ def run(argv: Sequence[str], out: TextIO = sys.stdout, err: TextIO = sys.stderr)
     if args.no_wait:
         print(job_id, file=out, flush=True)
         return 0
+    return follow_to_end(client, job_id, args, out, err)
 
-    stop_hint = f"ray job stop --address {args.address} {job_id}"
+
+def outcome(client: Any, job_id: str, status: Any, args: argparse.Namespace, err: TextIO) -> int:
+    """Print the job's final status line and return its exit code (the table in the module doc)."""
+    from ray.job_submission import JobStatus
+
+    info = call_with_timeout(
+        lambda: client.get_job_info(job_id), args.request_timeout, "reading the job info"
+    )
+    print(f"[launch] {job_id} {status}: {info.message or ''}".rstrip(), file=err, flush=True)
+    if status == JobStatus.SUCCEEDED:
+        return 0
+    if status == JobStatus.STOPPED:
+        return EXIT_STOPPED
+    code = info.driver_exit_code
+    return code if isinstance(code, int) and 0 < code < 256 else 1
+
+
+def follow_to_end(client: Any, job_id: str, args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    """Stream the job's logs until it ends; its outcome's exit code (or --timeout's: the job is
+    stopped then)."""
+    stop_hint = f"python -m launch.submit --address {args.address} --stop {job_id}"
     try:
         status = asyncio.run(
             follow(
@@ -473,17 +515,29 @@ def run(argv: Sequence[str], out: TextIO = sys.stdout, err: TextIO = sys.stderr)
         except (LaunchError, RuntimeError) as exc:
             print(f"[launch] could not stop it ({exc}); run: {stop_hint}", file=err)
         return EXIT_TIMEOUT
+    return outcome(client, job_id, status, args, err)
 
-    info = call_with_timeout(
-        lambda: client.get_job_info(job_id), args.request_timeout, "reading the job info"
-    )
-    print(f"[launch] {job_id} {status}: {info.message or ''}".rstrip(), file=err, flush=True)
-    if status == JobStatus.SUCCEEDED:
-        return 0
-    if status == JobStatus.STOPPED:
-        return EXIT_STOPPED
-    code = info.driver_exit_code
-    return code if isinstance(code, int) and 0 < code < 256 else 1
+
+def stop(client: Any, job_id: str, args: argparse.Namespace, err: TextIO) -> int:
+    """Ask Ray to stop the job, then poll its status (each request within --request-timeout,
+    all within --timeout) until it is terminal: 0 when STOPPED, else its outcome's code (it had
+    finished by itself); EXIT_TIMEOUT when it is still running at --timeout."""
+    from ray.job_submission import JobStatus
+
+    asked = call_with_timeout(lambda: client.stop_job(job_id), args.request_timeout, "stopping the job")
+    print(f"[launch] {job_id}: {'stop requested' if asked else 'not running'}", file=err, flush=True)
+    deadline = time.monotonic() + args.timeout
+    while True:
+        status = call_with_timeout(
+            lambda: client.get_job_status(job_id), args.request_timeout, "reading the job status"
+        )
+        if status.is_terminal():
+            code = outcome(client, job_id, status, args, err)
+            return 0 if status == JobStatus.STOPPED else code
+        if time.monotonic() > deadline:
+            print(f"[launch] {job_id} still {status} after --timeout {args.timeout:g} s", file=err)
+            return EXIT_TIMEOUT
+        time.sleep(min(args.poll, 1.0))
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

@@ -55,7 +55,7 @@ def mesh_of(cfg: RunConfig) -> dict[str, int]:
 
 
 def make_plan(cfg: RunConfig) -> Plan:
-    c, t, r = cfg.cluster, cfg.trainer, cfg.rollout
+    c = cfg.cluster
     gpu_bytes = int(c.gpu_memory_gib * 2**30) if c.gpu_memory_gib else None
     if c.nodes is None:  # this machine, as a local Ray would see it
         import os
@@ -69,15 +69,7 @@ def make_plan(cfg: RunConfig) -> Plan:
         plan = Plan(nodes=c.nodes, gpus_per_node=c.gpus_per_node, cpus_per_node=c.cpus_per_node)
     plan.gpu_bytes = gpu_bytes
     cfg = plan.config = resolve(cfg, plan.nodes * plan.gpus_per_node, gpu_bytes)
-    if cfg.placement == "colocated":  # one bundle per GPU, shared by trainer rank i and engine i
-        plan.trainer = [Bundle("colocated", i, t.cpus_per_rank + r.cpus_per_actor, colocated_shares(cfg)[0])
-                        for i in range(t.world_size)]
-    else:
-        plan.trainer = [Bundle("trainer", i, t.cpus_per_rank, t.gpus_per_rank) for i in range(t.world_size)]
-        plan.rollout = [Bundle("rollout", i, r.cpus_per_actor, r.gpus_per_actor) for i in range(r.num_actors)]
-    tc = cfg.teacher
-    if tc.enabled and cfg.mode == "rl":
-        plan.teacher = [Bundle("teacher", i, tc.cpus_per_actor, tc.gpus_per_actor) for i in range(tc.num_actors)]
+    plan.trainer, plan.rollout, plan.teacher = group_bundles(cfg)
     plan.mesh = mesh_of(cfg)
     free = [[float(plan.cpus_per_node), float(plan.gpus_per_node)] for _ in range(plan.nodes)]
     for b in plan.trainer + plan.rollout + plan.teacher:
@@ -90,6 +82,22 @@ def make_plan(cfg: RunConfig) -> Plan:
     plan.problems = plan_problems(cfg, plan) + placement_problems(
         cfg, plan.nodes * plan.gpus_per_node, gpu_bytes, f"the plan's {plan.nodes} node(s)")
     return plan
+
+
+def group_bundles(cfg: RunConfig) -> tuple[list[Bundle], list[Bundle], list[Bundle]]:
+    """The bundles of the trainer (or colocated), rollout and teacher groups of a config whose
+    placement is resolved, in the order Ray is asked for them; nodes unassigned."""
+    t, r, tc = cfg.trainer, cfg.rollout, cfg.teacher
+    if cfg.placement == "colocated":  # one bundle per GPU, shared by trainer rank i and engine i
+        trainer = [Bundle("colocated", i, t.cpus_per_rank + r.cpus_per_actor, colocated_shares(cfg)[0])
+                   for i in range(t.world_size)]
+        rollout = []
+    else:
+        trainer = [Bundle("trainer", i, t.cpus_per_rank, t.gpus_per_rank) for i in range(t.world_size)]
+        rollout = [Bundle("rollout", i, r.cpus_per_actor, r.gpus_per_actor) for i in range(r.num_actors)]
+    teacher = [Bundle("teacher", i, tc.cpus_per_actor, tc.gpus_per_actor) for i in range(tc.num_actors)] \
+        if tc.enabled and cfg.mode == "rl" else []
+    return trainer, rollout, teacher
 
 
 def plan_problems(cfg: RunConfig, plan: Plan) -> list[tuple[str, str]]:

@@ -41,6 +41,7 @@ from rlcore.engine.registry import inert_options
 from rlcore.interrupt import StopRequest
 from rlcore.metrics import MetricsLogger
 from rlcore.models.shipped import resolve as resolve_model
+from rlcore.node_fit import NodeCapacity
 from rlcore.placement import resolve
 from rlcore.plan import format_plan, make_plan
 from rlcore.plot import write_run_plot
@@ -119,14 +120,23 @@ def check_cluster(cfg: RunConfig) -> RunConfig:
         res = ray.cluster_resources()
         cpus, gpus, where = res.get("CPU", 0), res.get("GPU", 0), "the Ray cluster"
         gpu_bytes = int(cfg.cluster.gpu_memory_gib * 2**30) if cfg.cluster.gpu_memory_gib else None
+        nodes = tuple(live_nodes())
     else:
         import torch
         cpus = cfg.cluster.num_cpus or os.cpu_count() or 1
         gpus = cfg.cluster.num_gpus if cfg.cluster.num_gpus is not None else torch.cuda.device_count()
         where, gpu_bytes = "this machine", local_gpu_bytes(cfg) if gpus else None
+        nodes = ()  # one node without labels
     cfg = resolve(cfg, gpus, gpu_bytes)
-    validate(cfg, on=Capacity(cpus, gpus, gpu_bytes, where))
+    validate(cfg, on=Capacity(cpus, gpus, gpu_bytes, where, nodes))
     return cfg
+
+
+def live_nodes() -> list[NodeCapacity]:
+    """The alive nodes of the connected Ray cluster: total CPUs, GPUs and labels of each."""
+    import ray
+    return [NodeCapacity(n["NodeID"], n["Resources"].get("CPU", 0.0), n["Resources"].get("GPU", 0.0),
+                         dict(n.get("Labels") or {})) for n in ray.nodes() if n["Alive"]]
 
 
 def local_ray_environment() -> None:

@@ -59,6 +59,9 @@ def free_port() -> int:
         (["--timeout", "0"], "--timeout must be positive"),
         (["--deps", "conda"], "invalid choice: 'conda'"),
         (["steps=3"], "unrecognized arguments: steps=3"),
+        (["--follow", "job1", "--", "steps=1"], "--follow acts on a submitted job: no overrides after `--`"),
+        (["--stop", "job1", "--no-wait"], "--stop acts on a submitted job"),
+        (["--stop", "job1", "--follow", "job1"], "not allowed with argument"),
     ],
 )
 def test_bad_input_is_one_clear_error(args, message):

@@ -162,10 +162,17 @@ def env_arg_problems(env_name: str, cls: type, args: dict[str, Any]) -> list[tup
             for key in args if key not in allowed]
 
 
+NODE_LABELS = ("cluster.trainer_node_labels", "cluster.rollout_node_labels")
+"""Mappings of Ray node labels: any label key may be set (checked by `rlcore.node_fit`)."""
+
+
 def typed_env_arg_override(override: str) -> str:
     """`env.args.KEY=V` (and `+env.args.KEY=V`) -> `++env.args.KEY=V`: set or add the key, since
-    which keys exist depends on the environment chosen (checked by `env_arg_problems`)."""
+    which keys exist depends on the environment chosen (checked by `env_arg_problems`). The same
+    for a node-label mapping, key by key or whole (`cluster.trainer_node_labels={group:trainer}`)."""
     bare = override.lstrip("+")
-    if bare.startswith(ENV_ARGS + ".") and "=" in bare and not override.startswith("~"):
+    key = bare.partition("=")[0]
+    addable = key.startswith(ENV_ARGS + ".") or any(key == m or key.startswith(m + ".") for m in NODE_LABELS)
+    if addable and "=" in bare and not override.startswith("~"):
         return "++" + bare
     return override

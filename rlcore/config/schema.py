@@ -267,6 +267,11 @@ class ClusterConfig:
     GPU 0 (the plan is skipped when neither is known)."""
     cpus_per_node: int = 64
     """CPUs per node of the described cluster."""
+    trainer_node_labels: dict[str, str] = field(default_factory=dict)
+    """Ray node labels the trainer group's nodes must carry, e.g. `{rlcore-group: trainer}` for nodes
+    started with `ray start --labels rlcore-group=trainer`; empty = any node."""
+    rollout_node_labels: dict[str, str] = field(default_factory=dict)
+    """Ray node labels the rollout group's nodes must carry; empty = any node."""
 
 
 @dataclass

@@ -22,7 +22,9 @@ from rlcore.envs import make_env, registered, resolve_env
 from rlcore.models.shipped import is_shipped, shipped_problems
 from rlcore.models.source import gguf_problems, model_path_problems
 from rlcore.models.vl_names import VL_MODEL_TYPES, is_vl_arch
+from rlcore.node_fit import NodeCapacity, fit_problems, label_problems
 from rlcore.placement import PLACEMENTS, placement_problems
+from rlcore.plan import group_bundles
 from rlcore.rundir import output_dir_problems
 from rlcore.teacher import config_problems as teacher_config_problems
 from rlcore.teacher import teacher_resources
@@ -126,6 +128,7 @@ def problems(cfg: RunConfig) -> list[tuple[str, str]]:
     _positive(out, "logger.samples_per_table", cfg.logger.samples_per_table)
 
     c = cfg.cluster
+    out.extend(label_problems(cfg))
     _positive(out, "cluster.placement_timeout_s", c.placement_timeout_s)
     if c.num_cpus is not None:
         _positive(out, "cluster.num_cpus", c.num_cpus)
@@ -339,13 +342,29 @@ class Capacity:
     """Memory of one GPU (the colocated memory plan); None: unknown, that plan is skipped."""
     where: str
     """How messages name it (`this machine`, `the Ray cluster`)."""
+    nodes: tuple[NodeCapacity, ...] = ()
+    """Its nodes (CPUs, GPUs, labels of each), which the groups' bundles must fit; empty: one
+    node of `cpus` and `gpus` without labels (this machine, a local Ray)."""
 
 
 def cluster_problems(cfg: RunConfig, on: Capacity) -> list[tuple[str, str]]:
     """What `on` lacks for `cfg` placed on it (`rlcore.placement.resolve`): CPUs and GPUs for
-    the placement groups (`resource_problems`), then the placement's own needs (`placement_problems`)."""
-    return (resource_problems(cfg, on.cpus, on.gpus, on.where)
-            + placement_problems(cfg, on.gpus, on.gpu_bytes, on.where))
+    the placement groups (`resource_problems`), then the placement's own needs
+    (`placement_problems`), then whether each group's bundles fit the nodes its labels allow
+    (`rlcore.node_fit.fit_problems`)."""
+    found = (resource_problems(cfg, on.cpus, on.gpus, on.where)
+             + placement_problems(cfg, on.gpus, on.gpu_bytes, on.where))
+    if found:
+        return found
+    nodes = list(on.nodes) or [NodeCapacity(on.where, on.cpus, on.gpus)]
+    return fit_problems(cfg, placed_bundles(cfg), nodes)
+
+
+def placed_bundles(cfg: RunConfig) -> list:
+    """The bundles `actors.groups.place` asks Ray for in this mode (`sft` places no rollout
+    group, `eval` no trainer group; the teacher's group is placed on its own, on any node)."""
+    trainer, rollout, _ = group_bundles(cfg)
+    return (trainer if cfg.mode != "eval" else []) + (rollout if cfg.mode != "sft" else [])
 
 
 def validate(cfg: RunConfig, on: Capacity | None = None, planned: list[tuple[str, str]] = ()) -> None:
