@@ -13,7 +13,7 @@ GPU's UUID. A sync copies the parameters into the buffer and waits for the copie
 
 Ordering: the sender fills and synchronises before the receiver reads; the receiver
 synchronises before it returns, and the sender only writes again at the next sync. The driver
-runs the two halves one after the other (`actors.colocation`).
+runs the two halves one after the other (`actors.weights.WeightSync`).
 """
 
 from __future__ import annotations
