@@ -25,7 +25,7 @@ from typing import Any
 
 import ray
 
-from actors.groups import Groups, bundle_nodes, note_moved, place
+from actors.groups import Groups, bundle_nodes, multi_node, note_moved, place
 from actors.lifecycle import StepHooks
 from actors.remote import ActorDied, RunError, failed_names, get, refs_ready, wait_ready  # noqa: F401 (re-exported)
 from actors.rollout_group import RolloutGroup
@@ -93,7 +93,7 @@ class Driver:
         with self.startup.phase("placing actors"):
             self.groups = place(cfg)
         self.rollout_nodes = bundle_nodes(self.groups.rollout_pg) if self.groups.rollout_pg is not None else []
-        self.samples_located = False  # the first step's samples' nodes are logged once
+        self.samples_located = not multi_node()  # the first step's samples' nodes are logged once
         self.trainers = self.groups.trainers
         self.rollouts = RolloutGroup(cfg, self.groups.rollouts, run, self.buffer, self.failures)
         self.weights = WeightSync(cfg, self.trainers, self.rollouts, sender_for(weight_transport(cfg)), run,

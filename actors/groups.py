@@ -105,11 +105,17 @@ def reserve(cfg: RunConfig, trainer: bool = True, rollout: bool = True) -> tuple
             f"cluster: placement groups not scheduled within {timeout:.0f}s "
             f"(trainer {trainer_bundles(cfg)}, rollout {rollout_bundles(cfg)}); "
             f"cluster has {ray.available_resources()}")
+    level = logging.INFO if multi_node() else logging.DEBUG  # one node: nothing to tell
     for name, pg in (("trainer", trainer_pg), ("rollout", rollout_pg)):
         if pg is not None and not (shared and name == "rollout"):
-            log.info("placement: %s group's %d bundle(s) on node(s) %s", "colocated" if shared else name,
-                     len(pg.bundle_specs), ", ".join(n[:8] for n in bundle_nodes(pg)))
+            log.log(level, "placement: %s group's %d bundle(s) on node(s) %s", "colocated" if shared else name,
+                    len(pg.bundle_specs), ", ".join(n[:8] for n in bundle_nodes(pg)))
     return trainer_pg, rollout_pg
+
+
+def multi_node() -> bool:
+    """Whether the Ray cluster has more than one live node (where placement is news)."""
+    return sum(1 for n in ray.nodes() if n["Alive"]) > 1
 
 
 def bundle_nodes(pg: PlacementGroup) -> list[str]:
