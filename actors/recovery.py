@@ -79,10 +79,10 @@ class TrainerRecovery:
         step = self.hooks.load_checkpoint(path, phase=_untimed)
         logger.reopen()  # the cut-back metrics.jsonl is a new file
         self.last = (step, time.perf_counter() - start)
-        log.warning("%s died at step %d (policy version %d); restarted the trainer group from checkpoint %s "
-                    "(step %d) in %.1fs; %d samples in flight dropped and their tasks put back "
-                    "(trainer restart %d of %d)", ", ".join(dead), at_step, at_version, path, step,
-                    self.last[1], dropped, self.restarts, limit)
+        log.warning("%s died (%s) at step %d, policy version %d; restarted the trainer group from checkpoint %s "
+                    "(step %d) in %.1fs; %d samples in flight or buffered dropped, their tasks put back "
+                    "(trainer restart %d of %d)", ", ".join(dead), str(exc).split(" failed:")[0], at_step,
+                    at_version, path, step, self.last[1], dropped, self.restarts, limit)
         return step
 
     def drop_in_flight(self) -> int:
