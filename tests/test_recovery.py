@@ -53,3 +53,24 @@ def test_past_max_restarts_the_error_names_the_rank_and_the_limit(tmp_path):
         r.recover(trainer_died(), None)
     msg = str(err.value)
     assert "trainer rank 1" in msg and "trainer.max_restarts=2" in msg, msg
+
+
+def test_rows_logged_after_the_series_is_cut_back_land_in_metrics_jsonl(tmp_path):
+    """A restart cuts metrics.jsonl back (a new file) while the logger holds it open."""
+    import json
+
+    from rlcore.metrics import MetricsLogger
+    from rlcore.rundir import truncate_series
+
+    cfg = compose([f"output_dir={tmp_path}", "logger.console=false"])
+    logger = MetricsLogger(cfg.logger, str(tmp_path), {}, 3)
+    try:
+        for step in (1, 2, 3):
+            logger.log({"step": step})
+        assert truncate_series(tmp_path / "metrics.jsonl", 1) == 2
+        logger.reopen()
+        logger.log({"step": 2})
+    finally:
+        logger.close()
+    steps = [json.loads(line)["step"] for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert steps == [1, 2]
