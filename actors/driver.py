@@ -27,6 +27,7 @@ import ray
 
 from actors.groups import Groups, bundle_nodes, multi_node, note_moved, place
 from actors.lifecycle import StepHooks
+from actors.recovery import TrainerRecovery
 from actors.remote import ActorDied, RunError, failed_names, get, refs_ready, wait_ready  # noqa: F401 (re-exported)
 from actors.rollout_group import RolloutGroup
 from actors.rollout_refs import log_sample_nodes, table_rows
@@ -80,6 +81,7 @@ class Driver:
         self.rollouts: RolloutGroup | None = None
         self.weights: WeightSync | None = None
         self.hooks: StepHooks | None = None  # resume, checkpoints, evaluation, data-order log
+        self.recovery: TrainerRecovery | None = None  # a dead trainer rank: restart from the last checkpoint
         self.teacher: TeacherStage | None = None  # on-policy distillation: scores groups before the buffer
         self._rollout_busy_last = 0.0
         self._failed_last = 0
@@ -109,6 +111,8 @@ class Driver:
         self.hooks = StepHooks(cfg, run, self.env, self.trainers, self.rollouts, self.weights, self.buffer,
                                self.startup, self.teacher_tasks)
         self.hooks.setup()  # fresh: sync version 0; resume: load the checkpoint, sync its weights
+        self.recovery = TrainerRecovery(cfg, self.trainers, self.rollouts, self.weights, self.hooks, self.buffer,
+                                        self.teacher)
 
     # -- the loop ------------------------------------------------------------------------------
     def run(self, logger: MetricsLogger) -> list[dict[str, Any]]:
@@ -121,33 +125,44 @@ class Driver:
     def _run(self, logger: MetricsLogger) -> list[dict[str, Any]]:
         cfg, run = self.cfg, self.run_state
         history: list[dict[str, Any]] = []
-        run.version_base = run.version - run.step
-        self._failed_last = run.acct.failed  # a resume restores the counters
-        self.failures.resume_at(run.request_seq)  # the no-progress streak follows launch order
+        self.begin()
         train: list[ray.ObjectRef] = []  # the refs of the train step in flight
         state: StepState | None = None
         gen_tokens = 0
         run_start = last_end = time.perf_counter()
         while run.step < cfg.steps:
-            if not train and self.stopping():  # a signal asked for a stop: this is a step boundary
-                return history
-            if not train:  # a step boundary: restarted engines whose model is up join
-                self.admit_restarted()
-            self.launch(run.step + (1 if train else 0))
-            if not train and (state := self.next_batch()) is not None:
-                train = self.start_train(state)
-                self.launch(run.step + 1)
-            gen_tokens += self.react(self.wait(train), logger)
-            if train and self.trainers.step_done(train):
-                self.train_and_sync(train, state)
-                train, now = [], time.perf_counter()
-                record = self.step_record(state, now - last_end, now - run_start, gen_tokens)
-                self.log_step(record, state, logger)
-                history.append(record)
-                run.step, last_end, gen_tokens = run.step + 1, now, 0
-                self.hooks.after_step(run.step, state, logger)
+            try:
+                if not train and self.stopping():  # a signal asked for a stop: this is a step boundary
+                    return history
+                if not train:  # a step boundary: restarted engines whose model is up join
+                    self.admit_restarted()
+                self.launch(run.step + (1 if train else 0))
+                if not train and (state := self.next_batch()) is not None:
+                    train = self.start_train(state)
+                    self.launch(run.step + 1)
+                gen_tokens += self.react(self.wait(train), logger)
+                if train and self.trainers.step_done(train):
+                    self.train_and_sync(train, state)
+                    train, now = [], time.perf_counter()
+                    record = self.step_record(state, now - last_end, now - run_start, gen_tokens)
+                    self.log_step(record, state, logger)
+                    history.append(record)
+                    run.step, last_end, gen_tokens = run.step + 1, now, 0
+                    self.hooks.after_step(run.step, state, logger)
+            except ActorDied as exc:  # a trainer rank died: back to the last checkpoint, or stop
+                step = self.recovery.recover(exc, logger)
+                history[:] = [r for r in history if r["step"] <= step]
+                self.begin()
+                train, state, gen_tokens, last_end = [], None, 0, time.perf_counter()
         self.hooks.finish(logger)
         return history
+
+    def begin(self) -> None:
+        """Counters the loop starts from, after a setup, a resume or a trainer restart."""
+        run = self.run_state
+        run.version_base = run.version - run.step
+        self._failed_last = run.acct.failed  # a resume restores the counters
+        self.failures.resume_at(run.request_seq)  # the no-progress streak follows launch order
 
     # -- the loop's verbs ----------------------------------------------------------------------
     def stopping(self) -> bool:
@@ -293,6 +308,7 @@ class Driver:
             "samples_failed_step": acct.failed - failed_before,  # reward/tool/engine faults
             **self.failures.step_metrics(),  # failed_by_reason, reward_threads_abandoned
             "rollout_restarts": self.rollouts.restarts,
+            "trainer_restarts": self.recovery.restarts if self.recovery is not None else 0,
             **(self.teacher.step_metrics(step_time) if self.teacher is not None else {}),
         }
 

@@ -80,6 +80,12 @@ class Evaluator:
                 self._inflight[ref] = (rnd, chunk_no, actor)
                 rnd.outstanding += 1
 
+    def drop(self) -> None:
+        """Forget every round (a trainer restart goes back to a checkpoint, which re-runs an
+        evaluation it had due); requests still running finish unread."""
+        self.rounds.clear()
+        self._inflight.clear()
+
     def refs(self) -> list:
         return list(self._inflight)
 

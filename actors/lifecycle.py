@@ -90,6 +90,17 @@ class StepHooks:
             if self.evaluator is not None and cfg.eval.at_start:
                 self.evaluator.launch(0, version)
             return
+        self.load_checkpoint(path)
+
+    def load_checkpoint(self, path: Path, phase: Callable | None = None) -> int:
+        """Load the RL checkpoint `path` into the running driver, as a resume does: the trainer's
+        weights and optimizer, the run state (step, feed with its put-back tasks, accounting
+        without what was in flight, request_seq, actor cursor, RNG), the JSONL series cut back to
+        its step, its weights synced to the serving engines (their version rolls back to the
+        checkpoint's) and their RNG. Returns the checkpoint's step. A trainer restart
+        (`actors.recovery`) calls it too, on a freshly started trainer group, with its own
+        `phase` timer (default: the start-up phases')."""
+        cfg, run, phase = self.cfg, self.run, phase or self.startup.phase
         state = ckpt.load_driver_state(path)
         if state.get("kind") != "rl":
             raise RunError(f"checkpoint.resume: {path} is a {state.get('kind')!r} checkpoint, not an RL one; to "
@@ -120,6 +131,7 @@ class StepHooks:
                  run.feed.next_index)
         if eval_due:  # its result was not logged before the stop: evaluate this policy again
             self.evaluator.launch(step, run.version)
+        return step
 
     def _warn_config_changes(self, path: Path) -> None:
         try:

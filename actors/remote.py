@@ -76,6 +76,11 @@ def died(exc: BaseException) -> bool:
             or memory_kill(str(exc)) is not None or isinstance(_cause(exc), NotInWeightGroup))
 
 
+def forget(refs: list) -> None:
+    """Refs nobody needs any more: read (and dropped) once they finish, like a failed `get`'s."""
+    _keep_unread(refs)
+
+
 def _keep_unread(refs) -> None:
     kept = dict.fromkeys(_UNREAD)  # ray.wait takes each ref once
     kept.update(dict.fromkeys(refs if isinstance(refs, list) else [refs]))

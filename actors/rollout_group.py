@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 import ray
 
 from actors.membership import Members
-from actors.remote import died, get, wait_ready
+from actors.remote import died, forget, get, wait_ready
 from actors.rollout_refs import launch_generate, request_groups
 from actors.run_state import RunState
 from rlcore.buffer import RolloutBuffer
@@ -135,6 +135,17 @@ class RolloutGroup:
                 self.failures.request_lost(
                     req.samples, f"engine: generate request timed out (rollout.generate_timeout_s="
                                  f"{self.timeout_s:g})", seq=req.seq)
+
+    def drop_pending(self) -> int:
+        """Forget every request in flight without counting it (the caller restores the accounting
+        of a checkpoint that puts their tasks back): each is cancelled and, if it still finishes,
+        read and dropped (`actors.remote.forget`). Returns the samples dropped."""
+        refs, samples = list(self.pending), sum(q.samples for q in self.pending.values())
+        for ref in refs:
+            ray.cancel(ref, force=False)
+        self.pending.clear()
+        forget(refs)
+        return samples
 
     def unfinished(self) -> list[tuple[int, Task]]:
         """(stream index, task) of every task still generating (a checkpoint puts them back)."""

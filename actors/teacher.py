@@ -208,6 +208,13 @@ class TeacherStage:
         self.queue.append(groups)
         self.dispatch()
 
+    def drop(self) -> None:
+        """Forget the groups queued or being scored (a trainer restart goes back to a checkpoint
+        that puts their tasks back; the accounting is the checkpoint's). Calls still running
+        finish unread."""
+        self.queue.clear()
+        self.pending.clear()
+
     def waiting_groups(self) -> int:
         """Groups at the teacher (queued or being scored): in flight for the staleness bound."""
         return sum(len(g) for g in self.queue) + sum(len(r.groups) for r in self.pending.values())

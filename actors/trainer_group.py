@@ -87,8 +87,15 @@ class TrainerGroup:
         """Kill every rank (a dead one included) and start new ones in the same bundles, then
         `start` them: the new ranks hold the initial model (`model.path` or random weights);
         load a checkpoint to continue, and re-form the weight group (the old one had the dead
-        ranks). Returns the parameters' metadata."""
+        ranks). A dead node's bundles are rescheduled by Ray on the resources left: the
+        placement group must be ready again within `cluster.placement_timeout_s`. Returns the
+        parameters' metadata."""
         self.kill()
+        wait_s = self.cfg.cluster.placement_timeout_s
+        ready, _ = ray.wait([self.pg.ready()], timeout=wait_s)
+        if not ready:
+            raise RunError(f"trainer restart: the trainer placement group was not scheduled again within "
+                           f"cluster.placement_timeout_s={wait_s:g}s; cluster has {ray.available_resources()}")
         self.handles = self._spawn()
         return self.start()
 
@@ -122,7 +129,7 @@ class TrainerGroup:
     # -- weight sync (refs: the sync waits on them together with the engines' calls) -----------
     def weight_address(self) -> tuple[str, int]:
         """Where rank 0 hosts a weight-group rendezvous (a fresh port per call)."""
-        return get(self.handles[0].address.remote(), self.timeout_s, "weight group address")
+        return get([self.handles[0].address.remote()], self.timeout_s, "weight group address", self.names[:1])[0]
 
     def init_weight_group(self, address: str, port: int, plan: SyncPlan, engines: int | None = None) -> list:
         """Every rank's `TrainerRank.init_weight_group` call (refs)."""

@@ -115,6 +115,13 @@ class RolloutBuffer:
         self.acct.trained += n
         return batch
 
+    def clear(self) -> int:
+        """Forget every buffered group without counting it (the caller restores the accounting
+        of a checkpoint that puts their tasks back); returns the groups dropped."""
+        n = len(self._groups)
+        self._groups.clear()
+        return n
+
     def snapshot(self) -> list[GroupMeta]:
         """The buffered groups, oldest first (a checkpoint records their tasks)."""
         return list(self._groups)

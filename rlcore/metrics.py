@@ -66,6 +66,12 @@ class MetricsLogger:
             self._progress.console.print(format_line(metrics), soft_wrap=True)
             self._progress.update(self._task, completed=metrics["step"])
 
+    def reopen(self) -> None:
+        """Open metrics.jsonl again after `rlcore.rundir.truncate_series` cut it back: the cut
+        replaces the file, so rows written through the old handle would land in the unlinked one."""
+        self._file.close()
+        self._file = self.path.open("a", buffering=1)
+
     def log_samples(self, step: int, rows: list[dict[str, Any]]) -> None:
         """Sample completions of train step `step`: one line each in samples.jsonl, and a
         wandb.Table `samples` (columns: step and the rows' keys)."""

@@ -14,7 +14,8 @@ POSITIVE_FLOAT = ["trainer.lr", "trainer.cpus_per_rank", "trainer.step_timeout_s
                   "rollout.generate_timeout_s", "rollout.weight_sync_timeout_s", "rollout.sync_bucket_mb",
                   "cluster.placement_timeout_s"]
 NON_NEGATIVE = ["trainer.max_grad_norm", "trainer.weight_decay", "algo.clip_eps_low", "algo.clip_eps_high",
-                "algo.max_off_policy_steps", "rollout.sampling.temperature", "trainer.gpus_per_rank"]
+                "algo.max_off_policy_steps", "rollout.sampling.temperature", "trainer.gpus_per_rank",
+                "trainer.max_restarts"]
 ENUMS = ["rollout.engine", "algo.name", "algo.loss", "model.dtype", "mode", "trainer.activation_checkpointing",
          "trainer.lr_schedule", "trainer.param_dtype"]
 NUMERIC = POSITIVE_INT + POSITIVE_FLOAT + NON_NEGATIVE

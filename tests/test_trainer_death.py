@@ -1,5 +1,6 @@
-"""A dead trainer rank stops the run with an error naming the rank and the last checkpoint, and
-`resume=true` continues from that checkpoint."""
+"""With `trainer.max_restarts=0` a dead trainer rank stops the run with an error naming the rank
+and the last checkpoint, and `resume=true` continues from that checkpoint (a run that restarts
+its trainer by itself: tests/test_trainer_heal.py)."""
 
 import json
 import threading
@@ -19,7 +20,7 @@ def test_trainer_death_names_rank_and_checkpoint_then_resume(tmp_path):
     from rlcore.metrics import MetricsLogger
 
     overrides = [f"output_dir={tmp_path}", "steps=8", "checkpoint.interval=2", "sft.warmup_steps=0",
-                 "logger.console=false"]
+                 "logger.console=false", "trainer.max_restarts=0"]
     ray.init(num_cpus=2, include_dashboard=False, logging_level="WARNING")
     try:
         cfg = compose(overrides)

@@ -87,6 +87,8 @@ class TrainerConfig:
     """bf16 compute with fp32 reduction on GPU (ignored on CPU, where it would only be slower)."""
     step_timeout_s: float = 600.0
     """Longest a train step may take before the driver stops the run with an error."""
+    max_restarts: int = 2
+    """Times a run restarts its trainer group from the last checkpoint after a rank dies (0 = stop)."""
     lr_schedule: str = "constant"
     """Learning-rate shape after warmup: `constant`, `linear` or `cosine` (decay over `steps`)."""
     warmup_steps: int = 0

@@ -87,6 +87,7 @@ def problems(cfg: RunConfig) -> list[tuple[str, str]]:
     check_min(out, "trainer.max_grad_norm", t.max_grad_norm, 0)
     _positive(out, "trainer.micro_batch_tokens", t.micro_batch_tokens)
     _positive(out, "trainer.step_timeout_s", t.step_timeout_s)
+    check_min(out, "trainer.max_restarts", t.max_restarts, 0)
     if len(t.betas) != 2 or not all(0 <= b < 1 for b in t.betas):
         out.append(("trainer.betas", f"needs two values in [0, 1), got {list(t.betas)}"))
     out.extend(trainer_parallel_problems(cfg))

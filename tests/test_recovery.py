@@ -1,0 +1,76 @@
+"""When `actors.recovery.TrainerRecovery` does not restart the trainer group, and what the error
+says then (the restart itself: tests/test_trainer_heal.py)."""
+
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from actors.recovery import TrainerRecovery, dead_trainer_ranks
+from actors.remote import ActorDied, RunError
+from rlcore.run import compose
+
+
+def recovery(tmp_path: Path, *overrides: str, checkpoint: Path | None = None) -> TrainerRecovery:
+    cfg = compose([f"output_dir={tmp_path}", *overrides])
+    # only what the decision reads: the checkpoint this run saved, and where it saves them
+    hooks = SimpleNamespace(last_checkpoint=checkpoint, writer=SimpleNamespace(root=tmp_path / "checkpoints"))
+    return TrainerRecovery(cfg, None, None, None, hooks, None, None)
+
+
+def trainer_died() -> ActorDied:
+    return ActorDied("train step 3 failed: trainer rank 1 died (boom)", ["trainer rank 1"])
+
+
+def test_only_a_trainer_rank_death_is_healed():
+    assert dead_trainer_ranks(trainer_died()) == ["trainer rank 1"]
+    assert dead_trainer_ranks(ActorDied("weight sync failed", ["rollout actor 0"])) == []
+    assert dead_trainer_ranks(RunError("train step 3 did not finish within 600s")) == []
+
+
+def test_other_errors_and_max_restarts_0_stop_with_the_same_error(tmp_path):
+    engine = ActorDied("engine wake-up failed: rollout actor 0 died", ["rollout actor 0"])
+    with pytest.raises(ActorDied) as err:
+        recovery(tmp_path, checkpoint=tmp_path).recover(engine, None)
+    assert err.value is engine
+    died = trainer_died()
+    with pytest.raises(ActorDied) as err:
+        recovery(tmp_path, "trainer.max_restarts=0", checkpoint=tmp_path).recover(died, None)
+    assert err.value is died
+
+
+def test_no_checkpoint_says_so(tmp_path):
+    with pytest.raises(RunError) as err:
+        recovery(tmp_path).recover(trainer_died(), None)
+    msg = str(err.value)
+    assert "trainer rank 1" in msg and "no checkpoint existed" in msg and "checkpoint.interval" in msg, msg
+
+
+def test_past_max_restarts_the_error_names_the_rank_and_the_limit(tmp_path):
+    r = recovery(tmp_path, "trainer.max_restarts=2", checkpoint=tmp_path / "checkpoints" / "step_0000004")
+    r.restarts = 2
+    with pytest.raises(RunError) as err:
+        r.recover(trainer_died(), None)
+    msg = str(err.value)
+    assert "trainer rank 1" in msg and "trainer.max_restarts=2" in msg, msg
+
+
+def test_rows_logged_after_the_series_is_cut_back_land_in_metrics_jsonl(tmp_path):
+    """A restart cuts metrics.jsonl back (a new file) while the logger holds it open."""
+    import json
+
+    from rlcore.metrics import MetricsLogger
+    from rlcore.rundir import truncate_series
+
+    cfg = compose([f"output_dir={tmp_path}", "logger.console=false"])
+    logger = MetricsLogger(cfg.logger, str(tmp_path), {}, 3)
+    try:
+        for step in (1, 2, 3):
+            logger.log({"step": step})
+        assert truncate_series(tmp_path / "metrics.jsonl", 1) == 2
+        logger.reopen()
+        logger.log({"step": 2})
+    finally:
+        logger.close()
+    steps = [json.loads(line)["step"] for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert steps == [1, 2]
