@@ -10,25 +10,9 @@ from pathlib import Path
 import pytest
 
 from rlcore.envs import make_env
+from test_verifiers_env import README_TASKSET  # the README's example taskset, one copy
 
 ROOT = Path(__file__).resolve().parents[1]
-README_TASKSET = '''
-import verifiers.v1 as vf
-
-class Data(vf.TaskData):
-    answer: str = ""
-
-class CalcTask(vf.Task[Data]):
-    @vf.reward(weight=1.0)
-    async def correct(self, trace: vf.Trace) -> float:
-        return float(self.data.answer in trace.last_reply)
-
-class CalcTaskset(vf.Taskset[CalcTask, vf.TasksetConfig]):
-    def load(self):
-        return [CalcTask(Data(prompt=f"{a}*{a + 7}=", answer=str(a * (a + 7))), self.config.task) for a in range(100)]
-
-__all__ = ["CalcTaskset"]
-'''
 # a classic (verifiers 0.3.x) environment module: its imports fail under 0.4.0
 CLASSIC_ENV = '''
 import verifiers as vf

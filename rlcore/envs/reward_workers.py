@@ -26,7 +26,7 @@ import time
 from multiprocessing.connection import wait
 from typing import Any, Callable
 
-from rlcore.envs.safety import Outcome, _describe, _Sink, call_many
+from rlcore.envs.safety import Outcome, _describe, _Sink, call_many, kill_session
 
 PR_SET_PDEATHSIG = 1
 
@@ -71,13 +71,7 @@ class _Worker:
         return self.proc.pid
 
     def kill(self) -> None:
-        try:
-            os.killpg(self.proc.pid, signal.SIGKILL)  # the worker and anything it started
-        except (ProcessLookupError, PermissionError):
-            pass
-        if self.proc.is_alive():  # killed before its setsid: the group did not exist yet
-            self.proc.kill()
-        self.proc.join(1.0)
+        kill_session(self.proc)  # the worker and anything it started
         self.conn.close()
 
 

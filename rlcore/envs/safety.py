@@ -73,6 +73,18 @@ def _describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"
 
 
+
+def kill_session(proc) -> None:
+    """SIGKILL a forked `multiprocessing` process and its whole session (anything it started),
+    then reap it; one killed before its `setsid` (no group yet) is killed alone."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    if proc.is_alive():
+        proc.kill()
+    proc.join(1.0)
+
 class _Sink(io.TextIOBase):
     """Keeps the first `OUTPUT_LIMIT` characters written to it and counts the rest."""
 
@@ -216,13 +228,7 @@ class _ProcessCall:
             else:
                 out = Outcome(error=f"timeout after {timeout_s:g}s")
         finally:
-            try:
-                os.killpg(self._proc.pid, signal.SIGKILL)  # the child and anything it started
-            except (ProcessLookupError, PermissionError):
-                pass
-            if self._proc.is_alive():  # killed before its setsid: the group did not exist yet
-                self._proc.kill()
-            self._proc.join(1.0)
+            kill_session(self._proc)
             self._conn.close()
         out.output = self._output()
         return out
