@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from rlcore.routing import packed_routing
 from rlcore.types import Sample
 
 
@@ -36,6 +37,9 @@ class MicroBatch:
     images: list = field(default_factory=list)
     """uint8 images of the samples, concatenated in sample order (vision-language policies; the
     trainer turns them into pixel values: uint8 keeps the object-store payload small)."""
+    routed_experts: torch.Tensor | None = None
+    """Routing replay: int16 [T, layers, top_k], the engine's experts of each input position, -1
+    where the trainer routes itself (`rlcore.routing.packed_routing`); None without replay."""
 
     @property
     def num_tokens(self) -> int:
@@ -113,7 +117,8 @@ def make_micro_batch(samples: list[Sample], advantages: list[Advantage]) -> Micr
                for k in (*_LONG_KEYS, *_FLOAT_KEYS)}
     index = np.concatenate([np.full(len(col["input_ids"]), j, dtype=np.int64) for j, col in enumerate(columns)])
     images = [img for s in samples for img in s.images]
-    return MicroBatch(**tensors, sample_index=torch.from_numpy(index), num_samples=len(samples), images=images)
+    return MicroBatch(**tensors, sample_index=torch.from_numpy(index), num_samples=len(samples), images=images,
+                      routed_experts=packed_routing(samples))
 
 
 def empty_micro_batch(pad_token_id: int = 0) -> MicroBatch:

@@ -59,6 +59,9 @@ class Sample:
     """Turns of a multi-turn episode whose fresh chat-template rendering would not have continued
     the previous turn's exact ids (the recorded ids were spliced instead; see
     `rlcore.serving.openai_server`)."""
+    routed_experts: Any = None
+    """Rollout routing replay: the engine's routed experts per token and layer, an integer array
+    [prompt + completion - 1, layers, top_k] (layout in `rlcore.routing`); None without replay."""
 
     @property
     def num_tokens(self) -> int:

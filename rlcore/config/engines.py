@@ -37,12 +37,21 @@ class VLLMOptions:
     schedules overlap decoding with training); 1 (weights offloaded to CPU) or 2 (weights dropped,
     refilled by the next sync) puts the engine to sleep while the trainer steps, freeing its GPU
     memory for models that do not fit beside the trainer (synchronous schedule only). Rollout only."""
+    routing_replay: bool = False
+    """Rollout routing replay (MoE policies only): the engine returns each token's routed experts
+    (vLLM's `enable_return_routed_experts`) and the trainer's MoE blocks use them instead of their
+    own top-k (`rlcore.routing`). Rollout only."""
 
 
 @dataclass
 class HFOptions:
     """Options of the transformers engine (`rollout.engine=hf` / `teacher.engine=hf`).
 
-    It has none of its own yet: it runs the run's model (`model.*`) on a GPU when
-    `rollout.gpus_per_actor` > 0, else on the CPU. The section exists so that a setting meant
-    for another engine cannot pass for one of this engine's."""
+    It runs the run's model (`model.*`) on a GPU when `rollout.gpus_per_actor` > 0, else on the
+    CPU. The section also keeps a setting meant for another engine from passing for one of this
+    engine's."""
+
+    routing_replay: bool = False
+    """Rollout routing replay (MoE policies only): the engine returns each token's routed experts
+    (hooks on the model's routers) and the trainer's MoE blocks use them instead of their own
+    top-k (`rlcore.routing`). Rollout only."""

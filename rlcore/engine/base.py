@@ -51,6 +51,9 @@ class Generation:
     logprobs: list[float]
     versions: list[int]
     finish_reason: str  # "stop" | "length" | "abort"
+    routed_experts: Any = None
+    """Routing replay: the experts of every token run through the model (the prompt and all but
+    the last sampled token), integer [prompt + completion - 1, layers, top_k] (`rlcore.routing`)."""
 
 
 class RolloutEngine(abc.ABC):

@@ -5,6 +5,11 @@ exactly what it samples from: logits / temperature, then the top-p nucleus, reno
 logprob it reports is of that distribution. The model is guarded by a lock taken per decode
 step, so a weight update lands between two steps of the requests in flight; their later tokens
 carry the new policy version (like vLLM's pause in "keep" mode).
+
+Routing replay (`rollout.hf.routing_replay`, MoE models): forward hooks on the routers record
+each forward's top-k experts per layer; a generation's rows are the prompt's (from the prefill)
+and one per later decode step (the token fed in), ``prompt + completion - 1`` rows as vLLM
+returns them (`rlcore.routing`).
 """
 
 from __future__ import annotations
@@ -13,12 +18,14 @@ import inspect
 import threading
 from typing import Iterable
 
+import numpy as np
 import torch
 from transformers import DynamicCache
 
 from rlcore.engine.base import Generation, RolloutEngine, SamplingParams
 from rlcore.models.build import build_model, build_tokenizer
-from rlcore.models.vision import mrope_positions, pixel_values
+from rlcore.models.vision import decoder_layers, mrope_positions, pixel_values
+from rlcore.routing import expected_rows, expert_dtype, replay_enabled
 
 
 def sample_with_logprobs(
@@ -48,7 +55,7 @@ class HFEngine(RolloutEngine):
     """A transformers causal LM served in-process."""
 
     def __init__(self, model: torch.nn.Module, pad_token_id: int, eos_token_id: int, seed: int = 0,
-                 device: str = "cpu", vision=None):
+                 device: str = "cpu", vision=None, routing_replay: bool = False):
         self.model = model.to(device).eval()
         self.device = device
         self.vision = vision  # VisionSpec of a vision-language model (None: text-only)
@@ -63,6 +70,49 @@ class HFEngine(RolloutEngine):
         self._cache_kwarg = "cache" if "cache" in params else "past_key_values"
         self._params = dict(self.model.named_parameters())
         self._params.update(dict(self.model.named_buffers()))
+        self._routing = threading.local()  # .steps: this thread's generate's per-forward experts
+        self._routers = self._hook_routers() if routing_replay else None
+
+    def _hook_routers(self) -> dict[int, int]:
+        """Hook every decoder layer's router (a ``gate`` with ``top_k`` and ``num_experts``);
+        returns layer index -> top_k. Each forward of a capturing thread appends {layer: experts}."""
+        routers = {}
+        for i, layer in enumerate(decoder_layers(self.model)):
+            gate = getattr(getattr(layer, "mlp", None), "gate", None)
+            if gate is None or not hasattr(gate, "top_k") or not hasattr(gate, "num_experts"):
+                continue
+            routers[i] = gate.top_k
+            self._num_experts = gate.num_experts
+
+            def hook(module, args, output, _layer=i):
+                steps = getattr(self._routing, "steps", None)
+                if steps is not None:
+                    steps[-1][_layer] = output[-1]  # (logits, weights, experts [B * t, k])
+            gate.register_forward_hook(hook)
+        if not routers:
+            raise ValueError("rollout.hf.routing_replay: the model has no MoE routers (layers' mlp.gate)")
+        return routers
+
+    def _routed_rows(self, steps: list[dict], prompts: list[list[int]], max_len: int,
+                     lengths: list[int]) -> list:
+        """Per row, [prompt + completion - 1, layers, top_k] experts (module docstring)."""
+        batch = len(prompts)
+        if not steps or not steps[0]:  # aborted before the prefill
+            return [None] * batch
+        layers = len(decoder_layers(self.model))
+        k = next(iter(self._routers.values()))
+        per_step = []
+        for step in steps:
+            t = next(iter(step.values())).shape[0] // batch
+            full = np.zeros((batch, t, layers, k), dtype=expert_dtype(self._num_experts))
+            for layer, experts in step.items():
+                full[:, :, layer] = experts.view(batch, t, k).cpu().numpy()
+            per_step.append(full)
+        out = []
+        for i, p in enumerate(prompts):
+            rows = [per_step[0][i, max_len - len(p):]] + [per_step[s][i] for s in range(1, min(lengths[i], len(steps)))]
+            out.append(np.concatenate(rows)[:expected_rows(len(p), lengths[i])])
+        return out
 
     @classmethod
     def from_config(cls, options, model, *, seed: int = 0, tokenizer=None, device: str = "cpu") -> "HFEngine":
@@ -70,7 +120,8 @@ class HFEngine(RolloutEngine):
         (`rollout.hf`) holds no option it reads."""
         tokenizer = tokenizer if tokenizer is not None else build_tokenizer(model)
         return cls(build_model(model, tokenizer), tokenizer.pad_token_id, tokenizer.eos_token_id,
-                   seed=seed, device=device, vision=getattr(tokenizer, "rlcore_vision", None))
+                   seed=seed, device=device, vision=getattr(tokenizer, "rlcore_vision", None),
+                   routing_replay=replay_enabled(options))
 
     @torch.inference_mode()
     def generate(self, prompts: list[list[int]], params: SamplingParams, images=None) -> list[Generation]:
@@ -100,39 +151,47 @@ class HFEngine(RolloutEngine):
         done = torch.zeros(batch, dtype=torch.bool, device=self.device)
         cache = DynamicCache()
         step_ids, step_pos = ids, positions
-        for _ in range(params.max_new_tokens):
-            if self._abort.is_set():
-                for i in range(batch):
-                    if not done[i]:
-                        finish[i] = "abort"
-                break
-            with self._lock:
-                logits = self.model(
-                    input_ids=step_ids, attention_mask=attn, position_ids=step_pos,
-                    use_cache=True, **{self._cache_kwarg: cache}, **extra,
-                ).logits[:, -1, :]
-                version = self.policy_version
-            if self.vision is not None:
-                # a sampled image token would claim an image that does not exist: never sample it
-                # (the trainer scores the full vocabulary; the gap is the tiny mass removed here)
-                logits[:, [self.vision.image_token_id, self.vision.image_token_id + 1]] = float("-inf")
-            tokens, logprobs = sample_with_logprobs(logits, params.temperature, params.top_p, generator)
-            for i in torch.nonzero(~done).flatten().tolist():
-                tok = int(tokens[i])
-                out_tokens[i].append(tok)
-                out_logprobs[i].append(float(logprobs[i]))
-                out_versions[i].append(version)
-                if tok in stop_ids:
-                    finish[i] = "stop"
-            done |= torch.isin(tokens, stop_ids)
-            if bool(done.all()):
-                break
-            step_ids = torch.where(done, self.pad_token_id, tokens)[:, None]
-            extra = {}  # images are consumed by the prefill step
-            step_pos = step_pos[..., -1:] + 1
-            attn = torch.cat([attn, (~done).long()[:, None]], dim=1)
+        steps: list[dict] = []  # per forward, {layer: experts} (routing replay only)
+        self._routing.steps = steps if self._routers is not None else None
+        try:
+            for _ in range(params.max_new_tokens):
+                if self._abort.is_set():
+                    for i in range(batch):
+                        if not done[i]:
+                            finish[i] = "abort"
+                    break
+                steps.append({})
+                with self._lock:
+                    logits = self.model(
+                        input_ids=step_ids, attention_mask=attn, position_ids=step_pos,
+                        use_cache=True, **{self._cache_kwarg: cache}, **extra,
+                    ).logits[:, -1, :]
+                    version = self.policy_version
+                if self.vision is not None:
+                    # a sampled image token would claim an image that does not exist: never sample it
+                    # (the trainer scores the full vocabulary; the gap is the tiny mass removed here)
+                    logits[:, [self.vision.image_token_id, self.vision.image_token_id + 1]] = float("-inf")
+                tokens, logprobs = sample_with_logprobs(logits, params.temperature, params.top_p, generator)
+                for i in torch.nonzero(~done).flatten().tolist():
+                    tok = int(tokens[i])
+                    out_tokens[i].append(tok)
+                    out_logprobs[i].append(float(logprobs[i]))
+                    out_versions[i].append(version)
+                    if tok in stop_ids:
+                        finish[i] = "stop"
+                done |= torch.isin(tokens, stop_ids)
+                if bool(done.all()):
+                    break
+                step_ids = torch.where(done, self.pad_token_id, tokens)[:, None]
+                extra = {}  # images are consumed by the prefill step
+                step_pos = step_pos[..., -1:] + 1
+                attn = torch.cat([attn, (~done).long()[:, None]], dim=1)
+        finally:
+            self._routing.steps = None
+        routed = (self._routed_rows(steps, prompts, max_len, [len(t) for t in out_tokens])
+                  if self._routers is not None else [None] * batch)
         return [
-            Generation(out_tokens[i], out_logprobs[i], out_versions[i], finish[i]) for i in range(batch)
+            Generation(out_tokens[i], out_logprobs[i], out_versions[i], finish[i], routed[i]) for i in range(batch)
         ]
 
     def _vision_inputs(self, prompts, images, max_len: int):

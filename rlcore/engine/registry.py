@@ -33,6 +33,7 @@ from rlcore.config.engines import HFOptions, VLLMOptions
 from rlcore.config.plugins import add_plugin_section, remove_plugin_section
 from rlcore.config.teacher import TeacherConfig
 from rlcore.engine.vllm.vllm_checks import vllm_problems
+from rlcore.routing import routing_problems
 
 if TYPE_CHECKING:
     from rlcore.config import RunConfig
@@ -75,10 +76,12 @@ class EngineSpec:
 
 
 _BUILT_IN = (
-    EngineSpec("hf", "rlcore.engine.hf_engine:HFEngine", section="hf", options=HFOptions),
+    EngineSpec("hf", "rlcore.engine.hf_engine:HFEngine", section="hf", options=HFOptions,
+               rollout_only=("routing_replay",)),
     EngineSpec("vllm", "rlcore.engine.vllm.vllm_engine:VLLMEngine", section="vllm", options=VLLMOptions,
                transports=("nccl", "ipc"), needs_gpu=True, memory_share_kwarg="gpu_memory_utilization",
-               rollout_only=("weight_reload", "kv_on_update", "quantization", "sleep_level"), problems=vllm_problems),
+               rollout_only=("weight_reload", "kv_on_update", "quantization", "sleep_level", "routing_replay"),
+               problems=vllm_problems),
 )
 _ENGINES: dict[str, EngineSpec] = {}
 
@@ -262,4 +265,5 @@ def engine_problems(cfg: RunConfig) -> list[tuple[str, str]]:
     if r.engine not in _ENGINES:
         return [("rollout.engine", f"unknown engine {r.engine!r}; choose one of {engine_names()}")]
     spec = engine_spec(r.engine)
-    return spec.problems(cfg) if spec.problems is not None else []
+    own = spec.problems(cfg) if spec.problems is not None else []
+    return own + routing_problems(cfg, spec.section, engine_options(r))

@@ -195,7 +195,7 @@ class Environment(abc.ABC):
             samples.append(Sample(
                 prompt_ids=prompts[i // group_size], completion_ids=gen.token_ids, logprobs=gen.logprobs,
                 versions=gen.versions, loss_mask=[1] * len(gen.token_ids), finish_reason=gen.finish_reason,
-                images=images[i // group_size],
+                images=images[i // group_size], routed_experts=gen.routed_experts,
             ))
             text = tokenizer.decode(gen.token_ids, skip_special_tokens=True)
             jobs.append((task, [*task.messages, {"role": "assistant", "content": text}], {}))

@@ -53,6 +53,8 @@ class Episode:
         s.versions += gen.versions
         s.loss_mask += [1] * len(gen.token_ids)
         s.finish_reason = gen.finish_reason
+        if gen.routed_experts is not None:  # the turn's prompt was the whole context: its rows cover all
+            s.routed_experts = gen.routed_experts
         self.history.append({"role": "assistant", "content": text})
         self.turns += 1
 

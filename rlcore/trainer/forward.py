@@ -5,6 +5,9 @@ sample (the `rlcore.packing` alignment), under ``softmax(logits / temperature)``
 are float32 ``[T]`` and differentiable. With ``cp > 1`` the row is split over the context
 ranks and the outputs are gathered back to ``[T]`` on each (`rlcore.trainer.context_parallel`).
 
+With routing replay (``mb.routed_experts``) the model's MoE blocks use the given experts
+(`rlcore.trainer.moe.set_routing`; the pad sample and -1 rows route themselves).
+
 The row the model sees is padded (one trailing pad sample, cut off again) to a multiple of
 ``cp * token_multiple(model)``: FP8 matmuls need every GEMM dimension, the token count included
 (it is the inner dimension of the weight-gradient GEMM), to be a multiple of 16.
@@ -16,10 +19,12 @@ import torch
 
 from rlcore.models.vision import packed_mrope_positions, pixel_values, text_config
 from rlcore.packing import MicroBatch
+from rlcore.routing import SELF_ROUTE
 from rlcore.trainer.attention import NAME as VARLEN
 from rlcore.trainer.attention import cu_seqlens
 from rlcore.trainer.context_parallel import gather_sequence, local_slice, pad_to_multiple
 from rlcore.trainer.logprobs import logprob_request
+from rlcore.trainer.moe import set_routing
 from rlcore.trainer.parallel import TOKEN_MULTIPLE_ATTR, Meshes
 
 
@@ -32,6 +37,7 @@ def token_multiple(model: torch.nn.Module) -> int:
 def forward_logprobs(model: torch.nn.Module, mb: MicroBatch, temperature: float, meshes: Meshes | None,
                      device: torch.device, vision=None) -> tuple[torch.Tensor, torch.Tensor]:
     if mb.images:
+        set_routing(model, None)
         if token_multiple(model) > 1:
             raise ValueError("FP8 training of a vision-language model is not supported (trainer.fp8)")
         return _vision_forward(model, mb, temperature, device, vision)
@@ -42,10 +48,15 @@ def forward_logprobs(model: torch.nn.Module, mb: MicroBatch, temperature: float,
     group = meshes.cp_group if meshes is not None else None
     cp = meshes.dims.cp if group is not None else 1
     ids, pos, tgt = pad_to_multiple(ids, pos, tgt, cp * token_multiple(model))
+    routed = mb.routed_experts
+    if routed is not None and len(routed) < len(ids):  # the pad sample routes itself
+        routed = torch.cat([routed, routed.new_full((len(ids) - len(routed), *routed.shape[1:]), SELF_ROUTE)])
     full_pos = pos
     if group is not None:
         rank = torch.distributed.get_rank(group)
         ids, pos, tgt = (local_slice(t, rank, cp) for t in (ids, pos, tgt))
+        routed = local_slice(routed, rank, cp) if routed is not None else None
+    set_routing(model, routed.to(device, non_blocking=True) if routed is not None else None)
     kwargs = {}
     if getattr(text_config(model.config), "_attn_implementation", None) == VARLEN:  # (a VLM: its language model)
         # boundaries of the *whole* row: with cp, attention runs over all of it (Ulysses)

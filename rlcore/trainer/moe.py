@@ -17,6 +17,15 @@ all-to-all brings results back to the sending rank, which un-sorts and combines 
 No capacity factor: no token is dropped, so the result equals the single-rank block exactly
 (up to summation order).
 
+Routing replay (`rlcore.routing`): with ``replay`` set (`set_routing`: int [N, k] per block, -1
+for a token that routes itself), a token's experts are the given ``g_n`` instead of its own top-k,
+and its weights are still the trainer's router probabilities gathered there::
+
+    p_n = softmax(router_logits_n),   w_ni = p_n[g_ni] / sum_j p_n[g_nj]  (norm_topk_prob; else p_n[g_ni])
+
+so the router keeps its gradient. The metric ``moe_replay_agreement`` is the fraction of replayed
+(token, layer, slot) whose given expert is also in the trainer's own top-k.
+
 Router statistics (per layer, over the tokens of a step, summed over all ranks):
 tokens per expert ``c_e``, load imbalance ``max_e c_e / mean_e c_e`` (1 = balanced), and mean
 router entropy ``-sum_e p_e log p_e`` (nats).
@@ -96,18 +105,21 @@ class MoEBlock(nn.Module):
         self.experts = LocalExperts(block.experts, ep_rank, ep_size, ep_group)
         self.top_k = block.gate.top_k
         self.num_experts = block.experts.num_experts
+        self.norm_topk_prob = bool(getattr(block.gate, "norm_topk_prob", True))
+        self.layer_index = 0  # position among the decoder layers (set by apply_expert_parallel)
+        self.replay: torch.Tensor | None = None  # [N, k] experts to use (-1: own top-k); set_routing
         self.reset_stats()
 
     def reset_stats(self) -> None:
         self.stat_counts: torch.Tensor | None = None
         self.stat_entropy: torch.Tensor | None = None  # on device: no host sync per forward
         self.stat_tokens = 0
+        self.stat_agree: torch.Tensor | None = None  # replayed slots also in the own top-k
+        self.stat_replayed: torch.Tensor | None = None  # replayed slots
 
     @torch._dynamo.disable  # host-side bookkeeping: runs eagerly under trainer.compile
     def _record(self, logits: torch.Tensor, counts: torch.Tensor) -> None:
-        # only real forwards of the trained policy: not no-grad passes (reference model) and not
-        # the recomputation of a checkpointed layer inside backward
-        if not torch.is_grad_enabled() or torch._C._current_graph_task_id() != -1:
+        if not self._counting():
             return
         with torch.no_grad():
             logp = torch.log_softmax(logits.float(), dim=-1)
@@ -117,10 +129,40 @@ class MoEBlock(nn.Module):
         self.stat_entropy = ent if self.stat_entropy is None else self.stat_entropy + ent
         self.stat_tokens += logits.shape[0]
 
+    @staticmethod
+    def _counting() -> bool:
+        """Statistics count real forwards of the trained policy only: not no-grad passes (reference
+        model) and not the recomputation of a checkpointed layer inside backward."""
+        return torch.is_grad_enabled() and torch._C._current_graph_task_id() == -1
+
+    def _replayed(self, logits: torch.Tensor, weights: torch.Tensor, experts: torch.Tensor):
+        """(weights, experts) [N, k] with the replayed rows' experts and their renormalised router
+        probabilities (module docstring); rows holding -1 keep the router's own top-k."""
+        r = self.replay
+        if r.shape != experts.shape:
+            raise ValueError(f"routing replay: layer {self.layer_index} got experts of shape {tuple(r.shape)}, "
+                             f"the block routes {tuple(experts.shape)} (tokens, top_k)")
+        given = r.to(device=experts.device, dtype=experts.dtype)
+        own = (given < 0).any(-1, keepdim=True)  # [N, 1]
+        given = torch.where(own, experts, given)
+        w = torch.softmax(logits, dim=-1, dtype=torch.float).gather(-1, given)
+        if self.norm_topk_prob:
+            w = w / w.sum(-1, keepdim=True)
+        w = torch.where(own, weights, w.to(weights.dtype))
+        if self._counting():
+            with torch.no_grad():
+                hit = (given[:, :, None] == experts[:, None, :]).any(-1) & ~own
+                agree, n = hit.sum(), (~own).sum() * given.shape[-1]
+            self.stat_agree = agree if self.stat_agree is None else self.stat_agree + agree
+            self.stat_replayed = n if self.stat_replayed is None else self.stat_replayed + n
+        return w, given
+
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
         shape = hidden_states.shape
         x = hidden_states.reshape(-1, shape[-1])
         logits, weights, experts = self.gate(x)  # [N, E], [N, k], [N, k]
+        if self.replay is not None:
+            weights, experts = self._replayed(logits, weights, experts)
         k = experts.shape[-1]
         flat = experts.reshape(-1)
         order = torch.argsort(flat, stable=True)
@@ -173,16 +215,35 @@ def apply_expert_parallel(model: nn.Module, ep_group: dist.ProcessGroup | None) 
     """Replace every Qwen3-MoE sparse block by a `MoEBlock` (also with ep = 1, for the router
     statistics and sorted dispatch). Returns the blocks."""
     blocks = []
-    for layer in decoder_layers(model):
+    for i, layer in enumerate(decoder_layers(model)):
         mlp = getattr(layer, "mlp", None)
         if isinstance(mlp, MoEBlock):
             blocks.append(mlp)
         elif mlp is not None and _is_qwen3_moe_block(mlp):
             layer.mlp = MoEBlock(mlp, ep_group)
+            layer.mlp.layer_index = i
             blocks.append(layer.mlp)
     if ep_group is not None and dist.get_world_size(ep_group) > 1 and not blocks:
         raise ValueError("trainer.ep > 1 but the model has no Qwen3-MoE-shaped sparse blocks")
     return blocks
+
+
+def set_routing(model: nn.Module, routed: torch.Tensor | None) -> None:
+    """Make every `MoEBlock` of `model` replay `routed` (int [N, layers, top_k] over the tokens the
+    blocks will see, -1 = own top-k; `rlcore.routing`) in its next forwards, or route itself
+    (None). It stays set until the next call, so the recomputation of a checkpointed layer in
+    backward routes like its forward did."""
+    blocks = [m for m in model.modules() if isinstance(m, MoEBlock)]
+    if routed is not None and not blocks:
+        raise ValueError("routing replay: the micro-batch carries routed experts but the policy has no MoE blocks")
+    for b in blocks:
+        if routed is None:
+            b.replay = None
+            continue
+        if routed.shape[1] <= b.layer_index or routed.shape[2] != b.top_k:
+            raise ValueError(f"routing replay: routed experts of shape {tuple(routed.shape)} do not fit layer "
+                             f"{b.layer_index} (top_k {b.top_k}) of the policy")
+        b.replay = routed[:, b.layer_index]
 
 
 def expert_modules(model: nn.Module) -> dict[str, LocalExperts]:
@@ -203,16 +264,22 @@ def router_metrics(model: nn.Module, group: dist.ProcessGroup | None = None) -> 
     for b in blocks:
         c = b.stat_counts if b.stat_counts is not None else torch.zeros(E, device=dev)
         ent = b.stat_entropy if b.stat_entropy is not None else torch.zeros((), device=dev)
+        replay = [torch.zeros((), device=dev) if v is None else v.to(dev).float()
+                  for v in (b.stat_agree, b.stat_replayed)]
         rows.append(torch.cat([c.to(dev).float(), ent.to(dev).float().reshape(1),
-                               torch.tensor([float(b.stat_tokens)], device=dev)]))
+                               torch.tensor([float(b.stat_tokens)], device=dev), *(v.reshape(1) for v in replay)]))
         b.reset_stats()
     t = torch.stack(rows).double()
     if dist.is_initialized():
         dist.all_reduce(t, group=group)
     counts, ent, tokens = t[:, :E], t[:, E], t[:, E + 1]
+    agree, replayed = float(t[:, E + 2].sum()), float(t[:, E + 3].sum())
     if float(tokens.sum()) == 0:
         return {}
     imbalance = counts.max(1).values / counts.mean(1).clamp_min(1e-9)
-    return {"moe_load_imbalance": float(imbalance.mean()), "moe_load_imbalance_max": float(imbalance.max()),
-            "moe_router_entropy": float(ent.sum() / tokens.sum()),
-            "moe_dead_expert_frac": float((counts == 0).double().mean())}
+    out = {"moe_load_imbalance": float(imbalance.mean()), "moe_load_imbalance_max": float(imbalance.max()),
+           "moe_router_entropy": float(ent.sum() / tokens.sum()),
+           "moe_dead_expert_frac": float((counts == 0).double().mean())}
+    if replayed > 0:
+        out["moe_replay_agreement"] = agree / replayed
+    return out

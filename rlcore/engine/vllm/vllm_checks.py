@@ -40,7 +40,8 @@ def vllm_problems(cfg: RunConfig) -> list[tuple[str, str]]:
     # engine arguments that the section's fields own (the engine is built from those fields)
     for key, field_name, why in (("reload", "weight_reload", ""), ("kv_on_update", "kv_on_update", ""),
                                  ("quantization", "quantization",
-                                  " (the canary and the weight-sync path depend on it)")):
+                                  " (the canary and the weight-sync path depend on it)"),
+                                 ("enable_return_routed_experts", "routing_replay", "")):
         if key in v.engine_kwargs:
             out.append((f"{KEY}.engine_kwargs.{key}", f"set {KEY}.{field_name} instead{why}"))
     if cfg.placement == "colocated":

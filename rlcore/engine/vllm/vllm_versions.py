@@ -39,6 +39,7 @@ class InFlightRequest:
     mark_i: int = 0
     finished: bool = False
     finish_reason: str = "abort"
+    routed_experts: Any = None  # routing replay: [prompt + completion - 1, layers, top_k], on finish
 
     def pending_tokens(self) -> int:
         """Tokens the output handler has delivered to the collector but we have not read yet."""
@@ -68,10 +69,13 @@ class InFlightRequest:
         if out.finished:
             self.finished = True
             self.finish_reason = finish_reason_of(comp.finish_reason)
+            # with enable_return_routed_experts vLLM concatenates the request's routing into its
+            # final output only (v1/engine/output_processor.py); None otherwise
+            self.routed_experts = getattr(comp, "routed_experts", None)
 
     def result(self) -> Generation:
         return Generation(token_ids=self.token_ids, logprobs=self.logprobs, versions=self.versions,
-                          finish_reason=self.finish_reason)
+                          finish_reason=self.finish_reason, routed_experts=self.routed_experts)
 
 
 def finish_reason_of(reason: str | None) -> str:
