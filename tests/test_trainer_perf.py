@@ -236,7 +236,7 @@ def test_moe_default_is_loop_on_cpu():
     assert not block.experts.use_grouped(torch.zeros(2, 64, dtype=torch.bfloat16))  # CPU: loop
 
 
-def test_compile_moe_layers_compiles_attention_only(aot_eager):
+def test_compile_moe_layers_compiles_attention_norms_and_router(aot_eager):
     from rlcore.trainer.compile import compile_layers
     from rlcore.trainer.moe import apply_expert_parallel
     base = tiny_model("qwen3_moe")
@@ -244,8 +244,11 @@ def test_compile_moe_layers_compiles_attention_only(aot_eager):
     model = copy.deepcopy(base)
     apply_expert_parallel(model, None)
     compile_layers(model)
-    assert all(getattr(layer.self_attn, "_rlcore_compiled", False) for layer in model.model.layers)
-    assert not any(getattr(layer, "_rlcore_compiled", False) for layer in model.model.layers)
+    for layer in model.model.layers:
+        for part in (layer.self_attn, layer.mlp.gate, layer.input_layernorm, layer.post_attention_layernorm):
+            assert getattr(part, "_rlcore_compiled", False), part
+    assert not any(getattr(layer, "_rlcore_compiled", False) or getattr(layer.mlp, "_rlcore_compiled", False)
+                   for layer in model.model.layers)
     got = _run(_prepare(model, False))
     for a, b in zip(got[0], eager[0]):
         torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)

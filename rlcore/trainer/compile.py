@@ -16,8 +16,9 @@ rlcore's variable-length attention is a custom op (``torch_attn::_varlen_attn`` 
 kernel and a registered backward), so it traces into the graph without a break. Dense layers
 with cp = 1 compile without graph breaks (tested on CPU); Ulysses all-to-alls are functional
 collectives and trace too (``fullgraph`` stays off: a break runs eagerly rather than failing). In
-MoE layers only the attention block is compiled; the MoE block (router statistics, all-to-all
-split sizes, experts as their own FSDP unit, ``torch._grouped_mm``) runs eagerly.
+MoE layers the attention block, the two norms and the router are compiled, each on its own; the
+rest of the MoE block (router statistics, routing replay, all-to-all split sizes, experts as their
+own FSDP unit, ``torch._grouped_mm``) runs eagerly.
 
 Dynamic shapes: the packed token count, the number of samples (size of ``cu_seqlens``) and the
 longest sample change from micro-batch to micro-batch. Micro-batches are *not* padded to
@@ -68,11 +69,15 @@ def compile_module_forward(module: nn.Module, fullgraph: bool = False) -> None:
 
 def compile_layers(model: nn.Module, fullgraph: bool = False) -> None:
     """Compile every decoder layer of a transformers causal LM (a VLM: its language model); in a
-    layer whose MLP is an rlcore `MoEBlock`, only the attention block (the MoE dispatch needs
-    host-side split sizes and its experts are their own FSDP unit: compiling through it would
-    cut the layer into many small graphs)."""
+    layer whose MLP is an rlcore `MoEBlock`, its attention block, norms and router one by one
+    (the MoE dispatch needs host-side split sizes and its experts are their own FSDP unit:
+    compiling through it would cut the layer into many small graphs; left eager, the norms and the
+    router's softmax / top-k are a dozen memory-bound kernels each)."""
     for layer in decoder_layers(model):
         if isinstance(getattr(layer, "mlp", None), MoEBlock):
-            compile_module_forward(layer.self_attn, fullgraph=fullgraph)
+            parts = [layer.self_attn, layer.mlp.gate]
+            parts += [getattr(layer, n) for n in ("input_layernorm", "post_attention_layernorm") if hasattr(layer, n)]
+            for part in parts:
+                compile_module_forward(part, fullgraph=fullgraph)
         else:
             compile_module_forward(layer, fullgraph=fullgraph)

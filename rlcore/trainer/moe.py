@@ -78,19 +78,25 @@ class LocalExperts(nn.Module):
             return self.grouped
         return x.is_cuda and x.dtype == torch.bfloat16 and grouped_mm_available()
 
-    def forward(self, x: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, counts: torch.Tensor, scale: torch.Tensor | None = None) -> torch.Tensor:
         """``x`` rows grouped by local expert (``counts[i]`` rows for local expert ``i``; an
-        integer tensor of ``num_local`` entries)."""
+        integer tensor of ``num_local`` entries). ``scale`` [rows] (optional): a factor per row
+        applied before the down projection, ``W_down (s * h) = s * W_down h``: the routing weight
+        on the intermediate width instead of the hidden one."""
         if self.use_grouped(x):
             offs = torch.cumsum(counts, 0, dtype=torch.int32)
             w_gu = self.gate_up_proj.to(x.dtype).transpose(-2, -1)  # [n, H, 2I]
             w_d = self.down_proj.to(x.dtype).transpose(-2, -1)  # [n, I, H]
             gate, up = torch._grouped_mm(x, w_gu, offs=offs).chunk(2, dim=-1)
-            return torch._grouped_mm(self.act_fn(gate) * up, w_d, offs=offs)
+            h = self.act_fn(gate) * up
+            return torch._grouped_mm(h if scale is None else h * scale[:, None], w_d, offs=offs)
         outs = []
-        for i, rows in enumerate(x.split(counts.tolist())):
+        sizes = counts.tolist()
+        scales = scale.split(sizes) if scale is not None else [None] * len(sizes)
+        for i, (rows, s) in enumerate(zip(x.split(sizes), scales)):
             gate, up = F.linear(rows, self.gate_up_proj[i]).chunk(2, dim=-1)
-            outs.append(F.linear(self.act_fn(gate) * up, self.down_proj[i]))
+            h = self.act_fn(gate) * up
+            outs.append(F.linear(h if s is None else h * s[:, None], self.down_proj[i]))
         return torch.cat(outs) if outs else x[:0]
 
 
@@ -172,13 +178,16 @@ class MoEBlock(nn.Module):
         self._record(logits, counts)
         routed = x[order // k]  # (token, slot) rows sorted by expert
         ex = self.experts
-        if ex.ep_size == 1:
-            out_sorted = ex(routed, counts)
+        if ex.ep_size == 1:  # the routing weights scale the I-wide intermediate rows (I < H)
+            out_sorted = ex(routed, counts, weights.reshape(-1)[order].to(x.dtype))
         else:
             out_sorted = self._dispatch(routed, counts)
         out = torch.empty_like(out_sorted)
         out[order] = out_sorted  # back to (token, slot) order; index_put is differentiable
-        y = (out.view(-1, k, shape[-1]) * weights.to(out.dtype)[..., None]).sum(1)
+        if ex.ep_size == 1:
+            y = out.view(-1, k, shape[-1]).sum(1)
+        else:
+            y = (out.view(-1, k, shape[-1]) * weights.to(out.dtype)[..., None]).sum(1)
         return y.view(shape)
 
     def _dispatch(self, routed: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
