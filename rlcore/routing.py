@@ -15,7 +15,8 @@ transformers engine returns the same rows from hooks on its routers.
 Packed into a micro-batch (:func:`packed_routing`) the rows become int16 ``[T, layers, top_k]``
 aligned to input positions; ``-1`` (:data:`SELF_ROUTE`) marks a position the trainer routes
 itself: each sample's last token, rows an engine did not return (a multi-turn episode's
-environment tokens after the last policy turn), samples without routing and padding.
+environment tokens after the last policy turn), samples without routing (those the OpenAI-
+compatible server assembles for verifiers environments carry none yet) and padding.
 
 This module is torch-free apart from :func:`packed_routing` (imported lazily) and Ray-free.
 """
