@@ -127,7 +127,7 @@ def config_problems(cfg: RunConfig) -> list[tuple[str, str]]:
         value = getattr(t, key)
         if not value > 0:
             out.append((f"teacher.{key}", f"must be > 0, got {value!r}"))
-    for key in ("gpus_per_actor", "kl_coef", "reward_coef"):
+    for key in ("gpus_per_actor", "kl_coef", "reward_coef", "kl_deadband"):
         value = getattr(t, key)
         if not value >= 0:
             out.append((f"teacher.{key}", f"must be >= 0, got {value!r}"))

@@ -55,6 +55,9 @@ class TeacherConfig(PluginSections):
     kl_baseline: bool = False
     """Subtract the batch mean of (log p_teacher - log p_student) from the distillation advantage
     (variance reduction; the expected gradient is unchanged)."""
+    kl_deadband: float = 0.0
+    """Tokens with |log p_teacher - log p_student| at most this get no distillation advantage (nats; keeps a
+    converged student from drifting on noise gradients; 0 = the exact estimator)."""
     vllm: VLLMOptions = field(default_factory=VLLMOptions)
     """Options of a vllm teacher (`teacher.vllm.*`: tensor_parallel_size, engine_kwargs; the
     rollout-only options must keep their defaults)."""
