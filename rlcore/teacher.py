@@ -68,11 +68,13 @@ def _checkpoint_vocab_size(path: str) -> int | None:
 
 
 def tokenizer_problems(cfg: RunConfig) -> list[tuple[str, str]]:
-    """Same tokenizer required (cross-tokenizer distillation is out of scope). Cheap: local
-    tokenizers are loaded and compared (vocabulary and special ids); a hub id is compared when
-    the teacher actor starts (`actors/teacher.py`)."""
+    """Same tokenizer required, unless `teacher.cross_tokenizer` (then none: the teacher reads the
+    student's text). Cheap: local tokenizers are loaded and compared (vocabulary and special
+    ids); a hub id is compared when the teacher actor starts (`actors/teacher.py`)."""
     from rlcore.models.build import build_tokenizer
     t, m = cfg.teacher, cfg.model
+    if t.cross_tokenizer:
+        return []
     if t.tokenizer != m.tokenizer:
         return [("teacher.tokenizer", f"{t.tokenizer!r} differs from model.tokenizer {m.tokenizer!r}: "
                  "the teacher must use the student's tokenizer")]

@@ -180,6 +180,12 @@ def test_char_teacher_with_another_tokenizer_kind_is_refused(capsys):
     assert rc == 2 and len(err) == 1 and "teacher.tokenizer" in err[0], err
 
 
+def test_cross_tokenizer_teacher_may_use_another_tokenizer():
+    cfg = compose(["teacher.enabled=true", "teacher.tokenizer=auto", "teacher.path=Qwen/Qwen3-4B",
+                   "teacher.cross_tokenizer=true"])
+    assert not [k for k, _ in config_problems(cfg) if k in ("teacher.tokenizer", "teacher.path")]
+
+
 def test_teacher_resources_count_against_the_machine():
     from rlcore.config.validate import resource_problems
     cfg = compose(["teacher.enabled=true", "teacher.cpus_per_actor=2"])

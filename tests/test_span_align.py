@@ -98,3 +98,32 @@ def test_a_teacher_that_cannot_write_the_text_is_an_error():
     with pytest.raises(ValueError, match="does not round-trip"):
         retokenize(bpe_tokenizer().decode, lambda x: char.encode(x, add_special_tokens=False), char.decode,
                    [], completion)
+
+
+def test_a_char_teacher_scores_a_bpe_students_text_and_the_sums_telescope():
+    # the teacher worker's cross-tokenizer path on a real (random-weight, char-level) hf engine:
+    # the student's BPE sample is scored in the teacher's char tokens, carried back one logprob
+    # per student token, and they add up to the teacher's logprob of the whole completion text
+    from actors.teacher import TeacherWorker
+    from rlcore.busy import BusyClock
+    from rlcore.engine.registry import make_engine
+    from rlcore.run import compose
+    from rlcore.teacher import teacher_run_config
+    from rlcore.types import Sample
+
+    cfg = compose(["teacher.enabled=true", "teacher.cross_tokenizer=true"])
+    worker = object.__new__(TeacherWorker)  # its engine and tokenizers, without Ray's redirected logs
+    worker.tokenizer, worker.student_tokenizer, worker.clock = char_tokenizer(), bpe_tokenizer(), BusyClock()
+    worker.engine = make_engine(teacher_run_config(cfg), worker.tokenizer, seed=1)
+    student = worker.student_tokenizer
+    prompt = student.encode("reverse the text: fox", add_special_tokens=False)
+    completion = student.encode("xof the<|im_end|>", add_special_tokens=False)
+    s = Sample(prompt, completion, [-1.0] * len(completion), [0] * len(completion), [1] * len(completion))
+    (busy, sums, error, straddle), out = worker.score([s])
+    assert error is None and straddle == (0, len(completion))  # a char teacher never straddles
+    q = out[0].teacher_logprobs
+    char = worker.tokenizer
+    whole = worker.engine.score(char.encode("reverse the text: fox", add_special_tokens=False),
+                                char.encode("xof the<|im_end|>", add_special_tokens=False))
+    assert len(q) == len(completion) < len(whole) and sum(q) == pytest.approx(sum(whole), abs=1e-4)
+    assert sums[0][0][0] == pytest.approx(sum(s.logprobs) - sum(whole), abs=1e-4)

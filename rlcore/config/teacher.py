@@ -24,7 +24,10 @@ class TeacherConfig(PluginSections):
     gguf_file: Optional[str] = None
     """GGUF file inside `path` (hf engine)."""
     tokenizer: str = "char"
-    """`char` or `auto` (the tokenizer `path` ships); must be the same tokenizer as the student's."""
+    """`char` or `auto` (the tokenizer `path` ships); the student's, unless `cross_tokenizer`."""
+    cross_tokenizer: bool = False
+    """The teacher may use another tokenizer: it scores the student's text in its own tokens and its logprobs
+    are carried back to the student's tokens by character spans (`rlcore/algo/span_align.py`)."""
     arch: dict[str, Any] = field(default_factory=dict)
     """transformers config fields of a random-weight teacher (used when `path` is null; empty = `model.arch`)."""
     seed: int = 1
