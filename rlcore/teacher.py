@@ -78,11 +78,11 @@ def tokenizer_problems(cfg: RunConfig) -> list[tuple[str, str]]:
     if t.tokenizer != m.tokenizer:
         return [("teacher.tokenizer", f"{t.tokenizer!r} differs from model.tokenizer {m.tokenizer!r}: "
                  "the teacher must use the student's tokenizer")]
-    if t.tokenizer == "char":
+    if t.tokenizer in ("char", "bpe"):
         size = _checkpoint_vocab_size(t.path) if _is_local(t.path) else None
         student = len(build_tokenizer(m))
         if size is not None and size > student:  # a checkpoint may pad its embedding, never shrink it
-            return [("teacher.path", f"{t.path}: vocab_size {size} is not the char tokenizer's ({student})")]
+            return [("teacher.path", f"{t.path}: vocab_size {size} is not the {t.tokenizer} tokenizer's ({student})")]
         return []
     if not (_is_local(t.path) and _is_local(m.path)):
         return []

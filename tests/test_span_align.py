@@ -7,23 +7,17 @@ from __future__ import annotations
 import math
 
 import pytest
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-from transformers import PreTrainedTokenizerFast
 
 from rlcore.algo.span_align import align, retokenize, segments, token_ends
-from rlcore.models.tokenizer import char_tokenizer
+from rlcore.models.tokenizer import BPE_VOCAB_SIZE, bpe_tokenizer, char_tokenizer
 
 
-def bpe_tokenizer() -> PreTrainedTokenizerFast:
-    """A byte-level BPE built offline on a little text: multi-character tokens, other boundaries
-    than the char tokenizer's, and byte pieces for characters it never saw."""
-    core = Tokenizer(models.BPE())
-    core.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    core.decoder = decoders.ByteLevel()
-    corpus = ["reverse the text: hello world", "the quick brown fox jumps over the lazy dog"] * 20
-    core.train_from_iterator(corpus, trainers.BpeTrainer(vocab_size=300, special_tokens=["<|im_end|>"],
-                                                         initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
-    return PreTrainedTokenizerFast(tokenizer_object=core, eos_token="<|im_end|>")
+def test_the_builtin_bpe_is_the_same_in_every_build_and_round_trips():
+    a, b = bpe_tokenizer(), bpe_tokenizer()
+    assert a.get_vocab() == b.get_vocab() and len(a) == BPE_VOCAB_SIZE
+    assert (a.pad_token_id, a.bos_token_id, a.eos_token_id) == (0, 1, 2)
+    ids = a.encode("qwerty fox<|im_end|>", add_special_tokens=False)
+    assert a.decode(ids) == "qwerty fox<|im_end|>" and len(ids) < len("qwerty fox") + 1
 
 
 def test_token_ends_hand_built():

@@ -24,7 +24,7 @@ class TeacherConfig(PluginSections):
     gguf_file: Optional[str] = None
     """GGUF file inside `path` (hf engine)."""
     tokenizer: str = "char"
-    """`char` or `auto` (the tokenizer `path` ships); the student's, unless `cross_tokenizer`."""
+    """`char`, `bpe` or `auto` (the tokenizer `path` ships); the student's, unless `cross_tokenizer`."""
     cross_tokenizer: bool = False
     """The teacher may use another tokenizer: it scores the student's text in its own tokens and its logprobs
     are carried back to the student's tokens by character spans (`rlcore/algo/span_align.py`)."""
