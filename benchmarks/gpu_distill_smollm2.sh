@@ -26,7 +26,9 @@ run() {  # name timeout args...
   cp -r $W/$name/logs "$OUT/$name/" 2>/dev/null
 }
 run teacher "${TEACHER_TIMEOUT:-200}" +recipe=reverse_text_smollm2 checkpoint.export_final=true
-run student "${STUDENT_TIMEOUT:-100}" +recipe=reverse_text_smollm2 mode=sft steps=100 checkpoint.export_final=true
+# mode=sft is not colocated: the (unused) rollout engine stays off the GPU
+run student "${STUDENT_TIMEOUT:-120}" +recipe=reverse_text_smollm2 mode=sft steps=100 checkpoint.export_final=true \
+  rollout.engine=hf rollout.gpus_per_actor=0
 if [[ ! -f $W/teacher/hf/config.json || ! -f $W/student/hf/config.json ]]; then
   echo "teacher or student export missing: see $OUT/teacher.log, $OUT/student.log"; exit 1
 fi
