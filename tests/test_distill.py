@@ -297,8 +297,10 @@ def test_deadband_drops_tokens_within_it_and_keeps_the_others():
     out = token_advantages(0.4, [-1.0, -2.0], [-0.995, -3.0], [1, 1], kl_coef=2.0, reward_coef=0.5,
                            baseline=0.1, deadband=0.01)
     assert out == pytest.approx([0.2, -2.0])
-    # deadband 0 is the exact estimator: token 0 gets 0.2 + 2*(0.005 - 0.1) = 0.01
-    assert token_advantages(0.4, [-1.0], [-0.995], [1], 2.0, 0.5, baseline=0.1)[0] == pytest.approx(0.01)
+    # deadband 0 is the exact estimator: token 0 gets 0.2 + 2*(0.005 - 0.1) = 0.01, and a token
+    # with q = s exactly still gets the baseline: 0.2 + 2*(0 - 0.1) = 0
+    assert token_advantages(0.4, [-1.0, -1.0], [-0.995, -1.0], [1, 1], 2.0, 0.5, baseline=0.1) == pytest.approx(
+        [0.01, 0.0])
 
 
 @pytest.mark.parametrize("deadband, drifts", [(0.0, True), (0.01, False)])

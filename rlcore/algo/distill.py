@@ -60,7 +60,7 @@ def token_advantages(reward_advantage: float, behaviour_logprobs: Sequence[float
         raise ValueError(f"distill: {len(behaviour_logprobs)} behaviour, {len(teacher_logprobs)} teacher "
                          f"logprobs and {len(loss_mask)} mask entries for one completion")
     base = reward_coef * float(reward_advantage)
-    return [base + kl_coef * (q - s - baseline) if m and abs(q - s) > deadband else base
+    return [base + kl_coef * (q - s - baseline) if m and (not deadband or abs(q - s) > deadband) else base
             for s, q, m in zip(behaviour_logprobs, teacher_logprobs, loss_mask)]
 
 
