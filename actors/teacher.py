@@ -103,7 +103,8 @@ class TeacherWorker:
         student, teacher = self.student_tokenizer, self.tokenizer
         scored_samples = [s for g in groups for s in g if not s.failed]
         mapped = [retokenize(student.decode, lambda text: teacher.encode(text, add_special_tokens=False),
-                             teacher.decode, s.prompt_ids, s.completion_ids) for s in scored_samples]
+                             teacher.decode, s.prompt_ids, s.completion_ids, teacher.unk_token_id)
+                  for s in scored_samples]
         logprobs = self.engine.score_batch([(p, c) for p, c, _, _ in mapped])
         if len(logprobs) != len(mapped):
             raise ValueError(f"teacher returned {len(logprobs)} scored samples for {len(mapped)}")

@@ -86,12 +86,18 @@ def test_the_same_distribution_under_another_tokenizer_gives_a_reverse_kl_of_zer
     assert (straddled == 0) == student_is_bpe
 
 
-def test_a_teacher_that_cannot_write_the_text_is_an_error():
-    char = char_tokenizer()
-    completion = bpe_tokenizer().encode("héllo", add_special_tokens=False)
-    with pytest.raises(ValueError, match="does not round-trip"):
-        retokenize(bpe_tokenizer().decode, lambda x: char.encode(x, add_special_tokens=False), char.decode,
-                   [], completion)
+def test_a_character_the_teacher_cannot_write_becomes_its_unknown_token():
+    # 'h\x18é!' from the BPE student: the char teacher writes neither '\x18' nor 'é'; each becomes
+    # <|unk|> over its one character, the runs around them are encoded apart
+    char, bpe = char_tokenizer(), bpe_tokenizer()
+    completion = bpe.encode("h\x18é!", add_special_tokens=False)
+    _, t_ids, s_ends, t_ends = retokenize(bpe.decode, lambda x: char.encode(x, add_special_tokens=False),
+                                          char.decode, [], completion, char.unk_token_id)
+    assert t_ids == [char.convert_tokens_to_ids(c) for c in "h"] + [char.unk_token_id] * 2 + [
+        char.convert_tokens_to_ids("!")]
+    assert t_ends == [1, 2, 3, 4] and s_ends[-1] == 4
+    with pytest.raises(ValueError, match="no unknown token"):
+        retokenize(bpe.decode, lambda x: char.encode(x, add_special_tokens=False), char.decode, [], completion)
 
 
 def test_a_char_teacher_scores_a_bpe_students_text_and_the_sums_telescope():

@@ -103,18 +103,51 @@ def align(student_logprobs: Sequence[float], student_ends: Sequence[int], teache
     return q, straddled
 
 
+def teacher_tokens(encode: Callable[[str], list[int]], decode: Callable[[list[int]], str],
+                   unk_id: int | None, text: str) -> tuple[list[int], list[int]]:
+    """``(ids, ends)``: ``text`` in the teacher's tokens, each token's end offset in ``text``. A
+    character the teacher cannot write (``decode(encode(c)) != c``: a control byte, a broken
+    UTF-8 sequence the student decoded to U+FFFD) becomes the teacher's unknown token over that one
+    character, so the teacher still scores the sample and its (low) logprob of ``unk`` is what
+    the student's token that wrote the character is pushed by; the runs between such characters
+    are encoded apart. ValueError when such a character occurs and the teacher has no unknown
+    token, or when a run does not decode back to itself."""
+    writable: dict[str, bool] = {}
+    runs, start = [], 0
+    for k, c in enumerate(text):
+        if c not in writable:
+            writable[c] = decode(encode(c)) == c
+        if not writable[c]:
+            if unk_id is None:
+                raise ValueError(f"span_align: the teacher's tokenizer cannot write {c!r} and has no unknown token")
+            runs += [(start, k, False), (k, k + 1, True)]
+            start = k + 1
+    runs.append((start, len(text), False))
+    ids: list[int] = []
+    ends: list[int] = []
+    for a, b, unknown in runs:
+        if unknown:
+            ids.append(unk_id)
+            ends.append(b)
+        elif b > a:
+            run_ids = encode(text[a:b])
+            run_ends, run_text = token_ends(decode, run_ids)
+            if run_text != text[a:b]:
+                raise ValueError(f"span_align: the teacher's tokenizer does not round-trip the student's text "
+                                 f"({text[a:b][:40]!r} -> {run_text[:40]!r})")
+            ids += run_ids
+            ends += [a + e for e in run_ends]
+    return ids, ends
+
+
 def retokenize(student_decode: Callable[[list[int]], str], teacher_encode: Callable[[str], list[int]],
                teacher_decode: Callable[[list[int]], str], prompt_ids: Sequence[int],
-               completion_ids: Sequence[int]) -> tuple[list[int], list[int], list[int], list[int]]:
+               completion_ids: Sequence[int], teacher_unk_id: int | None = None
+               ) -> tuple[list[int], list[int], list[int], list[int]]:
     """The student's sample in the teacher's tokens: ``(teacher prompt ids, teacher completion
-    ids, student ends, teacher ends)``. Prompt and completion are encoded apart, so the
-    completion starts on a teacher token boundary; ValueError when the teacher's tokens do not
-    decode back to the student's text (a character it cannot write)."""
-    prompt_text = student_decode(list(prompt_ids))
+    ids, student ends, teacher ends)`` (:func:`teacher_tokens` for each). Prompt and completion
+    are encoded apart, so the completion starts on a teacher token boundary."""
     student_ends, text = token_ends(student_decode, completion_ids)
-    t_prompt, t_completion = teacher_encode(prompt_text), teacher_encode(text)
-    teacher_ends, t_text = token_ends(teacher_decode, t_completion)
-    if t_text != text:
-        raise ValueError(f"span_align: the teacher's tokenizer does not round-trip the student's text "
-                         f"({text[:40]!r} -> {t_text[:40]!r})")
+    t_prompt, _ = teacher_tokens(teacher_encode, teacher_decode, teacher_unk_id, student_decode(list(prompt_ids)))
+    t_completion, teacher_ends = teacher_tokens(teacher_encode, teacher_decode, teacher_unk_id, text)
     return t_prompt, t_completion, student_ends, teacher_ends
