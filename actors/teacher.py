@@ -38,6 +38,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 from actors.groups import bundle
 from actors.logs import QUIET_ENV, redirect_output
 from rlcore.algo.distill import teacher_sums
+from rlcore.algo.span_align import align, retokenize
 from rlcore.busy import BusyClock
 from rlcore.config import RunConfig
 from rlcore.engine.registry import make_engine
@@ -61,7 +62,9 @@ class TeacherWorker:
         torch.set_num_threads(max(1, int(cfg.teacher.cpus_per_actor)))
         tcfg = teacher_run_config(cfg)
         self.tokenizer = build_tokenizer(tcfg.model)
-        if tokenizer_fingerprint(self.tokenizer) != tokenizer_fingerprint(build_tokenizer(cfg.model)):
+        self.student_tokenizer = build_tokenizer(cfg.model) if cfg.teacher.cross_tokenizer else None
+        if self.student_tokenizer is None and tokenizer_fingerprint(self.tokenizer) != tokenizer_fingerprint(
+                build_tokenizer(cfg.model)):
             # a hub teacher is only comparable once loaded (validation compares local ones)
             raise ValueError(f"teacher.path: {cfg.teacher.path}: its tokenizer differs from the student's")
         self.engine = make_engine(tcfg, self.tokenizer, seed=cfg.seed * 1000 + 500 + index)
@@ -73,20 +76,46 @@ class TeacherWorker:
     def score(self, *groups: list[Sample]) -> tuple:
         """Score the token data of n groups (`list[Sample]` each; the caller passes their refs and
         Ray resolves them here) with `.options(num_returns=1 + n)`: return 0 is
-        `(cumulative busy seconds, per group [SampleMeta.teacher_sums of each sample], None)`,
-        return 1 + i group i's samples carrying `teacher_logprobs` (failed samples unscored).
-        Never raises for a scoring fault (an engine error, or logprobs whose count differs from
-        a completion's: `attach`): return 0 is then `(busy seconds, None, one line saying why)`
-        and returns 1..n are None, so no error object sits unread in the store."""
+        `(cumulative busy seconds, per group [SampleMeta.teacher_sums of each sample], None,
+        (straddled, tokens))`, return 1 + i group i's samples carrying `teacher_logprobs` (failed
+        samples unscored); `straddled` counts the completion tokens whose teacher logprob is a
+        straddled segment's share (`teacher.cross_tokenizer`; 0 otherwise) out of `tokens`.
+        Never raises for a scoring fault (an engine error, logprobs whose count differs from a
+        completion's: `attach`, a text the teacher's tokenizer cannot write): return 0 is then
+        `(busy seconds, None, one line saying why, None)` and returns 1..n are None, so no error
+        object sits unread in the store."""
         try:
             with self.clock.busy():
-                logprobs = self.engine.score_batch(score_pairs(groups))
-                attach(groups, logprobs)
+                if self.student_tokenizer is None:
+                    attach(groups, self.engine.score_batch(score_pairs(groups)))
+                    straddle = (0, sum(len(s.completion_ids) for g in groups for s in g if not s.failed))
+                else:
+                    straddle = self._score_cross(groups)
         except Exception as exc:
-            return (self.clock.seconds(), None, one_line(exc)), *[None] * len(groups)
+            return (self.clock.seconds(), None, one_line(exc), None), *[None] * len(groups)
         sums = [[None if s.teacher_logprobs is None else teacher_sums(s.logprobs, s.teacher_logprobs, s.loss_mask)
                  for s in g] for g in groups]
-        return (self.clock.seconds(), sums, None), *groups
+        return (self.clock.seconds(), sums, None, straddle), *groups
+
+    def _score_cross(self, groups) -> tuple[int, int]:
+        """Score the student's text in the teacher's tokens and carry the logprobs back
+        (`rlcore.algo.span_align`); returns `(straddled, tokens)`."""
+        student, teacher = self.student_tokenizer, self.tokenizer
+        scored_samples = [s for g in groups for s in g if not s.failed]
+        mapped = [retokenize(student.decode, lambda text: teacher.encode(text, add_special_tokens=False),
+                             teacher.decode, s.prompt_ids, s.completion_ids, teacher.unk_token_id)
+                  for s in scored_samples]
+        logprobs = self.engine.score_batch([(p, c) for p, c, _, _ in mapped])
+        if len(logprobs) != len(mapped):
+            raise ValueError(f"teacher returned {len(logprobs)} scored samples for {len(mapped)}")
+        straddled = tokens = 0
+        aligned = []
+        for s, (_, _, s_ends, t_ends), lp in zip(scored_samples, mapped, logprobs):
+            q, n = align(s.logprobs, s_ends, lp, t_ends)
+            aligned.append(q)
+            straddled, tokens = straddled + n, tokens + len(q)
+        attach(groups, aligned)
+        return straddled, tokens
 
 
 @dataclass
@@ -108,6 +137,8 @@ class StepStats:
 
     latencies: list[float] = field(default_factory=list)
     failed: int = 0
+    straddled: int = 0
+    tokens: int = 0
 
 
 def score_pairs(groups) -> list[tuple[list[int], list[int]]]:
@@ -270,7 +301,7 @@ class TeacherStage:
     def _collect(self, ref: ray.ObjectRef) -> None:
         req = self.pending.pop(ref)
         try:
-            busy, sums, error = ray.get(ref, timeout=0)  # return 0: small; the scored data stays in the store
+            busy, sums, error, straddle = ray.get(ref, timeout=0)  # return 0: small; the scored data stays in the store
             if error is not None:
                 raise ScoreFailed(error)
             if len(sums) != len(req.groups):
@@ -283,6 +314,8 @@ class TeacherStage:
             return
         self.failed_in_a_row = 0
         self.stats.latencies.append(time.perf_counter() - req.launched_at)
+        self.stats.straddled += straddle[0]
+        self.stats.tokens += straddle[1]
         last = self._busy_last.get(req.actor, 0.0)
         self._busy_step += busy - last if busy >= last else busy  # a restarted actor's clock starts at 0
         self._busy_last[req.actor] = busy
@@ -342,7 +375,9 @@ class TeacherStage:
     def step_metrics(self, step_time: float) -> dict[str, float]:
         """`teacher_latency_s` (mean submit-to-result time of the step's score calls),
         `teacher_latency_max_s`, `teacher_busy_frac` (scoring seconds / (step time x actors)),
-        `samples_at_teacher` (in flight at the teacher) and `teacher_failed_step`."""
+        `samples_at_teacher` (in flight at the teacher), `teacher_failed_step` and, with
+        `teacher.cross_tokenizer`, `teacher_straddle_frac` (completion tokens whose teacher
+        logprob is a straddled segment's share, `rlcore.algo.span_align`)."""
         lat, n = self.stats.latencies, max(len(self.actors), 1)
         out = {
             "teacher_latency_s": sum(lat) / len(lat) if lat else None,
@@ -351,6 +386,8 @@ class TeacherStage:
             "samples_at_teacher": self.waiting_samples(),
             "teacher_failed_step": self.stats.failed,
         }
+        if self.cfg.teacher.cross_tokenizer:
+            out["teacher_straddle_frac"] = self.stats.straddled / self.stats.tokens if self.stats.tokens else None
         self.stats = StepStats()
         self._busy_step = 0.0
         return out

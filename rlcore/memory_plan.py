@@ -50,6 +50,8 @@ TRAINER_MARGIN = 1.2
 the fit check itself uses the estimate as is)."""
 CHAR_VOCAB_BOUND = 256
 """The built-in character tokenizer's vocabulary is under this (the embedding is negligible)."""
+BPE_VOCAB_SIZE = 384
+"""The built-in BPE's vocabulary (`rlcore.models.tokenizer.BPE_VOCAB_SIZE`, not imported here)."""
 
 _BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 
@@ -65,7 +67,7 @@ def _arch(cfg: RunConfig) -> dict | None:
 def _vocab(cfg: RunConfig, a: dict) -> int:
     if a.get("vocab_size"):
         return int(a["vocab_size"])
-    return CHAR_VOCAB_BOUND if cfg.model.tokenizer == "char" else 152_064
+    return {"char": CHAR_VOCAB_BOUND, "bpe": BPE_VOCAB_SIZE}.get(cfg.model.tokenizer, 152_064)
 
 
 def param_count(cfg: RunConfig) -> int | None:

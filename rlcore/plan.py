@@ -176,7 +176,9 @@ def teacher_lines(cfg: RunConfig, plan: Plan) -> list[str]:
             f"  nodes: {_by_node(plan.teacher)}",
             f"  teacher: {tc.num_actors} x {tc.engine} (tensor_parallel_size={tensor_parallel_size(tc)}) serving "
             f"{tc.path or 'a random-weight model'}; no weight sync; advantage = {tc.reward_coef:g} x reward "
-            f"advantage + {tc.kl_coef:g} x (teacher - student logprob{' - batch mean' if tc.kl_baseline else ''})"]
+            f"advantage + {tc.kl_coef:g} x (teacher - student logprob{' - batch mean' if tc.kl_baseline else ''})"
+            + (f", 0 where |teacher - student| <= {tc.kl_deadband:g}" if tc.kl_deadband else "")
+            + ("; the teacher reads the student's text in its own tokens (span-aligned)" if tc.cross_tokenizer else "")]
 
 
 def _colocated_lines(cfg: RunConfig, plan: Plan) -> list[str]:

@@ -42,8 +42,8 @@ class RankWork:
     """The reward advantage of each rank-local sample."""
     bins: list[list[int]]
     """Rank-local sample indices of each micro-batch, in packing order (`[]`: an empty one)."""
-    distill: tuple[float, float, float] | None = None
-    """On-policy distillation: `(kl_coef, reward_coef, baseline)` of the per-token advantage."""
+    distill: tuple[float, float, float, float] | None = None
+    """On-policy distillation: `(kl_coef, reward_coef, baseline, deadband)` of the per-token advantage."""
 
 
 @dataclass
@@ -81,7 +81,7 @@ def has_signal(group: GroupMeta) -> bool:
 
 
 def rank_work(batch: list[GroupMeta], where: list[tuple[int, int]], advantages: list[float],
-              bins: list[list[int]], distill: tuple[float, float, float] | None) -> RankWork:
+              bins: list[list[int]], distill: tuple[float, float, float, float] | None) -> RankWork:
     """The :class:`RankWork` of a rank whose plan is `bins` (indices into the batch's samples;
     sample i is sample `where[i][1]` of group `batch[where[i][0]]`'s token data)."""
     slot: dict[int, int] = {}  # batch position of a group -> its position in RankWork.data
@@ -112,7 +112,7 @@ def build_step(batch: list[GroupMeta], cfg: RunConfig, distill: bool = False) ->
             raise ValueError("distill: a sample reached the trainer without teacher logprobs")
         t = cfg.teacher
         baseline, distill_metrics = batch_baseline([s.teacher_sums for s in samples], t.kl_baseline)
-        spec = (t.kl_coef, t.reward_coef, baseline)
+        spec = (t.kl_coef, t.reward_coef, baseline, t.kl_deadband)
         metrics.update(distill_metrics)
     plan = plan_for_ranks([s.num_tokens for s in samples], data_parallel_size(cfg.trainer),
                           cfg.trainer.micro_batch_tokens)
@@ -141,10 +141,11 @@ def rank_micro_batches(work: RankWork, data: list[list[Sample]], pad_token_id: i
     samples = [data[g][k] for g, k in work.picks]
     advantages: list[Advantage] = list(work.advantages)
     if work.distill is not None:
-        kl_coef, reward_coef, baseline = work.distill
+        kl_coef, reward_coef, baseline, deadband = work.distill
         for s in samples:
             if s.teacher_logprobs is None:
                 raise ValueError("distill: a sample reached the trainer without teacher logprobs")
-        advantages = [token_advantages(a, s.logprobs, s.teacher_logprobs, s.loss_mask, kl_coef, reward_coef, baseline)
+        advantages = [token_advantages(a, s.logprobs, s.teacher_logprobs, s.loss_mask, kl_coef, reward_coef, baseline,
+                                       deadband)
                       for s, a in zip(samples, work.advantages)]
     return materialise(samples, advantages, work.bins, pad_token_id)

@@ -68,19 +68,21 @@ def _checkpoint_vocab_size(path: str) -> int | None:
 
 
 def tokenizer_problems(cfg: RunConfig) -> list[tuple[str, str]]:
-    """Same tokenizer required (cross-tokenizer distillation is out of scope). Cheap: local
-    tokenizers are loaded and compared (vocabulary and special ids); a hub id is compared when
-    the teacher actor starts (`actors/teacher.py`)."""
+    """Same tokenizer required, unless `teacher.cross_tokenizer` (then none: the teacher reads the
+    student's text). Cheap: local tokenizers are loaded and compared (vocabulary and special
+    ids); a hub id is compared when the teacher actor starts (`actors/teacher.py`)."""
     from rlcore.models.build import build_tokenizer
     t, m = cfg.teacher, cfg.model
+    if t.cross_tokenizer:
+        return []
     if t.tokenizer != m.tokenizer:
         return [("teacher.tokenizer", f"{t.tokenizer!r} differs from model.tokenizer {m.tokenizer!r}: "
                  "the teacher must use the student's tokenizer")]
-    if t.tokenizer == "char":
+    if t.tokenizer in ("char", "bpe"):
         size = _checkpoint_vocab_size(t.path) if _is_local(t.path) else None
         student = len(build_tokenizer(m))
         if size is not None and size > student:  # a checkpoint may pad its embedding, never shrink it
-            return [("teacher.path", f"{t.path}: vocab_size {size} is not the char tokenizer's ({student})")]
+            return [("teacher.path", f"{t.path}: vocab_size {size} is not the {t.tokenizer} tokenizer's ({student})")]
         return []
     if not (_is_local(t.path) and _is_local(m.path)):
         return []
@@ -127,7 +129,7 @@ def config_problems(cfg: RunConfig) -> list[tuple[str, str]]:
         value = getattr(t, key)
         if not value > 0:
             out.append((f"teacher.{key}", f"must be > 0, got {value!r}"))
-    for key in ("gpus_per_actor", "kl_coef", "reward_coef"):
+    for key in ("gpus_per_actor", "kl_coef", "reward_coef", "kl_deadband"):
         value = getattr(t, key)
         if not value >= 0:
             out.append((f"teacher.{key}", f"must be >= 0, got {value!r}"))

@@ -180,6 +180,12 @@ def test_char_teacher_with_another_tokenizer_kind_is_refused(capsys):
     assert rc == 2 and len(err) == 1 and "teacher.tokenizer" in err[0], err
 
 
+def test_cross_tokenizer_teacher_may_use_another_tokenizer():
+    cfg = compose(["teacher.enabled=true", "teacher.tokenizer=auto", "teacher.path=Qwen/Qwen3-4B",
+                   "teacher.cross_tokenizer=true"])
+    assert not [k for k, _ in config_problems(cfg) if k in ("teacher.tokenizer", "teacher.path")]
+
+
 def test_teacher_resources_count_against_the_machine():
     from rlcore.config.validate import resource_problems
     cfg = compose(["teacher.enabled=true", "teacher.cpus_per_actor=2"])
@@ -283,3 +289,43 @@ def test_impossible_colocated_teachers_refused(overrides, key):
     from rlcore.plan import make_plan
     problems = make_plan(compose(ONE_GPU_TEACHER + overrides)).problems
     assert key in [k for k, _ in problems], problems
+
+
+def test_deadband_drops_tokens_within_it_and_keeps_the_others():
+    # deadband 0.01: token 0 has q - s = 0.005 (within: A = reward part only, 0.5*0.4 = 0.2);
+    # token 1 has q - s = -1.0 (outside): A = 0.2 + 2*(-1.0 - 0.1) = -2.0 with baseline 0.1
+    out = token_advantages(0.4, [-1.0, -2.0], [-0.995, -3.0], [1, 1], kl_coef=2.0, reward_coef=0.5,
+                           baseline=0.1, deadband=0.01)
+    assert out == pytest.approx([0.2, -2.0])
+    # deadband 0 is the exact estimator: token 0 gets 0.2 + 2*(0.005 - 0.1) = 0.01, and a token
+    # with q = s exactly still gets the baseline: 0.2 + 2*(0 - 0.1) = 0
+    assert token_advantages(0.4, [-1.0, -1.0], [-0.995, -1.0], [1, 1], 2.0, 0.5, baseline=0.1) == pytest.approx(
+        [0.01, 0.0])
+
+
+@pytest.mark.parametrize("deadband, drifts", [(0.0, True), (0.01, False)])
+def test_a_student_equal_to_its_teacher_drifts_on_noise_unless_the_deadband_drops_it(deadband, drifts):
+    # The student is the teacher: the teacher's logprobs are the student's own plus 1e-6 noise
+    # (two engines never agree to the last bit). Adam normalises the gradient by its own scale,
+    # so without the deadband that noise moves the logits by ~lr per step (KL to the start
+    # 4.7e-5 after 10 steps at lr 3e-3); with it the gradient is exactly 0 and nothing moves.
+    gen = torch.Generator().manual_seed(0)
+    start = torch.randn(8, generator=gen)
+    logits = start.clone().requires_grad_(True)
+    opt = torch.optim.AdamW([logits], lr=3e-3, weight_decay=0.0)
+    for _ in range(10):
+        dist = torch.distributions.Categorical(logits=logits.detach())
+        tokens = torch.multinomial(dist.probs, 64, True, generator=gen)
+        s = dist.log_prob(tokens)
+        q = s + 1e-6 * torch.randn(64, generator=gen)
+        samples = [sample([0], [int(t)], [float(a)], teacher=[float(b)]) for t, a, b in zip(tokens, s, q)]
+        adv, _ = batch_token_advantages(samples, [0.0] * 64, kl_coef=1.0, reward_coef=0.0, deadband=deadband)
+        logp = torch.log_softmax(logits, -1)[tokens]
+        loss, _ = policy_loss(LossInputs(logp, s, torch.tensor([a[0] for a in adv]), torch.ones(64)),
+                              AlgoConfig(), normalizer=64.0)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    p0, p1 = torch.log_softmax(start, -1), torch.log_softmax(logits.detach(), -1)
+    kl = float((p1.exp() * (p1 - p0)).sum())
+    assert (kl > 1e-5) if drifts else (kl == 0.0), kl

@@ -37,3 +37,17 @@ def test_lora_recipe_is_rank_32():
 def test_smollm2_recipe_takes_a_hub_model_by_override():
     cfg = compose(["+recipe=reverse_text_smollm2", "model.path=Qwen/Qwen3-0.6B"])
     assert cfg.model.path == "Qwen/Qwen3-0.6B" and cfg.model.chat_template_kwargs == {"enable_thinking": False}
+
+
+def test_distill_smollm2_plans_on_one_gpu(tmp_path, capsys):
+    # the recipe's two exports stand in as directories holding one tokenizer (the planner reads
+    # the shapes from the recipe; the same-tokenizer check loads both)
+    from rlcore.models.tokenizer import char_tokenizer
+    student, teacher = tmp_path / "student", tmp_path / "teacher"
+    for d in (student, teacher):
+        char_tokenizer().save_pretrained(d)
+    assert main(["+recipe=distill_smollm2", f"model.path={student}", f"teacher.path={teacher}", "dry_run=true",
+                 "cluster.nodes=1", "cluster.gpus_per_node=1", f"output_dir={tmp_path / 'out'}"]) == 0
+    plan = capsys.readouterr().out
+    assert "placement: colocated" in plan and "teacher gpu_memory_utilization=0.15" in plan
+    assert "teacher: 1 x vllm" in plan and "0 x reward advantage" in plan and "<= 0.01" in plan

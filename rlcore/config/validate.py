@@ -39,7 +39,8 @@ from rlcore.trainer.options import (
 from rlcore.transfer import transport_problems
 
 DTYPES = ("float32", "bfloat16", "float16")
-TOKENIZERS = ("char", "auto")
+TOKENIZERS = ("char", "bpe", "auto")
+BUILTIN_TOKENIZERS = ("char", "bpe")
 MODES = ("rl", "sft", "eval")
 
 
@@ -63,12 +64,12 @@ def problems(cfg: RunConfig) -> list[tuple[str, str]]:
     m = cfg.model
     if m.path is None and "model_type" not in m.arch:
         out.append(("model.arch", "needs model_type (e.g. qwen3) when model.path is null"))
-    if m.path is None and m.tokenizer != "char":
-        out.append(("model.tokenizer", "a random-weight model (model.path null) needs the built-in 'char' tokenizer"))
+    if m.path is None and m.tokenizer not in BUILTIN_TOKENIZERS:
+        out.append(("model.tokenizer", "a random-weight model (model.path null) needs a built-in tokenizer ('char', 'bpe')"))
     if m.tokenizer not in TOKENIZERS:
         out.append(("model.tokenizer", f"unknown tokenizer {m.tokenizer!r}; choose one of {list(TOKENIZERS)}"))
-    if m.chat_template_kwargs and m.tokenizer == "char":
-        out.append(("model.chat_template_kwargs", "the built-in 'char' template takes no variables; "
+    if m.chat_template_kwargs and m.tokenizer in BUILTIN_TOKENIZERS:
+        out.append(("model.chat_template_kwargs", "the built-in tokenizers' template takes no variables; "
                     "they are for a checkpoint's own template (model.tokenizer=auto)"))
     if m.dtype not in DTYPES:
         out.append(("model.dtype", f"unknown dtype {m.dtype!r}; choose one of {list(DTYPES)}"))

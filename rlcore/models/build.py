@@ -9,7 +9,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTra
 
 from rlcore.config import ModelConfig
 from rlcore.models import vision
-from rlcore.models.tokenizer import char_tokenizer
+from rlcore.models.tokenizer import bpe_tokenizer, char_tokenizer
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -23,6 +23,8 @@ def build_tokenizer(cfg: ModelConfig) -> PreTrainedTokenizerBase:
     ``tokenizer.rlcore_vision`` (environments expand image tokens with it), else None there."""
     if cfg.tokenizer == "char":
         tok = char_tokenizer(vision=vision.is_vl_arch(cfg.arch))
+    elif cfg.tokenizer == "bpe":
+        tok = bpe_tokenizer()
     else:
         kwargs = {"gguf_file": cfg.gguf_file} if cfg.gguf_file else {}
         tok = AutoTokenizer.from_pretrained(cfg.path, **kwargs)

@@ -1,14 +1,17 @@
-"""A character-level tokenizer with a chat template, built offline from the `tokenizers` library.
+"""Built-in tokenizers with a chat template, built offline from the `tokenizers` library.
 
-It lets the default job and the tests train a policy from scratch without downloading anything:
-every printable ASCII character is one token, and the chat markers are special tokens.
+They let the default job and the tests train a policy from scratch without downloading anything:
+`char` makes every printable ASCII character one token; `bpe` is a small byte-level BPE (tokens
+of several characters, other boundaries than `char`'s: the student of cross-tokenizer
+distillation on CPU). The chat markers are special tokens in both.
 """
 
 from __future__ import annotations
 
+import random
 import string
 
-from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
 
 from rlcore.models.vl_names import VISION_TOKENS
@@ -38,6 +41,31 @@ def char_tokenizer(vision: bool = False) -> PreTrainedTokenizerFast:
     tok = PreTrainedTokenizerFast(
         tokenizer_object=core, pad_token=PAD, bos_token=BOS, eos_token=EOS, unk_token=UNK
     )
+    tok.add_special_tokens({"additional_special_tokens": specials})
+    tok.chat_template = CHAT_TEMPLATE
+    return tok
+
+
+BPE_VOCAB_SIZE = 384
+
+
+def bpe_tokenizer() -> PreTrainedTokenizerFast:
+    """A byte-level BPE of `BPE_VOCAB_SIZE` tokens, trained here on a fixed corpus (seeded
+    lowercase strings, a few English words and the chat markers' role letters), so every process
+    builds the same vocabulary: the chat markers first (ids 0-3 as in `char`), then the 256
+    bytes, then merges. Same chat template as `char`."""
+    rng = random.Random(0)
+    letters = string.ascii_lowercase
+    corpus = ["".join(rng.choice(letters) for _ in range(rng.randint(3, 8))) for _ in range(4000)]
+    corpus += ["reverse the text", "sort the words", "the answer is", "u:", "a:"] * 50
+    core = Tokenizer(models.BPE())
+    core.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    core.decoder = decoders.ByteLevel()
+    specials = [PAD, BOS, EOS, UNK]
+    core.train_from_iterator(corpus, trainers.BpeTrainer(
+        vocab_size=BPE_VOCAB_SIZE, special_tokens=specials, show_progress=False,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    tok = PreTrainedTokenizerFast(tokenizer_object=core, pad_token=PAD, bos_token=BOS, eos_token=EOS, unk_token=UNK)
     tok.add_special_tokens({"additional_special_tokens": specials})
     tok.chat_template = CHAT_TEMPLATE
     return tok
