@@ -3,7 +3,7 @@ CPUs, declared GPUs and labels): the default job with its trainer and rollout gr
 nodes and its samples crossing raylets, the qwen30b_swe layout placed by Ray's own scheduler on 4
 nodes that declare 8 GPUs each, a rollout node and a trainer node whose raylet is killed mid-run,
 and the chaos test's faults (rewards that fail, an engine's node killed twice, a trainer rank
-killed) on 5 nodes.
+killed) on 4 nodes.
 
 Every cluster a test starts is stopped in the fixture's finalizer (its processes only: never
 `ray stop`, which would end other Ray instances on the machine)."""
@@ -259,6 +259,9 @@ def kill_node(node: lc.Node) -> None:
     os.kill(lc.raylet_pid(node), signal.SIGKILL)  # the node's raylet, by its pid
 
 
+NO_PRESTART = {"RAY_enable_worker_prestart": "0"}
+"""The trainer and rollout actors run in their own runtime env: workers Ray prestarts with the
+default one are never used by them, and only load a busy machine while the nodes start."""
 TRAINER_NODE_STEPS = 10
 HEALS = ["trainer.world_size=2", "trainer.cpus_per_rank=0.5", "checkpoint.interval=2", "algo.max_off_policy_steps=1",
          "sft.warmup_steps=0"]
@@ -269,7 +272,7 @@ RESTARTED = "restarted the trainer group from checkpoint"
 @pytest.mark.timeout(900)
 def test_a_trainer_node_killed_mid_run_restarts_the_trainer_group_on_a_surviving_node(start_cluster, tmp_path):
     # two trainer nodes: the trainer group's 2 ranks share one (PACK), the other has room for both
-    cluster = start_cluster(roles("driver", "trainer", "trainer", "rollout"))
+    cluster = start_cluster(roles("driver", "trainer", "trainer", "rollout"), env=NO_PRESTART)
     killed: dict = {}
 
     def act(log: str, rows: int) -> None:
@@ -316,7 +319,9 @@ def trainer_rank_pid(out: Path, rank: int) -> int | None:
 @pytest.mark.integration
 @pytest.mark.timeout(900)
 def test_chaos_across_nodes_engine_node_killed_twice_a_trainer_rank_killed_rewards_failing(start_cluster, tmp_path):
-    cluster = start_cluster(roles("driver", "trainer", "rollout", "rollout", "rollout"))
+    # the head is the trainer node (a rank is killed there, not the node): three rollout nodes let
+    # the engine's node die twice with a node left to move it to
+    cluster = start_cluster(roles("trainer", "rollout", "rollout", "rollout"), env=NO_PRESTART)
     out = tmp_path / "run"
     kills: list[str] = []  # what was killed, in order
 
