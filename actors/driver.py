@@ -112,7 +112,7 @@ class Driver:
                                self.startup, self.teacher_tasks)
         self.hooks.setup()  # fresh: sync version 0; resume: load the checkpoint, sync its weights
         self.recovery = TrainerRecovery(cfg, self.trainers, self.rollouts, self.weights, self.hooks, self.buffer,
-                                        self.teacher)
+                                        self.teacher, self.failures)
 
     # -- the loop ------------------------------------------------------------------------------
     def run(self, logger: MetricsLogger) -> list[dict[str, Any]]:

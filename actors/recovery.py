@@ -8,7 +8,8 @@ whose accounting leaves its own in-flight work out and puts those tasks back), r
 trainer group in its placement-group bundles (`TrainerGroup.restart`: a dead node's bundles are
 rescheduled on the resources left), re-forms the weight group and loads the checkpoint exactly
 as a resume does (`StepHooks.load_checkpoint`: run state, series cut back, its weights synced to
-the engines, which roll back to its version). Otherwise the error goes on, saying why the
+the engines, which roll back to its version), and forgets the failure reasons counted since the
+last logged row (the checkpoint's accounting has none of them). Otherwise the error goes on, saying why the
 trainer was not restarted.
 """
 
@@ -27,6 +28,7 @@ from actors.weights import WeightSync
 from rlcore.buffer import RolloutBuffer
 from rlcore.checkpoint import latest_checkpoint
 from rlcore.config import RunConfig
+from rlcore.failures import FailureLog
 
 log = logging.getLogger("rlcore")
 
@@ -45,9 +47,9 @@ class TrainerRecovery:
     """Restarts of the trainer group after a rank died; `restarts` counts them (`trainer_restarts`)."""
 
     def __init__(self, cfg: RunConfig, trainers: TrainerGroup, rollouts: RolloutGroup, weights: WeightSync,
-                 hooks: StepHooks, buffer: RolloutBuffer, teacher: TeacherStage | None):
+                 hooks: StepHooks, buffer: RolloutBuffer, teacher: TeacherStage | None, failures: FailureLog):
         self.cfg, self.trainers, self.rollouts, self.weights = cfg, trainers, rollouts, weights
-        self.hooks, self.buffer, self.teacher = hooks, buffer, teacher
+        self.hooks, self.buffer, self.teacher, self.failures = hooks, buffer, teacher, failures
         self.restarts = 0
         self.last: tuple[int, float] | None = None  # (checkpoint step, seconds) of the latest restart
 
@@ -77,6 +79,9 @@ class TrainerRecovery:
         self.trainers.restart()
         self.weights.form()
         step = self.hooks.load_checkpoint(path, phase=_untimed)
+        # failures counted since the last logged row (engines on a dead node, rewards) belong to
+        # steps the checkpoint's accounting goes back before: the next row must not count them
+        self.failures.discard()
         logger.reopen()  # the cut-back metrics.jsonl is a new file
         self.last = (step, time.perf_counter() - start)
         log.warning("%s died (%s) at step %d, policy version %d; restarted the trainer group from checkpoint %s "

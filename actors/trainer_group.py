@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 import ray
+from ray.util.placement_group import placement_group_table
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from actors.logs import runtime_env
@@ -75,10 +76,12 @@ class TrainerGroup:
         return get(refs, self.timeout_s, what, self.names)
 
     # -- start / restart -----------------------------------------------------------------------
-    def start(self) -> list[TensorMeta]:
+    def start(self, first_answer_s: float | None = None) -> list[TensorMeta]:
         """Rendezvous on rank 0, init the process group on every rank (each builds or loads its
-        model), and return the parameters' metadata (what a weight-sync plan is made from)."""
-        addr, port = get(self.handles[0].address.remote(), self.timeout_s, "trainer rank 0 start")
+        model), and return the parameters' metadata (what a weight-sync plan is made from).
+        `first_answer_s`: how long rank 0 may take to be created and answer (default: the group's
+        deadline)."""
+        addr, port = get(self.handles[0].address.remote(), first_answer_s or self.timeout_s, "trainer rank 0 start")
         self._get(self._each("init_distributed", addr, port), "trainer process-group init")
         metas = get(self.handles[0].parameter_metas.remote(), self.timeout_s, "parameter metadata")
         return [TensorMeta(n, tuple(s), d) for n, s, d in metas]
@@ -87,17 +90,41 @@ class TrainerGroup:
         """Kill every rank (a dead one included) and start new ones in the same bundles, then
         `start` them: the new ranks hold the initial model (`model.path` or random weights);
         load a checkpoint to continue, and re-form the weight group (the old one had the dead
-        ranks). A dead node's bundles are rescheduled by Ray on the resources left: the
-        placement group must be ready again within `cluster.placement_timeout_s`. Returns the
-        parameters' metadata."""
-        self.kill()
+        ranks). Returns the parameters' metadata.
+
+        A dead node's bundles are rescheduled by Ray on the resources left (or on the node once
+        it is back), but only after Ray has marked the node dead: until then the placement group
+        still looks ready there and new ranks die again (or never start). So the start is retried
+        until it succeeds, within `cluster.placement_timeout_s` from the first attempt; one log
+        line names the nodes the ranks run on."""
         wait_s = self.cfg.cluster.placement_timeout_s
-        ready, _ = ray.wait([self.pg.ready()], timeout=wait_s)
-        if not ready:
-            raise RunError(f"trainer restart: the trainer placement group was not scheduled again within "
-                           f"cluster.placement_timeout_s={wait_s:g}s; cluster has {ray.available_resources()}")
-        self.handles = self._spawn()
-        return self.start()
+        began = time.monotonic()
+        deadline, attempt = began + wait_s, 0
+        while True:
+            attempt += 1
+            self.kill()
+            ready, _ = ray.wait([self.pg.ready()], timeout=max(0.0, deadline - time.monotonic()))
+            if not ready:
+                raise RunError(f"trainer restart: the trainer placement group was not scheduled again within "
+                               f"cluster.placement_timeout_s={wait_s:g}s; cluster has {ray.available_resources()}")
+            self.handles = self._spawn()
+            try:
+                metas = self.start(first_answer_s=max(1.0, deadline - time.monotonic()))
+            except RunError as exc:
+                if time.monotonic() >= deadline:
+                    raise RunError(f"trainer restart: the new ranks did not start within "
+                                   f"cluster.placement_timeout_s={wait_s:g}s ({attempt} attempt(s)): {exc}") from exc
+                log.info("trainer restart attempt %d failed (%s); retrying", attempt, str(exc).splitlines()[0][:200])
+                time.sleep(min(2.0, max(0.0, deadline - time.monotonic())))
+                continue
+            log.warning("trainer restart: %d rank(s) re-placed on node(s) %s (%d attempt(s), %.1fs)", len(self.handles),
+                        ", ".join(sorted({n[:8] for n in self.nodes()})), attempt, time.monotonic() - began)
+            return metas
+
+    def nodes(self) -> list[str]:
+        """The Ray node id of each rank's bundle, in rank order (where Ray has placed it now)."""
+        where = placement_group_table(self.pg)["bundles_to_node_id"]
+        return [where.get(i, "") for i in range(len(self.handles))]
 
     # -- steps ---------------------------------------------------------------------------------
     def launch_step(self, works: list, normalizer: float) -> list:

@@ -42,9 +42,9 @@ from typing import Optional, Sequence
 BIN = Path(sys.executable).parent
 REPO_ROOT = Path(__file__).resolve().parent.parent
 EXIT_BAD_INPUT = 2
-ATTEMPTS = 3
-"""Starts of one node before giving up: Ray gives a raylet 30 s to register, which a loaded
-machine can miss."""
+ATTEMPTS = 5
+"""Starts of one node before giving up (within `start`'s timeout): Ray gives a raylet 30 s to
+register, which a loaded machine can miss, more often the more nodes already run."""
 
 
 class ClusterError(Exception):

@@ -56,6 +56,15 @@ class FailureLog:
         """The next request to be launched has number `seq` (0, or a resumed run's count)."""
         self.next_seq = seq
 
+    def discard(self) -> None:
+        """Forget every count not yet in a logged row and the streak: a trainer restart goes back
+        to a checkpoint whose accounting has none of those failures (their rows are cut back and
+        their tasks generated again), so the next row's `failed_by_reason` must not carry them.
+        Results of requests whose launch number a restart hands out again are forgotten too."""
+        self.step_counts = Counter()
+        self.streak, self.streak_counts = 0, Counter()
+        self._waiting.clear()
+
     def _count(self, reason: str, n: int, request: Counter[str]) -> None:
         if reason not in self.step_counts and len(self.step_counts) >= MAX_REASONS:
             reason = "other"

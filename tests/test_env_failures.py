@@ -287,3 +287,20 @@ def test_a_reward_whose_arguments_do_not_pickle_still_runs_under_its_deadline():
                       "score")
     assert [(o.value, o.error) for o in out] == [(1.0, None)]
     env.reward_pool().close()
+
+
+def test_discard_forgets_what_a_trainer_restart_goes_back_before():
+    """Counts since the last row, the streak and requests waiting on an earlier launch number
+    belong to steps a restart cuts back: the next row counts only what fails after it."""
+    failures = FailureLog(stop_after=3)
+    failures.resume_at(10)
+    failures.request_lost(8, "engine: ActorDiedError", seq=10)
+    failures.request_lost(8, "engine: ActorDiedError", seq=12)  # waits for 11, which was dropped
+    failures.discard()
+    failures.resume_at(10)  # the checkpoint hands out launch numbers 10, 11, 12 again
+    assert failures.step_metrics()["failed_by_reason"] == {}
+    env = Mixed("raise", 100)
+    for seq in (10, 11, 12):
+        failures.request_done(groups_of(env, 0, tasks=1, n=2), actor=0, seq=seq)
+        assert failures.streak == seq - 9  # the stale result of 12 was not applied
+    assert failures.step_metrics()["failed_by_reason"] == {"reward: RuntimeError: broken reward": 6}

@@ -1,7 +1,9 @@
 """Many nodes on one machine (`launch.local_cluster`: one `ray start` per node, each with its own
 CPUs, declared GPUs and labels): the default job with its trainer and rollout groups on different
 nodes and its samples crossing raylets, the qwen30b_swe layout placed by Ray's own scheduler on 4
-nodes that declare 8 GPUs each, and a rollout node whose raylet is killed mid-run.
+nodes that declare 8 GPUs each, a rollout node and a trainer node whose raylet is killed mid-run,
+and the chaos test's faults (rewards that fail, an engine's node killed twice, a trainer rank
+killed) on 4 nodes.
 
 Every cluster a test starts is stopped in the fixture's finalizer (its processes only: never
 `ray stop`, which would end other Ray instances on the machine)."""
@@ -10,7 +12,9 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
+import statistics
 import subprocess
 import sys
 import time
@@ -221,3 +225,143 @@ def test_ray_jobs_to_the_multinode_cluster_followed_to_the_end_and_stopped(role_
             follower.kill()
     assert f"[launch] {sid} STOPPED" in (tmp_path / "follow.err").read_text()
     assert "step" in (tmp_path / "follow.out").read_text()  # it streamed the job's log
+
+
+def run_in_background(cluster: lc.Cluster, tmp_path: Path, overrides: list[str], act, limit_s: float = 600):
+    """`rlcore.run` against `cluster` writing to tmp_path/run, its console to tmp_path/driver.log;
+    `act(log, rows)` is called every 0.5 s while it runs (it kills what the test kills). Returns
+    (exit status, driver log, metrics rows)."""
+    out, log_path = tmp_path / "run", tmp_path / "driver.log"
+    run = subprocess.Popen([sys.executable, "-m", "rlcore.run", f"cluster.address={cluster.gcs_address}",
+                            f"output_dir={out}", *overrides], cwd=REPO, env=lc.ray_env(),
+                           stdout=open(log_path, "w"), stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + limit_s
+        while run.poll() is None and time.monotonic() < deadline:
+            metrics = out / "metrics.jsonl"
+            rows = metrics.read_text().splitlines() if metrics.exists() else []
+            act(log_path.read_text(), len(rows))
+            time.sleep(0.5)
+        run.wait(timeout=30)
+    finally:
+        if run.poll() is None:
+            run.kill()
+            run.wait(timeout=30)
+    rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()] if (out / "metrics.jsonl").exists() else []
+    return run.returncode, log_path.read_text(), rows
+
+
+def node_named(cluster: lc.Cluster, short: str) -> lc.Node:
+    return next(n for n in cluster.nodes if n.node_id.startswith(short))
+
+
+def kill_node(node: lc.Node) -> None:
+    os.kill(lc.raylet_pid(node), signal.SIGKILL)  # the node's raylet, by its pid
+
+
+NO_PRESTART = {"RAY_enable_worker_prestart": "0"}
+"""The trainer and rollout actors run in their own runtime env: workers Ray prestarts with the
+default one are never used by them, and only load a busy machine while the nodes start."""
+TRAINER_NODE_STEPS = 10
+HEALS = ["trainer.world_size=2", "trainer.cpus_per_rank=0.5", "checkpoint.interval=2", "algo.max_off_policy_steps=1",
+         "sft.warmup_steps=0"]
+RESTARTED = "restarted the trainer group from checkpoint"
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(1200)  # 482-598 s at load 12-34 on 2 cores
+def test_a_trainer_node_killed_mid_run_restarts_the_trainer_group_on_a_surviving_node(start_cluster, tmp_path):
+    # two trainer nodes: the trainer group's 2 ranks share one (PACK), the other has room for both
+    cluster = start_cluster(roles("driver", "trainer", "trainer", "rollout"), env=NO_PRESTART)
+    killed: dict = {}
+
+    def act(log: str, rows: int) -> None:
+        if not killed and rows >= 3:  # past the checkpoint of step 2
+            placed = next(ln for ln in log.splitlines() if "placement: trainer group's" in ln).rsplit(" ", 1)[1]
+            killed.update(node=node_named(cluster, placed), at=time.monotonic())
+            kill_node(killed["node"])
+        if killed and "healed" not in killed and RESTARTED in log:
+            killed["healed"] = time.monotonic()
+
+    code, log, rows = run_in_background(cluster, tmp_path, [f"steps={TRAINER_NODE_STEPS}", *LABELS, *HEALS], act)
+    assert killed, log[-3000:]
+    assert code == 0, log[-4000:]
+    survivor = next(n for n in cluster.nodes[1:3] if n is not killed["node"])
+    replaced = [ln for ln in log.splitlines() if "trainer restart: 2 rank(s) re-placed on node(s)" in ln]
+    assert len(replaced) == 1 and f"on node(s) {survivor.node_id[:8]} (" in replaced[0], replaced
+    healed = [ln for ln in log.splitlines() if RESTARTED in ln]
+    assert len(healed) == 1 and "(trainer restart 1 of 2)" in healed[0], healed
+    print(f"trainer node {killed['node'].node_id[:8]} killed: trainer group running again on "
+          f"{survivor.node_id[:8]} {killed['healed'] - killed['at']:.1f}s after the kill (load "
+          f"{os.getloadavg()[0]:.1f}); {healed[0].split('; restarted ')[1].split(';')[0]}")
+    assert [r["step"] for r in rows] == list(range(1, TRAINER_NODE_STEPS + 1))  # no gap, no duplicate
+    assert_every_sample_counted(rows)  # 0 samples unaccounted
+    assert rows[-1]["trainer_restarts"] == 1
+    assert all(sum(r["failed_by_reason"].values()) == r["samples_failed_step"] for r in rows)
+
+
+CHAOS_STEPS = 14
+
+
+def trainer_rank_pid(out: Path, rank: int) -> int | None:
+    """The process of trainer rank `rank` of the run writing to `out` (its stdout is
+    OUTPUT_DIR/logs/trainer-RANK.log, `actors.logs`)."""
+    log = str(out / "logs" / f"trainer-{rank}.log")
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            if os.readlink(f"/proc/{pid}/fd/1") == log:
+                return int(pid)
+        except OSError:  # gone, or not ours to read
+            continue
+    return None
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(1500)  # 13.5 min at load 12-19 on 2 cores (6 of them the 4 nodes' start)
+def test_chaos_across_nodes_engine_node_killed_twice_a_trainer_rank_killed_rewards_failing(start_cluster, tmp_path):
+    # the head is the trainer node (a rank is killed there, not the node): three rollout nodes let
+    # the engine's node die twice with a node left to move it to
+    cluster = start_cluster(roles("trainer", "rollout", "rollout", "rollout"), env=NO_PRESTART)
+    out = tmp_path / "run"
+    kills: list[str] = []  # what was killed, in order
+
+    def engine_node(log: str) -> lc.Node:
+        """Where the engine runs now: its first placement, or the node Ray last re-placed it on."""
+        moved = re.findall(r"Ray re-placed its bundle on node (\w+)", log)
+        first = next(ln for ln in log.splitlines() if "placement: rollout group's" in ln).rsplit(" ", 1)[1]
+        return node_named(cluster, moved[-1] if moved else first)
+
+    def act(log: str, rows: int) -> None:
+        if not kills and rows >= 3:
+            kills.append(engine_node(log).node_id)
+            kill_node(node_named(cluster, kills[-1]))
+        elif len(kills) == 1 and "Ray re-placed its bundle on node" in log:  # the engine is back
+            pid = trainer_rank_pid(out, 0)
+            if pid is not None:
+                os.kill(pid, signal.SIGKILL)
+                kills.append("trainer rank 0")
+        elif len(kills) == 2 and RESTARTED in log:
+            kills.append(engine_node(log).node_id)
+            kill_node(node_named(cluster, kills[-1]))
+
+    code, log, rows = run_in_background(cluster, tmp_path, [
+        f"steps={CHAOS_STEPS}", *LABELS, "checkpoint.interval=2", "env.name=tests.chaos_env:ChaosReverseText",
+        "+env.args.reward_timeout_s=0.2"], act, limit_s=900)
+    assert len(kills) == 3, (kills, log[-3000:])
+    assert code == 0, log[-4000:]
+    moved = re.findall(r"rollout actor 0's node (\w+) died: Ray re-placed its bundle on node (\w+)", log)
+    assert [m[0] for m in moved] == [kills[0][:8], kills[2][:8]], moved
+    assert len([ln for ln in log.splitlines() if RESTARTED in ln]) == 1
+    assert [r["step"] for r in rows] == list(range(1, CHAOS_STEPS + 1))
+    assert rows[-1]["trainer_restarts"] == 1 and rows[-1]["rollout_restarts"] >= 2
+    assert_every_sample_counted(rows)
+    # every failure has a reason, also in the rows after the trainer restart
+    assert all(sum(r["failed_by_reason"].values()) == r["samples_failed_step"] for r in rows)
+    reasons = set().union(*(r["failed_by_reason"] for r in rows))
+    for expected in ("reward: timeout after", "reward: ValueError: reward bug on reverse_text/train/#", "not a number"):
+        assert any(expected in k for k in reasons), (expected, reasons)
+    # learning goes on: tests/test_chaos.py's criterion (the least-squares line through the
+    # rewards rises by more than 0.01 over the run)
+    rewards = [r["reward_mean"] for r in rows]
+    rise = statistics.linear_regression(range(len(rewards)), rewards).slope * (len(rewards) - 1)
+    assert rise > 0.01, (rise, rewards)

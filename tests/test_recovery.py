@@ -8,6 +8,7 @@ import pytest
 
 from actors.recovery import TrainerRecovery, dead_trainer_ranks
 from actors.remote import ActorDied, RunError
+from rlcore.failures import FailureLog
 from rlcore.run import compose
 
 
@@ -15,7 +16,7 @@ def recovery(tmp_path: Path, *overrides: str, checkpoint: Path | None = None) ->
     cfg = compose([f"output_dir={tmp_path}", *overrides])
     # only what the decision reads: the checkpoint this run saved, and where it saves them
     hooks = SimpleNamespace(last_checkpoint=checkpoint, writer=SimpleNamespace(root=tmp_path / "checkpoints"))
-    return TrainerRecovery(cfg, None, None, None, hooks, None, None)
+    return TrainerRecovery(cfg, None, None, None, hooks, None, None, FailureLog(0))
 
 
 def trainer_died() -> ActorDied:
