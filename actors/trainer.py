@@ -15,7 +15,7 @@ from rlcore.engine.registry import sleep_level, tensor_parallel_size, weight_tra
 from rlcore.engine.vllm.vllm_colocated import free_cached_memory
 from rlcore.export import write_hf_dir
 from rlcore.packing import MicroBatch, make_micro_batch
-from rlcore.step import RankWork, rank_micro_batches
+from rlcore.step import RankWork, rank_micro_batches, rank_sample_versions
 from rlcore.trainer.core import TrainerCore, free_port
 from rlcore.trainer.forward import forward_logprobs
 from rlcore.transfer import make_sender, sender_for, transfer_options, world_size
@@ -90,7 +90,7 @@ class TrainerRank:
         data = ray.get(work.data, timeout=self.cfg.trainer.step_timeout_s)
         micro_batches = rank_micro_batches(work, data)
         fetch_s = time.perf_counter() - start
-        result = self.core.train_step(micro_batches, normalizer)
+        result = self.core.train_step(micro_batches, normalizer, rank_sample_versions(work, data))
         pushed = {}
         if self.sender is not None and self.sender.buffered:
             pushed = {"weights_pushed": self.push_weights()}
