@@ -225,9 +225,15 @@ class WeightSync:
                                                r.canary_calibration_limit)
             except CanaryError as exc:
                 raise RunError(f"canary after sync to version {version}: {exc}") from exc
+            b = self.canary_bounds
             log.info("canary calibrated on the sync to version %d: later syncs must keep %s (rollout.canary_multiple=%g, "
-                     "canary_floor=%g, canary_max_floor=%g)", version, self.canary_bounds.describe(),
-                     r.canary_multiple, r.canary_floor, r.canary_max_floor)
+                     "canary_floor=%g, canary_max_floor=%g); token_mult_prob_error %.5f", version, b.describe(),
+                     r.canary_multiple, r.canary_floor, r.canary_max_floor, b.baseline_mult_prob_error)
+            if r.max_mismatch is not None and b.baseline_mult_prob_error > r.max_mismatch:
+                raise RunError(f"engine/trainer mismatch on the same weights: token_mult_prob_error "
+                               f"{b.baseline_mult_prob_error:.5f} over {b.num_tokens} tokens of the policy's own "
+                               f"completions passes rollout.max_mismatch={r.max_mismatch} (python -m rlcore.mismatch "
+                               f"measures it alone)")
         worst = None
         for i, engine in zip(actors, engines):
             try:

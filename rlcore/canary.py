@@ -50,6 +50,8 @@ class CanaryResult:
     mean_gap_limit: float
     worst: tuple[int, int]
     """(prompt index, token index) of the largest gap."""
+    mult_prob_error: float = 1.0
+    """NeMo-RL's ``token_mult_prob_error``: ``mean_t exp(|engine_t - trainer_t|)`` (1 = identical)."""
 
     @property
     def passed(self) -> bool:
@@ -89,7 +91,8 @@ def compare_logprobs(engine: Sequence[Sequence[float]], trainer: Sequence[Sequen
     if not gaps:
         raise ValueError("canary: no tokens to compare")
     result = CanaryResult(max_gap=max(gaps), mean_gap=sum(gaps) / len(gaps), num_tokens=len(gaps),
-                          max_gap_limit=max_gap, mean_gap_limit=mean_gap, worst=worst_at)
+                          max_gap_limit=max_gap, mean_gap_limit=mean_gap, worst=worst_at,
+                          mult_prob_error=sum(math.exp(min(g, 700.0)) for g in gaps) / len(gaps))
     if raise_on_fail and not result.passed:
         raise CanaryError("engine and trainer disagree after weight sync: " + result.describe())
     return result
@@ -107,6 +110,8 @@ class CanaryBounds:
     """The first sync's mean gap (the largest engine's)."""
     num_tokens: int
     """Tokens the canary scores."""
+    baseline_mult_prob_error: float = 1.0
+    """The first sync's ``token_mult_prob_error`` (the largest engine's): the run's mismatch contract."""
 
     def check(self, engine: Sequence[Sequence[float]], trainer: Sequence[Sequence[float]],
               raise_on_fail: bool = True) -> CanaryResult:
@@ -121,7 +126,8 @@ class CanaryBounds:
     def metrics(self) -> dict[str, float]:
         """What a step logs of them (`canary_*_limit`, `canary_baseline_*`)."""
         return {"canary_mean_limit": self.mean_gap, "canary_max_limit": self.max_gap,
-                "canary_baseline_mean": self.baseline_mean, "canary_baseline_max": self.baseline_max}
+                "canary_baseline_mean": self.baseline_mean, "canary_baseline_max": self.baseline_max,
+                "token_mult_prob_error": self.baseline_mult_prob_error}
 
 
 def calibrate(baseline: Sequence[CanaryResult], multiple: float, floor: float, max_floor: float,
@@ -143,7 +149,8 @@ def calibrate(baseline: Sequence[CanaryResult], multiple: float, floor: float, m
         raise CanaryError(f"engine and trainer disagree on the first sync, where both hold the same weights: mean gap "
                           f"{mean:.4f} > rollout.canary_calibration_limit={calibration_limit} ({worst.describe()})")
     return CanaryBounds(max_gap=multiple * peak + max_floor, mean_gap=multiple * mean + floor,
-                        baseline_max=peak, baseline_mean=mean, num_tokens=baseline[0].num_tokens)
+                        baseline_max=peak, baseline_mean=mean, num_tokens=baseline[0].num_tokens,
+                        baseline_mult_prob_error=max(r.mult_prob_error for r in baseline))
 
 
 Generate = Callable[[list[list[int]], float, int, int], list[list[int]]]

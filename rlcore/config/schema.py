@@ -179,6 +179,10 @@ class RolloutConfig(PluginSections):
     canary_calibration_limit: float = 1.0
     """Largest mean gap (nats) the first sync may leave: past it the engines do not serve the
     trainer's weights even then (broken syncs leave whole nats, bf16 noise < 0.1) and the run stops."""
+    max_mismatch: Optional[float] = None
+    """Largest engine/trainer mismatch a run starts with: NeMo-RL's token_mult_prob_error (mean
+    exp|engine - trainer logprob|, 1 = identical) over the canary's tokens at the first sync; past
+    it the run stops with one line. `python -m rlcore.mismatch` measures it alone. null: no bound."""
     request_seeds: bool = True
     """Seed each generate request from (seed, task index) so sampling does not depend on thread or
     actor interleaving (synchronous runs and their resumes are exact); false uses each engine's RNG."""

@@ -112,6 +112,8 @@ def problems(cfg: RunConfig) -> list[tuple[str, str]]:
     check_min(out, "rollout.canary_multiple", r.canary_multiple, 1)
     for key in ("canary_floor", "canary_max_floor", "canary_calibration_limit"):
         _positive(out, f"rollout.{key}", getattr(r, key))
+    if r.max_mismatch is not None:
+        check_min(out, "rollout.max_mismatch", r.max_mismatch, 1, " (exp of a gap)")
     s = r.sampling
     check_min(out, "rollout.sampling.temperature", s.temperature, 0)
     if not 0 < s.top_p <= 1:

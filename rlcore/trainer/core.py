@@ -19,13 +19,14 @@ from rlcore.algo.losses import LossInputs, policy_loss
 from rlcore.config import RunConfig
 from rlcore.models.build import build_model, build_tokenizer
 from rlcore.models.vision import vision_tower
-from rlcore.packing import MicroBatch
+from rlcore.packing import MicroBatch, make_micro_batch
 from rlcore.trainer import export
 from rlcore.trainer.forward import forward_logprobs
 from rlcore.trainer.moe import router_metrics
 from rlcore.parallel_dims import ParallelDims
 from rlcore.trainer.parallel import Meshes, begin_micro_batch, clip_grad_norm, parallelize
 from rlcore.trainer.schedule import build_scheduler
+from rlcore.types import Sample
 
 
 def step_metrics(totals: dict[str, float], extrema: dict[str, float], grad_norm: float,
@@ -113,6 +114,17 @@ class TrainerCore:
         """Logprobs and entropies [T] of a packed micro-batch (chunked head; cp-gathered)."""
         return forward_logprobs(model or self.model, mb, self.temperature, self.parallel, self.device,
                                 vision=self.vision)
+
+    @torch.no_grad()
+    def score_pairs(self, pairs: list[tuple[list[int], list[int]]]) -> list[list[float]]:
+        """Teacher-forced logprobs (temperature 1) of each completion after its prompt through the
+        trainer's own forward (packed, chunked head), under the current weights. Collective: every
+        rank runs the same forward."""
+        samples = [Sample(list(p), list(c), [0.0] * len(c), [0] * len(c), [1] * len(c)) for p, c in pairs]
+        mb = make_micro_batch(samples, [0.0] * len(samples))
+        logprobs, _ = forward_logprobs(self.model, mb, 1.0, self.parallel, self.device)
+        logprobs, mask = logprobs.float().cpu(), mb.loss_mask.bool()
+        return [logprobs[(mb.sample_index == i) & mask].tolist() for i in range(len(pairs))]
 
     def train_step(self, micro_batches: list[MicroBatch], normalizer: float,
                    sample_versions: list[torch.Tensor] | None = None) -> StepResult:
