@@ -5,9 +5,12 @@
 #   qwen3:   the Qwen3-0.6B shape the GPU tests use (model=qwen3_06b_char, random weights the
 #            trainer builds and copies into the engine)
 # each with vLLM (bf16) and the trainer (bf16 mixed precision, its chunked logprob head) on the one
-# GPU, 512 tokens of the engine's own greedy and temperature-1 completions. Prints NeMo-RL's
-# token_mult_prob_error and the k3 KL per case; about 3 min (vLLM start-up dominates).
-# Not measured: an fp32 lm_head (no such option is wired on either side yet).
+# GPU, 512 tokens of the engine's own greedy and temperature-1 completions, and each again with
+# vLLM's lm_head GEMM writing fp32 logits (`hf_overrides={head_dtype: float32}`, vLLM 0.26's own
+# switch: bf16 operands, fp32 output). The trainer's head stays bf16 in both (no trainer switch is
+# wired): the *_fp32head rows tell whether the engine side alone moves the figure (peers report that
+# one side alone can make it worse). Prints NeMo-RL's token_mult_prob_error and the k3 KL per case;
+# about 4 min (two cases at a time; vLLM start-up dominates; CASE_TIMEOUT caps each case).
 # Usage: bash benchmarks/gpu_mismatch.sh OUT_DIR [extra overrides for every case]
 # Files under OUT_DIR: <case>.log (the tool's output), summary.json (the figures per case).
 set -uo pipefail
@@ -16,18 +19,27 @@ mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0
 export PYTHONPATH=$PWD:${PYTHONPATH:-}
 GPU="trainer.gpus_per_rank=1 rollout.engine=vllm rollout.gpus_per_actor=1 trainer.mixed_precision=true
-     rollout.canary_tokens=512 rollout.canary_prompts=8 ++rollout.vllm.engine_kwargs.gpu_memory_utilization=0.35
+     rollout.canary_tokens=512 rollout.canary_prompts=8 ++rollout.vllm.engine_kwargs.gpu_memory_utilization=0.2
      ++rollout.vllm.engine_kwargs.enforce_eager=true"
+FP32HEAD="++rollout.vllm.engine_kwargs.hf_overrides={head_dtype:float32}"
 declare -A CASES=(
   [smollm2]="+recipe=reverse_text_smollm2"
+  [smollm2_fp32head]="+recipe=reverse_text_smollm2 $FP32HEAD"
   [qwen3]="model=qwen3_06b_char ++rollout.vllm.engine_kwargs.max_model_len=1024"
+  [qwen3_fp32head]="model=qwen3_06b_char ++rollout.vllm.engine_kwargs.max_model_len=1024 $FP32HEAD"
 )
-for name in smollm2 qwen3; do
-  start=$(date +%s)
+run_case() {
+  local name=$1; shift
+  local start; start=$(date +%s)
   # shellcheck disable=SC2086
-  timeout "${CASE_TIMEOUT:-110}" python -m rlcore.mismatch ${CASES[$name]} $GPU "$@" > "$OUT/$name.log" 2>&1
-  echo "$name exit: $? after $(( $(date +%s) - start )) s" | tee -a "$OUT/$name.log"
-  grep -E "^mismatch|rlcore: (mismatch|config error)" "$OUT/$name.log"
+  timeout "${CASE_TIMEOUT:-150}" python -m rlcore.mismatch ${CASES[$name]} $GPU "$@" > "$OUT/$name.log" 2>&1
+  echo "$name exit: $? after $(( $(date +%s) - start )) s" >> "$OUT/$name.log"
+}
+# two cases at a time on the one GPU (each engine takes 20% of it): about 2 x 100 s
+for pair in "smollm2 smollm2_fp32head" "qwen3 qwen3_fp32head"; do
+  for name in $pair; do run_case "$name" "$@" & done
+  wait
+  for name in $pair; do grep -E "^mismatch|exit:|rlcore: (mismatch|config error)" "$OUT/$name.log"; done
 done
 python - "$OUT" <<'PY'
 import json, pathlib, sys
