@@ -85,7 +85,7 @@ class StepHooks:
                          f", on the trained model.path={cfg.model.path}" if cfg.model.path else "")
                 with phase(f"SFT warm-up ({cfg.sft.warmup_steps} steps)", chatty=True):
                     version = warmup(cfg, self.trainers)
-            with phase("first weight sync"):
+            with phase("first weight sync", chatty=True):
                 self.weights.sync(version)  # engines start from exactly the trainer's weights
             if self.evaluator is not None and cfg.eval.at_start:
                 self.evaluator.launch(0, version)

@@ -85,6 +85,12 @@ class RolloutWorker:
         """The engine's teacher-forced logprobs (temperature 1) for the canary pairs."""
         return self.engine.score_batch([(list(p), list(c)) for p, c in pairs])
 
+    def canary_completions(self, prompts: list[list[int]], temperature: float, max_new_tokens: int,
+                           seed: int) -> list[list[int]]:
+        """The engine's own completions of the canary's prompts (temperature 0: greedy)."""
+        params = SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature, seed=seed)
+        return [g.token_ids for g in self.engine.generate([list(p) for p in prompts], params)]
+
     def generate_groups(self, tasks: list[Task], group_size: int, split: str = "train", seed: int | None = None,
                         sampling: dict | None = None) -> list[Group]:
         """Run `group_size` episodes per task. Never raises for an engine or reward fault: the

@@ -204,6 +204,11 @@ class RolloutGroup:
         """Refs: each actor of `actors` receives the weights as `version`."""
         return [self.handles[i].pull_weights.remote(version) for i in actors]
 
+    def canary_completions(self, actor: int, prompts: list[list[int]], temperature: float, max_new_tokens: int,
+                           seed: int):
+        """Ref: actor `actor`'s completions of the canary prompts (`RolloutWorker.canary_completions`)."""
+        return self.handles[actor].canary_completions.remote(prompts, temperature, max_new_tokens, seed)
+
     def canary(self, actors: list[int], pairs: list[tuple[list[int], list[int]]]) -> list:
         """Refs: each actor's teacher-forced logprobs of the canary pairs."""
         return [self.handles[i].canary_logprobs.remote(pairs) for i in actors]

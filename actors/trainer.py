@@ -14,14 +14,12 @@ from rlcore.config import RunConfig
 from rlcore.engine.registry import sleep_level, tensor_parallel_size, weight_transport
 from rlcore.engine.vllm.vllm_colocated import free_cached_memory
 from rlcore.export import write_hf_dir
-from rlcore.packing import MicroBatch, make_micro_batch
-from rlcore.step import RankWork, rank_micro_batches
+from rlcore.packing import MicroBatch
+from rlcore.step import RankWork, rank_micro_batches, rank_sample_versions
 from rlcore.trainer.core import TrainerCore, free_port
-from rlcore.trainer.forward import forward_logprobs
 from rlcore.transfer import make_sender, sender_for, transfer_options, world_size
 from rlcore.transfer.base import Sender
 from rlcore.transfer.plan import SyncPlan
-from rlcore.types import Sample
 
 
 class TrainerRank:
@@ -70,12 +68,7 @@ class TrainerRank:
     def canary_logprobs(self, pairs: list[tuple[list[int], list[int]]]) -> list[list[float]]:
         """Teacher-forced logprobs (temperature 1) of each completion after its prompt, under the
         current weights (collective: every rank runs the same forward; rank 0's answer is used)."""
-        samples = [Sample(list(p), list(c), [0.0] * len(c), [0] * len(c), [1] * len(c)) for p, c in pairs]
-        mb = make_micro_batch(samples, [0.0] * len(samples))
-        with torch.no_grad():
-            logprobs, _ = forward_logprobs(self.core.model, mb, 1.0, self.core.parallel, self.core.device)
-        logprobs, mask = logprobs.float().cpu(), mb.loss_mask.bool()
-        return [logprobs[(mb.sample_index == i) & mask].tolist() for i in range(len(pairs))]
+        return self.core.score_pairs(pairs)
 
     def train_step(self, work: RankWork, normalizer: float) -> dict:
         """One optimizer step (collective) on this rank's part of the batch: fetch the token data
@@ -90,7 +83,7 @@ class TrainerRank:
         data = ray.get(work.data, timeout=self.cfg.trainer.step_timeout_s)
         micro_batches = rank_micro_batches(work, data)
         fetch_s = time.perf_counter() - start
-        result = self.core.train_step(micro_batches, normalizer)
+        result = self.core.train_step(micro_batches, normalizer, rank_sample_versions(work, data))
         pushed = {}
         if self.sender is not None and self.sender.buffered:
             pushed = {"weights_pushed": self.push_weights()}

@@ -1,7 +1,8 @@
 """Weights from the trainer group to the engines, as one component: `WeightSync(cfg, trainers,
 rollouts, transport, run, ...)` brings both groups up in the order their placement needs, forms
 the weight-sync group, pushes every new version, re-forms the group when an engine dies or comes
-back, and checks each sync with the canary.
+back, and checks each sync with the canary (its tokens and bounds come from the first sync:
+`rlcore.canary`).
 
 The order of a sync's calls comes from the transport's own flags (`rlcore.transfer.base.Sender`):
 a collective transport (`buffered` False: `broadcast`, `nccl`) has rank 0's rendezvous, and the
@@ -25,10 +26,11 @@ from actors.remote import ActorDied, RunError, get
 from actors.rollout_group import RolloutGroup
 from actors.run_state import RunState
 from actors.trainer_group import TrainerGroup
-from rlcore.canary import CanaryError, canary_limits, canary_prompts, compare_logprobs, task_canary_pairs
+from rlcore.canary import CanaryBounds, CanaryError, calibrate, canary_prompts, compare_logprobs, own_completion_pairs
 from rlcore.config import RunConfig
 from rlcore.console import one_line
 from rlcore.engine.registry import sleep_level
+from rlcore.models.render import render_prompt
 from rlcore.transfer.base import Sender
 from rlcore.transfer.plan import SyncPlan, plan_buckets
 
@@ -48,6 +50,8 @@ class WeightSync:
         self.sleep_level = sleep_level(cfg.rollout) if self.colocated else 0
         self.plan: SyncPlan | None = None
         self._canary_pairs: list[tuple[list[int], list[int]]] | None = None
+        self.canary_bounds: CanaryBounds | None = None
+        """Calibrated on the first sync that runs the canary; kept for the run's later syncs."""
 
     # -- start-up ------------------------------------------------------------------------------
     def start(self, phase: Callable) -> None:
@@ -176,40 +180,68 @@ class WeightSync:
         return metrics
 
     # -- the canary ----------------------------------------------------------------------------
-    def canary_pairs(self) -> list[tuple[list[int], list[int]]]:
-        """The canary's prompts: the environment's first eval tasks, rendered once; random ids
-        only where tasks carry images (image tokens need pixel values to score)."""
+    def canary_pairs(self, actor: int) -> list[tuple[list[int], list[int]]]:
+        """The canary's tokens, made once: greedy and sampled completions by engine `actor` of the
+        environment's first eval prompts (`rlcore.canary.own_completion_pairs`); random ids only
+        where tasks carry images (image tokens need pixel values to score) or nothing came back."""
         if self._canary_pairs is None:
-            n = self.cfg.rollout.canary_prompts
+            r = self.cfg.rollout
+            n = r.canary_prompts
             tasks = [] if self.env.uses_images else [self.env.make_task(i, "eval")
                                                      for i in range(min(n, self.env.eval_size))]
-            pairs = task_canary_pairs(tasks, self.tokenizer) if tasks else []
+            prompts = [render_prompt(self.tokenizer, t.messages) for t in tasks]
+
+            def generate(batch, temperature, max_new_tokens, seed):
+                ref = self.rollouts.canary_completions(actor, batch, temperature, max_new_tokens, seed)
+                return get([ref], r.generate_timeout_s, "canary completions", self.rollouts.names([actor]))[0]
+
+            pairs = own_completion_pairs(prompts, generate, r.canary_tokens, r.sampling.temperature,
+                                         seed=self.cfg.seed + 1234) if prompts else []
             if not pairs:
                 vocab_size = next(m.shape[0] for b in self.plan.buckets for m in b.metas
                                   if m.name.endswith("embed_tokens.weight"))
-                pairs = canary_prompts(vocab_size, num_prompts=n, seed=self.cfg.seed + 1234)
+                pairs = canary_prompts(vocab_size, num_prompts=n, completion_len=-(-r.canary_tokens // n),
+                                       seed=self.cfg.seed + 1234)
             self._canary_pairs = pairs
         return self._canary_pairs
 
     def check_canary(self, version: int, actors: list[int]) -> dict[str, float]:
-        """After a sync, every engine's teacher-forced logprobs on a fixed prompt set must match
-        the trainer's (a stale, partial or mis-mapped sync shows as whole nats of gap)."""
-        if self.cfg.rollout.canary_prompts <= 0:
+        """After a sync, every engine's teacher-forced logprobs on the canary's tokens must match
+        the trainer's within the bounds the first sync calibrated (a stale, partial or mis-mapped
+        sync shows as whole nats of gap); the first sync sets them (one console line)."""
+        r = self.cfg.rollout
+        if r.canary_prompts <= 0:
             return {}
-        pairs = self.canary_pairs()
         start = time.perf_counter()
+        pairs = self.canary_pairs(actors[0])
         # both sides at once: the sync already finished, so each scores the same version
         trainer_refs, engine_refs = self.trainers.canary(pairs), self.rollouts.canary(actors, pairs)
         trainer = get(trainer_refs, self.timeout_s, "canary (trainer)", self.trainers.names)[0]
         engines = get(engine_refs, self.timeout_s, "canary (engines)", self.rollouts.names(actors))
+        if self.canary_bounds is None:
+            measured = [compare_logprobs(engine, trainer, raise_on_fail=False) for engine in engines]
+            try:
+                self.canary_bounds = calibrate(measured, r.canary_multiple, r.canary_floor, r.canary_max_floor,
+                                               r.canary_calibration_limit)
+            except CanaryError as exc:
+                raise RunError(f"canary after sync to version {version}: {exc}") from exc
+            b = self.canary_bounds
+            log.info("canary calibrated on the sync to version %d: later syncs must keep %s (rollout.canary_multiple=%g, "
+                     "canary_floor=%g, canary_max_floor=%g); token_mult_prob_error %.5f", version, b.describe(),
+                     r.canary_multiple, r.canary_floor, r.canary_max_floor, b.baseline_mult_prob_error)
+            if r.max_mismatch is not None and b.baseline_mult_prob_error > r.max_mismatch:
+                raise RunError(f"engine/trainer mismatch on the same weights: token_mult_prob_error "
+                               f"{b.baseline_mult_prob_error:.5f} over {b.num_tokens} tokens of the policy's own "
+                               f"completions passes rollout.max_mismatch={r.max_mismatch} (python -m rlcore.mismatch "
+                               f"measures it alone)")
         worst = None
-        max_gap, mean_gap = canary_limits(self.cfg)
         for i, engine in zip(actors, engines):
             try:
-                res = compare_logprobs(engine, trainer, max_gap=max_gap, mean_gap=mean_gap)
+                res = self.canary_bounds.check(engine, trainer)
             except CanaryError as exc:
-                raise RunError(f"canary after sync to version {version}, rollout actor {i}: {exc}") from exc
+                raise RunError(f"canary after sync to version {version}, rollout actor {i}: {exc} "
+                               f"(bounds calibrated on the first sync: {self.canary_bounds.describe()})") from exc
             if worst is None or res.max_gap > worst.max_gap:
                 worst = res
-        return {"canary_max_gap": worst.max_gap, "canary_mean_gap": worst.mean_gap,
+        return {"canary_max_gap": worst.max_gap, "canary_mean_gap": worst.mean_gap, **self.canary_bounds.metrics(),
                 "canary_time_s": time.perf_counter() - start}

@@ -34,7 +34,7 @@ PANELS = (
     Panel("eval reward", ("eval/reward_mean", "eval/pass@1"), eval_rows=True),
     Panel("loss", ("loss",)),
     Panel("entropy", ("entropy",)),
-    Panel("mismatch KL", ("mismatch_kl",)),
+    Panel("mismatch KL", ("engine_mismatch_kl", "staleness_kl")),
     Panel("staleness", ("max_staleness",)),
     Panel("samples/s", ("samples_per_s",)),
     Panel("busy fraction", ("rollout_busy_frac", "trainer_busy_frac")),

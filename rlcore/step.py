@@ -149,3 +149,12 @@ def rank_micro_batches(work: RankWork, data: list[list[Sample]], pad_token_id: i
                                        deadband)
                       for s, a in zip(samples, work.advantages)]
     return materialise(samples, advantages, work.bins, pad_token_id)
+
+
+def rank_sample_versions(work: RankWork, data: list[list[Sample]]) -> list[torch.Tensor]:
+    """Per micro-batch of :func:`rank_micro_batches` (same arguments), the oldest behaviour
+    version of each of its samples (long ``[S]``, in ``sample_index`` order; -1 for an empty
+    micro-batch's pad sample): the trainer compares it with its own version to tell the
+    engine/trainer mismatch from the drift of a stale sample."""
+    samples = [data[g][k] for g, k in work.picks]
+    return [torch.tensor([samples[i].min_version for i in b] if b else [-1], dtype=torch.long) for b in work.bins]

@@ -67,7 +67,7 @@ def rl_summary(history: Sequence[dict[str, Any]], eval_rows: Sequence[dict[str, 
                phases: Sequence[tuple[str, float]] = (), artifact: str = "") -> list[str]:
     """Lines for an RL run: steps and wall-clock, reward first/last (window means), eval
     first/last (if eval ran), tokens/s and samples/s, seconds in generate/train/sync (sums over
-    steps), zero-advantage steps, start-up phases, and `artifact` (the plot or metrics path)."""
+    steps), the canary's calibrated bounds, zero-advantage steps, start-up phases, and `artifact` (the plot or metrics path)."""
     n = len(history)
     lines = [f"{n} steps in {history[-1].get('elapsed_s', _total(history, 'step_time_s')):.0f}s"]
     reward = window_means(history, "reward_mean")
@@ -85,6 +85,12 @@ def rl_summary(history: Sequence[dict[str, Any]], eval_rows: Sequence[dict[str, 
              if any(r.get(key) is not None for r in history)]
     if times:
         lines.append("time " + ", ".join(f"{label} {s:.1f}s" for label, s in times) + " (sums over steps)")
+    bounds = next((r for r in history if r.get("canary_mean_limit") is not None), None)
+    if bounds is not None:
+        lines.append(f"canary bounds mean gap {bounds['canary_mean_limit']:.4f}, max gap {bounds['canary_max_limit']:.4f} "
+                     f"nats (calibrated on the first sync: mean {bounds['canary_baseline_mean']:.4f}, max "
+                     f"{bounds['canary_baseline_max']:.4f}); largest seen mean "
+                     f"{max(r.get('canary_mean_gap', 0.0) for r in history):.4f}")
     zero = zero_advantage_steps(history)
     if zero:
         lines.append(f"zero-advantage steps {zero} of {n} (no learning signal in those steps)")

@@ -1,16 +1,11 @@
-"""Hydra conventions of `python -m rlcore.run`: --help, --cfg job, multirun sweeps; canary prompts
-from the environment's own tasks."""
+"""Hydra conventions of `python -m rlcore.run`: --help, --cfg job, multirun sweeps."""
 
 import subprocess
 import sys
 
 import pytest
 
-from rlcore.canary import task_canary_pairs
 from rlcore.cli import FlagError, parse_flags, sweep_jobs
-from rlcore.config import ModelConfig
-from rlcore.envs import make_env
-from rlcore.models.build import build_tokenizer
 from rlcore.run import REPO
 
 
@@ -58,12 +53,3 @@ def test_multirun_validates_every_job_before_any_starts(tmp_path):
     assert not (tmp_path / "sweep").exists()
 
 
-def test_canary_prompts_come_from_the_tasks():
-    env = make_env("reverse_text", {}, 0)
-    tok = build_tokenizer(ModelConfig(arch={"model_type": "qwen3"}))
-    tasks = [env.make_task(i, "eval") for i in range(3)]
-    pairs = task_canary_pairs(tasks, tok, max_prompt_tokens=40, completion_len=5)
-    assert len(pairs) == 3
-    for (prompt, completion), task in zip(pairs, tasks):
-        assert 0 < len(prompt) <= 40 and 0 < len(completion) <= 5
-        assert tok.decode(completion) == str(task.answer)[:5]

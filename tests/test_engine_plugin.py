@@ -22,7 +22,7 @@ import tensorwise_transport
 import torch
 import torch.distributed as dist
 
-from rlcore.canary import compare_logprobs, teacher_forced_logprobs
+from rlcore.canary import CanaryError, calibrate, compare_logprobs, teacher_forced_logprobs
 from rlcore.config import RolloutConfig
 from rlcore.config.errors import ConfigError
 from rlcore.config.validate import problems
@@ -264,8 +264,7 @@ def test_a_transport_from_outside_carries_weights_into_the_engines_own_receiver(
     pairs = [([5, 6, 7, 8], [9, 10, 11]), ([12, 13], [14, 15, 16, 17])]
     with torch.no_grad():
         want = teacher_forced_logprobs(trainer, pairs)
-    with pytest.raises(Exception):  # the canary tells the engines' start weights from the trainer's
-        compare_logprobs(engines[0].score_batch(pairs), want)
+    start_scores = engines[0].score_batch(pairs)  # the engines' start weights: not the trainer's
 
     # the functions the trainer and rollout actors call (`init_weight_group`), one thread per side
     options, workers, port, out = transfer_options(cfg), tensor_parallel_size(cfg.rollout), free_port(), {}
@@ -303,6 +302,10 @@ def test_a_transport_from_outside_carries_weights_into_the_engines_own_receiver(
         compare_logprobs(engine.score_batch(pairs), want, max_gap=1e-4, mean_gap=1e-5)  # the canary passes
         (gen,) = engine.generate([[5, 6, 7]], SamplingParams(max_new_tokens=3, seed=1))
         assert set(gen.versions) == {1}
+    # the canary calibrated on this sync tells the engines' start weights from the trainer's
+    bounds = calibrate([compare_logprobs(e.score_batch(pairs), want) for e in engines], 4.0, 0.05, 0.5, 1.0)
+    with pytest.raises(CanaryError):
+        bounds.check(start_scores, want)
 
 
 def test_an_engine_listing_an_unregistered_transport_is_refused_in_one_line(tensorwise):

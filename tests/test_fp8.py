@@ -1,4 +1,4 @@
-"""FP8 switches on CPU: `trainer.fp8` / `rollout.vllm.quantization` validation, the canary bounds, the
+"""FP8 switches on CPU: `trainer.fp8` / `rollout.vllm.quantization` validation (the canary bounds: tests/test_canary.py), the
 FP8 module filter and torchao's float8 in emulation, and the vLLM engine's quantization plumbing
 (no vLLM here: the engine's loop runs against a fake AsyncLLM). The real FP8 paths run in
 tests/gpu/test_fp8_gpu.py on the GPU machine."""
@@ -15,7 +15,6 @@ import pytest
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 
-from rlcore.canary import CHECKPOINT_MAX_GAP, CHECKPOINT_MEAN_GAP, DEFAULT_MAX_GAP, DEFAULT_MEAN_GAP, FP8_MAX_GAP, FP8_MEAN_GAP, canary_limits
 from rlcore.run import compose, main
 from rlcore.trainer import float8
 from rlcore.config import validate as validate_module
@@ -34,7 +33,8 @@ GPU = ["trainer.gpus_per_rank=1", "rollout.engine=vllm", "rollout.gpus_per_actor
     ([*GPU, "+rollout.vllm.engine_kwargs.reload=direct"], "rollout.vllm.engine_kwargs.reload", "rollout.vllm.weight_reload"),
     ([*GPU, "+rollout.vllm.engine_kwargs.quantization=fp8"], "rollout.vllm.engine_kwargs.quantization",
      "set rollout.vllm.quantization"),
-    (["rollout.canary_max_gap=0"], "rollout.canary_max_gap", "must be > 0"),
+    (["rollout.canary_floor=0"], "rollout.canary_floor", "must be > 0"),
+    (["rollout.canary_multiple=0.5"], "rollout.canary_multiple", "must be >= 1"),
     ([*GPU, "+recipe=shape_count", "trainer.fp8=tensorwise"], "trainer.fp8", "vision-language"),
 ])
 def test_fp8_config_errors_name_the_key_before_ray(overrides, key, text, capsys, tmp_path):
@@ -51,17 +51,6 @@ def test_fp8_switches_validate_on_gpu_configs(monkeypatch):
     monkeypatch.setattr(validate_module, "torchao_available", lambda: False)  # the name validation calls
     (key, msg), = problems(compose([*GPU, "trainer.fp8=tensorwise"]))
     assert key == "trainer.fp8" and "rlcore[fp8]" in msg
-
-
-def test_canary_limits_loosen_with_fp8_unless_set():
-    assert canary_limits(compose([])) == (DEFAULT_MAX_GAP, DEFAULT_MEAN_GAP)
-    assert canary_limits(compose([*GPU, "rollout.vllm.quantization=fp8"])) == (FP8_MAX_GAP, FP8_MEAN_GAP)
-    assert canary_limits(compose([*GPU, "trainer.fp8=tensorwise"])) == (FP8_MAX_GAP, FP8_MEAN_GAP)
-    # a real checkpoint's correct syncs leave larger gaps on its tail tokens (issue 20)
-    assert canary_limits(compose(["model=smollm2_135m"])) == (CHECKPOINT_MAX_GAP, CHECKPOINT_MEAN_GAP)
-    assert canary_limits(compose(["model=smollm2_135m", "rollout.canary_mean_gap=0.05"]))[1] == 0.05
-    assert canary_limits(compose([*GPU, "rollout.vllm.quantization=fp8", "rollout.canary_max_gap=3.0"])) == (3.0, FP8_MEAN_GAP)
-    assert DEFAULT_MAX_GAP < FP8_MAX_GAP < 3.7  # still below the smallest stale-sync gap seen (3.7 nats)
 
 
 def _tiny(model_type="qwen3", **extra):

@@ -89,11 +89,18 @@ def test_cli_run_writes_metrics(tmp_path):
         assert REQUIRED <= set(r), REQUIRED - set(r)
         assert r["max_staleness"] <= 1
         assert 0.0 <= r["zero_adv_frac"] <= 1.0 and r["generate_time_s"] >= 0.0
+    assert "engine_mismatch_kl" in rows[0]  # step 1 trains on samples of the weights it holds
+    assert all("engine_mismatch_kl" in r or "staleness_kl" in r for r in rows)
+    # the canary's bounds were calibrated on the first sync, logged with every sync and in the summary
+    assert all(r["canary_mean_gap"] <= r["canary_mean_limit"] and r["canary_max_gap"] <= r["canary_max_limit"]
+               for r in rows)
+    assert len({r["canary_mean_limit"] for r in rows}) == 1
+    assert "canary bounds mean gap" in proc.stdout
     assert (out / "config.yaml").exists()
     # the console: start-up phases, step lines with grad_norm, the summary; no Ray noise
     console = proc.stdout + proc.stderr
     for phase in ("starting Ray", "placing actors", "starting the trainer", "starting the rollout engine",
-                  "first weight sync"):
+                  "first weight sync", "canary calibrated on the sync to version"):
         assert f"rlcore: {phase}" in console, phase
     assert "grad_norm" in proc.stdout and "rlcore: done: 3 steps" in proc.stdout
     assert "  start-up " in proc.stdout and "  reward " in proc.stdout

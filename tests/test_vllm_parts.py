@@ -25,7 +25,7 @@ def test_canary_passes_small_gaps_and_raises_on_large_or_nan():
     ok = compare_logprobs([[-1.0, -2.0], [-3.0]], [[-1.02, -2.01], [-3.0]])
     assert ok.passed and ok.num_tokens == 3 and math.isclose(ok.max_gap, 0.02, abs_tol=1e-9)
     with pytest.raises(CanaryError, match="max gap 2.0"):
-        compare_logprobs([[-1.0, -2.0]], [[-3.0, -2.0]])
+        compare_logprobs([[-1.0, -2.0]], [[-3.0, -2.0]], max_gap=1.0, mean_gap=1.5)
     assert not compare_logprobs([[float("nan")]], [[0.0]], raise_on_fail=False).passed
     bad_mean = compare_logprobs([[-1.0] * 10], [[-1.2] * 10], max_gap=1.0, mean_gap=0.1, raise_on_fail=False)
     assert not bad_mean.passed and bad_mean.worst == (0, 0)

@@ -9,6 +9,12 @@ first, and in single-update training only, micro-batch pass). The mismatch ratio
 
     rho_t = p_old(y_t) / mu(y_t) = exp(logp_old_t - logp_behaviour_t)
 
+``rho`` mixes two things, which the metrics keep apart when the caller says which tokens were
+sampled by the very weights being trained (``same_version``): on those tokens ``log rho`` is the
+engine/trainer mismatch alone (kernels, precision, routing: ``engine_mismatch_kl``); on tokens of
+an older version it is that mismatch plus the policy's drift over the updates since
+(``staleness_kl``). ``mismatch_kl`` is the k3 over all loss tokens, the token-weighted mix of both.
+
 Every correction below is a function of ``rho`` only, so it is a constant (no gradient) for the
 loss; it yields a per-token ``weight`` that multiplies the token's loss and a ``keep`` mask that
 drops tokens or whole samples.
@@ -103,6 +109,7 @@ def mismatch_correction(
     mask: torch.Tensor,
     cfg: AlgoConfig,
     sample_index: torch.Tensor | None = None,
+    same_version: torch.Tensor | None = None,
 ) -> Correction:
     """Weights, keep mask and metrics of the corrections ``cfg`` enables (all ``[T]``).
 
@@ -110,7 +117,10 @@ def mismatch_correction(
     mask removes them anyway) and are ignored by the metrics. Metrics: ``mismatch_kl_sum``
     (k3, always), ``mismatch_ratio_max/min`` (of rho, always), ``tis_weight_sum`` and
     ``tis_trunc_frac`` (TIS), ``mis_mask_frac`` (MIS), ``prob_diff_mask_frac`` (probability
-    difference), ``correction_mask_frac`` (dropped by any mask).
+    difference), ``correction_mask_frac`` (dropped by any mask). With ``same_version`` (bool
+    ``[T]``: the token was sampled by the weights the trainer holds now) also
+    ``engine_mismatch_kl_sum`` / ``staleness_kl_sum`` (k3 over loss tokens with / without it) and
+    ``same_version_frac`` (its loss-token count).
     """
     # Out-of-mask positions may hold anything (prompt tokens, 0.0 for env tokens): zero the
     # log-ratio there so no inf/nan can appear in the arithmetic below.
@@ -121,6 +131,11 @@ def mismatch_correction(
         "mismatch_ratio_max": masked_max(rho, mask),
         "mismatch_ratio_min": masked_min(rho, mask),
     }
+    if same_version is not None:
+        k3, same = mismatch_k3(log_rho), same_version.bool()
+        metrics["engine_mismatch_kl_sum"] = masked_sum(k3, mask & same)
+        metrics["staleness_kl_sum"] = masked_sum(k3, mask & ~same)
+        metrics["same_version_frac"] = masked_sum(same.float(), mask)
     weight = torch.ones_like(log_rho)
     keep = torch.ones_like(mask, dtype=torch.bool)
 

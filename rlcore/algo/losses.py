@@ -71,6 +71,10 @@ class LossInputs:
     entropy: Tensor | None = None
     """Entropy of the policy's next-token distribution at each token (with grad); needed when
     ``algo.entropy_coef > 0``."""
+    same_version: Tensor | None = None
+    """Bool: the token was sampled by the weights being trained (its sample's oldest behaviour
+    version is the trainer's version before this step); splits ``mismatch_kl`` into
+    ``engine_mismatch_kl`` and ``staleness_kl`` (metrics only). None: no split."""
 
 
 def loss_normalizer(cfg: AlgoConfig, num_tokens: int, num_samples: int, max_new_tokens: int = 0) -> float:
@@ -104,7 +108,8 @@ def policy_loss(inp: LossInputs, cfg: AlgoConfig, normalizer: float) -> tuple[Te
     trained on (so every rank can run backward). Metrics (token sums unless ``_max/_min``):
     ``clip_frac``, ``ratio_sum/max/min`` (the policy ratio; for ``gspo`` each token carries its
     sequence's ratio), the correction metrics of
-    :func:`~rlcore.algo.corrections.mismatch_correction` (``mismatch_kl_sum`` always),
+    :func:`~rlcore.algo.corrections.mismatch_correction` (``mismatch_kl_sum`` always; its
+    engine/staleness split with ``same_version``),
     ``kl_ref_sum`` and ``entropy_sum`` when those terms are on.
     """
     return _policy_loss(inp, cfg, normalizer, loss_spec(cfg.loss))
@@ -131,7 +136,7 @@ def _policy_loss(
     behaviour = inp.behaviour_logprobs.float()
     old = (inp.old_logprobs if inp.old_logprobs is not None else inp.logprobs.detach()).float()
 
-    corr = mismatch_correction(old, behaviour, mask, cfg, inp.sample_index)
+    corr = mismatch_correction(old, behaviour, mask, cfg, inp.sample_index, inp.same_version)
     anchor = old if uses_old_ratio(cfg) else behaviour
     # Zero everything off the loss mask: prompt/env positions may hold any logprob, and an inf
     # there would turn 0 * inf into nan in the forward or the backward pass.

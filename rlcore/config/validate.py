@@ -108,9 +108,13 @@ def problems(cfg: RunConfig) -> list[tuple[str, str]]:
     check_min(out, "rollout.stop_after_failed_requests", r.stop_after_failed_requests, 0)
     _positive(out, "rollout.weight_sync_timeout_s", r.weight_sync_timeout_s)
     _positive(out, "rollout.sync_bucket_mb", r.sync_bucket_mb)
-    for key in ("canary_max_gap", "canary_mean_gap"):
-        if getattr(r, key) is not None:
-            _positive(out, f"rollout.{key}", getattr(r, key))
+    check_min(out, "rollout.canary_prompts", r.canary_prompts, 0)
+    _positive(out, "rollout.canary_tokens", r.canary_tokens)
+    check_min(out, "rollout.canary_multiple", r.canary_multiple, 1)
+    for key in ("canary_floor", "canary_max_floor", "canary_calibration_limit"):
+        _positive(out, f"rollout.{key}", getattr(r, key))
+    if r.max_mismatch is not None:
+        check_min(out, "rollout.max_mismatch", r.max_mismatch, 1, " (exp of a gap)")
     s = r.sampling
     check_min(out, "rollout.sampling.temperature", s.temperature, 0)
     if not 0 < s.top_p <= 1:

@@ -19,20 +19,26 @@ from rlcore.algo.losses import LossInputs, policy_loss
 from rlcore.config import RunConfig
 from rlcore.models.build import build_model, build_tokenizer
 from rlcore.models.vision import vision_tower
-from rlcore.packing import MicroBatch
+from rlcore.packing import MicroBatch, make_micro_batch
 from rlcore.trainer import export
 from rlcore.trainer.forward import forward_logprobs
 from rlcore.trainer.moe import router_metrics
 from rlcore.parallel_dims import ParallelDims
 from rlcore.trainer.parallel import Meshes, begin_micro_batch, clip_grad_norm, parallelize
 from rlcore.trainer.schedule import build_scheduler
+from rlcore.types import Sample
 
 
 def step_metrics(totals: dict[str, float], extrema: dict[str, float], grad_norm: float,
                  seconds: float) -> dict[str, float]:
     """Per-step metrics from rank-summed token sums: `*_sum` and `*_frac` become means over
-    loss tokens (`mismatch_kl_sum` -> `mismatch_kl`, `ratio_sum` -> `ratio_mean`)."""
+    loss tokens (`mismatch_kl_sum` -> `mismatch_kl`, `ratio_sum` -> `ratio_mean`), except the two
+    parts of the mismatch, each a mean over its own tokens: `engine_mismatch_kl` over the tokens
+    sampled by the weights trained (`same_version_frac` of them), `staleness_kl` over the others;
+    a part without tokens this step is left out (not 0: nothing was measured)."""
     n = max(totals["loss_tokens"], 1.0)
+    totals = dict(totals)
+    split = {k: totals.pop(k) for k in ("engine_mismatch_kl_sum", "staleness_kl_sum") if k in totals}
     out = {"loss": totals["loss"], "entropy": totals["entropy"] / n, "grad_norm": grad_norm,
            "train_tokens": totals["tokens"], "loss_tokens": totals["loss_tokens"], "train_time_s": seconds}
     for k, v in totals.items():
@@ -41,6 +47,11 @@ def step_metrics(totals: dict[str, float], extrema: dict[str, float], grad_norm:
         elif k.endswith("_sum"):
             base = k.removesuffix("_sum")
             out[base if base in ("mismatch_kl", "kl_ref") else base + "_mean"] = v / n
+    if split:
+        same = totals.get("same_version_frac", 0.0)
+        for key, count in (("engine_mismatch_kl", same), ("staleness_kl", totals["loss_tokens"] - same)):
+            if count > 0:
+                out[key] = split[key + "_sum"] / count
     out.update({k: v for k, v in extrema.items() if math.isfinite(v)})
     return out
 
@@ -83,6 +94,7 @@ class TrainerCore:
                                            weight_decay=t.weight_decay, fused=self.device.type == "cuda" or None)
         self.scheduler = build_scheduler(self.optimizer, t, cfg.steps)
         self.version = 0
+        self._sample_versions: list[torch.Tensor] | None = None  # set for one train_step
         # RL scores tokens under the tempered distribution the engines sample from; SFT fits the
         # model's own (temperature 1) distribution to the data
         self.temperature = 1.0 if cfg.mode == "sft" else max(cfg.rollout.sampling.temperature, 1e-6)
@@ -103,10 +115,29 @@ class TrainerCore:
         return forward_logprobs(model or self.model, mb, self.temperature, self.parallel, self.device,
                                 vision=self.vision)
 
-    def train_step(self, micro_batches: list[MicroBatch], normalizer: float) -> StepResult:
+    @torch.no_grad()
+    def score_pairs(self, pairs: list[tuple[list[int], list[int]]]) -> list[list[float]]:
+        """Teacher-forced logprobs (temperature 1) of each completion after its prompt through the
+        trainer's own forward (packed, chunked head), under the current weights. Collective: every
+        rank runs the same forward."""
+        samples = [Sample(list(p), list(c), [0.0] * len(c), [0] * len(c), [1] * len(c)) for p, c in pairs]
+        mb = make_micro_batch(samples, [0.0] * len(samples))
+        logprobs, _ = forward_logprobs(self.model, mb, 1.0, self.parallel, self.device)
+        logprobs, mask = logprobs.float().cpu(), mb.loss_mask.bool()
+        return [logprobs[(mb.sample_index == i) & mask].tolist() for i in range(len(pairs))]
+
+    def train_step(self, micro_batches: list[MicroBatch], normalizer: float,
+                   sample_versions: list[torch.Tensor] | None = None) -> StepResult:
         """One RL optimizer step (the configured policy loss) over this rank's micro-batches;
-        `normalizer` comes from `rlcore.algo.losses.loss_normalizer` over the global batch."""
-        return self._step(micro_batches, normalizer, lambda inp, n: policy_loss(inp, self.cfg.algo, n))
+        `normalizer` comes from `rlcore.algo.losses.loss_normalizer` over the global batch.
+        `sample_versions[i]`: the oldest behaviour version of each sample of micro-batch i
+        (`rlcore.step.rank_sample_versions`); with it the mismatch is split into
+        `engine_mismatch_kl` and `staleness_kl`."""
+        self._sample_versions = sample_versions
+        try:
+            return self._step(micro_batches, normalizer, lambda inp, n: policy_loss(inp, self.cfg.algo, n))
+        finally:
+            self._sample_versions = None
 
     def sft_step(self, micro_batches: list[MicroBatch], global_loss_tokens: int, lr: float | None = None) -> StepResult:
         """One supervised step: token-level negative log-likelihood of the masked tokens, at `lr`
@@ -118,7 +149,12 @@ class TrainerCore:
                 group["lr"] = lr
         return self._step(micro_batches, float(max(global_loss_tokens, 1)), sft_loss)
 
-    def _loss_inputs(self, mb: MicroBatch, logprobs: torch.Tensor, entropy: torch.Tensor) -> LossInputs:
+    def _loss_inputs(self, mb: MicroBatch, logprobs: torch.Tensor, entropy: torch.Tensor,
+                     index: int = 0) -> LossInputs:
+        same = None
+        if self._sample_versions is not None:
+            # self.version is still the version before this step: the weights that score the batch
+            same = (self._sample_versions[index] == self.version)[mb.sample_index].to(self.device, non_blocking=True)
         ref = None
         if self.reference is not None:
             with torch.no_grad():
@@ -128,7 +164,7 @@ class TrainerCore:
             advantages=mb.advantages.to(self.device, non_blocking=True),
             loss_mask=mb.loss_mask.to(self.device, non_blocking=True),
             sample_index=mb.sample_index.to(self.device, non_blocking=True), ref_logprobs=ref,
-            entropy=entropy if self.cfg.algo.entropy_coef > 0 else None,
+            entropy=entropy if self.cfg.algo.entropy_coef > 0 else None, same_version=same,
         )
 
     def _step(self, micro_batches: list[MicroBatch], normalizer: float, loss_fn) -> StepResult:
@@ -152,7 +188,7 @@ class TrainerCore:
         for i, mb in enumerate(micro_batches):
             begin_micro_batch(self.model, self.parallel, last=i == len(micro_batches) - 1)
             logprobs, entropy = self.forward_logprobs(mb)
-            inp = self._loss_inputs(mb, logprobs, entropy)
+            inp = self._loss_inputs(mb, logprobs, entropy, i)
             loss, metrics = loss_fn(inp, normalizer)
             (loss * self.world_size).backward()
             acc(sums, "loss", loss, torch.add)
