@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 import ray
 
 from actors.membership import Members
-from actors.remote import died, forget, get, wait_ready
+from actors.remote import died, forget, get
 from actors.rollout_refs import launch_generate, request_groups
 from actors.run_state import RunState
 from rlcore.buffer import RolloutBuffer
@@ -72,10 +72,6 @@ class RolloutGroup:
     @staticmethod
     def names(actors: list[int]) -> list[str]:
         return [f"rollout actor {i}" for i in actors]
-
-    def wait_ready(self) -> None:
-        """Wait until every actor's engine is up (model load, vLLM's compile), riding out restarts."""
-        wait_ready(self.handles, self.timeout_s)
 
     # -- requests in flight --------------------------------------------------------------------
     def queued_tasks(self) -> int:

@@ -174,12 +174,13 @@ def make_runner(cfg: RunConfig, prepared=None, stop: StopRequest | None = None):
 
 
 def summary(cfg: RunConfig, history: list[dict], eval_rows: list[dict] = (),
-            phases: list[tuple[str, float]] = ()) -> str:
-    """The end-of-run summary (rlcore.summary), pointing to the plot when the run wrote one."""
+            phases: list[tuple[str, float]] = (), startup_s: float | None = None) -> str:
+    """The end-of-run summary (rlcore.summary), pointing to the plot when the run wrote one;
+    `startup_s`: the wall time from the process's start to step 1 (RL)."""
     out = Path(cfg.output_dir)
     plot = out / "plot.png"
     artifact = f"plot: {plot}" if plot.is_file() else f"metrics: {out / 'metrics.jsonl'}"
-    return run_summary(cfg.mode, history, eval_rows, phases, artifact)
+    return run_summary(cfg.mode, history, eval_rows, phases, artifact, startup_s)
 
 
 def ray_address(cluster: ClusterConfig) -> str | None:
@@ -331,7 +332,8 @@ def _run_prepared(cfg: RunConfig, prepared, out: Path) -> int:
         logger.close()  # before the summary: the progress bar stops, the files are complete
         if history:
             write_run_plot(out)  # before the summary, which points to it
-            print(summary(cfg, history, logger.eval_rows, ray_phase.done + driver.startup.done))
+            print(summary(cfg, history, logger.eval_rows, ray_phase.done + driver.startup.done,
+                          getattr(driver, "ready_at", None)))
         return EXIT_INTERRUPTED if stop.requested else 0
     except ConfigError as exc:
         return report(exc)
