@@ -44,7 +44,7 @@ from rlcore.envs import make_env
 from rlcore.failures import FailureLog, NoProgress
 from rlcore.interrupt import StopRequest
 from rlcore.metrics import MetricsLogger
-from rlcore.models.build import build_tokenizer
+from rlcore.models.tokenizer_build import build_tokenizer
 from rlcore.startup import StartupPhases, process_age
 from rlcore.step import build_step, has_signal
 from rlcore.parallel_dims import shards_per_rank

@@ -14,7 +14,7 @@ from actors.remote import RunError
 from actors.trainer_group import TrainerGroup
 from rlcore import checkpoint as ckpt
 from rlcore.checkpoint import CheckpointWriter
-from rlcore.models.build import build_tokenizer
+from rlcore.models.tokenizer_build import build_tokenizer
 from rlcore.sft import SFTData, build_dataset, step_shards
 from rlcore.startup import StartupPhases
 

@@ -42,7 +42,7 @@ from rlcore.algo.distill import teacher_sums
 from rlcore.busy import BusyClock
 from rlcore.config import RunConfig
 from rlcore.engine.registry import make_engine
-from rlcore.models.build import build_tokenizer
+from rlcore.models.tokenizer_build import build_tokenizer
 from rlcore.teacher import resolved, teacher_run_config, tokenizer_fingerprint
 from rlcore.types import GroupMeta, Sample
 

@@ -154,7 +154,7 @@ def prepare(cfg: RunConfig):
     tokenized SFT dataset for `mode=sft`, nothing otherwise."""
     if cfg.mode != "sft":
         return None
-    from rlcore.models.build import build_tokenizer
+    from rlcore.models.tokenizer_build import build_tokenizer
     from rlcore.sft import DataError, build_dataset
     with keyed_errors(DataError):
         return build_dataset(cfg, build_tokenizer(cfg.model))

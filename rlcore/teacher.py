@@ -71,7 +71,7 @@ def tokenizer_problems(cfg: RunConfig) -> list[tuple[str, str]]:
     """Same tokenizer required (cross-tokenizer distillation is out of scope). Cheap: local
     tokenizers are loaded and compared (vocabulary and special ids); a hub id is compared when
     the teacher actor starts (`actors/teacher.py`)."""
-    from rlcore.models.build import build_tokenizer
+    from rlcore.models.tokenizer_build import build_tokenizer
     t, m = cfg.teacher, cfg.model
     if t.tokenizer != m.tokenizer:
         return [("teacher.tokenizer", f"{t.tokenizer!r} differs from model.tokenizer {m.tokenizer!r}: "
