@@ -58,6 +58,10 @@ class RolloutWorker:
     def ready(self) -> int:
         return self.index
 
+    def startup_note(self) -> str | None:
+        """The engine's line about its start (vLLM: whether its compile cache was hit), or None."""
+        return getattr(self.engine, "startup_note", None)
+
     def init_weight_group(self, address: str, port: int, plan: SyncPlan, handle: dict | None = None,
                           slot: int | None = None, engines: int | None = None) -> bool:
         """Join the weight-sync group in `slot` of its `engines` actors (default: this actor's

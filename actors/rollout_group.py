@@ -73,6 +73,18 @@ class RolloutGroup:
     def names(actors: list[int]) -> list[str]:
         return [f"rollout actor {i}" for i in actors]
 
+    def startup_notes(self) -> list[str]:
+        """The engines' start-up lines (`RolloutWorker.startup_note`), each distinct one once,
+        naming the actors that said it."""
+        notes = get([h.startup_note.remote() for h in self.handles], CONTROL_TIMEOUT_S, "engine start-up notes",
+                    self.names(list(range(len(self.handles)))))
+        said: dict[str, list[int]] = {}
+        for i, note in enumerate(notes):
+            if note:
+                said.setdefault(note, []).append(i)
+        return [f"{note} (rollout actor{'s' if len(ids) > 1 else ''} {', '.join(map(str, ids))})"
+                for note, ids in said.items()]
+
     # -- requests in flight --------------------------------------------------------------------
     def queued_tasks(self) -> int:
         return sum(len(q.tasks) for q in self.pending.values())

@@ -70,6 +70,7 @@ class WeightSync:
         if self.colocated:
             with startup.phase(engines):
                 self._engines.join()
+            self._announce()
         else:
             self._background = startup.background(engines)
             trainer += f" (concurrent with the engine{'s' if n > 1 else ''})"
@@ -88,8 +89,9 @@ class WeightSync:
             if self._background is not None:
                 self._background.failed()
             raise
-        if up and self._background is not None:
+        if up and self._background is not None and self._background.seconds is None:
             self._background.finish()
+            self._announce()
         return up
 
     def join(self, startup: StartupPhases) -> None:
@@ -105,9 +107,15 @@ class WeightSync:
                 self._background.failed()
                 raise
             self._background.finish(time.perf_counter() - waited)
+            self._announce()
         with startup.phase("joining the weight-sync group"):
             self.form()
         self._joined = True
+
+    def _announce(self) -> None:
+        """The engines' own start-up lines (the vLLM compile cache hit or missed), once."""
+        for note in self.rollouts.startup_notes():
+            print(f"rlcore: {note}", flush=True)
 
     def form(self, actors: list[int] | None = None) -> None:
         """(Re)build the weight-sync group: the trainer group plus the rollout actors `actors`
