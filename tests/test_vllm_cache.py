@@ -25,7 +25,7 @@ def test_model_dir_is_named_by_content_and_shared(tmp_path):
     with ThreadPoolExecutor(4) as pool:  # engines of one run writing the same model at once
         paths = set(pool.map(lambda _: model_dir(writer('{"hidden_size": 256}'), tmp_path), range(8)))
     assert len(paths) == 1
-    assert sorted(p.name for p in (tmp_path / "models").iterdir()) == sorted(Path(p).name for p in (a, b, *paths))
+    assert sorted(p.name for p in (tmp_path / "vllm-models").iterdir()) == sorted(Path(p).name for p in (a, b, *paths))
     assert content_hash(a).startswith(Path(a).name)
 
 
@@ -34,7 +34,7 @@ def test_random_model_engine_path_repeats_across_runs(tmp_path, monkeypatch):
     cfg = compose([f"output_dir={tmp_path}/run"])  # the default job's random-weight model
     first, kwargs = engine_args(cfg.rollout.vllm, cfg.model, seed=1)
     second, _ = engine_args(cfg.rollout.vllm, cfg.model, seed=2)
-    assert first == second and Path(first).parent == tmp_path / "models"
+    assert first == second and Path(first).parent == tmp_path / "vllm-models"
     assert kwargs["load_format"] == "dummy" and (Path(first) / "config.json").is_file()
 
 

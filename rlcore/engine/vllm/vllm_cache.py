@@ -8,13 +8,14 @@ finding the last run's graphs, and this module fixes both:
 
 - the random-weight model's directory (``config.json``, plus tokenizer and image processor for a
   vision-language model) was a fresh temporary directory each run, so the path, and with it the
-  hash, never repeated: `model_dir` writes it under ``<cache>/models/<content hash>``, the same
+  hash, never repeated: `model_dir` writes it under ``<cache>/vllm-models/<content hash>``, the same
   path for the same content;
 - the cache root: `compile_cache` points ``VLLM_CACHE_ROOT`` (unless the user set it) to
   ``<cache>/vllm/vllm-<version>-torch-<version>``, one per version pair, so an upgrade starts a
   clean cache instead of filling an old one.
 
-``<cache>`` is ``$RLCORE_CACHE_DIR``, else ``$XDG_CACHE_HOME/rlcore``, else ``~/.cache/rlcore``.
+``<cache>`` is rlcore's per-user cache (`rlcore.models.shipped.cache_root`: ``$RLCORE_CACHE_DIR``,
+else ``$XDG_CACHE_HOME/rlcore``, else ``~/.cache/rlcore``).
 
 Whether the compile cache will be hit is known only to vLLM once it hashed its config, after
 start-up began; `CompileCache` answers before it: an engine with the same arguments (the seed
@@ -33,15 +34,10 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any, Callable
 
+from rlcore.models.shipped import cache_root
+
 NOT_IN_KEY = ("seed",)
 """Engine arguments that do not change the compiled graphs (vLLM's hash leaves them out)."""
-
-
-def cache_home() -> Path:
-    """The per-user cache of rlcore (module docstring)."""
-    if os.environ.get("RLCORE_CACHE_DIR"):
-        return Path(os.environ["RLCORE_CACHE_DIR"]).expanduser()
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache").expanduser() / "rlcore"
 
 
 def content_hash(path: str | Path) -> str:
@@ -57,11 +53,11 @@ def content_hash(path: str | Path) -> str:
 
 def model_dir(write: Callable[[str], None], home: Path | None = None) -> str:
     """The directory `write(path)` fills, at a path named by its content: written into a scratch
-    directory, hashed, then renamed to ``<home>/models/<hash>``; if that exists already (the same
+    directory, hashed, then renamed to ``<home>/vllm-models/<hash>``; if that exists already (the same
     model as an earlier run, or an engine of this run that got there first) the copy is dropped
     and the existing one returned. Concurrent writers of the same content are safe: the rename
     is atomic and the loser discards its copy."""
-    models = (home or cache_home()) / "models"
+    models = (home or cache_root()) / "vllm-models"
     models.mkdir(parents=True, exist_ok=True)
     scratch = tempfile.mkdtemp(prefix=".writing-", dir=models)
     try:
@@ -140,6 +136,6 @@ def compile_cache(engine_args: dict[str, Any], device: str | None = None) -> Com
     """Point vLLM's cache root at the per-user, per-version one (``VLLM_CACHE_ROOT`` the user set
     wins) and say whether this engine's graphs are there; call before vLLM starts (its engine
     core process reads the variable from the environment it inherits)."""
-    root = os.environ.setdefault("VLLM_CACHE_ROOT", str(cache_home() / "vllm" / versions()))
+    root = os.environ.setdefault("VLLM_CACHE_ROOT", str(cache_root() / "vllm" / versions()))
     key = compile_key(engine_args, gpu_kinds() if device is None else device)
     return CompileCache(root, key, compiles=not engine_args.get("enforce_eager"))
