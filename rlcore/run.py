@@ -146,6 +146,9 @@ def local_ray_environment() -> None:
     os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
     # single-node mode: Ray, gloo and the weight-sync store all stay on the loopback address
     os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+    # every actor has a runtime_env of its own (actors.logs.runtime_env), so the idle workers Ray
+    # prestarts for the driver's job never host one: they only take CPU while the run starts
+    os.environ.setdefault("RAY_prestart_worker_first_driver", "0")
     quiet_ray_environment()
 
 
