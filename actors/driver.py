@@ -44,8 +44,8 @@ from rlcore.envs import make_env
 from rlcore.failures import FailureLog, NoProgress
 from rlcore.interrupt import StopRequest
 from rlcore.metrics import MetricsLogger
-from rlcore.models.build import build_tokenizer
-from rlcore.startup import StartupPhases
+from rlcore.models.tokenizer_build import build_tokenizer
+from rlcore.startup import StartupPhases, process_age
 from rlcore.step import build_step, has_signal
 from rlcore.parallel_dims import shards_per_rank
 from rlcore.transfer import sender_for
@@ -86,6 +86,8 @@ class Driver:
         self._rollout_busy_last = 0.0
         self._failed_last = 0
         self.startup = StartupPhases()  # timed start-up phases (progress lines, run summary)
+        self._teacher_phase = None  # the teacher's start, in the background
+        self.ready_at: float | None = None  # process age (s) when step 1 began (the start-up figure)
         # renders the canary's task prompts and decodes the samples table (logger.samples_every)
         self.tokenizer = build_tokenizer(cfg.model)
 
@@ -100,8 +102,14 @@ class Driver:
         self.rollouts = RolloutGroup(cfg, self.groups.rollouts, run, self.buffer, self.failures)
         self.weights = WeightSync(cfg, self.trainers, self.rollouts, sender_for(weight_transport(cfg)), run,
                                   self.env, self.tokenizer)
-        self.weights.start(self.startup.phase)
-        if cfg.teacher.enabled:  # after the rollout engines are up: engines sharing a GPU start one by one
+        # split placement: the engines (and a teacher on its own devices) start meanwhile, through
+        # the trainer's start and the SFT warm-up; the first weight sync waits for all of them
+        teacher_meanwhile = cfg.teacher.enabled and not (self.weights.colocated and cfg.teacher.gpus_per_actor > 0)
+        if teacher_meanwhile:
+            self.launch_teacher()
+        self.weights.start(self.startup)
+        if cfg.teacher.enabled and not teacher_meanwhile:
+            # it shares the engines' and the trainer's GPU and sizes its memory from what they left
             with self.startup.phase("starting the teacher"):
                 self.teacher = TeacherStage(cfg, self.buffer.add, self.teacher_failed)
                 try:
@@ -110,9 +118,45 @@ class Driver:
                     raise RunError(str(exc)) from exc
         self.hooks = StepHooks(cfg, run, self.env, self.trainers, self.rollouts, self.weights, self.buffer,
                                self.startup, self.teacher_tasks)
-        self.hooks.setup()  # fresh: sync version 0; resume: load the checkpoint, sync its weights
+        # fresh: SFT warm-up, then sync version 0; resume: load the checkpoint, sync its weights
+        self.hooks.setup(started=self.started, poll=self.poll_started)
         self.recovery = TrainerRecovery(cfg, self.trainers, self.rollouts, self.weights, self.hooks, self.buffer,
                                         self.teacher, self.failures)
+
+    def launch_teacher(self) -> None:
+        """Place and start the teacher; its model loads in the background (`poll_started`)."""
+        self.teacher = TeacherStage(self.cfg, self.buffer.add, self.teacher_failed)
+        try:
+            self.teacher.launch()
+        except TeacherError as exc:
+            raise RunError(str(exc)) from exc
+        self._teacher_phase = self.startup.background("starting the teacher")
+
+    def poll_started(self) -> None:
+        """Never blocks: notes the engines and teacher that came up; one that failed to start
+        stops the run here (RunError) instead of at the first sync."""
+        self.weights.poll()
+        if self._teacher_phase is not None and self._teacher_phase.seconds is None:
+            try:
+                up = self.teacher.poll()
+            except TeacherError as exc:
+                self._teacher_phase.failed()
+                raise RunError(str(exc)) from exc
+            if up:
+                self._teacher_phase.finish()
+
+    def started(self) -> None:
+        """Wait for everything still starting (engines, teacher) and form the weight group."""
+        self.poll_started()
+        if self._teacher_phase is not None and self._teacher_phase.seconds is None:
+            waited = time.perf_counter()
+            try:
+                self.teacher.wait()
+            except TeacherError as exc:
+                self._teacher_phase.failed()
+                raise RunError(str(exc)) from exc
+            self._teacher_phase.finish(time.perf_counter() - waited)
+        self.weights.join(self.startup)
 
     # -- the loop ------------------------------------------------------------------------------
     def run(self, logger: MetricsLogger) -> list[dict[str, Any]]:
@@ -126,6 +170,8 @@ class Driver:
         cfg, run = self.cfg, self.run_state
         history: list[dict[str, Any]] = []
         self.begin()
+        if self.ready_at is None:
+            self.ready_at = process_age()
         train: list[ray.ObjectRef] = []  # the refs of the train step in flight
         state: StepState | None = None
         gen_tokens = 0

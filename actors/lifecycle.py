@@ -3,7 +3,8 @@
 `StepHooks` gets the run state (`actors.run_state.RunState`) and the components it needs, and is
 called by `actors.driver.Driver` at fixed points:
 
-- `setup()` (end of `Driver.setup`): a fresh start runs the SFT warm-up if configured and syncs
+- `setup(started, poll)` (end of `Driver.setup`): a fresh start runs the SFT warm-up if configured
+  (while the engines start, `poll` between steps), waits for them (`started`) and syncs
   its version (0 without one) to the engines; a resume loads the trainer checkpoint (any world
   size), restores the run state, trims metrics rows logged after the checkpoint, and syncs the
   checkpoint's weights;
@@ -69,7 +70,10 @@ class StepHooks:
         self.start_step = 0  # the step the run started from (a resume's checkpoint step)
 
     # -- setup / resume ------------------------------------------------------------------------
-    def setup(self) -> None:
+    def setup(self, started: Callable[[], None] = lambda: None, poll: Callable[[], None] = lambda: None) -> None:
+        """`started()`: waits for what is still starting (engines, teacher) and forms the weight
+        group, called before the first sync; `poll()`: never blocks, raises if something failed
+        to start, called between SFT warm-up steps (which run while the engines start)."""
         cfg, run, phase = self.cfg, self.run, self.startup.phase
         if cfg.eval.every_n_steps > 0:
             self.evaluator = Evaluator(cfg, self.env, self.rollouts.handles, lambda: self.rollouts.serving)
@@ -84,12 +88,14 @@ class StepHooks:
                          cfg.sft.warmup_steps, cfg.sft.dataset,
                          f", on the trained model.path={cfg.model.path}" if cfg.model.path else "")
                 with phase(f"SFT warm-up ({cfg.sft.warmup_steps} steps)", chatty=True):
-                    version = warmup(cfg, self.trainers)
+                    version = warmup(cfg, self.trainers, poll)
+            started()
             with phase("first weight sync", chatty=True):
                 self.weights.sync(version)  # engines start from exactly the trainer's weights
             if self.evaluator is not None and cfg.eval.at_start:
                 self.evaluator.launch(0, version)
             return
+        started()
         self.load_checkpoint(path)
 
     def load_checkpoint(self, path: Path, phase: Callable | None = None) -> int:

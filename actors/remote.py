@@ -101,26 +101,75 @@ def failed_names(refs, names: list[str] | None) -> list[str]:
     return dead
 
 
-def wait_ready(actors: list, timeout_s: float) -> None:
-    """Wait until every actor answers `ready()`, riding out restarts (an actor Ray is restarting
-    answers "unavailable" until its constructor has run again)."""
-    deadline = time.monotonic() + timeout_s
-    pending = list(actors)
-    while pending:
-        left = deadline - time.monotonic()
-        if left <= 0:
-            raise RunError(f"{len(pending)} rollout actor(s) not ready within {timeout_s:.0f}s")
-        still = []
-        for actor in pending:
-            try:
-                ray.get(actor.ready.remote(), timeout=min(left, 30.0))
-            except (ray.exceptions.ActorUnavailableError, ray.exceptions.GetTimeoutError):
-                still.append(actor)
-            except ray.exceptions.ActorDiedError as exc:
-                raise RunError(f"a rollout actor died for good (restarts exhausted): {exc}") from exc
-        pending = still
-        if pending:
-            time.sleep(0.5)
+class ReadyWatch:
+    """The `ready()` answers of a set of actors, watched without blocking so that other start-up
+    work runs meanwhile. `what` names them in errors ("rollout actor" -> "rollout actor 1").
+
+    An actor Ray is restarting answers "unavailable" until its constructor has run again: it is
+    asked again (`RETRY_S` later). One that died for good (its restarts exhausted), or any left
+    unanswered `timeout_s` after the watch began, is a `RunError`."""
+
+    RETRY_S = 0.5
+
+    def __init__(self, actors: list, timeout_s: float, what: str):
+        self.actors, self.timeout_s, self.what = list(actors), timeout_s, what
+        self.started = time.monotonic()
+        self.deadline = self.started + timeout_s
+        self.probes: dict[int, ray.ObjectRef] = {i: a.ready.remote() for i, a in enumerate(self.actors)}
+        self.retry_at: dict[int, float] = {}  # asked again at this time (was unavailable)
+        self.ready_s: float | None = None
+        """Seconds from the watch's start until every actor had answered; None until then."""
+
+    @property
+    def done(self) -> bool:
+        return self.ready_s is not None
+
+    def poll(self) -> bool:
+        """Never blocks: reads the answers that came, re-asks actors that were restarting.
+        Returns whether every actor is ready; raises RunError as the class says."""
+        if self.done:
+            return True
+        now = time.monotonic()
+        for i, t in list(self.retry_at.items()):
+            if now >= t:
+                del self.retry_at[i]
+                self.probes[i] = self.actors[i].ready.remote()
+        if self.probes:
+            finished, _ = ray.wait(list(self.probes.values()), num_returns=len(self.probes), timeout=0)
+            finished = set(finished)
+            for i, ref in list(self.probes.items()):
+                if ref not in finished:
+                    continue
+                del self.probes[i]
+                try:
+                    ray.get(ref, timeout=0)
+                except (ray.exceptions.ActorUnavailableError, ray.exceptions.GetTimeoutError):
+                    self.retry_at[i] = now + self.RETRY_S
+                except ray.exceptions.RayActorError as exc:
+                    raise RunError(f"{self.what} {i} died while starting (restarts exhausted): {exc}") from exc
+        if not self.probes and not self.retry_at:
+            self.ready_s = time.monotonic() - self.started
+            return True
+        if now > self.deadline:
+            waiting = sorted(set(self.probes) | set(self.retry_at))
+            raise RunError(f"{self.what}(s) {', '.join(map(str, waiting))} not ready within {self.timeout_s:.0f}s")
+        return False
+
+    def join(self) -> float:
+        """Block until every actor is ready (or RunError); returns `ready_s`."""
+        while not self.poll():
+            pending = list(self.probes.values())
+            left = max(0.0, self.deadline - time.monotonic()) + 0.01
+            if pending:
+                ray.wait(pending, num_returns=1, timeout=min(self.RETRY_S, left))
+            else:
+                time.sleep(min(self.RETRY_S, left))
+        return self.ready_s
+
+
+def wait_ready(actors: list, timeout_s: float, what: str = "rollout actor") -> None:
+    """Wait until every actor answers `ready()`, riding out restarts (`ReadyWatch.join`)."""
+    ReadyWatch(actors, timeout_s, what).join()
 
 
 def refs_ready(refs: list[ray.ObjectRef]) -> bool:

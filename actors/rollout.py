@@ -8,24 +8,25 @@ from __future__ import annotations
 
 import dataclasses
 import traceback
-
-import torch
+from typing import TYPE_CHECKING
 
 from actors.logs import redirect_output
 from rlcore.busy import BusyClock
-from rlcore.checkpoint import load_model_weights
 from rlcore.config import RunConfig
 from rlcore.engine.base import SamplingParams
 from rlcore.engine.registry import make_engine, tensor_parallel_size, weight_transport
 from rlcore.envs import make_env
 from rlcore.envs.safety import threads_abandoned
 from rlcore.meta import samples_meta
-from rlcore.models.build import build_model, build_tokenizer
+from rlcore.models.tokenizer_build import build_tokenizer
 from rlcore.faults import NotInWeightGroup
 from rlcore.transfer import first_rank, make_receiver, transfer_options, world_size
 from rlcore.transfer.plan import SyncPlan
 from rlcore.types import Group, Sample, SampleMeta, Task
 from rlcore.weights_protocol import Receiver
+
+if TYPE_CHECKING:
+    import torch
 
 
 def meta_reply(groups: list[Group]) -> tuple[list[list[SampleMeta]], dict]:
@@ -44,6 +45,7 @@ class RolloutWorker:
     def __init__(self, cfg: RunConfig, index: int):
         redirect_output(cfg.output_dir, "rollout", index)
         self.cfg, self.index = cfg, index
+        import torch  # here, not at the top: the driver imports this module and needs no torch
         torch.set_num_threads(max(1, int(cfg.rollout.cpus_per_actor)))
         self.tokenizer = build_tokenizer(cfg.model)
         self.engine = make_engine(cfg, self.tokenizer, seed=cfg.seed * 1000 + index)
@@ -55,6 +57,10 @@ class RolloutWorker:
 
     def ready(self) -> int:
         return self.index
+
+    def startup_note(self) -> str | None:
+        """The engine's line about its start (vLLM: whether its compile cache was hit), or None."""
+        return getattr(self.engine, "startup_note", None)
 
     def init_weight_group(self, address: str, port: int, plan: SyncPlan, handle: dict | None = None,
                           slot: int | None = None, engines: int | None = None) -> bool:
@@ -146,6 +152,8 @@ class RolloutWorker:
     def load_checkpoint_weights(self, path: str, version: int) -> bool:
         """Load a checkpoint's model weights straight into the engine (evaluation of a
         checkpoint without a trainer group)."""
+        from rlcore.checkpoint import load_model_weights
+        from rlcore.models.build import build_model
         model = build_model(self.cfg.model, self.tokenizer)
         load_model_weights(model, path)
         self.engine.apply_weights(model.named_parameters(), version)

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 import ray
 
 from actors.membership import Members
-from actors.remote import died, forget, get, wait_ready
+from actors.remote import died, forget, get
 from actors.rollout_refs import launch_generate, request_groups
 from actors.run_state import RunState
 from rlcore.buffer import RolloutBuffer
@@ -73,9 +73,17 @@ class RolloutGroup:
     def names(actors: list[int]) -> list[str]:
         return [f"rollout actor {i}" for i in actors]
 
-    def wait_ready(self) -> None:
-        """Wait until every actor's engine is up (model load, vLLM's compile), riding out restarts."""
-        wait_ready(self.handles, self.timeout_s)
+    def startup_notes(self) -> list[str]:
+        """The engines' start-up lines (`RolloutWorker.startup_note`), each distinct one once,
+        naming the actors that said it."""
+        notes = get([h.startup_note.remote() for h in self.handles], CONTROL_TIMEOUT_S, "engine start-up notes",
+                    self.names(list(range(len(self.handles)))))
+        said: dict[str, list[int]] = {}
+        for i, note in enumerate(notes):
+            if note:
+                said.setdefault(note, []).append(i)
+        return [f"{note} (rollout actor{'s' if len(ids) > 1 else ''} {', '.join(map(str, ids))})"
+                for note, ids in said.items()]
 
     # -- requests in flight --------------------------------------------------------------------
     def queued_tasks(self) -> int:

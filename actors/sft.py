@@ -7,27 +7,30 @@ from __future__ import annotations
 import logging
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from actors.groups import place
 from actors.remote import RunError
 from actors.trainer_group import TrainerGroup
 from rlcore import checkpoint as ckpt
 from rlcore.checkpoint import CheckpointWriter
-from rlcore.models.build import build_tokenizer
+from rlcore.models.tokenizer_build import build_tokenizer
 from rlcore.sft import SFTData, build_dataset, step_shards
 from rlcore.startup import StartupPhases
 
 log = logging.getLogger("rlcore")
 
 
-def warmup(cfg, trainers: TrainerGroup) -> int:
+def warmup(cfg, trainers: TrainerGroup, between: Callable[[], None] = lambda: None) -> int:
     """Supervised warm-up before RL (`sft.warmup_steps` steps on `sft.dataset`, same trainer
-    group and optimizer); returns the trainer's policy version afterwards."""
+    group and optimizer); returns the trainer's policy version afterwards. `between()` runs
+    before each step (the RL driver checks there on the engines starting meanwhile: one that
+    died stops the warm-up with its error)."""
 
     data = build_dataset(cfg, build_tokenizer(cfg.model))
     version = 0
     for step in range(cfg.sft.warmup_steps):
+        between()
         shards, loss_tokens, _ = step_shards(cfg, data, step)
         result = trainers.sft_step(shards, loss_tokens, f"SFT warm-up step {step + 1}")
         version = int(result["version"])

@@ -37,12 +37,13 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from actors.groups import bundle
 from actors.logs import QUIET_ENV, redirect_output
+from actors.remote import ReadyWatch, RunError
 from rlcore.algo.distill import teacher_sums
 from rlcore.algo.span_align import align, retokenize
 from rlcore.busy import BusyClock
 from rlcore.config import RunConfig
 from rlcore.engine.registry import make_engine
-from rlcore.models.build import build_tokenizer
+from rlcore.models.tokenizer_build import build_tokenizer
 from rlcore.teacher import resolved, teacher_run_config, tokenizer_fingerprint
 from rlcore.types import GroupMeta, Sample
 
@@ -200,9 +201,17 @@ class TeacherStage:
         self._busy_last: dict[int, float] = {}
         self._busy_step = 0.0
         self._next = 0
+        self.watch: ReadyWatch | None = None  # the actors' start (`launch`)
 
     # -- placement -------------------------------------------------------------------------------
     def start(self) -> None:
+        """Place the teacher actors and wait until each answers `ready()` (`launch`, then `wait`)."""
+        self.launch()
+        self.wait()
+
+    def launch(self) -> None:
+        """Place the teacher actors and start them, without waiting for their model loads (`poll`
+        and `wait` watch them, with `teacher.start_timeout_s` from now)."""
         t = self.cfg.teacher
         bundles = [bundle(t.cpus_per_actor, t.gpus_per_actor) for _ in range(t.num_actors)]
         self.pg = placement_group(bundles, strategy="PACK", name="rlcore-teacher")
@@ -218,12 +227,21 @@ class TeacherStage:
             scheduling_strategy=PlacementGroupSchedulingStrategy(self.pg, placement_group_bundle_index=i),
         ).remote(self.cfg, i) for i in range(t.num_actors)]
         self.alive = [True] * t.num_actors
+        self.watch = ReadyWatch(self.actors, t.start_timeout_s, "teacher actor")
+
+    def poll(self) -> bool:
+        """Never blocks: whether every teacher actor is up (TeacherError if one failed to start)."""
         try:
-            ray.get([a.ready.remote() for a in self.actors], timeout=t.start_timeout_s)
-        except ray.exceptions.GetTimeoutError as exc:
-            raise TeacherError(f"teacher actors not ready within {t.start_timeout_s:.0f}s") from exc
-        except ray.exceptions.RayActorError as exc:
-            raise TeacherError(f"a teacher actor failed to start: {str(exc).splitlines()[0]}") from exc
+            return self.watch.poll()
+        except RunError as exc:
+            raise TeacherError(f"the teacher did not start: {exc}") from exc
+
+    def wait(self) -> None:
+        """Block until every teacher actor is up (TeacherError if one failed or the time ran out)."""
+        try:
+            self.watch.join()
+        except RunError as exc:
+            raise TeacherError(f"the teacher did not start: {exc}") from exc
 
     def shutdown(self) -> None:
         for a in self.actors:

@@ -1,9 +1,14 @@
-"""Trainer rank actor: a thin Ray wrapper around `rlcore.trainer.core.TrainerCore`."""
+"""Trainer rank actor: a thin Ray wrapper around `rlcore.trainer.core.TrainerCore`.
+
+The driver imports this module only to hand the class to Ray; the trainer's own stack (the
+model, FSDP, torch.compile: sympy and dynamo, seconds of imports) loads in the rank's process,
+inside the methods that use it, so the driver's start-up does not pay for it."""
 
 from __future__ import annotations
 
 import os
 import time
+from typing import TYPE_CHECKING
 
 import ray
 import torch
@@ -12,14 +17,14 @@ from actors.logs import redirect_output
 from rlcore.checkpoint import load_trainer, save_trainer
 from rlcore.config import RunConfig
 from rlcore.engine.registry import sleep_level, tensor_parallel_size, weight_transport
-from rlcore.engine.vllm.vllm_colocated import free_cached_memory
-from rlcore.export import write_hf_dir
 from rlcore.packing import MicroBatch
 from rlcore.step import RankWork, rank_micro_batches, rank_sample_versions
-from rlcore.trainer.core import TrainerCore, free_port
 from rlcore.transfer import make_sender, sender_for, transfer_options, world_size
 from rlcore.transfer.base import Sender
 from rlcore.transfer.plan import SyncPlan
+
+if TYPE_CHECKING:
+    from rlcore.trainer.core import TrainerCore
 
 
 class TrainerRank:
@@ -38,12 +43,14 @@ class TrainerRank:
 
     def address(self) -> tuple[str, int]:
         """Where this rank can host a rendezvous (called on rank 0)."""
+        from rlcore.trainer.core import free_port
         return ray.util.get_node_ip_address(), free_port()
 
     def init_distributed(self, master_addr: str, master_port: int) -> bool:
         os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = master_addr, str(master_port)
         if self.device == "cuda":
             torch.cuda.set_device(0)  # Ray exposes exactly this rank's GPU as device 0
+        from rlcore.trainer.core import TrainerCore
         self.core = TrainerCore(self.cfg, self.rank, self.world_size, device=self.device)
         return True
 
@@ -93,6 +100,7 @@ class TrainerRank:
             memory = {"trainer_peak_gib": torch.cuda.max_memory_reserved() / 2**30,
                       "gpu_used_gib": (total - free) / 2**30}  # every process on this GPU
             if sleep_level(self.cfg.rollout):
+                from rlcore.engine.vllm.vllm_colocated import free_cached_memory
                 free_cached_memory()  # the engine on this GPU wakes into the memory the step used
         return {**result.metrics, **memory, **pushed, "version": result.version, "lr": float(lr),
                 "train_fetch_s": fetch_s}
@@ -120,6 +128,7 @@ class TrainerRank:
             for _ in params:
                 pass
             return None
+        from rlcore.export import write_hf_dir
         return str(write_hf_dir(out_dir, params, model=self.core.model, tokenizer=self.core.tokenizer,
                                 dtype=self.cfg.model.dtype))
 

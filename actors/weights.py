@@ -9,7 +9,9 @@ a collective transport (`buffered` False: `broadcast`, `nccl`) has rank 0's rend
 trainer's send and the engines' receive run together; a buffered one (`ipc`) has no process
 group, and the engines read only after every rank has written (or the train step wrote it
 already, `pushed`). With `every_rank` (`ipc`) each trainer rank writes a buffer that the engine
-of the same index (on its GPU) opens; without it, every engine opens rank 0's. Colocated placement (trainer rank i and engine i on GPU i) is this component's
+of the same index (on its GPU) opens; without it, every engine opens rank 0's. Start-up: `start` / `poll` / `join`. Split placement lets the engines start in the
+background while the trainer starts and runs its SFT warm-up; the first sync waits for both.
+Colocated placement (trainer rank i and engine i on GPU i) is this component's
 business too: the engines start before the trainer (vLLM sizes its memory at start-up), and with
 a sleep level they sleep while the trainer steps (`before_train` / `after_train`).
 """
@@ -18,11 +20,10 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Callable
 
 import ray
 
-from actors.remote import ActorDied, RunError, get
+from actors.remote import ActorDied, ReadyWatch, RunError, get
 from actors.rollout_group import RolloutGroup
 from actors.run_state import RunState
 from actors.trainer_group import TrainerGroup
@@ -31,6 +32,7 @@ from rlcore.config import RunConfig
 from rlcore.console import one_line
 from rlcore.engine.registry import sleep_level
 from rlcore.models.render import render_prompt
+from rlcore.startup import Background, StartupPhases
 from rlcore.transfer.base import Sender
 from rlcore.transfer.plan import SyncPlan, plan_buckets
 
@@ -52,24 +54,72 @@ class WeightSync:
         self._canary_pairs: list[tuple[list[int], list[int]]] | None = None
         self.canary_bounds: CanaryBounds | None = None
         """Calibrated on the first sync that runs the canary; kept for the run's later syncs."""
+        self._engines: ReadyWatch | None = None  # the engines' start (`start` .. `join`)
+        self._background: Background | None = None  # its console phase when it runs meanwhile
+        self._joined = False
 
     # -- start-up ------------------------------------------------------------------------------
-    def start(self, phase: Callable) -> None:
-        """Start the trainer group and wait for the engines, in the order the placement needs
-        (`phase(name)`: the start-up phase timer), plan the buckets and form the group."""
+    def start(self, startup: StartupPhases) -> None:
+        """Start the trainer group while the engines start, in the order the placement needs, and
+        plan the buckets; `join` then waits for the engines and forms the group.
+
+        Split placement (trainer and engines on different devices): the engines' start (model
+        load, vLLM's compile and graph capture) runs in the background through the trainer's
+        start and the SFT warm-up (`poll` between its steps). Colocated: one after the other,
+        engines first, since vLLM sizes its KV cache from the GPU memory free at its start."""
         n = len(self.rollouts)
         engines = f"starting the rollout engine{'s' if n > 1 else ''} ({self.cfg.rollout.engine})"
-        if self.colocated:  # vLLM sizes its memory at startup: let it start before the trainer allocates
-            with phase(engines):
-                self.rollouts.wait_ready()
-        with phase("starting the trainer and loading its model"):
+        self._engines = ReadyWatch(self.rollouts.handles, self.rollouts.timeout_s, "rollout actor")
+        trainer = "starting the trainer and loading its model"
+        if self.colocated:
+            with startup.phase(engines):
+                self._engines.join()
+            self._announce()
+        else:
+            self._background = startup.background(engines)
+            trainer += f" (concurrent with the engine{'s' if n > 1 else ''})"
+        with startup.phase(trainer):
             metas = self.trainers.start()
         self.plan = plan_buckets(metas, int(self.cfg.rollout.sync_bucket_mb * 2**20))
-        if not self.colocated:
-            with phase(engines):
-                self.rollouts.wait_ready()  # model load (and vLLM's compile)
-        with phase("joining the weight-sync group"):
+        self.poll()
+
+    def poll(self) -> bool:
+        """Never blocks: whether the engines started by `start` are all up. An engine that died
+        while starting is a RunError here, so the work done meanwhile (the SFT warm-up) never
+        runs on to wait for it."""
+        try:
+            up = self._engines.poll()
+        except RunError:
+            if self._background is not None:
+                self._background.failed()
+            raise
+        if up and self._background is not None and self._background.seconds is None:
+            self._background.finish()
+            self._announce()
+        return up
+
+    def join(self, startup: StartupPhases) -> None:
+        """Wait for the engines still starting (once; later calls return at once) and form the
+        weight-sync group: the first sync comes after both sides are up."""
+        if self._joined:
+            return
+        if not self.poll():
+            waited = time.perf_counter()
+            try:
+                self._engines.join()
+            except RunError:
+                self._background.failed()
+                raise
+            self._background.finish(time.perf_counter() - waited)
+            self._announce()
+        with startup.phase("joining the weight-sync group"):
             self.form()
+        self._joined = True
+
+    def _announce(self) -> None:
+        """The engines' own start-up lines (the vLLM compile cache hit or missed), once."""
+        for note in self.rollouts.startup_notes():
+            print(f"rlcore: {note}", flush=True)
 
     def form(self, actors: list[int] | None = None) -> None:
         """(Re)build the weight-sync group: the trainer group plus the rollout actors `actors`

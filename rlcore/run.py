@@ -146,6 +146,9 @@ def local_ray_environment() -> None:
     os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
     # single-node mode: Ray, gloo and the weight-sync store all stay on the loopback address
     os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+    # every actor has a runtime_env of its own (actors.logs.runtime_env), so the idle workers Ray
+    # prestarts for the driver's job never host one: they only take CPU while the run starts
+    os.environ.setdefault("RAY_prestart_worker_first_driver", "0")
     quiet_ray_environment()
 
 
@@ -154,7 +157,7 @@ def prepare(cfg: RunConfig):
     tokenized SFT dataset for `mode=sft`, nothing otherwise."""
     if cfg.mode != "sft":
         return None
-    from rlcore.models.build import build_tokenizer
+    from rlcore.models.tokenizer_build import build_tokenizer
     from rlcore.sft import DataError, build_dataset
     with keyed_errors(DataError):
         return build_dataset(cfg, build_tokenizer(cfg.model))
@@ -174,12 +177,13 @@ def make_runner(cfg: RunConfig, prepared=None, stop: StopRequest | None = None):
 
 
 def summary(cfg: RunConfig, history: list[dict], eval_rows: list[dict] = (),
-            phases: list[tuple[str, float]] = ()) -> str:
-    """The end-of-run summary (rlcore.summary), pointing to the plot when the run wrote one."""
+            phases: list[tuple[str, float]] = (), startup_s: float | None = None) -> str:
+    """The end-of-run summary (rlcore.summary), pointing to the plot when the run wrote one;
+    `startup_s`: the wall time from the process's start to step 1 (RL)."""
     out = Path(cfg.output_dir)
     plot = out / "plot.png"
     artifact = f"plot: {plot}" if plot.is_file() else f"metrics: {out / 'metrics.jsonl'}"
-    return run_summary(cfg.mode, history, eval_rows, phases, artifact)
+    return run_summary(cfg.mode, history, eval_rows, phases, artifact, startup_s)
 
 
 def ray_address(cluster: ClusterConfig) -> str | None:
@@ -331,7 +335,8 @@ def _run_prepared(cfg: RunConfig, prepared, out: Path) -> int:
         logger.close()  # before the summary: the progress bar stops, the files are complete
         if history:
             write_run_plot(out)  # before the summary, which points to it
-            print(summary(cfg, history, logger.eval_rows, ray_phase.done + driver.startup.done))
+            print(summary(cfg, history, logger.eval_rows, ray_phase.done + driver.startup.done,
+                          getattr(driver, "ready_at", None)))
         return EXIT_INTERRUPTED if stop.requested else 0
     except ConfigError as exc:
         return report(exc)

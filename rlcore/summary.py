@@ -64,7 +64,8 @@ def format_phases(phases: Sequence[tuple[str, float]]) -> str:
 
 
 def rl_summary(history: Sequence[dict[str, Any]], eval_rows: Sequence[dict[str, Any]] = (),
-               phases: Sequence[tuple[str, float]] = (), artifact: str = "") -> list[str]:
+               phases: Sequence[tuple[str, float]] = (), artifact: str = "",
+               startup_s: float | None = None) -> list[str]:
     """Lines for an RL run: steps and wall-clock, reward first/last (window means), eval
     first/last (if eval ran), tokens/s and samples/s, seconds in generate/train/sync (sums over
     steps), the canary's calibrated bounds, zero-advantage steps, start-up phases, and `artifact` (the plot or metrics path)."""
@@ -94,12 +95,17 @@ def rl_summary(history: Sequence[dict[str, Any]], eval_rows: Sequence[dict[str, 
     zero = zero_advantage_steps(history)
     if zero:
         lines.append(f"zero-advantage steps {zero} of {n} (no learning signal in those steps)")
-    return lines + closing_lines(phases, artifact)
+    return lines + closing_lines(phases, artifact, startup_s)
 
 
-def closing_lines(phases: Sequence[tuple[str, float]], artifact: str) -> list[str]:
-    """The lines every summary ends with: the start-up phases and where the plot or metrics are."""
-    out = [f"start-up {sum(s for _, s in phases):.1f}s: {format_phases(phases)}"] if phases else []
+def closing_lines(phases: Sequence[tuple[str, float]], artifact: str, startup_s: float | None = None) -> list[str]:
+    """The lines every summary ends with: the start-up phases and where the plot or metrics are.
+    `startup_s`: the wall time from the process's start to step 1 (phases that ran at once
+    overlap, so it is not their sum); None: the phases' sum."""
+    if startup_s is not None:
+        out = [f"start-up {startup_s:.1f}s to step 1 (from the process's start): {format_phases(phases)}"]
+    else:
+        out = [f"start-up {sum(s for _, s in phases):.1f}s: {format_phases(phases)}"] if phases else []
     return out + ([artifact] if artifact else [])
 
 
@@ -123,12 +129,13 @@ def eval_summary(history: Sequence[dict[str, Any]], phases: Sequence[tuple[str, 
 
 
 def run_summary(mode: str, history: Sequence[dict[str, Any]], eval_rows: Sequence[dict[str, Any]] = (),
-                phases: Sequence[tuple[str, float]] = (), artifact: str = "") -> str:
-    """The whole summary: a `rlcore: done:` line, then one indented line per figure."""
+                phases: Sequence[tuple[str, float]] = (), artifact: str = "", startup_s: float | None = None) -> str:
+    """The whole summary: a `rlcore: done:` line, then one indented line per figure; `startup_s`
+    (RL): the wall time from the process's start to step 1."""
     if mode == "sft":
         lines = sft_summary(history, phases, artifact)
     elif mode == "eval":
         lines = eval_summary(history, phases, artifact)
     else:
-        lines = rl_summary(history, eval_rows, phases, artifact)
+        lines = rl_summary(history, eval_rows, phases, artifact, startup_s)
     return "\n".join([f"rlcore: done: {lines[0]}"] + [f"  {ln}" for ln in lines[1:]])

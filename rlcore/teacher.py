@@ -71,7 +71,7 @@ def tokenizer_problems(cfg: RunConfig) -> list[tuple[str, str]]:
     """Same tokenizer required, unless `teacher.cross_tokenizer` (then none: the teacher reads the
     student's text). Cheap: local tokenizers are loaded and compared (vocabulary and special
     ids); a hub id is compared when the teacher actor starts (`actors/teacher.py`)."""
-    from rlcore.models.build import build_tokenizer
+    from rlcore.models.tokenizer_build import build_tokenizer
     t, m = cfg.teacher, cfg.model
     if t.cross_tokenizer:
         return []

@@ -1,7 +1,8 @@
-"""Environments whose reward code misbehaves (for the chaos tests); imported by the rollout
-actors as `tests.chaos_env:NAME`."""
+"""Environments whose reward code or start-up misbehaves (for the chaos and start-up tests);
+imported by the rollout actors as `tests.chaos_env:NAME`."""
 
 import itertools
+import os
 import time
 import zlib
 
@@ -67,3 +68,35 @@ class SleepingReverseText(ReverseText):
         if zlib.crc32(task.id.encode()) % 8 == 0:
             time.sleep(600)
         return super().reward(task, completion)
+
+
+def in_actor() -> bool:
+    """Whether this code runs inside a Ray actor (a rollout or teacher actor), not the driver."""
+    import ray
+    return ray.is_initialized() and ray.get_runtime_context().get_actor_id() is not None
+
+
+class GatedStartReverseText(ReverseText):
+    """reverse_text whose construction inside an actor waits until the file `gate` exists (the
+    test creates it once the SFT warm-up has begun): an engine that can only finish starting
+    while the trainer works. No gate within `gate_timeout_s`: the construction raises."""
+
+    def __init__(self, seed: int = 0, gate: str = "", gate_timeout_s: float = 120.0, **kw):
+        super().__init__(seed, **kw)
+        if gate and in_actor():
+            deadline = time.monotonic() + gate_timeout_s
+            while not os.path.exists(gate):
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"start-up gate {gate} not opened within {gate_timeout_s:g}s")
+                time.sleep(0.1)
+
+
+class BrokenStartReverseText(ReverseText):
+    """reverse_text whose construction inside an actor fails after `delay_s` (an engine that
+    breaks during start-up, while the driver's SFT warm-up runs)."""
+
+    def __init__(self, seed: int = 0, delay_s: float = 0.0, **kw):
+        super().__init__(seed, **kw)
+        if in_actor():
+            time.sleep(delay_s)
+            raise RuntimeError("engine broke during start-up")

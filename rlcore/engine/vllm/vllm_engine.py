@@ -18,8 +18,9 @@ quantization rules (:mod:`rlcore.engine.vllm.vllm_updates`), colocated IPC recei
 (:mod:`rlcore.engine.vllm.vllm_colocated`), its receivers for the `nccl` and `ipc` transports
 (:mod:`rlcore.engine.vllm.vllm_receivers`), the code that runs inside vLLM's workers
 (:mod:`rlcore.engine.vllm.vllm_worker`), the tensor codec of its RPC channel
-(:mod:`rlcore.engine.vllm.vllm_codec`) and the model directory built from a run config
-(:mod:`rlcore.engine.vllm.vllm_model_dir`).
+(:mod:`rlcore.engine.vllm.vllm_codec`), the model directory built from a run config
+(:mod:`rlcore.engine.vllm.vllm_model_dir`) and the per-user compile cache
+(:mod:`rlcore.engine.vllm.vllm_cache`).
 
 vLLM is imported lazily: this module imports on a CPU-only machine without vLLM.
 """
@@ -36,6 +37,7 @@ import threading
 from typing import Any, Literal
 
 from rlcore.engine.base import Generation, RolloutEngine, SamplingParams, WeightSyncError
+from rlcore.engine.vllm.vllm_cache import compile_cache
 from rlcore.engine.vllm.vllm_colocated import ColocatedEngine
 from rlcore.engine.vllm.vllm_model_dir import engine_args
 from rlcore.engine.vllm.vllm_receivers import RECEIVERS
@@ -149,11 +151,16 @@ class VLLMEngine(WeightUpdates, VersionMarks, ColocatedEngine, RolloutEngine):
         self._thread = threading.Thread(target=self._loop.run_forever, name="vllm-engine-loop", daemon=True)
         self._thread.start()
         self._update_lock: asyncio.Lock | None = None
+        cache = compile_cache(self._engine_args)  # before vLLM starts: it sets VLLM_CACHE_ROOT
+        self.startup_note = cache.note()
+        """One line on the compile cache (hit, miss, not used), said before the engine started."""
+        log.info("%s", self.startup_note)
         try:
             self._llm = self._call(self._start(), startup_timeout_s, "engine startup")
         except BaseException:
             self._stop_loop()
             raise
+        cache.started()
 
     @classmethod
     def from_config(cls, options: Any, model: Any, *, seed: int = 0, tokenizer: Any = None, device: str = "cuda",

@@ -3,7 +3,6 @@ the model directory of a random-weight model (vLLM loads models from a directory
 
 from __future__ import annotations
 
-import tempfile
 from typing import Any
 
 from transformers.models.auto.modeling_auto import (
@@ -11,15 +10,17 @@ from transformers.models.auto.modeling_auto import (
     MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES,
 )
 
-from rlcore.models.build import build_tokenizer, random_model_config
+from rlcore.engine.vllm.vllm_cache import model_dir
+from rlcore.models.tokenizer_build import build_tokenizer, random_model_config
 
 
 def engine_args(v: Any, model: Any, seed: int = 0, tokenizer: Any = None) -> tuple[str, dict[str, Any]]:
     """(model, keyword arguments) of :class:`rlcore.engine.vllm.vllm_engine.VLLMEngine` for its
     section ``v`` (``rollout.vllm``: a ``VLLMOptions``) and ``model`` (a ``ModelConfig``). A
     random-weight model (``model.path`` null) is written as a directory holding its
-    ``config.json`` (plus tokenizer and image processor for a vision-language model) and started
-    with dummy weights: the first sync fills them."""
+    ``config.json`` (plus tokenizer and image processor for a vision-language model), at a path
+    named by its content under the per-user cache (`rlcore.engine.vllm.vllm_cache.model_dir`),
+    and started with dummy weights: the first sync fills them."""
     quantization = v.quantization
     reload = v.weight_reload
     if reload == "auto":  # the fast direct receive unless weights are processed after loading
@@ -47,13 +48,19 @@ def engine_args(v: Any, model: Any, seed: int = 0, tokenizer: Any = None) -> tup
         # the same config the trainer builds (vocabulary sized to the tokenizer)
         hf_config = random_model_config(model, tokenizer)
         hf_config.architectures = [names[model_type]]  # vLLM picks its class by this
-        path = tempfile.mkdtemp(prefix="rlcore-vllm-model-")
-        hf_config.save_pretrained(path)
         kwargs["load_format"] = "dummy"
+
+        def write(where: str) -> None:
+            hf_config.save_pretrained(where)
+            if vision is not None:
+                # vLLM's multimodal processor needs the tokenizer (placeholder ids) and the image
+                # processor config next to config.json
+                tokenizer.save_pretrained(where)
+                vision.save(where)
+
+        # named by its content: the next run's engine has the same path, so vLLM's compile cache
+        # (whose key holds the model path) finds this run's graphs (`vllm_cache`)
+        path = model_dir(write)
         if vision is not None:
-            # vLLM's multimodal processor needs the tokenizer (placeholder ids) and the image
-            # processor config next to config.json, and a tokenizer-enabled engine
-            tokenizer.save_pretrained(path)
-            vision.save(path)
-            kwargs.update(skip_tokenizer_init=False, vision=vision)
+            kwargs.update(skip_tokenizer_init=False, vision=vision)  # a tokenizer-enabled engine
     return path, kwargs
