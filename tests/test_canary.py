@@ -25,7 +25,8 @@ def test_calibrate_is_a_multiple_of_the_first_sync_plus_a_floor():
     assert b.baseline_mean == pytest.approx(0.01) and b.baseline_max == pytest.approx(0.03)  # the worst engine
     assert b.mean_gap == pytest.approx(4 * 0.01 + 0.05) and b.max_gap == pytest.approx(4 * 0.03 + 0.5)
     assert b.num_tokens == 4 and set(b.metrics()) == {"canary_mean_limit", "canary_max_limit",
-                                                      "canary_baseline_mean", "canary_baseline_max"}
+                                                      "canary_baseline_mean", "canary_baseline_max",
+                                                      "token_mult_prob_error"}
     assert b.check([[-1.0]], [[-1.08]]).passed
     with pytest.raises(CanaryError, match="mean gap 0.1000"):
         b.check([[-1.0]], [[-1.1]])
