@@ -158,12 +158,13 @@ Generate = Callable[[list[list[int]], float, int, int], list[list[int]]]
 
 
 def own_completion_pairs(prompts: Sequence[Sequence[int]], generate: Generate, tokens: int,
-                         temperature: float, seed: int = 0, max_rounds: int = 8) -> list[tuple[list[int], list[int]]]:
+                         temperature: float, seed: int = 0, max_rounds: int = 32) -> list[tuple[list[int], list[int]]]:
     """The policy's own tokens for the canary: a greedy completion of every prompt, then sampled
     ones at ``temperature`` (one seeded round at a time), until the completions hold ``tokens``
     tokens or ``max_rounds`` rounds ran (a policy that stops early gives fewer). Each request
     asks for ``ceil(tokens / (2 * len(prompts)))`` new tokens, so greedy plus one sampled round
-    reach ``tokens`` when nothing stops early. Empty completions are left out."""
+    reach ``tokens`` when nothing stops early; a policy with short answers (SmolLM2 on reverse_text:
+    ~4 tokens each) needs more rounds, hence the generous default. Empty completions are left out."""
     prompts = [list(p) for p in prompts if p]
     if not prompts or tokens <= 0:
         return []
