@@ -58,11 +58,39 @@ def get(refs, timeout_s: float, what: str, names: list[str] | None = None):
     except ray.exceptions.RayError as exc:
         _keep_unread(refs)
         if not died(exc):
-            raise
+            # a rank whose collective broke because its peer died (a killed node) often answers
+            # first, with a transport error: the death it follows is what the caller must see
+            dead = peers_that_died(refs, names, min(timeout_s, PEER_GRACE_S)) if lost_peer(exc) else []
+            if not dead:
+                raise
+            raise ActorDied(f"{what} failed: {', '.join(dead)} died (a peer's collective broke: "
+                            f"{str(exc).splitlines()[0][:200]})", dead) from exc
         dead = failed_names(refs, names)
         how = memory_kill(str(exc)) or ("was restarted and has not rejoined the weight group"
                                         if isinstance(_cause(exc), NotInWeightGroup) else "died")
         raise ActorDied(f"{what} failed: {', '.join(dead) or 'an actor'} {how} ({exc})", dead, how) from exc
+
+
+PEER_GRACE_S = 60.0
+"""How long a call whose participant reported a broken collective waits for the others to answer
+(Ray marks an actor on a killed node dead only once it declares the node dead: seconds to tens)."""
+
+_LOST_PEER = ("Connection reset", "Connection closed", "Broken pipe", "Connection refused", "gloo", "NCCL",
+              "ProcessGroup")
+
+
+def lost_peer(exc: BaseException) -> bool:
+    """Whether a task error reads as a collective whose peer went away (gloo / NCCL transport)."""
+    return isinstance(exc, ray.exceptions.RayTaskError) and any(s in str(exc) for s in _LOST_PEER)
+
+
+def peers_that_died(refs, names: list[str] | None, wait_s: float) -> list[str]:
+    """The participants of a call (one ref each, named by `names`) whose actor died, waiting up
+    to `wait_s` for the refs still pending to answer."""
+    if not names or not isinstance(refs, list) or len(refs) < 2:
+        return []
+    ray.wait(list(refs), num_returns=len(refs), timeout=wait_s)
+    return failed_names(refs, names)
 
 
 def _cause(exc: BaseException):

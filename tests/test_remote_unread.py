@@ -9,7 +9,7 @@ import pytest
 import ray
 import ray._private.worker as ray_worker
 
-from actors.remote import get, read_unread
+from actors.remote import ActorDied, get, read_unread
 
 pytestmark = pytest.mark.integration
 
@@ -47,5 +47,32 @@ def test_failed_get_leaves_no_unhandled_error(monkeypatch):
         # a plain ray.get does print the late failure: the check below can fail
         assert _unhandled_after_failed_get(monkeypatch, read_later=False) == ["RayTaskError"]
         assert _unhandled_after_failed_get(monkeypatch, read_later=True) == []
+    finally:
+        ray.shutdown()
+
+
+@ray.remote(max_restarts=0)
+class Rank:
+    def exit_after(self, seconds: float) -> None:
+        time.sleep(seconds)
+        import os
+        os._exit(1)
+
+    def broken_collective(self) -> None:
+        raise RuntimeError("[gloo/transport/tcp/pair.cc:538] Read error [127.0.0.1]:56005: Connection reset by peer")
+
+
+def test_a_rank_whose_peer_died_reports_the_death_not_its_broken_collective():
+    ray.init(num_cpus=2, include_dashboard=False, logging_level="WARNING")
+    try:
+        ranks = [Rank.remote(), Rank.remote()]
+        # rank 0 answers first with the transport error; rank 1's death shows a moment later
+        refs = [ranks[0].broken_collective.remote(), ranks[1].exit_after.remote(1.0)]
+        with pytest.raises(ActorDied, match="trainer rank 1 died") as info:
+            get(refs, 60, "train step 3", ["trainer rank 0", "trainer rank 1"])
+        assert info.value.dead == ["trainer rank 1"]
+        # the same error with no dead peer stays what it was
+        with pytest.raises(ray.exceptions.RayTaskError, match="Connection reset"):
+            get([ranks[0].broken_collective.remote()], 60, "train step 4", ["trainer rank 0"])
     finally:
         ray.shutdown()
