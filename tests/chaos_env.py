@@ -91,9 +91,10 @@ class GatedStartReverseText(ReverseText):
                 time.sleep(0.1)
 
 
-class BrokenStartReverseText(ReverseText):
-    """reverse_text whose construction inside an actor fails after `delay_s` (an engine that
-    breaks during start-up, while the driver's SFT warm-up runs)."""
+class BrokenStartReverseText(GatedStartReverseText):
+    """reverse_text whose construction inside an actor fails `delay_s` after the `gate` file
+    exists (at once without a gate): an engine that breaks during start-up, while the driver's
+    SFT warm-up runs (the test opens the gate when the warm-up begins)."""
 
     def __init__(self, seed: int = 0, delay_s: float = 0.0, **kw):
         super().__init__(seed, **kw)

@@ -99,14 +99,25 @@ def test_engines_finish_starting_only_while_the_sft_warmup_runs(ray_cluster, tmp
 
 
 @pytest.mark.integration
-def test_engine_that_breaks_during_startup_stops_the_warmup(ray_cluster, tmp_path, capsys, caplog):
+def test_engine_that_breaks_during_startup_stops_the_warmup(ray_cluster, tmp_path, monkeypatch, capsys, caplog):
     """The warm-up checks the engines between its steps: the broken engine's error comes out
-    within a step or two, not after the whole warm-up nor at a deadline."""
+    within a step or two, not after the whole warm-up nor at a deadline. The engine breaks only
+    once the warm-up has begun (a gate the warm-up opens), so the check is not a race with the
+    trainer's start."""
+    import actors.lifecycle
     from actors.driver import Driver
     from actors.remote import RunError
 
-    cfg = _cfg(tmp_path / "run", ["env.name=tests.chaos_env:BrokenStartReverseText", "+env.args.delay_s=0"],
-               warmup=1000)
+    gate = tmp_path / "gate"
+    real_warmup = actors.lifecycle.warmup
+
+    def warmup_opening_the_gate(cfg, trainers, between):
+        gate.touch()
+        return real_warmup(cfg, trainers, between)
+
+    monkeypatch.setattr(actors.lifecycle, "warmup", warmup_opening_the_gate)
+    cfg = _cfg(tmp_path / "run", ["env.name=tests.chaos_env:BrokenStartReverseText", "+env.args.delay_s=0",
+                                  f"+env.args.gate={gate}", "+env.args.gate_timeout_s=150"], warmup=1000)
     driver = Driver(cfg)
     start = time.monotonic()
     try:
