@@ -10,7 +10,7 @@ object store, its metadata at the owner); an actor restart loses none of it.
 The driver reads token data in one bounded place only, with a timeout: the samples table every
 `logger.samples_every` steps (`table_rows`), the groups shown only. On-policy distillation's
 teacher actors read the groups' token data themselves and return the scored groups as new
-objects the driver owns (`actors.teacher.TeacherWorker.score`); evaluation rounds take metadata
+objects the driver owns (`actors.teacher_worker.TeacherWorker.score`); evaluation rounds take metadata
 only (`RolloutWorker.generate_meta`), and a checkpoint's put-back needs the tasks only.
 """
 

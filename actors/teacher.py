@@ -27,7 +27,6 @@ from collections import deque
 from dataclasses import dataclass, field
 
 import ray
-import torch
 from ray.util.placement_group import (
     PlacementGroup,
     placement_group,
@@ -36,87 +35,18 @@ from ray.util.placement_group import (
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from actors.groups import bundle
-from actors.logs import QUIET_ENV, redirect_output
+from actors.logs import QUIET_ENV
 from actors.remote import ReadyWatch, RunError
-from rlcore.algo.distill import teacher_sums
-from rlcore.algo.span_align import align, retokenize
-from rlcore.busy import BusyClock
+from actors.teacher_worker import TeacherWorker, attach, one_line, score_pairs  # noqa: F401 (re-exported)
 from rlcore.config import RunConfig
-from rlcore.engine.registry import make_engine
-from rlcore.models.tokenizer_build import build_tokenizer
-from rlcore.teacher import resolved, teacher_run_config, tokenizer_fingerprint
-from rlcore.types import GroupMeta, Sample
+from rlcore.teacher import resolved
+from rlcore.types import GroupMeta
 
 log = logging.getLogger("rlcore")
 
 
 class TeacherError(RuntimeError):
     """The teacher group cannot go on (every actor gone, or it did not start in time)."""
-
-
-class TeacherWorker:
-    """One teacher engine. `score` scores whole groups read from the object store (see there)."""
-
-    def __init__(self, cfg: RunConfig, index: int):
-        redirect_output(cfg.output_dir, "teacher", index)
-        self.index = index
-        torch.set_num_threads(max(1, int(cfg.teacher.cpus_per_actor)))
-        tcfg = teacher_run_config(cfg)
-        self.tokenizer = build_tokenizer(tcfg.model)
-        self.student_tokenizer = build_tokenizer(cfg.model) if cfg.teacher.cross_tokenizer else None
-        if self.student_tokenizer is None and tokenizer_fingerprint(self.tokenizer) != tokenizer_fingerprint(
-                build_tokenizer(cfg.model)):
-            # a hub teacher is only comparable once loaded (validation compares local ones)
-            raise ValueError(f"teacher.path: {cfg.teacher.path}: its tokenizer differs from the student's")
-        self.engine = make_engine(tcfg, self.tokenizer, seed=cfg.seed * 1000 + 500 + index)
-        self.clock = BusyClock()
-
-    def ready(self) -> int:
-        return self.index
-
-    def score(self, *groups: list[Sample]) -> tuple:
-        """Score the token data of n groups (`list[Sample]` each; the caller passes their refs and
-        Ray resolves them here) with `.options(num_returns=1 + n)`: return 0 is
-        `(cumulative busy seconds, per group [SampleMeta.teacher_sums of each sample], None,
-        (straddled, tokens))`, return 1 + i group i's samples carrying `teacher_logprobs` (failed
-        samples unscored); `straddled` counts the completion tokens whose teacher logprob is a
-        straddled segment's share (`teacher.cross_tokenizer`; 0 otherwise) out of `tokens`.
-        Never raises for a scoring fault (an engine error, logprobs whose count differs from a
-        completion's: `attach`, a text the teacher's tokenizer cannot write): return 0 is then
-        `(busy seconds, None, one line saying why, None)` and returns 1..n are None, so no error
-        object sits unread in the store."""
-        try:
-            with self.clock.busy():
-                if self.student_tokenizer is None:
-                    attach(groups, self.engine.score_batch(score_pairs(groups)))
-                    straddle = (0, sum(len(s.completion_ids) for g in groups for s in g if not s.failed))
-                else:
-                    straddle = self._score_cross(groups)
-        except Exception as exc:
-            return (self.clock.seconds(), None, one_line(exc), None), *[None] * len(groups)
-        sums = [[None if s.teacher_logprobs is None else teacher_sums(s.logprobs, s.teacher_logprobs, s.loss_mask)
-                 for s in g] for g in groups]
-        return (self.clock.seconds(), sums, None, straddle), *groups
-
-    def _score_cross(self, groups) -> tuple[int, int]:
-        """Score the student's text in the teacher's tokens and carry the logprobs back
-        (`rlcore.algo.span_align`); returns `(straddled, tokens)`."""
-        student, teacher = self.student_tokenizer, self.tokenizer
-        scored_samples = [s for g in groups for s in g if not s.failed]
-        mapped = [retokenize(student.decode, lambda text: teacher.encode(text, add_special_tokens=False),
-                             teacher.decode, s.prompt_ids, s.completion_ids, teacher.unk_token_id)
-                  for s in scored_samples]
-        logprobs = self.engine.score_batch([(p, c) for p, c, _, _ in mapped])
-        if len(logprobs) != len(mapped):
-            raise ValueError(f"teacher returned {len(logprobs)} scored samples for {len(mapped)}")
-        straddled = tokens = 0
-        aligned = []
-        for s, (_, _, s_ends, t_ends), lp in zip(scored_samples, mapped, logprobs):
-            q, n = align(s.logprobs, s_ends, lp, t_ends)
-            aligned.append(q)
-            straddled, tokens = straddled + n, tokens + len(q)
-        attach(groups, aligned)
-        return straddled, tokens
 
 
 @dataclass
@@ -142,28 +72,6 @@ class StepStats:
     tokens: int = 0
 
 
-def score_pairs(groups) -> list[tuple[list[int], list[int]]]:
-    """The (prompt, completion) ids of every sample of `groups` (each a `list[Sample]`) the
-    teacher must score (failed ones are not)."""
-    return [(s.prompt_ids, s.completion_ids) for g in groups for s in g if not s.failed]
-
-
-def attach(groups, logprobs: list[list[float]]) -> None:
-    """Give each scored sample of `groups` (each a `list[Sample]`) its teacher logprobs, in
-    `score_pairs` order; ValueError when a count differs from the completion's."""
-    wanted = sum(not s.failed for g in groups for s in g)
-    if len(logprobs) != wanted:
-        raise ValueError(f"teacher returned {len(logprobs)} scored samples for {wanted}")
-    it = iter(logprobs)
-    for g in groups:
-        for s in g:
-            if not s.failed:
-                lp = next(it)
-                if len(lp) != len(s.completion_ids):
-                    raise ValueError(f"teacher returned {len(lp)} logprobs for {len(s.completion_ids)} tokens")
-                s.teacher_logprobs = list(lp)
-
-
 def scored(group: GroupMeta, sums: list, data) -> GroupMeta:
     """`group` once scored: the same metadata with each sample's teacher sums, its token data at
     `data` (the teacher's return object)."""
@@ -171,11 +79,6 @@ def scored(group: GroupMeta, sums: list, data) -> GroupMeta:
         raise ValueError(f"teacher returned {len(sums)} samples' sums for a group of {len(group.samples)}")
     return dataclasses.replace(group, data=data, samples=[
         dataclasses.replace(m, teacher_sums=t) for m, t in zip(group.samples, sums)])
-
-
-def one_line(exc: BaseException) -> str:
-    """`Type: first line of the message` (a failure reason)."""
-    return f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
 
 
 class ScoreFailed(RuntimeError):
