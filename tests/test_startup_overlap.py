@@ -61,15 +61,10 @@ def _cfg(tmp_path, env: list[str], warmup: int = 3):
                     "rollout.tasks_per_request=2", "rollout.max_restarts=0", "logger.console=false", *env])
 
 
-@pytest.mark.integration
-def test_engines_finish_starting_only_while_the_sft_warmup_runs(ray_cluster, tmp_path, monkeypatch, capsys):
-    """The engine's construction waits for a gate that the warm-up opens: a start-up that waited
-    for the engines before the warm-up could never finish (the engine gives up and dies)."""
+def _open_gate_when_the_warmup_begins(monkeypatch, gate) -> None:
+    """The SFT warm-up creates the file `gate` as it begins (the chaos envs' start-up waits on it)."""
     import actors.lifecycle
-    from actors.driver import Driver
-    from rlcore.metrics import MetricsLogger
 
-    gate = tmp_path / "gate"
     real_warmup = actors.lifecycle.warmup
 
     def warmup_opening_the_gate(cfg, trainers, between):
@@ -77,6 +72,17 @@ def test_engines_finish_starting_only_while_the_sft_warmup_runs(ray_cluster, tmp
         return real_warmup(cfg, trainers, between)
 
     monkeypatch.setattr(actors.lifecycle, "warmup", warmup_opening_the_gate)
+
+
+@pytest.mark.integration
+def test_engines_finish_starting_only_while_the_sft_warmup_runs(ray_cluster, tmp_path, monkeypatch, capsys):
+    """The engine's construction waits for a gate that the warm-up opens: a start-up that waited
+    for the engines before the warm-up could never finish (the engine gives up and dies)."""
+    from actors.driver import Driver
+    from rlcore.metrics import MetricsLogger
+
+    gate = tmp_path / "gate"
+    _open_gate_when_the_warmup_begins(monkeypatch, gate)
     cfg = _cfg(tmp_path / "run", ["env.name=tests.chaos_env:GatedStartReverseText", f"+env.args.gate={gate}",
                                   "+env.args.gate_timeout_s=150"])
     driver = Driver(cfg)
@@ -104,18 +110,11 @@ def test_engine_that_breaks_during_startup_stops_the_warmup(ray_cluster, tmp_pat
     within a step or two, not after the whole warm-up nor at a deadline. The engine breaks only
     once the warm-up has begun (a gate the warm-up opens), so the check is not a race with the
     trainer's start."""
-    import actors.lifecycle
     from actors.driver import Driver
     from actors.remote import RunError
 
     gate = tmp_path / "gate"
-    real_warmup = actors.lifecycle.warmup
-
-    def warmup_opening_the_gate(cfg, trainers, between):
-        gate.touch()
-        return real_warmup(cfg, trainers, between)
-
-    monkeypatch.setattr(actors.lifecycle, "warmup", warmup_opening_the_gate)
+    _open_gate_when_the_warmup_begins(monkeypatch, gate)
     cfg = _cfg(tmp_path / "run", ["env.name=tests.chaos_env:BrokenStartReverseText", "+env.args.delay_s=0",
                                   f"+env.args.gate={gate}", "+env.args.gate_timeout_s=150"], warmup=1000)
     driver = Driver(cfg)
