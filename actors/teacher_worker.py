@@ -32,6 +32,7 @@ class TeacherWorker:
             # a hub teacher is only comparable once loaded (validation compares local ones)
             raise ValueError(f"teacher.path: {cfg.teacher.path}: its tokenizer differs from the student's")
         self.engine = make_engine(tcfg, self.tokenizer, seed=cfg.seed * 1000 + 500 + index)
+        self.top_k = cfg.teacher.top_k
         self.clock = BusyClock()
 
     def ready(self) -> int:
@@ -41,9 +42,10 @@ class TeacherWorker:
         """Score the token data of n groups (`list[Sample]` each; the caller passes their refs and
         Ray resolves them here) with `.options(num_returns=1 + n)`: return 0 is
         `(cumulative busy seconds, per group [SampleMeta.teacher_sums of each sample], None,
-        (straddled, tokens))`, return 1 + i group i's samples carrying `teacher_logprobs` (failed
-        samples unscored); `straddled` counts the completion tokens whose teacher logprob is a
-        straddled segment's share (`teacher.cross_tokenizer`; 0 otherwise) out of `tokens`.
+        (straddled, tokens))`, return 1 + i group i's samples carrying `teacher_logprobs` (and
+        the teacher's top-k with `teacher.top_k`; failed samples unscored); `straddled` counts
+        the completion tokens whose teacher logprob is a straddled segment's share
+        (`teacher.cross_tokenizer`; 0 otherwise) out of `tokens`.
         Never raises for a scoring fault (an engine error, logprobs whose count differs from a
         completion's: `attach`, a text the teacher's tokenizer cannot write): return 0 is then
         `(busy seconds, None, one line saying why, None)` and returns 1..n are None, so no error
@@ -51,7 +53,11 @@ class TeacherWorker:
         try:
             with self.clock.busy():
                 if self.student_tokenizer is None:
-                    attach(groups, self.engine.score_batch(score_pairs(groups)))
+                    if self.top_k:  # the sampled tokens' logprobs and the top-k at each position
+                        scored = self.engine.score_top_k_batch(score_pairs(groups), self.top_k)
+                        attach(groups, [lp for lp, _, _ in scored], [(ids, lps) for _, ids, lps in scored])
+                    else:
+                        attach(groups, self.engine.score_batch(score_pairs(groups)))
                     straddle = (0, sum(len(s.completion_ids) for g in groups for s in g if not s.failed))
                 else:
                     straddle = self._score_cross(groups)
@@ -88,13 +94,15 @@ def score_pairs(groups) -> list[tuple[list[int], list[int]]]:
     return [(s.prompt_ids, s.completion_ids) for g in groups for s in g if not s.failed]
 
 
-def attach(groups, logprobs: list[list[float]]) -> None:
-    """Give each scored sample of `groups` (each a `list[Sample]`) its teacher logprobs, in
-    `score_pairs` order; ValueError when a count differs from the completion's."""
+def attach(groups, logprobs: list[list[float]], top_k: list[tuple] | None = None) -> None:
+    """Give each scored sample of `groups` (each a `list[Sample]`) its teacher logprobs and, with
+    `top_k` (one `(ids, logprobs)` pair of [completion, k] arrays per sample), its teacher top-k,
+    in `score_pairs` order; ValueError when a count differs from the completion's."""
     wanted = sum(not s.failed for g in groups for s in g)
-    if len(logprobs) != wanted:
+    if len(logprobs) != wanted or (top_k is not None and len(top_k) != wanted):
         raise ValueError(f"teacher returned {len(logprobs)} scored samples for {wanted}")
     it = iter(logprobs)
+    tops = iter(top_k) if top_k is not None else None
     for g in groups:
         for s in g:
             if not s.failed:
@@ -102,6 +110,12 @@ def attach(groups, logprobs: list[list[float]]) -> None:
                 if len(lp) != len(s.completion_ids):
                     raise ValueError(f"teacher returned {len(lp)} logprobs for {len(s.completion_ids)} tokens")
                 s.teacher_logprobs = list(lp)
+                if tops is not None:
+                    ids, top_lp = next(tops)
+                    if len(ids) != len(s.completion_ids) or ids.shape != top_lp.shape:
+                        raise ValueError(f"teacher returned top-k of shapes {ids.shape} / {top_lp.shape} "
+                                         f"for {len(s.completion_ids)} tokens")
+                    s.teacher_top_k_ids, s.teacher_top_k_logprobs = ids, top_lp
 
 
 def one_line(exc: BaseException) -> str:

@@ -37,6 +37,11 @@ class MicroBatch:
     images: list = field(default_factory=list)
     """uint8 images of the samples, concatenated in sample order (vision-language policies; the
     trainer turns them into pixel values: uint8 keeps the object-store payload small)."""
+    teacher_top_k_ids: torch.Tensor | None = None
+    """`teacher.top_k`: long [T, k], the teacher's k likeliest next tokens at each prediction
+    position of a completion token (0 elsewhere); None without top-k distillation."""
+    teacher_top_k_logprobs: torch.Tensor | None = None
+    """float32 [T, k]: their teacher logprobs (0 elsewhere)."""
     routed_experts: torch.Tensor | None = None
     """Routing replay: int16 [T, layers, top_k], the engine's experts of each input position, -1
     where the trainer routes itself (`rlcore.routing.packed_routing`); None without replay."""
@@ -117,8 +122,34 @@ def make_micro_batch(samples: list[Sample], advantages: list[Advantage]) -> Micr
                for k in (*_LONG_KEYS, *_FLOAT_KEYS)}
     index = np.concatenate([np.full(len(col["input_ids"]), j, dtype=np.int64) for j, col in enumerate(columns)])
     images = [img for s in samples for img in s.images]
+    top_ids, top_logprobs = packed_top_k(samples, [len(col["input_ids"]) for col in columns])
     return MicroBatch(**tensors, sample_index=torch.from_numpy(index), num_samples=len(samples), images=images,
-                      routed_experts=packed_routing(samples))
+                      routed_experts=packed_routing(samples), teacher_top_k_ids=top_ids,
+                      teacher_top_k_logprobs=top_logprobs)
+
+
+def packed_top_k(samples: list[Sample], lengths: list[int]) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """The teacher's top-k of `samples` packed like :func:`make_micro_batch`'s columns
+    (`lengths`: each sample's row length): completion token j's top-k at position
+    ``len(prompt) + j - 1``, zeros elsewhere; (None, None) when no sample carries any."""
+    tops = [s.teacher_top_k_ids for s in samples]
+    if all(t is None for t in tops):
+        return None, None
+    widths = {t.shape[1] for t in tops if t is not None}
+    if len(widths) != 1 or any(t is None for t in tops):
+        raise ValueError(f"teacher top-k: samples of one micro-batch carry widths {sorted(widths)}"
+                         + (" and none" if any(t is None for t in tops) else ""))
+    k = widths.pop()
+    ids = np.zeros((sum(lengths), k), dtype=np.int64)
+    logprobs = np.zeros((sum(lengths), k), dtype=np.float32)
+    offset = 0
+    for s, n in zip(samples, lengths):
+        rows = offset + len(s.prompt_ids) - 1 + np.arange(len(s.completion_ids))
+        keep = rows >= offset  # no prompt: the first completion token has no predicting position
+        ids[rows[keep]] = np.asarray(s.teacher_top_k_ids)[keep]
+        logprobs[rows[keep]] = np.asarray(s.teacher_top_k_logprobs)[keep]
+        offset += n
+    return torch.from_numpy(ids), torch.from_numpy(logprobs)
 
 
 def empty_micro_batch(pad_token_id: int = 0) -> MicroBatch:

@@ -130,7 +130,8 @@ def build_step(batch: list[GroupMeta], cfg: RunConfig, distill: bool = False) ->
         "multiturn_prefix_breaks": sum(s.prefix_breaks for s in samples),
         # groups whose rewards are all equal: no policy-gradient signal (1.0: the step learns
         # nothing), unless a teacher's per-token advantage gives every token one
-        "zero_adv_frac": 0.0 if distill and cfg.teacher.kl_coef else sum(not has_signal(g) for g in batch) / len(batch),
+        "zero_adv_frac": (0.0 if distill and (cfg.teacher.kl_coef or cfg.teacher.top_k)
+                          else sum(not has_signal(g) for g in batch) / len(batch)),
         "batch_samples": len(samples),
     })
     return StepPlan(ranks, normalizer, metrics)

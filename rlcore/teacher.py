@@ -104,9 +104,9 @@ def config_problems(cfg: RunConfig) -> list[tuple[str, str]]:
         return out
     if cfg.mode != "rl":
         return [("teacher.enabled", f"on-policy distillation runs in mode=rl, got mode={cfg.mode}")]
-    if cfg.algo.filter_zero_adv_groups and t.kl_coef > 0:
+    if cfg.algo.filter_zero_adv_groups and (t.kl_coef > 0 or t.top_k > 0):
         out.append(("algo.filter_zero_adv_groups", "drops groups whose rewards are all equal, but with a teacher "
-                    "(teacher.kl_coef > 0) their tokens still carry the distillation advantage: set it false"))
+                    "(teacher.kl_coef or teacher.top_k > 0) their tokens still carry a distillation signal: set it false"))
     if t.engine not in engine_names():
         out.append(("teacher.engine", f"unknown engine {t.engine!r}; choose one of {engine_names()}"))
     else:
@@ -133,14 +133,38 @@ def config_problems(cfg: RunConfig) -> list[tuple[str, str]]:
         value = getattr(t, key)
         if not value >= 0:
             out.append((f"teacher.{key}", f"must be >= 0, got {value!r}"))
-    if t.kl_coef == 0 and t.reward_coef == 0:
-        out.append(("teacher.kl_coef", "kl_coef and reward_coef are both 0: nothing to train on"))
+    if t.kl_coef == 0 and t.reward_coef == 0 and not (t.top_k > 0 and t.top_k_coef > 0):
+        out.append(("teacher.kl_coef", "kl_coef, reward_coef and top_k_coef (or top_k) are all 0: nothing to train on"))
+    out.extend(top_k_problems(cfg))
     if t.kl_coef > 0 and is_per_sequence(cfg.algo.loss):
         out.append(("teacher.kl_coef", "per-token distillation advantages need a token-level loss; "
                     f"algo.loss={cfg.algo.loss} uses one ratio per sequence"))
     if not out:
         out.extend(tokenizer_problems(cfg))
     return out
+
+
+def top_k_problems(cfg: RunConfig) -> list[tuple[str, str]]:
+    """`teacher.top_k`: a whole number, scored in the student's own tokens by an engine that returns
+    top-k logprobs (`EngineSpec.scores_top_k`), for a per-token loss (a k past the vocabulary
+    takes all of it)."""
+    t = cfg.teacher
+    if isinstance(t.top_k, bool) or not isinstance(t.top_k, int) or t.top_k < 0:
+        return [("teacher.top_k", f"must be a whole number >= 0, got {t.top_k!r}")]
+    if t.top_k == 0:
+        return []
+    if not t.top_k_coef >= 0:
+        return [("teacher.top_k_coef", f"must be >= 0, got {t.top_k_coef!r}")]
+    if t.cross_tokenizer:
+        return [("teacher.top_k", "the teacher's top-k tokens are its own; with teacher.cross_tokenizer they are "
+                 "not the student's: use the sampled-token advantage (teacher.kl_coef) alone")]
+    if t.engine in engine_names() and not engine_spec(t.engine).scores_top_k:
+        able = [n for n in engine_names() if engine_spec(n).scores_top_k]
+        return [("teacher.top_k", f"the {t.engine} engine does not return top-k logprobs yet; "
+                 f"engines that do: {able}")]
+    if is_per_sequence(cfg.algo.loss):
+        return [("teacher.top_k", f"the top-k term is per token; algo.loss={cfg.algo.loss} is per sequence")]
+    return []
 
 
 def gpu_share_problems(cfg: RunConfig) -> list[tuple[str, str]]:

@@ -55,6 +55,11 @@ class Sample:
     teacher_logprobs: list[float] | None = None
     """On-policy distillation: the teacher's teacher-forced logprob of each completion token
     (set by the teacher stage before the buffer; None without a teacher)."""
+    teacher_top_k_ids: Any = None
+    """`teacher.top_k`: the teacher's k likeliest next tokens at each completion position, int32
+    [len(completion_ids), k], largest first (None otherwise)."""
+    teacher_top_k_logprobs: Any = None
+    """Their teacher logprobs (temperature 1), float32 [len(completion_ids), k]."""
     prefix_breaks: int = 0
     """Turns of a multi-turn episode whose fresh chat-template rendering would not have continued
     the previous turn's exact ids (the recorded ids were spliced instead; see

@@ -42,11 +42,35 @@ converged student drifts away from the teacher (measured in ``recipes/distill_re
 The deadband zeroes those tokens, so the step has no gradient and Adam's update stays
 (its moments decay) near 0; tokens the student still gets wrong (``|q_t - s_t|`` of nats) keep
 their full advantage. ``d = 0`` keeps the exact estimator.
+
+**Top-k distillation** (``teacher.top_k = k > 0``). The sampled token's ``q_t - s_t`` says how
+wrong the one drawn token was; the teacher knows more: its whole next-token distribution at the
+student's position. The teacher returns its k likeliest tokens ``J_t`` and their logprobs
+``q_tj``, and the loss adds, per policy token (normalised like the policy loss, weighted by
+``teacher.top_k_coef``), the KL between teacher and student over k + 1 outcomes, the k tokens and
+"any other token" (``p_t* = 1 - sum_j exp(q_tj)``, ``pi_t* = 1 - sum_j pi_t(j)``)::
+
+    L_t = sum_{j in J_t} exp(q_tj) (q_tj - log pi_t(j))  +  p_t* (log p_t* - log pi_t*)
+
+It is 0 exactly when the student gives each of the k tokens the teacher's probability (so a
+student that matches the teacher gets no gradient: renormalising the top-k instead would push
+every student to put all its mass on them), it never exceeds the full KL(teacher || student)
+(merging outcomes loses information) and equals it when k is the vocabulary. Its gradient is the
+forward-KL (soft cross-entropy) gradient at every position the student visited: no sampling
+variance, and a signal on the token the teacher wanted even where the student drew another (GKD,
+Agarwal et al. 2024, at beta 0 on the student's own samples; NeMo-RL's top-k distillation).
+``pi_t`` is the student's tempered sampling distribution, like ``s_t``. ``teacher_top_k_mass``
+(mean ``sum_j exp(q_tj)``) says how much of the teacher's distribution k covers. The deadband
+applies here too: a token whose k student logprobs are all within ``d`` of the teacher's
+(``max_j |q_tj - log pi_t(j)| <= d``) gets no top-k term, so a student that matches the teacher
+up to two engines' rounding does not drift on it.
 """
 
 from __future__ import annotations
 
 from typing import Sequence
+
+import torch
 
 
 def token_advantages(reward_advantage: float, behaviour_logprobs: Sequence[float],
@@ -115,3 +139,29 @@ def batch_token_advantages(samples: Sequence, reward_advantages: Sequence[float]
                             deadband)
            for s, adv in zip(samples, reward_advantages)]
     return out, metrics
+
+
+def top_k_loss(student_logprobs: torch.Tensor, teacher_logprobs: torch.Tensor, loss_mask: torch.Tensor,
+               deadband: float = 0.0) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """``(sum_t m_t L_t, metrics)``, ``L_t`` the KL from teacher to student over the teacher's
+    top-k tokens and the rest (module docstring); tokens whose k logprobs all lie within
+    ``deadband`` of the teacher's are left out of the sum. ``student_logprobs`` [T, k]: the
+    student's logprobs of the teacher's top-k tokens (with grad); ``teacher_logprobs`` [T, k]:
+    the teacher's; ``loss_mask`` [T]. Metrics (token sums over the mask, all tokens counted):
+    ``teacher_top_k_kl_sum``, ``teacher_top_k_mass_sum`` and ``student_top_k_mass_sum`` (each
+    side's mass on the k tokens)."""
+    q, s = teacher_logprobs.float(), student_logprobs.float()
+    mask = loss_mask > 0
+    trained = mask & ((q - s.detach()).abs().amax(-1) > deadband) if deadband else mask
+    p = q.exp()
+    p_mass, s_mass = p.sum(-1), s.exp().sum(-1)
+    p_rest = (1.0 - p_mass).clamp(min=0.0)
+    # the student's rest can round to 0 where it is certain of a top-k token: floor it
+    s_rest = (1.0 - s_mass).clamp(min=1e-12)
+    rest = torch.where(p_rest > 0, p_rest * (torch.log(p_rest.clamp(min=1e-30)) - torch.log(s_rest)), 0.0)
+    per_token = torch.where(mask, (p * (q - s)).sum(-1) + rest, 0.0)
+    with torch.no_grad():
+        metrics = {"teacher_top_k_kl_sum": per_token.sum(),
+                   "teacher_top_k_mass_sum": torch.where(mask, p_mass, 0.0).sum(),
+                   "student_top_k_mass_sum": torch.where(mask, s_mass, 0.0).sum()}
+    return torch.where(trained, per_token, 0.0).sum(), metrics

@@ -71,6 +71,11 @@ class LossInputs:
     entropy: Tensor | None = None
     """Entropy of the policy's next-token distribution at each token (with grad); needed when
     ``algo.entropy_coef > 0``."""
+    top_k_logprobs: Tensor | None = None
+    """[T, k]: the policy's logprobs of the teacher's top-k tokens at each position (with grad;
+    `teacher.top_k`), for `rlcore.algo.distill.top_k_loss`; None without."""
+    teacher_top_k_logprobs: Tensor | None = None
+    """[T, k]: the teacher's logprobs of those tokens (no grad); None without."""
     same_version: Tensor | None = None
     """Bool: the token was sampled by the weights being trained (its sample's oldest behaviour
     version is the trainer's version before this step); splits ``mismatch_kl`` into

@@ -59,8 +59,12 @@ class TeacherConfig(PluginSections):
     """Subtract the batch mean of (log p_teacher - log p_student) from the distillation advantage
     (variance reduction; the expected gradient is unchanged)."""
     kl_deadband: float = 0.0
-    """Tokens with |log p_teacher - log p_student| at most this get no distillation advantage (nats; keeps a
-    converged student from drifting on noise gradients; 0 = the exact estimator)."""
+    """Tokens with |log p_teacher - log p_student| at most this get no distillation advantage, nor top-k term when
+    all k are within it (nats; keeps a converged student from drifting on noise gradients; 0 = exact)."""
+    top_k: int = 0
+    """Teacher's top-k next-token logprobs at every student position, fitted by a KL term (`rlcore.algo.distill.top_k_loss`); 0 = off."""
+    top_k_coef: float = 1.0
+    """Weight of the top-k distillation term (used when `top_k` > 0)."""
     vllm: VLLMOptions = field(default_factory=VLLMOptions)
     """Options of a vllm teacher (`teacher.vllm.*`: tensor_parallel_size, engine_kwargs; the
     rollout-only options must keep their defaults)."""

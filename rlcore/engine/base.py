@@ -102,6 +102,15 @@ class RolloutEngine(abc.ABC):
         """:meth:`score` for several (prompt, completion) pairs (engines may batch them)."""
         return [self.score(list(p), list(c)) for p, c in pairs]
 
+    def score_top_k_batch(self, pairs: list[tuple[list[int], list[int]]],
+                          k: int) -> list[tuple[list[float], Any, Any]]:
+        """Per (prompt, completion) pair: the teacher-forced logprobs of :meth:`score`, and the
+        engine's top-k next-token distribution at each completion position as two arrays
+        ``[len(completion), k']`` (token ids int32, logprobs float32, temperature 1, largest first;
+        ``k' = min(k, vocabulary)``). Engines that serve a teacher with `teacher.top_k` implement it
+        and declare `EngineSpec.scores_top_k`."""
+        raise NotImplementedError(f"{type(self).__name__} does not return top-k logprobs")
+
     def abort(self) -> None:
         """Finish requests in flight early with reason `abort` (default: nothing in flight)."""
 

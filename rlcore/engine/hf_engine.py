@@ -209,13 +209,29 @@ class HFEngine(RolloutEngine):
             g += len(imgs)
         return pos.to(self.device), {"pixel_values": pixels.to(self.device), "image_grid_thw": grids.to(self.device)}
 
-    @torch.inference_mode()
-    def score(self, prompt_ids: list[int], completion_ids: list[int]) -> list[float]:
-        ids = torch.tensor([prompt_ids + completion_ids], device=self.device)
+    def _completion_logp(self, prompt_ids: list[int], completion_ids: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Log-softmax [len(completion), V] at the positions predicting each completion token, and
+        those tokens' ids."""
+        ids = torch.tensor([list(prompt_ids) + list(completion_ids)], device=self.device)
         with self._lock:
             logits = self.model(input_ids=ids, use_cache=False).logits[0].float()
-        logp = torch.log_softmax(logits[len(prompt_ids) - 1:-1], dim=-1)
-        return logp.gather(-1, ids[0, len(prompt_ids):, None]).squeeze(-1).tolist()
+        return torch.log_softmax(logits[len(prompt_ids) - 1:-1], dim=-1), ids[0, len(prompt_ids):]
+
+    @torch.inference_mode()
+    def score(self, prompt_ids: list[int], completion_ids: list[int]) -> list[float]:
+        logp, taken = self._completion_logp(prompt_ids, completion_ids)
+        return logp.gather(-1, taken[:, None]).squeeze(-1).tolist()
+
+    @torch.inference_mode()
+    def score_top_k_batch(self, pairs: list[tuple[list[int], list[int]]],
+                          k: int) -> list[tuple[list[float], np.ndarray, np.ndarray]]:
+        out = []
+        for prompt_ids, completion_ids in pairs:
+            logp, taken = self._completion_logp(prompt_ids, completion_ids)
+            top = logp.topk(min(k, logp.shape[-1]), dim=-1)
+            out.append((logp.gather(-1, taken[:, None]).squeeze(-1).tolist(),
+                        top.indices.to(torch.int32).cpu().numpy(), top.values.cpu().numpy()))
+        return out
 
     def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
         with self._lock, torch.no_grad():

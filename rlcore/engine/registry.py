@@ -73,11 +73,13 @@ class EngineSpec:
     weights nor sleeps): a teacher's section must leave them at their defaults."""
     problems: Callable[[RunConfig], list[tuple[str, str]]] | None = None
     """Its own config checks (run by `rlcore.config.validate`), as (key, message) pairs."""
+    scores_top_k: bool = False
+    """It implements `RolloutEngine.score_top_k_batch` (a teacher with `teacher.top_k` > 0)."""
 
 
 _BUILT_IN = (
     EngineSpec("hf", "rlcore.engine.hf_engine:HFEngine", section="hf", options=HFOptions,
-               rollout_only=("routing_replay",)),
+               rollout_only=("routing_replay",), scores_top_k=True),
     EngineSpec("vllm", "rlcore.engine.vllm.vllm_engine:VLLMEngine", section="vllm", options=VLLMOptions,
                transports=("nccl", "ipc"), needs_gpu=True, memory_share_kwarg="gpu_memory_utilization",
                rollout_only=("weight_reload", "kv_on_update", "quantization", "sleep_level", "routing_replay"),

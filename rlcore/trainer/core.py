@@ -15,18 +15,25 @@ from typing import Iterator
 import torch
 import torch.distributed as dist
 
+from rlcore.algo.distill import top_k_loss
 from rlcore.algo.losses import LossInputs, policy_loss
 from rlcore.config import RunConfig
 from rlcore.models.build import build_model, build_tokenizer
 from rlcore.models.vision import vision_tower
 from rlcore.packing import MicroBatch, make_micro_batch
 from rlcore.trainer import export
-from rlcore.trainer.forward import forward_logprobs
+from rlcore.trainer.forward import forward_columns, forward_logprobs
 from rlcore.trainer.moe import router_metrics
 from rlcore.parallel_dims import ParallelDims
 from rlcore.trainer.parallel import Meshes, begin_micro_batch, clip_grad_norm, parallelize
 from rlcore.trainer.schedule import build_scheduler
 from rlcore.types import Sample
+
+
+TOP_K_SUMS = ("teacher_top_k_kl_sum", "teacher_top_k_mass_sum", "student_top_k_mass_sum")
+"""The token sums `rlcore.algo.distill.top_k_loss` reports."""
+PLAIN_MEANS = ("mismatch_kl", "kl_ref", "teacher_top_k_kl", "teacher_top_k_mass", "student_top_k_mass")
+"""Token means reported under their own name (the other `X_sum` metrics become `X_mean`)."""
 
 
 def step_metrics(totals: dict[str, float], extrema: dict[str, float], grad_norm: float,
@@ -46,7 +53,7 @@ def step_metrics(totals: dict[str, float], extrema: dict[str, float], grad_norm:
             out[k] = v / n
         elif k.endswith("_sum"):
             base = k.removesuffix("_sum")
-            out[base if base in ("mismatch_kl", "kl_ref") else base + "_mean"] = v / n
+            out[base if base in PLAIN_MEANS else base + "_mean"] = v / n
     if split:
         same = totals.get("same_version_frac", 0.0)
         for key, count in (("engine_mismatch_kl", same), ("staleness_kl", totals["loss_tokens"] - same)):
@@ -135,9 +142,25 @@ class TrainerCore:
         `engine_mismatch_kl` and `staleness_kl`."""
         self._sample_versions = sample_versions
         try:
-            return self._step(micro_batches, normalizer, lambda inp, n: policy_loss(inp, self.cfg.algo, n))
+            return self._step(micro_batches, normalizer, self._rl_loss)
         finally:
             self._sample_versions = None
+
+    def _rl_loss(self, inp: LossInputs, normalizer: float) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """The configured policy loss, plus `teacher.top_k_coef` x the top-k distillation term
+        (`rlcore.algo.distill.top_k_loss`, same normaliser) when the batch carries a teacher's top-k."""
+        loss, metrics = policy_loss(inp, self.cfg.algo, normalizer)
+        t = self.cfg.teacher
+        if inp.teacher_top_k_logprobs is not None:
+            top_k, top_metrics = top_k_loss(inp.top_k_logprobs, inp.teacher_top_k_logprobs, inp.loss_mask,
+                                            t.kl_deadband)
+            loss = loss + t.top_k_coef * top_k / max(normalizer, 1.0)
+            metrics.update(top_metrics)
+        elif t.enabled and t.top_k > 0:
+            # a micro-batch without samples (a rank's filler): the same metric keys on every rank,
+            # or the step's all-reduce of the sums would not line up
+            metrics.update({k: torch.zeros((), device=self.device) for k in TOP_K_SUMS})
+        return loss, metrics
 
     def sft_step(self, micro_batches: list[MicroBatch], global_loss_tokens: int, lr: float | None = None) -> StepResult:
         """One supervised step: token-level negative log-likelihood of the masked tokens, at `lr`
@@ -150,7 +173,7 @@ class TrainerCore:
         return self._step(micro_batches, float(max(global_loss_tokens, 1)), sft_loss)
 
     def _loss_inputs(self, mb: MicroBatch, logprobs: torch.Tensor, entropy: torch.Tensor,
-                     index: int = 0) -> LossInputs:
+                     index: int = 0, top_k: torch.Tensor | None = None) -> LossInputs:
         same = None
         if self._sample_versions is not None:
             # self.version is still the version before this step: the weights that score the batch
@@ -165,6 +188,9 @@ class TrainerCore:
             loss_mask=mb.loss_mask.to(self.device, non_blocking=True),
             sample_index=mb.sample_index.to(self.device, non_blocking=True), ref_logprobs=ref,
             entropy=entropy if self.cfg.algo.entropy_coef > 0 else None, same_version=same,
+            top_k_logprobs=top_k,
+            teacher_top_k_logprobs=(mb.teacher_top_k_logprobs.to(self.device, non_blocking=True)
+                                    if top_k is not None else None),
         )
 
     def _step(self, micro_batches: list[MicroBatch], normalizer: float, loss_fn) -> StepResult:
@@ -187,8 +213,11 @@ class TrainerCore:
 
         for i, mb in enumerate(micro_batches):
             begin_micro_batch(self.model, self.parallel, last=i == len(micro_batches) - 1)
-            logprobs, entropy = self.forward_logprobs(mb)
-            inp = self._loss_inputs(mb, logprobs, entropy, i)
+            # the teacher's top-k (distillation) only in RL steps: SFT's loss has no use for it
+            others = mb.teacher_top_k_ids if loss_fn == self._rl_loss else None
+            logprobs, entropy, top_k = forward_columns(self.model, mb, self.temperature, self.parallel, self.device,
+                                                       vision=self.vision, others=others)
+            inp = self._loss_inputs(mb, logprobs, entropy, i, top_k)
             loss, metrics = loss_fn(inp, normalizer)
             (loss * self.world_size).backward()
             acc(sums, "loss", loss, torch.add)

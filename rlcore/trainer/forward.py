@@ -36,11 +36,20 @@ def token_multiple(model: torch.nn.Module) -> int:
 
 def forward_logprobs(model: torch.nn.Module, mb: MicroBatch, temperature: float, meshes: Meshes | None,
                      device: torch.device, vision=None) -> tuple[torch.Tensor, torch.Tensor]:
+    logp, entropy, _ = forward_columns(model, mb, temperature, meshes, device, vision)
+    return logp, entropy
+
+
+def forward_columns(model: torch.nn.Module, mb: MicroBatch, temperature: float, meshes: Meshes | None,
+                    device: torch.device, vision=None,
+                    others: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """:func:`forward_logprobs` plus, with ``others`` (long [T, k], on the host like the
+    micro-batch), the logprobs [T, k] of those tokens at each position (None without)."""
     if mb.images:
         set_routing(model, None)
         if token_multiple(model) > 1:
             raise ValueError("FP8 training of a vision-language model is not supported (trainer.fp8)")
-        return _vision_forward(model, mb, temperature, device, vision)
+        return _vision_forward(model, mb, temperature, device, vision, others)
     # padding, slicing and sequence boundaries on the host (a MicroBatch's tensors live there):
     # no device sync; the few index tensors are copied without blocking
     ids, pos, tgt = mb.input_ids, mb.position_ids, mb.targets
@@ -48,6 +57,8 @@ def forward_logprobs(model: torch.nn.Module, mb: MicroBatch, temperature: float,
     group = meshes.cp_group if meshes is not None else None
     cp = meshes.dims.cp if group is not None else 1
     ids, pos, tgt = pad_to_multiple(ids, pos, tgt, cp * token_multiple(model))
+    if others is not None and len(others) < len(ids):  # the pad sample asks for token 0
+        others = torch.cat([others, others.new_zeros((len(ids) - len(others), others.shape[1]))])
     routed = mb.routed_experts
     if routed is not None and len(routed) < len(ids):  # the pad sample routes itself
         routed = torch.cat([routed, routed.new_full((len(ids) - len(routed), *routed.shape[1:]), SELF_ROUTE)])
@@ -56,6 +67,7 @@ def forward_logprobs(model: torch.nn.Module, mb: MicroBatch, temperature: float,
         rank = torch.distributed.get_rank(group)
         ids, pos, tgt = (local_slice(t, rank, cp) for t in (ids, pos, tgt))
         routed = local_slice(routed, rank, cp) if routed is not None else None
+        others = local_slice(others, rank, cp) if others is not None else None
     set_routing(model, routed.to(device, non_blocking=True) if routed is not None else None)
     kwargs = {}
     if getattr(text_config(model.config), "_attn_implementation", None) == VARLEN:  # (a VLM: its language model)
@@ -64,16 +76,22 @@ def forward_logprobs(model: torch.nn.Module, mb: MicroBatch, temperature: float,
         cu = cu.to(device, non_blocking=True)
         kwargs = {"cu_seq_lens_q": cu, "cu_seq_lens_k": cu, "max_length_q": max_len, "max_length_k": max_len}
     ids, pos, tgt = (t.to(device, non_blocking=True) for t in (ids, pos, tgt))
-    with logprob_request(model, tgt, temperature):
+    others = others.to(device, non_blocking=True) if others is not None else None
+    with logprob_request(model, tgt, temperature, others):
         out = model(input_ids=ids[None], position_ids=pos[None], use_cache=False, **kwargs)
-    logp, entropy = out.logits[0].unbind(-1)
+    columns = out.logits[0]
     if group is not None:
-        logp, entropy = gather_sequence(logp, group), gather_sequence(entropy, group)
-    return logp[:T], entropy[:T]
+        columns = gather_sequence(columns, group)
+    return _split(columns[:T], others is not None)
+
+
+def _split(columns: torch.Tensor, has_others: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """The head's [T, 2 (+ k)] output as (logp, entropy, other tokens' logprobs or None)."""
+    return columns[:, 0], columns[:, 1], columns[:, 2:] if has_others else None
 
 
 def _vision_forward(model: torch.nn.Module, mb: MicroBatch, temperature: float, device: torch.device,
-                    vision) -> tuple[torch.Tensor, torch.Tensor]:
+                    vision, others: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """A micro-batch with images (cp == 1, checked at config time): pixel values of all its
     images, 3-D mrope positions computed per sample, and sample boundaries passed explicitly
     (mrope positions do not restart/continue like 1-D ones; ``mb.position_ids`` still do)."""
@@ -85,8 +103,8 @@ def _vision_forward(model: torch.nn.Module, mb: MicroBatch, temperature: float, 
     cu, max_len = cu_seqlens(mb.position_ids)  # on the host, as in the text path: no device sync
     cu = cu.to(device, non_blocking=True)
     kwargs = {"cu_seq_lens_q": cu, "cu_seq_lens_k": cu, "max_length_q": max_len, "max_length_k": max_len}
-    with logprob_request(model, tgt, temperature):
+    others = others.to(device) if others is not None else None
+    with logprob_request(model, tgt, temperature, others):
         out = model(input_ids=ids[None], position_ids=mrope[:, None, :].to(device), pixel_values=pixels.to(device),
                     image_grid_thw=grids.to(device), use_cache=False, **kwargs)
-    logp, entropy = out.logits[0].unbind(-1)
-    return logp, entropy
+    return _split(out.logits[0], others is not None)

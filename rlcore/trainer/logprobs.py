@@ -193,19 +193,39 @@ class LogprobHead(nn.Module):
         self.chunk_tokens = chunk_tokens
         self.compiled = False  # trainer.compile: torch.compile the per-chunk math
         self.keep_logits_bytes = 0  # trainer.logprob_keep_logits_gib
-        self.request: tuple[torch.Tensor, float] | None = None
+        self.request: tuple[torch.Tensor, float, torch.Tensor | None] | None = None
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         if self.request is None:
             return F.linear(hidden, self.weight, self.bias)
-        targets, temperature = self.request
+        targets, temperature, extra = self.request
         flat = hidden.reshape(-1, hidden.shape[-1])
         if self.chunk_tokens > 0:
             logp, ent = chunked_logprobs(flat, self.weight, targets, temperature, self.chunk_tokens, self.bias,
                                          compiled=self.compiled, keep_logits_bytes=self.keep_logits_bytes)
         else:
             logp, ent = plain_logprobs(F.linear(flat, self.weight, self.bias), targets, temperature)
-        return torch.stack([logp, ent], dim=-1).view(*hidden.shape[:-1], 2)
+        columns = [logp[:, None], ent[:, None]]
+        if extra is not None:
+            columns.append(other_logprobs(flat, self.weight, self.bias, targets, logp, extra, temperature))
+        return torch.cat(columns, dim=-1).view(*hidden.shape[:-1], -1)
+
+
+def other_logprobs(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, targets: torch.Tensor,
+                   logp: torch.Tensor, others: torch.Tensor, temperature: float) -> torch.Tensor:
+    """Logprobs [T, k] of the tokens `others` [T, k] at each position, from the targets' logprobs
+    `logp` [T] (which carry the log-normaliser and its gradient)::
+
+        log pi(j) = log pi(target) + (z_j - z_target) / temperature,   z = hidden . W (+ b)
+
+    so no [T, V] logits are formed: only the k + 1 rows of W each position needs ([T, k, H])."""
+    h = hidden.float()
+    z_other = torch.einsum("th,tkh->tk", h, weight[others].float())
+    z_target = (h * weight[targets].float()).sum(-1, keepdim=True)
+    if bias is not None:
+        z_other = z_other + bias[others].float()
+        z_target = z_target + bias[targets].float()[:, None]
+    return logp.float()[:, None] + (z_other - z_target) / temperature
 
 
 def install_logprob_head(model: nn.Module, chunk_tokens: int) -> LogprobHead:
@@ -218,13 +238,15 @@ def install_logprob_head(model: nn.Module, chunk_tokens: int) -> LogprobHead:
 
 
 @contextlib.contextmanager
-def logprob_request(model: nn.Module, targets: torch.Tensor, temperature: float) -> Iterator[None]:
+def logprob_request(model: nn.Module, targets: torch.Tensor, temperature: float,
+                    others: torch.Tensor | None = None) -> Iterator[None]:
     """Within this block ``model(...).logits[..., 0]`` is the logprob of ``targets`` (flattened
-    over batch and time) and ``[..., 1]`` the entropy."""
+    over batch and time), ``[..., 1]`` the entropy and, with ``others`` (long [T, k]),
+    ``[..., 2:]`` the logprobs of those k tokens at each position (:func:`other_logprobs`)."""
     head = model.lm_head
     if not isinstance(head, LogprobHead):
         raise TypeError("model.lm_head is not a LogprobHead; call install_logprob_head first")
-    head.request = (targets, temperature)
+    head.request = (targets, temperature, others)
     try:
         yield
     finally:
