@@ -122,7 +122,9 @@ def format_eval_line(m: dict[str, Any]) -> str:
 def format_line(m: dict[str, Any]) -> str:
     parts = [f"step {m['step']:>4}"]
     for key, fmt in (("reward_mean", ".3f"), ("loss", "+.4f"), ("grad_norm", ".3f"), ("entropy", ".3f"),
-                     ("engine_mismatch_kl", ".1e"), ("staleness_kl", ".1e"), ("max_staleness", "d"), ("tokens_per_s", ".0f"), ("step_time_s", ".2f")):
+                     ("teacher_kl", ".3f"), ("teacher_top_k_kl", ".3f"),  # distillation runs only
+                     ("engine_mismatch_kl", ".1e"), ("staleness_kl", ".1e"), ("max_staleness", "d"),
+                     ("tokens_per_s", ".0f"), ("step_time_s", ".2f")):
         if key in m:
             parts.append(f"{key.removesuffix('_mean')} {m[key]:{fmt}}")
     return " | ".join(parts)

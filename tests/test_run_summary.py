@@ -88,6 +88,12 @@ def test_console_line_shows_grad_norm():
     assert "grad_norm 0.012" in format_line({"step": 3, "grad_norm": 0.012345})
 
 
+def test_console_line_shows_the_teacher_kls_of_a_distillation_run():
+    line = format_line({"step": 3, "entropy": 1.0, "teacher_kl": 2.5, "teacher_top_k_kl": 0.8125, "staleness_kl": 0.01})
+    assert "entropy 1.000 | teacher_kl 2.500 | teacher_top_k_kl 0.812 | staleness_kl" in line
+    assert "teacher" not in format_line({"step": 3, "entropy": 1.0})
+
+
 def test_zero_advantage_warns_once(tmp_path, caplog):
     logger = MetricsLogger(LoggerConfig(console=False), str(tmp_path), {}, 3)
     with caplog.at_level(logging.WARNING, logger="rlcore"):
