@@ -133,9 +133,10 @@ def config_problems(cfg: RunConfig) -> list[tuple[str, str]]:
         value = getattr(t, key)
         if not value >= 0:
             out.append((f"teacher.{key}", f"must be >= 0, got {value!r}"))
-    if t.kl_coef == 0 and t.reward_coef == 0 and not (t.top_k > 0 and t.top_k_coef > 0):
+    top_k = top_k_problems(cfg)
+    out.extend(top_k)
+    if not top_k and t.kl_coef == 0 and t.reward_coef == 0 and not (t.top_k > 0 and t.top_k_coef > 0):
         out.append(("teacher.kl_coef", "kl_coef, reward_coef and top_k_coef (or top_k) are all 0: nothing to train on"))
-    out.extend(top_k_problems(cfg))
     if t.kl_coef > 0 and is_per_sequence(cfg.algo.loss):
         out.append(("teacher.kl_coef", "per-token distillation advantages need a token-level loss; "
                     f"algo.loss={cfg.algo.loss} uses one ratio per sequence"))

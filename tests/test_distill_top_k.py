@@ -148,6 +148,11 @@ def test_top_k_config_is_refused_in_one_line(overrides, key, words):
     assert len(found) == 1 and words in found[0][1], found
 
 
+def test_a_bad_top_k_in_pure_distillation_is_one_problem_not_two():
+    cfg = compose(["teacher.enabled=true", "teacher.kl_coef=0", "teacher.reward_coef=0", "teacher.top_k=-1"])
+    assert [k for k, _ in config_problems(cfg)] == ["teacher.top_k"]
+
+
 def test_pure_top_k_distillation_needs_no_other_coefficient():
     cfg = compose(["teacher.enabled=true", "teacher.kl_coef=0", "teacher.reward_coef=0", "teacher.top_k=8"])
     assert config_problems(cfg) == []
