@@ -85,11 +85,19 @@ def lost_peer(exc: BaseException) -> bool:
 
 
 def peers_that_died(refs, names: list[str] | None, wait_s: float) -> list[str]:
-    """The participants of a call (one ref each, named by `names`) whose actor died, waiting up
-    to `wait_s` for the refs still pending to answer."""
+    """The participants of a call (one ref each, named by `names`) whose actor died: as soon as
+    one answers as dead, else once every ref answered or `wait_s` passed. Not a wait for all of
+    them: a live participant blocked in the broken collective answers only at its own timeout."""
     if not names or not isinstance(refs, list) or len(refs) < 2:
         return []
-    ray.wait(list(refs), num_returns=len(refs), timeout=wait_s)
+    deadline, pending = time.monotonic() + wait_s, list(refs)
+    while pending and not failed_names(refs, names):
+        left = deadline - time.monotonic()
+        if left <= 0:
+            break
+        ready, pending = ray.wait(pending, num_returns=1, timeout=left)
+        if not ready:
+            break
     return failed_names(refs, names)
 
 
