@@ -72,8 +72,8 @@ def get(refs, timeout_s: float, what: str, names: list[str] | None = None):
 
 
 PEER_GRACE_S = 60.0
-"""How long a call whose participant reported a broken collective waits for the others to answer
-(Ray marks an actor on a killed node dead only once it declares the node dead: seconds to tens)."""
+"""The longest a call whose participant reported a broken collective waits for another to be seen
+dead (Ray marks an actor on a killed node dead only once it declares the node dead: seconds to tens)."""
 
 _LOST_PEER = ("Connection reset", "Connection closed", "Broken pipe", "Connection refused", "gloo", "NCCL",
               "ProcessGroup")
