@@ -35,17 +35,17 @@ from actors.run_state import RunState, TaskFeed, groups_allowed_in_flight
 from actors.teacher import TeacherError, TeacherStage
 from actors.trainer_group import TrainerGroup
 from actors.weights import WeightSync
-from rlcore import samples
+from rlcore.report import samples
 from rlcore.buffer import Accounting, RolloutBuffer
 from rlcore.checkpoint import latest_checkpoint
 from rlcore.config import RunConfig
 from rlcore.engine.registry import weight_transport
 from rlcore.envs import make_env
-from rlcore.failures import FailureLog, NoProgress
+from rlcore.report.failures import FailureLog, NoProgress
 from rlcore.interrupt import StopRequest
-from rlcore.metrics import MetricsLogger
+from rlcore.report.metrics import MetricsLogger
 from rlcore.models.tokenizer_build import build_tokenizer
-from rlcore.startup import StartupPhases, process_age
+from rlcore.report.startup import StartupPhases, process_age
 from rlcore.step import build_step, has_signal
 from rlcore.parallel_dims import shards_per_rank
 from rlcore.transfer import sender_for

@@ -20,7 +20,7 @@ from rlcore.envs import make_env
 from rlcore.evaluation import eval_tasks, sampling_overrides, summarize
 from rlcore.meta import group_meta
 from rlcore.seeding import derive_seed
-from rlcore.startup import StartupPhases
+from rlcore.report.startup import StartupPhases
 from rlcore.types import GroupMeta, Task
 
 log = logging.getLogger("rlcore")

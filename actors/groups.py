@@ -20,8 +20,8 @@ from actors.logs import runtime_env
 from actors.rollout import RolloutWorker
 from actors.trainer_group import TrainerGroup
 from rlcore.config import RunConfig
-from rlcore.node_fit import group_selector
-from rlcore.placement import colocated_shares
+from rlcore.plan.node_fit import group_selector
+from rlcore.plan.placement import colocated_shares
 
 log = logging.getLogger("rlcore")
 
@@ -35,7 +35,7 @@ def bundle(cpus: float, gpus: float) -> dict[str, float]:
 
 def colocated_bundles(cfg: RunConfig) -> list[dict[str, float]]:
     """One bundle per GPU: trainer rank i and rollout actor i share it; a GPU teacher takes the
-    rest of the GPU from its own group (`rlcore.placement.colocated_shares`)."""
+    rest of the GPU from its own group (`rlcore.plan.placement.colocated_shares`)."""
     t, r = cfg.trainer, cfg.rollout
     return [bundle(t.cpus_per_rank + r.cpus_per_actor, colocated_shares(cfg)[0]) for _ in range(t.world_size)]
 

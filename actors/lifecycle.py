@@ -39,8 +39,8 @@ from rlcore import checkpoint as ckpt
 from rlcore.buffer import RolloutBuffer
 from rlcore.config import RunConfig
 from rlcore.config.nodes import config_dict
-from rlcore.rundir import SERIES_FILES
-from rlcore.startup import StartupPhases
+from rlcore.storage.rundir import SERIES_FILES
+from rlcore.report.startup import StartupPhases
 from rlcore.types import Task
 
 log = logging.getLogger("rlcore")

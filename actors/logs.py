@@ -13,7 +13,7 @@ import os
 import sys
 from pathlib import Path
 
-from rlcore.console import actor_log_path
+from rlcore.report.console import actor_log_path
 
 # settings for every actor process; passed through the actors' runtime_env
 QUIET_ENV = {

@@ -28,7 +28,7 @@ from actors.weights import WeightSync
 from rlcore.buffer import RolloutBuffer
 from rlcore.checkpoint import latest_checkpoint
 from rlcore.config import RunConfig
-from rlcore.failures import FailureLog
+from rlcore.report.failures import FailureLog
 
 log = logging.getLogger("rlcore")
 

@@ -11,7 +11,7 @@ import traceback
 from typing import TYPE_CHECKING
 
 from actors.logs import redirect_output
-from rlcore.busy import BusyClock
+from rlcore.report.busy import BusyClock
 from rlcore.config import RunConfig
 from rlcore.engine.base import SamplingParams
 from rlcore.engine.registry import make_engine, tensor_parallel_size, weight_transport

@@ -24,7 +24,7 @@ from actors.rollout_refs import launch_generate, request_groups
 from actors.run_state import RunState
 from rlcore.buffer import RolloutBuffer
 from rlcore.config import RunConfig
-from rlcore.failures import FailureLog
+from rlcore.report.failures import FailureLog
 from rlcore.faults import memory_kill
 from rlcore.transfer.plan import SyncPlan
 from rlcore.types import GroupMeta, Task

@@ -21,7 +21,7 @@ from typing import Any, Callable
 
 import ray
 
-from rlcore import samples
+from rlcore.report import samples
 from rlcore.types import GroupMeta, SampleMeta, Task
 
 log = logging.getLogger("rlcore")
@@ -43,7 +43,7 @@ def request_groups(reply: tuple[list[list[SampleMeta]], dict], tasks: list[Task]
 
 def table_rows(batch: list[GroupMeta], decode: Callable[[list[int]], str], limit: int,
                timeout_s: float) -> list[dict[str, Any]] | None:
-    """The samples table's rows (`rlcore.samples.sample_rows`), fetching the token data of the
+    """The samples table's rows (`rlcore.report.samples.sample_rows`), fetching the token data of the
     groups shown only (at most `limit`); None, with a warning, when it cannot be read in time:
     a table is never worth failing a run for."""
     try:

@@ -16,7 +16,7 @@ from rlcore import checkpoint as ckpt
 from rlcore.checkpoint import CheckpointWriter
 from rlcore.models.tokenizer_build import build_tokenizer
 from rlcore.sft import SFTData, build_dataset, step_shards
-from rlcore.startup import StartupPhases
+from rlcore.report.startup import StartupPhases
 
 log = logging.getLogger("rlcore")
 

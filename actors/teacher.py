@@ -39,7 +39,7 @@ from actors.logs import QUIET_ENV
 from actors.remote import ReadyWatch, RunError
 from actors.teacher_worker import TeacherWorker, attach, one_line, score_pairs  # noqa: F401 (re-exported)
 from rlcore.config import RunConfig
-from rlcore.teacher import resolved
+from rlcore.plan.teacher import resolved
 from rlcore.types import GroupMeta
 
 log = logging.getLogger("rlcore")

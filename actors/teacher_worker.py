@@ -9,11 +9,11 @@ import torch
 from actors.logs import redirect_output
 from rlcore.algo.distill import teacher_sums
 from rlcore.algo.span_align import align, retokenize
-from rlcore.busy import BusyClock
+from rlcore.report.busy import BusyClock
 from rlcore.config import RunConfig
 from rlcore.engine.registry import make_engine
 from rlcore.models.tokenizer_build import build_tokenizer
-from rlcore.teacher import teacher_run_config, tokenizer_fingerprint
+from rlcore.plan.teacher import teacher_run_config, tokenizer_fingerprint
 from rlcore.types import Sample
 
 

@@ -29,10 +29,10 @@ from actors.run_state import RunState
 from actors.trainer_group import TrainerGroup
 from rlcore.canary import CanaryBounds, CanaryError, calibrate, canary_prompts, compare_logprobs, own_completion_pairs
 from rlcore.config import RunConfig
-from rlcore.console import one_line
+from rlcore.report.console import one_line
 from rlcore.engine.registry import sleep_level
 from rlcore.models.render import render_prompt
-from rlcore.startup import Background, StartupPhases
+from rlcore.report.startup import Background, StartupPhases
 from rlcore.transfer.base import Sender
 from rlcore.transfer.plan import SyncPlan, plan_buckets
 

@@ -32,7 +32,8 @@ import resource
 import statistics
 import time
 
-from rlcore.run import compose, local_ray_environment, start_ray
+from rlcore.plan.compose import compose
+from actors.session import local_ray_environment, start_ray
 
 local_ray_environment()  # what `python -m rlcore.run` sets before Ray is imported
 

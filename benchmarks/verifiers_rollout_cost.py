@@ -18,7 +18,7 @@ from rlcore.engine.base import SamplingParams
 from rlcore.engine.hf_engine import HFEngine
 from rlcore.envs import make_env
 from rlcore.models.build import build_model, build_tokenizer
-from rlcore.run import compose
+from rlcore.plan.compose import compose
 
 TASKSET = '''
 import verifiers.v1 as vf

@@ -4,7 +4,7 @@ and check every bundle landed where the dry run's plan says.
     python -m launch.placement_check cluster.address=HOST:6379 +recipe=qwen30b_swe
 
 The same overrides as ``python -m rlcore.run``. The plan (``rlcore.plan.make_plan``, what
-``dry_run=true`` prints) is checked first, then the live nodes (``rlcore.node_fit``): an
+``dry_run=true`` prints) is checked first, then the live nodes (``rlcore.plan.node_fit``): an
 impossible layout is refused (exit 2) before any placement group exists. Then the placement
 groups are reserved exactly as a run reserves them (``actors.groups.reserve``), read back
 (`placement_group_table`), compared with the plan, and removed. The plan's nodes are numbered;
@@ -41,11 +41,13 @@ def compare(planned: list, placed: list[str]) -> list[str]:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    from rlcore.node_fit import fit_problems
-    from rlcore.plan import format_plan, make_plan
+    from rlcore.plan.node_fit import fit_problems
+    from rlcore.plan.layout import format_plan, make_plan
     from rlcore.config.errors import ConfigError, raise_problems
-    from rlcore.config.validate import placed_bundles, problems
-    from rlcore.run import compose, live_nodes, report
+    from rlcore.plan.validate import placed_bundles, problems
+    from rlcore.report.console import report_config_error as report
+    from rlcore.plan.compose import compose
+    from actors.session import live_nodes
 
     argv = list(sys.argv[1:] if argv is None else argv)
     try:

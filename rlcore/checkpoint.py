@@ -32,7 +32,7 @@ from typing import Any
 
 import torch
 
-from rlcore.checkpoint_dirs import (  # noqa: F401  (re-exported: the directory side lives there)
+from rlcore.storage.checkpoint_dirs import (  # noqa: F401  (re-exported: the directory side lives there)
     DRIVER_STATE,
     HF_DIR,
     META,
@@ -50,7 +50,7 @@ from rlcore.checkpoint_dirs import (  # noqa: F401  (re-exported: the directory 
     step_dir_name,
 )
 from rlcore.hf_files import save_config_and_tokenizer
-from rlcore.rundir import truncate_series  # noqa: F401  (re-exported: the series live in the run folder)
+from rlcore.storage.rundir import truncate_series  # noqa: F401  (re-exported: the series live in the run folder)
 
 log = logging.getLogger("rlcore")
 

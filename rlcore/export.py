@@ -26,7 +26,7 @@ from safetensors.torch import save_file
 from transformers import AutoConfig, AutoModelForCausalLM
 
 from rlcore.checkpoint import commit_dir, load_model_weights, temp_dir_for
-from rlcore.checkpoint_dirs import HF_DIR, is_complete, latest_checkpoint, plain_load_problem
+from rlcore.storage.checkpoint_dirs import HF_DIR, is_complete, latest_checkpoint, plain_load_problem
 from rlcore.hf_files import drop_gguf_quantization, save_config_and_tokenizer
 
 DEFAULT_SHARD_BYTES = 5 * 2**30

@@ -85,9 +85,10 @@ def measure(cfg) -> dict[str, float]:
 
 def main(argv: list[str] | None = None) -> int:
     from rlcore.config.errors import ConfigError
-    from rlcore.config.validate import validate
+    from rlcore.plan.validate import validate
     from rlcore.models.shipped import resolve as resolve_model
-    from rlcore.run import compose, report
+    from rlcore.report.console import report_config_error as report
+    from rlcore.plan.compose import compose
 
     argv = list(sys.argv[1:] if argv is None else argv)
     try:

@@ -21,79 +21,28 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
+from actors.session import RayStartError, live_nodes, local_ray_environment, ray_address, start_ray
 from rlcore.cli import FlagError, help_text, job_output_dir, parse_flags, sweep_jobs
-from rlcore.config import ClusterConfig, RunConfig
-from rlcore.config.errors import ConfigError, keyed_errors, raise_problems
-from rlcore.config.keys import typed_env_arg_override
-from rlcore.config.nodes import claim_output_dir, config_dict, schema_node, to_node, to_run_config
-from rlcore.config.overrides import (
-    check_composed_keys,
-    check_override_keys,
-    check_recipe,
-    check_typed_options,
-    composition_errors,
-    one_line,
-    override_key,
-)
-from rlcore.config.validate import Capacity, validate
-from rlcore.console import quiet_ray_environment, report_error
+from rlcore.config import RunConfig
+from rlcore.config.errors import ConfigError, keyed_errors
+from rlcore.config.nodes import config_dict, to_node
 from rlcore.engine.registry import inert_options
 from rlcore.interrupt import StopRequest
-from rlcore.metrics import MetricsLogger
 from rlcore.models.shipped import resolve as resolve_model
-from rlcore.node_fit import NodeCapacity
-from rlcore.placement import resolve
-from rlcore.plan import format_plan, make_plan
-from rlcore.plot import write_run_plot
-from rlcore.resume_model import explicit_model_keys, use_checkpoint_model
-from rlcore.rundir import last_checkpoint_hint
-from rlcore.startup import StartupPhases
-from rlcore.summary import run_summary
+from rlcore.plan.compose import CONF_DIR, compose, recipes
+from rlcore.plan.layout import format_plan, make_plan
+from rlcore.plan.overrides import one_line, override_key
+from rlcore.plan.placement import resolve
+from rlcore.plan.validate import Capacity, validate
+from rlcore.report.console import EXIT_CONFIG, report_config_error, report_error
+from rlcore.report.metrics import MetricsLogger
+from rlcore.report.plot import write_run_plot
+from rlcore.report.startup import StartupPhases
+from rlcore.report.summary import run_summary
+from rlcore.storage.rundir import claim_output_dir, last_checkpoint_hint
 
-REPO = Path(__file__).resolve().parent.parent
-CONF_DIR = REPO / "conf"
-RECIPES_DIR = REPO / "recipes"
-
-EXIT_CONFIG = 2
 EXIT_RUN = 1
 EXIT_INTERRUPTED = 130
-
-
-def recipes() -> list[str]:
-    return sorted(p.stem for p in RECIPES_DIR.glob("*.yaml"))
-
-
-def compose(overrides: list[str]) -> RunConfig:
-    """Hydra composition of conf/config.yaml, the recipe, and the command-line overrides,
-    typed against the RunConfig schema. A key the schema does not declare is refused, with or
-    without `+`. Raises ConfigError."""
-    from hydra import compose as hydra_compose
-    from hydra import initialize_config_dir
-    from hydra.core.config_store import ConfigStore
-    from hydra.core.global_hydra import GlobalHydra
-
-    recipe = None
-    for o in overrides:
-        key, _, value = o.lstrip("+").partition("=")
-        if key == "recipe":
-            recipe = value
-            check_recipe(value, recipes())
-    overrides = ["+recipe=" + recipe if o.lstrip("+").startswith("recipe=") else o for o in overrides]
-    # `resume=true|PATH` is the documented spelling of `checkpoint.resume=...`
-    overrides = ["checkpoint." + o.lstrip("+") if o.lstrip("+").startswith("resume=") else o for o in overrides]
-    check_override_keys(overrides, CONF_DIR)
-    overrides = [typed_env_arg_override(o) for o in overrides]
-
-    ConfigStore.instance().store(name="rlcore_schema", node=schema_node())
-    GlobalHydra.instance().clear()
-    with composition_errors(), initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
-        cfg = hydra_compose(config_name="config", overrides=overrides)
-    check_composed_keys(cfg)
-    obj = to_run_config(cfg)
-    obj.recipe = recipe
-    check_typed_options(obj, overrides)  # set on this command line for an engine the run does not use
-    raise_problems(use_checkpoint_model(obj, explicit_model_keys(overrides)))
-    return obj
 
 
 def warn_inert(cfg: RunConfig) -> None:
@@ -114,7 +63,7 @@ def local_gpu_bytes(cfg: RunConfig) -> int | None:
 
 def check_cluster(cfg: RunConfig) -> RunConfig:
     """Resources asked vs. resources present: locally before Ray starts, remotely right after.
-    Returns `cfg` with its placement resolved for those GPUs (`rlcore.placement.resolve`)."""
+    Returns `cfg` with its placement resolved for those GPUs (`rlcore.plan.placement.resolve`)."""
     ray = sys.modules.get("ray")
     if ray is not None and ray.is_initialized():
         res = ray.cluster_resources()
@@ -130,26 +79,6 @@ def check_cluster(cfg: RunConfig) -> RunConfig:
     cfg = resolve(cfg, gpus, gpu_bytes)
     validate(cfg, on=Capacity(cpus, gpus, gpu_bytes, where, nodes))
     return cfg
-
-
-def live_nodes() -> list[NodeCapacity]:
-    """The alive nodes of the connected Ray cluster: total CPUs, GPUs and labels of each."""
-    import ray
-    return [NodeCapacity(n["NodeID"], n["Resources"].get("CPU", 0.0), n["Resources"].get("GPU", 0.0),
-                         dict(n.get("Labels") or {})) for n in ray.nodes() if n["Alive"]]
-
-
-def local_ray_environment() -> None:
-    """Settings for a single-node Ray started by this process; Ray reads them at import."""
-    # the cluster shares this interpreter and checkout: keep Ray's `uv run` integration from
-    # packaging the working dir and building a new venv for every worker
-    os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
-    # single-node mode: Ray, gloo and the weight-sync store all stay on the loopback address
-    os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
-    # every actor has a runtime_env of its own (actors.logs.runtime_env), so the idle workers Ray
-    # prestarts for the driver's job never host one: they only take CPU while the run starts
-    os.environ.setdefault("RAY_prestart_worker_first_driver", "0")
-    quiet_ray_environment()
 
 
 def prepare(cfg: RunConfig):
@@ -178,61 +107,12 @@ def make_runner(cfg: RunConfig, prepared=None, stop: StopRequest | None = None):
 
 def summary(cfg: RunConfig, history: list[dict], eval_rows: list[dict] = (),
             phases: list[tuple[str, float]] = (), startup_s: float | None = None) -> str:
-    """The end-of-run summary (rlcore.summary), pointing to the plot when the run wrote one;
+    """The end-of-run summary (rlcore.report.summary), pointing to the plot when the run wrote one;
     `startup_s`: the wall time from the process's start to step 1 (RL)."""
     out = Path(cfg.output_dir)
     plot = out / "plot.png"
     artifact = f"plot: {plot}" if plot.is_file() else f"metrics: {out / 'metrics.jsonl'}"
     return run_summary(cfg.mode, history, eval_rows, phases, artifact, startup_s)
-
-
-def ray_address(cluster: ClusterConfig) -> str | None:
-    """The Ray cluster to join: `cluster.address`, else RAY_ADDRESS; None starts a local one."""
-    return cluster.address or os.environ.get("RAY_ADDRESS") or None
-
-
-class RayStartError(RuntimeError):
-    """Ray could not be started or reached; the message says what to try."""
-
-
-def start_ray(cfg: RunConfig) -> None:
-    """`ray.init` for this run: connect to `cluster.address` / RAY_ADDRESS, or start a local
-    cluster. A local start that fails (e.g. "the current node timed out during startup" on a
-    loaded machine) is retried once after a clean shutdown; connecting is not retried (the
-    address is wrong or the cluster is down). Raises RayStartError with one line."""
-    import ray
-    address = ray_address(cfg.cluster)
-    kwargs = dict(address=address, num_cpus=None if address else cfg.cluster.num_cpus,
-                  num_gpus=None if address else cfg.cluster.num_gpus, include_dashboard=False,
-                  # actors write to OUTPUT_DIR/logs/ (actors.logs); their errors come back as
-                  # exceptions of the remote calls, printed as one line that names the log file
-                  log_to_driver=False, logging_level=logging.WARNING,
-                  runtime_env={"env_vars": {"PYTHONPATH": os.pathsep.join(
-                      p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)}} if address is None else None)
-    attempts = 1 if address else 2
-    for attempt in range(1, attempts + 1):
-        try:
-            ray.init(**kwargs)
-            return
-        except Exception as exc:  # Ray raises plain Exception, RuntimeError, ConnectionError here
-            why = one_line(exc)
-            ray.shutdown()  # leaves nothing of the failed start behind
-            if attempt < attempts:
-                logging.getLogger("rlcore").warning("Ray failed to start (%s); retrying once", why)
-                continue
-            if address:
-                raise RayStartError(f"could not connect to the Ray cluster at {address} ({why}); check that it "
-                                    "is running (`ray status`) and that cluster.address / RAY_ADDRESS is right") from exc
-            raise RayStartError(f"the local Ray cluster did not start, twice ({why}); the machine may be "
-                                "overloaded: retry, lower cluster.num_cpus, or start Ray yourself "
-                                "(`ray start --head`) and set RAY_ADDRESS") from exc
-
-
-def report(exc: ConfigError) -> int:
-    """Every problem on its own line, the first one first; exit code 2."""
-    for line in exc.lines():
-        print(f"rlcore: config error: {line}", file=sys.stderr)
-    return EXIT_CONFIG
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -262,7 +142,7 @@ def multirun(overrides: list[str]) -> int:
         for job in jobs:
             validate(compose(job))
     except ConfigError as exc:
-        return report(exc)
+        return report_config_error(exc)
     except Exception as exc:  # Hydra's override grammar errors
         print(f"rlcore: config error: multirun: {one_line(exc)}", file=sys.stderr)
         return EXIT_CONFIG
@@ -297,7 +177,7 @@ def run_job(argv: list[str], print_cfg: bool = False) -> int:
         prepared = prepare(cfg)
         out, lock = claim_output_dir(cfg)
     except ConfigError as exc:
-        return report(exc)
+        return report_config_error(exc)
     try:
         return _run_prepared(cfg, prepared, out)
     finally:
@@ -339,7 +219,7 @@ def _run_prepared(cfg: RunConfig, prepared, out: Path) -> int:
                           getattr(driver, "ready_at", None)))
         return EXIT_INTERRUPTED if stop.requested else 0
     except ConfigError as exc:
-        return report(exc)
+        return report_config_error(exc)
     except KeyboardInterrupt:
         print(f"rlcore: interrupted ({stop.signal_name or 'SIGINT'}); stopped at once, no checkpoint kept of this "
               f"point; {last_checkpoint_hint(cfg)}; shutting down", file=sys.stderr)

@@ -14,7 +14,7 @@ local_ray_environment()
 @pytest.fixture
 def tiny_cfg(tmp_path):
     """The embedded default config, composed exactly as the CLI does (in a fresh output_dir)."""
-    from rlcore.run import compose
+    from rlcore.plan.compose import compose
     return compose([f"output_dir={tmp_path / 'run'}"])
 
 

@@ -15,7 +15,7 @@ from rlcore.engine.registry import make_engine
 from rlcore.envs import make_env
 from rlcore.models.build import build_model, build_tokenizer
 from rlcore.models.render import render_prompt
-from rlcore.run import compose
+from rlcore.plan.compose import compose
 
 
 def test_calibrate_is_a_multiple_of_the_first_sync_plus_a_floor():

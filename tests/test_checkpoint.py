@@ -17,7 +17,7 @@ import torch
 import torch.multiprocessing as mp
 
 from rlcore import checkpoint as ckpt
-from rlcore.run import compose
+from rlcore.plan.compose import compose
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -172,7 +172,7 @@ KILL_SCRIPT = textwrap.dedent("""
     sys.path.insert(0, {repo!r})
     from tests.test_checkpoint import _fake_core, _save
     from rlcore import checkpoint as ckpt
-    from rlcore.run import compose
+    from rlcore.plan.compose import compose
     cfg = compose(["output_dir={out}", "checkpoint.keep_last=0", "model.arch.hidden_size=512",
                    "model.arch.intermediate_size=2048", "model.arch.head_dim=128"])
     writer = ckpt.CheckpointWriter(cfg)

@@ -6,7 +6,7 @@ import sys
 import pytest
 
 from rlcore.cli import FlagError, parse_flags, sweep_jobs
-from rlcore.run import REPO
+from rlcore.plan.compose import REPO
 
 
 def run_cli(*args):

@@ -5,9 +5,10 @@ import sys
 
 import pytest
 
-from rlcore.run import compose, main
+from rlcore.plan.compose import compose
+from rlcore.run import main
 from rlcore.config.errors import ConfigError
-from rlcore.config.validate import problems, validate
+from rlcore.plan.validate import problems, validate
 
 BAD = [
     (["trainer.lr=-1"], "trainer.lr"),

@@ -12,9 +12,10 @@ from pathlib import Path
 import pytest
 
 from rlcore.engine.registry import inert_options
-from rlcore.run import compose, main, recipes
+from rlcore.plan.compose import compose, recipes
+from rlcore.run import main
 from rlcore.config.errors import ConfigError
-from rlcore.config.validate import validate
+from rlcore.plan.validate import validate
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -56,7 +57,7 @@ def test_env_args_are_typed_per_environment(tmp_path):
 def add_recipe(tmp_path, monkeypatch, name: str, body: str) -> None:
     """A copy of conf/ in `tmp_path` with recipe `name` (`body` under `# @package _global_`),
     which `compose(["+recipe=NAME"])` then reads."""
-    import rlcore.run as run
+    import rlcore.plan.compose as run
     conf = tmp_path / "conf"
     shutil.copytree(run.CONF_DIR, conf)  # follows conf/recipe's link to recipes/
     (conf / "recipe" / f"{name}.yaml").write_text("# @package _global_\n" + body)
@@ -163,7 +164,7 @@ def test_gguf_packages_are_checked_before_start(tmp_path, monkeypatch):
 
 
 def validate_problems(cfg):
-    from rlcore.config.validate import problems
+    from rlcore.plan.validate import problems
     return problems(cfg)
 
 

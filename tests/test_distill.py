@@ -20,8 +20,9 @@ from rlcore.config import AlgoConfig
 from rlcore.meta import group_meta
 from rlcore.models.tokenizer import char_tokenizer
 from rlcore.packing import make_micro_batch
-from rlcore.run import compose, main
-from rlcore.teacher import config_problems, teacher_model_config, teacher_run_config
+from rlcore.plan.compose import compose
+from rlcore.run import main
+from rlcore.plan.teacher import config_problems, teacher_model_config, teacher_run_config
 from rlcore.types import Group, Sample, Task
 
 
@@ -187,7 +188,7 @@ def test_cross_tokenizer_teacher_may_use_another_tokenizer():
 
 
 def test_teacher_resources_count_against_the_machine():
-    from rlcore.config.validate import resource_problems
+    from rlcore.plan.validate import resource_problems
     cfg = compose(["teacher.enabled=true", "teacher.cpus_per_actor=2"])
     found = resource_problems(cfg, cpus=3, gpus=0, where="this machine")
     assert found and "teacher 2 CPUs" in found[0][1]
@@ -260,8 +261,8 @@ def test_a_gpu_teacher_shares_the_one_gpu_with_colocated_trainer_and_engine():
     """One GPU: the colocated bundle keeps 1 - 0.2 of it (trainer rank and engine 0.4 each), the
     teacher's own bundle takes 0.2, and the memory plan leaves the engine what the trainer and the
     teacher's 0.15 do not use."""
-    from rlcore.memory_plan import GIB
-    from rlcore.plan import make_plan
+    from rlcore.plan.memory import GIB
+    from rlcore.plan.layout import make_plan
     plan = make_plan(compose(ONE_GPU_TEACHER))
     assert plan.problems == [] and plan.config.placement == "colocated"
     assert [b.gpus for b in plan.trainer] == [0.8] and [b.gpus for b in plan.teacher] == [0.2]
@@ -286,7 +287,7 @@ def test_a_gpu_teacher_shares_the_one_gpu_with_colocated_trainer_and_engine():
       "+rollout.vllm.engine_kwargs.gpu_memory_utilization=0.5"], "rollout.vllm.engine_kwargs.gpu_memory_utilization"),
 ])
 def test_impossible_colocated_teachers_refused(overrides, key):
-    from rlcore.plan import make_plan
+    from rlcore.plan.layout import make_plan
     problems = make_plan(compose(ONE_GPU_TEACHER + overrides)).problems
     assert key in [k for k, _ in problems], problems
 

@@ -15,8 +15,8 @@ from rlcore.config import ModelConfig
 from rlcore.engine.hf_engine import HFEngine
 from rlcore.models.tokenizer import char_tokenizer
 from rlcore.packing import empty_micro_batch, make_micro_batch
-from rlcore.run import compose
-from rlcore.teacher import config_problems
+from rlcore.plan.compose import compose
+from rlcore.plan.teacher import config_problems
 from rlcore.trainer.logprobs import chunked_logprobs, other_logprobs, plain_logprobs
 from rlcore.types import Sample
 

@@ -25,7 +25,7 @@ import torch.distributed as dist
 from rlcore.canary import CanaryError, calibrate, compare_logprobs, teacher_forced_logprobs
 from rlcore.config import RolloutConfig
 from rlcore.config.errors import ConfigError
-from rlcore.config.validate import problems
+from rlcore.plan.validate import problems
 from rlcore.engine.base import Generation, RolloutEngine, SamplingParams
 from rlcore.engine.hf_engine import sample_with_logprobs
 from rlcore.engine.registry import (
@@ -39,9 +39,9 @@ from rlcore.engine.registry import (
 )
 from rlcore.envs import make_env
 from rlcore.models.build import build_model, build_tokenizer
-from rlcore.placement import placement_problems
-from rlcore.run import compose
-from rlcore.teacher import teacher_run_config
+from rlcore.plan.placement import placement_problems
+from rlcore.plan.compose import compose
+from rlcore.plan.teacher import teacher_run_config
 from rlcore.trainer.core import free_port
 from rlcore.trainer.export import parameter_metas
 from rlcore.transfer import (

@@ -17,7 +17,7 @@ from tests.test_env_builtin import BUILTIN
 
 def collapsed_engine():
     """A real engine whose policy always answers end-of-sequence first."""
-    from rlcore.run import compose
+    from rlcore.plan.compose import compose
     cfg = compose([])
     tok = build_tokenizer(cfg.model)
     torch.manual_seed(0)

@@ -16,7 +16,7 @@ from rlcore.engine.base import SamplingParams
 from rlcore.envs.base import EnvironmentStalled
 from rlcore.envs.multiturn import MultiTurnEnvironment
 from rlcore.envs.safety import OUTPUT_LIMIT, threads_abandoned
-from rlcore.failures import FailureLog, NoProgress
+from rlcore.report.failures import FailureLog, NoProgress
 from rlcore.models.tokenizer import char_tokenizer
 from rlcore.types import Group, Sample, Task
 from tests.test_env_safety import EchoEngine, Scored

@@ -26,7 +26,7 @@ class Recording:
 
 @pytest.fixture(scope="module")
 def setup():
-    from rlcore.run import compose
+    from rlcore.plan.compose import compose
     cfg = compose(["+recipe=alphabet_sort"])
     tok = build_tokenizer(cfg.model)
     engine = HFEngine(build_model(cfg.model, tok), tok.pad_token_id, tok.eos_token_id, seed=0)

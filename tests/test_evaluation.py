@@ -7,9 +7,9 @@ import pytest
 
 from rlcore.evaluation import pass_at_k, summarize
 from rlcore.meta import group_meta
-from rlcore.run import compose
+from rlcore.plan.compose import compose
 from rlcore.types import Group, Sample, Task
-from rlcore.config.validate import eval_problems as config_problems
+from rlcore.plan.validate import eval_problems as config_problems
 
 
 def brute_force(n, c, k):

@@ -10,7 +10,7 @@ from transformers import AutoModelForCausalLM
 from rlcore import checkpoint as ckpt
 from rlcore.export import export_checkpoint, main
 from rlcore.models.build import build_model, build_tokenizer
-from rlcore.run import compose
+from rlcore.plan.compose import compose
 
 
 def saved_checkpoint(tmp_path):

@@ -15,10 +15,11 @@ import pytest
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 
-from rlcore.run import compose, main
+from rlcore.plan.compose import compose
+from rlcore.run import main
 from rlcore.trainer import float8
-from rlcore.config import validate as validate_module
-from rlcore.config.validate import problems
+from rlcore.plan import validate as validate_module
+from rlcore.plan.validate import problems
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 GPU = ["trainer.gpus_per_rank=1", "rollout.engine=vllm", "rollout.gpus_per_actor=1"]

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from actors.rollout_refs import launch_generate, request_groups
-from rlcore.run import compose
+from rlcore.plan.compose import compose
 
 pytestmark = pytest.mark.integration
 
@@ -29,7 +29,7 @@ def test_fsdp_two_ranks_weights_reach_engine(ray_cluster, tmp_path):
     """Two FSDP2 ranks (gloo) train; after every sync the engine holds exactly the trainer's
     full weights, and the accounting identity holds."""
     from actors.driver import Driver
-    from rlcore.metrics import MetricsLogger
+    from rlcore.report.metrics import MetricsLogger
     from rlcore.models.build import build_model, build_tokenizer
     from rlcore.types import Task
 

@@ -9,9 +9,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from rlcore.metrics import MetricsLogger
-from rlcore.run import compose, make_runner, prepare
-from rlcore.config.validate import validate
+from rlcore.report.metrics import MetricsLogger
+from rlcore.plan.compose import compose
+from rlcore.run import make_runner, prepare
+from rlcore.plan.validate import validate
 
 pytestmark = pytest.mark.integration
 

@@ -5,10 +5,10 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from rlcore.memory_plan import (GIB, MAX_ENGINE_FRACTION, colocated_engine_fraction, engine_min_bytes,
+from rlcore.plan.memory import (GIB, MAX_ENGINE_FRACTION, colocated_engine_fraction, engine_min_bytes,
                                 memory_problems, param_count, trainer_memory)
 from rlcore.models.build import build_tokenizer, random_model_config
-from rlcore.run import compose
+from rlcore.plan.compose import compose
 
 SHAPE_4B = ["model.arch.hidden_size=2560", "model.arch.intermediate_size=9728", "model.arch.num_hidden_layers=36",
             "model.arch.num_attention_heads=32", "model.arch.num_key_value_heads=8"]

@@ -6,10 +6,11 @@ import pytest
 
 from launch.local_cluster import ClusterError, parse_specs
 from launch.placement_check import compare
-from rlcore.node_fit import NodeCapacity, fit_problems, group_selector, label_problems
-from rlcore.plan import Bundle, group_bundles
-from rlcore.config.validate import placed_bundles
-from rlcore.run import compose, main
+from rlcore.plan.node_fit import NodeCapacity, fit_problems, group_selector, label_problems
+from rlcore.plan.layout import Bundle, group_bundles
+from rlcore.plan.validate import placed_bundles
+from rlcore.plan.compose import compose
+from rlcore.run import main
 
 LABELS = ["cluster.trainer_node_labels.rlcore-group=trainer", "cluster.rollout_node_labels.rlcore-group=rollout"]
 

@@ -3,11 +3,12 @@ colocated, every impossible layout gets one line naming its key and exit code 2.
 
 import pytest
 
-from rlcore.memory_plan import GIB
-from rlcore.placement import placement_problems, resolve, resolve_placement
-from rlcore.plan import make_plan
-from rlcore.run import compose, main
-from rlcore.config.validate import resource_problems
+from rlcore.plan.memory import GIB
+from rlcore.plan.placement import placement_problems, resolve, resolve_placement
+from rlcore.plan.layout import make_plan
+from rlcore.plan.compose import compose
+from rlcore.run import main
+from rlcore.plan.validate import resource_problems
 
 H200 = 139.8 * GIB
 VLLM_1_1 = ["model=qwen3_06b_char", "rollout.engine=vllm", "trainer.gpus_per_rank=1", "rollout.gpus_per_actor=1"]

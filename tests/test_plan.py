@@ -2,8 +2,9 @@
 
 import pytest
 
-from rlcore.plan import make_plan
-from rlcore.run import compose, main
+from rlcore.plan.layout import make_plan
+from rlcore.plan.compose import compose
+from rlcore.run import main
 
 
 def test_qwen30b_swe_plan():

@@ -1,4 +1,4 @@
-"""rlcore.plot on the metrics.jsonl of a real (short, CPU) run: the run writes its own plot, the
+"""rlcore.report.plot on the metrics.jsonl of a real (short, CPU) run: the run writes its own plot, the
 CLI overlays several runs, and panels a run did not log are left out."""
 
 import contextlib
@@ -8,8 +8,8 @@ import struct
 
 import pytest
 
-from rlcore.plot import PANELS, plot_runs, read_run
-from rlcore.plot import main as plot_main
+from rlcore.report.plot import PANELS, plot_runs, read_run
+from rlcore.report.plot import main as plot_main
 from rlcore.run import main
 
 ALL_PANELS = [p.title for p in PANELS]
@@ -71,8 +71,8 @@ def test_cli_overlays_runs_and_skips_missing_metrics(real_run, tmp_path, capsys)
 
 
 def test_eval_at_start_needs_periodic_evaluation():
-    from rlcore.run import compose
-    from rlcore.config.validate import problems
+    from rlcore.plan.compose import compose
+    from rlcore.plan.validate import problems
     assert ("eval.at_start", "evaluates only in a run with periodic evaluation (eval.every_n_steps > 0)") in \
         problems(compose(["eval.at_start=true"]))
     assert not [k for k, _ in problems(compose(["eval.at_start=true", "eval.every_n_steps=5"])) if k.startswith("eval")]

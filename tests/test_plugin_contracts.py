@@ -30,7 +30,8 @@ from rlcore.algo.registry import (
 )
 from rlcore.config import AlgoConfig
 from rlcore.config.losses import MOVED
-from rlcore.run import compose, main
+from rlcore.plan.compose import compose
+from rlcore.run import main
 
 REPO = Path(__file__).resolve().parent.parent
 MY_LOSS = "tests.my_loss:loss"
@@ -219,7 +220,7 @@ def test_a_plugin_returning_the_wrong_shape_is_named_at_its_first_call():
 def test_a_recipe_with_an_old_flat_loss_key_is_refused_naming_its_section(tmp_path, monkeypatch):
     import shutil
 
-    import rlcore.run as run
+    import rlcore.plan.compose as run
     from rlcore.config import ConfigError
     conf = tmp_path / "conf"
     shutil.copytree(run.CONF_DIR, conf)  # follows conf/recipe's link to recipes/

@@ -4,7 +4,9 @@ retried once (a loaded machine can time a node out), a connection to a given add
 import pytest
 import ray
 
-from rlcore.run import RayStartError, compose, main, start_ray
+from rlcore.plan.compose import compose
+from actors.session import RayStartError, start_ray
+from rlcore.run import main
 
 
 class FailingInit:

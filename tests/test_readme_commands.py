@@ -4,7 +4,7 @@ import re
 import shlex
 from pathlib import Path
 
-from rlcore.run import compose
+from rlcore.plan.compose import compose
 
 README = (Path(__file__).resolve().parent.parent / "README.md").read_text()
 

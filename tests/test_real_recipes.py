@@ -2,7 +2,8 @@
 
 import pytest
 
-from rlcore.run import compose, main
+from rlcore.plan.compose import compose
+from rlcore.run import main
 
 REAL = {"reverse_text_qwen3": "Qwen/Qwen3-0.6B", "alphabet_sort_qwen3": "Qwen/Qwen3-4B-Instruct-2507",
         "wordle_qwen3": "Qwen/Qwen3-1.7B", "math_qwen3": "Qwen/Qwen3-4B",

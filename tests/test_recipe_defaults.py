@@ -14,10 +14,10 @@ from rlcore.envs import make_env
 from rlcore.envs.reverse_text import ReverseText
 from rlcore.envs.wordle import feedback
 from rlcore.models.build import build_tokenizer
-from rlcore.run import compose, recipes
+from rlcore.plan.compose import compose, recipes
 from rlcore.sft import build_dataset
 from rlcore.config.errors import ConfigError
-from rlcore.config.validate import validate
+from rlcore.plan.validate import validate
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -8,8 +8,8 @@ import pytest
 
 from actors.recovery import TrainerRecovery, dead_trainer_ranks
 from actors.remote import ActorDied, RunError
-from rlcore.failures import FailureLog
-from rlcore.run import compose
+from rlcore.report.failures import FailureLog
+from rlcore.plan.compose import compose
 
 
 def recovery(tmp_path: Path, *overrides: str, checkpoint: Path | None = None) -> TrainerRecovery:
@@ -60,8 +60,8 @@ def test_rows_logged_after_the_series_is_cut_back_land_in_metrics_jsonl(tmp_path
     """A restart cuts metrics.jsonl back (a new file) while the logger holds it open."""
     import json
 
-    from rlcore.metrics import MetricsLogger
-    from rlcore.rundir import truncate_series
+    from rlcore.report.metrics import MetricsLogger
+    from rlcore.storage.rundir import truncate_series
 
     cfg = compose([f"output_dir={tmp_path}", "logger.console=false"])
     logger = MetricsLogger(cfg.logger, str(tmp_path), {}, 3)

@@ -6,8 +6,9 @@ import json
 
 import pytest
 
-from rlcore.checkpoint_dirs import META, TRAINER_DIR
-from rlcore.run import compose, main
+from rlcore.storage.checkpoint_dirs import META, TRAINER_DIR
+from rlcore.plan.compose import compose
+from rlcore.run import main
 from rlcore.config.errors import ConfigError
 
 

@@ -9,8 +9,8 @@ from actors.rollout_group import RolloutGroup
 from actors.run_state import RunState, TaskFeed
 from rlcore.buffer import Accounting, RolloutBuffer
 from rlcore.envs import make_env
-from rlcore.failures import FailureLog
-from rlcore.run import compose
+from rlcore.report.failures import FailureLog
+from rlcore.plan.compose import compose
 
 
 class Call:

@@ -21,7 +21,8 @@ from rlcore.models.build import build_model, build_tokenizer
 from rlcore.models.vision import decoder_layers
 from rlcore.packing import make_micro_batch
 from rlcore.routing import SELF_ROUTE, aligned, expected_rows, packed_routing
-from rlcore.run import REPO, compose
+from rlcore.plan.compose import compose
+from rlcore.plan.compose import REPO
 from rlcore.trainer.forward import forward_logprobs
 from rlcore.trainer.logprobs import install_logprob_head
 from rlcore.trainer.moe import MoEBlock, apply_expert_parallel, router_metrics
@@ -158,7 +159,7 @@ def test_given_experts_replace_the_top_k_and_the_router_keeps_its_gradient(moe, 
 
 @pytest.mark.parametrize("engine", ["hf", "vllm"])
 def test_replay_needs_a_moe_model(tmp_path, engine):
-    from rlcore.config.validate import problems
+    from rlcore.plan.validate import problems
 
     base = [f"output_dir={tmp_path}", f"rollout.engine={engine}", f"rollout.{engine}.routing_replay=true"]
     if engine == "vllm":

@@ -12,8 +12,9 @@ from pathlib import Path
 import pytest
 
 from rlcore.interrupt import StopRequest
-from rlcore.run import compose, main
-from rlcore.rundir import LOCK_FILE, hold_output_dir, restart_series
+from rlcore.plan.compose import compose
+from rlcore.run import main
+from rlcore.storage.rundir import LOCK_FILE, hold_output_dir, restart_series
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -35,7 +36,7 @@ def test_a_second_run_into_a_held_folder_is_refused_before_ray(tmp_path, capsys)
 def test_the_lock_goes_with_its_process_even_killed(tmp_path):
     out = tmp_path / "run"
     holder = subprocess.Popen([sys.executable, "-c", "import sys, time; from pathlib import Path; "
-                               "from rlcore.rundir import hold_output_dir; lock = hold_output_dir(Path(sys.argv[1])); "
+                               "from rlcore.storage.rundir import hold_output_dir; lock = hold_output_dir(Path(sys.argv[1])); "
                                "print('held', flush=True); time.sleep(600)", str(out)],
                               cwd=REPO, stdout=subprocess.PIPE, text=True)
     try:

@@ -10,11 +10,12 @@ import traceback
 import pytest
 
 from rlcore.config import LoggerConfig
-from rlcore.console import actor_log_hint, one_line, quiet_ray_environment, report_error
-from rlcore.metrics import MetricsLogger, format_line
-from rlcore.run import compose, summary
-from rlcore.startup import StartupPhases
-from rlcore.summary import rates, run_summary, window_means, zero_advantage_steps
+from rlcore.report.console import actor_log_hint, one_line, quiet_ray_environment, report_error
+from rlcore.report.metrics import MetricsLogger, format_line
+from rlcore.plan.compose import compose
+from rlcore.run import summary
+from rlcore.report.startup import StartupPhases
+from rlcore.report.summary import rates, run_summary, window_means, zero_advantage_steps
 
 
 def records(rewards, **extra):

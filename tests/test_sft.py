@@ -6,7 +6,8 @@ import pytest
 
 from rlcore.envs import make_env
 from rlcore.models.build import build_tokenizer
-from rlcore.run import compose, main
+from rlcore.plan.compose import compose
+from rlcore.run import main
 from rlcore.sft import SFTData, batch_indices, build_dataset, read_jsonl, tokenize_conversation
 
 

@@ -5,8 +5,9 @@ from rlcore.models.render import render_prompt
 from rlcore.models.build import build_tokenizer
 from rlcore.models.shipped import cache_root, converted_dir, gguf_in_package, resolve, shipped_problems
 from rlcore.models.tokenizer import char_tokenizer
-from rlcore.run import compose, main
-from rlcore.config.validate import problems
+from rlcore.plan.compose import compose
+from rlcore.run import main
+from rlcore.plan.validate import problems
 
 
 def test_preset_names_the_shipped_gguf():

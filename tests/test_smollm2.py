@@ -11,8 +11,8 @@ import torch
 from rlcore.envs import make_env
 from rlcore.models.render import TurnRenderer, render_prompt
 from rlcore.models.shipped import converted_dir, resolve
-from rlcore.run import compose
-from rlcore.config.validate import validate
+from rlcore.plan.compose import compose
+from rlcore.plan.validate import validate
 
 pytestmark = pytest.mark.integration
 
@@ -42,7 +42,7 @@ def test_smollm2_sft_then_rl_multiturn_sync_canary_export(ray_cluster, tmp_path)
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from actors.driver import Driver
-    from rlcore.metrics import MetricsLogger
+    from rlcore.report.metrics import MetricsLogger
 
     cfg = compose([
         "model=smollm2_135m", "env=alphabet_sort", f"output_dir={tmp_path}", "steps=2",

@@ -105,10 +105,10 @@ def test_a_char_teacher_scores_a_bpe_students_text_and_the_sums_telescope():
     # the student's BPE sample is scored in the teacher's char tokens, carried back one logprob
     # per student token, and they add up to the teacher's logprob of the whole completion text
     from actors.teacher import TeacherWorker
-    from rlcore.busy import BusyClock
+    from rlcore.report.busy import BusyClock
     from rlcore.engine.registry import make_engine
-    from rlcore.run import compose
-    from rlcore.teacher import teacher_run_config
+    from rlcore.plan.compose import compose
+    from rlcore.plan.teacher import teacher_run_config
     from rlcore.types import Sample
 
     cfg = compose(["teacher.enabled=true", "teacher.cross_tokenizer=true"])

@@ -7,8 +7,8 @@ import time
 
 import pytest
 
-from rlcore.startup import StartupPhases, process_age
-from rlcore.summary import run_summary
+from rlcore.report.startup import StartupPhases, process_age
+from rlcore.report.summary import run_summary
 
 
 def test_background_phase_lines_and_record():
@@ -56,7 +56,7 @@ def ray_cluster():
 
 
 def _cfg(tmp_path, env: list[str], warmup: int = 3):
-    from rlcore.run import compose
+    from rlcore.plan.compose import compose
     return compose([f"output_dir={tmp_path}", "steps=1", f"sft.warmup_steps={warmup}", "algo.batch_groups=2",
                     "rollout.tasks_per_request=2", "rollout.max_restarts=0", "logger.console=false", *env])
 
@@ -79,7 +79,7 @@ def test_engines_finish_starting_only_while_the_sft_warmup_runs(ray_cluster, tmp
     """The engine's construction waits for a gate that the warm-up opens: a start-up that waited
     for the engines before the warm-up could never finish (the engine gives up and dies)."""
     from actors.driver import Driver
-    from rlcore.metrics import MetricsLogger
+    from rlcore.report.metrics import MetricsLogger
 
     gate = tmp_path / "gate"
     _open_gate_when_the_warmup_begins(monkeypatch, gate)

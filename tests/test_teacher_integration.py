@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from rlcore.run import compose
+from rlcore.plan.compose import compose
 
 pytestmark = pytest.mark.integration
 
@@ -33,7 +33,7 @@ def small(tmp_path, teachers: int) -> list[str]:
 
 def test_dead_teacher_actor_samples_count_failed_and_run_goes_on(ray_cluster, tmp_path):
     from actors.driver import Driver
-    from rlcore.metrics import MetricsLogger
+    from rlcore.report.metrics import MetricsLogger
 
     cfg = compose(small(tmp_path, teachers=2))
     driver = Driver(cfg)
@@ -62,7 +62,7 @@ def test_dead_teacher_actor_samples_count_failed_and_run_goes_on(ray_cluster, tm
 
 def test_no_teacher_left_stops_the_run_without_hanging(ray_cluster, tmp_path):
     from actors.driver import Driver, RunError
-    from rlcore.metrics import MetricsLogger
+    from rlcore.report.metrics import MetricsLogger
 
     cfg = compose(small(tmp_path, teachers=1))
     driver = Driver(cfg)
@@ -149,7 +149,7 @@ def test_top_k_distillation_runs_end_to_end(ray_cluster, tmp_path):
     through the object store to the trainer rank, and every step reports the top-k KL and both
     sides' mass on the k tokens (pure top-k distillation: no other advantage)."""
     from actors.driver import Driver
-    from rlcore.metrics import MetricsLogger
+    from rlcore.report.metrics import MetricsLogger
 
     cfg = compose(small(tmp_path, teachers=1) + ["teacher.top_k=4", "teacher.kl_coef=0", "teacher.reward_coef=0"])
     driver = Driver(cfg)

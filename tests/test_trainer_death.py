@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from rlcore.run import compose
+from rlcore.plan.compose import compose
 
 pytestmark = pytest.mark.integration
 
@@ -17,7 +17,7 @@ def test_trainer_death_names_rank_and_checkpoint_then_resume(tmp_path):
     import ray
 
     from actors.driver import Driver, RunError
-    from rlcore.metrics import MetricsLogger
+    from rlcore.report.metrics import MetricsLogger
 
     overrides = [f"output_dir={tmp_path}", "steps=8", "checkpoint.interval=2", "sft.warmup_steps=0",
                  "logger.console=false", "trainer.max_restarts=0"]

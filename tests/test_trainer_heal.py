@@ -9,8 +9,8 @@ import time
 
 import pytest
 
-from rlcore.config.validate import validate
-from rlcore.run import compose
+from rlcore.plan.validate import validate
+from rlcore.plan.compose import compose
 
 pytestmark = pytest.mark.integration
 
@@ -25,7 +25,7 @@ def run(overrides, kill_at_version=None):
     import ray
 
     from actors.driver import Driver
-    from rlcore.metrics import MetricsLogger
+    from rlcore.report.metrics import MetricsLogger
 
     cfg = compose(overrides)
     validate(cfg)

@@ -190,7 +190,7 @@ def test_lora_trains_only_adapters_and_merges():
 # -- mesh validation ------------------------------------------------------------------------
 
 def test_mesh_validation(tiny_cfg):
-    from rlcore.config.validate import problems
+    from rlcore.plan.validate import problems
     cfg = copy.deepcopy(tiny_cfg)
     cfg.trainer.world_size, cfg.trainer.dp, cfg.trainer.cp = 4, 3, 2
     cfg.trainer.ep = 3
@@ -365,7 +365,7 @@ def test_trainer_core_ep_cp(tiny_cfg):
     cfg.trainer.world_size, cfg.trainer.cp, cfg.trainer.ep = 2, 2, 2
     cfg.trainer.activation_checkpointing = "selective"
     cfg.trainer.logprob_chunk_tokens = 16
-    from rlcore.config.validate import problems
+    from rlcore.plan.validate import problems
     assert not [p for p in problems(cfg) if p[0].startswith("trainer.")]
     _spawn(_core_worker, cfg)
 

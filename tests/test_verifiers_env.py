@@ -110,7 +110,7 @@ CALL_TEXT = '<tool_call>{"name": "calc", "arguments": {"expr": "11*14"}}</tool_c
 
 
 def _tiny(max_positions=512):
-    from rlcore.run import compose
+    from rlcore.plan.compose import compose
     cfg = compose([f"model.arch.max_position_embeddings={max_positions}"])
     tok = build_tokenizer(cfg.model)
     torch.manual_seed(0)

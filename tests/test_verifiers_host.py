@@ -49,7 +49,7 @@ def test_harness_id_null_is_the_tool_less_loop_in_process(tasksets):
     from rlcore.engine.base import SamplingParams
     from rlcore.engine.hf_engine import HFEngine
     from rlcore.models.build import build_model, build_tokenizer
-    from rlcore.run import compose
+    from rlcore.plan.compose import compose
 
     env = make_env("verifiers", {"taskset": "host_calc", "on_reward_error": "zero",
                                  "env_config": {"agent": {"harness": {"id": None}}}}, seed=0)

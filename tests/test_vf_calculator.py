@@ -10,7 +10,7 @@ from rlcore.envs.catalog import make_env
 from rlcore.envs.tool_use import calculate
 from rlcore.envs.vf_calculator import call_text
 from rlcore.models.build import build_tokenizer
-from rlcore.run import compose
+from rlcore.plan.compose import compose
 
 
 class ScriptedPolicy(RolloutEngine):

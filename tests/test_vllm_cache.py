@@ -8,7 +8,7 @@ from pathlib import Path
 
 from rlcore.engine.vllm.vllm_cache import CompileCache, compile_cache, compile_key, content_hash, model_dir
 from rlcore.engine.vllm.vllm_model_dir import engine_args
-from rlcore.run import compose
+from rlcore.plan.compose import compose
 
 
 def writer(text: str):

@@ -194,8 +194,8 @@ def test_shape_count_env():
 
 
 def test_validation_messages():
-    from rlcore.run import compose
-    from rlcore.config.validate import problems
+    from rlcore.plan.compose import compose
+    from rlcore.plan.validate import problems
 
     keys = dict(problems(compose(["+recipe=shape_count", "model=tiny_char"])))
     assert "images" in keys.get("env.name", "")
@@ -212,7 +212,7 @@ def test_vllm_engine_from_config_writes_a_processor_ready_model_dir(monkeypatch,
     import os
 
     from rlcore.engine.vllm.vllm_engine import VLLMEngine
-    from rlcore.run import compose
+    from rlcore.plan.compose import compose
 
     monkeypatch.setattr("tempfile.tempdir", str(tmp_path))
     seen = {}

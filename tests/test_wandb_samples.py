@@ -11,8 +11,8 @@ import pytest
 
 from rlcore.config import LoggerConfig
 from rlcore.meta import group_meta
-from rlcore.metrics import MetricsLogger
-from rlcore.samples import due, sample_rows
+from rlcore.report.metrics import MetricsLogger
+from rlcore.report.samples import due, sample_rows
 from rlcore.types import Group, Sample, Task
 
 REPO = Path(__file__).resolve().parent.parent

@@ -23,7 +23,7 @@ from rlcore.engine.registry import (
 )
 from rlcore.engine.vllm.vllm_engine import VLLMEngine
 from rlcore.models.build import build_model, build_tokenizer
-from rlcore.run import compose
+from rlcore.plan.compose import compose
 from rlcore.trainer.core import free_port
 from rlcore.trainer.export import parameter_metas
 from rlcore.transfer import (

@@ -7,7 +7,7 @@ import os
 import torch
 import torch.multiprocessing as mp
 
-from rlcore.run import compose
+from rlcore.plan.compose import compose
 
 
 def _rank(rank, port, out):

@@ -1,19 +1,15 @@
 """The schema and a config as OmegaConf nodes: the node Hydra composes against, the composed
 node as a :class:`RunConfig` and back (config.yaml, `--cfg job`, loggers, checkpoints), plug-in
-engines' sections (:mod:`rlcore.config.plugins`) included each way; and the run folder claimed
-for a config (its lock, its config.yaml)."""
+engines' sections (:mod:`rlcore.config.plugins`) included each way."""
 
 from __future__ import annotations
 
-from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from rlcore.config.errors import ConfigError
 from rlcore.config.plugins import plugin_sections, set_plugin_sections
 from rlcore.config.schema import RunConfig
-from rlcore.rundir import FolderInUse, hold_output_dir, restart_series
 
 ENGINE_GROUPS = ("rollout", "teacher")
 """Sections that hold one section per engine (`rollout.vllm`, `teacher.hf`, ...)."""
@@ -56,25 +52,3 @@ def to_node(cfg: RunConfig) -> DictConfig:
 def config_dict(cfg: RunConfig) -> dict[str, Any]:
     """The resolved config as plain containers (for config.yaml, checkpoints and loggers)."""
     return OmegaConf.to_container(to_node(cfg), resolve=True)
-
-
-def claim_output_dir(cfg: RunConfig) -> tuple[Path, IO]:
-    """Create `output_dir`, take its run lock (`rlcore.rundir.hold_output_dir`: a folder another
-    live run holds is refused), cut a resume's series back to step 0 when it has no checkpoint,
-    and write the composed config as config.yaml. Returns (folder, the open lock); ConfigError
-    naming `output_dir` when the folder is held, or cannot be made or written."""
-    out = Path(cfg.output_dir).expanduser()
-    try:
-        lock = hold_output_dir(out)
-    except FolderInUse as exc:
-        raise ConfigError("output_dir", str(exc)) from None
-    except OSError as exc:
-        raise ConfigError("output_dir", f"{cfg.output_dir!r}: {exc.strerror or exc}") from None
-    try:
-        if cfg.mode == "rl":
-            restart_series(cfg)
-        OmegaConf.save(to_node(cfg), out / "config.yaml")
-    except OSError as exc:
-        lock.close()
-        raise ConfigError("output_dir", f"{cfg.output_dir!r}: {exc.strerror or exc}") from None
-    return out, lock

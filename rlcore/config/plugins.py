@@ -3,7 +3,7 @@ registered at run time (:func:`rlcore.engine.registry.register_engine`).
 
 The schema classes stay as declared (the built-in engines' sections are fields of
 `RolloutConfig` / `TeacherConfig`). A plug-in's section lives in the table below; the schema node
-Hydra composes against (:func:`rlcore.config.keys.schema`) adds it, typed by the plug-in's
+Hydra composes against (:func:`rlcore.plan.keys.schema`) adds it, typed by the plug-in's
 options dataclass, and a composed config carries it as an attribute of its `rollout` / `teacher`
 instance. Unregistering the engine removes it from the table, so later configs lack it.
 """

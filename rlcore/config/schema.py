@@ -2,7 +2,7 @@
 
 Hydra composes YAML from ``conf/`` and ``recipes/`` on top of these structured configs, so a key
 that is not declared here, or a value of the wrong type, is rejected while composing.
-Cross-field rules (ranges, layouts, resources) live in :mod:`rlcore.config.validate`.
+Cross-field rules (ranges, layouts, resources) live in :mod:`rlcore.plan.validate`.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The teacher section of the config schema (on-policy distillation, `teacher.*`).
 
 Kept out of :mod:`rlcore.config` only for size; :class:`rlcore.config.RunConfig` holds it as
-`teacher`. Cross-field rules live in :func:`rlcore.teacher.config_problems`.
+`teacher`. Cross-field rules live in :func:`rlcore.plan.teacher.config_problems`.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Engine plug-ins: one table maps an engine name to everything the rest of rlcore asks about it.
 
-Validation (`rlcore.config.validate`), placement (`rlcore.placement`), the plan (`rlcore.plan`) and the
+Validation (`rlcore.plan.validate`), placement (`rlcore.plan.placement`), the plan (`rlcore.plan.layout`) and the
 rollout and teacher actors (`actors/`) read an engine's :class:`EngineSpec` and never branch on
 its name. The weight transports never read it: the actors pass them the transport's name
 (:func:`weight_transport`) and the engine's worker count (:func:`tensor_parallel_size`). The class is named by its import path, so this
@@ -72,7 +72,7 @@ class EngineSpec:
     """Options of its section that only a rollout engine reads (a teacher never receives
     weights nor sleeps): a teacher's section must leave them at their defaults."""
     problems: Callable[[RunConfig], list[tuple[str, str]]] | None = None
-    """Its own config checks (run by `rlcore.config.validate`), as (key, message) pairs."""
+    """Its own config checks (run by `rlcore.plan.validate`), as (key, message) pairs."""
     scores_top_k: bool = False
     """It implements `RolloutEngine.score_top_k_batch` (a teacher with `teacher.top_k` > 0)."""
 

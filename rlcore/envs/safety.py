@@ -279,7 +279,7 @@ def call_with_deadline(fn: Callable[..., Any], *args: Any, timeout_s: float,
 
 def check_safety_args(reward_timeout_s: float, on_reward_error: str, reward_isolation: str,
                       max_abandoned_threads: int = 4) -> None:
-    """Raise ValueError("env.args.KEY: ...") for a bad safety setting (see rlcore.config.validate)."""
+    """Raise ValueError("env.args.KEY: ...") for a bad safety setting (see rlcore.plan.validate)."""
     if reward_timeout_s is None or reward_timeout_s < 0:
         raise ValueError(f"env.args.reward_timeout_s: must be >= 0 (0 = no deadline), got {reward_timeout_s!r}")
     if on_reward_error not in ON_ERROR:

@@ -59,7 +59,7 @@ def test_server_uses_vllm_parser():
     from rlcore.engine.base import Generation, SamplingParams
     from rlcore.engine.hf_engine import HFEngine
     from rlcore.models.build import build_model
-    from rlcore.run import compose
+    from rlcore.plan.compose import compose
     from rlcore.serving.openai_server import OpenAIServer
 
     tok = _tokenizer()

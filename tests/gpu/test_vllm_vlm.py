@@ -34,7 +34,7 @@ def test_vllm_vlm_image_prompt_sync_and_canary():
     from rlcore.envs.base import task_images
     from rlcore.models.build import build_model, build_tokenizer
     from rlcore.models.vision import expand_image_tokens
-    from rlcore.run import compose
+    from rlcore.plan.compose import compose
 
     cfg = compose(OVERRIDES)
     tok = build_tokenizer(cfg.model)

@@ -16,7 +16,7 @@ KEY = "rollout.vllm"
 def vllm_problems(cfg: RunConfig) -> list[tuple[str, str]]:
     """The section's values; the engine arguments its fields own; whole GPUs per engine under
     split placement (colocated or `auto` engines take a share of one GPU, which
-    `rlcore.placement.placement_problems` checks once the placement is resolved); what the
+    `rlcore.plan.placement.placement_problems` checks once the placement is resolved); what the
     colocated IPC receive cannot serve once placement is colocated."""
     r, v = cfg.rollout, cfg.rollout.vllm
     out: list[tuple[str, str]] = []

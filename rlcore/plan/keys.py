@@ -163,7 +163,7 @@ def env_arg_problems(env_name: str, cls: type, args: dict[str, Any]) -> list[tup
 
 
 NODE_LABELS = ("cluster.trainer_node_labels", "cluster.rollout_node_labels")
-"""Mappings of Ray node labels: any label key may be set (checked by `rlcore.node_fit`)."""
+"""Mappings of Ray node labels: any label key may be set (checked by `rlcore.plan.node_fit`)."""
 
 
 def typed_env_arg_override(override: str) -> str:

@@ -5,29 +5,29 @@ the key it is about, through the one `validate`.
 in the error's one-line `str()`); `problems(cfg)` lists the config's own problems,
 `machine_problems(cfg)` what this machine lacks for it (model source, output_dir) and
 `cluster_problems(cfg, capacity)` what the machine or Ray cluster lacks for the placed run.
-The checks of the command line around composition are :mod:`rlcore.config.overrides`."""
+The checks of the command line around composition are :mod:`rlcore.plan.overrides`."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
 
-from rlcore import checkpoint_dirs
+from rlcore.storage import checkpoint_dirs
 from rlcore.algo import validate_algo  # the algorithm family validates its own switches
 from rlcore.config.errors import raise_problems
-from rlcore.config.keys import env_arg_problems
+from rlcore.plan.keys import env_arg_problems
 from rlcore.config.schema import RunConfig
 from rlcore.engine.registry import engine_names, engine_problems, engine_spec
 from rlcore.envs import make_env, registered, resolve_env
 from rlcore.models.shipped import is_shipped, shipped_problems
 from rlcore.models.source import gguf_problems, model_path_problems
 from rlcore.models.vl_names import VL_MODEL_TYPES, is_vl_arch
-from rlcore.node_fit import NodeCapacity, fit_problems, label_problems
-from rlcore.placement import PLACEMENTS, placement_problems
-from rlcore.plan import group_bundles
-from rlcore.rundir import output_dir_problems
-from rlcore.teacher import config_problems as teacher_config_problems
-from rlcore.teacher import teacher_resources
+from rlcore.plan.node_fit import NodeCapacity, fit_problems, label_problems
+from rlcore.plan.placement import PLACEMENTS, placement_problems
+from rlcore.plan.layout import group_bundles
+from rlcore.storage.rundir import output_dir_problems
+from rlcore.plan.teacher import config_problems as teacher_config_problems
+from rlcore.plan.teacher import teacher_resources
 from rlcore.trainer.options import (
     AC_MODES,
     FP8_RECIPES,
@@ -314,7 +314,7 @@ def resource_problems(cfg: RunConfig, cpus: float, gpus: float, where: str) -> l
     teacher_cpu, teacher_gpu = teacher_resources(cfg)
     need_cpu = nt * t.cpus_per_rank + nr * r.cpus_per_actor + teacher_cpu
     need_gpu = nt * t.gpus_per_rank + nr * r.gpus_per_actor + teacher_gpu
-    if cfg.placement == "colocated":  # trainer rank i, engine i (and a GPU teacher) share GPU i (rlcore.placement)
+    if cfg.placement == "colocated":  # trainer rank i, engine i (and a GPU teacher) share GPU i (rlcore.plan.placement)
         need_gpu = max(nt, nr)
     teacher = f" + teacher {teacher_cpu:g} CPUs / {teacher_gpu:g} GPUs" if cfg.teacher.enabled else ""
     out = []
@@ -354,10 +354,10 @@ class Capacity:
 
 
 def cluster_problems(cfg: RunConfig, on: Capacity) -> list[tuple[str, str]]:
-    """What `on` lacks for `cfg` placed on it (`rlcore.placement.resolve`): CPUs and GPUs for
+    """What `on` lacks for `cfg` placed on it (`rlcore.plan.placement.resolve`): CPUs and GPUs for
     the placement groups (`resource_problems`), then the placement's own needs
     (`placement_problems`), then whether each group's bundles fit the nodes its labels allow
-    (`rlcore.node_fit.fit_problems`)."""
+    (`rlcore.plan.node_fit.fit_problems`)."""
     found = (resource_problems(cfg, on.cpus, on.gpus, on.where)
              + placement_problems(cfg, on.gpus, on.gpu_bytes, on.where))
     if found:

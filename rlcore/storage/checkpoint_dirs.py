@@ -78,7 +78,7 @@ def resolve_resume(cfg) -> Path | None:
 
 
 def config_problems(cfg) -> list[tuple[str, str]]:
-    """Checks of `checkpoint.*` for `rlcore.config.validate` (the resume target must exist now)."""
+    """Checks of `checkpoint.*` for `rlcore.plan.validate` (the resume target must exist now)."""
     c = cfg.checkpoint
     out = [(key, f"must be >= 0, got {value!r}") for key, value in
            (("checkpoint.interval", c.interval), ("checkpoint.keep_last", c.keep_last)) if value is None or value < 0]

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from rlcore.config import LoggerConfig
-from rlcore.summary import is_zero_advantage
+from rlcore.report.summary import is_zero_advantage
 
 log = logging.getLogger("rlcore")
 
@@ -67,7 +67,7 @@ class MetricsLogger:
             self._progress.update(self._task, completed=metrics["step"])
 
     def reopen(self) -> None:
-        """Open metrics.jsonl again after `rlcore.rundir.truncate_series` cut it back: the cut
+        """Open metrics.jsonl again after `rlcore.storage.rundir.truncate_series` cut it back: the cut
         replaces the file, so rows written through the old handle would land in the unlinked one."""
         self._file.close()
         self._file = self.path.open("a", buffering=1)

@@ -11,8 +11,8 @@ from dataclasses import dataclass, field
 
 from rlcore.config import RunConfig
 from rlcore.engine.registry import memory_share, option_key, sleep_level, tensor_parallel_size
-from rlcore.memory_plan import GIB, trainer_memory
-from rlcore.placement import colocated_shares, placement_problems, resolve
+from rlcore.plan.memory import GIB, trainer_memory
+from rlcore.plan.placement import colocated_shares, placement_problems, resolve
 
 
 @dataclass

@@ -25,7 +25,12 @@ import uuid
 from pathlib import Path
 from typing import IO
 
-from rlcore.checkpoint_dirs import checkpoint_root, latest_checkpoint, list_checkpoints, resolve_resume, resume_request
+from omegaconf import OmegaConf
+
+from rlcore.config.errors import ConfigError
+from rlcore.config.nodes import to_node
+from rlcore.config.schema import RunConfig
+from rlcore.storage.checkpoint_dirs import checkpoint_root, latest_checkpoint, list_checkpoints, resolve_resume, resume_request
 
 log = logging.getLogger("rlcore")
 
@@ -164,3 +169,25 @@ def last_checkpoint_hint(cfg) -> str:
     """Where a stopped run can continue from, in a few words."""
     path = latest_checkpoint(checkpoint_root(cfg))
     return f"last checkpoint: {path} (resume=true continues from it)" if path else "no checkpoint was written yet"
+
+
+def claim_output_dir(cfg: RunConfig) -> tuple[Path, IO]:
+    """Create `output_dir`, take its run lock (`hold_output_dir`: a folder another
+    live run holds is refused), cut a resume's series back to step 0 when it has no checkpoint,
+    and write the composed config as config.yaml. Returns (folder, the open lock); ConfigError
+    naming `output_dir` when the folder is held, or cannot be made or written."""
+    out = Path(cfg.output_dir).expanduser()
+    try:
+        lock = hold_output_dir(out)
+    except FolderInUse as exc:
+        raise ConfigError("output_dir", str(exc)) from None
+    except OSError as exc:
+        raise ConfigError("output_dir", f"{cfg.output_dir!r}: {exc.strerror or exc}") from None
+    try:
+        if cfg.mode == "rl":
+            restart_series(cfg)
+        OmegaConf.save(to_node(cfg), out / "config.yaml")
+    except OSError as exc:
+        lock.close()
+        raise ConfigError("output_dir", f"{cfg.output_dir!r}: {exc.strerror or exc}") from None
+    return out, lock

@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import os
 import re
+import sys
 from pathlib import Path
+
+from rlcore.config.errors import ConfigError
 
 ACTOR_LOG_DIR = "logs"
 
@@ -66,3 +69,13 @@ def report_error(message: str, output_dir: str) -> str:
     except OSError:
         pass
     return error_line(message, output_dir)
+
+
+EXIT_CONFIG = 2
+
+
+def report_config_error(exc: ConfigError) -> int:
+    """Every problem on its own line, the first one first; exit code 2."""
+    for line in exc.lines():
+        print(f"rlcore: config error: {line}", file=sys.stderr)
+    return EXIT_CONFIG

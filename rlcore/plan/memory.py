@@ -36,7 +36,7 @@ from rlcore.engine.registry import (
     option_key,
     sleep_level,
 )
-from rlcore.teacher import gpu_share, teacher_run_config
+from rlcore.plan.teacher import gpu_share, teacher_run_config
 
 GIB = 2**30
 OVERHEAD_GIB = 2.0
@@ -148,7 +148,7 @@ def engine_min_bytes(cfg: RunConfig) -> int | None:
 
 def teacher_bytes(cfg: RunConfig, gpu_bytes: int) -> int:
     """What a GPU teacher sharing each colocated GPU holds: its vLLM `gpu_memory_utilization` x
-    the GPU (0 without one; an unset share is refused in `rlcore.teacher`)."""
+    the GPU (0 without one; an unset share is refused in `rlcore.plan.teacher`)."""
     t = cfg.teacher
     if not gpu_share(cfg):
         return 0

@@ -13,7 +13,7 @@ import logging
 
 from omegaconf import OmegaConf
 
-from rlcore.checkpoint_dirs import resolve_resume, saved_model_config
+from rlcore.storage.checkpoint_dirs import resolve_resume, saved_model_config
 
 log = logging.getLogger("rlcore")
 

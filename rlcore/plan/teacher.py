@@ -174,8 +174,8 @@ def gpu_share_problems(cfg: RunConfig) -> list[tuple[str, str]]:
     gpus_per_rank 0.5): then its memory share (the engine's `memory_share_kwarg`, vLLM's
     `teacher.vllm.engine_kwargs.gpu_memory_utilization`) must be set and stay within the share Ray reserves
     (vLLM's default 0.9 would starve the other tenant). Beside colocated trainer ranks and engines
-    the memory plan counts it (`rlcore.placement.colocated_teacher_problems`,
-    `rlcore.memory_plan.teacher_bytes`)."""
+    the memory plan counts it (`rlcore.plan.placement.colocated_teacher_problems`,
+    `rlcore.plan.memory.teacher_bytes`)."""
     t = cfg.teacher
     tp, share = tensor_parallel_size(t), engine_spec(t.engine).memory_share_kwarg
     if t.gpus_per_actor >= tp:

@@ -23,20 +23,20 @@ from rlcore.engine.registry import (
     sleep_level,
     tensor_parallel_size,
 )
-from rlcore.memory_plan import (
+from rlcore.plan.memory import (
     colocated_engine_fraction,
     engine_min_bytes,
     memory_problems,
 )
-from rlcore.teacher import gpu_share
+from rlcore.plan.teacher import gpu_share
 
 PLACEMENTS = ("auto", "colocated", "split")
 
 
 def colocated_shares(cfg: RunConfig) -> tuple[float, float]:
     """(GPU of each colocated bundle, GPU of the trainer rank and of the engine in it): 1 - T and
-    (1 - T) / 2, T = `rlcore.teacher.gpu_share`. Ray's bookkeeping only; memory is planned by
-    `rlcore.memory_plan`."""
+    (1 - T) / 2, T = `rlcore.plan.teacher.gpu_share`. Ray's bookkeeping only; memory is planned by
+    `rlcore.plan.memory`."""
     bundle = round(1.0 - gpu_share(cfg), 4)  # Ray counts resources in 1e-4 units
     return bundle, bundle / 2
 
@@ -137,7 +137,7 @@ def placement_problems(cfg: RunConfig, gpus: float, gpu_bytes: int | None, where
 def colocated_teacher_problems(cfg: RunConfig) -> list[tuple[str, str]]:
     """A GPU teacher beside colocated trainer ranks and engines: an engine with a GPU memory share
     (vLLM's `gpu_memory_utilization`, planned with the others), a share below one GPU, at most one
-    teacher per GPU. Its share and memory fraction themselves are checked in `rlcore.teacher`."""
+    teacher per GPU. Its share and memory fraction themselves are checked in `rlcore.plan.teacher`."""
     t, share = cfg.teacher, gpu_share(cfg)
     if not share:
         return []

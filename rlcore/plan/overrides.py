@@ -1,4 +1,4 @@
-"""Checks around Hydra's composition (:func:`rlcore.run.compose`), each raising ConfigError:
+"""Checks around Hydra's composition (:func:`rlcore.plan.compose.compose`), each raising ConfigError:
 the recipe named, every key the command line sets (and the config group options it picks), Hydra's and OmegaConf's own errors (one
 line naming the key), the composed config's keys (a recipe's or YAML file's misspelt ones),
 and engine options typed for an engine the run does not use.
@@ -15,7 +15,7 @@ from typing import Iterator
 from omegaconf import DictConfig
 
 from rlcore.config.errors import ConfigError, raise_problems
-from rlcore.config.keys import group_option_problem, multirun_hint, unknown_key, unknown_keys
+from rlcore.plan.keys import group_option_problem, multirun_hint, unknown_key, unknown_keys
 from rlcore.config.schema import RunConfig
 from rlcore.engine.registry import inert_options
 

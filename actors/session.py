@@ -1,0 +1,78 @@
+"""The Ray session of a run: where it connects (`cluster.address`, RAY_ADDRESS, or a local
+cluster this process starts), the settings a local cluster gets before `ray` is imported, the
+start itself (retried once), and the live nodes a placement is checked against."""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+
+from rlcore.config import ClusterConfig, RunConfig
+from rlcore.plan.node_fit import NodeCapacity
+from rlcore.plan.overrides import one_line
+from rlcore.report.console import quiet_ray_environment
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def local_ray_environment() -> None:
+    """Settings for a single-node Ray started by this process; Ray reads them at import."""
+    # the cluster shares this interpreter and checkout: keep Ray's `uv run` integration from
+    # packaging the working dir and building a new venv for every worker
+    os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
+    # single-node mode: Ray, gloo and the weight-sync store all stay on the loopback address
+    os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+    # every actor has a runtime_env of its own (actors.logs.runtime_env), so the idle workers Ray
+    # prestarts for the driver's job never host one: they only take CPU while the run starts
+    os.environ.setdefault("RAY_prestart_worker_first_driver", "0")
+    quiet_ray_environment()
+
+
+def ray_address(cluster: ClusterConfig) -> str | None:
+    """The Ray cluster to join: `cluster.address`, else RAY_ADDRESS; None starts a local one."""
+    return cluster.address or os.environ.get("RAY_ADDRESS") or None
+
+
+class RayStartError(RuntimeError):
+    """Ray could not be started or reached; the message says what to try."""
+
+
+def start_ray(cfg: RunConfig) -> None:
+    """`ray.init` for this run: connect to `cluster.address` / RAY_ADDRESS, or start a local
+    cluster. A local start that fails (e.g. "the current node timed out during startup" on a
+    loaded machine) is retried once after a clean shutdown; connecting is not retried (the
+    address is wrong or the cluster is down). Raises RayStartError with one line."""
+    import ray
+    address = ray_address(cfg.cluster)
+    kwargs = dict(address=address, num_cpus=None if address else cfg.cluster.num_cpus,
+                  num_gpus=None if address else cfg.cluster.num_gpus, include_dashboard=False,
+                  # actors write to OUTPUT_DIR/logs/ (actors.logs); their errors come back as
+                  # exceptions of the remote calls, printed as one line that names the log file
+                  log_to_driver=False, logging_level=logging.WARNING,
+                  runtime_env={"env_vars": {"PYTHONPATH": os.pathsep.join(
+                      p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)}} if address is None else None)
+    attempts = 1 if address else 2
+    for attempt in range(1, attempts + 1):
+        try:
+            ray.init(**kwargs)
+            return
+        except Exception as exc:  # Ray raises plain Exception, RuntimeError, ConnectionError here
+            why = one_line(exc)
+            ray.shutdown()  # leaves nothing of the failed start behind
+            if attempt < attempts:
+                logging.getLogger("rlcore").warning("Ray failed to start (%s); retrying once", why)
+                continue
+            if address:
+                raise RayStartError(f"could not connect to the Ray cluster at {address} ({why}); check that it "
+                                    "is running (`ray status`) and that cluster.address / RAY_ADDRESS is right") from exc
+            raise RayStartError(f"the local Ray cluster did not start, twice ({why}); the machine may be "
+                                "overloaded: retry, lower cluster.num_cpus, or start Ray yourself "
+                                "(`ray start --head`) and set RAY_ADDRESS") from exc
+
+
+def live_nodes() -> list[NodeCapacity]:
+    """The alive nodes of the connected Ray cluster: total CPUs, GPUs and labels of each."""
+    import ray
+    return [NodeCapacity(n["NodeID"], n["Resources"].get("CPU", 0.0), n["Resources"].get("GPU", 0.0),
+                         dict(n.get("Labels") or {})) for n in ray.nodes() if n["Alive"]]

@@ -1,0 +1,7 @@
+"""Whether a run can run and where it goes, decided before Ray starts: composing the config
+(:mod:`.compose`), key checks and overrides (:mod:`.keys`, :mod:`.overrides`), the one
+`validate` (:mod:`.validate`), placement (:mod:`.placement`), the GPU memory plan
+(:mod:`.memory`), the placement plan and dry run (:mod:`.layout`), node fit (:mod:`.node_fit`),
+the teacher's derived config (:mod:`.teacher`) and the model a resumed checkpoint carries
+(:mod:`.resume_model`). Ray-free; it imports the core packages and `rlcore.config`, never
+`actors` or `rlcore.run`."""

@@ -1,0 +1,58 @@
+"""Composing a run's config: conf/config.yaml, the recipe (`+recipe=NAME`, recipes/NAME.yaml)
+and the command-line overrides, through Hydra's compose API, typed against the schema.
+
+Every entry point that reads a config as a run does (`rlcore.run`, `rlcore.mismatch`,
+`launch.placement_check`, the benchmarks) composes here; nothing imports `rlcore.run`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from rlcore.config import RunConfig
+from rlcore.config.errors import raise_problems
+from rlcore.config.nodes import schema_node, to_run_config
+from rlcore.plan.keys import typed_env_arg_override
+from rlcore.plan.overrides import check_composed_keys, check_override_keys, check_recipe, check_typed_options, composition_errors
+from rlcore.plan.resume_model import explicit_model_keys, use_checkpoint_model
+
+REPO = Path(__file__).resolve().parents[2]
+CONF_DIR = REPO / "conf"
+RECIPES_DIR = REPO / "recipes"
+
+
+def recipes() -> list[str]:
+    return sorted(p.stem for p in RECIPES_DIR.glob("*.yaml"))
+
+
+def compose(overrides: list[str]) -> RunConfig:
+    """Hydra composition of conf/config.yaml, the recipe, and the command-line overrides,
+    typed against the RunConfig schema. A key the schema does not declare is refused, with or
+    without `+`. Raises ConfigError."""
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+    from hydra.core.config_store import ConfigStore
+    from hydra.core.global_hydra import GlobalHydra
+
+    recipe = None
+    for o in overrides:
+        key, _, value = o.lstrip("+").partition("=")
+        if key == "recipe":
+            recipe = value
+            check_recipe(value, recipes())
+    overrides = ["+recipe=" + recipe if o.lstrip("+").startswith("recipe=") else o for o in overrides]
+    # `resume=true|PATH` is the documented spelling of `checkpoint.resume=...`
+    overrides = ["checkpoint." + o.lstrip("+") if o.lstrip("+").startswith("resume=") else o for o in overrides]
+    check_override_keys(overrides, CONF_DIR)
+    overrides = [typed_env_arg_override(o) for o in overrides]
+
+    ConfigStore.instance().store(name="rlcore_schema", node=schema_node())
+    GlobalHydra.instance().clear()
+    with composition_errors(), initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
+        cfg = hydra_compose(config_name="config", overrides=overrides)
+    check_composed_keys(cfg)
+    obj = to_run_config(cfg)
+    obj.recipe = recipe
+    check_typed_options(obj, overrides)  # set on this command line for an engine the run does not use
+    raise_problems(use_checkpoint_model(obj, explicit_model_keys(overrides)))
+    return obj
