@@ -85,7 +85,6 @@ class TrainerRank:
         seconds (outside `train_time_s`). Colocated, the new weights are also written into this
         rank's IPC buffer before returning (`weights_pushed`, as `push_weights` returns it): the
         driver's sync is then one call, the engines' receive."""
-        lr = self.core.optimizer.param_groups[0]["lr"]  # the rate this step uses
         start = time.perf_counter()
         data = ray.get(work.data, timeout=self.cfg.trainer.step_timeout_s)
         micro_batches = rank_micro_batches(work, data)
@@ -102,13 +101,12 @@ class TrainerRank:
             if sleep_level(self.cfg.rollout):
                 from rlcore.engine.vllm.vllm_colocated import free_cached_memory
                 free_cached_memory()  # the engine on this GPU wakes into the memory the step used
-        return {**result.metrics, **memory, **pushed, "version": result.version, "lr": float(lr),
+        return {**result.metrics, **memory, **pushed, "version": result.version, "lr": result.lr,
                 "train_fetch_s": fetch_s}
 
     def sft_step(self, micro_batches: list[MicroBatch], global_loss_tokens: int) -> dict:
-        lr = self.cfg.sft.lr if self.cfg.sft.lr is not None else self.core.optimizer.param_groups[0]["lr"]
         result = self.core.sft_step(micro_batches, global_loss_tokens)
-        return {**result.metrics, "version": result.version, "lr": float(lr)}
+        return {**result.metrics, "version": result.version, "lr": result.lr}
 
     def save_checkpoint(self, path: str) -> bool:
         """Write this rank's shard into checkpoint directory `path` (collective)."""

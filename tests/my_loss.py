@@ -13,3 +13,11 @@ def loss(log_ratio, adv, cfg, ctx):
     """``(-A_t log pi(y_t), nothing clipped, ratio 1)``, all ``[T]``: the loss uses no ratio, so
     the ratio it reports is 1 on every token."""
     return -adv * ctx.logprobs, torch.zeros_like(ctx.mask), torch.ones_like(log_ratio)
+
+
+def scaled(log_ratio, adv, cfg, ctx, scale: float = 1.0, floor: float | None = None):
+    """REINFORCE with options (`algo.loss=tests.my_loss:scaled algo.loss_options={scale: 2.0}`):
+    ``-scale * max(A_t, floor) * log pi(y_t)``; ``floor=None`` keeps A as it is."""
+    if floor is not None:
+        adv = adv.clamp(min=floor)
+    return -scale * adv * ctx.logprobs, torch.zeros_like(ctx.mask), torch.ones_like(log_ratio)

@@ -5,6 +5,7 @@ fail on a violation planted in a copy of them.
 
 from __future__ import annotations
 
+import ast
 import shutil
 import subprocess
 import sys
@@ -26,7 +27,7 @@ def lint(contract: str, root: Path = REPO) -> subprocess.CompletedProcess:
 
 
 def test_every_contract_is_checked_here():
-    assert len(CONTRACTS) == 5
+    assert len(CONTRACTS) == 6
 
 
 @pytest.mark.parametrize("contract", CONTRACTS)
@@ -69,6 +70,17 @@ PLANTED = {  # id: (contract, {file: text appended, the file created if new}, th
                              "rlcore.step -> rlcore.trainer.core"),
     "serving-imports-envs": ("serving-without-envs", {"rlcore/serving/planted.py": "import rlcore.envs\n"},
                              "rlcore.serving.planted -> rlcore.envs"),
+    # the layers contract, one plant per boundary: each layer importing the one above it
+    "config-imports-a-core-package": ("layers", {"rlcore/config/planted.py": "from rlcore import packing\n"},
+                                      "rlcore.config.planted -> rlcore.packing"),
+    "core-imports-plan": ("layers", {"rlcore/envs/planted.py": "from rlcore.plan import validate\n"},
+                          "rlcore.envs.planted -> rlcore.plan.validate"),
+    "plan-imports-actors": ("layers", {"rlcore/plan/planted.py": "from actors import remote\n"},
+                            "rlcore.plan.planted -> actors.remote"),
+    "actors-import-an-entry-point": ("layers", {"actors/planted.py": "import rlcore.mismatch\n"},
+                                     "actors.planted -> rlcore.mismatch"),
+    "an-entry-point-imports-the-other": ("layers", {"rlcore/mismatch.py": "\nimport rlcore.run\n"},
+                                         "rlcore.mismatch -> rlcore.run"),
 }
 
 
@@ -94,3 +106,92 @@ def test_a_planted_violation_breaks_the_contract(copy_of_the_packages, plant):
 def test_the_copy_without_a_plant_keeps_the_contracts_the_real_tree_keeps(copy_of_the_packages):
     for contract in CONTRACTS:
         assert lint(contract, copy_of_the_packages).returncode == 0, contract
+
+
+def layered_modules() -> set[str]:
+    layers = next(c for c in tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["importlinter"]["contracts"]
+                  if c["id"] == "layers")["layers"]
+    return {m.strip() for layer in layers for m in layer.replace("|", ":").split(":")}
+
+
+def test_every_module_of_rlcore_is_in_a_layer():
+    """A new package or top-level module must be placed in the house, or the contract misses it."""
+    children = {f"rlcore.{p.stem}" for p in (REPO / "rlcore").iterdir()
+                if (p.suffix == ".py" and p.stem != "__init__") or (p.is_dir() and p.name != "__pycache__")}
+    assert children - layered_modules() == set()
+    assert layered_modules() - children - {"actors"} == set()  # and names nothing that is gone
+
+
+def package_of(module: str) -> str:
+    """The unit of the package graph: actors, a package of rlcore, or a top-level module of rlcore."""
+    parts = module.split(".")
+    return "actors" if parts[0] == "actors" else ".".join(parts[:2])
+
+
+def package_graph(root: Path) -> dict[str, set[str]]:
+    """Package -> the packages its modules import (any import statement, at any depth, from the AST)."""
+    graph: dict[str, set[str]] = {}
+    for path in [*(root / "rlcore").rglob("*.py"), *(root / "actors").rglob("*.py")]:
+        module = ".".join(path.relative_to(root).with_suffix("").parts).removesuffix(".__init__")
+        source = package_of(module)
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                names = [node.module] + [f"{node.module}.{alias.name}" for alias in node.names]
+            else:
+                continue
+            for name in names:
+                if name.split(".")[0] in ("rlcore", "actors") and name != "rlcore":
+                    target = package_of(name)
+                    exists = (root / (target.replace(".", "/") + ".py")).exists() or \
+                        (root / target.replace(".", "/")).is_dir()
+                    if target != source and exists:
+                        graph.setdefault(source, set()).add(target)
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one package (Tarjan's algorithm)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in sorted(graph.get(v, ())):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while (w := stack.pop()) != v:
+                component.append(w)
+            component.append(v)
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_no_package_imports_back_into_a_package_that_imports_it():
+    graph = package_graph(REPO)
+    assert cycles(graph) == []
+    assert graph.get("rlcore.config", set()) == set()  # the schema is a leaf
+
+
+def test_a_planted_package_cycle_is_found(copy_of_the_packages):
+    # rlcore.algo imports rlcore.config; a config module that imports algo back closes a cycle
+    planted = copy_of_the_packages / "rlcore" / "config" / "planted.py"
+    planted.write_text("def late():\n    from rlcore.algo import registry\n")
+    try:
+        assert ["rlcore.algo", "rlcore.config"] in cycles(package_graph(copy_of_the_packages))
+    finally:
+        planted.unlink()

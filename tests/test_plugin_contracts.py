@@ -120,6 +120,32 @@ def test_an_estimator_by_import_path_and_registered():
     assert any(k == "algo.name" for k, _ in validate_algo(AlgoConfig(name="median")))
 
 
+def test_a_loss_by_path_takes_its_options():
+    # l = -scale * max(A, floor) * logp on logp [-1, -2], A [1, -1]: scale 2, floor -0.5:
+    # -2 * 1 * -1 + -2 * -0.5 * -2 = 2 - 2 = 0; without options: -1 * -1 + 1 * -2 = 1 - 2 = -1
+    cfg = AlgoConfig(loss="tests.my_loss:scaled", loss_options={"scale": 2.0, "floor": -0.5})
+    assert validate_algo(cfg) == []
+    loss, _ = policy_loss(inputs([-1.0, -2.0], [1.0, 1.0], [1.0, -1.0]), cfg, 1.0)
+    assert loss.item() == pytest.approx(0.0)
+    plain, _ = policy_loss(inputs([-1.0, -2.0], [1.0, 1.0], [1.0, -1.0]), AlgoConfig(loss="tests.my_loss:scaled"), 1.0)
+    assert plain.item() == pytest.approx(-1.0)
+
+
+@pytest.mark.parametrize("overrides,message", [
+    (["algo.loss=tests.my_loss:scaled", "+algo.loss_options.sacle=2"],
+     "algo.loss_options: 'scaled'(log_ratio, adv, cfg, ctx, scale: float = 1.0, floor: float | None = None) "
+     "does not take ['sacle']"),
+    (["algo.loss=tests.my_loss:loss", "+algo.loss_options.scale=2"], "algo.loss_options: 'loss'"),
+    (["algo.loss=dapo", "+algo.loss_options.scale=2"],
+     "algo.loss_options: options are passed to a loss given by import path (algo.loss=pkg.mod:fn); "
+     "algo.loss=dapo is built in: set its own section (algo.dapo.*)"),
+])
+def test_loss_options_a_loss_cannot_take_are_one_line_before_start(overrides, message, tmp_path, capsys):
+    assert main([*overrides, f"output_dir={tmp_path}"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"rlcore: config error: {message}"), err
+
+
 @pytest.mark.parametrize("override,message", [
     ("algo.loss=tests.no_such_module:loss", "algo.loss: cannot import 'tests.no_such_module' (ModuleNotFoundError"),
     ("algo.loss=tests.my_loss:nope", "algo.loss: module 'tests.my_loss' has no 'nope'"),

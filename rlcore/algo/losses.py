@@ -117,16 +117,17 @@ def policy_loss(inp: LossInputs, cfg: AlgoConfig, normalizer: float) -> tuple[Te
     engine/staleness split with ``same_version``),
     ``kl_ref_sum`` and ``entropy_sum`` when those terms are on.
     """
-    return _policy_loss(inp, cfg, normalizer, loss_spec(cfg.loss))
+    options = dict(cfg.loss_options or {}) if ":" in cfg.loss else {}  # a loss by path takes its options
+    return _policy_loss(inp, cfg, normalizer, loss_spec(cfg.loss), options)
 
 
 def ppo_clip_loss(inp: LossInputs, cfg: AlgoConfig, normalizer: float) -> tuple[Tensor, dict[str, Tensor]]:
     """:func:`policy_loss` with the ``ppo_clip`` surrogate whatever ``cfg.loss`` says."""
-    return _policy_loss(inp, cfg, normalizer, loss_spec("ppo_clip"))
+    return _policy_loss(inp, cfg, normalizer, loss_spec("ppo_clip"), {})
 
 
 def _policy_loss(
-    inp: LossInputs, cfg: AlgoConfig, normalizer: float, spec: LossSpec
+    inp: LossInputs, cfg: AlgoConfig, normalizer: float, spec: LossSpec, options: dict
 ) -> tuple[Tensor, dict[str, Tensor]]:
     surrogate = function(spec.surrogate, "algo.loss")
     if spec.per_sequence and inp.sample_index is None:
@@ -149,7 +150,7 @@ def _policy_loss(
     ctx = SurrogateContext(mask=mask, sample_index=inp.sample_index, logprobs=torch.where(mask, logprobs, 0.0))
     adv = torch.where(mask, inp.advantages.float(), 0.0)
 
-    per_token, clipped, ratio = surrogate(log_ratio, adv, cfg, ctx)
+    per_token, clipped, ratio = surrogate(log_ratio, adv, cfg, ctx, **options)
     shapes = [tuple(t.shape) for t in (per_token, clipped, ratio)]
     if any(shape != tuple(log_ratio.shape) for shape in shapes):
         raise ValueError(f"algo.loss={spec.name}: the surrogate returned shapes {shapes}, "

@@ -157,36 +157,34 @@ def estimator_names() -> list[str]:
     return list(_ESTIMATORS)
 
 
+def _spec(name: str, key: str, table: dict[str, Any], kind: str, spec_type: type, wrap: Callable[[str, Any], Any],
+          what: str) -> Any:
+    """The spec ``key=name`` selects from ``table`` (a registered name), or the one an import
+    path ``module:attr`` names: a ``spec_type`` itself, or a function ``wrap`` turns into one."""
+    if ":" not in name:
+        if name not in table:
+            raise SpecError(key, f"unknown {kind} {name!r}; choose one of {', '.join(table)} "
+                                 "or give an importable module:function")
+        return table[name]
+    found = imported(name, key)
+    if isinstance(found, spec_type):
+        return found
+    if not callable(found):
+        raise SpecError(key, f"{name!r} is a {type(found).__name__}, not {what} or {spec_type.__name__}")
+    return wrap(name, found)
+
+
 def loss_spec(name: str) -> LossSpec:
     """The spec ``algo.loss=name`` selects: a registered name, or ``module:attr`` naming a
     :class:`LossSpec` or a surrogate (then a token-mean spec named by the path)."""
-    if ":" not in name:
-        if name not in _LOSSES:
-            raise SpecError("algo.loss", f"unknown loss {name!r}; choose one of {', '.join(_LOSSES)} "
-                                         "or give an importable module:function")
-        return _LOSSES[name]
-    found = imported(name, "algo.loss")
-    if isinstance(found, LossSpec):
-        return found
-    if not callable(found):
-        raise SpecError("algo.loss", f"{name!r} is a {type(found).__name__}, not a loss function or LossSpec")
-    return LossSpec(name, found)
+    return _spec(name, "algo.loss", _LOSSES, "loss", LossSpec, LossSpec, "a loss function")
 
 
 def estimator_spec(name: str) -> EstimatorSpec:
     """The spec ``algo.name=name`` selects: a registered name, or ``module:attr`` naming an
     :class:`EstimatorSpec` or an estimator function."""
-    if ":" not in name:
-        if name not in _ESTIMATORS:
-            raise SpecError("algo.name", f"unknown advantage estimator {name!r}; choose one of "
-                                         f"{', '.join(_ESTIMATORS)} or give an importable module:function")
-        return _ESTIMATORS[name]
-    found = imported(name, "algo.name")
-    if isinstance(found, EstimatorSpec):
-        return found
-    if not callable(found):
-        raise SpecError("algo.name", f"{name!r} is a {type(found).__name__}, not an estimator function or EstimatorSpec")
-    return EstimatorSpec(name, found)
+    return _spec(name, "algo.name", _ESTIMATORS, "advantage estimator", EstimatorSpec, EstimatorSpec,
+                 "an estimator function")
 
 
 def is_per_sequence(loss: str) -> bool:
@@ -198,8 +196,9 @@ def is_per_sequence(loss: str) -> bool:
         return False
 
 
-def _takes(key: str, fn: Callable[..., Any], params: str, count: int) -> list[Problem]:
-    """A problem when ``fn`` cannot be called with ``count`` positional arguments."""
+def _takes(key: str, fn: Callable[..., Any], params: str, count: int, options: dict[str, Any]) -> list[Problem]:
+    """A problem when ``fn`` cannot be called with ``count`` positional arguments and the
+    keyword arguments ``options``."""
     try:
         signature = inspect.signature(fn)
     except (TypeError, ValueError):  # a builtin or C function: its arguments are not known
@@ -208,11 +207,16 @@ def _takes(key: str, fn: Callable[..., Any], params: str, count: int) -> list[Pr
         signature.bind(*range(count))
     except TypeError:
         return [(key, f"{getattr(fn, '__qualname__', fn)!r} must take {params}, its signature is {signature}")]
+    try:
+        signature.bind(*range(count), **options)
+    except TypeError as exc:
+        return [("algo.loss_options", f"{getattr(fn, '__qualname__', fn)!r}{signature} does not take "
+                                      f"{sorted(options)} ({exc})")]
     return []
 
 
 def _selected(key: str, resolve: Callable[[str], Any], name: str, attr: str, params: str,
-              count: int) -> list[Problem]:
+              count: int, options: dict[str, Any] | None = None) -> list[Problem]:
     """Whether ``name`` resolves to a spec, and whether its function, when already imported (a
     path names it), takes ``params``. A function named by a string is only looked for (its
     module found, not run), so a built-in name keeps validation free of torch."""
@@ -221,7 +225,7 @@ def _selected(key: str, resolve: Callable[[str], Any], name: str, attr: str, par
     except SpecError as exc:
         return [exc.problem]
     if not isinstance(ref, str):
-        return _takes(key, ref, params, count)
+        return _takes(key, ref, params, count, options or {})
     module = ref.partition(":")[0]
     try:
         found = importlib.util.find_spec(module)
@@ -231,10 +235,20 @@ def _selected(key: str, resolve: Callable[[str], Any], name: str, attr: str, par
 
 
 def loss_problems(cfg: AlgoConfig) -> list[Problem]:
-    """``algo.loss`` selects a loss whose surrogate takes ``(log_ratio, adv, cfg, ctx)``; then
-    the checks of every registered loss, and of a spec given by path."""
-    return _selected("algo.loss", loss_spec, cfg.loss, "surrogate", "(log_ratio, adv, cfg, ctx)", 4) + \
-        _checks(cfg, cfg.loss, loss_spec, _LOSSES)
+    """``algo.loss`` selects a loss whose surrogate takes ``(log_ratio, adv, cfg, ctx,
+    **algo.loss_options)``; then the checks of every registered loss, and of a spec given by path."""
+    selected = _selected("algo.loss", loss_spec, cfg.loss, "surrogate", "(log_ratio, adv, cfg, ctx)", 4,
+                         dict(cfg.loss_options or {}))
+    return selected + _loss_options_problems(cfg) + _checks(cfg, cfg.loss, loss_spec, _LOSSES)
+
+
+def _loss_options_problems(cfg: AlgoConfig) -> list[Problem]:
+    """Options are for a loss given by import path; a built-in loss has its own section."""
+    if not cfg.loss_options or ":" in cfg.loss:
+        return []
+    return [("algo.loss_options", f"options are passed to a loss given by import path (algo.loss=pkg.mod:fn); "
+                                  f"algo.loss={cfg.loss} is built in: set its own section (algo.{cfg.loss}.*) "
+                                  "or the shared algo.* keys")]
 
 
 def estimator_problems(cfg: AlgoConfig) -> list[Problem]:

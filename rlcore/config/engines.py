@@ -12,6 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
+from rlcore.config.plugins import PluginSections
+
 
 @dataclass
 class VLLMOptions:
@@ -55,3 +57,32 @@ class HFOptions:
     """Rollout routing replay (MoE policies only): the engine returns each token's routed experts
     (hooks on the model's routers) and the trainer's MoE blocks use them instead of their own
     top-k (`rlcore.routing`). Rollout only."""
+
+
+@dataclass
+class EngineGroupConfig(PluginSections):
+    """What every group of engine actors sets (`rollout.*`, `teacher.*`): the engine, its
+    actors and their bundles, calls in flight, restarts, and each built-in engine's section (a
+    plug-in engine's section, `<group>.<section>.*`, is declared by its registration:
+    :mod:`rlcore.config.plugins`)."""
+
+    engine: str = "hf"
+    """`hf` (transformers engine, CPU or GPU) or `vllm` (GPU only): a name in `rlcore/engine/registry.py`;
+    the engine reads its own section (`<group>.vllm.*`, `<group>.hf.*`)."""
+    num_actors: int = 1
+    """Number of actors (engine replicas, one actor each, on the group's placement group)."""
+    cpus_per_actor: float = 1.0
+    """CPUs reserved in each of the group's bundles."""
+    gpus_per_actor: float = 0.0
+    """GPUs reserved in each of the group's bundles (0 = CPU; with the vllm engine >= vllm.tensor_parallel_size)."""
+    max_requests_per_actor: int = 2
+    """Calls in flight per actor (vLLM batches them continuously; more keeps a GPU busy, fewer
+    keeps a rollout request closer to the newest weights)."""
+    max_restarts: int = 3
+    """Times Ray restarts a dead actor (its calls in flight are counted failed; a rollout actor
+    then rejoins the weight group); -1 = always."""
+    vllm: VLLMOptions = field(default_factory=VLLMOptions)
+    """Options of the vllm engine (`<group>.vllm.*`; a teacher never receives weights, so the
+    rollout-only options must keep their defaults there)."""
+    hf: HFOptions = field(default_factory=HFOptions)
+    """Options of the hf engine (`<group>.hf.*`)."""

@@ -9,12 +9,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from rlcore.config.engines import HFOptions, VLLMOptions
-from rlcore.config.plugins import PluginSections
+from rlcore.config.engines import EngineGroupConfig
 
 
 @dataclass
-class TeacherConfig(PluginSections):
+class TeacherConfig(EngineGroupConfig):
     """A teacher group: engines that score the student's finished samples (on-policy distillation)."""
 
     enabled: bool = False
@@ -34,19 +33,6 @@ class TeacherConfig(PluginSections):
     """Seed of a random-weight teacher's initialisation."""
     dtype: str = "float32"
     """Teacher weight dtype (`float32`, `bfloat16`, `float16`)."""
-    engine: str = "hf"
-    """`hf` (transformers, CPU or GPU) or `vllm` (GPU); it reads its own section (`teacher.vllm.*`,
-    `teacher.hf.*`); the teacher never receives weights."""
-    num_actors: int = 1
-    """Teacher engine replicas (one actor each, on the teacher placement group)."""
-    cpus_per_actor: float = 1.0
-    """CPUs reserved in each teacher bundle."""
-    gpus_per_actor: float = 0.0
-    """GPUs reserved in each teacher bundle (0 = CPU; with the vllm engine >= vllm.tensor_parallel_size)."""
-    max_requests_per_actor: int = 2
-    """Score calls in flight per teacher actor (vLLM batches them; more hides latency)."""
-    max_restarts: int = 3
-    """Times Ray restarts a dead teacher actor (its calls in flight are counted failed); -1 = always."""
     score_timeout_s: float = 120.0
     """Longest one score call may take; its samples are then counted failed."""
     start_timeout_s: float = 600.0
@@ -65,8 +51,3 @@ class TeacherConfig(PluginSections):
     """Teacher's top-k next-token logprobs at every student position, fitted by a KL term (`rlcore.algo.distill.top_k_loss`); 0 = off."""
     top_k_coef: float = 1.0
     """Weight of the top-k distillation term (used when `top_k` > 0)."""
-    vllm: VLLMOptions = field(default_factory=VLLMOptions)
-    """Options of a vllm teacher (`teacher.vllm.*`: tensor_parallel_size, engine_kwargs; the
-    rollout-only options must keep their defaults)."""
-    hf: HFOptions = field(default_factory=HFOptions)
-    """Options of an hf teacher (`teacher.hf.*`)."""

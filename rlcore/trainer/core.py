@@ -72,6 +72,8 @@ def sft_loss(inp: LossInputs, normalizer: float) -> tuple[torch.Tensor, dict[str
 class StepResult:
     metrics: dict[str, float]
     version: int
+    lr: float
+    """The learning rate this step used (`sft.lr` in an SFT step when set, else the scheduler's)."""
 
 
 class TrainerCore:
@@ -201,6 +203,7 @@ class TrainerCore:
         by the world size to make the update the gradient of the global objective.
         """
         start = time.perf_counter()
+        lr = float(self.optimizer.param_groups[0]["lr"])  # before the scheduler sets the next step's
         self.model.train()
         # metric sums stay on the device until the step ends: no host sync between micro-batches
         sums: dict[str, torch.Tensor | float] = {"loss_tokens": 0.0, "tokens": 0.0}
@@ -241,7 +244,7 @@ class TrainerCore:
         extrema = {**self._all_reduce(maxima, dist.ReduceOp.MAX), **self._all_reduce(minima, dist.ReduceOp.MIN)}
         metrics = step_metrics(totals, extrema, grad_norm, time.perf_counter() - start)
         metrics.update(router_metrics(self.model))
-        return StepResult(metrics=metrics, version=self.version)
+        return StepResult(metrics=metrics, version=self.version, lr=lr)
 
     def _clip_grads(self) -> float:
         return clip_grad_norm(self.model, self.cfg.trainer.max_grad_norm, self.parallel)
