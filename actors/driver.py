@@ -32,7 +32,7 @@ from actors.remote import ActorDied, RunError, failed_names, get, refs_ready, wa
 from actors.rollout_group import RolloutGroup
 from actors.rollout_refs import log_sample_nodes, table_rows
 from actors.run_state import RunState, TaskFeed, groups_allowed_in_flight
-from actors.teacher import TeacherError, TeacherStage
+from actors.teacher import TeacherError, TeacherEvents, TeacherStage
 from actors.trainer_group import TrainerGroup
 from actors.weights import WeightSync
 from rlcore.report import samples
@@ -111,7 +111,7 @@ class Driver:
         if cfg.teacher.enabled and not teacher_meanwhile:
             # it shares the engines' and the trainer's GPU and sizes its memory from what they left
             with self.startup.phase("starting the teacher"):
-                self.teacher = TeacherStage(cfg, self.buffer.add, self.teacher_failed)
+                self.teacher = TeacherStage(cfg)
                 try:
                     self.teacher.start()
                 except TeacherError as exc:
@@ -125,7 +125,7 @@ class Driver:
 
     def launch_teacher(self) -> None:
         """Place and start the teacher; its model loads in the background (`poll_started`)."""
-        self.teacher = TeacherStage(self.cfg, self.buffer.add, self.teacher_failed)
+        self.teacher = TeacherStage(self.cfg)
         try:
             self.teacher.launch()
         except TeacherError as exc:
@@ -267,7 +267,7 @@ class Driver:
         """Expire what is overdue, note restarted engines, hand each finished ref to its owner,
         and stop a run that makes no progress; returns the completion tokens collected."""
         if self.teacher is not None:
-            self.teacher.expire()
+            self.from_teacher(self.teacher.expire())
         self.rollouts.expire()
         self.rollouts.poll()  # restarted engines that answered are noted (they join at a step boundary)
         tokens = 0
@@ -275,7 +275,7 @@ class Driver:
             if self.rollouts.owns(ref):
                 tokens += self.collect(ref)
             elif self.teacher is not None and self.teacher.owns(ref):
-                self.teacher.on_ready(ref)
+                self.from_teacher(self.teacher.on_ready(ref))
             elif self.hooks.owns(ref):
                 self.hooks.on_ready(ref, logger)
         try:
@@ -289,7 +289,7 @@ class Driver:
         returns completion tokens."""
         groups = self.rollouts.collect(ref)
         if self.teacher is not None:
-            self.teacher.submit(groups)  # the buffer gets them once scored
+            self.from_teacher(self.teacher.submit(groups))  # the buffer gets them once scored
         else:
             for group in groups:
                 self.buffer.add(group)
@@ -358,10 +358,14 @@ class Driver:
             **(self.teacher.step_metrics(step_time) if self.teacher is not None else {}),
         }
 
-    def teacher_failed(self, samples: int, why: str) -> None:
-        """A teacher score call failed: its samples are failed, counted under their reason."""
-        self.buffer.fail(samples)
-        self.failures.request_lost(samples, why, streak=False)  # the teacher stage has its own
+    def from_teacher(self, events: TeacherEvents) -> None:
+        """The teacher stage's events: scored groups go to the buffer; the samples of a failed
+        score call are failed, counted under their reason."""
+        for group in events.scored:
+            self.buffer.add(group)
+        for samples, why in events.failed:
+            self.buffer.fail(samples)
+            self.failures.request_lost(samples, why, streak=False)  # the teacher stage has its own
 
     def teacher_tasks(self) -> list[tuple[int, Task]]:
         """Tasks of the groups waiting for the teacher (a checkpoint puts them back, like generating ones)."""

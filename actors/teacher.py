@@ -85,14 +85,25 @@ class ScoreFailed(RuntimeError):
     """A score call whose teacher actor reported a scoring fault (the message is its reason)."""
 
 
+@dataclass
+class TeacherEvents:
+    """What the stage's calls produced, for the loop owner to act on: groups scored (or with
+    nothing to score), ready for the buffer; score calls lost, as (samples, reason)."""
+
+    scored: list[GroupMeta] = field(default_factory=list)
+    failed: list[tuple[int, str]] = field(default_factory=list)
+
+
 class TeacherStage:
     """Driver-side stage: queue, dispatch, collect and expire score calls; place and own the
-    teacher actors. It holds metadata and refs only: `add` hands scored groups (`GroupMeta`) on;
-    `fail(n, why)` counts n samples failed for reason `why`. `rollout.stop_after_failed_requests`
-    score calls failing in a row stop the run (TeacherError), as all-failed generate requests do."""
+    teacher actors. It holds metadata and refs only, and calls nothing of its owner: `submit`,
+    `on_ready` and `expire` return :class:`TeacherEvents` (the groups ready for the buffer, the
+    samples lost). `rollout.stop_after_failed_requests` score calls failing in a row stop the
+    run (TeacherError), as all-failed generate requests do."""
 
-    def __init__(self, cfg: RunConfig, add, fail):
-        self.cfg, self.add, self.fail = resolved(cfg), add, fail
+    def __init__(self, cfg: RunConfig):
+        self.cfg = resolved(cfg)
+        self.events = TeacherEvents()  # gathered by the flow methods, handed over by `_events`
         self.failed_in_a_row = 0
         self.pg: PlacementGroup | None = None
         self.actors: list = []
@@ -155,10 +166,15 @@ class TeacherStage:
         self.actors = []
 
     # -- flow ------------------------------------------------------------------------------------
-    def submit(self, groups: list[GroupMeta]) -> None:
+    def submit(self, groups: list[GroupMeta]) -> TeacherEvents:
         """Finished groups from one generate request: score them (now, or when a slot frees)."""
         self.queue.append(groups)
         self.dispatch()
+        return self._events()
+
+    def _events(self) -> TeacherEvents:
+        events, self.events = self.events, TeacherEvents()
+        return events
 
     def drop(self) -> None:
         """Forget the groups queued or being scored (a trainer restart goes back to a checkpoint
@@ -205,19 +221,20 @@ class TeacherStage:
             self._next = (actor + 1) % n
             groups = self.queue.popleft()
             if all(s.failed for g in groups for s in g.samples):  # nothing to score
-                for g in groups:
-                    self.add(g)
+                self.events.scored.extend(groups)
                 continue
             # top-level refs: Ray resolves them in the actor, the driver never reads them
             refs = self.actors[actor].score.options(num_returns=1 + len(groups)).remote(*[g.data for g in groups])
             self.pending[refs[0]] = ScoreRequest(actor, groups, time.perf_counter(), list(refs[1:]))
 
-    def on_ready(self, ref: ray.ObjectRef) -> None:
+    def on_ready(self, ref: ray.ObjectRef) -> TeacherEvents:
+        """A finished score call or restart probe of this stage (`owns(ref)`)."""
         if ref in self.probes:
             self._probed(ref)
         else:
             self._collect(ref)
         self.dispatch()
+        return self._events()
 
     def _collect(self, ref: ray.ObjectRef) -> None:
         req = self.pending.pop(ref)
@@ -240,13 +257,12 @@ class TeacherStage:
         last = self._busy_last.get(req.actor, 0.0)
         self._busy_step += busy - last if busy >= last else busy  # a restarted actor's clock starts at 0
         self._busy_last[req.actor] = busy
-        for g in groups:
-            self.add(g)
+        self.events.scored.extend(groups)
 
     def _failed(self, req: ScoreRequest, why: str) -> None:
         log.warning("teacher score call on teacher actor %d failed (%s): %d samples counted failed",
                     req.actor, why, req.samples)
-        self.fail(req.samples, f"teacher: {why}")
+        self.events.failed.append((req.samples, f"teacher: {why}"))
         self.stats.failed += req.samples
         self.failed_in_a_row += 1
         limit = self.cfg.rollout.stop_after_failed_requests
@@ -275,7 +291,7 @@ class TeacherStage:
         self.alive[actor] = True
         self._busy_last[actor] = 0.0
 
-    def expire(self) -> None:
+    def expire(self) -> TeacherEvents:
         """Score calls older than `teacher.score_timeout_s` count their samples failed; a probe
         older than `teacher.start_timeout_s` gives the actor up."""
         now = time.perf_counter()
@@ -291,6 +307,7 @@ class TeacherStage:
                 if not any(self.alive) and not self.probes:
                     raise TeacherError("teacher group: every teacher actor died or hangs")
         self.dispatch()
+        return self._events()
 
     # -- metrics ---------------------------------------------------------------------------------
     def step_metrics(self, step_time: float) -> dict[str, float]:

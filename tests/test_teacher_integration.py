@@ -104,7 +104,12 @@ def test_teacher_actor_reads_the_token_data_and_returns_new_driver_owned_groups(
 
     cfg = compose(small(tmp_path, teachers=1))
     added, failed = [], []
-    stage = TeacherStage(cfg, added.append, lambda n, why: failed.append((n, why)))
+
+    def take(events):  # what the driver does with the stage's events
+        added.extend(events.scored)
+        failed.extend(events.failed)
+
+    stage = TeacherStage(cfg)
     try:
         stage.start()
         ok = meta([sample([3, 4], [5, 6, 7]), sample([], [], failed=True)], 0)
@@ -112,7 +117,7 @@ def test_teacher_actor_reads_the_token_data_and_returns_new_driver_owned_groups(
         out_of_vocab = meta([sample([3], [10_000])], 2)  # the engine's embedding raises in the actor
         monkeypatch.setattr(ray_cluster, "get", recording_get)
         for g in (ok, all_failed, out_of_vocab):
-            stage.submit([g])
+            take(stage.submit([g]))
         assert stage.waiting_groups() == 2  # the all-failed one passed on at once
         # what a checkpoint puts back of the groups at the teacher (`Driver.teacher_groups`)
         assert [(g.stream_index, g.task) for g in stage.groups()] == [(0, ok.task), (2, out_of_vocab.task)]
@@ -120,8 +125,8 @@ def test_teacher_actor_reads_the_token_data_and_returns_new_driver_owned_groups(
         while stage.refs() and time.monotonic() < deadline:
             ready, _ = ray_cluster.wait(stage.refs(), num_returns=1, timeout=1.0)
             for ref in ready:
-                stage.on_ready(ref)
-            stage.expire()
+                take(stage.on_ready(ref))
+            take(stage.expire())
         monkeypatch.undo()
         assert not stage.refs() and stage.waiting_groups() == 0
         data_refs = {ok.data, all_failed.data, out_of_vocab.data} | {g.data for g in added}

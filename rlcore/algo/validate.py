@@ -65,5 +65,6 @@ def _length_penalty(cfg: AlgoConfig) -> list[Problem]:
 
 def validate_algo(cfg: AlgoConfig) -> list[Problem]:
     """Every problem of ``cfg`` (an ``AlgoConfig`` or the ``algo`` node of a composed config)
-    as ``(key, message)``; empty when valid. ``max_off_policy_steps`` is the driver's to check."""
+    as ``(key, message)``; empty when valid. ``max_off_policy_steps`` is a run-level key,
+    checked with the run in :func:`rlcore.plan.validate.validate`."""
     return _objective(cfg) + _corrections(cfg) + _length_penalty(cfg)
