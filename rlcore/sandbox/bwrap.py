@@ -96,6 +96,8 @@ def command(*, python_dir: str, seccomp_fd: int, supervisor_fd: int, guard_fd: i
             argv += ["--symlink", target, f"/{link}"]
         elif os.path.isdir(f"/{link}"):
             argv += ["--ro-bind", f"/{link}", f"/{link}"]
+    # bwrap makes a bound file's missing parents 0700 when privileged: /etc readable by every uid
+    argv += ["--perms", "0755", "--dir", "/etc"]
     for path in ETC_FILES:
         argv += ["--ro-bind-try", path, path]
     argv += ["--perms", "0755", "--dir", "/sandbox", "--ro-bind", python_dir, PYTHON_DIR,

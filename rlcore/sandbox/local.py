@@ -37,6 +37,7 @@ from pathlib import Path
 from rlcore.sandbox import bwrap
 from rlcore.sandbox.base import Limits, Sandbox, SandboxResult, check_relative
 from rlcore.sandbox.seccomp import data_fd, filter_bpf
+from rlcore.sandbox.supervisor import collect
 
 log = logging.getLogger("rlcore")
 _GUARD = Path(__file__).with_name("guard.py")
@@ -90,6 +91,8 @@ def _reason(returncode: int | None, stderr: str, status: dict, violations: list[
         return "timeout"
     if status.get("memory_exceeded"):
         return "memory_limit"
+    if status.get("work_dir_limit"):
+        return "work_dir_limit"
     if returncode == -signal.SIGXCPU:
         return "cpu_limit"
     if returncode == -signal.SIGKILL:
@@ -171,8 +174,10 @@ class LocalSandbox(Sandbox):
             violations = find_violations(stderr, status.get("leftover", 0))
             reason = _reason(returncode, stderr, status, violations, self.limits.cpu_s)
             if reason == "memory_limit" and status.get("memory_exceeded"):
-                violations.append(f"the process tree held {status['memory_mb']:.0f} MiB resident, over "
-                                  f"memory_mb={self.limits.memory_mb}: killed")
+                violations.append(f"the process tree held {status['memory_mb']:.0f} MiB (resident and socket "
+                                  f"buffers), over memory_mb={self.limits.memory_mb}: killed")
+            if status.get("work_dir_limit"):
+                violations.append(status["work_dir_limit"])
             return SandboxResult(returncode, stdout, stderr, reason, status.get("files", {}), duration, violations)
         finally:
             shutil.rmtree(base, ignore_errors=True)
@@ -242,7 +247,9 @@ class LocalSandbox(Sandbox):
             proc.wait()
         status = proc.returncode
         raw = (-status) if status < 0 else (status << 8)  # back to a wait status
-        return {"status": raw, "timed_out": timed_out, "leftover": 0, "files": _collect(workdir)}
+        files, hit = collect(workdir, self.limits.max_files)
+        report = {"status": raw, "timed_out": timed_out, "leftover": 0, "files": files}
+        return report | ({"work_dir_limit": f"the work directory holds {hit}"} if hit else {})
 
 
 def _read_until_eof(fd: int, deadline: float) -> bytes | None:
@@ -264,20 +271,3 @@ def _read_until_eof(fd: int, deadline: float) -> bytes | None:
 def _read_head(path: str) -> str:
     with open(path, "rb") as f:
         return f.read(_MAX_COLLECT).decode(errors="replace")
-
-
-def _collect(workdir: str) -> dict[str, str]:
-    """Text files left in the working directory (bounded; binary files are skipped)."""
-    out, budget = {}, _MAX_COLLECT
-    for root, _, names in os.walk(workdir):
-        for n in sorted(names):
-            path = os.path.join(root, n)
-            if os.path.islink(path) or os.path.getsize(path) > budget:
-                continue
-            try:
-                text = Path(path).read_text()
-            except (UnicodeDecodeError, OSError):
-                continue
-            budget -= len(text)
-            out[os.path.relpath(path, workdir)] = text
-    return out

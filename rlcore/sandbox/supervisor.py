@@ -9,12 +9,18 @@ input files) comes on stdin; the report (JSON: `status`, `cpu_s`, `timed_out`, `
 - The command (PID 2) gets, where the spec names a `uid` (a root caller), that uid and no groups
   (every capability goes with the change); its own session, rlimits (CPU, address space, file size, open files,
   processes), no core dumps, and every other file descriptor closed.
-- Every `poll_s` it reaps, checks the wall clock, and sums the resident memory of every process
-  in the namespace: above `memory_mb` the whole tree is killed. The kernel never delivers a signal
-  from inside the namespace to its PID 1, so the command cannot kill this process.
+- Every `poll_s` it reaps, checks the wall clock, and sums the memory the tree holds: the resident
+  memory of every process in the namespace and the buffers of every socket in its network
+  namespace (netlink sock_diag); above `memory_mb` the whole tree is killed. It also counts the
+  work directory's inodes (statvfs): above `max_files` the tree is killed (`work_dir_limit`).
+- The kernel delivers a signal sent from inside the namespace to its PID 1 only where PID 1 has a
+  handler; this process keeps none (Python's SIGINT handler is removed), so the command cannot
+  signal it, even where both share a uid (a non-root caller's user namespace).
 - When the command exits (or the tree is killed), whatever is still running outlived it: it is
   counted and killed; then (as the command's uid, its privileges given up for good) the text
-  files left in the work directory are read into the report.
+  files left in the work directory are read into the report by a bounded, iterative walk that
+  opens regular files only (never a FIFO, device, socket or link) and stops at `max_files`
+  entries or `MAX_DEPTH` levels (`work_dir_limit` in the report).
 """
 
 import ctypes
@@ -22,6 +28,9 @@ import json
 import os
 import resource
 import signal
+import socket
+import stat
+import struct
 import sys
 import time
 import warnings  # noqa: F401  (os.execvpe imports it lazily; load it before the limits apply)
@@ -29,6 +38,9 @@ import warnings  # noqa: F401  (os.execvpe imports it lazily; load it before the
 PR_SET_DUMPABLE = 4
 MAX_COLLECT = 256 * 1024  # bytes of files collected back per run
 PAGE = os.sysconf("SC_PAGE_SIZE")
+MAX_DEPTH = 64  # directory levels of the work directory read back
+NETLINK_SOCK_DIAG, SOCK_DIAG_BY_FAMILY, NLM_F_DUMP_REQUEST, NLMSG_ERROR, NLMSG_DONE = 4, 20, 0x301, 2, 3
+UDIAG_SHOW_MEMINFO, UNIX_DIAG_MEMINFO = 0x20, 5
 
 
 def set_limits(limits: dict) -> None:
@@ -40,12 +52,16 @@ def set_limits(limits: dict) -> None:
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
     resource.setrlimit(resource.RLIMIT_NOFILE, (256, 256))
     resource.setrlimit(resource.RLIMIT_NPROC, (limits["max_processes"], limits["max_processes"]))
+    resource.setrlimit(resource.RLIMIT_MSGQUEUE, (0, 0))  # POSIX message queues: kernel memory
+    resource.setrlimit(resource.RLIMIT_MEMLOCK, (0, 0))
 
 
 def command(spec: dict) -> None:
     """PID 2: become the untrusted command (never returns)."""
     try:
         os.closerange(3, 65536)  # the report fd above all: the command must not forge it
+        for sig in (signal.SIGPIPE, signal.SIGXFSZ):  # Python ignores them; a command gets the defaults
+            signal.signal(sig, signal.SIG_DFL)
         os.setsid()
         become(spec.get("uid"))
         set_limits(spec["limits"])
@@ -94,28 +110,110 @@ def write_inputs(workdir: str, files: dict) -> None:
             f.write(text)
 
 
-def collect(workdir: str) -> dict:
-    """Text files left in the work directory (bounded; binary files and links are skipped)."""
-    out, budget = {}, MAX_COLLECT
-    for root, _, names in os.walk(workdir):
-        for n in sorted(names):
-            path = os.path.join(root, n)
+def socket_mb(diag: socket.socket | None) -> float:
+    """Bytes queued in, or charged to, every AF_UNIX socket of this network namespace (MiB): kernel
+    memory no process's resident size shows (the only socket family the filter lets the command open)."""
+    if diag is None:
+        return 0.0
+    req = struct.pack("=BBHIII8x", socket.AF_UNIX, 0, 0, 0xFFFFFFFF, 0, UDIAG_SHOW_MEMINFO)
+    diag.send(struct.pack("=IHHII", 16 + len(req), SOCK_DIAG_BY_FAMILY, NLM_F_DUMP_REQUEST, 1, 0) + req)
+    total = 0
+    while True:
+        data = diag.recv(1 << 16)
+        at = 0
+        while at + 16 <= len(data):
+            length, kind = struct.unpack_from("=IH", data, at)
+            if kind in (NLMSG_DONE, NLMSG_ERROR) or length < 16:
+                return total / 2**20
+            attr, end = at + 32, at + length  # past nlmsghdr and unix_diag_msg
+            while attr + 4 <= end:
+                alen, atype = struct.unpack_from("=HH", data, attr)
+                if atype == UNIX_DIAG_MEMINFO and alen >= 4 + 16:
+                    rmem, _, wmem, _ = struct.unpack_from("=4I", data, attr + 4)
+                    total += rmem + wmem
+                attr += max(4, (alen + 3) & ~3)
+            at += (length + 3) & ~3
+
+
+def open_diag() -> socket.socket | None:
+    try:
+        diag = socket.socket(socket.AF_NETLINK, socket.SOCK_DGRAM, NETLINK_SOCK_DIAG)
+        socket_mb(diag)
+        return diag
+    except OSError:  # a kernel without unix_diag: resident memory only
+        return None
+
+
+def used_inodes(workdir: str) -> int:
+    st = os.statvfs(workdir)
+    return st.f_files - st.f_ffree
+
+
+def collect(workdir: str, max_entries: int) -> tuple[dict, str | None]:
+    """(text files left in the work directory, the walk limit it hit or None): an iterative walk
+    that lstat()s every entry, opens regular files only (non-blocking, never following a link),
+    skips names that are not UTF-8 and stops at `max_entries` entries or MAX_DEPTH levels."""
+    out, budget, seen, hit = {}, MAX_COLLECT, 0, None
+    stack = [("", 0)]
+    while stack and hit is None:
+        rel_dir, depth = stack.pop()
+        try:
+            with os.scandir(os.path.join(workdir, rel_dir) if rel_dir else workdir) as it:
+                entries = []
+                for entry in it:
+                    seen += 1
+                    if seen > max_entries:
+                        hit = f"more than {max_entries} entries"
+                        break
+                    entries.append(entry)
+        except OSError:
+            continue  # a directory the command made unreadable
+        for entry in sorted(entries, key=lambda e: e.name):
             try:
-                if os.path.islink(path) or os.path.getsize(path) > budget:
-                    continue
-                with open(path) as f:
-                    text = f.read()
-            except (UnicodeDecodeError, OSError):
+                entry.name.encode("utf-8")
+            except UnicodeEncodeError:
+                continue  # not UTF-8: no text key names it
+            rel = f"{rel_dir}/{entry.name}" if rel_dir else entry.name
+            try:
+                st = entry.stat(follow_symlinks=False)
+            except OSError:
                 continue
-            budget -= len(text)
-            out[os.path.relpath(path, workdir)] = text
-    return out
+            if stat.S_ISDIR(st.st_mode):
+                if depth + 1 >= MAX_DEPTH:
+                    hit = hit or f"deeper than {MAX_DEPTH} levels"
+                else:
+                    stack.append((rel, depth + 1))
+            elif stat.S_ISREG(st.st_mode) and st.st_size + len(rel) <= budget:
+                text = read_text(entry.path, budget - len(rel))
+                if text is not None:
+                    budget -= len(rel) + len(text)
+                    out[rel] = text
+    return out, hit
+
+
+def read_text(path: str, most: int) -> str | None:
+    """A regular file's text (None: not UTF-8, not readable, not a regular file, over `most`)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_NOCTTY)
+    except OSError:
+        return None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        data = os.read(fd, most + 1)
+        return data.decode() if len(data) <= most else None
+    except (OSError, UnicodeDecodeError):
+        return None
+    finally:
+        os.close(fd)
 
 
 def supervise(spec: dict) -> dict:
     """Run the command; the report without `files`."""
-    limit_mb, poll = spec["limits"]["memory_mb"], spec["poll_s"]
-    status, cpu, timed_out, leftover, peak, over = None, 0.0, False, 0, 0.0, False
+    limit_mb, poll, workdir = spec["limits"]["memory_mb"], spec["poll_s"], spec["workdir"]
+    max_inodes = spec["limits"]["max_files"] + used_inodes(workdir)  # the work dir's own inode counts too
+    status, cpu, timed_out, leftover, peak, over, files_over = None, 0.0, False, 0, 0.0, False, False
+    diag = open_diag()
     deadline = time.monotonic() + spec["timeout"]
     nap = 0.001  # short commands are seen to end at once; long ones cost one look per poll_s
     pid = os.fork()
@@ -131,9 +229,12 @@ def supervise(spec: dict) -> dict:
         if time.monotonic() >= deadline:
             timed_out = True
             break
-        peak = max(peak, resident_mb())
+        peak = max(peak, resident_mb() + socket_mb(diag))
         if peak > limit_mb:
             over = True
+            break
+        if used_inodes(workdir) > max_inodes:
+            files_over = True
             break
         time.sleep(nap)
         nap = min(nap * 2, poll)
@@ -148,16 +249,22 @@ def supervise(spec: dict) -> dict:
             break
         if done == pid:
             status, cpu = st, usage.ru_utime + usage.ru_stime
-        elif not over:  # a tree killed for its memory took the command with it: none outlived it
+        elif not (over or files_over):  # a tree killed for a limit took the command with it: none outlived it
             leftover += 1
-    return {"status": status, "cpu_s": cpu, "timed_out": timed_out, "leftover": leftover,
-            "memory_mb": round(peak, 1), "memory_exceeded": over}
+    if diag is not None:
+        diag.close()
+    report = {"status": status, "cpu_s": cpu, "timed_out": timed_out, "leftover": leftover,
+              "memory_mb": round(peak, 1), "memory_exceeded": over}
+    if files_over:
+        report["work_dir_limit"] = f"more than {spec['limits']['max_files']} files in the work directory: killed"
+    return report
 
 
 def main() -> int:
     report_fd = int(sys.argv[1])
     libc = ctypes.CDLL(None, use_errno=True)
     libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)  # /proc/1/fd and /proc/1/mem closed to the command
+    signal.signal(signal.SIGINT, signal.SIG_DFL)  # no handler: the kernel drops it when sent from inside
     spec = json.loads(sys.stdin.buffer.read())
     null = os.open(os.devnull, os.O_RDONLY)
     os.dup2(null, 0)
@@ -170,7 +277,12 @@ def main() -> int:
     else:
         report = supervise(spec)
         become(spec.get("uid"))
-        report["files"] = collect(spec["workdir"])
+        try:
+            report["files"], hit = collect(spec["workdir"], spec["limits"]["max_files"])
+        except Exception as exc:  # noqa: BLE001  (whatever the command left, the report goes out)
+            report["files"], hit = {}, f"reading it back failed: {type(exc).__name__}: {exc}"
+        if hit and "work_dir_limit" not in report:
+            report["work_dir_limit"] = f"the work directory holds {hit}: files read back from part of it"
     data = json.dumps(report).encode()
     while data:
         data = data[os.write(report_fd, data):]
