@@ -40,6 +40,9 @@ TRIES = {
     "AF_INET": lambda: socket.socket(socket.AF_INET, socket.SOCK_STREAM),
     "AF_INET6": lambda: socket.socket(socket.AF_INET6, socket.SOCK_DGRAM),
     "AF_NETLINK_route": lambda: socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, 0),
+    "AF_NETLINK_sock_diag": lambda: socket.socket(socket.AF_NETLINK, socket.SOCK_DGRAM, 4),
+    "timer_create": lambda: sys_(222, 1, None, ctypes.byref(ctypes.c_int())),
+    "io_setup": lambda: sys_(206, 8, ctypes.byref(ctypes.c_ulong())),
     "AF_ALG": lambda: socket.socket(38, socket.SOCK_SEQPACKET, 0),
     "AF_VSOCK": lambda: socket.socket(40, socket.SOCK_STREAM, 0),
 }
@@ -57,7 +60,7 @@ for name, fn in TRIES.items():
 def test_kernel_memory_sinks_are_refused_and_reported(who):
     r = run_as(who, ["python", "-I", "-c", SINKS], memory_mb=256)
     lines = dict(line.split(" ", 1) for line in r.stdout.strip().splitlines())
-    assert len(lines) == 21 and {k for k, v in lines.items() if v != "refused"} == set(), r.stdout + r.stderr
+    assert len(lines) == 24 and {k for k, v in lines.items() if v != "refused"} == set(), r.stdout + r.stderr
     assert r.reason == "sandbox_violation", vars(r)
 
 

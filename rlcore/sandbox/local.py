@@ -36,7 +36,7 @@ from pathlib import Path
 
 from rlcore.sandbox import bwrap
 from rlcore.sandbox.base import Limits, Sandbox, SandboxResult, check_relative
-from rlcore.sandbox.seccomp import data_fd, filter_bpf
+from rlcore.sandbox.seccomp import command_filter_bpf, data_fd, filter_bpf
 from rlcore.sandbox.supervisor import collect
 
 log = logging.getLogger("rlcore")
@@ -208,7 +208,8 @@ class LocalSandbox(Sandbox):
             for fd in passed:
                 os.close(fd)
         spec = {"argv": argv, "env": self._env(bwrap.WORKDIR, bwrap.GUARD_DIR), "files": files,
-                "workdir": bwrap.WORKDIR, "uid": uid, "timeout": timeout, "limits": vars(self.limits), "poll_s": _POLL_S}
+                "workdir": bwrap.WORKDIR, "uid": uid, "timeout": timeout, "limits": vars(self.limits), "poll_s": _POLL_S,
+                "command_filter": command_filter_bpf().hex()}
         try:
             proc.stdin.write(json.dumps(spec).encode())
             proc.stdin.close()

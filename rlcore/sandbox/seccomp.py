@@ -13,8 +13,10 @@ Also refused, as memory no per-process bound sees (issue 41): memfd_create and m
 System V shared memory, message queues and semaphores, POSIX message queues (mq_open),
 extended attributes (the setxattr family: kernel memory on the work tmpfs that its size does not
 count), inotify and fanotify, growing a pipe's buffer (fcntl F_SETPIPE_SZ), and sockets of any
-family but AF_UNIX (whose buffers the supervisor counts; the sandbox has no network anyway) and
-the supervisor's netlink sock_diag.
+family but AF_UNIX (whose buffers the supervisor counts; the sandbox has no network anyway),
+POSIX timers (timer_create: no rlimit bounds their number) and Linux AIO contexts (io_setup: a
+host-wide limit). The supervisor alone may open a netlink sock_diag socket: the command gets a
+second filter on top (:func:`command_filter_bpf`) that refuses every netlink socket.
 """
 
 from __future__ import annotations
@@ -39,7 +41,8 @@ REFUSED = ("unshare", "setns", "mount", "umount", "umount2", "pivot_root", "chro
            "open_by_handle_at", "name_to_handle_at", "lookup_dcookie", "uselib", "vhangup", "iopl", "ioperm",
            # kernel memory outside every process's resident size (issue 41)
            "memfd_create", "memfd_secret", "shmget", "shmat", "msgget", "semget", "mq_open", "setxattr",
-           "lsetxattr", "fsetxattr", "setxattrat", "inotify_init", "inotify_init1", "fanotify_init")
+           "lsetxattr", "fsetxattr", "setxattrat", "inotify_init", "inotify_init1", "fanotify_init",
+           "timer_create", "io_setup")
 NEWER_SYSCALLS = {"setxattrat": 463}
 """x86_64 numbers of refused calls an older libseccomp may not know by name (same number on
 every architecture with the generic table)."""
@@ -89,40 +92,60 @@ def _rule(lib, ctx, action: int, name: str, *cmps: _ArgCmp) -> None:
 _BPF: list[bytes] = []
 
 
+def _sandbox_rules(lib, ctx) -> None:
+    eperm = _errno_action(errno.EPERM)
+    for name in REFUSED:
+        _rule(lib, ctx, eperm, name)
+    for flag in CLONE_NEW.values():  # (flags & bit) == bit: any one new namespace refuses the clone
+        _rule(lib, ctx, eperm, "clone", _ArgCmp(0, SCMP_CMP_MASKED_EQ, flag, flag))
+    _rule(lib, ctx, _errno_action(errno.ENOSYS), "clone3")
+    _rule(lib, ctx, eperm, "ioctl", _ArgCmp(1, SCMP_CMP_MASKED_EQ, 0xFFFFFFFF, TIOCSTI))
+    _rule(lib, ctx, eperm, "fcntl", _ArgCmp(1, SCMP_CMP_EQ, F_SETPIPE_SZ, 0))
+    # sockets: AF_UNIX only, and netlink's sock_diag (how the supervisor counts their buffers)
+    for family in range(AF_UNIX + 1, AF_NETLINK):
+        _rule(lib, ctx, eperm, "socket", _ArgCmp(0, SCMP_CMP_EQ, family, 0))
+    _rule(lib, ctx, eperm, "socket", _ArgCmp(0, SCMP_CMP_GT, AF_NETLINK, 0))
+    _rule(lib, ctx, eperm, "socket", _ArgCmp(0, SCMP_CMP_EQ, AF_NETLINK, 0),
+          _ArgCmp(2, SCMP_CMP_NE, NETLINK_SOCK_DIAG, 0))
+
+
+def _command_rules(lib, ctx) -> None:
+    # netlink sockets' queues are not counted: only the supervisor may hold one
+    _rule(lib, ctx, _errno_action(errno.EPERM), "socket", _ArgCmp(0, SCMP_CMP_EQ, AF_NETLINK, 0))
+
+
+def _compile(lib, rules) -> bytes:
+    ctx = lib.seccomp_init(SCMP_ACT_ALLOW)
+    if not ctx:
+        raise OSError("libseccomp could not start a filter")
+    try:
+        rules(lib, ctx)
+        fd = os.memfd_create("rlcore-seccomp")
+        try:
+            rc = lib.seccomp_export_bpf(ctx, fd)
+            if rc != 0:
+                raise OSError(f"libseccomp could not export the filter: {os.strerror(-rc)}")
+            os.lseek(fd, 0, os.SEEK_SET)
+            return os.read(fd, 1 << 20)
+        finally:
+            os.close(fd)
+    finally:
+        lib.seccomp_release(ctx)
+
+
 def filter_bpf() -> bytes:
-    """The compiled filter (built once per process; OSError naming what is missing)."""
+    """The sandbox's filter, bwrap loads it for every process in it (built once per process;
+    OSError naming what is missing)."""
     if not _BPF:
         lib = _library()
-        ctx = lib.seccomp_init(SCMP_ACT_ALLOW)
-        if not ctx:
-            raise OSError("libseccomp could not start a filter")
-        try:
-            eperm = _errno_action(errno.EPERM)
-            for name in REFUSED:
-                _rule(lib, ctx, eperm, name)
-            for flag in CLONE_NEW.values():  # (flags & bit) == bit: any one new namespace refuses the clone
-                _rule(lib, ctx, eperm, "clone", _ArgCmp(0, SCMP_CMP_MASKED_EQ, flag, flag))
-            _rule(lib, ctx, _errno_action(errno.ENOSYS), "clone3")
-            _rule(lib, ctx, eperm, "ioctl", _ArgCmp(1, SCMP_CMP_MASKED_EQ, 0xFFFFFFFF, TIOCSTI))
-            _rule(lib, ctx, eperm, "fcntl", _ArgCmp(1, SCMP_CMP_EQ, F_SETPIPE_SZ, 0))
-            # sockets: AF_UNIX only, and netlink's sock_diag (how the supervisor counts their buffers)
-            for family in range(AF_UNIX + 1, AF_NETLINK):
-                _rule(lib, ctx, eperm, "socket", _ArgCmp(0, SCMP_CMP_EQ, family, 0))
-            _rule(lib, ctx, eperm, "socket", _ArgCmp(0, SCMP_CMP_GT, AF_NETLINK, 0))
-            _rule(lib, ctx, eperm, "socket", _ArgCmp(0, SCMP_CMP_EQ, AF_NETLINK, 0),
-                  _ArgCmp(2, SCMP_CMP_NE, NETLINK_SOCK_DIAG, 0))
-            fd = os.memfd_create("rlcore-seccomp")
-            try:
-                rc = lib.seccomp_export_bpf(ctx, fd)
-                if rc != 0:
-                    raise OSError(f"libseccomp could not export the filter: {os.strerror(-rc)}")
-                os.lseek(fd, 0, os.SEEK_SET)
-                _BPF.append(os.read(fd, 1 << 20))
-            finally:
-                os.close(fd)
-        finally:
-            lib.seccomp_release(ctx)
+        _BPF.extend([_compile(lib, _sandbox_rules), _compile(lib, _command_rules)])
     return _BPF[0]
+
+
+def command_filter_bpf() -> bytes:
+    """The filter the supervisor adds, on top, to the command alone (no netlink socket)."""
+    filter_bpf()
+    return _BPF[1]
 
 
 def data_fd(data: bytes, name: str) -> int:

@@ -35,7 +35,7 @@ import sys
 import time
 import warnings  # noqa: F401  (os.execvpe imports it lazily; load it before the limits apply)
 
-PR_SET_DUMPABLE = 4
+PR_SET_DUMPABLE, PR_SET_NO_NEW_PRIVS, PR_SET_SECCOMP, SECCOMP_MODE_FILTER = 4, 38, 22, 2
 MAX_COLLECT = 256 * 1024  # bytes of files collected back per run
 PAGE = os.sysconf("SC_PAGE_SIZE")
 MAX_DEPTH = 64  # directory levels of the work directory read back
@@ -65,11 +65,27 @@ def command(spec: dict) -> None:
         os.setsid()
         become(spec.get("uid"))
         set_limits(spec["limits"])
+        add_filter(bytes.fromhex(spec["command_filter"]))
         os.chdir(spec["workdir"])
         os.execvpe(spec["argv"][0], spec["argv"], spec["env"])
     except BaseException as exc:  # noqa: BLE001  (report anything, then leave without cleanup)
         os.write(2, f"sandbox: cannot start {spec['argv'][0]!r}: {exc}\n".encode())
     os._exit(127)
+
+
+class SockFprog(ctypes.Structure):
+    _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
+
+
+def add_filter(bpf: bytes) -> None:
+    """Stack a seccomp filter (an array of 8-byte BPF instructions) on this process (OSError)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    code = ctypes.create_string_buffer(bpf, len(bpf))
+    prog = SockFprog(len(bpf) // 8, ctypes.cast(code, ctypes.c_void_p))
+    zero = ctypes.c_ulong(0)
+    if libc.prctl(PR_SET_NO_NEW_PRIVS, ctypes.c_ulong(1), zero, zero, zero) != 0 or \
+            libc.prctl(PR_SET_SECCOMP, ctypes.c_ulong(SECCOMP_MODE_FILTER), ctypes.byref(prog), zero, zero) != 0:
+        raise OSError(ctypes.get_errno(), f"cannot add the command's syscall filter: {os.strerror(ctypes.get_errno())}")
 
 
 def become(uid: int | None) -> None:
