@@ -24,7 +24,9 @@ class Limits:
     """CPU-time limit (seconds), enforced by the kernel (SIGXCPU, then SIGKILL)."""
     memory_mb: int = 1024
     """Memory limit (MiB): each process's address space (allocations beyond it fail: MemoryError in
-    Python) and the resident memory of the whole process tree together (the tree is killed)."""
+    Python) and the resident memory of the whole process tree together with its AF_UNIX socket
+    buffers (the tree is killed); memory no process's size shows (memfd, shared memory, xattrs)
+    is refused by the syscall filter."""
     file_size_mb: int = 16
     """Largest file (and captured stdout/stderr) the command may write (MiB)."""
     max_processes: int = 64

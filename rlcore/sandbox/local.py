@@ -4,9 +4,10 @@
 (:mod:`rlcore.sandbox.bwrap`: own user, PID, mount, network, IPC, UTS and cgroup namespaces, a
 read-only root holding only system paths, the Python installation and a work directory that is a
 tmpfs of `Limits.disk_mb`; a seccomp filter, :mod:`rlcore.sandbox.seccomp`; never the caller's
-uid when that is root) whose PID 1 is :mod:`rlcore.sandbox.supervisor`: rlimits, one resident
-memory bound for the whole process tree, a hard wall-clock kill, and the count of processes
-that outlived the command. Where the machine cannot provide it (no bwrap binary, no libseccomp,
+uid when that is root) whose PID 1 is :mod:`rlcore.sandbox.supervisor`: rlimits, one memory
+bound for the whole process tree (resident memory and socket buffers), a bound on the work
+directory's files (`work_dir_limit`), a hard wall-clock kill, and the count of processes that
+outlived the command. Where the machine cannot provide it (no bwrap binary, no libseccomp,
 user namespaces refused), constructing the sandbox raises :class:`SandboxUnavailable`, one line.
 
 `isolation="weak"` (opt-in, logged as a warning on every construction) runs the command as a
@@ -248,8 +249,8 @@ class LocalSandbox(Sandbox):
             proc.wait()
         status = proc.returncode
         raw = (-status) if status < 0 else (status << 8)  # back to a wait status
-        files, hit = collect(workdir, self.limits.max_files)
-        report = {"status": raw, "timed_out": timed_out, "leftover": 0, "files": files}
+        left, hit = collect(workdir, self.limits.max_files + len(files) + 1)
+        report = {"status": raw, "timed_out": timed_out, "leftover": 0, "files": left}
         return report | ({"work_dir_limit": f"the work directory holds {hit}"} if hit else {})
 
 

@@ -230,10 +230,11 @@ def read_text(path: str, most: int) -> str | None:
         os.close(fd)
 
 
-def supervise(spec: dict) -> dict:
-    """Run the command; the report without `files`."""
+def supervise(spec: dict, inputs: int) -> dict:
+    """Run the command; the report without `files`. `inputs`: the work directory's inodes before
+    it (the input files, its own), which `max_files` does not count."""
     limit_mb, poll, workdir = spec["limits"]["memory_mb"], spec["poll_s"], spec["workdir"]
-    max_inodes = spec["limits"]["max_files"] + used_inodes(workdir)  # the work dir's own inode counts too
+    max_inodes = spec["limits"]["max_files"] + inputs
     status, cpu, timed_out, leftover, peak, over, files_over = None, 0.0, False, 0, 0.0, False, False
     diag = open_diag()
     deadline = time.monotonic() + spec["timeout"]
@@ -297,10 +298,11 @@ def main() -> int:
     except OSError as exc:
         report = {"status": None, "timed_out": False, "leftover": 0, "error": f"cannot write the input files: {exc}"}
     else:
-        report = supervise(spec)
+        inputs = used_inodes(spec["workdir"])
+        report = supervise(spec, inputs)
         become(spec.get("uid"))
         try:
-            report["files"], hit = collect(spec["workdir"], spec["limits"]["max_files"])
+            report["files"], hit = collect(spec["workdir"], spec["limits"]["max_files"] + inputs)
         except Exception as exc:  # noqa: BLE001  (whatever the command left, the report goes out)
             report["files"], hit = {}, f"reading it back failed: {type(exc).__name__}: {exc}"
         if hit and "work_dir_limit" not in report:
