@@ -167,3 +167,12 @@ def test_signals_from_inside_do_not_reach_the_supervisor(who):
 def test_etc_passwd_is_readable(who):
     r = run_as(who, ["python", "-I", "-c", "import pwd; print(pwd.getpwuid(0).pw_name)"])
     assert r.returncode == 0 and r.stdout.strip() == "root", vars(r)
+
+
+@WHO
+def test_many_files_cost_the_caller_a_bounded_result(who):
+    # under max_files, yet 9000 names of 200 bytes: what comes back stays within the read-back budget
+    code = "for i in range(9000):\n    open(f'{i:0>200}', 'w').write('x')\nprint('made')"
+    r = run_as(who, ["python", "-I", "-c", code])
+    assert r.reason is None and "made" in r.stdout, vars(r)
+    assert 0 < len(r.files) and sum(len(name) for name in r.files) <= 256 * 1024, len(r.files)
