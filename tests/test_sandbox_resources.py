@@ -37,6 +37,8 @@ TRIES = {
     "add_key": lambda: sys_(248, b"user", b"k", b"v" * 1000, 1, -2),
     "keyctl": lambda: sys_(250, 0, -3, 0),
     "F_SETPIPE_SZ": lambda: fcntl.fcntl(os.pipe()[1], 1031, 2**20),
+    "SO_SNDBUF": lambda: socket.socket(socket.AF_UNIX).setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 2**26),
+    "SO_RCVBUF": lambda: socket.socket(socket.AF_UNIX).setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 2**26),
     "AF_INET": lambda: socket.socket(socket.AF_INET, socket.SOCK_STREAM),
     "AF_INET6": lambda: socket.socket(socket.AF_INET6, socket.SOCK_DGRAM),
     "AF_NETLINK_route": lambda: socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, 0),
@@ -60,27 +62,28 @@ for name, fn in TRIES.items():
 def test_kernel_memory_sinks_are_refused_and_reported(who):
     r = run_as(who, ["python", "-I", "-c", SINKS], memory_mb=256)
     lines = dict(line.split(" ", 1) for line in r.stdout.strip().splitlines())
-    assert len(lines) == 24 and {k for k, v in lines.items() if v != "refused"} == set(), r.stdout + r.stderr
+    assert len(lines) == 26 and {k for k, v in lines.items() if v != "refused"} == set(), r.stdout + r.stderr
     assert r.reason == "sandbox_violation", vars(r)
 
 
 SOCKET_HOG = r"""
 import os, socket, time
 kids = []
-for _ in range(8):  # 8 processes of 120 socket pairs each, every send buffer filled
+for _ in range(12):  # 12 processes of 120 socket pairs each, every send buffer filled
     pid = os.fork()
     if pid == 0:
         held, pairs = 0, []
         for _ in range(120):
             a, b = socket.socketpair()
-            a.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 2**30)  # the kernel clamps it to wmem_max
             a.setblocking(False)
             try:
                 while True:
                     held += a.send(b"x" * 65536)
             except BlockingIOError:
                 pass
-            pairs.append((a, b))
+            if CLOSE:  # the data stays queued in b, charged to a socket no longer listed
+                a.close()
+            pairs.append(b)
         print("held", held >> 20, "MiB", flush=True)
         time.sleep(20)
         os._exit(0)
@@ -92,8 +95,10 @@ print("all held their buffers")
 
 
 @WHO
-def test_socket_buffers_count_toward_memory_mb(who):
-    r = run_as(who, ["python", "-I", "-c", SOCKET_HOG], memory_mb=256, timeout_s=40)
+@pytest.mark.parametrize("sender", ["open", "closed"])
+def test_socket_buffers_count_toward_memory_mb(who, sender):
+    code = f"CLOSE = {sender == 'closed'}\n{SOCKET_HOG}"
+    r = run_as(who, ["python", "-I", "-c", code], memory_mb=256, timeout_s=40)
     assert r.reason == "memory_limit" and "all held" not in r.stdout, vars(r)
     assert r.duration_s < 20
 

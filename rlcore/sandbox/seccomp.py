@@ -12,11 +12,12 @@ falls back to clone, whose flags it can. Calls from another architecture's sysca
 Also refused, as memory no per-process bound sees (issue 41): memfd_create and memfd_secret,
 System V shared memory, message queues and semaphores, POSIX message queues (mq_open),
 extended attributes (the setxattr family: kernel memory on the work tmpfs that its size does not
-count), inotify and fanotify, growing a pipe's buffer (fcntl F_SETPIPE_SZ), and sockets of any
-family but AF_UNIX (whose buffers the supervisor counts; the sandbox has no network anyway),
-POSIX timers (timer_create: no rlimit bounds their number) and Linux AIO contexts (io_setup: a
-host-wide limit). The supervisor alone may open a netlink sock_diag socket: the command gets a
-second filter on top (:func:`command_filter_bpf`) that refuses every netlink socket.
+count), inotify and fanotify, growing a pipe's or a socket's buffer (fcntl F_SETPIPE_SZ;
+SO_SNDBUF, SO_RCVBUF and their FORCE forms), and sockets of any family but AF_UNIX (whose buffers
+the supervisor counts; the sandbox has no network anyway), POSIX timers (timer_create: no rlimit
+bounds their number) and Linux AIO contexts (io_setup: a host-wide limit). The supervisor alone
+may open a netlink sock_diag socket: the command gets a second filter on top
+(:func:`command_filter_bpf`) that refuses every netlink socket.
 """
 
 from __future__ import annotations
@@ -49,6 +50,8 @@ every architecture with the generic table)."""
 F_SETPIPE_SZ = 1031
 AF_UNIX, AF_NETLINK, NETLINK_SOCK_DIAG = 1, 16, 4
 SCMP_CMP_NE, SCMP_CMP_EQ, SCMP_CMP_GT = 1, 4, 6
+SOL_SOCKET = 1
+SOCKET_BUFFER_OPTIONS = (7, 8, 32, 33)  # SO_SNDBUF, SO_RCVBUF, SO_SNDBUFFORCE, SO_RCVBUFFORCE
 
 
 class _ArgCmp(ctypes.Structure):
@@ -107,6 +110,10 @@ def _sandbox_rules(lib, ctx) -> None:
     _rule(lib, ctx, eperm, "socket", _ArgCmp(0, SCMP_CMP_GT, AF_NETLINK, 0))
     _rule(lib, ctx, eperm, "socket", _ArgCmp(0, SCMP_CMP_EQ, AF_NETLINK, 0),
           _ArgCmp(2, SCMP_CMP_NE, NETLINK_SOCK_DIAG, 0))
+    # a socket's buffers stay at the kernel's default size (what the supervisor assumes a closed
+    # socket whose data still waits in its peer's queue holds)
+    for option in SOCKET_BUFFER_OPTIONS:
+        _rule(lib, ctx, eperm, "setsockopt", _ArgCmp(1, SCMP_CMP_EQ, SOL_SOCKET, 0), _ArgCmp(2, SCMP_CMP_EQ, option, 0))
 
 
 def _command_rules(lib, ctx) -> None:

@@ -126,26 +126,32 @@ def write_inputs(workdir: str, files: dict) -> None:
             f.write(text)
 
 
-def socket_mb(diag: _socket.socket | None) -> float:
-    """Bytes queued in, or charged to, every AF_UNIX socket of this network namespace (MiB): kernel
-    memory no process's resident size shows (the only socket family the filter lets the command open)."""
+def socket_mb(diag: _socket.socket | None, charge: int) -> float:
+    """Memory held by the AF_UNIX sockets of this network namespace (MiB): kernel memory no
+    process's resident size shows (the only socket family the filter lets the command open).
+    A socket still open is counted at what is charged to it (netlink sock_diag: the data it sent
+    that waits in its peer's queue, and its own receive queue); one already closed whose data still
+    waits in a peer's queue is no longer listed there, so every such socket (those the kernel
+    counts alive, less those listed) is counted at the most it can hold, `charge` bytes."""
     if diag is None:
         return 0.0
     req = struct.pack("=BBHIII8x", _socket.AF_UNIX, 0, 0, 0xFFFFFFFF, 0, UDIAG_SHOW_MEMINFO)
     diag.send(struct.pack("=IHHII", 16 + len(req), SOCK_DIAG_BY_FAMILY, NLM_F_DUMP_REQUEST, 1, 0) + req)
-    total = 0
+    total, listed = 0, 0
     while True:
         try:
             data = diag.recv(1 << 16)
         except TimeoutError:  # no end-of-dump marker within a second (never seen): count what came
-            return total / 2**20
-        at = 0
+            break
+        at, done = 0, False
         while at + 16 <= len(data):
             length, kind = struct.unpack_from("=IH", data, at)
             if kind == NLMSG_ERROR and length >= 20 and struct.unpack_from("=i", data, at + 16)[0] < 0:
                 raise OSError(-struct.unpack_from("=i", data, at + 16)[0], "sock_diag refused the dump")
             if kind in (NLMSG_DONE, NLMSG_ERROR) or length < 16:
-                return total / 2**20
+                done = True
+                break
+            listed += 1
             attr, end = at + 32, at + length  # past nlmsghdr and unix_diag_msg
             while attr + 4 <= end:
                 alen, atype = struct.unpack_from("=HH", data, attr)
@@ -154,13 +160,38 @@ def socket_mb(diag: _socket.socket | None) -> float:
                     total += rmem + wmem
                 attr += max(4, (alen + 3) & ~3)
             at += (length + 3) & ~3
+        if done:
+            break
+    closed = max(0, unix_sockets_alive() - listed)
+    return (total + closed * charge) / 2**20
+
+
+def unix_sockets_alive() -> int:
+    """AF_UNIX sockets this network namespace's kernel holds, closed ones still referenced included."""
+    alive = 0
+    with open("/proc/net/protocols", "rb") as f:
+        for line in f.read().splitlines()[1:]:
+            cols = line.split()
+            if len(cols) > 2 and cols[0] in (b"UNIX", b"UNIX-STREAM"):
+                alive += int(cols[2])
+    return alive
+
+
+def socket_charge() -> int:
+    """The most one AF_UNIX socket can hold at the default buffer size (the filter refuses changing
+    it): its send buffer and one more message past it."""
+    try:
+        with open("/proc/sys/net/core/wmem_default", "rb") as f:
+            return 2 * int(f.read())
+    except (OSError, ValueError):
+        return 2 * 212992  # the kernel's default
 
 
 def open_diag() -> _socket.socket | None:
     try:
         diag = _socket.socket(_socket.AF_NETLINK, _socket.SOCK_DGRAM, NETLINK_SOCK_DIAG)
         diag.settimeout(1.0)
-        socket_mb(diag)
+        socket_mb(diag, 0)
         return diag
     except OSError:  # a kernel without unix_diag: resident memory only
         return None
@@ -236,7 +267,7 @@ def supervise(spec: dict, inputs: int) -> dict:
     limit_mb, poll, workdir = spec["limits"]["memory_mb"], spec["poll_s"], spec["workdir"]
     max_inodes = spec["limits"]["max_files"] + inputs
     status, cpu, timed_out, leftover, peak, over, files_over = None, 0.0, False, 0, 0.0, False, False
-    diag = open_diag()
+    diag, charge = open_diag(), socket_charge()
     deadline = time.monotonic() + spec["timeout"]
     nap = 0.001  # short commands are seen to end at once; long ones cost one look per poll_s
     pid = os.fork()
@@ -252,7 +283,7 @@ def supervise(spec: dict, inputs: int) -> dict:
         if time.monotonic() >= deadline:
             timed_out = True
             break
-        peak = max(peak, resident_mb() + socket_mb(diag))
+        peak = max(peak, resident_mb() + socket_mb(diag, charge))
         if peak > limit_mb:
             over = True
             break
