@@ -181,3 +181,17 @@ def test_many_files_cost_the_caller_a_bounded_result(who):
     r = run_as(who, ["python", "-I", "-c", code])
     assert r.reason is None and "made" in r.stdout, vars(r)
     assert 0 < len(r.files) and sum(len(name) for name in r.files) <= 256 * 1024, len(r.files)
+
+
+@WHO
+def test_idle_sockets_are_not_counted_as_full(who):
+    # the other side of counting closed sockets at their most: open, idle ones count what they hold
+    code = ("import asyncio, socket, time\n"
+            "pairs = [socket.socketpair() for _ in range(100)]\n"
+            "for a, b in pairs: a.send(b'y' * 1000)\n"
+            "srv = socket.socket(socket.AF_UNIX); srv.bind('srv'); srv.listen(50)\n"
+            "clients = [socket.socket(socket.AF_UNIX) for _ in range(20)]\n"
+            "for c in clients: c.connect('srv'); c.send(b'z' * 100)  # never accepted\n"
+            "asyncio.run(asyncio.sleep(0.01)); time.sleep(1); print('ok')")
+    r = run_as(who, ["python", "-I", "-c", code], memory_mb=60)
+    assert r.reason is None and r.stdout.strip() == "ok", vars(r)

@@ -8,10 +8,12 @@ input files) comes on stdin; the report (JSON: `status`, `cpu_s`, `timed_out`, `
 - It writes the input files into the work directory (the tmpfs whose size is the disk quota).
 - The command (PID 2) gets, where the spec names a `uid` (a root caller), that uid and no groups
   (every capability goes with the change); its own session, rlimits (CPU, address space, file size, open files,
-  processes), no core dumps, and every other file descriptor closed.
+  processes; no POSIX message queue or locked memory), no core dumps, every other file descriptor
+  closed, the default SIGPIPE and SIGXFSZ, and a second syscall filter on top of the sandbox's
+  (the spec's `command_filter`: no netlink socket, which only this process may hold).
 - Every `poll_s` it reaps, checks the wall clock, and sums the memory the tree holds: the resident
-  memory of every process in the namespace and the buffers of every socket in its network
-  namespace (netlink sock_diag); above `memory_mb` the whole tree is killed. It also counts the
+  memory of every process in the namespace and what the AF_UNIX sockets of its network namespace
+  hold (:func:`socket_mb`); above `memory_mb` the whole tree is killed. It also counts the
   work directory's inodes (statvfs): above `max_files` the tree is killed (`work_dir_limit`).
 - The kernel delivers a signal sent from inside the namespace to its PID 1 only where PID 1 has a
   handler; this process keeps none (Python's SIGINT handler is removed), so the command cannot
@@ -135,6 +137,9 @@ def socket_mb(diag: _socket.socket | None, charge: int) -> float:
     counts alive, less those listed) is counted at the most it can hold, `charge` bytes."""
     if diag is None:
         return 0.0
+    alive = unix_sockets_alive()
+    if not alive:  # the common case, at the cost of one read: no socket, no dump
+        return 0.0
     req = struct.pack("=BBHIII8x", _socket.AF_UNIX, 0, 0, 0xFFFFFFFF, 0, UDIAG_SHOW_MEMINFO)
     diag.send(struct.pack("=IHHII", 16 + len(req), SOCK_DIAG_BY_FAMILY, NLM_F_DUMP_REQUEST, 1, 0) + req)
     total, listed = 0, 0
@@ -162,18 +167,22 @@ def socket_mb(diag: _socket.socket | None, charge: int) -> float:
             at += (length + 3) & ~3
         if done:
             break
-    closed = max(0, unix_sockets_alive() - listed)
+    closed = max(0, alive - listed)
     return (total + closed * charge) / 2**20
+
+
+_PROTOCOLS: list[int] = []  # /proc/net/protocols, opened once: a pread costs a third of an open
 
 
 def unix_sockets_alive() -> int:
     """AF_UNIX sockets this network namespace's kernel holds, closed ones still referenced included."""
+    if not _PROTOCOLS:
+        _PROTOCOLS.append(os.open("/proc/net/protocols", os.O_RDONLY | os.O_CLOEXEC))
     alive = 0
-    with open("/proc/net/protocols", "rb") as f:
-        for line in f.read().splitlines()[1:]:
-            cols = line.split()
-            if len(cols) > 2 and cols[0] in (b"UNIX", b"UNIX-STREAM"):
-                alive += int(cols[2])
+    for line in os.pread(_PROTOCOLS[0], 1 << 16, 0).split(b"\n"):
+        cols = line.split(None, 3)
+        if len(cols) > 2 and cols[0] in (b"UNIX", b"UNIX-STREAM"):
+            alive += int(cols[2])
     return alive
 
 
