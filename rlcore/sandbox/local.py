@@ -181,7 +181,7 @@ class LocalSandbox(Sandbox):
                 violations.append(status["work_dir_limit"])
             return SandboxResult(returncode, stdout, stderr, reason, status.get("files", {}), duration, violations)
         finally:
-            shutil.rmtree(base, ignore_errors=True)
+            _remove(base)
 
     def _run_bwrap(self, cmd, files, timeout, out, err) -> dict:
         python_dir, python_exe = bwrap.python_layout(sys.base_prefix, sys.executable)
@@ -252,6 +252,16 @@ class LocalSandbox(Sandbox):
         left, hit = collect(workdir, self.limits.max_files + len(files) + 1)
         report = {"status": raw, "timed_out": timed_out, "leftover": 0, "files": left}
         return report | ({"work_dir_limit": f"the work directory holds {hit}"} if hit else {})
+
+
+def _remove(base: str) -> None:
+    """Remove a run's temporary directory, however deep a tree the command left in it (weak mode:
+    shutil.rmtree recurses once per level)."""
+    try:
+        shutil.rmtree(base, ignore_errors=True)
+    except RecursionError:
+        subprocess.run(["rm", "-rf", "--", base], check=False, timeout=120, stdout=subprocess.DEVNULL,
+                       stderr=subprocess.DEVNULL)
 
 
 def _read_until_eof(fd: int, deadline: float) -> bytes | None:
