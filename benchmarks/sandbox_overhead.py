@@ -14,13 +14,17 @@ from rlcore.envs.mini_swe import MiniSWE
 from rlcore.sandbox import Limits, LocalSandbox
 
 
-def median_s(fn, n: int) -> float:
+def times_s(fn, n: int) -> list[float]:
     times = []
     for _ in range(n):
         t = time.perf_counter()
         fn()
         times.append(time.perf_counter() - t)
-    return statistics.median(times)
+    return times
+
+
+def ms(times: list[float]) -> str:
+    return f"{statistics.median(times) * 1000:.0f} ms ({min(times) * 1000:.0f}-{max(times) * 1000:.0f})"
 
 
 def main() -> None:
@@ -30,13 +34,13 @@ def main() -> None:
     sandbox = LocalSandbox(Limits(timeout_s=10))
     for name, cmd in (("python -c pass", [sys.executable, "-c", "pass"]),
                       ("mini_swe run_tests.py", [sys.executable, "run_tests.py"])):
-        boxed = median_s(lambda: sandbox.run(["python", *cmd[1:]], files=files), n)
+        boxed = times_s(lambda: sandbox.run(["python", *cmd[1:]], files=files), n)
         with tempfile.TemporaryDirectory() as d:
             for rel, text in files.items():
                 open(f"{d}/{rel}", "w").write(text)
-            bare = median_s(lambda: subprocess.run(cmd, cwd=d, capture_output=True, check=False), n)
-        print(f"{name}: sandboxed {boxed * 1000:.0f} ms, bare {bare * 1000:.0f} ms, "
-              f"overhead {(boxed - bare) * 1000:.0f} ms (median of {n})")
+            bare = times_s(lambda: subprocess.run(cmd, cwd=d, capture_output=True, check=False), n)
+        print(f"{name}: sandboxed {ms(boxed)}, bare {ms(bare)}, overhead "
+              f"{(statistics.median(boxed) - statistics.median(bare)) * 1000:.0f} ms (medians of {n}, range in brackets)")
 
 
 if __name__ == "__main__":

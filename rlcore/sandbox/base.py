@@ -24,13 +24,18 @@ class Limits:
     """CPU-time limit (seconds), enforced by the kernel (SIGXCPU, then SIGKILL)."""
     memory_mb: int = 1024
     """Memory limit (MiB): each process's address space (allocations beyond it fail: MemoryError in
-    Python) and the resident memory of the whole process tree together (the tree is killed)."""
+    Python) and the resident memory of the whole process tree together with its AF_UNIX socket
+    buffers (the tree is killed); memory no process's size shows (memfd, shared memory, xattrs)
+    is refused by the syscall filter."""
     file_size_mb: int = 16
     """Largest file (and captured stdout/stderr) the command may write (MiB)."""
     max_processes: int = 64
     """Process limit (RLIMIT_NPROC) of the whole sandbox."""
     disk_mb: int = 100
     """Disk quota of the work directory (MiB), every file together; writes past it fail (ENOSPC)."""
+    max_files: int = 10_000
+    """Most files, directories and links the command may add to the work directory (each holds
+    kernel memory no disk quota counts); past it the tree is killed (`work_dir_limit`)."""
 
 
 @dataclass
@@ -41,8 +46,11 @@ class SandboxResult:
     stdout: str
     stderr: str
     reason: str | None = None
-    """`timeout`, `cpu_limit`, `memory_limit`, `file_size_limit`, `disk_quota`, `sandbox_violation`,
-    `isolation_failed`, `signal N` (a signal no limit sent, e.g. `kill -9 -1` inside) or None."""
+    """`timeout`, `cpu_limit`, `memory_limit`, `file_size_limit`, `disk_quota`, `work_dir_limit` (too
+    many files, or a tree too deep, left in the work directory: `files` holds part of it),
+    `sandbox_violation` (something refused, e.g. a system call the filter forbids),
+    `isolation_failed` (the sandbox itself failed, never the command's doing), `signal N` (a signal
+    no limit sent, e.g. `kill -9 -1` inside) or None."""
     files: dict[str, str] = field(default_factory=dict)
     """Text files under the working directory after the run (relative path -> content)."""
     duration_s: float = 0.0

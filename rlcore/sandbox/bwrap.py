@@ -6,7 +6,8 @@ and cgroup namespaces; no further user namespaces (`--disable-userns`); the sysc
 is a fresh read-only root holding only
 
 - `/usr` (with the merged-usr links `/bin`, `/lib`, `/lib64`, `/sbin`) and a few files of `/etc`
-  (accounts, the loader cache, alternatives), read-only;
+  (accounts, the loader cache, alternatives), read-only, in an `/etc` of mode 0755 (readable by
+  the command's uid: user lookups work);
 - the Python installation, read-only, at `/sandbox/python` (a host path such as root's home
   would bring its parents' modes along);
 - `/proc` of the sandbox's own PID namespace, a minimal `/dev` (read-only; null, zero, random,
@@ -96,6 +97,8 @@ def command(*, python_dir: str, seccomp_fd: int, supervisor_fd: int, guard_fd: i
             argv += ["--symlink", target, f"/{link}"]
         elif os.path.isdir(f"/{link}"):
             argv += ["--ro-bind", f"/{link}", f"/{link}"]
+    # bwrap makes a bound file's missing parents 0700 when privileged: /etc readable by every uid
+    argv += ["--perms", "0755", "--dir", "/etc"]
     for path in ETC_FILES:
         argv += ["--ro-bind-try", path, path]
     argv += ["--perms", "0755", "--dir", "/sandbox", "--ro-bind", python_dir, PYTHON_DIR,

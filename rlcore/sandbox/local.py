@@ -4,9 +4,10 @@
 (:mod:`rlcore.sandbox.bwrap`: own user, PID, mount, network, IPC, UTS and cgroup namespaces, a
 read-only root holding only system paths, the Python installation and a work directory that is a
 tmpfs of `Limits.disk_mb`; a seccomp filter, :mod:`rlcore.sandbox.seccomp`; never the caller's
-uid when that is root) whose PID 1 is :mod:`rlcore.sandbox.supervisor`: rlimits, one resident
-memory bound for the whole process tree, a hard wall-clock kill, and the count of processes
-that outlived the command. Where the machine cannot provide it (no bwrap binary, no libseccomp,
+uid when that is root) whose PID 1 is :mod:`rlcore.sandbox.supervisor`: rlimits, one memory
+bound for the whole process tree (resident memory and socket buffers), a bound on the work
+directory's files (`work_dir_limit`), a hard wall-clock kill, and the count of processes that
+outlived the command. Where the machine cannot provide it (no bwrap binary, no libseccomp,
 user namespaces refused), constructing the sandbox raises :class:`SandboxUnavailable`, one line.
 
 `isolation="weak"` (opt-in, logged as a warning on every construction) runs the command as a
@@ -36,7 +37,8 @@ from pathlib import Path
 
 from rlcore.sandbox import bwrap
 from rlcore.sandbox.base import Limits, Sandbox, SandboxResult, check_relative
-from rlcore.sandbox.seccomp import data_fd, filter_bpf
+from rlcore.sandbox.seccomp import command_filter_bpf, data_fd, filter_bpf
+from rlcore.sandbox.supervisor import collect
 
 log = logging.getLogger("rlcore")
 _GUARD = Path(__file__).with_name("guard.py")
@@ -90,6 +92,8 @@ def _reason(returncode: int | None, stderr: str, status: dict, violations: list[
         return "timeout"
     if status.get("memory_exceeded"):
         return "memory_limit"
+    if status.get("work_dir_limit"):
+        return "work_dir_limit"
     if returncode == -signal.SIGXCPU:
         return "cpu_limit"
     if returncode == -signal.SIGKILL:
@@ -171,11 +175,13 @@ class LocalSandbox(Sandbox):
             violations = find_violations(stderr, status.get("leftover", 0))
             reason = _reason(returncode, stderr, status, violations, self.limits.cpu_s)
             if reason == "memory_limit" and status.get("memory_exceeded"):
-                violations.append(f"the process tree held {status['memory_mb']:.0f} MiB resident, over "
-                                  f"memory_mb={self.limits.memory_mb}: killed")
+                violations.append(f"the process tree held {status['memory_mb']:.0f} MiB (resident and socket "
+                                  f"buffers), over memory_mb={self.limits.memory_mb}: killed")
+            if status.get("work_dir_limit"):
+                violations.append(status["work_dir_limit"])
             return SandboxResult(returncode, stdout, stderr, reason, status.get("files", {}), duration, violations)
         finally:
-            shutil.rmtree(base, ignore_errors=True)
+            _remove(base)
 
     def _run_bwrap(self, cmd, files, timeout, out, err) -> dict:
         python_dir, python_exe = bwrap.python_layout(sys.base_prefix, sys.executable)
@@ -203,7 +209,8 @@ class LocalSandbox(Sandbox):
             for fd in passed:
                 os.close(fd)
         spec = {"argv": argv, "env": self._env(bwrap.WORKDIR, bwrap.GUARD_DIR), "files": files,
-                "workdir": bwrap.WORKDIR, "uid": uid, "timeout": timeout, "limits": vars(self.limits), "poll_s": _POLL_S}
+                "workdir": bwrap.WORKDIR, "uid": uid, "timeout": timeout, "limits": vars(self.limits), "poll_s": _POLL_S,
+                "command_filter": command_filter_bpf().hex()}
         try:
             proc.stdin.write(json.dumps(spec).encode())
             proc.stdin.close()
@@ -242,7 +249,19 @@ class LocalSandbox(Sandbox):
             proc.wait()
         status = proc.returncode
         raw = (-status) if status < 0 else (status << 8)  # back to a wait status
-        return {"status": raw, "timed_out": timed_out, "leftover": 0, "files": _collect(workdir)}
+        left, hit = collect(workdir, self.limits.max_files + len(files) + 1)
+        report = {"status": raw, "timed_out": timed_out, "leftover": 0, "files": left}
+        return report | ({"work_dir_limit": f"the work directory holds {hit}"} if hit else {})
+
+
+def _remove(base: str) -> None:
+    """Remove a run's temporary directory, however deep a tree the command left in it (weak mode:
+    shutil.rmtree recurses once per level)."""
+    try:
+        shutil.rmtree(base, ignore_errors=True)
+    except RecursionError:
+        subprocess.run(["rm", "-rf", "--", base], check=False, timeout=120, stdout=subprocess.DEVNULL,
+                       stderr=subprocess.DEVNULL)
 
 
 def _read_until_eof(fd: int, deadline: float) -> bytes | None:
@@ -264,20 +283,3 @@ def _read_until_eof(fd: int, deadline: float) -> bytes | None:
 def _read_head(path: str) -> str:
     with open(path, "rb") as f:
         return f.read(_MAX_COLLECT).decode(errors="replace")
-
-
-def _collect(workdir: str) -> dict[str, str]:
-    """Text files left in the working directory (bounded; binary files are skipped)."""
-    out, budget = {}, _MAX_COLLECT
-    for root, _, names in os.walk(workdir):
-        for n in sorted(names):
-            path = os.path.join(root, n)
-            if os.path.islink(path) or os.path.getsize(path) > budget:
-                continue
-            try:
-                text = Path(path).read_text()
-            except (UnicodeDecodeError, OSError):
-                continue
-            budget -= len(text)
-            out[os.path.relpath(path, workdir)] = text
-    return out
