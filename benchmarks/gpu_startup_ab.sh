@@ -13,7 +13,8 @@
 #   OVERRIDES  more overrides for this run, comma-separated (env.args.reward_isolation=thread)
 # The shipped checkpoint is converted once first into one shared RLCORE_CACHE_DIR, so no run pays it.
 # A run starts only while BUDGET_S (default 560) seconds since the script's start leave it
-# RUN_TIMEOUT (default 200) seconds. Prints one line per run: wall time to step 1 (the summary's
+# RUN_TIMEOUT (default 200) seconds (on an H100: cold graphs ~100-125 s, warm ~64-85 s, eager ~63-90 s
+# with 20-40 RL steps). Prints one line per run: wall time to step 1 (the summary's
 # start-up figure), each start-up phase, samples/s over the RL steps, the compile-cache line.
 # Usage: [STEPS=n] [BUDGET_S=s] [RUN_TIMEOUT=s] bash benchmarks/gpu_startup_ab.sh OUT_DIR RUN [RUN ...]
 #   bash benchmarks/gpu_startup_ab.sh $OUT .gpu-base:cold:graphs .gpu-tree:cold:graphs \
@@ -50,6 +51,9 @@ for spec in "$@"; do
     steps="${STEPS:-20}" eval.every_n_steps=0 eval.at_start=false cluster.num_gpus=1 \
     "${graphs[@]}" "${more[@]}" > "$OUT/$name.log" 2>&1 )
   rc=$?
+  # a run stopped at its timeout leaves its Ray processes (and the engine's GPU memory) behind,
+  # which breaks every later run: stop them (the device machine runs nothing else of ours)
+  [ "$rc" -eq 124 ] && python -m ray.scripts.scripts stop --force > /dev/null 2>&1
   wall=$(python -c "import time; print(f'{time.time() - $start:.1f}')")
   echo "exit: $rc after $wall s" >> "$OUT/$name.log"
   f="$OUT/$name.log"
