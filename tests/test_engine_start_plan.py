@@ -2,12 +2,19 @@
 bytes (so it sizes nothing from the memory free at its start and the trainer rank starts and warms
 up beside it), and CUDA-graph capture sizes the run can reach; the user's own settings win."""
 
+from itertools import pairwise
+
 import pytest
 
 from actors.weights import engines_sized_by_plan
 from rlcore.engine.vllm.vllm_plan import VLLM_MAX_CAPTURE, capture_sizes
 from rlcore.plan.compose import compose
-from rlcore.plan.memory import ENGINE_WORKSPACE_GIB, GIB, max_sequences_per_engine, param_count
+from rlcore.plan.memory import (
+    ENGINE_WORKSPACE_GIB,
+    GIB,
+    max_sequences_per_engine,
+    param_count,
+)
 from rlcore.plan.placement import placement_problems, resolve
 
 H200 = int(139.8 * GIB)
@@ -61,8 +68,8 @@ def test_capture_sizes_are_capped_and_spaced():
         sizes = capture_sizes(n)
         assert sizes == sorted(set(sizes)) and sizes[:4] == [1, 2, 4, 8][:len(sizes[:4])]
         assert sizes[-1] >= min(n, VLLM_MAX_CAPTURE) and (len(sizes) == 1 or sizes[-2] < min(n, VLLM_MAX_CAPTURE))
-        assert all(b <= 1.25 * a for a, b in zip(sizes, sizes[1:]) if a >= 32)  # padding <= 25% from 32 up
-        assert all(b - a <= 8 for a, b in zip(sizes, sizes[1:]) if 8 <= a < 32)  # steps of 8 below
+        assert all(b <= 1.25 * a for a, b in pairwise(sizes) if a >= 32)  # padding <= 25% from 32 up
+        assert all(b - a <= 8 for a, b in pairwise(sizes) if 8 <= a < 32)  # steps of 8 below
     assert len(capture_sizes(512)) <= 24  # vLLM's own list for 512: 51 sizes
 
 
@@ -74,6 +81,8 @@ def test_the_recipe_engine_captures_what_its_schedule_reaches():
     sync_small = compose(["+recipe=reverse_text_smollm2", "algo.max_off_policy_steps=0", "algo.batch_groups=2",
                           "rollout.tasks_per_request=2", "algo.group_size=8"] + GRAPHS)
     assert resolve(sync_small, 1, H200).rollout.vllm.engine_kwargs["cudagraph_capture_sizes"][-1] == 32
+    few_seqs = compose(["+recipe=reverse_text_smollm2", "+rollout.vllm.engine_kwargs.max_num_seqs=100"] + GRAPHS)
+    assert resolve(few_seqs, 1, H200).rollout.vllm.engine_kwargs["cudagraph_capture_sizes"][-1] == 112
 
 
 @pytest.mark.parametrize("given", [["+rollout.vllm.engine_kwargs.enforce_eager=true"],

@@ -8,8 +8,9 @@ module (and validation) stays free of torch: the class is imported only where an
 
 Each engine reads its options from its own config section (`rollout.vllm.*`, `rollout.hf.*`, and
 the same under `teacher.*`): the spec names the section's attribute and dataclass, and the
-helpers below (`engine_options`, `option`, `tensor_parallel_size`, `sleep_level`, `memory_share`)
-let the rest of rlcore ask the selected engine's section without knowing which engine it is.
+helpers below (`engine_options`, `option`, `tensor_parallel_size`, `sleep_level`, `memory_share`,
+`memory_budget`) let the rest of rlcore ask the selected engine's section without knowing which
+engine it is.
 
 Adding an engine (SGLang, say): write a :class:`rlcore.engine.base.RolloutEngine` (and its
 options dataclass) in its own module or folder, and add one :class:`EngineSpec` line to

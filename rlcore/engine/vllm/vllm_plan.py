@@ -40,9 +40,12 @@ def capture_sizes(max_sequences: int, cap: int = VLLM_MAX_CAPTURE) -> list[int]:
 
 def planned_kwargs(options: Any, max_sequences: int) -> dict[str, Any]:
     """`engine_kwargs` for the section `options` (a `VLLMOptions`) of a run whose engine holds at
-    most `max_sequences` sequences at once: the capture sizes (`capture_sizes`), unless the
-    user's `engine_kwargs` decide them (`GRAPH_KEYS`) or turn graphs off (`enforce_eager`)."""
+    most `max_sequences` sequences at once (and at most its `max_num_seqs`): the capture sizes
+    (`capture_sizes`), unless the user's `engine_kwargs` decide them (`GRAPH_KEYS`) or turn
+    graphs off (`enforce_eager`)."""
     given = options.engine_kwargs
-    if given.get("enforce_eager") or any(k in given for k in GRAPH_KEYS if k != "enforce_eager"):
+    if given.get("enforce_eager") or any(k in given for k in GRAPH_KEYS):
         return {}
+    if given.get("max_num_seqs"):  # the engine never batches more than that
+        max_sequences = min(max_sequences, int(given["max_num_seqs"]))
     return {"cudagraph_capture_sizes": capture_sizes(max_sequences)}
