@@ -102,8 +102,9 @@ class Driver:
         self.rollouts = RolloutGroup(cfg, self.groups.rollouts, run, self.buffer, self.failures)
         self.weights = WeightSync(cfg, self.trainers, self.rollouts, sender_for(weight_transport(cfg)), run,
                                   self.env, self.tokenizer)
-        # split placement: the engines (and a teacher on its own devices) start meanwhile, through
-        # the trainer's start and the SFT warm-up; the first weight sync waits for all of them
+        # split placement, or colocated engines whose cache bytes the plan fixed: the engines (and a
+        # teacher on its own devices) start meanwhile, through the trainer's start and the SFT
+        # warm-up; the first weight sync waits for all of them
         teacher_meanwhile = cfg.teacher.enabled and not (self.weights.colocated and cfg.teacher.gpus_per_actor > 0)
         if teacher_meanwhile:
             self.launch_teacher()

@@ -12,8 +12,9 @@ already, `pushed`). With `every_rank` (`ipc`) each trainer rank writes a buffer 
 of the same index (on its GPU) opens; without it, every engine opens rank 0's. Start-up: `start` / `poll` / `join`. Split placement lets the engines start in the
 background while the trainer starts and runs its SFT warm-up; the first sync waits for both.
 Colocated placement (trainer rank i and engine i on GPU i) is this component's
-business too: the engines start before the trainer (vLLM sizes its memory at start-up), and with
-a sleep level they sleep while the trainer steps (`before_train` / `after_train`).
+business too: the engines start with the trainer when the plan fixed their cache bytes, else
+before it (vLLM then sizes its memory from what is free at its start), and with a sleep level
+they sleep while the trainer steps (`before_train` / `after_train`).
 """
 
 from __future__ import annotations
@@ -30,13 +31,20 @@ from actors.trainer_group import TrainerGroup
 from rlcore.canary import CanaryBounds, CanaryError, calibrate, canary_prompts, compare_logprobs, own_completion_pairs
 from rlcore.config import RunConfig
 from rlcore.report.console import one_line
-from rlcore.engine.registry import sleep_level
+from rlcore.engine.registry import memory_budget, sleep_level
 from rlcore.models.render import render_prompt
 from rlcore.report.startup import Background, StartupPhases
 from rlcore.transfer.base import Sender
 from rlcore.transfer.plan import SyncPlan, plan_buckets
 
 log = logging.getLogger("rlcore")
+
+
+def engines_sized_by_plan(cfg: RunConfig) -> bool:
+    """Whether the rollout engines' memory is fixed by the config (the plan's cache budget,
+    `rlcore.plan.memory.colocated_cache_bytes`, or the user's), not measured from the memory free
+    at their start: then a colocated trainer rank may start and allocate while they start."""
+    return memory_budget(cfg.rollout) is not None
 
 
 class WeightSync:
@@ -65,13 +73,14 @@ class WeightSync:
 
         Split placement (trainer and engines on different devices): the engines' start (model
         load, vLLM's compile and graph capture) runs in the background through the trainer's
-        start and the SFT warm-up (`poll` between its steps). Colocated: one after the other,
-        engines first, since vLLM sizes its KV cache from the GPU memory free at its start."""
+        start and the SFT warm-up (`poll` between its steps). Colocated: the same when the plan
+        fixed the engines' cache bytes (`engines_sized_by_plan`); else one after the other,
+        engines first, since vLLM then sizes its KV cache from the GPU memory free at its start."""
         n = len(self.rollouts)
         engines = f"starting the rollout engine{'s' if n > 1 else ''} ({self.cfg.rollout.engine})"
         self._engines = ReadyWatch(self.rollouts.handles, self.rollouts.timeout_s, "rollout actor")
         trainer = "starting the trainer and loading its model"
-        if self.colocated:
+        if self.colocated and not engines_sized_by_plan(self.cfg):
             with startup.phase(engines):
                 self._engines.join()
             self._announce()

@@ -8,8 +8,9 @@ module (and validation) stays free of torch: the class is imported only where an
 
 Each engine reads its options from its own config section (`rollout.vllm.*`, `rollout.hf.*`, and
 the same under `teacher.*`): the spec names the section's attribute and dataclass, and the
-helpers below (`engine_options`, `option`, `tensor_parallel_size`, `sleep_level`, `memory_share`)
-let the rest of rlcore ask the selected engine's section without knowing which engine it is.
+helpers below (`engine_options`, `option`, `tensor_parallel_size`, `sleep_level`, `memory_share`,
+`memory_budget`) let the rest of rlcore ask the selected engine's section without knowing which
+engine it is.
 
 Adding an engine (SGLang, say): write a :class:`rlcore.engine.base.RolloutEngine` (and its
 options dataclass) in its own module or folder, and add one :class:`EngineSpec` line to
@@ -33,6 +34,7 @@ from rlcore.config.engines import HFOptions, VLLMOptions
 from rlcore.config.plugins import add_plugin_section, remove_plugin_section
 from rlcore.config.teacher import TeacherConfig
 from rlcore.engine.vllm.vllm_checks import vllm_problems
+from rlcore.engine.vllm.vllm_plan import planned_kwargs as vllm_planned_kwargs
 from rlcore.routing import routing_problems
 
 if TYPE_CHECKING:
@@ -68,6 +70,14 @@ class EngineSpec:
     memory_share_kwarg: str | None = None
     """The key of its section's `engine_kwargs` that holds its GPU memory share (colocated
     placement and a teacher on a share of a GPU set it); None: the engine takes no such share."""
+    memory_budget_kwarg: str | None = None
+    """The key of its section's `engine_kwargs` that fixes its cache's bytes (vLLM's
+    `kv_cache_memory_bytes`): with it set, the engine sizes nothing from the memory free at its
+    start, so a colocated trainer rank starts and warms up beside it (the plan sets it from the
+    engine's share: `rlcore.plan.memory.colocated_cache_bytes`); None: it has no such key."""
+    planned_kwargs: Callable[[Any, int], dict[str, Any]] | None = None
+    """`engine_kwargs` it derives from the run, given its section and the most sequences one engine
+    holds at once (vLLM: its CUDA-graph capture sizes); keys the user set are never replaced."""
     rollout_only: tuple[str, ...] = ()
     """Options of its section that only a rollout engine reads (a teacher never receives
     weights nor sleeps): a teacher's section must leave them at their defaults."""
@@ -82,6 +92,7 @@ _BUILT_IN = (
                rollout_only=("routing_replay",), scores_top_k=True),
     EngineSpec("vllm", "rlcore.engine.vllm.vllm_engine:VLLMEngine", section="vllm", options=VLLMOptions,
                transports=("nccl", "ipc"), needs_gpu=True, memory_share_kwarg="gpu_memory_utilization",
+               memory_budget_kwarg="kv_cache_memory_bytes", planned_kwargs=vllm_planned_kwargs,
                rollout_only=("weight_reload", "kv_on_update", "quantization", "sleep_level", "routing_replay"),
                problems=vllm_problems),
 )
@@ -214,6 +225,19 @@ def memory_share(group: RolloutConfig | TeacherConfig) -> float | None:
     """The GPU memory share set in the selected engine's `engine_kwargs`; None when unset."""
     kwarg = engine_spec(group.engine).memory_share_kwarg
     return None if kwarg is None else option(group, "engine_kwargs", {}).get(kwarg)
+
+
+def memory_budget(group: RolloutConfig | TeacherConfig) -> int | None:
+    """The cache bytes fixed in the selected engine's `engine_kwargs` (`EngineSpec.
+    memory_budget_kwarg`); None when unset or the engine has no such key."""
+    kwarg = engine_spec(group.engine).memory_budget_kwarg
+    return None if kwarg is None else option(group, "engine_kwargs", {}).get(kwarg)
+
+
+def add_engine_kwargs(group: RolloutConfig | TeacherConfig, kwargs: dict[str, Any]) -> None:
+    """Add `kwargs` to the selected engine's `engine_kwargs`; keys already there are kept."""
+    opts = engine_options(group)
+    opts.engine_kwargs = {**kwargs, **opts.engine_kwargs}
 
 
 def set_memory_share(group: RolloutConfig | TeacherConfig, fraction: float) -> None:

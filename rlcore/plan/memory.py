@@ -18,6 +18,9 @@ gives 18.2 (the estimate errs high for small models: the fixed overhead dominate
 The engine needs at least its bf16 weights plus ENGINE_MIN_FREE_GIB (activations, some KV cache).
 A GPU teacher beside them (on-policy distillation) holds its `gpu_memory_utilization` of the GPU,
 which must itself hold the teacher's bf16 weights plus ENGINE_MIN_FREE_GIB.
+The engine's cache budget (`colocated_cache_bytes`): its share of the GPU less its bf16 weights and
+ENGINE_WORKSPACE_GIB; given to an engine that takes one (vLLM's `kv_cache_memory_bytes`), it
+makes the engine's size independent of what the trainer holds at that moment, so both start at once.
 Pure functions of the config; `model.path` checkpoints are planned from the facts a recipe
 restates in `model.arch` and skipped when those are missing.
 """
@@ -29,6 +32,7 @@ from dataclasses import dataclass
 
 from rlcore.config import RunConfig
 from rlcore.engine.registry import (
+    engine_options,
     engine_spec,
     has_option,
     memory_share,
@@ -42,6 +46,9 @@ GIB = 2**30
 OVERHEAD_GIB = 2.0
 FRAGMENTATION = 1.1
 ENGINE_MIN_FREE_GIB = 2.0
+ENGINE_WORKSPACE_GIB = 4.0
+"""What a colocated engine holds besides its weights and its cache: the CUDA context, the largest
+forward's activations and logits, the sampler's buffers, the CUDA-graph pool."""
 MAX_ENGINE_FRACTION = 0.6
 """Cap of the engine's automatic share: more KV cache than this rarely speeds a colocated run,
 and the rest is headroom for the trainer's allocator."""
@@ -170,6 +177,48 @@ def colocated_engine_fraction(cfg: RunConfig, gpu_bytes: int) -> float | None:
         return None
     free = gpu_bytes - TRAINER_MARGIN * _trainer_bytes_beside_engine(cfg, mem) - teacher_bytes(cfg, gpu_bytes)
     return max(0.0, min(MAX_ENGINE_FRACTION, math.floor(free / gpu_bytes * 100) / 100))
+
+
+def colocated_cache_bytes(cfg: RunConfig, gpu_bytes: int) -> int | None:
+    """Cache bytes for a colocated engine of `cfg` (share resolved) on a GPU of `gpu_bytes`: its
+    share x the GPU, less its bf16 weights and ENGINE_WORKSPACE_GIB, floored to a MiB. None where
+    the engine must size itself from the memory free at its start instead, i.e. where the engine
+    and the trainer cannot start side by side: no share, an unknown model shape, a sleep level
+    (the plan leaves the trainer's peak room only while the engine sleeps), a GPU teacher (it
+    sizes itself from what the two left), or less than ENGINE_MIN_FREE_GIB of cache."""
+    share, weights = memory_share(cfg.rollout), param_count(cfg)
+    if share is None or weights is None or sleep_level(cfg.rollout) or gpu_share(cfg):
+        return None
+    cache = float(share) * gpu_bytes - weights * 2 - ENGINE_WORKSPACE_GIB * GIB
+    if cache < ENGINE_MIN_FREE_GIB * GIB:
+        return None
+    return int(cache) // 2**20 * 2**20
+
+
+def max_sequences_per_engine(cfg: RunConfig) -> int:
+    """The most sequences one engine holds at once in RL: the groups the staleness bound lets be in
+    flight ((max_off_policy_steps + 1) x batch_groups) plus one request's overshoot
+    (tasks_per_request), shared by the actors, times group_size. Evaluation requests may add to
+    it for a while (their batches above the largest captured size run without a CUDA graph)."""
+    a, r = cfg.algo, cfg.rollout
+    groups = (a.max_off_policy_steps + 1) * a.batch_groups + r.tasks_per_request
+    return math.ceil(groups / max(r.num_actors, 1)) * a.group_size
+
+
+def planned_engine_kwargs(cfg: RunConfig, gpu_bytes: int | None) -> dict:
+    """The rollout engine's `engine_kwargs` derived from the run (placement resolved): its cache
+    budget when colocated (`colocated_cache_bytes`), and what the engine's own hook derives from
+    the sequences it can hold (`EngineSpec.planned_kwargs`). Keys the user set are left out."""
+    spec, r = engine_spec(cfg.rollout.engine), cfg.rollout
+    out: dict = {}
+    if spec.planned_kwargs is not None:
+        out.update(spec.planned_kwargs(engine_options(r), max_sequences_per_engine(cfg)))
+    if cfg.placement == "colocated" and spec.memory_budget_kwarg and gpu_bytes:
+        budget = colocated_cache_bytes(cfg, gpu_bytes)
+        if budget is not None:
+            out[spec.memory_budget_kwarg] = budget
+    given = getattr(engine_options(r), "engine_kwargs", {})
+    return {k: v for k, v in out.items() if k not in given}
 
 
 def _gib(n: float) -> str:

@@ -15,6 +15,7 @@ import copy
 from rlcore.config import RunConfig
 from rlcore.engine.registry import (
     COLOCATED_TRANSPORT,
+    add_engine_kwargs,
     engine_spec,
     engines_where,
     memory_share,
@@ -27,6 +28,7 @@ from rlcore.plan.memory import (
     colocated_engine_fraction,
     engine_min_bytes,
     memory_problems,
+    planned_engine_kwargs,
 )
 from rlcore.plan.teacher import gpu_share
 
@@ -71,7 +73,9 @@ def resolve_placement(cfg: RunConfig, gpus: float) -> str:
 def resolve(cfg: RunConfig, gpus: float, gpu_bytes: int | None) -> RunConfig:
     """A copy of `cfg` with `placement` resolved; colocated engines that take a GPU memory share
     (vLLM's `gpu_memory_utilization`) and were given none get the share the memory plan leaves
-    beside the trainer."""
+    beside the trainer; then the engine arguments the run implies that the user did not set
+    (`rlcore.plan.memory.planned_engine_kwargs`: a colocated engine's cache budget, vLLM's
+    CUDA-graph capture sizes)."""
     out = copy.deepcopy(cfg)
     out.placement = resolve_placement(cfg, gpus)
     takes_share = engine_spec(out.rollout.engine).memory_share_kwarg is not None
@@ -80,6 +84,9 @@ def resolve(cfg: RunConfig, gpus: float, gpu_bytes: int | None) -> RunConfig:
         need = engine_min_bytes(out)
         if fraction is not None and need is not None and fraction * gpu_bytes >= need:
             set_memory_share(out.rollout, fraction)
+    planned = planned_engine_kwargs(out, gpu_bytes)
+    if planned:  # only engines with `engine_kwargs` plan any
+        add_engine_kwargs(out.rollout, planned)
     return out
 
 
