@@ -173,6 +173,10 @@ class _LoopThread:
 class VerifiersEnvironment(Environment):
     """A verifiers v1 environment behind rlcore's Environment interface (module doc)."""
 
+    reward_range = (-math.inf, math.inf)
+    """A rubric's weighted sum has the scale its taskset gives it: declare it with
+    `env.args.reward_range: [lo, hi]` to have every reward checked against it."""
+
     def __init__(self, taskset: str = "", env_config: dict[str, Any] | None = None, model_name: str = "rlcore",
                  tool_parser: str = "hermes", request_timeout_s: float = 600.0, rollout_timeout_s: float = 1800.0,
                  batch_window_s: float = 0.005, max_tasks: int = 100_000, allow_host_tools: bool = False,
@@ -332,5 +336,5 @@ class VerifiersEnvironment(Environment):
         if not math.isfinite(reward):
             self.apply_error(sample, f"reward: not finite ({reward})")
             return sample
-        sample.reward = float(reward)
+        self.set_reward(sample, float(reward))
         return sample
