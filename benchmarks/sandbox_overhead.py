@@ -4,13 +4,15 @@ mini_swe's test runner (and of `python -c pass`), against the same command as a 
     python benchmarks/sandbox_overhead.py [N]
 """
 
+import json
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
 
-from rlcore.envs.mini_swe import MiniSWE
+from rlcore.envs.mini_swe import MiniSWE, visible_calls
+from rlcore.envs.sealed_tests import SPEC_FILE
 from rlcore.sandbox import Limits, LocalSandbox
 
 
@@ -26,15 +28,23 @@ def median_s(fn, n: int) -> float:
 def main() -> None:
     n = int(sys.argv[1]) if len(sys.argv) > 1 else 30
     env = MiniSWE(seed=0, functions=1)
-    files = env.make_task(0, "train").info["files"]
+    task = env.make_task(0, "train")
+    spec = json.dumps({"nonce": "0" * 32, "budget_s": 8.0,  # the runner's spec, as run_sealed writes it
+                       "calls": [[c.name, c.fn, c.args] for c in visible_calls(task.info["functions"])]})
+    files = {**task.info["files"], SPEC_FILE: spec}
     sandbox = LocalSandbox(Limits(timeout_s=10))
+
+    def bare_run(cmd, d):
+        open(f"{d}/{SPEC_FILE}", "w").write(spec)  # the runner deletes it
+        subprocess.run(cmd, cwd=d, capture_output=True, check=False)
+
     for name, cmd in (("python -c pass", [sys.executable, "-c", "pass"]),
-                      ("mini_swe run_tests.py", [sys.executable, "run_tests.py"])):
+                      ("mini_swe run_tests.py", [sys.executable, "-I", "run_tests.py"])):
         boxed = median_s(lambda: sandbox.run(["python", *cmd[1:]], files=files), n)
         with tempfile.TemporaryDirectory() as d:
             for rel, text in files.items():
                 open(f"{d}/{rel}", "w").write(text)
-            bare = median_s(lambda: subprocess.run(cmd, cwd=d, capture_output=True, check=False), n)
+            bare = median_s(lambda: bare_run(cmd, d), n)
         print(f"{name}: sandboxed {boxed * 1000:.0f} ms, bare {bare * 1000:.0f} ms, "
               f"overhead {(boxed - bare) * 1000:.0f} ms (median of {n})")
 
