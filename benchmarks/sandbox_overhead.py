@@ -35,7 +35,8 @@ def main() -> None:
     sandbox = LocalSandbox(Limits(timeout_s=10))
 
     def bare_run(cmd, d):
-        open(f"{d}/{SPEC_FILE}", "w").write(spec)  # the runner deletes it
+        with open(f"{d}/{SPEC_FILE}", "w") as f:  # the runner deletes it
+            f.write(spec)
         subprocess.run(cmd, cwd=d, capture_output=True, check=False)
 
     for name, cmd in (("python -c pass", [sys.executable, "-c", "pass"]),

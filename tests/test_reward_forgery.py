@@ -16,7 +16,8 @@ import pytest
 
 from rlcore.envs import make_env
 from rlcore.envs.base import Environment
-from rlcore.envs.sealed_tests import read_report
+from rlcore.envs.mini_swe import visible_calls
+from rlcore.envs.sealed_tests import read_report, run_sealed
 from rlcore.meta import group_meta
 from rlcore.report.failures import FailureLog
 from rlcore.sandbox.local import namespaces_problem
@@ -26,11 +27,36 @@ from tests.test_env_safety import run
 NO_NS = namespaces_problem()
 FORGED = json.dumps({"passed": 1000, "total": 1, "failed": []})  # the old runner's summary, forged
 
-# code appended to the task's buggy lib.py; it runs when the test process imports lib
+# the visible tests' answers as `answers` (test name -> expected value), read from test_lib.py
+ANSWERS = ("import re as _re\n"
+           "answers = {n: eval(w) for n, w in _re.findall(r'def (test_\\w+)\\(\\):\\n    assert .* == (.*)',"
+           " open('test_lib.py').read())}\n")
+# a report as the runner writes it, with every visible answer right (hidden ones guessed)
+REPORT = ANSWERS + ("import json as _json\n"
+                    "report = _json.dumps({**{f'hidden_{f}_{j}': {'value': 0} for f in ('add', 'is_even', 'factorial',"
+                    " 'largest', 'reverse', 'count_vowels', 'clamp', 'square') for j in range(3)},"
+                    " **{n: {'value': v} for n, v in answers.items()}})\n")
+# the runner's memory, region by region, into `seen` (what a nonce thief reads)
+READ_RUNNER = ("import os as _os\n"
+               "seen = ''\n"
+               "try:\n"
+               "    with open(f'/proc/{_os.getppid()}/maps') as maps, open(f'/proc/{_os.getppid()}/mem', 'rb') as mem:\n"
+               "        for region in maps:\n"
+               "            lo, hi = (int(x, 16) for x in region.split()[0].split('-'))\n"
+               "            if region.split()[1].startswith('rw') and hi - lo < 1 << 26:\n"
+               "                try:\n                    mem.seek(lo); seen += mem.read(hi - lo).decode('latin-1')\n"
+               "                except OSError: pass\n"
+               "except OSError:\n    pass\n"
+               "for path in ('.rlcore_tests.json', f'/proc/{_os.getppid()}/cmdline', f'/proc/{_os.getppid()}/environ',"
+               " '/proc/self/environ'):\n"
+               "    try: seen += open(path, 'rb').read(1 << 16).decode(errors='replace')\n    except OSError: pass\n")
+
+# code appended to the task's buggy lib.py; it runs when the test process imports lib. Each also
+# prints the old runner's summary (what made it score 1000.0 before)
 ATTACKS = {
     "forged_summary": f"print({FORGED!r}, flush=True)\nimport os\nos._exit(0)\n",
     "early_exit_sys": f"print({FORGED!r}, flush=True)\nimport sys\nsys.exit(0)\n",
-    "early_exit_os": "import os\nos._exit(0)\n",
+    "early_exit_os": f"import os\nos.write(1, b{FORGED!r} + b'\\n')\nos._exit(0)\n",
     # the runner's own modules and process: json.dumps replaced, the runner file rewritten on disk
     "patch_runner": (
         "import json, sys\n"
@@ -48,38 +74,39 @@ ATTACKS = {
         "    try:\n        f(); return True\n    except Exception:\n        return False\n"
         "builtins.dir = lambda *a: [n for n in _dir(*a) if not (a and n.startswith('test_'))"
         " or _passes(getattr(a[0], n))]\n"),
-    # where a harness might read: work-dir files, stdout, stderr, every descriptor, /proc paths,
-    # and the child's own value channel, filled with the visible tests' answers (a lookup table)
-    "write_result": (
-        "import json, os, re, sys\n"
-        "table = {}\n"
-        "for f, args, want in re.findall(r'assert (\\w+)\\((.*)\\) == (.*)', open('test_lib.py').read()):\n"
-        "    table[(f, args)] = eval(want)\n"
-        "calls = getattr(sys.modules['__main__'], 'calls', [])\n"
-        "for i, (f, args) in enumerate(calls):\n"
-        "    key = (f, ', '.join(map(repr, args)))\n"
-        "    print(json.dumps({'i': i, 'value': table.get(key, 0)}), flush=True)\n"
-        f"line = ({FORGED!r} + '\\n').encode()\n"
+    # where a harness might read: work-dir files, stdout, stderr, every descriptor, /proc paths
+    "write_result": REPORT + (
+        "import os\n"
+        f"lines = [({FORGED!r} + '\\n').encode(), (('f' * 32) + ' ' + report + '\\n').encode()]\n"
         "for name in ('results.json', 'report.json', '.rlcore_tests.json', 'summary.txt'):\n"
-        "    open(name, 'w').write(line.decode())\n"
+        "    open(name, 'wb').write(b''.join(lines))\n"
         "for fd in range(0, 1024):\n"
-        "    try: os.write(fd, line)\n    except OSError: pass\n"
+        "    for line in lines:\n"
+        "        try: os.write(fd, line)\n        except OSError: pass\n"
         "for path in ('/dev/stdout', '/dev/stderr', f'/proc/{os.getppid()}/fd/1', '/proc/1/fd/1',\n"
         "             f'/proc/{os.getppid()}/fd/2'):\n"
-        "    try:\n        with open(path, 'w') as f: f.write(line.decode())\n    except OSError: pass\n"
+        "    try:\n        with open(path, 'ab') as f: f.write(b''.join(lines))\n    except OSError: pass\n"
         "os._exit(0)\n"),
-    # every function returns an object equal to anything; builtins, unittest and json patched
+    # the visible answers written into the test process's own value channel (a lookup table)
+    "lookup_table": (
+        "import json, re as _re, sys\n"
+        "calls = getattr(sys.modules['__main__'], 'calls', [])\n"
+        "src = open('test_lib.py').read()\n"
+        "table = {(f, a): eval(w) for f, a, w in _re.findall(r'assert (\\w+)\\((.*)\\) == (.*)', src)}\n"
+        "for i, (f, args) in enumerate(calls):\n"
+        "    print(json.dumps({'i': i, 'value': table.get((f, ', '.join(map(repr, args))), 0)}), flush=True)\n"
+        f"print({FORGED!r}, flush=True)\n"
+        "import os\nos._exit(0)\n"),
+    # every function returns an object equal to anything; builtins and unittest patched
     "monkeypatch": (
-        "import builtins, json, unittest\n"
+        "import builtins, unittest\n"
         "class Anything:\n"
         "    def __eq__(self, other): return True\n"
         "    def __ne__(self, other): return False\n"
         "    def __bool__(self): return True\n"
-        "    def __repr__(self): return '24'\n"
         "for _name in [n for n, v in list(globals().items()) if callable(v) and not n.startswith('_')\n"
-        "              and n not in ('Anything',) and getattr(v, '__module__', '') == __name__]:\n"
+        "              and n != 'Anything' and getattr(v, '__module__', '') == __name__]:\n"
         "    globals()[_name] = lambda *a, **k: Anything()\n"
-        "json.dumps = lambda obj, *a, **k: '{\"i\": %d, \"value\": 24}' % obj.get('i', 0)\n"
         "builtins.isinstance = lambda *a: True\n"
         "builtins.AssertionError = type('Nothing', (Exception,), {})\n"
         "unittest.TestCase.run = lambda *a, **k: None\n"),
@@ -89,22 +116,29 @@ ATTACKS = {
         "import os, signal\n"
         "for pid in (os.getppid(), 1, -1, 0):\n"
         "    try: os.kill(pid, signal.SIGKILL)\n    except (OSError, PermissionError): pass\n"
-        "try: os.killpg(0, signal.SIGKILL)\nexcept (OSError, PermissionError): pass\n"
+        "try: signal.pidfd_send_signal(os.pidfd_open(os.getppid()), signal.SIGKILL)\n"
+        "except (OSError, AttributeError): pass\n"
         "os._exit(0)\n"),
-    # a line that looks like the report: random nonces, and the real one if anything leaks it
-    "nonce_line": (
-        "import json, os, re, secrets\n"
-        "names = re.findall(r'def (test_\\w+)', open('test_lib.py').read())\n"
-        "forged = {n: {'value': 24} for n in names}\n"
-        "forged.update({f'hidden_{f}_{j}': {'value': 24} for f in ('add', 'factorial', 'reverse') for j in (0, 1)})\n"
-        "seen = ''\n"
-        "for path in ('.rlcore_tests.json', f'/proc/{os.getppid()}/cmdline', f'/proc/{os.getppid()}/environ',\n"
-        "             f'/proc/{os.getppid()}/mem', '/proc/self/environ'):\n"
-        "    try: seen += open(path, 'rb').read(1 << 16).decode(errors='replace')\n    except OSError: pass\n"
-        "for nonce in set(re.findall(r'[0-9a-f]{32}', seen)) | {secrets.token_hex(16) for _ in range(50)}:\n"
-        "    print(nonce + ' ' + json.dumps(forged), flush=True)\n"
+    # lines that look like the report: random nonces, and any 32-hex string the runner leaks
+    "nonce_line": REPORT + READ_RUNNER + (
+        "import secrets\n"
+        "for nonce in set(_re.findall(r'[0-9a-f]{32}', seen)) | {secrets.token_hex(16) for _ in range(50)}:\n"
+        "    print(nonce + ' ' + report, flush=True)\n"
         f"print({FORGED!r}, flush=True)\n"
-        "os._exit(0)\n"),
+        "_os._exit(0)\n"),
+    # the nonce stolen from the runner's memory, the report written to the runner's own stdout,
+    # the runner killed so that report is the only one
+    "steal_nonce": REPORT + READ_RUNNER + (
+        "import signal\n"
+        "try:\n"
+        "    fd = _os.open(f'/proc/{_os.getppid()}/fd/1', _os.O_WRONLY | _os.O_APPEND)\n"
+        "    for c in set(_re.findall(r'(?<![0-9a-f])[0-9a-f]{32}(?![0-9a-f])', seen)):\n"
+        "        _os.write(fd, (c + ' ' + report + '\\n').encode())\n"
+        "except OSError:\n    pass\n"
+        "try: signal.pidfd_send_signal(_os.pidfd_open(_os.getppid()), signal.SIGKILL)\n"
+        "except (OSError, AttributeError): pass\n"
+        f"print({FORGED!r}, flush=True)\n"
+        "_os._exit(0)\n"),
 }
 
 
@@ -132,6 +166,10 @@ def test_a_forged_result_scores_no_more_than_leaving_the_bug(env, attack):
                   ".local/lib/python3.11/site-packages/usercustomize.py": f"print({FORGED!r})\n"}
         got = score(env, task, forged)
         assert 0.0 <= got <= nothing, (attack, index, got, nothing)
+        if attack != "lookup_table":  # the channel itself: no visible test passes that the bug fails
+            visible = visible_calls(task.info["functions"])
+            honest = run_sealed(env.sandbox, files, visible, env.budget_s).passed
+            assert set(run_sealed(env.sandbox, forged, visible, env.budget_s).passed) <= set(honest), attack
 
 
 def test_the_report_is_read_only_from_the_one_line_keyed_by_the_nonce():
