@@ -1,5 +1,7 @@
 """Per-episode cost of the sandbox on CPU: median wall time of one `LocalSandbox.run` of
-mini_swe's test runner (and of `python -c pass`), against the same command as a bare subprocess.
+mini_swe's test runner (and of `python -c pass`), against the same command as a bare subprocess;
+then one whole sealed scoring run (`MiniSWE.test_fraction`: the runner, one child per function,
+visible and hidden tests), interleaved with a sandboxed `python -c pass`.
 
     python benchmarks/sandbox_overhead.py [N]
 """
@@ -48,6 +50,21 @@ def main() -> None:
             bare = median_s(lambda: bare_run(cmd, d), n)
         print(f"{name}: sandboxed {boxed * 1000:.0f} ms, bare {bare * 1000:.0f} ms, "
               f"overhead {(boxed - bare) * 1000:.0f} ms (median of {n})")
+    for functions in (1, 2):
+        env = MiniSWE(seed=0, functions=functions, bugs=1)
+        task = env.make_task(0, "train")
+        fixed = {**task.info["files"], "lib.py": task.info["fixed"]}
+        score, empty = [], []
+        for _ in range(n):  # interleaved: the box's load hits both alike
+            for out, fn in ((score, lambda: env.test_fraction(task, fixed)),
+                            (empty, lambda: sandbox.run(["python", "-c", "pass"]))):
+                t = time.perf_counter()
+                fn()
+                out.append(time.perf_counter() - t)
+        print(f"sealed score, functions={functions}: median {statistics.median(score) * 1000:.0f} ms "
+              f"(range {min(score) * 1000:.0f}-{max(score) * 1000:.0f}); sandboxed `python -c pass` median "
+              f"{statistics.median(empty) * 1000:.0f} ms (range {min(empty) * 1000:.0f}-{max(empty) * 1000:.0f}); "
+              f"{n} each")
 
 
 if __name__ == "__main__":
