@@ -37,7 +37,7 @@ import secrets
 from typing import Any
 
 from rlcore.envs.base import Message, register, rng_for
-from rlcore.envs.sealed_tests import RUNNER_FILE, RUNNER_SOURCE, Call, Verdict, run_sealed
+from rlcore.envs.sealed_tests import RUNNER_FILE, RUNNER_SOURCE, Call, run_sealed
 from rlcore.envs.tools import ToolEnvironment
 from rlcore.sandbox import Limits, LocalSandbox, Sandbox, check_relative
 from rlcore.sandbox.local import SandboxUnavailable
@@ -200,21 +200,16 @@ class MiniSWE(ToolEnvironment):
         failed = ", ".join(f"{name} ({why})" for name, why in verdict.failed.items()) or "none"
         return f"{len(verdict.passed)}/{verdict.total} passed; failed: {failed}"
 
-    def verdict(self, task: Task, files: dict[str, str]) -> Verdict:
-        """The visible and hidden tests run against `files` (the read-only files restored)."""
+    def test_fraction(self, task: Task, files: dict[str, str]) -> float:
+        """Share of the task's functions whose every test passes against `files` (the read-only
+        files restored), hidden ones included: answers copied from the visible tests, by code or
+        by a forged report, fix nothing."""
         names = task.info["functions"]
         calls = visible_calls(names) + hidden_calls(names, random.Random(secrets.randbits(64)))
-        return run_sealed(self.sandbox, {**files, **{p: task.info["files"][p] for p in READ_ONLY}}, calls,
-                          self.budget_s)
-
-    def test_fraction(self, task: Task, files: dict[str, str]) -> float:
-        """Share of the task's functions whose every test passes against `files`, hidden ones
-        included (so answers copied from the visible tests, by code or by a forged report, fix
-        nothing)."""
-        verdict = self.verdict(task, files)
-        names = task.info["functions"]
-        return sum(not any(t.startswith((f"test_{n}_", f"hidden_{n}_")) for t in verdict.failed)
-                   for n in names) / len(names)
+        verdict = run_sealed(self.sandbox, {**files, **{p: task.info["files"][p] for p in READ_ONLY}}, calls,
+                             self.budget_s)
+        broken = {c.fn for c in calls if c.name in verdict.failed}
+        return sum(n not in broken for n in names) / len(names)
 
     def score(self, task: Task, history: list[Message], state: dict[str, Any]) -> float:
         return self.test_fraction(task, state["files"])
