@@ -5,10 +5,11 @@ module exporting its `vf.Taskset` subclass, and optionally its `vf.Harness` / `v
 `__all__`, exactly as `vf-eval ID` resolves it), `env.args.env_config: {...}` (the rest of the
 v1 env config, the `[env]` block of a verifiers TOML: `taskset.*` knobs, `agent.harness.*`,
 `agent.runtime.*`, ...; the agent's runtime defaults to the local `subprocess` one here;
-`agent.harness.id: null` is verifiers' tool-less `null` harness). An environment whose harness
-executes code, or whose taskset serves tools, in the `subprocess` runtime would run the policy's
-tools on this host outside rlcore's sandbox: it is refused (:mod:`rlcore.envs.verifiers_host`)
-unless `env.args.allow_host_tools=true`.
+`agent.harness.id: null` is verifiers' tool-less `null` harness). An environment with any part
+rlcore does not know to be safe (by what it is, never by its own flags: a taskset's own harness or
+env class, a harness in a runtime that shares the host, a tool server on this host) could run the
+policy's output on this host outside rlcore's sandbox: it is refused
+(:mod:`rlcore.envs.verifiers_host`) unless `env.args.allow_host_tools=true`.
 
 Per `run_groups` call, on the rollout actor:
 
@@ -197,7 +198,8 @@ class VerifiersEnvironment(Environment):
         if found and allow_host_tools is not True:
             raise ValueError(refusal(found))
         if found:
-            log.warning("verifiers: tools run on this host, outside rlcore's sandbox (env.args.allow_host_tools=true): "
+            log.warning("verifiers: parts rlcore does not know to be safe run on this host, outside rlcore's sandbox "
+                        "(env.args.allow_host_tools=true): "
                         "%s", "; ".join(found))
         self.model_name = model_name
         self.tool_parser = tool_parser
