@@ -130,7 +130,7 @@ def test_model_path_neither_directory_nor_hub_id(tmp_path, capsys):
 def test_an_empty_environment_dataset_is_refused(mode, tmp_path, capsys):
     # the test suite's v1 taskset (tests/test_verifiers_env.py) asked for no tasks
     assert main(["env=verifiers", "env.args.taskset=test_verifiers_env", "env.args.env_config={taskset: {num_tasks: 0}}",
-                 "sft.warmup_steps=0", f"mode={mode}", f"output_dir={tmp_path}"]) == 2
+                 "env.args.allow_host_tools=true", "sft.warmup_steps=0", f"mode={mode}", f"output_dir={tmp_path}"]) == 2
     assert errors(capsys) == ["rlcore: config error: env.args.taskset: taskset 'test_verifiers_env' yielded no tasks"]
 
 

@@ -295,7 +295,8 @@ def test_tool_call_round_trip(tool_engine):
 # ---- the v1 environment ---------------------------------------------------------------------
 
 def _env(**args):
-    return make_env("verifiers", {"taskset": __name__, "on_reward_error": "zero",
+    # CalcHarness is this module's own: rlcore does not know it, so the test vouches for it
+    return make_env("verifiers", {"taskset": __name__, "on_reward_error": "zero", "allow_host_tools": True,
                                   "env_config": {"taskset": {"num_tasks": 2}}, **args}, seed=0)
 
 
@@ -417,7 +418,7 @@ def test_v1_env_trains_end_to_end(tmp_path):
     out = tmp_path / "run"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")])}
     proc = subprocess.run([sys.executable, "-m", "rlcore.run", "env=verifiers", "env.args.taskset=test_verifiers_env",
-                           "+env.args.on_reward_error=zero", "steps=2", "sft.warmup_steps=0", f"output_dir={out}"],
+                           "+env.args.on_reward_error=zero", "env.args.allow_host_tools=true", "steps=2", "sft.warmup_steps=0", f"output_dir={out}"],
                           capture_output=True, text=True, timeout=300, env=env, check=False)
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]

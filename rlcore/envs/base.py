@@ -12,7 +12,9 @@ non-finite reward either marks the sample failed (`on_reward_error: fail`, the d
 drops it) or scores it 0 with the error kept on `Sample.error` (`on_reward_error: zero`). When more
 than `max_abandoned_threads` timed-out threads are still running, scoring moves to `process`
 isolation (logged once) and stateful calls (`init_state`, `env_response`) fail their request with
-one line. What the code prints is kept on `Sample.env_output`. These settings are ordinary
+one line. What the code prints is kept on `Sample.env_output`. Every reward is checked against the
+environment's declared `reward_range` ([0, 1] unless the class or `env.args.reward_range` says
+otherwise): one outside it fails its sample with that reason, whatever `on_reward_error` says. These settings are ordinary
 `env.args` keys accepted by every environment. An empty completion is an answer: it is scored.
 """
 
@@ -23,6 +25,7 @@ import logging
 import math
 import os
 import random
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Iterator
 
 from rlcore.envs.reward_workers import WorkerPool
@@ -54,10 +57,15 @@ class Environment(abc.ABC):
     name: str = "env"
     uses_images: bool = False
     """True when tasks carry images (the policy must then be a vision-language model)."""
+    reward_range: tuple[float, float] = (0.0, 1.0)
+    """The rewards this environment can give, bounds included (a class declares its own;
+    `env.args.reward_range: [lo, hi]` overrides it). A reward outside it is a failed sample."""
 
     def __init__(self, seed: int = 0, reward_timeout_s: float = 10.0, on_reward_error: str = "fail",
-                 reward_isolation: str = "worker", eval_size: int = 64, max_abandoned_threads: int = 4):
+                 reward_isolation: str = "worker", eval_size: int = 64, max_abandoned_threads: int = 4,
+                 reward_range: Sequence[float] | None = None):
         check_safety_args(reward_timeout_s, on_reward_error, reward_isolation, max_abandoned_threads)
+        self.reward_range = check_reward_range(self.reward_range if reward_range is None else reward_range)
         self.max_abandoned_threads = int(max_abandoned_threads)
         if eval_size < 1:
             raise ValueError(f"env.args.eval_size: must be >= 1, got {eval_size}")
@@ -172,10 +180,28 @@ class Environment(abc.ABC):
             sample.failed = True
         sample.reward = 0.0
 
+    def out_of_range(self, reward: float) -> str | None:
+        """Why `reward` cannot be this environment's (outside its declared range), else None."""
+        lo, hi = self.reward_range
+        if lo <= reward <= hi:
+            return None
+        return (f"{reward:g} is outside the environment's declared range [{lo:g}, {hi:g}] "
+                f"({type(self).__name__}.reward_range / env.args.reward_range)")
+
+    def set_reward(self, sample: Sample, reward: float) -> None:
+        """`sample.reward = reward` when it is in the declared range; otherwise the sample fails
+        with the reason, whatever `on_reward_error` says (never trained on)."""
+        problem = self.out_of_range(reward)
+        if problem is None:
+            sample.reward = reward
+            return
+        self.apply_error(sample, f"reward: {problem}")
+        sample.failed = True
+
     def apply_outcome(self, sample: Sample, outcome: Outcome) -> None:
         keep_output(sample, outcome)
         if outcome.ok:
-            sample.reward = outcome.value
+            self.set_reward(sample, outcome.value)
         else:
             self.apply_error(sample, f"reward: {outcome.error}")
 
@@ -204,6 +230,17 @@ class Environment(abc.ABC):
             self.apply_outcome(sample, outcome)
         return [Group(task=t, samples=samples[ti * group_size:(ti + 1) * group_size])
                 for ti, t in enumerate(tasks)]
+
+
+def check_reward_range(value: Sequence[float]) -> tuple[float, float]:
+    """`value` as (lo, hi), or ValueError naming `env.args.reward_range`."""
+    try:
+        lo, hi = (float(v) for v in value)
+    except (TypeError, ValueError):
+        raise ValueError(f"env.args.reward_range: must be [lo, hi] (numbers), got {value!r}") from None
+    if math.isnan(lo) or math.isnan(hi) or not lo <= hi:
+        raise ValueError(f"env.args.reward_range: must be [lo, hi] with lo <= hi, got {value!r}")
+    return lo, hi
 
 
 def keep_output(sample: Sample, outcome: Outcome) -> None:

@@ -5,10 +5,11 @@ module exporting its `vf.Taskset` subclass, and optionally its `vf.Harness` / `v
 `__all__`, exactly as `vf-eval ID` resolves it), `env.args.env_config: {...}` (the rest of the
 v1 env config, the `[env]` block of a verifiers TOML: `taskset.*` knobs, `agent.harness.*`,
 `agent.runtime.*`, ...; the agent's runtime defaults to the local `subprocess` one here;
-`agent.harness.id: null` is verifiers' tool-less `null` harness). An environment whose harness
-executes code, or whose taskset serves tools, in the `subprocess` runtime would run the policy's
-tools on this host outside rlcore's sandbox: it is refused (:mod:`rlcore.envs.verifiers_host`)
-unless `env.args.allow_host_tools=true`.
+`agent.harness.id: null` is verifiers' tool-less `null` harness). An environment with any part
+rlcore does not know to be safe (by what it is, never by its own flags: a taskset's own harness or
+env class, a harness in a runtime that shares the host, a tool server on this host) could run the
+policy's output on this host outside rlcore's sandbox: it is refused
+(:mod:`rlcore.envs.verifiers_host`) unless `env.args.allow_host_tools=true`.
 
 Per `run_groups` call, on the rollout actor:
 
@@ -173,6 +174,10 @@ class _LoopThread:
 class VerifiersEnvironment(Environment):
     """A verifiers v1 environment behind rlcore's Environment interface (module doc)."""
 
+    reward_range = (-math.inf, math.inf)
+    """A rubric's weighted sum has the scale its taskset gives it: declare it with
+    `env.args.reward_range: [lo, hi]` to have every reward checked against it."""
+
     def __init__(self, taskset: str = "", env_config: dict[str, Any] | None = None, model_name: str = "rlcore",
                  tool_parser: str = "hermes", request_timeout_s: float = 600.0, rollout_timeout_s: float = 1800.0,
                  batch_window_s: float = 0.005, max_tasks: int = 100_000, allow_host_tools: bool = False,
@@ -193,7 +198,8 @@ class VerifiersEnvironment(Environment):
         if found and allow_host_tools is not True:
             raise ValueError(refusal(found))
         if found:
-            log.warning("verifiers: tools run on this host, outside rlcore's sandbox (env.args.allow_host_tools=true): "
+            log.warning("verifiers: parts rlcore does not know to be safe run on this host, outside rlcore's sandbox "
+                        "(env.args.allow_host_tools=true): "
                         "%s", "; ".join(found))
         self.model_name = model_name
         self.tool_parser = tool_parser
@@ -332,5 +338,5 @@ class VerifiersEnvironment(Environment):
         if not math.isfinite(reward):
             self.apply_error(sample, f"reward: not finite ({reward})")
             return sample
-        sample.reward = float(reward)
+        self.set_reward(sample, float(reward))
         return sample
