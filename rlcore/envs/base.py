@@ -12,7 +12,8 @@ non-finite reward either marks the sample failed (`on_reward_error: fail`, the d
 drops it) or scores it 0 with the error kept on `Sample.error` (`on_reward_error: zero`). When more
 than `max_abandoned_threads` timed-out threads are still running, scoring moves to `process`
 isolation (logged once) and stateful calls (`init_state`, `env_response`) fail their request with
-one line. What the code prints is kept on `Sample.env_output`. These settings are ordinary
+one line. Each reward worker may grow by `reward_memory_mb` MiB (a call past it fails its sample,
+naming the bound). What the code prints is kept on `Sample.env_output`. These settings are ordinary
 `env.args` keys accepted by every environment. An empty completion is an answer: it is scored.
 """
 
@@ -56,8 +57,12 @@ class Environment(abc.ABC):
     """True when tasks carry images (the policy must then be a vision-language model)."""
 
     def __init__(self, seed: int = 0, reward_timeout_s: float = 10.0, on_reward_error: str = "fail",
-                 reward_isolation: str = "worker", eval_size: int = 64, max_abandoned_threads: int = 4):
+                 reward_isolation: str = "worker", eval_size: int = 64, max_abandoned_threads: int = 4,
+                 reward_memory_mb: int = 2048):
         check_safety_args(reward_timeout_s, on_reward_error, reward_isolation, max_abandoned_threads)
+        if not isinstance(reward_memory_mb, int) or reward_memory_mb < 0:
+            raise ValueError(f"env.args.reward_memory_mb: must be an integer >= 0 (0 = unbounded), got {reward_memory_mb!r}")
+        self.reward_memory_mb = reward_memory_mb
         self.max_abandoned_threads = int(max_abandoned_threads)
         if eval_size < 1:
             raise ValueError(f"env.args.eval_size: must be >= 1, got {eval_size}")
@@ -76,7 +81,8 @@ class Environment(abc.ABC):
     def reward_pool(self) -> WorkerPool:
         """The environment's reward workers (`reward_isolation: worker`)."""
         if getattr(self, "_reward_pool", None) is None:
-            self._reward_pool = WorkerPool(self, max(2, min(4, os.cpu_count() or 1)))
+            self._reward_pool = WorkerPool(self, max(2, min(4, os.cpu_count() or 1)),
+                                           getattr(self, "reward_memory_mb", 2048))
         return self._reward_pool
 
     @property
