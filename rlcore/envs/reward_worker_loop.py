@@ -16,8 +16,10 @@ message per call. After every call the worker puts itself back as it was when it
   it);
 - an outcome whose value pickles to more than `RESULT_LIMIT` bytes becomes an error.
 
-The worker dies with its parent (PR_SET_PDEATHSIG, checked after it is set, so a parent that
-died during the fork is seen too).
+Between the worker and the actor sits a keeper process (:func:`keep`): a reward that kills its
+parent kills the keeper, and the actor names it; at a deadline the keeper kills the worker and
+whatever its calls left, in any session. Each dies with its parent (PR_SET_PDEATHSIG, checked
+after it is set, so a parent that died during the fork is seen too).
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ import os
 import pickle
 import resource
 import signal
+import stat
 import sys
 import time
 from typing import Any
@@ -37,23 +40,60 @@ PR_SET_PDEATHSIG = 1
 PR_SET_CHILD_SUBREAPER = 36
 RESULT_LIMIT = 1 << 20
 """Bytes a call's pickled return value may take (a reward is a number: this is generous)."""
-CURRENT, STARTED, CUT = 0, 1, 2
+CURRENT, STARTED, CUT, WORKER_PID = 0, 1, 2, 3
 """Fields of a worker's `progress` array: the call it runs (index in its batch, -1 before the
 first), when that call started (time.monotonic, shared by all processes), the last index it may
-start (the parent lowers it to move the rest of the batch elsewhere)."""
+start (the parent lowers it to move the rest of the batch elsewhere), the worker's pid."""
+EXIT_PIPE_LOST = 3
+"""Exit code of a worker whose pipe to the actor a call closed."""
+EXIT_DESCENDANTS = 4
+"""Exit code of a worker that could not end what a call started."""
 REAP_ROUNDS = 100
 """Kill-and-reap rounds after a call before the worker gives up on its descendants and exits
 (a fork bomb outruns it; the parent then kills the worker's whole session and replaces it)."""
 
 
-def serve(conn, owner: Any, progress, lock, parent_pid: int, memory_mb: int) -> None:
-    """The worker's main loop (never returns): run batches of `owner`'s methods for the parent."""
-    os.setsid()  # its own session: a kill of the session takes what a call left running too
+def keep(conn, owner: Any, progress, lock, actor_pid: int, memory_mb: int) -> None:
+    """The keeper: the worker's parent, between it and the process that scores (the rollout
+    actor). A call that signals its parent (`os.getppid()`) hits the keeper, not the actor; the
+    actor sees the keeper killed and names it. The keeper heads the worker's session and is a
+    child subreaper: when the worker ends (or the actor asks with SIGTERM, at a deadline) it kills
+    the worker and every process the worker's calls left, then exits with the worker's status."""
+    os.setsid()  # its own session: nothing here gets the actor's terminal or process-group signals
+    _die_with(actor_pid)
     libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-    if os.getppid() != parent_pid:  # the parent died before the death signal was armed
-        os._exit(0)
     libc.prctl(PR_SET_CHILD_SUBREAPER, 1)
+    keeper = os.getpid()
+    pid = os.fork()
+    if pid == 0:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        _die_with(keeper)
+        serve(conn, owner, progress, lock, memory_mb)
+    conn.close()
+
+    def stop(*_) -> None:
+        end_descendants(kill_first=[pid])
+        os._exit(0)
+
+    signal.signal(signal.SIGTERM, stop)
+    _, status = os.waitpid(pid, 0)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    end_descendants()
+    os._exit(os.WEXITSTATUS(status) if os.WIFEXITED(status) else 128 + os.WTERMSIG(status))
+
+
+def _die_with(parent_pid: int) -> None:
+    """SIGKILL this process when `parent_pid` (its parent) ends; exit now if it already has."""
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    if os.getppid() != parent_pid:
+        os._exit(0)
+
+
+def serve(conn, owner: Any, progress, lock, memory_mb: int) -> None:
+    """The worker's main loop (never returns): run batches of `owner`'s methods for the actor."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(PR_SET_CHILD_SUBREAPER, 1)
+    progress[WORKER_PID] = os.getpid()
     devnull = os.open(os.devnull, os.O_WRONLY)
     os.dup2(devnull, 1)
     os.dup2(devnull, 2)
@@ -64,17 +104,19 @@ def serve(conn, owner: Any, progress, lock, parent_pid: int, memory_mb: int) -> 
             batch = pickle.loads(conn.recv_bytes())
         except (EOFError, OSError):
             os._exit(0)
-        outs, retire = run_batch(owner, batch, progress, lock, home, memory_mb)
+        outs, retire = run_batch(owner, batch, progress, lock, home, memory_mb, conn.fileno())
         try:
             conn.send_bytes(encode(outs, retire))
-        except Exception:  # the call closed the pipe: the parent sees this worker die during it
-            os._exit(3)
+        except Exception:  # the call closed the pipe: the actor sees this worker die during it
+            os._exit(EXIT_PIPE_LOST)
         if retire:
             os._exit(0)
 
 
-def run_batch(owner: Any, batch: list[bytes], progress, lock, home: Home, memory_mb: int) -> tuple[list, bool]:
-    """Run the batch's calls in order until the parent's cut; (outcomes, whether to retire)."""
+def run_batch(owner: Any, batch: list[bytes], progress, lock, home: Home, memory_mb: int,
+              pipe_fd: int) -> tuple[list, bool]:
+    """Run the batch's calls in order until the parent's cut; (outcomes, whether to retire).
+    Exits at once (EXIT_PIPE_LOST) after a call that closed the pipe, so the actor blames it."""
     outs: list[Outcome] = []
     for k, blob in enumerate(batch):
         with lock:
@@ -84,6 +126,11 @@ def run_batch(owner: Any, batch: list[bytes], progress, lock, home: Home, memory
         out = run_one(owner, blob)
         home.restore()
         end_descendants()
+        try:
+            if not stat.S_ISSOCK(os.fstat(pipe_fd).st_mode):
+                os._exit(EXIT_PIPE_LOST)
+        except OSError:
+            os._exit(EXIT_PIPE_LOST)
         outs.append(out)
         if out.error is not None and out.error.startswith("MemoryError"):
             out.error = (f"reward exceeded the reward worker's memory bound (env.args.reward_memory_mb={memory_mb}): "
@@ -181,8 +228,13 @@ def children() -> list[int]:
         return kids
 
 
-def end_descendants() -> None:
+def end_descendants(kill_first: list[int] = ()) -> None:
     """SIGKILL and reap every process the last call left behind (one cheap syscall when none)."""
+    for pid in kill_first:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
     for _ in range(REAP_ROUNDS):
         try:
             while os.waitpid(-1, os.WNOHANG)[0] > 0:  # reap what already ended
@@ -195,4 +247,4 @@ def end_descendants() -> None:
             except ProcessLookupError:
                 pass
         time.sleep(0.001)  # killed children turn zombie; their orphans are re-parented to us
-    os._exit(4)  # it outruns us: the parent kills this session and replaces the worker
+    os._exit(EXIT_DESCENDANTS)  # it outruns us: the parent kills this session and replaces the worker

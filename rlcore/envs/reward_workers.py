@@ -27,13 +27,14 @@ import math
 import multiprocessing as mp
 import os
 import pickle
+import signal
 import threading
 import time
 from dataclasses import dataclass, field
 from multiprocessing.connection import wait
 from typing import Callable
 
-from rlcore.envs.reward_worker_loop import CURRENT, CUT, STARTED, serve
+from rlcore.envs.reward_worker_loop import CURRENT, CUT, EXIT_DESCENDANTS, EXIT_PIPE_LOST, STARTED, WORKER_PID, keep
 from rlcore.envs.safety import Outcome, call_many, kill_session
 
 HANDOFF_S = 0.1
@@ -44,6 +45,7 @@ MAX_WORKERS = 64
 """Workers one pool may run at once, overrunning ones included (bounds the forks a hang storm
 causes; past it, calls wait for a worker)."""
 LOCK_WAIT_S = 0.5
+KEEPER_WAIT_S = 1.0
 
 
 class _Worker:
@@ -51,15 +53,37 @@ class _Worker:
         ctx = mp.get_context("fork")  # the environment need not be importable by name
         self.conn, child = ctx.Pipe()
         self.lock = ctx.Lock()
-        self.progress = ctx.RawArray("d", 3)
-        self.proc = ctx.Process(target=serve, args=(child, owner, self.progress, self.lock, os.getpid(), memory_mb),
+        self.progress = ctx.RawArray("d", 4)
+        # the process started here is the worker's keeper (its parent); the worker is its child
+        self.proc = ctx.Process(target=keep, args=(child, owner, self.progress, self.lock, os.getpid(), memory_mb),
                                 daemon=True, name="rlcore-reward-worker")
         self.proc.start()
         child.close()
 
     @property
     def pid(self) -> int:
+        """The keeper's pid (the process this one forked and reaps)."""
         return self.proc.pid
+
+    @property
+    def worker_pid(self) -> int:
+        """The worker's pid (0 until it started)."""
+        return int(self.progress[WORKER_PID])
+
+    def death(self) -> str:
+        """How the worker ended, once its pipe closed (waits up to 1 s for its keeper)."""
+        self.proc.join(1.0)
+        code = self.proc.exitcode
+        if code is not None and code < 0:  # the keeper itself was signalled: no one here sends that
+            return (f"the reward signalled its process's parent (signal {-code}): the reward worker was lost, "
+                    "the rollout actor spared")
+        if code is not None and code >= 128:
+            return f"reward worker killed by signal {code - 128}"
+        if code == EXIT_PIPE_LOST:
+            return "the reward closed its worker's pipe to the actor (file descriptors it did not open)"
+        if code == EXIT_DESCENDANTS:
+            return "the processes the reward started outran the reward worker's kill"
+        return f"reward worker exited (code {code})"
 
     def send(self, blobs: list[bytes]) -> float:
         """Start a batch; returns when it was sent."""
@@ -92,7 +116,16 @@ class _Worker:
             self.lock.release()
 
     def kill(self) -> None:
-        kill_session(self.proc)  # the worker and anything it started
+        """The keeper kills the worker and every process its calls left (any session), then exits;
+        if it does not within a second, SIGKILL its session."""
+        if self.proc.is_alive():
+            try:
+                os.kill(self.proc.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+            self.proc.join(KEEPER_WAIT_S)
+        if self.proc.exitcode is None:
+            kill_session(self.proc)
         self.conn.close()
 
 
@@ -241,11 +274,10 @@ class _Run:
             outs, retire = pickle.loads(batch.worker.conn.recv_bytes())
         except (EOFError, OSError):
             k, _ = batch.worker.where()
-            batch.worker.proc.join(1.0)
-            code = batch.worker.proc.exitcode
+            why = batch.worker.death()
             self.pool.drop(batch.worker)
             if k >= 0:
-                self.settle(batch.items[k], Outcome(error=f"reward worker died during this call (exit code {code})"))
+                self.settle(batch.items[k], Outcome(error=f"{why} during this call"))
             self.requeue([i for p, i in enumerate(batch.items) if p != k and i not in batch.moved])
             return
         for i, out in zip(batch.items, outs):
