@@ -125,10 +125,14 @@ def env_of(tmp_path):
 
 
 def test_a_leaking_reward_fails_its_sample_at_the_memory_bound_with_a_named_reason(env_of):
-    env = env_of("leak", reward_memory_mb=200)
-    samples = scored(env, tasks=1, n=8)  # 64 MiB a call, one worker's batch: the 4th call crosses 200 MiB
+    env = env_of("leak", reward_memory_mb=150)
+    samples = []
+    for _ in range(5):  # 64 MiB a call, kept by the worker: a worker's third call crosses 150 MiB
+        samples += scored(env, tasks=1, n=8)
+        if any(s.failed for s in samples):
+            break
     errors = [s.error for s in samples if s.failed]
-    assert errors and all("memory bound (env.args.reward_memory_mb=200)" in e and "MemoryError" in e for e in errors)
+    assert errors and all("memory bound (env.args.reward_memory_mb=150)" in e and "MemoryError" in e for e in errors)
     assert any(s.reward == 1.0 and not s.failed for s in samples)  # the calls within the bound are scored
     with pytest.raises(ValueError, match="env.args.reward_memory_mb"):
         Misbehaving("ok", reward_memory_mb=-1)

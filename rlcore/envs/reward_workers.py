@@ -246,26 +246,29 @@ class _Run:
     def start(self) -> None:
         """Hand the calls waiting to workers: at most `size` batches that nothing overruns."""
         slots = self.pool.size - sum(1 for b in self.running if b.cut is None)
-        n = min(slots, len(self.todo), max(1, math.ceil(len(self.todo) / MIN_BATCH)))
+        items, self.todo = self.todo, []
+        self.dispatch(items, min(slots, len(items), max(1, math.ceil(len(items) / MIN_BATCH))))
+
+    def dispatch(self, items: list[int], n: int) -> None:
+        """Send `items` to `n` workers, in contiguous shares (what cannot be sent waits in todo)."""
         if n <= 0:
+            self.todo.extend(items)
             return
-        per = math.ceil(len(self.todo) / n)
-        chunks = [self.todo[j:j + per] for j in range(0, len(self.todo), per)]
-        self.todo = []
-        for items in chunks:
+        per = math.ceil(len(items) / n)
+        for share in [items[j:j + per] for j in range(0, len(items), per)]:
             worker = self.pool.take()
             if worker is None:
-                self.todo.extend(items)
+                self.todo.extend(share)
                 continue
             try:
-                sent = worker.send([self.blobs[i] for i in items])
+                sent = worker.send([self.blobs[i] for i in share])
             except OSError:  # it died while idle (its parent thread ended): a fresh one next time
                 self.pool.drop(worker)
-                self.retry(items, "reward worker could not be reached")
+                self.retry(share, "reward worker could not be reached")
                 continue
-            for i in items:
+            for i in share:
                 self.tries[i] += 1
-            self.running.append(_Batch(worker, items, sent))
+            self.running.append(_Batch(worker, share, sent))
 
     def finish(self, batch: _Batch) -> None:
         """Its reply came (or its worker died): keep the outcomes, requeue what it did not run."""
@@ -304,7 +307,9 @@ class _Run:
             cut = batch.worker.cut()
             if cut is not None:
                 batch.cut, batch.moved = cut, batch.items[cut + 1:]
-                self.todo.extend(batch.moved)
+                # where one call overran, the next may too: the rest spreads over `size` workers
+                # at once, so consecutive hung calls start side by side, not one handoff apart
+                self.dispatch(batch.moved, min(self.pool.size, len(batch.moved)))
 
     def settle(self, i: int, out: Outcome) -> None:
         if self.results[i] is None:  # a call run twice (moved as it finished) keeps its first outcome
