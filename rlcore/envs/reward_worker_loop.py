@@ -16,6 +16,10 @@ message per call. After every call the worker puts itself back as it was when it
   it);
 - an outcome whose value pickles to more than `RESULT_LIMIT` bytes becomes an error.
 
+A call that misses its deadline is first asked to stop (`ABANDON_SIGNAL` raises
+:class:`CallAbandoned` in it); a worker whose call stops so is reused, so a storm of hung calls
+costs forks only while they overlap, not a kill and a fork per call.
+
 Between the worker and the actor sits a keeper process (:func:`keep`): a reward that kills its
 parent kills the keeper, and the actor names it; at a deadline the keeper kills the worker and
 whatever its calls left, in any session. Each dies with its parent (PR_SET_PDEATHSIG, checked
@@ -44,6 +48,9 @@ CURRENT, STARTED, CUT, WORKER_PID = 0, 1, 2, 3
 """Fields of a worker's `progress` array: the call it runs (index in its batch, -1 before the
 first), when that call started (time.monotonic, shared by all processes), the last index it may
 start (the parent lowers it to move the rest of the batch elsewhere), the worker's pid."""
+ABANDON_SIGNAL = signal.SIGUSR1
+"""What the actor sends a worker whose call missed its deadline: a call in Python code ends at its
+next bytecode (sleeps too) and the worker is reused; one blocked in C is killed after a grace."""
 EXIT_PIPE_LOST = 3
 """Exit code of a worker whose pipe to the actor a call closed."""
 EXIT_DESCENDANTS = 4
@@ -94,6 +101,7 @@ def serve(conn, owner: Any, progress, lock, memory_mb: int) -> None:
     libc = ctypes.CDLL(None, use_errno=True)
     libc.prctl(PR_SET_CHILD_SUBREAPER, 1)
     progress[WORKER_PID] = os.getpid()
+    signal.signal(ABANDON_SIGNAL, _abandon)
     devnull = os.open(os.devnull, os.O_WRONLY)
     os.dup2(devnull, 1)
     os.dup2(devnull, 2)
@@ -139,12 +147,32 @@ def run_batch(owner: Any, batch: list[bytes], progress, lock, home: Home, memory
     return outs, False
 
 
+class CallAbandoned(BaseException):
+    """Raised in a call the actor gave up on at its deadline (SIGUSR1): a BaseException, so the
+    call's `except Exception` does not swallow it."""
+
+
+_in_call = [False]
+
+
+def _abandon(signum, frame) -> None:
+    # raises once, and only inside a call: the flag is cleared before the raise
+    if _in_call[0]:
+        _in_call[0] = False
+        raise CallAbandoned(f"abandoned at its deadline (signal {signum})")
+
+
 def run_one(owner: Any, blob: bytes) -> Outcome:
     sink = _Sink()
     sys.stdout = sys.stderr = sink
     try:
         name, args = pickle.loads(blob)
-        out = Outcome(value=getattr(owner, name)(*args))
+        try:
+            _in_call[0] = True
+            value = getattr(owner, name)(*args)
+        finally:
+            _in_call[0] = False
+        out = Outcome(value=value)
     except BaseException as exc:  # user code: any failure is data (SystemExit, KeyboardInterrupt too)
         out = Outcome(error=_describe(exc))
     finally:

@@ -34,7 +34,9 @@ from dataclasses import dataclass, field
 from multiprocessing.connection import wait
 from typing import Callable
 
-from rlcore.envs.reward_worker_loop import CURRENT, CUT, EXIT_DESCENDANTS, EXIT_PIPE_LOST, STARTED, WORKER_PID, keep
+from rlcore.envs.reward_worker_loop import (
+    ABANDON_SIGNAL, CURRENT, CUT, EXIT_DESCENDANTS, EXIT_PIPE_LOST, STARTED, WORKER_PID, keep,
+)
 from rlcore.envs.safety import Outcome, call_many, kill_session
 
 HANDOFF_S = 0.1
@@ -44,6 +46,10 @@ MIN_BATCH = 8
 MAX_WORKERS = 64
 """Workers one pool may run at once, overrunning ones included (bounds the forks a hang storm
 causes; past it, calls wait for a worker)."""
+MAX_IDLE = 32
+"""Idle workers a pool keeps (a storm of hung calls needs many at once, again at every request)."""
+ABANDON_GRACE_S = 0.5
+"""How long a call asked to stop at its deadline has to do so before its worker is killed."""
 LOCK_WAIT_S = 0.5
 KEEPER_WAIT_S = 1.0
 
@@ -115,18 +121,32 @@ class _Worker:
         finally:
             self.lock.release()
 
-    def kill(self) -> None:
-        """The keeper kills the worker and every process its calls left (any session), then exits;
-        if it does not within a second, SIGKILL its session."""
-        if self.proc.is_alive():
+    def abandon(self) -> None:
+        """Ask the running call to stop (it raises CallAbandoned at its next bytecode)."""
+        try:
+            os.kill(self.worker_pid, ABANDON_SIGNAL)
+        except (ProcessLookupError, ValueError, OverflowError):
+            pass
+
+    def stop(self) -> None:
+        """Ask the keeper to kill the worker and every process its calls left (any session) and
+        exit; `reap` waits for it."""
+        if self.proc.exitcode is None:
             try:
                 os.kill(self.proc.pid, signal.SIGTERM)
             except ProcessLookupError:
                 pass
-            self.proc.join(KEEPER_WAIT_S)
+
+    def reap(self, until: float) -> None:
+        """Wait until `until` (time.monotonic) for the keeper to exit, then SIGKILL its session."""
+        self.proc.join(max(0.0, until - time.monotonic()))
         if self.proc.exitcode is None:
             kill_session(self.proc)
         self.conn.close()
+
+    def kill(self) -> None:
+        self.stop()
+        self.reap(time.monotonic() + KEEPER_WAIT_S)
 
 
 @dataclass
@@ -138,6 +158,8 @@ class _Batch:
     cut: int | None = None
     """Position of the last call it may run, once the rest moved elsewhere."""
     moved: list[int] = field(default_factory=list)
+    abandoned_at: float | None = None
+    """When its call at `cut` was asked to stop (it missed its deadline)."""
 
 
 class WorkerPool:
@@ -147,6 +169,7 @@ class WorkerPool:
         (0: unbounded). Thread-safe: concurrent requests take workers of their own."""
         self.owner, self.size, self.memory_mb = owner, max(1, int(size)), int(memory_mb)
         self.idle: list[_Worker] = []
+        self.dying: list[_Worker] = []
         self.live = 0
         self._lock = threading.Lock()
         self.killed_pids: list[int] = []
@@ -172,6 +195,7 @@ class WorkerPool:
             run.until_done()
         finally:
             run.abandon()
+            self.reap()
         for i, out in zip(forked, call_many([calls[i] for i in forked], timeout_s, "process") if forked else []):
             results[i] = out
         return results  # type: ignore[return-value]
@@ -197,19 +221,29 @@ class WorkerPool:
             raise
 
     def give(self, worker: _Worker) -> None:
-        """Back to the idle workers (kept up to twice `size`: concurrent requests reuse them)."""
+        """Back to the idle workers (up to `MAX_IDLE`)."""
         with self._lock:
-            if len(self.idle) < 2 * self.size:
+            if len(self.idle) < max(MAX_IDLE, 2 * self.size):
                 self.idle.append(worker)
                 return
             self.live -= 1
         worker.kill()
 
     def drop(self, worker: _Worker) -> None:
-        worker.kill()
+        """Kill `worker` without waiting (`reap` waits): overlapping deadlines kill in parallel."""
+        worker.stop()
         with self._lock:
             self.live -= 1
             self.killed_pids.append(worker.pid)
+            self.dying.append(worker)
+
+    def reap(self) -> None:
+        """Wait for the workers dropped so far to be gone (their keepers exit in parallel)."""
+        with self._lock:
+            dying, self.dying = self.dying, []
+        until = time.monotonic() + KEEPER_WAIT_S
+        for worker in dying:
+            worker.reap(until)
 
     def close(self) -> None:
         """Stop every idle worker (busy ones belong to calls in progress)."""
@@ -218,6 +252,7 @@ class WorkerPool:
             self.live -= len(idle)
         for worker in idle:
             worker.kill()
+        self.reap()
 
 
 class _Run:
@@ -292,24 +327,47 @@ class _Run:
         self.todo.extend(i for i in batch.items[len(outs):] if i not in batch.moved)
 
     def watch(self, batch: _Batch, now: float) -> None:
-        """Kill its call at its deadline; move the rest of its batch away from an overrun."""
+        """At its call's deadline ask the call to stop, and kill its worker if it does not within
+        `ABANDON_GRACE_S`; move the rest of its batch away from an overrun."""
+        if batch.abandoned_at is not None:
+            if now - batch.abandoned_at >= ABANDON_GRACE_S:
+                self.kill(batch, batch.cut)
+            return
         k, started = batch.worker.where()
         if k < 0:
             started = batch.sent_at
         if now - started >= self.timeout_s:
-            self.running.remove(batch)
-            self.pool.drop(batch.worker)
-            done = max(k, 0)
-            self.settle(batch.items[done], Outcome(error=f"timeout after {self.timeout_s:g}s"))
-            # calls it finished had their outcomes in the lost reply: run them again
-            self.requeue([i for p, i in enumerate(batch.items) if p != done and i not in batch.moved])
+            cut = batch.cut if batch.cut is not None else batch.worker.cut()
+            if cut is None:  # it never started its batch, or cannot be reached
+                self.kill(batch, max(k, 0))
+            elif cut == k:
+                self.settle(batch.items[k], Outcome(error=f"timeout after {self.timeout_s:g}s"))
+                self.move_rest(batch, cut)
+                batch.worker.abandon()
+                batch.abandoned_at = now
+            else:  # it finished that call just now: the one it runs is on time
+                self.move_rest(batch, cut)
         elif batch.cut is None and now - started >= self.handoff_s and k < len(batch.items) - 1:
             cut = batch.worker.cut()
             if cut is not None:
-                batch.cut, batch.moved = cut, batch.items[cut + 1:]
-                # where one call overran, the next may too: the rest spreads over `size` workers
-                # at once, so consecutive hung calls start side by side, not one handoff apart
-                self.dispatch(batch.moved, min(self.pool.size, len(batch.moved)))
+                self.move_rest(batch, cut)
+
+    def move_rest(self, batch: _Batch, cut: int) -> None:
+        if batch.cut is not None:
+            return
+        batch.cut, batch.moved = cut, batch.items[cut + 1:]
+        # where one call overran, the next may too: the rest spreads over `size` workers at once,
+        # so consecutive hung calls start side by side, not one handoff apart
+        if batch.moved:
+            self.dispatch(batch.moved, min(self.pool.size, len(batch.moved)))
+
+    def kill(self, batch: _Batch, k: int) -> None:
+        """Kill its worker: call `k` timed out; the calls it finished are run again (their
+        outcomes were in the lost reply)."""
+        self.running.remove(batch)
+        self.pool.drop(batch.worker)
+        self.settle(batch.items[k], Outcome(error=f"timeout after {self.timeout_s:g}s"))
+        self.requeue([i for p, i in enumerate(batch.items) if p != k and i not in batch.moved])
 
     def settle(self, i: int, out: Outcome) -> None:
         if self.results[i] is None:  # a call run twice (moved as it finished) keeps its first outcome
