@@ -5,6 +5,7 @@ overlap instead of queueing, a reward that signals its parent costs its sample a
 and the other faults of user code (exits, huge values, closed pipes) cost one
 sample each. All through `Environment.run_groups` with the default `worker` isolation."""
 
+import itertools
 import json
 import os
 import signal
@@ -61,9 +62,12 @@ class Misbehaving(Scored):
             self.note("child", subprocess.Popen(["sleep", "300"]).pid)
         elif b == "daemon":
             self.daemon()
-        elif b == "daemon_then_hang":
+        elif b == "daemon_then_hang":  # in Python: asked to stop at the deadline, the worker is reused
             self.daemon()
             time.sleep(300)
+        elif b == "daemon_then_spin":  # inside one C call: its worker is killed after the grace
+            self.daemon()
+            sum(itertools.repeat(1, 10**13))
         elif b == "state":  # 1.0 only if it finds the worker as it started
             clean = os.getcwd() == self.home and "RLCORE_LEAKED" not in os.environ and "/nowhere" not in sys.path
             os.chdir("/")
@@ -149,8 +153,9 @@ def test_what_a_reward_starts_dies_with_its_call(env_of, tmp_path, behaviour):
         assert gone(pid), f"{behaviour} {pid} outlived its reward call"
 
 
-def test_a_daemon_started_by_a_call_that_overruns_dies_at_the_deadline(env_of, tmp_path):
-    env = env_of("daemon_then_hang", reward_timeout_s=1.0)
+@pytest.mark.parametrize("behaviour", ["daemon_then_hang", "daemon_then_spin"])
+def test_a_daemon_started_by_a_call_that_overruns_dies_at_the_deadline(env_of, tmp_path, behaviour):
+    env = env_of(behaviour, reward_timeout_s=1.0)
     samples = scored(env, tasks=2, n=1)
     assert samples[0].failed and "timeout after 1s" in samples[0].error
     assert samples[1].reward == 1.0
