@@ -109,9 +109,12 @@ def hang_part(args: argparse.Namespace) -> dict:
             cmd = [sys.executable, "-m", "rlcore.run", f"output_dir={out_dir}", f"steps={args.steps}",
                    "sft.warmup_steps=0", "env.name=benchmarks.reward_envs:HangingReverseText",
                    f"+env.args.hang_percent={percent}", "env.args.reward_timeout_s=2", *args.extra]
-            start = time.perf_counter()
-            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
-            wall = time.perf_counter() - start
+            for _ in range(3):  # a loaded machine sometimes fails to start Ray: that run is tried again
+                start = time.perf_counter()
+                proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1800, check=False)
+                wall = time.perf_counter() - start
+                if "did not start" not in proc.stdout + proc.stderr:
+                    break
             if proc.returncode != 0:
                 raise SystemExit(f"{label} run failed ({proc.returncode}):\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}")
             rows = [json.loads(line) for line in open(os.path.join(out_dir, "metrics.jsonl")) if line.strip()]
