@@ -12,9 +12,11 @@ non-finite reward either marks the sample failed (`on_reward_error: fail`, the d
 drops it) or scores it 0 with the error kept on `Sample.error` (`on_reward_error: zero`). When more
 than `max_abandoned_threads` timed-out threads are still running, scoring moves to `process`
 isolation (logged once) and stateful calls (`init_state`, `env_response`) fail their request with
-one line. What the code prints is kept on `Sample.env_output`. Every reward is checked against the
-environment's declared `reward_range` ([0, 1] unless the class or `env.args.reward_range` says
-otherwise): one outside it fails its sample with that reason, whatever `on_reward_error` says. These settings are ordinary
+one line. Each reward worker may grow by `reward_memory_mb` MiB (a call past it fails its sample,
+naming the bound). What the code prints is kept on `Sample.env_output`. Every reward is checked
+against the environment's declared `reward_range` ([0, 1] unless the class or
+`env.args.reward_range` says otherwise): one outside it fails its sample with that reason,
+whatever `on_reward_error` says. These settings are ordinary
 `env.args` keys accepted by every environment. An empty completion is an answer: it is scored.
 """
 
@@ -63,8 +65,11 @@ class Environment(abc.ABC):
 
     def __init__(self, seed: int = 0, reward_timeout_s: float = 10.0, on_reward_error: str = "fail",
                  reward_isolation: str = "worker", eval_size: int = 64, max_abandoned_threads: int = 4,
-                 reward_range: Sequence[float] | None = None):
+                 reward_memory_mb: int = 2048, reward_range: Sequence[float] | None = None):
         check_safety_args(reward_timeout_s, on_reward_error, reward_isolation, max_abandoned_threads)
+        if not isinstance(reward_memory_mb, int) or reward_memory_mb < 0:
+            raise ValueError(f"env.args.reward_memory_mb: must be an integer >= 0 (0 = unbounded), got {reward_memory_mb!r}")
+        self.reward_memory_mb = reward_memory_mb
         self.reward_range = check_reward_range(self.reward_range if reward_range is None else reward_range)
         self.max_abandoned_threads = int(max_abandoned_threads)
         if eval_size < 1:
@@ -84,7 +89,8 @@ class Environment(abc.ABC):
     def reward_pool(self) -> WorkerPool:
         """The environment's reward workers (`reward_isolation: worker`)."""
         if getattr(self, "_reward_pool", None) is None:
-            self._reward_pool = WorkerPool(self, max(2, min(4, os.cpu_count() or 1)))
+            self._reward_pool = WorkerPool(self, max(2, min(4, os.cpu_count() or 1)),
+                                           getattr(self, "reward_memory_mb", 2048))
         return self._reward_pool
 
     @property

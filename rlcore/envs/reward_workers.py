@@ -1,85 +1,177 @@
-"""Reward calls in worker processes that are killed when a call overruns (`reward_isolation:
-worker`, the default for scoring).
+"""Reward calls in reused worker processes (`reward_isolation: worker`, the default for scoring).
 
 A :class:`WorkerPool` belongs to one environment. Its workers are forked from the process that
-scores (the rollout actor) on first use, each in its own session, and serve calls one at a time
-over a pipe: the parent sends a method name of the environment and the call's arguments
-(pickled), the worker runs it on its own copy of the environment (as it was when the worker was
-forked: scoring must not depend on state that changes later) and sends back an
-:class:`~rlcore.envs.safety.Outcome`. A call that misses its deadline has its worker's whole
-session killed (SIGKILL) and the worker replaced on the next call, so a busy loop, a runaway C
-extension or a child it started costs the timeout and nothing after, and never shares the
-actor's interpreter (no GIL taken from the engine). Workers die with their parent
-(PR_SET_PDEATHSIG). A call whose arguments do not pickle runs in a fork of its own (`process`
-isolation), which inherits them. What a call prints from Python is kept on its outcome (first
-`OUTPUT_LIMIT` characters); output written straight to file descriptors 1 and 2 is dropped.
+scores (the rollout actor) on first use and kept warm. Isolation must cost a cheap reward what a
+thread costs, so a request's calls go out in batches: one message per worker carries its share
+of the calls, one message brings all their outcomes back (:mod:`rlcore.envs.reward_worker_loop`
+is the worker's side). A worker runs its own copy of the environment (as it was when the worker
+was forked: scoring must not depend on state that changes later).
+
+Overrunning calls overlap instead of queueing: a call still running `HANDOFF_S` after it started
+keeps its worker, and the calls behind it in that worker's batch move to another worker (forked
+when none is idle); at its deadline its worker's whole session is killed (SIGKILL). So a hang on
+many tasks costs about one timeout per request, not one per hung call. Workers killed or lost
+are replaced; the calls a lost worker had finished but not yet sent are run again.
+
+What a call starts dies with the call, each call starts from the same directory, environment
+and `sys.path`, each worker's memory is bounded (`env.args.reward_memory_mb`): see the worker's
+module. Workers die with their parent. A call whose arguments do not pickle runs in a fork of
+its own (`process` isolation), which inherits them. What a call prints from Python is kept on its
+outcome (first `OUTPUT_LIMIT` characters); output written straight to file descriptors 1 and 2
+is dropped.
 """
 
 from __future__ import annotations
 
-import ctypes
+import math
 import multiprocessing as mp
 import os
+import pickle
 import signal
-import sys
+import threading
 import time
+from dataclasses import dataclass, field
 from multiprocessing.connection import wait
-from typing import Any, Callable
+from typing import Callable
 
-from rlcore.envs.safety import Outcome, _describe, _Sink, call_many, kill_session
+from rlcore.envs.reward_worker_loop import (
+    ABANDON_SIGNAL, CURRENT, CUT, EXIT_DESCENDANTS, EXIT_PIPE_LOST, STARTED, WORKER_PID, keep,
+)
+from rlcore.envs.safety import Outcome, call_many, kill_session
 
-PR_SET_PDEATHSIG = 1
-
-
-def _serve(conn, owner: Any) -> None:
-    os.setsid()  # its own session: a kill takes whatever the call started too
-    try:
-        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-    except (OSError, AttributeError):
-        pass  # not Linux: the parent still kills workers at close and at every overrun
-    devnull = os.open(os.devnull, os.O_WRONLY)
-    os.dup2(devnull, 1)
-    os.dup2(devnull, 2)
-    while True:
-        try:
-            name, args = conn.recv()
-        except (EOFError, OSError):
-            os._exit(0)
-        sink = _Sink()
-        sys.stdout = sys.stderr = sink
-        try:
-            out = Outcome(value=getattr(owner, name)(*args))
-        except BaseException as exc:  # user code: any failure is data
-            out = Outcome(error=_describe(exc))
-        out.output = sink.text()
-        try:
-            conn.send(out)
-        except Exception as exc:  # an unpicklable value
-            conn.send(Outcome(error=f"reward value cannot be sent back: {_describe(exc)}", output=out.output))
+HANDOFF_S = 0.1
+"""A call running this long hands the rest of its worker's batch to another worker."""
+MIN_BATCH = 8
+"""Calls per worker before a request spreads over more workers (fewer messages for cheap calls)."""
+MAX_WORKERS = 64
+"""Workers one pool may run at once, overrunning ones included (bounds the forks a hang storm
+causes; past it, calls wait for a worker)."""
+MAX_IDLE = 32
+"""Idle workers a pool keeps (a storm of hung calls needs many at once, again at every request)."""
+ABANDON_GRACE_S = 0.5
+"""How long a call asked to stop at its deadline has to do so before its worker is killed."""
+LOCK_WAIT_S = 0.5
+KEEPER_WAIT_S = 1.0
 
 
 class _Worker:
-    def __init__(self, owner: Any):
+    def __init__(self, owner, memory_mb: int):
         ctx = mp.get_context("fork")  # the environment need not be importable by name
         self.conn, child = ctx.Pipe()
-        self.proc = ctx.Process(target=_serve, args=(child, owner), daemon=True, name="rlcore-reward-worker")
+        self.lock = ctx.Lock()
+        self.progress = ctx.RawArray("d", 4)
+        # the process started here is the worker's keeper (its parent); the worker is its child
+        self.proc = ctx.Process(target=keep, args=(child, owner, self.progress, self.lock, os.getpid(), memory_mb),
+                                daemon=True, name="rlcore-reward-worker")
         self.proc.start()
         child.close()
 
     @property
     def pid(self) -> int:
+        """The keeper's pid (the process this one forked and reaps)."""
         return self.proc.pid
 
-    def kill(self) -> None:
-        kill_session(self.proc)  # the worker and anything it started
+    @property
+    def worker_pid(self) -> int:
+        """The worker's pid (0 until it started)."""
+        return int(self.progress[WORKER_PID])
+
+    def death(self) -> str:
+        """How the worker ended, once its pipe closed (waits up to 1 s for its keeper)."""
+        self.proc.join(1.0)
+        code = self.proc.exitcode
+        if code is not None and code < 0:  # the keeper itself was signalled: no one here sends that
+            return (f"the reward signalled its process's parent (signal {-code}): the reward worker was lost, "
+                    "the rollout actor spared")
+        if code is not None and code >= 128:
+            return f"reward worker killed by signal {code - 128}"
+        if code == EXIT_PIPE_LOST:
+            return "the reward closed its worker's pipe to the actor (file descriptors it did not open)"
+        if code == EXIT_DESCENDANTS:
+            return "the processes the reward started outran the reward worker's kill"
+        return f"reward worker exited (code {code})"
+
+    def send(self, blobs: list[bytes]) -> float:
+        """Start a batch; returns when it was sent."""
+        now = time.monotonic()
+        self.progress[CURRENT], self.progress[STARTED], self.progress[CUT] = -1, now, len(blobs) - 1
+        self.conn.send_bytes(pickle.dumps(blobs))
+        return now
+
+    def where(self) -> tuple[int, float]:
+        """(index of the call it runs, when that call started); -1 before the first."""
+        got = self.lock.acquire(timeout=LOCK_WAIT_S)
+        try:
+            return int(self.progress[CURRENT]), self.progress[STARTED]
+        finally:
+            if got:
+                self.lock.release()
+
+    def cut(self) -> int | None:
+        """Let the running call be its last; returns its index (None: none started yet, or the
+        worker cannot be reached)."""
+        if not self.lock.acquire(timeout=LOCK_WAIT_S):
+            return None
+        try:
+            k = int(self.progress[CURRENT])
+            if k < 0:
+                return None
+            self.progress[CUT] = k
+            return k
+        finally:
+            self.lock.release()
+
+    def abandon(self) -> None:
+        """Ask the running call to stop (it raises CallAbandoned at its next bytecode)."""
+        try:
+            os.kill(self.worker_pid, ABANDON_SIGNAL)
+        except (ProcessLookupError, ValueError, OverflowError):
+            pass
+
+    def stop(self) -> None:
+        """Ask the keeper to kill the worker and every process its calls left (any session) and
+        exit; `reap` waits for it."""
+        if self.proc.exitcode is None:
+            try:
+                os.kill(self.proc.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+
+    def reap(self, until: float) -> None:
+        """Wait until `until` (time.monotonic) for the keeper to exit, then SIGKILL its session."""
+        self.proc.join(max(0.0, until - time.monotonic()))
+        if self.proc.exitcode is None:
+            kill_session(self.proc)
         self.conn.close()
+
+    def kill(self) -> None:
+        self.stop()
+        self.reap(time.monotonic() + KEEPER_WAIT_S)
+
+
+@dataclass
+class _Batch:
+    worker: _Worker
+    items: list[int]
+    """Call indices, in the order the worker runs them."""
+    sent_at: float
+    cut: int | None = None
+    """Position of the last call it may run, once the rest moved elsewhere."""
+    moved: list[int] = field(default_factory=list)
+    abandoned_at: float | None = None
+    """When its call at `cut` was asked to stop (it missed its deadline)."""
 
 
 class WorkerPool:
-    def __init__(self, owner: Any, size: int):
-        """Up to `size` workers, each running methods of `owner` (an environment)."""
-        self.owner, self.size = owner, max(1, int(size))
+    def __init__(self, owner, size: int, memory_mb: int = 0):
+        """Up to `size` workers per request (more while calls overrun), each running methods of
+        `owner` (an environment) with `memory_mb` MiB of memory beyond what it was forked with
+        (0: unbounded). Thread-safe: concurrent requests take workers of their own."""
+        self.owner, self.size, self.memory_mb = owner, max(1, int(size)), int(memory_mb)
         self.idle: list[_Worker] = []
+        self.dying: list[_Worker] = []
+        self.live = 0
+        self._lock = threading.Lock()
         self.killed_pids: list[int] = []
         """Workers killed for overrunning their deadline (or found dead), so far."""
 
@@ -90,65 +182,213 @@ class WorkerPool:
     def call_many(self, calls: list[tuple[Callable, tuple]], timeout_s: float) -> list[Outcome]:
         """Run every ``fn(*args)`` (methods of the owner) in the workers, each under `timeout_s`
         seconds from its start; outcomes in call order. Never raises for the callee's faults."""
-        queue = list(enumerate(calls))
         results: list[Outcome | None] = [None] * len(calls)
-        busy: dict[_Worker, tuple[int, float]] = {}
+        blobs: dict[int, bytes] = {}
         forked: list[int] = []
-        while queue or busy:
-            while queue and len(busy) < self.size:
-                i, (fn, args) = queue.pop(0)
-                worker, reused = self._idle_worker()
-                try:
-                    worker.conn.send((fn.__name__, args))
-                except OSError as exc:  # it died while idle (PR_SET_PDEATHSIG: the thread that forked it ended)
-                    worker.kill()
-                    if reused:
-                        queue.insert(0, (i, (fn, args)))
-                    else:
-                        results[i] = Outcome(error=f"reward worker did not start: {_describe(exc)}")
-                    continue
-                except Exception:  # unpicklable arguments: a fork of this process inherits them instead
-                    forked.append(i)
-                    self.idle.append(worker)
-                    continue
-                busy[worker] = (i, time.monotonic() + timeout_s)
-            if not busy:
-                break
-            left = max(0.0, min(d for _, d in busy.values()) - time.monotonic())
-            ready = set(wait([w.conn for w in busy], timeout=left))
-            for worker in [w for w in busy if w.conn in ready]:
-                i, _ = busy.pop(worker)
-                try:
-                    results[i] = worker.conn.recv()
-                    self.idle.append(worker)
-                except (EOFError, OSError):
-                    worker.proc.join(1.0)
-                    results[i] = Outcome(error=f"reward worker died (exit code {worker.proc.exitcode})")
-                    self._drop(worker)
-            now = time.monotonic()
-            for worker in [w for w, (_, d) in busy.items() if now >= d]:
-                i, _ = busy.pop(worker)
-                results[i] = Outcome(error=f"timeout after {timeout_s:g}s")
-                self._drop(worker)
+        for i, (fn, args) in enumerate(calls):
+            try:
+                blobs[i] = pickle.dumps((fn.__name__, args))
+            except Exception:  # unpicklable arguments: a fork of this process inherits them instead
+                forked.append(i)
+        run = _Run(self, blobs, results, timeout_s)
+        try:
+            run.until_done()
+        finally:
+            run.abandon()
+            self.reap()
         for i, out in zip(forked, call_many([calls[i] for i in forked], timeout_s, "process") if forked else []):
             results[i] = out
-        return results
+        return results  # type: ignore[return-value]
 
-    def _idle_worker(self) -> tuple[_Worker, bool]:
-        """A live idle worker (True) or a new one (False)."""
-        while self.idle:
-            worker = self.idle.pop()
-            if worker.proc.is_alive():
-                return worker, True
-            worker.kill()
-        return _Worker(self.owner), False
+    def take(self) -> _Worker | None:
+        """A live idle worker, or a new one; None when `MAX_WORKERS` run already."""
+        with self._lock:
+            while self.idle:
+                worker = self.idle.pop()
+                if worker.proc.is_alive():
+                    return worker
+                self.live -= 1
+                self.killed_pids.append(worker.pid)
+                worker.kill()
+            if self.live >= MAX_WORKERS:
+                return None
+            self.live += 1
+        try:
+            return _Worker(self.owner, self.memory_mb)
+        except BaseException:
+            with self._lock:
+                self.live -= 1
+            raise
 
-    def _drop(self, worker: _Worker) -> None:
+    def give(self, worker: _Worker) -> None:
+        """Back to the idle workers (up to `MAX_IDLE`)."""
+        with self._lock:
+            if len(self.idle) < max(MAX_IDLE, 2 * self.size):
+                self.idle.append(worker)
+                return
+            self.live -= 1
         worker.kill()
-        self.killed_pids.append(worker.pid)
+
+    def drop(self, worker: _Worker) -> None:
+        """Kill `worker` without waiting (`reap` waits): overlapping deadlines kill in parallel."""
+        worker.stop()
+        with self._lock:
+            self.live -= 1
+            self.killed_pids.append(worker.pid)
+            self.dying.append(worker)
+
+    def reap(self) -> None:
+        """Wait for the workers dropped so far to be gone (their keepers exit in parallel)."""
+        with self._lock:
+            dying, self.dying = self.dying, []
+        until = time.monotonic() + KEEPER_WAIT_S
+        for worker in dying:
+            worker.reap(until)
 
     def close(self) -> None:
-        """Stop every idle worker (busy ones do not exist between calls)."""
-        for worker in self.idle:
+        """Stop every idle worker (busy ones belong to calls in progress)."""
+        with self._lock:
+            idle, self.idle = self.idle, []
+            self.live -= len(idle)
+        for worker in idle:
             worker.kill()
-        self.idle = []
+        self.reap()
+
+
+class _Run:
+    """One `call_many`: its calls' batches, the workers running them, their outcomes."""
+
+    def __init__(self, pool: WorkerPool, blobs: dict[int, bytes], results: list, timeout_s: float):
+        self.pool, self.blobs, self.results, self.timeout_s = pool, blobs, results, timeout_s
+        self.todo = sorted(blobs)
+        self.tries = {i: 0 for i in blobs}
+        self.running: list[_Batch] = []
+        self.handoff_s = min(HANDOFF_S, timeout_s / 2)
+
+    def until_done(self) -> None:
+        while self.todo or self.running:
+            self.start()
+            if not self.running:  # no worker could be had: MAX_WORKERS overrun elsewhere
+                time.sleep(self.handoff_s)
+                continue
+            ready = wait([b.worker.conn for b in self.running], timeout=self.handoff_s / 2)
+            for batch in [b for b in self.running if b.worker.conn in ready]:
+                self.finish(batch)
+            now = time.monotonic()
+            for batch in [b for b in self.running if b.worker.conn not in ready]:
+                self.watch(batch, now)
+
+    def start(self) -> None:
+        """Hand the calls waiting to workers: at most `size` batches that nothing overruns."""
+        slots = self.pool.size - sum(1 for b in self.running if b.cut is None)
+        items, self.todo = self.todo, []
+        self.dispatch(items, min(slots, len(items), max(1, math.ceil(len(items) / MIN_BATCH))))
+
+    def dispatch(self, items: list[int], n: int) -> None:
+        """Send `items` to `n` workers, in contiguous shares (what cannot be sent waits in todo)."""
+        if n <= 0:
+            self.todo.extend(items)
+            return
+        per = math.ceil(len(items) / n)
+        for share in [items[j:j + per] for j in range(0, len(items), per)]:
+            worker = self.pool.take()
+            if worker is None:
+                self.todo.extend(share)
+                continue
+            try:
+                sent = worker.send([self.blobs[i] for i in share])
+            except OSError:  # it died while idle (its parent thread ended): a fresh one next time
+                self.pool.drop(worker)
+                self.retry(share, "reward worker could not be reached")
+                continue
+            for i in share:
+                self.tries[i] += 1
+            self.running.append(_Batch(worker, share, sent))
+
+    def finish(self, batch: _Batch) -> None:
+        """Its reply came (or its worker died): keep the outcomes, requeue what it did not run."""
+        self.running.remove(batch)
+        try:
+            outs, retire = pickle.loads(batch.worker.conn.recv_bytes())
+        except (EOFError, OSError):
+            k, _ = batch.worker.where()
+            why = batch.worker.death()
+            self.pool.drop(batch.worker)
+            if k >= 0:
+                self.settle(batch.items[k], Outcome(error=f"{why} during this call"))
+            self.requeue([i for p, i in enumerate(batch.items) if p != k and i not in batch.moved])
+            return
+        for i, out in zip(batch.items, outs):
+            self.settle(i, out)
+        if retire:
+            self.pool.drop(batch.worker)
+        else:
+            self.pool.give(batch.worker)
+        self.todo.extend(i for i in batch.items[len(outs):] if i not in batch.moved)
+
+    def watch(self, batch: _Batch, now: float) -> None:
+        """At its call's deadline ask the call to stop, and kill its worker if it does not within
+        `ABANDON_GRACE_S`; move the rest of its batch away from an overrun."""
+        if batch.abandoned_at is not None:
+            if now - batch.abandoned_at >= ABANDON_GRACE_S:
+                self.kill(batch, batch.cut)
+            return
+        k, started = batch.worker.where()
+        if k < 0:
+            started = batch.sent_at
+        if now - started >= self.timeout_s:
+            cut = batch.cut if batch.cut is not None else batch.worker.cut()
+            if cut is None:  # it never started its batch, or cannot be reached
+                self.kill(batch, max(k, 0))
+            elif cut == k:
+                self.settle(batch.items[k], Outcome(error=f"timeout after {self.timeout_s:g}s"))
+                self.move_rest(batch, cut)
+                batch.worker.abandon()
+                batch.abandoned_at = now
+            else:  # it finished that call just now: the one it runs is on time
+                self.move_rest(batch, cut)
+        elif batch.cut is None and now - started >= self.handoff_s and k < len(batch.items) - 1:
+            cut = batch.worker.cut()
+            if cut is not None:
+                self.move_rest(batch, cut)
+
+    def move_rest(self, batch: _Batch, cut: int) -> None:
+        if batch.cut is not None:
+            return
+        batch.cut, batch.moved = cut, batch.items[cut + 1:]
+        # where one call overran, the next may too: the rest spreads over `size` workers at once,
+        # so consecutive hung calls start side by side, not one handoff apart
+        if batch.moved:
+            self.dispatch(batch.moved, min(self.pool.size, len(batch.moved)))
+
+    def kill(self, batch: _Batch, k: int) -> None:
+        """Kill its worker: call `k` timed out; the calls it finished are run again (their
+        outcomes were in the lost reply)."""
+        self.running.remove(batch)
+        self.pool.drop(batch.worker)
+        self.settle(batch.items[k], Outcome(error=f"timeout after {self.timeout_s:g}s"))
+        self.requeue([i for p, i in enumerate(batch.items) if p != k and i not in batch.moved])
+
+    def settle(self, i: int, out: Outcome) -> None:
+        if self.results[i] is None:  # a call run twice (moved as it finished) keeps its first outcome
+            self.results[i] = out
+
+    def requeue(self, items: list[int]) -> None:
+        """Run again calls lost with a worker that another call killed (each such loss settles
+        that call, so this ends)."""
+        self.todo[:0] = [i for i in items if self.results[i] is None]
+
+    def retry(self, items: list[int], why: str) -> None:
+        for i in items:
+            if self.results[i] is not None:
+                continue
+            if self.tries[i] >= 2:
+                self.results[i] = Outcome(error=why)
+            else:
+                self.todo.append(i)
+
+    def abandon(self) -> None:
+        """Kill what still runs (only when this run itself failed)."""
+        for batch in self.running:
+            self.pool.drop(batch.worker)
+        self.running = []

@@ -1,0 +1,278 @@
+"""The reward worker process: what runs after the fork (:mod:`rlcore.envs.reward_workers` is
+the parent's side).
+
+A worker serves batches: the parent sends the calls one request needs in one message, the worker
+runs them one after another and sends all their outcomes back in one message. Between two calls
+it publishes which call it is on and since when (`progress`, shared memory), so the parent can
+move the rest of a batch away from a call that overruns (and kill it at its deadline) without a
+message per call. After every call the worker puts itself back as it was when it started:
+
+- whatever the call started (children, their children, double-forked daemons) is killed: the
+  worker is a child subreaper, so orphans of the call's processes become its children and none
+  escapes to init;
+- the working directory, `os.environ`, `sys.path` and any pending alarm are restored;
+- a call that exceeds the memory bound (RLIMIT_DATA: what the worker had at start plus the
+  bound) fails with a line naming the bound, and the worker retires (its leaked memory goes with
+  it);
+- an outcome whose value pickles to more than `RESULT_LIMIT` bytes becomes an error.
+
+A call that misses its deadline is first asked to stop (`ABANDON_SIGNAL` raises
+:class:`CallAbandoned` in it); a worker whose call stops so is reused, so a storm of hung calls
+costs forks only while they overlap, not a kill and a fork per call.
+
+Between the worker and the actor sits a keeper process (:func:`keep`): a reward that kills its
+parent kills the keeper, and the actor names it; at a deadline the keeper kills the worker and
+whatever its calls left, in any session. Each dies with its parent (PR_SET_PDEATHSIG, checked
+after it is set, so a parent that died during the fork is seen too).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import pickle
+import resource
+import signal
+import stat
+import sys
+import time
+from typing import Any
+
+from rlcore.envs.safety import Outcome, _describe, _Sink
+
+PR_SET_PDEATHSIG = 1
+PR_SET_CHILD_SUBREAPER = 36
+RESULT_LIMIT = 1 << 20
+"""Bytes a call's pickled return value may take (a reward is a number: this is generous)."""
+CURRENT, STARTED, CUT, WORKER_PID = 0, 1, 2, 3
+"""Fields of a worker's `progress` array: the call it runs (index in its batch, -1 before the
+first), when that call started (time.monotonic, shared by all processes), the last index it may
+start (the parent lowers it to move the rest of the batch elsewhere), the worker's pid."""
+ABANDON_SIGNAL = signal.SIGUSR1
+"""What the actor sends a worker whose call missed its deadline: a call in Python code ends at its
+next bytecode (sleeps too) and the worker is reused; one blocked in C is killed after a grace."""
+EXIT_PIPE_LOST = 3
+"""Exit code of a worker whose pipe to the actor a call closed."""
+EXIT_DESCENDANTS = 4
+"""Exit code of a worker that could not end what a call started."""
+REAP_ROUNDS = 100
+"""Kill-and-reap rounds after a call before the worker gives up on its descendants and exits
+(a fork bomb outruns it; the parent then kills the worker's whole session and replaces it)."""
+
+
+def keep(conn, owner: Any, progress, lock, actor_pid: int, memory_mb: int) -> None:
+    """The keeper: the worker's parent, between it and the process that scores (the rollout
+    actor). A call that signals its parent (`os.getppid()`) hits the keeper, not the actor; the
+    actor sees the keeper killed and names it. The keeper heads the worker's session and is a
+    child subreaper: when the worker ends (or the actor asks with SIGTERM, at a deadline) it kills
+    the worker and every process the worker's calls left, then exits with the worker's status."""
+    os.setsid()  # its own session: nothing here gets the actor's terminal or process-group signals
+    _die_with(actor_pid)
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(PR_SET_CHILD_SUBREAPER, 1)
+    keeper = os.getpid()
+    pid = os.fork()
+    if pid == 0:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        _die_with(keeper)
+        serve(conn, owner, progress, lock, memory_mb)
+    conn.close()
+
+    def stop(*_) -> None:
+        end_descendants(kill_first=[pid])
+        os._exit(0)
+
+    signal.signal(signal.SIGTERM, stop)
+    _, status = os.waitpid(pid, 0)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    end_descendants()
+    os._exit(os.WEXITSTATUS(status) if os.WIFEXITED(status) else 128 + os.WTERMSIG(status))
+
+
+def _die_with(parent_pid: int) -> None:
+    """SIGKILL this process when `parent_pid` (its parent) ends; exit now if it already has."""
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    if os.getppid() != parent_pid:
+        os._exit(0)
+
+
+def serve(conn, owner: Any, progress, lock, memory_mb: int) -> None:
+    """The worker's main loop (never returns): run batches of `owner`'s methods for the actor."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(PR_SET_CHILD_SUBREAPER, 1)
+    progress[WORKER_PID] = os.getpid()
+    signal.signal(ABANDON_SIGNAL, _abandon)
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, 1)
+    os.dup2(devnull, 2)
+    limit_memory(memory_mb)
+    home = Home()
+    while True:
+        try:
+            batch = pickle.loads(conn.recv_bytes())
+        except (EOFError, OSError):
+            os._exit(0)
+        outs, retire = run_batch(owner, batch, progress, lock, home, memory_mb, conn.fileno())
+        try:
+            conn.send_bytes(encode(outs, retire))
+        except Exception:  # the call closed the pipe: the actor sees this worker die during it
+            os._exit(EXIT_PIPE_LOST)
+        if retire:
+            os._exit(0)
+
+
+def run_batch(owner: Any, batch: list[bytes], progress, lock, home: Home, memory_mb: int,
+              pipe_fd: int) -> tuple[list, bool]:
+    """Run the batch's calls in order until the parent's cut; (outcomes, whether to retire).
+    Exits at once (EXIT_PIPE_LOST) after a call that closed the pipe, so the actor blames it."""
+    outs: list[Outcome] = []
+    for k, blob in enumerate(batch):
+        with lock:
+            if k > progress[CUT]:
+                break
+            progress[CURRENT], progress[STARTED] = k, time.monotonic()
+        out = run_one(owner, blob)
+        home.restore()
+        end_descendants()
+        try:
+            if not stat.S_ISSOCK(os.fstat(pipe_fd).st_mode):
+                os._exit(EXIT_PIPE_LOST)
+        except OSError:
+            os._exit(EXIT_PIPE_LOST)
+        outs.append(out)
+        if out.error is not None and out.error.startswith("MemoryError"):
+            out.error = (f"reward exceeded the reward worker's memory bound (env.args.reward_memory_mb={memory_mb}): "
+                         f"{out.error}")
+            return outs, True
+    return outs, False
+
+
+class CallAbandoned(BaseException):
+    """Raised in a call the actor gave up on at its deadline (SIGUSR1): a BaseException, so the
+    call's `except Exception` does not swallow it."""
+
+
+_in_call = [False]
+
+
+def _abandon(signum, frame) -> None:
+    # raises once, and only inside a call: the flag is cleared before the raise
+    if _in_call[0]:
+        _in_call[0] = False
+        raise CallAbandoned(f"abandoned at its deadline (signal {signum})")
+
+
+def run_one(owner: Any, blob: bytes) -> Outcome:
+    sink = _Sink()
+    sys.stdout = sys.stderr = sink
+    try:
+        name, args = pickle.loads(blob)
+        try:
+            _in_call[0] = True
+            value = getattr(owner, name)(*args)
+        finally:
+            _in_call[0] = False
+        out = Outcome(value=value)
+    except BaseException as exc:  # user code: any failure is data (SystemExit, KeyboardInterrupt too)
+        out = Outcome(error=_describe(exc))
+    finally:
+        sys.stdout, sys.stderr = sys.__stdout__, sys.__stderr__
+    out.output = sink.text()
+    return out
+
+
+def encode(outs: list[Outcome], retire: bool) -> bytes:
+    """The reply; a value that does not pickle, or pickles too large, becomes its call's error."""
+    try:
+        reply = pickle.dumps((outs, retire))
+        if len(reply) <= RESULT_LIMIT:
+            return reply
+    except Exception:
+        pass
+    for out in outs:
+        try:
+            size = len(pickle.dumps(out.value))
+        except Exception as exc:
+            out.value, out.error = None, f"reward value cannot be sent back: {_describe(exc)}"
+            continue
+        if size > RESULT_LIMIT:
+            out.value, out.error = None, f"reward returned a value of {size} bytes pickled (limit {RESULT_LIMIT})"
+    return pickle.dumps((outs, retire))
+
+
+def limit_memory(memory_mb: int) -> None:
+    """Bound what this process may add to its data (heap, anonymous mappings) to `memory_mb`."""
+    if memory_mb <= 0:
+        return
+    with open("/proc/self/status") as f:
+        data_kb = next(int(line.split()[1]) for line in f if line.startswith("VmData:"))
+    want = (data_kb * 1024) + memory_mb * (1 << 20)
+    _, hard = resource.getrlimit(resource.RLIMIT_DATA)
+    resource.setrlimit(resource.RLIMIT_DATA, (want if hard == resource.RLIM_INFINITY else min(want, hard), hard))
+
+
+class Home:
+    """The process state every call starts from: working directory, environment, sys.path."""
+
+    def __init__(self):
+        self.cwd = os.getcwd()
+        self.environ = dict(os.environ)
+        self.raw_environ = dict(_raw(os.environ))
+        self.path = list(sys.path)
+
+    def restore(self) -> None:
+        signal.alarm(0)  # an alarm a call set would kill a later call
+        try:
+            moved = os.getcwd() != self.cwd
+        except OSError:  # its directory was removed
+            moved = True
+        if moved:
+            os.chdir(self.cwd)
+        if _raw(os.environ) != self.raw_environ:  # the encoded mapping: 1 us where decoding all is 80
+            os.environ.clear()
+            os.environ.update(self.environ)
+        if sys.path != self.path:
+            sys.path[:] = self.path
+
+
+def _raw(environ) -> dict:
+    return getattr(environ, "_data", environ)
+
+
+def children() -> list[int]:
+    """This process's child pids (orphans it adopted as subreaper included)."""
+    try:
+        return [int(p) for tid in os.listdir("/proc/self/task")
+                for p in open(f"/proc/self/task/{tid}/children").read().split()]
+    except OSError:  # no CONFIG_PROC_CHILDREN: scan the process table
+        me, kids = os.getpid(), []
+        for pid in filter(str.isdigit, os.listdir("/proc")):
+            try:
+                with open(f"/proc/{pid}/stat") as f:
+                    if int(f.read().rsplit(")", 1)[1].split()[1]) == me:
+                        kids.append(int(pid))
+            except (OSError, ValueError, IndexError):
+                continue
+        return kids
+
+
+def end_descendants(kill_first: list[int] = ()) -> None:
+    """SIGKILL and reap every process the last call left behind (one cheap syscall when none)."""
+    for pid in kill_first:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    for _ in range(REAP_ROUNDS):
+        try:
+            while os.waitpid(-1, os.WNOHANG)[0] > 0:  # reap what already ended
+                pass
+        except ChildProcessError:
+            return  # no children left
+        for pid in children():
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        time.sleep(0.001)  # killed children turn zombie; their orphans are re-parented to us
+    os._exit(EXIT_DESCENDANTS)  # it outruns us: the parent kills this session and replaces the worker

@@ -1,0 +1,225 @@
+"""Reward workers (issue 41): what a reward does to its process stays with its call. Leaks hit a
+named memory bound, whatever a call starts dies with it (children, double-forked daemons, also
+at a deadline), each call starts from the same directory and environment, overrunning calls
+overlap instead of queueing, a reward that signals its parent costs its sample and names it,
+and the other faults of user code (exits, huge values, closed pipes) cost one
+sample each. All through `Environment.run_groups` with the default `worker` isolation."""
+
+import itertools
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+from rlcore.engine.base import SamplingParams
+from rlcore.models.tokenizer import char_tokenizer
+from rlcore.types import Task
+from tests.test_env_safety import EchoEngine, Scored
+
+LEAK: list = []
+
+
+class Misbehaving(Scored):
+    """Tasks whose index is below `bad` misbehave as `behaviour`; the others score 1.0. Pids of
+    what the calls start are written under `where`."""
+
+    def __init__(self, behaviour, bad=1, where="", **kw):
+        super().__init__(behaviour, **kw)
+        self.bad, self.where, self.home = bad, where, os.getcwd()
+
+    def make_task(self, index, split):
+        return Task(id=f"t/{index}", messages=[{"role": "user", "content": "hi"}], answer=str(index))
+
+    def note(self, name, pid):
+        with open(os.path.join(self.where, f"{name}.{pid}"), "w") as f:
+            f.write(f"{time.monotonic()}")
+
+    def daemon(self):
+        """Double-fork a process in a session of its own that sleeps; returns once it noted itself."""
+        first = os.fork()
+        if first == 0:
+            os.setsid()
+            if os.fork() == 0:
+                self.note("daemon", os.getpid())
+                time.sleep(300)
+            os._exit(0)
+        os.waitpid(first, 0)
+        while not any(n.startswith("daemon.") for n in os.listdir(self.where)):
+            time.sleep(0.01)
+
+    def reward(self, task, completion):
+        if int(task.id.split("/")[1]) >= self.bad:
+            return 1.0
+        b = self.behaviour
+        if b == "leak":
+            LEAK.append(bytearray(64 << 20))
+        elif b == "child":
+            self.note("child", subprocess.Popen(["sleep", "300"]).pid)
+        elif b == "daemon":
+            self.daemon()
+        elif b == "daemon_then_hang":  # in Python: asked to stop at the deadline, the worker is reused
+            self.daemon()
+            time.sleep(300)
+        elif b == "daemon_then_spin":  # inside one C call: its worker is killed after the grace
+            self.daemon()
+            sum(itertools.repeat(1, 10**13))
+        elif b == "state":  # 1.0 only if it finds the worker as it started
+            clean = os.getcwd() == self.home and "RLCORE_LEAKED" not in os.environ and "/nowhere" not in sys.path
+            os.chdir("/")
+            os.environ["RLCORE_LEAKED"] = "1"
+            sys.path.insert(0, "/nowhere")
+            return 1.0 if clean else 0.0
+        elif b == "hang":
+            self.note("hang", os.getpid())
+            time.sleep(300)
+        elif b == "exit":
+            os._exit(7)
+        elif b == "huge":
+            return "x" * (4 << 20)
+        elif b == "close_fds":
+            os.closerange(3, 4096)
+        elif b == "kill_parent":
+            self.note("killer", os.getpid())
+            os.kill(os.getppid(), signal.SIGKILL)
+            time.sleep(5)
+        return 1.0
+
+
+def scored(env, tasks=1, n=4):
+    tok = char_tokenizer()
+    groups = env.run_groups([env.make_task(i, "train") for i in range(tasks)], n, EchoEngine(tok), tok,
+                            SamplingParams(max_new_tokens=4))
+    return [s for g in groups for s in g.samples]
+
+
+def gone(pid, wait_s=2.0):
+    """`pid` is not a live process (gone or a zombie) within `wait_s`."""
+    end = time.monotonic() + wait_s
+    while time.monotonic() < end:
+        try:
+            state = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            return True
+        if state == "Z":
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def pids(where, name):
+    return [int(n.split(".")[1]) for n in os.listdir(where) if n.startswith(f"{name}.")]
+
+
+@pytest.fixture
+def env_of(tmp_path):
+    made = []
+
+    def make(behaviour, **kw):
+        env = Misbehaving(behaviour, where=str(tmp_path), **kw)
+        made.append(env)
+        return env
+    yield make
+    for env in made:
+        env.reward_pool().close()
+
+
+def test_a_leaking_reward_fails_its_sample_at_the_memory_bound_with_a_named_reason(env_of):
+    env = env_of("leak", reward_memory_mb=150)
+    samples = []
+    for _ in range(5):  # 64 MiB a call, kept by the worker: a worker's third call crosses 150 MiB
+        samples += scored(env, tasks=1, n=8)
+        if any(s.failed for s in samples):
+            break
+    errors = [s.error for s in samples if s.failed]
+    assert errors and all("memory bound (env.args.reward_memory_mb=150)" in e and "MemoryError" in e for e in errors)
+    assert any(s.reward == 1.0 and not s.failed for s in samples)  # the calls within the bound are scored
+    with pytest.raises(ValueError, match="env.args.reward_memory_mb"):
+        Misbehaving("ok", reward_memory_mb=-1)
+
+
+@pytest.mark.parametrize("behaviour", ["child", "daemon"])
+def test_what_a_reward_starts_dies_with_its_call(env_of, tmp_path, behaviour):
+    env = env_of(behaviour)
+    samples = scored(env, tasks=2, n=2)
+    assert [s.reward for s in samples] == [1.0] * 4
+    started = pids(tmp_path, behaviour)
+    assert len(started) == 2
+    for pid in started:
+        assert gone(pid), f"{behaviour} {pid} outlived its reward call"
+
+
+@pytest.mark.parametrize("behaviour", ["daemon_then_hang", "daemon_then_spin"])
+def test_a_daemon_started_by_a_call_that_overruns_dies_at_the_deadline(env_of, tmp_path, behaviour):
+    env = env_of(behaviour, reward_timeout_s=1.0)
+    samples = scored(env, tasks=2, n=1)
+    assert samples[0].failed and "timeout after 1s" in samples[0].error
+    assert samples[1].reward == 1.0
+    (pid,) = pids(tmp_path, "daemon")
+    assert gone(pid), "a double-forked daemon outlived its timed-out call"
+
+
+def test_each_call_starts_from_the_same_directory_environment_and_sys_path(env_of):
+    env = env_of("state", bad=100)
+    assert [s.reward for s in scored(env, tasks=2, n=8)] == [1.0] * 16  # 16 calls, 2 workers, reused
+    assert "RLCORE_LEAKED" not in os.environ and os.getcwd() == env.home
+
+
+def test_overrunning_calls_overlap_instead_of_queueing(env_of, tmp_path):
+    """12 of 32 calls hang; the pool has 2 warm workers. Every hung call starts before the first
+    one reaches its deadline: they run side by side (each in its own worker), not one after
+    another, and the others are scored."""
+    env = env_of("hang", bad=3, reward_timeout_s=3.0)
+    assert env.reward_pool().size == 2 or os.cpu_count() > 2
+    samples = scored(env, tasks=8, n=4)
+    hung = [s for s in samples[:12]]
+    assert all(s.failed and "timeout after 3s" in s.error for s in hung)
+    assert [s.reward for s in samples[12:]] == [1.0] * 20
+    starts = sorted(float(open(tmp_path / n).read()) for n in os.listdir(tmp_path) if n.startswith("hang."))
+    assert len(starts) == 12 and len(set(pids(tmp_path, "hang"))) == 12
+    assert starts[-1] - starts[0] < 3.0, "a hung call waited for another one's deadline"
+
+
+@pytest.mark.parametrize("behaviour,expect", [
+    ("exit", "reward worker exited (code 7) during this call"),
+    ("huge", "bytes pickled (limit 1048576)"),
+    ("close_fds", "the reward closed its worker's pipe to the actor"),
+])
+def test_each_fault_of_user_code_costs_its_own_sample(env_of, behaviour, expect):
+    env = env_of(behaviour)
+    samples = scored(env, tasks=3, n=2)
+    assert all(s.failed and expect in s.error for s in samples[:2]), [s.error for s in samples[:2]]
+    assert [s.reward for s in samples[2:]] == [1.0] * 4
+    assert [s.reward for s in scored(env_of("ok"), tasks=1, n=2)] == [1.0, 1.0]
+
+
+ACTOR = textwrap.dedent("""
+    import json, sys
+    sys.path.insert(0, {root!r})
+    from tests.test_reward_workers import Misbehaving, scored
+    env = Misbehaving("kill_parent", where={where!r}, reward_timeout_s=10)
+    rounds = [[s.error for s in scored(env, tasks=2, n=1)] for _ in range(2)]
+    print(json.dumps(rounds))
+""")
+
+
+def test_a_reward_that_kills_its_parent_costs_its_sample_and_is_named(tmp_path):
+    """The scoring process (a rollout actor's stand-in, in a process of its own) survives two
+    rounds of a reward that SIGKILLs `os.getppid()`; each time the sample names what happened,
+    and nothing the rounds started outlives that process."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    proc = subprocess.run([sys.executable, "-c", ACTOR.format(root=root, where=str(tmp_path))],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, (proc.returncode, proc.stderr[-2000:])
+    rounds = json.loads(proc.stdout.strip().splitlines()[-1])
+    for errors in rounds:
+        assert "the reward signalled its process's parent (signal 9)" in errors[0], errors
+        assert errors[1] is None
+    killers = pids(tmp_path, "killer")
+    assert len(killers) == 2
+    for pid in killers:
+        assert gone(pid)
