@@ -1,6 +1,9 @@
 """Reward safety: exceptions and hangs in reward / env code never stop the run."""
 
+import os
+import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -10,6 +13,8 @@ from rlcore.envs.multiturn import MultiTurnEnvironment
 from rlcore.envs.safety import call_many, call_with_deadline
 from rlcore.models.tokenizer import char_tokenizer
 from rlcore.types import Task
+
+REPO = Path(__file__).resolve().parent.parent
 
 
 class EchoEngine:
@@ -104,3 +109,38 @@ def test_guarded_calls():
 def test_bad_safety_args_name_the_key(key, value):
     with pytest.raises(ValueError, match=f"env.args.{key}"):
         Scored("ok", **{key: value})
+
+
+def test_a_process_isolated_call_dies_with_the_process_that_made_it(tmp_path):
+    """A rollout actor that is killed runs no deadline: the call it forked must not outlive it."""
+    import subprocess
+    import textwrap
+    pid_file = tmp_path / "child.pid"
+    script = textwrap.dedent(f"""
+        import os, threading, time
+        from rlcore.envs.safety import call_many
+
+        def reward():
+            open({str(pid_file)!r}, "w").write(str(os.getpid()))
+            time.sleep(120)
+
+        threading.Thread(target=call_many, args=([(reward, ())], 120.0, "process"), daemon=True).start()
+        while not os.path.exists({str(pid_file)!r}) or not open({str(pid_file)!r}).read():
+            time.sleep(0.05)
+        os._exit(0)  # the actor dies without reaching the call's deadline
+    """)
+    subprocess.run([sys.executable, "-c", script], cwd=REPO, timeout=60, check=True)
+    child = int(pid_file.read_text())
+
+    def alive() -> bool:
+        try:
+            return Path(f"/proc/{child}/stat").read_text().split()[2] != "Z"
+        except (FileNotFoundError, ProcessLookupError):
+            return False
+
+    deadline = time.monotonic() + 10
+    while alive() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    if alive():
+        os.kill(child, 9)
+        raise AssertionError(f"the reward call (pid {child}) outlived the process that made it")

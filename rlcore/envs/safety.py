@@ -45,6 +45,8 @@ STOP_GRACE_S = 0.05
 """How long a request waits, in all, for its timed-out threads to stop once asked."""
 STUCK_AFTER_S = 5.0
 """A thread still running this long after it was asked to stop is stuck (blocked in C)."""
+PR_SET_PDEATHSIG = 1
+"""prctl(2): the signal a process gets when the thread that forked it ends."""
 
 
 @dataclass
@@ -183,8 +185,12 @@ class _ThreadCall:
         return out
 
 
-def _child(conn, out_fd, fn, args) -> None:
+def _child(conn, out_fd, fn, args, parent_pid: int) -> None:
     os.setsid()  # its own session: the deadline kills whatever it started too
+    # a call must not outlive the rollout actor that made it (a killed actor runs no deadline)
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    if os.getppid() != parent_pid:
+        os._exit(1)
     os.dup2(out_fd, 1)
     os.dup2(out_fd, 2)
     sys.stdout = sys.stderr = open(out_fd, "w", buffering=1, closefd=False)
@@ -204,7 +210,7 @@ class _ProcessCall:
         ctx = mp.get_context("fork")
         self._out = tempfile.TemporaryFile()
         self._conn, child = ctx.Pipe(duplex=False)
-        self._proc = ctx.Process(target=_child, args=(child, self._out.fileno(), fn, args), daemon=True)
+        self._proc = ctx.Process(target=_child, args=(child, self._out.fileno(), fn, args, os.getpid()), daemon=True)
         self._proc.start()
         child.close()
 
