@@ -441,3 +441,26 @@ def test_ray_jobs_store_the_run_where_every_node_reaches_it(role_cluster, tmp_pa
                                                      "checkpoint"), errors
     assert job_rows(kept / "metrics.jsonl") == [1, 2, 3]
     assert proc.stdout.count(errors[0]) == 1 and proc.stderr.count(errors[0]) == 0  # the log once, not twice
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(600)
+def test_local_cluster_starts_from_a_python_with_no_ray_script_beside_it(tmp_path):
+    """The README's `python -m launch.local_cluster` run by an interpreter that imports Ray but has
+    no `ray` script in its bin/ (the venv's own interpreter run by its real path, Ray on
+    PYTHONPATH, PATH without `ray`): the nodes start, no FileNotFoundError traceback."""
+    base = Path(os.path.realpath(sys.executable))
+    assert not (base.parent / "ray").exists()
+    site = next(p for p in sys.path if p.endswith("site-packages"))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join((str(REPO), site)), "PATH": "/usr/bin:/bin"}
+    state = tmp_path / "cluster.json"
+    cmd = [str(base), "-m", "launch.local_cluster", "--state", str(state)]
+    proc = subprocess.run([*cmd, "start", "--nodes", "1", "--timeout", "400"], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=500)
+    try:
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        assert proc.stdout.startswith("rlcore local cluster: 1 node(s)") and "Traceback" not in proc.stderr
+    finally:
+        if state.exists():
+            stop = subprocess.run([*cmd, "stop"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+            assert stop.returncode == 0, stop.stderr
