@@ -1,11 +1,13 @@
 """Submit an rlcore run to a Ray cluster through the Ray Jobs API and follow it to its end.
 
-    python -m launch.submit --address http://HEAD:8265 -- +recipe=NAME key=value ...
+    python -m launch.submit --address http://HEAD:8265 -- +recipe=NAME output_dir=/shared/runs/NAME key=value ...
     python -m launch.submit --address http://HEAD:8265 --follow SUBMISSION_ID
     python -m launch.submit --address http://HEAD:8265 --stop SUBMISSION_ID
 
-Everything after ``--`` is handed to ``python -m rlcore.run`` unchanged. The repository is shipped
-as the job's working directory, the job's logs stream back here, and this process exits with the
+Everything after ``--`` is handed to ``python -m rlcore.run`` unchanged. The run's ``output_dir``
+must be a path every node mounts: a relative one (the default ``outputs/MODE``, a recipe's) would
+land in each node's own copy of the working dir and is refused before anything is sent (exit 2).
+The repository is shipped as the job's working directory, the job's logs stream back here, and this process exits with the
 job's outcome:
 
     0    SUCCEEDED
@@ -83,7 +85,7 @@ def parse_args(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
         prog="python -m launch.submit",
         description="Submit `python -m rlcore.run OVERRIDES...` to a Ray cluster as a Ray job.",
         epilog="Example: python -m launch.submit --address http://127.0.0.1:8265 -- "
-        "+recipe=reverse_text steps=100",
+        "+recipe=reverse_text steps=100 output_dir=/shared/runs/reverse_text",
     )
     parser.add_argument(
         "--address",
