@@ -96,6 +96,27 @@ def test_first_signal_asks_a_graceful_driver_to_stop_second_stops_at_once(capsys
     assert signal.getsignal(signal.SIGTERM) is before
 
 
+@pytest.mark.parametrize("in_ray_job", [False, True])
+def test_the_sigterm_line_says_how_to_stop_at_once_where_the_run_is(in_ray_job, capsys, monkeypatch):
+    monkeypatch.delenv("RAY_JOB_CONFIG_JSON_ENV_VAR", raising=False)
+    monkeypatch.delenv("RAY_JOB_STOP_WAIT_TIME_S", raising=False)
+    if in_ray_job:  # what Ray's job supervisor sets in a job's driver
+        monkeypatch.setenv("RAY_JOB_CONFIG_JSON_ENV_VAR", '{"runtime_env": {}}')
+        monkeypatch.setenv("RAY_JOB_STOP_WAIT_TIME_S", "60")
+    stop = StopRequest(graceful=True).install()
+    try:
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(0.01)
+    finally:
+        stop.restore()
+    err = capsys.readouterr().err
+    assert stop.requested and "SIGTERM received: stopping after the step in flight" in err
+    if in_ray_job:  # nobody can press Ctrl-C in a job: Ray kills it after its wait
+        assert "Ctrl-C" not in err and "in a Ray Job, Ray kills it 60 s after the stop" in err, err
+    else:
+        assert "press Ctrl-C again to stop at once" in err
+
+
 def test_sigterm_without_a_graceful_driver_ends_like_ctrl_c():
     stop = StopRequest(graceful=False).install()
     try:
