@@ -106,6 +106,9 @@ def make_client(address: str, request_timeout: float):
     from ray.job_submission import JobSubmissionClient
 
     _send_token_if_available()
+    # the SDK logs "WebSocket closed for job ... with close code 1000" at INFO after every follow;
+    # the launcher's own [launch] lines say how the job ended
+    logging.getLogger("ray.dashboard.modules.job.sdk").setLevel(logging.WARNING)
 
     def connect():
         try:
@@ -114,6 +117,7 @@ def make_client(address: str, request_timeout: float):
             raise LaunchError(f"cannot reach the Ray dashboard at {address}: {exc}") from None
 
     return call_with_timeout(connect, request_timeout, f"connecting to {address}")
+
 
 async def follow(
     client: Any,
