@@ -265,7 +265,8 @@ def save_trainer(core, ckpt_dir: str | Path) -> dict[str, int]:
 def trainer_parts(ckpt_dir: Path, metadata) -> dict[str, int]:
     """{relative path: bytes} of the trainer side of a checkpoint: each shard file DCP's metadata
     names (every rank's, with the bytes its entries end at), then the files in `ckpt_dir` as
-    this process sees them (the DCP metadata, rank 0's state and HF files)."""
+    this process sees them (the DCP metadata, rank 0's state and HF files). The HF folder's
+    files (config, tokenizer: text a user may edit) only need to exist (0 bytes)."""
     parts: dict[str, int] = {}
     for info in (getattr(metadata, "storage_data", None) or {}).values():
         rel = f"{TRAINER_DIR}/{info.relative_path}"
@@ -273,7 +274,8 @@ def trainer_parts(ckpt_dir: Path, metadata) -> dict[str, int]:
     for dirpath, _, files in os.walk(ckpt_dir):
         for name in files:
             rel = os.path.relpath(os.path.join(dirpath, name), ckpt_dir)
-            parts.setdefault(rel, os.path.getsize(os.path.join(dirpath, name)))
+            size = 0 if rel.startswith(f"{HF_DIR}/") else os.path.getsize(os.path.join(dirpath, name))
+            parts.setdefault(rel, size)
     return parts
 
 
