@@ -108,10 +108,10 @@ class TrainerRank:
         result = self.core.sft_step(micro_batches, global_loss_tokens)
         return {**result.metrics, "version": result.version, "lr": result.lr}
 
-    def save_checkpoint(self, path: str) -> bool:
-        """Write this rank's shard into checkpoint directory `path` (collective)."""
-        save_trainer(self.core, path)
-        return True
+    def save_checkpoint(self, path: str) -> dict[str, int]:
+        """Write this rank's shard into checkpoint directory `path` (collective); rank 0 returns
+        every file the trainer side of the checkpoint needs ({relative path: bytes}), others {}."""
+        return save_trainer(self.core, path)
 
     def load_checkpoint(self, path: str) -> int:
         """Load a checkpoint saved at any trainer world size (collective); returns its version."""

@@ -174,12 +174,15 @@ class TrainerGroup:
     def save(self, writer: CheckpointWriter, step: int, driver_state: Callable[[], dict[str, Any]]) -> Path:
         """Write the checkpoint of `step`: every rank's shard into the writer's temporary folder,
         then the driver's state (`driver_state()`, taken after the shards) and the commit. Any
-        failure removes the partial folder and raises RunError naming the step and the folder."""
+        failure removes the partial folder and raises RunError naming the step and the folder. It
+        is "saved" only once the driver sees every rank's part on the storage (`writer.commit`)."""
         start = time.perf_counter()
         tmp = writer.begin(step)
         try:
-            self._get(self._each("save_checkpoint", str(tmp)), f"checkpoint save of step {step}")
-            path = writer.commit(tmp, step, driver_state())
+            parts: dict[str, int] = {}
+            for rank_parts in self._get(self._each("save_checkpoint", str(tmp)), f"checkpoint save of step {step}"):
+                parts.update(rank_parts or {})
+            path = writer.commit(tmp, step, driver_state(), parts)
         except BaseException as exc:
             writer.abort(tmp)
             if isinstance(exc, RunError):

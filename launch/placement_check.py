@@ -34,10 +34,22 @@ def compare(planned: list, placed: list[str]) -> list[str]:
     for b, node in zip(planned, placed):
         ray_of[b.node].add(node)
         plan_of[node].add(b.node)
-    out = [f"plan node {n}'s bundles landed on {len(ids)} Ray nodes ({', '.join(sorted(i[:8] for i in ids))})"
+    out = [f"plan node {n}'s bundles landed on {len(ids)} Ray nodes ({', '.join(sorted(i[:12] for i in ids))})"
            for n, ids in sorted(ray_of.items()) if len(ids) > 1]
     out += [f"Ray node {node[:8]} holds bundles of plan nodes {sorted(ns)}" for node, ns in plan_of.items() if len(ns) > 1]
     return out
+
+
+LOCAL_NODE_LABEL = "rlcore-local-node"
+"""The label `launch.local_cluster` gives each node: its index there (`node 2 worker ...`)."""
+
+
+def ray_node_name(node_id: str, nodes: list) -> str:
+    """A Ray node: its id, and its number in `launch.local_cluster`'s list when it is one of
+    its nodes (the plan's node numbers are the plan's own; `nodes`: `NodeCapacity`s)."""
+    labels = next((n.labels for n in nodes if n.node_id == node_id), {}) or {}
+    index = labels.get(LOCAL_NODE_LABEL)
+    return node_id + (f" (local_cluster node {index})" if index is not None else "")
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -50,6 +62,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     from actors.session import live_nodes
 
     argv = list(sys.argv[1:] if argv is None else argv)
+    if {"-h", "--help"} & set(argv):
+        print(f"usage: python -m launch.placement_check cluster.address=HOST:PORT [+recipe=NAME] [key=value ...]\n\n"
+              f"{__doc__.strip()}")
+        return 0
     try:
         cfg = compose(argv)
         raise_problems(problems(cfg))  # the config alone; this machine's disks are not the cluster's
@@ -68,7 +84,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
     ray.init(address=cfg.cluster.address, logging_level="ERROR", log_to_driver=False)
     try:
-        found = fit_problems(cfg, placed_bundles(cfg), live_nodes())
+        nodes = live_nodes()
+        found = fit_problems(cfg, placed_bundles(cfg), nodes)
         if found:
             return report(ConfigError(*found[0], more=found[1:]))
         trainer_pg, rollout_pg = reserve(cfg, trainer=cfg.mode != "eval", rollout=cfg.mode != "sft")
@@ -82,7 +99,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                 planned += bundles
                 placed += where
                 for b, node in zip(bundles, where):
-                    print(f"{name} bundle {b.index}: plan node {b.node} -> Ray node {node}")
+                    print(f"{name} bundle {b.index}: plan node {b.node} -> Ray node {ray_node_name(node, nodes)}")
         finally:
             from ray.util.placement_group import remove_placement_group
             for pg in {id(p): p for p in (trainer_pg, rollout_pg) if p is not None}.values():

@@ -9,11 +9,17 @@ Layout of one checkpoint, ``{checkpoint.dir}/step_00000012/``::
     driver_state.pt      the driver's state (step, data position, RNG, accounting, ...)
     meta.json            written last: step, mode, time; its presence marks a complete checkpoint
 
+Every rank's part. Rank 0 lists every file the checkpoint needs (each rank's DCP shards from
+DCP's own metadata, with the bytes each must hold; its own files); the driver commits only when
+it sees every one of them on the storage (a rank that wrote to a node-local folder fails the save
+with one error, and nothing is "saved"), and meta.json keeps the list: a checkpoint missing a part
+later is not complete, so resume takes the newest complete one.
+
 Atomicity. Everything is written into ``.tmp-step_00000012-<nonce>/`` next to the committed
 checkpoints and then renamed in one ``os.rename``; a crash while saving leaves a ``.tmp-*``
 directory that is never read and is removed by the next run. Deleting an old checkpoint first
 renames it to ``.tmp-*`` as well, so a half-deleted checkpoint is never mistaken for a good one.
-All ranks must write to a filesystem the driver sees (as for any multi-node DCP checkpoint).
+All ranks must write to a filesystem the driver sees (`rlcore.storage.location`).
 """
 
 from __future__ import annotations
@@ -38,11 +44,13 @@ from rlcore.storage.checkpoint_dirs import (  # noqa: F401  (re-exported: the di
     META,
     TRAINER_DIR,
     TRAINER_EXTRA,
+    PARTS,
     checkpoint_root,
     config_problems,
     is_complete,
     latest_checkpoint,
     list_checkpoints,
+    missing_parts,
     plain_load_problem,
     read_meta,
     resolve_resume,
@@ -102,6 +110,10 @@ def remove_dir(path: Path) -> None:
     shutil.rmtree(doomed, ignore_errors=True)
 
 
+class IncompleteCheckpoint(RuntimeError):
+    """A part a trainer rank wrote is not on the storage as the driver sees it."""
+
+
 class CheckpointWriter:
     """Driver side of saving: temp dir, commit, `keep_last` pruning."""
 
@@ -126,10 +138,19 @@ class CheckpointWriter:
         tmp.mkdir()
         return tmp
 
-    def commit(self, tmp: Path, step: int, driver_state: dict[str, Any]) -> Path:
-        """Write the driver state and the completion marker into `tmp`, then rename it."""
+    def commit(self, tmp: Path, step: int, driver_state: dict[str, Any], parts: dict[str, int]) -> Path:
+        """Check that `tmp` holds every part the ranks wrote (`parts`: relative path -> bytes;
+        IncompleteCheckpoint naming the first missing ones, nothing committed), write the driver
+        state and the completion marker (which lists the parts) into `tmp`, then rename it."""
+        missing = missing_parts(tmp, parts)
+        if missing:
+            raise IncompleteCheckpoint(
+                f"{len(missing)} of the {len(parts)} files the trainer ranks wrote are not in {tmp} as the driver "
+                f"sees it ({', '.join(missing[:3])}{', ...' if len(missing) > 3 else ''}): every node must reach "
+                "the run's storage (output_dir / checkpoint.dir on a filesystem every node mounts)")
         torch.save(driver_state, tmp / DRIVER_STATE)
-        meta = {"step": step, "mode": self.cfg.mode, "time": time.time(),
+        parts = {**parts, DRIVER_STATE: (tmp / DRIVER_STATE).stat().st_size}
+        meta = {"step": step, "mode": self.cfg.mode, "time": time.time(), PARTS: parts,
                 "config": _plain(self.cfg)}
         (tmp / META).write_text(json.dumps(meta, indent=1, default=str))
         final = commit_dir(tmp, self.root / step_dir_name(step))
@@ -220,20 +241,42 @@ def _state_dicts(core):
     return {"model": model_sd, "optim": optim_sd}
 
 
-def save_trainer(core, ckpt_dir: str | Path) -> None:
+def save_trainer(core, ckpt_dir: str | Path) -> dict[str, int]:
     """Save this rank's shard of model + optimizer (collective over the trainer group); rank 0
-    also writes the small replicated state and the model's config and tokenizer."""
+    also writes the small replicated state and the model's config and tokenizer. Returns, on
+    rank 0, every file the checkpoint's trainer side needs ({relative path: bytes}: every rank's
+    shards from DCP's metadata, the metadata, rank 0's files); {} on the other ranks."""
     import torch.distributed as dist
     import torch.distributed.checkpoint as dcp
     ckpt_dir = Path(ckpt_dir)
     with _dcp_call(f"checkpoint save to {ckpt_dir}"):
-        dcp.save(_state_dicts(core), checkpoint_id=str(ckpt_dir / TRAINER_DIR), no_dist=not dist.is_initialized())
-    if core.rank == 0:
-        scheduler = getattr(core, "scheduler", None)
-        torch.save({"version": core.version, "world_size": core.world_size,
-                    "scheduler": scheduler.state_dict() if scheduler is not None else None,
-                    "rng": rng_state()}, ckpt_dir / TRAINER_EXTRA)
-        save_config_and_tokenizer(core.model, core.tokenizer, ckpt_dir / HF_DIR, core.cfg.model.dtype)
+        metadata = dcp.save(_state_dicts(core), checkpoint_id=str(ckpt_dir / TRAINER_DIR),
+                            no_dist=not dist.is_initialized())
+    if core.rank != 0:
+        return {}
+    scheduler = getattr(core, "scheduler", None)
+    torch.save({"version": core.version, "world_size": core.world_size,
+                "scheduler": scheduler.state_dict() if scheduler is not None else None,
+                "rng": rng_state()}, ckpt_dir / TRAINER_EXTRA)
+    save_config_and_tokenizer(core.model, core.tokenizer, ckpt_dir / HF_DIR, core.cfg.model.dtype)
+    return trainer_parts(ckpt_dir, metadata)
+
+
+def trainer_parts(ckpt_dir: Path, metadata) -> dict[str, int]:
+    """{relative path: bytes} of the trainer side of a checkpoint: each shard file DCP's metadata
+    names (every rank's, with the bytes its entries end at), then the files in `ckpt_dir` as
+    this process sees them (the DCP metadata, rank 0's state and HF files). The HF folder's
+    files (config, tokenizer: text a user may edit) only need to exist (0 bytes)."""
+    parts: dict[str, int] = {}
+    for info in (getattr(metadata, "storage_data", None) or {}).values():
+        rel = f"{TRAINER_DIR}/{info.relative_path}"
+        parts[rel] = max(parts.get(rel, 0), int(info.offset) + int(info.length))
+    for dirpath, _, files in os.walk(ckpt_dir):
+        for name in files:
+            rel = os.path.relpath(os.path.join(dirpath, name), ckpt_dir)
+            size = 0 if rel.startswith(f"{HF_DIR}/") else os.path.getsize(os.path.join(dirpath, name))
+            parts.setdefault(rel, size)
+    return parts
 
 
 def load_trainer(core, ckpt_dir: str | Path) -> int:

@@ -11,6 +11,7 @@ handler (install it after `ray.init`, which installs that handler).
 
 from __future__ import annotations
 
+import os
 import signal
 import sys
 import threading
@@ -50,4 +51,18 @@ class StopRequest:
             raise KeyboardInterrupt(name)
         self.signal_name = name
         print(f"rlcore: {name} received: stopping after the step in flight and saving a checkpoint there; "
-              "press Ctrl-C again to stop at once (no checkpoint)", file=sys.stderr, flush=True)
+              f"{stop_at_once_hint()}", file=sys.stderr, flush=True)
+
+
+RAY_JOB_ENV = "RAY_JOB_CONFIG_JSON_ENV_VAR"
+"""Set by Ray's job supervisor in a Ray Job's driver."""
+
+
+def stop_at_once_hint(environ=os.environ) -> str:
+    """How the run is stopped at once after a graceful stop was asked. In a Ray Job nobody can
+    press Ctrl-C: Ray itself kills the job RAY_JOB_STOP_WAIT_TIME_S after its stop signal."""
+    if RAY_JOB_ENV not in environ:
+        return "press Ctrl-C again to stop at once (no checkpoint)"
+    wait = environ.get("RAY_JOB_STOP_WAIT_TIME_S", "3")
+    return (f"in a Ray Job, Ray kills it {wait} s after the stop (RAY_JOB_STOP_WAIT_TIME_S on the cluster: "
+            "raise it to give the checkpoint time)")

@@ -39,6 +39,7 @@ from rlcore.report.metrics import MetricsLogger
 from rlcore.report.plot import write_run_plot
 from rlcore.report.startup import StartupPhases
 from rlcore.report.summary import run_summary
+from rlcore.storage.location import with_local_paths
 from rlcore.storage.rundir import claim_output_dir, last_checkpoint_hint
 
 EXIT_RUN = 1
@@ -157,7 +158,8 @@ def multirun(overrides: list[str]) -> int:
 def run_job(argv: list[str], print_cfg: bool = False) -> int:
     """Compose, validate, place and run one job."""
     try:
-        cfg = compose(argv)
+        # the run's storage as absolute paths: every actor, on any node, gets the same folder
+        cfg = with_local_paths(compose(argv))
         validate(cfg)
         warn_inert(cfg)
         if print_cfg:

@@ -124,8 +124,8 @@ def _fake_core(cfg, seed=0):
 
 def _save(cfg, writer, step, core):
     tmp = writer.begin(step)
-    ckpt.save_trainer(core, tmp)
-    return writer.commit(tmp, step, {"kind": "rl", "step": step})
+    parts = ckpt.save_trainer(core, tmp)
+    return writer.commit(tmp, step, {"kind": "rl", "step": step}, parts)
 
 
 def test_save_that_raises_midway_leaves_previous_checkpoint(tmp_path, monkeypatch):
@@ -165,6 +165,39 @@ def test_keep_last_and_resume_resolution(tmp_path):
     half.mkdir()
     with pytest.raises(ValueError, match="not a complete checkpoint"):
         ckpt.resolve_resume(compose([f"output_dir={tmp_path}", f"resume={half}"]))
+
+
+def test_a_save_whose_rank_part_the_driver_does_not_see_is_not_saved(tmp_path):
+    """The node-local output of issue 42: the trainer rank writes its part where the driver's
+    storage does not hold it (here: its own folder, as on its own node's disk)."""
+    cfg = compose([f"output_dir={tmp_path / 'run'}"])
+    writer = ckpt.CheckpointWriter(cfg)
+    good = _save(cfg, writer, 1, _fake_core(cfg, 1))
+    tmp = writer.begin(2)
+    parts = ckpt.save_trainer(_fake_core(cfg, 2), tmp_path / "trainer-node-copy")
+    assert any(p.startswith("trainer/__0_") for p in parts) and "trainer/.metadata" in parts
+    with pytest.raises(ckpt.IncompleteCheckpoint, match=r"files the trainer ranks wrote are not in .* as the driver sees"):
+        writer.commit(tmp, 2, {"kind": "rl", "step": 2}, parts)
+    writer.abort(tmp)
+    assert ckpt.list_checkpoints(writer.root) == [(1, good)]
+    assert ckpt.resolve_resume(compose([f"output_dir={tmp_path / 'run'}", "resume=true"])) == good
+
+
+def test_a_checkpoint_missing_a_rank_part_is_not_complete_and_resume_takes_the_newest_complete(tmp_path):
+    cfg = compose([f"output_dir={tmp_path}"])
+    writer = ckpt.CheckpointWriter(cfg)
+    good = _save(cfg, writer, 1, _fake_core(cfg, 1))
+    damaged = _save(cfg, writer, 2, _fake_core(cfg, 2))
+    assert json.loads((damaged / "meta.json").read_text())["parts"]["trainer/.metadata"] > 0
+    shard = next((damaged / "trainer").glob("__0_*.distcp"))
+    shard.unlink()  # rank 0's part never reached the storage (or was lost)
+    assert not ckpt.is_complete(damaged)
+    assert ckpt.latest_checkpoint(writer.root) == good
+    assert ckpt.resolve_resume(compose([f"output_dir={tmp_path}", "resume=true"])) == good
+    with pytest.raises(ValueError, match=f"not a complete checkpoint .*parts are missing: trainer/{shard.name}"):
+        ckpt.resolve_resume(compose([f"output_dir={tmp_path}", f"resume={damaged}"]))
+    shard.write_bytes(b"x")  # a truncated part is missing too
+    assert not ckpt.is_complete(damaged)
 
 
 KILL_SCRIPT = textwrap.dedent("""

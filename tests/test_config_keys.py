@@ -99,7 +99,13 @@ def test_a_fresh_run_refuses_a_folder_that_holds_a_run(tmp_path, capsys):
     assert main([f"output_dir={tmp_path}"]) == 2
     assert errors(capsys) == [f"rlcore: config error: output_dir: '{tmp_path}' already holds a run "
                               "(metrics.jsonl); continue it with resume=true, or choose a new output_dir"]
-    validate(compose([f"output_dir={tmp_path}", "resume=true"]))  # continuing it is fine
+    with pytest.raises(ConfigError, match="checkpoint.resume: true found no complete checkpoint"):
+        validate(compose([f"output_dir={tmp_path}", "resume=true"]))  # its rows but no checkpoint: kept, refused
+    ck = tmp_path / "checkpoints" / "step_00000001"
+    (ck / "trainer").mkdir(parents=True)
+    (ck / "meta.json").write_text("{}")
+    (ck / "trainer" / ".metadata").write_text("")
+    validate(compose([f"output_dir={tmp_path}", "resume=true"]))  # continuing it from its checkpoint is fine
     with pytest.raises(ConfigError, match="output_dir: .* already holds a run"):
         validate(compose([f"output_dir={tmp_path}", "mode=eval"]))  # an eval never writes into a run
 

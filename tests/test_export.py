@@ -27,8 +27,8 @@ def saved_checkpoint(tmp_path):
                            world_size=1, version=1, cfg=cfg, tokenizer=tok)
     writer = ckpt.CheckpointWriter(cfg)
     tmp = writer.begin(1)
-    ckpt.save_trainer(core, tmp)
-    return writer.commit(tmp, 1, {"kind": "rl", "step": 1}), model
+    parts = ckpt.save_trainer(core, tmp)
+    return writer.commit(tmp, 1, {"kind": "rl", "step": 1}, parts), model
 
 
 def tensor_names(hf_dir):

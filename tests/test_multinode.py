@@ -119,11 +119,13 @@ def test_qwen30b_swe_placed_by_rays_scheduler_on_four_declared_gpu_nodes(start_c
     # the check prints the same plan as the dry run, then where each bundle landed
     for line in ("nodes: node 0: 8 bundle(s), node 1: 8 bundle(s)", "nodes: node 2: 4 bundle(s), node 3: 4 bundle(s)"):
         assert line in dry.stdout and line in proc.stdout
-    placed = [ln.split() for ln in proc.stdout.splitlines() if " bundle " in ln and "-> Ray node" in ln]
-    assert len(placed) == 24
+    placed = [re.fullmatch(r"(\w+) bundle \d+: plan node (\d+) -> Ray node (\w+) \(local_cluster node (\d+)\)", ln)
+              for ln in proc.stdout.splitlines() if " bundle " in ln and "-> Ray node" in ln]
+    assert len(placed) == 24 and all(placed), proc.stdout[-3000:]
     ray_of = {}
-    for group, _, _, _, _, plan_node, _, _, _, node in placed:
-        ray_of.setdefault(int(plan_node), set()).add(node)
+    for m in placed:
+        ray_of.setdefault(int(m[2]), set()).add(m[3])
+        assert cluster.nodes[int(m[4])].node_id == m[3]  # numbered as `local_cluster start` lists them
     assert sorted(ray_of) == [0, 1, 2, 3] and all(len(v) == 1 for v in ray_of.values())
     assert len(set.union(*ray_of.values())) == 4
     assert set.union(*ray_of.values()) == {n.node_id for n in cluster.nodes}
@@ -365,3 +367,100 @@ def test_chaos_across_nodes_engine_node_killed_twice_a_trainer_rank_killed_rewar
     rewards = [r["reward_mean"] for r in rows]
     rise = statistics.linear_regression(range(len(rewards)), rewards).slope * (len(rewards) - 1)
     assert rise > 0.01, (rise, rewards)
+
+
+def job_rows(path: Path) -> list[int]:
+    return [json.loads(x)["step"] for x in path.read_text().splitlines() if x.strip()]
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(1500)
+def test_ray_jobs_store_the_run_where_every_node_reaches_it(role_cluster, tmp_path):
+    """Issue 42's outputs on one node, through Ray Jobs on the 3-node cluster: a relative
+    output_dir is refused before anything runs (by the launcher, and by the run inside a job
+    sent without it); a file:// URL is the run's storage and every checkpoint lists every rank's
+    part; a checkpoint that lost a part is not resumed from (the newest complete one is); a
+    resume=true that finds rows but no checkpoint is refused with exit 2 and keeps them."""
+    from ray.job_submission import JobStatus, JobSubmissionClient
+
+    from launch import submit as launcher
+
+    cluster = role_cluster
+    common = ["--address", cluster.dashboard_url, "--deps", "preinstalled", "--request-timeout", "60", "--poll", "2"]
+
+    # relative: the launcher refuses it in one line before it reaches the cluster
+    proc = submit(*common, "--", "steps=2", "output_dir=outputs/relative", *LABELS, timeout=120)
+    assert proc.returncode == 2 and "submitted" not in proc.stderr, proc.stderr
+    assert proc.stderr.strip().splitlines() == [
+        "python -m launch.submit: error: output_dir='outputs/relative' is relative: a Ray Job runs in each node's "
+        "own copy of the working dir, which Ray deletes with its temp dir, so the run's parts would stay on "
+        "different nodes; pass an absolute path on storage every node mounts, e.g. -- output_dir=/shared/runs/NAME"]
+    # ... and a job sent without the launcher is refused by the run, before Ray starts there
+    client = JobSubmissionClient(cluster.dashboard_url)
+    sid = client.submit_job(entrypoint=launcher.entrypoint_for(["steps=2", "output_dir=outputs/relative", *LABELS]),
+                            runtime_env=launcher.build_runtime_env("preinstalled", [], {}))
+    deadline = time.monotonic() + 300
+    while not (status := client.get_job_status(sid)).is_terminal() and time.monotonic() < deadline:
+        time.sleep(1)
+    assert status == JobStatus.FAILED and client.get_job_info(sid).driver_exit_code == 2
+    errors = [ln for ln in client.get_job_logs(sid).splitlines() if ln.startswith("rlcore: config error")]
+    assert len(errors) == 1 and errors[0].startswith("rlcore: config error: output_dir: '/"), errors
+    assert "/outputs/relative' is inside this Ray Job's working directory" in errors[0], errors
+
+    # a file:// URL: the trainer (on node 1) and the driver (node 0) write one folder
+    out = tmp_path / "run"
+    proc = submit(*common, "--timeout", "500", "--", "steps=2", f"output_dir=file://{out}", "checkpoint.interval=1",
+                  *LABELS, timeout=560)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert proc.stdout.count("rlcore: config error") == 0 and job_rows(out / "metrics.jsonl") == [1, 2]
+    assert f"checkpoint {out}/checkpoints/step_00000002 saved" in proc.stdout
+    for step in (1, 2):
+        ck = out / "checkpoints" / f"step_0000000{step}"
+        parts = json.loads((ck / "meta.json").read_text())["parts"]
+        assert {"trainer/.metadata", "trainer_extra.pt", "driver_state.pt"} <= set(parts)
+        assert [p for p in parts if p.startswith("trainer/__0_")], parts  # the trainer rank's shards
+
+    # the newest checkpoint lost the trainer rank's part: resume takes step 1, the newest complete one
+    for shard in (out / "checkpoints" / "step_00000002" / "trainer").glob("__0_*.distcp"):
+        shard.unlink()
+    proc = submit(*common, "--timeout", "500", "--", "steps=3", f"output_dir={out}", "resume=true",
+                  "checkpoint.interval=1", *LABELS, timeout=560)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "step_00000001" in next(ln for ln in proc.stdout.splitlines() if "resum" in ln and "step_0000000" in ln)
+    assert job_rows(out / "metrics.jsonl") == [1, 2, 3]
+
+    # rows but no checkpoint: resume=true is refused (exit 2) and the rows stay
+    kept = tmp_path / "no_checkpoint"
+    kept.mkdir()
+    (kept / "metrics.jsonl").write_text((out / "metrics.jsonl").read_text())
+    proc = submit(*common, "--timeout", "300", "--", "steps=3", f"output_dir={kept}", "resume=true", *LABELS,
+                  timeout=360)
+    assert proc.returncode == 2 and "FAILED" in proc.stderr, proc.stdout[-3000:] + proc.stderr[-3000:]
+    errors = [ln for ln in proc.stdout.splitlines() if ln.startswith("rlcore: config error")]
+    assert len(errors) == 1 and errors[0].startswith("rlcore: config error: checkpoint.resume: true found no complete "
+                                                     "checkpoint"), errors
+    assert job_rows(kept / "metrics.jsonl") == [1, 2, 3]
+    assert proc.stdout.count(errors[0]) == 1 and proc.stderr.count(errors[0]) == 0  # the log once, not twice
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(600)
+def test_local_cluster_starts_from_a_python_with_no_ray_script_beside_it(tmp_path):
+    """The README's `python -m launch.local_cluster` run by an interpreter that imports Ray but has
+    no `ray` script in its bin/ (the venv's own interpreter run by its real path, Ray on
+    PYTHONPATH, PATH without `ray`): the nodes start, no FileNotFoundError traceback."""
+    base = Path(os.path.realpath(sys.executable))
+    assert not (base.parent / "ray").exists()
+    site = next(p for p in sys.path if p.endswith("site-packages"))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join((str(REPO), site)), "PATH": "/usr/bin:/bin"}
+    state = tmp_path / "cluster.json"
+    cmd = [str(base), "-m", "launch.local_cluster", "--state", str(state)]
+    proc = subprocess.run([*cmd, "start", "--nodes", "1", "--timeout", "400"], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=500)
+    try:
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        assert proc.stdout.startswith("rlcore local cluster: 1 node(s)") and "Traceback" not in proc.stderr
+    finally:
+        if state.exists():
+            stop = subprocess.run([*cmd, "stop"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+            assert stop.returncode == 0, stop.stderr

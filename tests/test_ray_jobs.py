@@ -73,7 +73,8 @@ def test_bad_input_is_one_clear_error(args, message):
 
 def test_a_head_that_is_down_is_reported_fast():
     start = time.monotonic()
-    proc = launcher("--deps", "preinstalled", "--address", f"http://127.0.0.1:{free_port()}", "--", "steps=1")
+    proc = launcher("--deps", "preinstalled", "--address", f"http://127.0.0.1:{free_port()}", "--", "steps=1",
+                    "output_dir=/tmp/rlcore-never-written")
     assert proc.returncode == 2
     assert "cannot reach the Ray dashboard" in proc.stderr
     assert "Traceback" not in proc.stderr
@@ -90,11 +91,28 @@ def test_a_head_that_never_answers_times_out():
         start = time.monotonic()
         proc = launcher(
             "--deps", "preinstalled", "--request-timeout", "2",
-            "--address", f"http://127.0.0.1:{port}", "--", "steps=1",
+            "--address", f"http://127.0.0.1:{port}", "--", "steps=1", "output_dir=/tmp/rlcore-never-written",
         )
     assert proc.returncode == 2
     assert "no answer within 2 s" in proc.stderr
     assert time.monotonic() - start < 30
+
+
+@pytest.mark.parametrize("overrides, key", [(["steps=1"], "output_dir='outputs/rl'"),
+                                            (["+recipe=reverse_text"], "output_dir='outputs/reverse_text'"),
+                                            (["output_dir=/tmp/x", "checkpoint.dir=ck"], "checkpoint.dir='ck'")])
+def test_a_relative_output_is_refused_before_the_cluster_is_reached(overrides, key):
+    proc = launcher("--deps", "preinstalled", "--address", f"http://127.0.0.1:{free_port()}", "--", *overrides)
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"python -m launch.submit: error: {key} is relative: "), lines
+
+
+@pytest.mark.parametrize("tool", ["launch.submit", "launch.local_cluster", "launch.placement_check"])
+def test_every_launch_tool_answers_help_with_its_usage(tool):
+    proc = subprocess.run([PYTHON, "-m", tool, "--help"], cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0 and proc.stdout.startswith(f"usage: python -m {tool}"), proc.stdout + proc.stderr
+    assert proc.stderr == ""
 
 
 def test_call_with_timeout_returns_raises_and_gives_up():

@@ -12,9 +12,8 @@ from pathlib import Path
 import pytest
 
 from rlcore.interrupt import StopRequest
-from rlcore.plan.compose import compose
 from rlcore.run import main
-from rlcore.storage.rundir import LOCK_FILE, hold_output_dir, restart_series
+from rlcore.storage.rundir import LOCK_FILE, hold_output_dir
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -64,16 +63,21 @@ def _write_series(out: Path, steps: int) -> None:
         (out / name).write_text("".join(json.dumps({"step": s}) + "\n" for s in range(1, steps + 1)))
 
 
-def test_a_resume_without_checkpoint_starts_the_series_again(tmp_path):
+def test_a_resume_without_checkpoint_over_rows_is_refused_and_keeps_them(tmp_path, capsys):
     out = tmp_path / "run"
     _write_series(out, 32)  # an earlier attempt logged 32 steps and kept no checkpoint
-    cfg = compose([f"output_dir={out}", "resume=true"])
-    assert restart_series(cfg) == 3 * 32
-    for name in ("metrics.jsonl", "data_order.jsonl", "samples.jsonl"):
-        assert (out / name).read_text() == ""
-    fresh = compose([f"output_dir={tmp_path / 'other'}"])
-    _write_series(tmp_path / "other", 2)
-    assert restart_series(fresh) == 0  # not a resume: untouched (validation refuses that folder)
+    before = {name: (out / name).read_text() for name in ("metrics.jsonl", "data_order.jsonl", "samples.jsonl")}
+    assert main(["steps=1", f"output_dir={out}", "resume=true"]) == 2
+    err = [ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("rlcore:")]
+    assert len(err) == 1 and err[0].startswith("rlcore: config error: checkpoint.resume: true found no complete "
+                                               "checkpoint in"), err
+    assert "32 row(s) of metrics.jsonl" in err[0] and "nothing was changed" in err[0]
+    assert {name: (out / name).read_text() for name in before} == before
+    assert "ray" not in sys.modules or not sys.modules["ray"].is_initialized()
+    # a broken newest checkpoint is no checkpoint: the rows are kept the same way
+    (out / "checkpoints" / "step_00000032" / "trainer").mkdir(parents=True)
+    assert main(["steps=1", f"output_dir={out}", "resume=true"]) == 2
+    assert {name: (out / name).read_text() for name in before} == before
 
 
 def test_first_signal_asks_a_graceful_driver_to_stop_second_stops_at_once(capsys):
@@ -90,6 +94,27 @@ def test_first_signal_asks_a_graceful_driver_to_stop_second_stops_at_once(capsys
     finally:
         stop.restore()
     assert signal.getsignal(signal.SIGTERM) is before
+
+
+@pytest.mark.parametrize("in_ray_job", [False, True])
+def test_the_sigterm_line_says_how_to_stop_at_once_where_the_run_is(in_ray_job, capsys, monkeypatch):
+    monkeypatch.delenv("RAY_JOB_CONFIG_JSON_ENV_VAR", raising=False)
+    monkeypatch.delenv("RAY_JOB_STOP_WAIT_TIME_S", raising=False)
+    if in_ray_job:  # what Ray's job supervisor sets in a job's driver
+        monkeypatch.setenv("RAY_JOB_CONFIG_JSON_ENV_VAR", '{"runtime_env": {}}')
+        monkeypatch.setenv("RAY_JOB_STOP_WAIT_TIME_S", "60")
+    stop = StopRequest(graceful=True).install()
+    try:
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(0.01)
+    finally:
+        stop.restore()
+    err = capsys.readouterr().err
+    assert stop.requested and "SIGTERM received: stopping after the step in flight" in err
+    if in_ray_job:  # nobody can press Ctrl-C in a job: Ray kills it after its wait
+        assert "Ctrl-C" not in err and "in a Ray Job, Ray kills it 60 s after the stop" in err, err
+    else:
+        assert "press Ctrl-C again to stop at once" in err
 
 
 def test_sigterm_without_a_graceful_driver_ends_like_ctrl_c():

@@ -27,8 +27,45 @@ def checkpoint_root(cfg) -> Path:
     return Path(cfg.checkpoint.dir or Path(cfg.output_dir) / "checkpoints").expanduser()
 
 
+PARTS = "parts"
+"""meta.json's list of every file the checkpoint needs, as {relative path: least size in bytes}:
+each trainer rank's DCP shards, the DCP metadata, rank 0's files and the driver's state."""
+
+
+def missing_parts(path: Path, parts: dict[str, int]) -> list[str]:
+    """The entries of `parts` that `path` does not hold, as this process sees the storage (a
+    file absent, or shorter than listed), each as its relative path."""
+    out = []
+    for rel, size in sorted(parts.items()):
+        try:
+            if (path / rel).stat().st_size < int(size):
+                out.append(f"{rel} (shorter than {size} bytes)")
+        except OSError:
+            out.append(rel)
+    return out
+
+
+def incomplete(path: Path) -> str | None:
+    """Why `path` is not a complete checkpoint, or None. Complete: meta.json (written last), the
+    DCP metadata, and every file meta.json lists on the storage (checkpoints written before the
+    list existed have none to check)."""
+    for need in (META, f"{TRAINER_DIR}/.metadata"):
+        if not (path / need).is_file():
+            return f"no {need}; an interrupted save is never committed"
+    try:
+        parts = read_meta(path).get(PARTS) or {}
+    except (OSError, ValueError, AttributeError) as exc:
+        return f"{META} is unreadable ({exc})"
+    if not isinstance(parts, dict):
+        return f"{META}'s {PARTS} is not a mapping"
+    missing = missing_parts(path, parts)
+    if missing:
+        return f"{len(missing)} of its parts are missing: {', '.join(missing[:3])}{', ...' if len(missing) > 3 else ''}"
+    return None
+
+
 def is_complete(path: Path) -> bool:
-    return (path / META).is_file() and (path / TRAINER_DIR / ".metadata").is_file()
+    return incomplete(path) is None
 
 
 def list_checkpoints(root: Path) -> list[tuple[int, Path]]:
@@ -71,9 +108,9 @@ def resolve_resume(cfg) -> Path | None:
         return latest_checkpoint(path)  # a checkpoint *directory* was given: take its newest
     if not path.exists():
         raise ValueError(f"checkpoint.resume: {req!r} does not exist")
-    if not is_complete(path):
-        raise ValueError(f"checkpoint.resume: {req!r} is not a complete checkpoint (no {META} or "
-                         f"{TRAINER_DIR}/.metadata; an interrupted save is never committed)")
+    why = incomplete(path)
+    if why:
+        raise ValueError(f"checkpoint.resume: {req!r} is not a complete checkpoint ({why})")
     return path
 
 

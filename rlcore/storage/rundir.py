@@ -10,15 +10,18 @@ and two runs never share one folder.
   `OUTPUT_DIR/.lock`): a second run started into it while the first one still runs is refused,
   however close together they started. The kernel drops the lock when the holder's file
   descriptor closes, so a crashed or killed run never leaves its folder locked.
-- A resume that finds no checkpoint starts at step 0, so rows an earlier attempt logged are
-  dropped (:func:`restart_series`): a folder never holds two series.
+- A resume (`resume=true`) that finds no complete checkpoint in a folder whose series hold rows
+  is refused (:func:`rows_without_checkpoint`): it would start at step 0 and either drop those
+  rows or append a second series after them. A resume never deletes what an earlier attempt
+  logged; with no rows it starts fresh.
+- The folder is a storage location every node reaches (:mod:`.location`): made absolute before
+  the run starts, and refused inside a Ray Job's node-local working directory.
 """
 
 from __future__ import annotations
 
 import fcntl
 import json
-import logging
 import os
 import tempfile
 import uuid
@@ -30,9 +33,8 @@ from omegaconf import OmegaConf
 from rlcore.config.errors import ConfigError
 from rlcore.config.nodes import to_node
 from rlcore.config.schema import RunConfig
-from rlcore.storage.checkpoint_dirs import checkpoint_root, latest_checkpoint, list_checkpoints, resolve_resume, resume_request
-
-log = logging.getLogger("rlcore")
+from rlcore.storage.checkpoint_dirs import checkpoint_root, latest_checkpoint, list_checkpoints, resume_request
+from rlcore.storage.location import node_local_problem
 
 LOCK_FILE = ".lock"
 """Held (flock) by the run writing into the folder; it holds that run's pid."""
@@ -78,10 +80,16 @@ def output_dir_problems(cfg) -> list[tuple[str, str]]:
     if not str(cfg.output_dir or "").strip():
         return [("output_dir", "is empty, which would write the run into the current directory; name a folder "
                  "(e.g. output_dir=outputs/run1)")]
+    node_local = node_local_problem(cfg)
+    if node_local:
+        return node_local
     out = Path(cfg.output_dir).expanduser()
     why = not_writable(out)
     if why:
         return [("output_dir", why)]
+    rows = rows_without_checkpoint(cfg)
+    if rows:
+        return [("checkpoint.resume", rows)]
     held = previous_run(cfg)
     if held is None:
         return []
@@ -147,22 +155,29 @@ def hold_output_dir(out: Path) -> IO:
     return lock
 
 
-def restart_series(cfg) -> int:
-    """A resume (`checkpoint.resume`) that finds no checkpoint starts at step 0: drop the rows an
-    earlier attempt logged to the series files, so the new rows do not form a second series
-    after them. Returns rows removed (0 for a fresh run or a resume from a checkpoint, whose
-    driver cuts the series at the checkpoint's step)."""
-    if resume_request(cfg) is None or resolve_resume(cfg) is not None:
+def series_rows(path: Path) -> int:
+    """Non-empty lines of a JSONL series (0 when the file is absent or unreadable)."""
+    try:
+        with open(path, "rb") as fh:
+            return sum(1 for line in fh if line.strip())
+    except OSError:
         return 0
+
+
+def rows_without_checkpoint(cfg) -> str | None:
+    """Why `resume=true` must not run here, or None: it finds no complete checkpoint, yet the
+    folder's series hold rows an earlier attempt logged (starting at step 0 would drop them or
+    append a second series). Only for `resume=true`/`latest` in RL (a path is checked as such)."""
+    if cfg.mode != "rl" or resume_request(cfg) != "latest" or latest_checkpoint(checkpoint_root(cfg)) is not None:
+        return None
     out = Path(cfg.output_dir).expanduser()
-    removed = 0
-    for name in SERIES_FILES:
-        n = truncate_series(out / name, 0)
-        if n:
-            log.info("resume: no checkpoint to resume from, so the run starts at step 0: dropped the %d rows "
-                     "of %s an earlier attempt logged", n, name)
-        removed += n
-    return removed
+    held = [(name, series_rows(out / name)) for name in SERIES_FILES]
+    held = [f"{n} row(s) of {name}" for name, n in held if n]
+    if not held:
+        return None
+    return (f"true found no complete checkpoint in {checkpoint_root(cfg)}, but {str(out)!r} holds "
+            f"{', '.join(held)} of an earlier run; resuming would start at step 0 over them, so nothing was "
+            "changed: keep them and choose a new output_dir, or resume=PATH from a checkpoint kept elsewhere")
 
 
 def last_checkpoint_hint(cfg) -> str:
@@ -173,8 +188,7 @@ def last_checkpoint_hint(cfg) -> str:
 
 def claim_output_dir(cfg: RunConfig) -> tuple[Path, IO]:
     """Create `output_dir`, take its run lock (`hold_output_dir`: a folder another
-    live run holds is refused), cut a resume's series back to step 0 when it has no checkpoint,
-    and write the composed config as config.yaml. Returns (folder, the open lock); ConfigError
+    live run holds is refused), and write the composed config as config.yaml. Returns (folder, the open lock); ConfigError
     naming `output_dir` when the folder is held, or cannot be made or written."""
     out = Path(cfg.output_dir).expanduser()
     try:
@@ -184,8 +198,6 @@ def claim_output_dir(cfg: RunConfig) -> tuple[Path, IO]:
     except OSError as exc:
         raise ConfigError("output_dir", f"{cfg.output_dir!r}: {exc.strerror or exc}") from None
     try:
-        if cfg.mode == "rl":
-            restart_series(cfg)
         OmegaConf.save(to_node(cfg), out / "config.yaml")
     except OSError as exc:
         lock.close()
