@@ -190,8 +190,10 @@ function drawTimeline() {
   const items = [];
   for (const run of runs) for (const e of run.events) items.push({run, e});
   const startOf = run => (run.events.find(e => e.kind === "start") || {}).time;
-  const rank = ({run, e}) => (e.step !== undefined && e.step !== null ? e.step + 0.5 : -1);
-  items.sort((a, b) => rank(a) - rank(b) || (a.e.time || 0) - (b.e.time || 0));
+  // start-up before step 1; step events at their step; the run's end (or interrupt) last
+  const rank = ({e}) => (e.step !== undefined && e.step !== null ? e.step + 0.5
+    : (e.kind === "end" || e.kind === "interrupt" ? Infinity : -1));
+  items.sort((a, b) => (rank(a) === rank(b) ? 0 : rank(a) - rank(b)) || (a.e.time || 0) - (b.e.time || 0));
   document.getElementById("timeline").replaceChildren(...items.map(({run, e}) => {
     const t0 = startOf(run);
     const when = e.step !== undefined && e.step !== null ? `step ${e.step}`
@@ -285,7 +287,15 @@ async function loop() {
 }
 
 async function start() {
-  const list = await (await fetch("/api/runs", {cache: "no-store"})).json();
+  let list;
+  try {
+    list = await (await fetch("/api/runs", {cache: "no-store"})).json();
+  } catch (err) {  // the server is not up yet (a page opened as the run starts): try again
+    document.body.dataset.error = String(err);
+    setTimeout(start, POLL_MS);
+    return;
+  }
+  delete document.body.dataset.error;
   for (const r of list) runs.push({...r, epoch: 0, rows: [], train: [], evals: [], samples: [], events: [], alarms: [],
                                    ended: false, polls: 0});
   for (const id of ["f-run", "f-step", "f-rmin", "f-rmax", "f-text", "f-colour"]) {

@@ -1,0 +1,102 @@
+"""Does an open live page slow the run it watches? A/B on the default CPU job.
+
+Each pair runs the default job (`python -m rlcore.run`, the product path) twice, once plain (A)
+and once with `logger.watch_port` and a headless Chromium tab open on the page for the whole run
+(B: the page polls every 2 s and redraws its curves, tables and samples as a user's browser
+does). The order inside a pair alternates (AB, BA, ...) so a load that drifts over the minutes
+hits both arms alike. Per run: the median `step_time_s` over the steps after the first 10
+(metrics.jsonl) and the load average around it; then the median and range per arm, and the
+median of the per-pair ratios B/A.
+
+    uv run python benchmarks/watch_overhead.py --pairs 3 --out watch_overhead.json
+    uv run python benchmarks/watch_overhead.py --pairs 2 steps=100   # extra overrides go to both arms
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+SKIP_STEPS = 10  # the first steps carry start-up effects (allocator, compile caches)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def one_run(out: Path, page: bool, overrides: list[str]) -> dict:
+    """Run the default job into `out`; with `page`, the live page beside it and a browser on it."""
+    args = [sys.executable, "-m", "rlcore.run", f"output_dir={out}", "logger.console=false", *overrides]
+    browser = None
+    port = free_port()
+    if page:
+        args.append(f"logger.watch_port={port}")
+    load_before = os.getloadavg()[0]
+    start = time.monotonic()
+    proc = subprocess.Popen(args, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    if page:  # the page retries until the server is up, then follows the run
+        chromium = shutil.which("chromium") or shutil.which("google-chrome")
+        browser = subprocess.Popen([chromium, "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
+                                    f"--user-data-dir={out.parent / (out.name + '-profile')}",
+                                    "--window-size=1400,1000", "--remote-debugging-port=0",
+                                    f"http://127.0.0.1:{port}/"],
+                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        code = proc.wait(timeout=3600)
+    finally:
+        if browser is not None:
+            browser.terminate()
+            browser.wait(timeout=30)
+    wall = time.monotonic() - start
+    rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    steps = [r["step_time_s"] for r in rows if "step_time_s" in r][SKIP_STEPS:]
+    return {"page": page, "exit_code": code, "wall_s": wall, "steps": len(steps),
+            "step_time_median_s": statistics.median(steps), "load_before": load_before,
+            "load_after": os.getloadavg()[0]}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--pairs", type=int, default=3)
+    p.add_argument("--out", default=None, help="write the runs and the summary here as JSON")
+    p.add_argument("overrides", nargs="*", help="key=value overrides for both arms (default: none)")
+    args = p.parse_args()
+    if shutil.which("chromium") is None and shutil.which("google-chrome") is None:
+        sys.exit("watch_overhead: needs chromium (apt-get install -y chromium)")
+    runs = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for i in range(args.pairs):
+            order = (False, True) if i % 2 == 0 else (True, False)
+            for page in order:
+                r = one_run(Path(tmp) / f"{i}-{'page' if page else 'plain'}", page, args.overrides)
+                r["pair"] = i
+                runs.append(r)
+                print(json.dumps(r), flush=True)
+    arm = {page: [r["step_time_median_s"] for r in runs if r["page"] == page] for page in (False, True)}
+    ratios = [next(r for r in runs if r["pair"] == i and r["page"])["step_time_median_s"]
+              / next(r for r in runs if r["pair"] == i and not r["page"])["step_time_median_s"]
+              for i in range(args.pairs)]
+    summary = {"overrides": args.overrides, "pairs": args.pairs,
+               "plain_step_s": {"median": statistics.median(arm[False]), "min": min(arm[False]), "max": max(arm[False])},
+               "page_step_s": {"median": statistics.median(arm[True]), "min": min(arm[True]), "max": max(arm[True])},
+               "ratio_page_over_plain": {"median": statistics.median(ratios), "min": min(ratios), "max": max(ratios)},
+               "load": [min(r["load_before"] for r in runs), max(r["load_after"] for r in runs)]}
+    print(json.dumps(summary, indent=1))
+    if args.out:
+        Path(args.out).write_text(json.dumps({"runs": runs, "summary": summary}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
