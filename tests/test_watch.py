@@ -187,4 +187,8 @@ def test_watch_port_out_of_range_is_one_config_line(tmp_path, capsys):
     from rlcore.run import main
     assert main(["logger.watch_port=70000", f"output_dir={tmp_path / 'run'}"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "logger.watch_port" in err[0] and not (tmp_path / "run").exists()
+    assert len(err) == 1 and "logger.watch_port" in err[0] and "[0, 65535]" in err[0]
+    assert not (tmp_path / "run").exists()
+    from rlcore.plan.compose import compose
+    from rlcore.plan.validate import validate
+    validate(compose(["logger.watch_port=8765"]))  # a port is a known, valid key

@@ -37,7 +37,7 @@ class Browser:
 
     async def _call(self, method: str, params: dict) -> dict:
         async with aiohttp.ClientSession() as session:
-            async with session.ws_connect(self.ws_url, max_msg_size=0, timeout=30) as ws:
+            async with session.ws_connect(self.ws_url, max_msg_size=0, timeout=aiohttp.ClientWSTimeout(ws_close=10)) as ws:
                 await ws.send_json({"id": 1, "method": method, "params": params})
                 while True:
                     msg = await asyncio.wait_for(ws.receive_json(), timeout=60)

@@ -96,7 +96,9 @@ function drawCharts() {
     if (!c) {
       const div = el("div", {class: "panel", id: `panel-${panel.id}`});
       div.appendChild(el("h3", {}, panel.title));
-      document.getElementById("charts").appendChild(div);
+      // in PANELS order, whichever curve gets data first (eval rows come later than train rows)
+      const later = PANELS.slice(PANELS.indexOf(panel) + 1).map(p => charts[p.id]).find(x => x);
+      document.getElementById("charts").insertBefore(div, later ? later.div : null);
       const perRun = {};
       const opts = {
         width: 420, height: 200, scales: {x: {time: false}},
