@@ -237,7 +237,8 @@ def _run_session(cfg: RunConfig, prepared, out: Path, events: EventLog) -> int:
             print(summary(cfg, history, logger.eval_rows, ray_phase.done + driver.startup.done,
                           getattr(driver, "ready_at", None)))
         if stop.requested:
-            events.write("interrupt", f"{stop.signal_name or 'SIGINT'}: stopped after the step in flight")
+            events.write("interrupt", f"{stop.signal_name or 'SIGINT'}: stopped after the step in flight",
+                         step=history[-1].get("step") if history else None)
         return EXIT_INTERRUPTED if stop.requested else 0
     except ConfigError as exc:
         return report_config_error(exc)
