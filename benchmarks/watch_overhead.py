@@ -2,8 +2,9 @@
 
 Each pair runs the default job (`python -m rlcore.run`, the product path) twice, once plain (A)
 and once with `logger.watch_port` and a headless Chromium tab open on the page for the whole run
-(B: the page polls every 2 s and redraws its curves, tables and samples as a user's browser
-does). The order inside a pair alternates (AB, BA, ...) so a load that drifts over the minutes
+(B: the page polls every 2 s and redraws what changed, as a user's browser does). The page's
+own CPU seconds (its server and every browser process) are summed too: on a machine with idle
+cores they run beside the job; on a saturated one they compete with it. The order inside a pair alternates (AB, BA, ...) so a load that drifts over the minutes
 hits both arms alike. Per run: the median `step_time_s` over the steps after the first 10
 (metrics.jsonl) and the load average around it; then the median and range per arm, and the
 median of the per-pair ratios B/A.
@@ -36,6 +37,22 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def cpu_seconds(run_pid: int, browser_pid: int) -> dict[int, float]:
+    """CPU seconds (user + system) so far of the page's server (the run's `rlcore.watch` child)
+    and of the browser with all its processes."""
+    import psutil
+    out = {}
+    try:
+        server = [c for c in psutil.Process(run_pid).children() if "rlcore.watch" in " ".join(c.cmdline())]
+        browser = psutil.Process(browser_pid)
+        for p in [*server, browser, *browser.children(recursive=True)]:
+            t = p.cpu_times()
+            out[p.pid] = t.user + t.system
+    except psutil.Error:
+        pass
+    return out
+
+
 def one_run(out: Path, page: bool, overrides: list[str]) -> dict:
     """Run the default job into `out`; with `page`, the live page beside it and a browser on it."""
     args = [sys.executable, "-m", "rlcore.run", f"output_dir={out}", "logger.console=false", *overrides]
@@ -53,8 +70,15 @@ def one_run(out: Path, page: bool, overrides: list[str]) -> dict:
                                     "--window-size=1400,1000", "--remote-debugging-port=0",
                                     f"http://127.0.0.1:{port}/"],
                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    page_cpu = {}  # pid -> CPU seconds last seen, for the page's server and the browser's processes
     try:
-        code = proc.wait(timeout=3600)
+        while proc.poll() is None:
+            if page:
+                page_cpu.update(cpu_seconds(proc.pid, browser.pid))
+            time.sleep(5)
+            if time.monotonic() - start > 3600:
+                raise TimeoutError("the run took over an hour")
+        code = proc.returncode
     finally:
         if browser is not None:
             browser.terminate()
@@ -63,6 +87,7 @@ def one_run(out: Path, page: bool, overrides: list[str]) -> dict:
     rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     steps = [r["step_time_s"] for r in rows if "step_time_s" in r][SKIP_STEPS:]
     return {"page": page, "exit_code": code, "wall_s": wall, "steps": len(steps),
+            "page_cpu_s": round(sum(page_cpu.values()), 1),
             "step_time_median_s": statistics.median(steps), "load_before": load_before,
             "load_after": os.getloadavg()[0]}
 

@@ -47,7 +47,8 @@ async function poll(run) {
   const q = `epoch=${run.epoch}&rows=${run.rows.length}&samples=${run.samples.length}&events=${run.events.length}`;
   const resp = await fetch(`/api/run/${run.index}?${q}`, {cache: "no-store"});
   const p = await resp.json();
-  if (p.epoch !== run.epoch) {  // the run's files were cut back (resumed): start over
+  const reset = p.epoch !== run.epoch;
+  if (reset) {  // the run's files were cut back (resumed): start over
     Object.assign(run, {epoch: p.epoch, rows: [], train: [], evals: [], samples: [], events: []});
   }
   for (const row of p.rows) {
@@ -59,7 +60,7 @@ async function poll(run) {
   run.alarms = p.alarms;
   run.ended = p.ended;
   run.polls += 1;
-  return p.rows.length + p.samples.length + p.events.length > 0;
+  return {rows: reset || p.rows.length > 0, samples: reset || p.samples.length > 0, events: reset || p.events.length > 0};
 }
 
 function series(run, key) {
@@ -274,17 +275,25 @@ function drawAlarms() {
   document.getElementById("alarms").replaceChildren(...(items.length ? items : [el("li", {class: "ok"}, "no alarm")]));
 }
 
-function drawAll() {
-  drawRuns(); drawAlarms(); drawLatest(); drawCharts(); drawAccounting(); drawTimeline(); drawSamples();
+// Only what changed is drawn again: a page left open on a long run costs its browser little.
+function draw(changed) {
+  drawRuns();
+  if (changed.rows) { drawAlarms(); drawLatest(); drawCharts(); drawAccounting(); }
+  if (changed.events) drawTimeline();
+  if (changed.samples) drawSamples();
   document.body.dataset.polls = String(runs.reduce((a, r) => a + r.polls, 0));
 }
 
 async function loop() {
-  let changed = false;
+  const changed = {rows: false, samples: false, events: false};
   for (const run of runs) {
-    try { changed = (await poll(run)) || changed; } catch (err) { document.body.dataset.error = String(err); }
+    try {
+      const c = await poll(run);
+      for (const k of Object.keys(changed)) changed[k] = changed[k] || c[k];
+      delete document.body.dataset.error;
+    } catch (err) { document.body.dataset.error = String(err); }
   }
-  if (changed || !document.body.dataset.polls) drawAll(); else { drawRuns(); document.body.dataset.polls = String(runs.reduce((a, r) => a + r.polls, 0)); }
+  draw(changed);
   setTimeout(loop, POLL_MS);
 }
 
