@@ -53,6 +53,10 @@ def cpu_seconds(run_pid: int, browser_pid: int) -> dict[int, float]:
     return out
 
 
+class RunFailed(RuntimeError):
+    """The job did not finish (on a loaded machine: mostly Ray that did not start in time)."""
+
+
 def one_run(out: Path, page: bool, overrides: list[str]) -> dict:
     """Run the default job into `out`; with `page`, the live page beside it and a browser on it."""
     args = [sys.executable, "-m", "rlcore.run", f"output_dir={out}", "logger.console=false", *overrides]
@@ -62,7 +66,8 @@ def one_run(out: Path, page: bool, overrides: list[str]) -> dict:
         args.append(f"logger.watch_port={port}")
     load_before = os.getloadavg()[0]
     start = time.monotonic()
-    proc = subprocess.Popen(args, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    log = (out.parent / f"{out.name}.log").open("w")
+    proc = subprocess.Popen(args, cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
     if page:  # the page retries until the server is up, then follows the run
         chromium = shutil.which("chromium") or shutil.which("google-chrome")
         browser = subprocess.Popen([chromium, "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
@@ -80,10 +85,17 @@ def one_run(out: Path, page: bool, overrides: list[str]) -> dict:
                 raise TimeoutError("the run took over an hour")
         code = proc.returncode
     finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=60)
         if browser is not None:
             browser.terminate()
             browser.wait(timeout=30)
+        log.close()
     wall = time.monotonic() - start
+    if code != 0:
+        tail = (out.parent / f"{out.name}.log").read_text().strip().splitlines()[-1:]
+        raise RunFailed(f"exit code {code}: {tail}")
     rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     steps = [r["step_time_s"] for r in rows if "step_time_s" in r][SKIP_STEPS:]
     return {"page": page, "exit_code": code, "wall_s": wall, "steps": len(steps),
@@ -105,7 +117,15 @@ def main() -> None:
         for i in range(args.pairs):
             order = (False, True) if i % 2 == 0 else (True, False)
             for page in order:
-                r = one_run(Path(tmp) / f"{i}-{'page' if page else 'plain'}", page, args.overrides)
+                for attempt in range(3):  # a run that failed to start is run again, and said so
+                    try:
+                        r = one_run(Path(tmp) / f"{i}-{'page' if page else 'plain'}-{attempt}", page, args.overrides)
+                        break
+                    except RunFailed as exc:
+                        print(f"watch_overhead: pair {i} {'page' if page else 'plain'} failed ({exc}); again",
+                              flush=True)
+                else:
+                    sys.exit("watch_overhead: a run failed three times")
                 r["pair"] = i
                 runs.append(r)
                 print(json.dumps(r), flush=True)
