@@ -137,14 +137,19 @@ def used_folder(out: Path) -> str | None:
     return f"{str(out)!r} is not empty ({len(entries)} entries, e.g. {entries[0]})"
 
 
+USAGE = ("usage: python -m rlcore.export CHECKPOINT_DIR OUT_DIR [--force]   (CHECKPOINT_DIR: a step_NNNNNNNN "
+         "directory, or a checkpoints directory: its newest; --force replaces a non-empty OUT_DIR)")
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     force = "--force" in argv
     argv = [a for a in argv if a != "--force"]
-    if len(argv) != 2 or argv[0] in ("-h", "--help"):
-        print("usage: python -m rlcore.export CHECKPOINT_DIR OUT_DIR [--force]   (CHECKPOINT_DIR: a step_NNNNNNNN "
-              "directory, or a checkpoints directory: its newest; --force replaces a non-empty OUT_DIR)",
-              file=sys.stderr)
+    if any(a in ("-h", "--help") for a in argv):
+        print(USAGE)
+        return 0
+    if len(argv) != 2:
+        print(USAGE, file=sys.stderr)
         return 2
     src = Path(argv[0]).expanduser()
     if src.is_dir() and not is_complete(src):

@@ -83,6 +83,14 @@ def measure(cfg) -> dict[str, float]:
         getattr(engine, "shutdown", lambda: None)()
 
 
+USAGE = """usage: python -m rlcore.mismatch [+recipe=NAME] [GROUP=OPTION ...] [key=value ...]
+
+Scores the same tokens with the run's model in the trainer and in the run's engine (same weights)
+and prints token_mult_prob_error, the k3 KL(engine || trainer) and the logprob differences; the
+last line is the figures as JSON. Takes the overrides of `python -m rlcore.run` (see its --help);
+exit 1 when rollout.max_mismatch is set and the figure passes it, 2 on a config error."""
+
+
 def main(argv: list[str] | None = None) -> int:
     from rlcore.config.errors import ConfigError
     from rlcore.plan.validate import validate
@@ -91,6 +99,9 @@ def main(argv: list[str] | None = None) -> int:
     from rlcore.plan.compose import compose
 
     argv = list(sys.argv[1:] if argv is None else argv)
+    if any(a in ("-h", "--help") for a in argv):
+        print(USAGE)
+        return 0
     try:
         cfg = compose(argv)
         validate(cfg)

@@ -35,10 +35,12 @@ from rlcore.plan.overrides import one_line, override_key
 from rlcore.plan.placement import resolve
 from rlcore.plan.validate import Capacity, validate
 from rlcore.report.console import EXIT_CONFIG, report_config_error, report_error
+from rlcore.report.events import EventLog
 from rlcore.report.metrics import MetricsLogger
 from rlcore.report.plot import write_run_plot
 from rlcore.report.startup import StartupPhases
 from rlcore.report.summary import run_summary
+from rlcore.report.watch.beside import start_page, stop_page
 from rlcore.storage.location import with_local_paths
 from rlcore.storage.rundir import claim_output_dir, last_checkpoint_hint
 
@@ -187,6 +189,21 @@ def run_job(argv: list[str], print_cfg: bool = False) -> int:
 
 
 def _run_prepared(cfg: RunConfig, prepared, out: Path) -> int:
+    """Run the job with its timeline in events.jsonl and, with `logger.watch_port`, the live page
+    beside it (its own process: the run pays nothing for it)."""
+    events = EventLog(out)
+    events.write("start", f"{cfg.mode} run started", mode=cfg.mode, steps=cfg.steps)
+    page = start_page(out, cfg.logger.watch_port)
+    code = EXIT_RUN
+    try:
+        code = _run_session(cfg, prepared, out, events)
+        return code
+    finally:
+        events.write("end", f"run ended (exit code {code})", exit_code=code)
+        stop_page(page)
+
+
+def _run_session(cfg: RunConfig, prepared, out: Path, events: EventLog) -> int:
     """Start Ray and run the job of a validated config into its (locked) folder."""
 
     address = ray_address(cfg.cluster)
@@ -197,6 +214,7 @@ def _run_prepared(cfg: RunConfig, prepared, out: Path) -> int:
     from actors.remote import RunError
 
     ray_phase = StartupPhases()
+    ray_phase.listener = events.phase
     try:
         with ray_phase.phase("starting Ray" if address is None else f"connecting to Ray at {address}"):
             start_ray(cfg)
@@ -211,6 +229,7 @@ def _run_prepared(cfg: RunConfig, prepared, out: Path) -> int:
         if address is not None:
             cfg = check_cluster(cfg)
         driver = make_runner(cfg, prepared, stop)
+        driver.startup.listener = events.phase
         driver.setup()
         logger = MetricsLogger(cfg.logger, str(out), config_dict(cfg), 0 if cfg.mode == "eval" else cfg.steps)
         history = driver.run(logger)
@@ -219,10 +238,14 @@ def _run_prepared(cfg: RunConfig, prepared, out: Path) -> int:
             write_run_plot(out)  # before the summary, which points to it
             print(summary(cfg, history, logger.eval_rows, ray_phase.done + driver.startup.done,
                           getattr(driver, "ready_at", None)))
+        if stop.requested:
+            events.write("interrupt", f"{stop.signal_name or 'SIGINT'}: stopped after the step in flight",
+                         step=history[-1].get("step") if history else None)
         return EXIT_INTERRUPTED if stop.requested else 0
     except ConfigError as exc:
         return report_config_error(exc)
     except KeyboardInterrupt:
+        events.write("interrupt", f"{stop.signal_name or 'SIGINT'}: stopped at once")
         print(f"rlcore: interrupted ({stop.signal_name or 'SIGINT'}); stopped at once, no checkpoint kept of this "
               f"point; {last_checkpoint_hint(cfg)}; shutting down", file=sys.stderr)
         return EXIT_INTERRUPTED

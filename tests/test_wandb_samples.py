@@ -34,10 +34,23 @@ def groups():
 
 def test_sample_rows_cover_groups_first_and_skip_failed():
     rows = sample_rows(groups(), lambda ids: "".join(map(str, ids)), limit=3)
-    assert rows == [{"prompt": "abc", "completion": "321", "reward": 1.0, "version": 4},
-                    {"prompt": "xy", "completion": "5", "reward": 0.5, "version": 4},
-                    {"prompt": "xy", "completion": "67", "reward": 0.25, "version": 4}]
+    tokens = {"tokens", "token_versions", "token_logprobs"}
+    assert [{k: v for k, v in r.items() if k not in tokens} for r in rows] == [
+        {"prompt": "abc", "completion": "321", "reward": 1.0, "version": 4},
+        {"prompt": "xy", "completion": "5", "reward": 0.5, "version": 4},
+        {"prompt": "xy", "completion": "67", "reward": 0.25, "version": 4}]
     assert [due(s, 5) for s in (1, 5, 10, 11)] == [False, True, True, False] and not due(5, 0)
+
+
+def test_sample_rows_carry_each_token_with_its_version_and_engine_logprob():
+    """The live page colours each completion token by the policy version that produced it."""
+    mixed = Sample(prompt_ids=[1], completion_ids=[7, 8, 9], logprobs=[-0.123456, 0.0, -2.5], versions=[3, -1, 4],
+                   loss_mask=[1, 0, 1], reward=0.5)
+    [meta] = [group_meta(Group(task=Task(id="m", messages=[{"role": "user", "content": "q"}]), samples=[mixed]),
+                         data=[mixed])]
+    [r] = sample_rows([meta], lambda ids: "".join(f"<{i}>" for i in ids), limit=1)
+    assert r["completion"] == "<7><8><9>" and r["tokens"] == ["<7>", "<8>", "<9>"]
+    assert r["token_versions"] == [3, -1, 4] and r["token_logprobs"] == [-0.1235, 0.0, -2.5] and r["version"] == 3
 
 
 def test_sample_rows_fetch_the_token_data_of_the_groups_shown_only():
@@ -90,5 +103,7 @@ def test_cli_run_with_wandb_offline_logs_samples(tmp_path):
     assert any(run.glob("run-*.wandb"))
     rows = [json.loads(line) for line in (out / "samples.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 1, 1, 2, 2, 2]
-    assert all(set(r) == {"step", "prompt", "completion", "reward", "version"} for r in rows)
+    assert all(set(r) == {"step", "prompt", "completion", "reward", "version", "tokens", "token_versions",
+                          "token_logprobs"} for r in rows)
+    assert all("".join(r["tokens"]) == r["completion"] and len(r["tokens"]) == len(r["token_versions"]) for r in rows)
     assert all(isinstance(r["completion"], str) and r["prompt"] for r in rows)

@@ -25,6 +25,9 @@ class LoggerConfig:
     to `samples.jsonl` in output_dir and, with wandb, as a wandb.Table `samples` (0 = never)."""
     samples_per_table: int = 8
     """Completions per samples table (spread over the step's groups)."""
+    watch_port: int = 0
+    """Serve the live run page (`python -m rlcore.watch OUTPUT_DIR`) on 127.0.0.1:PORT beside the
+    run, in its own process, and print its address at start (0 = no page)."""
 
 
 @dataclass

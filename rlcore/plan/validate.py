@@ -132,6 +132,8 @@ def problems(cfg: RunConfig) -> list[tuple[str, str]]:
 
     check_min(out, "logger.samples_every", cfg.logger.samples_every, 0)
     _positive(out, "logger.samples_per_table", cfg.logger.samples_per_table)
+    if not 0 <= cfg.logger.watch_port <= 65535:
+        out.append(("logger.watch_port", f"must be a port in [0, 65535] (0 = no page), got {cfg.logger.watch_port}"))
 
     c = cfg.cluster
     out.extend(label_problems(cfg))

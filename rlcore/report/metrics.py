@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from rlcore.config import LoggerConfig
+from rlcore.report.samples import TOKEN_COLUMNS
 from rlcore.report.summary import is_zero_advantage
 
 log = logging.getLogger("rlcore")
@@ -82,8 +83,9 @@ class MetricsLogger:
                 f.write(json.dumps({"step": step, **row}, sort_keys=True) + "\n")
         if self._wandb is not None:
             import wandb
-            columns = ["step", *rows[0]]
-            self._wandb.log({"samples": wandb.Table(columns=columns, data=[[step, *r.values()] for r in rows])},
+            keys = [k for k in rows[0] if k not in TOKEN_COLUMNS]  # the page's per-token lists: not a table cell
+            self._wandb.log({"samples": wandb.Table(columns=["step", *keys],
+                                                    data=[[step, *(r[k] for k in keys)] for r in rows])},
                             step=step)
 
     def log_eval(self, metrics: dict[str, Any]) -> None:

@@ -1,6 +1,8 @@
 """Sample completions for people to read: every `logger.samples_every` RL steps a few of the
 step's completions (prompt, completion, reward, policy version) go to `samples.jsonl` in the run
-folder and, with wandb, to a wandb.Table (as prime-rl, verl and TRL show them)."""
+folder and, with wandb, to a wandb.Table (as prime-rl, verl and TRL show them). Each row also
+carries its completion token by token (`tokens`, `token_versions`, `token_logprobs`: the text,
+policy version and engine logprob of each token) for the live page's sample inspector."""
 
 from __future__ import annotations
 
@@ -26,8 +28,10 @@ def prompt_text(task: Task) -> str:
 def sample_rows(groups: list[GroupMeta], decode: Callable[[list[int]], str], limit: int,
                 fetch: Callable[[list], list[list[Sample]]] = list) -> list[dict[str, Any]]:
     """Up to `limit` scored samples, one per group in turn (so the rows cover many prompts):
-    {prompt, completion, reward, version}; `version` is the oldest policy version among the
-    sample's tokens. Failed samples are left out. The rows are chosen from metadata; `fetch`
+    {prompt, completion, reward, version, tokens, token_versions, token_logprobs}; `version` is the
+    oldest policy version among the sample's tokens; `tokens` are the completion's tokens decoded
+    one by one (`decode([id])`), with each one's policy version (-1: an environment token) and
+    engine (behaviour) logprob. Failed samples are left out. The rows are chosen from metadata; `fetch`
     (handles -> each group's `list[Sample]`; default: the handles are the lists) is called once,
     with the token data handles of the groups shown only."""
     picked: list[tuple[int, SampleMeta]] = []
@@ -39,4 +43,14 @@ def sample_rows(groups: list[GroupMeta], decode: Callable[[list[int]], str], lim
     shown = list(dict.fromkeys(gi for gi, _ in picked))
     data = dict(zip(shown, fetch([groups[gi].data for gi in shown]))) if shown else {}
     return [{"prompt": prompt_text(groups[gi].task), "completion": decode(data[gi][s.index].completion_ids),
-             "reward": float(s.reward), "version": s.min_version if s.loss_tokens else None} for gi, s in picked]
+             "reward": float(s.reward), "version": s.min_version if s.loss_tokens else None,
+             **token_columns(data[gi][s.index], decode)} for gi, s in picked]
+
+
+TOKEN_COLUMNS = ("tokens", "token_versions", "token_logprobs")
+
+
+def token_columns(sample: Sample, decode: Callable[[list[int]], str]) -> dict[str, list]:
+    """The completion token by token: text, policy version, engine logprob (4 decimals)."""
+    return {"tokens": [decode([t]) for t in sample.completion_ids], "token_versions": list(sample.versions),
+            "token_logprobs": [round(float(x), 4) for x in sample.logprobs]}

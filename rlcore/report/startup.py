@@ -26,6 +26,13 @@ class StartupPhases:
         self.clock = clock
         self.done: list[tuple[str, float]] = []
         """(label, seconds) of every phase that finished, in order."""
+        self.listener: Callable[[str, float], None] | None = None
+        """Told (label, seconds) of each phase as it finishes (the run's events.jsonl)."""
+
+    def _finished(self, label: str, seconds: float) -> None:
+        self.done.append((label, seconds))
+        if self.listener is not None:
+            self.listener(label, seconds)
 
     def _write(self, text: str, end: str = "\n") -> None:
         stream = self.stream or sys.stdout
@@ -49,7 +56,7 @@ class StartupPhases:
             self._write(f"rlcore: {label}: {outcome}" if chatty else f" {outcome}")
             raise
         seconds = self.clock() - start
-        self.done.append((label, seconds))
+        self._finished(label, seconds)
         self._write(f"rlcore: {label}: done in {seconds:.1f}s" if chatty else f" {seconds:.1f}s")
 
 
@@ -65,7 +72,7 @@ class Background:
         1.2s waited for)`; `waited_s` is how long the foreground blocked on it at the end."""
         if self.seconds is None:
             self.seconds = self.phases.clock() - self.start
-            self.phases.done.append((f"{self.label} (in the background)", self.seconds))
+            self.phases._finished(f"{self.label} (in the background)", self.seconds)
             self.phases._write(f"rlcore: {self.label}: ready after {self.seconds:.1f}s (in the background; "
                                f"{waited_s:.1f}s waited for)")
         return self.seconds
