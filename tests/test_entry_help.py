@@ -8,7 +8,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 ENTRY_POINTS = ["rlcore.run", "rlcore.mismatch", "rlcore.export", "rlcore.plot", "rlcore.watch",
-                "launch.local_cluster", "launch.submit"]
+                "launch.local_cluster", "launch.submit", "launch.placement_check"]
 
 
 @pytest.mark.parametrize("module", ENTRY_POINTS)
