@@ -84,6 +84,7 @@ class Driver:
         self.recovery: TrainerRecovery | None = None  # a dead trainer rank: restart from the last checkpoint
         self.teacher: TeacherStage | None = None  # on-policy distillation: scores groups before the buffer
         self._rollout_busy_last = 0.0
+        self._train_version = 0  # run.version when the train step in flight began
         self._failed_last = 0
         self.startup = StartupPhases()  # timed start-up phases (progress lines, run summary)
         self._teacher_phase = None  # the teacher's start, in the background
@@ -195,10 +196,15 @@ class Driver:
                     history.append(record)
                     run.step, last_end, gen_tokens = run.step + 1, now, 0
                     self.hooks.after_step(run.step, state, logger)
-            except ActorDied as exc:  # a trainer rank died: back to the last checkpoint, or stop
-                step = self.recovery.recover(exc, logger)
+            except ActorDied as exc:  # a trainer rank died: new ranks from the engines' weights or a checkpoint
+                # a batch whose step died before its weights were synced was never trained
+                unfinished = state.batch if train and run.version == self._train_version else None
+                step = self.recovery.recover(exc, logger, unfinished)
                 history[:] = [r for r in history if r["step"] <= step]
-                self.begin()
+                if self.recovery.rewound:
+                    self.begin()
+                else:
+                    run.version_base = run.version - run.step  # a synced step whose row was lost moves it
                 train, state, gen_tokens, last_end = [], None, 0, time.perf_counter()
         self.hooks.finish(logger)
         return history
@@ -245,6 +251,7 @@ class Driver:
 
     def start_train(self, state: StepState) -> list[ray.ObjectRef]:
         cfg = self.cfg
+        self._train_version = self.run_state.version
         state.metrics.update(self.weights.before_train())  # e.g. the engines free a shared GPU
         plan = build_step(state.batch, cfg, distill=self.teacher is not None)  # metadata only
         state.metrics.update(plan.metrics, max_staleness=state.max_staleness)

@@ -183,6 +183,29 @@ class RolloutGroup:
                 dead.append(i)
         return dead
 
+    def holding(self, version: int) -> int | None:
+        """A serving actor whose engine holds policy `version` (whole: a sync lands atomically),
+        the first to answer within `PROBE_TIMEOUT_S`; None when none does."""
+        refs = {self.handles[i].policy_version.remote(): i for i in self.serving}
+        pending = list(refs)
+        deadline = time.monotonic() + PROBE_TIMEOUT_S
+        while pending:
+            ready, pending = ray.wait(pending, num_returns=1, timeout=max(0.0, deadline - time.monotonic()))
+            if not ready:
+                break
+            try:
+                if ray.get(ready[0], timeout=0) == version:
+                    forget(pending)
+                    return refs[ready[0]]
+            except ray.exceptions.RayError:
+                continue
+        forget(pending)
+        return None
+
+    def weights(self, actor: int):
+        """Ref: actor `actor`'s engine weights by trainer name (`RolloutWorker.state_dict`)."""
+        return self.handles[actor].state_dict.remote()
+
     @property
     def restarting(self) -> bool:
         return bool(self.members.restarting)

@@ -115,6 +115,14 @@ class RolloutBuffer:
         self.acct.trained += n
         return batch
 
+    def put_back(self, batch: list[GroupMeta]) -> None:
+        """A popped batch that was never trained (its trainer died in the step): back at the
+        front, in order, and counted in flight again instead of trained."""
+        n = sum(len(g.samples) for g in batch)
+        self._groups.extendleft(reversed(batch))
+        self.acct.trained -= n
+        self.acct.in_flight += n
+
     def clear(self) -> int:
         """Forget every buffered group without counting it (the caller restores the accounting
         of a checkpoint that puts their tasks back); returns the groups dropped."""

@@ -88,7 +88,12 @@ class TrainerConfig:
     step_timeout_s: float = 600.0
     """Longest a train step may take before the driver stops the run with an error."""
     max_restarts: int = 2
-    """Times a run restarts its trainer group from the last checkpoint after a rank dies (0 = stop)."""
+    """Times a run restarts its trainer group after a rank dies (0 = stop at the first death)."""
+    heal_from: str = "auto"
+    """Where a restarted trainer group's weights come from: `engines` (the last synced version the
+    engines hold; no step lost, the optimizer's moments start again), `checkpoint` (the last one:
+    the steps since it are trained again), or `auto` (a checkpoint of the current step, else the
+    engines, else the last checkpoint)."""
     lr_schedule: str = "constant"
     """Learning-rate shape after warmup: `constant`, `linear` or `cosine` (decay over `steps`)."""
     warmup_steps: int = 0
