@@ -22,7 +22,7 @@ import ray
 from ray.util.placement_group import placement_group_table
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from actors.logs import runtime_env
+from actors.actor_config import config_env, remote_class
 from actors.remote import RunError, get, refs_ready
 from actors.trainer import TrainerRank
 from rlcore.checkpoint import CheckpointWriter
@@ -63,10 +63,10 @@ class TrainerGroup:
 
     def _spawn(self) -> list:
         t = self.cfg.trainer
-        cls = ray.remote(TrainerRank)
-        return [cls.options(num_cpus=t.cpus_per_rank, num_gpus=self.gpus_per_rank, runtime_env=runtime_env(),
+        cls = remote_class(TrainerRank)  # the config travels in the runtime_env (`actors.actor_config`)
+        return [cls.options(num_cpus=t.cpus_per_rank, num_gpus=self.gpus_per_rank, runtime_env=config_env(self.cfg),
                             scheduling_strategy=PlacementGroupSchedulingStrategy(self.pg, placement_group_bundle_index=i),
-                            ).remote(self.cfg, i, t.world_size)
+                            ).remote(i, t.world_size)
                 for i in range(t.world_size)]
 
     def _each(self, method: str, *args) -> list:

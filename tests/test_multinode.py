@@ -227,6 +227,61 @@ def test_ray_jobs_to_the_multinode_cluster_followed_to_the_end_and_stopped(role_
     assert "step" in (tmp_path / "follow.out").read_text()  # it streamed the job's log
 
 
+REJOINED = "rollout actor 0 rejoined the weight group"
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(900)
+def test_an_engine_restarts_with_a_real_runs_object_store_setting(role_cluster, tmp_path):
+    """RAY_max_direct_call_object_size=1024 (the role cluster's): constructor arguments over it
+    went through the object store, Ray freed them after the first construction, and every
+    restart of the engine failed (ReferenceCountingAssertionError: "rollout.max_restarts
+    exhausted"). The config now travels in the actors' runtime_env (`actors.actor_config`)."""
+    cluster, out = role_cluster, tmp_path / "run"
+    killed: list[int] = []
+
+    def act(log: str, rows: int) -> None:
+        if not killed and rows >= 2 and (pid := actor_pid(out, "rollout", 0)) is not None:
+            os.kill(pid, signal.SIGKILL)  # the engine's process; its node lives: Ray restarts it there
+            killed.append(pid)
+
+    code, log, rows = run_in_background(cluster, tmp_path, ["steps=8", *LABELS], act)
+    assert killed, log[-3000:]
+    assert code == 0, log[-4000:]
+    assert "ReferenceCountingAssertionError" not in log and "max_restarts exhausted" not in log
+    assert len([ln for ln in log.splitlines() if REJOINED in ln]) == 1, log[-3000:]
+    assert [r["step"] for r in rows] == list(range(1, 9))
+    assert rows[-1]["rollout_restarts"] == 1
+    assert_every_sample_counted(rows)
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(900)
+def test_a_trainer_death_heals_with_nothing_configured_across_nodes(role_cluster, tmp_path):
+    """The default job (checkpoint.interval=0) stopped on a trainer death ("no checkpoint existed
+    to restart it from"): the new rank takes the engines' weights, and no step is lost."""
+    cluster, out = role_cluster, tmp_path / "run"
+    killed: list[int] = []
+
+    def act(log: str, rows: int) -> None:
+        if not killed and rows >= 2 and (pid := trainer_rank_pid(out, 0)) is not None:
+            os.kill(pid, signal.SIGKILL)
+            killed.append(pid)
+
+    code, log, rows = run_in_background(cluster, tmp_path, ["steps=8", *LABELS], act)
+    assert killed, log[-3000:]
+    assert code == 0, log[-4000:]
+    healed = [ln for ln in log.splitlines() if RESTARTED in ln]
+    assert len(healed) == 1 and "from the weights of rollout actor 0" in healed[0], log[-3000:]
+    assert "no step lost; the optimizer state was reset" in healed[0]
+    trainer = cluster.nodes[1].node_id[:8]
+    assert f"trainer restart: 1 rank(s) back on the same node(s) {trainer} (" in log, log[-3000:]
+    print(healed[0].split("; restarted ")[1].split(",")[0], f"(load {os.getloadavg()[0]:.1f})")
+    assert [r["step"] for r in rows] == list(range(1, 9))  # nothing cut back, nothing twice
+    assert rows[-1]["trainer_restarts"] == 1
+    assert_every_sample_counted(rows)
+
+
 def run_in_background(cluster: lc.Cluster, tmp_path: Path, overrides: list[str], act, limit_s: float = 600):
     """`rlcore.run` against `cluster` writing to tmp_path/run, its console to tmp_path/driver.log;
     `act(log, rows)` is called every 0.5 s while it runs (it kills what the test kills). Returns
@@ -265,7 +320,7 @@ default one are never used by them, and only load a busy machine while the nodes
 TRAINER_NODE_STEPS = 10
 HEALS = ["trainer.world_size=2", "trainer.cpus_per_rank=0.5", "checkpoint.interval=2", "algo.max_off_policy_steps=1",
          "sft.warmup_steps=0"]
-RESTARTED = "restarted the trainer group from checkpoint"
+RESTARTED = "restarted the trainer group from"  # the engines' weights (the default) or a checkpoint
 
 
 @pytest.mark.integration
@@ -287,10 +342,12 @@ def test_a_trainer_node_killed_mid_run_restarts_the_trainer_group_on_a_surviving
     assert killed, log[-3000:]
     assert code == 0, log[-4000:]
     survivor = next(n for n in cluster.nodes[1:3] if n is not killed["node"])
-    replaced = [ln for ln in log.splitlines() if "trainer restart: 2 rank(s) re-placed on node(s)" in ln]
-    assert len(replaced) == 1 and f"on node(s) {survivor.node_id[:8]} (" in replaced[0], replaced
+    replaced = [ln for ln in log.splitlines() if "trainer restart: 2 rank(s) re-placed from node(s)" in ln]
+    assert len(replaced) == 1 and f"from node(s) {killed['node'].node_id[:8]} on node(s) {survivor.node_id[:8]} (" \
+        in replaced[0], replaced
     healed = [ln for ln in log.splitlines() if RESTARTED in ln]
     assert len(healed) == 1 and "(trainer restart 1 of 2)" in healed[0], healed
+    assert f"node {killed['node'].node_id[:8]} is dead" in healed[0], healed  # the node is named
     print(f"trainer node {killed['node'].node_id[:8]} killed: trainer group running again on "
           f"{survivor.node_id[:8]} {killed['healed'] - killed['at']:.1f}s after the kill (load "
           f"{os.getloadavg()[0]:.1f}); {healed[0].split('; restarted ')[1].split(';')[0]}")
@@ -304,9 +361,14 @@ CHAOS_STEPS = 14
 
 
 def trainer_rank_pid(out: Path, rank: int) -> int | None:
-    """The process of trainer rank `rank` of the run writing to `out` (its stdout is
-    OUTPUT_DIR/logs/trainer-RANK.log, `actors.logs`)."""
-    log = str(out / "logs" / f"trainer-{rank}.log")
+    """The process of trainer rank `rank` of the run writing to `out`."""
+    return actor_pid(out, "trainer", rank)
+
+
+def actor_pid(out: Path, kind: str, index: int) -> int | None:
+    """The process of actor `kind` `index` of the run writing to `out` (its stdout is
+    OUTPUT_DIR/logs/KIND-INDEX.log, `actors.logs`)."""
+    log = str(out / "logs" / f"{kind}-{index}.log")
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
             if os.readlink(f"/proc/{pid}/fd/1") == log:
