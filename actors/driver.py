@@ -100,7 +100,8 @@ class Driver:
         self.rollout_nodes = bundle_nodes(self.groups.rollout_pg) if self.groups.rollout_pg is not None else []
         self.samples_located = not multi_node()  # the first step's samples' nodes are logged once
         self.trainers = self.groups.trainers
-        self.rollouts = RolloutGroup(cfg, self.groups.rollouts, run, self.buffer, self.failures)
+        self.rollouts = RolloutGroup(cfg, self.groups.rollouts, run, self.buffer, self.failures,
+                                     lambda i: self.rollout_nodes[i][:8] if i < len(self.rollout_nodes) else "?")
         self.weights = WeightSync(cfg, self.trainers, self.rollouts, sender_for(weight_transport(cfg)), run,
                                   self.env, self.tokenizer)
         # split placement: the engines (and a teacher on its own devices) start meanwhile, through
@@ -276,6 +277,7 @@ class Driver:
         if self.teacher is not None:
             self.teacher.expire()
         self.rollouts.expire()
+        self.rollouts.watch()  # a frozen engine leaves in seconds; its requests go to the others
         self.rollouts.poll()  # restarted engines that answered are noted (they join at a step boundary)
         tokens = 0
         for ref in ready:

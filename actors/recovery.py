@@ -103,17 +103,19 @@ class TrainerRecovery:
             raise self.stop(exc, f"trainer.max_restarts={limit} restart(s) used")
         run = self.hooks.run
         start, at_step, at_version = time.perf_counter(), run.step, run.version
+        path, mode = self.checkpoint(), self.cfg.trainer.heal_from
+        if mode == "checkpoint" and path is None:
+            raise self.stop(exc, "no checkpoint exists to restart it from (trainer.heal_from=checkpoint; set "
+                                 "checkpoint.interval, or trainer.heal_from=auto to take the engines' weights)")
+        at_current = path is not None and path.name == step_dir_name(at_step)
+        engine = None if mode == "checkpoint" or (mode == "auto" and at_current) else self.rollouts.holding(at_version)
+        if engine is None and (mode == "engines" or path is None):
+            raise self.stop(exc, f"no serving engine holds the last synced version {at_version}"
+                                 f"{' and no checkpoint exists (set checkpoint.interval)' if path is None else ''}")
         where = self.trainers.dead_nodes()
         died = (f"{', '.join(dead)} died ({str(exc).split(' failed:')[0]}"
                 f"{'; node ' + ', '.join(where) + ' is dead' if where else ''}) at step {at_step}, "
                 f"policy version {at_version}")
-        path, mode = self.checkpoint(), self.cfg.trainer.heal_from
-        at_current = path is not None and path.name == step_dir_name(at_step)
-        engine = None if mode == "checkpoint" or (mode == "auto" and at_current) else self.rollouts.holding(at_version)
-        if engine is None and (mode == "engines" or path is None):
-            raise self.stop(exc, "no engine holds the last synced version and no checkpoint exists "
-                                 "(set checkpoint.interval)" if path is None else
-                                 "no engine holds the last synced version (trainer.heal_from=engines)")
         self.restarts += 1
         self.trainers.restart()
         self.weights.form()

@@ -186,7 +186,10 @@ class WeightSync:
                 # engines the failed call saw die need no probe: a restarting actor answers the
                 # probe only once Ray has rebuilt it, so probing it costs the probe's whole 10 s
                 died = [i for i in actors if isinstance(exc, ActorDied) and f"rollout actor {i}" in exc.dead]
-                dead = died + self.rollouts.dead_engines([i for i in actors if i not in died])
+                # nor do those answering the stall watch's heartbeats (under load the probe's 10 s can
+                # pass for an engine that is alive, which then left for nothing)
+                dead = died + self.rollouts.dead_engines([i for i in actors if i not in died
+                                                          and not self.rollouts.stalls.answering(i)])
                 # one line: the message may hold a remote traceback (the whole text is for a fatal error)
                 what = one_line(str(exc))
                 if not what.startswith("weight sync"):
@@ -203,10 +206,10 @@ class WeightSync:
         """The trainer ranks' then the engines' results of one sync, in the transport's order."""
         t, r, what = self.trainers, self.rollouts, f"weight sync to version {version}"
         if not self.transport.buffered:  # collective: both sides must be in the call at once
-            return get(t.push() + r.pull(actors, version), self.timeout_s, what, t.names + r.names(actors))
+            return get(t.push() + r.pull(actors, version), self.timeout_s, what, t.names + r.names(actors), r.frozen)
         if pushed is None:  # the ranks' gathers are collective: all of them fill their buffers at once
             pushed = get(t.push(), self.timeout_s, f"{what} (trainer buffers)", t.names)
-        return pushed + get(r.pull(actors, version), self.timeout_s, f"{what} (engines)", r.names(actors))
+        return pushed + get(r.pull(actors, version), self.timeout_s, f"{what} (engines)", r.names(actors), r.frozen)
 
     def _sync(self, version: int, actors: list[int], pushed: list[dict] | None = None) -> dict[str, float]:
         start = time.perf_counter()
@@ -267,7 +270,7 @@ class WeightSync:
         # both sides at once: the sync already finished, so each scores the same version
         trainer_refs, engine_refs = self.trainers.canary(pairs), self.rollouts.canary(actors, pairs)
         trainer = get(trainer_refs, self.timeout_s, "canary (trainer)", self.trainers.names)[0]
-        engines = get(engine_refs, self.timeout_s, "canary (engines)", self.rollouts.names(actors))
+        engines = get(engine_refs, self.timeout_s, "canary (engines)", self.rollouts.names(actors), self.rollouts.frozen)
         if self.canary_bounds is None:
             measured = [compare_logprobs(engine, trainer, raise_on_fail=False) for engine in engines]
             try:

@@ -59,6 +59,12 @@ class RolloutBuffer:
         self.acct.generated += samples
         self.acct.in_flight += samples
 
+    def withdraw(self, samples: int) -> None:
+        """Samples requested but taken back before they came (their tasks go to another engine):
+        as if never requested."""
+        self.acct.generated -= samples
+        self.acct.in_flight -= samples
+
     def fail(self, samples: int) -> None:
         """Samples that were in flight and will never arrive (failed request, dead actor)."""
         self.acct.in_flight -= samples

@@ -357,6 +357,71 @@ def test_a_trainer_node_killed_mid_run_restarts_the_trainer_group_on_a_surviving
     assert all(sum(r["failed_by_reason"].values()) == r["samples_failed_step"] for r in rows)
 
 
+def node_tree(node: lc.Node) -> list[int]:
+    """Every process of a node: its `ray start --block` process and all its descendants."""
+    out, todo = [], [node.pid]
+    while todo:
+        pid = todo.pop()
+        out.append(pid)
+        todo.extend(lc._children(pid))
+    return out
+
+
+FREEZE_S = 30.0
+"""Long enough to be seen (rollout.stall_timeout_s=15), shorter than Ray's own detection of a
+silent node (5 missed health checks of 10 s: about a minute), so the node comes back alive."""
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(1200)
+def test_a_frozen_rollout_node_is_named_in_seconds_its_work_moves_and_its_return_is_quiet(start_cluster, tmp_path):
+    """SIGSTOP of every process of the node of rollout actor 0, SIGCONT 30 s later. Before, the
+    run waited in silence for a weight sync's 120 s (one step of 67.5 s in the issue) or Ray's
+    node death; now the driver names the engine and its node within seconds, the other engine
+    takes its requests, and the engine rejoins once its node answers again."""
+    cluster = start_cluster(roles("driver", "trainer", "rollout", "rollout"), env=NO_PRESTART)
+    frozen: dict = {}
+
+    def act(log: str, rows: int) -> None:
+        if not frozen and rows >= 3:
+            placed = next(ln for ln in log.splitlines() if "placement: rollout group's" in ln)
+            node = node_named(cluster, placed.split("on node(s) ")[1].split(",")[0].strip())  # bundle 0's
+            pids = node_tree(node)
+            for pid in pids:
+                os.kill(pid, signal.SIGSTOP)
+            frozen.update(node=node, pids=pids, at=time.monotonic())
+        elif frozen and "seen" not in frozen and "no progress for" in log:
+            frozen["seen"] = time.monotonic() - frozen["at"]
+        if frozen and "back" not in frozen and time.monotonic() - frozen["at"] >= FREEZE_S:
+            for pid in frozen["pids"]:
+                os.kill(pid, signal.SIGCONT)
+            frozen["back"] = time.monotonic()
+
+    try:
+        code, log, rows = run_in_background(cluster, tmp_path, ["steps=60", *LABELS, "rollout.num_actors=2"], act)
+    finally:
+        for pid in frozen.get("pids", []):
+            try:
+                os.kill(pid, signal.SIGCONT)
+            except ProcessLookupError:
+                pass
+    assert frozen, log[-3000:]
+    assert code == 0, log[-4000:]
+    node = frozen["node"].node_id[:8]
+    named = [ln for ln in log.splitlines() if "no progress for" in ln]
+    assert len(named) == 1 and f"rollout actor 0 on node {node}: no progress for" in named[0], named
+    assert "go to the engines that answer (1 serve on)" in named[0], named
+    print(f"frozen node {node} named {frozen['seen']:.1f}s after SIGSTOP (load {os.getloadavg()[0]:.1f}): {named[0]}")
+    assert frozen["seen"] < FREEZE_S, frozen  # seen while still frozen, not when Ray declares it dead
+    assert len([ln for ln in log.splitlines() if "rollout actor 0 rejoined the weight group" in ln]) == 1, log[-3000:]
+    assert "died" not in log.split(named[0])[1], log[-3000:]  # Ray never declared the node dead
+    assert "Traceback" not in log and "Unhandled error" not in log, log[-4000:]  # the return is quiet
+    assert [r["step"] for r in rows] == list(range(1, 61))
+    assert_every_sample_counted(rows)
+    steps = [r["step_time_s"] for r in rows]
+    print(f"longest step {max(steps):.1f}s (step {steps.index(max(steps)) + 1}); median {statistics.median(steps):.2f}s")
+
+
 CHAOS_STEPS = 14
 
 

@@ -157,6 +157,10 @@ class RolloutConfig(PluginSections):
     """Sampling parameters."""
     generate_timeout_s: float = 300.0
     """Longest one generate call may take before it is counted failed."""
+    stall_timeout_s: float = 15.0
+    """A serving actor that answers no heartbeat (a call answered between decode steps) for this
+    long is frozen (a stopped process or node): it leaves the serving set, its requests go to the
+    engines that answer, and it rejoins if it answers again (0 = no heartbeats)."""
     stop_after_failed_requests: int = 16
     """Stop the run when this many generate requests in a row failed in every sample (0 = never)."""
     weight_sync_timeout_s: float = 120.0

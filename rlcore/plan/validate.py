@@ -111,6 +111,7 @@ def problems(cfg: RunConfig) -> list[tuple[str, str]]:
     _positive(out, "rollout.tasks_per_request", r.tasks_per_request)
     _positive(out, "rollout.max_requests_per_actor", r.max_requests_per_actor)
     _positive(out, "rollout.generate_timeout_s", r.generate_timeout_s)
+    check_min(out, "rollout.stall_timeout_s", r.stall_timeout_s, 0)
     check_min(out, "rollout.stop_after_failed_requests", r.stop_after_failed_requests, 0)
     _positive(out, "rollout.weight_sync_timeout_s", r.weight_sync_timeout_s)
     _positive(out, "rollout.sync_bucket_mb", r.sync_bucket_mb)
