@@ -152,14 +152,15 @@ class RolloutGroup:
         """`watch`, for a blocking wait (`actors.remote.get`): the names of the actors it took out."""
         return self.names(self.watch())
 
-    def watch(self) -> list[int]:
+    def watch(self, stall_s: float | None = None) -> list[int]:
         """Never blocks: a serving actor silent for `rollout.stall_timeout_s` (`StallWatch`) leaves
         the serving set like a dead one, and its requests are taken back: their tasks go to the
         engines that answer (as if never requested), and whatever they return later is read and
         dropped. It rejoins at a step boundary once it answers again (or once Ray, having declared
-        its node dead, has restarted it elsewhere). Returns the actors taken out."""
+        its node dead, has restarted it elsewhere). `stall_s`: a shorter silence (before a weight
+        sync, `stall_watch.BEFORE_SYNC_S`). Returns the actors taken out."""
         out = []
-        for actor, silent in self.stalls.stalled(self.serving):
+        for actor, silent in self.stalls.stalled(self.serving, stall_s):
             out.append(actor)
             taken = [(ref, q) for ref, q in self.pending.items() if q.actor == actor]
             for ref, q in taken:

@@ -20,6 +20,10 @@ from actors.remote import forget
 
 BEAT_S = 2.0
 """How often a serving actor is asked `ready()`."""
+BEFORE_SYNC_S = 6.0
+"""Silence that keeps an engine out of a weight sync (`RolloutGroup.watch` before each one): a
+collective with a frozen member blocks its sender until the member answers or Ray declares its
+node dead (a minute), so a sync does not start with an engine that missed three heartbeats."""
 
 
 class StallWatch:
@@ -30,11 +34,12 @@ class StallWatch:
         self.beats: dict[int, tuple[ray.ObjectRef, float]] = {}  # actor -> (its question, asked at)
         self.answered: dict[int, float] = {}  # actor -> when its latest answer was first seen (monotonic)
 
-    def stalled(self, actors: Iterable[int]) -> list[tuple[int, float]]:
-        """(actor, seconds unanswered) of the actors of `actors` silent for `stall_s`; asks the
-        others again when their answer came and `BEAT_S` has passed."""
+    def stalled(self, actors: Iterable[int], stall_s: float | None = None) -> list[tuple[int, float]]:
+        """(actor, seconds unanswered) of the actors of `actors` silent for `stall_s` (default:
+        the watch's); asks the others again when their answer came and `BEAT_S` has passed."""
         if self.stall_s <= 0:
             return []
+        limit = self.stall_s if stall_s is None else min(stall_s, self.stall_s)
         now, out = time.monotonic(), []
         for i in actors:
             beat = self.beats.get(i)
@@ -51,7 +56,7 @@ class StallWatch:
                         pass  # it died: the death path's business (read here, so Ray never prints it)
                 if now - asked >= BEAT_S:
                     self.beats[i] = (self.handles[i].ready.remote(), now)
-            elif now - asked > self.stall_s:
+            elif now - asked > limit:
                 out.append((i, now - asked))
         return out
 

@@ -25,6 +25,7 @@ import ray
 
 from actors.remote import ActorDied, ReadyWatch, RunError, get
 from actors.rollout_group import RolloutGroup
+from actors.stall_watch import BEFORE_SYNC_S
 from actors.run_state import RunState
 from actors.trainer_group import TrainerGroup
 from rlcore.canary import CanaryBounds, CanaryError, calibrate, canary_prompts, compare_logprobs, own_completion_pairs
@@ -154,6 +155,7 @@ class WeightSync:
         metrics. An engine that died leaves (the group is re-formed from the others, and the
         sync retried once); nothing waits for its restart. `pushed`: the trainer ranks' results
         when their step already wrote `version` into the transport's buffers."""
+        self.rollouts.watch(BEFORE_SYNC_S)  # an engine frozen now would hold the collective: it leaves first
         return self._reform_and_sync(version, self.rollouts.serving, self.rollouts.members.reform, pushed)
 
     def admit_restarted(self) -> list[int]:
@@ -164,6 +166,7 @@ class WeightSync:
         if not ready:
             return []
         version = self.run.version
+        self.rollouts.watch(BEFORE_SYNC_S)
         self._reform_and_sync(version, sorted(self.rollouts.serving + ready))
         joined = self.rollouts.admit(ready)
         if joined:

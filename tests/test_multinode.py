@@ -389,13 +389,13 @@ def test_a_frozen_rollout_node_is_named_in_seconds_its_work_moves_and_its_return
             pids = node_tree(node)
             for pid in pids:
                 os.kill(pid, signal.SIGSTOP)
-            frozen.update(node=node, pids=pids, at=time.monotonic())
+            frozen.update(node=node, pids=pids, at=time.monotonic(), rows_at=rows)
         elif frozen and "seen" not in frozen and "no progress for" in log:
             frozen["seen"] = time.monotonic() - frozen["at"]
         if frozen and "back" not in frozen and time.monotonic() - frozen["at"] >= FREEZE_S:
             for pid in frozen["pids"]:
                 os.kill(pid, signal.SIGCONT)
-            frozen["back"] = time.monotonic()
+            frozen.update(back=time.monotonic(), steps_while_frozen=rows - frozen["rows_at"])
 
     try:
         code, log, rows = run_in_background(cluster, tmp_path, ["steps=60", *LABELS, "rollout.num_actors=2"], act)
@@ -413,13 +413,17 @@ def test_a_frozen_rollout_node_is_named_in_seconds_its_work_moves_and_its_return
     assert "go to the engines that answer (1 serve on)" in named[0], named
     print(f"frozen node {node} named {frozen['seen']:.1f}s after SIGSTOP (load {os.getloadavg()[0]:.1f}): {named[0]}")
     assert frozen["seen"] < FREEZE_S, frozen  # seen while still frozen, not when Ray declares it dead
+    # the other engine took the work: the run went on stepping while the node was stopped (before,
+    # the sync that included the frozen engine held the trainer until the node answered again)
+    assert frozen["steps_while_frozen"] >= 1, frozen
     assert len([ln for ln in log.splitlines() if "rollout actor 0 rejoined the weight group" in ln]) == 1, log[-3000:]
     assert "died" not in log.split(named[0])[1], log[-3000:]  # Ray never declared the node dead
     assert "Traceback" not in log and "Unhandled error" not in log, log[-4000:]  # the return is quiet
     assert [r["step"] for r in rows] == list(range(1, 61))
     assert_every_sample_counted(rows)
     steps = [r["step_time_s"] for r in rows]
-    print(f"longest step {max(steps):.1f}s (step {steps.index(max(steps)) + 1}); median {statistics.median(steps):.2f}s")
+    print(f"longest step {max(steps):.1f}s (step {steps.index(max(steps)) + 1}); median {statistics.median(steps):.2f}s; "
+          f"{frozen['steps_while_frozen']} steps while frozen")
 
 
 CHAOS_STEPS = 14
