@@ -20,7 +20,7 @@ from typing import Callable
 import ray
 
 from actors.membership import Members
-from actors.stall_watch import StallWatch
+from actors.stall_watch import BEFORE_SYNC_S, StallWatch
 from actors.remote import died, forget, get
 from actors.rollout_refs import launch_generate, request_groups
 from actors.run_state import RunState
@@ -149,8 +149,9 @@ class RolloutGroup:
                                  f"{self.timeout_s:g})", seq=req.seq)
 
     def frozen(self) -> list[str]:
-        """`watch`, for a blocking wait (`actors.remote.get`): the names of the actors it took out."""
-        return self.names(self.watch())
+        """`watch` for a blocking wait on the engines (`actors.remote.get`: a weight sync, its
+        canary), at the shorter silence of `BEFORE_SYNC_S`: the names of the actors it took out."""
+        return self.names(self.watch(BEFORE_SYNC_S))
 
     def watch(self, stall_s: float | None = None) -> list[int]:
         """Never blocks: a serving actor silent for `rollout.stall_timeout_s` (`StallWatch`) leaves
