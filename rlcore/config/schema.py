@@ -92,8 +92,8 @@ class TrainerConfig:
     heal_from: str = "auto"
     """Where a restarted trainer group's weights come from: `engines` (the last synced version the
     engines hold; no step lost, the optimizer's moments start again), `checkpoint` (the last one:
-    the steps since it are trained again), or `auto` (a checkpoint of the current step, else the
-    engines, else the last checkpoint)."""
+    the steps since it are trained again), or `auto` (the last checkpoint when one exists, else the
+    engines)."""
     lr_schedule: str = "constant"
     """Learning-rate shape after warmup: `constant`, `linear` or `cosine` (decay over `steps`)."""
     warmup_steps: int = 0
