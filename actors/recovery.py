@@ -114,12 +114,13 @@ class TrainerRecovery:
         if engine is None and (mode == "engines" or path is None):
             raise self.stop(exc, f"no serving engine holds the last synced version {at_version}"
                                  f"{' and no checkpoint exists (set checkpoint.interval)' if path is None else ''}")
-        where = self.trainers.dead_nodes()
+        before = self.trainers.nodes()
+        self.restarts += 1
+        self.trainers.restart()  # it waits for Ray to re-place the bundles of a dead node
+        where = self.trainers.dead_nodes(before)  # so a dead node is known dead by now
         died = (f"{', '.join(dead)} died ({str(exc).split(' failed:')[0]}"
                 f"{'; node ' + ', '.join(where) + ' is dead' if where else ''}) at step {at_step}, "
                 f"policy version {at_version}")
-        self.restarts += 1
-        self.trainers.restart()
         self.weights.form()
         if engine is not None:
             try:

@@ -122,10 +122,11 @@ class TrainerGroup:
                         placement_change(before, self.nodes()), attempt, time.monotonic() - began)
             return metas
 
-    def dead_nodes(self) -> list[str]:
-        """The nodes (short ids) of this group's bundles that Ray no longer lists as alive."""
+    @staticmethod
+    def dead_nodes(nodes: list[str]) -> list[str]:
+        """The nodes (short ids) of `nodes` that Ray no longer lists as alive."""
         alive = {n["NodeID"] for n in ray.nodes() if n["Alive"]}
-        return sorted({n[:8] for n in self.nodes() if n and n not in alive})
+        return sorted({n[:8] for n in nodes if n and n not in alive})
 
     def nodes(self) -> list[str]:
         """The Ray node id of each rank's bundle, in rank order (where Ray has placed it now)."""
