@@ -189,10 +189,12 @@ class WeightSync:
                 # engines the failed call saw die need no probe: a restarting actor answers the
                 # probe only once Ray has rebuilt it, so probing it costs the probe's whole 10 s
                 died = [i for i in actors if isinstance(exc, ActorDied) and f"rollout actor {i}" in exc.dead]
-                # nor do those answering the stall watch's heartbeats (under load the probe's 10 s can
-                # pass for an engine that is alive, which then left for nothing)
-                dead = died + self.rollouts.dead_engines([i for i in actors if i not in died
-                                                          and not self.rollouts.stalls.answering(i)])
+                # after a frozen engine, nor do those answering the stall watch's heartbeats (under load
+                # the probe's 10 s can pass for an engine that is alive, which then left for nothing);
+                # after a death, a heartbeat answered seconds ago says nothing: they are probed
+                stall = isinstance(exc, ActorDied) and exc.how == "made no progress"
+                dead = died + self.rollouts.dead_engines([i for i in actors if i not in died and not
+                                                          (stall and self.rollouts.stalls.answering(i))])
                 # one line: the message may hold a remote traceback (the whole text is for a fatal error)
                 what = one_line(str(exc))
                 if not what.startswith("weight sync"):
