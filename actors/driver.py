@@ -84,6 +84,7 @@ class Driver:
         self.recovery: TrainerRecovery | None = None  # a dead trainer rank: restart from the last checkpoint
         self.teacher: TeacherStage | None = None  # on-policy distillation: scores groups before the buffer
         self._rollout_busy_last = 0.0
+        self._train_version = 0  # run.version when the train step in flight began
         self._failed_last = 0
         self.startup = StartupPhases()  # timed start-up phases (progress lines, run summary)
         self._teacher_phase = None  # the teacher's start, in the background
@@ -99,7 +100,8 @@ class Driver:
         self.rollout_nodes = bundle_nodes(self.groups.rollout_pg) if self.groups.rollout_pg is not None else []
         self.samples_located = not multi_node()  # the first step's samples' nodes are logged once
         self.trainers = self.groups.trainers
-        self.rollouts = RolloutGroup(cfg, self.groups.rollouts, run, self.buffer, self.failures)
+        self.rollouts = RolloutGroup(cfg, self.groups.rollouts, run, self.buffer, self.failures,
+                                     lambda i: self.rollout_nodes[i][:8] if i < len(self.rollout_nodes) else "?")
         self.weights = WeightSync(cfg, self.trainers, self.rollouts, sender_for(weight_transport(cfg)), run,
                                   self.env, self.tokenizer)
         # split placement, or colocated engines whose cache bytes the plan fixed: the engines (and a
@@ -196,10 +198,15 @@ class Driver:
                     history.append(record)
                     run.step, last_end, gen_tokens = run.step + 1, now, 0
                     self.hooks.after_step(run.step, state, logger)
-            except ActorDied as exc:  # a trainer rank died: back to the last checkpoint, or stop
-                step = self.recovery.recover(exc, logger)
+            except ActorDied as exc:  # a trainer rank died: new ranks from the engines' weights or a checkpoint
+                # a batch whose step died before its weights were synced was never trained
+                unfinished = state.batch if train and run.version == self._train_version else None
+                step = self.recovery.recover(exc, logger, unfinished)
                 history[:] = [r for r in history if r["step"] <= step]
-                self.begin()
+                if self.recovery.rewound:
+                    self.begin()
+                else:
+                    run.version_base = run.version - run.step  # a synced step whose row was lost moves it
                 train, state, gen_tokens, last_end = [], None, 0, time.perf_counter()
         self.hooks.finish(logger)
         return history
@@ -246,6 +253,7 @@ class Driver:
 
     def start_train(self, state: StepState) -> list[ray.ObjectRef]:
         cfg = self.cfg
+        self._train_version = self.run_state.version
         state.metrics.update(self.weights.before_train())  # e.g. the engines free a shared GPU
         plan = build_step(state.batch, cfg, distill=self.teacher is not None)  # metadata only
         state.metrics.update(plan.metrics, max_staleness=state.max_staleness)
@@ -270,6 +278,7 @@ class Driver:
         if self.teacher is not None:
             self.from_teacher(self.teacher.expire())
         self.rollouts.expire()
+        self.rollouts.watch()  # a frozen engine leaves in seconds; its requests go to the others
         self.rollouts.poll()  # restarted engines that answered are noted (they join at a step boundary)
         tokens = 0
         for ref in ready:

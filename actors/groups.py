@@ -16,7 +16,7 @@ from ray.util.placement_group import (
 )
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from actors.logs import runtime_env
+from actors.actor_config import config_env, remote_class
 from actors.rollout import RolloutWorker
 from actors.trainer_group import TrainerGroup
 from rlcore.config import RunConfig
@@ -149,7 +149,7 @@ def place(cfg: RunConfig, trainer: bool = True, rollout: bool = True) -> Groups:
     t, r = cfg.trainer, cfg.rollout
     trainer_gpus, rollout_gpus = (colocated_shares(cfg)[1],) * 2 if shared else (t.gpus_per_rank, r.gpus_per_actor)
     trainers = TrainerGroup(cfg, trainer_pg, trainer_gpus) if trainer else None
-    rollout_cls = ray.remote(RolloutWorker)
+    rollout_cls = remote_class(RolloutWorker)  # the config travels in the runtime_env (`actors.actor_config`)
     rollouts = [
         rollout_cls.options(
             num_cpus=r.cpus_per_actor, num_gpus=rollout_gpus,
@@ -159,9 +159,9 @@ def place(cfg: RunConfig, trainer: bool = True, rollout: bool = True) -> Groups:
             # a dead engine is restarted and rejoins the weight group; its requests in flight are
             # counted failed by the driver, never retried blindly on new weights
             max_restarts=r.max_restarts, max_task_retries=0,
-            runtime_env=runtime_env(),
+            runtime_env=config_env(cfg),
             scheduling_strategy=PlacementGroupSchedulingStrategy(rollout_pg, placement_group_bundle_index=i),
-        ).remote(cfg, i)
+        ).remote(i)
         for i in range(r.num_actors if rollout else 0)
     ]
     return Groups(trainer_pg, rollout_pg, trainers, rollouts)

@@ -4,6 +4,7 @@ dead or stuck peer becomes one `RunError` that names the operation and the parti
 from __future__ import annotations
 
 import time
+from typing import Callable
 
 import ray
 
@@ -45,12 +46,17 @@ def read_unread() -> int:
     return len(_UNREAD)
 
 
-def get(refs, timeout_s: float, what: str, names: list[str] | None = None):
+def get(refs, timeout_s: float, what: str, names: list[str] | None = None,
+        stalled: Callable[[], list[str]] | None = None):
     """`ray.get` with a timeout and an error that names the operation and, given `names` (one per
     ref), which participant died or failed. When it fails, the other refs of the call are kept
-    and read once they finish (`read_unread`, run by every `get`)."""
+    and read once they finish (`read_unread`, run by every `get`). `stalled()`, asked every
+    second while waiting, names participants seen frozen (`actors.stall_watch`): one of `names`
+    ends the wait at once with an `ActorDied` naming it (how: "made no progress")."""
     read_unread()
     try:
+        if stalled is not None and isinstance(refs, list):
+            _wait_unless_stalled(refs, timeout_s, what, names or [], stalled)
         return ray.get(refs, timeout=timeout_s)
     except ray.exceptions.GetTimeoutError as exc:
         _keep_unread(refs)
@@ -69,6 +75,17 @@ def get(refs, timeout_s: float, what: str, names: list[str] | None = None):
         how = memory_kill(str(exc)) or ("was restarted and has not rejoined the weight group"
                                         if isinstance(_cause(exc), NotInWeightGroup) else "died")
         raise ActorDied(f"{what} failed: {', '.join(dead) or 'an actor'} {how} ({exc})", dead, how) from exc
+
+
+def _wait_unless_stalled(refs: list, timeout_s: float, what: str, names: list[str],
+                         stalled: Callable[[], list[str]]) -> None:
+    deadline, pending = time.monotonic() + timeout_s, list(refs)
+    while pending and time.monotonic() < deadline:
+        _, pending = ray.wait(pending, num_returns=len(pending), timeout=min(1.0, max(0.0, deadline - time.monotonic())))
+        frozen = [n for n in stalled() if n in names]
+        if frozen and pending:
+            _keep_unread(refs)
+            raise ActorDied(f"{what} failed: {', '.join(frozen)} made no progress", frozen, "made no progress")
 
 
 PEER_GRACE_S = 60.0

@@ -15,10 +15,12 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, field
+from typing import Callable
 
 import ray
 
 from actors.membership import Members
+from actors.stall_watch import BEFORE_SYNC_S, StallWatch
 from actors.remote import died, forget, get
 from actors.rollout_refs import launch_generate, request_groups
 from actors.run_state import RunState
@@ -54,11 +56,13 @@ class RolloutGroup:
     """`handles`: the rollout actors (index i is "rollout actor i"). Failed or expired samples
     are counted in `buffer` (accounting) and `failures` (reasons, liveness)."""
 
-    def __init__(self, cfg: RunConfig, handles: list, run: RunState, buffer: RolloutBuffer, failures: FailureLog):
-        self.cfg, self.handles, self.run = cfg, handles, run
+    def __init__(self, cfg: RunConfig, handles: list, run: RunState, buffer: RolloutBuffer, failures: FailureLog,
+                 node_of: Callable[[int], str] = lambda i: "?"):
+        self.cfg, self.handles, self.run, self.node_of = cfg, handles, run, node_of
         self.buffer, self.failures = buffer, failures
         self.timeout_s = cfg.rollout.generate_timeout_s
         self.members = Members(handles, self.timeout_s)
+        self.stalls = StallWatch(handles, cfg.rollout.stall_timeout_s)
         self.pending: dict[ray.ObjectRef, Request] = {}
         self.restarts = 0  # deaths noticed (`rollout_restarts`)
 
@@ -144,6 +148,37 @@ class RolloutGroup:
                     req.samples, f"engine: generate request timed out (rollout.generate_timeout_s="
                                  f"{self.timeout_s:g})", seq=req.seq)
 
+    def frozen(self) -> list[str]:
+        """`watch` for a blocking wait on the engines (`actors.remote.get`: a weight sync, its
+        canary), at the shorter silence of `BEFORE_SYNC_S`: the names of the actors it took out."""
+        return self.names(self.watch(BEFORE_SYNC_S))
+
+    def watch(self, stall_s: float | None = None) -> list[int]:
+        """Never blocks: a serving actor silent for `rollout.stall_timeout_s` (`StallWatch`) leaves
+        the serving set like a dead one, and its requests are taken back: their tasks go to the
+        engines that answer (as if never requested), and whatever they return later is read and
+        dropped. It rejoins at a step boundary once it answers again (or once Ray, having declared
+        its node dead, has restarted it elsewhere). `stall_s`: a shorter silence (before a weight
+        sync, `stall_watch.BEFORE_SYNC_S`). Returns the actors taken out."""
+        out = []
+        for actor, silent in self.stalls.stalled(self.serving, stall_s):
+            out.append(actor)
+            taken = [(ref, q) for ref, q in self.pending.items() if q.actor == actor]
+            for ref, q in taken:
+                del self.pending[ref]
+                ray.cancel(ref, force=False)
+                self.buffer.withdraw(q.samples)
+                self.run.feed.put_back(list(zip(q.indices, q.tasks)))
+                self.failures.request_withdrawn(q.seq)
+            forget([ref for ref, _ in taken])
+            self.stalls.drop(actor)
+            self.members.lost(actor, float("inf"))
+            self.restarts += 1
+            log.warning("rollout actor %d on node %s: no progress for %.0f s; its %d request(s) (%d samples) go to "
+                        "the engines that answer (%d serve on); it rejoins once it answers again", actor,
+                        self.node_of(actor), silent, len(taken), sum(q.samples for _, q in taken), len(self.serving))
+        return out
+
     def drop_pending(self) -> int:
         """Forget every request in flight without counting it (the caller restores the accounting
         of a checkpoint that puts their tasks back): each is cancelled and, if it still finishes,
@@ -165,6 +200,7 @@ class RolloutGroup:
         how, e.g. `rlcore.faults.memory_kill`'s line): it stops serving until Ray's restart of it
         has joined again (counted in `rollout_restarts`)."""
         if self.members.lost(actor, launched_at):
+            self.stalls.drop(actor)
             self.restarts += 1
             log.warning("rollout actor %d %s at version %d: %d engine(s) serve on while Ray restarts it", actor,
                         cause or "died", self.run.version, len(self.serving))
@@ -182,6 +218,29 @@ class RolloutGroup:
             except (ray.exceptions.RayError, ray.exceptions.GetTimeoutError):
                 dead.append(i)
         return dead
+
+    def holding(self, version: int) -> int | None:
+        """A serving actor whose engine holds policy `version` (whole: a sync lands atomically),
+        the first to answer within `PROBE_TIMEOUT_S`; None when none does."""
+        refs = {self.handles[i].policy_version.remote(): i for i in self.serving}
+        pending = list(refs)
+        deadline = time.monotonic() + PROBE_TIMEOUT_S
+        while pending:
+            ready, pending = ray.wait(pending, num_returns=1, timeout=max(0.0, deadline - time.monotonic()))
+            if not ready:
+                break
+            try:
+                if ray.get(ready[0], timeout=0) == version:
+                    forget(pending)
+                    return refs[ready[0]]
+            except ray.exceptions.RayError:
+                continue
+        forget(pending)
+        return None
+
+    def weights(self, actor: int):
+        """Ref: actor `actor`'s engine weights by trainer name (`RolloutWorker.state_dict`)."""
+        return self.handles[actor].state_dict.remote()
 
     @property
     def restarting(self) -> bool:

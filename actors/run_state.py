@@ -49,6 +49,10 @@ class TaskFeed:
             return None
         return derive_seed(self.cfg.seed, "train", indices[0])
 
+    def put_back(self, items: list[tuple[int, Task]]) -> None:
+        """(index, task) taken but never generated: handed out again first, in stream order."""
+        self.requeued = deque(sorted([*self.requeued, *items], key=lambda it: it[0]))
+
     def state(self, unfinished: list[tuple[int, Task]]) -> dict[str, Any]:
         """`unfinished`: tasks taken but not yet trained; they are handed out again on resume."""
         back = sorted([*unfinished, *self.requeued], key=lambda it: it[0])

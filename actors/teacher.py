@@ -35,7 +35,7 @@ from ray.util.placement_group import (
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from actors.groups import bundle
-from actors.logs import QUIET_ENV
+from actors.actor_config import config_env, remote_class
 from actors.remote import ReadyWatch, RunError
 from actors.teacher_worker import TeacherWorker, attach, one_line, score_pairs  # noqa: F401 (re-exported)
 from rlcore.config import RunConfig
@@ -133,13 +133,13 @@ class TeacherStage:
         if not ready:
             raise TeacherError(f"teacher placement group {bundles} not scheduled within "
                                f"{self.cfg.cluster.placement_timeout_s:.0f}s; cluster has {ray.available_resources()}")
-        cls = ray.remote(TeacherWorker)
+        cls = remote_class(TeacherWorker)  # the config travels in the runtime_env: restarts never need a freed object
         self.actors = [cls.options(
             num_cpus=t.cpus_per_actor, num_gpus=t.gpus_per_actor, max_concurrency=t.max_requests_per_actor + 1,
             max_restarts=t.max_restarts, max_task_retries=0,
-            runtime_env={"env_vars": {"NCCL_NVLS_ENABLE": "0", "TOKENIZERS_PARALLELISM": "false", **QUIET_ENV}},
+            runtime_env=config_env(self.cfg),
             scheduling_strategy=PlacementGroupSchedulingStrategy(self.pg, placement_group_bundle_index=i),
-        ).remote(self.cfg, i) for i in range(t.num_actors)]
+        ).remote(i) for i in range(t.num_actors)]
         self.alive = [True] * t.num_actors
         self.watch = ReadyWatch(self.actors, t.start_timeout_s, "teacher actor")
 

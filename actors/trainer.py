@@ -118,6 +118,13 @@ class TrainerRank:
         self._whole = None  # the load may have replaced the parameters' storage
         return load_trainer(self.core, path)
 
+    def load_engine_weights(self, named: dict, version: int) -> int:
+        """Take an engine's weights (`RolloutWorker.state_dict`, by trainer name) as policy
+        `version`; the optimizer starts afresh (collective, `TrainerCore.load_full_weights`)."""
+        self._whole = None  # the load may have replaced the parameters' storage
+        self.core.load_full_weights(named, version)
+        return self.core.version
+
     def export_hf(self, out_dir: str) -> str | None:
         """Write the current full weights as a Hugging Face directory from rank 0 (collective:
         every rank takes part in gathering the parameters)."""

@@ -22,7 +22,7 @@ import ray
 from ray.util.placement_group import placement_group_table
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from actors.logs import runtime_env
+from actors.actor_config import config_env, remote_class
 from actors.remote import RunError, get, refs_ready
 from actors.trainer import TrainerRank
 from rlcore.checkpoint import CheckpointWriter
@@ -63,10 +63,10 @@ class TrainerGroup:
 
     def _spawn(self) -> list:
         t = self.cfg.trainer
-        cls = ray.remote(TrainerRank)
-        return [cls.options(num_cpus=t.cpus_per_rank, num_gpus=self.gpus_per_rank, runtime_env=runtime_env(),
+        cls = remote_class(TrainerRank)  # the config travels in the runtime_env (`actors.actor_config`)
+        return [cls.options(num_cpus=t.cpus_per_rank, num_gpus=self.gpus_per_rank, runtime_env=config_env(self.cfg),
                             scheduling_strategy=PlacementGroupSchedulingStrategy(self.pg, placement_group_bundle_index=i),
-                            ).remote(self.cfg, i, t.world_size)
+                            ).remote(i, t.world_size)
                 for i in range(t.world_size)]
 
     def _each(self, method: str, *args) -> list:
@@ -98,6 +98,7 @@ class TrainerGroup:
         until it succeeds, within `cluster.placement_timeout_s` from the first attempt; one log
         line names the nodes the ranks run on."""
         wait_s = self.cfg.cluster.placement_timeout_s
+        before = self.nodes()
         began = time.monotonic()
         deadline, attempt = began + wait_s, 0
         while True:
@@ -117,14 +118,27 @@ class TrainerGroup:
                 log.info("trainer restart attempt %d failed (%s); retrying", attempt, str(exc).splitlines()[0][:200])
                 time.sleep(min(2.0, max(0.0, deadline - time.monotonic())))
                 continue
-            log.warning("trainer restart: %d rank(s) re-placed on node(s) %s (%d attempt(s), %.1fs)", len(self.handles),
-                        ", ".join(sorted({n[:8] for n in self.nodes()})), attempt, time.monotonic() - began)
+            log.warning("trainer restart: %d rank(s) %s (%d attempt(s), %.1fs)", len(self.handles),
+                        placement_change(before, self.nodes()), attempt, time.monotonic() - began)
             return metas
+
+    @staticmethod
+    def dead_nodes(nodes: list[str]) -> list[str]:
+        """The nodes (short ids) of `nodes` that Ray no longer lists as alive."""
+        alive = {n["NodeID"] for n in ray.nodes() if n["Alive"]}
+        return sorted({n[:8] for n in nodes if n and n not in alive})
 
     def nodes(self) -> list[str]:
         """The Ray node id of each rank's bundle, in rank order (where Ray has placed it now)."""
         where = placement_group_table(self.pg)["bundles_to_node_id"]
         return [where.get(i, "") for i in range(len(self.handles))]
+
+    def load_engine_weights(self, weights_ref, version: int) -> int:
+        """Every rank takes the engine's weights (`weights_ref`: a `RolloutWorker.state_dict`
+        ref, read by each rank from the object store) as policy `version`, with a fresh optimizer
+        state; returns the version."""
+        return int(self._get(self._each("load_engine_weights", weights_ref, version),
+                             f"loading the engines' weights (version {version})")[0])
 
     # -- steps ---------------------------------------------------------------------------------
     def launch_step(self, works: list, normalizer: float) -> list:
@@ -218,3 +232,12 @@ class TrainerGroup:
     def kill(self) -> None:
         for h in self.handles:
             ray.kill(h, no_restart=True)
+
+
+def placement_change(before: list[str], after: list[str]) -> str:
+    """How a restart's ranks were placed against where they ran before (short node ids)."""
+    def ids(nodes: list[str]) -> str:
+        return ", ".join(sorted({n[:8] for n in nodes if n}))
+    if sorted(set(before)) == sorted(set(after)):
+        return f"back on the same node(s) {ids(after)}"
+    return f"re-placed from node(s) {ids(before)} on node(s) {ids(after)}"

@@ -26,6 +26,7 @@ import ray
 
 from actors.remote import ActorDied, ReadyWatch, RunError, get
 from actors.rollout_group import RolloutGroup
+from actors.stall_watch import BEFORE_SYNC_S
 from actors.run_state import RunState
 from actors.trainer_group import TrainerGroup
 from rlcore.canary import CanaryBounds, CanaryError, calibrate, canary_prompts, compare_logprobs, own_completion_pairs
@@ -163,6 +164,7 @@ class WeightSync:
         metrics. An engine that died leaves (the group is re-formed from the others, and the
         sync retried once); nothing waits for its restart. `pushed`: the trainer ranks' results
         when their step already wrote `version` into the transport's buffers."""
+        self.rollouts.watch(BEFORE_SYNC_S)  # an engine frozen now would hold the collective: it leaves first
         return self._reform_and_sync(version, self.rollouts.serving, self.rollouts.members.reform, pushed)
 
     def admit_restarted(self) -> list[int]:
@@ -173,6 +175,7 @@ class WeightSync:
         if not ready:
             return []
         version = self.run.version
+        self.rollouts.watch(BEFORE_SYNC_S)
         self._reform_and_sync(version, sorted(self.rollouts.serving + ready))
         joined = self.rollouts.admit(ready)
         if joined:
@@ -195,7 +198,12 @@ class WeightSync:
                 # engines the failed call saw die need no probe: a restarting actor answers the
                 # probe only once Ray has rebuilt it, so probing it costs the probe's whole 10 s
                 died = [i for i in actors if isinstance(exc, ActorDied) and f"rollout actor {i}" in exc.dead]
-                dead = died + self.rollouts.dead_engines([i for i in actors if i not in died])
+                # after a frozen engine, nor do those answering the stall watch's heartbeats (under load
+                # the probe's 10 s can pass for an engine that is alive, which then left for nothing);
+                # after a death, a heartbeat answered seconds ago says nothing: they are probed
+                stall = isinstance(exc, ActorDied) and exc.how == "made no progress"
+                dead = died + self.rollouts.dead_engines([i for i in actors if i not in died and not
+                                                          (stall and self.rollouts.stalls.answering(i))])
                 # one line: the message may hold a remote traceback (the whole text is for a fatal error)
                 what = one_line(str(exc))
                 if not what.startswith("weight sync"):
@@ -212,10 +220,10 @@ class WeightSync:
         """The trainer ranks' then the engines' results of one sync, in the transport's order."""
         t, r, what = self.trainers, self.rollouts, f"weight sync to version {version}"
         if not self.transport.buffered:  # collective: both sides must be in the call at once
-            return get(t.push() + r.pull(actors, version), self.timeout_s, what, t.names + r.names(actors))
+            return get(t.push() + r.pull(actors, version), self.timeout_s, what, t.names + r.names(actors), r.frozen)
         if pushed is None:  # the ranks' gathers are collective: all of them fill their buffers at once
             pushed = get(t.push(), self.timeout_s, f"{what} (trainer buffers)", t.names)
-        return pushed + get(r.pull(actors, version), self.timeout_s, f"{what} (engines)", r.names(actors))
+        return pushed + get(r.pull(actors, version), self.timeout_s, f"{what} (engines)", r.names(actors), r.frozen)
 
     def _sync(self, version: int, actors: list[int], pushed: list[dict] | None = None) -> dict[str, float]:
         start = time.perf_counter()
@@ -276,7 +284,7 @@ class WeightSync:
         # both sides at once: the sync already finished, so each scores the same version
         trainer_refs, engine_refs = self.trainers.canary(pairs), self.rollouts.canary(actors, pairs)
         trainer = get(trainer_refs, self.timeout_s, "canary (trainer)", self.trainers.names)[0]
-        engines = get(engine_refs, self.timeout_s, "canary (engines)", self.rollouts.names(actors))
+        engines = get(engine_refs, self.timeout_s, "canary (engines)", self.rollouts.names(actors), self.rollouts.frozen)
         if self.canary_bounds is None:
             measured = [compare_logprobs(engine, trainer, raise_on_fail=False) for engine in engines]
             try:

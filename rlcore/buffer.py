@@ -59,6 +59,12 @@ class RolloutBuffer:
         self.acct.generated += samples
         self.acct.in_flight += samples
 
+    def withdraw(self, samples: int) -> None:
+        """Samples requested but taken back before they came (their tasks go to another engine):
+        as if never requested."""
+        self.acct.generated -= samples
+        self.acct.in_flight -= samples
+
     def fail(self, samples: int) -> None:
         """Samples that were in flight and will never arrive (failed request, dead actor)."""
         self.acct.in_flight -= samples
@@ -114,6 +120,14 @@ class RolloutBuffer:
         self.acct.in_flight -= n
         self.acct.trained += n
         return batch
+
+    def put_back(self, batch: list[GroupMeta]) -> None:
+        """A popped batch that was never trained (its trainer died in the step): back at the
+        front, in order, and counted in flight again instead of trained."""
+        n = sum(len(g.samples) for g in batch)
+        self._groups.extendleft(reversed(batch))
+        self.acct.trained -= n
+        self.acct.in_flight += n
 
     def clear(self) -> int:
         """Forget every buffered group without counting it (the caller restores the accounting

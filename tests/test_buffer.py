@@ -93,3 +93,27 @@ def test_broken_accounting_detected():
     acct = Accounting(generated=3, trained=1)
     with pytest.raises(AssertionError):
         acct.check()
+
+
+def test_a_batch_put_back_is_popped_first_and_counted_in_flight_again():
+    """A batch whose train step died (the trainer healed from the engines' weights) is trained
+    again: back at the front, and no longer counted trained."""
+    buf, acct = make(1)
+    groups = [group(0) for _ in range(4)]
+    for g in groups:
+        buf.launched(2)
+        buf.add(g)
+    batch = buf.pop_batch(0, 2)
+    assert acct.trained == 4 and acct.in_flight == 4
+    buf.put_back(batch)
+    assert acct.trained == 0 and acct.in_flight == 8
+    acct.check()
+    assert buf.pop_batch(0, 2) == batch and buf.pop_batch(0, 2) == groups[2:]
+
+
+def test_withdrawn_samples_leave_the_accounting_as_if_never_requested():
+    buf, acct = make(1)
+    buf.launched(8)
+    buf.withdraw(8)
+    assert acct.generated == 0 and acct.in_flight == 0
+    acct.check()

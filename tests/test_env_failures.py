@@ -304,3 +304,17 @@ def test_discard_forgets_what_a_trainer_restart_goes_back_before():
         failures.request_done(groups_of(env, 0, tasks=1, n=2), actor=0, seq=seq)
         assert failures.streak == seq - 9  # the stale result of 12 was not applied
     assert failures.step_metrics()["failed_by_reason"] == {"reward: RuntimeError: broken reward": 6}
+
+
+def test_a_withdrawn_request_lets_the_later_ones_take_their_turn_in_the_streak():
+    """A frozen engine's requests are taken back (their tasks go to another engine): neither a
+    failure nor a success, and without their turn the streak would wait for them forever."""
+    failures = FailureLog(stop_after=2)
+    failures.resume_at(0)
+    failures.request_lost(8, "engine: ActorDiedError", seq=1)
+    failures.request_lost(8, "engine: ActorDiedError", seq=2)
+    assert failures.streak == 0  # both wait for launch number 0
+    failures.request_withdrawn(0)
+    assert failures.streak == 2  # 0 changed nothing; 1 and 2 applied in order
+    with pytest.raises(NoProgress):
+        failures.check()

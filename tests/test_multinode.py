@@ -229,6 +229,61 @@ def test_ray_jobs_to_the_multinode_cluster_followed_to_the_end_and_stopped(role_
     assert "step" in (tmp_path / "follow.out").read_text()  # it streamed the job's log
 
 
+REJOINED = "rollout actor 0 rejoined the weight group"
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(900)
+def test_an_engine_restarts_with_a_real_runs_object_store_setting(role_cluster, tmp_path):
+    """RAY_max_direct_call_object_size=1024 (the role cluster's): constructor arguments over it
+    went through the object store, Ray freed them after the first construction, and every
+    restart of the engine failed (ReferenceCountingAssertionError: "rollout.max_restarts
+    exhausted"). The config now travels in the actors' runtime_env (`actors.actor_config`)."""
+    cluster, out = role_cluster, tmp_path / "run"
+    killed: list[int] = []
+
+    def act(log: str, rows: int) -> None:
+        if not killed and rows >= 2 and (pid := actor_pid(out, "rollout", 0)) is not None:
+            os.kill(pid, signal.SIGKILL)  # the engine's process; its node lives: Ray restarts it there
+            killed.append(pid)
+
+    code, log, rows = run_in_background(cluster, tmp_path, ["steps=8", *LABELS], act)
+    assert killed, log[-3000:]
+    assert code == 0, log[-4000:]
+    assert "ReferenceCountingAssertionError" not in log and "max_restarts exhausted" not in log
+    assert len([ln for ln in log.splitlines() if REJOINED in ln]) == 1, log[-3000:]
+    assert [r["step"] for r in rows] == list(range(1, 9))
+    assert rows[-1]["rollout_restarts"] == 1
+    assert_every_sample_counted(rows)
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(900)
+def test_a_trainer_death_heals_with_nothing_configured_across_nodes(role_cluster, tmp_path):
+    """The default job (checkpoint.interval=0) stopped on a trainer death ("no checkpoint existed
+    to restart it from"): the new rank takes the engines' weights, and no step is lost."""
+    cluster, out = role_cluster, tmp_path / "run"
+    killed: list[int] = []
+
+    def act(log: str, rows: int) -> None:
+        if not killed and rows >= 2 and (pid := trainer_rank_pid(out, 0)) is not None:
+            os.kill(pid, signal.SIGKILL)
+            killed.append(pid)
+
+    code, log, rows = run_in_background(cluster, tmp_path, ["steps=8", *LABELS], act)
+    assert killed, log[-3000:]
+    assert code == 0, log[-4000:]
+    healed = [ln for ln in log.splitlines() if RESTARTED in ln]
+    assert len(healed) == 1 and "from the weights of rollout actor 0" in healed[0], log[-3000:]
+    assert "no step lost; the optimizer state was reset" in healed[0]
+    trainer = cluster.nodes[1].node_id[:8]
+    assert f"trainer restart: 1 rank(s) back on the same node(s) {trainer} (" in log, log[-3000:]
+    print(healed[0].split("; restarted ")[1].split(",")[0], f"(load {os.getloadavg()[0]:.1f})")
+    assert [r["step"] for r in rows] == list(range(1, 9))  # nothing cut back, nothing twice
+    assert rows[-1]["trainer_restarts"] == 1
+    assert_every_sample_counted(rows)
+
+
 def run_in_background(cluster: lc.Cluster, tmp_path: Path, overrides: list[str], act, limit_s: float = 600):
     """`rlcore.run` against `cluster` writing to tmp_path/run, its console to tmp_path/driver.log;
     `act(log, rows)` is called every 0.5 s while it runs (it kills what the test kills). Returns
@@ -267,7 +322,7 @@ default one are never used by them, and only load a busy machine while the nodes
 TRAINER_NODE_STEPS = 10
 HEALS = ["trainer.world_size=2", "trainer.cpus_per_rank=0.5", "checkpoint.interval=2", "algo.max_off_policy_steps=1",
          "sft.warmup_steps=0"]
-RESTARTED = "restarted the trainer group from checkpoint"
+RESTARTED = "restarted the trainer group from"  # the engines' weights (the default) or a checkpoint
 
 
 @pytest.mark.integration
@@ -289,10 +344,12 @@ def test_a_trainer_node_killed_mid_run_restarts_the_trainer_group_on_a_surviving
     assert killed, log[-3000:]
     assert code == 0, log[-4000:]
     survivor = next(n for n in cluster.nodes[1:3] if n is not killed["node"])
-    replaced = [ln for ln in log.splitlines() if "trainer restart: 2 rank(s) re-placed on node(s)" in ln]
-    assert len(replaced) == 1 and f"on node(s) {survivor.node_id[:8]} (" in replaced[0], replaced
+    replaced = [ln for ln in log.splitlines() if "trainer restart: 2 rank(s) re-placed from node(s)" in ln]
+    assert len(replaced) == 1 and f"from node(s) {killed['node'].node_id[:8]} on node(s) {survivor.node_id[:8]} (" \
+        in replaced[0], replaced
     healed = [ln for ln in log.splitlines() if RESTARTED in ln]
     assert len(healed) == 1 and "(trainer restart 1 of 2)" in healed[0], healed
+    assert f"node {killed['node'].node_id[:8]} is dead" in healed[0], healed  # the node is named
     print(f"trainer node {killed['node'].node_id[:8]} killed: trainer group running again on "
           f"{survivor.node_id[:8]} {killed['healed'] - killed['at']:.1f}s after the kill (load "
           f"{os.getloadavg()[0]:.1f}); {healed[0].split('; restarted ')[1].split(';')[0]}")
@@ -302,13 +359,84 @@ def test_a_trainer_node_killed_mid_run_restarts_the_trainer_group_on_a_surviving
     assert all(sum(r["failed_by_reason"].values()) == r["samples_failed_step"] for r in rows)
 
 
+def node_tree(node: lc.Node) -> list[int]:
+    """Every process of a node: its `ray start --block` process and all its descendants."""
+    out, todo = [], [node.pid]
+    while todo:
+        pid = todo.pop()
+        out.append(pid)
+        todo.extend(lc._children(pid))
+    return out
+
+
+FREEZE_S = 30.0
+"""Long enough to be seen (rollout.stall_timeout_s=15), shorter than Ray's own detection of a
+silent node (5 missed health checks of 10 s: about a minute), so the node comes back alive."""
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(1200)
+def test_a_frozen_rollout_node_is_named_in_seconds_its_work_moves_and_its_return_is_quiet(start_cluster, tmp_path):
+    """SIGSTOP of every process of the node of rollout actor 0, SIGCONT 30 s later. Before, the
+    run waited in silence for a weight sync's 120 s (one step of 67.5 s in the issue) or Ray's
+    node death; now the driver names the engine and its node within seconds, the other engine
+    takes its requests, and the engine rejoins once its node answers again."""
+    cluster = start_cluster(roles("driver", "trainer", "rollout", "rollout"), env=NO_PRESTART)
+    frozen: dict = {}
+
+    def act(log: str, rows: int) -> None:
+        if not frozen and rows >= 3:
+            placed = next(ln for ln in log.splitlines() if "placement: rollout group's" in ln)
+            node = node_named(cluster, placed.split("on node(s) ")[1].split(",")[0].strip())  # bundle 0's
+            pids = node_tree(node)
+            for pid in pids:
+                os.kill(pid, signal.SIGSTOP)
+            frozen.update(node=node, pids=pids, at=time.monotonic(), rows_at=rows)
+        elif frozen and "seen" not in frozen and "no progress for" in log:
+            frozen["seen"] = time.monotonic() - frozen["at"]
+        if frozen and "back" not in frozen and time.monotonic() - frozen["at"] >= FREEZE_S:
+            for pid in frozen["pids"]:
+                os.kill(pid, signal.SIGCONT)
+            frozen.update(back=time.monotonic(), steps_while_frozen=rows - frozen["rows_at"])
+
+    try:
+        code, log, rows = run_in_background(cluster, tmp_path, ["steps=60", *LABELS, "rollout.num_actors=2"], act)
+    finally:
+        for pid in frozen.get("pids", []):
+            try:
+                os.kill(pid, signal.SIGCONT)
+            except ProcessLookupError:
+                pass
+    assert frozen, log[-3000:]
+    assert code == 0, log[-4000:]
+    node = frozen["node"].node_id[:8]
+    named = [ln for ln in log.splitlines() if "no progress for" in ln]
+    assert len(named) == 1 and f"rollout actor 0 on node {node}: no progress for" in named[0], named
+    assert "go to the engines that answer (1 serve on)" in named[0], named
+    print(f"frozen node {node} named {frozen['seen']:.1f}s after SIGSTOP (load {os.getloadavg()[0]:.1f}): {named[0]}")
+    assert frozen["seen"] < FREEZE_S, frozen  # seen while still frozen, not when Ray declares it dead
+    assert len([ln for ln in log.splitlines() if "rollout actor 0 rejoined the weight group" in ln]) == 1, log[-3000:]
+    assert "died" not in log.split(named[0])[1], log[-3000:]  # Ray never declared the node dead
+    assert "Traceback" not in log and "Unhandled error" not in log, log[-4000:]  # the return is quiet
+    assert [r["step"] for r in rows] == list(range(1, 61))
+    assert_every_sample_counted(rows)
+    steps = [r["step_time_s"] for r in rows]
+    print(f"longest step {max(steps):.1f}s (step {steps.index(max(steps)) + 1}); median {statistics.median(steps):.2f}s; "
+          f"{frozen['steps_while_frozen']} steps while frozen")
+
+
 CHAOS_STEPS = 14
 
 
 def trainer_rank_pid(out: Path, rank: int) -> int | None:
-    """The process of trainer rank `rank` of the run writing to `out` (its stdout is
-    OUTPUT_DIR/logs/trainer-RANK.log, `actors.logs`)."""
-    log = str(out / "logs" / f"trainer-{rank}.log")
+    """The process of trainer rank `rank` of the run writing to `out`."""
+    return actor_pid(out, "trainer", rank)
+
+
+def actor_pid(out: Path, kind: str, index: int) -> int | None:
+    """The process of actor `kind` `index` of the run writing to `out` (its stdout is
+    OUTPUT_DIR/logs/KIND-INDEX.log, `actors.logs`)."""
+    log = str(out / "logs" / f"{kind}-{index}.log")
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
             if os.readlink(f"/proc/{pid}/fd/1") == log:

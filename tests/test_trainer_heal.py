@@ -1,7 +1,9 @@
-"""A trainer rank killed mid-run: the driver restarts the trainer group from the last checkpoint
-and the run goes on (`actors.recovery`). The run exits normally, metrics.jsonl holds steps 1..N
-once each, the accounting identity holds on every row, and steps after the restart equal a run
-stopped and resumed at that checkpoint (the resume test's exactness)."""
+"""A trainer rank killed mid-run: the driver restarts the trainer group and the run goes on
+(`actors.recovery`). From the last checkpoint (`trainer.heal_from=checkpoint`): the run exits
+normally, metrics.jsonl holds steps 1..N once each, the accounting identity holds on every row,
+and steps after the restart equal a run stopped and resumed at that checkpoint (the resume test's
+exactness). With nothing configured (no checkpoint at all): the new ranks take the engines'
+weights and no step is lost."""
 
 import json
 import threading
@@ -16,12 +18,14 @@ pytestmark = pytest.mark.integration
 
 STEPS = 8
 SYNC = ["algo.max_off_policy_steps=0", "algo.batch_groups=4", "algo.group_size=4", "rollout.tasks_per_request=2",
-        "rollout.sampling.max_new_tokens=8", "logger.console=false", "sft.warmup_steps=0", "checkpoint.interval=2"]
+        "rollout.sampling.max_new_tokens=8", "logger.console=false", "sft.warmup_steps=0", "checkpoint.interval=2",
+        "trainer.heal_from=checkpoint"]
 
 
-def run(overrides, kill_at_version=None):
-    """One in-process run; with `kill_at_version`, trainer rank 0 is killed once the engines
-    serve that version. Returns the driver and the run's history."""
+def run(overrides, kill_at_version=None, kill_at_step=None):
+    """One in-process run; with `kill_at_version` (`kill_at_step`), trainer rank 0 is killed once
+    the engines serve that version (the run has done that many steps). Returns the driver and the
+    run's history."""
     import ray
 
     from actors.driver import Driver
@@ -33,13 +37,14 @@ def run(overrides, kill_at_version=None):
     logger = MetricsLogger(cfg.logger, cfg.output_dir, {}, cfg.steps)
 
     def kill_trainer():
-        while driver.run_state.version < kill_at_version:
+        while (driver.run_state.version < kill_at_version if kill_at_step is None
+               else driver.run_state.step < kill_at_step):
             time.sleep(0.05)
         ray.kill(driver.trainers.handles[0], no_restart=True)
 
     try:
         driver.setup()
-        if kill_at_version is not None:
+        if kill_at_version is not None or kill_at_step is not None:
             threading.Thread(target=kill_trainer, daemon=True).start()
         history = driver.run(logger)
     finally:
@@ -83,3 +88,36 @@ def test_a_killed_trainer_rank_restarts_from_the_checkpoint_and_the_run_goes_on(
         for key in ("loss", "reward_mean", "entropy", "grad_norm", "policy_version", "samples_trained"):
             assert r[key] == pytest.approx(resumed[r["step"]][key], rel=1e-6, abs=1e-9), (r["step"], key)
     assert healed[-1]["samples_generated"] == resumed[STEPS]["samples_generated"]
+
+
+def test_a_killed_trainer_rank_heals_from_the_engines_with_nothing_configured(tmp_path, caplog):
+    """The default job (checkpoint.interval=0: no checkpoint exists) loses neither the run nor a
+    step: before, the death stopped it ('no checkpoint existed to restart it from')."""
+    import ray
+
+    out = tmp_path / "default"
+    ray.init(num_cpus=2, include_dashboard=False, logging_level="WARNING")
+    try:
+        with caplog.at_level("WARNING", logger="rlcore"):
+            driver, history = run([f"output_dir={out}", f"steps={STEPS}", "logger.console=false"], kill_at_step=3)
+    finally:
+        ray.shutdown()
+    assert driver.recovery.restarts == 1 and driver.recovery.source == "engines"
+    step, seconds = driver.recovery.last
+    # no checkpoint to go back to: checkpoint.interval=0 writes only the final one (save_final)
+    assert driver.cfg.checkpoint.interval == 0
+    assert [p.name for p in out.glob("checkpoints/step_*")] == [f"step_{STEPS:08d}"]
+    print(f"trainer recovery from the engines' weights: at step {step} in {seconds:.1f}s")
+    said = [r.getMessage() for r in caplog.records if "restarted the trainer group" in r.getMessage()]
+    assert len(said) == 1 and "from the weights of rollout actor" in said[0], said
+    assert "no step lost; the optimizer state was reset" in said[0], said
+    assert [r["step"] for r in history] == list(range(1, STEPS + 1))
+    healed = [r for r in rows(out) if "loss" in r]
+    assert [r["step"] for r in healed] == list(range(1, STEPS + 1))  # nothing cut back, nothing twice
+    for r in healed:
+        assert r["samples_generated"] == (r["samples_trained"] + r["samples_dropped_stale"] + r["samples_failed"]
+                                          + r["samples_in_flight"] + r["samples_filtered"]), r
+        assert r["trainer_restarts"] == (0 if r["step"] <= step else 1), r
+    # the version follows the optimizer steps: each logged step moved it by one from where it was
+    assert healed[-1]["policy_version"] >= STEPS
+    assert all(r["loss"] == r["loss"] for r in healed)  # finite (not NaN) after the restart

@@ -87,7 +87,12 @@ class TrainerConfig:
     step_timeout_s: float = 600.0
     """Longest a train step may take before the driver stops the run with an error."""
     max_restarts: int = 2
-    """Times a run restarts its trainer group from the last checkpoint after a rank dies (0 = stop)."""
+    """Times a run restarts its trainer group after a rank dies (0 = stop at the first death)."""
+    heal_from: str = "auto"
+    """Where a restarted trainer group's weights come from: `engines` (the last synced version the
+    engines hold; no step lost, the optimizer's moments start again), `checkpoint` (the last one:
+    the steps since it are trained again), or `auto` (the last checkpoint when one exists, else the
+    engines)."""
     lr_schedule: str = "constant"
     """Learning-rate shape after warmup: `constant`, `linear` or `cosine` (decay over `steps`)."""
     warmup_steps: int = 0
@@ -139,6 +144,10 @@ class RolloutConfig(EngineGroupConfig):
     """Sampling parameters."""
     generate_timeout_s: float = 300.0
     """Longest one generate call may take before it is counted failed."""
+    stall_timeout_s: float = 15.0
+    """A serving actor that answers no heartbeat (a call answered between decode steps) for this
+    long is frozen (a stopped process or node): it leaves the serving set, its requests go to the
+    engines that answer, and it rejoins if it answers again (0 = no heartbeats)."""
     stop_after_failed_requests: int = 16
     """Stop the run when this many generate requests in a row failed in every sample (0 = never)."""
     weight_sync_timeout_s: float = 120.0

@@ -44,6 +44,10 @@ BUILTIN_TOKENIZERS = ("char", "bpe")
 MODES = ("rl", "sft", "eval")
 
 
+HEAL_SOURCES = ("auto", "engines", "checkpoint")
+"""Where a restarted trainer group's weights may come from (`trainer.heal_from`)."""
+
+
 def check_min(problems: list, key: str, value, minimum: int, note: str = "") -> None:
     """Append (key, "must be >= minimum, got value") when `value` is below `minimum`."""
     if value is None or value < minimum:
@@ -89,6 +93,8 @@ def problems(cfg: RunConfig) -> list[tuple[str, str]]:
     _positive(out, "trainer.micro_batch_tokens", t.micro_batch_tokens)
     _positive(out, "trainer.step_timeout_s", t.step_timeout_s)
     check_min(out, "trainer.max_restarts", t.max_restarts, 0)
+    if t.heal_from not in HEAL_SOURCES:
+        out.append(("trainer.heal_from", f"unknown source {t.heal_from!r}; choose one of {list(HEAL_SOURCES)}"))
     if len(t.betas) != 2 or not all(0 <= b < 1 for b in t.betas):
         out.append(("trainer.betas", f"needs two values in [0, 1), got {list(t.betas)}"))
     out.extend(trainer_parallel_problems(cfg))
@@ -105,6 +111,7 @@ def problems(cfg: RunConfig) -> list[tuple[str, str]]:
     _positive(out, "rollout.tasks_per_request", r.tasks_per_request)
     _positive(out, "rollout.max_requests_per_actor", r.max_requests_per_actor)
     _positive(out, "rollout.generate_timeout_s", r.generate_timeout_s)
+    check_min(out, "rollout.stall_timeout_s", r.stall_timeout_s, 0)
     check_min(out, "rollout.stop_after_failed_requests", r.stop_after_failed_requests, 0)
     _positive(out, "rollout.weight_sync_timeout_s", r.weight_sync_timeout_s)
     _positive(out, "rollout.sync_bucket_mb", r.sync_bucket_mb)

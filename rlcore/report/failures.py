@@ -111,14 +111,23 @@ class FailureLog:
         if streak:
             self._in_order(seq, True, reasons)
 
-    def _in_order(self, seq: int | None, all_failed: bool, reasons: Counter[str]) -> None:
-        """Apply a request's result to the streak once every request launched before it is in."""
+    def request_withdrawn(self, seq: int | None) -> None:
+        """A request taken back before it answered (its tasks went to another engine): neither a
+        failure nor a success; the requests launched after it take their turn in the streak."""
+        self._in_order(seq, None, Counter())
+
+    def _in_order(self, seq: int | None, all_failed: bool | None, reasons: Counter[str]) -> None:
+        """Apply a request's result to the streak once every request launched before it is in
+        (`all_failed` None: a withdrawn request, which leaves the streak as it is)."""
         if seq is None or self.next_seq is None:
-            self._streak(all_failed, reasons)
+            if all_failed is not None:
+                self._streak(all_failed, reasons)
             return
         self._waiting[seq] = (all_failed, reasons)
         while self.next_seq in self._waiting:
-            self._streak(*self._waiting.pop(self.next_seq))
+            done, counts = self._waiting.pop(self.next_seq)
+            if done is not None:
+                self._streak(done, counts)
             self.next_seq += 1
 
     def _streak(self, all_failed: bool, reasons: Counter[str]) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import datetime
 import math
 import time
+import warnings
 from dataclasses import dataclass
 from typing import Iterator
 
@@ -267,6 +268,30 @@ class TrainerCore:
         """`full_parameters` as aliases of this rank's storage when it holds every parameter
         whole (see `export.whole_parameters`); None otherwise."""
         return export.whole_parameters(self.model)
+
+    def load_full_weights(self, named: dict[str, torch.Tensor], version: int) -> None:
+        """Take full (unsharded) weights by `full_parameters` name as policy `version`, with a
+        fresh optimizer state and the learning-rate schedule at step `version` (a trainer group
+        restarted from the weights its engines hold). Collective. Raises ValueError where those
+        names are not the model's own (LoRA merges adapters, expert parallelism gathers experts)
+        or a parameter is missing or has another shape."""
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+        experts, adapters, merged = export._plan(self.model)
+        if adapters or merged or any(ex.ep_size > 1 for ex in experts.values()):
+            raise ValueError("the engines' weights are merged (LoRA) or gathered (expert parallelism): "
+                             "they cannot be loaded back into the trainer's parameters")
+        for name, shape, _ in self.parameter_metas():
+            if name not in named or tuple(named[name].shape) != tuple(shape):
+                got = tuple(named[name].shape) if name in named else "missing"
+                raise ValueError(f"engine weights: parameter {name} is {got}, the trainer's is {tuple(shape)}")
+        own = set(self.model.state_dict())
+        set_model_state_dict(self.model, {k: v for k, v in named.items() if k in own},
+                             options=StateDictOptions(full_state_dict=True, strict=False))
+        self.version = int(version)
+        with warnings.catch_warnings():  # "scheduler.step() before optimizer.step()": intended here
+            warnings.simplefilter("ignore")
+            for _ in range(self.version):  # the schedule's position is the optimizer-step count
+                self.scheduler.step()
 
     def parameter_metas(self) -> list[tuple[str, tuple[int, ...], str]]:
         """(name, full shape, dtype) of every parameter, in `full_parameters` order."""
