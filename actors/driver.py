@@ -32,12 +32,12 @@ from actors.remote import ActorDied, RunError, failed_names, get, refs_ready, wa
 from actors.rollout_group import RolloutGroup
 from actors.rollout_refs import log_sample_nodes, table_rows
 from actors.run_state import RunState, TaskFeed, groups_allowed_in_flight
+from actors.starts import Starts
 from actors.teacher import TeacherError, TeacherEvents, TeacherStage
 from actors.trainer_group import TrainerGroup
 from actors.weights import WeightSync
 from rlcore.report import samples
 from rlcore.buffer import Accounting, RolloutBuffer
-from rlcore.checkpoint import latest_checkpoint
 from rlcore.config import RunConfig
 from rlcore.engine.registry import weight_transport
 from rlcore.envs import make_env
@@ -49,7 +49,7 @@ from rlcore.report.startup import StartupPhases, process_age
 from rlcore.step import build_step, has_signal
 from rlcore.parallel_dims import shards_per_rank
 from rlcore.transfer import sender_for
-from rlcore.types import GroupMeta, Task
+from rlcore.types import GroupMeta
 
 log = logging.getLogger("rlcore")
 
@@ -87,7 +87,6 @@ class Driver:
         self._train_version = 0  # run.version when the train step in flight began
         self._failed_last = 0
         self.startup = StartupPhases()  # timed start-up phases (progress lines, run summary)
-        self._teacher_phase = None  # the teacher's start, in the background
         self.ready_at: float | None = None  # process age (s) when step 1 began (the start-up figure)
         # renders the canary's task prompts and decodes the samples table (logger.samples_every)
         self.tokenizer = build_tokenizer(cfg.model)
@@ -104,62 +103,16 @@ class Driver:
                                      lambda i: self.rollout_nodes[i][:8] if i < len(self.rollout_nodes) else "?")
         self.weights = WeightSync(cfg, self.trainers, self.rollouts, sender_for(weight_transport(cfg)), run,
                                   self.env, self.tokenizer)
-        # split placement, or colocated engines whose cache bytes the plan fixed: the engines (and a
-        # teacher on its own devices) start meanwhile, through the trainer's start and the SFT
-        # warm-up; the first weight sync waits for all of them
-        teacher_meanwhile = cfg.teacher.enabled and not (self.weights.colocated and cfg.teacher.gpus_per_actor > 0)
-        if teacher_meanwhile:
-            self.launch_teacher()
-        self.weights.start(self.startup)
-        if cfg.teacher.enabled and not teacher_meanwhile:
-            # it shares the engines' and the trainer's GPU and sizes its memory from what they left
-            with self.startup.phase("starting the teacher"):
-                self.teacher = TeacherStage(cfg)
-                try:
-                    self.teacher.start()
-                except TeacherError as exc:
-                    raise RunError(str(exc)) from exc
+        # the engines, the trainer and a teacher start in the order their placement allows
+        self.starts = Starts(cfg, self.weights, self.startup)
+        self.starts.begin()
+        self.teacher = self.starts.teacher
         self.hooks = StepHooks(cfg, run, self.env, self.trainers, self.rollouts, self.weights, self.buffer,
-                               self.startup, self.teacher_tasks)
+                               self.startup, self.starts, self.teacher)
         # fresh: SFT warm-up, then sync version 0; resume: load the checkpoint, sync its weights
-        self.hooks.setup(started=self.started, poll=self.poll_started)
-        self.recovery = TrainerRecovery(cfg, self.trainers, self.rollouts, self.weights, self.hooks, self.buffer,
+        self.hooks.setup()
+        self.recovery = TrainerRecovery(cfg, self.trainers, self.rollouts, self.weights, self.hooks, run, self.buffer,
                                         self.teacher, self.failures)
-
-    def launch_teacher(self) -> None:
-        """Place and start the teacher; its model loads in the background (`poll_started`)."""
-        self.teacher = TeacherStage(self.cfg)
-        try:
-            self.teacher.launch()
-        except TeacherError as exc:
-            raise RunError(str(exc)) from exc
-        self._teacher_phase = self.startup.background("starting the teacher")
-
-    def poll_started(self) -> None:
-        """Never blocks: notes the engines and teacher that came up; one that failed to start
-        stops the run here (RunError) instead of at the first sync."""
-        self.weights.poll()
-        if self._teacher_phase is not None and self._teacher_phase.seconds is None:
-            try:
-                up = self.teacher.poll()
-            except TeacherError as exc:
-                self._teacher_phase.failed()
-                raise RunError(str(exc)) from exc
-            if up:
-                self._teacher_phase.finish()
-
-    def started(self) -> None:
-        """Wait for everything still starting (engines, teacher) and form the weight group."""
-        self.poll_started()
-        if self._teacher_phase is not None and self._teacher_phase.seconds is None:
-            waited = time.perf_counter()
-            try:
-                self.teacher.wait()
-            except TeacherError as exc:
-                self._teacher_phase.failed()
-                raise RunError(str(exc)) from exc
-            self._teacher_phase.finish(time.perf_counter() - waited)
-        self.weights.join(self.startup)
 
     # -- the loop ------------------------------------------------------------------------------
     def run(self, logger: MetricsLogger) -> list[dict[str, Any]]:
@@ -327,7 +280,7 @@ class Driver:
         """Where a stopped run can continue from."""
         if self.hooks is None:
             return "no checkpoint was written yet (set checkpoint.interval to write them)"
-        path = self.hooks.last_checkpoint or latest_checkpoint(self.hooks.writer.root)
+        path = self.hooks.newest_checkpoint()
         if path is None:
             return "no checkpoint was written yet (set checkpoint.interval to write them)"
         return f"last checkpoint: {path}; continue with resume=true"
@@ -376,10 +329,6 @@ class Driver:
         for samples, why in events.failed:
             self.buffer.fail(samples)
             self.failures.request_lost(samples, why, streak=False)  # the teacher stage has its own
-
-    def teacher_tasks(self) -> list[tuple[int, Task]]:
-        """Tasks of the groups waiting for the teacher (a checkpoint puts them back, like generating ones)."""
-        return [(g.stream_index, g.task) for g in self.teacher.groups()] if self.teacher is not None else []
 
     def shutdown(self) -> None:
         if self.teacher is not None:

@@ -3,8 +3,8 @@
 `StepHooks` gets the run state (`actors.run_state.RunState`) and the components it needs, and is
 called by `actors.driver.Driver` at fixed points:
 
-- `setup(started, poll)` (end of `Driver.setup`): a fresh start runs the SFT warm-up if configured
-  (while the engines start, `poll` between steps), waits for them (`started`) and syncs
+- `setup()` (end of `Driver.setup`): a fresh start runs the SFT warm-up if configured
+  (while the engines start, `Starts.poll` between steps), waits for them (`Starts.wait`) and syncs
   its version (0 without one) to the engines; a resume loads the trainer checkpoint (any world
   size), restores the run state, trims metrics rows logged after the checkpoint, and syncs the
   checkpoint's weights;
@@ -33,6 +33,8 @@ from actors.remote import RunError
 from actors.rollout_group import RolloutGroup
 from actors.run_state import RunState
 from actors.sft import warmup
+from actors.starts import Starts
+from actors.teacher import TeacherStage
 from actors.trainer_group import TrainerGroup
 from actors.weights import WeightSync
 from rlcore import checkpoint as ckpt
@@ -41,7 +43,7 @@ from rlcore.config import RunConfig
 from rlcore.config.nodes import config_dict
 from rlcore.storage.rundir import SERIES_FILES
 from rlcore.report.startup import StartupPhases
-from rlcore.types import Task
+
 
 log = logging.getLogger("rlcore")
 
@@ -54,26 +56,37 @@ def append_jsonl(path: Path, row: dict[str, Any]) -> None:
 
 
 class StepHooks:
-    """`teacher_tasks`: (stream index, task) of the groups waiting for the teacher (a checkpoint
-    puts them back like generating ones)."""
+    """`starts`: what is still starting beside the trainer (engines, teacher); `teacher`: the
+    teacher stage, whose waiting groups a checkpoint puts back like generating ones (None
+    without a teacher)."""
 
     def __init__(self, cfg: RunConfig, run: RunState, env, trainers: TrainerGroup, rollouts: RolloutGroup,
-                 weights: WeightSync, buffer: RolloutBuffer, startup: StartupPhases,
-                 teacher_tasks: Callable[[], list[tuple[int, Task]]]):
+                 weights: WeightSync, buffer: RolloutBuffer, startup: StartupPhases, starts: Starts,
+                 teacher: TeacherStage | None):
         self.cfg, self.run, self.env = cfg, run, env
         self.trainers, self.rollouts, self.weights, self.buffer = trainers, rollouts, weights, buffer
-        self.startup, self.teacher_tasks = startup, teacher_tasks
+        self.startup, self.starts, self.teacher = startup, starts, teacher
         self.out = Path(cfg.output_dir)
         self.writer = ckpt.CheckpointWriter(cfg)
         self.evaluator = None
         self.last_checkpoint: Path | None = None
         self.start_step = 0  # the step the run started from (a resume's checkpoint step)
 
+    def newest_checkpoint(self) -> Path | None:
+        """The checkpoint a restart or a resume goes back to: the newest this run saved or
+        resumed from, else the newest complete one in its folder."""
+        return self.last_checkpoint or ckpt.latest_checkpoint(self.writer.root)
+
+    def drop_evaluations(self) -> None:
+        """Forget the evaluation requests in flight (a restart goes back before them)."""
+        if self.evaluator is not None:
+            self.evaluator.drop()
+
     # -- setup / resume ------------------------------------------------------------------------
-    def setup(self, started: Callable[[], None] = lambda: None, poll: Callable[[], None] = lambda: None) -> None:
-        """`started()`: waits for what is still starting (engines, teacher) and forms the weight
-        group, called before the first sync; `poll()`: never blocks, raises if something failed
-        to start, called between SFT warm-up steps (which run while the engines start)."""
+    def setup(self) -> None:
+        """A fresh start or a resume, up to the first weight sync: `starts.poll()` (never blocks,
+        raises if something failed to start) between SFT warm-up steps, which run while the
+        engines start; `starts.wait()` before the first sync."""
         cfg, run, phase = self.cfg, self.run, self.startup.phase
         if cfg.eval.every_n_steps > 0:
             self.evaluator = Evaluator(cfg, self.env, self.rollouts.handles, lambda: self.rollouts.serving)
@@ -88,14 +101,14 @@ class StepHooks:
                          cfg.sft.warmup_steps, cfg.sft.dataset,
                          f", on the trained model.path={cfg.model.path}" if cfg.model.path else "")
                 with phase(f"SFT warm-up ({cfg.sft.warmup_steps} steps)", chatty=True):
-                    version = warmup(cfg, self.trainers, poll)
-            started()
+                    version = warmup(cfg, self.trainers, self.starts.poll)
+            self.starts.wait()
             with phase("first weight sync", chatty=True):
                 self.weights.sync(version)  # engines start from exactly the trainer's weights
             if self.evaluator is not None and cfg.eval.at_start:
                 self.evaluator.launch(0, version)
             return
-        started()
+        self.starts.wait()
         self.load_checkpoint(path)
 
     def load_checkpoint(self, path: Path, phase: Callable | None = None) -> int:
@@ -194,7 +207,8 @@ class StepHooks:
             else:
                 unfinished.append((g.stream_index, g.task))
         unfinished += self.rollouts.unfinished()
-        unfinished += self.teacher_tasks()
+        if self.teacher is not None:
+            unfinished += [(g.stream_index, g.task) for g in self.teacher.groups()]
         return {"kind": "rl", "step": step, "version": run.version, "feed": run.feed.state(unfinished),
                 "request_seq": run.request_seq, "accounting": acct, "rng": ckpt.rng_state(),
                 "engine_rng": self.rollouts.rng_states(), "eval_due": eval_due}

@@ -32,11 +32,11 @@ import time
 from actors.lifecycle import StepHooks
 from actors.remote import ActorDied, RunError
 from actors.rollout_group import RolloutGroup
+from actors.run_state import RunState
 from actors.teacher import TeacherStage
 from actors.trainer_group import TrainerGroup
 from actors.weights import WeightSync
 from rlcore.buffer import RolloutBuffer
-from rlcore.checkpoint import latest_checkpoint
 from rlcore.config import RunConfig
 from rlcore.report.console import one_line
 from rlcore.report.failures import FailureLog
@@ -70,9 +70,10 @@ class TrainerRecovery:
     counters were cut back with it)."""
 
     def __init__(self, cfg: RunConfig, trainers: TrainerGroup, rollouts: RolloutGroup, weights: WeightSync,
-                 hooks: StepHooks, buffer: RolloutBuffer, teacher: TeacherStage | None, failures: FailureLog):
+                 hooks: StepHooks, run: RunState, buffer: RolloutBuffer, teacher: TeacherStage | None,
+                 failures: FailureLog):
         self.cfg, self.trainers, self.rollouts, self.weights = cfg, trainers, rollouts, weights
-        self.hooks, self.buffer, self.teacher, self.failures = hooks, buffer, teacher, failures
+        self.hooks, self.run, self.buffer, self.teacher, self.failures = hooks, run, buffer, teacher, failures
         self.restarts = 0
         self.rewound = False
         self.last: tuple[int, float] | None = None  # (step continued from, seconds) of the latest restart
@@ -80,7 +81,7 @@ class TrainerRecovery:
 
     def checkpoint(self):
         """The checkpoint a restart goes back to: the newest this run saved or resumed from."""
-        return self.hooks.last_checkpoint or latest_checkpoint(self.hooks.writer.root)
+        return self.hooks.newest_checkpoint()
 
     def stop(self, exc: RunError, why: str) -> RunError:
         """The error that ends the run: why the trainer was not restarted first, then the death."""
@@ -101,7 +102,7 @@ class TrainerRecovery:
             raise exc
         if self.restarts >= limit:
             raise self.stop(exc, f"trainer.max_restarts={limit} restart(s) used")
-        run = self.hooks.run
+        run = self.run
         start, at_step, at_version = time.perf_counter(), run.step, run.version
         path, mode = self.checkpoint(), self.cfg.trainer.heal_from
         if mode == "checkpoint" and path is None:
@@ -176,6 +177,5 @@ class TrainerRecovery:
         if self.teacher is not None:
             dropped += self.teacher.waiting_samples()
             self.teacher.drop()
-        if self.hooks.evaluator is not None:
-            self.hooks.evaluator.drop()
+        self.hooks.drop_evaluations()
         return dropped

@@ -253,6 +253,15 @@ class RolloutGroup:
         """Never blocks: the restarted actors ready to join (see `Members.poll`)."""
         return self.members.poll()
 
+    @property
+    def needs_reform(self) -> bool:
+        """A member left since the weight group was formed: re-form it before the next sync."""
+        return self.members.reform
+
+    def group_formed(self) -> None:
+        """The weight group was formed over the serving actors (`WeightSync.form`)."""
+        self.members.reform = False
+
     def admit(self, actors: list[int]) -> list[int]:
         """`actors` hold the current weights in the re-formed group: they serve again."""
         return self.members.admit(actors)

@@ -16,7 +16,7 @@ import torch
 from actors.logs import redirect_output
 from rlcore.checkpoint import load_trainer, save_trainer
 from rlcore.config import RunConfig
-from rlcore.engine.registry import sleep_level, tensor_parallel_size, weight_transport
+from rlcore.engine.registry import tensor_parallel_size, weight_transport
 from rlcore.packing import MicroBatch
 from rlcore.step import RankWork, rank_micro_batches, rank_sample_versions
 from rlcore.transfer import make_sender, sender_for, transfer_options, world_size
@@ -77,14 +77,16 @@ class TrainerRank:
         current weights (collective: every rank runs the same forward; rank 0's answer is used)."""
         return self.core.score_pairs(pairs)
 
-    def train_step(self, work: RankWork, normalizer: float) -> dict:
+    def train_step(self, work: RankWork, normalizer: float, release_memory: bool = False) -> dict:
         """One optimizer step (collective) on this rank's part of the batch: fetch the token data
         of its samples from the object store (the refs in `work.data`, nested so that Ray hands
         them over unresolved; bounded by `trainer.step_timeout_s`), pack them by the driver's
         plan (`rlcore.step.rank_micro_batches`), and train. `train_fetch_s`: the fetch and packing
         seconds (outside `train_time_s`). Colocated, the new weights are also written into this
         rank's IPC buffer before returning (`weights_pushed`, as `push_weights` returns it): the
-        driver's sync is then one call, the engines' receive."""
+        driver's sync is then one call, the engines' receive. `release_memory`: hand the caching
+        allocator's free blocks back after the step (an engine asleep on this GPU wakes into them;
+        the placement's decision, `WeightSync`'s)."""
         start = time.perf_counter()
         data = ray.get(work.data, timeout=self.cfg.trainer.step_timeout_s)
         micro_batches = rank_micro_batches(work, data)
@@ -98,9 +100,8 @@ class TrainerRank:
             free, total = torch.cuda.mem_get_info()
             memory = {"trainer_peak_gib": torch.cuda.max_memory_reserved() / 2**30,
                       "gpu_used_gib": (total - free) / 2**30}  # every process on this GPU
-            if sleep_level(self.cfg.rollout):
-                from rlcore.engine.vllm.vllm_colocated import free_cached_memory
-                free_cached_memory()  # the engine on this GPU wakes into the memory the step used
+            if release_memory:
+                torch.cuda.empty_cache()  # the caching allocator's free blocks back to the driver
         return {**result.metrics, **memory, **pushed, "version": result.version, "lr": result.lr,
                 "train_fetch_s": fetch_s}
 

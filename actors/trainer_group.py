@@ -56,6 +56,7 @@ class TrainerGroup:
         self.cfg, self.pg, self.gpus_per_rank = cfg, pg, gpus_per_rank
         self.timeout_s = cfg.trainer.step_timeout_s
         self.names = [f"trainer rank {i}" for i in range(cfg.trainer.world_size)]
+        self._release_memory = False  # `release_memory_after_steps`
         self.handles = self._spawn()
 
     def __len__(self) -> int:
@@ -144,7 +145,12 @@ class TrainerGroup:
     def launch_step(self, works: list, normalizer: float) -> list:
         """Start one RL optimizer step: rank i trains on `works[i]` (`rlcore.step.RankWork`).
         Returns the refs to wait on (`step_done`, `finish_step`)."""
-        return [h.train_step.remote(w, normalizer) for h, w in zip(self.handles, works)]
+        return [h.train_step.remote(w, normalizer, self._release_memory) for h, w in zip(self.handles, works)]
+
+    def release_memory_after_steps(self) -> None:
+        """From now on each rank hands its cached GPU memory back after a step: the placement
+        (`WeightSync`, an engine asleep on the same GPU) asks for it."""
+        self._release_memory = True
 
     @staticmethod
     def step_done(refs: list) -> bool:

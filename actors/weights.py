@@ -59,6 +59,8 @@ class WeightSync:
         self.timeout_s = cfg.rollout.weight_sync_timeout_s
         self.colocated = cfg.placement == "colocated"
         self.sleep_level = sleep_level(cfg.rollout) if self.colocated else 0
+        if self.sleep_level:  # the engine sleeping on each rank's GPU wakes into the memory a step used
+            trainers.release_memory_after_steps()
         self.plan: SyncPlan | None = None
         self._canary_pairs: list[tuple[list[int], list[int]]] | None = None
         self.canary_bounds: CanaryBounds | None = None
@@ -68,6 +70,11 @@ class WeightSync:
         self._joined = False
 
     # -- start-up ------------------------------------------------------------------------------
+    def teacher_starts_meanwhile(self) -> bool:
+        """Whether a teacher may start while the engines and the trainer start: not on the GPUs a
+        colocated trainer and engine share, where it sizes its memory from what they left."""
+        return not (self.colocated and self.cfg.teacher.gpus_per_actor > 0)
+
     def start(self, startup: StartupPhases) -> None:
         """Start the trainer group while the engines start, in the order the placement needs, and
         plan the buckets; `join` then waits for the engines and forms the group.
@@ -147,7 +154,7 @@ class WeightSync:
             address, port = t.weight_address()
             get(t.init_weight_group(address, port, self.plan, len(actors)) + r.join_group(actors, address, port, self.plan),
                 self.timeout_s, "weight group init", t.names + r.names(actors))
-        self.rollouts.members.reform = False
+        self.rollouts.group_formed()
 
     # -- around a train step (the hybrid schedule of a colocated run) --------------------------
     def before_train(self) -> dict[str, float]:
@@ -165,7 +172,7 @@ class WeightSync:
         sync retried once); nothing waits for its restart. `pushed`: the trainer ranks' results
         when their step already wrote `version` into the transport's buffers."""
         self.rollouts.watch(BEFORE_SYNC_S)  # an engine frozen now would hold the collective: it leaves first
-        return self._reform_and_sync(version, self.rollouts.serving, self.rollouts.members.reform, pushed)
+        return self._reform_and_sync(version, self.rollouts.serving, self.rollouts.needs_reform, pushed)
 
     def admit_restarted(self) -> list[int]:
         """Call only while no train step runs (the trainer must join the group). Restarted

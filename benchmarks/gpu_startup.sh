@@ -17,7 +17,7 @@ export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0
 export RLCORE_CACHE_DIR=/tmp/rlcore-startup-cache
 unset VLLM_CACHE_ROOT
 rm -rf "$RLCORE_CACHE_DIR"
-python -c "from rlcore.run import compose; from rlcore.models.shipped import resolve
+python -c "from rlcore.plan.compose import compose; from rlcore.models.shipped import resolve
 print('model:', resolve(compose(['+recipe=reverse_text_smollm2', 'output_dir=/tmp/rlcore-startup/x']).model).path)" \
   2>&1 | tail -1 | tee "$OUT/model.log"
 W=/tmp/rlcore-startup

@@ -14,10 +14,9 @@ from rlcore.plan.compose import compose
 
 def recovery(tmp_path: Path, *overrides: str, checkpoint: Path | None = None) -> TrainerRecovery:
     cfg = compose([f"output_dir={tmp_path}", *overrides])
-    # only what the decision reads: the checkpoint this run saved, and where it saves them
-    hooks = SimpleNamespace(last_checkpoint=checkpoint, writer=SimpleNamespace(root=tmp_path / "checkpoints"),
-                            run=SimpleNamespace(step=3, version=3))
-    return TrainerRecovery(cfg, None, None, None, hooks, None, None, FailureLog(0))
+    # only what the decision reads: the checkpoint to go back to, and where the run stands
+    hooks = SimpleNamespace(newest_checkpoint=lambda: checkpoint)
+    return TrainerRecovery(cfg, None, None, None, hooks, SimpleNamespace(step=3, version=3), None, None, FailureLog(0))
 
 
 def trainer_died() -> ActorDied:

@@ -29,6 +29,14 @@ class Trainers:
 class Rollouts:
     def __init__(self):
         self.opened, self.joined = None, None
+        self.needs_reform = True
+
+    def group_formed(self):
+        self.needs_reform = False
+
+    @staticmethod
+    def frozen():
+        return []
 
     def __len__(self):
         return 2
@@ -58,7 +66,7 @@ def calls(monkeypatch):
     """Each `get` of the sync: (what, participant names); refs are the values themselves."""
     seen = []
 
-    def get(refs, timeout_s, what, names=None):
+    def get(refs, timeout_s, what, names=None, stalled=None):
         seen.append((what, list(names or [])))
         return refs
     monkeypatch.setattr(weights_mod, "get", get)
@@ -68,7 +76,6 @@ def calls(monkeypatch):
 def make(transport):
     s = WeightSync.__new__(WeightSync)
     s.trainers, s.rollouts, s.transport, s.timeout_s, s.plan = Trainers(), Rollouts(), transport, 5.0, None
-    s.rollouts.members = type("M", (), {"reform": True})()
     return s
 
 
@@ -94,7 +101,7 @@ def test_what_the_train_step_pushed_leaves_the_engines_receive_alone(calls):
 def test_every_rank_means_engine_i_opens_rank_i_s_buffer_else_rank_0_s(calls):
     s = make(flags(True, True))
     s.form([0, 1])
-    assert s.rollouts.opened == [(0, "handle0"), (1, "handle1")] and not s.rollouts.members.reform
+    assert s.rollouts.opened == [(0, "handle0"), (1, "handle1")] and not s.rollouts.needs_reform
     s = make(flags(True, False))
     s.form([1])
     assert s.rollouts.opened == [(1, "handle0")]

@@ -93,9 +93,3 @@ class ColocatedEngine:
         self._call(self._llm.wake_up(), self.rpc_timeout_s, "wake_up")
         return time.perf_counter() - t
 
-
-def free_cached_memory() -> None:
-    """Trainer side of sleep mode: hand the caching allocator's free blocks back to the driver so
-    a waking engine can map its memory again."""
-    if torch.cuda.is_available():
-        torch.cuda.empty_cache()
