@@ -263,7 +263,7 @@ class Driver:
         result = self.trainers.finish_step(train, state.step + 1)
         state.metrics.update(result.metrics)
         state.metrics.update(self.weights.after_train())  # e.g. the engines wake on a shared GPU
-        state.metrics.update(self.weights.sync(result.version, result.pushed))
+        state.metrics.update(self.weights.sync(result.version))
 
     def log_step(self, record: dict[str, Any], state: StepState, logger: MetricsLogger) -> None:
         logger.log(record)

@@ -29,8 +29,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 from actors.evaluation import Evaluator
-from actors.remote import RunError
 from actors.rollout_group import RolloutGroup
+from actors.resume import resume_from
 from actors.run_state import RunState
 from actors.sft import warmup
 from actors.starts import Starts
@@ -40,7 +40,6 @@ from actors.weights import WeightSync
 from rlcore import checkpoint as ckpt
 from rlcore.buffer import RolloutBuffer
 from rlcore.config import RunConfig
-from rlcore.config.nodes import config_dict
 from rlcore.storage.rundir import SERIES_FILES
 from rlcore.report.startup import StartupPhases
 
@@ -120,13 +119,8 @@ class StepHooks:
         (`actors.recovery`) calls it too, on a freshly started trainer group, with its own
         `phase` timer (default: the start-up phases')."""
         cfg, run, phase = self.cfg, self.run, phase or self.startup.phase
-        state = ckpt.load_driver_state(path)
-        if state.get("kind") != "rl":
-            raise RunError(f"checkpoint.resume: {path} is a {state.get('kind')!r} checkpoint, not an RL one; to "
-                           f"start RL from it, export it (python -m rlcore.export {path} OUT) and set model.path=OUT")
-        self._warn_config_changes(path)
-        with phase("loading the checkpoint"):
-            version = self.trainers.load(path)
+        state, version = resume_from(path, "rl", cfg, self.trainers, SERIES_FILES, phase,
+                                     lambda s: bool(s.get("eval_due")) and self.evaluator is not None)
         step = int(state["step"])
         run.step = self.start_step = step
         run.feed.restore(state["feed"])
@@ -137,12 +131,7 @@ class StepHooks:
         run.acct.in_flight = 0
         run.request_seq = int(state["request_seq"])
         run.restore_cursor(cfg.rollout.num_actors)
-        ckpt.set_rng_state(state["rng"])
         eval_due = bool(state.get("eval_due")) and self.evaluator is not None
-        for name in SERIES_FILES:
-            removed = ckpt.truncate_series(self.out / name, step, drop_eval_at_step=eval_due)
-            if removed:
-                log.info("resume: dropped %d rows of %s logged after step %d", removed, name, step)
         with phase("first weight sync"):
             self.weights.sync(version)
         self.rollouts.set_rng_states(state.get("engine_rng") or [])
@@ -151,15 +140,6 @@ class StepHooks:
         if eval_due:  # its result was not logged before the stop: evaluate this policy again
             self.evaluator.launch(step, run.version)
         return step
-
-    def _warn_config_changes(self, path: Path) -> None:
-        try:
-            changed = ckpt.config_differences(ckpt.read_meta(path).get("config") or {}, config_dict(self.cfg))
-        except Exception:  # an unreadable meta is not a reason to refuse a resume
-            return
-        if changed:
-            log.warning("resume: config differs from the checkpoint's in %s%s", ", ".join(changed[:8]),
-                        " ..." if len(changed) > 8 else "")
 
     # -- between steps -------------------------------------------------------------------------
     def after_step(self, step: int, state, logger) -> None:

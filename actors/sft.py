@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from actors.groups import place
-from actors.remote import RunError
+from actors.resume import resume_from
 from actors.trainer_group import TrainerGroup
 from rlcore import checkpoint as ckpt
 from rlcore.checkpoint import CheckpointWriter
@@ -65,18 +65,12 @@ class SFTDriver:
         path = ckpt.resolve_resume(cfg)
         if path is None:
             return
-        state = ckpt.load_driver_state(path)
-        if state.get("kind") != "sft":
-            raise RunError(f"checkpoint.resume: {path} is a {state.get('kind')!r} checkpoint, not an SFT one")
+        state, _ = resume_from(path, "sft", cfg, self.trainers, ("metrics.jsonl",))
         if state.get("num_examples") != len(self.data.samples):
             log.warning("resume: the dataset has %d examples, the checkpoint's had %s: the data order differs",
                         len(self.data.samples), state.get("num_examples"))
-        self.trainers.load(path)
         self.start_step = int(state["step"])
-        ckpt.set_rng_state(state["rng"])
-        removed = ckpt.truncate_series(Path(cfg.output_dir) / "metrics.jsonl", self.start_step)
-        log.info("resumed SFT from %s at step %d%s", path, self.start_step,
-                 f" (dropped {removed} metrics rows logged after it)" if removed else "")
+        log.info("resumed SFT from %s at step %d", path, self.start_step)
 
     def step_shards(self, step: int):
         return step_shards(self.cfg, self.data, step)

@@ -37,11 +37,9 @@ CLOSE_TIMEOUT_S = 30.0
 
 @dataclass
 class TrainResult:
-    """A finished train step: rank 0's metrics (with `version`), and, when the step also wrote the
-    new weights into the transport's buffers (a buffered transport), every rank's push result."""
+    """A finished train step: rank 0's metrics (with `version`)."""
 
     metrics: dict[str, Any]
-    pushed: list[dict] | None
 
     @property
     def version(self) -> int:
@@ -57,6 +55,7 @@ class TrainerGroup:
         self.timeout_s = cfg.trainer.step_timeout_s
         self.names = [f"trainer rank {i}" for i in range(cfg.trainer.world_size)]
         self._release_memory = False  # `release_memory_after_steps`
+        self._pushed: tuple[int, list[dict]] | None = None  # (version, push results): `take_pushed`
         self.handles = self._spawn()
 
     def __len__(self) -> int:
@@ -98,6 +97,7 @@ class TrainerGroup:
         still looks ready there and new ranks die again (or never start). So the start is retried
         until it succeeds, within `cluster.placement_timeout_s` from the first attempt; one log
         line names the nodes the ranks run on."""
+        self._pushed = None  # the dead group's buffers are gone with it
         wait_s = self.cfg.cluster.placement_timeout_s
         before = self.nodes()
         began = time.monotonic()
@@ -160,8 +160,17 @@ class TrainerGroup:
     def finish_step(self, refs: list, step: int) -> TrainResult:
         """The result of the launched step `step` (1-based, for messages)."""
         results = self._get(refs, f"train step {step}")
+        # a buffered transport: the step also wrote the new weights into the buffers; kept here for
+        # the sync (`take_pushed`), which then only has the engines read them
         pushed = [r.pop("weights_pushed") for r in results] if "weights_pushed" in results[0] else None
-        return TrainResult(results[0], pushed)
+        self._pushed = (int(results[0]["version"]), pushed) if pushed is not None else None
+        return TrainResult(results[0])
+
+    def take_pushed(self, version: int) -> list[dict] | None:
+        """Every rank's push result when the last finished step wrote `version` into the
+        transport's buffers; None otherwise (another version, a restart since, or taken already)."""
+        held, self._pushed = self._pushed, None
+        return held[1] if held is not None and held[0] == version else None
 
     def step(self, works: list, normalizer: float, step: int) -> TrainResult:
         """`launch_step` then `finish_step` (blocking)."""

@@ -166,13 +166,14 @@ class WeightSync:
         return {"wake_s": self.rollouts.wake(self.timeout_s)} if self.sleep_level else {}
 
     # -- syncs ---------------------------------------------------------------------------------
-    def sync(self, version: int, pushed: list[dict] | None = None) -> dict[str, float]:
+    def sync(self, version: int) -> dict[str, float]:
         """Push the trainer's weights to every serving engine as `version`; returns timing
         metrics. An engine that died leaves (the group is re-formed from the others, and the
-        sync retried once); nothing waits for its restart. `pushed`: the trainer ranks' results
-        when their step already wrote `version` into the transport's buffers."""
+        sync retried once); nothing waits for its restart. When the step already wrote `version`
+        into the transport's buffers (`TrainerGroup.take_pushed`), only the engines read them."""
         self.rollouts.watch(BEFORE_SYNC_S)  # an engine frozen now would hold the collective: it leaves first
-        return self._reform_and_sync(version, self.rollouts.serving, self.rollouts.needs_reform, pushed)
+        return self._reform_and_sync(version, self.rollouts.serving, self.rollouts.needs_reform,
+                                     self.trainers.take_pushed(version))
 
     def admit_restarted(self) -> list[int]:
         """Call only while no train step runs (the trainer must join the group). Restarted

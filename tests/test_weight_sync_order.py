@@ -113,3 +113,18 @@ def test_a_collective_group_forms_on_a_rendezvous_with_the_serving_engines_in_sl
     assert s.rollouts.joined == ([2, 0], "10.0.0.1", 1234)
     assert calls == [("weight group init", ["trainer rank 0", "trainer rank 1", "rollout actor 2",
                                             "rollout actor 0"])]
+
+
+def test_a_sync_reads_only_the_push_of_the_step_that_made_its_version():
+    """A buffered transport's step writes the weights into the buffers; the sync of that version
+    reads them once. A later sync (a resume's, a recovery's) of another version pushes anew."""
+    from actors.trainer_group import TrainerGroup
+    group = TrainerGroup.__new__(TrainerGroup)
+    group._pushed = None
+    group._get = lambda refs, what: [{"version": 4, "loss": 0.5, "weights_pushed": {"rank": i}} for i in range(2)]
+    result = group.finish_step(["ref0", "ref1"], 4)
+    assert result.metrics == {"version": 4, "loss": 0.5} and result.version == 4
+    assert group.take_pushed(3) is None  # another version: not this step's buffers
+    group.finish_step(["ref0", "ref1"], 4)
+    assert group.take_pushed(4) == [{"rank": 0}, {"rank": 1}]
+    assert group.take_pushed(4) is None  # read once
