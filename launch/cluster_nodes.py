@@ -232,7 +232,8 @@ def start(specs: Sequence[NodeSpec], timeout_s: float = 180.0, env: Optional[dic
     return cluster
 
 
-def _children(pid: int) -> list[int]:
+def child_pids(pid: int) -> list[int]:
+    """The pids whose parent is `pid` (from /proc)."""
     out = []
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
@@ -247,7 +248,7 @@ def _children(pid: int) -> list[int]:
 
 def raylet_pid(node: Node) -> Optional[int]:
     """The pid of the node's raylet (a child of its `ray start --block` process), None when gone."""
-    for child in _children(node.pid):
+    for child in child_pids(node.pid):
         try:
             if Path(f"/proc/{child}/comm").read_text().strip() == "raylet":
                 return child

@@ -23,6 +23,7 @@ from pathlib import Path
 import pytest
 
 from launch import local_cluster as lc
+from launch.cluster_nodes import child_pids
 
 REPO = Path(__file__).resolve().parent.parent
 LABELS = ["cluster.trainer_node_labels.rlcore-group=trainer", "cluster.rollout_node_labels.rlcore-group=rollout"]
@@ -365,7 +366,7 @@ def node_tree(node: lc.Node) -> list[int]:
     while todo:
         pid = todo.pop()
         out.append(pid)
-        todo.extend(lc._children(pid))
+        todo.extend(child_pids(pid))
     return out
 
 
