@@ -27,6 +27,8 @@ from pathlib import Path
 
 import pytest
 
+from launch.cluster_nodes import _under as processes_under
+
 from launch import submit
 
 REPO = Path(__file__).resolve().parent.parent
@@ -299,18 +301,7 @@ class LocalHead:
         return self.log_path.read_text()[-3000:]
 
     def _ours(self) -> list[int]:
-        pids = []
-        for entry in Path("/proc").iterdir():
-            if not entry.name.isdigit() or int(entry.name) == os.getpid():
-                continue
-            try:
-                cmdline = (entry / "cmdline").read_bytes().decode(errors="replace")
-                cwd = os.readlink(entry / "cwd")
-            except OSError:
-                continue
-            if self.temp_dir in cmdline or cwd.startswith(self.temp_dir):
-                pids.append(int(entry.name))
-        return pids
+        return processes_under(self.temp_dir)  # the local cluster's own rule for its processes
 
     def stop(self) -> None:
         try:
