@@ -13,7 +13,7 @@ import os
 import sys
 from pathlib import Path
 
-from rlcore.report.console import actor_log_path
+from rlcore.report.console import ACTOR_LOG_DIR, actor_log_path
 
 # settings for every actor process; passed through the actors' runtime_env
 QUIET_ENV = {
@@ -40,4 +40,39 @@ def redirect_output(output_dir: str, kind: str, index: int) -> Path:
     os.dup2(fd, 1)
     os.dup2(fd, 2)
     os.close(fd)
+    return path
+
+
+CLUSTER_ERRORS = "ray-errors.log"
+"""File under OUTPUT_DIR/logs/ that holds the cluster's own error reports (`route_cluster_errors`)."""
+
+
+def route_cluster_errors(output_dir: str) -> Path | None:
+    """Ray's driver prints each error report the cluster publishes (a node declared dead, a
+    worker killed, a raylet's stack trace) to the console in full, whatever `log_to_driver` says:
+    a frozen node's return used to leave two 20-line raylet tracebacks among the run's lines.
+    Here each report's whole text goes to OUTPUT_DIR/logs/ray-errors.log and the console gets one
+    line (the driver names the fault itself, as its own lines do). Ray's other output is left as
+    it is. Returns the file, or None where this Ray has no such printer (left unchanged)."""
+    import logging
+
+    import ray._private.worker as ray_worker
+    printer = getattr(ray_worker, "print_to_stdstream", None)
+    if printer is None:
+        return None
+    original = getattr(printer, "rlcore_original", printer)
+    path = Path(output_dir) / ACTOR_LOG_DIR / CLUSTER_ERRORS
+    log = logging.getLogger("rlcore")
+
+    def routed(data, *args, **kwargs):
+        if data.get("pid") != "raylet":  # a worker's own output: Ray's handling
+            return original(data, *args, **kwargs)
+        text = "\n".join(str(line) for line in data.get("lines", []))
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with path.open("a") as f:
+            f.write(text.rstrip("\n") + "\n\n")
+        first = next((line.strip() for line in text.splitlines() if line.strip()), "(empty)")
+        log.info("Ray reported: %s (whole report: %s)", first[:200], path)
+    routed.rlcore_original = original
+    ray_worker.print_to_stdstream = routed
     return path

@@ -8,6 +8,7 @@ import logging
 import os
 from pathlib import Path
 
+from actors.logs import route_cluster_errors
 from rlcore.config import ClusterConfig, RunConfig
 from rlcore.plan.node_fit import NodeCapacity
 from rlcore.plan.overrides import one_line
@@ -56,6 +57,7 @@ def start_ray(cfg: RunConfig) -> None:
     for attempt in range(1, attempts + 1):
         try:
             ray.init(**kwargs)
+            route_cluster_errors(cfg.output_dir)
             return
         except Exception as exc:  # Ray raises plain Exception, RuntimeError, ConnectionError here
             why = one_line(exc)

@@ -52,6 +52,9 @@ class WeightSync:
     """`transport`: the run's sender class (its `buffered` / `every_rank` flags order the calls).
     `env`, `tokenizer`: where the canary's prompts come from. Sets `run.version` after a sync."""
 
+    _group: tuple[str, int] | None = None
+    """The collective transport's rendezvous of the group formed last (`_give_up` ends it)."""
+
     def __init__(self, cfg: RunConfig, trainers: TrainerGroup, rollouts: RolloutGroup, transport: type[Sender],
                  run: RunState, env, tokenizer):
         self.cfg, self.trainers, self.rollouts, self.transport, self.run = cfg, trainers, rollouts, transport, run
@@ -152,6 +155,7 @@ class WeightSync:
                 r.names(actors))
         elif actors:
             address, port = t.weight_address()
+            self._group = (address, port)
             get(t.init_weight_group(address, port, self.plan, len(actors)) + r.join_group(actors, address, port, self.plan),
                 self.timeout_s, "weight group init", t.names + r.names(actors))
         self.rollouts.group_formed()
@@ -201,6 +205,7 @@ class WeightSync:
                     self.form(actors)
                 return self._sync(version, actors, pushed)
             except RunError as exc:
+                self._give_up()
                 if attempt == 2 or (isinstance(exc, ActorDied) and any(d.startswith("trainer") for d in exc.dead)):
                     raise  # only engines can be replaced
                 # engines the failed call saw die need no probe: a restarting actor answers the
@@ -223,6 +228,15 @@ class WeightSync:
                     self.rollouts.engine_lost(i, float("inf"), exc.how if i in died else None)
                 actors, reform = [i for i in actors if i not in dead], True
         raise AssertionError("unreachable")
+
+    def _give_up(self) -> None:
+        """The members still waiting in the failed operation (the trainer's send or rendezvous,
+        the engines that answer) give it up now (`Sender.abort`) instead of at its deadline: the
+        trainer rank is then free for the re-formed group's calls, which Ray queues behind it."""
+        if self._group is not None:
+            if not self.transport.abort(*self._group):
+                log.debug("weight group %s:%d: abort not delivered", *self._group)
+            self._group = None
 
     def _send(self, version: int, actors: list[int], pushed: list[dict] | None) -> list[dict]:
         """The trainer ranks' then the engines' results of one sync, in the transport's order."""

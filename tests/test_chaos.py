@@ -1,10 +1,10 @@
 """Chaos (issue 22): the default job with rewards that raise, hang, busy-loop, return junk and
-print megabytes, plus a rollout actor killed (SIGKILL) twice. Both runs are whole
-`python -m rlcore.run` processes timed from start to exit, one after the other on the same
-machine: the chaos run finishes within 2.6x the clean run's time (a coarse guard; the issue's
-2x is measured, see the assertion's comment), the sample identity holds on
-every row, every failure is counted under its reason, and reward still rises. A reward that
-always raises stops the run with one line instead of spinning."""
+print megabytes, plus a rollout actor killed (SIGKILL) twice, as a whole `python -m rlcore.run`
+process: every step is trained once, no step waits for a deadline (a weight-group operation
+held by the dead engine is given up, `rlcore.transfer.broadcast.abort`), the sample identity
+holds on every row, every failure is counted under its reason, and reward still rises. A reward
+that always raises stops the run with one line instead of spinning. What the faults cost against
+a clean run is a benchmark's figure (`benchmarks/chaos_overhead.py`), not asserted here."""
 
 import json
 import os
@@ -21,7 +21,7 @@ import pytest
 
 pytestmark = pytest.mark.integration
 REPO = Path(__file__).resolve().parent.parent
-STEPS = 14
+STEPS = 24  # room for two restarts (a new process: Python, torch, the model) on a loaded machine
 # A reverse_text reward takes well under a millisecond: 0.2 s is still hundreds of times that, and
 # it bounds what each hung or busy-looping reward costs its request (a busy loop in a thread holds
 # the GIL against the engine's decode steps until its deadline)
@@ -31,17 +31,21 @@ COMMON = [f"steps={STEPS}", "rollout.num_actors=2", "rollout.cpus_per_actor=0.5"
 
 
 def rollout_actor_pid(out: Path, index: int, not_pid: int | None) -> int | None:
-    """The process of rollout actor `index` of the run writing to `out`: the one whose stdout
-    is OUTPUT_DIR/logs/rollout-INDEX.log (actors.logs; a path no other run shares), other than
+    """The process of rollout actor `index` of the run writing to `out`: of the processes whose
+    stdout is OUTPUT_DIR/logs/rollout-INDEX.log (actors.logs; a path no other run shares), the
+    one whose parent is not one of them (its reward workers inherit that stdout), other than
     `not_pid`."""
     log = str(out / "logs" / f"rollout-{index}.log")
+    writers: dict[int, int] = {}  # pid -> parent pid
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
-            if int(pid) != not_pid and os.readlink(f"/proc/{pid}/fd/1") == log:
-                return int(pid)
-        except OSError:  # gone, or not ours to read
+            if os.readlink(f"/proc/{pid}/fd/1") == log:
+                stat = Path(f"/proc/{pid}/stat").read_text()
+                writers[int(pid)] = int(stat[stat.rindex(")") + 2:].split()[1])
+        except (OSError, ValueError):  # gone, or not ours to read
             continue
-    return None
+    tops = [pid for pid, parent in writers.items() if parent not in writers and pid != not_pid]
+    return tops[0] if len(tops) == 1 else None
 
 
 def run_job(tmp_path, name, overrides, kill_at: int = 0, kills: int = 0):
@@ -87,32 +91,24 @@ def run_job(tmp_path, name, overrides, kill_at: int = 0, kills: int = 0):
     return took, rows, log
 
 
-def test_chaos_run_finishes_within_twice_the_clean_time_explains_failures_and_learns(tmp_path):
+# the chaos run's deadline for a weight-group operation: a step that waited for one would take
+# this long, an order of magnitude past any step's time here (1-10 s at load 1-30)
+SYNC_DEADLINE_S = 240
+
+
+def test_chaos_run_trains_every_step_explains_failures_and_learns(tmp_path):
     load = os.getloadavg()[0]
-    clean_s, clean_rows, _ = run_job(tmp_path, "clean", [])
     chaos_s, rows, log = run_job(tmp_path, "chaos", ["env.name=tests.chaos_env:ChaosReverseText",
-                                                     f"+env.args.reward_timeout_s={REWARD_TIMEOUT_S}"], kill_at=2, kills=2)
+                                                     f"+env.args.reward_timeout_s={REWARD_TIMEOUT_S}",
+                                                     f"rollout.weight_sync_timeout_s={SYNC_DEADLINE_S}"],
+                                 kill_at=2, kills=2)
     log_bytes = sum(p.stat().st_size for p in (tmp_path / "chaos" / "logs").glob("*") if p.is_file())
-    kill_steps = [r for prev, r in zip([{"rollout_restarts": 0}] + rows, rows)
-                  if r["rollout_restarts"] > prev["rollout_restarts"]]
-    clean_step = sum(r["step_time_s"] for r in clean_rows) / len(clean_rows)
-    chaos_step = sum(r["step_time_s"] for r in rows) / len(rows)
-    print(f"whole run: clean {clean_s:.1f}s, chaos {chaos_s:.1f}s ({chaos_s / clean_s:.2f}x) at load {load:.1f} "
-          f"-> {os.getloadavg()[0]:.1f}; mean step clean {clean_step:.2f}s, chaos {chaos_step:.2f}s; steps where "
-          f"an actor died: {[round(r['step_time_s'], 1) for r in kill_steps]}; actor logs {log_bytes / 1e6:.1f} MB")
-    # the issue's bound, on the whole run: the other engine keeps generating and the driver keeps
-    # stepping while a killed actor restarts (before: the driver waited 20-37 s per kill for it).
-    # Measured on 2 shared cores: clean 130.2 s, chaos 146.5 s (1.13x) at load 6-11; 116.8 s and
-    # 196.2 s (1.68x) at load 11-17. The steps where the actor died took 6.5 and 6.4 s (31.4 and
-    # 20.7 s before); its restarts took 19-22 s, while 6 and 3 steps were trained. Start-up is part
-    # of both runs; their RL steps alone took 8.3 s and 57.3 s, most of the difference while one
-    # engine served and the restarted process (a new Python, torch, the model) took CPU from it.
-    # The issue asks for 2x. On an idle 2-core machine this run measured 1.79x, 1.81x, 2.23x,
-    # 1.79x and 1.84x while a sync that failed on a dead engine still probed that engine (10 s per
-    # kill: a restarting actor answers only once rebuilt); 1.57x and 1.43x since. Timings are not
-    # asserted tightly here: the bound below catches a driver that blocks on a restart again
-    # (that cost ~30 s per kill: 3x and more).
-    assert chaos_s < 2.6 * clean_s, (chaos_s, clean_s)
+    steps = [round(r["step_time_s"], 1) for r in rows]
+    print(f"chaos run {chaos_s:.1f}s at load {load:.1f} -> {os.getloadavg()[0]:.1f}; steps {steps}; "
+          f"actor logs {log_bytes / 1e6:.1f} MB")
+    # a kill that lands while the weight group forms or syncs once left the trainer in that
+    # operation until its deadline (120 s by default: one step of 121.8 s in a CI run)
+    assert max(steps) < SYNC_DEADLINE_S / 2, steps
     assert rows[-1]["rollout_restarts"] >= 2
     for r in rows:
         assert r["samples_generated"] == (r["samples_trained"] + r["samples_dropped_stale"] + r["samples_failed"]

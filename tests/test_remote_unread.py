@@ -76,3 +76,30 @@ def test_a_rank_whose_peer_died_reports_the_death_not_its_broken_collective():
             get([ranks[0].broken_collective.remote()], 60, "train step 4", ["trainer rank 0"])
     finally:
         ray.shutdown()
+
+
+def test_the_clusters_error_reports_go_to_the_run_folder_with_one_console_line(tmp_path, capfd, caplog):
+    """Ray prints every error report the cluster publishes (a node declared dead: a 20-line
+    raylet traceback) to the driver's console whatever `log_to_driver` says; the run keeps the
+    whole text in OUTPUT_DIR/logs/ray-errors.log and says one line."""
+    import logging
+
+    from actors.logs import route_cluster_errors
+    from ray._private.utils import publish_error_to_driver
+    ray.init(num_cpus=1, include_dashboard=False, logging_level="WARNING", log_to_driver=False)
+    try:
+        path = route_cluster_errors(str(tmp_path))
+        assert route_cluster_errors(str(tmp_path)) == path  # twice in one process: still one printer
+        report = "The node with node id abc has been marked dead\n" + "\n".join(f"  frame {i}" for i in range(20))
+        with caplog.at_level(logging.INFO, logger="rlcore"):
+            publish_error_to_driver("node_died", report, ray_worker.global_worker.gcs_client,
+                                    job_id=ray_worker.global_worker.current_job_id)
+            deadline = time.monotonic() + 20
+            while time.monotonic() < deadline and not (path.exists() and "frame 19" in path.read_text()):
+                time.sleep(0.2)
+        assert "frame 19" in path.read_text()
+        lines = [r.getMessage() for r in caplog.records if "Ray reported" in r.getMessage()]
+        assert lines == [f"Ray reported: The node with node id abc has been marked dead (whole report: {path})"]
+        assert "frame 3" not in capfd.readouterr().err
+    finally:
+        ray.shutdown()

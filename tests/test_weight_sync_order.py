@@ -128,3 +128,48 @@ def test_a_sync_reads_only_the_push_of_the_step_that_made_its_version():
     group.finish_step(["ref0", "ref1"], 4)
     assert group.take_pushed(4) == [{"rank": 0}, {"rank": 1}]
     assert group.take_pushed(4) is None  # read once
+
+
+def test_a_failed_group_operation_is_given_up_at_its_rendezvous_before_the_group_forms_again(monkeypatch):
+    """An engine that died while the group formed (or froze in a sync) leaves the trainer's rank
+    0 waiting in that operation until its deadline, and Ray queues the re-formed group's calls
+    behind it: the sync tells the old rendezvous to give up (`Sender.abort`) first."""
+    from types import SimpleNamespace
+    from actors.remote import ActorDied
+    events = []
+
+    class Transport:
+        buffered, every_rank = False, False
+
+        @classmethod
+        def abort(cls, address, port):
+            events.append(("abort", address, port))
+            return True
+
+    ports = iter([1234, 1235])
+
+    class Rollouts2(Rollouts):
+        stalls = SimpleNamespace(answering=lambda i: True)
+
+        def dead_engines(self, actors):
+            return []
+
+        def engine_lost(self, actor, launched_at, cause=None):
+            events.append(("lost", actor))
+
+    def get(refs, timeout_s, what, names=None, stalled=None):
+        events.append((what, tuple(names or [])))
+        if what == "weight group init" and "rollout actor 1" in names:
+            raise ActorDied("weight group init failed: rollout actor 1 died", ["rollout actor 1"])
+        return refs
+    monkeypatch.setattr(weights_mod, "get", get)
+    s = make(Transport)
+    s.rollouts, s.run = Rollouts2(), SimpleNamespace(version=0)
+    s.cfg = SimpleNamespace(rollout=SimpleNamespace(canary_prompts=0))
+    s._group = None
+    s.trainers.weight_address = lambda: ("10.0.0.1", next(ports))
+    s._reform_and_sync(7, [0, 1])
+    assert events[:3] == [("weight group init", ("trainer rank 0", "trainer rank 1", "rollout actor 0", "rollout actor 1")),
+                          ("abort", "10.0.0.1", 1234), ("lost", 1)]
+    assert events[3] == ("weight group init", ("trainer rank 0", "trainer rank 1", "rollout actor 0"))
+    assert s.run.version == 7 and s.rollouts.joined == ([0], "10.0.0.1", 1235)

@@ -43,6 +43,15 @@ class Sender(abc.ABC):
         """Send every tensor of the plan, as (name, tensor) in plan order (DTensors are gathered
         one at a time); returns the bytes sent."""
 
+    @classmethod
+    def abort(cls, address: str, port: int) -> bool:
+        """Make every member of the group at `address`:`port` give up the operation it waits in
+        (a rendezvous or a send/receive that a member who died or froze holds), well before its
+        deadline; the group is formed anew afterwards. Returns whether the members were told;
+        False here: the transport's operations end only by their deadline (or never block on a
+        peer: a buffered one)."""
+        return False
+
     def handle(self) -> dict | None:
         """What each receiver needs from this sender beyond the rendezvous (a buffer's handle);
         None for a transport that needs nothing."""
