@@ -14,6 +14,14 @@ from actors.remote import ActorDied, get, read_unread
 pytestmark = pytest.mark.integration
 
 
+@pytest.fixture(scope="module", autouse=True)
+def ray_session():
+    """One local Ray for the module (a start costs seconds on 2 cores)."""
+    ray.init(num_cpus=2, include_dashboard=False, logging_level="WARNING", log_to_driver=False)
+    yield
+    ray.shutdown()
+
+
 @ray.remote
 def fails_after(seconds: float) -> None:
     time.sleep(seconds)
@@ -42,13 +50,9 @@ def _unhandled_after_failed_get(monkeypatch, read_later: bool) -> list[str]:
 
 
 def test_failed_get_leaves_no_unhandled_error(monkeypatch):
-    ray.init(num_cpus=2, include_dashboard=False, logging_level="WARNING")
-    try:
-        # a plain ray.get does print the late failure: the check below can fail
-        assert _unhandled_after_failed_get(monkeypatch, read_later=False) == ["RayTaskError"]
-        assert _unhandled_after_failed_get(monkeypatch, read_later=True) == []
-    finally:
-        ray.shutdown()
+    # a plain ray.get does print the late failure: the check below can fail
+    assert _unhandled_after_failed_get(monkeypatch, read_later=False) == ["RayTaskError"]
+    assert _unhandled_after_failed_get(monkeypatch, read_later=True) == []
 
 
 @ray.remote(max_restarts=0)
@@ -63,19 +67,15 @@ class Rank:
 
 
 def test_a_rank_whose_peer_died_reports_the_death_not_its_broken_collective():
-    ray.init(num_cpus=2, include_dashboard=False, logging_level="WARNING")
-    try:
-        ranks = [Rank.remote(), Rank.remote()]
-        # rank 0 answers first with the transport error; rank 1's death shows a moment later
-        refs = [ranks[0].broken_collective.remote(), ranks[1].exit_after.remote(1.0)]
-        with pytest.raises(ActorDied, match="trainer rank 1 died") as info:
-            get(refs, 60, "train step 3", ["trainer rank 0", "trainer rank 1"])
-        assert info.value.dead == ["trainer rank 1"]
-        # the same error with no dead peer stays what it was
-        with pytest.raises(ray.exceptions.RayTaskError, match="Connection reset"):
-            get([ranks[0].broken_collective.remote()], 60, "train step 4", ["trainer rank 0"])
-    finally:
-        ray.shutdown()
+    ranks = [Rank.remote(), Rank.remote()]
+    # rank 0 answers first with the transport error; rank 1's death shows a moment later
+    refs = [ranks[0].broken_collective.remote(), ranks[1].exit_after.remote(1.0)]
+    with pytest.raises(ActorDied, match="trainer rank 1 died") as info:
+        get(refs, 60, "train step 3", ["trainer rank 0", "trainer rank 1"])
+    assert info.value.dead == ["trainer rank 1"]
+    # the same error with no dead peer stays what it was
+    with pytest.raises(ray.exceptions.RayTaskError, match="Connection reset"):
+        get([ranks[0].broken_collective.remote()], 60, "train step 4", ["trainer rank 0"])
 
 
 def test_the_clusters_error_reports_go_to_the_run_folder_with_one_console_line(tmp_path, capfd, caplog):
@@ -86,7 +86,7 @@ def test_the_clusters_error_reports_go_to_the_run_folder_with_one_console_line(t
 
     from actors.logs import route_cluster_errors
     from ray._private.utils import publish_error_to_driver
-    ray.init(num_cpus=1, include_dashboard=False, logging_level="WARNING", log_to_driver=False)
+    original = ray_worker.print_to_stdstream
     try:
         path = route_cluster_errors(str(tmp_path))
         assert route_cluster_errors(str(tmp_path)) == path  # twice in one process: still one printer
@@ -102,4 +102,4 @@ def test_the_clusters_error_reports_go_to_the_run_folder_with_one_console_line(t
         assert lines == [f"Ray reported: The node with node id abc has been marked dead (whole report: {path})"]
         assert "frame 3" not in capfd.readouterr().err
     finally:
-        ray.shutdown()
+        ray_worker.print_to_stdstream = original

@@ -18,7 +18,7 @@ import torch
 
 from rlcore.transfer.broadcast import WeightGroup, WeightGroupAborted, abort
 
-TIMEOUT_S = 60.0  # the operations' own deadline: every wait below must end long before it
+TIMEOUT_S = 120.0  # the operations' own deadline (the default weight_sync_timeout_s): every wait below ends long before it
 BIG = 16 * 2**20  # floats per bucket: more than the socket buffers hold, so a frozen peer blocks the root
 
 
@@ -83,7 +83,7 @@ def test_a_rendezvous_missing_a_member_gives_up_on_abort(spawn):
     began = time.monotonic()
     assert abort("127.0.0.1", port)
     thread.join(TIMEOUT_S)
-    assert time.monotonic() - began < 5.0, "the trainer's side waited on past the abort"
+    assert time.monotonic() - began < 20.0, "the trainer's side waited on past the abort"
     assert isinstance(box.get("error"), WeightGroupAborted), box
     kind, rank, _ = out.get(timeout=10)
     assert (kind, rank) == ("aborted", 1)  # the member that came gives up too
@@ -106,7 +106,7 @@ def test_a_broadcast_held_by_a_frozen_member_gives_up_on_abort_and_a_new_group_f
     began = time.monotonic()
     assert abort("127.0.0.1", port)
     thread.join(TIMEOUT_S)
-    assert time.monotonic() - began < 5.0, "the send waited on past the abort"
+    assert time.monotonic() - began < 20.0, "the send waited on past the abort"
     assert isinstance(box.get("error"), WeightGroupAborted), box
     del group  # the caller drops the group it gave up: that must not block it either
     # the group formed anew without the frozen member (a new port) works at once
@@ -116,7 +116,7 @@ def test_a_broadcast_held_by_a_frozen_member_gives_up_on_abort_and_a_new_group_f
     fresh = WeightGroup("127.0.0.1", port2, 0, 2, TIMEOUT_S)
     fresh.broadcast(torch.full((4,), 7.0))
     assert [out2.get(timeout=30)[0], out2.get(timeout=30)] == ["joined", ("received", 1, 7.0)]
-    assert time.monotonic() - began < 20.0  # a new process's torch import included
+    assert time.monotonic() - began < 60.0  # a new process's torch import included
 
 
 def test_abort_of_a_group_nobody_hosts_returns_false_quickly():
