@@ -42,12 +42,13 @@ def request_groups(reply: tuple[list[list[SampleMeta]], dict], tasks: list[Task]
 
 
 def table_rows(batch: list[GroupMeta], decode: Callable[[list[int]], str], limit: int,
-               timeout_s: float) -> list[dict[str, Any]] | None:
-    """The samples table's rows (`rlcore.report.samples.sample_rows`), fetching the token data of the
-    groups shown only (at most `limit`); None, with a warning, when it cannot be read in time:
-    a table is never worth failing a run for."""
+               timeout_s: float, trainer_logprobs: dict | None = None) -> list[dict[str, Any]] | None:
+    """The samples table's rows (`rlcore.report.samples.sample_rows`, with the trainer logprobs
+    the step returned), fetching the token data of the groups shown only (at most `limit`);
+    None, with a warning, when it cannot be read in time: a table is never worth failing a run for."""
     try:
-        return samples.sample_rows(batch, decode, limit, lambda refs: ray.get(refs, timeout=timeout_s))
+        return samples.sample_rows(batch, decode, limit, lambda refs: ray.get(refs, timeout=timeout_s),
+                                   trainer_logprobs)
     except ray.exceptions.RayError as exc:
         log.warning("samples table skipped: token data not readable (%s)", type(exc).__name__)
         return None

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
@@ -40,6 +40,9 @@ class TrainResult:
     """A finished train step: rank 0's metrics (with `version`)."""
 
     metrics: dict[str, Any]
+    trainer_logprobs: dict[tuple[int, int], list] = field(default_factory=dict)
+    """The trainer logprobs of the samples the step's table shows (`rlcore.step.shown_logprobs`),
+    from whichever rank held each."""
 
     @property
     def version(self) -> int:
@@ -164,7 +167,10 @@ class TrainerGroup:
         # the sync (`take_pushed`), which then only has the engines read them
         pushed = [r.pop("weights_pushed") for r in results] if "weights_pushed" in results[0] else None
         self._pushed = (int(results[0]["version"]), pushed) if pushed is not None else None
-        return TrainResult(results[0])
+        shown: dict[tuple[int, int], list] = {}
+        for r in results:  # context-parallel ranks share their work: any one of them will do
+            shown.update(r.pop("trainer_logprobs", {}))
+        return TrainResult(results[0], shown)
 
     def take_pushed(self, version: int) -> list[dict] | None:
         """Every rank's push result when the last finished step wrote `version` into the
