@@ -187,7 +187,8 @@ class Driver:
         joined = self.weights.admit_restarted()
         if joined:
             self.hooks.engines_joined()
-            self.rollout_nodes = note_moved(self.groups.rollout_pg, self.rollout_nodes, joined)  # after a node died
+            self.rollout_nodes = note_moved(self.groups.rollout_pg, self.rollout_nodes, joined,  # after a node died
+                                            self.run_state.step)
 
     def launch(self, batches_started: int) -> None:
         """Keep as many groups generating as the staleness bound allows (`groups_allowed_in_flight`)."""
@@ -276,10 +277,11 @@ class Driver:
         if not self.samples_located and self.groups.trainer_pg is not None:  # where the samples went
             log_sample_nodes(state.batch, self.rollout_nodes, bundle_nodes(self.groups.trainer_pg))
             self.samples_located = True
+        failed = self.failures.take_examples()  # a few failed samples per reason, this step's
         if samples.due(record["step"], self.cfg.logger.samples_every):
             rows = table_rows(state.batch, lambda ids: self.tokenizer.decode(ids, skip_special_tokens=True),
                               self.cfg.logger.samples_per_table, self.cfg.rollout.generate_timeout_s,
-                              state.trainer_logprobs)
+                              state.trainer_logprobs, failed)
             if rows is not None:
                 logger.log_samples(record["step"], rows)
 

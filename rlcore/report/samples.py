@@ -5,12 +5,15 @@ carries its completion token by token (`tokens`, `token_versions`, `token_logpro
 policy version and engine logprob of each token) for the live page's sample inspector, and
 `trainer_logprobs`: the trainer's logprob of each token from that step's own forward (the policy
 before the step's update, the logprob the loss's ratio and the mismatch metrics use; null for an
-environment token), which the trainer returns for the rows shown only (`shown_keys`)."""
+environment token), which the trainer returns for the rows shown only (`shown_keys`).
+Failed samples of the step (a few per reason, `rlcore.report.failures.FailureLog.take_examples`)
+are rows too, with `failed_reason`, `error` and a null reward (`failed_rows`)."""
 
 from __future__ import annotations
 
 from typing import Any, Callable
 
+from rlcore.report.failures import FailedExample
 from rlcore.types import GroupMeta, Sample, SampleMeta, Task
 
 
@@ -68,6 +71,24 @@ def sample_rows(groups: list[GroupMeta], decode: Callable[[list[int]], str], lim
                **token_columns(data[gi][s.index], decode)}
         if (gi, s.index) in trainer:
             row["trainer_logprobs"] = [None if x is None else round(float(x), 4) for x in trainer[gi, s.index]]
+        rows.append(row)
+    return rows
+
+
+def failed_rows(examples: list[FailedExample], decode: Callable[[list[int]], str],
+                fetch: Callable[[list], list[list[Sample]]] = list) -> list[dict[str, Any]]:
+    """One row per failed sample kept: {prompt, completion, reward: None, version: None,
+    failed_reason, error} and, when its token data came back, its token columns. `fetch` as in
+    :func:`sample_rows`, called once with the handles of the examples' groups."""
+    handles = list({id(e.group): e.group for e in examples if e.group is not None}.values())
+    data = dict(zip([id(g) for g in handles], fetch([g.data for g in handles]))) if handles else {}
+    rows = []
+    for e in examples:
+        row: dict[str, Any] = {"prompt": prompt_text(e.task) if e.task is not None else "", "completion": "",
+                               "reward": None, "version": None, "failed_reason": e.reason, "error": e.error}
+        sample = data[id(e.group)][e.index] if e.group is not None else None
+        if sample is not None:
+            row.update(completion=decode(sample.completion_ids), **token_columns(sample, decode))
         rows.append(row)
     return rows
 
