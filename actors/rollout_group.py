@@ -128,7 +128,8 @@ class RolloutGroup:
             log.warning("generate request on rollout actor %d failed (%s): %d samples counted failed",
                         req.actor, type(exc).__name__, req.samples)
             self.buffer.fail(req.samples)
-            self.failures.request_lost(req.samples, f"engine: {type(exc).__name__}", str(exc), seq=req.seq)
+            self.failures.request_lost(req.samples, f"engine: {type(exc).__name__}", str(exc), seq=req.seq,
+                                       task=req.tasks[0] if req.tasks else None)
             if died(exc):  # died, or killed by Ray's memory monitor: Ray restarts it; the others serve on
                 self.engine_lost(req.actor, req.launched_at, memory_kill(str(exc)))
             return []
@@ -147,7 +148,7 @@ class RolloutGroup:
                             req.actor, req.samples)
                 self.failures.request_lost(
                     req.samples, f"engine: generate request timed out (rollout.generate_timeout_s="
-                                 f"{self.timeout_s:g})", seq=req.seq)
+                                 f"{self.timeout_s:g})", seq=req.seq, task=req.tasks[0] if req.tasks else None)
 
     def frozen(self) -> list[str]:
         """`watch` for a blocking wait on the engines (`actors.remote.get`: a weight sync, its

@@ -337,7 +337,7 @@ def test_a_few_failed_samples_per_reason_are_kept_for_the_samples_table():
     meta = group_meta(group, data=group.samples)
     flog = FailureLog(0)
     flog.request_done([meta], actor=0)
-    flog.request_lost(8, "engine: ActorDiedError", "the actor died")
+    flog.request_lost(8, "engine: ActorDiedError", "the actor died", task=task)
     examples = flog.take_examples()
     assert [e.reason for e in examples] == ["reward: ValueError: bug #"] * EXAMPLES_PER_REASON + [
         "reward: not a number: 'good'", "engine: ActorDiedError"]
@@ -346,7 +346,7 @@ def test_a_few_failed_samples_per_reason_are_kept_for_the_samples_table():
     assert [r["completion"] for r in rows] == ["<10><2>", "<11><2>", "<30>", ""]
     assert all(r["reward"] is None and r["version"] is None for r in rows)
     assert rows[0]["prompt"] == "reverse abc" and rows[0]["error"] == "reward: ValueError: bug 0"
-    assert rows[0]["tokens"] == ["<10>", "<2>"] and "tokens" not in rows[3] and rows[3]["prompt"] == ""
+    assert rows[0]["tokens"] == ["<10>", "<2>"] and "tokens" not in rows[3] and rows[3]["prompt"] == "reverse abc"
     assert rows[3]["failed_reason"] == "engine: ActorDiedError" and "the actor died" in rows[3]["error"]
     flog.request_done([meta], actor=0)
     flog.discard()  # a trainer restart goes back before them

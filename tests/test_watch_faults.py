@@ -8,7 +8,6 @@ and shows the death and rejoin on its timeline."""
 import json
 import math
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -20,16 +19,18 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from test_chaos import rollout_actor_pid  # noqa: E402
-from watch_browser import CHROMIUM, Browser  # noqa: E402
+from watch_browser import CHROMIUM, Browser, check_gap_colours  # noqa: E402
 
 pytestmark = pytest.mark.integration
 REPO = Path(__file__).resolve().parent.parent
 # the killed actor's restart (a new process, torch, the model) took > 19 s at load 13, while this
 # run trained 7 steps (2.7 s each): 8 steps ended before it rejoined; 30 leave it room
 STEPS = 30
-# measured on this run (2 shared cores): tokens the trainer scores with the weights that sampled
-# them differ from the engine's logprob by < 1e-4 (the rows keep 4 decimals); tokens of the
-# previous version (one step stale) by up to 0.6 nats
+# measured on this run (2 shared cores): samples whose every token the trainer scores with the
+# weights that sampled it (the engine_mismatch_kl part) differ from the engine's logprobs by
+# < 1e-4 (the rows keep 4 decimals: 0.0 measured); samples of the previous version (one step
+# stale) by up to 0.6 nats, and so do the later tokens of a sample that a sync reached mid-way
+# (0.03: the engine kept the prefix's KV cache of the older weights; the trainer recomputes it)
 FRESH_GAP = 2e-3
 STALE_GAP = 3.0
 
@@ -100,10 +101,11 @@ def test_samples_carry_the_trainer_logprobs_token_by_token(run):
         trainer = s["trainer_logprobs"]
         assert len(trainer) == len(s["tokens"]) == len(s["token_logprobs"])
         version = by_step[s["step"]]["policy_version"] - 1  # the trainer's weights in that step's forward
-        for t, e, v in zip(trainer, s["token_logprobs"], s["token_versions"]):
+        same = s["version"] == version  # the oldest token's version: every token is of the trainer's
+        for t, e in zip(trainer, s["token_logprobs"]):
             assert t is not None and math.isfinite(t) and t <= 0
-            assert abs(t - e) <= (FRESH_GAP if v == version else STALE_GAP), (s["step"], v, version, t, e)
-            fresh += v == version
+            assert abs(t - e) <= (FRESH_GAP if same else STALE_GAP), (s["step"], s["version"], version, t, e)
+            fresh += same
     assert fresh > 0
 
 
@@ -117,7 +119,7 @@ def test_failed_samples_are_written_by_reason(run):
     assert any("ValueError: reward bug on" in r for r in reasons) and any("not a number" in r for r in reasons), reasons
     assert reasons <= set(counted)
     for s in failed:
-        assert s["reward"] is None and s["prompt"] and s["error"]
+        assert s["reward"] is None and s["prompt"] and s["error"].startswith(s["failed_reason"].split("#")[0])
         if "engine:" not in s["failed_reason"]:  # a reward failure: the completion came back
             assert len(s["tokens"]) == len(s["token_versions"]) >= 1 and "trainer_logprobs" not in s
         else:  # the request was lost with its actor: nothing came back
@@ -137,7 +139,8 @@ def test_the_page_filters_by_reason_colours_the_gap_and_shows_the_rejoin(run, tm
         line = page.stdout.readline()
         browser.open(line.split()[1])
         samples = rows(run / "samples.jsonl")
-        browser.wait_for(f"document.getElementById('samples').dataset.total === '{len(samples)}'", 60)
+        browser.wait_for(f"document.getElementById('samples') !== null"
+                         f" && document.getElementById('samples').dataset.total === '{len(samples)}'", 60)
         failed = [s for s in samples if "failed_reason" in s]
         options = browser.evaluate("[...document.getElementById('f-reason').options].map(o => o.value)")
         assert set(options) == {"", "scored"} | {s["failed_reason"] for s in failed}
@@ -147,20 +150,9 @@ def test_the_page_filters_by_reason_colours_the_gap_and_shows_the_rejoin(run, tm
             shown = browser.evaluate("[...document.querySelectorAll('#sample-list .sample')].map(d => d.dataset.reason)")
             assert shown == [reason] * sum(s["failed_reason"] == reason for s in failed)
         # the gap mode: each token's title and colour come from |trainer - engine| of the file
-        browser.evaluate("(() => { document.getElementById('f-reason').value = 'scored';"
-                         " const e = document.getElementById('f-colour'); e.value = 'gap';"
+        browser.evaluate("(() => { const e = document.getElementById('f-reason'); e.value = 'scored';"
                          " e.dispatchEvent(new Event('input')); })()")
-        newest = [s for s in samples if "failed_reason" not in s][-1]
-        toks = browser.evaluate("[...document.querySelector('#sample-list .sample').querySelectorAll('.tok')]"
-                                ".map(t => [t.dataset.gap, t.title, t.style.background])")
-        assert len(toks) == len(newest["tokens"])
-        for (gap, title, colour), t, e in zip(toks, newest["trainer_logprobs"], newest["token_logprobs"]):
-            assert float(gap) == pytest.approx(abs(t - e), abs=1e-9)
-            assert float(re.search(r"trainer logprob (\S+),", title).group(1)) == t
-            expected = browser.evaluate(f"gapColour({float(gap)})")
-            assert colour == browser.evaluate(f"(() => {{ const s = document.createElement('span');"
-                                              f" s.style.background = {json.dumps(expected)}; return s.style.background; }})()")
-        assert browser.evaluate("document.getElementById('legend').textContent").count("nats") >= 3
+        check_gap_colours(browser, [s for s in samples if "failed_reason" not in s][-1])
         kinds = browser.evaluate("[...document.querySelectorAll('#timeline li')].map(li => li.dataset.kind)")
         assert kinds.count("rollout_died") == 1 and kinds.count("rollout_rejoined") == 1
         assert kinds.index("rollout_died") < kinds.index("rollout_rejoined") and "restart" not in kinds

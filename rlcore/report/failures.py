@@ -139,15 +139,16 @@ class FailureLog:
         self._in_order(seq, total > 0 and failed == total, reasons)
 
     def request_lost(self, samples: int, why: str, detail: str = "", streak: bool = True,
-                     seq: int | None = None) -> None:
+                     seq: int | None = None, task: Task | None = None) -> None:
         """A request that never returned (its actor died, it timed out): all its samples failed.
         `why` is the bucket (`engine: ActorDiedError`), `detail` the message logged the first time;
-        `streak=False` counts them without touching the all-failed streak of generate requests."""
+        `streak=False` counts them without touching the all-failed streak of generate requests;
+        `task`: one of its tasks (the prompt its example row shows)."""
         reason = reason_of(why)
         self._first(reason, f"{why}: {detail.strip()[:500]}" if detail else why, "(whole request)", "")
         reasons: Counter[str] = Counter()
         self._count(reason, samples, reasons)
-        self._keep(FailedExample(reason, (f"{why}: {detail.strip()}" if detail else why)[:500]))
+        self._keep(FailedExample(reason, (f"{why}: {detail.strip()}" if detail else why)[:500], task))
         if streak:
             self._in_order(seq, True, reasons)
 
