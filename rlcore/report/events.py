@@ -25,8 +25,6 @@ log = logging.getLogger("rlcore")
 EVENTS_FILE = "events.jsonl"
 EVENT_ATTR = "rlcore_event"
 """The log record attribute that makes a log line a timeline event too (:func:`event`)."""
-FAULT_KINDS = ("rollout_died", "rollout_stalled", "rollout_rejoined", "rollout_moved", "trainer_restart")
-"""The fault events the Ray layer logs (the page's timeline shows them in red/green)."""
 
 
 def event(kind: str, **fields: Any) -> dict[str, Any]:
