@@ -62,6 +62,8 @@ class StepState:
     batch: list[GroupMeta]
     max_staleness: int
     metrics: dict[str, Any] = field(default_factory=dict)
+    trainer_logprobs: dict[tuple[int, int], list] = field(default_factory=dict)
+    """The trainer's logprobs of the samples this step's table shows (steps that write one)."""
 
 
 class Driver:
@@ -185,7 +187,8 @@ class Driver:
         joined = self.weights.admit_restarted()
         if joined:
             self.hooks.engines_joined()
-            self.rollout_nodes = note_moved(self.groups.rollout_pg, self.rollout_nodes, joined)  # after a node died
+            self.rollout_nodes = note_moved(self.groups.rollout_pg, self.rollout_nodes, joined,  # after a node died
+                                            self.run_state.step)
 
     def launch(self, batches_started: int) -> None:
         """Keep as many groups generating as the staleness bound allows (`groups_allowed_in_flight`)."""
@@ -208,7 +211,10 @@ class Driver:
         cfg = self.cfg
         self._train_version = self.run_state.version
         state.metrics.update(self.weights.before_train())  # e.g. the engines free a shared GPU
-        plan = build_step(state.batch, cfg, distill=self.teacher is not None)  # metadata only
+        # on a step that writes samples, the ranks return the trainer logprobs of those shown
+        shown = (samples.shown_keys(state.batch, cfg.logger.samples_per_table)
+                 if samples.due(state.step + 1, cfg.logger.samples_every) else ())
+        plan = build_step(state.batch, cfg, distill=self.teacher is not None, shown=shown)  # metadata only
         state.metrics.update(plan.metrics, max_staleness=state.max_staleness)
         # each rank fetches its own samples' token data from the object store and packs them
         return self.trainers.launch_step(shards_per_rank(plan.ranks, cfg.trainer), plan.normalizer)
@@ -262,6 +268,7 @@ class Driver:
         """Finish the train step, then sync its weights to the engines (the new policy version)."""
         result = self.trainers.finish_step(train, state.step + 1)
         state.metrics.update(result.metrics)
+        state.trainer_logprobs = result.trainer_logprobs
         state.metrics.update(self.weights.after_train())  # e.g. the engines wake on a shared GPU
         state.metrics.update(self.weights.sync(result.version))
 
@@ -270,9 +277,11 @@ class Driver:
         if not self.samples_located and self.groups.trainer_pg is not None:  # where the samples went
             log_sample_nodes(state.batch, self.rollout_nodes, bundle_nodes(self.groups.trainer_pg))
             self.samples_located = True
+        failed = self.failures.take_examples()  # a few failed samples per reason, this step's
         if samples.due(record["step"], self.cfg.logger.samples_every):
             rows = table_rows(state.batch, lambda ids: self.tokenizer.decode(ids, skip_special_tokens=True),
-                              self.cfg.logger.samples_per_table, self.cfg.rollout.generate_timeout_s)
+                              self.cfg.logger.samples_per_table, self.cfg.rollout.generate_timeout_s,
+                              state.trainer_logprobs, failed)
             if rows is not None:
                 logger.log_samples(record["step"], rows)
 

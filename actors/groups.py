@@ -22,6 +22,7 @@ from actors.trainer_group import TrainerGroup
 from rlcore.config import RunConfig
 from rlcore.plan.node_fit import group_selector
 from rlcore.plan.placement import colocated_shares
+from rlcore.report.events import event
 
 log = logging.getLogger("rlcore")
 
@@ -125,16 +126,18 @@ def bundle_nodes(pg: PlacementGroup) -> list[str]:
     return [where.get(i, "") for i in range(len(pg.bundle_specs))]
 
 
-def note_moved(pg: PlacementGroup | None, before: list[str], joined: list[int]) -> list[str]:
-    """After restarted rollout actors `joined`: one line for each whose bundle Ray re-placed on
-    another node (it does so when the bundle's node died); returns the bundles' nodes now."""
+def note_moved(pg: PlacementGroup | None, before: list[str], joined: list[int], step: int | None = None) -> list[str]:
+    """After restarted rollout actors `joined`: one line (and timeline event, after `step` steps)
+    for each whose bundle Ray re-placed on another node (it does so when the bundle's node died);
+    returns the bundles' nodes now."""
     if pg is None or not before:
         return before
     now = bundle_nodes(pg)
     for i in joined:
         if now[i] != before[i]:
             log.warning("rollout actor %d's node %s died: Ray re-placed its bundle on node %s, where it runs now",
-                        i, before[i][:8], now[i][:8])
+                        i, before[i][:8], now[i][:8],
+                        extra=event("rollout_moved", actor=i, node_before=before[i][:8], node=now[i][:8], step=step))
     return now
 
 

@@ -117,7 +117,7 @@ class TrainerRecovery:
                                  f"{' and no checkpoint exists (set checkpoint.interval)' if path is None else ''}")
         before = self.trainers.nodes()
         self.restarts += 1
-        self.trainers.restart()  # it waits for Ray to re-place the bundles of a dead node
+        self.trainers.restart(at_step)  # it waits for Ray to re-place the bundles of a dead node
         where = self.trainers.dead_nodes(before)  # so a dead node is known dead by now
         died = (f"{', '.join(dead)} died ({str(exc).split(' failed:')[0]}"
                 f"{'; node ' + ', '.join(where) + ' is dead' if where else ''}) at step {at_step}, "

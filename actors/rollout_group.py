@@ -26,6 +26,7 @@ from actors.rollout_refs import launch_generate, request_groups
 from actors.run_state import RunState
 from rlcore.buffer import RolloutBuffer
 from rlcore.config import RunConfig
+from rlcore.report.events import event
 from rlcore.report.failures import FailureLog
 from rlcore.faults import memory_kill
 from rlcore.transfer.plan import SyncPlan
@@ -127,7 +128,8 @@ class RolloutGroup:
             log.warning("generate request on rollout actor %d failed (%s): %d samples counted failed",
                         req.actor, type(exc).__name__, req.samples)
             self.buffer.fail(req.samples)
-            self.failures.request_lost(req.samples, f"engine: {type(exc).__name__}", str(exc), seq=req.seq)
+            self.failures.request_lost(req.samples, f"engine: {type(exc).__name__}", str(exc), seq=req.seq,
+                                       task=req.tasks[0] if req.tasks else None)
             if died(exc):  # died, or killed by Ray's memory monitor: Ray restarts it; the others serve on
                 self.engine_lost(req.actor, req.launched_at, memory_kill(str(exc)))
             return []
@@ -146,7 +148,7 @@ class RolloutGroup:
                             req.actor, req.samples)
                 self.failures.request_lost(
                     req.samples, f"engine: generate request timed out (rollout.generate_timeout_s="
-                                 f"{self.timeout_s:g})", seq=req.seq)
+                                 f"{self.timeout_s:g})", seq=req.seq, task=req.tasks[0] if req.tasks else None)
 
     def frozen(self) -> list[str]:
         """`watch` for a blocking wait on the engines (`actors.remote.get`: a weight sync, its
@@ -176,7 +178,8 @@ class RolloutGroup:
             self.restarts += 1
             log.warning("rollout actor %d on node %s: no progress for %.0f s; its %d request(s) (%d samples) go to "
                         "the engines that answer (%d serve on); it rejoins once it answers again", actor,
-                        self.node_of(actor), silent, len(taken), sum(q.samples for _, q in taken), len(self.serving))
+                        self.node_of(actor), silent, len(taken), sum(q.samples for _, q in taken), len(self.serving),
+                        extra=event("rollout_stalled", actor=actor, version=self.run.version, step=self.run.step))
         return out
 
     def drop_pending(self) -> int:
@@ -203,7 +206,8 @@ class RolloutGroup:
             self.stalls.drop(actor)
             self.restarts += 1
             log.warning("rollout actor %d %s at version %d: %d engine(s) serve on while Ray restarts it", actor,
-                        cause or "died", self.run.version, len(self.serving))
+                        cause or "died", self.run.version, len(self.serving),
+                        extra=event("rollout_died", actor=actor, version=self.run.version, step=self.run.step))
 
     def dead_engines(self, actors: list[int]) -> list[int]:
         """Actors of `actors` that do not answer `ready()` within 10 s (died or restarting)."""

@@ -22,6 +22,7 @@ from typing import Any, Callable
 import ray
 
 from rlcore.report import samples
+from rlcore.report.failures import FailedExample
 from rlcore.types import GroupMeta, SampleMeta, Task
 
 log = logging.getLogger("rlcore")
@@ -42,12 +43,17 @@ def request_groups(reply: tuple[list[list[SampleMeta]], dict], tasks: list[Task]
 
 
 def table_rows(batch: list[GroupMeta], decode: Callable[[list[int]], str], limit: int,
-               timeout_s: float) -> list[dict[str, Any]] | None:
-    """The samples table's rows (`rlcore.report.samples.sample_rows`), fetching the token data of the
-    groups shown only (at most `limit`); None, with a warning, when it cannot be read in time:
-    a table is never worth failing a run for."""
+               timeout_s: float, trainer_logprobs: dict | None = None,
+               failed: list[FailedExample] = ()) -> list[dict[str, Any]] | None:
+    """The samples table's rows (`rlcore.report.samples.sample_rows`, with the trainer logprobs
+    the step returned), then the `failed` samples' rows (`samples.failed_rows`), fetching the
+    token data of the groups shown only (at most `limit` + the examples'); None, with a warning,
+    when it cannot be read in time: a table is never worth failing a run for."""
+    def fetch(refs: list) -> list:
+        return ray.get(refs, timeout=timeout_s)
     try:
-        return samples.sample_rows(batch, decode, limit, lambda refs: ray.get(refs, timeout=timeout_s))
+        return (samples.sample_rows(batch, decode, limit, fetch, trainer_logprobs)
+                + samples.failed_rows(list(failed), decode, fetch))
     except ray.exceptions.RayError as exc:
         log.warning("samples table skipped: token data not readable (%s)", type(exc).__name__)
         return None

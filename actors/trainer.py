@@ -18,7 +18,7 @@ from rlcore.checkpoint import load_trainer, save_trainer
 from rlcore.config import RunConfig
 from rlcore.engine.registry import tensor_parallel_size, weight_transport
 from rlcore.packing import MicroBatch
-from rlcore.step import RankWork, rank_micro_batches, rank_sample_versions
+from rlcore.step import RankWork, rank_micro_batches, rank_sample_versions, shown_logprobs, shown_positions
 from rlcore.transfer import make_sender, sender_for, transfer_options, world_size
 from rlcore.transfer.base import Sender
 from rlcore.transfer.plan import SyncPlan
@@ -86,12 +86,15 @@ class TrainerRank:
         rank's IPC buffer before returning (`weights_pushed`, as `push_weights` returns it): the
         driver's sync is then one call, the engines' receive. `release_memory`: hand the caching
         allocator's free blocks back after the step (an engine asleep on this GPU wakes into them;
-        the placement's decision, `WeightSync`'s)."""
+        the placement's decision, `WeightSync`'s). `trainer_logprobs`: {key: per-token logprobs}
+        of the samples `work.shown` marks (`rlcore.step.shown_logprobs`), when it marks any."""
         start = time.perf_counter()
         data = ray.get(work.data, timeout=self.cfg.trainer.step_timeout_s)
         micro_batches = rank_micro_batches(work, data)
         fetch_s = time.perf_counter() - start
-        result = self.core.train_step(micro_batches, normalizer, rank_sample_versions(work, data))
+        keep = shown_positions(work) if work.shown else None
+        result = self.core.train_step(micro_batches, normalizer, rank_sample_versions(work, data), keep)
+        shown = {"trainer_logprobs": shown_logprobs(work, data, result.kept)} if keep else {}
         pushed = {}
         if self.sender is not None and self.sender.buffered:
             pushed = {"weights_pushed": self.push_weights()}
@@ -102,7 +105,7 @@ class TrainerRank:
                       "gpu_used_gib": (total - free) / 2**30}  # every process on this GPU
             if release_memory:
                 torch.cuda.empty_cache()  # the caching allocator's free blocks back to the driver
-        return {**result.metrics, **memory, **pushed, "version": result.version, "lr": result.lr,
+        return {**result.metrics, **memory, **pushed, **shown, "version": result.version, "lr": result.lr,
                 "train_fetch_s": fetch_s}
 
     def sft_step(self, micro_batches: list[MicroBatch], global_loss_tokens: int) -> dict:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
@@ -27,6 +27,7 @@ from actors.remote import RunError, get, refs_ready
 from actors.trainer import TrainerRank
 from rlcore.checkpoint import CheckpointWriter
 from rlcore.config import RunConfig
+from rlcore.report.events import event
 from rlcore.transfer.plan import SyncPlan, TensorMeta
 
 log = logging.getLogger("rlcore")
@@ -40,6 +41,9 @@ class TrainResult:
     """A finished train step: rank 0's metrics (with `version`)."""
 
     metrics: dict[str, Any]
+    trainer_logprobs: dict[tuple[int, int], list] = field(default_factory=dict)
+    """The trainer logprobs of the samples the step's table shows (`rlcore.step.shown_logprobs`),
+    from whichever rank held each."""
 
     @property
     def version(self) -> int:
@@ -86,7 +90,7 @@ class TrainerGroup:
         metas = get(self.handles[0].parameter_metas.remote(), self.timeout_s, "parameter metadata")
         return [TensorMeta(n, tuple(s), d) for n, s, d in metas]
 
-    def restart(self) -> list[TensorMeta]:
+    def restart(self, step: int | None = None) -> list[TensorMeta]:
         """Kill every rank (a dead one included) and start new ones in the same bundles, then
         `start` them: the new ranks hold the initial model (`model.path` or random weights);
         load a checkpoint to continue, and re-form the weight group (the old one had the dead
@@ -96,7 +100,7 @@ class TrainerGroup:
         it is back), but only after Ray has marked the node dead: until then the placement group
         still looks ready there and new ranks die again (or never start). So the start is retried
         until it succeeds, within `cluster.placement_timeout_s` from the first attempt; one log
-        line names the nodes the ranks run on."""
+        line (and timeline event, after `step` steps) names the nodes the ranks run on."""
         self._pushed = None  # the dead group's buffers are gone with it
         wait_s = self.cfg.cluster.placement_timeout_s
         before = self.nodes()
@@ -119,8 +123,11 @@ class TrainerGroup:
                 log.info("trainer restart attempt %d failed (%s); retrying", attempt, str(exc).splitlines()[0][:200])
                 time.sleep(min(2.0, max(0.0, deadline - time.monotonic())))
                 continue
+            after = self.nodes()
             log.warning("trainer restart: %d rank(s) %s (%d attempt(s), %.1fs)", len(self.handles),
-                        placement_change(before, self.nodes()), attempt, time.monotonic() - began)
+                        placement_change(before, after), attempt, time.monotonic() - began,
+                        extra=event("trainer_restart", moved=sorted(set(before)) != sorted(set(after)),
+                                    nodes=sorted({n[:8] for n in after if n}), step=step))
             return metas
 
     @staticmethod
@@ -164,7 +171,10 @@ class TrainerGroup:
         # the sync (`take_pushed`), which then only has the engines read them
         pushed = [r.pop("weights_pushed") for r in results] if "weights_pushed" in results[0] else None
         self._pushed = (int(results[0]["version"]), pushed) if pushed is not None else None
-        return TrainResult(results[0])
+        shown: dict[tuple[int, int], list] = {}
+        for r in results:  # context-parallel ranks share their work: any one of them will do
+            shown.update(r.pop("trainer_logprobs", {}))
+        return TrainResult(results[0], shown)
 
     def take_pushed(self, version: int) -> list[dict] | None:
         """Every rank's push result when the last finished step wrote `version` into the

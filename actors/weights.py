@@ -34,6 +34,7 @@ from rlcore.config import RunConfig
 from rlcore.report.console import one_line
 from rlcore.engine.registry import memory_budget, sleep_level
 from rlcore.models.render import render_prompt
+from rlcore.report.events import event
 from rlcore.report.startup import Background, StartupPhases
 from rlcore.transfer.base import Sender
 from rlcore.transfer.plan import SyncPlan, plan_buckets
@@ -192,7 +193,8 @@ class WeightSync:
         joined = self.rollouts.admit(ready)
         if joined:
             log.warning("rollout actor%s %s rejoined the weight group at version %d after a restart",
-                        "s" if len(joined) > 1 else "", ", ".join(map(str, joined)), version)
+                        "s" if len(joined) > 1 else "", ", ".join(map(str, joined)), version,
+                        extra=event("rollout_rejoined", actors=joined, version=version, step=self.run.step))
         return joined
 
     def _reform_and_sync(self, version: int, actors: list[int], reform: bool = True,

@@ -196,7 +196,8 @@ def _run_prepared(cfg: RunConfig, prepared, out: Path) -> int:
     page = start_page(out, cfg.logger.watch_port)
     code = EXIT_RUN
     try:
-        code = _run_session(cfg, prepared, out, events)
+        with events.capture(logging.getLogger("rlcore")):  # fault lines tagged as events (`report.events.event`)
+            code = _run_session(cfg, prepared, out, events)
         return code
     finally:
         events.write("end", f"run ended (exit code {code})", exit_code=code)

@@ -17,7 +17,7 @@ on the whole batch. The driver calls :func:`build_step` and sends each trainer r
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Collection
 
 import torch
 
@@ -44,6 +44,9 @@ class RankWork:
     """Rank-local sample indices of each micro-batch, in packing order (`[]`: an empty one)."""
     distill: tuple[float, float, float, float] | None = None
     """On-policy distillation: `(kl_coef, reward_coef, baseline, deadband)` of the per-token advantage."""
+    shown: dict[int, tuple[int, int]] = field(default_factory=dict)
+    """Rank-local sample -> its key `(group position in the batch, sample index)`, for the samples
+    the step's samples table shows: the rank returns their trainer logprobs (`shown_logprobs`)."""
 
 
 @dataclass
@@ -81,28 +84,36 @@ def has_signal(group: GroupMeta) -> bool:
 
 
 def rank_work(batch: list[GroupMeta], where: list[tuple[int, int]], advantages: list[float],
-              bins: list[list[int]], distill: tuple[float, float, float, float] | None) -> RankWork:
+              bins: list[list[int]], distill: tuple[float, float, float, float] | None,
+              shown: Collection[tuple[int, int]] = ()) -> RankWork:
     """The :class:`RankWork` of a rank whose plan is `bins` (indices into the batch's samples;
-    sample i is sample `where[i][1]` of group `batch[where[i][0]]`'s token data)."""
+    sample i is sample `where[i][1]` of group `batch[where[i][0]]`'s token data); `shown`: the
+    keys `where[i]` of the samples whose trainer logprobs the step returns."""
     slot: dict[int, int] = {}  # batch position of a group -> its position in RankWork.data
     picks: list[tuple[int, int]] = []
     local_advantages: list[float] = []
     local_bins: list[list[int]] = []
+    marked: dict[int, tuple[int, int]] = {}
     for b in bins:
         local = []
         for i in b:
             g, k = where[i]
+            if where[i] in shown:
+                marked[len(picks)] = where[i]
             local.append(len(picks))
             picks.append((slot.setdefault(g, len(slot)), k))
             local_advantages.append(advantages[i])
         local_bins.append(local)
-    return RankWork([batch[g].data for g in slot], picks, local_advantages, local_bins, distill)
+    return RankWork([batch[g].data for g in slot], picks, local_advantages, local_bins, distill, marked)
 
 
-def build_step(batch: list[GroupMeta], cfg: RunConfig, distill: bool = False) -> StepPlan:
+def build_step(batch: list[GroupMeta], cfg: RunConfig, distill: bool = False,
+               shown: Collection[tuple[int, int]] = ()) -> StepPlan:
     """Advantages, packing plan, normaliser and metrics of `batch`, from metadata alone. With
     `distill`, every sample carries its teacher sums and each rank turns the advantage into a
-    per-token one (`rlcore.algo.distill`) with the batch baseline worked out here."""
+    per-token one (`rlcore.algo.distill`) with the batch baseline worked out here. `shown`: the
+    `(group position, sample index)` keys of the samples the step's table shows
+    (`rlcore.report.samples.shown_keys`); the rank holding each returns its trainer logprobs."""
     samples = [s for g in batch for s in g.samples]
     advantages = sample_advantages(batch, cfg.algo)
     metrics: dict[str, Any] = {}
@@ -117,7 +128,8 @@ def build_step(batch: list[GroupMeta], cfg: RunConfig, distill: bool = False) ->
     plan = plan_for_ranks([s.num_tokens for s in samples], data_parallel_size(cfg.trainer),
                           cfg.trainer.micro_batch_tokens)
     where = [(gi, s.index) for gi, g in enumerate(batch) for s in g.samples]
-    ranks = [rank_work(batch, where, advantages, bins, spec) for bins in plan]
+    shown = set(shown)
+    ranks = [rank_work(batch, where, advantages, bins, spec, shown) for bins in plan]
     loss_tokens = sum(s.loss_tokens for s in samples)
     normalizer = loss_normalizer(cfg.algo, loss_tokens, len(samples), cfg.rollout.sampling.max_new_tokens)
     rewards = [s.reward for s in samples]
@@ -159,3 +171,28 @@ def rank_sample_versions(work: RankWork, data: list[list[Sample]]) -> list[torch
     engine/trainer mismatch from the drift of a stale sample."""
     samples = [data[g][k] for g, k in work.picks]
     return [torch.tensor([samples[i].min_version for i in b] if b else [-1], dtype=torch.long) for b in work.bins]
+
+
+def shown_positions(work: RankWork) -> list[list[int]]:
+    """Per micro-batch of :func:`rank_micro_batches`, the micro-batch-local positions (its
+    `sample_index` values) of the samples marked in `work.shown` (mostly empty lists)."""
+    return [[j for j, i in enumerate(b) if i in work.shown] for b in work.bins]
+
+
+def shown_logprobs(work: RankWork, data: list[list[Sample]],
+                   segments: list[dict[int, list[float]]]) -> dict[tuple[int, int], list[float | None]]:
+    """The trainer logprobs of the samples marked in `work.shown`, one per completion token
+    (aligned with `completion_ids`; None for an environment token and for a first token that no
+    position predicts): `segments[b][j]` is what the trainer computed along the packed positions
+    of sample j of micro-batch b (`TrainerCore.train_step`'s `keep`), position t scoring token t + 1."""
+    out: dict[tuple[int, int], list[float | None]] = {}
+    for b, kept in zip(work.bins, segments):
+        for j, segment in kept.items():
+            i = b[j]
+            g, k = work.picks[i]
+            sample = data[g][k]
+            p = len(sample.prompt_ids)
+            mask = sample.loss_mask
+            out[work.shown[i]] = [segment[p + t - 1] if p + t >= 1 and t < len(mask) and mask[t] else None
+                                  for t in range(len(sample.completion_ids))]
+    return out

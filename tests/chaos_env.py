@@ -43,6 +43,19 @@ class ChaosReverseText(ReverseText):
         return super().reward(task, completion)
 
 
+class RaisingReverseText(ReverseText):
+    """reverse_text whose reward fails at once on some tasks, for two reasons: it raises (2 in
+    16) or returns a string (1 in 16)."""
+
+    def reward(self, task, completion):
+        b = bucket(task.id)
+        if b in (2, 3):
+            raise ValueError(f"reward bug on {task.id}")
+        if b == 5:
+            return "good"
+        return super().reward(task, completion)
+
+
 class AlwaysRaises(ReverseText):
     """reverse_text whose reward raises on every sample."""
 

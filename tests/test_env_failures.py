@@ -318,3 +318,36 @@ def test_a_withdrawn_request_lets_the_later_ones_take_their_turn_in_the_streak()
     assert failures.streak == 2  # 0 changed nothing; 1 and 2 applied in order
     with pytest.raises(NoProgress):
         failures.check()
+
+
+def test_a_few_failed_samples_per_reason_are_kept_for_the_samples_table():
+    """The page's failure filter: `take_examples` hands over at most EXAMPLES_PER_REASON failed
+    samples per reason since the last call (with the task and its token data), a lost request's
+    with no completion; `failed_rows` turns them into samples.jsonl rows with a null reward."""
+    from rlcore.meta import group_meta
+    from rlcore.report.failures import EXAMPLES_PER_REASON
+    from rlcore.report.samples import failed_rows
+
+    def failed(error, ids):
+        return Sample([1], ids, [-0.5] * len(ids), [2] * len(ids), [1] * len(ids), failed=True, error=error)
+
+    task = Task(id="t/7", messages=[{"role": "user", "content": "reverse abc"}])
+    group = Group(task=task, samples=[failed(f"reward: ValueError: bug {i}", [10 + i, 2]) for i in range(5)]
+                  + [failed("reward: not a number: 'good'", [30]), Sample([1], [40], [-0.1], [2], [1], reward=1.0)])
+    meta = group_meta(group, data=group.samples)
+    flog = FailureLog(0)
+    flog.request_done([meta], actor=0)
+    flog.request_lost(8, "engine: ActorDiedError", "the actor died", task=task)
+    examples = flog.take_examples()
+    assert [e.reason for e in examples] == ["reward: ValueError: bug #"] * EXAMPLES_PER_REASON + [
+        "reward: not a number: 'good'", "engine: ActorDiedError"]
+    assert flog.take_examples() == []  # handed over once
+    rows = failed_rows(examples, lambda ids: "".join(f"<{i}>" for i in ids))
+    assert [r["completion"] for r in rows] == ["<10><2>", "<11><2>", "<30>", ""]
+    assert all(r["reward"] is None and r["version"] is None for r in rows)
+    assert rows[0]["prompt"] == "reverse abc" and rows[0]["error"] == "reward: ValueError: bug 0"
+    assert rows[0]["tokens"] == ["<10>", "<2>"] and "tokens" not in rows[3] and rows[3]["prompt"] == "reverse abc"
+    assert rows[3]["failed_reason"] == "engine: ActorDiedError" and "the actor died" in rows[3]["error"]
+    flog.request_done([meta], actor=0)
+    flog.discard()  # a trainer restart goes back before them
+    assert flog.take_examples() == []

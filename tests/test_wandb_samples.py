@@ -104,6 +104,7 @@ def test_cli_run_with_wandb_offline_logs_samples(tmp_path):
     rows = [json.loads(line) for line in (out / "samples.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 1, 1, 2, 2, 2]
     assert all(set(r) == {"step", "prompt", "completion", "reward", "version", "tokens", "token_versions",
-                          "token_logprobs"} for r in rows)
+                          "token_logprobs", "trainer_logprobs"} for r in rows)
+    assert all(len(r["trainer_logprobs"]) == len(r["tokens"]) for r in rows)
     assert all("".join(r["tokens"]) == r["completion"] and len(r["tokens"]) == len(r["token_versions"]) for r in rows)
     assert all(isinstance(r["completion"], str) and r["prompt"] for r in rows)

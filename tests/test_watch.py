@@ -3,6 +3,7 @@ events, health alarms, the read-only HTTP server, events.jsonl from the run's st
 
 import io
 import json
+import logging
 import os
 import threading
 import urllib.error
@@ -12,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from rlcore.report.events import EventLog
+from rlcore.report.events import EventLog, event
 from rlcore.report.startup import StartupPhases
 from rlcore.report.watch import alarms as alarm_mod
 from rlcore.report.watch.alarms import alarms
@@ -125,6 +126,26 @@ def test_run_view_implies_eval_restart_and_checkpoint_events_and_starts_over_on_
     os.replace(tmp, metrics)
     p = view.payload(0, 5, 1, 6)
     assert p["epoch"] == 1 and [r["step"] for r in p["rows"]] == [1] and len(p["samples"]) == 1
+
+
+def test_fault_lines_tagged_as_events_reach_events_jsonl_and_replace_the_implied_restart(tmp_path):
+    """A component's warning with `extra=event(...)` is a timeline event while the run captures
+    them; untagged lines are not. The page then takes the restart from events.jsonl and no longer
+    implies a second one from the rollout_restarts counter."""
+    log = logging.getLogger("rlcore.test_watch")
+    events = EventLog(tmp_path)
+    with events.capture(logging.getLogger("rlcore")):
+        log.warning("rollout actor %d died at version %d", 1, 3, extra=event("rollout_died", actor=1, version=3, step=2))
+        log.warning("an ordinary warning")
+        log.warning("rollout actor 1 rejoined", extra=event("rollout_rejoined", actors=[1], version=5, step=4))
+    log.warning("after the run", extra=event("rollout_died", actor=0, step=9))  # no longer captured
+    written = [json.loads(line) for line in (tmp_path / "events.jsonl").read_text().splitlines()]
+    assert [(e["kind"], e["text"], e["step"]) for e in written] == [
+        ("rollout_died", "rollout actor 1 died at version 3", 2), ("rollout_rejoined", "rollout actor 1 rejoined", 4)]
+    assert written[1]["actors"] == [1] and written[0]["time"] <= written[1]["time"]
+    append(tmp_path / "metrics.jsonl", row(1, rollout_restarts=0), row(2, rollout_restarts=1), row(4, rollout_restarts=1))
+    kinds = [e["kind"] for e in RunView(tmp_path).payload(0, 0, 0, 0)["events"]]
+    assert kinds == ["rollout_died", "rollout_rejoined"]
 
 
 @pytest.fixture

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from watch_browser import CHROMIUM, Browser  # noqa: E402
+from watch_browser import CHROMIUM, Browser, check_gap_colours  # noqa: E402
 
 if CHROMIUM is None:
     pytest.skip("no Chromium installed (apt-get install -y chromium): the live page's browser tests",
@@ -174,6 +174,7 @@ def check_samples(browser: Browser, samples: list[dict]) -> None:
                      f" e.value = '{step}'; e.dispatchEvent(new Event('input')); }})()")
     assert browser.evaluate("[...document.querySelectorAll('#sample-list .sample')].map(d => Number(d.dataset.step))") \
         == [step] * sum(s["step"] == step for s in samples)
+    check_gap_colours(browser, samples[-1])  # the newest sample of that step comes first
 
 
 def check_timeline(browser: Browser, out: Path, evals: list[dict]) -> None:

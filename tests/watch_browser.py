@@ -82,3 +82,27 @@ class Browser:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait(timeout=10)
+
+
+def check_gap_colours(browser: Browser, sample: dict) -> None:
+    """With the inspector coloured by logprob gap, each token of the newest sample shown (which
+    must be `sample`, a samples.jsonl row) carries |trainer - engine| of the file in its title
+    and `data-gap`, and the colour `gapColour` gives that gap; the legend gives the scale."""
+    import re
+
+    browser.evaluate("(() => { const e = document.getElementById('f-colour'); e.value = 'gap';"
+                     " e.dispatchEvent(new Event('input')); })()")
+    toks = browser.evaluate("[...document.querySelector('#sample-list .sample').querySelectorAll('.tok')]"
+                            ".map(t => [t.textContent, t.dataset.gap, t.title, t.style.background])")
+    assert [t[0] for t in toks] == sample["tokens"]
+    for (_, gap, title, colour), t, e in zip(toks, sample["trainer_logprobs"], sample["token_logprobs"]):
+        if t is None:  # an environment token: no trainer logprob, no gap
+            assert gap == "" and "trainer logprob" not in title
+            continue
+        assert abs(float(gap) - abs(t - e)) < 1e-9
+        assert float(re.search(r"trainer logprob (\S+),", title).group(1)) == t
+        expected = browser.evaluate(f"(() => {{ const s = document.createElement('span');"
+                                    f" s.style.background = gapColour({float(gap)}); return s.style.background; }})()")
+        assert colour == expected
+    legend = browser.evaluate("document.getElementById('legend').textContent")
+    assert "trainer" in legend and legend.count("nats") >= 3

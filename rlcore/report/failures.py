@@ -8,6 +8,11 @@ with a task id and the first lines of what the environment printed; after that i
 counted: :meth:`FailureLog.step_metrics` gives `failed_by_reason` (this step's counts) and
 `reward_threads_abandoned` (summed over rollout actors).
 
+Examples: the first `EXAMPLES_PER_REASON` failed samples of each reason since the last
+:meth:`FailureLog.take_examples` are kept (:class:`FailedExample`: the task, the group's token
+data handle, the error) for the samples table (`rlcore.report.samples.failed_rows`), so the live
+page can show failed samples by reason; a lost request's examples have no completion.
+
 Liveness: after `stop_after` requests in a row whose every sample failed, :meth:`check` raises
 :class:`NoProgress` naming the most frequent reason of that streak. "In a row" is launch order
 (each request's `seq`), not the order requests happen to finish in: results that finish early
@@ -20,12 +25,31 @@ from __future__ import annotations
 import logging
 import re
 from collections import Counter
+from dataclasses import dataclass
 
-from rlcore.types import GroupMeta
+from rlcore.types import GroupMeta, Task
 
 log = logging.getLogger("rlcore")
 REASON_CHARS = 160
 MAX_REASONS = 64  # distinct reasons kept per step; the rest count as "other"
+EXAMPLES_PER_REASON = 2  # failed samples kept per reason between two samples tables
+MAX_EXAMPLES = 16  # and in all (reasons are many only when something is badly wrong)
+
+
+@dataclass
+class FailedExample:
+    """One failed sample kept for the samples table."""
+
+    reason: str
+    """Its bucket (:func:`reason_of`)."""
+    error: str
+    """The error's first 500 characters."""
+    task: Task | None = None
+    """Its task (None: a whole lost request, whose tasks the log does not see)."""
+    group: GroupMeta | None = None
+    """Its group, whose token data holds the completion (None: nothing came back)."""
+    index: int = -1
+    """The sample's index in its group."""
 
 
 class NoProgress(RuntimeError):
@@ -51,6 +75,8 @@ class FailureLog:
         self.next_seq: int | None = None
         """Launch number of the next request the streak takes (None: take them as they come)."""
         self._waiting: dict[int, tuple[bool, Counter[str]]] = {}  # finished before an earlier one
+        self.examples: list[FailedExample] = []
+        """Failed samples kept since the last `take_examples` (`EXAMPLES_PER_REASON` per reason)."""
 
     def resume_at(self, seq: int) -> None:
         """The next request to be launched has number `seq` (0, or a resumed run's count)."""
@@ -64,6 +90,17 @@ class FailureLog:
         self.step_counts = Counter()
         self.streak, self.streak_counts = 0, Counter()
         self._waiting.clear()
+        self.examples = []
+
+    def _keep(self, example: FailedExample) -> None:
+        if (len(self.examples) < MAX_EXAMPLES
+                and sum(e.reason == example.reason for e in self.examples) < EXAMPLES_PER_REASON):
+            self.examples.append(example)
+
+    def take_examples(self) -> list[FailedExample]:
+        """The failed samples kept since the last call (then forgotten: their handles too)."""
+        out, self.examples = self.examples, []
+        return out
 
     def _count(self, reason: str, n: int, request: Counter[str]) -> None:
         if reason not in self.step_counts and len(self.step_counts) >= MAX_REASONS:
@@ -90,24 +127,28 @@ class FailureLog:
         for g in groups:
             if g.env_stats:
                 self.threads_by_actor[actor] = g.env_stats.get("reward_threads_abandoned", 0)
-            for s in g.samples:
+            for i, s in enumerate(g.samples):
                 total += 1
                 if s.failed:
                     failed += 1
                     reason = reason_of(s.error)
                     self._first(reason, (s.error or "").strip()[:500], g.task.id, s.env_output)
                     self._count(reason, 1, reasons)
+                    # a SampleMeta knows its index in the group's token data; a whole Sample is at i
+                    self._keep(FailedExample(reason, (s.error or "").strip()[:500], g.task, g, getattr(s, "index", i)))
         self._in_order(seq, total > 0 and failed == total, reasons)
 
     def request_lost(self, samples: int, why: str, detail: str = "", streak: bool = True,
-                     seq: int | None = None) -> None:
+                     seq: int | None = None, task: Task | None = None) -> None:
         """A request that never returned (its actor died, it timed out): all its samples failed.
         `why` is the bucket (`engine: ActorDiedError`), `detail` the message logged the first time;
-        `streak=False` counts them without touching the all-failed streak of generate requests."""
+        `streak=False` counts them without touching the all-failed streak of generate requests;
+        `task`: one of its tasks (the prompt its example row shows)."""
         reason = reason_of(why)
         self._first(reason, f"{why}: {detail.strip()[:500]}" if detail else why, "(whole request)", "")
         reasons: Counter[str] = Counter()
         self._count(reason, samples, reasons)
+        self._keep(FailedExample(reason, (f"{why}: {detail.strip()}" if detail else why)[:500], task))
         if streak:
             self._in_order(seq, True, reasons)
 

@@ -10,7 +10,7 @@ import datetime
 import math
 import time
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Iterator
 
 import torch
@@ -69,12 +69,22 @@ def sft_loss(inp: LossInputs, normalizer: float) -> tuple[torch.Tensor, dict[str
     return -(inp.logprobs * inp.loss_mask).sum() / normalizer, {}
 
 
+def kept_logprobs(logprobs: torch.Tensor, sample_index: torch.Tensor, samples: list[int]) -> dict[int, list[float]]:
+    """Each of `samples`' logprobs along its packed positions (one host copy; none when empty)."""
+    if not samples:
+        return {}
+    host = logprobs.detach().float().cpu()
+    return {j: host[sample_index == j].tolist() for j in samples}
+
+
 @dataclass
 class StepResult:
     metrics: dict[str, float]
     version: int
     lr: float
     """The learning rate this step used (`sft.lr` in an SFT step when set, else the scheduler's)."""
+    kept: list[dict[int, list[float]]] = field(default_factory=list)
+    """`train_step(keep=...)`: per micro-batch, sample j's logprobs along its packed positions."""
 
 
 class TrainerCore:
@@ -105,6 +115,7 @@ class TrainerCore:
         self.scheduler = build_scheduler(self.optimizer, t, cfg.steps)
         self.version = 0
         self._sample_versions: list[torch.Tensor] | None = None  # set for one train_step
+        self._keep: list[list[int]] | None = None  # set for one train_step
         # RL scores tokens under the tempered distribution the engines sample from; SFT fits the
         # model's own (temperature 1) distribution to the data
         self.temperature = 1.0 if cfg.mode == "sft" else max(cfg.rollout.sampling.temperature, 1e-6)
@@ -137,17 +148,21 @@ class TrainerCore:
         return [logprobs[(mb.sample_index == i) & mask].tolist() for i in range(len(pairs))]
 
     def train_step(self, micro_batches: list[MicroBatch], normalizer: float,
-                   sample_versions: list[torch.Tensor] | None = None) -> StepResult:
+                   sample_versions: list[torch.Tensor] | None = None,
+                   keep: list[list[int]] | None = None) -> StepResult:
         """One RL optimizer step (the configured policy loss) over this rank's micro-batches;
         `normalizer` comes from `rlcore.algo.losses.loss_normalizer` over the global batch.
         `sample_versions[i]`: the oldest behaviour version of each sample of micro-batch i
         (`rlcore.step.rank_sample_versions`); with it the mismatch is split into
-        `engine_mismatch_kl` and `staleness_kl`."""
-        self._sample_versions = sample_versions
+        `engine_mismatch_kl` and `staleness_kl`. `keep[i]`: samples of micro-batch i (their
+        `sample_index`) whose logprobs the result carries (`StepResult.kept`): the ones the loss
+        used, from this step's forward under the weights before its update (the "current"
+        logprob of the importance ratio and of the mismatch metrics); no extra forward."""
+        self._sample_versions, self._keep = sample_versions, keep
         try:
             return self._step(micro_batches, normalizer, self._rl_loss)
         finally:
-            self._sample_versions = None
+            self._sample_versions, self._keep = None, None
 
     def _rl_loss(self, inp: LossInputs, normalizer: float) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """The configured policy loss, plus `teacher.top_k_coef` x the top-k distillation term
@@ -208,6 +223,7 @@ class TrainerCore:
         self.model.train()
         # metric sums stay on the device until the step ends: no host sync between micro-batches
         sums: dict[str, torch.Tensor | float] = {"loss_tokens": 0.0, "tokens": 0.0}
+        kept: list[dict[int, list[float]]] = []
         maxima: dict[str, torch.Tensor] = {}
         minima: dict[str, torch.Tensor] = {}
 
@@ -222,6 +238,8 @@ class TrainerCore:
             logprobs, entropy, top_k = forward_columns(self.model, mb, self.temperature, self.parallel, self.device,
                                                        vision=self.vision, others=others)
             inp = self._loss_inputs(mb, logprobs, entropy, i, top_k)
+            if self._keep is not None:
+                kept.append(kept_logprobs(logprobs, mb.sample_index, self._keep[i]))
             loss, metrics = loss_fn(inp, normalizer)
             (loss * self.world_size).backward()
             acc(sums, "loss", loss, torch.add)
@@ -245,7 +263,7 @@ class TrainerCore:
         extrema = {**self._all_reduce(maxima, dist.ReduceOp.MAX), **self._all_reduce(minima, dist.ReduceOp.MIN)}
         metrics = step_metrics(totals, extrema, grad_norm, time.perf_counter() - start)
         metrics.update(router_metrics(self.model))
-        return StepResult(metrics=metrics, version=self.version, lr=lr)
+        return StepResult(metrics=metrics, version=self.version, lr=lr, kept=kept)
 
     def _clip_grads(self) -> float:
         return clip_grad_norm(self.model, self.cfg.trainer.max_grad_norm, self.parallel)

@@ -16,6 +16,9 @@ from rlcore.report.watch.tail import JsonlTail
 CHECKPOINT = re.compile(r"step_(\d+)$")
 RESTART_COUNTERS = {"rollout_restarts": "rollout engine died and was restarted",
                     "trainer_restarts": "trainer group restarted after a rank died"}
+# the events.jsonl kinds that tell of the same restarts (a run that writes them): the counter's
+# own event would say it twice
+EXPLICIT = {"rollout_restarts": ("rollout_died", "rollout_stalled"), "trainer_restarts": ("trainer_restart",)}
 
 
 class RunView:
@@ -56,7 +59,8 @@ class RunView:
             self.events += self._new_checkpoints()
 
     def _implied(self, row: dict[str, Any]) -> list[dict[str, Any]]:
-        """Events a metrics row tells of: an evaluation, a restart counter that went up."""
+        """Events a metrics row tells of: an evaluation, a restart counter that went up (unless
+        events.jsonl tells of those restarts itself: a run that writes fault events)."""
         out = []
         if "eval/reward_mean" in row:
             out.append({"kind": "eval", "step": row["step"], "text": f"evaluation of step {row['step']}: reward "
@@ -64,7 +68,7 @@ class RunView:
         for key, text in RESTART_COUNTERS.items():
             value = row.get(key)
             if isinstance(value, int):
-                if value > self._counters.get(key, 0):
+                if value > self._counters.get(key, 0) and not any(e.get("kind") in EXPLICIT[key] for e in self.events):
                     out.append({"kind": "restart", "step": row["step"], "time": None,
                                 "text": f"{text} ({key} {value})"})
                 self._counters[key] = value

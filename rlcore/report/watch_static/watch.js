@@ -217,6 +217,32 @@ function logprobColour(lp) {
   const t = Math.min(1, -lp / 5);  // 0 nats: white, <= -5 nats: red
   return `hsl(0, 80%, ${100 - 30 * t}%)`;
 }
+const GAP_SCALE = [0, 0.01, 0.1, 0.3, 1];  // nats: the legend's steps
+function gapColour(gap) {
+  if (gap === null || gap === undefined) return "#eee";  // no trainer logprob (an environment token)
+  const t = Math.min(1, Math.sqrt(gap));  // 0: white, 0.01: faint, 0.1: light, >= 1 nat: deep purple
+  return `hsl(280, 70%, ${100 - 45 * t}%)`;
+}
+function tokenGap(s, i) {
+  const t = s.trainer_logprobs ? s.trainer_logprobs[i] : null;
+  return t === null || t === undefined ? null : Math.abs(t - s.token_logprobs[i]);
+}
+// The reasons of the failed samples of the run (the filter's options after "all" and "scored").
+function syncReasons(run) {
+  const sel = document.getElementById("f-reason");
+  const reasons = [...new Set(run.samples.map(s => s.failed_reason).filter(r => r))].sort();
+  if (sel.options.length === reasons.length + 2) return;
+  const keep = sel.value;
+  sel.replaceChildren(el("option", {value: ""}, "all samples"), el("option", {value: "scored"}, "scored only"),
+                      ...reasons.map(r => el("option", {value: r}, `failed: ${r}`)));
+  sel.value = keep;
+}
+function reasonOk(s, reason) {
+  return reason === "" || (reason === "scored" ? !s.failed_reason : s.failed_reason === reason);
+}
+function rewardOk(s, rmin, rmax) {  // a failed sample has no reward: only the open range keeps it
+  return s.reward === null ? rmin === -Infinity && rmax === Infinity : s.reward >= rmin && s.reward <= rmax;
+}
 
 function drawSamples() {
   const runSel = document.getElementById("f-run");
@@ -235,26 +261,35 @@ function drawSamples() {
   const val = id => document.getElementById(id).value;
   const rmin = val("f-rmin") === "" ? -Infinity : Number(val("f-rmin"));
   const rmax = val("f-rmax") === "" ? Infinity : Number(val("f-rmax"));
-  const text = val("f-text").toLowerCase(), step = val("f-step"), by = val("f-colour");
-  const shown = run.samples.filter(s => s.reward >= rmin && s.reward <= rmax && (step === "" || String(s.step) === step)
-    && (!text || (s.prompt + s.completion).toLowerCase().includes(text)));
+  syncReasons(run);
+  const text = val("f-text").toLowerCase(), step = val("f-step"), by = val("f-colour"), reason = val("f-reason");
+  const shown = run.samples.filter(s => rewardOk(s, rmin, rmax) && (step === "" || String(s.step) === step)
+    && reasonOk(s, reason) && (!text || (s.prompt + s.completion).toLowerCase().includes(text)));
   const vs = shown.flatMap(s => (s.token_versions || []).filter(v => v >= 0));
   const lo = vs.length ? Math.min(...vs) : 0, hi = vs.length ? Math.max(...vs) : 0;
   const legend = document.getElementById("legend");
+  const swatch = (text, background) => Object.assign(el("span", {}, text), {style: `background:${background}`});
   legend.replaceChildren(...(by === "version"
-    ? [lo, hi].filter((v, i, a) => a.indexOf(v) === i).map(v => Object.assign(el("span", {}, `version ${v}`), {style: `background:${versionColour(v, lo, hi)}`}))
-    : [0, -1, -3, -5].map(lp => Object.assign(el("span", {}, `${lp} nats`), {style: `background:${logprobColour(lp)}`}))));
+    ? [lo, hi].filter((v, i, a) => a.indexOf(v) === i).map(v => swatch(`version ${v}`, versionColour(v, lo, hi)))
+    : by === "gap"
+      ? [el("b", {}, "|trainer \u2212 engine| logprob: "), ...GAP_SCALE.map(g => swatch(`${g} nats`, gapColour(g))),
+         swatch("no trainer logprob", gapColour(null))]
+      : [0, -1, -3, -5].map(lp => swatch(`${lp} nats`, logprobColour(lp)))));
   const list = shown.slice(-200).reverse().map(s => {
-    const div = el("div", {class: "sample", "data-step": s.step, "data-reward": String(s.reward)});
-    div.appendChild(el("div", {class: "meta"}, `step ${s.step} | reward ${fmt(s.reward)} | version ${s.version ?? "-"}`));
+    const div = el("div", {class: s.failed_reason ? "sample failed" : "sample", "data-step": s.step,
+                           "data-reward": String(s.reward), "data-reason": s.failed_reason || ""});
+    div.appendChild(el("div", {class: "meta"}, s.failed_reason ? `step ${s.step} | failed: ${s.failed_reason}`
+      : `step ${s.step} | reward ${fmt(s.reward)} | version ${s.version ?? "-"}`));
+    if (s.error) div.appendChild(el("div", {class: "error"}, s.error));
     div.appendChild(el("div", {class: "prompt"}, s.prompt));
     const comp = el("div", {class: "completion"});
     if (s.tokens) {
       s.tokens.forEach((t, i) => {
-        const v = s.token_versions[i], lp = s.token_logprobs[i];
-        const span = el("span", {class: "tok", "data-version": v, "data-logprob": lp,
-                                 title: `version ${v}, engine logprob ${lp}`}, t);
-        span.style.background = by === "version" ? versionColour(v, lo, hi) : logprobColour(lp);
+        const v = s.token_versions[i], lp = s.token_logprobs[i], gap = tokenGap(s, i);
+        const trainer = gap === null ? "" : `, trainer logprob ${s.trainer_logprobs[i]}, gap ${gap.toFixed(4)} nats`;
+        const span = el("span", {class: "tok", "data-version": v, "data-logprob": lp, "data-gap": gap ?? "",
+                                 title: `version ${v}, engine logprob ${lp}${trainer}`}, t);
+        span.style.background = by === "version" ? versionColour(v, lo, hi) : by === "gap" ? gapColour(gap) : logprobColour(lp);
         comp.appendChild(span);
       });
     } else {
@@ -265,6 +300,7 @@ function drawSamples() {
   });
   document.getElementById("sample-list").replaceChildren(...list);
   document.getElementById("samples").dataset.shown = String(list.length);
+  document.getElementById("samples").dataset.total = String(run.samples.length);
 }
 
 function drawAlarms() {
@@ -309,7 +345,7 @@ async function start() {
   delete document.body.dataset.error;
   for (const r of list) runs.push({...r, epoch: 0, rows: [], train: [], evals: [], samples: [], events: [], alarms: [],
                                    ended: false, polls: 0});
-  for (const id of ["f-run", "f-step", "f-rmin", "f-rmax", "f-text", "f-colour"]) {
+  for (const id of ["f-run", "f-step", "f-rmin", "f-rmax", "f-text", "f-reason", "f-colour"]) {
     document.getElementById(id).addEventListener("input", drawSamples);
   }
   loop();
