@@ -38,16 +38,19 @@ import sys
 import time
 from typing import Any
 
+from rlcore.envs import reward_worker_ns as ns
+from rlcore.envs.reward_worker_home import Home
 from rlcore.envs.safety import Outcome, _describe, _Sink
 
 PR_SET_PDEATHSIG = 1
 PR_SET_CHILD_SUBREAPER = 36
 RESULT_LIMIT = 1 << 20
 """Bytes a call's pickled return value may take (a reward is a number: this is generous)."""
-CURRENT, STARTED, CUT, WORKER_PID = 0, 1, 2, 3
+CURRENT, STARTED, CUT, WORKER_PID, NAMESPACE = 0, 1, 2, 3, 4
 """Fields of a worker's `progress` array: the call it runs (index in its batch, -1 before the
 first), when that call started (time.monotonic, shared by all processes), the last index it may
-start (the parent lowers it to move the rest of the batch elsewhere), the worker's pid."""
+start (the parent lowers it to move the rest of the batch elsewhere), the worker's pid (as the
+actor sees it), the namespaces it runs in (:mod:`rlcore.envs.reward_worker_ns`, -1 until known)."""
 ABANDON_SIGNAL = signal.SIGUSR1
 """What the actor sends a worker whose call missed its deadline: a call in Python code ends at its
 next bytecode (sleeps too) and the worker is reused; one blocked in C is killed after a grace."""
@@ -71,11 +74,13 @@ def keep(conn, owner: Any, progress, lock, actor_pid: int, memory_mb: int) -> No
     libc = ctypes.CDLL(None, use_errno=True)
     libc.prctl(PR_SET_CHILD_SUBREAPER, 1)
     keeper = os.getpid()
+    progress[NAMESPACE] = namespace = ns.enter()  # the worker cannot name the actor's processes
     pid = os.fork()
     if pid == 0:
+        os.setsid()  # killpg(0) from a call reaches the worker alone, not the keeper
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         _die_with(keeper)
-        serve(conn, owner, progress, lock, memory_mb)
+        serve(conn, owner, progress, lock, memory_mb, namespace != ns.NONE)
     conn.close()
 
     def stop(*_) -> None:
@@ -92,15 +97,17 @@ def keep(conn, owner: Any, progress, lock, actor_pid: int, memory_mb: int) -> No
 def _die_with(parent_pid: int) -> None:
     """SIGKILL this process when `parent_pid` (its parent) ends; exit now if it already has."""
     ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-    if os.getppid() != parent_pid:
+    if ns.host_ppid() != parent_pid:
         os._exit(0)
 
 
-def serve(conn, owner: Any, progress, lock, memory_mb: int) -> None:
-    """The worker's main loop (never returns): run batches of `owner`'s methods for the actor."""
+def serve(conn, owner: Any, progress, lock, memory_mb: int, namespace_init: bool) -> None:
+    """The worker's main loop (never returns): run batches of `owner`'s methods for the actor.
+    `namespace_init`: the worker is pid 1 of a PID namespace of its own."""
     libc = ctypes.CDLL(None, use_errno=True)
     libc.prctl(PR_SET_CHILD_SUBREAPER, 1)
-    progress[WORKER_PID] = os.getpid()
+    _namespace_init[0] = namespace_init
+    progress[WORKER_PID] = ns.host_pid()
     signal.signal(ABANDON_SIGNAL, _abandon)
     devnull = os.open(os.devnull, os.O_WRONLY)
     os.dup2(devnull, 1)
@@ -211,34 +218,6 @@ def limit_memory(memory_mb: int) -> None:
     resource.setrlimit(resource.RLIMIT_DATA, (want if hard == resource.RLIM_INFINITY else min(want, hard), hard))
 
 
-class Home:
-    """The process state every call starts from: working directory, environment, sys.path."""
-
-    def __init__(self):
-        self.cwd = os.getcwd()
-        self.environ = dict(os.environ)
-        self.raw_environ = dict(_raw(os.environ))
-        self.path = list(sys.path)
-
-    def restore(self) -> None:
-        signal.alarm(0)  # an alarm a call set would kill a later call
-        try:
-            moved = os.getcwd() != self.cwd
-        except OSError:  # its directory was removed
-            moved = True
-        if moved:
-            os.chdir(self.cwd)
-        if _raw(os.environ) != self.raw_environ:  # the encoded mapping: 1 us where decoding all is 80
-            os.environ.clear()
-            os.environ.update(self.environ)
-        if sys.path != self.path:
-            sys.path[:] = self.path
-
-
-def _raw(environ) -> dict:
-    return getattr(environ, "_data", environ)
-
-
 def children() -> list[int]:
     """This process's child pids (orphans it adopted as subreaper included)."""
     try:
@@ -256,8 +235,15 @@ def children() -> list[int]:
         return kids
 
 
+_namespace_init = [False]
+
+
 def end_descendants(kill_first: list[int] = ()) -> None:
     """SIGKILL and reap every process the last call left behind (one cheap syscall when none)."""
+    if _namespace_init[0]:  # the pids /proc shows are not this namespace's: kill(-1) names them all
+        if not ns.end_namespace_members(REAP_ROUNDS):
+            os._exit(EXIT_DESCENDANTS)
+        return
     for pid in kill_first:
         try:
             os.kill(pid, signal.SIGKILL)
