@@ -8,9 +8,10 @@ move the rest of a batch away from a call that overruns (and kill it at its dead
 message per call. After every call the worker puts itself back as it was when it started:
 
 - whatever the call started (children, their children, double-forked daemons) is killed: the
-  worker is a child subreaper, so orphans of the call's processes become its children and none
-  escapes to init;
-- the working directory, `os.environ`, `sys.path` and any pending alarm are restored;
+  worker is its PID namespace's init (or else a child subreaper), so orphans of the call's
+  processes become its children and none escapes;
+- what it changed in the process is put back (:mod:`rlcore.envs.reward_worker_home`: the working
+  directory, `os.environ`, `sys.path`, signal handlers, umask, resource limits, patched modules...);
 - a call that exceeds the memory bound (RLIMIT_DATA: what the worker had at start plus the
   bound) fails with a line naming the bound, and the worker retires (its leaked memory goes with
   it);
@@ -20,10 +21,12 @@ A call that misses its deadline is first asked to stop (`ABANDON_SIGNAL` raises
 :class:`CallAbandoned` in it); a worker whose call stops so is reused, so a storm of hung calls
 costs forks only while they overlap, not a kill and a fork per call.
 
-Between the worker and the actor sits a keeper process (:func:`keep`): a reward that kills its
-parent kills the keeper, and the actor names it; at a deadline the keeper kills the worker and
-whatever its calls left, in any session. Each dies with its parent (PR_SET_PDEATHSIG, checked
-after it is set, so a parent that died during the fork is seen too).
+Between the worker and the actor sits a keeper process (:func:`keep`), which puts the worker in a
+PID namespace of its own (:mod:`rlcore.envs.reward_worker_ns`: a reward cannot signal the actor;
+where that is refused, a reward that kills its parent kills the keeper, and the actor names it);
+at a deadline the keeper kills the worker and whatever its calls left, in any session. Each dies
+with its parent (PR_SET_PDEATHSIG, checked after it is set, so a parent that died during the fork
+is seen too).
 """
 
 from __future__ import annotations
@@ -39,7 +42,7 @@ import time
 from typing import Any
 
 from rlcore.envs import reward_worker_ns as ns
-from rlcore.envs.reward_worker_home import Home
+from rlcore.envs.reward_worker_home import Home, recording
 from rlcore.envs.safety import Outcome, _describe, _Sink
 
 PR_SET_PDEATHSIG = 1
@@ -109,9 +112,10 @@ def serve(conn, owner: Any, progress, lock, memory_mb: int, namespace_init: bool
     _namespace_init[0] = namespace_init
     progress[WORKER_PID] = ns.host_pid()
     signal.signal(ABANDON_SIGNAL, _abandon)
-    devnull = os.open(os.devnull, os.O_WRONLY)
-    os.dup2(devnull, 1)
-    os.dup2(devnull, 2)
+    devnull = os.open(os.devnull, os.O_RDWR)
+    for fd in (0, 1, 2):  # not the actor's terminal or log files
+        os.dup2(devnull, fd)
+    os.close(devnull)
     limit_memory(memory_mb)
     home = Home()
     while True:
@@ -139,7 +143,7 @@ def run_batch(owner: Any, batch: list[bytes], progress, lock, home: Home, memory
                 break
             progress[CURRENT], progress[STARTED] = k, time.monotonic()
         out = run_one(owner, blob)
-        home.restore()
+        unrestored = home.restore()
         end_descendants()
         try:
             if not stat.S_ISSOCK(os.fstat(pipe_fd).st_mode):
@@ -150,6 +154,8 @@ def run_batch(owner: Any, batch: list[bytes], progress, lock, home: Home, memory
         if out.error is not None and out.error.startswith("MemoryError"):
             out.error = (f"reward exceeded the reward worker's memory bound (env.args.reward_memory_mb={memory_mb}): "
                          f"{out.error}")
+            return outs, True
+        if unrestored is not None:  # the call itself is scored; the worker is not reused
             return outs, True
     return outs, False
 
@@ -176,7 +182,8 @@ def run_one(owner: Any, blob: bytes) -> Outcome:
         name, args = pickle.loads(blob)
         try:
             _in_call[0] = True
-            value = getattr(owner, name)(*args)
+            with recording():
+                value = getattr(owner, name)(*args)
         finally:
             _in_call[0] = False
         out = Outcome(value=value)
