@@ -5,11 +5,13 @@ filters, the recursion limit. Each reward first checks the state is as the worke
 changes it; 16 calls over 2 reused workers score 1.0 only if every call found it clean."""
 
 import builtins
+import ctypes
 import importlib
 import json
 import os
 import resource
 import signal
+import subprocess
 import sys
 import types
 import warnings
@@ -18,6 +20,9 @@ import pytest
 
 from tests.test_reward_workers import scored
 from tests.test_env_safety import Scored
+
+
+LIBC = ctypes.CDLL(None)  # looked up before the workers fork: no audit event when a call uses it
 
 
 def _umask() -> int:
@@ -61,6 +66,13 @@ class Patching(Scored):
         elif b == "rlimit":
             clean = resource.getrlimit(resource.RLIMIT_NOFILE) == self.nofile
             resource.setrlimit(resource.RLIMIT_NOFILE, (64, self.nofile[1]))
+        elif b == "rlimit_by_child":  # not through Python's resource module: from a child process
+            clean = resource.getrlimit(resource.RLIMIT_NOFILE) == self.nofile
+            subprocess.run(["prlimit", f"--pid={os.getpid()}", f"--nofile=64:{self.nofile[1]}"], check=True)
+        elif b == "rlimit_by_ctypes":  # nor through Python: libc directly
+            clean = resource.getrlimit(resource.RLIMIT_NOFILE) == self.nofile
+            limit = (ctypes.c_ulong * 2)(64, self.nofile[1])
+            assert LIBC.setrlimit(resource.RLIMIT_NOFILE, limit) == 0
         elif b == "stdout":
             clean = getattr(sys.__stdout__, "name", None) == "<stdout>" and \
                 os.fstat(1).st_rdev == os.stat(os.devnull).st_rdev
@@ -78,7 +90,8 @@ class Patching(Scored):
 
 
 @pytest.mark.parametrize("behaviour", ["signal_handlers", "signal_mask", "patch_json", "patch_os_path",
-                                       "patch_builtins", "replace_module", "umask", "rlimit", "stdout",
+                                       "patch_builtins", "replace_module", "umask", "rlimit", "rlimit_by_child",
+                                       "rlimit_by_ctypes", "stdout",
                                        "warnings", "recursion_limit"])
 def test_each_call_starts_from_the_process_state_the_worker_started_with(behaviour):
     env = Patching(behaviour)

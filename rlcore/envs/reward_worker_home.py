@@ -35,16 +35,6 @@ LIMITS = [getattr(resource, n) for n in dir(resource) if n.startswith("RLIMIT_")
 HANDLED = sorted(s for s in signal.valid_signals() if s < signal.SIGRTMIN and s not in (signal.SIGKILL, signal.SIGSTOP))
 """Signals whose handlers are put back (read through `_signal`: `signal.getsignal` converts each
 to an enum, 17 us a call for all of them against 0.5)."""
-LIMIT_EVENTS = frozenset({"resource.setrlimit", "resource.prlimit", "ctypes.call_function", "os.fork", "os.forkpty",
-                          "os.posix_spawn", "os.spawn", "os.system", "subprocess.Popen"})
-"""Audit events after which a call's resource limits are compared (16 syscalls): the ways a call
-can change them (directly, through C, or from a child with `prlimit --pid`)."""
-_limits_touched = [False]
-
-
-def _audit(event: str, args) -> None:
-    if event in LIMIT_EVENTS:
-        _limits_touched[0] = True
 
 
 class _Journaled(types.ModuleType):
@@ -98,7 +88,6 @@ class Home:
         self.fds = {fd: _identity(fd) for fd in (0, 1, 2)}
         self.interpreter = _interpreter()
         _journal_modules(list(sys.modules.values()))
-        sys.addaudithook(_audit)  # the worker's own process: the actor never gets it
 
     def restore(self) -> str | None:
         """Put back what the last call changed; a reason to retire the worker, if one remains."""
@@ -153,9 +142,6 @@ class Home:
                 os.close(target)
 
     def _restore_limits(self) -> str | None:
-        if not _limits_touched[0]:
-            return None
-        _limits_touched[0] = False
         if list(map(resource.getrlimit, LIMITS)) == self.limits:
             return None
         for r, saved in zip(LIMITS, self.limits):
