@@ -13,9 +13,10 @@ when none is idle); at its deadline its worker's whole session is killed (SIGKIL
 many tasks costs about one timeout per request, not one per hung call. Workers killed or lost
 are replaced; the calls a lost worker had finished but not yet sent are run again.
 
-What a call starts dies with the call, each call starts from the same directory, environment
-and `sys.path`, each worker's memory is bounded (`env.args.reward_memory_mb`): see the worker's
-module. Workers die with their parent. A call whose arguments do not pickle runs in a fork of
+What a call starts dies with the call, each call starts from the process state the worker
+started with, each worker's memory is bounded (`env.args.reward_memory_mb`), and each worker is
+in a PID namespace of its own, where a reward cannot name the actor: see the worker's module.
+Workers die with their parent. A call whose arguments do not pickle runs in a fork of
 its own (`process` isolation), which inherits them. What a call prints from Python is kept on its
 outcome (first `OUTPUT_LIMIT` characters); output written straight to file descriptors 1 and 2
 is dropped.
