@@ -16,7 +16,9 @@ from pathlib import Path
 
 import pytest
 
+from rlcore.envs import reward_worker_ns
 from tests.test_env_safety import Scored
+from tests.test_reward_workers import scored
 
 ROOT = Path(__file__).resolve().parents[1]
 USER = 65534
@@ -53,6 +55,10 @@ class Attacker(Scored):
         elif b == "killpg_own":
             os.killpg(0, signal.SIGKILL)
         elif b == "kill_parent":
+            os.kill(os.getppid(), signal.SIGKILL)
+        elif b == "kill_keeper":  # where the worker shares the actor's namespace: its keeper
+            if os.getpid() == 1:
+                raise RuntimeError("isolated: this attack is for a worker without a namespace")
             os.kill(os.getppid(), signal.SIGKILL)
         time.sleep(0.5)  # a signal that hit the actor has landed by now
         return 1.0
@@ -107,3 +113,20 @@ def test_a_reward_cannot_signal_the_rollout_actor(who, attack):
             assert (reward, error, failed) == (1.0, None, False), error
         else:
             assert failed and error.startswith(ATTACKS[attack]), error
+
+
+def test_without_a_namespace_a_warning_says_so_and_a_reward_that_kills_its_parent_is_named(monkeypatch, caplog):
+    """Where `unshare` is refused (here: made to be) the workers share the actor's namespace: the
+    run says so once, and a reward that kills its parent kills the worker's keeper, not the
+    scoring process; the sample names it."""
+    monkeypatch.setattr(reward_worker_ns, "enter", lambda: reward_worker_ns.NONE)
+    env = Attacker("kill_keeper", reward_timeout_s=10)
+    try:
+        with caplog.at_level("WARNING", logger="rlcore"):
+            rounds = [scored(env, tasks=2, n=1) for _ in range(2)]
+    finally:
+        env.reward_pool().close()
+    for attacked, other in rounds:
+        assert attacked.failed and "the reward signalled its process's parent (signal 9)" in attacked.error
+        assert (other.reward, other.failed) == (1.0, False)
+    assert sum("could not get a PID namespace" in r.getMessage() for r in caplog.records) == 1
