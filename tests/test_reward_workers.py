@@ -1,17 +1,13 @@
 """Reward workers (issue 41): what a reward does to its process stays with its call. Leaks hit a
 named memory bound, whatever a call starts dies with it (children, double-forked daemons, also
 at a deadline), each call starts from the same directory and environment, overrunning calls
-overlap instead of queueing, a reward that signals its parent costs its sample and names it,
-and the other faults of user code (exits, huge values, closed pipes) cost one
+overlap instead of queueing, and the other faults of user code (exits, huge values, closed pipes) cost one
 sample each. All through `Environment.run_groups` with the default `worker` isolation."""
 
 import itertools
-import json
 import os
-import signal
 import subprocess
 import sys
-import textwrap
 import time
 
 import pytest
@@ -35,7 +31,10 @@ class Misbehaving(Scored):
     def make_task(self, index, split):
         return Task(id=f"t/{index}", messages=[{"role": "user", "content": "hi"}], answer=str(index))
 
-    def note(self, name, pid):
+    def note(self, name, pid=None):
+        """Note `pid` (default: this process) as the test sees it (the worker has a PID namespace
+        of its own; /proc is the host's)."""
+        pid = int(os.readlink("/proc/self")) if pid is None else pid
         with open(os.path.join(self.where, f"{name}.{pid}"), "w") as f:
             f.write(f"{time.monotonic()}")
 
@@ -45,7 +44,7 @@ class Misbehaving(Scored):
         if first == 0:
             os.setsid()
             if os.fork() == 0:
-                self.note("daemon", os.getpid())
+                self.note("daemon")
                 time.sleep(300)
             os._exit(0)
         os.waitpid(first, 0)
@@ -59,7 +58,11 @@ class Misbehaving(Scored):
         if b == "leak":
             LEAK.append(bytearray(64 << 20))
         elif b == "child":
-            self.note("child", subprocess.Popen(["sleep", "300"]).pid)
+            subprocess.Popen(["sleep", "300"])
+            me = os.readlink("/proc/self")
+            (child,) = [int(p) for t in os.listdir(f"/proc/{me}/task")
+                        for p in open(f"/proc/{me}/task/{t}/children").read().split()]
+            self.note("child", child)
         elif b == "daemon":
             self.daemon()
         elif b == "daemon_then_hang":  # in Python: asked to stop at the deadline, the worker is reused
@@ -75,7 +78,7 @@ class Misbehaving(Scored):
             sys.path.insert(0, "/nowhere")
             return 1.0 if clean else 0.0
         elif b == "hang":
-            self.note("hang", os.getpid())
+            self.note("hang")
             time.sleep(300)
         elif b == "exit":
             os._exit(7)
@@ -83,10 +86,6 @@ class Misbehaving(Scored):
             return "x" * (4 << 20)
         elif b == "close_fds":
             os.closerange(3, 4096)
-        elif b == "kill_parent":
-            self.note("killer", os.getpid())
-            os.kill(os.getppid(), signal.SIGKILL)
-            time.sleep(5)
         return 1.0
 
 
@@ -196,30 +195,3 @@ def test_each_fault_of_user_code_costs_its_own_sample(env_of, behaviour, expect)
     assert [s.reward for s in samples[2:]] == [1.0] * 4
     assert [s.reward for s in scored(env_of("ok"), tasks=1, n=2)] == [1.0, 1.0]
 
-
-ACTOR = textwrap.dedent("""
-    import json, sys
-    sys.path.insert(0, {root!r})
-    from tests.test_reward_workers import Misbehaving, scored
-    env = Misbehaving("kill_parent", where={where!r}, reward_timeout_s=10)
-    rounds = [[s.error for s in scored(env, tasks=2, n=1)] for _ in range(2)]
-    print(json.dumps(rounds))
-""")
-
-
-def test_a_reward_that_kills_its_parent_costs_its_sample_and_is_named(tmp_path):
-    """The scoring process (a rollout actor's stand-in, in a process of its own) survives two
-    rounds of a reward that SIGKILLs `os.getppid()`; each time the sample names what happened,
-    and nothing the rounds started outlives that process."""
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    proc = subprocess.run([sys.executable, "-c", ACTOR.format(root=root, where=str(tmp_path))],
-                          capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0, (proc.returncode, proc.stderr[-2000:])
-    rounds = json.loads(proc.stdout.strip().splitlines()[-1])
-    for errors in rounds:
-        assert "the reward signalled its process's parent (signal 9)" in errors[0], errors
-        assert errors[1] is None
-    killers = pids(tmp_path, "killer")
-    assert len(killers) == 2
-    for pid in killers:
-        assert gone(pid)

@@ -8,9 +8,10 @@ move the rest of a batch away from a call that overruns (and kill it at its dead
 message per call. After every call the worker puts itself back as it was when it started:
 
 - whatever the call started (children, their children, double-forked daemons) is killed: the
-  worker is a child subreaper, so orphans of the call's processes become its children and none
-  escapes to init;
-- the working directory, `os.environ`, `sys.path` and any pending alarm are restored;
+  worker is its PID namespace's init (or else a child subreaper), so orphans of the call's
+  processes become its children and none escapes;
+- what it changed in the process is put back (:mod:`rlcore.envs.reward_worker_home`: the working
+  directory, `os.environ`, `sys.path`, signal handlers, umask, resource limits, patched modules...);
 - a call that exceeds the memory bound (RLIMIT_DATA: what the worker had at start plus the
   bound) fails with a line naming the bound, and the worker retires (its leaked memory goes with
   it);
@@ -20,10 +21,12 @@ A call that misses its deadline is first asked to stop (`ABANDON_SIGNAL` raises
 :class:`CallAbandoned` in it); a worker whose call stops so is reused, so a storm of hung calls
 costs forks only while they overlap, not a kill and a fork per call.
 
-Between the worker and the actor sits a keeper process (:func:`keep`): a reward that kills its
-parent kills the keeper, and the actor names it; at a deadline the keeper kills the worker and
-whatever its calls left, in any session. Each dies with its parent (PR_SET_PDEATHSIG, checked
-after it is set, so a parent that died during the fork is seen too).
+Between the worker and the actor sits a keeper process (:func:`keep`), which puts the worker in a
+PID namespace of its own (:mod:`rlcore.envs.reward_worker_ns`: a reward cannot signal the actor;
+where that is refused, a reward that kills its parent kills the keeper, and the actor names it);
+at a deadline the keeper kills the worker and whatever its calls left, in any session. Each dies
+with its parent (PR_SET_PDEATHSIG, checked after it is set, so a parent that died during the fork
+is seen too).
 """
 
 from __future__ import annotations
@@ -38,16 +41,19 @@ import sys
 import time
 from typing import Any
 
+from rlcore.envs import reward_worker_ns as ns
+from rlcore.envs.reward_worker_home import Home, recording
 from rlcore.envs.safety import Outcome, _describe, _Sink
 
 PR_SET_PDEATHSIG = 1
 PR_SET_CHILD_SUBREAPER = 36
 RESULT_LIMIT = 1 << 20
 """Bytes a call's pickled return value may take (a reward is a number: this is generous)."""
-CURRENT, STARTED, CUT, WORKER_PID = 0, 1, 2, 3
+CURRENT, STARTED, CUT, WORKER_PID, NAMESPACE = 0, 1, 2, 3, 4
 """Fields of a worker's `progress` array: the call it runs (index in its batch, -1 before the
 first), when that call started (time.monotonic, shared by all processes), the last index it may
-start (the parent lowers it to move the rest of the batch elsewhere), the worker's pid."""
+start (the parent lowers it to move the rest of the batch elsewhere), the worker's pid (as the
+actor sees it), the namespaces it runs in (:mod:`rlcore.envs.reward_worker_ns`, -1 until known)."""
 ABANDON_SIGNAL = signal.SIGUSR1
 """What the actor sends a worker whose call missed its deadline: a call in Python code ends at its
 next bytecode (sleeps too) and the worker is reused; one blocked in C is killed after a grace."""
@@ -71,11 +77,13 @@ def keep(conn, owner: Any, progress, lock, actor_pid: int, memory_mb: int) -> No
     libc = ctypes.CDLL(None, use_errno=True)
     libc.prctl(PR_SET_CHILD_SUBREAPER, 1)
     keeper = os.getpid()
+    progress[NAMESPACE] = namespace = ns.enter()  # the worker cannot name the actor's processes
     pid = os.fork()
     if pid == 0:
+        os.setsid()  # killpg(0) from a call reaches the worker alone, not the keeper
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         _die_with(keeper)
-        serve(conn, owner, progress, lock, memory_mb)
+        serve(conn, owner, progress, lock, memory_mb, namespace != ns.NONE)
     conn.close()
 
     def stop(*_) -> None:
@@ -92,19 +100,22 @@ def keep(conn, owner: Any, progress, lock, actor_pid: int, memory_mb: int) -> No
 def _die_with(parent_pid: int) -> None:
     """SIGKILL this process when `parent_pid` (its parent) ends; exit now if it already has."""
     ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-    if os.getppid() != parent_pid:
+    if ns.host_ppid() != parent_pid:
         os._exit(0)
 
 
-def serve(conn, owner: Any, progress, lock, memory_mb: int) -> None:
-    """The worker's main loop (never returns): run batches of `owner`'s methods for the actor."""
+def serve(conn, owner: Any, progress, lock, memory_mb: int, namespace_init: bool) -> None:
+    """The worker's main loop (never returns): run batches of `owner`'s methods for the actor.
+    `namespace_init`: the worker is pid 1 of a PID namespace of its own."""
     libc = ctypes.CDLL(None, use_errno=True)
     libc.prctl(PR_SET_CHILD_SUBREAPER, 1)
-    progress[WORKER_PID] = os.getpid()
+    _namespace_init[0] = namespace_init
+    progress[WORKER_PID] = ns.host_pid()
     signal.signal(ABANDON_SIGNAL, _abandon)
-    devnull = os.open(os.devnull, os.O_WRONLY)
-    os.dup2(devnull, 1)
-    os.dup2(devnull, 2)
+    devnull = os.open(os.devnull, os.O_RDWR)
+    for fd in (0, 1, 2):  # not the actor's terminal or log files
+        os.dup2(devnull, fd)
+    os.close(devnull)
     limit_memory(memory_mb)
     home = Home()
     while True:
@@ -132,7 +143,7 @@ def run_batch(owner: Any, batch: list[bytes], progress, lock, home: Home, memory
                 break
             progress[CURRENT], progress[STARTED] = k, time.monotonic()
         out = run_one(owner, blob)
-        home.restore()
+        unrestored = home.restore()
         end_descendants()
         try:
             if not stat.S_ISSOCK(os.fstat(pipe_fd).st_mode):
@@ -143,6 +154,8 @@ def run_batch(owner: Any, batch: list[bytes], progress, lock, home: Home, memory
         if out.error is not None and out.error.startswith("MemoryError"):
             out.error = (f"reward exceeded the reward worker's memory bound (env.args.reward_memory_mb={memory_mb}): "
                          f"{out.error}")
+            return outs, True
+        if unrestored is not None:  # the call itself is scored; the worker is not reused
             return outs, True
     return outs, False
 
@@ -169,7 +182,8 @@ def run_one(owner: Any, blob: bytes) -> Outcome:
         name, args = pickle.loads(blob)
         try:
             _in_call[0] = True
-            value = getattr(owner, name)(*args)
+            with recording():
+                value = getattr(owner, name)(*args)
         finally:
             _in_call[0] = False
         out = Outcome(value=value)
@@ -211,34 +225,6 @@ def limit_memory(memory_mb: int) -> None:
     resource.setrlimit(resource.RLIMIT_DATA, (want if hard == resource.RLIM_INFINITY else min(want, hard), hard))
 
 
-class Home:
-    """The process state every call starts from: working directory, environment, sys.path."""
-
-    def __init__(self):
-        self.cwd = os.getcwd()
-        self.environ = dict(os.environ)
-        self.raw_environ = dict(_raw(os.environ))
-        self.path = list(sys.path)
-
-    def restore(self) -> None:
-        signal.alarm(0)  # an alarm a call set would kill a later call
-        try:
-            moved = os.getcwd() != self.cwd
-        except OSError:  # its directory was removed
-            moved = True
-        if moved:
-            os.chdir(self.cwd)
-        if _raw(os.environ) != self.raw_environ:  # the encoded mapping: 1 us where decoding all is 80
-            os.environ.clear()
-            os.environ.update(self.environ)
-        if sys.path != self.path:
-            sys.path[:] = self.path
-
-
-def _raw(environ) -> dict:
-    return getattr(environ, "_data", environ)
-
-
 def children() -> list[int]:
     """This process's child pids (orphans it adopted as subreaper included)."""
     try:
@@ -256,8 +242,15 @@ def children() -> list[int]:
         return kids
 
 
+_namespace_init = [False]
+
+
 def end_descendants(kill_first: list[int] = ()) -> None:
     """SIGKILL and reap every process the last call left behind (one cheap syscall when none)."""
+    if _namespace_init[0]:  # the pids /proc shows are not this namespace's: kill(-1) names them all
+        if not ns.end_namespace_members(REAP_ROUNDS):
+            os._exit(EXIT_DESCENDANTS)
+        return
     for pid in kill_first:
         try:
             os.kill(pid, signal.SIGKILL)

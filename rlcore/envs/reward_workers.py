@@ -13,9 +13,10 @@ when none is idle); at its deadline its worker's whole session is killed (SIGKIL
 many tasks costs about one timeout per request, not one per hung call. Workers killed or lost
 are replaced; the calls a lost worker had finished but not yet sent are run again.
 
-What a call starts dies with the call, each call starts from the same directory, environment
-and `sys.path`, each worker's memory is bounded (`env.args.reward_memory_mb`): see the worker's
-module. Workers die with their parent. A call whose arguments do not pickle runs in a fork of
+What a call starts dies with the call, each call starts from the process state the worker
+started with, each worker's memory is bounded (`env.args.reward_memory_mb`), and each worker is
+in a PID namespace of its own, where a reward cannot name the actor: see the worker's module.
+Workers die with their parent. A call whose arguments do not pickle runs in a fork of
 its own (`process` isolation), which inherits them. What a call prints from Python is kept on its
 outcome (first `OUTPUT_LIMIT` characters); output written straight to file descriptors 1 and 2
 is dropped.
@@ -23,21 +24,19 @@ is dropped.
 
 from __future__ import annotations
 
+import logging
 import math
-import multiprocessing as mp
-import os
 import pickle
-import signal
 import threading
 import time
 from dataclasses import dataclass, field
 from multiprocessing.connection import wait
 from typing import Callable
 
-from rlcore.envs.reward_worker_loop import (
-    ABANDON_SIGNAL, CURRENT, CUT, EXIT_DESCENDANTS, EXIT_PIPE_LOST, STARTED, WORKER_PID, keep,
-)
-from rlcore.envs.safety import Outcome, call_many, kill_session
+from rlcore.envs.reward_worker_process import KEEPER_WAIT_S, Worker
+from rlcore.envs.safety import Outcome, call_many
+
+log = logging.getLogger("rlcore")
 
 HANDOFF_S = 0.1
 """A call running this long hands the rest of its worker's batch to another worker."""
@@ -50,108 +49,11 @@ MAX_IDLE = 32
 """Idle workers a pool keeps (a storm of hung calls needs many at once, again at every request)."""
 ABANDON_GRACE_S = 0.5
 """How long a call asked to stop at its deadline has to do so before its worker is killed."""
-LOCK_WAIT_S = 0.5
-KEEPER_WAIT_S = 1.0
-
-
-class _Worker:
-    def __init__(self, owner, memory_mb: int):
-        ctx = mp.get_context("fork")  # the environment need not be importable by name
-        self.conn, child = ctx.Pipe()
-        self.lock = ctx.Lock()
-        self.progress = ctx.RawArray("d", 4)
-        # the process started here is the worker's keeper (its parent); the worker is its child
-        self.proc = ctx.Process(target=keep, args=(child, owner, self.progress, self.lock, os.getpid(), memory_mb),
-                                daemon=True, name="rlcore-reward-worker")
-        self.proc.start()
-        child.close()
-
-    @property
-    def pid(self) -> int:
-        """The keeper's pid (the process this one forked and reaps)."""
-        return self.proc.pid
-
-    @property
-    def worker_pid(self) -> int:
-        """The worker's pid (0 until it started)."""
-        return int(self.progress[WORKER_PID])
-
-    def death(self) -> str:
-        """How the worker ended, once its pipe closed (waits up to 1 s for its keeper)."""
-        self.proc.join(1.0)
-        code = self.proc.exitcode
-        if code is not None and code < 0:  # the keeper itself was signalled: no one here sends that
-            return (f"the reward signalled its process's parent (signal {-code}): the reward worker was lost, "
-                    "the rollout actor spared")
-        if code is not None and code >= 128:
-            return f"reward worker killed by signal {code - 128}"
-        if code == EXIT_PIPE_LOST:
-            return "the reward closed its worker's pipe to the actor (file descriptors it did not open)"
-        if code == EXIT_DESCENDANTS:
-            return "the processes the reward started outran the reward worker's kill"
-        return f"reward worker exited (code {code})"
-
-    def send(self, blobs: list[bytes]) -> float:
-        """Start a batch; returns when it was sent."""
-        now = time.monotonic()
-        self.progress[CURRENT], self.progress[STARTED], self.progress[CUT] = -1, now, len(blobs) - 1
-        self.conn.send_bytes(pickle.dumps(blobs))
-        return now
-
-    def where(self) -> tuple[int, float]:
-        """(index of the call it runs, when that call started); -1 before the first."""
-        got = self.lock.acquire(timeout=LOCK_WAIT_S)
-        try:
-            return int(self.progress[CURRENT]), self.progress[STARTED]
-        finally:
-            if got:
-                self.lock.release()
-
-    def cut(self) -> int | None:
-        """Let the running call be its last; returns its index (None: none started yet, or the
-        worker cannot be reached)."""
-        if not self.lock.acquire(timeout=LOCK_WAIT_S):
-            return None
-        try:
-            k = int(self.progress[CURRENT])
-            if k < 0:
-                return None
-            self.progress[CUT] = k
-            return k
-        finally:
-            self.lock.release()
-
-    def abandon(self) -> None:
-        """Ask the running call to stop (it raises CallAbandoned at its next bytecode)."""
-        try:
-            os.kill(self.worker_pid, ABANDON_SIGNAL)
-        except (ProcessLookupError, ValueError, OverflowError):
-            pass
-
-    def stop(self) -> None:
-        """Ask the keeper to kill the worker and every process its calls left (any session) and
-        exit; `reap` waits for it."""
-        if self.proc.exitcode is None:
-            try:
-                os.kill(self.proc.pid, signal.SIGTERM)
-            except ProcessLookupError:
-                pass
-
-    def reap(self, until: float) -> None:
-        """Wait until `until` (time.monotonic) for the keeper to exit, then SIGKILL its session."""
-        self.proc.join(max(0.0, until - time.monotonic()))
-        if self.proc.exitcode is None:
-            kill_session(self.proc)
-        self.conn.close()
-
-    def kill(self) -> None:
-        self.stop()
-        self.reap(time.monotonic() + KEEPER_WAIT_S)
 
 
 @dataclass
 class _Batch:
-    worker: _Worker
+    worker: Worker
     items: list[int]
     """Call indices, in the order the worker runs them."""
     sent_at: float
@@ -168,10 +70,11 @@ class WorkerPool:
         `owner` (an environment) with `memory_mb` MiB of memory beyond what it was forked with
         (0: unbounded). Thread-safe: concurrent requests take workers of their own."""
         self.owner, self.size, self.memory_mb = owner, max(1, int(size)), int(memory_mb)
-        self.idle: list[_Worker] = []
-        self.dying: list[_Worker] = []
+        self.idle: list[Worker] = []
+        self.dying: list[Worker] = []
         self.live = 0
         self._lock = threading.Lock()
+        self.warned = False
         self.killed_pids: list[int] = []
         """Workers killed for overrunning their deadline (or found dead), so far."""
 
@@ -200,7 +103,7 @@ class WorkerPool:
             results[i] = out
         return results  # type: ignore[return-value]
 
-    def take(self) -> _Worker | None:
+    def take(self) -> Worker | None:
         """A live idle worker, or a new one; None when `MAX_WORKERS` run already."""
         with self._lock:
             while self.idle:
@@ -214,14 +117,18 @@ class WorkerPool:
                 return None
             self.live += 1
         try:
-            return _Worker(self.owner, self.memory_mb)
+            return Worker(self.owner, self.memory_mb)
         except BaseException:
             with self._lock:
                 self.live -= 1
             raise
 
-    def give(self, worker: _Worker) -> None:
+    def give(self, worker: Worker) -> None:
         """Back to the idle workers (up to `MAX_IDLE`)."""
+        if worker.shares_pid_namespace and not self.warned:
+            self.warned = True
+            log.warning("reward workers could not get a PID namespace of their own (unshare refused): a reward "
+                        "can signal the rollout actor and the run's other processes of its uid")
         with self._lock:
             if len(self.idle) < max(MAX_IDLE, 2 * self.size):
                 self.idle.append(worker)
@@ -229,7 +136,7 @@ class WorkerPool:
             self.live -= 1
         worker.kill()
 
-    def drop(self, worker: _Worker) -> None:
+    def drop(self, worker: Worker) -> None:
         """Kill `worker` without waiting (`reap` waits): overlapping deadlines kill in parallel."""
         worker.stop()
         with self._lock:

@@ -1,0 +1,75 @@
+"""The reward worker's own PID namespace: a reward cannot name the rollout actor, the keeper or any
+other process of the run, so it cannot signal them (`os.kill` of their pids, `kill(-1)`,
+`killpg`, pidfds) nor trace them by pid.
+
+The keeper enters the namespace (:func:`enter`) before it forks the worker, so the worker is the
+namespace's init (pid 1): a call's `os.getppid()` is 0, `kill(-1)` reaches only the worker's
+own descendants, signals from inside the namespace that the worker does not handle (SIGKILL
+included) do not reach it, and when it dies the kernel kills everything in the namespace. The
+worker heads a session of its own, so `killpg(0)` reaches only it.
+
+As an ordinary uid the namespace needs a user namespace too (the caller's uid and gid mapped to
+themselves). Root keeps host root (a reward may run the sandbox, whose root mode needs it): a
+root reward that deliberately re-enters the host's namespace (`setns`, CAP_SYS_ADMIN) is not
+contained. `/proc` stays the host's: the worker reads its host pid there.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import time
+
+CLONE_NEWUSER, CLONE_NEWPID = 0x10000000, 0x20000000
+NONE, PID, USER_AND_PID = 0, 1, 2
+"""What :func:`enter` achieved: nothing (the worker shares the actor's PID namespace), a PID
+namespace (root), a user and a PID namespace (an ordinary uid)."""
+
+
+def enter() -> int:
+    """Put this process's future children in a new PID namespace; returns NONE, PID or
+    USER_AND_PID. Call in a single-threaded process (a fresh fork)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    if os.geteuid() == 0:
+        return PID if libc.unshare(CLONE_NEWPID) == 0 else NONE
+    uid, gid = os.geteuid(), os.getegid()
+    if libc.unshare(CLONE_NEWUSER | CLONE_NEWPID) != 0:
+        return NONE
+    # an unprivileged process may map its own uid and gid (after refusing setgroups) and nothing else
+    for path, text in (("/proc/self/setgroups", "deny"), ("/proc/self/uid_map", f"{uid} {uid} 1"),
+                       ("/proc/self/gid_map", f"{gid} {gid} 1")):
+        try:
+            with open(path, "w") as f:
+                f.write(text)
+        except OSError:
+            pass  # an old kernel without setgroups: the maps are written regardless
+    return USER_AND_PID
+
+
+def host_pid() -> int:
+    """This process's pid as the actor sees it (in a namespace of its own `os.getpid()` is 1)."""
+    return int(os.readlink("/proc/self"))
+
+
+def host_ppid() -> int:
+    """The parent's pid as the actor sees it (0 from a namespace's init through `os.getppid()`)."""
+    with open("/proc/self/stat") as f:
+        return int(f.read().rsplit(")", 1)[1].split()[1])
+
+
+def end_namespace_members(rounds: int) -> bool:
+    """From the namespace's init: SIGKILL and reap every other process of the namespace (whatever
+    the last call started, in any session or nested namespace). False if they outran `rounds`."""
+    for _ in range(rounds):
+        try:
+            while os.waitpid(-1, os.WNOHANG)[0] > 0:  # reap what already ended
+                pass
+        except ChildProcessError:
+            return True  # none left (the common case: one syscall)
+        try:
+            os.kill(-1, signal.SIGKILL)  # from a namespace's init: everyone in it but itself
+        except ProcessLookupError:
+            pass
+        time.sleep(0.001)
+    return False

@@ -1,0 +1,125 @@
+"""The actor's side of one reward worker process (:mod:`rlcore.envs.reward_workers` schedules
+calls over them; :mod:`rlcore.envs.reward_worker_loop` is what runs in the process)."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import pickle
+import signal
+import time
+
+from rlcore.envs.reward_worker_loop import (
+    ABANDON_SIGNAL, CURRENT, CUT, EXIT_DESCENDANTS, EXIT_PIPE_LOST, NAMESPACE, STARTED, WORKER_PID, keep,
+)
+from rlcore.envs.reward_worker_ns import NONE
+from rlcore.envs.safety import kill_session
+
+LOCK_WAIT_S = 0.5
+KEEPER_WAIT_S = 1.0
+
+
+class Worker:
+    """The actor's handle on one reward worker (its keeper process, pipe and progress)."""
+
+    def __init__(self, owner, memory_mb: int):
+        ctx = mp.get_context("fork")  # the environment need not be importable by name
+        self.conn, child = ctx.Pipe()
+        self.lock = ctx.Lock()
+        self.progress = ctx.RawArray("d", 5)
+        self.progress[NAMESPACE] = -1
+        # the process started here is the worker's keeper (its parent); the worker is its child
+        self.proc = ctx.Process(target=keep, args=(child, owner, self.progress, self.lock, os.getpid(), memory_mb),
+                                daemon=True, name="rlcore-reward-worker")
+        self.proc.start()
+        child.close()
+
+    @property
+    def pid(self) -> int:
+        """The keeper's pid (the process this one forked and reaps)."""
+        return self.proc.pid
+
+    @property
+    def worker_pid(self) -> int:
+        """The worker's pid (0 until it started)."""
+        return int(self.progress[WORKER_PID])
+
+    def death(self) -> str:
+        """How the worker ended, once its pipe closed (waits up to 1 s for its keeper)."""
+        self.proc.join(1.0)
+        code = self.proc.exitcode
+        if code is not None and code < 0:  # the keeper itself was signalled: no one here sends that
+            return (f"the reward signalled its process's parent (signal {-code}): the reward worker was lost, "
+                    "the rollout actor spared")
+        if code is not None and code >= 128:
+            return f"reward worker killed by signal {code - 128}"
+        if code == EXIT_PIPE_LOST:
+            return "the reward closed its worker's pipe to the actor (file descriptors it did not open)"
+        if code == EXIT_DESCENDANTS:
+            return "the processes the reward started outran the reward worker's kill"
+        return f"reward worker exited (code {code})"
+
+    def send(self, blobs: list[bytes]) -> float:
+        """Start a batch; returns when it was sent."""
+        now = time.monotonic()
+        self.progress[CURRENT], self.progress[STARTED], self.progress[CUT] = -1, now, len(blobs) - 1
+        self.conn.send_bytes(pickle.dumps(blobs))
+        return now
+
+    @property
+    def shares_pid_namespace(self) -> bool:
+        """Whether the worker could not get a PID namespace of its own (it can signal the actor)."""
+        return int(self.progress[NAMESPACE]) == NONE
+
+    def where(self) -> tuple[int, float]:
+        """(index of the call it runs, when that call started); -1 before the first."""
+        got = self.lock.acquire(timeout=LOCK_WAIT_S)
+        try:
+            return int(self.progress[CURRENT]), self.progress[STARTED]
+        finally:
+            if got:
+                self.lock.release()
+
+    def cut(self) -> int | None:
+        """Let the running call be its last; returns its index (None: none started yet, or the
+        worker cannot be reached)."""
+        if not self.lock.acquire(timeout=LOCK_WAIT_S):
+            return None
+        try:
+            k = int(self.progress[CURRENT])
+            if k < 0:
+                return None
+            self.progress[CUT] = k
+            return k
+        finally:
+            self.lock.release()
+
+    def abandon(self) -> None:
+        """Ask the running call to stop (it raises CallAbandoned at its next bytecode)."""
+        pid = self.worker_pid
+        if pid <= 0:  # not started yet (kill(0) would signal this process's own group)
+            return
+        try:
+            os.kill(pid, ABANDON_SIGNAL)
+        except (ProcessLookupError, ValueError, OverflowError):
+            pass
+
+    def stop(self) -> None:
+        """Ask the keeper to kill the worker and every process its calls left (any session) and
+        exit; `reap` waits for it."""
+        if self.proc.exitcode is None:
+            try:
+                os.kill(self.proc.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+
+    def reap(self, until: float) -> None:
+        """Wait until `until` (time.monotonic) for the keeper to exit, then SIGKILL its session."""
+        self.proc.join(max(0.0, until - time.monotonic()))
+        if self.proc.exitcode is None:
+            kill_session(self.proc)
+        self.conn.close()
+
+    def kill(self) -> None:
+        self.stop()
+        self.reap(time.monotonic() + KEEPER_WAIT_S)
