@@ -15,6 +15,7 @@ from rlcore.report.busy import BusyClock
 from rlcore.config import RunConfig
 from rlcore.engine.base import SamplingParams
 from rlcore.engine.registry import make_engine, tensor_parallel_size, weight_transport
+from rlcore.engine.slots import GenerationSlots
 from rlcore.envs import make_env
 from rlcore.envs.safety import threads_abandoned
 from rlcore.meta import samples_meta
@@ -49,6 +50,8 @@ class RolloutWorker:
         torch.set_num_threads(max(1, int(cfg.rollout.cpus_per_actor)))
         self.tokenizer = build_tokenizer(cfg.model)
         self.engine = make_engine(cfg, self.tokenizer, seed=cfg.seed * 1000 + index)
+        # requests generate in at most max_requests_per_actor slots; their scoring holds none
+        self.slots = GenerationSlots(self.engine, cfg.rollout.max_requests_per_actor)
         self.env = make_env(cfg.env.name, dict(cfg.env.args), cfg.env.seed)
         s = cfg.rollout.sampling
         self.params = SamplingParams(max_new_tokens=s.max_new_tokens, temperature=s.temperature, top_p=s.top_p)
@@ -102,13 +105,15 @@ class RolloutWorker:
         """Run `group_size` episodes per task. Never raises for an engine or reward fault: the
         samples come back marked failed, so the driver can count them. `seed` seeds this request's
         sampling alone (reproducible whatever runs concurrently); `sampling` overrides fields of
-        the configured SamplingParams (evaluation)."""
+        the configured SamplingParams (evaluation). Every request generates in the actor's
+        generation slots (`rlcore.engine.slots`): one engine object for the environments, which
+        may key state on it."""
         params = self.params
         if seed is not None or sampling:
             params = dataclasses.replace(params, **(sampling or {}), **({"seed": seed} if seed is not None else {}))
         try:
             with self.clock.busy():
-                groups = self.env.run_groups(tasks, group_size, self.engine, self.tokenizer, params)
+                groups = self.env.run_groups(tasks, group_size, self.slots, self.tokenizer, params)
         except Exception as exc:
             groups = failed_groups(tasks, group_size, f"{type(exc).__name__}: {exc}\n{traceback.format_exc(limit=3)}")
         stats = {"reward_threads_abandoned": threads_abandoned()}

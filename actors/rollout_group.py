@@ -53,6 +53,12 @@ class Request:
     """Token-data ref of each task's group (the driver owns them; trainer ranks read them)."""
 
 
+REQUESTS_PER_SLOT = 2
+"""Requests the driver keeps at an actor per generation slot (`rlcore.engine.slots`): as many
+again as it generates, so requests that score (a slow or hung reward until its deadline) leave
+the engine busy with the next ones. The staleness bound (`allowed`) still caps them all."""
+
+
 class RolloutGroup:
     """`handles`: the rollout actors (index i is "rollout actor i"). Failed or expired samples
     are counted in `buffer` (accounting) and `failures` (reasons, liveness)."""
@@ -97,11 +103,12 @@ class RolloutGroup:
     def launch(self, allowed: int, queued_elsewhere: int) -> None:
         """Launch requests while fewer than `allowed` groups are generating or waiting (this
         group's requests plus `queued_elsewhere`: buffered, at the teacher) and no serving actor
-        holds more than `rollout.max_requests_per_actor` on average."""
+        holds more than `REQUESTS_PER_SLOT` x `rollout.max_requests_per_actor` on average (it
+        generates in that many slots; the others score, or wait at the actor for a slot)."""
         r, a, run = self.cfg.rollout, self.cfg.algo, self.run
         queued = self.queued_tasks() + queued_elsewhere
         serving = self.serving  # a restarted engine takes requests once it has the weights
-        while serving and queued < allowed and len(self.pending) < r.max_requests_per_actor * len(serving):
+        while serving and queued < allowed and len(self.pending) < REQUESTS_PER_SLOT * r.max_requests_per_actor * len(serving):
             n_tasks = min(r.tasks_per_request, allowed - queued)
             indices, tasks = run.feed.take(n_tasks)
             actor = run.next_actor(len(self.handles), serving)

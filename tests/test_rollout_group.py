@@ -1,6 +1,7 @@
 """RolloutGroup.launch (actors.rollout_group): requests go round-robin to the serving actors only,
-never past the staleness bound the driver gives nor past `rollout.max_requests_per_actor` per
-serving actor, in data order and counted as launched; `expire` counts an overdue request failed.
+never past the staleness bound the driver gives nor past `REQUESTS_PER_SLOT` x
+`rollout.max_requests_per_actor` per serving actor (generating, or scoring while the next ones
+generate), in data order and counted as launched; `expire` counts an overdue request failed.
 The actors here record the calls instead of generating (the real path: tests/test_integration.py)."""
 
 import pytest
@@ -60,8 +61,8 @@ def test_launch_skips_actors_not_serving_and_caps_requests_per_serving_actor(gro
     g.engine_lost(1, launched_at=1.0)
     assert g.serving == [0, 2] and g.restarts == 1
     g.launch(allowed=100, queued_elsewhere=3)
-    assert [a for a, _, _ in calls] == [0, 2, 0, 2]  # 2 requests x 2 serving actors
-    assert len(g.pending) == 4 and g.queued_tasks() == 8
+    assert [a for a, _, _ in calls] == [0, 2] * 4  # 2 slots x 2 requests per slot x 2 serving actors
+    assert len(g.pending) == 8 and g.queued_tasks() == 16
 
 
 def test_an_overdue_request_is_cancelled_and_counted_failed(group, monkeypatch):
