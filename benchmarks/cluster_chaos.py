@@ -42,6 +42,7 @@ from launch.cluster_nodes import add_node, child_pids
 REPO = Path(__file__).resolve().parent.parent
 LABELS = ["cluster.trainer_node_labels.rlcore-group=trainer", "cluster.rollout_node_labels.rlcore-group=rollout"]
 FREEZE_S = 30.0
+SUBMITS: list[subprocess.Popen] = []  # ended with the cluster when the benchmark stops early
 LOST_LINES = ("no progress for", "re-placed", "rejoined", "restarted the trainer group", "trainer restart",
               "optimizer", "resumed from", "resume:", "died", "samples in flight")
 
@@ -82,7 +83,9 @@ def submit(cluster: lc.Cluster, out: Path, steps: int, interval: int, log: Path,
     cmd = [sys.executable, "-m", "launch.submit", "--address", cluster.dashboard_url, "--deps", "preinstalled", "--",
            f"steps={steps}", f"output_dir={out}", *LABELS, f"checkpoint.interval={interval}", *extra]
     say("submit: " + " ".join(cmd[1:]))
-    return subprocess.Popen(cmd, cwd=REPO, env=lc.ray_env(), stdout=open(log, "w"), stderr=subprocess.STDOUT)
+    with open(log, "w") as sink:  # the child keeps its own copy of the descriptor
+        SUBMITS.append(subprocess.Popen(cmd, cwd=REPO, env=lc.ray_env(), stdout=sink, stderr=subprocess.STDOUT))
+    return SUBMITS[-1]
 
 
 def driver_pid(out: Path) -> int | None:
@@ -276,10 +279,13 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--interval", type=int, default=10, help="checkpoint.interval of both runs")
-    parser.add_argument("--marks", type=lambda s: [int(x) for x in s.split(",")], default=[5, 12, 20, 33],
+    parser.add_argument("--marks", type=lambda s: [int(x) for x in s.split(",")], default=[5, 12, 24, 33],
                         help="rows logged before each fault: rollout kill, freeze, trainer node kill, driver kill")
     parser.add_argument("--out", type=Path, required=True, help="absolute folder for both runs (made empty)")
     args = parser.parse_args()
+    # stopped from outside (even where a background shell ignores SIGINT): stop the cluster first
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     root = args.out.resolve()
     shutil.rmtree(root, ignore_errors=True)
     root.mkdir(parents=True)
@@ -298,6 +304,9 @@ def main() -> int:
         chaos = chaos_run(cluster, args, root, state)
         return 0 if report(clean, chaos, args.steps) else 1
     finally:
+        for p in SUBMITS:
+            if p.poll() is None:
+                p.kill()
         lc.stop(cluster)  # the replacement node too: add_node appends it to cluster.nodes
         state.unlink(missing_ok=True)
         say("cluster stopped")
