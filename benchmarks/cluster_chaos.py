@@ -44,7 +44,7 @@ LABELS = ["cluster.trainer_node_labels.rlcore-group=trainer", "cluster.rollout_n
 FREEZE_S = 30.0
 SUBMITS: list[subprocess.Popen] = []  # ended with the cluster when the benchmark stops early
 LOST_LINES = ("no progress for", "re-placed", "rejoined", "restarted the trainer group", "trainer restart",
-              "optimizer", "resumed from", "resume:", "died", "samples in flight")
+              "optimizer", "resumed from", "resume:", "died", "samples in flight", "error:", "FAILED")
 
 
 def load() -> str:
@@ -207,7 +207,7 @@ def chaos_run(cluster: lc.Cluster, args, root: Path, state: Path) -> dict:
                 code = proc.wait(timeout=300)
                 say(f"the first submission exited {code}")
                 proc = submit(cluster, out, args.steps, args.interval, logs[1], "resume=true")
-            if proc.poll() is not None and (len(faults) == 4 or n >= args.steps):
+            if proc.poll() is not None:  # finished, or failed (a killed driver is resubmitted above)
                 break
             time.sleep(0.5)
     finally:
