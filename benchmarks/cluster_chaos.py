@@ -226,6 +226,10 @@ def stamp(line: str) -> float | None:
         return None
 
 
+def seconds(s: float | None) -> str:
+    return "never" if s is None else f"{s:.1f}s"
+
+
 def back_after(f: Fault, chaos: dict) -> tuple[float | None, float | None]:
     """(fault -> its `back` line, fault -> the first row seen after that line), seconds."""
     path = chaos["logs"][f.log_index]
@@ -251,8 +255,8 @@ def report(clean: tuple[float, float], chaos: dict, steps: int) -> bool:
         back, row = back_after(f, chaos)
         longest = max((steps_by.get(s, 0.0) for s in range(f.max_before + 1, f.max_before + 4)), default=0.0)
         say(f"  {f.name}: after step {f.max_before}; next row (step {f.next_step}) {rec} after the fault; "
-            f"'{f.back}' {back if back is None else round(back, 1)}s, first row after it "
-            f"{row if row is None else round(row, 1)}s after the fault; longest of the 3 steps after it "
+            f"'{f.back}' {seconds(back)}, first row after it {seconds(row)} after the fault; longest of "
+            "the 3 steps after it "
             f"{longest:.1f}s; steps trained again {f.retrained()} ({f.load} at the fault)")
     if chaos["replacement"]:
         say(f"  replacement trainer node {chaos['replacement']['node']} joined {chaos['replacement']['s']:.1f}s "
