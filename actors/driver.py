@@ -325,10 +325,17 @@ class Driver:
             **acct.as_metrics(),
             "samples_failed_step": acct.failed - failed_before,  # reward/tool/engine faults
             **self.failures.step_metrics(),  # failed_by_reason, reward_threads_abandoned
-            "rollout_restarts": self.rollouts.restarts,
-            "trainer_restarts": self.recovery.restarts if self.recovery is not None else 0,
+            **self.restart_counts(),
             **(self.teacher.step_metrics(step_time) if self.teacher is not None else {}),
         }
+
+    def restart_counts(self) -> dict[str, int]:
+        """The row's restart counters: the run's, over all its submissions (as `samples_failed`)."""
+        run = self.run_state
+        mine = {"rollout_restarts": self.rollouts.restarts,
+                "trainer_restarts": self.recovery.restarts if self.recovery is not None else 0}
+        run.restarts_logged = {k: run.restarts_before.get(k, 0) + v for k, v in mine.items()}
+        return dict(run.restarts_logged)
 
     def from_teacher(self, events: TeacherEvents) -> None:
         """The teacher stage's events: scored groups go to the buffer; the samples of a failed

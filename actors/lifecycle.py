@@ -70,6 +70,7 @@ class StepHooks:
         self.evaluator = None
         self.last_checkpoint: Path | None = None
         self.start_step = 0  # the step the run started from (a resume's checkpoint step)
+        self.resumed_restarts: dict[str, int] = {}  # the restart counters of the checkpoint loaded last
 
     def newest_checkpoint(self) -> Path | None:
         """The checkpoint a restart or a resume goes back to: the newest this run saved or
@@ -109,6 +110,9 @@ class StepHooks:
             return
         self.starts.wait()
         self.load_checkpoint(path)
+        # a resume goes on counting the run's restarts (a trainer restart's load keeps this process's)
+        run.restarts_before = dict(self.resumed_restarts)
+        run.restarts_logged = dict(self.resumed_restarts)
 
     def load_checkpoint(self, path: Path, phase: Callable | None = None) -> int:
         """Load the RL checkpoint `path` into the running driver, as a resume does: the trainer's
@@ -130,6 +134,7 @@ class StepHooks:
         run.acct.generated -= run.acct.in_flight
         run.acct.in_flight = 0
         run.request_seq = int(state["request_seq"])
+        self.resumed_restarts = dict(state.get("restarts") or {})  # older checkpoints have none
         run.restore_cursor(cfg.rollout.num_actors)
         eval_due = bool(state.get("eval_due")) and self.evaluator is not None
         with phase("first weight sync"):
@@ -190,7 +195,8 @@ class StepHooks:
         if self.teacher is not None:
             unfinished += [(g.stream_index, g.task) for g in self.teacher.groups()]
         return {"kind": "rl", "step": step, "version": run.version, "feed": run.feed.state(unfinished),
-                "request_seq": run.request_seq, "accounting": acct, "rng": ckpt.rng_state(),
+                "request_seq": run.request_seq, "accounting": acct, "restarts": dict(run.restarts_logged),
+                "rng": ckpt.rng_state(),
                 "engine_rng": self.rollouts.rng_states(), "eval_due": eval_due}
 
     def save(self, step: int, eval_due: bool = False) -> Path:

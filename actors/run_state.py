@@ -11,7 +11,7 @@ runs it, or on what runs next to it.
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from rlcore.buffer import Accounting
@@ -83,6 +83,11 @@ class RunState:
     """Generate requests launched so far."""
     actor_cursor: int = 0
     """Round-robin position of the next request's actor: actor `actor_cursor % num_actors`."""
+    restarts_before: dict[str, int] = field(default_factory=dict)
+    """`rollout_restarts` / `trainer_restarts` of the run's earlier submissions (a resume restores
+    them from its checkpoint): a row counts the run's restarts, this process's added."""
+    restarts_logged: dict[str, int] = field(default_factory=dict)
+    """Those counters as the latest metrics row logged them (a checkpoint keeps them)."""
 
     def next_actor(self, num_actors: int, serving: list[int]) -> int:
         """The next serving actor in round-robin order (actors not serving are skipped, and the

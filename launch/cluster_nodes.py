@@ -200,36 +200,50 @@ def start(specs: Sequence[NodeSpec], timeout_s: float = 180.0, env: Optional[dic
     began = time.monotonic()
     deadline = began + timeout_s
     try:
-        for i, spec in enumerate(specs):
-            spec = dataclasses.replace(spec, labels={**spec.labels, NODE_LABEL: str(i)})
-            for attempt in range(1, ATTEMPTS + 1):
-                port = free_port()
-                log = Path(temp_dir) / f"node-{i}-{attempt}.log"
-                role = (["--head", f"--port={gcs_port}", "--dashboard-host=127.0.0.1", f"--dashboard-port={dash_port}"]
-                        if i == 0 else [f"--address={cluster.gcs_address}"])
-                # a temp dir per node: each node's runtime-env agent unpacks and deletes job working
-                # dirs under its own, as on separate machines (a shared one pulls a driver's code
-                # from under it when another node sets up the same job's env)
-                node_dir = temp_dir if i == 0 else os.path.join(temp_dir, f"n{i}")
-                os.makedirs(node_dir, exist_ok=True)
-                args = role + [f"--dashboard-agent-listen-port={free_port()}"] + _node_args(spec, node_dir, port)
-                node = Node(spec, _spawn(args, log, cluster.env), port, str(log))
-                cluster.nodes[i:] = [node]
-                if i == 0:
-                    _wait_dashboard(cluster.dashboard_url, node.pid, str(log), deadline)
-                if _wait_registered(cluster, i, deadline):
-                    break
-                try:  # what the attempt left running (its `ray start` gave up, its daemons may not)
-                    os.killpg(node.pid, signal.SIGKILL)
-                except (ProcessLookupError, PermissionError):
-                    pass
-                if attempt == ATTEMPTS:
-                    raise ClusterError(f"`ray start` of node {i} exited {ATTEMPTS} times: {log.read_text()[-1500:]}")
+        for spec in specs:
+            _start_node(cluster, spec, deadline)
     except BaseException:
         stop(cluster)
         raise
     cluster.started_s = time.monotonic() - began
     return cluster
+
+
+def _start_node(cluster: Cluster, spec: NodeSpec, deadline: float) -> Node:
+    """Start the cluster's next node (the head when it has none) and wait until Ray lists it alive,
+    retrying its `ray start` up to ATTEMPTS times. Raises ClusterError past the deadline."""
+    i = len(cluster.nodes)
+    spec = dataclasses.replace(spec, labels={**spec.labels, NODE_LABEL: str(i)})
+    gcs_port = cluster.gcs_address.rsplit(":", 1)[1]
+    dash_port = cluster.dashboard_url.rsplit(":", 1)[1]
+    for attempt in range(1, ATTEMPTS + 1):
+        port = free_port()
+        log = Path(cluster.temp_dir) / f"node-{i}-{attempt}.log"
+        role = (["--head", f"--port={gcs_port}", "--dashboard-host=127.0.0.1", f"--dashboard-port={dash_port}"]
+                if i == 0 else [f"--address={cluster.gcs_address}"])
+        # a temp dir per node: each node's runtime-env agent unpacks and deletes job working
+        # dirs under its own, as on separate machines (a shared one pulls a driver's code
+        # from under it when another node sets up the same job's env)
+        node_dir = cluster.temp_dir if i == 0 else os.path.join(cluster.temp_dir, f"n{i}")
+        os.makedirs(node_dir, exist_ok=True)
+        args = role + [f"--dashboard-agent-listen-port={free_port()}"] + _node_args(spec, node_dir, port)
+        node = Node(spec, _spawn(args, log, cluster.env), port, str(log))
+        cluster.nodes[i:] = [node]
+        if i == 0:
+            _wait_dashboard(cluster.dashboard_url, node.pid, str(log), deadline)
+        if _wait_registered(cluster, i, deadline):
+            return node
+        try:  # what the attempt left running (its `ray start` gave up, its daemons may not)
+            os.killpg(node.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+    raise ClusterError(f"`ray start` of node {i} exited {ATTEMPTS} times: {log.read_text()[-1500:]}")
+
+
+def add_node(cluster: Cluster, spec: NodeSpec, timeout_s: float = 180.0) -> Node:
+    """Join one more worker node to a running cluster (as an operator replaces a dead machine);
+    it is numbered after the existing ones, dead ones included, and `stop` ends it with the rest."""
+    return _start_node(cluster, spec, time.monotonic() + timeout_s)
 
 
 def child_pids(pid: int) -> list[int]:

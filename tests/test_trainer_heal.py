@@ -121,3 +121,25 @@ def test_a_killed_trainer_rank_heals_from_the_engines_with_nothing_configured(tm
     # the version follows the optimizer steps: each logged step moved it by one from where it was
     assert healed[-1]["policy_version"] >= STEPS
     assert all(r["loss"] == r["loss"] for r in healed)  # finite (not NaN) after the restart
+
+
+def test_the_restart_counters_go_on_counting_after_a_resume(tmp_path):
+    """`trainer_restarts` counts the run's restarts over its submissions, as `samples_failed` does:
+    before, a resume (e.g. of a Ray Job whose driver died) started the counters again at 0, so the
+    last row said the run had never restarted (issue 42's chaos run through Ray Jobs)."""
+    import ray
+
+    out = tmp_path / "run"
+    fast = [f"output_dir={out}", "logger.console=false", "sft.warmup_steps=0"]
+    ray.init(num_cpus=2, include_dashboard=False, logging_level="WARNING")
+    try:
+        driver, _ = run([*fast, "steps=4"], kill_at_step=2)
+        assert driver.recovery.restarts == 1
+        resumed, _ = run([*fast, "steps=6", "resume=true"])
+        assert resumed.recovery.restarts == 0  # trainer.max_restarts bounds one submission's restarts
+    finally:
+        ray.shutdown()
+    series = [r for r in rows(out) if "loss" in r]
+    assert [r["step"] for r in series] == list(range(1, 7))
+    step = driver.recovery.last[0]
+    assert [r["trainer_restarts"] for r in series] == [0 if r["step"] <= step else 1 for r in series], series
