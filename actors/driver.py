@@ -28,6 +28,7 @@ import ray
 from actors.groups import Groups, bundle_nodes, multi_node, note_moved, place
 from actors.lifecycle import StepHooks
 from actors.recovery import TrainerRecovery
+from actors.trainer_group import TokenDataLost
 from actors.remote import ActorDied, RunError, failed_names, get, refs_ready, wait_ready  # noqa: F401 (re-exported)
 from actors.rollout_group import RolloutGroup
 from actors.rollout_refs import log_sample_nodes, table_rows
@@ -153,6 +154,9 @@ class Driver:
                     history.append(record)
                     run.step, last_end, gen_tokens = run.step + 1, now, 0
                     self.hooks.after_step(run.step, state, logger)
+            except TokenDataLost as exc:  # made on a node that died: those groups fail, the step runs again
+                self.drop_lost(state, exc.refs)
+                train, state = [], None
             except ActorDied as exc:  # a trainer rank died: new ranks from the engines' weights or a checkpoint
                 # a batch whose step died before its weights were synced was never trained
                 unfinished = state.batch if train and run.version == self._train_version else None
@@ -271,6 +275,21 @@ class Driver:
         state.trainer_logprobs = result.trainer_logprobs
         state.metrics.update(self.weights.after_train())  # e.g. the engines wake on a shared GPU
         state.metrics.update(self.weights.sync(result.version))
+
+    def drop_lost(self, state: StepState, refs: list) -> None:
+        """The batch of a step no rank trained because some of its groups' token data was lost
+        with the node that made it: those groups fail (one reason, named in the failures), the
+        others go back to the front of the buffer for the next step."""
+        lost_ids = {ref.binary() for ref in refs}
+        lost = [g for g in state.batch if g.data is not None and g.data.binary() in lost_ids]
+        self.buffer.put_back([g for g in state.batch if all(g is not x for x in lost)])
+        samples = self.buffer.lose(lost)
+        self.failures.request_lost(samples, "engine: token data lost with the node that made it",
+                                   f"{len(lost)} group(s) of step {state.step + 1}; the step runs again without "
+                                   "them", streak=False, task=lost[0].task if lost else None)
+        log.warning("step %d: the token data of %d group(s) (%d samples) was lost with the node that made it; "
+                    "they are counted failed and the step runs again without them", state.step + 1, len(lost), samples)
+        self.weights.after_train()  # engines that slept for the step wake (colocated)
 
     def log_step(self, record: dict[str, Any], state: StepState, logger: MetricsLogger) -> None:
         logger.log(record)

@@ -27,6 +27,22 @@ if TYPE_CHECKING:
     from rlcore.trainer.core import TrainerCore
 
 
+def fetch_token_data(refs: list, timeout_s: float) -> tuple[list | None, list[int]]:
+    """(the objects of `refs`, []), or (None, the indices of those that are lost): Ray keeps an
+    object a rollout actor made in that actor's node's store, and a node that died took the only
+    copy with it (the generate call is not re-run: its samples' metadata is already the driver's)."""
+    try:
+        return ray.get(refs, timeout=timeout_s), []
+    except ray.exceptions.ObjectLostError:
+        lost = []
+        for i, ref in enumerate(refs):
+            try:
+                ray.get(ref, timeout=timeout_s)
+            except ray.exceptions.ObjectLostError:
+                lost.append(i)
+        return None, lost
+
+
 class TrainerRank:
     """One FSDP2 rank. Every method that runs collectives must be called on all ranks at once."""
 
@@ -80,7 +96,9 @@ class TrainerRank:
     def train_step(self, work: RankWork, normalizer: float, release_memory: bool = False) -> dict:
         """One optimizer step (collective) on this rank's part of the batch: fetch the token data
         of its samples from the object store (the refs in `work.data`, nested so that Ray hands
-        them over unresolved; bounded by `trainer.step_timeout_s`), pack them by the driver's
+        them over unresolved; bounded by `trainer.step_timeout_s`; where a group's data was lost
+        with the node that made it, no rank trains and each returns `token_data_lost`: the
+        indices into `work.data` it could not read), pack them by the driver's
         plan (`rlcore.step.rank_micro_batches`), and train. `train_fetch_s`: the fetch and packing
         seconds (outside `train_time_s`). Colocated, the new weights are also written into this
         rank's IPC buffer before returning (`weights_pushed`, as `push_weights` returns it): the
@@ -89,7 +107,14 @@ class TrainerRank:
         the placement's decision, `WeightSync`'s). `trainer_logprobs`: {key: per-token logprobs}
         of the samples `work.shown` marks (`rlcore.step.shown_logprobs`), when it marks any."""
         start = time.perf_counter()
-        data = ray.get(work.data, timeout=self.cfg.trainer.step_timeout_s)
+        try:
+            data, lost, error = *fetch_token_data(work.data, self.cfg.trainer.step_timeout_s), None
+        except Exception as exc:  # noqa: BLE001 - raised below, once the other ranks know
+            data, lost, error = None, [], exc
+        if not self.core.every_rank(data is not None):  # no rank trains a batch another cannot read
+            if error is not None:
+                raise error
+            return {"token_data_lost": lost}
         micro_batches = rank_micro_batches(work, data)
         fetch_s = time.perf_counter() - start
         keep = shown_positions(work) if work.shown else None

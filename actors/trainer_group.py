@@ -50,6 +50,15 @@ class TrainResult:
         return int(self.metrics["version"])
 
 
+class TokenDataLost(Exception):
+    """A step's groups whose token data no longer exists anywhere (made on a node that died):
+    `refs`, their data refs. The step was not trained; the caller drops them and steps again."""
+
+    def __init__(self, refs: list):
+        super().__init__(f"{len(refs)} group(s)' token data lost")
+        self.refs = refs
+
+
 class TrainerGroup:
     """The trainer ranks of one run, created in placement group `pg` (bundle i holds rank i), each
     asking for `gpus_per_rank` GPUs."""
@@ -60,6 +69,7 @@ class TrainerGroup:
         self.names = [f"trainer rank {i}" for i in range(cfg.trainer.world_size)]
         self._release_memory = False  # `release_memory_after_steps`
         self._pushed: tuple[int, list[dict]] | None = None  # (version, push results): `take_pushed`
+        self._works: list = []  # the RankWork of the step launched last, per rank
         self.handles = self._spawn()
 
     def __len__(self) -> int:
@@ -152,6 +162,7 @@ class TrainerGroup:
     def launch_step(self, works: list, normalizer: float) -> list:
         """Start one RL optimizer step: rank i trains on `works[i]` (`rlcore.step.RankWork`).
         Returns the refs to wait on (`step_done`, `finish_step`)."""
+        self._works = works  # `finish_step` names the groups a rank could not read
         return [h.train_step.remote(w, normalizer, self._release_memory) for h, w in zip(self.handles, works)]
 
     def release_memory_after_steps(self) -> None:
@@ -165,8 +176,12 @@ class TrainerGroup:
         return refs_ready(refs)
 
     def finish_step(self, refs: list, step: int) -> TrainResult:
-        """The result of the launched step `step` (1-based, for messages)."""
+        """The result of the launched step `step` (1-based, for messages); `TokenDataLost` when
+        some of its groups' token data was lost (then no rank trained: the weights are as before)."""
         results = self._get(refs, f"train step {step}")
+        if any("token_data_lost" in r for r in results):  # no rank trained (they agreed first)
+            raise TokenDataLost([self._works[rank].data[i] for rank, r in enumerate(results)
+                                 for i in r.get("token_data_lost", [])])
         # a buffered transport: the step also wrote the new weights into the buffers; kept here for
         # the sync (`take_pushed`), which then only has the engines read them
         pushed = [r.pop("weights_pushed") for r in results] if "weights_pushed" in results[0] else None

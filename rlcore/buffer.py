@@ -129,6 +129,14 @@ class RolloutBuffer:
         self.acct.trained -= n
         self.acct.in_flight += n
 
+    def lose(self, batch: list[GroupMeta]) -> int:
+        """Popped groups that can never be trained (their token data was lost): counted failed
+        instead of trained. Returns their samples."""
+        n = sum(len(g.samples) for g in batch)
+        self.acct.trained -= n
+        self.acct.failed += n
+        return n
+
     def clear(self) -> int:
         """Forget every buffered group without counting it (the caller restores the accounting
         of a checkpoint that puts their tasks back); returns the groups dropped."""

@@ -268,6 +268,13 @@ class TrainerCore:
     def _clip_grads(self) -> float:
         return clip_grad_norm(self.model, self.cfg.trainer.max_grad_norm, self.parallel)
 
+    def every_rank(self, ok: bool) -> bool:
+        """Whether `ok` holds on every rank (collective: one rank's False is every rank's answer).
+        The ranks agree on it before a step's collectives, so that no rank enters them alone."""
+        if self.world_size == 1:
+            return ok
+        return self._all_reduce({"ok": float(ok)}, dist.ReduceOp.MIN)["ok"] > 0
+
     def _all_reduce(self, values: dict[str, float], op) -> dict[str, float]:
         if not values:
             return {}
