@@ -37,7 +37,7 @@ import time
 from pathlib import Path
 
 from launch import local_cluster as lc
-from launch.cluster_nodes import add_node, child_pids
+from launch.cluster_nodes import add_node, node_tree
 
 REPO = Path(__file__).resolve().parent.parent
 LABELS = ["cluster.trainer_node_labels.rlcore-group=trainer", "cluster.rollout_node_labels.rlcore-group=rollout"]
@@ -53,16 +53,6 @@ def load() -> str:
 
 def say(msg: str) -> None:
     print(f"[chaos {time.strftime('%H:%M:%S', time.gmtime())} UTC, {load()}] {msg}", flush=True)
-
-
-def node_tree(node: lc.Node) -> list[int]:
-    """Every process of a node: its `ray start --block` process and all its descendants."""
-    out, todo = [], [node.pid]
-    while todo:
-        pid = todo.pop()
-        out.append(pid)
-        todo.extend(child_pids(pid))
-    return out
 
 
 def signal_all(pids: list[int], sig: int) -> None:

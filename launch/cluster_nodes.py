@@ -260,6 +260,16 @@ def child_pids(pid: int) -> list[int]:
     return out
 
 
+def node_tree(node: Node) -> list[int]:
+    """Every process of a node: its `ray start --block` process and all its descendants."""
+    out, todo = [], [node.pid]
+    while todo:
+        pid = todo.pop()
+        out.append(pid)
+        todo.extend(child_pids(pid))
+    return out
+
+
 def raylet_pid(node: Node) -> Optional[int]:
     """The pid of the node's raylet (a child of its `ray start --block` process), None when gone."""
     for child in child_pids(node.pid):

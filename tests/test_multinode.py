@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 from launch import local_cluster as lc
-from launch.cluster_nodes import child_pids
+from launch.cluster_nodes import node_tree
 
 REPO = Path(__file__).resolve().parent.parent
 LABELS = ["cluster.trainer_node_labels.rlcore-group=trainer", "cluster.rollout_node_labels.rlcore-group=rollout"]
@@ -358,16 +358,6 @@ def test_a_trainer_node_killed_mid_run_restarts_the_trainer_group_on_a_surviving
     assert_every_sample_counted(rows)  # 0 samples unaccounted
     assert rows[-1]["trainer_restarts"] == 1
     assert all(sum(r["failed_by_reason"].values()) == r["samples_failed_step"] for r in rows)
-
-
-def node_tree(node: lc.Node) -> list[int]:
-    """Every process of a node: its `ray start --block` process and all its descendants."""
-    out, todo = [], [node.pid]
-    while todo:
-        pid = todo.pop()
-        out.append(pid)
-        todo.extend(child_pids(pid))
-    return out
 
 
 FREEZE_S = 30.0
