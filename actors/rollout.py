@@ -14,7 +14,7 @@ from actors.logs import redirect_output
 from rlcore.report.busy import BusyClock
 from rlcore.config import RunConfig
 from rlcore.engine.base import SamplingParams
-from rlcore.engine.registry import make_engine, tensor_parallel_size, weight_transport
+from rlcore.engine.registry import make_engine, prestart_engine, tensor_parallel_size, weight_transport
 from rlcore.engine.slots import GenerationSlots
 from rlcore.envs import make_env
 from rlcore.envs.safety import threads_abandoned
@@ -45,6 +45,7 @@ def failed_groups(tasks: list[Task], group_size: int, error: str) -> list[Group]
 class RolloutWorker:
     def __init__(self, cfg: RunConfig, index: int):
         redirect_output(cfg.output_dir, "rollout", index)
+        prestart_engine(cfg.rollout)  # first: it overlaps what follows (vLLM: its engine core's imports)
         self.cfg, self.index = cfg, index
         import torch  # here, not at the top: the driver imports this module and needs no torch
         torch.set_num_threads(max(1, int(cfg.rollout.cpus_per_actor)))

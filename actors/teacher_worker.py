@@ -11,7 +11,7 @@ from rlcore.algo.distill import teacher_sums
 from rlcore.algo.span_align import align, retokenize
 from rlcore.report.busy import BusyClock
 from rlcore.config import RunConfig
-from rlcore.engine.registry import make_engine
+from rlcore.engine.registry import make_engine, prestart_engine
 from rlcore.models.tokenizer_build import build_tokenizer
 from rlcore.plan.teacher import teacher_run_config, tokenizer_fingerprint
 from rlcore.types import Sample
@@ -22,6 +22,7 @@ class TeacherWorker:
 
     def __init__(self, cfg: RunConfig, index: int):
         redirect_output(cfg.output_dir, "teacher", index)
+        prestart_engine(cfg.teacher)  # first: it overlaps what follows (vLLM: its engine core's imports)
         self.index = index
         torch.set_num_threads(max(1, int(cfg.teacher.cpus_per_actor)))
         tcfg = teacher_run_config(cfg)

@@ -43,6 +43,10 @@ class VLLMOptions:
     """Rollout routing replay (MoE policies only): the engine returns each token's routed experts
     (vLLM's `enable_return_routed_experts`) and the trainer's MoE blocks use them instead of their
     own top-k (`rlcore.routing`). Rollout only."""
+    warm_engine_core: bool = True
+    """Fork vLLM's engine-core process from a server the actor starts first, which imports vLLM
+    while the actor does (`rlcore.engine.vllm.warm_core`), instead of vLLM's spawn of a fresh
+    interpreter that imports it again after the actor: ~14 s less engine start-up on an H100."""
 
 
 @dataclass

@@ -85,6 +85,10 @@ class EngineSpec:
     """Its own config checks (run by `rlcore.plan.validate`), as (key, message) pairs."""
     scores_top_k: bool = False
     """It implements `RolloutEngine.score_top_k_batch` (a teacher with `teacher.top_k` > 0)."""
+    prestart: str | None = None
+    """`module:function`, called with its section by the engine's actor first thing, before the
+    actor's tokenizer and the engine's build (vLLM: starts the server its engine core is forked
+    from, `rlcore.engine.vllm.warm_core`); None: nothing to start early."""
 
 
 _BUILT_IN = (
@@ -94,7 +98,7 @@ _BUILT_IN = (
                transports=("nccl", "ipc"), needs_gpu=True, memory_share_kwarg="gpu_memory_utilization",
                memory_budget_kwarg="kv_cache_memory_bytes", planned_kwargs=vllm_planned_kwargs,
                rollout_only=("weight_reload", "kv_on_update", "quantization", "sleep_level", "routing_replay"),
-               problems=vllm_problems),
+               problems=vllm_problems, prestart="rlcore.engine.vllm.warm_core:prestart"),
 )
 _ENGINES: dict[str, EngineSpec] = {}
 
@@ -167,6 +171,16 @@ def make_engine(cfg: RunConfig, tokenizer: Any, seed: int) -> RolloutEngine:
     r = cfg.rollout
     return engine_class(r.engine).from_config(engine_options(r), cfg.model, seed=seed, tokenizer=tokenizer,
                                               device="cuda" if r.gpus_per_actor > 0 else "cpu")
+
+
+def prestart_engine(group: RolloutConfig | TeacherConfig) -> None:
+    """Start what `group.engine` starts early in its actor (:attr:`EngineSpec.prestart`), when
+    the group runs on GPUs; nothing for an engine without it."""
+    spec = engine_spec(group.engine)
+    if spec.prestart is None or group.gpus_per_actor <= 0:
+        return
+    module, _, name = spec.prestart.partition(":")
+    getattr(importlib.import_module(module), name)(engine_options(group))
 
 
 def weight_transport(cfg: RunConfig) -> str:

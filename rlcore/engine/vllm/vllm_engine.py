@@ -37,6 +37,7 @@ import threading
 from typing import Any, Literal
 
 from rlcore.engine.base import Generation, RolloutEngine, SamplingParams, WeightSyncError
+from rlcore.engine.vllm import warm_core
 from rlcore.engine.vllm.vllm_cache import compile_cache
 from rlcore.engine.vllm.vllm_colocated import ColocatedEngine
 from rlcore.engine.vllm.vllm_model_dir import engine_args
@@ -180,6 +181,7 @@ class VLLMEngine(WeightUpdates, VersionMarks, ColocatedEngine, RolloutEngine):
         from vllm.v1.engine.async_llm import AsyncLLM
 
         self._update_lock = asyncio.Lock()
+        warm_core.use_for_vllm()  # where the actor started the warm server (else vLLM's spawn)
         # Created on the loop so AsyncLLM starts its output handler on this loop.
         return AsyncLLM.from_engine_args(AsyncEngineArgs(**self._engine_args))
 
