@@ -21,7 +21,7 @@ H200 = int(139.8 * GIB)
 VLLM_1_1 = ["model=qwen3_06b_char", "rollout.engine=vllm", "trainer.gpus_per_rank=1", "rollout.gpus_per_actor=1"]
 SHAPE_4B = ["model.arch.hidden_size=2560", "model.arch.intermediate_size=9728", "model.arch.num_hidden_layers=36",
             "model.arch.num_attention_heads=32", "model.arch.num_key_value_heads=8"]
-GRAPHS = ["rollout.vllm.engine_kwargs.enforce_eager=false"]  # the recipe sets it
+GRAPHS = ["rollout.vllm.engine_kwargs.enforce_eager=false"]  # the recipe's own setting, stated
 
 
 def test_colocated_engine_cache_is_its_share_less_weights_and_workspace():
