@@ -351,7 +351,7 @@ class Driver:
     def restart_counts(self) -> dict[str, int]:
         """The row's restart counters: the run's, over all its submissions (as `samples_failed`)."""
         run = self.run_state
-        mine = {"rollout_restarts": self.rollouts.restarts,
+        mine = {"rollout_restarts": self.rollouts.restarts, "rollout_stalls": self.rollouts.stalled_count,
                 "trainer_restarts": self.recovery.restarts if self.recovery is not None else 0}
         run.restarts_logged = {k: run.restarts_before.get(k, 0) + v for k, v in mine.items()}
         return dict(run.restarts_logged)

@@ -32,6 +32,9 @@ class Restarting:
     probe: ray.ObjectRef | None = None
     retry_at: float = 0.0
     ready: bool = False
+    stalled: bool = False
+    """It left because it stopped answering, not because Ray reported it dead; it stays a stall
+    (not a restart) unless Ray reports it dead or restarting before it answers again."""
 
 
 class Members:
@@ -42,21 +45,38 @@ class Members:
         self.restarting: dict[int, Restarting] = {}
         self.reform = False  # a member left: the group must be re-formed before the next sync
         self.timeout_s = restart_timeout_s
+        self.deaths = 0
+        """Actors that died (Ray restarts them): `rollout_restarts`."""
+        self.stalls = 0
+        """Actors taken out because they stopped answering: `rollout_stalls` (one that then
+        turns out dead counts in `deaths` as well)."""
 
-    def lost(self, actor: int, launched_at: float) -> bool:
+    def lost(self, actor: int, launched_at: float, stalled: bool = False) -> bool:
         """A call to `actor` launched at `launched_at` (perf_counter) failed because the actor
-        died. True when this is news: the actor leaves the group (or, joining, died again) and is
-        watched until back."""
+        died (`stalled`: it stopped answering). True when this is news: the actor leaves the
+        group (or, joining, died again; or, stalled, died) and is watched until back."""
         if actor in self.restarting:  # died again while joining: watch its next restart
-            news = self.restarting[actor].ready
-            self.restarting[actor] = Restarting(self.restarting[actor].left_at)
+            was = self.restarting[actor]
+            news = was.ready or (was.stalled and not stalled)
+            if was.stalled and not stalled:
+                self.deaths += 1
+            self.restarting[actor] = Restarting(was.left_at, stalled=was.stalled and stalled)
             return news
         if actor not in self.serving or launched_at < self.joined_at[actor]:
             return False
         self.serving.remove(actor)
         self.reform = True
-        self.restarting[actor] = Restarting(time.perf_counter())
+        self.restarting[actor] = Restarting(time.perf_counter(), stalled=stalled)
+        if stalled:
+            self.stalls += 1
+        else:
+            self.deaths += 1
         return True
+
+    def back_from_stall(self, actor: int) -> bool:
+        """Whether `actor`, away, left by stalling and answered again without a restart."""
+        r = self.restarting.get(actor)
+        return r is not None and r.stalled
 
     def probes(self) -> list[ray.ObjectRef]:
         """`ready()` calls in flight (the driver's wait wakes when one answers; `poll` clears
@@ -87,6 +107,9 @@ class Members:
                 raise RunError(f"rollout actor {i} died for good (rollout.max_restarts exhausted): {exc}") from exc
             except ray.exceptions.RayError:  # still restarting: ask again shortly
                 r.retry_at = now + PROBE_RETRY_S
+                if r.stalled:  # Ray restarts it: a stall that ended in a death
+                    r.stalled = False
+                    self.deaths += 1
             r.probe = None
         return sorted(i for i, r in self.restarting.items() if r.ready)
 

@@ -71,7 +71,6 @@ class RolloutGroup:
         self.members = Members(handles, self.timeout_s)
         self.stalls = StallWatch(handles, cfg.rollout.stall_timeout_s)
         self.pending: dict[ray.ObjectRef, Request] = {}
-        self.restarts = 0  # deaths noticed (`rollout_restarts`)
 
     def __len__(self) -> int:
         return len(self.handles)
@@ -181,8 +180,7 @@ class RolloutGroup:
                 self.failures.request_withdrawn(q.seq)
             forget([ref for ref, _ in taken])
             self.stalls.drop(actor)
-            self.members.lost(actor, float("inf"))
-            self.restarts += 1
+            self.members.lost(actor, float("inf"), stalled=True)
             log.warning("rollout actor %d on node %s: no progress for %.0f s; its %d request(s) (%d samples) go to "
                         "the engines that answer (%d serve on); it rejoins once it answers again", actor,
                         self.node_of(actor), silent, len(taken), sum(q.samples for _, q in taken), len(self.serving),
@@ -211,7 +209,6 @@ class RolloutGroup:
         has joined again (counted in `rollout_restarts`)."""
         if self.members.lost(actor, launched_at):
             self.stalls.drop(actor)
-            self.restarts += 1
             log.warning("rollout actor %d %s at version %d: %d engine(s) serve on while Ray restarts it", actor,
                         cause or "died", self.run.version, len(self.serving),
                         extra=event("rollout_died", actor=actor, version=self.run.version, step=self.run.step))
@@ -252,6 +249,16 @@ class RolloutGroup:
     def weights(self, actor: int):
         """Ref: actor `actor`'s engine weights by trainer name (`RolloutWorker.state_dict`)."""
         return self.handles[actor].state_dict.remote()
+
+    @property
+    def restarts(self) -> int:
+        """Deaths noticed (`rollout_restarts`)."""
+        return self.members.deaths
+
+    @property
+    def stalled_count(self) -> int:
+        """Actors taken out for silence (`rollout_stalls`)."""
+        return self.members.stalls
 
     @property
     def restarting(self) -> bool:

@@ -190,11 +190,15 @@ class WeightSync:
         version = self.run.version
         self.rollouts.watch(BEFORE_SYNC_S)
         self._reform_and_sync(version, sorted(self.rollouts.serving + ready))
+        stalled = {i for i in ready if self.rollouts.members.back_from_stall(i)}
         joined = self.rollouts.admit(ready)
-        if joined:
-            log.warning("rollout actor%s %s rejoined the weight group at version %d after a restart",
-                        "s" if len(joined) > 1 else "", ", ".join(map(str, joined)), version,
-                        extra=event("rollout_rejoined", actors=joined, version=version, step=self.run.step))
+        for why, group in (("after a restart", [i for i in joined if i not in stalled]),
+                           ("after it stalled (it answers again)", [i for i in joined if i in stalled])):
+            if group:
+                log.warning("rollout actor%s %s rejoined the weight group at version %d %s",
+                            "s" if len(group) > 1 else "", ", ".join(map(str, group)), version, why,
+                            extra=event("rollout_rejoined", actors=group, version=version, step=self.run.step,
+                                        stalled=bool(set(group) & stalled)))
         return joined
 
     def _reform_and_sync(self, version: int, actors: list[int], reform: bool = True,

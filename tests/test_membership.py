@@ -26,3 +26,16 @@ def test_dying_again_while_joining_restarts_the_watch():
     assert not m.lost(0, launched_at=float("inf"))  # still restarting: not news
     assert not m.restarting[0].ready and m.restarting[0].left_at == left_at  # same deadline
     assert m.admit([0]) == [] and m.serving == [1]
+
+
+def test_a_stall_is_counted_as_a_stall_and_becomes_a_death_only_if_the_actor_dies():
+    m = Members([object(), object()], restart_timeout_s=60)
+    assert m.lost(0, launched_at=float("inf"), stalled=True) and m.serving == [1]
+    assert (m.deaths, m.stalls) == (0, 1) and m.back_from_stall(0)
+    m.restarting[0].ready = True  # it answered again: it rejoins as a stall, not a restart
+    assert m.back_from_stall(0) and m.admit([0]) == [0] and (m.deaths, m.stalls) == (0, 1)
+    assert m.lost(1, launched_at=float("inf"), stalled=True)
+    assert m.lost(1, launched_at=float("inf"))  # then Ray reports it dead: news, and a death
+    assert (m.deaths, m.stalls) == (1, 2) and not m.back_from_stall(1)
+    assert not m.lost(1, launched_at=float("inf"))  # restarting: not news again
+    assert m.deaths == 1

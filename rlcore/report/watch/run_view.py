@@ -15,10 +15,12 @@ from rlcore.report.watch.tail import JsonlTail
 
 CHECKPOINT = re.compile(r"step_(\d+)$")
 RESTART_COUNTERS = {"rollout_restarts": "rollout engine died and was restarted",
+                    "rollout_stalls": "rollout engine stopped answering and was taken out",
                     "trainer_restarts": "trainer group restarted after a rank died"}
 # the events.jsonl kinds that tell of the same restarts (a run that writes them): the counter's
 # own event would say it twice
-EXPLICIT = {"rollout_restarts": ("rollout_died", "rollout_stalled"), "trainer_restarts": ("trainer_restart",)}
+EXPLICIT = {"rollout_restarts": ("rollout_died",), "rollout_stalls": ("rollout_stalled",),
+            "trainer_restarts": ("trainer_restart",)}
 
 
 class RunView:
