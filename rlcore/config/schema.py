@@ -13,7 +13,7 @@ from typing import Any, Optional
 from omegaconf import MISSING
 
 from rlcore.config.engines import EngineGroupConfig, HFOptions, VLLMOptions
-from rlcore.config.lifecycle import CheckpointConfig, EvalConfig, LoggerConfig, SFTConfig
+from rlcore.config.lifecycle import CheckpointConfig, EvalConfig, LoggerConfig, SFTConfig, StorageConfig
 from rlcore.config.losses import CispoOptions, DapoOptions, DrGrpoOptions, GspoOptions
 from rlcore.config.teacher import TeacherConfig
 
@@ -313,6 +313,8 @@ class RunConfig:
     """Metrics sinks."""
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     """Checkpoints, resume and export."""
+    storage: StorageConfig = field(default_factory=StorageConfig)
+    """An object-store `output_dir`: when its series are uploaded."""
     sft: SFTConfig = field(default_factory=SFTConfig)
     """Supervised fine-tuning data (`mode=sft`)."""
     eval: EvalConfig = field(default_factory=EvalConfig)
