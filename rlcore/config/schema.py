@@ -291,8 +291,9 @@ class RunConfig:
     mode: str = "rl"
     """`rl` (reinforcement learning), `sft` (supervised fine-tuning) or `eval` (evaluate only)."""
     output_dir: str = "outputs/${mode}"
-    """Directory the run writes metrics, config and checkpoints to (default: one per mode). A fresh
-    run refuses a directory that already holds a run: continue it with `resume=true` or pick another."""
+    """Directory the run writes metrics, config and checkpoints to (default: one per mode): a path every
+    node mounts, or an object store's URL (s3://BUCKET/PATH, ...). A fresh run refuses one that already
+    holds a run: continue it with `resume=true` or pick another."""
     steps: int = 50
     """Optimizer steps to run."""
     seed: int = 0

@@ -132,6 +132,17 @@ def upload(cfg) -> int:
     return len(files)
 
 
+def claim(cfg) -> None:
+    """Take the URL's lease for this run (after :func:`download` found it free); ConfigError
+    naming `output_dir` when the store cannot be written. Nothing without `storage.url`."""
+    if not cfg.storage.url:
+        return
+    try:
+        renew_lease(cfg)
+    except Exception as exc:  # credentials, permissions, a missing bucket: before Ray starts, one line
+        raise ConfigError("output_dir", f"{cfg.storage.url!r} cannot be written: {type(exc).__name__}: {exc}") from None
+
+
 def renew_lease(cfg) -> None:
     fs, root = _fs(cfg.storage.url)
     fs.pipe_file(f"{root}/{LEASE}", json.dumps({"owner": f"{socket.gethostname()}:{os.getpid()}",
@@ -160,8 +171,7 @@ class Sync:
         self.failed: str | None = None
 
     def __enter__(self) -> Sync:
-        if self.cfg.storage.url:
-            renew_lease(self.cfg)
+        if self.cfg.storage.url:  # the lease is taken already (claim)
             self._thread = threading.Thread(target=self._loop, name="rlcore-storage-sync", daemon=True)
             self._thread.start()
         return self
