@@ -7,6 +7,8 @@ back (rlcore.storage.location, rlcore.storage.staging, rlcore.checkpoint)."""
 import importlib.util
 import json
 import os
+import socket
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -121,6 +123,11 @@ def test_a_url_a_live_run_holds_by_its_lease_is_refused(bucket, capsys):
     assert len(err) == 1 and "in use by another run (elsewhere:7" in err[0], err
     # a lease not renewed for minutes is a run that is gone: the URL is free again
     fs.pipe_file(f"{name}/run/{LEASE}", json.dumps({"owner": "elsewhere:7", "time": time.time() - 3600}).encode())
+    assert download(with_local_paths(compose([f"output_dir=s3://{name}/run"]))) == 0
+    # a fresh lease of a process of this machine that is gone (a run killed with SIGKILL) holds nothing
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    fs.pipe_file(f"{name}/run/{LEASE}", json.dumps({"owner": f"{socket.gethostname()}:{gone.stdout.strip()}",
+                                                    "time": time.time()}).encode())
     assert download(with_local_paths(compose([f"output_dir=s3://{name}/run"]))) == 0
 
 

@@ -13,7 +13,7 @@ uploaded whole to `storage.url`:
 Two runs on one URL: the staging folder's `flock` guards one machine; across machines the run
 keeps a lease object (``URL/.lease``: owner and heartbeat time, renewed every
 :data:`HEARTBEAT_S`), and a run that finds a lease renewed less than :data:`LEASE_STALE_S` ago
-is refused. A lease is not a lock: two runs started within one heartbeat of each other on
+is refused (unless its owner is a process of this machine that is gone). A lease is not a lock: two runs started within one heartbeat of each other on
 different machines are not told apart.
 """
 
@@ -57,17 +57,32 @@ def _kept_in_store(cfg) -> tuple[str, ...]:
 
 
 def lease_holder(cfg, now: float | None = None) -> str | None:
-    """Who holds the URL's lease now ("host:pid, renewed Ns ago"), or None (no lease, or a stale one)."""
+    """Who holds the URL's lease now ("host:pid, renewed Ns ago"), or None: no lease, a stale
+    one, or one of a process of this machine that is gone (a run killed with SIGKILL)."""
     fs, root = _fs(cfg.storage.url)
     try:
         fs.invalidate_cache()
         lease = json.loads(fs.cat_file(f"{root}/{LEASE}"))
+        owner = str(lease["owner"])
         age = (time.time() if now is None else now) - float(lease["time"])
     except FileNotFoundError:
         return None
     except (OSError, ValueError, KeyError, TypeError):
-        return "an unreadable lease"
-    return f"{lease.get('owner')}, renewed {age:.0f}s ago" if age < LEASE_STALE_S else None
+        return f"its {LEASE} object is unreadable; delete it if no run uses this URL"
+    host, _, pid = owner.rpartition(":")
+    if host == socket.gethostname() and pid.isdigit() and not _alive(int(pid)):
+        return None
+    return f"{owner}, renewed {age:.0f}s ago" if age < LEASE_STALE_S else None
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
 
 
 def _staging_held(out: Path) -> bool:
