@@ -191,6 +191,8 @@ class CheckpointWriter:
         return final
 
     def abort(self, tmp: Path) -> None:
+        if is_remote(tmp) and (fresh(tmp) / META).is_file():
+            return  # committed (in the store the folder is the final one): what failed came after
         _remove_tree(tmp)
 
     def prune(self) -> None:

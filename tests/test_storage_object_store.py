@@ -207,3 +207,19 @@ def test_keep_last_prunes_old_checkpoints_in_the_store(bucket):
 def test_a_sweep_under_a_url_keeps_the_url():
     assert job_output_dir("s3://bucket/sweep", 3) == "s3://bucket/sweep/3"
     assert job_output_dir("outputs/sweep/", 0) == "outputs/sweep/0"
+
+
+def test_every_trainer_ranks_shard_is_written_into_the_bucket_and_listed_by_the_commit(bucket, tmp_path):
+    fs, name = bucket
+    assert main(["mode=sft", "steps=1", f"output_dir=s3://{name}/sft", "trainer.world_size=2",
+                 "trainer.cpus_per_rank=1", *RUN]) == 0
+    fs.invalidate_cache()
+    step = f"{name}/sft/checkpoints/step_00000001"
+    parts = json.loads(fs.cat_file(f"{step}/meta.json"))["parts"]
+    shards = sorted(p for p in parts if p.endswith(".distcp"))
+    assert shards == ["trainer/__0_0.distcp", "trainer/__1_0.distcp"], parts  # each rank wrote its own
+    for rel, size in parts.items():
+        assert fs.info(f"{step}/{rel}")["size"] >= size, rel
+    # one process reads the two ranks' shards back from the bucket (resharded)
+    assert export_main([f"s3://{step}", str(tmp_path / "hf")]) == 0
+    assert (tmp_path / "hf" / "model.safetensors").is_file()
