@@ -34,9 +34,7 @@ import json
 import logging
 import os
 import random
-import shutil
 import time
-import uuid
 import warnings
 from pathlib import Path
 from typing import Any
@@ -64,64 +62,12 @@ from rlcore.storage.checkpoint_dirs import (  # noqa: F401  (re-exported: the di
 )
 from rlcore.hf_files import save_config_and_tokenizer
 from rlcore.storage.checkpoint_dirs import fresh
+from rlcore.storage.commit import commit_dir, remove_dir, remove_tree, temp_dir_for  # noqa: F401  (re-exported)
 from rlcore.storage.location import is_remote, storage_path
 from rlcore.storage.staging import upload
 from rlcore.storage.rundir import truncate_series  # noqa: F401  (re-exported: the series live in the run folder)
 
 log = logging.getLogger("rlcore")
-
-
-def _fsync_dir(path: Path) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:  # some filesystems do not support fsync on directories
-        pass
-    finally:
-        os.close(fd)
-
-
-def fsync_tree(path: Path) -> None:
-    """Flush every file and directory under `path` to disk (before the commit rename)."""
-    for dirpath, _, files in os.walk(path):
-        for f in files:
-            with open(os.path.join(dirpath, f), "rb") as fh:
-                os.fsync(fh.fileno())
-        _fsync_dir(Path(dirpath))
-
-
-def temp_dir_for(final: Path) -> Path:
-    return final.parent / f".tmp-{final.name}-{uuid.uuid4().hex[:8]}"
-
-
-def commit_dir(tmp: Path, final: Path) -> Path:
-    """Atomically make `tmp` visible as `final` (replacing an existing `final`)."""
-    fsync_tree(tmp)
-    old = None
-    if final.exists():
-        old = temp_dir_for(final)
-        os.rename(final, old)
-    os.rename(tmp, final)
-    _fsync_dir(final.parent)
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
-    return final
-
-
-def remove_dir(path: Path) -> None:
-    """Delete a committed directory so that no reader ever sees it half-deleted (in an object
-    store: its meta.json first, which un-commits it)."""
-    if is_remote(path):
-        with contextlib.suppress(FileNotFoundError):
-            (path / META).unlink()
-        _remove_tree(path)
-        return
-    doomed = temp_dir_for(path)
-    os.rename(path, doomed)
-    shutil.rmtree(doomed, ignore_errors=True)
 
 
 class IncompleteCheckpoint(RuntimeError):
@@ -149,7 +95,7 @@ class CheckpointWriter:
                                                    and not (p / META).is_file())
             if stale:
                 log.warning("removing %s: an interrupted checkpoint save", p)
-                _remove_tree(p)
+                remove_tree(p)
 
     def begin(self, step: int) -> Path:
         """The folder the ranks write `step`'s checkpoint into: a temporary folder renamed at
@@ -193,7 +139,7 @@ class CheckpointWriter:
     def abort(self, tmp: Path) -> None:
         if is_remote(tmp) and (fresh(tmp) / META).is_file():
             return  # committed (in the store the folder is the final one): what failed came after
-        _remove_tree(tmp)
+        remove_tree(tmp)
 
     def prune(self) -> None:
         keep = self.cfg.checkpoint.keep_last
@@ -201,17 +147,6 @@ class CheckpointWriter:
             return
         for _, path in list_checkpoints(self.root)[:-keep]:
             remove_dir(path)
-
-
-def _remove_tree(path) -> None:
-    """Delete a folder or an object-store prefix, best effort."""
-    if is_remote(path):
-        try:
-            path.fs.rm(path.path, recursive=True)
-        except (OSError, ValueError) as exc:  # absent already, or the store refused: the next run retries
-            log.warning("could not remove %s: %s", path, exc)
-    else:
-        shutil.rmtree(path, ignore_errors=True)
 
 
 def _plain(cfg) -> Any:

@@ -15,18 +15,18 @@ from pathlib import Path
 
 import pytest
 
+from rlcore.checkpoint import CheckpointWriter
+from rlcore.cli import job_output_dir
+from rlcore.config.errors import ConfigError
+from rlcore.export import main as export_main
+from rlcore.plan.compose import compose
+from rlcore.run import main
+from rlcore.storage.checkpoint_dirs import checkpoint_root, list_checkpoints
+from rlcore.storage.location import with_local_paths
+from rlcore.storage.staging import LEASE, Sync, claim, download
+
 pytest.importorskip("s3fs")
 pytest.importorskip("moto.server")
-
-from rlcore.checkpoint import CheckpointWriter  # noqa: E402
-from rlcore.plan.compose import compose  # noqa: E402
-from rlcore.export import main as export_main  # noqa: E402
-from rlcore.run import main  # noqa: E402
-from rlcore.storage.checkpoint_dirs import checkpoint_root, list_checkpoints  # noqa: E402
-from rlcore.storage.location import with_local_paths  # noqa: E402
-from rlcore.storage.staging import LEASE, Sync, claim, download  # noqa: E402
-from rlcore.cli import job_output_dir  # noqa: E402
-from rlcore.config.errors import ConfigError  # noqa: E402
 
 RUN = ["cluster.num_cpus=2"]
 
@@ -125,7 +125,7 @@ def test_a_url_a_live_run_holds_by_its_lease_is_refused(bucket, capsys):
     fs.pipe_file(f"{name}/run/{LEASE}", json.dumps({"owner": "elsewhere:7", "time": time.time() - 3600}).encode())
     assert download(with_local_paths(compose([f"output_dir=s3://{name}/run"]))) == 0
     # a fresh lease of a process of this machine that is gone (a run killed with SIGKILL) holds nothing
-    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True, check=True)
     fs.pipe_file(f"{name}/run/{LEASE}", json.dumps({"owner": f"{socket.gethostname()}:{gone.stdout.strip()}",
                                                     "time": time.time()}).encode())
     assert download(with_local_paths(compose([f"output_dir=s3://{name}/run"]))) == 0
