@@ -7,6 +7,7 @@ back (rlcore.storage.location, rlcore.storage.staging, rlcore.checkpoint)."""
 import importlib.util
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -223,3 +224,27 @@ def test_every_trainer_ranks_shard_is_written_into_the_bucket_and_listed_by_the_
     # one process reads the two ranks' shards back from the bucket (resharded)
     assert export_main([f"s3://{step}", str(tmp_path / "hf")]) == 0
     assert (tmp_path / "hf" / "model.safetensors").is_file()
+
+
+def test_a_run_stopped_by_sigterm_uploads_its_rows_and_checkpoint_before_it_exits(bucket):
+    fs, name = bucket
+    url = f"s3://{name}/run"
+    cfg = with_local_paths(compose([f"output_dir={url}"]))
+    staged = Path(cfg.output_dir) / "metrics.jsonl"
+    run = subprocess.Popen([sys.executable, "-m", "rlcore.run", "steps=500", f"output_dir={url}", *RUN],
+                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 300
+        while not (staged.is_file() and staged.read_text().strip()) and run.poll() is None:
+            assert time.monotonic() < deadline, "no step within 300 s"
+            time.sleep(0.2)
+        run.send_signal(signal.SIGTERM)
+        _, err = run.communicate(timeout=300)
+    finally:
+        if run.poll() is None:
+            run.kill()
+    assert run.returncode == 130, err[-2000:]
+    uploaded = rows(fs, f"{name}/run/metrics.jsonl")
+    assert uploaded and uploaded == [json.loads(line) for line in staged.read_text().splitlines() if line.strip()]
+    assert [s for s, _ in list_checkpoints(checkpoint_root(cfg))] == [uploaded[-1]["step"]]
+    assert not fs.exists(f"{name}/run/{LEASE}")
