@@ -6,6 +6,7 @@ back (rlcore.storage.location, rlcore.storage.staging, rlcore.checkpoint)."""
 
 import importlib.util
 import json
+import logging
 import os
 import signal
 import socket
@@ -37,6 +38,7 @@ def s3_server():
     """An S3 API on localhost for this module; the environment points every process of a run
     (the driver, and the Ray workers it starts) at it."""
     from moto.server import ThreadedMotoServer
+    logging.getLogger("werkzeug").setLevel(logging.WARNING)  # one line per request otherwise
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
     server.start()
     host, port = server.get_host_and_port()
