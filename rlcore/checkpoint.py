@@ -20,6 +20,11 @@ checkpoints and then renamed in one ``os.rename``; a crash while saving leaves a
 directory that is never read and is removed by the next run. Deleting an old checkpoint first
 renames it to ``.tmp-*`` as well, so a half-deleted checkpoint is never mistaken for a good one.
 All ranks must write to a filesystem the driver sees (`rlcore.storage.location`).
+
+In an object store (s3://, ...: no rename) every rank writes straight into ``step_00000012/``
+through DCP's fsspec writer, and meta.json, written last by the driver once it sees every part
+there, is the commit: a prefix without it is never read, and the next run deletes it. Deleting
+or replacing a checkpoint removes its meta.json first.
 """
 
 from __future__ import annotations
@@ -29,9 +34,7 @@ import json
 import logging
 import os
 import random
-import shutil
 import time
-import uuid
 import warnings
 from pathlib import Path
 from typing import Any
@@ -58,56 +61,13 @@ from rlcore.storage.checkpoint_dirs import (  # noqa: F401  (re-exported: the di
     step_dir_name,
 )
 from rlcore.hf_files import save_config_and_tokenizer
+from rlcore.storage.checkpoint_dirs import fresh
+from rlcore.storage.commit import commit_dir, remove_dir, remove_tree, temp_dir_for  # noqa: F401  (re-exported)
+from rlcore.storage.location import is_remote, storage_path
+from rlcore.storage.staging import upload
 from rlcore.storage.rundir import truncate_series  # noqa: F401  (re-exported: the series live in the run folder)
 
 log = logging.getLogger("rlcore")
-
-
-def _fsync_dir(path: Path) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:  # some filesystems do not support fsync on directories
-        pass
-    finally:
-        os.close(fd)
-
-
-def fsync_tree(path: Path) -> None:
-    """Flush every file and directory under `path` to disk (before the commit rename)."""
-    for dirpath, _, files in os.walk(path):
-        for f in files:
-            with open(os.path.join(dirpath, f), "rb") as fh:
-                os.fsync(fh.fileno())
-        _fsync_dir(Path(dirpath))
-
-
-def temp_dir_for(final: Path) -> Path:
-    return final.parent / f".tmp-{final.name}-{uuid.uuid4().hex[:8]}"
-
-
-def commit_dir(tmp: Path, final: Path) -> Path:
-    """Atomically make `tmp` visible as `final` (replacing an existing `final`)."""
-    fsync_tree(tmp)
-    old = None
-    if final.exists():
-        old = temp_dir_for(final)
-        os.rename(final, old)
-    os.rename(tmp, final)
-    _fsync_dir(final.parent)
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
-    return final
-
-
-def remove_dir(path: Path) -> None:
-    """Delete a committed directory so that no reader ever sees it half-deleted."""
-    doomed = temp_dir_for(path)
-    os.rename(path, doomed)
-    shutil.rmtree(doomed, ignore_errors=True)
 
 
 class IncompleteCheckpoint(RuntimeError):
@@ -126,39 +86,60 @@ class CheckpointWriter:
         return (c.interval > 0 and step % c.interval == 0) or (final and c.save_final)
 
     def clean_stale(self) -> None:
-        """Remove `.tmp-*` leftovers of interrupted saves (call once, before the first save)."""
-        if self.root.is_dir():
-            for p in self.root.glob(".tmp-*"):
+        """Remove leftovers of interrupted saves (call once, before the first save): `.tmp-*`
+        folders, and in an object store the step prefixes without their meta.json."""
+        if not fresh(self.root).is_dir():
+            return
+        for p in self.root.iterdir():
+            stale = p.name.startswith(".tmp-") or (is_remote(p) and p.name.startswith("step_")
+                                                   and not (p / META).is_file())
+            if stale:
                 log.warning("removing %s: an interrupted checkpoint save", p)
-                shutil.rmtree(p, ignore_errors=True)
+                remove_tree(p)
 
     def begin(self, step: int) -> Path:
+        """The folder the ranks write `step`'s checkpoint into: a temporary folder renamed at
+        the commit, or in an object store the final prefix itself (emptied, uncommitted first)."""
+        final = self.root / step_dir_name(step)
+        if is_remote(final):
+            if fresh(final).exists():
+                remove_dir(final)
+            return final
         self.root.mkdir(parents=True, exist_ok=True)
-        tmp = temp_dir_for(self.root / step_dir_name(step))
+        tmp = temp_dir_for(final)
         tmp.mkdir()
         return tmp
 
     def commit(self, tmp: Path, step: int, driver_state: dict[str, Any], parts: dict[str, int]) -> Path:
         """Check that `tmp` holds every part the ranks wrote (`parts`: relative path -> bytes;
         IncompleteCheckpoint naming the first missing ones, nothing committed), write the driver
-        state and the completion marker (which lists the parts) into `tmp`, then rename it."""
-        missing = missing_parts(tmp, parts)
+        state and the completion marker (which lists the parts) into `tmp`, then rename it (in an
+        object store, the marker written last is the commit)."""
+        missing = missing_parts(fresh(tmp), parts)
         if missing:
             raise IncompleteCheckpoint(
                 f"{len(missing)} of the {len(parts)} files the trainer ranks wrote are not in {tmp} as the driver "
                 f"sees it ({', '.join(missing[:3])}{', ...' if len(missing) > 3 else ''}): every node must reach "
-                "the run's storage (output_dir / checkpoint.dir on a filesystem every node mounts)")
-        torch.save(driver_state, tmp / DRIVER_STATE)
+                "the run's storage (output_dir / checkpoint.dir on a filesystem every node mounts, or an object store)")
+        with (tmp / DRIVER_STATE).open("wb") as fh:
+            torch.save(driver_state, fh)
         parts = {**parts, DRIVER_STATE: (tmp / DRIVER_STATE).stat().st_size}
         meta = {"step": step, "mode": self.cfg.mode, "time": time.time(), PARTS: parts,
                 "config": _plain(self.cfg)}
         (tmp / META).write_text(json.dumps(meta, indent=1, default=str))
-        final = commit_dir(tmp, self.root / step_dir_name(step))
+        final = tmp if is_remote(tmp) else commit_dir(tmp, self.root / step_dir_name(step))
         self.prune()
+        if self.cfg.storage.url:  # the series as far as this checkpoint, beside it in the store
+            try:
+                upload(self.cfg)
+            except Exception as exc:  # the checkpoint is committed; the next upload retries the series
+                log.warning("uploading the run's files to %s failed (retried later): %s", self.cfg.storage.url, exc)
         return final
 
     def abort(self, tmp: Path) -> None:
-        shutil.rmtree(tmp, ignore_errors=True)
+        if is_remote(tmp) and (fresh(tmp) / META).is_file():
+            return  # committed (in the store the folder is the final one): what failed came after
+        remove_tree(tmp)
 
     def prune(self) -> None:
         keep = self.cfg.checkpoint.keep_last
@@ -176,8 +157,18 @@ def _plain(cfg) -> Any:
         return str(cfg)
 
 
+def _torch_load(path) -> Any:
+    with storage_path(path).open("rb") as fh:
+        return torch.load(fh, weights_only=False)
+
+
+def _torch_save(obj: Any, path) -> None:
+    with path.open("wb") as fh:
+        torch.save(obj, fh)
+
+
 def load_driver_state(path: Path) -> dict[str, Any]:
-    return torch.load(path / DRIVER_STATE, weights_only=False)
+    return _torch_load(storage_path(path) / DRIVER_STATE)
 
 
 def config_differences(saved: dict[str, Any], current: dict[str, Any]) -> list[str]:
@@ -233,6 +224,16 @@ def _dcp_call(what: str):
             raise RuntimeError(f"{what} failed ({detail})") from exc
 
 
+def _dcp_storage(ckpt_dir, writer: bool) -> dict[str, Any]:
+    """DCP's keyword for the trainer folder of `ckpt_dir`: its path (a filesystem), or its fsspec
+    writer/reader (an object store; DCP's own FileSystemWriter would take the URL for a path)."""
+    where = str(storage_path(ckpt_dir) / TRAINER_DIR)
+    if not is_remote(ckpt_dir):
+        return {"checkpoint_id": where}
+    from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader, FsspecWriter
+    return {"storage_writer": FsspecWriter(where)} if writer else {"storage_reader": FsspecReader(where)}
+
+
 def _state_dicts(core):
     from torch.distributed.checkpoint.state_dict import get_state_dict
     # sharded (DTensor) model and optimizer state; get_state_dict also creates the optimizer's
@@ -248,17 +249,23 @@ def save_trainer(core, ckpt_dir: str | Path) -> dict[str, int]:
     shards from DCP's metadata, the metadata, rank 0's files); {} on the other ranks."""
     import torch.distributed as dist
     import torch.distributed.checkpoint as dcp
-    ckpt_dir = Path(ckpt_dir)
+    ckpt_dir = storage_path(ckpt_dir)
     with _dcp_call(f"checkpoint save to {ckpt_dir}"):
-        metadata = dcp.save(_state_dicts(core), checkpoint_id=str(ckpt_dir / TRAINER_DIR),
+        metadata = dcp.save(_state_dicts(core), **_dcp_storage(ckpt_dir, writer=True),
                             no_dist=not dist.is_initialized())
     if core.rank != 0:
         return {}
     scheduler = getattr(core, "scheduler", None)
-    torch.save({"version": core.version, "world_size": core.world_size,
-                "scheduler": scheduler.state_dict() if scheduler is not None else None,
-                "rng": rng_state()}, ckpt_dir / TRAINER_EXTRA)
-    save_config_and_tokenizer(core.model, core.tokenizer, ckpt_dir / HF_DIR, core.cfg.model.dtype)
+    _torch_save({"version": core.version, "world_size": core.world_size,
+                 "scheduler": scheduler.state_dict() if scheduler is not None else None,
+                 "rng": rng_state()}, ckpt_dir / TRAINER_EXTRA)
+    if is_remote(ckpt_dir):  # transformers writes a folder: write it here, then upload it
+        import tempfile
+        with tempfile.TemporaryDirectory(prefix="rlcore-hf-") as local:
+            save_config_and_tokenizer(core.model, core.tokenizer, Path(local), core.cfg.model.dtype)
+            ckpt_dir.fs.put(f"{local}/", (ckpt_dir / HF_DIR).path, recursive=True)
+    else:
+        save_config_and_tokenizer(core.model, core.tokenizer, ckpt_dir / HF_DIR, core.cfg.model.dtype)
     return trainer_parts(ckpt_dir, metadata)
 
 
@@ -271,6 +278,12 @@ def trainer_parts(ckpt_dir: Path, metadata) -> dict[str, int]:
     for info in (getattr(metadata, "storage_data", None) or {}).values():
         rel = f"{TRAINER_DIR}/{info.relative_path}"
         parts[rel] = max(parts.get(rel, 0), int(info.offset) + int(info.length))
+    if is_remote(ckpt_dir):
+        fs, root = ckpt_dir.fs, ckpt_dir.path.rstrip("/")
+        for key, info in fs.find(root, detail=True).items():
+            rel = key[len(root) + 1:] if key.startswith(root + "/") else key
+            parts.setdefault(rel, 0 if rel.startswith(f"{HF_DIR}/") else int(info.get("size") or 0))
+        return parts
     for dirpath, _, files in os.walk(ckpt_dir):
         for name in files:
             rel = os.path.relpath(os.path.join(dirpath, name), ckpt_dir)
@@ -285,12 +298,12 @@ def load_trainer(core, ckpt_dir: str | Path) -> int:
     import torch.distributed as dist
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import set_state_dict
-    ckpt_dir = Path(ckpt_dir)
+    ckpt_dir = storage_path(ckpt_dir)
     sd = _state_dicts(core)
     with _dcp_call(f"checkpoint load from {ckpt_dir}"):
-        dcp.load(sd, checkpoint_id=str(ckpt_dir / TRAINER_DIR), no_dist=not dist.is_initialized())
+        dcp.load(sd, **_dcp_storage(ckpt_dir, writer=False), no_dist=not dist.is_initialized())
     set_state_dict(core.model, core.optimizer, model_state_dict=sd["model"], optim_state_dict=sd["optim"])
-    extra = torch.load(ckpt_dir / TRAINER_EXTRA, weights_only=False)
+    extra = _torch_load(ckpt_dir / TRAINER_EXTRA)
     core.version = int(extra["version"])
     scheduler = getattr(core, "scheduler", None)
     if scheduler is not None and extra.get("scheduler") is not None:
@@ -307,12 +320,12 @@ def load_model_weights(model: torch.nn.Module, ckpt_dir: str | Path) -> None:
     sd = {"model": model.state_dict()}
     no_dist = not (dist.is_available() and dist.is_initialized())
     with _dcp_call(f"loading model weights from {ckpt_dir}"):
-        dcp.load(sd, checkpoint_id=str(Path(ckpt_dir) / TRAINER_DIR), no_dist=no_dist)
+        dcp.load(sd, **_dcp_storage(ckpt_dir, writer=False), no_dist=no_dist)
     model.load_state_dict(sd["model"])
 
 
 def read_trainer_extra(ckpt_dir: str | Path) -> dict[str, Any]:
-    return torch.load(Path(ckpt_dir) / TRAINER_EXTRA, weights_only=False)
+    return _torch_load(storage_path(ckpt_dir) / TRAINER_EXTRA)
 
 
 # -- metrics series on resume ------------------------------------------------------------------

@@ -101,4 +101,6 @@ def sweep_jobs(overrides: list[str]) -> list[list[str]]:
 
 
 def job_output_dir(base: str, job: int) -> str:
-    return str(Path(base) / str(job))
+    """The folder of sweep job `job` under `base` (a path or an object store's URL: joined as text,
+    since a `Path` would fold `s3://` into `s3:/`)."""
+    return f"{str(base).rstrip('/')}/{job}"

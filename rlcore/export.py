@@ -28,6 +28,7 @@ from transformers import AutoConfig, AutoModelForCausalLM
 from rlcore.checkpoint import commit_dir, load_model_weights, temp_dir_for
 from rlcore.storage.checkpoint_dirs import HF_DIR, is_complete, latest_checkpoint, plain_load_problem
 from rlcore.hf_files import drop_gguf_quantization, save_config_and_tokenizer
+from rlcore.storage.location import is_remote, storage_path
 
 DEFAULT_SHARD_BYTES = 5 * 2**30
 
@@ -48,8 +49,14 @@ def write_hf_dir(out_dir: str | Path, named_tensors: Iterable[tuple[str, torch.T
 
     Config and tokenizer come from `config_src` (a directory written by
     `save_config_and_tokenizer`, e.g. a checkpoint's `hf/`) or from `model` + `tokenizer`.
-    An existing `out_dir` is replaced only once the new one is complete.
+    An existing `out_dir` is replaced only once the new one is complete. In an object store
+    (no rename) the folder is written locally, then the old one deleted and the new one uploaded.
     """
+    if is_remote(out_dir):
+        import tempfile
+        with tempfile.TemporaryDirectory(prefix="rlcore-export-") as local:
+            write_hf_dir(Path(local) / "hf", named_tensors, config_src, model, tokenizer, dtype, max_shard_bytes)
+            return upload_dir(Path(local) / "hf", out_dir)
     out = Path(out_dir).expanduser()
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = temp_dir_for(out)
@@ -104,16 +111,36 @@ def write_hf_dir(out_dir: str | Path, named_tensors: Iterable[tuple[str, torch.T
         raise
 
 
+def upload_dir(local: Path, url) -> Path:
+    """Replace the object-store folder `url` with the files of `local`; returns its path object."""
+    dest = storage_path(url)
+    fs, root = dest.fs, dest.path.rstrip("/")
+    if fs.exists(root):
+        fs.rm(root, recursive=True)
+    fs.put(f"{local}/", root, recursive=True)
+    return dest
+
+
 def export_checkpoint(ckpt_dir: str | Path, out_dir: str | Path) -> Path:
-    """A checkpoint (`step_NNNNNNNN/`) -> Hugging Face directory. Builds the model on the meta
-    device from the checkpoint's own config, so only the checkpoint's tensors take memory."""
-    ckpt = Path(ckpt_dir).expanduser()
+    """A checkpoint (`step_NNNNNNNN/`, in a folder or an object store) -> Hugging Face directory.
+    Builds the model on the meta device from the checkpoint's own config, so only the
+    checkpoint's tensors take memory."""
+    ckpt = storage_path(ckpt_dir)
     if not is_complete(ckpt):
         raise FileNotFoundError(f"{ckpt} is not a complete rlcore checkpoint")
     problem = plain_load_problem(ckpt)
     if problem:
         raise ValueError(problem)
-    hf = ckpt / HF_DIR
+    if is_remote(ckpt):  # transformers reads config and tokenizer from a local folder
+        import tempfile
+        with tempfile.TemporaryDirectory(prefix="rlcore-hf-") as local:
+            ckpt.fs.get(f"{(ckpt / HF_DIR).path}/", f"{local}/", recursive=True)
+            return _export(ckpt, Path(local), out_dir)
+    return _export(ckpt, ckpt / HF_DIR, out_dir)
+
+
+def _export(ckpt, hf: Path, out_dir) -> Path:
+    """Checkpoint `ckpt`'s model, built from the config and tokenizer in local folder `hf`, into `out_dir`."""
     config = AutoConfig.from_pretrained(hf)
     dtype = getattr(config, "dtype", None) or torch.float32
     dtype = getattr(torch, dtype) if isinstance(dtype, str) else dtype
@@ -151,13 +178,13 @@ def main(argv: list[str] | None = None) -> int:
     if len(argv) != 2:
         print(USAGE, file=sys.stderr)
         return 2
-    src = Path(argv[0]).expanduser()
+    src = storage_path(argv[0])
     if src.is_dir() and not is_complete(src):
         src = latest_checkpoint(src) or src
     if not is_complete(src):
         print(f"rlcore: export: {argv[0]!r} is not a complete checkpoint", file=sys.stderr)
         return 2
-    used = used_folder(Path(argv[1]).expanduser())
+    used = used_folder(storage_path(argv[1]))
     if used and not force:
         print(f"rlcore: export: OUT_DIR {used}; choose another folder, or pass --force to replace it",
               file=sys.stderr)

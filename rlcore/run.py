@@ -42,6 +42,7 @@ from rlcore.report.startup import StartupPhases
 from rlcore.report.summary import run_summary
 from rlcore.report.watch.beside import start_page, stop_page
 from rlcore.storage.location import with_local_paths
+from rlcore.storage.staging import Sync, claim, download
 from rlcore.storage.rundir import claim_output_dir, last_checkpoint_hint
 
 EXIT_RUN = 1
@@ -113,8 +114,8 @@ def summary(cfg: RunConfig, history: list[dict], eval_rows: list[dict] = (),
     """The end-of-run summary (rlcore.report.summary), pointing to the plot when the run wrote one;
     `startup_s`: the wall time from the process's start to step 1 (RL)."""
     out = Path(cfg.output_dir)
-    plot = out / "plot.png"
-    artifact = f"plot: {plot}" if plot.is_file() else f"metrics: {out / 'metrics.jsonl'}"
+    where = cfg.storage.url or str(out)  # an object-store run's files end there, not in its staging folder
+    artifact = f"plot: {where}/plot.png" if (out / "plot.png").is_file() else f"metrics: {where}/metrics.jsonl"
     return run_summary(cfg.mode, history, eval_rows, phases, artifact, startup_s)
 
 
@@ -162,6 +163,7 @@ def run_job(argv: list[str], print_cfg: bool = False) -> int:
     try:
         # the run's storage as absolute paths: every actor, on any node, gets the same folder
         cfg = with_local_paths(compose(argv))
+        download(cfg)  # an object-store output_dir: its files into the local staging folder first
         validate(cfg)
         warn_inert(cfg)
         if print_cfg:
@@ -180,10 +182,17 @@ def run_job(argv: list[str], print_cfg: bool = False) -> int:
         cfg.model = resolve_model(cfg.model)  # pypi:PACKAGE -> its converted directory, before any actor
         prepared = prepare(cfg)
         out, lock = claim_output_dir(cfg)
+        try:
+            claim(cfg)  # an object-store output_dir: its lease
+        except ConfigError:
+            lock.close()
+            raise
     except ConfigError as exc:
         return report_config_error(exc)
     try:
-        return _run_prepared(cfg, prepared, out)
+        with Sync(cfg) as sync:  # an object-store output_dir: uploads during the run and at its end
+            code = _run_prepared(cfg, prepared, out)
+        return EXIT_RUN if sync.failed and code == 0 else code
     finally:
         lock.close()  # the folder is free for the next run (exit or a crash frees it too)
 

@@ -1,6 +1,7 @@
 """`output_dir` as a storage location (rlcore.storage.location): a local path or `file://` URL,
-parsed by fsspec, made absolute before the run starts; a protocol a run cannot write through
-refused in one line; inside a Ray Job, a folder in the job's node-local working directory
+parsed by fsspec, made absolute before the run starts; an object store's URL kept, the run's
+own folder then a local staging folder (the runs themselves: tests/test_storage_object_store.py);
+a protocol a run cannot write through refused in one line; inside a Ray Job, a folder in the job's node-local working directory
 refused. The same through Ray Jobs on a multi-node cluster: tests/test_multinode.py."""
 
 import json
@@ -26,9 +27,20 @@ def test_a_local_path_and_a_file_url_are_one_absolute_folder(tmp_path, monkeypat
     assert cfg.checkpoint.export_dir is None
 
 
+def test_an_object_store_url_is_kept_and_output_dir_becomes_its_staging_folder(tmp_path, monkeypatch):
+    monkeypatch.setenv("RLCORE_STAGING_DIR", str(tmp_path / "staging"))
+    assert local_path("s3://bucket/run/", "output_dir") == "s3://bucket/run"
+    cfg = with_local_paths(compose(["output_dir=s3://bucket/run"]))
+    assert cfg.storage.url == "s3://bucket/run" and cfg.output_dir.startswith(str(tmp_path / "staging") + "/")
+    assert cfg.checkpoint.dir == "s3://bucket/run/checkpoints" and cfg.checkpoint.export_dir == "s3://bucket/run/hf"
+    other = with_local_paths(compose(["output_dir=s3://bucket/run2", "checkpoint.dir=s3://b2/ck"]))
+    assert other.output_dir != cfg.output_dir and other.checkpoint.dir == "s3://b2/ck"
+    assert with_local_paths(compose(["output_dir=/tmp/x"])).storage.url == ""
+
+
 @pytest.mark.parametrize("url, why", [("memory://run", "lives inside one process"),
-                                      ("s3://bucket/run", "is an object store"),
-                                      ("gcs://bucket/run", "is an object store")])
+                                      ("nosuchfs://bucket/run", "is no storage fsspec knows"),
+                                      ("s3://", "names no bucket")])
 def test_a_storage_a_run_cannot_write_through_is_one_line(url, why, tmp_path, capsys):
     with pytest.raises(ConfigError, match=why):
         local_path(url, "output_dir")

@@ -52,6 +52,19 @@ class CheckpointConfig:
 
 
 @dataclass
+class StorageConfig:
+    """An object-store `output_dir` (s3://, gs://, ...): the run's series are kept in a local staging
+    folder on the driver's node and uploaded whole; checkpoints go straight to the store."""
+
+    sync_interval_s: float = 300.0
+    """Seconds between uploads of the staging folder (metrics, samples, logs) to the store, besides
+    the uploads at every checkpoint and at the end of the run (0 = only those)."""
+    url: str = ""
+    """Set by the planner, never by hand: the object-store URL `output_dir` named; `output_dir` is
+    then its local staging folder (empty for a local or NFS `output_dir`)."""
+
+
+@dataclass
 class SFTConfig:
     """Supervised fine-tuning on chat data (`mode=sft`); loss on assistant tokens only."""
 

@@ -13,7 +13,7 @@ from typing import Any, Optional
 from omegaconf import MISSING
 
 from rlcore.config.engines import EngineGroupConfig, HFOptions, VLLMOptions
-from rlcore.config.lifecycle import CheckpointConfig, EvalConfig, LoggerConfig, SFTConfig
+from rlcore.config.lifecycle import CheckpointConfig, EvalConfig, LoggerConfig, SFTConfig, StorageConfig
 from rlcore.config.losses import CispoOptions, DapoOptions, DrGrpoOptions, GspoOptions
 from rlcore.config.teacher import TeacherConfig
 
@@ -291,8 +291,9 @@ class RunConfig:
     mode: str = "rl"
     """`rl` (reinforcement learning), `sft` (supervised fine-tuning) or `eval` (evaluate only)."""
     output_dir: str = "outputs/${mode}"
-    """Directory the run writes metrics, config and checkpoints to (default: one per mode). A fresh
-    run refuses a directory that already holds a run: continue it with `resume=true` or pick another."""
+    """Directory the run writes metrics, config and checkpoints to (default: one per mode): a path every
+    node mounts, or an object store's URL (s3://BUCKET/PATH, ...). A fresh run refuses one that already
+    holds a run: continue it with `resume=true` or pick another."""
     steps: int = 50
     """Optimizer steps to run."""
     seed: int = 0
@@ -313,6 +314,8 @@ class RunConfig:
     """Metrics sinks."""
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     """Checkpoints, resume and export."""
+    storage: StorageConfig = field(default_factory=StorageConfig)
+    """An object-store `output_dir`: when its series are uploaded."""
     sft: SFTConfig = field(default_factory=SFTConfig)
     """Supervised fine-tuning data (`mode=sft`)."""
     eval: EvalConfig = field(default_factory=EvalConfig)

@@ -1,6 +1,10 @@
 """The directory side of checkpoints (torch-free): layout names, finding the newest complete
 checkpoint, what `checkpoint.resume` points at, and the config a checkpoint was saved with.
-The trainer-side save/load of the tensors is in :mod:`rlcore.checkpoint`."""
+The trainer-side save/load of the tensors is in :mod:`rlcore.checkpoint`.
+
+A checkpoint folder is a `pathlib.Path` on a filesystem, or a `upath.UPath` (the same API over
+fsspec) in an object store (:func:`rlcore.storage.location.storage_path`): the functions here
+use only what both give."""
 
 from __future__ import annotations
 
@@ -8,6 +12,8 @@ import json
 import re
 from pathlib import Path
 from typing import Any
+
+from rlcore.storage.location import storage_path
 
 TRAINER_DIR = "trainer"
 TRAINER_EXTRA = "trainer_extra.pt"
@@ -24,7 +30,18 @@ def step_dir_name(step: int) -> str:
 
 
 def checkpoint_root(cfg) -> Path:
-    return Path(cfg.checkpoint.dir or Path(cfg.output_dir) / "checkpoints").expanduser()
+    """`checkpoint.dir`, or `{output_dir}/checkpoints` (an object-store run's planner sets `checkpoint.dir`
+    under its URL, since its `output_dir` is a local staging folder)."""
+    return storage_path(cfg.checkpoint.dir or Path(cfg.output_dir) / "checkpoints")
+
+
+def fresh(path) -> Any:
+    """`path`, with its filesystem's listing cache dropped (an object store's client caches
+    listings; other processes, the trainer ranks, write there)."""
+    fs = getattr(path, "fs", None)
+    if fs is not None:
+        fs.invalidate_cache()
+    return path
 
 
 PARTS = "parts"
@@ -49,6 +66,7 @@ def incomplete(path: Path) -> str | None:
     """Why `path` is not a complete checkpoint, or None. Complete: meta.json (written last), the
     DCP metadata, and every file meta.json lists on the storage (checkpoints written before the
     list existed have none to check)."""
+    fresh(path)
     for need in (META, f"{TRAINER_DIR}/.metadata"):
         if not (path / need).is_file():
             return f"no {need}; an interrupted save is never committed"
@@ -70,7 +88,7 @@ def is_complete(path: Path) -> bool:
 
 def list_checkpoints(root: Path) -> list[tuple[int, Path]]:
     """Complete checkpoints under `root`, oldest first."""
-    if not root.is_dir():
+    if not fresh(root).is_dir():
         return []
     found = []
     for p in root.iterdir():
@@ -103,7 +121,7 @@ def resolve_resume(cfg) -> Path | None:
         return None
     if req == "latest":
         return latest_checkpoint(checkpoint_root(cfg))
-    path = Path(req).expanduser()
+    path = fresh(storage_path(req))
     if path.is_dir() and not is_complete(path) and latest_checkpoint(path) is not None:
         return latest_checkpoint(path)  # a checkpoint *directory* was given: take its newest
     if not path.exists():

@@ -15,7 +15,9 @@ and two runs never share one folder.
   rows or append a second series after them. A resume never deletes what an earlier attempt
   logged; with no rows it starts fresh.
 - The folder is a storage location every node reaches (:mod:`.location`): made absolute before
-  the run starts, and refused inside a Ray Job's node-local working directory.
+  the run starts, and refused inside a Ray Job's node-local working directory. For an
+  object-store `output_dir` it is the run's local staging folder, refilled from the URL before
+  these checks and uploaded during the run (:mod:`.staging`).
 """
 
 from __future__ import annotations

@@ -1,0 +1,252 @@
+"""`output_dir` in an object store, against a real S3 API: moto's S3 server on localhost, reached
+by s3fs exactly as AWS is (endpoint and fake credentials from the environment, as a user's own
+profile would give them). Checkpoints are written straight to the bucket by the trainer ranks and
+committed by their meta.json; the series are staged locally and uploaded; a resume reads both
+back (rlcore.storage.location, rlcore.storage.staging, rlcore.checkpoint)."""
+
+import importlib.util
+import json
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from rlcore.checkpoint import CheckpointWriter
+from rlcore.cli import job_output_dir
+from rlcore.config.errors import ConfigError
+from rlcore.export import main as export_main
+from rlcore.plan.compose import compose
+from rlcore.run import main
+from rlcore.storage.checkpoint_dirs import checkpoint_root, list_checkpoints
+from rlcore.storage.location import with_local_paths
+from rlcore.storage.staging import LEASE, Sync, claim, download
+
+pytest.importorskip("s3fs")
+pytest.importorskip("moto.server")
+
+RUN = ["cluster.num_cpus=2"]
+
+
+@pytest.fixture(scope="module")
+def s3_server():
+    """An S3 API on localhost for this module; the environment points every process of a run
+    (the driver, and the Ray workers it starts) at it."""
+    from moto.server import ThreadedMotoServer
+    logging.getLogger("werkzeug").setLevel(logging.WARNING)  # one line per request otherwise
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    env = {"AWS_ENDPOINT_URL": f"http://{host}:{port}", "AWS_ACCESS_KEY_ID": "testing",
+           "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    yield env
+    for k, v in saved.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
+    server.stop()
+
+
+@pytest.fixture
+def bucket(s3_server, tmp_path, monkeypatch, request):
+    """A fresh bucket, and a staging root of this test's own."""
+    import s3fs
+    monkeypatch.setenv("RLCORE_STAGING_DIR", str(tmp_path / "staging"))
+    name = f"b-{request.node.name.lower().replace('_', '-')[:40]}-{os.getpid()}"
+    fs = s3fs.S3FileSystem()
+    fs.mkdir(name)
+    fs.invalidate_cache()
+    return fs, name
+
+
+def rows(fs, path):
+    fs.invalidate_cache()
+    return [json.loads(line) for line in fs.cat_file(path).decode().splitlines() if line.strip()]
+
+
+def test_a_run_checkpoints_into_the_bucket_and_resumes_from_its_last_committed_checkpoint(bucket, tmp_path):
+    fs, name = bucket
+    url = f"s3://{name}/run"
+    assert main(["steps=2", f"output_dir={url}", "checkpoint.interval=1", *RUN]) == 0
+    fs.invalidate_cache()
+    ckpts = f"{name}/run/checkpoints"
+    assert sorted(p.rsplit("/", 1)[-1] for p in fs.ls(ckpts)) == ["step_00000001", "step_00000002"]
+    for step in ("step_00000001", "step_00000002"):
+        meta = json.loads(fs.cat_file(f"{ckpts}/{step}/meta.json"))
+        for rel, size in meta["parts"].items():  # every part meta.json lists is in the bucket
+            assert fs.info(f"{ckpts}/{step}/{rel}")["size"] >= size, rel
+    first = rows(fs, f"{name}/run/metrics.jsonl")
+    assert [r["step"] for r in first] == [1, 2]
+    assert fs.exists(f"{name}/run/config.yaml") and not fs.exists(f"{name}/run/{LEASE}")  # released at the end
+    assert not fs.exists(f"{name}/run/.lock")
+
+    # step 2's commit object is lost: that checkpoint is never resumed from; step 1 is
+    fs.rm_file(f"{ckpts}/step_00000002/meta.json")
+    cfg = with_local_paths(compose([f"output_dir={url}", "resume=true"]))
+    assert [s for s, _ in list_checkpoints(checkpoint_root(cfg))] == [1]
+
+    assert main(["steps=3", f"output_dir={url}", "checkpoint.interval=1", "resume=true",
+                 "checkpoint.export_final=true", *RUN]) == 0
+    fs.invalidate_cache()
+    # the earlier rows are kept as they were; step 2's row, after the checkpoint resumed from, is trained again
+    again = rows(fs, f"{name}/run/metrics.jsonl")
+    assert [r["step"] for r in again] == [1, 2, 3] and again[0] == first[0]
+    assert sorted(p.rsplit("/", 1)[-1] for p in fs.ls(ckpts)) == ["step_00000001", "step_00000002", "step_00000003"]
+    for step in (2, 3):  # step 2 committed again: the run went on from step 1
+        assert json.loads(fs.cat_file(f"{ckpts}/step_{step:08d}/meta.json"))["step"] == step
+    assert fs.exists(f"{name}/run/hf/model.safetensors") and fs.exists(f"{name}/run/hf/config.json")
+
+    # the offline export reads a checkpoint from the bucket (the newest of the folder given)
+    assert export_main([f"{url}/checkpoints", str(tmp_path / "hf")]) == 0
+    assert (tmp_path / "hf" / "model.safetensors").is_file()
+
+
+def test_a_fresh_run_on_a_url_that_holds_a_run_is_refused_before_ray(bucket, capsys):
+    fs, name = bucket
+    fs.pipe_file(f"{name}/run/metrics.jsonl", b'{"step": 1}\n')
+    assert main(["steps=1", f"output_dir=s3://{name}/run", *RUN]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "already holds a run (metrics.jsonl)" in err[0], err
+    assert "ray" not in sys.modules or not sys.modules["ray"].is_initialized()
+
+
+def test_a_url_a_live_run_holds_by_its_lease_is_refused(bucket, capsys):
+    fs, name = bucket
+    fs.pipe_file(f"{name}/run/{LEASE}", json.dumps({"owner": "elsewhere:7", "time": time.time()}).encode())
+    assert main(["steps=1", f"output_dir=s3://{name}/run", *RUN]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "in use by another run (elsewhere:7" in err[0], err
+    # a lease not renewed for minutes is a run that is gone: the URL is free again
+    fs.pipe_file(f"{name}/run/{LEASE}", json.dumps({"owner": "elsewhere:7", "time": time.time() - 3600}).encode())
+    assert download(with_local_paths(compose([f"output_dir=s3://{name}/run"]))) == 0
+    # a fresh lease of a process of this machine that is gone (a run killed with SIGKILL) holds nothing
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True, check=True)
+    fs.pipe_file(f"{name}/run/{LEASE}", json.dumps({"owner": f"{socket.gethostname()}:{gone.stdout.strip()}",
+                                                    "time": time.time()}).encode())
+    assert download(with_local_paths(compose([f"output_dir=s3://{name}/run"]))) == 0
+
+
+def test_an_uncommitted_checkpoint_prefix_is_never_listed_and_is_removed_by_the_next_run(bucket):
+    fs, name = bucket
+    cfg = with_local_paths(compose([f"output_dir=s3://{name}/run"]))
+    root = f"{name}/run/checkpoints"
+    fs.pipe_file(f"{root}/step_00000004/trainer/.metadata", b"x")
+    fs.pipe_file(f"{root}/step_00000004/trainer/__0_0.distcp", b"x" * 10)
+    fs.invalidate_cache()
+    writer = CheckpointWriter(cfg)
+    assert list_checkpoints(writer.root) == []
+    writer.clean_stale()
+    fs.invalidate_cache()
+    assert not fs.exists(f"{root}/step_00000004")
+
+
+def test_a_missing_backend_is_one_line_naming_the_key(tmp_path, capsys):
+    if importlib.util.find_spec("gcsfs"):  # not a dependency: gs:// has no filesystem here
+        pytest.skip("gcsfs is installed")
+    with pytest.raises(ConfigError, match="gcsfs"):
+        with_local_paths(compose(["output_dir=gs://bucket/run"]))
+    assert main(["steps=1", "output_dir=gs://bucket/run"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("rlcore: config error: output_dir: 'gs://bucket/run'"), err
+
+
+def test_the_staging_folder_is_uploaded_while_the_run_lives_and_at_its_end(bucket, capsys):
+    fs, name = bucket
+    cfg = with_local_paths(compose([f"output_dir=s3://{name}/run", "storage.sync_interval_s=0.2"]))
+    download(cfg)
+    out = Path(cfg.output_dir)
+    (out / "metrics.jsonl").write_text('{"step": 1}\n')
+    (out / ".lock").write_text("1\n")
+    claim(cfg)
+    with Sync(cfg) as sync:
+        deadline = time.monotonic() + 30
+        while not fs.exists(f"{name}/run/metrics.jsonl") and time.monotonic() < deadline:
+            time.sleep(0.1)
+            fs.invalidate_cache()
+        assert [r["step"] for r in rows(fs, f"{name}/run/metrics.jsonl")] == [1]  # uploaded during the run
+        assert fs.exists(f"{name}/run/{LEASE}")
+        with open(out / "metrics.jsonl", "a") as fh:
+            fh.write('{"step": 2}\n')
+    assert sync.failed is None
+    assert [r["step"] for r in rows(fs, f"{name}/run/metrics.jsonl")] == [1, 2]  # the last rows, at the end
+    assert not fs.exists(f"{name}/run/{LEASE}") and not fs.exists(f"{name}/run/.lock")
+
+    # the store goes away before the end: the run says where its files are, never drops them silently
+    cfg = with_local_paths(compose([f"output_dir=s3://{name}/run2", "storage.sync_interval_s=0"]))
+    download(cfg)
+    (Path(cfg.output_dir) / "metrics.jsonl").write_text('{"step": 1}\n')
+    claim(cfg)
+    with Sync(cfg) as sync:
+        fs.rm(name, recursive=True)
+    assert sync.failed
+    err = capsys.readouterr().err
+    assert f"were not uploaded to s3://{name}/run2" in err and cfg.output_dir in err
+    with pytest.raises(ConfigError, match="cannot be written"):
+        claim(cfg)
+
+
+def test_keep_last_prunes_old_checkpoints_in_the_store(bucket):
+    fs, name = bucket
+    cfg = with_local_paths(compose([f"output_dir=s3://{name}/run", "checkpoint.keep_last=1"]))
+    root = f"{name}/run/checkpoints"
+    for step in (1, 2):
+        fs.pipe_file(f"{root}/step_{step:08d}/trainer/.metadata", b"x")
+        fs.pipe_file(f"{root}/step_{step:08d}/meta.json", json.dumps({"step": step, "parts": {}}).encode())
+    writer = CheckpointWriter(cfg)
+    assert [s for s, _ in list_checkpoints(writer.root)] == [1, 2]
+    writer.prune()
+    fs.invalidate_cache()
+    assert [s for s, _ in list_checkpoints(writer.root)] == [2] and not fs.exists(f"{root}/step_00000001")
+
+
+def test_a_sweep_under_a_url_keeps_the_url():
+    assert job_output_dir("s3://bucket/sweep", 3) == "s3://bucket/sweep/3"
+    assert job_output_dir("outputs/sweep/", 0) == "outputs/sweep/0"
+
+
+def test_every_trainer_ranks_shard_is_written_into_the_bucket_and_listed_by_the_commit(bucket, tmp_path):
+    fs, name = bucket
+    assert main(["mode=sft", "steps=1", f"output_dir=s3://{name}/sft", "trainer.world_size=2",
+                 "trainer.cpus_per_rank=1", *RUN]) == 0
+    fs.invalidate_cache()
+    step = f"{name}/sft/checkpoints/step_00000001"
+    parts = json.loads(fs.cat_file(f"{step}/meta.json"))["parts"]
+    shards = sorted(p for p in parts if p.endswith(".distcp"))
+    assert shards == ["trainer/__0_0.distcp", "trainer/__1_0.distcp"], parts  # each rank wrote its own
+    for rel, size in parts.items():
+        assert fs.info(f"{step}/{rel}")["size"] >= size, rel
+    # one process reads the two ranks' shards back from the bucket (resharded)
+    assert export_main([f"s3://{step}", str(tmp_path / "hf")]) == 0
+    assert (tmp_path / "hf" / "model.safetensors").is_file()
+
+
+def test_a_run_stopped_by_sigterm_uploads_its_rows_and_checkpoint_before_it_exits(bucket):
+    fs, name = bucket
+    url = f"s3://{name}/run"
+    cfg = with_local_paths(compose([f"output_dir={url}"]))
+    staged = Path(cfg.output_dir) / "metrics.jsonl"
+    run = subprocess.Popen([sys.executable, "-m", "rlcore.run", "steps=500", f"output_dir={url}", *RUN],
+                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 300
+        while not (staged.is_file() and staged.read_text().strip()) and run.poll() is None:
+            assert time.monotonic() < deadline, "no step within 300 s"
+            time.sleep(0.2)
+        run.send_signal(signal.SIGTERM)
+        _, err = run.communicate(timeout=300)
+    finally:
+        if run.poll() is None:
+            run.kill()
+    assert run.returncode == 130, err[-2000:]
+    uploaded = rows(fs, f"{name}/run/metrics.jsonl")
+    assert uploaded and uploaded == [json.loads(line) for line in staged.read_text().splitlines() if line.strip()]
+    assert [s for s, _ in list_checkpoints(checkpoint_root(cfg))] == [uploaded[-1]["step"]]
+    assert not fs.exists(f"{name}/run/{LEASE}")
