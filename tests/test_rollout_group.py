@@ -19,17 +19,17 @@ class Call:
         self.actor, self.calls = actor, calls
 
     def options(self, num_returns):
-        self.num_returns = num_returns
+        assert num_returns == "streaming"
         return self
 
     def remote(self, tasks, group_size, split, seed):
         self.calls.append((self.actor, len(tasks), seed))
-        return [object() for _ in range(self.num_returns)]
+        return object()  # stands for the request's stream (never read here)
 
 
 class Actor:
     def __init__(self, index, calls):
-        self.generate_split = Call(index, calls)
+        self.generate_stream = Call(index, calls)
 
 
 @pytest.fixture
