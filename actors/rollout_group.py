@@ -41,9 +41,19 @@ CONTROL_TIMEOUT_S = 60.0
 
 
 REQUESTS_PER_SLOT = 2
-"""Requests the driver keeps at an actor per generation slot (`rlcore.engine.slots`): as many
-again as it generates, so requests that score (a slow or hung reward until its deadline) leave
-the engine busy with the next ones. The staleness bound (`allowed`) still caps them all."""
+"""Requests the driver keeps at an actor per generation slot (`rlcore.engine.slots`) that have
+delivered no group yet (generating, or waiting at the actor for a slot): as many again as it
+generates, so the engine goes on with the next ones while earlier ones score. The staleness
+bound (`allowed`) still caps them all."""
+SCORING_PER_SLOT = 2
+"""Requests per generation slot, beyond those, that have delivered groups and only score the
+rest (a slow or hung reward until its deadline): they hold an actor thread, not the engine."""
+
+
+def requests_per_actor(max_requests_per_actor: int) -> int:
+    """The most training requests the driver keeps at one actor (its threads must serve them
+    all, plus an evaluation call, a weight pull and a control call)."""
+    return (REQUESTS_PER_SLOT + SCORING_PER_SLOT) * max_requests_per_actor
 
 
 class RolloutGroup:
@@ -91,12 +101,15 @@ class RolloutGroup:
     def launch(self, allowed: int, queued_elsewhere: int) -> None:
         """Launch requests while fewer than `allowed` groups are generating or waiting (this
         group's requests plus `queued_elsewhere`: buffered, at the teacher) and no serving actor
-        holds more than `REQUESTS_PER_SLOT` x `rollout.max_requests_per_actor` on average (it
-        generates in that many slots; the others score, or wait at the actor for a slot)."""
+        holds, on average, more than `REQUESTS_PER_SLOT` x `rollout.max_requests_per_actor`
+        requests that delivered no group yet (it generates in that many slots; the others wait
+        at the actor for a slot) nor more than `requests_per_actor` in all (the rest only score)."""
         r, a, run = self.cfg.rollout, self.cfg.algo, self.run
         queued = self.queued_tasks() + queued_elsewhere
         serving = self.serving  # a restarted engine takes requests once it has the weights
-        while serving and queued < allowed and len(self.pending) < REQUESTS_PER_SLOT * r.max_requests_per_actor * len(serving):
+        generating = sum(1 for q in self.pending.values() if not q.arrived)
+        while (serving and queued < allowed and generating < REQUESTS_PER_SLOT * r.max_requests_per_actor * len(serving)
+               and len(self.pending) < requests_per_actor(r.max_requests_per_actor) * len(serving)):
             n_tasks = min(r.tasks_per_request, allowed - queued)
             indices, tasks = run.feed.take(n_tasks)
             actor = run.next_actor(len(self.handles), serving)
@@ -105,6 +118,7 @@ class RolloutGroup:
             run.request_seq += 1
             self.buffer.launched(n_tasks * a.group_size)
             queued += n_tasks
+            generating += 1
 
     def owns(self, ref) -> bool:
         return ref in self.pending
