@@ -18,6 +18,10 @@ against the environment's declared `reward_range` ([0, 1] unless the class or
 `env.args.reward_range` says otherwise): one outside it fails its sample with that reason,
 whatever `on_reward_error` says. These settings are ordinary
 `env.args` keys accepted by every environment. An empty completion is an answer: it is scored.
+
+`stream_groups` gives a request's groups one by one, each once all its samples are scored (in
+`worker` isolation, as the calls settle): the rollout actor streams them to the driver, so a
+reward that hangs holds back its own group only.
 """
 
 from __future__ import annotations

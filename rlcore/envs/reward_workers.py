@@ -10,7 +10,9 @@ was forked: scoring must not depend on state that changes later).
 Overrunning calls overlap instead of queueing: a call still running `HANDOFF_S` after it started
 keeps its worker, and the calls behind it in that worker's batch move to another worker (forked
 when none is idle); at its deadline its worker's whole session is killed (SIGKILL). So a hang on
-many tasks costs about one timeout per request, not one per hung call. Workers killed or lost
+many tasks costs about one timeout per request, not one per hung call. `stream_many` hands each outcome
+back as it settles, so the environment sends a group on as soon as its samples are scored
+(`Environment.stream_groups`) and a hung call delays its own group only. Workers killed or lost
 are replaced; the calls a lost worker had finished but not yet sent are run again.
 
 What a call starts dies with the call, each call starts from the process state the worker
