@@ -230,7 +230,7 @@ class Driver:
         waiting += self.teacher.refs() if self.teacher is not None else []
         if waiting:
             return ray.wait(waiting, num_returns=1, timeout=1.0)[0]
-        if self.rollouts.restarting:  # every engine is restarting: wait for the next probe
+        if self.rollouts.restarting or self.rollouts.held():  # engines restarting / data refs to read again
             time.sleep(0.1)
             return []
         raise RunError("nothing in flight and no batch ready: the staleness bound starves the run")
@@ -243,7 +243,8 @@ class Driver:
         self.rollouts.expire()
         self.rollouts.watch()  # a frozen engine leaves in seconds; its requests go to the others
         self.rollouts.poll()  # restarted engines that answered are noted (they join at a step boundary)
-        tokens = 0
+        # streams whose last group's token-data ref was slow to follow its metadata: read again
+        tokens = sum(self.collect(gen, data_wait_s=0.0) for gen in self.rollouts.held() if gen not in ready)
         for ref in ready:
             if self.rollouts.owns(ref):
                 tokens += self.collect(ref)
@@ -257,10 +258,10 @@ class Driver:
             raise RunError(str(exc)) from exc
         return tokens
 
-    def collect(self, ref: ray.ObjectRef) -> int:
-        """Move a finished request's groups into the buffer, or to the teacher stage first;
-        returns completion tokens."""
-        groups = self.rollouts.collect(ref)
+    def collect(self, gen, data_wait_s: float | None = None) -> int:
+        """Move the groups a request's stream delivered into the buffer, or to the teacher stage
+        first; returns completion tokens."""
+        groups = self.rollouts.collect(gen, data_wait_s)
         if self.teacher is not None:
             self.from_teacher(self.teacher.submit(groups))  # the buffer gets them once scored
         else:

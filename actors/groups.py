@@ -18,7 +18,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from actors.actor_config import config_env, remote_class
 from actors.rollout import RolloutWorker
-from actors.rollout_group import REQUESTS_PER_SLOT
+from actors.rollout_group import requests_per_actor
 from actors.trainer_group import TrainerGroup
 from rlcore.config import RunConfig
 from rlcore.plan.node_fit import group_selector
@@ -159,7 +159,7 @@ def place(cfg: RunConfig, trainer: bool = True, rollout: bool = True) -> Groups:
             num_cpus=r.cpus_per_actor, num_gpus=rollout_gpus,
             # training requests (generating or scoring) + one evaluation call + the weight pull +
             # one control call (busy time, RNG state): a weight pull must never wait behind them
-            max_concurrency=max(4, REQUESTS_PER_SLOT * r.max_requests_per_actor + 3),
+            max_concurrency=max(4, requests_per_actor(r.max_requests_per_actor) + 3),
             # a dead engine is restarted and rejoins the weight group; its requests in flight are
             # counted failed by the driver, never retried blindly on new weights
             max_restarts=r.max_restarts, max_task_retries=0,

@@ -101,20 +101,24 @@ class RolloutWorker:
         params = SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature, seed=seed)
         return [g.token_ids for g in self.engine.generate([list(p) for p in prompts], params)]
 
+    def sampling_params(self, seed: int | None = None, sampling: dict | None = None) -> SamplingParams:
+        """The configured SamplingParams, with `sampling`'s fields and `seed` (seeds this request's
+        sampling alone: reproducible whatever runs concurrently) when given."""
+        if seed is None and not sampling:
+            return self.params
+        return dataclasses.replace(self.params, **(sampling or {}), **({"seed": seed} if seed is not None else {}))
+
     def generate_groups(self, tasks: list[Task], group_size: int, split: str = "train", seed: int | None = None,
                         sampling: dict | None = None) -> list[Group]:
         """Run `group_size` episodes per task. Never raises for an engine or reward fault: the
-        samples come back marked failed, so the driver can count them. `seed` seeds this request's
-        sampling alone (reproducible whatever runs concurrently); `sampling` overrides fields of
-        the configured SamplingParams (evaluation). Every request generates in the actor's
+        samples come back marked failed, so the driver can count them. `sampling` overrides fields
+        of the configured SamplingParams (evaluation). Every request generates in the actor's
         generation slots (`rlcore.engine.slots`): one engine object for the environments, which
         may key state on it."""
-        params = self.params
-        if seed is not None or sampling:
-            params = dataclasses.replace(params, **(sampling or {}), **({"seed": seed} if seed is not None else {}))
         try:
             with self.clock.busy():
-                groups = self.env.run_groups(tasks, group_size, self.slots, self.tokenizer, params)
+                groups = self.env.run_groups(tasks, group_size, self.slots, self.tokenizer,
+                                             self.sampling_params(seed, sampling))
         except Exception as exc:
             groups = failed_groups(tasks, group_size, f"{type(exc).__name__}: {exc}\n{traceback.format_exc(limit=3)}")
         stats = {"reward_threads_abandoned": threads_abandoned()}
@@ -122,17 +126,33 @@ class RolloutWorker:
             g.env_stats = stats
         return groups
 
-    def generate_split(self, tasks: list[Task], group_size: int, split: str = "train",
-                       seed: int | None = None) -> tuple:
-        """`generate_groups`, returned as `1 + len(tasks)` objects (call it with
-        `.options(num_returns=1 + len(tasks))`): return 0 is the metadata the driver keeps
-        (`(per group list[SampleMeta], env_stats)`), return 1 + i the token data of group i
-        (`list[Sample]`), which only trainer ranks fetch. The caller owns every return object, so
-        the data outlives this actor (a restart loses none of it)."""
-        groups = self.generate_groups(tasks, group_size, split, seed)
-        if len(groups) != len(tasks):  # the return count is fixed by the call: keep it whatever happened
-            groups = failed_groups(tasks, group_size, f"environment returned {len(groups)} groups for {len(tasks)} tasks")
-        return meta_reply(groups), *[g.samples for g in groups]
+    def generate_stream(self, tasks: list[Task], group_size: int, split: str = "train", seed: int | None = None):
+        """`generate_groups` as a stream (call it with `.options(num_returns="streaming")`): two
+        objects per group, in the order the groups are whole (`Environment.stream_groups`), so a
+        reward that hangs delays its own group only: first its metadata, `(task index, list[SampleMeta],
+        env_stats)`, which the driver reads, then its token data (`list[Sample]`), which only
+        trainer ranks fetch (`actors.rollout_stream` reads it). Every task's group comes, once: a
+        fault (engine, environment) fails the groups not yet sent. The caller owns every object
+        of the stream, so the data outlives this actor (a restart loses none of it)."""
+        sent: set[int] = set()
+        why = None
+        try:
+            with self.clock.busy():
+                for i, group in self.env.stream_groups(tasks, group_size, self.slots, self.tokenizer,
+                                                       self.sampling_params(seed)):
+                    if i in sent or not 0 <= i < len(tasks) or len(group.samples) != group_size:
+                        raise RuntimeError(f"environment gave group {i} twice, out of range or of "
+                                           f"{len(group.samples)} samples ({len(tasks)} tasks x {group_size})")
+                    sent.add(i)
+                    yield i, samples_meta(group.samples), {"reward_threads_abandoned": threads_abandoned()}
+                    yield group.samples
+        except Exception as exc:
+            why = f"{type(exc).__name__}: {exc}\n{traceback.format_exc(limit=3)}"
+        left = [i for i in range(len(tasks)) if i not in sent]
+        for i, group in zip(left, failed_groups([tasks[i] for i in left], group_size,
+                                                why or "environment returned no group for this task")):
+            yield i, samples_meta(group.samples), {"reward_threads_abandoned": threads_abandoned()}
+            yield group.samples
 
     def generate_meta(self, tasks: list[Task], group_size: int, split: str = "eval", seed: int | None = None,
                       sampling: dict | None = None) -> tuple[list[list[SampleMeta]], dict]:

@@ -2,9 +2,10 @@
 generate requests in flight, and the deaths and restarts of engines.
 
 `launch` keeps requests going while the staleness bound (given by the driver) and the per-actor
-request limit allow, round-robin over the serving actors; `collect` turns a finished request
-into groups (a failed one into failed samples, counted); `expire` cancels requests older than
-`rollout.generate_timeout_s`. An engine that dies leaves the serving set at once (`engine_lost`)
+request limit allow, round-robin over the serving actors; `collect` takes the groups a request's
+stream delivered since (`actors.rollout_stream`: each group as soon as it is scored; the groups
+of a failed request not delivered become failed samples, counted); `expire` cancels requests
+older than `rollout.generate_timeout_s`, counting their groups not delivered failed. An engine that dies leaves the serving set at once (`engine_lost`)
 and joins again at a step boundary through `WeightSync.admit_restarted`. The rest are the
 per-actor calls the driver and `WeightSync` make (weight-group join, pull, canary, sleep/wake,
 busy seconds, RNG state), each returning refs or waiting with a deadline.
@@ -14,7 +15,6 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass, field
 from typing import Callable
 
 import ray
@@ -22,7 +22,7 @@ import ray
 from actors.membership import Members
 from actors.stall_watch import BEFORE_SYNC_S, StallWatch
 from actors.remote import died, forget, get
-from actors.rollout_refs import launch_generate, request_groups
+from actors.rollout_stream import Ended, Stream, launch_stream
 from actors.run_state import RunState
 from rlcore.buffer import RolloutBuffer
 from rlcore.config import RunConfig
@@ -40,23 +40,20 @@ CONTROL_TIMEOUT_S = 60.0
 """Deadline of the small per-actor calls (RNG state get / set)."""
 
 
-@dataclass
-class Request:
-    actor: int
-    tasks: list[Task]
-    samples: int
-    launched_at: float
-    indices: list[int] = field(default_factory=list)
-    """Train-stream index of each task (data order; put back on resume)."""
-    seq: int = -1
-    data: list = field(default_factory=list)
-    """Token-data ref of each task's group (the driver owns them; trainer ranks read them)."""
-
-
 REQUESTS_PER_SLOT = 2
-"""Requests the driver keeps at an actor per generation slot (`rlcore.engine.slots`): as many
-again as it generates, so requests that score (a slow or hung reward until its deadline) leave
-the engine busy with the next ones. The staleness bound (`allowed`) still caps them all."""
+"""Requests the driver keeps at an actor per generation slot (`rlcore.engine.slots`) that have
+delivered no group yet (generating, or waiting at the actor for a slot): as many again as it
+generates, so the engine goes on with the next ones while earlier ones score. The staleness
+bound (`allowed`) still caps them all."""
+SCORING_PER_SLOT = 2
+"""Requests per generation slot, beyond those, that have delivered groups and only score the
+rest (a slow or hung reward until its deadline): they hold an actor thread, not the engine."""
+
+
+def requests_per_actor(max_requests_per_actor: int) -> int:
+    """The most training requests the driver keeps at one actor (its threads must serve them
+    all, plus an evaluation call, a weight pull and a control call)."""
+    return (REQUESTS_PER_SLOT + SCORING_PER_SLOT) * max_requests_per_actor
 
 
 class RolloutGroup:
@@ -70,7 +67,7 @@ class RolloutGroup:
         self.timeout_s = cfg.rollout.generate_timeout_s
         self.members = Members(handles, self.timeout_s)
         self.stalls = StallWatch(handles, cfg.rollout.stall_timeout_s)
-        self.pending: dict[ray.ObjectRef, Request] = {}
+        self.pending: dict[ray.ObjectRefGenerator, Stream] = {}
 
     def __len__(self) -> int:
         return len(self.handles)
@@ -97,64 +94,84 @@ class RolloutGroup:
 
     # -- requests in flight --------------------------------------------------------------------
     def queued_tasks(self) -> int:
-        return sum(len(q.tasks) for q in self.pending.values())
+        """Tasks whose groups are generating or scoring (not delivered yet)."""
+        return sum(len(q.tasks) - len(q.arrived) for q in self.pending.values())
 
     def launch(self, allowed: int, queued_elsewhere: int) -> None:
         """Launch requests while fewer than `allowed` groups are generating or waiting (this
         group's requests plus `queued_elsewhere`: buffered, at the teacher) and no serving actor
-        holds more than `REQUESTS_PER_SLOT` x `rollout.max_requests_per_actor` on average (it
-        generates in that many slots; the others score, or wait at the actor for a slot)."""
+        holds, on average, more than `REQUESTS_PER_SLOT` x `rollout.max_requests_per_actor`
+        requests that delivered no group yet (it generates in that many slots; the others wait
+        at the actor for a slot) nor more than `requests_per_actor` in all (the rest only score)."""
         r, a, run = self.cfg.rollout, self.cfg.algo, self.run
         queued = self.queued_tasks() + queued_elsewhere
         serving = self.serving  # a restarted engine takes requests once it has the weights
-        while serving and queued < allowed and len(self.pending) < REQUESTS_PER_SLOT * r.max_requests_per_actor * len(serving):
+        generating = sum(1 for q in self.pending.values() if not q.arrived)
+        while (serving and queued < allowed and generating < REQUESTS_PER_SLOT * r.max_requests_per_actor * len(serving)
+               and len(self.pending) < requests_per_actor(r.max_requests_per_actor) * len(serving)):
             n_tasks = min(r.tasks_per_request, allowed - queued)
             indices, tasks = run.feed.take(n_tasks)
             actor = run.next_actor(len(self.handles), serving)
-            ref, data = launch_generate(self.handles[actor], tasks, a.group_size, run.feed.seed(indices))
-            self.pending[ref] = Request(actor, tasks, n_tasks * a.group_size, time.perf_counter(), indices,
-                                        run.request_seq, data)
+            gen = launch_stream(self.handles[actor], tasks, a.group_size, run.feed.seed(indices))
+            self.pending[gen] = Stream(actor, tasks, a.group_size, time.perf_counter(), gen, indices, run.request_seq)
             run.request_seq += 1
             self.buffer.launched(n_tasks * a.group_size)
             queued += n_tasks
+            generating += 1
 
-    def owns(self, ref: ray.ObjectRef) -> bool:
+    def owns(self, ref) -> bool:
         return ref in self.pending
 
-    def refs(self) -> list[ray.ObjectRef]:
-        return list(self.pending)
+    def refs(self) -> list:
+        """The streams to wait on: those whose next object is a group's metadata."""
+        return [gen for gen, q in self.pending.items() if q.waitable]
 
-    def collect(self, ref: ray.ObjectRef) -> list[GroupMeta]:
-        """A finished request's groups (metadata and token-data refs). A failed request's samples
-        are counted failed (an actor that died leaves the serving set) and nothing is returned."""
-        req = self.pending.pop(ref)
-        try:
-            groups = request_groups(ray.get(ref, timeout=0), req.tasks, req.data, req.seq, req.indices)
-        except ray.exceptions.RayError as exc:
-            log.warning("generate request on rollout actor %d failed (%s): %d samples counted failed",
-                        req.actor, type(exc).__name__, req.samples)
-            self.buffer.fail(req.samples)
-            self.failures.request_lost(req.samples, f"engine: {type(exc).__name__}", str(exc), seq=req.seq,
-                                       task=req.tasks[0] if req.tasks else None)
-            if died(exc):  # died, or killed by Ray's memory monitor: Ray restarts it; the others serve on
-                self.engine_lost(req.actor, req.launched_at, memory_kill(str(exc)))
-            return []
-        self.failures.request_done(groups, req.actor, req.seq)
+    def held(self) -> list:
+        """The streams whose last group's token-data ref has not come yet (read them again)."""
+        return [gen for gen, q in self.pending.items() if not q.waitable]
+
+    def collect(self, gen, data_wait_s: float | None = None) -> list[GroupMeta]:
+        """The groups request `gen` delivered since the last call (metadata and token-data refs).
+        When its stream has ended, the request leaves: groups it did not deliver are counted
+        failed (an actor that died leaves the serving set)."""
+        req = self.pending[gen]
+        groups, ended = req.read() if data_wait_s is None else req.read(data_wait_s)
+        if groups:
+            req.reasons.update(self.failures.groups_done(groups, req.actor)[2])
+        if ended is not None:
+            del self.pending[gen]
+            self._ended(req, ended)
         return groups
 
+    def _ended(self, req: Stream, ended: Ended) -> None:
+        left, exc = req.samples_left, ended.error
+        if left:
+            why = f"engine: {type(exc).__name__}" if exc is not None else "engine: request ended without its groups"
+            log.warning("generate request on rollout actor %d %s: %d samples counted failed", req.actor,
+                        f"failed ({type(exc).__name__})" if exc is not None else "ended early", left)
+            self.buffer.fail(left)
+            req.reasons.update(self.failures.request_lost(left, why, str(exc or ""), streak=False,
+                                                          task=req.tasks[0] if req.tasks else None))
+        self.failures.request_finished(req.seq, req.all_failed, req.reasons)
+        if exc is not None and died(exc):  # died, or killed by Ray's memory monitor: Ray restarts it
+            self.engine_lost(req.actor, req.launched_at, memory_kill(str(exc)))
+
     def expire(self) -> None:
-        """Count requests older than the generate timeout as failed (and cancel them)."""
+        """Count the groups not delivered of requests older than the generate timeout as failed
+        (and cancel them)."""
         now = time.perf_counter()
-        for ref, req in list(self.pending.items()):
+        for gen, req in list(self.pending.items()):
             if now - req.launched_at > self.timeout_s:
-                ray.cancel(ref, force=False)
-                del self.pending[ref]
-                self.buffer.fail(req.samples)
+                ray.cancel(gen, force=False)
+                del self.pending[gen]
+                left = req.samples_left
+                self.buffer.fail(left)
                 log.warning("generate request on rollout actor %d timed out: %d samples counted failed",
-                            req.actor, req.samples)
-                self.failures.request_lost(
-                    req.samples, f"engine: generate request timed out (rollout.generate_timeout_s="
-                                 f"{self.timeout_s:g})", seq=req.seq, task=req.tasks[0] if req.tasks else None)
+                            req.actor, left)
+                req.reasons.update(self.failures.request_lost(
+                    left, f"engine: generate request timed out (rollout.generate_timeout_s="
+                          f"{self.timeout_s:g})", streak=False, task=req.tasks[0] if req.tasks else None))
+                self.failures.request_finished(req.seq, req.all_failed, req.reasons)
 
     def frozen(self) -> list[str]:
         """`watch` for a blocking wait on the engines (`actors.remote.get`: a weight sync, its
@@ -171,36 +188,35 @@ class RolloutGroup:
         out = []
         for actor, silent in self.stalls.stalled(self.serving, stall_s):
             out.append(actor)
-            taken = [(ref, q) for ref, q in self.pending.items() if q.actor == actor]
-            for ref, q in taken:
-                del self.pending[ref]
-                ray.cancel(ref, force=False)
-                self.buffer.withdraw(q.samples)
-                self.run.feed.put_back(list(zip(q.indices, q.tasks)))
+            taken = [(gen, q) for gen, q in self.pending.items() if q.actor == actor]
+            for gen, q in taken:  # the groups delivered stay; the others' tasks go to other engines
+                del self.pending[gen]
+                ray.cancel(gen, force=False)
+                self.buffer.withdraw(q.samples_left)
+                self.run.feed.put_back(q.left())
                 self.failures.request_withdrawn(q.seq)
-            forget([ref for ref, _ in taken])
             self.stalls.drop(actor)
             self.members.lost(actor, float("inf"), stalled=True)
             log.warning("rollout actor %d on node %s: no progress for %.0f s; its %d request(s) (%d samples) go to "
                         "the engines that answer (%d serve on); it rejoins once it answers again", actor,
-                        self.node_of(actor), silent, len(taken), sum(q.samples for _, q in taken), len(self.serving),
+                        self.node_of(actor), silent, len(taken), sum(q.samples_left for _, q in taken), len(self.serving),
                         extra=event("rollout_stalled", actor=actor, version=self.run.version, step=self.run.step))
         return out
 
     def drop_pending(self) -> int:
         """Forget every request in flight without counting it (the caller restores the accounting
-        of a checkpoint that puts their tasks back): each is cancelled and, if it still finishes,
-        read and dropped (`actors.remote.forget`). Returns the samples dropped."""
-        refs, samples = list(self.pending), sum(q.samples for q in self.pending.values())
-        for ref in refs:
-            ray.cancel(ref, force=False)
+        of a checkpoint that puts their tasks back): each is cancelled, its stream dropped.
+        Returns the samples dropped (of groups not delivered)."""
+        samples = sum(q.samples_left for q in self.pending.values())
+        for gen in self.pending:
+            ray.cancel(gen, force=False)
         self.pending.clear()
-        forget(refs)
         return samples
 
     def unfinished(self) -> list[tuple[int, Task]]:
-        """(stream index, task) of every task still generating (a checkpoint puts them back)."""
-        return [(i, t) for req in self.pending.values() for i, t in zip(req.indices, req.tasks)]
+        """(stream index, task) of every task whose group was not delivered (a checkpoint puts
+        them back)."""
+        return [it for req in self.pending.values() for it in req.left()]
 
     # -- deaths and restarts -------------------------------------------------------------------
     def engine_lost(self, actor: int, launched_at: float, cause: str | None = None) -> None:

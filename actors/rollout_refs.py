@@ -1,7 +1,7 @@
-"""Refs, not data, through the driver: a generate request returns its groups' metadata and each
-group's token data as separate objects that the driver owns (`RolloutWorker.generate_split`
-with a per-call `num_returns`). The driver fetches the metadata only; trainer ranks fetch the
-token data of their own samples (`actors.trainer.TrainerRank.train_step`).
+"""Refs, not data, through the driver: a generate request streams each group's metadata and token
+data as separate objects that the driver owns (`RolloutWorker.generate_stream`, read by
+`actors.rollout_stream`). The driver fetches the metadata only; trainer ranks fetch the token
+data of their own samples (`actors.trainer.TrainerRank.train_step`).
 
 Because the caller owns the return objects of a task, token data sitting in the object store
 outlives the rollout actor that made it (Ray's ownership model: the value lives in the node's
@@ -23,23 +23,9 @@ import ray
 
 from rlcore.report import samples
 from rlcore.report.failures import FailedExample
-from rlcore.types import GroupMeta, SampleMeta, Task
+from rlcore.types import GroupMeta
 
 log = logging.getLogger("rlcore")
-
-
-def launch_generate(actor, tasks: list[Task], group_size: int, seed: int | None) -> tuple[Any, list]:
-    """Start a training generate request: (the metadata ref to wait on, one token-data ref per task)."""
-    refs = actor.generate_split.options(num_returns=1 + len(tasks)).remote(tasks, group_size, "train", seed)
-    return refs[0], list(refs[1:])
-
-
-def request_groups(reply: tuple[list[list[SampleMeta]], dict], tasks: list[Task], data: list,
-                   request_id: int, indices: list[int]) -> list[GroupMeta]:
-    """The driver's groups of a finished request: `reply` is its return 0, `data` returns 1..n."""
-    metas, stats = reply
-    return [GroupMeta(task=t, samples=m, data=d, request_id=request_id, stream_index=i, env_stats=stats)
-            for t, m, d, i in zip(tasks, metas, data, indices)]
 
 
 def table_rows(batch: list[GroupMeta], decode: Callable[[list[int]], str], limit: int,

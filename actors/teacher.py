@@ -6,7 +6,7 @@ Flow: a finished generate request's groups (metadata, `GroupMeta`) go to `Teache
 instead of the buffer. A score call hands a teacher actor the groups' token-data refs only: Ray
 resolves them in the actor (`TeacherWorker.score`), which scores the non-failed samples, attaches
 the teacher logprobs and returns the scored groups as new objects the driver owns (a per-call
-`num_returns`, like `RolloutWorker.generate_split`; they outlive the teacher actor). The driver
+`num_returns`; like the objects of `RolloutWorker.generate_stream`, they outlive the teacher actor). The driver
 reads return 0 only (busy seconds, each sample's teacher sums) and hands the buffer each group's
 metadata with the new data ref: it never touches token data on this path. Scoring is
 asynchronous (generation never waits: the driver's event loop waits on teacher calls like on

@@ -13,7 +13,7 @@ path (`actors/rollout_refs.py`). Each step it does (`actors/driver.py`):
    advantages, micro-batch bins) into the object store, as a `train_step.remote` does with it.
 
 This script runs exactly those functions on requests made by a Ray task in another process
-(`generate_split`'s return layout, one object per group), and reports the seconds of each part,
+(one object per group's token data, as `generate_stream` sends them), and reports the seconds of each part,
 per step and per sample. One driver can feed `samples/s per GPU` GPUs only while its own
 samples/s (1 / seconds per sample) stays above the GPUs' total. `rank_fetch_pack_s` is not the
 driver's cost: it is what trainer rank 0 then spends (in its own process) fetching its samples'
@@ -39,17 +39,24 @@ local_ray_environment()  # what `python -m rlcore.run` sets before Ray is import
 
 import ray  # noqa: E402
 
-from actors.rollout_refs import request_groups  # noqa: E402
 from rlcore.buffer import Accounting, RolloutBuffer  # noqa: E402
 from rlcore.meta import samples_meta  # noqa: E402
 from rlcore.step import RankWork, build_step, rank_micro_batches  # noqa: E402
-from rlcore.types import Sample, Task  # noqa: E402
+from rlcore.types import GroupMeta, Sample, Task  # noqa: E402
+
+
+def request_groups(reply: tuple, tasks: list[Task], data: list, request_id: int, indices: list[int]) -> list[GroupMeta]:
+    """The driver's groups of one request (`reply`: its metadata, `data`: its token-data refs),
+    as `actors.rollout_stream.Stream.read` makes them."""
+    metas, stats = reply
+    return [GroupMeta(task=t, samples=m, data=d, request_id=request_id, stream_index=i, env_stats=stats)
+            for t, m, d, i in zip(tasks, metas, data, indices)]
 
 
 @ray.remote
 def make_request(groups: int, group_size: int, prompt_len: int, completion_len: int, vocab: int, seed: int) -> tuple:
-    """One generate request's reply, laid out as `RolloutWorker.generate_split` returns it (call
-    with `num_returns=1 + groups`): the metadata, then each group's samples (random token ids,
+    """One generate request's reply (call with `num_returns=1 + groups`): the metadata, then each
+    group's samples (the objects `RolloutWorker.generate_stream` streams, one ref per group) (random token ids,
     logprobs, rewards and completion lengths)."""
     rng = random.Random(seed)
     data = []

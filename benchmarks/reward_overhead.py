@@ -12,10 +12,12 @@ overhead of a mode is its time minus inline's, per sample.
 `--part hang`: whole runs, `python -m rlcore.run` for `--steps` RL steps on the CPU, with a
 reward that hangs on `--hang-percent`% of tasks (`benchmarks.reward_envs.HangingReverseText`,
 `env.args.reward_timeout_s=2`) and the same environment with no hang (clean); repetitions
-alternate. Reports the RL seconds (sum of `step_time_s` in metrics.jsonl) and their ratio.
+alternate (with `--base DIR`, the checkout in DIR too, interleaved: before/after in one command).
+Reports the RL seconds (sum of `step_time_s` in metrics.jsonl), the process seconds and ratios.
 
     uv run python benchmarks/reward_overhead.py --part actor --reps 15
     uv run python benchmarks/reward_overhead.py --part hang --reps 2
+    uv run python benchmarks/reward_overhead.py --part hang --reps 4 --base /tmp/r3-base
 """
 
 from __future__ import annotations
@@ -29,7 +31,8 @@ import sys
 import tempfile
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
 
 from actors.session import local_ray_environment, start_ray
 from rlcore.plan.compose import compose
@@ -102,30 +105,40 @@ def actor_part(args: argparse.Namespace) -> dict:
 
 
 def hang_part(args: argparse.Namespace) -> dict:
-    results: dict[str, list[float]] = {"clean": [], "hang": []}
+    trees = {"now": ROOT, **({"base": os.path.abspath(args.base)} if args.base else {})}
+    runs = [(tree, label, percent) for tree in trees for label, percent in (("clean", 0), ("hang", args.hang_percent))]
+    results: dict[str, list[float]] = {f"{tree} {label}": [] for tree, label, _ in runs}
+    process: dict[str, list[float]] = {key: [] for key in results}
     for rep in range(args.reps):
-        for label, percent in (("clean", 0), ("hang", args.hang_percent))[:: 1 if rep % 2 == 0 else -1]:
+        turn = (rep + args.rotate) % len(runs)
+        for tree, label, percent in runs[turn:] + runs[:turn]:  # the order rotates
+            key = f"{tree} {label}"
             out_dir = tempfile.mkdtemp(prefix=f"reward_hang_{label}_")
             cmd = [sys.executable, "-m", "rlcore.run", f"output_dir={out_dir}", f"steps={args.steps}",
                    "sft.warmup_steps=0", "env.name=benchmarks.reward_envs:HangingReverseText",
                    f"+env.args.hang_percent={percent}", "env.args.reward_timeout_s=2", *args.extra]
             for _ in range(3):  # a loaded machine sometimes fails to start Ray: that run is tried again
                 start = time.perf_counter()
-                proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1800, check=False)
+                proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1800, check=False, cwd=trees[tree])
                 wall = time.perf_counter() - start
                 if "did not start" not in proc.stdout + proc.stderr:
                     break
             if proc.returncode != 0:
-                raise SystemExit(f"{label} run failed ({proc.returncode}):\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}")
+                raise SystemExit(f"{key} run failed ({proc.returncode}):\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}")
             rows = [json.loads(line) for line in open(os.path.join(out_dir, "metrics.jsonl")) if line.strip()]
             rl = sum(r.get("step_time_s") or 0.0 for r in rows if "step_time_s" in r)
-            results[label].append(rl)
-            print(f"rep {rep} {label}: RL {rl:.1f} s over {len(rows)} rows, process {wall:.1f} s "
+            results[key].append(rl)
+            process[key].append(wall)
+            print(f"rep {rep} {key}: RL {rl:.1f} s over {len(rows)} rows, process {wall:.1f} s "
                   f"(load {os.getloadavg()[0]:.2f})", flush=True)
-    c, h = statistics.median(results["clean"]), statistics.median(results["hang"])
-    print(f"\nRL seconds, median [min-max] of {args.reps}: clean {spread(results['clean'])}, "
-          f"hang {args.hang_percent}% {spread(results['hang'])}; ratio of medians {h / c:.2f}")
-    return results
+    print(f"\nmedian [min-max] of {args.reps}, seconds:")
+    for tree in trees:
+        c, h = (statistics.median(results[f"{tree} {x}"]) for x in ("clean", "hang"))
+        cp, hp = (statistics.median(process[f"{tree} {x}"]) for x in ("clean", "hang"))
+        print(f"{tree} ({trees[tree]}): RL clean {spread(results[f'{tree} clean'])}, hang {args.hang_percent}% "
+              f"{spread(results[f'{tree} hang'])}, ratio of medians {h / c:.2f}; process clean "
+              f"{spread(process[f'{tree} clean'])}, hang {spread(process[f'{tree} hang'])}, ratio {hp / cp:.2f}")
+    return {"rl_s": results, "process_s": process}
 
 
 def main() -> None:
@@ -137,6 +150,10 @@ def main() -> None:
     p.add_argument("--concurrent", type=int, default=2, help="requests in flight per actor (actor part)")
     p.add_argument("--steps", type=int, default=10, help="RL steps per run (hang part)")
     p.add_argument("--hang-percent", type=int, default=30)
+    p.add_argument("--rotate", type=int, default=0, help="hang part: start the rotation of run orders here "
+                                                          "(split a long measurement into shorter commands)")
+    p.add_argument("--base", help="hang part: also run the checkout in this directory (e.g. a `git worktree add` "
+                                  "of the code before), interleaved with this one")
     p.add_argument("--out", help="write the repetitions as JSON here")
     p.add_argument("extra", nargs="*", help="more overrides for the runs (hang part)")
     args = p.parse_args()

@@ -114,3 +114,18 @@ class BrokenStartReverseText(GatedStartReverseText):
         if in_actor():
             time.sleep(delay_s)
             raise RuntimeError("engine broke during start-up")
+
+
+class GatedReverseText(ReverseText):
+    """reverse_text whose reward, for every `gated_every`-th task (train index 0, n, 2n ...),
+    waits until the file `gate` exists: a hang whose end the test decides, not a clock."""
+
+    def __init__(self, gate: str = "", gated_every: int = 4, **kw):
+        super().__init__(**kw)
+        self.gate, self.gated_every = gate, int(gated_every)
+
+    def reward(self, task, completion):
+        if int(task.id.rsplit("/", 1)[1]) % self.gated_every == 0:
+            while not os.path.exists(self.gate):
+                time.sleep(0.01)
+        return super().reward(task, completion)

@@ -7,7 +7,7 @@ import sys
 import pytest
 import torch
 
-from actors.rollout_refs import launch_generate, request_groups
+from actors.rollout_stream import Stream, launch_stream
 from rlcore.plan.compose import compose
 
 pytestmark = pytest.mark.integration
@@ -64,8 +64,17 @@ def test_fsdp_two_ranks_weights_reach_engine(ray_cluster, tmp_path):
         # refs, not data: the driver fetches a request's metadata only; the token data it owns
         # outlives the rollout actor that made it (a trainer rank reads it after a restart)
         tasks = [Task(id=f"y{i}", messages=[{"role": "user", "content": "abcd"[:i + 2]}], answer="") for i in range(2)]
-        meta_ref, data_refs = launch_generate(driver.groups.rollouts[0], tasks, 3, seed=1)
-        metas = request_groups(ray.get(meta_ref, timeout=60), tasks, data_refs, 0, [0, 1])
+        stream = Stream(0, tasks, 3, 0.0, launch_stream(driver.groups.rollouts[0], tasks, 3, seed=1), [0, 1], 0)
+        metas, ended = [], None
+        for _ in range(600):  # read as the driver does, until the stream ends (60 s at most)
+            ray.wait([stream.gen], timeout=0.1)
+            got, ended = stream.read()
+            metas += got
+            if ended is not None:
+                break
+        assert ended is not None and ended.error is None and sorted(stream.arrived) == [0, 1]
+        metas.sort(key=lambda m: m.stream_index)
+        data_refs = [m.data for m in metas]
         ray.kill(driver.groups.rollouts[0], no_restart=True)
         data = ray.get(data_refs, timeout=60)
         assert [len(d) for d in data] == [len(m.samples) for m in metas] == [3, 3]

@@ -80,6 +80,10 @@ class Misbehaving(Scored):
         elif b == "hang":
             self.note("hang")
             time.sleep(300)
+        elif b == "gate":  # hangs until the test opens the gate (a hang whose end the test decides)
+            self.note("gated")
+            while not os.path.exists(os.path.join(self.where, "open")):
+                time.sleep(0.01)
         elif b == "exit":
             os._exit(7)
         elif b == "huge":
@@ -195,3 +199,23 @@ def test_each_fault_of_user_code_costs_its_own_sample(env_of, behaviour, expect)
     assert [s.reward for s in samples[2:]] == [1.0] * 4
     assert [s.reward for s in scored(env_of("ok"), tasks=1, n=2)] == [1.0, 1.0]
 
+
+
+def test_a_request_streams_each_group_once_scored_so_a_hung_reward_delays_its_own_group_only(env_of, tmp_path):
+    """Task 0's reward hangs until the test opens its gate (no clock decides): the three other
+    groups of the request come out of `stream_groups` while it hangs, each whole and scored;
+    the hung group comes once its reward returns. On the code before, the request's groups came
+    only once every reward had returned."""
+    env = env_of("gate", reward_timeout_s=120)
+    tok = char_tokenizer()
+    tasks = [env.make_task(i, "train") for i in range(4)]
+    stream = env.stream_groups(tasks, 4, EchoEngine(tok), tok, SamplingParams(max_new_tokens=4))
+    first = [next(stream) for _ in range(3)]
+    assert pids(tmp_path, "gated") and not os.path.exists(tmp_path / "open")  # task 0 still hangs
+    assert sorted(i for i, _ in first) == [1, 2, 3]
+    for i, group in first:
+        assert group.task is tasks[i] and [s.reward for s in group.samples] == [1.0] * 4
+        assert not any(s.failed for s in group.samples)
+    (tmp_path / "open").touch()
+    (i, group), = list(stream)
+    assert i == 0 and [s.reward for s in group.samples] == [1.0] * 4 and not any(s.failed for s in group.samples)

@@ -1,7 +1,7 @@
 """RolloutGroup.launch (actors.rollout_group): requests go round-robin to the serving actors only,
 never past the staleness bound the driver gives nor past `REQUESTS_PER_SLOT` x
-`rollout.max_requests_per_actor` per serving actor (generating, or scoring while the next ones
-generate), in data order and counted as launched; `expire` counts an overdue request failed.
+`rollout.max_requests_per_actor` per serving actor that delivered no group yet (generating or
+waiting for a slot), nor past `requests_per_actor` in all, in data order and counted as launched; `expire` counts an overdue request failed.
 The actors here record the calls instead of generating (the real path: tests/test_integration.py)."""
 
 import pytest
@@ -19,17 +19,17 @@ class Call:
         self.actor, self.calls = actor, calls
 
     def options(self, num_returns):
-        self.num_returns = num_returns
+        assert num_returns == "streaming"
         return self
 
     def remote(self, tasks, group_size, split, seed):
         self.calls.append((self.actor, len(tasks), seed))
-        return [object() for _ in range(self.num_returns)]
+        return object()  # stands for the request's stream (never read here)
 
 
 class Actor:
     def __init__(self, index, calls):
-        self.generate_split = Call(index, calls)
+        self.generate_stream = Call(index, calls)
 
 
 @pytest.fixture
@@ -63,6 +63,20 @@ def test_launch_skips_actors_not_serving_and_caps_requests_per_serving_actor(gro
     g.launch(allowed=100, queued_elsewhere=3)
     assert [a for a, _, _ in calls] == [0, 2] * 4  # 2 slots x 2 requests per slot x 2 serving actors
     assert len(g.pending) == 8 and g.queued_tasks() == 16
+
+
+def test_requests_that_only_score_leave_room_for_more_up_to_the_actor_total(group):
+    """A request that delivered groups generates no more (the rest of it scores): it no longer
+    counts against the slots' cap, only against `requests_per_actor` (the actor's threads)."""
+    from actors.rollout_group import requests_per_actor
+    g, calls, run = group
+    g.launch(allowed=1000, queued_elsewhere=0)
+    assert len(g.pending) == 12  # 2 slots x 2 requests per slot x 3 actors
+    for q in g.pending.values():
+        q.arrived.add(0)  # each delivered one of its two groups
+    g.launch(allowed=1000, queued_elsewhere=0)
+    assert len(g.pending) == requests_per_actor(2) * 3 == 24
+    assert g.queued_tasks() == 12 * 1 + 12 * 2 and run.acct.in_flight == 24 * 2 * 4
 
 
 def test_an_overdue_request_is_cancelled_and_counted_failed(group, monkeypatch):

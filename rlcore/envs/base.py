@@ -18,6 +18,10 @@ against the environment's declared `reward_range` ([0, 1] unless the class or
 `env.args.reward_range` says otherwise): one outside it fails its sample with that reason,
 whatever `on_reward_error` says. These settings are ordinary
 `env.args` keys accepted by every environment. An empty completion is an answer: it is scored.
+
+`stream_groups` gives a request's groups one by one, each once all its samples are scored (in
+`worker` isolation, as the calls settle): the rollout actor streams them to the driver, so a
+reward that hangs holds back its own group only.
 """
 
 from __future__ import annotations
@@ -147,6 +151,24 @@ class Environment(abc.ABC):
         """`call_many` under the reward deadline and isolation. Past `max_abandoned_threads`
         hung threads, stateless calls (scoring) move to process isolation for good; stateful
         ones (`what` names them) raise EnvironmentStalled, as a forked child's state is lost."""
+        isolation = self.isolation_for(calls, what, stateful)
+        if isolation == "worker":
+            return self.reward_pool().call_many(calls, self.reward_timeout_s)
+        return call_many(calls, self.reward_timeout_s, isolation)
+
+    def guarded_stream(self, calls: list, what: str) -> Iterator[tuple[int, Outcome]]:
+        """`guarded` (stateless calls), as `(call index, outcome)` pairs in the order the calls
+        settle where the isolation allows it (`worker`: an overrunning call delays its own outcome
+        only); in call order, once all are in, otherwise."""
+        isolation = self.isolation_for(calls, what, False)
+        if isolation == "worker":
+            yield from self.reward_pool().stream_many(calls, self.reward_timeout_s)
+        else:
+            yield from enumerate(call_many(calls, self.reward_timeout_s, isolation))
+
+    def isolation_for(self, calls: list, what: str, stateful: bool) -> str:
+        """Where `calls` run (`thread`, `process` or `worker`): the configured isolation, moved as
+        `guarded` says."""
         # stateful calls mutate the episode's state in place: they run in threads whatever the setting
         isolation = "thread" if stateful else self.reward_isolation
         # only threads that ignored the request to stop for STUCK_AFTER_S count (blocked in C)
@@ -160,24 +182,26 @@ class Environment(abc.ABC):
                         "isolation (killed at the deadline)", self.name, hung)
             self.reward_isolation = isolation = "process"
         if isolation == "worker":
-            pool = self.reward_pool()
-            if self.reward_timeout_s > 0 and all(pool.accepts(fn) for fn, _ in calls):
-                return pool.call_many(calls, self.reward_timeout_s)
-            isolation = "process"  # not a method of this environment (or no deadline): a fork per call
-        return call_many(calls, self.reward_timeout_s, isolation)
+            if self.reward_timeout_s > 0 and all(self.reward_pool().accepts(fn) for fn, _ in calls):
+                return "worker"
+            return "process"  # not a method of this environment (or no deadline): a fork per call
+        return isolation
 
     def score_all(self, jobs: list[tuple[Task, list[Message], dict[str, Any]]]) -> list[Outcome]:
         """`score` every (task, history, state) concurrently, each under the reward deadline."""
         outcomes = self.guarded([(self.score, job) for job in jobs], "score")
         for o in outcomes:
-            if o.ok:
-                try:
-                    o.value = float(o.value)
-                    if not math.isfinite(o.value):
-                        o.value, o.error = None, f"reward is not finite ({o.value})"
-                except (TypeError, ValueError):
-                    o.value, o.error = None, f"reward is not a number ({o.value!r})"
+            as_reward(o)
         return outcomes
+
+    def score_stream(self, jobs: list[tuple[Task, list[Message], dict[str, Any]]]) -> Iterator[tuple[int, Outcome]]:
+        """`score_all`, as `(job index, outcome)` pairs as each call settles (`guarded_stream`); an
+        environment that overrides `score_all` gets all its outcomes at once."""
+        if type(self).score_all is not Environment.score_all:
+            yield from enumerate(self.score_all(jobs))
+            return
+        for i, o in self.guarded_stream([(self.score, job) for job in jobs], "score"):
+            yield i, as_reward(o)
 
     def apply_error(self, sample: Sample, error: str) -> None:
         """Record a reward/environment fault on `sample` per `on_reward_error`."""
@@ -214,6 +238,21 @@ class Environment(abc.ABC):
     def run_groups(self, tasks: list[Task], group_size: int, engine: RolloutEngine,
                    tokenizer: PreTrainedTokenizerBase, params: SamplingParams) -> list[Group]:
         """Sample `group_size` completions per task in one engine batch and score them."""
+        groups = dict(self._single_turn(tasks, group_size, engine, tokenizer, params))
+        return [groups[i] for i in range(len(tasks))]
+
+    def stream_groups(self, tasks: list[Task], group_size: int, engine: RolloutEngine,
+                      tokenizer: PreTrainedTokenizerBase, params: SamplingParams) -> Iterator[tuple[int, Group]]:
+        """`run_groups`, as `(task index, Group)` pairs, each as soon as its group is whole (every
+        sample scored), so a reward that hangs delays its own group only. An environment with an
+        episode loop of its own (it overrides `run_groups`) yields its groups once all are done."""
+        if type(self).run_groups is not Environment.run_groups:
+            yield from enumerate(self.run_groups(tasks, group_size, engine, tokenizer, params))
+        else:
+            yield from self._single_turn(tasks, group_size, engine, tokenizer, params)
+
+    def _single_turn(self, tasks: list[Task], group_size: int, engine: RolloutEngine,
+                     tokenizer: PreTrainedTokenizerBase, params: SamplingParams) -> Iterator[tuple[int, Group]]:
         prompts = [self.render(t, tokenizer) for t in tasks]
         images = [task_images(t, tokenizer) for t in tasks]
         if any(images):  # one image token per image -> the model's count (token ids stay exact)
@@ -231,11 +270,26 @@ class Environment(abc.ABC):
             ))
             text = tokenizer.decode(gen.token_ids, skip_special_tokens=True)
             jobs.append((task, [*task.messages, {"role": "assistant", "content": text}], {}))
+        unscored = [group_size] * len(tasks)
         # reward code is user code: a fault is recorded on its sample and the run goes on
-        for sample, outcome in zip(samples, self.score_all(jobs)):
-            self.apply_outcome(sample, outcome)
-        return [Group(task=t, samples=samples[ti * group_size:(ti + 1) * group_size])
-                for ti, t in enumerate(tasks)]
+        for j, outcome in self.score_stream(jobs):
+            self.apply_outcome(samples[j], outcome)
+            ti = j // group_size
+            unscored[ti] -= 1
+            if unscored[ti] == 0:
+                yield ti, Group(task=tasks[ti], samples=samples[ti * group_size:(ti + 1) * group_size])
+
+
+def as_reward(o: Outcome) -> Outcome:
+    """`o` with its value made a float reward, or failed when it is none (not a finite number)."""
+    if o.ok:
+        try:
+            o.value = float(o.value)
+            if not math.isfinite(o.value):
+                o.value, o.error = None, f"reward is not finite ({o.value})"
+        except (TypeError, ValueError):
+            o.value, o.error = None, f"reward is not a number ({o.value!r})"
+    return o
 
 
 def check_reward_range(value: Sequence[float]) -> tuple[float, float]:

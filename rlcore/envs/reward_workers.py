@@ -10,7 +10,9 @@ was forked: scoring must not depend on state that changes later).
 Overrunning calls overlap instead of queueing: a call still running `HANDOFF_S` after it started
 keeps its worker, and the calls behind it in that worker's batch move to another worker (forked
 when none is idle); at its deadline its worker's whole session is killed (SIGKILL). So a hang on
-many tasks costs about one timeout per request, not one per hung call. Workers killed or lost
+many tasks costs about one timeout per request, not one per hung call. `stream_many` hands each outcome
+back as it settles, so the environment sends a group on as soon as its samples are scored
+(`Environment.stream_groups`) and a hung call delays its own group only. Workers killed or lost
 are replaced; the calls a lost worker had finished but not yet sent are run again.
 
 What a call starts dies with the call, each call starts from the process state the worker
@@ -31,7 +33,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from multiprocessing.connection import wait
-from typing import Callable
+from typing import Callable, Iterator
 
 from rlcore.envs.reward_worker_process import KEEPER_WAIT_S, Worker
 from rlcore.envs.safety import Outcome, call_many
@@ -86,6 +88,14 @@ class WorkerPool:
         """Run every ``fn(*args)`` (methods of the owner) in the workers, each under `timeout_s`
         seconds from its start; outcomes in call order. Never raises for the callee's faults."""
         results: list[Outcome | None] = [None] * len(calls)
+        for i, out in self.stream_many(calls, timeout_s):
+            results[i] = out
+        return results  # type: ignore[return-value]
+
+    def stream_many(self, calls: list[tuple[Callable, tuple]], timeout_s: float) -> Iterator[tuple[int, Outcome]]:
+        """`call_many`, as `(call index, outcome)` pairs in the order the calls settle: a call that
+        overruns delays its own outcome only. Closing the iterator early kills what still runs."""
+        results: list[Outcome | None] = [None] * len(calls)
         blobs: dict[int, bytes] = {}
         forked: list[int] = []
         for i, (fn, args) in enumerate(calls):
@@ -95,13 +105,11 @@ class WorkerPool:
                 forked.append(i)
         run = _Run(self, blobs, results, timeout_s)
         try:
-            run.until_done()
+            yield from run.until_done()
         finally:
             run.abandon()
             self.reap()
-        for i, out in zip(forked, call_many([calls[i] for i in forked], timeout_s, "process") if forked else []):
-            results[i] = out
-        return results  # type: ignore[return-value]
+        yield from zip(forked, call_many([calls[i] for i in forked], timeout_s, "process") if forked else [])
 
     def take(self) -> Worker | None:
         """A live idle worker, or a new one; None when `MAX_WORKERS` run already."""
@@ -171,9 +179,13 @@ class _Run:
         self.tries = {i: 0 for i in blobs}
         self.running: list[_Batch] = []
         self.handoff_s = min(HANDOFF_S, timeout_s / 2)
+        self.settled: list[int] = []
+        """Calls settled and not yet yielded (`take_settled`)."""
 
-    def until_done(self) -> None:
+    def until_done(self) -> Iterator[tuple[int, Outcome]]:
+        """Run the calls; yields each `(index, outcome)` as it settles."""
         while self.todo or self.running:
+            yield from self.take_settled()
             self.start()
             if not self.running:  # no worker could be had: MAX_WORKERS overrun elsewhere
                 time.sleep(self.handoff_s)
@@ -184,6 +196,12 @@ class _Run:
             now = time.monotonic()
             for batch in [b for b in self.running if b.worker.conn not in ready]:
                 self.watch(batch, now)
+        yield from self.take_settled()
+
+    def take_settled(self) -> list[tuple[int, Outcome]]:
+        """The outcomes settled since the last call."""
+        out, self.settled = [(i, self.results[i]) for i in self.settled], []
+        return out
 
     def start(self) -> None:
         """Hand the calls waiting to workers: at most `size` batches that nothing overruns."""
@@ -279,6 +297,7 @@ class _Run:
     def settle(self, i: int, out: Outcome) -> None:
         if self.results[i] is None:  # a call run twice (moved as it finished) keeps its first outcome
             self.results[i] = out
+            self.settled.append(i)
 
     def requeue(self, items: list[int]) -> None:
         """Run again calls lost with a worker that another call killed (each such loss settles
@@ -290,7 +309,7 @@ class _Run:
             if self.results[i] is not None:
                 continue
             if self.tries[i] >= 2:
-                self.results[i] = Outcome(error=why)
+                self.settle(i, Outcome(error=why))
             else:
                 self.todo.append(i)
 

@@ -1,7 +1,8 @@
 """Why samples failed: first occurrences logged, counts per step, and a liveness stop.
 
-The driver feeds every finished generate request here (:meth:`FailureLog.request_done`, or
-:meth:`FailureLog.request_lost` for a request that never came back). A failure's *reason* is the
+The driver feeds every finished generate request here (:meth:`FailureLog.request_done`; or its
+groups as they arrive, :meth:`FailureLog.groups_done`, then :meth:`FailureLog.request_finished`;
+:meth:`FailureLog.request_lost` for samples that never came back). A failure's *reason* is the
 first line of the sample's error (`reward: ValueError: boom`, `env_response: timeout after 2s`,
 `engine: RayActorError`), cut to `REASON_CHARS`. The first time a reason is seen it is logged once,
 with a task id and the first lines of what the environment printed; after that it is only
@@ -122,6 +123,13 @@ class FailureLog:
     def request_done(self, groups: list[GroupMeta], actor: int, seq: int | None = None) -> None:
         """Count a finished request's failed samples; update the all-failed streak with it in
         launch order (`seq`, the request's launch number)."""
+        total, failed, reasons = self.groups_done(groups, actor)
+        self.request_finished(seq, total > 0 and failed == total, reasons)
+
+    def groups_done(self, groups: list[GroupMeta], actor: int) -> tuple[int, int, Counter[str]]:
+        """Count the failed samples of `groups` (a request delivers its groups as they are
+        scored): (samples, failed samples, failed samples by reason). The request's streak
+        result comes with `request_finished`."""
         total = failed = 0
         reasons: Counter[str] = Counter()
         for g in groups:
@@ -136,14 +144,20 @@ class FailureLog:
                     self._count(reason, 1, reasons)
                     # a SampleMeta knows its index in the group's token data; a whole Sample is at i
                     self._keep(FailedExample(reason, (s.error or "").strip()[:500], g.task, g, getattr(s, "index", i)))
-        self._in_order(seq, total > 0 and failed == total, reasons)
+        return total, failed, reasons
+
+    def request_finished(self, seq: int | None, all_failed: bool, reasons: Counter[str]) -> None:
+        """A request whose groups are all counted (`groups_done`, or lost: `request_lost(...,
+        streak=False)`) ends: `all_failed` (no sample of it succeeded) joins the streak in launch
+        order, with its failed samples by `reasons`."""
+        self._in_order(seq, all_failed, reasons)
 
     def request_lost(self, samples: int, why: str, detail: str = "", streak: bool = True,
-                     seq: int | None = None, task: Task | None = None) -> None:
+                     seq: int | None = None, task: Task | None = None) -> Counter[str]:
         """A request that never returned (its actor died, it timed out): all its samples failed.
         `why` is the bucket (`engine: ActorDiedError`), `detail` the message logged the first time;
         `streak=False` counts them without touching the all-failed streak of generate requests;
-        `task`: one of its tasks (the prompt its example row shows)."""
+        `task`: one of its tasks (the prompt its example row shows). Returns them by reason."""
         reason = reason_of(why)
         self._first(reason, f"{why}: {detail.strip()[:500]}" if detail else why, "(whole request)", "")
         reasons: Counter[str] = Counter()
@@ -151,6 +165,7 @@ class FailureLog:
         self._keep(FailedExample(reason, (f"{why}: {detail.strip()}" if detail else why)[:500], task))
         if streak:
             self._in_order(seq, True, reasons)
+        return reasons
 
     def request_withdrawn(self, seq: int | None) -> None:
         """A request taken back before it answered (its tasks went to another engine): neither a
