@@ -29,6 +29,8 @@ class Restarting:
     """An actor that left the group: its pending `ready()` probe and since when it is away."""
 
     left_at: float
+    lost_at: float = 0.0
+    """When its latest death was counted: a call launched before then failed with that death."""
     probe: ray.ObjectRef | None = None
     retry_at: float = 0.0
     ready: bool = False
@@ -48,14 +50,20 @@ class Members:
         died. True when this is news: the actor leaves the group (or, joining, died again) and is
         watched until back."""
         if actor in self.restarting:  # died again while joining: watch its next restart
-            news = self.restarting[actor].ready
-            self.restarting[actor] = Restarting(self.restarting[actor].left_at)
+            away = self.restarting[actor]
+            # a call launched before the death already counted is of that life, however late it
+            # fails (a driver held up until the restart was ready reads those failures then)
+            if launched_at < away.lost_at:
+                return False
+            news = away.ready
+            self.restarting[actor] = Restarting(away.left_at, lost_at=time.perf_counter() if news else away.lost_at)
             return news
         if actor not in self.serving or launched_at < self.joined_at[actor]:
             return False
         self.serving.remove(actor)
         self.reform = True
-        self.restarting[actor] = Restarting(time.perf_counter())
+        now = time.perf_counter()
+        self.restarting[actor] = Restarting(now, lost_at=now)
         return True
 
     def probes(self) -> list[ray.ObjectRef]:
