@@ -29,6 +29,8 @@ class Restarting:
     """An actor that left the group: its pending `ready()` probe and since when it is away."""
 
     left_at: float
+    lost_at: float = 0.0
+    """When its latest death was counted: a call launched before then failed with that death."""
     probe: ray.ObjectRef | None = None
     retry_at: float = 0.0
     ready: bool = False
@@ -55,18 +57,28 @@ class Members:
         """A call to `actor` launched at `launched_at` (perf_counter) failed because the actor
         died (`stalled`: it stopped answering). True when this is news: the actor leaves the
         group (or, joining, died again; or, stalled, died) and is watched until back."""
-        if actor in self.restarting:  # died again while joining: watch its next restart
-            was = self.restarting[actor]
-            news = was.ready or (was.stalled and not stalled)
-            if was.stalled and not stalled:
+        now = time.perf_counter()
+        if actor in self.restarting:
+            away = self.restarting[actor]
+            if away.stalled and not stalled:  # the actor that stopped answering died: a restart now
                 self.deaths += 1
-            self.restarting[actor] = Restarting(was.left_at, stalled=was.stalled and stalled)
+                self.restarting[actor] = Restarting(away.left_at, lost_at=now)
+                return True
+            # a call launched before the death already counted is of that life, however late it
+            # fails (a driver held up until the restart was ready reads those failures then)
+            if launched_at < away.lost_at:
+                return False
+            news = away.ready  # died again while joining: watch its next restart
+            if news:
+                self.deaths += 1
+            self.restarting[actor] = Restarting(away.left_at, lost_at=now if news else away.lost_at,
+                                                stalled=away.stalled)
             return news
         if actor not in self.serving or launched_at < self.joined_at[actor]:
             return False
         self.serving.remove(actor)
         self.reform = True
-        self.restarting[actor] = Restarting(time.perf_counter(), stalled=stalled)
+        self.restarting[actor] = Restarting(now, lost_at=now, stalled=stalled)
         if stalled:
             self.stalls += 1
         else:
@@ -108,7 +120,7 @@ class Members:
             except ray.exceptions.RayError:  # still restarting: ask again shortly
                 r.retry_at = now + PROBE_RETRY_S
                 if r.stalled:  # Ray restarts it: a stall that ended in a death
-                    r.stalled = False
+                    r.stalled, r.lost_at = False, now
                     self.deaths += 1
             r.probe = None
         return sorted(i for i, r in self.restarting.items() if r.ready)

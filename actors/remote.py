@@ -52,7 +52,8 @@ def get(refs, timeout_s: float, what: str, names: list[str] | None = None,
     ref), which participant died or failed. When it fails, the other refs of the call are kept
     and read once they finish (`read_unread`, run by every `get`). `stalled()`, asked every
     second while waiting, names participants seen frozen (`actors.stall_watch`): one of `names`
-    ends the wait at once with an `ActorDied` naming it (how: "made no progress")."""
+    ends the wait at once with an `ActorDied` naming it (how: "made no progress"); so does a
+    participant whose call failed, as in a plain `ray.get` of the list."""
     read_unread()
     try:
         if stalled is not None and isinstance(refs, list):
@@ -81,7 +82,11 @@ def _wait_unless_stalled(refs: list, timeout_s: float, what: str, names: list[st
                          stalled: Callable[[], list[str]]) -> None:
     deadline, pending = time.monotonic() + timeout_s, list(refs)
     while pending and time.monotonic() < deadline:
-        _, pending = ray.wait(pending, num_returns=len(pending), timeout=min(1.0, max(0.0, deadline - time.monotonic())))
+        ready, pending = ray.wait(pending, num_returns=len(pending), timeout=min(1.0, max(0.0, deadline - time.monotonic())))
+        for ref in ready:
+            # a participant that failed (died) ends the wait, as a plain `ray.get` of the list
+            # does: the others may be blocked in a collective with it until their own deadline
+            ray.get(ref, timeout=0)
         frozen = [n for n in stalled() if n in names]
         if frozen and pending:
             _keep_unread(refs)

@@ -1,6 +1,8 @@
 """Which rollout actors serve (actors.membership): a death is news once, calls of an earlier life
 are ignored, an actor joins only once ready, and one that died again while joining stays out."""
 
+import time
+
 from actors.membership import Members
 
 
@@ -39,3 +41,16 @@ def test_a_stall_is_counted_as_a_stall_and_becomes_a_death_only_if_the_actor_die
     assert (m.deaths, m.stalls) == (1, 2) and not m.back_from_stall(1)
     assert not m.lost(1, launched_at=float("inf"))  # restarting: not news again
     assert m.deaths == 1
+
+
+def test_a_call_of_the_life_that_died_failing_after_the_restart_is_ready_is_no_second_death():
+    """A driver held up (a weight sync that waited out its timeout) read the failures of the
+    requests in flight on the killed actor only once Ray had restarted it: each was counted a
+    second death (two rollout_died events, rollout_restarts 2 for one kill)."""
+    m = Members([object(), object()], restart_timeout_s=60)
+    launched = time.perf_counter()
+    assert m.lost(1, launched_at=float("inf"))  # the weight sync saw it die
+    m.restarting[1].ready = True  # its restart answered ready() before the driver read the requests
+    assert not m.lost(1, launched_at=launched)  # a generate request launched before the death
+    assert m.restarting[1].ready and m.serving == [0]
+    assert m.lost(1, launched_at=time.perf_counter())  # a call of its new life: a new death

@@ -62,6 +62,9 @@ class Rank:
         import os
         os._exit(1)
 
+    def wait_in_collective(self, seconds: float) -> None:
+        time.sleep(seconds)
+
     def broken_collective(self) -> None:
         raise RuntimeError("[gloo/transport/tcp/pair.cc:538] Read error [127.0.0.1]:56005: Connection reset by peer")
 
@@ -103,3 +106,24 @@ def test_the_clusters_error_reports_go_to_the_run_folder_with_one_console_line(t
         assert "frame 3" not in capfd.readouterr().err
     finally:
         ray_worker.print_to_stdstream = original
+
+
+def test_a_wait_that_watches_for_frozen_peers_ends_when_a_peer_dies():
+    """The weight sync's `get` (given `stalled`, the stall watch): rollout actor 1 dies mid-sync
+    while the trainer waits in the broadcast for it, until its own deadline. Before, the wait
+    polled for frozen peers only and lasted until every participant had answered (the sync's
+    120 s in a run whose engine was killed then); now the death ends it, named, while the
+    other participant still waits."""
+    ranks = [Rank.remote(), Rank.remote()]
+    refs = [ranks[0].wait_in_collective.remote(30.0), ranks[1].exit_after.remote(0.5)]
+    with pytest.raises(ActorDied, match="rollout actor 1 died") as info:
+        get(refs, 60, "weight sync to version 4", ["trainer rank 0", "rollout actor 1"], stalled=lambda: [])
+    assert info.value.dead == ["rollout actor 1"]
+    assert ray.wait([refs[0]], timeout=0)[1] == [refs[0]]  # reported before the trainer's wait ended
+    ray.kill(ranks[0])
+    # the refs a failed get keeps (`_UNREAD`) are process-wide: read them before this module's Ray
+    # session ends, or the next session's first `get` asks Ray about an owner it never knew
+    deadline = time.monotonic() + 60
+    while read_unread() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert read_unread() == 0
