@@ -87,7 +87,11 @@ def test_wandb_offline_run_and_resume(tmp_path, monkeypatch):
     logger.log({"step": 3, "reward_mean": 0.3})
     logger.close()
     assert (tmp_path / ".wandb_run_id").read_text().strip() == run_id
-    assert all(r.name.endswith(run_id) for r in wandb_runs(tmp_path)) and len(wandb_runs(tmp_path)) == 2
+    # wandb names a run's folder offline-run-<second>-<id>, adding "-1" when the resumed run starts
+    # in the same second as the first
+    runs = wandb_runs(tmp_path)
+    assert len(runs) == 2 and all(f"-{run_id}" in r.name for r in runs), [r.name for r in runs]
+    assert all((r / f"run-{run_id}.wandb").stat().st_size > 0 for r in runs)
 
 
 @pytest.mark.integration
