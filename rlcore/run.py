@@ -46,6 +46,8 @@ from rlcore.storage.staging import Sync, claim, download
 from rlcore.storage.rundir import claim_output_dir, last_checkpoint_hint
 
 EXIT_RUN = 1
+QUIET_LIBRARIES = ("aiobotocore", "botocore", "s3fs", "gcsfs", "adlfs", "fsspec")
+"""Libraries whose INFO lines stay off the run's console (warnings and errors still show)."""
 EXIT_INTERRUPTED = 130
 
 
@@ -122,6 +124,8 @@ def summary(cfg: RunConfig, history: list[dict], eval_rows: list[dict] = (),
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    for name in QUIET_LIBRARIES:  # their INFO lines are not the run's (an object store's credentials found)
+        logging.getLogger(name).setLevel(logging.WARNING)
     try:
         flags = parse_flags(argv)
     except FlagError as exc:
