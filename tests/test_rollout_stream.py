@@ -79,13 +79,19 @@ def test_a_hung_reward_delays_its_own_group_only(ray_cluster, rollouts):
                                                                  for g in [*first, last]]
 
 
-def test_an_actor_death_mid_request_fails_only_the_groups_not_delivered(ray_cluster, rollouts):
-    group, gate, acct = rollouts
+def three_delivered(ray_cluster, group) -> list:
+    """Launch the request and buffer the three groups that score while task 0's reward hangs."""
     group.launch(allowed=4, queued_elsewhere=0)
     first = collect(ray_cluster, group, lambda got: len(got) >= 3)
     assert len(first) == 3
     for g in first:
         group.buffer.add(g)
+    return first
+
+
+def test_an_actor_death_mid_request_fails_only_the_groups_not_delivered(ray_cluster, rollouts):
+    group, gate, acct = rollouts
+    first = three_delivered(ray_cluster, group)
     ray_cluster.kill(group.handles[0], no_restart=True)
     assert collect(ray_cluster, group, lambda got: not group.pending) == [] and not group.pending
     acct.check()
@@ -98,11 +104,7 @@ def test_an_actor_death_mid_request_fails_only_the_groups_not_delivered(ray_clus
 
 def test_an_overdue_request_fails_only_the_groups_not_delivered(ray_cluster, rollouts):
     group, gate, acct = rollouts
-    group.launch(allowed=4, queued_elsewhere=0)
-    first = collect(ray_cluster, group, lambda got: len(got) >= 3)
-    assert len(first) == 3
-    for g in first:
-        group.buffer.add(g)
+    first = three_delivered(ray_cluster, group)
     group.timeout_s = 0.0
     group.expire()
     assert not group.pending and group.queued_tasks() == 0
