@@ -30,7 +30,7 @@ from actors.lifecycle import StepHooks
 from actors.recovery import TrainerRecovery
 from actors.trainer_group import TokenDataLost
 from actors.remote import ActorDied, RunError, failed_names, get, refs_ready, wait_ready  # noqa: F401 (re-exported)
-from actors.rollout_group import RolloutGroup
+from actors.rollout_group import RolloutGroup, requests_per_actor
 from actors.rollout_refs import log_sample_nodes, table_rows
 from actors.run_state import RunState, TaskFeed, groups_allowed_in_flight
 from actors.starts import Starts
@@ -74,8 +74,12 @@ class Driver:
         acct = Accounting()
         self.failures = FailureLog(cfg.rollout.stop_after_failed_requests)  # reasons, liveness
         a = cfg.algo
-        # launch rule below keeps at most (max_off_policy_steps + 1) batches in flight
-        capacity = (a.max_off_policy_steps + 2) * a.batch_groups + cfg.rollout.num_actors * cfg.rollout.tasks_per_request
+        # launch rule below keeps at most (max_off_policy_steps + 1) batches in flight, plus the
+        # overdue groups it stopped counting (rlcore.stragglers): at most every task of every
+        # request the actors may hold
+        r = cfg.rollout
+        capacity = ((a.max_off_policy_steps + 2) * a.batch_groups
+                    + (1 + requests_per_actor(r.max_requests_per_actor)) * r.num_actors * r.tasks_per_request)
         self.buffer = RolloutBuffer(a.max_off_policy_steps, capacity, acct)
         self.env = make_env(cfg.env.name, dict(cfg.env.args), cfg.env.seed)
         self.run_state = RunState(acct, TaskFeed(self.env, cfg))
@@ -89,6 +93,7 @@ class Driver:
         self._rollout_busy_last = 0.0
         self._train_version = 0  # run.version when the train step in flight began
         self._failed_last = 0
+        self._overdue_last = 0
         self.startup = StartupPhases()  # timed start-up phases (progress lines, run summary)
         self.ready_at: float | None = None  # process age (s) when step 1 began (the start-up figure)
         # renders the canary's task prompts and decodes the samples table (logger.samples_every)
@@ -321,6 +326,7 @@ class Driver:
         m = dict(state.metrics)
         m.pop("version", None)
         failed_before, self._failed_last = self._failed_last, acct.failed
+        overdue_before, self._overdue_last = self._overdue_last, self.rollouts.overdue_groups
         busy = self.rollouts.busy_seconds()
         rollout_busy = None
         if busy is not None:
@@ -345,6 +351,7 @@ class Driver:
             **acct.as_metrics(),
             "samples_failed_step": acct.failed - failed_before,  # reward/tool/engine faults
             **self.failures.step_metrics(),  # failed_by_reason, reward_threads_abandoned
+            "groups_overdue": self.rollouts.overdue_groups - overdue_before,  # rlcore.stragglers
             **self.restart_counts(),
             **(self.teacher.step_metrics(step_time) if self.teacher is not None else {}),
         }

@@ -28,6 +28,7 @@ from rlcore.buffer import RolloutBuffer
 from rlcore.config import RunConfig
 from rlcore.report.events import event
 from rlcore.report.failures import FailureLog
+from rlcore.stragglers import ScoringLags
 from rlcore.faults import memory_kill
 from rlcore.transfer.plan import SyncPlan
 from rlcore.types import GroupMeta, Task
@@ -45,9 +46,11 @@ REQUESTS_PER_SLOT = 2
 delivered no group yet (generating, or waiting at the actor for a slot): as many again as it
 generates, so the engine goes on with the next ones while earlier ones score. The staleness
 bound (`allowed`) still caps them all."""
-SCORING_PER_SLOT = 2
+SCORING_PER_SLOT = 8
 """Requests per generation slot, beyond those, that have delivered groups and only score the
-rest (a slow or hung reward until its deadline): they hold an actor thread, not the engine."""
+rest (a slow or hung reward until its deadline): they hold an actor thread, not the engine. A
+request with a hung reward scores for its whole deadline, so this caps requests per second at
+(this x slots) / deadline: at 2, 30% of tasks hanging until 2 s held the CPU run to ~2 a second."""
 
 
 def requests_per_actor(max_requests_per_actor: int) -> int:
@@ -68,6 +71,9 @@ class RolloutGroup:
         self.members = Members(handles, self.timeout_s)
         self.stalls = StallWatch(handles, cfg.rollout.stall_timeout_s)
         self.pending: dict[ray.ObjectRefGenerator, Stream] = {}
+        self.lags = ScoringLags()
+        self.overdue_groups = 0
+        """Groups that went overdue while scoring (`rlcore.stragglers`), over the run so far."""
 
     def __len__(self) -> int:
         return len(self.handles)
@@ -94,8 +100,21 @@ class RolloutGroup:
 
     # -- requests in flight --------------------------------------------------------------------
     def queued_tasks(self) -> int:
-        """Tasks whose groups are generating or scoring (not delivered yet)."""
-        return sum(len(q.tasks) - len(q.arrived) for q in self.pending.values())
+        """Tasks whose groups are generating or scoring (not delivered yet), less the overdue
+        ones (`rlcore.stragglers`: still scoring long after their request's first group came;
+        they keep their request's place at the actor, not their place in the staleness budget)."""
+        self._mark_overdue()
+        return sum(len(q.tasks) - len(q.arrived) for q in self.pending.values() if not q.overdue)
+
+    def _mark_overdue(self) -> None:
+        after = self.lags.overdue_after_s()
+        if after is None:
+            return
+        now = time.perf_counter()
+        for q in self.pending.values():
+            if not q.overdue and q.first_at is not None and now - q.first_at > after:
+                q.overdue = True
+                self.overdue_groups += len(q.tasks) - len(q.arrived)
 
     def launch(self, allowed: int, queued_elsewhere: int) -> None:
         """Launch requests while fewer than `allowed` groups are generating or waiting (this
@@ -137,6 +156,9 @@ class RolloutGroup:
         req = self.pending[gen]
         groups, ended = req.read() if data_wait_s is None else req.read(data_wait_s)
         if groups:
+            now = time.perf_counter()
+            for group in groups:
+                self.lags.note(now - req.first_at, scored=not all(m.failed for m in group.samples))
             req.reasons.update(self.failures.groups_done(groups, req.actor)[2])
         if ended is not None:
             del self.pending[gen]

@@ -15,6 +15,7 @@ to have completed (`ObjectRefGenerator.completed`).
 
 from __future__ import annotations
 
+import time
 from collections import Counter
 from dataclasses import dataclass, field
 
@@ -63,6 +64,10 @@ class Stream:
     """Whether every sample delivered so far failed (the failure log's streak)."""
     reasons: Counter = field(default_factory=Counter)
     """Its failed samples by reason, so far (the failure log's streak)."""
+    first_at: float | None = None
+    """When its first group arrived (`time.perf_counter`): from then on the rest only scores."""
+    overdue: bool = False
+    """Whether its groups not delivered passed the overdue threshold (`rlcore.stragglers`)."""
 
     @property
     def samples(self) -> int:
@@ -113,6 +118,8 @@ class Stream:
             if position in self.arrived or not 0 <= position < len(self.tasks):
                 continue  # the actor sends each group once: a stray one is not counted twice
             self.arrived.add(position)
+            if self.first_at is None:
+                self.first_at = time.perf_counter()
             self.all_failed = self.all_failed and all(m.failed for m in metas)
             out.append(GroupMeta(task=self.tasks[position], samples=metas, data=ref, request_id=self.seq,
                                  stream_index=self.indices[position], env_stats=stats))

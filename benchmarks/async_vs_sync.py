@@ -1,10 +1,12 @@
 """Async vs sync: the same recipe with max_off_policy_steps = 0 and > 0, through the real CLI.
 
-    python benchmarks/async_vs_sync.py --steps 30 --off-policy 0 1 2 -- [extra overrides]
+    python benchmarks/async_vs_sync.py --steps 30 --off-policy 0 1 2 [--reps 5] -- [extra overrides]
 
-Runs `python -m rlcore.run` once per staleness bound, reads each run's metrics.jsonl, and prints
-samples/s (trained samples per wall second over the steps after `--warmup`) and the mean
-trainer / rollout busy fractions. Extra overrides after `--` go to every run (e.g. a GPU recipe).
+Runs `python -m rlcore.run` once per staleness bound (`--reps` times, interleaved: 0 1 2 0 1 2 ...),
+reads each run's metrics.jsonl, and prints samples/s (trained samples per wall second over the
+steps after `--warmup`), the mean trainer / rollout busy fractions, each repetition's speed-up
+over sync, and with several repetitions the median and range of each. Extra overrides after
+`--` go to every run (e.g. a GPU recipe).
 """
 
 from __future__ import annotations
@@ -52,27 +54,43 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--warmup", type=int, default=3, help="first steps left out (start-up)")
     parser.add_argument("--off-policy", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--reps", type=int, default=1, help="repetitions of the set, interleaved")
     parser.add_argument("--out", default=None, help="keep each run's output dir under here (default: temporary)")
     parser.add_argument("--timeout", type=float, default=None, help="seconds one run may take")
     parser.add_argument("extra", nargs="*", help="overrides for every run (after --)")
     args = parser.parse_args()
-    results = {}
+    speedups: dict[int, list[float]] = {k: [] for k in args.off_policy if k}
+    rates: dict[int, list[float]] = {k: [] for k in args.off_policy}
     with tempfile.TemporaryDirectory() as tmp:
-        for k in args.off_policy:
-            out = Path(args.out or tmp) / f"off{k}"
-            rows = run(k, args.steps, args.extra, out, args.timeout)
-            if rows is None:
-                continue
-            results[k] = r = summarise(rows, args.warmup)
-            print(f"max_off_policy_steps={k}: {r['samples_per_s']:.2f} samples/s, trainer busy "
-                  f"{r['trainer_busy']:.0%}, rollout busy {r['rollout_busy']:.0%}, max staleness "
-                  f"{r['max_staleness']}, step {r['step_time_s']:.2f} s (train {r['train_time_s']:.2f} s), "
-                  f"last reward {r['reward_last']:.3f}", flush=True)
-    if 0 in results:
-        for k, r in results.items():
-            if k:
-                print(f"speed-up of max_off_policy_steps={k} over sync: "
-                      f"{r['samples_per_s'] / results[0]['samples_per_s']:.2f}x")
+        for rep in range(args.reps):
+            results = {}
+            for k in args.off_policy:
+                out = Path(args.out or tmp) / (f"rep{rep}" if args.reps > 1 else "") / f"off{k}"
+                rows = run(k, args.steps, args.extra, out, args.timeout)
+                if rows is None:
+                    continue
+                results[k] = r = summarise(rows, args.warmup)
+                rates[k].append(r["samples_per_s"])
+                print(f"{f'rep {rep}: ' if args.reps > 1 else ''}max_off_policy_steps={k}: "
+                      f"{r['samples_per_s']:.2f} samples/s, trainer busy "
+                      f"{r['trainer_busy']:.0%}, rollout busy {r['rollout_busy']:.0%}, max staleness "
+                      f"{r['max_staleness']}, step {r['step_time_s']:.2f} s (train {r['train_time_s']:.2f} s), "
+                      f"last reward {r['reward_last']:.3f}", flush=True)
+            if 0 in results:
+                for k, r in results.items():
+                    if k:
+                        speedups[k].append(r["samples_per_s"] / results[0]["samples_per_s"])
+                        print(f"{f'rep {rep}: ' if args.reps > 1 else ''}speed-up of max_off_policy_steps={k} "
+                              f"over sync: {speedups[k][-1]:.2f}x", flush=True)
+    if args.reps > 1:
+        for k, v in rates.items():
+            if v:
+                print(f"max_off_policy_steps={k}: samples/s median {statistics.median(v):.2f} "
+                      f"[{min(v):.2f}-{max(v):.2f}] over {len(v)} runs")
+        for k, v in speedups.items():
+            if v:
+                print(f"speed-up of max_off_policy_steps={k}: median {statistics.median(v):.2f}x "
+                      f"[{min(v):.2f}-{max(v):.2f}] over {len(v)} pairs")
 
 
 if __name__ == "__main__":

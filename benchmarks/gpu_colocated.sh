@@ -7,7 +7,9 @@
 # async one; the sleep part runs the sleep schedule through the CLI). AVS_OFF: the
 # max_off_policy_steps values of the avs part (default "0 1 2"), one CLI run each. EAGER=false
 # runs the engine with CUDA graphs (start-up compiles for a minute or two); AVS_TOKENS sets
-# max_new_tokens of the avs and sleep parts (default 256).
+# max_new_tokens of the avs and sleep parts (default 256). AVS_REPS: repetitions of the avs set,
+# interleaved (default 1); AVS_EXTRA: more overrides for the avs runs; AVS_TAG: a name for this
+# avs set's output folders (several sets in one call).
 set -uo pipefail
 OUT=${1:?output dir}; PARTS=${2:-"test avs sleep 4b"}
 mkdir -p "$OUT"
@@ -24,11 +26,12 @@ if [[ $PARTS == *test* ]]; then
   grep -q " passed" "$OUT/test.log" || exit 1
 fi
 if [[ $PARTS == *avs* ]]; then
-  A="--steps ${AVS_STEPS:-6} --warmup 2 --timeout ${AVS_TIMEOUT:-300} --out $W/avs"
+  A="--steps ${AVS_STEPS:-6} --warmup 2 --reps ${AVS_REPS:-1} --timeout ${AVS_TIMEOUT:-300} --out $W/avs${AVS_TAG:-}"
   # shellcheck disable=SC2086
   python benchmarks/async_vs_sync.py $A --off-policy ${AVS_OFF:-0 1 2} -- $G rollout.sampling.max_new_tokens=${AVS_TOKENS:-256} \
-    2>&1 | tee "$OUT/avs.log"
-  for k in 0 1 2; do cp $W/avs/off$k/metrics.jsonl "$OUT/avs_off${k}.jsonl" 2>/dev/null; done
+    ${AVS_EXTRA:-} 2>&1 | tee "$OUT/avs${AVS_TAG:-}.log"
+  ( cd $W/avs${AVS_TAG:-} && find . -name metrics.jsonl | while read -r f; do
+      d=$(dirname "${f#./}"); cp "$f" "$OUT/avs${AVS_TAG:-}_${d//\//_}.jsonl"; done )
 fi
 if [[ $PARTS == *sleep* ]]; then
   python benchmarks/async_vs_sync.py --steps "${AVS_STEPS:-6}" --warmup 2 --timeout "${AVS_TIMEOUT:-300}" --out $W/avs/sleep \

@@ -129,7 +129,9 @@ def hang_part(args: argparse.Namespace) -> dict:
             rl = sum(r.get("step_time_s") or 0.0 for r in rows if "step_time_s" in r)
             results[key].append(rl)
             process[key].append(wall)
-            print(f"rep {rep} {key}: RL {rl:.1f} s over {len(rows)} rows, process {wall:.1f} s "
+            overdue = sum(r.get("groups_overdue") or 0 for r in rows)
+            print(f"rep {rep} {key}: RL {rl:.1f} s over {len(rows)} rows, process {wall:.1f} s, "
+                  f"{rows[-1].get('samples_dropped_stale', 0)} samples dropped stale, {overdue} groups overdue "
                   f"(load {os.getloadavg()[0]:.2f})", flush=True)
     print(f"\nmedian [min-max] of {args.reps}, seconds:")
     for tree in trees:

@@ -219,3 +219,24 @@ def test_a_request_streams_each_group_once_scored_so_a_hung_reward_delays_its_ow
     (tmp_path / "open").touch()
     (i, group), = list(stream)
     assert i == 0 and [s.reward for s in group.samples] == [1.0] * 4 and not any(s.failed for s in group.samples)
+
+
+def test_a_storms_extra_idle_workers_do_not_outlive_it(monkeypatch):
+    """Idle workers beyond `KEEP_IDLE` that idled past `IDLE_TTL_S` are killed when the pool is
+    next used: a hang storm needs many workers at once, not for the rest of the run."""
+    import rlcore.envs.reward_workers as mod
+
+    monkeypatch.setattr(mod, "KEEP_IDLE", 2)
+    monkeypatch.setattr(mod, "IDLE_TTL_S", 0.0)
+    env = Misbehaving("fine")
+    pool = mod.WorkerPool(env, size=1)
+    workers = [pool.take() for _ in range(5)]
+    try:
+        for w in workers:
+            pool.give(w)
+        assert pool.idle == workers[2:] and pool.live == 3  # the two that idled longest went
+        for w in workers[:2]:
+            assert not w.proc.is_alive()
+        assert all(w.proc.is_alive() for w in workers[2:])
+    finally:
+        pool.close()

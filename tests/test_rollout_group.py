@@ -75,8 +75,13 @@ def test_requests_that_only_score_leave_room_for_more_up_to_the_actor_total(grou
     for q in g.pending.values():
         q.arrived.add(0)  # each delivered one of its two groups
     g.launch(allowed=1000, queued_elsewhere=0)
-    assert len(g.pending) == requests_per_actor(2) * 3 == 24
+    assert len(g.pending) == 24  # 12 more that generate
     assert g.queued_tasks() == 12 * 1 + 12 * 2 and run.acct.in_flight == 24 * 2 * 4
+    for _ in range(10):  # while every request delivers a group, more go out up to the actors' total
+        for q in g.pending.values():
+            q.arrived.add(0)
+        g.launch(allowed=1000, queued_elsewhere=0)
+    assert len(g.pending) == requests_per_actor(2) * 3
 
 
 def test_an_overdue_request_is_cancelled_and_counted_failed(group, monkeypatch):
@@ -90,3 +95,41 @@ def test_an_overdue_request_is_cancelled_and_counted_failed(group, monkeypatch):
     g.expire()
     assert len(cancelled) == 1 and not g.pending
     assert run.acct.failed == 8 and run.acct.in_flight == 0
+
+
+def test_groups_scoring_long_after_their_request_delivered_stop_holding_the_budget(group):
+    """A straggler (`rlcore.stragglers`: still scoring well after its request's first group came)
+    keeps its request's place at the actor but not its place in the staleness budget, so the
+    next groups are launched; requests whose rest arrives in time keep counting."""
+    import time
+
+    g, calls, run = group
+    g.launch(allowed=6, queued_elsewhere=0)  # 3 requests x 2 tasks: the bound
+    assert len(calls) == 3 and g.queued_tasks() == 6
+    for _ in range(8):
+        g.lags.note(0.01)  # cheap rewards so far: groups of a request arrive together
+    late, fresh, silent = list(g.pending.values())
+    late.arrived.add(0)
+    late.first_at = time.perf_counter() - 5.0  # its other group has scored for 5 s
+    fresh.arrived.add(0)
+    fresh.first_at = time.perf_counter()  # its other group is a few ms behind
+    assert g.queued_tasks() == 0 + 1 + 2 and g.overdue_groups == 1
+    g.launch(allowed=6, queued_elsewhere=0)
+    assert [n for _, n, _ in calls[3:]] == [2, 1]  # the straggler's place went to new requests
+    assert g.overdue_groups == 1  # counted once, however often it is looked at
+
+
+def test_nothing_is_overdue_before_enough_lags_are_known_nor_when_rewards_are_slow_by_nature():
+    from rlcore.stragglers import FACTOR, MIN_LAGS, MIN_S, ScoringLags
+
+    lags = ScoringLags()
+    for _ in range(MIN_LAGS - 1):
+        lags.note(0.0)
+    for _ in range(50):
+        lags.note(2.0, scored=False)  # groups that failed at a deadline tell nothing of scoring
+    assert lags.overdue_after_s() is None
+    lags.note(0.0)
+    assert lags.overdue_after_s() == MIN_S
+    for _ in range(4 * MIN_LAGS):
+        lags.note(3.0)  # a reward that takes seconds on most groups: the threshold follows it
+    assert lags.overdue_after_s() == FACTOR * 3.0

@@ -57,6 +57,8 @@ class Worker:
                                 daemon=True, name="rlcore-reward-worker")
         start_forked(self.proc)
         child.close()
+        self.idle_since = 0.0
+        """When it last went back to its pool's idle workers (`time.monotonic`)."""
 
     @property
     def pid(self) -> int:

@@ -44,11 +44,17 @@ HANDOFF_S = 0.1
 """A call running this long hands the rest of its worker's batch to another worker."""
 MIN_BATCH = 8
 """Calls per worker before a request spreads over more workers (fewer messages for cheap calls)."""
-MAX_WORKERS = 64
+MAX_WORKERS = 256
 """Workers one pool may run at once, overrunning ones included (bounds the forks a hang storm
-causes; past it, calls wait for a worker)."""
-MAX_IDLE = 32
+causes; past it, calls wait for a worker). A storm needs (hung calls per second) x (deadline):
+30% of tasks hanging until a 2 s deadline at 0.7 s CPU steps of 16 x 8 samples is ~150; at 64,
+calls queued for a worker and started their deadline late (issue 41: 19.6 RL s against 14.8)."""
+MAX_IDLE = 128
 """Idle workers a pool keeps (a storm of hung calls needs many at once, again at every request)."""
+KEEP_IDLE = 32
+"""Idle workers kept however long they idle; those beyond it are killed after `IDLE_TTL_S` (an
+idle worker holds ~3 MB of its own: a storm's workers need not outlive it)."""
+IDLE_TTL_S = 60.0
 ABANDON_GRACE_S = 0.5
 """How long a call asked to stop at its deadline has to do so before its worker is killed."""
 
@@ -137,12 +143,26 @@ class WorkerPool:
             self.warned = True
             log.warning("reward workers could not get a PID namespace of their own (unshare refused): a reward "
                         "can signal the rollout actor and the run's other processes of its uid")
+        now = time.monotonic()
+        expired: list[Worker] = []
         with self._lock:
-            if len(self.idle) < max(MAX_IDLE, 2 * self.size):
+            # the front idled longest (`take` pops the back)
+            while len(self.idle) > max(KEEP_IDLE, 2 * self.size) and now - self.idle[0].idle_since > IDLE_TTL_S:
+                expired.append(self.idle.pop(0))
+                self.live -= 1
+            keep = len(self.idle) < max(MAX_IDLE, 2 * self.size)
+            if keep:
+                worker.idle_since = now
                 self.idle.append(worker)
-                return
-            self.live -= 1
-        worker.kill()
+            else:
+                self.live -= 1
+        for old in expired:  # stopped together, then reaped: their keepers exit in parallel
+            old.stop()
+        until = time.monotonic() + KEEPER_WAIT_S
+        for old in expired:
+            old.reap(until)
+        if not keep:
+            worker.kill()
 
     def drop(self, worker: Worker) -> None:
         """Kill `worker` without waiting (`reap` waits): overlapping deadlines kill in parallel."""
