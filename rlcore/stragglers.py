@@ -1,7 +1,9 @@
 """When a group that is still scoring stops holding a place in the staleness budget.
 
-A generate request generates all its groups, then scores them side by side, and each group is
-delivered once scored (`actors.rollout_stream`). So once a request has delivered its first
+A generate request generates all its groups in one engine call, then scores them side by side,
+and each group is delivered once scored (`Environment.stream_groups`, `actors.rollout_stream`;
+an environment with an episode loop of its own delivers its groups together, so none of them
+is ever overdue). So once a request has delivered its first
 group, the rest of it only scores: a group still scoring long after that is a straggler (a slow
 or hung reward). Counted against the staleness budget until its reward's deadline, stragglers
 keep the engine from generating the groups the next steps need: with 30% of tasks hanging
