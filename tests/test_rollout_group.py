@@ -1,7 +1,9 @@
 """RolloutGroup.launch (actors.rollout_group): requests go round-robin to the serving actors only,
 never past the staleness bound the driver gives nor past `REQUESTS_PER_SLOT` x
 `rollout.max_requests_per_actor` per serving actor that delivered no group yet (generating or
-waiting for a slot), nor past `requests_per_actor` in all, in data order and counted as launched; `expire` counts an overdue request failed.
+waiting for a slot), nor past `requests_per_actor` in all, in data order and counted as launched; a
+group still scoring long after its request's others came leaves the bound's count
+(`rlcore.stragglers`); `expire` counts an overdue request failed.
 The actors here record the calls instead of generating (the real path: tests/test_integration.py)."""
 
 import pytest
