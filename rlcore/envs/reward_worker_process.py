@@ -149,3 +149,13 @@ class Worker:
     def kill(self) -> None:
         self.stop()
         self.reap(time.monotonic() + KEEPER_WAIT_S)
+
+
+def kill_all(workers: list[Worker]) -> None:
+    """Kill `workers` together: each is asked to stop, then all are reaped under one deadline
+    (their keepers exit in parallel)."""
+    for worker in workers:
+        worker.stop()
+    until = time.monotonic() + KEEPER_WAIT_S
+    for worker in workers:
+        worker.reap(until)

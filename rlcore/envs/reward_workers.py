@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from multiprocessing.connection import wait
 from typing import Callable, Iterator
 
-from rlcore.envs.reward_worker_process import KEEPER_WAIT_S, Worker
+from rlcore.envs.reward_worker_process import KEEPER_WAIT_S, Worker, kill_all
 from rlcore.envs.safety import Outcome, call_many
 
 log = logging.getLogger("rlcore")
@@ -156,11 +156,7 @@ class WorkerPool:
                 self.idle.append(worker)
             else:
                 self.live -= 1
-        for old in expired:  # stopped together, then reaped: their keepers exit in parallel
-            old.stop()
-        until = time.monotonic() + KEEPER_WAIT_S
-        for old in expired:
-            old.reap(until)
+        kill_all(expired)
         if not keep:
             worker.kill()
 
@@ -185,8 +181,7 @@ class WorkerPool:
         with self._lock:
             idle, self.idle = self.idle, []
             self.live -= len(idle)
-        for worker in idle:
-            worker.kill()
+        kill_all(idle)
         self.reap()
 
 
