@@ -95,17 +95,16 @@ def fault_cluster(clusters):
         cluster = clusters.get("faults", roles("driver", *["trainer"] * trainers, *["rollout"] * rollouts), FAULT_ENV)
         alive = lc.alive_nodes(cluster.dashboard_url, 60)
         for group, want in (("trainer", trainers), ("rollout", rollouts)):
-            have = [n for n in live_nodes(cluster, alive) if n.spec.labels["rlcore-group"] == group]
-            for _ in range(want - len(have)):
+            for _ in range(want - len(group_nodes(cluster, group, alive))):
                 add_node(cluster, roles(group)[0], timeout_s=400)
         return cluster
 
     return get
 
 
-def group_nodes(cluster: lc.Cluster, group: str) -> list[lc.Node]:
-    """The live nodes labelled rlcore-group=`group`."""
-    return [n for n in live_nodes(cluster) if n.spec.labels["rlcore-group"] == group]
+def group_nodes(cluster: lc.Cluster, group: str, alive: dict[int, str] | None = None) -> list[lc.Node]:
+    """The live nodes labelled rlcore-group=`group` (`alive`: `lc.alive_nodes`, if just read)."""
+    return [n for n in live_nodes(cluster, alive) if n.spec.labels["rlcore-group"] == group]
 
 
 def live_nodes(cluster: lc.Cluster, alive: dict[int, str] | None = None) -> list[lc.Node]:
