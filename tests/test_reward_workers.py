@@ -240,3 +240,29 @@ def test_a_storms_extra_idle_workers_do_not_outlive_it(monkeypatch):
         assert all(w.proc.is_alive() for w in workers[2:])
     finally:
         pool.close()
+
+
+@pytest.mark.parametrize("behind", [0, 2], ids=["hung_call_last", "calls_behind_it"])
+def test_outcomes_finished_before_an_overrunning_call_of_their_batch_do_not_wait_for_it(env_of, tmp_path, behind):
+    """One worker runs one batch: three cheap calls, then a call that hangs until the test opens
+    its gate, then `behind` more. The three outcomes come while the gate is still shut (the
+    worker sends them on when the call overruns), and so do those moved to another worker; the
+    gated call's comes when it returns. On the code before, every outcome of the batch came with
+    the hung call's, at its deadline."""
+    from rlcore.envs.reward_workers import WorkerPool
+
+    env = env_of("gate", reward_timeout_s=30)
+    pool = WorkerPool(env, size=1)
+    order = [5, 6, 7, 0] + [8 + j for j in range(behind)]  # task 0 is the gated one
+    calls = [(env.reward, (env.make_task(i, "train"), "x")) for i in order]
+    stream = pool.stream_many(calls, env.reward_timeout_s)
+    try:
+        early = [next(stream) for _ in range(3 + behind)]
+        assert pids(tmp_path, "gated") and not os.path.exists(tmp_path / "open")
+        assert sorted(i for i, _ in early) == [j for j in range(len(order)) if j != 3]
+        assert all(out.error is None and out.value == 1.0 for _, out in early), early
+        (tmp_path / "open").touch()
+        (i, out), = list(stream)
+        assert i == 3 and out.error is None and out.value == 1.0
+    finally:
+        pool.close()

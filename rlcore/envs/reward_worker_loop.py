@@ -17,6 +17,11 @@ message per call. After every call the worker puts itself back as it was when it
   it);
 - an outcome whose value pickles to more than `RESULT_LIMIT` bytes becomes an error.
 
+Outcomes finished before a call that overruns need not wait for it: the parent, when it moves
+the rest of a batch away from an overrun, asks with `FLUSH_SIGNAL`, and the worker sends the
+outcomes it has not sent yet at once (a reply that is not the batch's last; each reply says
+where in the batch its outcomes start). A call blocked in C delays that until its deadline.
+
 A call that misses its deadline is first asked to stop (`ABANDON_SIGNAL` raises
 :class:`CallAbandoned` in it); a worker whose call stops so is reused, so a storm of hung calls
 costs forks only while they overlap, not a kill and a fork per call.
@@ -57,6 +62,9 @@ actor sees it), the namespaces it runs in (:mod:`rlcore.envs.reward_worker_ns`, 
 ABANDON_SIGNAL = signal.SIGUSR1
 """What the actor sends a worker whose call missed its deadline: a call in Python code ends at its
 next bytecode (sleeps too) and the worker is reused; one blocked in C is killed after a grace."""
+FLUSH_SIGNAL = signal.SIGUSR2
+"""What the actor sends a worker whose running call overruns: send the outcomes finished so far
+(they would otherwise wait for that call's end, up to its deadline)."""
 EXIT_PIPE_LOST = 3
 """Exit code of a worker whose pipe to the actor a call closed."""
 EXIT_DESCENDANTS = 4
@@ -112,6 +120,7 @@ def serve(conn, owner: Any, progress, lock, memory_mb: int, namespace_init: bool
     _namespace_init[0] = namespace_init
     progress[WORKER_PID] = ns.host_pid()
     signal.signal(ABANDON_SIGNAL, _abandon)
+    signal.signal(FLUSH_SIGNAL, _flush)
     devnull = os.open(os.devnull, os.O_RDWR)
     for fd in (0, 1, 2):  # not the actor's terminal or log files
         os.dup2(devnull, fd)
@@ -123,9 +132,10 @@ def serve(conn, owner: Any, progress, lock, memory_mb: int, namespace_init: bool
             batch = pickle.loads(conn.recv_bytes())
         except (EOFError, OSError):
             os._exit(0)
-        outs, retire = run_batch(owner, batch, progress, lock, home, memory_mb, conn.fileno())
+        _batch.update(conn=conn, outs=[], sent=0)
+        outs, retire = run_batch(owner, batch, progress, lock, home, memory_mb, conn.fileno(), _batch["outs"])
         try:
-            conn.send_bytes(encode(outs, retire))
+            conn.send_bytes(encode(outs[_batch["sent"]:], retire, _batch["sent"], final=True))
         except Exception:  # the call closed the pipe: the actor sees this worker die during it
             os._exit(EXIT_PIPE_LOST)
         if retire:
@@ -133,10 +143,10 @@ def serve(conn, owner: Any, progress, lock, memory_mb: int, namespace_init: bool
 
 
 def run_batch(owner: Any, batch: list[bytes], progress, lock, home: Home, memory_mb: int,
-              pipe_fd: int) -> tuple[list, bool]:
-    """Run the batch's calls in order until the parent's cut; (outcomes, whether to retire).
-    Exits at once (EXIT_PIPE_LOST) after a call that closed the pipe, so the actor blames it."""
-    outs: list[Outcome] = []
+              pipe_fd: int, outs: list[Outcome]) -> tuple[list, bool]:
+    """Run the batch's calls in order until the parent's cut, appending each outcome to `outs`;
+    (outs, whether to retire). Exits at once (EXIT_PIPE_LOST) after a call that closed the pipe,
+    so the actor blames it."""
     for k, blob in enumerate(batch):
         with lock:
             if k > progress[CUT]:
@@ -175,6 +185,26 @@ def _abandon(signum, frame) -> None:
         raise CallAbandoned(f"abandoned at its deadline (signal {signum})")
 
 
+_batch: dict[str, Any] = {"conn": None, "outs": [], "sent": 0}
+"""The batch being run: its pipe, its outcomes so far, how many of them were sent (`_flush`)."""
+
+
+def _flush(signum, frame) -> None:
+    # only inside a call: between calls the main loop may be using the pipe itself
+    outs, sent = _batch["outs"], _batch["sent"]
+    if not _in_call[0] or len(outs) <= sent:
+        return
+    # an abandon arriving mid-send would leave half a message on the pipe
+    signal.pthread_sigmask(signal.SIG_BLOCK, {ABANDON_SIGNAL})
+    try:
+        _batch["conn"].send_bytes(encode(outs[sent:], False, sent, final=False))
+        _batch["sent"] = len(outs)
+    except Exception:  # the call closed the pipe: the check after it names that
+        pass
+    finally:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {ABANDON_SIGNAL})
+
+
 def run_one(owner: Any, blob: bytes) -> Outcome:
     sink = _Sink()
     sys.stdout = sys.stderr = sink
@@ -195,10 +225,12 @@ def run_one(owner: Any, blob: bytes) -> Outcome:
     return out
 
 
-def encode(outs: list[Outcome], retire: bool) -> bytes:
-    """The reply; a value that does not pickle, or pickles too large, becomes its call's error."""
+def encode(outs: list[Outcome], retire: bool, start: int = 0, final: bool = True) -> bytes:
+    """A reply `(outs, retire, start, final)`: the outcomes of the batch's calls from index
+    `start` on, and whether it is the batch's last reply. A value that does not pickle, or
+    pickles too large, becomes its call's error."""
     try:
-        reply = pickle.dumps((outs, retire))
+        reply = pickle.dumps((outs, retire, start, final))
         if len(reply) <= RESULT_LIMIT:
             return reply
     except Exception:
@@ -211,7 +243,7 @@ def encode(outs: list[Outcome], retire: bool) -> bytes:
             continue
         if size > RESULT_LIMIT:
             out.value, out.error = None, f"reward returned a value of {size} bytes pickled (limit {RESULT_LIMIT})"
-    return pickle.dumps((outs, retire))
+    return pickle.dumps((outs, retire, start, final))
 
 
 def limit_memory(memory_mb: int) -> None:

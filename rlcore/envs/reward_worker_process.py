@@ -11,7 +11,8 @@ import threading
 import time
 
 from rlcore.envs.reward_worker_loop import (
-    ABANDON_SIGNAL, CURRENT, CUT, EXIT_DESCENDANTS, EXIT_PIPE_LOST, NAMESPACE, STARTED, WORKER_PID, keep,
+    ABANDON_SIGNAL, CURRENT, CUT, EXIT_DESCENDANTS, EXIT_PIPE_LOST, FLUSH_SIGNAL, NAMESPACE, STARTED, WORKER_PID,
+    keep,
 )
 from rlcore.envs.reward_worker_ns import NONE
 from rlcore.envs.safety import kill_session
@@ -122,11 +123,19 @@ class Worker:
 
     def abandon(self) -> None:
         """Ask the running call to stop (it raises CallAbandoned at its next bytecode)."""
+        self._signal(ABANDON_SIGNAL)
+
+    def flush(self) -> None:
+        """Ask for the outcomes of the batch's calls finished so far (a reply that is not the
+        batch's last, sent while the running call goes on)."""
+        self._signal(FLUSH_SIGNAL)
+
+    def _signal(self, signum: int) -> None:
         pid = self.worker_pid
         if pid <= 0:  # not started yet (kill(0) would signal this process's own group)
             return
         try:
-            os.kill(pid, ABANDON_SIGNAL)
+            os.kill(pid, signum)
         except (ProcessLookupError, ValueError, OverflowError):
             pass
 

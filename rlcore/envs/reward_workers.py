@@ -8,8 +8,9 @@ is the worker's side). A worker runs its own copy of the environment (as it was 
 was forked: scoring must not depend on state that changes later).
 
 Overrunning calls overlap instead of queueing: a call still running `HANDOFF_S` after it started
-keeps its worker, and the calls behind it in that worker's batch move to another worker (forked
-when none is idle); at its deadline its worker's whole session is killed (SIGKILL). So a hang on
+keeps its worker, the calls behind it in that worker's batch move to another worker (forked
+when none is idle), and the outcomes its worker finished before it are sent on at once (they do
+not wait for the overrun); at its deadline its worker's whole session is killed (SIGKILL). So a hang on
 many tasks costs about one timeout per request, not one per hung call. `stream_many` hands each outcome
 back as it settles, so the environment sends a group on as soon as its samples are scored
 (`Environment.stream_groups`) and a hung call delays its own group only. Workers killed or lost
@@ -70,6 +71,8 @@ class _Batch:
     moved: list[int] = field(default_factory=list)
     abandoned_at: float | None = None
     """When its call at `cut` was asked to stop (it missed its deadline)."""
+    flushed_for: int = -1
+    """The overrunning call for which the worker was asked to send what it finished before it."""
 
 
 class WorkerPool:
@@ -246,11 +249,12 @@ class _Run:
             self.running.append(_Batch(worker, share, sent))
 
     def finish(self, batch: _Batch) -> None:
-        """Its reply came (or its worker died): keep the outcomes, requeue what it did not run."""
-        self.running.remove(batch)
+        """A reply came (or its worker died): keep the outcomes; after the batch's last reply,
+        requeue what it did not run."""
         try:
-            outs, retire = pickle.loads(batch.worker.conn.recv_bytes())
+            outs, retire, start, final = pickle.loads(batch.worker.conn.recv_bytes())
         except (EOFError, OSError):
+            self.running.remove(batch)
             k, _ = batch.worker.where()
             why = batch.worker.death()
             self.pool.drop(batch.worker)
@@ -258,13 +262,16 @@ class _Run:
                 self.settle(batch.items[k], Outcome(error=f"{why} during this call"))
             self.requeue([i for p, i in enumerate(batch.items) if p != k and i not in batch.moved])
             return
-        for i, out in zip(batch.items, outs):
+        for i, out in zip(batch.items[start:], outs):
             self.settle(i, out)
+        if not final:  # what it finished before an overrunning call (`flush`)
+            return
+        self.running.remove(batch)
         if retire:
             self.pool.drop(batch.worker)
         else:
             self.pool.give(batch.worker)
-        self.todo.extend(i for i in batch.items[len(outs):] if i not in batch.moved)
+        self.todo.extend(i for i in batch.items[start + len(outs):] if i not in batch.moved)
 
     def watch(self, batch: _Batch, now: float) -> None:
         """At its call's deadline ask the call to stop, and kill its worker if it does not within
@@ -287,10 +294,14 @@ class _Run:
                 batch.abandoned_at = now
             else:  # it finished that call just now: the one it runs is on time
                 self.move_rest(batch, cut)
-        elif batch.cut is None and now - started >= self.handoff_s and k < len(batch.items) - 1:
-            cut = batch.worker.cut()
-            if cut is not None:
-                self.move_rest(batch, cut)
+        elif k >= 0 and now - started >= self.handoff_s:
+            if batch.cut is None and k < len(batch.items) - 1:
+                cut = batch.worker.cut()
+                if cut is not None:
+                    self.move_rest(batch, cut)
+            if batch.flushed_for != k and any(self.results[i] is None for i in batch.items[:k]):
+                batch.flushed_for = k
+                batch.worker.flush()
 
     def move_rest(self, batch: _Batch, cut: int) -> None:
         if batch.cut is not None:
