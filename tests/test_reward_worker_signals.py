@@ -18,7 +18,7 @@ import pytest
 
 from rlcore.envs import reward_worker_ns
 from tests.test_env_safety import Scored
-from tests.test_reward_workers import scored
+from tests.test_reward_workers import scored, started_by
 
 ROOT = Path(__file__).resolve().parents[1]
 USER = 65534
@@ -67,8 +67,8 @@ class Attacker(Scored):
 ACTOR = """
 import json, sys
 from tests.test_reward_worker_signals import Attacker
-from tests.test_reward_workers import scored
-env = Attacker(sys.argv[1], reward_timeout_s=10)
+from tests.test_reward_workers import scored, started_by
+env = started_by(Attacker(sys.argv[1], reward_timeout_s=10), sys.argv[2])
 print(json.dumps([[(s.reward, s.error, s.failed) for s in scored(env, tasks=2, n=1)] for _ in range(2)]))
 """
 
@@ -84,14 +84,15 @@ ATTACKS = {
 """What each attack's sample says: the start of its error, None if it is scored."""
 
 
-def score_as(who: str, attack: str) -> list:
-    """Two rounds of scoring two tasks by a stand-in actor run as `who`; its output."""
+def score_as(who: str, attack: str, starter: str) -> list:
+    """Two rounds of scoring two tasks by a stand-in actor run as `who`, its workers started by
+    `starter` (`tests.test_reward_workers.started_by`); its output."""
     if who == "user" and os.geteuid() != 0:
         pytest.skip("changing to another uid needs root")
-    cmd = [sys.executable, "-c", ACTOR, attack]
+    cmd = [sys.executable, "-c", ACTOR, attack, starter]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     if who == "user":  # root's interpreter is not readable by 65534: the system's, same minor version
-        cmd = ["setpriv", f"--reuid={USER}", f"--regid={USER}", "--clear-groups", USER_PYTHON, "-c", ACTOR, attack]
+        cmd = ["setpriv", f"--reuid={USER}", f"--regid={USER}", "--clear-groups", USER_PYTHON, "-c", ACTOR, attack, starter]
         env = {"PATH": os.environ["PATH"], "HOME": "/nonexistent",
                "PYTHONPATH": f"{ROOT}:{site.getsitepackages()[0]}"}
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=ROOT, env=env,
@@ -100,14 +101,15 @@ def score_as(who: str, attack: str) -> list:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.parametrize("starter", ["zygote", "fork"])
 @pytest.mark.parametrize("who", ["root", "user"])
 @pytest.mark.parametrize("attack", ATTACKS)
-def test_a_reward_cannot_signal_the_rollout_actor(who, attack):
+def test_a_reward_cannot_signal_the_rollout_actor(who, attack, starter):
     if who == "user" and sys.version_info[:2] != tuple(
             int(x) for x in subprocess.check_output([USER_PYTHON, "-c", "import sys; print(*sys.version_info[:2])"],
                                                     text=True).split()):
         pytest.skip("the system's Python is another minor version than the venv's")
-    for (reward, error, failed), other in score_as(who, attack):
+    for (reward, error, failed), other in score_as(who, attack, starter):
         assert other == [1.0, None, False]
         if ATTACKS[attack] is None:
             assert (reward, error, failed) == (1.0, None, False), error
@@ -120,7 +122,7 @@ def test_without_a_namespace_a_warning_says_so_and_a_reward_that_kills_its_paren
     run says so once, and a reward that kills its parent kills the worker's keeper, not the
     scoring process; the sample names it."""
     monkeypatch.setattr(reward_worker_ns, "enter", lambda: reward_worker_ns.NONE)
-    env = Attacker("kill_keeper", reward_timeout_s=10)
+    env = started_by(Attacker("kill_keeper", reward_timeout_s=10), "fork")  # the patch holds in forks only
     try:
         with caplog.at_level("WARNING", logger="rlcore"):
             rounds = [scored(env, tasks=2, n=1) for _ in range(2)]

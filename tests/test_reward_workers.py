@@ -84,6 +84,8 @@ class Misbehaving(Scored):
             self.note("gated")
             while not os.path.exists(os.path.join(self.where, "open")):
                 time.sleep(0.01)
+        elif b == "has_colorsys":  # 1.0 only if the module was there before the call
+            return 1.0 if "colorsys" in sys.modules else 0.0
         elif b == "exit":
             os._exit(7)
         elif b == "huge":
@@ -118,12 +120,27 @@ def pids(where, name):
     return [int(n.split(".")[1]) for n in os.listdir(where) if n.startswith(f"{name}.")]
 
 
-@pytest.fixture
-def env_of(tmp_path):
+def started_by(env, starter: str):
+    """Give `env` a reward pool whose workers start as `starter` says: `zygote` (from the pool's
+    lean process, the default once it is ready: waited for here) or `fork` (forks of this process,
+    what a pool does meanwhile and where the environment does not pickle)."""
+    from rlcore.envs.reward_workers import WorkerPool
+
+    pool = env._reward_pool = WorkerPool(env, env.reward_pool().size, env.reward_memory_mb, zygote=starter == "zygote")
+    if starter == "zygote":
+        until = time.monotonic() + 60
+        while pool.zygote() is None:
+            assert time.monotonic() < until, "the reward worker zygote did not start"
+            time.sleep(0.01)
+    return env
+
+
+@pytest.fixture(params=["zygote", "fork"])
+def env_of(tmp_path, request):
     made = []
 
     def make(behaviour, **kw):
-        env = Misbehaving(behaviour, where=str(tmp_path), **kw)
+        env = started_by(Misbehaving(behaviour, where=str(tmp_path), **kw), request.param)
         made.append(env)
         return env
     yield make
@@ -266,3 +283,76 @@ def test_outcomes_finished_before_an_overrunning_call_of_their_batch_do_not_wait
         assert i == 3 and out.error is None and out.value == 1.0
     finally:
         pool.close()
+
+
+def test_workers_start_from_the_zygote_and_fork_where_the_environment_does_not_pickle():
+    """Once the pool's zygote is ready, a worker's keeper is its child (the actor forks nothing);
+    an environment that does not pickle (a class made inside a function) gets no zygote, and
+    its workers are forks of this process that score the same."""
+    from rlcore.envs.reward_workers import WorkerPool
+
+    def parent_of(pid):
+        with open(f"/proc/{pid}/stat") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[1])
+
+    env = started_by(Misbehaving("ok"), "zygote")
+    try:
+        assert [s.reward for s in scored(env, tasks=2, n=4)] == [1.0] * 8
+        pool = env.reward_pool()
+        assert pool.idle and {parent_of(w.pid) for w in pool.idle} == {pool.zygote().pid}
+    finally:
+        env.reward_pool().close()
+
+    class Local(Misbehaving):
+        pass
+
+    local = Local("ok")
+    pool = local._reward_pool = WorkerPool(local, 2)
+    try:
+        assert pool.zygote() is None
+        assert [s.reward for s in scored(local, tasks=2, n=4)] == [1.0] * 8
+        assert pool.idle and {parent_of(w.pid) for w in pool.idle} == {os.getpid()}
+    finally:
+        pool.close()
+
+
+class ImportsColorsys(Misbehaving):
+    reward_imports = ("colorsys",)
+
+
+def test_a_zygote_started_worker_has_the_modules_the_environment_names_before_its_first_call():
+    env = started_by(ImportsColorsys("has_colorsys", bad=100), "zygote")
+    try:
+        assert "colorsys" not in sys.modules or pytest.skip("colorsys imported by this process already")
+        assert [s.reward for s in scored(env, tasks=2, n=2)] == [1.0] * 4
+    finally:
+        env.reward_pool().close()
+    plain = started_by(Misbehaving("has_colorsys", bad=100), "zygote")  # names none: the zygote has none
+    try:
+        assert [s.reward for s in scored(plain, tasks=1, n=2)] == [0.0] * 2
+    finally:
+        plain.reward_pool().close()
+
+
+@pytest.mark.parametrize("starter", ["zygote", "fork"])
+def test_a_hung_call_its_worker_and_the_zygote_die_with_the_actor(tmp_path, starter):
+    """A rollout actor that dies (os._exit: no deadline, no cleanup) takes its reward workers
+    with it, a call that hangs in one included, and the pool's zygote."""
+    script = f"""
+import os, sys, threading, time
+sys.path.insert(0, {os.getcwd()!r})
+from tests.test_reward_workers import Misbehaving, scored, started_by
+env = started_by(Misbehaving("hang", where={str(tmp_path)!r}, reward_timeout_s=120), {starter!r})
+zygote = env.reward_pool().zygote()
+open({str(tmp_path / "zygote")!r}, "w").write(str(zygote.pid if zygote else 0))
+threading.Thread(target=scored, args=(env, 1, 1), daemon=True).start()
+while not any(n.startswith("hang.") for n in os.listdir({str(tmp_path)!r})):
+    time.sleep(0.02)
+os._exit(0)
+"""
+    subprocess.run([sys.executable, "-c", script], timeout=120, check=True)
+    (hung,) = pids(tmp_path, "hang")
+    zygote = int((tmp_path / "zygote").read_text())
+    assert (zygote != 0) == (starter == "zygote")
+    assert gone(hung, 10), "a hung reward call outlived its actor"
+    assert zygote == 0 or gone(zygote, 10), "the zygote outlived its actor"

@@ -66,6 +66,9 @@ class Environment(abc.ABC):
     reward_range: tuple[float, float] = (0.0, 1.0)
     """The rewards this environment can give, bounds included (a class declares its own;
     `env.args.reward_range: [lo, hi]` overrides it). A reward outside it is a failed sample."""
+    reward_imports: tuple[str, ...] = ()
+    """Modules the reward imports inside its calls (lazily): the reward workers' zygote imports
+    them once, so a new worker does not pay the import on its first call."""
 
     def __init__(self, seed: int = 0, reward_timeout_s: float = 10.0, on_reward_error: str = "fail",
                  reward_isolation: str = "worker", eval_size: int = 64, max_abandoned_threads: int = 4,

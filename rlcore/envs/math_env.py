@@ -40,6 +40,8 @@ class MathWordProblems(Environment):
     """Args: `path` (JSONL, or a shipped file's name; default `math_word_problems.jsonl`),
     `instruction` (prefix of every question)."""
 
+    reward_imports = ("math_verify",)  # `equivalent` imports it for symbolic answers
+
     def __init__(self, seed: int = 0, path: str = "", instruction: str = DEFAULT_INSTRUCTION, **kwargs):
         super().__init__(seed, **kwargs)
         source = Path(path).expanduser() if path else data_path("math_word_problems.jsonl")

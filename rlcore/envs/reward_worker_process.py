@@ -15,6 +15,8 @@ from rlcore.envs.reward_worker_loop import (
     keep,
 )
 from rlcore.envs.reward_worker_ns import NONE
+from rlcore.envs.reward_worker_progress import Progress
+from rlcore.envs.reward_zygote import Zygote
 from rlcore.envs.safety import kill_session
 
 LOCK_WAIT_S = 0.5
@@ -47,17 +49,27 @@ def start_forked(proc) -> None:
 class Worker:
     """The actor's handle on one reward worker (its keeper process, pipe and progress)."""
 
-    def __init__(self, owner, memory_mb: int):
-        ctx = mp.get_context("fork")  # the environment need not be importable by name
+    def __init__(self, owner, memory_mb: int, zygote: Zygote | None = None):
+        """The worker's keeper is forked by `zygote` (a lean process: :mod:`rlcore.envs.reward_zygote`)
+        or, without one, by this process (the environment need not be importable by name)."""
+        ctx = mp.get_context("fork")
         self.conn, child = ctx.Pipe()
-        self.lock = ctx.Lock()
-        self.progress = ctx.RawArray("d", 5)
+        self.progress = self.lock = Progress()
         self.progress[NAMESPACE] = -1
-        # the process started here is the worker's keeper (its parent); the worker is its child
-        self.proc = ctx.Process(target=keep, args=(child, owner, self.progress, self.lock, os.getpid(), memory_mb),
-                                daemon=True, name="rlcore-reward-worker")
-        start_forked(self.proc)
-        child.close()
+        if zygote is not None:
+            try:
+                self.proc = zygote.start(os.dup(child.fileno()), self.progress, memory_mb)
+            except BaseException:
+                self.close()
+                raise
+            finally:
+                child.close()
+        else:
+            # the process started here is the worker's keeper (its parent); the worker is its child
+            self.proc = ctx.Process(target=keep, args=(child, owner, self.progress, self.lock, os.getpid(), memory_mb),
+                                    daemon=True, name="rlcore-reward-worker")
+            start_forked(self.proc)
+            child.close()
         self.idle_since = 0.0
         """When it last went back to its pool's idle workers (`time.monotonic`)."""
 
@@ -153,7 +165,14 @@ class Worker:
         self.proc.join(max(0.0, until - time.monotonic()))
         if self.proc.exitcode is None:
             kill_session(self.proc)
+        self.close()
+
+    def close(self) -> None:
+        """Release this side's pipe and progress memory (the worker is gone)."""
         self.conn.close()
+        if self.progress is not None:
+            self.progress.close()
+            self.progress = self.lock = None
 
     def kill(self) -> None:
         self.stop()

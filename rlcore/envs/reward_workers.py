@@ -37,6 +37,7 @@ from multiprocessing.connection import wait
 from typing import Callable, Iterator
 
 from rlcore.envs.reward_worker_process import KEEPER_WAIT_S, Worker, kill_all
+from rlcore.envs.reward_zygote import Zygote, ZygoteError
 from rlcore.envs.safety import Outcome, call_many
 
 log = logging.getLogger("rlcore")
@@ -56,6 +57,8 @@ KEEP_IDLE = 32
 """Idle workers kept however long they idle; those beyond it are killed after `IDLE_TTL_S` (an
 idle worker holds ~3 MB of its own: a storm's workers need not outlive it)."""
 IDLE_TTL_S = 60.0
+ZYGOTE_STARTS = 3
+"""Zygotes one pool starts (a first, and new ones when one dies) before it forks all its workers."""
 ABANDON_GRACE_S = 0.5
 """How long a call asked to stop at its deadline has to do so before its worker is killed."""
 
@@ -76,11 +79,16 @@ class _Batch:
 
 
 class WorkerPool:
-    def __init__(self, owner, size: int, memory_mb: int = 0):
+    def __init__(self, owner, size: int, memory_mb: int = 0, zygote: bool = True):
         """Up to `size` workers per request (more while calls overrun), each running methods of
         `owner` (an environment) with `memory_mb` MiB of memory beyond what it was forked with
-        (0: unbounded). Thread-safe: concurrent requests take workers of their own."""
+        (0: unbounded). `zygote`: start workers from a lean process (:mod:`rlcore.envs.reward_zygote`)
+        once it is ready, where `owner` pickles; else (and meanwhile) fork them from this process.
+        Thread-safe: concurrent requests take workers of their own."""
         self.owner, self.size, self.memory_mb = owner, max(1, int(size)), int(memory_mb)
+        self._zygote: Zygote | None = None
+        self._zygote_starts = 0 if zygote else ZYGOTE_STARTS
+        self._zygote_lock = threading.Lock()
         self.idle: list[Worker] = []
         self.dying: list[Worker] = []
         self.live = 0
@@ -134,11 +142,49 @@ class WorkerPool:
                 return None
             self.live += 1
         try:
+            zygote = self.zygote()
+            if zygote is not None:
+                try:
+                    return Worker(self.owner, self.memory_mb, zygote)
+                except ZygoteError as e:
+                    self._zygote_lost(zygote, str(e))
             return Worker(self.owner, self.memory_mb)
         except BaseException:
             with self._lock:
                 self.live -= 1
             raise
+
+    def zygote(self) -> Zygote | None:
+        """The zygote, once ready; None while it starts and where none can be had (the pool
+        then forks its workers from this process). Started on first use, again if it dies (up to
+        `ZYGOTE_STARTS` times)."""
+        with self._zygote_lock:
+            zygote = self._zygote
+            if zygote is None:
+                if self._zygote_starts >= ZYGOTE_STARTS:
+                    return None
+                self._zygote_starts += 1
+                try:
+                    zygote = self._zygote = Zygote(self.owner)
+                except Exception as e:  # the environment does not pickle: workers are forks of this process
+                    self._zygote_starts = ZYGOTE_STARTS
+                    log.info("reward workers of %s start as forks of the rollout actor (its environment does not "
+                             "pickle: %s: %s)", type(self.owner).__name__, type(e).__name__, e)
+                    return None
+        try:
+            return zygote if zygote.ready() else None
+        except ZygoteError as e:
+            self._zygote_lost(zygote, str(e))
+            return None
+
+    def _zygote_lost(self, zygote: Zygote, why: str) -> None:
+        with self._zygote_lock:
+            if self._zygote is zygote:
+                self._zygote = None
+                more = self._zygote_starts < ZYGOTE_STARTS
+                log.warning("%s; reward workers %s", why, "start from a new zygote" if more else
+                            "start as forks of the rollout actor from now on")
+        zygote.close()
 
     def give(self, worker: Worker) -> None:
         """Back to the idle workers (up to `MAX_IDLE`)."""
@@ -186,6 +232,10 @@ class WorkerPool:
             self.live -= len(idle)
         kill_all(idle)
         self.reap()
+        with self._zygote_lock:
+            zygote, self._zygote = self._zygote, None
+        if zygote is not None:
+            zygote.close()
 
 
 class _Run:

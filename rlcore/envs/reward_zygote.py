@@ -1,0 +1,249 @@
+"""The pool's zygote: a lean process that starts reward workers, so starting one does not cost the
+rollout actor a fork of itself.
+
+A fork costs in proportion to the memory the forking process has mapped: ~14 ms in a process that
+imported torch (0.4 ms in a bare interpreter), twice per worker (the keeper, then the worker), on
+the actor's CPU with its GIL held. A storm of overrunning rewards needs a worker per overrunning
+call (hundreds), so on the 2-core CPU box the storm's forks took the trainer's CPU for its first
+steps (issue 41's hang case). The zygote is a fresh interpreter (:func:`main`) that imports what
+the environment needs and unpickles it once; the keepers are its forks, so they and their workers
+run the same environment as before, as it was when the pool started (with the modules its
+`reward_imports` names imported too).
+
+Protocol, over one Unix socket: the actor sends `(sys.path, environment pickle)`; the
+zygote answers `("ready", pid)` or `("error", text)`. Then for each worker the actor sends
+`("start", memory_mb)` and two descriptors (the worker's end of its pipe, its progress memfd);
+the zygote forks a keeper (:func:`rlcore.envs.reward_worker_loop.keep`) and answers its pid. The
+zygote reaps its keepers and writes each one's wait status into its progress (`EXIT`), which is
+how the actor learns that a keeper ended and how (:class:`ZygoteChild`). The zygote ends when its
+socket closes (the actor died, or dropped the pool), and its keepers with it: not by
+PR_SET_PDEATHSIG, which fires when the *thread* that started it ends, and actor threads come
+and go.
+
+An environment that does not pickle by reference (a class defined in `__main__` or inside a
+function, a lock or socket among its fields) cannot cross to a fresh interpreter: its pool forks
+workers from the actor, as before (:class:`rlcore.envs.reward_workers.WorkerPool`).
+"""
+
+from __future__ import annotations
+
+import importlib
+import math
+import os
+import pickle
+import selectors
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from multiprocessing.connection import Connection
+from multiprocessing.reduction import recvfds, sendfds
+
+from rlcore.envs.reward_worker_progress import EXIT, Progress
+
+START_TIMEOUT_S = 60.0
+"""How long the zygote may take to import the environment and answer (a heavy import is slow)."""
+REPLY_TIMEOUT_S = 10.0
+"""How long a worker's start may wait for the zygote's answer."""
+
+
+class ZygoteError(RuntimeError):
+    """The zygote could not start, or stopped answering."""
+
+
+class Zygote:
+    """The actor's handle on a pool's zygote."""
+
+    def __init__(self, owner):
+        """Start the zygote for `owner` (returns at once; `ready` waits). Raises
+        pickle.PicklingError (or another pickling error) when `owner` does not pickle."""
+        blob = pickle.dumps(owner)
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock, self.conn = ours, Connection(os.dup(ours.fileno()))
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", "import sys; from rlcore.envs.reward_zygote import main; main(int(sys.argv[1]))",
+             str(theirs.fileno())], pass_fds=[theirs.fileno()],
+            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, cwd=os.getcwd(), env=dict(os.environ),
+            start_new_session=True)
+        theirs.close()
+        self.conn.send((list(sys.path), blob))
+        self.pid = self.proc.pid
+        self._lock = threading.Lock()
+        self._state: str | None = None  # "ready" | error text, once answered
+        self.started_at = time.monotonic()
+
+    def ready(self, wait_s: float = 0.0) -> bool:
+        """Whether it answered that it is ready (waits up to `wait_s` for the answer). Raises
+        ZygoteError if it answered with an error, died, or took past `START_TIMEOUT_S`."""
+        with self._lock:
+            if self._state is None:
+                if self.conn.poll(wait_s):
+                    try:
+                        kind, detail = self.conn.recv()
+                    except (EOFError, OSError):
+                        kind, detail = "error", f"exited with code {self.proc.wait(1.0)} before it was ready"
+                    self._state = "ready" if kind == "ready" else str(detail)
+                elif time.monotonic() - self.started_at > START_TIMEOUT_S:
+                    self._state = f"did not answer within {START_TIMEOUT_S:g}s"
+                else:
+                    return False
+            if self._state != "ready":
+                raise ZygoteError(f"reward worker zygote: {self._state}")
+            return True
+
+    def start(self, conn_fd: int, progress: Progress, memory_mb: int) -> "ZygoteChild":
+        """Fork a keeper for a worker whose pipe end is `conn_fd` (closed here once sent)."""
+        with self._lock:
+            if self.proc.poll() is not None:
+                raise ZygoteError(f"reward worker zygote exited (code {self.proc.returncode})")
+            try:
+                self.conn.send(("start", int(memory_mb)))
+                sendfds(self.sock, [conn_fd, progress.fd])
+                if not self.conn.poll(REPLY_TIMEOUT_S):
+                    raise ZygoteError(f"reward worker zygote did not answer within {REPLY_TIMEOUT_S:g}s")
+                kind, detail = self.conn.recv()
+            except (EOFError, OSError) as e:
+                raise ZygoteError(f"reward worker zygote lost: {e}") from e
+            finally:
+                os.close(conn_fd)
+            if kind != "started":
+                raise ZygoteError(f"reward worker zygote: {detail}")
+            return ZygoteChild(int(detail), progress, self)
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def close(self) -> None:
+        """Stop it (its keepers die with it: they are asked to end their workers first)."""
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(2.0)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(2.0)
+        self.conn.close()
+        self.sock.close()
+
+
+class ZygoteChild:
+    """A keeper the zygote forked, with what the actor needs of a `multiprocessing.Process`:
+    `pid`, `is_alive`, `exitcode` (negative: killed by that signal), `join`, `kill`."""
+
+    def __init__(self, pid: int, progress: Progress, zygote: Zygote):
+        self.pid, self.progress, self.zygote = pid, progress, zygote
+        self._code: int | None = None
+
+    @property
+    def exitcode(self) -> int | None:
+        if self._code is None:
+            status = math.nan if self.progress.closed else self.progress[EXIT]
+            if not math.isnan(status):
+                self._code = os.waitstatus_to_exitcode(int(status))
+            elif self.progress.closed or not self.zygote.alive():  # it died with its zygote
+                self._code = -signal.SIGKILL
+        return self._code
+
+    def is_alive(self) -> bool:
+        return self.exitcode is None
+
+    def join(self, timeout: float | None = None) -> None:
+        until = None if timeout is None else time.monotonic() + timeout
+        while self.exitcode is None and (until is None or time.monotonic() < until):
+            time.sleep(0.002)
+
+    def kill(self) -> None:
+        try:
+            os.kill(self.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def serve(sock: socket.socket) -> None:
+    """The zygote's loop: start keepers on request, reap them, write their statuses."""
+    from rlcore.envs.reward_worker_loop import keep  # noqa: F401  (imported before any fork)
+
+    conn = Connection(os.dup(sock.fileno()))
+    try:
+        path, blob = conn.recv()
+    except (EOFError, OSError):
+        os._exit(0)
+    sys.path[:] = path
+    try:
+        owner = pickle.loads(blob)
+    except BaseException as exc:  # the environment's module failed to import here: the actor forks instead
+        conn.send(("error", f"could not load the environment: {type(exc).__name__}: {exc}"))
+        os._exit(0)
+    del blob
+    for name in getattr(owner, "reward_imports", ()):
+        try:
+            importlib.import_module(name)
+        except Exception:  # the call that imports it fails with the reason, as it would anywhere
+            pass
+    conn.send(("ready", os.getpid()))
+    keepers: dict[int, Progress] = {}
+    sel = selectors.DefaultSelector()
+    sel.register(sock, selectors.EVENT_READ)
+    signal.signal(signal.SIGTERM, lambda *_: _end(keepers))
+    while True:
+        for key, _ in sel.select():
+            if key.fileobj is sock:
+                _start_one(sock, conn, owner, keepers, sel)
+            else:
+                pid = key.data
+                sel.unregister(key.fileobj)
+                os.close(key.fd)
+                _, status = os.waitpid(pid, 0)
+                progress = keepers.pop(pid)
+                progress[EXIT] = status
+                progress.close()
+
+
+def _start_one(sock, conn, owner, keepers: dict[int, Progress], sel) -> None:
+    from rlcore.envs.reward_worker_loop import keep
+
+    try:
+        _, memory_mb = conn.recv()
+        conn_fd, progress_fd = recvfds(sock, 2)
+    except (EOFError, OSError):
+        _end(keepers)
+    progress = Progress(progress_fd)
+    pid = os.fork()
+    if pid == 0:
+        try:
+            # the keeper (and its worker) hold their own pipe and progress, not their siblings'
+            for fd in map(int, os.listdir("/proc/self/fd")):
+                if fd > 2 and fd not in (conn_fd, progress_fd):
+                    try:
+                        os.close(fd)
+                    except OSError:
+                        pass
+            keep(Connection(conn_fd), owner, progress, progress, os.getppid(), memory_mb)
+        finally:
+            os._exit(1)
+    os.close(conn_fd)
+    keepers[pid] = progress
+    sel.register(os.pidfd_open(pid), selectors.EVENT_READ, pid)
+    conn.send(("started", pid))
+
+
+def _end(keepers: dict[int, Progress]) -> None:
+    for pid in keepers:
+        try:
+            os.kill(pid, signal.SIGTERM)  # a keeper asked so kills its worker and what that left
+        except ProcessLookupError:
+            pass
+    until = time.monotonic() + 1.0
+    for pid in keepers:
+        while time.monotonic() < until:
+            if os.waitpid(pid, os.WNOHANG)[0]:
+                break
+            time.sleep(0.005)
+    os._exit(0)
+
+
+def main(fd: int) -> None:
+    """The zygote process's entry: serve the actor on socket `fd`."""
+    serve(socket.socket(fileno=fd))
