@@ -356,3 +356,32 @@ os._exit(0)
     assert (zygote != 0) == (starter == "zygote")
     assert gone(hung, 10), "a hung reward call outlived its actor"
     assert zygote == 0 or gone(zygote, 10), "the zygote outlived its actor"
+
+
+def test_an_environment_the_zygote_cannot_load_is_scored_by_forked_workers(caplog):
+    """The environment pickles here but its module does not import in a fresh interpreter (this
+    process made it importable by name only): the zygote says why, no other is started, and the
+    workers are forks that score it."""
+    import types
+
+    from rlcore.envs.reward_workers import WorkerPool
+
+    module = types.ModuleType("rlcore_only_here")
+    sys.modules["rlcore_only_here"] = module
+    try:
+        cls = type("OnlyHere", (Misbehaving,), {"__module__": "rlcore_only_here"})
+        module.OnlyHere = cls
+        env = cls("ok")
+        pool = env._reward_pool = WorkerPool(env, 2)
+        with caplog.at_level("WARNING", logger="rlcore"):
+            until = time.monotonic() + 60
+            while pool._zygote_starts < 3:
+                assert pool.zygote() is None and time.monotonic() < until
+                time.sleep(0.01)
+            assert [s.reward for s in scored(env, tasks=2, n=2)] == [1.0] * 4
+        lines = [r.getMessage() for r in caplog.records if "zygote" in r.getMessage()]
+        assert len(lines) == 1 and "could not load the environment" in lines[0] and "ModuleNotFoundError" in lines[0]
+        assert "forks of the rollout actor" in lines[0]
+        pool.close()
+    finally:
+        del sys.modules["rlcore_only_here"]

@@ -181,6 +181,8 @@ class WorkerPool:
         with self._zygote_lock:
             if self._zygote is zygote:
                 self._zygote = None
+                if not zygote.was_ready:  # it could not load the environment: a new one would not either
+                    self._zygote_starts = ZYGOTE_STARTS
                 more = self._zygote_starts < ZYGOTE_STARTS
                 log.warning("%s; reward workers %s", why, "start from a new zygote" if more else
                             "start as forks of the rollout actor from now on")

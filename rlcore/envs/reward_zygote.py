@@ -72,6 +72,8 @@ class Zygote:
         self.pid = self.proc.pid
         self._lock = threading.Lock()
         self._state: str | None = None  # "ready" | error text, once answered
+        self.was_ready = False
+        """Whether it ever answered that it was ready (one that never did failed to load)."""
         self.started_at = time.monotonic()
 
     def ready(self, wait_s: float = 0.0) -> bool:
@@ -85,6 +87,7 @@ class Zygote:
                     except (EOFError, OSError):
                         kind, detail = "error", f"exited with code {self.proc.wait(1.0)} before it was ready"
                     self._state = "ready" if kind == "ready" else str(detail)
+                    self.was_ready = kind == "ready"
                 elif time.monotonic() - self.started_at > START_TIMEOUT_S:
                     self._state = f"did not answer within {START_TIMEOUT_S:g}s"
                 else:
