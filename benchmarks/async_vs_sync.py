@@ -4,8 +4,10 @@
 
 Runs `python -m rlcore.run` once per staleness bound (`--reps` times, interleaved: 0 1 2 0 1 2 ...),
 reads each run's metrics.jsonl, and prints samples/s (trained samples per wall second over the
-steps after `--warmup`), the mean trainer / rollout busy fractions, each repetition's speed-up
-over sync, and with several repetitions the median and range of each. Extra overrides after
+steps after `--warmup`, and over the last half of those alone: the *steady* rate, without the
+steps an async run takes from groups its buffer filled early), the mean trainer / rollout busy
+fractions, each repetition's speed-up over sync (both ways), and with several repetitions the
+median and range of each. Extra overrides after
 `--` go to every run (e.g. a GPU recipe).
 """
 
@@ -35,11 +37,17 @@ def run(off_policy: int, steps: int, extra: list[str], out: Path, timeout: float
     return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
 
 
+def rate(rows: list[dict]) -> float:
+    """Trained samples per wall second over `rows` (consecutive steps)."""
+    wall = rows[-1]["elapsed_s"] - rows[0]["elapsed_s"] + rows[0]["step_time_s"]
+    return sum(r["batch_samples"] for r in rows) / wall
+
+
 def summarise(rows: list[dict], warmup: int) -> dict:
     rows = rows[warmup:]
-    wall = rows[-1]["elapsed_s"] - rows[0]["elapsed_s"] + rows[0]["step_time_s"]
     return {
-        "samples_per_s": sum(r["batch_samples"] for r in rows) / wall,
+        "samples_per_s": rate(rows),
+        "steady_samples_per_s": rate(rows[len(rows) // 2:]),
         "trainer_busy": statistics.mean(r["trainer_busy_frac"] for r in rows),
         "rollout_busy": statistics.mean(r["rollout_busy_frac"] for r in rows if r["rollout_busy_frac"] is not None),
         "max_staleness": max(r["max_staleness"] for r in rows),
@@ -61,6 +69,7 @@ def main() -> None:
     args = parser.parse_args()
     speedups: dict[int, list[float]] = {k: [] for k in args.off_policy if k}
     rates: dict[int, list[float]] = {k: [] for k in args.off_policy}
+    steady: dict[int, list[float]] = {k: [] for k in args.off_policy if k}
     with tempfile.TemporaryDirectory() as tmp:
         for rep in range(args.reps):
             results = {}
@@ -72,7 +81,7 @@ def main() -> None:
                 results[k] = r = summarise(rows, args.warmup)
                 rates[k].append(r["samples_per_s"])
                 print(f"{f'rep {rep}: ' if args.reps > 1 else ''}max_off_policy_steps={k}: "
-                      f"{r['samples_per_s']:.2f} samples/s, trainer busy "
+                      f"{r['samples_per_s']:.2f} samples/s (steady {r['steady_samples_per_s']:.2f}), trainer busy "
                       f"{r['trainer_busy']:.0%}, rollout busy {r['rollout_busy']:.0%}, max staleness "
                       f"{r['max_staleness']}, step {r['step_time_s']:.2f} s (train {r['train_time_s']:.2f} s), "
                       f"last reward {r['reward_last']:.3f}", flush=True)
@@ -80,8 +89,9 @@ def main() -> None:
                 for k, r in results.items():
                     if k:
                         speedups[k].append(r["samples_per_s"] / results[0]["samples_per_s"])
+                        steady[k].append(r["steady_samples_per_s"] / results[0]["steady_samples_per_s"])
                         print(f"{f'rep {rep}: ' if args.reps > 1 else ''}speed-up of max_off_policy_steps={k} "
-                              f"over sync: {speedups[k][-1]:.2f}x", flush=True)
+                              f"over sync: {speedups[k][-1]:.2f}x (steady {steady[k][-1]:.2f}x)", flush=True)
     if args.reps > 1:
         for k, v in rates.items():
             if v:
@@ -89,8 +99,10 @@ def main() -> None:
                       f"[{min(v):.2f}-{max(v):.2f}] over {len(v)} runs")
         for k, v in speedups.items():
             if v:
+                w = steady[k]
                 print(f"speed-up of max_off_policy_steps={k}: median {statistics.median(v):.2f}x "
-                      f"[{min(v):.2f}-{max(v):.2f}] over {len(v)} pairs")
+                      f"[{min(v):.2f}-{max(v):.2f}] over {len(v)} pairs; steady {statistics.median(w):.2f}x "
+                      f"[{min(w):.2f}-{max(w):.2f}]")
 
 
 if __name__ == "__main__":

@@ -1,11 +1,14 @@
 """Reward calls in reused worker processes (`reward_isolation: worker`, the default for scoring).
 
-A :class:`WorkerPool` belongs to one environment. Its workers are forked from the process that
-scores (the rollout actor) on first use and kept warm. Isolation must cost a cheap reward what a
-thread costs, so a request's calls go out in batches: one message per worker carries its share
-of the calls, one message brings all their outcomes back (:mod:`rlcore.envs.reward_worker_loop`
-is the worker's side). A worker runs its own copy of the environment (as it was when the worker
-was forked: scoring must not depend on state that changes later).
+A :class:`WorkerPool` belongs to one environment. Its workers start on first use and are kept
+warm; they are forked by the pool's zygote (:mod:`rlcore.envs.reward_zygote`, a lean process
+that loaded the environment once: a start costs the actor nothing) once it is ready, and
+by the process that scores (the rollout actor) until then or where the environment does not
+pickle. Isolation must cost a cheap reward what a thread costs, so a request's calls go out in
+batches: one message per worker carries its share of the calls, one message brings all their
+outcomes back (:mod:`rlcore.envs.reward_worker_loop`
+is the worker's side). A worker runs its own copy of the environment (as it was when the zygote
+loaded it, or when the worker was forked: scoring must not depend on state that changes later).
 
 Overrunning calls overlap instead of queueing: a call still running `HANDOFF_S` after it started
 keeps its worker, the calls behind it in that worker's batch move to another worker (forked
