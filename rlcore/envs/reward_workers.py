@@ -169,10 +169,10 @@ class WorkerPool:
                 self._zygote_starts += 1
                 try:
                     zygote = self._zygote = Zygote(self.owner)
-                except Exception as e:  # the environment does not pickle: workers are forks of this process
+                except Exception as e:  # mostly: the environment does not pickle. Workers are forks of this process
                     self._zygote_starts = ZYGOTE_STARTS
-                    log.info("reward workers of %s start as forks of the rollout actor (its environment does not "
-                             "pickle: %s: %s)", type(self.owner).__name__, type(e).__name__, e)
+                    log.info("reward workers of %s start as forks of the rollout actor (no zygote: %s: %s)",
+                             type(self.owner).__name__, type(e).__name__, e)
                     return None
         try:
             return zygote if zygote.ready() else None

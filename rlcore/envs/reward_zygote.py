@@ -65,7 +65,9 @@ class Zygote:
         self.proc = subprocess.Popen(
             [sys.executable, "-c", "import sys; from rlcore.envs.reward_zygote import main; main(int(sys.argv[1]))",
              str(theirs.fileno())], pass_fds=[theirs.fileno()],
-            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, cwd=os.getcwd(), env=dict(os.environ),
+            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, cwd=os.getcwd(),
+            # rlcore imports there as here, before it is sent this process's sys.path
+            env={**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)},
             start_new_session=True)
         theirs.close()
         self.conn.send((list(sys.path), blob))
@@ -85,7 +87,7 @@ class Zygote:
                     try:
                         kind, detail = self.conn.recv()
                     except (EOFError, OSError):
-                        kind, detail = "error", f"exited with code {self.proc.wait(1.0)} before it was ready"
+                        kind, detail = "error", "exited before it was ready (its error is in this process's stderr)"
                     self._state = "ready" if kind == "ready" else str(detail)
                     self.was_ready = kind == "ready"
                 elif time.monotonic() - self.started_at > START_TIMEOUT_S:
@@ -174,6 +176,11 @@ def serve(sock: socket.socket) -> None:
     except (EOFError, OSError):
         os._exit(0)
     sys.path[:] = path
+    try:
+        os.close(os.pidfd_open(os.getpid()))  # how it watches its keepers (Linux >= 5.3)
+    except (AttributeError, OSError) as exc:
+        conn.send(("error", f"cannot watch its keepers (pidfd_open: {exc})"))
+        os._exit(0)
     try:
         owner = pickle.loads(blob)
     except BaseException as exc:  # the environment's module failed to import here: the actor forks instead
