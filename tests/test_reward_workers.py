@@ -315,6 +315,19 @@ def test_workers_start_from_the_zygote_and_fork_where_the_environment_does_not_p
     finally:
         pool.close()
 
+    chosen = ForkedOnPurpose("ok")  # pickles, and still forked: the class says so
+    try:
+        assert chosen.reward_pool().zygote() is None
+        assert [s.reward for s in scored(chosen, tasks=1, n=2)] == [1.0] * 2
+        assert {parent_of(w.pid) for w in chosen.reward_pool().idle} == {os.getpid()}
+    finally:
+        chosen.reward_pool().close()
+
+
+class ForkedOnPurpose(Misbehaving):
+    """An environment whose reward reads state the actor sets at run time (module globals)."""
+    reward_zygote = False
+
 
 class ImportsColorsys(Misbehaving):
     reward_imports = ("colorsys",)
@@ -373,7 +386,7 @@ def test_an_environment_the_zygote_cannot_load_is_scored_by_forked_workers(caplo
         module.OnlyHere = cls
         env = cls("ok")
         pool = env._reward_pool = WorkerPool(env, 2)
-        with caplog.at_level("WARNING", logger="rlcore"):
+        with caplog.at_level("INFO", logger="rlcore"):
             until = time.monotonic() + 60
             while pool._zygote_starts < 3:
                 assert pool.zygote() is None and time.monotonic() < until

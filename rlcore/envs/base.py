@@ -69,6 +69,11 @@ class Environment(abc.ABC):
     reward_imports: tuple[str, ...] = ()
     """Modules the reward imports inside its calls (lazily): the reward workers' zygote imports
     them once, so a new worker does not pay the import on its first call."""
+    reward_zygote: bool = True
+    """Start reward workers from a zygote that unpickled this environment in a fresh interpreter
+    (`rlcore.envs.reward_zygote`): it has the instance's attributes, not what the rollout actor
+    put in module globals or class attributes at run time. False: fork them from the actor (they
+    see all of it; each start then costs the actor two forks of itself, ~14 ms each)."""
 
     def __init__(self, seed: int = 0, reward_timeout_s: float = 10.0, on_reward_error: str = "fail",
                  reward_isolation: str = "worker", eval_size: int = 64, max_abandoned_threads: int = 4,
@@ -97,7 +102,7 @@ class Environment(abc.ABC):
         """The environment's reward workers (`reward_isolation: worker`)."""
         if getattr(self, "_reward_pool", None) is None:
             self._reward_pool = WorkerPool(self, max(2, min(4, os.cpu_count() or 1)),
-                                           getattr(self, "reward_memory_mb", 2048))
+                                           getattr(self, "reward_memory_mb", 2048), zygote=self.reward_zygote)
         return self._reward_pool
 
     @property

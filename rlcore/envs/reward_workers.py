@@ -187,8 +187,9 @@ class WorkerPool:
                 if not zygote.was_ready:  # it could not load the environment: a new one would not either
                     self._zygote_starts = ZYGOTE_STARTS
                 more = self._zygote_starts < ZYGOTE_STARTS
-                log.warning("%s; reward workers %s", why, "start from a new zygote" if more else
-                            "start as forks of the rollout actor from now on")
+                # one that never loaded the environment is a fallback, not a fault (a class in __main__)
+                log.log(logging.WARNING if zygote.was_ready else logging.INFO, "%s; reward workers %s", why,
+                        "start from a new zygote" if more else "start as forks of the rollout actor from now on")
         zygote.close()
 
     def give(self, worker: Worker) -> None:
