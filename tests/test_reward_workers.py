@@ -398,3 +398,28 @@ def test_an_environment_the_zygote_cannot_load_is_scored_by_forked_workers(caplo
         pool.close()
     finally:
         del sys.modules["rlcore_only_here"]
+
+
+def test_a_zygote_that_dies_is_replaced_and_scoring_goes_on(caplog):
+    """The zygote is killed between two requests: its workers die with it, the next request is
+    scored all the same (forks while a new zygote starts), one warning says so, and the workers
+    after that come from the new zygote."""
+    import signal
+
+    env = started_by(Misbehaving("ok"), "zygote")
+    pool = env.reward_pool()
+    try:
+        assert [s.reward for s in scored(env, tasks=2, n=4)] == [1.0] * 8
+        first = pool.zygote()
+        os.kill(first.pid, signal.SIGKILL)
+        first.proc.wait(10)
+        with caplog.at_level("WARNING", logger="rlcore"):
+            assert [s.reward for s in scored(env, tasks=2, n=4)] == [1.0] * 8
+        assert sum("zygote exited" in r.getMessage() and "new zygote" in r.getMessage() for r in caplog.records) == 1
+        until = time.monotonic() + 60
+        while (second := pool.zygote()) is None:
+            assert time.monotonic() < until
+            time.sleep(0.01)
+        assert second is not first and second.alive()
+    finally:
+        pool.close()

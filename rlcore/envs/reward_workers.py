@@ -40,7 +40,7 @@ from multiprocessing.connection import wait
 from typing import Callable, Iterator
 
 from rlcore.envs.reward_worker_process import KEEPER_WAIT_S, Worker, kill_all
-from rlcore.envs.reward_zygote import Zygote, ZygoteError
+from rlcore.envs.reward_zygote import Zygote, ZygoteError, ZygoteRefused
 from rlcore.envs.safety import Outcome, call_many
 
 log = logging.getLogger("rlcore")
@@ -149,6 +149,8 @@ class WorkerPool:
             if zygote is not None:
                 try:
                     return Worker(self.owner, self.memory_mb, zygote)
+                except ZygoteRefused:
+                    pass  # a fork from here says why, if it fails too
                 except ZygoteError as e:
                     self._zygote_lost(zygote, str(e))
             return Worker(self.owner, self.memory_mb)

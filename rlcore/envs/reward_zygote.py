@@ -53,6 +53,10 @@ class ZygoteError(RuntimeError):
     """The zygote could not start, or stopped answering."""
 
 
+class ZygoteRefused(ZygoteError):
+    """The zygote could not start this one worker (its fork failed); it serves on."""
+
+
 class Zygote:
     """The actor's handle on a pool's zygote."""
 
@@ -113,6 +117,8 @@ class Zygote:
                 raise ZygoteError(f"reward worker zygote lost: {e}") from e
             finally:
                 os.close(conn_fd)
+            if kind == "refused":
+                raise ZygoteRefused(f"reward worker zygote: {detail}")
             if kind != "started":
                 raise ZygoteError(f"reward worker zygote: {detail}")
             return ZygoteChild(int(detail), progress, self)
@@ -220,7 +226,13 @@ def _start_one(sock, conn, owner, keepers: dict[int, Progress], sel) -> None:
     except (EOFError, OSError):
         _end(keepers)
     progress = Progress(progress_fd)
-    pid = os.fork()
+    try:
+        pid = os.fork()
+    except OSError as exc:  # out of processes or memory: this worker is refused, the zygote goes on
+        progress.close()
+        os.close(conn_fd)
+        conn.send(("refused", f"fork failed: {exc}"))
+        return
     if pid == 0:
         try:
             # the keeper (and its worker) hold their own pipe and progress, not their siblings'
