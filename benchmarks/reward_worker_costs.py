@@ -1,7 +1,8 @@
 """What the reward worker's isolation of issue 41 costs a cheap reward, A/B in one process.
 
-Variants, interleaved per repetition, each a fresh `WorkerPool` (2 workers) of a reverse_text
-environment in this process with the rollout actor's imports (torch, transformers, ray: ~2000 modules):
+Variants, interleaved per repetition, each a fresh `WorkerPool` (2 workers, forked from this
+process, not started by a zygote: the variants patch this process) of a reverse_text environment
+in this process with the rollout actor's imports (torch, transformers, ray: ~2000 modules):
 
 - `full`: today's workers (own PID namespace, every piece of process state restored per call);
 - `no_namespace`: the same, the workers in this process's PID namespace (`reward_worker_ns.enter`
@@ -68,7 +69,7 @@ def one(env, variant: str, calls: int, requests: int) -> tuple[float, float]:
         reward_worker_home._journal_modules = lambda modules: None
     tasks = [env.make_task(i, "train") for i in range(calls)]
     batch = [(env.reward, (t, t.answer)) for t in tasks]
-    pool = WorkerPool(env, 2)
+    pool = WorkerPool(env, 2, zygote=False)  # the variants are patches of this process: forks inherit them
     try:
         times = []
         for _ in range(requests + 1):
