@@ -86,6 +86,14 @@ class Misbehaving(Scored):
                 time.sleep(0.01)
         elif b == "has_colorsys":  # 1.0 only if the module was there before the call
             return 1.0 if "colorsys" in sys.modules else 0.0
+        elif b == "libc_read":  # a blocking read from C, fed 0.5 s later: EINTR would fail it
+            import ctypes
+            import threading
+
+            r, w = os.pipe()
+            threading.Timer(0.5, os.write, (w, b"x")).start()
+            got = ctypes.CDLL(None, use_errno=True).read(r, ctypes.create_string_buffer(1), 1)
+            return 1.0 if got == 1 else -float(ctypes.get_errno())
         elif b == "exit":
             os._exit(7)
         elif b == "huge":
@@ -120,13 +128,15 @@ def pids(where, name):
     return [int(n.split(".")[1]) for n in os.listdir(where) if n.startswith(f"{name}.")]
 
 
-def started_by(env, starter: str):
-    """Give `env` a reward pool whose workers start as `starter` says: `zygote` (from the pool's
-    lean process, the default once it is ready: waited for here) or `fork` (forks of this process,
-    what a pool does meanwhile and where the environment does not pickle)."""
+def started_by(env, starter: str, size: int | None = None):
+    """Give `env` a reward pool (of `size`, default: the environment's) whose workers start as
+    `starter` says: `zygote` (from the pool's lean process, the default once it is ready: waited
+    for here) or `fork` (forks of this process, what a pool does meanwhile and where the
+    environment does not pickle)."""
     from rlcore.envs.reward_workers import WorkerPool
 
-    pool = env._reward_pool = WorkerPool(env, env.reward_pool().size, env.reward_memory_mb, zygote=starter == "zygote")
+    pool = env._reward_pool = WorkerPool(env, size or env.reward_pool().size, env.reward_memory_mb,
+                                         zygote=starter == "zygote")
     if starter == "zygote":
         until = time.monotonic() + 60
         while pool.zygote() is None:
@@ -139,8 +149,8 @@ def started_by(env, starter: str):
 def env_of(tmp_path, request):
     made = []
 
-    def make(behaviour, **kw):
-        env = started_by(Misbehaving(behaviour, where=str(tmp_path), **kw), request.param)
+    def make(behaviour, size=None, **kw):
+        env = started_by(Misbehaving(behaviour, where=str(tmp_path), **kw), request.param, size)
         made.append(env)
         return env
     yield make
@@ -266,23 +276,18 @@ def test_outcomes_finished_before_an_overrunning_call_of_their_batch_do_not_wait
     worker sends them on when the call overruns), and so do those moved to another worker; the
     gated call's comes when it returns. On the code before, every outcome of the batch came with
     the hung call's, at its deadline."""
-    from rlcore.envs.reward_workers import WorkerPool
-
-    env = env_of("gate", reward_timeout_s=30)
-    pool = WorkerPool(env, size=1)
+    env = env_of("gate", size=1, reward_timeout_s=30)
+    pool = env.reward_pool()
     order = [5, 6, 7, 0] + [8 + j for j in range(behind)]  # task 0 is the gated one
     calls = [(env.reward, (env.make_task(i, "train"), "x")) for i in order]
     stream = pool.stream_many(calls, env.reward_timeout_s)
-    try:
-        early = [next(stream) for _ in range(3 + behind)]
-        assert pids(tmp_path, "gated") and not os.path.exists(tmp_path / "open")
-        assert sorted(i for i, _ in early) == [j for j in range(len(order)) if j != 3]
-        assert all(out.error is None and out.value == 1.0 for _, out in early), early
-        (tmp_path / "open").touch()
-        (i, out), = list(stream)
-        assert i == 3 and out.error is None and out.value == 1.0
-    finally:
-        pool.close()
+    early = [next(stream) for _ in range(3 + behind)]
+    assert pids(tmp_path, "gated") and not os.path.exists(tmp_path / "open")
+    assert sorted(i for i, _ in early) == [j for j in range(len(order)) if j != 3]
+    assert all(out.error is None and out.value == 1.0 for _, out in early), early
+    (tmp_path / "open").touch()
+    (i, out), = list(stream)
+    assert i == 3 and out.error is None and out.value == 1.0
 
 
 def test_workers_start_from_the_zygote_and_fork_where_the_environment_does_not_pickle():
@@ -425,3 +430,13 @@ def test_a_zygote_that_dies_is_replaced_and_scoring_goes_on(caplog):
         assert second is not first and second.alive()
     finally:
         pool.close()
+
+
+def test_a_call_blocked_in_a_c_read_is_not_interrupted_by_the_flush(env_of):
+    """Two cheap calls, then one blocked 0.5 s in libc's read (ctypes: no Python retry on EINTR)
+    in one worker's batch: the flush asked for at the overrun restarts the read instead of
+    failing it (on the code before it returned -EINTR)."""
+    env = env_of("libc_read", size=1, reward_timeout_s=10)
+    calls = [(env.reward, (env.make_task(i, "train"), "x")) for i in (5, 6, 0)]  # task 0 reads
+    outs = env.reward_pool().call_many(calls, env.reward_timeout_s)
+    assert [o.value for o in outs] == [1.0, 1.0, 1.0], outs

@@ -20,7 +20,8 @@ message per call. After every call the worker puts itself back as it was when it
 Outcomes finished before a call that overruns need not wait for it: the parent, when it moves
 the rest of a batch away from an overrun, asks with `FLUSH_SIGNAL`, and the worker sends the
 outcomes it has not sent yet at once (a reply that is not the batch's last; each reply says
-where in the batch its outcomes start). A call blocked in C delays that until its deadline.
+where in the batch its outcomes start). A call blocked in C delays that until its deadline, and
+the signal restarts the system calls it interrupts (no EINTR for C code that calls libc itself).
 
 A call that misses its deadline is first asked to stop (`ABANDON_SIGNAL` raises
 :class:`CallAbandoned` in it); a worker whose call stops so is reused, so a storm of hung calls
@@ -121,6 +122,9 @@ def serve(conn, owner: Any, progress, lock, memory_mb: int, namespace_init: bool
     progress[WORKER_PID] = ns.host_pid()
     signal.signal(ABANDON_SIGNAL, _abandon)
     signal.signal(FLUSH_SIGNAL, _flush)
+    # a call blocked in a restartable system call stays there (the kernel restarts it) rather than
+    # seeing EINTR, which C code that calls libc itself need not handle: the flush waits instead
+    signal.siginterrupt(FLUSH_SIGNAL, False)
     devnull = os.open(os.devnull, os.O_RDWR)
     for fd in (0, 1, 2):  # not the actor's terminal or log files
         os.dup2(devnull, fd)
