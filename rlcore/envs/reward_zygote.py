@@ -235,6 +235,8 @@ def _start_one(sock, conn, owner, keepers: dict[int, Progress], sel) -> None:
         return
     if pid == 0:
         try:
+            # not the zygote's handler (it would end the siblings) until `keep` installs its own
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
             # the keeper (and its worker) hold their own pipe and progress, not their siblings'
             for fd in map(int, os.listdir("/proc/self/fd")):
                 if fd > 2 and fd not in (conn_fd, progress_fd):
@@ -252,18 +254,22 @@ def _start_one(sock, conn, owner, keepers: dict[int, Progress], sel) -> None:
 
 
 def _end(keepers: dict[int, Progress]) -> None:
-    for pid in keepers:
+    pids = list(keepers)
+    for pid in pids:
         try:
             os.kill(pid, signal.SIGTERM)  # a keeper asked so kills its worker and what that left
         except ProcessLookupError:
             pass
     until = time.monotonic() + 1.0
-    for pid in keepers:
+    for pid in pids:
         while time.monotonic() < until:
-            if os.waitpid(pid, os.WNOHANG)[0]:
+            try:
+                if os.waitpid(pid, os.WNOHANG)[0]:
+                    break
+            except ChildProcessError:
                 break
             time.sleep(0.005)
-    os._exit(0)
+    os._exit(0)  # keepers still alive get SIGKILL from their PR_SET_PDEATHSIG
 
 
 def main(fd: int) -> None:
