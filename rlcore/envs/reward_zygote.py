@@ -10,15 +10,16 @@ the environment needs and unpickles it once; the keepers are its forks, so they 
 run the same environment as before, as it was when the pool started (with the modules its
 `reward_imports` names imported too).
 
-Protocol, over one Unix socket: the actor sends `(sys.path, environment pickle)`; the
+Protocol, over one Unix socket: the actor sends `(sys.path, environment pickle, its pid)`; the
 zygote answers `("ready", pid)` or `("error", text)`. Then for each worker the actor sends
 `("start", memory_mb)` and two descriptors (the worker's end of its pipe, its progress memfd);
 the zygote forks a keeper (:func:`rlcore.envs.reward_worker_loop.keep`) and answers its pid. The
 zygote reaps its keepers and writes each one's wait status into its progress (`EXIT`), which is
-how the actor learns that a keeper ended and how (:class:`ZygoteChild`). The zygote ends when its
-socket closes (the actor died, or dropped the pool), and its keepers with it: not by
-PR_SET_PDEATHSIG, which fires when the *thread* that started it ends, and actor threads come
-and go.
+how the actor learns that a keeper ended and how (:class:`ZygoteChild`). The zygote ends when the
+actor process ends (a pidfd on it) or its socket closes (the pool was dropped), and its keepers
+with it: not by PR_SET_PDEATHSIG, which fires when the *thread* that started it ends, and actor
+threads come and go. It stays in the actor's process group (a kill of the group reaches it) and
+ignores SIGINT (Ctrl-C stops a run in its own time, scoring meanwhile).
 
 An environment that does not pickle by reference (a class defined in `__main__` or inside a
 function, a lock or socket among its fields) cannot cross to a fresh interpreter: its pool forks
@@ -71,10 +72,9 @@ class Zygote:
              str(theirs.fileno())], pass_fds=[theirs.fileno()],
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, cwd=os.getcwd(),
             # rlcore imports there as here, before it is sent this process's sys.path
-            env={**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)},
-            start_new_session=True)
+            env={**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)})
         theirs.close()
-        self.conn.send((list(sys.path), blob))
+        self.conn.send((list(sys.path), blob, os.getpid()))
         self.pid = self.proc.pid
         self._lock = threading.Lock()
         self._state: str | None = None  # "ready" | error text, once answered
@@ -176,15 +176,19 @@ def serve(sock: socket.socket) -> None:
     """The zygote's loop: start keepers on request, reap them, write their statuses."""
     from rlcore.envs.reward_worker_loop import keep  # noqa: F401  (imported before any fork)
 
+    # Ctrl-C reaches the run's process group: the run stops in its own time, scoring meanwhile
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     conn = Connection(os.dup(sock.fileno()))
     try:
-        path, blob = conn.recv()
+        path, blob, actor_pid = conn.recv()
     except (EOFError, OSError):
         os._exit(0)
     sys.path[:] = path
-    try:
-        os.close(os.pidfd_open(os.getpid()))  # how it watches its keepers (Linux >= 5.3)
-    except (AttributeError, OSError) as exc:
+    try:  # the actor's pidfd: how it sees the actor end (a process forked there may hold the socket)
+        actor = os.pidfd_open(actor_pid)
+    except ProcessLookupError:
+        os._exit(0)
+    except (AttributeError, OSError) as exc:  # Linux < 5.3
         conn.send(("error", f"cannot watch its keepers (pidfd_open: {exc})"))
         os._exit(0)
     try:
@@ -202,11 +206,14 @@ def serve(sock: socket.socket) -> None:
     keepers: dict[int, Progress] = {}
     sel = selectors.DefaultSelector()
     sel.register(sock, selectors.EVENT_READ)
+    sel.register(actor, selectors.EVENT_READ, "actor")
     signal.signal(signal.SIGTERM, lambda *_: _end(keepers))
     while True:
         for key, _ in sel.select():
             if key.fileobj is sock:
                 _start_one(sock, conn, owner, keepers, sel)
+            elif key.data == "actor":
+                _end(keepers)
             else:
                 pid = key.data
                 sel.unregister(key.fileobj)
@@ -237,6 +244,7 @@ def _start_one(sock, conn, owner, keepers: dict[int, Progress], sel) -> None:
         try:
             # not the zygote's handler (it would end the siblings) until `keep` installs its own
             signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            signal.signal(signal.SIGINT, signal.default_int_handler)  # as in a fork of the actor
             # the keeper (and its worker) hold their own pipe and progress, not their siblings'
             for fd in map(int, os.listdir("/proc/self/fd")):
                 if fd > 2 and fd not in (conn_fd, progress_fd):
