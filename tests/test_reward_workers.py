@@ -440,3 +440,30 @@ def test_a_call_blocked_in_a_c_read_is_not_interrupted_by_the_flush(env_of):
     calls = [(env.reward, (env.make_task(i, "train"), "x")) for i in (5, 6, 0)]  # task 0 reads
     outs = env.reward_pool().call_many(calls, env.reward_timeout_s)
     assert [o.value for o in outs] == [1.0, 1.0, 1.0], outs
+
+
+def test_the_zygote_outlives_the_request_thread_that_started_it():
+    """A rollout actor's request threads come and go; the zygote dies with the actor's process
+    (PR_SET_PDEATHSIG), so it must not be tied to the thread that first needed it."""
+    import threading
+
+    from rlcore.envs.reward_workers import WorkerPool
+
+    env = Misbehaving("ok")
+    pool = env._reward_pool = WorkerPool(env, 2)
+    try:
+        def start_and_wait():  # the thread ends once the zygote is up (it has set its death signal)
+            until = time.monotonic() + 60
+            while pool.zygote() is None:
+                assert time.monotonic() < until, "the zygote did not start"
+                time.sleep(0.01)
+
+        starter = threading.Thread(target=start_and_wait)
+        starter.start()
+        starter.join()
+        zygote = pool.zygote()
+        time.sleep(0.3)
+        assert zygote.alive() and [s.reward for s in scored(env, tasks=2, n=2)] == [1.0] * 4
+        assert pool.zygote() is zygote
+    finally:
+        pool.close()

@@ -15,11 +15,12 @@ zygote answers `("ready", pid)` or `("error", text)`. Then for each worker the a
 `("start", memory_mb)` and two descriptors (the worker's end of its pipe, its progress memfd);
 the zygote forks a keeper (:func:`rlcore.envs.reward_worker_loop.keep`) and answers its pid. The
 zygote reaps its keepers and writes each one's wait status into its progress (`EXIT`), which is
-how the actor learns that a keeper ended and how (:class:`ZygoteChild`). The zygote ends when the
-actor process ends (a pidfd on it) or its socket closes (the pool was dropped), and its keepers
-with it: not by PR_SET_PDEATHSIG, which fires when the *thread* that started it ends, and actor
-threads come and go. It stays in the actor's process group (a kill of the group reaches it) and
-ignores SIGINT (Ctrl-C stops a run in its own time, scoring meanwhile).
+how the actor learns that a keeper ended and how (:class:`ZygoteChild`). The zygote is killed the
+moment the actor dies (PR_SET_PDEATHSIG; it fires when the *thread* that started the process
+ends, so one long-lived thread starts every zygote), ends when the actor process ends (a pidfd
+on it, in case) or its socket closes (the pool was dropped), and its keepers die with it (theirs
+too). It stays in the actor's process group (a kill of the group reaches it) and ignores SIGINT
+(Ctrl-C stops a run in its own time, scoring meanwhile).
 
 An environment that does not pickle by reference (a class defined in `__main__` or inside a
 function, a lock or socket among its fields) cannot cross to a fresh interpreter: its pool forks
@@ -39,11 +40,15 @@ import subprocess
 import sys
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from multiprocessing.connection import Connection
 from multiprocessing.reduction import recvfds, sendfds
 
 from rlcore.envs.reward_worker_progress import EXIT, Progress
 
+_SPAWNER = ThreadPoolExecutor(1, thread_name_prefix="rlcore-zygote-spawner")
+"""Starts the zygotes: its one thread lives as long as the process, so the zygote's
+PR_SET_PDEATHSIG (which fires when the *thread* that started it ends) fires when the actor dies."""
 START_TIMEOUT_S = 60.0
 """How long the zygote may take to import the environment and answer (a heavy import is slow)."""
 REPLY_TIMEOUT_S = 10.0
@@ -67,13 +72,16 @@ class Zygote:
         blob = pickle.dumps(owner)
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         self.sock, self.conn = ours, Connection(os.dup(ours.fileno()))
-        self.proc = subprocess.Popen(
-            [sys.executable, "-c", "import sys; from rlcore.envs.reward_zygote import main; main(int(sys.argv[1]))",
-             str(theirs.fileno())], pass_fds=[theirs.fileno()],
-            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, cwd=os.getcwd(),
-            # rlcore imports there as here, before it is sent this process's sys.path
-            env={**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)})
-        theirs.close()
+        try:
+            self.proc = _SPAWNER.submit(
+                subprocess.Popen,
+                [sys.executable, "-c", "import sys; from rlcore.envs.reward_zygote import main; main(*sys.argv[1:])",
+                 str(theirs.fileno()), str(os.getpid())], pass_fds=[theirs.fileno()],
+                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, cwd=os.getcwd(),
+                # rlcore imports there as here, before it is sent this process's sys.path
+                env={**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}).result()
+        finally:
+            theirs.close()
         self.conn.send((list(sys.path), blob, os.getpid()))
         self.pid = self.proc.pid
         self._lock = threading.Lock()
@@ -280,6 +288,12 @@ def _end(keepers: dict[int, Progress]) -> None:
     os._exit(0)  # keepers still alive get SIGKILL from their PR_SET_PDEATHSIG
 
 
-def main(fd: int) -> None:
-    """The zygote process's entry: serve the actor on socket `fd`."""
-    serve(socket.socket(fileno=fd))
+def main(fd: str, actor_pid: str) -> None:
+    """The zygote process's entry: serve the actor (`actor_pid`, its parent) on socket `fd`;
+    killed at once when the actor dies (PR_SET_PDEATHSIG, checked after it is set)."""
+    import ctypes
+
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    if os.getppid() != int(actor_pid):  # it died while this one started
+        os._exit(0)
+    serve(socket.socket(fileno=int(fd)))
