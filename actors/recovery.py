@@ -115,7 +115,7 @@ class TrainerRecovery:
         if engine is None and (mode == "engines" or path is None):
             raise self.stop(exc, f"no serving engine holds the last synced version {at_version}"
                                  f"{' and no checkpoint exists (set checkpoint.interval)' if path is None else ''}")
-        before = self.trainers.nodes()
+        before = self.trainers.placed or self.trainers.nodes()  # where they ran, not where Ray put them since
         self.restarts += 1
         self.trainers.restart(at_step)  # it waits for Ray to re-place the bundles of a dead node
         where = self.trainers.dead_nodes(before)  # so a dead node is known dead by now

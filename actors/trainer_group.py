@@ -70,6 +70,9 @@ class TrainerGroup:
         self._release_memory = False  # `release_memory_after_steps`
         self._pushed: tuple[int, list[dict]] | None = None  # (version, push results): `take_pushed`
         self._works: list = []  # the RankWork of the step launched last, per rank
+        self.placed: list[str] = []
+        """The Ray node id of each rank's bundle when the ranks last started (`nodes` reads where
+        the bundles are now: after a node's death Ray may have moved them already)."""
         self.handles = self._spawn()
 
     def __len__(self) -> int:
@@ -98,6 +101,7 @@ class TrainerGroup:
         addr, port = get(self.handles[0].address.remote(), first_answer_s or self.timeout_s, "trainer rank 0 start")
         self._get(self._each("init_distributed", addr, port), "trainer process-group init")
         metas = get(self.handles[0].parameter_metas.remote(), self.timeout_s, "parameter metadata")
+        self.placed = self.nodes()
         return [TensorMeta(n, tuple(s), d) for n, s, d in metas]
 
     def restart(self, step: int | None = None) -> list[TensorMeta]:
@@ -113,7 +117,7 @@ class TrainerGroup:
         line (and timeline event, after `step` steps) names the nodes the ranks run on."""
         self._pushed = None  # the dead group's buffers are gone with it
         wait_s = self.cfg.cluster.placement_timeout_s
-        before = self.nodes()
+        before = self.placed or self.nodes()
         began = time.monotonic()
         deadline, attempt = began + wait_s, 0
         while True:
