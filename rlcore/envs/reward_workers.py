@@ -1,14 +1,12 @@
 """Reward calls in reused worker processes (`reward_isolation: worker`, the default for scoring).
 
-A :class:`WorkerPool` belongs to one environment. Its workers start on first use and are kept
-warm; they are forked by the pool's zygote (:mod:`rlcore.envs.reward_zygote`, a lean process
-that loaded the environment once: a start costs the actor nothing) once it is ready, and
-by the process that scores (the rollout actor) until then or where the environment does not
-pickle. Isolation must cost a cheap reward what a thread costs, so a request's calls go out in
-batches: one message per worker carries its share of the calls, one message brings all their
-outcomes back (:mod:`rlcore.envs.reward_worker_loop`
-is the worker's side). A worker runs its own copy of the environment (as it was when the zygote
-loaded it, or when the worker was forked: scoring must not depend on state that changes later).
+A :class:`WorkerPool` belongs to one environment; its workers start on first use (from the
+pool's zygote, :mod:`rlcore.envs.reward_zygote`, once it is ready) and are kept warm. Isolation
+must cost a cheap reward what a thread costs, so a request's calls go out in batches: one message
+per worker carries its share of the calls, one brings their outcomes back
+(:mod:`rlcore.envs.reward_worker_loop` is the worker's side). A worker runs its own copy of the
+environment (as the zygote loaded it, or as it was when the worker was forked: scoring must not
+depend on state that changes later).
 
 Overrunning calls overlap instead of queueing: a call still running `HANDOFF_S` after it started
 keeps its worker, the calls behind it in that worker's batch move to another worker (forked
@@ -60,8 +58,7 @@ KEEP_IDLE = 32
 """Idle workers kept however long they idle; those beyond it are killed after `IDLE_TTL_S` (an
 idle worker holds ~3 MB of its own: a storm's workers need not outlive it)."""
 IDLE_TTL_S = 60.0
-ZYGOTE_STARTS = 3
-"""Zygotes one pool starts (a first, and new ones when one dies) before it forks all its workers."""
+ZYGOTE_STARTS = 3  # zygotes one pool starts (a first, new ones when one dies) before it only forks
 ABANDON_GRACE_S = 0.5
 """How long a call asked to stop at its deadline has to do so before its worker is killed."""
 
@@ -160,9 +157,8 @@ class WorkerPool:
             raise
 
     def zygote(self) -> Zygote | None:
-        """The zygote, once ready; None while it starts and where none can be had (the pool
-        then forks its workers from this process). Started on first use, again if it dies (up to
-        `ZYGOTE_STARTS` times)."""
+        """The zygote once ready, started on first use and again if it dies (`ZYGOTE_STARTS` in all);
+        None while it starts and where none can be had: workers are then forks of this process."""
         with self._zygote_lock:
             zygote = self._zygote
             if zygote is None:
