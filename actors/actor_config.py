@@ -24,16 +24,18 @@ import ray
 
 from actors.logs import runtime_env
 from rlcore.config import RunConfig
+from rlcore.plan.process_env import group_env
 
 CONFIG_ENV = "RLCORE_ACTOR_CONFIG"
 """The environment variable that holds the run config of an actor (pickled, zlib, base64)."""
 
 
-def config_env(cfg: RunConfig) -> dict:
-    """`actors.logs.runtime_env()` plus the run config (`CONFIG_ENV`)."""
+def config_env(cfg: RunConfig, env_vars: dict | None = None) -> dict:
+    """`actors.logs.runtime_env()`, the group's own ``env_vars`` (`trainer.env_vars`, ...) over
+    it, and the run config (`CONFIG_ENV`)."""
     env = runtime_env()
     blob = base64.b64encode(zlib.compress(pickle.dumps(cfg))).decode("ascii")
-    return {**env, "env_vars": {**env["env_vars"], CONFIG_ENV: blob}}
+    return {**env, "env_vars": {**env["env_vars"], **group_env(env_vars or {}), CONFIG_ENV: blob}}
 
 
 def actor_config() -> RunConfig:

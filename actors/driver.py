@@ -143,6 +143,7 @@ class Driver:
         while run.step < cfg.steps:
             try:
                 if not train and self.stopping():  # a signal asked for a stop: this is a step boundary
+                    self.weights.finish_canary()
                     return history
                 if not train:  # a step boundary: restarted engines whose model is up join
                     self.admit_restarted()
@@ -172,6 +173,7 @@ class Driver:
                 else:
                     run.version_base = run.version - run.step  # a synced step whose row was lost moves it
                 train, state, gen_tokens, last_end = [], None, 0, time.perf_counter()
+        self.weights.finish_canary()  # the last sync's, when it ran beside the last step
         self.hooks.finish(logger)
         return history
 

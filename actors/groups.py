@@ -163,7 +163,7 @@ def place(cfg: RunConfig, trainer: bool = True, rollout: bool = True) -> Groups:
             # a dead engine is restarted and rejoins the weight group; its requests in flight are
             # counted failed by the driver, never retried blindly on new weights
             max_restarts=r.max_restarts, max_task_retries=0,
-            runtime_env=config_env(cfg),
+            runtime_env=config_env(cfg, r.env_vars),
             scheduling_strategy=PlacementGroupSchedulingStrategy(rollout_pg, placement_group_bundle_index=i),
         ).remote(i)
         for i in range(r.num_actors if rollout else 0)

@@ -122,6 +122,7 @@ class TrainerRecovery:
         died = (f"{', '.join(dead)} died ({str(exc).split(' failed:')[0]}"
                 f"{'; node ' + ', '.join(where) + ' is dead' if where else ''}) at step {at_step}, "
                 f"policy version {at_version}")
+        self.weights.drop_canary()  # the dead ranks owed its answer; the sync below runs a new one
         self.weights.form()
         if engine is not None:
             try:

@@ -137,7 +137,7 @@ class TeacherStage:
         self.actors = [cls.options(
             num_cpus=t.cpus_per_actor, num_gpus=t.gpus_per_actor, max_concurrency=t.max_requests_per_actor + 1,
             max_restarts=t.max_restarts, max_task_retries=0,
-            runtime_env=config_env(self.cfg),
+            runtime_env=config_env(self.cfg, t.env_vars),
             scheduling_strategy=PlacementGroupSchedulingStrategy(self.pg, placement_group_bundle_index=i),
         ).remote(i) for i in range(t.num_actors)]
         self.alive = [True] * t.num_actors

@@ -81,7 +81,8 @@ class TrainerGroup:
     def _spawn(self) -> list:
         t = self.cfg.trainer
         cls = remote_class(TrainerRank)  # the config travels in the runtime_env (`actors.actor_config`)
-        return [cls.options(num_cpus=t.cpus_per_rank, num_gpus=self.gpus_per_rank, runtime_env=config_env(self.cfg),
+        return [cls.options(num_cpus=t.cpus_per_rank, num_gpus=self.gpus_per_rank,
+                            runtime_env=config_env(self.cfg, t.env_vars),
                             scheduling_strategy=PlacementGroupSchedulingStrategy(self.pg, placement_group_bundle_index=i),
                             ).remote(i, t.world_size)
                 for i in range(t.world_size)]

@@ -55,6 +55,11 @@ class WeightSync:
 
     _group: tuple[str, int] | None = None
     """The collective transport's rendezvous of the group formed last (`_give_up` ends it)."""
+    _canary: tuple | None = None
+    """A canary started beside the next step, checked when the next sync starts
+    (`rollout.canary_blocking` false): (version, actors, trainer refs, engine refs, start)."""
+    _canary_waits = False
+    """The next canary waits (the last one that ran beside a step failed)."""
 
     def __init__(self, cfg: RunConfig, trainers: TrainerGroup, rollouts: RolloutGroup, transport: type[Sender],
                  run: RunState, env, tokenizer):
@@ -258,6 +263,14 @@ class WeightSync:
         if not actors:  # no engine serves: the one that joins next receives the trainer's weights then
             self.run.version = version
             return {"sync_time_s": 0.0, "sync_gb_per_s": 0.0, "sync_send_s": 0.0}
+        # the last sync's canary first: engines must still hold the version it scores. If it
+        # failed, the sync is retried (`_reform_and_sync`) with a canary that waits, as a failed
+        # canary that waited is: a sync broken every time still stops the run
+        try:
+            canary = self.finish_canary()
+        except RunError:
+            self._canary_waits = True
+            raise
         try:
             out = self._send(version, actors, pushed)
         except ray.exceptions.RayTaskError as exc:
@@ -271,6 +284,7 @@ class WeightSync:
                    "sync_in_step": float(pushed is not None)}
         engine = out[len(self.trainers)]
         metrics.update({k: float(v) for k, v in engine.items() if k in ("sync_engine_s", "sync_worker_s")})
+        metrics.update(canary)
         metrics.update(self.check_canary(version, actors))
         return metrics
 
@@ -303,14 +317,45 @@ class WeightSync:
     def check_canary(self, version: int, actors: list[int]) -> dict[str, float]:
         """After a sync, every engine's teacher-forced logprobs on the canary's tokens must match
         the trainer's within the bounds the first sync calibrated (a stale, partial or mis-mapped
-        sync shows as whole nats of gap); the first sync sets them (one console line)."""
+        sync shows as whole nats of gap); the first sync sets them (one console line). Later
+        canaries run beside the next step and `finish_canary` checks them (returns {} then),
+        unless `rollout.canary_blocking`, engines that sleep, or a failed one make this one wait."""
         r = self.cfg.rollout
         if r.canary_prompts <= 0:
             return {}
         start = time.perf_counter()
         pairs = self.canary_pairs(actors[0])
-        # both sides at once: the sync already finished, so each scores the same version
-        trainer_refs, engine_refs = self.trainers.canary(pairs), self.rollouts.canary(actors, pairs)
+        # both sides at once: the sync already finished, so each scores the same version (a
+        # trainer rank runs its calls in order: its canary comes before the next step's)
+        pending = (version, actors, self.trainers.canary(pairs), self.rollouts.canary(actors, pairs), start)
+        if self.canary_bounds is not None and not (r.canary_blocking or self.sleep_level or self._canary_waits):
+            self._canary = pending  # checked by `finish_canary` when the next sync starts
+            return {}
+        metrics = self._check(*pending)
+        self._canary_waits = False
+        return metrics
+
+    def finish_canary(self) -> dict[str, float]:
+        """Check the canary started beside the last step, if any (its metrics; {} if none). A
+        broken sync raises RunError here: at the next sync, or when the run ends."""
+        pending, self._canary = self._canary, None
+        if pending is None:
+            return {}
+        version, actors, trainer_refs, engine_refs, _ = pending
+        # an engine that left the serving set since (dead, frozen) is not waited for
+        kept = [(i, ref) for i, ref in zip(actors, engine_refs) if i in set(self.rollouts.serving)]
+        if not kept:
+            return {}
+        # canary_time_s: what the driver waited for it, not the step it ran beside
+        return self._check(version, [i for i, _ in kept], trainer_refs, [ref for _, ref in kept], time.perf_counter())
+
+    def drop_canary(self) -> None:
+        """Forget a canary still running (the trainer ranks that owe its answer died)."""
+        self._canary = None
+
+    def _check(self, version: int, actors: list[int], trainer_refs: list, engine_refs: list,
+               start: float) -> dict[str, float]:
+        r = self.cfg.rollout
         trainer = get(trainer_refs, self.timeout_s, "canary (trainer)", self.trainers.names)[0]
         engines = get(engine_refs, self.timeout_s, "canary (engines)", self.rollouts.names(actors), self.rollouts.frozen)
         if self.canary_bounds is None:
@@ -339,4 +384,4 @@ class WeightSync:
             if worst is None or res.max_gap > worst.max_gap:
                 worst = res
         return {"canary_max_gap": worst.max_gap, "canary_mean_gap": worst.mean_gap, **self.canary_bounds.metrics(),
-                "canary_time_s": time.perf_counter() - start}
+                "canary_time_s": time.perf_counter() - start, "canary_version": version}

@@ -28,8 +28,12 @@ def run(off_policy: int, steps: int, extra: list[str], out: Path, timeout: float
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired as exc:
-        print(f"run with max_off_policy_steps={off_policy} timed out after {timeout} s:\n"
-              f"{(exc.stderr or b'')[-2000:]!r}", flush=True)
+        # the driver is killed, its Ray processes (the engine's GPU memory, its compute) are not:
+        # left, they would slow or break every later run (this machine runs nothing else of ours)
+        subprocess.run([sys.executable, "-m", "ray.scripts.scripts", "stop", "--force"], capture_output=True,
+                       timeout=120)
+        print(f"run with max_off_policy_steps={off_policy} timed out after {timeout} s (its Ray processes "
+              f"stopped):\n{(exc.stderr or b'')[-2000:]!r}", flush=True)
         return None
     if proc.returncode != 0:
         print(f"run with max_off_policy_steps={off_policy} failed:\n{proc.stderr[-3000:]}", flush=True)
@@ -37,10 +41,11 @@ def run(off_policy: int, steps: int, extra: list[str], out: Path, timeout: float
     return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
 
 
-def rate(rows: list[dict]) -> float:
-    """Trained samples per wall second over `rows` (consecutive steps)."""
+def rate(rows: list[dict], what: str = "batch_samples") -> float:
+    """Trained samples (or `what`: `loss_tokens`, completion tokens) per wall second over `rows`
+    (consecutive steps)."""
     wall = rows[-1]["elapsed_s"] - rows[0]["elapsed_s"] + rows[0]["step_time_s"]
-    return sum(r["batch_samples"] for r in rows) / wall
+    return sum(r[what] for r in rows) / wall
 
 
 def summarise(rows: list[dict], warmup: int) -> dict:
@@ -48,6 +53,9 @@ def summarise(rows: list[dict], warmup: int) -> dict:
     return {
         "samples_per_s": rate(rows),
         "steady_samples_per_s": rate(rows[len(rows) // 2:]),
+        # samples/s compares like with like only when completions are as long in both runs (a
+        # random policy's lengths drift as it trains): tokens/s does either way
+        "tokens_per_s": rate(rows, "loss_tokens"),
         "trainer_busy": statistics.mean(r["trainer_busy_frac"] for r in rows),
         "rollout_busy": statistics.mean(r["rollout_busy_frac"] for r in rows if r["rollout_busy_frac"] is not None),
         "max_staleness": max(r["max_staleness"] for r in rows),
@@ -70,6 +78,7 @@ def main() -> None:
     speedups: dict[int, list[float]] = {k: [] for k in args.off_policy if k}
     rates: dict[int, list[float]] = {k: [] for k in args.off_policy}
     steady: dict[int, list[float]] = {k: [] for k in args.off_policy if k}
+    by_tokens: dict[int, list[float]] = {k: [] for k in args.off_policy if k}
     with tempfile.TemporaryDirectory() as tmp:
         for rep in range(args.reps):
             results = {}
@@ -81,7 +90,8 @@ def main() -> None:
                 results[k] = r = summarise(rows, args.warmup)
                 rates[k].append(r["samples_per_s"])
                 print(f"{f'rep {rep}: ' if args.reps > 1 else ''}max_off_policy_steps={k}: "
-                      f"{r['samples_per_s']:.2f} samples/s (steady {r['steady_samples_per_s']:.2f}), trainer busy "
+                      f"{r['samples_per_s']:.2f} samples/s (steady {r['steady_samples_per_s']:.2f}), "
+                      f"{r['tokens_per_s']:.0f} completion tokens/s, trainer busy "
                       f"{r['trainer_busy']:.0%}, rollout busy {r['rollout_busy']:.0%}, max staleness "
                       f"{r['max_staleness']}, step {r['step_time_s']:.2f} s (train {r['train_time_s']:.2f} s), "
                       f"last reward {r['reward_last']:.3f}", flush=True)
@@ -90,8 +100,10 @@ def main() -> None:
                     if k:
                         speedups[k].append(r["samples_per_s"] / results[0]["samples_per_s"])
                         steady[k].append(r["steady_samples_per_s"] / results[0]["steady_samples_per_s"])
+                        by_tokens[k].append(r["tokens_per_s"] / results[0]["tokens_per_s"])
                         print(f"{f'rep {rep}: ' if args.reps > 1 else ''}speed-up of max_off_policy_steps={k} "
-                              f"over sync: {speedups[k][-1]:.2f}x (steady {steady[k][-1]:.2f}x)", flush=True)
+                              f"over sync: {speedups[k][-1]:.2f}x (steady {steady[k][-1]:.2f}x, completion "
+                              f"tokens/s {by_tokens[k][-1]:.2f}x)", flush=True)
     if args.reps > 1:
         for k, v in rates.items():
             if v:
@@ -99,10 +111,11 @@ def main() -> None:
                       f"[{min(v):.2f}-{max(v):.2f}] over {len(v)} runs")
         for k, v in speedups.items():
             if v:
-                w = steady[k]
+                w, x = steady[k], by_tokens[k]
                 print(f"speed-up of max_off_policy_steps={k}: median {statistics.median(v):.2f}x "
                       f"[{min(v):.2f}-{max(v):.2f}] over {len(v)} pairs; steady {statistics.median(w):.2f}x "
-                      f"[{min(w):.2f}-{max(w):.2f}]")
+                      f"[{min(w):.2f}-{max(w):.2f}]; completion tokens/s {statistics.median(x):.2f}x "
+                      f"[{min(x):.2f}-{max(x):.2f}]")
 
 
 if __name__ == "__main__":

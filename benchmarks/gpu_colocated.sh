@@ -12,7 +12,10 @@
 # avs set's output folders (several sets in one call). MPS=1 runs every part under a CUDA MPS
 # control daemon of this call's own (pipe and log directories under /tmp, stopped at exit; the
 # GPU's compute mode is left as it is): the trainer's and the engine's kernels may then run at
-# once instead of time-slicing the GPU (issue 43: overlapped, each ran 30-60% slower).
+# once instead of time-slicing the GPU (issue 43: overlapped, each ran 30-60% slower); with
+# MPS_ENGINE_PCT=P the engine's processes may use at most P% of the SMs (rollout.env_vars:
+# CUDA_MPS_ACTIVE_THREAD_PERCENTAGE), the trainer all. The avs and sleep parts generate every
+# completion to max_new_tokens (ignore_eos: the same work in every run; AVS_FIXED=0: stop at EOS).
 set -uo pipefail
 OUT=${1:?output dir}; PARTS=${2:-"test avs sleep 4b"}
 mkdir -p "$OUT"
@@ -27,6 +30,8 @@ export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0
 G="model=qwen3_06b_char rollout.engine=vllm trainer.gpus_per_rank=1 rollout.gpus_per_actor=1 cluster.num_gpus=1
    trainer.cpus_per_rank=4 rollout.cpus_per_actor=4 +rollout.vllm.engine_kwargs.enforce_eager=${EAGER:-true}
    +rollout.vllm.engine_kwargs.max_model_len=1024 trainer.lr=1e-4 checkpoint.save_final=false sft.warmup_steps=0"
+[[ ${AVS_FIXED:-1} == 1 ]] && G="$G +rollout.vllm.sampling_kwargs.ignore_eos=true"
+[[ -n ${MPS_ENGINE_PCT:-} ]] && G="$G +rollout.env_vars.CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=$MPS_ENGINE_PCT"
 W=/tmp/rlcore-colocated; mkdir -p $W
 if [[ $PARTS == *test* ]]; then
   timeout 300 python -m pytest -m gpu tests/gpu/test_colocated.py -k "${TEST_K:-async}" -x -v -s \

@@ -100,10 +100,13 @@ def test_cli_run_writes_metrics(tmp_path):
         assert 0.0 <= r["zero_adv_frac"] <= 1.0 and r["generate_time_s"] >= 0.0
     assert "engine_mismatch_kl" in rows[0]  # step 1 trains on samples of the weights it holds
     assert all("engine_mismatch_kl" in r or "staleness_kl" in r for r in rows)
-    # the canary's bounds were calibrated on the first sync, logged with every sync and in the summary
+    # the canary's bounds were calibrated on the first sync; each later sync's canary runs beside
+    # the next step and is logged with the sync after it (its version named), the last at the end
+    checked = [r for r in rows if "canary_mean_gap" in r]
+    assert [r["canary_version"] for r in checked] == [r["policy_version"] - 1 for r in rows[1:]], checked
     assert all(r["canary_mean_gap"] <= r["canary_mean_limit"] and r["canary_max_gap"] <= r["canary_max_limit"]
-               for r in rows)
-    assert len({r["canary_mean_limit"] for r in rows}) == 1
+               for r in checked)
+    assert len({r["canary_mean_limit"] for r in checked}) == 1
     assert "canary bounds mean gap" in proc.stdout
     assert (out / "config.yaml").exists()
     # the console: start-up phases, step lines with grad_norm, the summary; no Ray noise

@@ -173,3 +173,118 @@ def test_a_failed_group_operation_is_given_up_at_its_rendezvous_before_the_group
                           ("abort", "10.0.0.1", 1234), ("lost", 1)]
     assert events[3] == ("weight group init", ("trainer rank 0", "trainer rank 1", "rollout actor 0"))
     assert s.run.version == 7 and s.rollouts.joined == ([0], "10.0.0.1", 1235)
+
+
+# -- the canary beside the next step (rollout.canary_blocking false) ---------------------------
+
+PAIRS = [([1, 2], [3, 4, 5])]
+GOOD = [[-1.0, -2.0, -0.5]]
+
+
+class CanaryTrainers(Trainers):
+    def __init__(self, events):
+        self.events = events
+
+    def canary(self, pairs):
+        self.events.append("trainer canary")
+        return [GOOD, GOOD]
+
+
+class CanaryRollouts(Rollouts):
+    """Engines whose sync of a version in `broken` leaves them 3 nats off on the canary's tokens."""
+
+    def __init__(self, events, broken=()):
+        super().__init__()
+        self.events, self.broken, self.version, self.serving = events, set(broken), None, [0, 1]
+
+    def pull(self, actors, version):
+        self.events.append(f"pull {version}")
+        self.version = version
+        return super().pull(actors, version)
+
+    def canary(self, actors, pairs):
+        self.events.append(f"engine canary at {self.version}")
+        off = 3.0 if self.version in self.broken else 0.0
+        return [[[x - off for x in GOOD[0]]] for _ in actors]
+
+    def dead_engines(self, actors):
+        return []
+
+
+def canary_sync(monkeypatch, blocking=False, broken=()):
+    from types import SimpleNamespace
+    events = []
+
+    def get(refs, timeout_s, what, names=None, stalled=None):
+        if what.startswith("canary"):
+            events.append(f"wait {what}")
+        return refs
+    monkeypatch.setattr(weights_mod, "get", get)
+    s = make(type("Sender", (), {"buffered": False, "every_rank": False, "abort": staticmethod(lambda a, p: True)}))
+    s.trainers, s.rollouts = CanaryTrainers(events), CanaryRollouts(events, broken)
+    s.rollouts.needs_reform = False
+    s.rollouts.join_group = lambda actors, address, port, plan: [True for _ in actors]
+    s.run, s.sleep_level, s.canary_bounds, s._canary_pairs = SimpleNamespace(version=0), 0, None, PAIRS
+    s.cfg = SimpleNamespace(rollout=SimpleNamespace(
+        canary_prompts=1, canary_blocking=blocking, canary_multiple=4.0, canary_floor=0.05, canary_max_floor=0.5,
+        canary_calibration_limit=1.0, max_mismatch=None))
+    return s, events
+
+
+def test_the_canary_runs_beside_the_next_step_and_is_checked_before_the_next_sync(monkeypatch):
+    s, events = canary_sync(monkeypatch)
+    first = s._reform_and_sync(0, [0], reform=False)  # the first sync calibrates: it waits
+    assert first["canary_version"] == 0 and "wait canary (engines)" in events
+    events.clear()
+    assert "canary_version" not in s._reform_and_sync(1, [0], reform=False)  # started, not waited for
+    assert events == ["pull 1", "trainer canary", "engine canary at 1"]
+    events.clear()
+    second = s._reform_and_sync(2, [0], reform=False)
+    # version 1's canary is checked while the engines still hold version 1, before version 2 is sent
+    assert events[:3] == ["wait canary (trainer)", "wait canary (engines)", "pull 2"]
+    assert second["canary_version"] == 1 and second["canary_mean_gap"] == 0.0
+    assert s.finish_canary()["canary_version"] == 2 and s.finish_canary() == {}  # the run's end
+
+
+def test_a_canary_that_waits_is_checked_in_its_own_sync(monkeypatch):
+    s, events = canary_sync(monkeypatch, blocking=True)
+    s._reform_and_sync(0, [0], reform=False)
+    assert s._reform_and_sync(1, [0], reform=False)["canary_version"] == 1 and s._canary is None
+
+
+def test_a_broken_sync_found_a_step_late_is_retried_with_a_canary_that_waits(monkeypatch):
+    """Once: the retry re-sends the new version and its canary waits; it passes, so the run goes
+    on. Broken every time: the waiting canary fails too and the run stops, as it would have with
+    canary_blocking=true."""
+    s, events = canary_sync(monkeypatch, broken={1})
+    s._reform_and_sync(0, [0], reform=False)
+    s._reform_and_sync(1, [0], reform=False)  # broken, not yet known
+    out = s._reform_and_sync(2, [0], reform=False)  # finds it, re-forms, sends 2 again, waits on its canary
+    assert out["canary_version"] == 2 and s._canary is None and not s._canary_waits
+    assert s.run.version == 2
+    s, events = canary_sync(monkeypatch, broken={1, 2, 3})
+    s._reform_and_sync(0, [0], reform=False)
+    s._reform_and_sync(1, [0], reform=False)
+    with pytest.raises(weights_mod.RunError, match="canary after sync to version 2"):
+        s._reform_and_sync(2, [0], reform=False)
+
+
+def test_a_trainer_restart_forgets_the_canary_its_dead_ranks_owed(monkeypatch):
+    s, events = canary_sync(monkeypatch)
+    s._reform_and_sync(0, [0], reform=False)
+    s._reform_and_sync(1, [0], reform=False)
+    s.drop_canary()
+    assert s.finish_canary() == {}
+
+
+def test_an_engine_that_left_since_is_not_waited_for(monkeypatch):
+    s, events = canary_sync(monkeypatch, broken={1})
+    s._reform_and_sync(0, [0, 1], reform=False)
+    s._reform_and_sync(1, [0, 1], reform=False)  # both broken on version 1
+    s.rollouts.serving = [1]  # engine 0 froze and left the serving set
+    events.clear()
+    with pytest.raises(weights_mod.RunError, match="rollout actor 1"):
+        s.finish_canary()
+    s._reform_and_sync(2, [1], reform=False)
+    s.rollouts.serving = []
+    assert s.finish_canary() == {}  # no engine left to compare

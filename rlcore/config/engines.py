@@ -39,6 +39,10 @@ class VLLMOptions:
     schedules overlap decoding with training); 1 (weights offloaded to CPU) or 2 (weights dropped,
     refilled by the next sync) puts the engine to sleep while the trainer steps, freeing its GPU
     memory for models that do not fit beside the trainer (synchronous schedule only). Rollout only."""
+    sampling_kwargs: dict[str, Any] = field(default_factory=dict)
+    """Extra vLLM `SamplingParams` of every request, e.g. `ignore_eos: true` (every completion
+    `rollout.sampling.max_new_tokens` long: fixed-work benchmarks) or `min_p`, `top_k`,
+    `repetition_penalty`. What `rollout.sampling` sets is refused here."""
     routing_replay: bool = False
     """Rollout routing replay (MoE policies only): the engine returns each token's routed experts
     (vLLM's `enable_return_routed_experts`) and the trainer's MoE blocks use them instead of their
@@ -86,6 +90,9 @@ class EngineGroupConfig(PluginSections):
     max_restarts: int = 3
     """Times Ray restarts a dead actor (its calls in flight are counted failed; a rollout actor
     then rejoins the weight group); -1 = always."""
+    env_vars: dict[str, str] = field(default_factory=dict)
+    """Environment variables of the group's actor processes and the engine processes they start
+    (e.g. `CUDA_MPS_ACTIVE_THREAD_PERCENTAGE`, `VLLM_*`). `RLCORE_*` names are rlcore's own."""
     vllm: VLLMOptions = field(default_factory=VLLMOptions)
     """Options of the vllm engine (`<group>.vllm.*`; a teacher never receives weights, so the
     rollout-only options must keep their defaults there)."""

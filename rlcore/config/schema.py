@@ -88,6 +88,9 @@ class TrainerConfig:
     """Longest a train step may take before the driver stops the run with an error."""
     max_restarts: int = 2
     """Times a run restarts its trainer group after a rank dies (0 = stop at the first death)."""
+    env_vars: dict[str, str] = field(default_factory=dict)
+    """Environment variables of the trainer ranks' processes (e.g. `CUDA_MPS_ACTIVE_THREAD_PERCENTAGE`,
+    `NCCL_*`); set before the rank imports torch. `RLCORE_*` names are rlcore's own."""
     heal_from: str = "auto"
     """Where a restarted trainer group's weights come from: `engines` (the last synced version the
     engines hold; no step lost, the optimizer's moments start again), `checkpoint` (the last one:
@@ -170,6 +173,11 @@ class RolloutConfig(EngineGroupConfig):
     first sync's gap is ~0, as on CPU)."""
     canary_max_floor: float = 0.5
     """Nats added to the calibrated max-gap bound."""
+    canary_blocking: bool = False
+    """true: every sync waits for its canary before the next step starts (no sample of a broken
+    sync is ever trained on); false: the canary runs beside the next step and is checked when the
+    next sync starts (a broken sync still stops the run, one step later; off the step's critical
+    path: 0.05-0.2 s a step on one GPU). The first sync, and engines that sleep, always wait."""
     canary_calibration_limit: float = 1.0
     """Largest mean gap (nats) the first sync may leave: past it the engines do not serve the
     trainer's weights even then (broken syncs leave whole nats, bf16 noise < 0.1) and the run stops."""

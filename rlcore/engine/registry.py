@@ -97,7 +97,8 @@ _BUILT_IN = (
     EngineSpec("vllm", "rlcore.engine.vllm.vllm_engine:VLLMEngine", section="vllm", options=VLLMOptions,
                transports=("nccl", "ipc"), needs_gpu=True, memory_share_kwarg="gpu_memory_utilization",
                memory_budget_kwarg="kv_cache_memory_bytes", planned_kwargs=vllm_planned_kwargs,
-               rollout_only=("weight_reload", "kv_on_update", "quantization", "sleep_level", "routing_replay"),
+               rollout_only=("weight_reload", "kv_on_update", "quantization", "sleep_level", "routing_replay",
+                             "sampling_kwargs"),
                problems=vllm_problems, prestart="rlcore.engine.vllm.warm_core:prestart"),
 )
 _ENGINES: dict[str, EngineSpec] = {}

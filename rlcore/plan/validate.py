@@ -24,6 +24,7 @@ from rlcore.models.source import gguf_problems, model_path_problems
 from rlcore.models.vl_names import VL_MODEL_TYPES, is_vl_arch
 from rlcore.plan.node_fit import NodeCapacity, fit_problems, label_problems
 from rlcore.plan.placement import PLACEMENTS, placement_problems
+from rlcore.plan.process_env import env_var_problems
 from rlcore.plan.layout import group_bundles
 from rlcore.storage.rundir import output_dir_problems
 from rlcore.plan.teacher import config_problems as teacher_config_problems
@@ -98,6 +99,7 @@ def problems(cfg: RunConfig) -> list[tuple[str, str]]:
     if len(t.betas) != 2 or not all(0 <= b < 1 for b in t.betas):
         out.append(("trainer.betas", f"needs two values in [0, 1), got {list(t.betas)}"))
     out.extend(trainer_parallel_problems(cfg))
+    out.extend(env_var_problems(cfg))
 
     r = cfg.rollout
     if cfg.placement not in PLACEMENTS:

@@ -11,6 +11,17 @@ if TYPE_CHECKING:
 QUANTIZATIONS = ("fp8",)
 """The online weight quantizations the engine serves (`rollout.vllm.quantization`)."""
 KEY = "rollout.vllm"
+SAMPLING_OWNED = {
+    **{k: f"set rollout.sampling.{f} instead" for k, f in (
+        ("max_tokens", "max_new_tokens"), ("temperature", "temperature"), ("top_p", "top_p"))},
+    "seed": "each request's seed comes from `seed` and the task (set `seed`, or "
+            "rollout.request_seeds=false for the engine's own RNG)",
+    "stop_token_ids": "the engine stops at the tokenizer's end-of-sequence ids and the environment's",
+    **{k: "the engine sets it: the trainer needs exactly one sampled token's logprob per position, "
+          "as token ids" for k in ("n", "logprobs", "flat_logprobs", "output_kind", "detokenize", "prompt_logprobs")},
+}
+"""`SamplingParams` fields the engine sets from `rollout.sampling` or needs as they are: refused in
+`rollout.vllm.sampling_kwargs`, with what to do instead."""
 
 
 def vllm_problems(cfg: RunConfig) -> list[tuple[str, str]]:
@@ -44,6 +55,9 @@ def vllm_problems(cfg: RunConfig) -> list[tuple[str, str]]:
                                  ("enable_return_routed_experts", "routing_replay", "")):
         if key in v.engine_kwargs:
             out.append((f"{KEY}.engine_kwargs.{key}", f"set {KEY}.{field_name} instead{why}"))
+    for key in v.sampling_kwargs:
+        if key in SAMPLING_OWNED:
+            out.append((f"{KEY}.sampling_kwargs.{key}", SAMPLING_OWNED[key]))
     if cfg.placement == "colocated":
         out.extend(colocated_problems(cfg))
     return out

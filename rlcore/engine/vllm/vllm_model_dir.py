@@ -33,6 +33,8 @@ def engine_args(v: Any, model: Any, seed: int = 0, tokenizer: Any = None) -> tup
         kwargs["enable_sleep_mode"] = True
     if v.routing_replay:  # each request's final output carries its routed experts (rlcore.routing)
         kwargs["enable_return_routed_experts"] = True
+    if v.sampling_kwargs:
+        kwargs["extra_sampling"] = dict(v.sampling_kwargs)
     kwargs.update(v.engine_kwargs)
     path = model.path
     if path is None:
