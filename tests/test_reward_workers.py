@@ -395,7 +395,7 @@ def test_an_environment_the_zygote_cannot_load_is_scored_by_forked_workers(caplo
         pool = env._reward_pool = WorkerPool(env, 2)
         with caplog.at_level("INFO", logger="rlcore"):
             until = time.monotonic() + 60
-            while pool._zygote_starts < 3:
+            while pool.zygotes.starts < 3:
                 assert pool.zygote() is None and time.monotonic() < until
                 time.sleep(0.01)
             assert [s.reward for s in scored(env, tasks=2, n=2)] == [1.0] * 4

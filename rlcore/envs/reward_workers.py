@@ -38,7 +38,7 @@ from multiprocessing.connection import wait
 from typing import Callable, Iterator
 
 from rlcore.envs.reward_worker_process import KEEPER_WAIT_S, Worker, kill_all
-from rlcore.envs.reward_zygote import Zygote, ZygoteError, ZygoteRefused
+from rlcore.envs.reward_zygote import Zygote, ZygoteError, ZygoteHolder, ZygoteRefused
 from rlcore.envs.safety import Outcome, call_many
 
 log = logging.getLogger("rlcore")
@@ -58,7 +58,6 @@ KEEP_IDLE = 32
 """Idle workers kept however long they idle; those beyond it are killed after `IDLE_TTL_S` (an
 idle worker holds ~3 MB of its own: a storm's workers need not outlive it)."""
 IDLE_TTL_S = 60.0
-ZYGOTE_STARTS = 3  # zygotes one pool starts (a first, new ones when one dies) before it only forks
 ABANDON_GRACE_S = 0.5
 """How long a call asked to stop at its deadline has to do so before its worker is killed."""
 
@@ -86,9 +85,7 @@ class WorkerPool:
         once it is ready, where `owner` pickles; else (and meanwhile) fork them from this process.
         Thread-safe: concurrent requests take workers of their own."""
         self.owner, self.size, self.memory_mb = owner, max(1, int(size)), int(memory_mb)
-        self._zygote: Zygote | None = None
-        self._zygote_starts = 0 if zygote else ZYGOTE_STARTS
-        self._zygote_lock = threading.Lock()
+        self.zygotes = ZygoteHolder(owner, zygote)
         self.idle: list[Worker] = []
         self.dying: list[Worker] = []
         self.live = 0
@@ -149,7 +146,7 @@ class WorkerPool:
                 except ZygoteRefused:
                     pass  # a fork from here says why, if it fails too
                 except ZygoteError as e:
-                    self._zygote_lost(zygote, str(e))
+                    self.zygotes.lost(zygote, str(e))
             return Worker(self.owner, self.memory_mb)
         except BaseException:
             with self._lock:
@@ -157,38 +154,8 @@ class WorkerPool:
             raise
 
     def zygote(self) -> Zygote | None:
-        """The zygote once ready, started on first use and again if it dies (`ZYGOTE_STARTS` in all);
-        None while it starts and where none can be had: workers are then forks of this process."""
-        with self._zygote_lock:
-            zygote = self._zygote
-            if zygote is None:
-                if self._zygote_starts >= ZYGOTE_STARTS:
-                    return None
-                self._zygote_starts += 1
-                try:
-                    zygote = self._zygote = Zygote(self.owner)
-                except Exception as e:  # mostly: the environment does not pickle. Workers are forks of this process
-                    self._zygote_starts = ZYGOTE_STARTS
-                    log.info("reward workers of %s start as forks of the rollout actor (no zygote: %s: %s)",
-                             type(self.owner).__name__, type(e).__name__, e)
-                    return None
-        try:
-            return zygote if zygote.ready() else None
-        except ZygoteError as e:
-            self._zygote_lost(zygote, str(e))
-            return None
-
-    def _zygote_lost(self, zygote: Zygote, why: str) -> None:
-        with self._zygote_lock:
-            if self._zygote is zygote:
-                self._zygote = None
-                if not zygote.was_ready:  # it could not load the environment: a new one would not either
-                    self._zygote_starts = ZYGOTE_STARTS
-                more = self._zygote_starts < ZYGOTE_STARTS
-                # one that never loaded the environment is a fallback, not a fault (a class in __main__)
-                log.log(logging.WARNING if zygote.was_ready else logging.INFO, "%s; reward workers %s", why,
-                        "start from a new zygote" if more else "start as forks of the rollout actor from now on")
-        zygote.close()
+        """The pool's zygote once ready (`rlcore.envs.reward_zygote.ZygoteHolder`); None: fork."""
+        return self.zygotes.get()
 
     def give(self, worker: Worker) -> None:
         """Back to the idle workers (up to `MAX_IDLE`)."""
@@ -236,10 +203,7 @@ class WorkerPool:
             self.live -= len(idle)
         kill_all(idle)
         self.reap()
-        with self._zygote_lock:
-            zygote, self._zygote = self._zygote, None
-        if zygote is not None:
-            zygote.close()
+        self.zygotes.close()
 
 
 class _Run:

@@ -30,6 +30,7 @@ workers from the actor, as before (:class:`rlcore.envs.reward_workers.WorkerPool
 from __future__ import annotations
 
 import importlib
+import logging
 import math
 import os
 import pickle
@@ -46,6 +47,7 @@ from multiprocessing.reduction import recvfds, sendfds
 
 from rlcore.envs.reward_worker_progress import EXIT, Progress
 
+log = logging.getLogger("rlcore")
 _SPAWNER = ThreadPoolExecutor(1, thread_name_prefix="rlcore-zygote-spawner")
 """Starts the zygotes: its one thread lives as long as the process, so the zygote's
 PR_SET_PDEATHSIG (which fires when the *thread* that started it ends) fires when the actor dies."""
@@ -146,6 +148,62 @@ class Zygote:
         self.conn.close()
         self.sock.close()
 
+
+
+STARTS = 3
+"""Zygotes one pool starts (a first, new ones when one dies) before its workers are only forks."""
+
+
+class ZygoteHolder:
+    """A pool's zygote: started on first use, replaced when it dies (`STARTS` in all), given up
+    for good when it could not load the environment. Thread-safe."""
+
+    def __init__(self, owner, enabled: bool = True):
+        self.owner = owner
+        self.starts = 0 if enabled else STARTS
+        self._zygote: Zygote | None = None
+        self._lock = threading.Lock()
+
+    def get(self) -> Zygote | None:
+        """The zygote once ready; None while it starts and where none can be had (workers are
+        then forks of the actor)."""
+        with self._lock:
+            zygote = self._zygote
+            if zygote is None:
+                if self.starts >= STARTS:
+                    return None
+                self.starts += 1
+                try:
+                    zygote = self._zygote = Zygote(self.owner)
+                except Exception as e:  # mostly: the environment does not pickle. Workers are forks of the actor
+                    self.starts = STARTS
+                    log.info("reward workers of %s start as forks of the rollout actor (no zygote: %s: %s)",
+                             type(self.owner).__name__, type(e).__name__, e)
+                    return None
+        try:
+            return zygote if zygote.ready() else None
+        except ZygoteError as e:
+            self.lost(zygote, str(e))
+            return None
+
+    def lost(self, zygote: Zygote, why: str) -> None:
+        """`zygote` failed (`why`): closed, and replaced on the next `get` while starts are left."""
+        with self._lock:
+            if self._zygote is zygote:
+                self._zygote = None
+                if not zygote.was_ready:  # it could not load the environment: a new one would not either
+                    self.starts = STARTS
+                more = self.starts < STARTS
+                # one that never loaded the environment is a fallback, not a fault (a class in __main__)
+                log.log(logging.WARNING if zygote.was_ready else logging.INFO, "%s; reward workers %s", why,
+                        "start from a new zygote" if more else "start as forks of the rollout actor from now on")
+        zygote.close()
+
+    def close(self) -> None:
+        with self._lock:
+            zygote, self._zygote = self._zygote, None
+        if zygote is not None:
+            zygote.close()
 
 class ZygoteChild:
     """A keeper the zygote forked, with what the actor needs of a `multiprocessing.Process`:
