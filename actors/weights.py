@@ -318,8 +318,9 @@ class WeightSync:
         """After a sync, every engine's teacher-forced logprobs on the canary's tokens must match
         the trainer's within the bounds the first sync calibrated (a stale, partial or mis-mapped
         sync shows as whole nats of gap); the first sync sets them (one console line). Later
-        canaries run beside the next step and `finish_canary` checks them (returns {} then),
-        unless `rollout.canary_blocking`, engines that sleep, or a failed one make this one wait."""
+        canaries of an asynchronous run go beside the next step and `finish_canary` checks them
+        (returns {} then), unless `rollout.canary_blocking`, engines that sleep, or a failed one
+        make this one wait."""
         r = self.cfg.rollout
         if r.canary_prompts <= 0:
             return {}
@@ -328,7 +329,10 @@ class WeightSync:
         # both sides at once: the sync already finished, so each scores the same version (a
         # trainer rank runs its calls in order: its canary comes before the next step's)
         pending = (version, actors, self.trainers.canary(pairs), self.rollouts.canary(actors, pairs), start)
-        if self.canary_bounds is not None and not (r.canary_blocking or self.sleep_level or self._canary_waits):
+        # a synchronous run's next step generates at once: its canary waits, so the engines serve
+        # nothing else meanwhile and a run and its resume stay exact (evaluations included)
+        beside = self.cfg.algo.max_off_policy_steps > 0 and not (r.canary_blocking or self.sleep_level)
+        if self.canary_bounds is not None and beside and not self._canary_waits:
             self._canary = pending  # checked by `finish_canary` when the next sync starts
             return {}
         metrics = self._check(*pending)

@@ -211,7 +211,7 @@ class CanaryRollouts(Rollouts):
         return []
 
 
-def canary_sync(monkeypatch, blocking=False, broken=()):
+def canary_sync(monkeypatch, blocking=False, broken=(), off_policy=1):
     from types import SimpleNamespace
     events = []
 
@@ -227,7 +227,7 @@ def canary_sync(monkeypatch, blocking=False, broken=()):
     s.run, s.sleep_level, s.canary_bounds, s._canary_pairs = SimpleNamespace(version=0), 0, None, PAIRS
     s.cfg = SimpleNamespace(rollout=SimpleNamespace(
         canary_prompts=1, canary_blocking=blocking, canary_multiple=4.0, canary_floor=0.05, canary_max_floor=0.5,
-        canary_calibration_limit=1.0, max_mismatch=None))
+        canary_calibration_limit=1.0, max_mismatch=None), algo=SimpleNamespace(max_off_policy_steps=off_policy))
     return s, events
 
 
@@ -246,8 +246,10 @@ def test_the_canary_runs_beside_the_next_step_and_is_checked_before_the_next_syn
     assert s.finish_canary()["canary_version"] == 2 and s.finish_canary() == {}  # the run's end
 
 
-def test_a_canary_that_waits_is_checked_in_its_own_sync(monkeypatch):
-    s, events = canary_sync(monkeypatch, blocking=True)
+@pytest.mark.parametrize("blocking,off_policy", [(True, 1), (False, 0)])
+def test_a_canary_that_waits_is_checked_in_its_own_sync(monkeypatch, blocking, off_policy):
+    """canary_blocking=true, and every synchronous run (its next step would generate beside it)."""
+    s, events = canary_sync(monkeypatch, blocking=blocking, off_policy=off_policy)
     s._reform_and_sync(0, [0], reform=False)
     assert s._reform_and_sync(1, [0], reform=False)["canary_version"] == 1 and s._canary is None
 

@@ -177,7 +177,8 @@ class RolloutConfig(EngineGroupConfig):
     """true: every sync waits for its canary before the next step starts (no sample of a broken
     sync is ever trained on); false: the canary runs beside the next step and is checked when the
     next sync starts (a broken sync still stops the run, one step later; off the step's critical
-    path: 0.05-0.2 s a step on one GPU). The first sync, and engines that sleep, always wait."""
+    path: 0.05-0.2 s a step on one GPU). The first sync, engines that sleep and synchronous runs
+    (`algo.max_off_policy_steps=0`, exact on resume) always wait."""
     canary_calibration_limit: float = 1.0
     """Largest mean gap (nats) the first sync may leave: past it the engines do not serve the
     trainer's weights even then (broken syncs leave whole nats, bf16 noise < 0.1) and the run stops."""
