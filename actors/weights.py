@@ -347,7 +347,8 @@ class WeightSync:
             return {}
         version, actors, trainer_refs, engine_refs, _ = pending
         # an engine that left the serving set since (dead, frozen) is not waited for
-        kept = [(i, ref) for i, ref in zip(actors, engine_refs) if i in set(self.rollouts.serving)]
+        serving = set(self.rollouts.serving)
+        kept = [(i, ref) for i, ref in zip(actors, engine_refs) if i in serving]
         if not kept:
             return {}
         # canary_time_s: what the driver waited for it, not the step it ran beside

@@ -149,7 +149,6 @@ class Zygote:
         self.sock.close()
 
 
-
 STARTS = 3
 """Zygotes one pool starts (a first, new ones when one dies) before its workers are only forks."""
 
@@ -204,6 +203,7 @@ class ZygoteHolder:
             zygote, self._zygote = self._zygote, None
         if zygote is not None:
             zygote.close()
+
 
 class ZygoteChild:
     """A keeper the zygote forked, with what the actor needs of a `multiprocessing.Process`:
