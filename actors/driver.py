@@ -27,6 +27,7 @@ import ray
 
 from actors.groups import Groups, bundle_nodes, multi_node, note_moved, place
 from actors.lifecycle import StepHooks
+from actors.profiling import RunProfiler
 from actors.recovery import TrainerRecovery
 from actors.trainer_group import TokenDataLost
 from actors.remote import ActorDied, RunError, failed_names, get, refs_ready, wait_ready  # noqa: F401 (re-exported)
@@ -88,6 +89,7 @@ class Driver:
         self.rollouts: RolloutGroup | None = None
         self.weights: WeightSync | None = None
         self.hooks: StepHooks | None = None  # resume, checkpoints, evaluation, data-order log
+        self.profiler: RunProfiler | None = None  # profile.steps
         self.recovery: TrainerRecovery | None = None  # a dead trainer rank: restart from the last checkpoint
         self.teacher: TeacherStage | None = None  # on-policy distillation: scores groups before the buffer
         self._rollout_busy_last = 0.0
@@ -119,6 +121,7 @@ class Driver:
                                self.startup, self.starts, self.teacher)
         # fresh: SFT warm-up, then sync version 0; resume: load the checkpoint, sync its weights
         self.hooks.setup()
+        self.profiler = RunProfiler(cfg, self.trainers, self.rollouts)
         self.recovery = TrainerRecovery(cfg, self.trainers, self.rollouts, self.weights, self.hooks, run, self.buffer,
                                         self.teacher, self.failures)
 
@@ -149,12 +152,14 @@ class Driver:
                     self.admit_restarted()
                 self.launch(run.step + (1 if train else 0))
                 if not train and (state := self.next_batch()) is not None:
+                    self.profiler.begin(state.step + 1)  # profile.steps: every process records it
                     train = self.start_train(state)
                     self.launch(run.step + 1)
                 gen_tokens += self.react(self.wait(train), logger)
                 if train and self.trainers.step_done(train):
                     self.train_and_sync(train, state)
                     train, now = [], time.perf_counter()
+                    self.profiler.end(state.step + 1)  # (its traces' hand-back falls in the next step's time)
                     record = self.step_record(state, now - last_end, now - run_start, gen_tokens)
                     self.log_step(record, state, logger)
                     history.append(record)
@@ -174,6 +179,7 @@ class Driver:
                     run.version_base = run.version - run.step  # a synced step whose row was lost moves it
                 train, state, gen_tokens, last_end = [], None, 0, time.perf_counter()
         self.weights.finish_canary()  # the last sync's, when it ran beside the last step
+        self.profiler.close()
         self.hooks.finish(logger)
         return history
 

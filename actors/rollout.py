@@ -20,6 +20,7 @@ from rlcore.envs import make_env
 from rlcore.envs.safety import threads_abandoned
 from rlcore.meta import samples_meta
 from rlcore.models.tokenizer_build import build_tokenizer
+from rlcore.profiling import source_info
 from rlcore.faults import NotInWeightGroup
 from rlcore.transfer import first_rank, make_receiver, transfer_options, world_size
 from rlcore.transfer.plan import SyncPlan
@@ -166,6 +167,16 @@ class RolloutWorker:
 
     def policy_version(self) -> int:
         return self.engine.policy_version
+
+    def start_profile(self, label: str) -> dict:
+        """Record the engine's work (`profile.steps`) until `stop_profile`; what the timeline
+        needs to know of this process (`rlcore.profiling.source_info`)."""
+        self.engine.start_profile(label, self.cfg.profile.with_stack, self.cfg.profile.cpu_ops)
+        return source_info(f"engine {self.index}", "engine")
+
+    def stop_profile(self) -> list[tuple[str, bytes]]:
+        """The engine's trace files since `start_profile`, as (name, bytes)."""
+        return self.engine.stop_profile()
 
     def rng_state(self):
         """The engine's sampling RNG state (None if the engine has none)."""

@@ -18,6 +18,7 @@ from rlcore.checkpoint import load_trainer, save_trainer
 from rlcore.config import RunConfig
 from rlcore.engine.registry import tensor_parallel_size, weight_transport
 from rlcore.packing import MicroBatch
+from rlcore.profiling import TraceRecorder, source_info
 from rlcore.step import RankWork, rank_micro_batches, rank_sample_versions, shown_logprobs, shown_positions
 from rlcore.transfer import make_sender, sender_for, transfer_options, world_size
 from rlcore.transfer.base import Sender
@@ -56,6 +57,7 @@ class TrainerRank:
         # aliases of the parameters a colocated one-rank sync reads (None: not built, or this
         # rank does not hold every parameter whole); a checkpoint load rebuilds them
         self._whole: list[tuple[str, torch.Tensor]] | None = None
+        self._recorder: TraceRecorder | None = None  # `profile.steps`
 
     def address(self) -> tuple[str, int]:
         """Where this rank can host a rendezvous (called on rank 0)."""
@@ -187,6 +189,22 @@ class TrainerRank:
             for _ in params:
                 pass
         return {"sync_bytes": sent, "sync_send_s": time.perf_counter() - start}
+
+    def start_profile(self, label: str) -> dict:
+        """Record this rank (`profile.steps`: its CPU ops and GPU kernels) until `stop_profile`;
+        what the timeline needs to know of this process (`rlcore.profiling.source_info`)."""
+        if self._recorder is None:
+            self._recorder = TraceRecorder(self.cfg.profile.with_stack, self.cfg.profile.cpu_ops)
+        self._recorder.start(label)
+        return source_info(f"trainer rank {self.rank}", "trainer")
+
+    def stop_profile(self) -> list[tuple[str, bytes]]:
+        """This rank's trace since `start_profile`, as [(name, gzipped Chrome trace bytes)]."""
+        if self._recorder is None:
+            return []
+        if self.device == "cuda":
+            torch.cuda.synchronize()  # the step's last kernels end inside the recording
+        return self._recorder.stop()
 
     def full_state(self) -> dict[str, torch.Tensor]:
         """Full parameters on CPU (collective; for tests and checks)."""

@@ -16,6 +16,9 @@
 # MPS_ENGINE_PCT=P the engine's processes may use at most P% of the SMs (rollout.env_vars:
 # CUDA_MPS_ACTIVE_THREAD_PERCENTAGE), the trainer all. The avs and sleep parts generate every
 # completion to max_new_tokens (ignore_eos: the same work in every run; AVS_FIXED=0: stop at EOS).
+# PROFILE_STEPS="7,9" records those steps of every avs run (profile.steps): each run's timeline
+# summary goes to OUT/timeline_TAG.txt, and the trainer's and engine's traces of the last
+# max_off_policy_steps value to OUT (open them, or the merged timeline, in ui.perfetto.dev).
 set -uo pipefail
 OUT=${1:?output dir}; PARTS=${2:-"test avs sleep 4b"}
 mkdir -p "$OUT"
@@ -31,6 +34,7 @@ G="model=qwen3_06b_char rollout.engine=vllm trainer.gpus_per_rank=1 rollout.gpus
    trainer.cpus_per_rank=4 rollout.cpus_per_actor=4 +rollout.vllm.engine_kwargs.enforce_eager=${EAGER:-true}
    +rollout.vllm.engine_kwargs.max_model_len=1024 trainer.lr=1e-4 checkpoint.save_final=false sft.warmup_steps=0"
 [[ ${AVS_FIXED:-1} == 1 ]] && G="$G +rollout.vllm.sampling_kwargs.ignore_eos=true"
+[[ -n ${PROFILE_STEPS:-} ]] && G="$G profile.steps=[$PROFILE_STEPS]"
 [[ -n ${MPS_ENGINE_PCT:-} ]] && G="$G +rollout.env_vars.CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=$MPS_ENGINE_PCT"
 W=/tmp/rlcore-colocated; mkdir -p $W
 if [[ $PARTS == *test* ]]; then
@@ -47,6 +51,16 @@ if [[ $PARTS == *avs* ]]; then
     ${AVS_EXTRA:-} 2>&1 | tee "$OUT/avs${AVS_TAG:-}.log"
   ( cd $W/avs${AVS_TAG:-} && find . -name metrics.jsonl | while read -r f; do
       d=$(dirname "${f#./}"); cp "$f" "$OUT/avs${AVS_TAG:-}_${d//\//_}.jsonl"; done )
+  if [[ -n ${PROFILE_STEPS:-} ]]; then
+    for d in $(find $W/avs${AVS_TAG:-} -name windows.jsonl | sort); do
+      run=$(dirname "$(dirname "$d")"); echo "== ${run#$W/}" >> "$OUT/timeline${AVS_TAG:-}.txt"
+      python -m rlcore.timeline "$run" >> "$OUT/timeline${AVS_TAG:-}.txt" 2>&1
+      last=$run
+    done
+    for s in trainer0 engine0; do  # the last run's traces (largest first out if over the size limit)
+      f=$(ls -S "$last/profile/$s"/*.json.gz 2>/dev/null | tail -1); [[ -n $f ]] && cp "$f" "$OUT/trace_$s.json.gz"
+    done
+  fi
 fi
 if [[ $PARTS == *sleep* ]]; then
   python benchmarks/async_vs_sync.py --steps "${AVS_STEPS:-6}" --warmup 2 --timeout "${AVS_TIMEOUT:-300}" --out $W/avs/sleep \

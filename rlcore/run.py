@@ -252,6 +252,9 @@ def _run_session(cfg: RunConfig, prepared, out: Path, events: EventLog) -> int:
             write_run_plot(out)  # before the summary, which points to it
             print(summary(cfg, history, logger.eval_rows, ray_phase.done + driver.startup.done,
                           getattr(driver, "ready_at", None)))
+            profiler = getattr(driver, "profiler", None)  # profile.steps: the recorded steps' timeline
+            for line in profiler.report() if profiler is not None else []:
+                print(line)
         if stop.requested:
             events.write("interrupt", f"{stop.signal_name or 'SIGINT'}: stopped after the step in flight",
                          step=history[-1].get("step") if history else None)

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
-ENTRY_POINTS = ["rlcore.run", "rlcore.mismatch", "rlcore.export", "rlcore.plot", "rlcore.watch",
+ENTRY_POINTS = ["rlcore.run", "rlcore.mismatch", "rlcore.export", "rlcore.plot", "rlcore.timeline", "rlcore.watch",
                 "launch.local_cluster", "launch.submit", "launch.placement_check"]
 
 

@@ -89,11 +89,21 @@ def test_fsdp_two_ranks_weights_reach_engine(ray_cluster, tmp_path):
 
 def test_cli_run_writes_metrics(tmp_path):
     out = tmp_path / "run"
-    proc = subprocess.run([sys.executable, "-m", "rlcore.run", "steps=3", f"output_dir={out}"],
+    proc = subprocess.run([sys.executable, "-m", "rlcore.run", "steps=3", f"output_dir={out}", "profile.steps=[2]"],
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2, 3]
+    # profile.steps: step 2 of the trainer rank and the engine on one timeline, summed up at the end
+    windows = [json.loads(line) for line in (out / "profile" / "windows.jsonl").read_text().splitlines()]
+    assert [w["step"] for w in windows] == [2] and windows[0]["processes"] == ["engine0", "trainer0"]
+    for source in ("engine0", "trainer0"):
+        assert list((out / "profile" / source).glob("step2*.json.gz")), source
+    assert "profile: step 2, " in proc.stdout and "(2 of 2 processes recorded in it)" in proc.stdout
+    assert "trainer rank 0" in proc.stdout and "engine 0" in proc.stdout  # CPU ops of each (no GPU here)
+    again = subprocess.run([sys.executable, "-m", "rlcore.timeline", str(out)], capture_output=True, text=True,
+                           timeout=120)
+    assert again.returncode == 0 and "profile: step 2, " in again.stdout, again.stderr
     for r in rows:
         assert REQUIRED <= set(r), REQUIRED - set(r)
         assert r["max_staleness"] <= 1

@@ -118,3 +118,20 @@ class EvalConfig:
     """Sampling seed of evaluation requests: every evaluation draws with the same randomness."""
     timeout_s: float = 600.0
     """Longest the end of a run waits for evaluations still running."""
+
+
+@dataclass
+class ProfileConfig:
+    """A timeline of chosen RL steps: every trainer rank and every engine records its CPU ops and
+    GPU kernels over the same wall-clock window (`python -m rlcore.timeline OUTPUT_DIR`)."""
+
+    steps: list[int] = field(default_factory=list)
+    """RL steps (1-based) to record, each from the moment its batch goes to the trainer until its
+    weights reach the engines; traces land in `{output_dir}/profile` (empty = record nothing)."""
+    cpu_ops: bool = True
+    """The trainer ranks (and in-process engines) record their CPU ops too, not only GPU kernels and
+    copies: what each thread ran, at a cost (a launch-bound step of 28k kernels ran 1.5-2x slower)."""
+    with_stack: bool = False
+    """Record Python stacks of the trainer's and the engines' ops (larger traces, slower steps)."""
+    timeout_s: float = 300.0
+    """Longest a process may take to start or to stop and hand back its trace."""

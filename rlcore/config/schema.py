@@ -13,7 +13,7 @@ from typing import Any, Optional
 from omegaconf import MISSING
 
 from rlcore.config.engines import EngineGroupConfig, HFOptions, VLLMOptions
-from rlcore.config.lifecycle import CheckpointConfig, EvalConfig, LoggerConfig, SFTConfig, StorageConfig
+from rlcore.config.lifecycle import CheckpointConfig, EvalConfig, LoggerConfig, ProfileConfig, SFTConfig, StorageConfig
 from rlcore.config.losses import CispoOptions, DapoOptions, DrGrpoOptions, GspoOptions
 from rlcore.config.teacher import TeacherConfig
 
@@ -331,6 +331,8 @@ class RunConfig:
     """Evaluation (`mode=eval`, and periodic evaluation during `rl`)."""
     teacher: TeacherConfig = field(default_factory=TeacherConfig)
     """On-policy distillation: the teacher group that scores the student's samples (`rl`)."""
+    profile: ProfileConfig = field(default_factory=ProfileConfig)
+    """A timeline (CPU ops and GPU kernels of every trainer rank and engine) of chosen RL steps."""
     placement: str = "auto"
     """Where trainer ranks and engines go: `split` (their own GPUs), `colocated` (one trainer rank
     and one TP=1 engine share each GPU; weights move over CUDA IPC) or `auto` (colocated when both

@@ -133,6 +133,23 @@ class RolloutEngine(abc.ABC):
         and the transport's own receiver delivers each sync through :meth:`apply_weights`."""
         return None
 
+    # ---- profiling (`profile.steps`): by default torch.profiler records the actor's own process
+
+    def start_profile(self, label: str, with_stack: bool = False, cpu_ops: bool = True) -> None:
+        """Record this engine's GPU kernels (and CPU ops, `cpu_ops`) until :meth:`stop_profile`;
+        `label` names the trace (e.g. `step3`). Engines whose work runs in processes of their own override both
+        (and declare `EngineSpec.traced_elsewhere`)."""
+        from rlcore.profiling import TraceRecorder
+
+        if getattr(self, "_trace_recorder", None) is None:
+            self._trace_recorder = TraceRecorder(with_stack, cpu_ops)
+        self._trace_recorder.start(label)
+
+    def stop_profile(self) -> list[tuple[str, bytes]]:
+        """End the recording; its trace files as (name, Chrome trace bytes, gzipped or not)."""
+        recorder = getattr(self, "_trace_recorder", None)
+        return recorder.stop() if recorder is not None else []
+
     # ---- sleep mode (colocated engines that free their GPU memory while the trainer steps)
 
     def sleep(self, level: int) -> float:

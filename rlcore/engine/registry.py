@@ -26,6 +26,7 @@ receiver from `RolloutEngine.receiver`, in its own folder (vLLM's: `rlcore/engin
 from __future__ import annotations
 
 import importlib
+import tempfile
 from dataclasses import dataclass, fields, is_dataclass
 from typing import TYPE_CHECKING, Any, Callable
 
@@ -85,6 +86,11 @@ class EngineSpec:
     """Its own config checks (run by `rlcore.plan.validate`), as (key, message) pairs."""
     scores_top_k: bool = False
     """It implements `RolloutEngine.score_top_k_batch` (a teacher with `teacher.top_k` > 0)."""
+    traced_elsewhere: bool = False
+    """Its work runs in processes of its own (vLLM's engine core): when the run records steps
+    (`profile.steps`) its `from_config` gets `profile_dir` (a folder on its node its processes
+    write their traces to) and `profile_with_stack`, and it overrides `RolloutEngine.start_profile`
+    and `stop_profile`; False: the default records the actor's own process."""
     prestart: str | None = None
     """`module:function`, called with its section by the engine's actor first thing, before the
     actor's tokenizer and the engine's build (vLLM: starts the server its engine core is forked
@@ -99,7 +105,7 @@ _BUILT_IN = (
                memory_budget_kwarg="kv_cache_memory_bytes", planned_kwargs=vllm_planned_kwargs,
                rollout_only=("weight_reload", "kv_on_update", "quantization", "sleep_level", "routing_replay",
                              "sampling_kwargs"),
-               problems=vllm_problems, prestart="rlcore.engine.vllm.warm_core:prestart"),
+               problems=vllm_problems, prestart="rlcore.engine.vllm.warm_core:prestart", traced_elsewhere=True),
 )
 _ENGINES: dict[str, EngineSpec] = {}
 
@@ -170,8 +176,11 @@ def make_engine(cfg: RunConfig, tokenizer: Any, seed: int) -> RolloutEngine:
     """Build `cfg.rollout.engine` for `cfg.model` from its own section
     (:meth:`RolloutEngine.from_config`), on CUDA when `rollout.gpus_per_actor` > 0."""
     r = cfg.rollout
+    extra: dict[str, Any] = {}
+    if cfg.profile.steps and engine_spec(r.engine).traced_elsewhere:
+        extra = {"profile_dir": tempfile.mkdtemp(prefix="rlcore-profile-"), "profile_with_stack": cfg.profile.with_stack}
     return engine_class(r.engine).from_config(engine_options(r), cfg.model, seed=seed, tokenizer=tokenizer,
-                                              device="cuda" if r.gpus_per_actor > 0 else "cpu")
+                                              device="cuda" if r.gpus_per_actor > 0 else "cpu", **extra)
 
 
 def prestart_engine(group: RolloutConfig | TeacherConfig) -> None:

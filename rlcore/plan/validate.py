@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from rlcore import profiling
 from rlcore.storage import checkpoint_dirs
 from rlcore.algo import validate_algo  # the algorithm family validates its own switches
 from rlcore.config.errors import raise_problems
@@ -268,9 +269,9 @@ def fp8_problems(cfg: RunConfig) -> list[tuple[str, str]]:
 
 
 def lifecycle_problems(cfg: RunConfig) -> list[tuple[str, str]]:
-    """checkpoint.*, sft.*, eval.* and the learning-rate schedule (each module checks its own)."""
+    """checkpoint.*, sft.*, eval.*, profile.* and the learning-rate schedule (each module checks its own)."""
     return [*schedule_problems(cfg.trainer), *checkpoint_dirs.config_problems(cfg), *sft_problems(cfg),
-            *eval_problems(cfg)]
+            *eval_problems(cfg), *profiling.config_problems(cfg)]
 
 
 def sft_problems(cfg: RunConfig) -> list[tuple[str, str]]:

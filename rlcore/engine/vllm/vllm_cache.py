@@ -36,7 +36,7 @@ from typing import Any, Callable
 
 from rlcore.models.shipped import cache_root
 
-NOT_IN_KEY = ("seed",)
+NOT_IN_KEY = ("seed", "profiler_config")
 """Engine arguments that do not change the compiled graphs (vLLM's hash leaves them out)."""
 
 

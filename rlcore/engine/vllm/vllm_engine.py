@@ -84,6 +84,8 @@ class VLLMEngine(WeightUpdates, VersionMarks, ColocatedEngine, RolloutEngine):
         rpc_timeout_s: float = 300.0,
         startup_timeout_s: float = 1200.0,
         vision: Any = None,
+        profile_dir: str | None = None,
+        profile_with_stack: bool = False,
         **engine_kwargs: Any,
     ) -> None:
         """Start the engine (blocks until vLLM is ready, at most ``startup_timeout_s``).
@@ -97,6 +99,8 @@ class VLLMEngine(WeightUpdates, VersionMarks, ColocatedEngine, RolloutEngine):
         of ``AsyncLLM.pause_generation`` (not needed here, see the module docstring on versions).
         ``output_mode``: how token versions are tracked (module docstring). ``extra_sampling`` is
         merged into every request's vLLM ``SamplingParams`` (e.g. ``{"ignore_eos": True}`` for benchmarks).
+        ``profile_dir``: the folder vLLM's workers write their torch.profiler traces to between
+        :meth:`start_profile` and :meth:`stop_profile` (None: the engine records nothing).
         Other keyword arguments go to vLLM's ``AsyncEngineArgs``.
         """
         if reload not in ("layerwise", "direct"):
@@ -147,6 +151,11 @@ class VLLMEngine(WeightUpdates, VersionMarks, ColocatedEngine, RolloutEngine):
             self._engine_args["quantization"] = quantization
         if vision is not None:
             self._engine_args["limit_mm_per_prompt"] = {"image": 4, "video": 0}
+        self._profile_dir, self._profile_seen = profile_dir, set()
+        if profile_dir is not None:  # the workers' own profiler; the front end (this process) is left out
+            self._engine_args["profiler_config"] = {
+                "profiler": "torch", "torch_profiler_dir": profile_dir, "torch_profiler_with_stack": profile_with_stack,
+                "ignore_frontend": True, "torch_profiler_dump_cuda_time_total": False}
         self._engine_args.update(engine_kwargs)
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="vllm-engine-loop", daemon=True)
@@ -182,8 +191,12 @@ class VLLMEngine(WeightUpdates, VersionMarks, ColocatedEngine, RolloutEngine):
 
         self._update_lock = asyncio.Lock()
         warm_core.use_for_vllm()  # where the actor started the warm server (else vLLM's spawn)
+        args = dict(self._engine_args)
+        if isinstance(args.get("profiler_config"), dict):  # EngineArgs converts no dict of this one
+            from vllm.config import ProfilerConfig
+            args["profiler_config"] = ProfilerConfig(**args["profiler_config"])
         # Created on the loop so AsyncLLM starts its output handler on this loop.
-        return AsyncLLM.from_engine_args(AsyncEngineArgs(**self._engine_args))
+        return AsyncLLM.from_engine_args(AsyncEngineArgs(**args))
 
     def _call(self, coro: Any, timeout_s: float | None, what: str) -> Any:
         """Run ``coro`` on the engine loop and wait at most ``timeout_s`` (None: no limit)."""
@@ -348,6 +361,22 @@ class VLLMEngine(WeightUpdates, VersionMarks, ColocatedEngine, RolloutEngine):
         return None if cls is None else cls(seat, self)
 
     # ---------------------------------------------------------------- worker calls
+
+    def start_profile(self, label: str, with_stack: bool = False, cpu_ops: bool = True) -> None:
+        """The engine core's workers start their profiler (the engine was built with
+        `profile_dir`; `with_stack` was fixed then; vLLM's workers always record CPU ops too)."""
+        if self._profile_dir is None:
+            raise RuntimeError("this vLLM engine was built without profile_dir: it cannot record a trace")
+        self._call(self._llm.start_profile(profile_prefix=label), self.rpc_timeout_s, "start_profile")
+
+    def stop_profile(self) -> list[tuple[str, bytes]]:
+        """The workers stop and write their traces; returns the files they wrote since the last call."""
+        from rlcore.profiling import read_new
+
+        if self._profile_dir is None:
+            return []
+        self._call(self._llm.stop_profile(), self.rpc_timeout_s, "stop_profile")
+        return read_new(self._profile_dir, self._profile_seen)
 
     async def _rpc(self, method: str, **kwargs: Any) -> list:
         return await self._llm.collective_rpc(method, timeout=self.rpc_timeout_s, kwargs=kwargs or None)
