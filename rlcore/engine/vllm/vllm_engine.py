@@ -46,6 +46,7 @@ from rlcore.engine.vllm.vllm_updates import KVOnUpdate, Reload, WeightUpdates, c
 from rlcore.engine.vllm.vllm_versions import InFlightRequest, VersionMarks
 from rlcore.engine.vllm.vllm_worker import WORKER_EXTENSION
 from rlcore.models.vision import collapse_image_tokens
+from rlcore.profiling import read_new
 from rlcore.weights_protocol import Receiver, Seat
 
 log = logging.getLogger(__name__)
@@ -238,9 +239,10 @@ class VLLMEngine(WeightUpdates, VersionMarks, ColocatedEngine, RolloutEngine):
             output_kind=RequestOutputKind.FINAL_ONLY if self.output_mode == "final" else RequestOutputKind.DELTA,
             detokenize=False,
         )
-        if self.vision is not None:  # never sample an image token (see HFEngine.generate)
-            kwargs["logit_bias"] = {self.vision.image_token_id: -100.0, self.vision.image_token_id + 1: -100.0}
         kwargs.update(self._extra_sampling)
+        if self.vision is not None:  # never sample an image token (see HFEngine.generate), whatever the user's bias
+            image = {self.vision.image_token_id: -100.0, self.vision.image_token_id + 1: -100.0}
+            kwargs["logit_bias"] = {**(kwargs.get("logit_bias") or {}), **image}
         return VSamplingParams(**kwargs)
 
     def _prompt(self, prompt: list[int], images: list | None) -> Any:
@@ -371,8 +373,6 @@ class VLLMEngine(WeightUpdates, VersionMarks, ColocatedEngine, RolloutEngine):
 
     def stop_profile(self) -> list[tuple[str, bytes]]:
         """The workers stop and write their traces; returns the files they wrote since the last call."""
-        from rlcore.profiling import read_new
-
         if self._profile_dir is None:
             return []
         self._call(self._llm.stop_profile(), self.rpc_timeout_s, "stop_profile")
