@@ -130,7 +130,7 @@ class ProfileConfig:
     weights reach the engines; traces land in `{output_dir}/profile` (empty = record nothing)."""
     cpu_ops: bool = True
     """The trainer ranks (and in-process engines) record their CPU ops too, not only GPU kernels and
-    copies: what each thread ran, at a cost (a launch-bound step of 28k kernels ran 1.5-2x slower)."""
+    copies: what each thread ran, at a cost to a launch-bound step (false: kernels and copies only)."""
     with_stack: bool = False
     """Record Python stacks of the trainer's and the engines' ops (larger traces, slower steps)."""
     timeout_s: float = 300.0

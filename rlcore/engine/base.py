@@ -137,8 +137,8 @@ class RolloutEngine(abc.ABC):
 
     def start_profile(self, label: str, with_stack: bool = False, cpu_ops: bool = True) -> None:
         """Record this engine's GPU kernels (and CPU ops, `cpu_ops`) until :meth:`stop_profile`;
-        `label` names the trace (e.g. `step3`). Engines whose work runs in processes of their own override both
-        (and declare `EngineSpec.traced_elsewhere`)."""
+        `label` names the trace (e.g. `step3`). Engines whose work runs in processes of their own
+        override both (and declare `EngineSpec.traced_elsewhere`)."""
         from rlcore.profiling import TraceRecorder
 
         if getattr(self, "_trace_recorder", None) is None:

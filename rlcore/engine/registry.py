@@ -178,7 +178,8 @@ def make_engine(cfg: RunConfig, tokenizer: Any, seed: int) -> RolloutEngine:
     r = cfg.rollout
     extra: dict[str, Any] = {}
     if cfg.profile.steps and engine_spec(r.engine).traced_elsewhere:
-        extra = {"profile_dir": tempfile.mkdtemp(prefix="rlcore-profile-"), "profile_with_stack": cfg.profile.with_stack}
+        extra = {"profile_dir": tempfile.mkdtemp(prefix="rlcore-profile-"),
+                 "profile_with_stack": cfg.profile.with_stack}
     return engine_class(r.engine).from_config(engine_options(r), cfg.model, seed=seed, tokenizer=tokenizer,
                                               device="cuda" if r.gpus_per_actor > 0 else "cpu", **extra)
 
