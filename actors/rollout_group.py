@@ -21,7 +21,7 @@ import ray
 
 from actors.membership import Members
 from actors.stall_watch import BEFORE_SYNC_S, StallWatch
-from actors.remote import died, forget, get
+from actors.remote import ActorDied, died, forget, get
 from actors.rollout_stream import Ended, Stream, launch_stream
 from actors.run_state import RunState
 from rlcore.buffer import RolloutBuffer
@@ -362,9 +362,16 @@ class RolloutGroup:
     def rng_states(self) -> list:
         """Each actor's engine RNG state, None for one not serving (a restarting engine has no
         state worth keeping: it keeps its own seed on resume)."""
-        serving = self.serving
-        states = get([self.handles[i].rng_state.remote() for i in serving], CONTROL_TIMEOUT_S, "engine RNG state")
-        return [states[serving.index(i)] if i in serving else None for i in range(len(self.handles))]
+        states: list = [None] * len(self.handles)
+        calls = [(i, self.handles[i].rng_state.remote()) for i in self.serving]
+        deadline = time.monotonic() + CONTROL_TIMEOUT_S
+        for i, ref in calls:  # all in flight at once; read one by one so one engine's death costs only its own
+            try:
+                states[i] = get([ref], max(deadline - time.monotonic(), 1.0), "engine RNG state", self.names([i]))[0]
+            except ActorDied as exc:  # died since it was last seen serving (a node lost mid-checkpoint)
+                log.warning("engine RNG state of rollout actor %d not kept: %s (its restart keeps its own seed)", i,
+                            str(exc).splitlines()[0][:200])
+        return states
 
     def set_rng_states(self, states: list) -> None:
         """Restore `rng_states()` of a checkpoint taken with as many actors (else: nothing)."""

@@ -110,3 +110,16 @@ def test_an_overdue_request_fails_only_the_groups_not_delivered(ray_cluster, rol
     assert not group.pending and group.queued_tasks() == 0
     acct.check()
     assert acct.failed == GROUP and acct.in_flight == 3 * GROUP
+
+
+def test_engine_rng_states_skip_an_engine_that_died_since_it_was_serving(rollouts, ray_cluster):
+    """A checkpoint reads every serving engine's RNG state; one whose actor died a moment before
+    (its node lost mid-checkpoint) is kept as None, like an engine not serving, and the run goes on."""
+    group, gate, _ = rollouts
+    gate.touch()
+    doomed = ray_cluster.remote(RolloutWorker).options(num_cpus=0, max_restarts=0).remote(group.cfg, 1)
+    ray_cluster.get(doomed.ready.remote(), timeout=300)
+    ray_cluster.kill(doomed)
+    both = RolloutGroup(group.cfg, [group.handles[0], doomed], group.run, group.buffer, FailureLog(0))
+    states = both.rng_states()
+    assert states[0] is not None and states[1] is None
