@@ -133,3 +133,11 @@ def test_cli_refuses_bad_steps_before_ray(tmp_path):
                            f"output_dir={tmp_path / 'run'}"], capture_output=True, text=True, timeout=120)
     assert done.returncode == 2, done.stderr
     assert "profile.steps" in done.stderr and "Traceback" not in done.stderr and "starting Ray" not in done.stdout
+
+
+def test_several_processes_of_a_role_on_one_gpu_are_listed(profile_dir):
+    write_source(profile_dir / "engine1", "engine 1", "engine", kineto([(700, 100)]))
+    lines = timeline.summary_lines(timeline.load_sources(profile_dir), timeline.load_windows(profile_dir))
+    assert "    by process: engine 0 0.000s, engine 1 0.000s, trainer rank 0 0.000s" in lines
+    usage = timeline.gpu_usage(timeline.load_sources(profile_dir), START_US, START_US + 1000)["node-a GPU 3"]
+    assert usage["roles"]["engine"] == 350.0 and usage["sources"]["engine 1"] == 100.0

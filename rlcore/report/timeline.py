@@ -204,6 +204,8 @@ def summary_lines(sources: list[Source], windows: list[dict[str, Any]]) -> list[
                              f"{_s(t - u['both'])}, engines alone {_s(e - u['both'])}")
             parts.append(f"idle {_s(u['idle'])} ({_pct(u['idle'], wall)})")
             lines.append(f"  {key}: " + "; ".join(parts))
+            if len(u["sources"]) > len(u["roles"]):  # a role with several processes on this GPU
+                lines.append("    by process: " + ", ".join(f"{name} {_s(t)}" for name, t in sorted(u["sources"].items())))
             if u["longest_gaps"]:
                 lines.append("    longest idle gaps: " + ", ".join(
                     f"{g / 1e3:.1f} ms at +{at / 1e6:.3f}s" for at, g in u["longest_gaps"]))
