@@ -17,9 +17,10 @@ from typing import Any
 
 import ray
 
+from actors.remote import forget
 from rlcore.report.timeline import SOURCE_FILE, WINDOWS_FILE, build
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("rlcore")  # as every driver component: its warnings reach events.jsonl
 
 
 def _wall_us() -> float:
@@ -100,6 +101,7 @@ class RunProfiler:
         out = {}
         for name, ref in calls:
             if ref.binary() not in ready_ids:
+                forget([ref])  # read once it finishes: a late error is not printed as Ray's "unhandled error"
                 log.warning("profile: %s did not %s its profiler within profile.timeout_s=%s s; its trace of "
                             "this step is missing", name, what, self.timeout_s)
                 continue
