@@ -1,7 +1,7 @@
 """The Ray driver of an RL run: keeps generation going, trains on fresh groups, pushes weights,
 logs. Its loop (`_run`) reads as what it does; each verb belongs to a component with its own state:
 `RolloutGroup` (requests in flight, engine deaths and restarts), `RolloutBuffer` (finished groups,
-staleness), `rlcore.step.build_step` (the step as data), `TrainerGroup` (the ranks), `WeightSync`
+staleness), `rlcore.batch.step.build_step` (the step as data), `TrainerGroup` (the ranks), `WeightSync`
 (the weights to the engines, and whatever the placement needs around a step), `StepHooks`
 (checkpoints, evaluation, export), all sharing one explicit `RunState`.
 
@@ -39,17 +39,17 @@ from actors.teacher import TeacherError, TeacherEvents, TeacherStage
 from actors.trainer_group import TrainerGroup
 from actors.weights import WeightSync
 from rlcore.report import samples
-from rlcore.buffer import Accounting, RolloutBuffer
+from rlcore.batch.buffer import Accounting, RolloutBuffer
 from rlcore.config import RunConfig
 from rlcore.engine.registry import weight_transport
 from rlcore.envs import make_env
 from rlcore.report.failures import FailureLog, NoProgress
-from rlcore.interrupt import StopRequest
+from rlcore.plan.interrupt import StopRequest
 from rlcore.report.metrics import MetricsLogger
 from rlcore.models.tokenizer_build import build_tokenizer
 from rlcore.report.startup import StartupPhases, process_age
-from rlcore.step import build_step, has_signal
-from rlcore.parallel_dims import shards_per_rank
+from rlcore.batch.step import build_step, has_signal
+from rlcore.batch.parallel_dims import shards_per_rank
 from rlcore.transfer import sender_for
 from rlcore.types import GroupMeta
 
@@ -76,7 +76,7 @@ class Driver:
         self.failures = FailureLog(cfg.rollout.stop_after_failed_requests)  # reasons, liveness
         a = cfg.algo
         # launch rule below keeps at most (max_off_policy_steps + 1) batches in flight, plus the
-        # overdue groups it stopped counting (rlcore.stragglers): at most every task of every
+        # overdue groups it stopped counting (rlcore.batch.stragglers): at most every task of every
         # request the actors may hold
         r = cfg.rollout
         capacity = ((a.max_off_policy_steps + 2) * a.batch_groups
@@ -359,7 +359,7 @@ class Driver:
             **acct.as_metrics(),
             "samples_failed_step": acct.failed - failed_before,  # reward/tool/engine faults
             **self.failures.step_metrics(),  # failed_by_reason, reward_threads_abandoned
-            "groups_overdue": self.rollouts.overdue_groups - overdue_before,  # rlcore.stragglers
+            "groups_overdue": self.rollouts.overdue_groups - overdue_before,  # rlcore.batch.stragglers
             **self.restart_counts(),
             **(self.teacher.step_metrics(step_time) if self.teacher is not None else {}),
         }

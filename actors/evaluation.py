@@ -1,5 +1,5 @@
 """Evaluation rounds on the rollout group (`Evaluator`, during RL) and `mode=eval` (`EvalDriver`);
-the metrics they compute are in `rlcore.evaluation`, whose docstring gives the rules."""
+the metrics they compute are in `rlcore.report.evaluation`, whose docstring gives the rules."""
 
 from __future__ import annotations
 
@@ -15,11 +15,11 @@ import ray
 from actors.groups import place
 from actors.remote import RunError, get
 from actors.rollout import failed_groups
-from rlcore import checkpoint as ckpt
+from rlcore.storage import checkpoint as ckpt
 from rlcore.envs import make_env
-from rlcore.evaluation import eval_tasks, sampling_overrides, summarize
-from rlcore.meta import group_meta
-from rlcore.seeding import derive_seed
+from rlcore.report.evaluation import eval_tasks, sampling_overrides, summarize
+from rlcore.batch.meta import group_meta
+from rlcore.batch.seeding import derive_seed
 from rlcore.report.startup import StartupPhases
 from rlcore.types import GroupMeta, Task
 

@@ -37,8 +37,8 @@ from actors.starts import Starts
 from actors.teacher import TeacherStage
 from actors.trainer_group import TrainerGroup
 from actors.weights import WeightSync
-from rlcore import checkpoint as ckpt
-from rlcore.buffer import RolloutBuffer
+from rlcore.storage import checkpoint as ckpt
+from rlcore.batch.buffer import RolloutBuffer
 from rlcore.config import RunConfig
 from rlcore.storage.rundir import SERIES_FILES
 from rlcore.report.startup import StartupPhases

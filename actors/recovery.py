@@ -36,7 +36,7 @@ from actors.run_state import RunState
 from actors.teacher import TeacherStage
 from actors.trainer_group import TrainerGroup
 from actors.weights import WeightSync
-from rlcore.buffer import RolloutBuffer
+from rlcore.batch.buffer import RolloutBuffer
 from rlcore.config import RunConfig
 from rlcore.report.console import one_line
 from rlcore.report.failures import FailureLog

@@ -8,7 +8,7 @@ from typing import Callable
 
 import ray
 
-from rlcore.faults import NotInWeightGroup, memory_kill
+from rlcore.report.faults import NotInWeightGroup, memory_kill
 
 
 class RunError(RuntimeError):

@@ -12,7 +12,7 @@ from typing import Any, Callable
 
 from actors.remote import RunError
 from actors.trainer_group import TrainerGroup
-from rlcore import checkpoint as ckpt
+from rlcore.storage import checkpoint as ckpt
 from rlcore.config import RunConfig
 from rlcore.config.nodes import config_dict
 

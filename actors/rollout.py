@@ -17,15 +17,15 @@ from rlcore.engine.base import SamplingParams
 from rlcore.engine.registry import make_engine, prestart_engine, tensor_parallel_size, weight_transport
 from rlcore.engine.slots import GenerationSlots
 from rlcore.envs import make_env
-from rlcore.envs.safety import threads_abandoned
-from rlcore.meta import samples_meta
+from rlcore.isolation.safety import threads_abandoned
+from rlcore.batch.meta import samples_meta
 from rlcore.models.tokenizer_build import build_tokenizer
-from rlcore.profiling import source_info
-from rlcore.faults import NotInWeightGroup
+from rlcore.report.profiling import source_info
+from rlcore.report.faults import NotInWeightGroup
 from rlcore.transfer import first_rank, make_receiver, transfer_options, world_size
 from rlcore.transfer.plan import SyncPlan
 from rlcore.types import Group, Sample, SampleMeta, Task
-from rlcore.weights_protocol import Receiver
+from rlcore.weights.protocol import Receiver
 
 if TYPE_CHECKING:
     import torch
@@ -170,7 +170,7 @@ class RolloutWorker:
 
     def start_profile(self, label: str) -> dict:
         """Record the engine's work (`profile.steps`) until `stop_profile`; what the timeline
-        needs to know of this process (`rlcore.profiling.source_info`)."""
+        needs to know of this process (`rlcore.report.profiling.source_info`)."""
         self.engine.start_profile(label, self.cfg.profile.with_stack, self.cfg.profile.cpu_ops)
         return source_info(f"engine {self.index}", "engine")
 
@@ -189,7 +189,7 @@ class RolloutWorker:
     def load_checkpoint_weights(self, path: str, version: int) -> bool:
         """Load a checkpoint's model weights straight into the engine (evaluation of a
         checkpoint without a trainer group)."""
-        from rlcore.checkpoint import load_model_weights
+        from rlcore.storage.checkpoint import load_model_weights
         from rlcore.models.build import build_model
         model = build_model(self.cfg.model, self.tokenizer)
         load_model_weights(model, path)

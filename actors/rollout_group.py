@@ -24,12 +24,12 @@ from actors.stall_watch import BEFORE_SYNC_S, StallWatch
 from actors.remote import ActorDied, died, forget, get
 from actors.rollout_stream import Ended, Stream, launch_stream
 from actors.run_state import RunState
-from rlcore.buffer import RolloutBuffer
+from rlcore.batch.buffer import RolloutBuffer
 from rlcore.config import RunConfig
 from rlcore.report.events import event
 from rlcore.report.failures import FailureLog
-from rlcore.stragglers import ScoringLags
-from rlcore.faults import memory_kill
+from rlcore.batch.stragglers import ScoringLags
+from rlcore.report.faults import memory_kill
 from rlcore.transfer.plan import SyncPlan
 from rlcore.types import GroupMeta, Task
 
@@ -73,7 +73,7 @@ class RolloutGroup:
         self.pending: dict[ray.ObjectRefGenerator, Stream] = {}
         self.lags = ScoringLags()
         self.overdue_groups = 0
-        """Groups that went overdue while scoring (`rlcore.stragglers`), over the run so far."""
+        """Groups that went overdue while scoring (`rlcore.batch.stragglers`), over the run so far."""
 
     def __len__(self) -> int:
         return len(self.handles)
@@ -101,7 +101,7 @@ class RolloutGroup:
     # -- requests in flight --------------------------------------------------------------------
     def queued_tasks(self) -> int:
         """Tasks whose groups are generating or scoring (not delivered yet), less the overdue
-        ones (`rlcore.stragglers`: still scoring long after their request's first group came;
+        ones (`rlcore.batch.stragglers`: still scoring long after their request's first group came;
         they keep their request's place at the actor, not their place in the staleness budget)."""
         self._mark_overdue()
         return sum(len(q.tasks) - len(q.arrived) for q in self.pending.values() if not q.overdue)
@@ -243,7 +243,7 @@ class RolloutGroup:
     # -- deaths and restarts -------------------------------------------------------------------
     def engine_lost(self, actor: int, launched_at: float, cause: str | None = None) -> None:
         """A call to `actor` launched at `launched_at` failed because the actor died (`cause`:
-        how, e.g. `rlcore.faults.memory_kill`'s line): it stops serving until Ray's restart of it
+        how, e.g. `rlcore.report.faults.memory_kill`'s line): it stops serving until Ray's restart of it
         has joined again (counted in `rollout_restarts`)."""
         if self.members.lost(actor, launched_at):
             self.stalls.drop(actor)

@@ -67,7 +67,7 @@ class Stream:
     first_at: float | None = None
     """When its first group arrived (`time.perf_counter`): from then on the rest only scores."""
     overdue: bool = False
-    """Whether its groups not delivered passed the overdue threshold (`rlcore.stragglers`)."""
+    """Whether its groups not delivered passed the overdue threshold (`rlcore.batch.stragglers`)."""
 
     @property
     def samples(self) -> int:

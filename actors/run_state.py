@@ -14,8 +14,8 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
-from rlcore.buffer import Accounting
-from rlcore.seeding import derive_seed
+from rlcore.batch.buffer import Accounting
+from rlcore.batch.seeding import derive_seed
 from rlcore.types import Task
 
 

@@ -1,5 +1,5 @@
 """The SFT driver (`mode=sft`) and the RL warm-up: the trainer group alone (`TrainerGroup`),
-stepping through the data that `rlcore.sft` reads, tokenizes and orders (see there for the data
+stepping through the data that `rlcore.sft.dataset` reads, tokenizes and orders (see there for the data
 rules). Start, checkpoint save / load and export are the trainer group's, shared with RL."""
 
 from __future__ import annotations
@@ -12,10 +12,10 @@ from typing import Any, Callable
 from actors.groups import place
 from actors.resume import resume_from
 from actors.trainer_group import TrainerGroup
-from rlcore import checkpoint as ckpt
-from rlcore.checkpoint import CheckpointWriter
+from rlcore.storage import checkpoint as ckpt
+from rlcore.storage.checkpoint import CheckpointWriter
 from rlcore.models.tokenizer_build import build_tokenizer
-from rlcore.sft import SFTData, build_dataset, step_shards
+from rlcore.sft.dataset import SFTData, build_dataset, step_shards
 from rlcore.report.startup import StartupPhases
 
 log = logging.getLogger("rlcore")

@@ -14,12 +14,12 @@ import ray
 import torch
 
 from actors.logs import redirect_output
-from rlcore.checkpoint import load_trainer, save_trainer
+from rlcore.storage.checkpoint import load_trainer, save_trainer
 from rlcore.config import RunConfig
 from rlcore.engine.registry import tensor_parallel_size, weight_transport
-from rlcore.packing import MicroBatch
-from rlcore.profiling import TraceRecorder, source_info
-from rlcore.step import RankWork, rank_micro_batches, rank_sample_versions, shown_logprobs, shown_positions
+from rlcore.batch.packing import MicroBatch
+from rlcore.report.profiling import TraceRecorder, source_info
+from rlcore.batch.step import RankWork, rank_micro_batches, rank_sample_versions, shown_logprobs, shown_positions
 from rlcore.transfer import make_sender, sender_for, transfer_options, world_size
 from rlcore.transfer.base import Sender
 from rlcore.transfer.plan import SyncPlan
@@ -101,13 +101,13 @@ class TrainerRank:
         them over unresolved; bounded by `trainer.step_timeout_s`; where a group's data was lost
         with the node that made it, no rank trains and each returns `token_data_lost`: the
         indices into `work.data` it could not read), pack them by the driver's
-        plan (`rlcore.step.rank_micro_batches`), and train. `train_fetch_s`: the fetch and packing
+        plan (`rlcore.batch.step.rank_micro_batches`), and train. `train_fetch_s`: the fetch and packing
         seconds (outside `train_time_s`). Colocated, the new weights are also written into this
         rank's IPC buffer before returning (`weights_pushed`, as `push_weights` returns it): the
         driver's sync is then one call, the engines' receive. `release_memory`: hand the caching
         allocator's free blocks back after the step (an engine asleep on this GPU wakes into them;
         the placement's decision, `WeightSync`'s). `trainer_logprobs`: {key: per-token logprobs}
-        of the samples `work.shown` marks (`rlcore.step.shown_logprobs`), when it marks any."""
+        of the samples `work.shown` marks (`rlcore.batch.step.shown_logprobs`), when it marks any."""
         start = time.perf_counter()
         try:
             data, lost, error = *fetch_token_data(work.data, self.cfg.trainer.step_timeout_s), None
@@ -164,7 +164,7 @@ class TrainerRank:
             for _ in params:
                 pass
             return None
-        from rlcore.export import write_hf_dir
+        from rlcore.storage.export import write_hf_dir
         return str(write_hf_dir(out_dir, params, model=self.core.model, tokenizer=self.core.tokenizer,
                                 dtype=self.cfg.model.dtype))
 
@@ -192,7 +192,7 @@ class TrainerRank:
 
     def start_profile(self, label: str) -> dict:
         """Record this rank (`profile.steps`: its CPU ops and GPU kernels) until `stop_profile`;
-        what the timeline needs to know of this process (`rlcore.profiling.source_info`)."""
+        what the timeline needs to know of this process (`rlcore.report.profiling.source_info`)."""
         if self._recorder is None:
             self._recorder = TraceRecorder(self.cfg.profile.with_stack, self.cfg.profile.cpu_ops)
         self._recorder.start(label)

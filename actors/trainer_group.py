@@ -25,7 +25,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 from actors.actor_config import config_env, remote_class
 from actors.remote import RunError, get, refs_ready
 from actors.trainer import TrainerRank
-from rlcore.checkpoint import CheckpointWriter
+from rlcore.storage.checkpoint import CheckpointWriter
 from rlcore.config import RunConfig
 from rlcore.report.events import event
 from rlcore.transfer.plan import SyncPlan, TensorMeta
@@ -42,7 +42,7 @@ class TrainResult:
 
     metrics: dict[str, Any]
     trainer_logprobs: dict[tuple[int, int], list] = field(default_factory=dict)
-    """The trainer logprobs of the samples the step's table shows (`rlcore.step.shown_logprobs`),
+    """The trainer logprobs of the samples the step's table shows (`rlcore.batch.step.shown_logprobs`),
     from whichever rank held each."""
 
     @property
@@ -165,7 +165,7 @@ class TrainerGroup:
 
     # -- steps ---------------------------------------------------------------------------------
     def launch_step(self, works: list, normalizer: float) -> list:
-        """Start one RL optimizer step: rank i trains on `works[i]` (`rlcore.step.RankWork`).
+        """Start one RL optimizer step: rank i trains on `works[i]` (`rlcore.batch.step.RankWork`).
         Returns the refs to wait on (`step_done`, `finish_step`)."""
         self._works = works  # `finish_step` names the groups a rank could not read
         return [h.train_step.remote(w, normalizer, self._release_memory) for h, w in zip(self.handles, works)]

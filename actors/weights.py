@@ -2,7 +2,7 @@
 rollouts, transport, run, ...)` brings both groups up in the order their placement needs, forms
 the weight-sync group, pushes every new version, re-forms the group when an engine dies or comes
 back, and checks each sync with the canary (its tokens and bounds come from the first sync:
-`rlcore.canary`).
+`rlcore.weights.canary`).
 
 The order of a sync's calls comes from the transport's own flags (`rlcore.transfer.base.Sender`):
 a collective transport (`buffered` False: `broadcast`, `nccl`) has rank 0's rendezvous, and the
@@ -29,7 +29,7 @@ from actors.rollout_group import RolloutGroup
 from actors.stall_watch import BEFORE_SYNC_S
 from actors.run_state import RunState
 from actors.trainer_group import TrainerGroup
-from rlcore.canary import CanaryBounds, CanaryError, calibrate, canary_prompts, compare_logprobs, own_completion_pairs
+from rlcore.weights.canary import CanaryBounds, CanaryError, calibrate, canary_prompts, compare_logprobs, own_completion_pairs
 from rlcore.config import RunConfig
 from rlcore.report.console import one_line
 from rlcore.engine.registry import memory_budget, sleep_level
@@ -291,7 +291,7 @@ class WeightSync:
     # -- the canary ----------------------------------------------------------------------------
     def canary_pairs(self, actor: int) -> list[tuple[list[int], list[int]]]:
         """The canary's tokens, made once: greedy and sampled completions by engine `actor` of the
-        environment's first eval prompts (`rlcore.canary.own_completion_pairs`); random ids only
+        environment's first eval prompts (`rlcore.weights.canary.own_completion_pairs`); random ids only
         where tasks carry images (image tokens need pixel values to score) or nothing came back."""
         if self._canary_pairs is None:
             r = self.cfg.rollout

@@ -7,7 +7,7 @@ path (`actors/rollout_refs.py`). Each step it does (`actors/driver.py`):
    `list[SampleMeta]` per group; returns 1..n, each group's `list[Sample]`, stay in the object
    store as refs the driver owns), then `RolloutBuffer.add` per group;
 2. `pop_batch`: the batch leaves the buffer;
-3. `build_step` (`rlcore/step.py`): advantages, the token-balanced packing plan, the loss
+3. `build_step` (`rlcore/batch/step.py`): advantages, the token-balanced packing plan, the loss
    normaliser and the batch metrics, from metadata alone;
 4. `dispatch`: serialising each data-parallel rank's `RankWork` (refs, sample picks,
    advantages, micro-batch bins) into the object store, as a `train_step.remote` does with it.
@@ -17,7 +17,7 @@ This script runs exactly those functions on requests made by a Ray task in anoth
 per step and per sample. One driver can feed `samples/s per GPU` GPUs only while its own
 samples/s (1 / seconds per sample) stays above the GPUs' total. `rank_fetch_pack_s` is not the
 driver's cost: it is what trainer rank 0 then spends (in its own process) fetching its samples'
-token data and packing its micro-batches (`rlcore.step.rank_micro_batches`).
+token data and packing its micro-batches (`rlcore.batch.step.rank_micro_batches`).
 
     uv run python benchmarks/driver_overhead.py --samples 1000 10000 100000 --out driver_overhead.json
 """
@@ -39,9 +39,9 @@ local_ray_environment()  # what `python -m rlcore.run` sets before Ray is import
 
 import ray  # noqa: E402
 
-from rlcore.buffer import Accounting, RolloutBuffer  # noqa: E402
-from rlcore.meta import samples_meta  # noqa: E402
-from rlcore.step import RankWork, build_step, rank_micro_batches  # noqa: E402
+from rlcore.batch.buffer import Accounting, RolloutBuffer  # noqa: E402
+from rlcore.batch.meta import samples_meta  # noqa: E402
+from rlcore.batch.step import RankWork, build_step, rank_micro_batches  # noqa: E402
 from rlcore.types import GroupMeta, Sample, Task  # noqa: E402
 
 

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # On nvidia-h200 (one GPU, after the GPU stage is installed), ~5-6 minutes: rollout routing replay
-# (issue 32). 1. the GPU test: vLLM's routed experts per token have the rows rlcore.routing
+# (issue 32). 1. the GPU test: vLLM's routed experts per token have the rows rlcore.batch.routing
 # documents and the replayed trainer forward uses exactly them (prints the engine-vs-trainer
 # logprob gap with and without replay); 2. a Qwen3-MoE shape (model=qwen3_moe_char: 8 layers, 64
 # experts, top-8) trains through `python -m rlcore.run` colocated with vLLM, synchronous schedule

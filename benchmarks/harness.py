@@ -56,7 +56,7 @@ def _trainer_main(conn: Any, model_dir: str, seed: int) -> None:
         import torch
         from transformers import AutoConfig, AutoModelForCausalLM
 
-        from rlcore.canary import teacher_forced_logprobs
+        from rlcore.weights.canary import teacher_forced_logprobs
         from rlcore.transfer import nccl
         from rlcore.transfer.plan import update_info_for
 
@@ -202,7 +202,7 @@ def step_and_sync(engine: Any, trainer: TrainerProc, info: dict, version: int, *
 
 def canary(engine: Any, trainer: TrainerProc, pairs: list, **limits: Any) -> Any:
     """Engine vs trainer teacher-forced logprobs on ``pairs`` (result, never raises)."""
-    from rlcore.canary import compare_logprobs
+    from rlcore.weights.canary import compare_logprobs
 
     eng = engine.score_batch(pairs)
     ref = trainer.call("logprobs", pairs, 1.0)
@@ -215,7 +215,7 @@ def trainer_and_engine(shape: str, bucket: int, engine_gpu: str = "1", **engine_
     joined in one weight-transfer group. Yields the state the GPU tests share: ``engine``,
     ``trainer``, ``info`` (update info for ``bucket``-byte buckets, 2 buffers), ``version``,
     ``step`` and the canary ``pairs``; shuts both down on exit."""
-    from rlcore.canary import canary_prompts
+    from rlcore.weights.canary import canary_prompts
     from rlcore.engine.vllm.vllm_engine import VLLMEngine
 
     model_dir = write_model_dir(shape)

@@ -34,9 +34,9 @@ import transformers  # noqa: F401
 
 import actors.rollout  # noqa: F401
 
-from rlcore.envs import reward_worker_home, reward_worker_ns
+from rlcore.isolation import reward_worker_home, reward_worker_ns
 from rlcore.envs.reverse_text import ReverseText
-from rlcore.envs.reward_workers import WorkerPool
+from rlcore.isolation.reward_workers import WorkerPool
 
 FULL_RESTORE = reward_worker_home.Home.restore
 FULL_ENTER = reward_worker_ns.enter

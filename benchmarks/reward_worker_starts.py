@@ -2,7 +2,7 @@
 rollout actor's imports (torch, transformers, ray) and a 30 MB model built from a config (issue 41).
 
 `--part starts`: `--workers` worker starts in a row, from the pool's zygote (a lean interpreter,
-:mod:`rlcore.envs.reward_zygote`) and as forks of this process (what a pool does while its
+:mod:`rlcore.isolation.reward_zygote`) and as forks of this process (what a pool does while its
 zygote starts, and where the environment does not pickle), interleaved per repetition. Reports
 the wall time of the starts, this process's CPU time in them (what the actor's engine thread
 loses: a fork holds the GIL) and the CPU time of the processes started (keepers, workers, the
@@ -37,7 +37,7 @@ import torch  # noqa: F401,E402
 import transformers  # noqa: E402
 
 from benchmarks.reward_envs import HangingReverseText  # noqa: E402
-from rlcore.envs.reward_workers import WorkerPool  # noqa: E402
+from rlcore.isolation.reward_workers import WorkerPool  # noqa: E402
 
 
 def cpu(who: int) -> float:

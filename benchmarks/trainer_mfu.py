@@ -191,7 +191,7 @@ def build(shape: dict, device: torch.device, seed: int = 0) -> torch.nn.Module:
 
 def packed_batch(tokens: int, sample_len: int, vocab: int, seed: int):
     """One packed micro-batch of random samples totalling exactly ``tokens`` tokens."""
-    from rlcore.packing import make_micro_batch
+    from rlcore.batch.packing import make_micro_batch
     from rlcore.types import Sample
     g = torch.Generator().manual_seed(seed)
     lengths, left = [], tokens
@@ -322,7 +322,7 @@ def run_variant(a: argparse.Namespace, variant: str, rank: int, world: int, devi
     from rlcore.config import TrainerConfig
     from rlcore.trainer.forward import forward_logprobs
     from rlcore.trainer.moe import expert_modules
-    from rlcore.parallel_dims import ParallelDims
+    from rlcore.batch.parallel_dims import ParallelDims
     from rlcore.trainer.parallel import Meshes, begin_micro_batch, clip_grad_norm, parallelize
 
     shape = SHAPES[a.shape]

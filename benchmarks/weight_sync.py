@@ -34,7 +34,7 @@ CONFIGS = [("layerwise+pause_generation", "layerwise", False, "keep"), ("layerwi
 
 
 def run_model(shape: str, reps: int, bucket_mb: int, nbuf: int) -> list[dict]:
-    from rlcore.canary import canary_prompts
+    from rlcore.weights.canary import canary_prompts
     from rlcore.engine.vllm.vllm_engine import VLLMEngine
 
     model_dir = write_model_dir(shape)

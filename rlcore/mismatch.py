@@ -6,7 +6,7 @@ in the trainer (its own forward and chunked logprob head) and in the run's engin
     kl                    = mean_t (rho_t - 1 - log rho_t), rho_t = p_trainer(y_t) / p_engine(y_t)
 
 the k3 estimate of KL(engine || trainer) over tokens the engine chose (exact for the sampled ones,
-at temperature 1). The tokens are the canary's (`rlcore.canary.own_completion_pairs`): greedy and
+at temperature 1). The tokens are the canary's (`rlcore.weights.canary.own_completion_pairs`): greedy and
 temperature-1 completions of the environment's eval prompts by the engine, `rollout.canary_tokens`
 of them. Exit 1, with one line saying why, when `rollout.max_mismatch` is set and the figure passes
 it (a run checks the same bound on its first sync's canary). The last line printed is the figures
@@ -47,7 +47,7 @@ def measure(cfg) -> dict[str, float]:
     """Load, score and compare (see the module docstring) for a validated, resolved RunConfig."""
     import torch
 
-    from rlcore.canary import canary_prompts, own_completion_pairs
+    from rlcore.weights.canary import canary_prompts, own_completion_pairs
     from rlcore.engine.base import SamplingParams
     from rlcore.engine.registry import make_engine
     from rlcore.envs import make_env

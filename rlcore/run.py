@@ -6,7 +6,7 @@ Ray starts (a bad key or value exits with code 2 and one line naming it), connec
 
 The composition root, the one module of `rlcore` that may import `ray` and `actors/`
 (`tests/test_layers.py` checks the layers). It imports hydra, torch (through
-`rlcore.models.build` and `rlcore.sft`), `ray` and `actors/` inside the functions that need
+`rlcore.models.build` and `rlcore.sft.dataset`), `ray` and `actors/` inside the functions that need
 them, so validation (:mod:`rlcore.config`, torch- and Ray-free) answers a bad config before any
 of them loads (`tests/test_config_keys.py` checks it). Every config problem is decided in
 :mod:`rlcore.config`; this module only reports `ConfigError` (exit code 2).
@@ -22,12 +22,12 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 from actors.session import RayStartError, live_nodes, local_ray_environment, ray_address, start_ray
-from rlcore.cli import FlagError, help_text, job_output_dir, parse_flags, sweep_jobs
+from rlcore.plan.cli import FlagError, help_text, job_output_dir, parse_flags, sweep_jobs
 from rlcore.config import RunConfig
 from rlcore.config.errors import ConfigError, keyed_errors
 from rlcore.config.nodes import config_dict, to_node
 from rlcore.engine.registry import inert_options
-from rlcore.interrupt import StopRequest
+from rlcore.plan.interrupt import StopRequest
 from rlcore.models.shipped import resolve as resolve_model
 from rlcore.plan.compose import CONF_DIR, compose, recipes
 from rlcore.plan.layout import format_plan, make_plan
@@ -93,7 +93,7 @@ def prepare(cfg: RunConfig):
     if cfg.mode != "sft":
         return None
     from rlcore.models.tokenizer_build import build_tokenizer
-    from rlcore.sft import DataError, build_dataset
+    from rlcore.sft.dataset import DataError, build_dataset
     with keyed_errors(DataError):
         return build_dataset(cfg, build_tokenizer(cfg.model))
 

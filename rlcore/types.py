@@ -48,7 +48,7 @@ class Sample:
     """What failed, when `failed`."""
     env_output: str = ""
     """What the environment printed (stdout and stderr) while serving and scoring this sample,
-    bounded (see rlcore.envs.safety.OUTPUT_LIMIT); never sent to the console or Ray's logs."""
+    bounded (see rlcore.isolation.safety.OUTPUT_LIMIT); never sent to the console or Ray's logs."""
     images: list[Any] = field(default_factory=list)
     """The prompt's images as uint8 [H, W, 3] arrays (vision-language policies), in the order of
     their image-token runs in `prompt_ids`."""
@@ -66,7 +66,7 @@ class Sample:
     `rlcore.serving.openai_server`)."""
     routed_experts: Any = None
     """Rollout routing replay: the engine's routed experts per token and layer, an integer array
-    [prompt + completion - 1, layers, top_k] (layout in `rlcore.routing`); None without replay."""
+    [prompt + completion - 1, layers, top_k] (layout in `rlcore.batch.routing`); None without replay."""
 
     @property
     def num_tokens(self) -> int:

@@ -19,7 +19,7 @@ import torch.distributed as dist
 
 from rlcore.transfer import base
 from rlcore.transfer.plan import SyncPlan
-from rlcore.weights_protocol import TransferOptions
+from rlcore.weights.protocol import TransferOptions
 
 
 def gloo_group(address: str, port: int, rank: int, world_size: int, timeout_s: float) -> tuple:

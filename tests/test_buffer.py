@@ -1,6 +1,6 @@
 import pytest
 
-from rlcore.buffer import Accounting, RolloutBuffer
+from rlcore.batch.buffer import Accounting, RolloutBuffer
 from rlcore.types import Group, Sample, Task
 
 

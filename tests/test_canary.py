@@ -1,4 +1,4 @@
-"""The self-calibrating canary (rlcore/canary.py) on CPU: bounds from the first sync, the policy's
+"""The self-calibrating canary (rlcore/weights/canary.py) on CPU: bounds from the first sync, the policy's
 own greedy and sampled tokens, healthy syncs pass, stale / partial / mis-mapped syncs fail."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import math
 import pytest
 import torch
 
-from rlcore.canary import CanaryError, calibrate, compare_logprobs, own_completion_pairs, teacher_forced_logprobs
+from rlcore.weights.canary import CanaryError, calibrate, compare_logprobs, own_completion_pairs, teacher_forced_logprobs
 from rlcore.engine.base import SamplingParams
 from rlcore.engine.registry import make_engine
 from rlcore.envs import make_env

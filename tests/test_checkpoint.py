@@ -16,7 +16,7 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
-from rlcore import checkpoint as ckpt
+from rlcore.storage import checkpoint as ckpt
 from rlcore.plan.compose import compose
 
 REPO = Path(__file__).resolve().parent.parent
@@ -28,8 +28,8 @@ def _overrides(extra=()):
 
 def _batch(cfg, tok, world):
     """A fixed SFT batch, packed for `world` ranks."""
-    from rlcore.packing import pack_for_ranks
-    from rlcore.sft import build_dataset
+    from rlcore.batch.packing import pack_for_ranks
+    from rlcore.sft.dataset import build_dataset
     data = build_dataset(cfg, tok)
     return pack_for_ranks(data.samples, [0.0] * len(data.samples), world, 4096), data
 
@@ -89,7 +89,7 @@ def test_trainer_checkpoint_reshards_across_world_sizes(tmp_path):
     # export of a checkpoint written by FSDP ranks reloads with transformers: exact logits
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from rlcore.export import export_checkpoint
+    from rlcore.storage.export import export_checkpoint
     from rlcore.models.build import build_model, build_tokenizer
     ckpt_dir = tmp_path / "c"
     for f in (ckpt.META, ckpt.DRIVER_STATE):  # a bare trainer save: mark it complete by hand
@@ -204,7 +204,7 @@ KILL_SCRIPT = textwrap.dedent("""
     import sys, torch
     sys.path.insert(0, {repo!r})
     from tests.test_checkpoint import _fake_core, _save
-    from rlcore import checkpoint as ckpt
+    from rlcore.storage import checkpoint as ckpt
     from rlcore.plan.compose import compose
     cfg = compose(["output_dir={out}", "checkpoint.keep_last=0", "model.arch.hidden_size=512",
                    "model.arch.intermediate_size=2048", "model.arch.head_dim=128"])

@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-from rlcore.cli import FlagError, parse_flags, sweep_jobs
+from rlcore.plan.cli import FlagError, parse_flags, sweep_jobs
 from rlcore.plan.compose import REPO
 
 

@@ -17,9 +17,9 @@ from actors.teacher import attach, score_pairs, scored
 from rlcore.algo.distill import batch_token_advantages, reverse_kl_sum, token_advantages
 from rlcore.algo.losses import LossInputs, policy_loss
 from rlcore.config import AlgoConfig
-from rlcore.meta import group_meta
+from rlcore.batch.meta import group_meta
 from rlcore.models.tokenizer import char_tokenizer
-from rlcore.packing import make_micro_batch
+from rlcore.batch.packing import make_micro_batch
 from rlcore.plan.compose import compose
 from rlcore.run import main
 from rlcore.plan.teacher import config_problems, teacher_model_config, teacher_run_config
@@ -244,7 +244,7 @@ def test_distillation_keeps_groups_with_equal_rewards():
     groups are not reported as steps without a learning signal."""
     keys = [k for k, _ in config_problems(compose(["teacher.enabled=true", "algo.filter_zero_adv_groups=true"]))]
     assert "algo.filter_zero_adv_groups" in keys
-    from rlcore.step import build_step
+    from rlcore.batch.step import build_step
     g = group_meta(Group(Task("t", []), [sample([1], [2, 3], [-1.0, -1.0], teacher=[-0.5, -2.0]) for _ in range(2)]))
     cfg = compose(["teacher.enabled=true"])
     assert build_step([g], cfg, distill=True).metrics["zero_adv_frac"] == 0.0

@@ -14,7 +14,7 @@ from rlcore.algo.distill import top_k_loss
 from rlcore.config import ModelConfig
 from rlcore.engine.hf_engine import HFEngine
 from rlcore.models.tokenizer import char_tokenizer
-from rlcore.packing import empty_micro_batch, make_micro_batch
+from rlcore.batch.packing import empty_micro_batch, make_micro_batch
 from rlcore.plan.compose import compose
 from rlcore.plan.teacher import config_problems
 from rlcore.trainer.logprobs import chunked_logprobs, other_logprobs, plain_logprobs

@@ -22,7 +22,7 @@ import tensorwise_transport
 import torch
 import torch.distributed as dist
 
-from rlcore.canary import CanaryError, calibrate, compare_logprobs, teacher_forced_logprobs
+from rlcore.weights.canary import CanaryError, calibrate, compare_logprobs, teacher_forced_logprobs
 from rlcore.config import RolloutConfig
 from rlcore.config.errors import ConfigError
 from rlcore.plan.validate import problems
@@ -55,7 +55,7 @@ from rlcore.transfer import (
     world_size,
 )
 from rlcore.transfer.plan import TensorMeta, plan_buckets
-from rlcore.weights_protocol import Receiver, Seat
+from rlcore.weights.protocol import Receiver, Seat
 
 
 @dataclass

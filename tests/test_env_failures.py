@@ -15,7 +15,7 @@ import pytest
 from rlcore.engine.base import SamplingParams
 from rlcore.envs.base import EnvironmentStalled
 from rlcore.envs.multiturn import MultiTurnEnvironment
-from rlcore.envs.safety import OUTPUT_LIMIT, threads_abandoned
+from rlcore.isolation.safety import OUTPUT_LIMIT, threads_abandoned
 from rlcore.report.failures import FailureLog, NoProgress
 from rlcore.models.tokenizer import char_tokenizer
 from rlcore.types import Group, Sample, Task
@@ -324,7 +324,7 @@ def test_a_few_failed_samples_per_reason_are_kept_for_the_samples_table():
     """The page's failure filter: `take_examples` hands over at most EXAMPLES_PER_REASON failed
     samples per reason since the last call (with the task and its token data), a lost request's
     with no completion; `failed_rows` turns them into samples.jsonl rows with a null reward."""
-    from rlcore.meta import group_meta
+    from rlcore.batch.meta import group_meta
     from rlcore.report.failures import EXAMPLES_PER_REASON
     from rlcore.report.samples import failed_rows
 

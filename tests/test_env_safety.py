@@ -10,7 +10,7 @@ import pytest
 from rlcore.engine.base import Generation, SamplingParams
 from rlcore.envs.base import Environment
 from rlcore.envs.multiturn import MultiTurnEnvironment
-from rlcore.envs.safety import call_many, call_with_deadline
+from rlcore.isolation.safety import call_many, call_with_deadline
 from rlcore.models.tokenizer import char_tokenizer
 from rlcore.types import Task
 
@@ -118,7 +118,7 @@ def test_a_process_isolated_call_dies_with_the_process_that_made_it(tmp_path):
     pid_file = tmp_path / "child.pid"
     script = textwrap.dedent(f"""
         import os, threading, time
-        from rlcore.envs.safety import call_many
+        from rlcore.isolation.safety import call_many
 
         def reward():
             open({str(pid_file)!r}, "w").write(str(os.getpid()))

@@ -5,8 +5,8 @@ import random
 
 import pytest
 
-from rlcore.evaluation import pass_at_k, summarize
-from rlcore.meta import group_meta
+from rlcore.report.evaluation import pass_at_k, summarize
+from rlcore.batch.meta import group_meta
 from rlcore.plan.compose import compose
 from rlcore.types import Group, Sample, Task
 from rlcore.plan.validate import eval_problems as config_problems

@@ -7,8 +7,8 @@ import torch
 from safetensors import safe_open
 from transformers import AutoModelForCausalLM
 
-from rlcore import checkpoint as ckpt
-from rlcore.export import export_checkpoint, main
+from rlcore.storage import checkpoint as ckpt
+from rlcore.storage.export import export_checkpoint, main
 from rlcore.models.build import build_model, build_tokenizer
 from rlcore.plan.compose import compose
 

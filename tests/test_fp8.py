@@ -123,7 +123,7 @@ def test_fp8_trainer_core_pads_packed_rows_to_16(monkeypatch):
     pytest.importorskip("torchao.float8")
     import socket
 
-    from rlcore.packing import make_micro_batch
+    from rlcore.batch.packing import make_micro_batch
     from rlcore.trainer.core import TrainerCore
     from rlcore.trainer.forward import token_multiple
     from rlcore.types import Sample

@@ -98,7 +98,7 @@ def test_sft_lowers_loss_exports_and_warm_starts_rl(ray_cluster, tmp_path):
     higher reward than one started from the random initialisation."""
     from transformers import AutoModelForCausalLM
 
-    from rlcore import checkpoint as ckpt
+    from rlcore.storage import checkpoint as ckpt
     from rlcore.envs import make_env
     from rlcore.models.build import build_model, build_tokenizer
 

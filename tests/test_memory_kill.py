@@ -8,7 +8,7 @@ import pytest
 import ray
 
 from actors.remote import ActorDied, died, get
-from rlcore.faults import NotInWeightGroup, memory_kill
+from rlcore.report.faults import NotInWeightGroup, memory_kill
 
 RAY_TEXT = (  # the text of Ray's OutOfMemoryError (Ray's docs and the raylet's message)
     "Task was killed due to the node running low on memory.\nMemory on the node (IP: 172.17.0.2, ID: 8c5a14) "

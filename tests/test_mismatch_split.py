@@ -10,7 +10,7 @@ import torch
 
 from rlcore.algo.losses import LossInputs, policy_loss
 from rlcore.config import AlgoConfig
-from rlcore.step import RankWork, rank_sample_versions
+from rlcore.batch.step import RankWork, rank_sample_versions
 from rlcore.trainer.core import step_metrics
 from rlcore.types import Sample
 

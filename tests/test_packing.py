@@ -3,7 +3,7 @@ import os
 import pytest
 import torch
 
-from rlcore.packing import balance_across_ranks, make_micro_batch, pack_first_fit, pack_for_ranks
+from rlcore.batch.packing import balance_across_ranks, make_micro_batch, pack_first_fit, pack_for_ranks
 from rlcore.types import Sample
 
 
@@ -28,7 +28,7 @@ def test_micro_batch_columns_equal_the_per_token_reference():
     lists, for scalar and per-token advantages, masked env tokens, and a prompt-less sample."""
     import random
 
-    from rlcore.packing import sample_arrays
+    from rlcore.batch.packing import sample_arrays
     rng = random.Random(0)
     samples, advantages = [], []
     for i in range(40):

@@ -173,7 +173,7 @@ def test_the_trainer_uses_the_configured_loss(tmp_path, monkeypatch):
     """One real train step of the tiny policy with `algo.loss=tests.my_loss:loss`: its loss is
     -sum A logp / tokens of the step's own logprobs, its ratio 1 (the default loss would report
     the engine ratio exp(logp + 0.5) and another loss value)."""
-    from rlcore.packing import make_micro_batch
+    from rlcore.batch.packing import make_micro_batch
     from rlcore.trainer.core import TrainerCore
     from rlcore.types import Sample
 

@@ -15,7 +15,7 @@ from rlcore.envs.reverse_text import ReverseText
 from rlcore.envs.wordle import feedback
 from rlcore.models.build import build_tokenizer
 from rlcore.plan.compose import compose, recipes
-from rlcore.sft import build_dataset
+from rlcore.sft.dataset import build_dataset
 from rlcore.config.errors import ConfigError
 from rlcore.plan.validate import validate
 
@@ -208,7 +208,7 @@ def test_warm_up_without_demonstrations_is_refused_before_ray():
 def _sft_lr_rank(rank, port, out):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
-    from rlcore.packing import pack_for_ranks
+    from rlcore.batch.packing import pack_for_ranks
     from rlcore.trainer.core import TrainerCore
     cfg = compose(["trainer.lr=0.01", "mode=sft", "sft.num_examples=8"])
     core = TrainerCore(cfg, rank, 1)

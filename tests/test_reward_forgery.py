@@ -18,7 +18,7 @@ from rlcore.envs import make_env
 from rlcore.envs.base import Environment
 from rlcore.envs.mini_swe import visible_calls
 from rlcore.envs.sealed_tests import read_report, run_sealed
-from rlcore.meta import group_meta
+from rlcore.batch.meta import group_meta
 from rlcore.report.failures import FailureLog
 from rlcore.sandbox.local import namespaces_problem
 from rlcore.types import Group, Task

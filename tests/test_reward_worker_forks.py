@@ -39,7 +39,7 @@ SCRIPT = textwrap.dedent("""
     sys.addaudithook(refuse_concurrent_fork)
     os.register_at_fork(before=before, after_in_parent=after)
 
-    from rlcore.envs.reward_worker_process import Worker
+    from rlcore.isolation.reward_worker_process import Worker
 
     class Owner:
         pass

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from rlcore.envs import reward_worker_ns
+from rlcore.isolation import reward_worker_ns
 from tests.test_env_safety import Scored
 from tests.test_reward_workers import scored, started_by
 

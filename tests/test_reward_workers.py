@@ -133,7 +133,7 @@ def started_by(env, starter: str, size: int | None = None):
     `starter` says: `zygote` (from the pool's lean process, the default once it is ready: waited
     for here) or `fork` (forks of this process, what a pool does meanwhile and where the
     environment does not pickle)."""
-    from rlcore.envs.reward_workers import WorkerPool
+    from rlcore.isolation.reward_workers import WorkerPool
 
     pool = env._reward_pool = WorkerPool(env, size or env.reward_pool().size, env.reward_memory_mb,
                                          zygote=starter == "zygote")
@@ -251,7 +251,7 @@ def test_a_request_streams_each_group_once_scored_so_a_hung_reward_delays_its_ow
 def test_a_storms_extra_idle_workers_do_not_outlive_it(monkeypatch):
     """Idle workers beyond `KEEP_IDLE` that idled past `IDLE_TTL_S` are killed when the pool is
     next used: a hang storm needs many workers at once, not for the rest of the run."""
-    import rlcore.envs.reward_workers as mod
+    import rlcore.isolation.reward_workers as mod
 
     monkeypatch.setattr(mod, "KEEP_IDLE", 2)
     monkeypatch.setattr(mod, "IDLE_TTL_S", 0.0)
@@ -294,7 +294,7 @@ def test_workers_start_from_the_zygote_and_fork_where_the_environment_does_not_p
     """Once the pool's zygote is ready, a worker's keeper is its child (the actor forks nothing);
     an environment that does not pickle (a class made inside a function) gets no zygote, and
     its workers are forks of this process that score the same."""
-    from rlcore.envs.reward_workers import WorkerPool
+    from rlcore.isolation.reward_workers import WorkerPool
 
     def parent_of(pid):
         with open(f"/proc/{pid}/stat") as f:
@@ -384,7 +384,7 @@ def test_an_environment_the_zygote_cannot_load_is_scored_by_forked_workers(caplo
     workers are forks that score it."""
     import types
 
-    from rlcore.envs.reward_workers import WorkerPool
+    from rlcore.isolation.reward_workers import WorkerPool
 
     module = types.ModuleType("rlcore_only_here")
     sys.modules["rlcore_only_here"] = module
@@ -447,7 +447,7 @@ def test_the_zygote_outlives_the_request_thread_that_started_it():
     (PR_SET_PDEATHSIG), so it must not be tied to the thread that first needed it."""
     import threading
 
-    from rlcore.envs.reward_workers import WorkerPool
+    from rlcore.isolation.reward_workers import WorkerPool
 
     env = Misbehaving("ok")
     pool = env._reward_pool = WorkerPool(env, 2)

@@ -3,14 +3,14 @@ never past the staleness bound the driver gives nor past `REQUESTS_PER_SLOT` x
 `rollout.max_requests_per_actor` per serving actor that delivered no group yet (generating or
 waiting for a slot), nor past `requests_per_actor` in all, in data order and counted as launched; a
 group still scoring long after its request's others came leaves the bound's count
-(`rlcore.stragglers`); `expire` counts an overdue request failed.
+(`rlcore.batch.stragglers`); `expire` counts an overdue request failed.
 The actors here record the calls instead of generating (the real path: tests/test_integration.py)."""
 
 import pytest
 
 from actors.rollout_group import RolloutGroup
 from actors.run_state import RunState, TaskFeed
-from rlcore.buffer import Accounting, RolloutBuffer
+from rlcore.batch.buffer import Accounting, RolloutBuffer
 from rlcore.envs import make_env
 from rlcore.report.failures import FailureLog
 from rlcore.plan.compose import compose
@@ -100,7 +100,7 @@ def test_an_overdue_request_is_cancelled_and_counted_failed(group, monkeypatch):
 
 
 def test_groups_scoring_long_after_their_request_delivered_stop_holding_the_budget(group):
-    """A straggler (`rlcore.stragglers`: still scoring well after its request's first group came)
+    """A straggler (`rlcore.batch.stragglers`: still scoring well after its request's first group came)
     keeps its request's place at the actor but not its place in the staleness budget, so the
     next groups are launched; requests whose rest arrives in time keep counting."""
     import time
@@ -122,7 +122,7 @@ def test_groups_scoring_long_after_their_request_delivered_stop_holding_the_budg
 
 
 def test_nothing_is_overdue_before_enough_lags_are_known_nor_when_rewards_are_slow_by_nature():
-    from rlcore.stragglers import FACTOR, MIN_LAGS, MIN_S, ScoringLags
+    from rlcore.batch.stragglers import FACTOR, MIN_LAGS, MIN_S, ScoringLags
 
     lags = ScoringLags()
     for _ in range(MIN_LAGS - 1):

@@ -11,7 +11,7 @@ import pytest
 from actors.rollout import RolloutWorker
 from actors.rollout_group import RolloutGroup
 from actors.run_state import RunState, TaskFeed
-from rlcore.buffer import Accounting, RolloutBuffer
+from rlcore.batch.buffer import Accounting, RolloutBuffer
 from rlcore.envs import make_env
 from rlcore.plan.compose import compose
 from rlcore.report.failures import FailureLog

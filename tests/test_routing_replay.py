@@ -19,8 +19,8 @@ from rlcore.engine.base import SamplingParams
 from rlcore.engine.hf_engine import HFEngine
 from rlcore.models.build import build_model, build_tokenizer
 from rlcore.models.vision import decoder_layers
-from rlcore.packing import make_micro_batch
-from rlcore.routing import SELF_ROUTE, aligned, expected_rows, packed_routing
+from rlcore.batch.packing import make_micro_batch
+from rlcore.batch.routing import SELF_ROUTE, aligned, expected_rows, packed_routing
 from rlcore.plan.compose import compose
 from rlcore.plan.compose import REPO
 from rlcore.trainer.forward import forward_logprobs

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from rlcore.interrupt import StopRequest
+from rlcore.plan.interrupt import StopRequest
 from rlcore.run import main
 from rlcore.storage.rundir import LOCK_FILE, hold_output_dir
 

@@ -4,7 +4,7 @@ serving and resumes where an uninterrupted run would be, and the staleness bound
 import itertools
 
 from actors.run_state import RunState, groups_allowed_in_flight
-from rlcore.buffer import Accounting
+from rlcore.batch.buffer import Accounting
 
 
 def cycle_pick(cursor, serving):

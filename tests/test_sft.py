@@ -8,7 +8,7 @@ from rlcore.envs import make_env
 from rlcore.models.build import build_tokenizer
 from rlcore.plan.compose import compose
 from rlcore.run import main
-from rlcore.sft import SFTData, batch_indices, build_dataset, read_jsonl, tokenize_conversation
+from rlcore.sft.dataset import SFTData, batch_indices, build_dataset, read_jsonl, tokenize_conversation
 
 
 @pytest.fixture(scope="module")
@@ -129,7 +129,7 @@ def test_sft_steps_run_at_sft_lr_and_rl_steps_at_trainer_lr(monkeypatch):
     keep `trainer.lr`."""
     import socket
 
-    from rlcore.packing import make_micro_batch
+    from rlcore.batch.packing import make_micro_batch
     from rlcore.trainer.core import TrainerCore
     from rlcore.types import Sample
     with socket.socket() as s:

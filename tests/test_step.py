@@ -1,4 +1,4 @@
-"""One RL step as data (rlcore.step), without Ray: advantages, shards per data-parallel rank, the
+"""One RL step as data (rlcore.batch.step), without Ray: advantages, shards per data-parallel rank, the
 loss normaliser and the batch metrics, worked out by hand."""
 
 from __future__ import annotations
@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from rlcore.config import RunConfig
-from rlcore.meta import group_meta
-from rlcore.step import build_step, has_signal, rank_micro_batches, sample_advantages
+from rlcore.batch.meta import group_meta
+from rlcore.batch.step import build_step, has_signal, rank_micro_batches, sample_advantages
 from rlcore.types import Group, GroupMeta, Sample, Task
 
 

@@ -1,4 +1,4 @@
-"""Refs, not data, through the driver: the step is planned from metadata (rlcore.step.build_step
+"""Refs, not data, through the driver: the step is planned from metadata (rlcore.batch.step.build_step
 never sees a token) and each trainer rank packs the samples it fetched; together they must give
 exactly the micro-batches the driver used to pack from whole groups."""
 
@@ -10,10 +10,10 @@ import pytest
 import torch
 
 from rlcore.algo.distill import batch_token_advantages
-from rlcore.buffer import Accounting, RolloutBuffer
+from rlcore.batch.buffer import Accounting, RolloutBuffer
 from rlcore.config import RunConfig
-from rlcore.meta import group_meta
-from rlcore.packing import (
+from rlcore.batch.meta import group_meta
+from rlcore.batch.packing import (
     balance_across_ranks,
     empty_micro_batch,
     make_micro_batch,
@@ -22,7 +22,7 @@ from rlcore.packing import (
     pack_for_ranks,
     plan_for_ranks,
 )
-from rlcore.step import build_step, rank_micro_batches, sample_advantages
+from rlcore.batch.step import build_step, rank_micro_batches, sample_advantages
 from rlcore.types import Group, Sample, Task
 
 FIELDS = ("input_ids", "position_ids", "targets", "behaviour_logprobs", "advantages", "loss_mask", "sample_index")

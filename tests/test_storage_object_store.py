@@ -2,7 +2,7 @@
 by s3fs exactly as AWS is (endpoint and fake credentials from the environment, as a user's own
 profile would give them). Checkpoints are written straight to the bucket by the trainer ranks and
 committed by their meta.json; the series are staged locally and uploaded; a resume reads both
-back (rlcore.storage.location, rlcore.storage.staging, rlcore.checkpoint)."""
+back (rlcore.storage.location, rlcore.storage.staging, rlcore.storage.checkpoint)."""
 
 import importlib.util
 import json
@@ -17,10 +17,10 @@ from pathlib import Path
 
 import pytest
 
-from rlcore.checkpoint import CheckpointWriter
-from rlcore.cli import job_output_dir
+from rlcore.storage.checkpoint import CheckpointWriter
+from rlcore.plan.cli import job_output_dir
 from rlcore.config.errors import ConfigError
-from rlcore.export import main as export_main
+from rlcore.storage.export import main as export_main
 from rlcore.plan.compose import compose
 from rlcore.run import main
 from rlcore.storage.checkpoint_dirs import checkpoint_root, list_checkpoints

@@ -86,7 +86,7 @@ def test_teacher_actor_reads_the_token_data_and_returns_new_driver_owned_groups(
     the actor's own exception (no crash of the driver); an all-failed group passes unscored."""
     from actors.teacher import TeacherStage
     from rlcore.algo.distill import teacher_sums
-    from rlcore.meta import group_meta
+    from rlcore.batch.meta import group_meta
     from rlcore.types import Group, Sample, Task
 
     def sample(prompt, completion, failed=False):

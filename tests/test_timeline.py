@@ -11,7 +11,7 @@ import time
 import pytest
 
 from rlcore.config import RunConfig
-from rlcore.profiling import TraceRecorder, config_problems
+from rlcore.report.profiling import TraceRecorder, config_problems
 from rlcore.report import timeline
 
 BASE_NS = 1_700_000_000_000_000_000  # the traces' baseTimeNanoseconds: event ts are microseconds after it

@@ -12,10 +12,10 @@ import pytest
 
 from actors.driver import Driver, StepState
 from actors.trainer_group import TokenDataLost, TrainerGroup
-from rlcore.buffer import Accounting, RolloutBuffer
-from rlcore.meta import group_meta
+from rlcore.batch.buffer import Accounting, RolloutBuffer
+from rlcore.batch.meta import group_meta
 from rlcore.report.failures import FailureLog
-from rlcore.step import RankWork
+from rlcore.batch.step import RankWork
 from rlcore.types import Group, Sample, Task
 
 

@@ -5,7 +5,7 @@ did (the path issue 31's trainer self-healing takes)."""
 
 import pytest
 
-from rlcore.checkpoint import CheckpointWriter
+from rlcore.storage.checkpoint import CheckpointWriter
 from rlcore.plan.compose import compose
 
 pytestmark = pytest.mark.integration

@@ -10,11 +10,11 @@ import socket
 import pytest
 import torch
 
-from rlcore.meta import group_meta
-from rlcore.packing import make_micro_batch
+from rlcore.batch.meta import group_meta
+from rlcore.batch.packing import make_micro_batch
 from rlcore.plan.compose import compose
 from rlcore.report.samples import sample_rows, shown_keys
-from rlcore.step import build_step, rank_micro_batches, rank_sample_versions, shown_logprobs, shown_positions
+from rlcore.batch.step import build_step, rank_micro_batches, rank_sample_versions, shown_logprobs, shown_positions
 from rlcore.types import Group, Sample, Task
 
 

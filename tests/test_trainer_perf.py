@@ -120,7 +120,7 @@ def test_compiled_chunk_math_equals_eager(aot_eager):
 
 def test_parallelize_compile_and_bf16_params(aot_eager, world1):
     """Through parallelize (FSDP2, world 1): compiled = eager; bf16 params keep fp32 buffers."""
-    from rlcore.parallel_dims import ParallelDims
+    from rlcore.batch.parallel_dims import ParallelDims
     from rlcore.trainer.parallel import Meshes, clip_grad_norm, parallelize
     base = tiny_model()
     mb = random_batch(3, [33, 21, 12])
@@ -141,7 +141,7 @@ def test_parallelize_compile_and_bf16_params(aot_eager, world1):
 
 
 def test_clip_grad_norm_world1(world1):
-    from rlcore.parallel_dims import ParallelDims
+    from rlcore.batch.parallel_dims import ParallelDims
     from rlcore.trainer.parallel import Meshes, clip_grad_norm, parallelize
     base = tiny_model()
     mb = random_batch(4, [40, 27])
@@ -163,7 +163,7 @@ def test_clip_grad_norm_world1(world1):
 
 def test_trainer_core_compile(aot_eager, tiny_cfg, monkeypatch):
     """trainer.compile through TrainerCore (FSDP2, world 1): the same SFT step as eager."""
-    from rlcore.packing import make_micro_batch
+    from rlcore.batch.packing import make_micro_batch
     from rlcore.trainer.core import TrainerCore
     from test_trainer_scale import sample
     mbs = [make_micro_batch([sample([1, 5, 6, 7, 8, 9, 10], 4), sample([1, 11, 12, 13], 2)], [1.0, 1.0]),
@@ -288,7 +288,7 @@ def test_parameters_kept_between_micro_batches_follow_each_update(world1, keep_l
     plain model over two optimizer steps; the forward after each optimizer step sees the updated
     weights. (``keep_last`` breaks the contract on purpose: the last backward keeps the
     parameters too, so the next step computes with stale weights; the check must see it.)"""
-    from rlcore.parallel_dims import ParallelDims
+    from rlcore.batch.parallel_dims import ParallelDims
     from rlcore.trainer.parallel import Meshes, begin_micro_batch, parallelize
     base = tiny_model()
     ref = copy.deepcopy(base)

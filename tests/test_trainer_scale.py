@@ -15,7 +15,7 @@ import torch.multiprocessing as mp
 from transformers import AutoConfig, AutoModelForCausalLM
 
 from rlcore.config import TrainerConfig
-from rlcore.packing import make_micro_batch
+from rlcore.batch.packing import make_micro_batch
 from rlcore.trainer.logprobs import chunked_logprobs, install_logprob_head, plain_logprobs
 from rlcore.types import Sample
 
@@ -259,7 +259,7 @@ def _full_grads(model) -> dict[str, torch.Tensor]:
 def _ep_worker(rank, ac_mode):
     from rlcore.trainer.forward import forward_logprobs
     from rlcore.trainer.moe import router_metrics
-    from rlcore.parallel_dims import ParallelDims
+    from rlcore.batch.parallel_dims import ParallelDims
     from rlcore.trainer.parallel import Meshes, clip_grad_norm, parallelize
     base = tiny_model("qwen3_moe")
     batches = [random_batch(10, [30, 22, 17]), random_batch(11, [41, 9])]
@@ -304,7 +304,7 @@ def test_expert_parallel_equals_single_rank():
 
 def _cp_worker(rank, ac_mode):
     from rlcore.trainer.forward import forward_logprobs
-    from rlcore.parallel_dims import ParallelDims
+    from rlcore.batch.parallel_dims import ParallelDims
     from rlcore.trainer.parallel import Meshes, parallelize
     base = tiny_model()
     mb = random_batch(20, [97, 64, 42])  # 203 tokens: odd, so the cp split pads
@@ -335,9 +335,9 @@ def _core_worker(rank, cfg):
     """TrainerCore with dp=1 x cp=2 and ep=2 on a Qwen3-MoE-shaped char model: one SFT step's loss
     and gradient norm equal the single-rank values; exported weights are full-size."""
     from rlcore.models.build import build_model, build_tokenizer
-    from rlcore.packing import pack_for_ranks
+    from rlcore.batch.packing import pack_for_ranks
     from rlcore.trainer.core import TrainerCore
-    from rlcore.parallel_dims import shards_per_rank
+    from rlcore.batch.parallel_dims import shards_per_rank
     tok = build_tokenizer(cfg.model)
     g = torch.Generator().manual_seed(5)
     samples = [sample(torch.randint(4, len(tok), (n,), generator=g).tolist(), n // 2) for n in (40, 33, 27)]
@@ -380,7 +380,7 @@ def test_trainer_core_ep_cp(tiny_cfg):
 def test_trainer_core_lora(tiny_cfg):
     """LoRA through TrainerCore (FSDP2, world 1): a step moves only the adapters, and the exported
     parameters are the base names with merged weights."""
-    from rlcore.packing import make_micro_batch as mmb
+    from rlcore.batch.packing import make_micro_batch as mmb
     from rlcore.trainer.core import TrainerCore
     from rlcore.trainer.lora import lora_modules
     cfg = copy.deepcopy(tiny_cfg)

@@ -10,7 +10,7 @@ import types
 import pytest
 import torch
 
-from rlcore.canary import (
+from rlcore.weights.canary import (
     CanaryError,
     canary_prompts,
     compare_logprobs,

@@ -13,7 +13,7 @@ from omegaconf import OmegaConf
 from rlcore.config import ModelConfig
 from rlcore.models import vision
 from rlcore.models.build import build_model, build_tokenizer
-from rlcore.packing import make_micro_batch
+from rlcore.batch.packing import make_micro_batch
 from rlcore.types import Sample
 
 

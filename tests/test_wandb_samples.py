@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from rlcore.config import LoggerConfig
-from rlcore.meta import group_meta
+from rlcore.batch.meta import group_meta
 from rlcore.report.metrics import MetricsLogger
 from rlcore.report.samples import due, sample_rows
 from rlcore.types import Group, Sample, Task

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from rlcore import weights_protocol
+from rlcore.weights import protocol as weights_protocol
 from rlcore.engine.base import RolloutEngine
 from rlcore.engine.registry import (
     engine_class,

@@ -13,8 +13,8 @@ from rlcore.plan.compose import compose
 def _rank(rank, port, out):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
-    from rlcore.packing import pack_for_ranks
-    from rlcore.sft import build_dataset
+    from rlcore.batch.packing import pack_for_ranks
+    from rlcore.sft.dataset import build_dataset
     from rlcore.trainer.core import TrainerCore
     cfg = compose(["trainer.lr=0.01", "mode=sft", "sft.num_examples=8"])
     core = TrainerCore(cfg, 0, 1)

@@ -46,7 +46,7 @@ class VLLMOptions:
     routing_replay: bool = False
     """Rollout routing replay (MoE policies only): the engine returns each token's routed experts
     (vLLM's `enable_return_routed_experts`) and the trainer's MoE blocks use them instead of their
-    own top-k (`rlcore.routing`). Rollout only."""
+    own top-k (`rlcore.batch.routing`). Rollout only."""
     warm_engine_core: bool = True
     """Fork vLLM's engine-core process from a server the actor starts first, which imports vLLM
     while the actor does (`rlcore.engine.vllm.warm_core`), instead of vLLM's spawn of a fresh
@@ -64,7 +64,7 @@ class HFOptions:
     routing_replay: bool = False
     """Rollout routing replay (MoE policies only): the engine returns each token's routed experts
     (hooks on the model's routers) and the trainer's MoE blocks use them instead of their own
-    top-k (`rlcore.routing`). Rollout only."""
+    top-k (`rlcore.batch.routing`). Rollout only."""
 
 
 @dataclass

@@ -30,7 +30,7 @@ def raise_problems(found: list[tuple[str, str]]) -> None:
 @contextmanager
 def keyed_errors(*types: type[BaseException]) -> Iterator[None]:
     """Inside, an exception of `types` whose text is `KEY: message` (bad input data named by its
-    config key, e.g. `rlcore.sft.DataError`) is reported as ConfigError(KEY, message)."""
+    config key, e.g. `rlcore.sft.dataset.DataError`) is reported as ConfigError(KEY, message)."""
     try:
         yield
     except types as exc:

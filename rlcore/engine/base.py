@@ -8,12 +8,12 @@ in flight, which then continue on the new weights with the new version on their 
 Weights arrive through a named transport (`rlcore.engine.registry` lists the ones each engine
 takes; the transfer package's `PAIRS` is the table of transports). The engine's part is one hook,
 :meth:`RolloutEngine.receiver`: for a transport it receives in its own way it returns its own
-receiver (a `rlcore.weights_protocol.Receiver`, built from the `Seat` it is given: rendezvous,
+receiver (a `rlcore.weights.protocol.Receiver`, built from the `Seat` it is given: rendezvous,
 ranks, what a sync holds, timeouts); otherwise None, and the transport's own receiver, if it has
 one, lands the weights through :meth:`RolloutEngine.apply_weights`. So an engine that takes
 `broadcast` writes nothing for it, and a transport whose receiving end runs inside the engine
 (vLLM's workers over `nccl` or `ipc`) is received by the engine's own code. An engine never
-imports a transport module, nor the reverse; they share only `rlcore.weights_protocol`.
+imports a transport module, nor the reverse; they share only `rlcore.weights.protocol`.
 
 Engines are built by :meth:`RolloutEngine.from_config` from their own config section and the
 model config, not the whole run config; the registry names the class (`make_engine`).
@@ -29,7 +29,7 @@ if TYPE_CHECKING:  # type names only: validation imports this before torch loads
     import torch
 
     from rlcore.config import ModelConfig
-    from rlcore.weights_protocol import Receiver, Seat
+    from rlcore.weights.protocol import Receiver, Seat
 
 
 @dataclass
@@ -53,7 +53,7 @@ class Generation:
     finish_reason: str  # "stop" | "length" | "abort"
     routed_experts: Any = None
     """Routing replay: the experts of every token run through the model (the prompt and all but
-    the last sampled token), integer [prompt + completion - 1, layers, top_k] (`rlcore.routing`)."""
+    the last sampled token), integer [prompt + completion - 1, layers, top_k] (`rlcore.batch.routing`)."""
 
 
 class RolloutEngine(abc.ABC):
@@ -139,7 +139,7 @@ class RolloutEngine(abc.ABC):
         """Record this engine's GPU kernels (and CPU ops, `cpu_ops`) until :meth:`stop_profile`;
         `label` names the trace (e.g. `step3`). Engines whose work runs in processes of their own
         override both (and declare `EngineSpec.traced_elsewhere`)."""
-        from rlcore.profiling import TraceRecorder
+        from rlcore.report.profiling import TraceRecorder
 
         if getattr(self, "_trace_recorder", None) is None:
             self._trace_recorder = TraceRecorder(with_stack, cpu_ops)

@@ -9,7 +9,7 @@ carry the new policy version (like vLLM's pause in "keep" mode).
 Routing replay (`rollout.hf.routing_replay`, MoE models): forward hooks on the routers record
 each forward's top-k experts per layer; a generation's rows are the prompt's (from the prefill)
 and one per later decode step (the token fed in), ``prompt + completion - 1`` rows as vLLM
-returns them (`rlcore.routing`).
+returns them (`rlcore.batch.routing`).
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from transformers import DynamicCache
 from rlcore.engine.base import Generation, RolloutEngine, SamplingParams
 from rlcore.models.build import build_model, build_tokenizer
 from rlcore.models.vision import decoder_layers, mrope_positions, pixel_values
-from rlcore.routing import expected_rows, expert_dtype, replay_enabled
+from rlcore.batch.routing import expected_rows, expert_dtype, replay_enabled
 
 
 def sample_with_logprobs(

@@ -36,7 +36,7 @@ from rlcore.config.plugins import add_plugin_section, remove_plugin_section
 from rlcore.config.teacher import TeacherConfig
 from rlcore.engine.vllm.vllm_checks import vllm_problems
 from rlcore.engine.vllm.vllm_plan import planned_kwargs as vllm_planned_kwargs
-from rlcore.routing import routing_problems
+from rlcore.batch.routing import routing_problems
 
 if TYPE_CHECKING:
     from rlcore.config import RunConfig

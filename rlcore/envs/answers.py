@@ -5,7 +5,7 @@
 text. `equivalent` compares it with the gold answer: first exactly as numbers (fractions,
 decimals, percents, thousands separators, `$`), then with `math-verify` (symbolic equivalence,
 LaTeX) when it is installed. math-verify's own signal-based timeouts are disabled (they only
-work in the main thread); callers run rewards under :mod:`rlcore.envs.safety` deadlines.
+work in the main thread); callers run rewards under :mod:`rlcore.isolation.safety` deadlines.
 """
 
 from __future__ import annotations

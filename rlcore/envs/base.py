@@ -6,8 +6,8 @@ sample `group_size` completions, score each. Multi-turn and tool environments de
 :class:`rlcore.envs.multiturn.MultiTurnEnvironment`, which overrides `run_groups`.
 
 Reward safety (every environment): scoring runs under a deadline per sample (`reward_timeout_s`,
-in `worker` (default: reused processes killed at an overrun, :mod:`rlcore.envs.reward_workers`),
-`thread` or `process` isolation, see :mod:`rlcore.envs.safety`); an exception, a timeout or a
+in `worker` (default: reused processes killed at an overrun, :mod:`rlcore.isolation.reward_workers`),
+`thread` or `process` isolation, see :mod:`rlcore.isolation.safety`); an exception, a timeout or a
 non-finite reward either marks the sample failed (`on_reward_error: fail`, the driver counts and
 drops it) or scores it 0 with the error kept on `Sample.error` (`on_reward_error: zero`). When more
 than `max_abandoned_threads` timed-out threads are still running, scoring moves to `process`
@@ -34,8 +34,8 @@ import random
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Iterator
 
-from rlcore.envs.reward_workers import WorkerPool
-from rlcore.envs.safety import OUTPUT_LIMIT, STUCK_AFTER_S, Outcome, call_many, check_safety_args, threads_abandoned
+from rlcore.isolation.reward_workers import WorkerPool
+from rlcore.isolation.safety import OUTPUT_LIMIT, STUCK_AFTER_S, Outcome, call_many, check_safety_args, threads_abandoned
 from rlcore.models.images import check_image, expand_image_tokens, to_array
 from rlcore.models.render import render_prompt
 from rlcore.types import Group, Sample, Task
@@ -71,7 +71,7 @@ class Environment(abc.ABC):
     them once, so a new worker does not pay the import on its first call."""
     reward_zygote: bool = True
     """Start reward workers from a zygote that unpickled this environment in a fresh interpreter
-    (`rlcore.envs.reward_zygote`): it has the instance's attributes, not what the rollout actor
+    (`rlcore.isolation.reward_zygote`): it has the instance's attributes, not what the rollout actor
     put in module globals or class attributes at run time. False: fork them from the actor (they
     see all of it; each start then costs the actor two forks of itself, ~14 ms each)."""
 

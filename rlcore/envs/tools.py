@@ -18,7 +18,7 @@ from typing import Any, Callable
 
 from rlcore.envs.base import Message
 from rlcore.envs.multiturn import MultiTurnEnvironment
-from rlcore.envs.safety import call_with_deadline
+from rlcore.isolation.safety import call_with_deadline
 from rlcore.types import Task
 
 _CALL = re.compile(r"<tool>\s*([A-Za-z_][\w-]*)\s*:?(.*?)</tool>", re.DOTALL)

@@ -110,7 +110,7 @@ def mrope_positions(ids: Sequence[int], grids: Sequence[Sequence[int]], spec: Vi
 def packed_mrope_positions(input_ids: torch.Tensor, sample_index: torch.Tensor, grids: torch.Tensor,
                            spec: VisionSpec) -> torch.Tensor:
     """`mrope_positions` of every sample of a packed row, concatenated: ``[3, T]``. The images'
-    grids are in sample order (how `rlcore.packing` concatenates them)."""
+    grids are in sample order (how `rlcore.batch.packing` concatenates them)."""
     ids = input_ids.tolist()
     bounds = torch.nonzero(torch.diff(sample_index, prepend=sample_index[:1] - 1)).flatten().tolist() + [len(ids)]
     out, g = [], 0

@@ -46,7 +46,7 @@ def pick(groups: list[GroupMeta], limit: int) -> list[tuple[int, SampleMeta]]:
 
 def shown_keys(groups: list[GroupMeta], limit: int) -> list[tuple[int, int]]:
     """(group position, sample index) of each sample :func:`pick` shows: the samples whose
-    trainer logprobs the train step returns (`rlcore.step.build_step`'s `shown`)."""
+    trainer logprobs the train step returns (`rlcore.batch.step.build_step`'s `shown`)."""
     return [(gi, s.index) for gi, s in pick(groups, limit)]
 
 

@@ -1,5 +1,5 @@
 """One timeline of a run's recorded steps (`profile.steps`): the traces every trainer rank and
-engine handed back (`{output_dir}/profile/SOURCE/`, see `rlcore.profiling`) put on the host's
+engine handed back (`{output_dir}/profile/SOURCE/`, see `rlcore.report.profiling`) put on the host's
 wall clock, merged into one Chrome trace, and summed up per step and GPU: how long each side's
 kernels ran, how long both had kernels at once, how long the GPU had none.
 

@@ -1,6 +1,6 @@
 """The directory side of checkpoints (torch-free): layout names, finding the newest complete
 checkpoint, what `checkpoint.resume` points at, and the config a checkpoint was saved with.
-The trainer-side save/load of the tensors is in :mod:`rlcore.checkpoint`.
+The trainer-side save/load of the tensors is in :mod:`rlcore.storage.checkpoint`.
 
 A checkpoint folder is a `pathlib.Path` on a filesystem, or a `upath.UPath` (the same API over
 fsspec) in an object store (:func:`rlcore.storage.location.storage_path`): the functions here

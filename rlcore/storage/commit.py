@@ -1,7 +1,7 @@
 """Committing a checkpoint or exported folder so that no reader ever sees it half-written or
 half-deleted: on a filesystem, a temporary folder renamed in one `os.rename` (deleting renames
 first); in an object store (no rename) the caller's marker object written last, and removed
-first when the folder is deleted (`rlcore.checkpoint`). Torch-free."""
+first when the folder is deleted (`rlcore.storage.checkpoint`). Torch-free."""
 
 from __future__ import annotations
 

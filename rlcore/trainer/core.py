@@ -21,11 +21,11 @@ from rlcore.algo.losses import LossInputs, policy_loss
 from rlcore.config import RunConfig
 from rlcore.models.build import build_model, build_tokenizer
 from rlcore.models.vision import vision_tower
-from rlcore.packing import MicroBatch, make_micro_batch
+from rlcore.batch.packing import MicroBatch, make_micro_batch
 from rlcore.trainer import export
 from rlcore.trainer.forward import forward_columns, forward_logprobs
 from rlcore.trainer.moe import router_metrics
-from rlcore.parallel_dims import ParallelDims
+from rlcore.batch.parallel_dims import ParallelDims
 from rlcore.trainer.parallel import Meshes, begin_micro_batch, clip_grad_norm, parallelize
 from rlcore.trainer.schedule import build_scheduler
 from rlcore.types import Sample
@@ -153,7 +153,7 @@ class TrainerCore:
         """One RL optimizer step (the configured policy loss) over this rank's micro-batches;
         `normalizer` comes from `rlcore.algo.losses.loss_normalizer` over the global batch.
         `sample_versions[i]`: the oldest behaviour version of each sample of micro-batch i
-        (`rlcore.step.rank_sample_versions`); with it the mismatch is split into
+        (`rlcore.batch.step.rank_sample_versions`); with it the mismatch is split into
         `engine_mismatch_kl` and `staleness_kl`. `keep[i]`: samples of micro-batch i (their
         `sample_index`) whose logprobs the result carries (`StepResult.kept`): the ones the loss
         used, from this step's forward under the weights before its update (the "current"

@@ -1,7 +1,7 @@
 """One packed micro-batch through a parallelized model: per-token logprobs and entropies.
 
 ``logp[i]`` is the logprob of ``targets[i]`` after ``input_ids[:i + 1]`` within the same packed
-sample (the `rlcore.packing` alignment), under ``softmax(logits / temperature)``; both outputs
+sample (the `rlcore.batch.packing` alignment), under ``softmax(logits / temperature)``; both outputs
 are float32 ``[T]`` and differentiable. With ``cp > 1`` the row is split over the context
 ranks and the outputs are gathered back to ``[T]`` on each (`rlcore.trainer.context_parallel`).
 
@@ -18,8 +18,8 @@ from __future__ import annotations
 import torch
 
 from rlcore.models.vision import packed_mrope_positions, pixel_values, text_config
-from rlcore.packing import MicroBatch
-from rlcore.routing import SELF_ROUTE
+from rlcore.batch.packing import MicroBatch
+from rlcore.batch.routing import SELF_ROUTE
 from rlcore.trainer.attention import NAME as VARLEN
 from rlcore.trainer.attention import cu_seqlens
 from rlcore.trainer.context_parallel import gather_sequence, local_slice, pad_to_multiple

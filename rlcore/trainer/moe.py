@@ -17,7 +17,7 @@ all-to-all brings results back to the sending rank, which un-sorts and combines 
 No capacity factor: no token is dropped, so the result equals the single-rank block exactly
 (up to summation order).
 
-Routing replay (`rlcore.routing`): with ``replay`` set (`set_routing`: int [N, k] per block, -1
+Routing replay (`rlcore.batch.routing`): with ``replay`` set (`set_routing`: int [N, k] per block, -1
 for a token that routes itself), a token's experts are the given ``g_n`` instead of its own top-k,
 and its weights are still the trainer's router probabilities gathered there::
 
@@ -239,7 +239,7 @@ def apply_expert_parallel(model: nn.Module, ep_group: dist.ProcessGroup | None) 
 
 def set_routing(model: nn.Module, routed: torch.Tensor | None) -> None:
     """Make every `MoEBlock` of `model` replay `routed` (int [N, layers, top_k] over the tokens the
-    blocks will see, -1 = own top-k; `rlcore.routing`) in its next forwards, or route itself
+    blocks will see, -1 = own top-k; `rlcore.batch.routing`) in its next forwards, or route itself
     (None). It stays set until the next call, so the recomputation of a checkpointed layer in
     backward routes like its forward did."""
     blocks = [m for m in model.modules() if isinstance(m, MoEBlock)]

@@ -31,7 +31,7 @@ from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
 from rlcore.models.vision import decoder_layers, is_vision_model, vision_tower
-from rlcore.parallel_dims import ParallelDims
+from rlcore.batch.parallel_dims import ParallelDims
 from rlcore.trainer.activation_checkpoint import apply_activation_checkpointing
 from rlcore.trainer.attention import use_varlen_attention
 from rlcore.trainer.compile import compile_layers

@@ -1,7 +1,7 @@
 """Learning-rate schedules: linear warmup, then constant, linear or cosine decay over the run.
 
 A `LambdaLR` whose multiplier is a pure function of the optimizer-step index, so the schedule
-resumes exactly from the scheduler's saved `last_epoch` (see `rlcore.checkpoint`).
+resumes exactly from the scheduler's saved `last_epoch` (see `rlcore.storage.checkpoint`).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Weight-transfer transports: the table of them, and the group's rank arithmetic.
 
 A transport is a trainer-side sender (`rlcore.transfer.base.Sender`) over one `SyncPlan`
-(`rlcore.transfer.plan`) and an engine-side receiver (`rlcore.weights_protocol.Receiver`).
+(`rlcore.transfer.plan`) and an engine-side receiver (`rlcore.weights.protocol.Receiver`).
 :data:`PAIRS` maps each name to its :class:`TransportSpec`; :func:`register_transport` adds one
 (from any package: a plug-in or a test), no file here changes.
 
@@ -16,7 +16,7 @@ A transport is a trainer-side sender (`rlcore.transfer.base.Sender`) over one `S
 The receiving end of `nccl` and `ipc` lives inside the engine: an engine that takes them returns
 its receiver from its one hook, `receiver(transport, seat)` (:func:`make_receiver` asks the
 engine first, then falls back to the transport's own receiver). This package never imports an
-engine module, and no engine module imports it: the two meet in `rlcore.weights_protocol`.
+engine module, and no engine module imports it: the two meet in `rlcore.weights.protocol`.
 Which transport a run uses is the engine registry's answer (the caller's business, passed in by
 name), and so is the number of workers per engine.
 
@@ -36,7 +36,7 @@ import importlib
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from rlcore.weights_protocol import Receiver, ReceivingEngine, Seat, TransferOptions
+from rlcore.weights.protocol import Receiver, ReceivingEngine, Seat, TransferOptions
 
 if TYPE_CHECKING:
     from rlcore.config import RunConfig

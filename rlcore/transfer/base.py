@@ -1,8 +1,8 @@
 """The trainer side of every weight transport: a :class:`Sender` over one `SyncPlan`
-(`rlcore.transfer.plan`). The engine side is a `rlcore.weights_protocol.Receiver`: the
+(`rlcore.transfer.plan`). The engine side is a `rlcore.weights.protocol.Receiver`: the
 transport's own (one that works for any engine) or the engine's (`RolloutEngine.receiver`).
 
-A sender is built from the transfer options (`rlcore.weights_protocol.TransferOptions`), the
+A sender is built from the transfer options (`rlcore.weights.protocol.TransferOptions`), the
 plan, its device and the group's rendezvous (`address`, `port`, which it hosts as rank 0, and the
 group's `world_size`), whether a transport uses them or not. Per sync the sender's `send` and
 every receiver's `receive` run together (a collective transport) or one after the other (a
@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     import torch
 
     from rlcore.transfer.plan import SyncPlan
-    from rlcore.weights_protocol import TransferOptions
+    from rlcore.weights.protocol import TransferOptions
 
 
 class Sender(abc.ABC):

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Callable, Iterable, Iterator
 import torch
 import torch.distributed as dist
 
-from rlcore import weights_protocol
+from rlcore.weights import protocol as weights_protocol
 from rlcore.transfer import base
 from rlcore.transfer.plan import (
     SyncPlan,
@@ -34,7 +34,7 @@ from rlcore.transfer.plan import (
 )
 
 if TYPE_CHECKING:
-    from rlcore.weights_protocol import ReceivingEngine, Seat, TransferOptions
+    from rlcore.weights.protocol import ReceivingEngine, Seat, TransferOptions
 
 
 ABORT_KEY = "rlcore/abort"

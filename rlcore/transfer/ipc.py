@@ -4,7 +4,7 @@ placement). NCCL never runs between two processes on one device.
 :class:`Sender` (every trainer rank) fills an :class:`IPCSender` buffer. There is no receiver
 here: the receiving end lives inside the engine (`Seat.handle` names the buffer, `Seat.layout`
 is vLLM's packed `update_info` for it), so an engine that takes `ipc` returns its own receiver
-from its `receiver` hook; the handle's format is `rlcore.cuda_ipc`'s, which both sides import.
+from its `receiver` hook; the handle's format is `rlcore.weights.cuda_ipc`'s, which both sides import.
 
 IPCSender (trainer rank): one persistent flat buffer holding every tensor of the sync in wire dtype,
 back to back in the order of the update info (so vLLM's packed buckets are consecutive byte
@@ -23,12 +23,12 @@ from typing import TYPE_CHECKING, Iterable, Iterator
 
 import torch
 
-from rlcore.cuda_ipc import buffer_handle
+from rlcore.weights.cuda_ipc import buffer_handle
 from rlcore.transfer import base
 from rlcore.transfer.plan import SyncPlan, tensor_bytes, vllm_update_info
 
 if TYPE_CHECKING:
-    from rlcore.weights_protocol import TransferOptions
+    from rlcore.weights.protocol import TransferOptions
 
 
 FILL_CHUNK_BYTES = 256 * 2**20
@@ -54,7 +54,7 @@ class IPCSender:
         self._handle = buffer_handle(self.buffer)
 
     def handle(self) -> dict:
-        """What the receiver needs to open the buffer (`rlcore.cuda_ipc.open_handle`)."""
+        """What the receiver needs to open the buffer (`rlcore.weights.cuda_ipc.open_handle`)."""
         return dict(self._handle)
 
     def fill(self, named: Iterable[tuple[str, torch.Tensor]]) -> dict[str, float]:

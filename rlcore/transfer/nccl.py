@@ -52,7 +52,7 @@ from rlcore.transfer.plan import (
 )
 
 if TYPE_CHECKING:
-    from rlcore.weights_protocol import TransferOptions
+    from rlcore.weights.protocol import TransferOptions
 
 
 class WeightSyncTimeout(TimeoutError):

@@ -45,7 +45,7 @@ def test_fp8_rollout_sync_requantizes_and_passes_the_fp8_canary(fp8_engine):
     import torch
 
     from benchmarks.harness import canary
-    from rlcore.canary import FP8_MAX_GAP, FP8_MEAN_GAP
+    from rlcore.weights.canary import FP8_MAX_GAP, FP8_MEAN_GAP
 
     s, limits = fp8_engine, dict(max_gap=FP8_MAX_GAP, mean_gap=FP8_MEAN_GAP)
     engine = s["engine"]
@@ -116,7 +116,7 @@ print("RESULT " + json.dumps(out))
 def test_fp8_train_step_matches_bf16_within_fp8_noise():
     import json
 
-    from rlcore.canary import FP8_MAX_GAP, FP8_MEAN_GAP
+    from rlcore.weights.canary import FP8_MAX_GAP, FP8_MEAN_GAP
 
     proc = subprocess.run([sys.executable, "-c", _TRAIN_STEP], cwd=ROOT, capture_output=True, text=True, timeout=300,
                           env={**os.environ, "CUDA_VISIBLE_DEVICES": "0", "PYTHONPATH": ROOT + os.pathsep

@@ -1,6 +1,6 @@
 """Rollout routing replay against vLLM on one GPU: a random-weight Qwen3-MoE model, the same bf16
 weights in vLLM (loaded by trainer name, as a sync does) and in the trainer's MoE blocks. vLLM's
-routed experts per token (`enable_return_routed_experts`) have the rows `rlcore.routing` documents,
+routed experts per token (`enable_return_routed_experts`) have the rows `rlcore.batch.routing` documents,
 and the replayed trainer forward uses exactly those experts. Prints the engine-vs-trainer
 logprob gap with and without replay. Run on the lent machine from the repo root:
 
@@ -59,8 +59,8 @@ def test_vllm_routing_is_what_the_replayed_forward_uses(setup, monkeypatch):
     import torch
 
     from rlcore.engine.base import SamplingParams
-    from rlcore.packing import make_micro_batch
-    from rlcore.routing import expected_rows
+    from rlcore.batch.packing import make_micro_batch
+    from rlcore.batch.routing import expected_rows
     from rlcore.trainer.forward import forward_logprobs
     from rlcore.trainer.moe import router_metrics
     from rlcore.types import Sample

@@ -23,9 +23,9 @@ import copy, json, os, socket
 import torch, torch.distributed as dist
 from transformers import AutoConfig, AutoModelForCausalLM
 from rlcore.config import TrainerConfig
-from rlcore.packing import make_micro_batch
+from rlcore.batch.packing import make_micro_batch
 from rlcore.trainer.forward import forward_logprobs
-from rlcore.parallel_dims import ParallelDims
+from rlcore.batch.parallel_dims import ParallelDims
 from rlcore.trainer.parallel import Meshes, parallelize
 from rlcore.types import Sample
 

@@ -59,7 +59,7 @@ def test_generate_contract(setup):
 
 
 def test_logprobs_are_of_the_tempered_distribution(setup):
-    from rlcore.canary import compare_logprobs
+    from rlcore.weights.canary import compare_logprobs
     from rlcore.engine.base import SamplingParams
 
     engine, trainer = setup["engine"], setup["trainer"]
@@ -78,7 +78,7 @@ def test_logprobs_are_of_the_tempered_distribution(setup):
 @pytest.mark.parametrize("reload", ["layerwise", "direct"])
 def test_sync_passes_canary_and_stale_weights_fail_it(setup, reload):
     from benchmarks.harness import canary
-    from rlcore.canary import CanaryError, compare_logprobs
+    from rlcore.weights.canary import CanaryError, compare_logprobs
 
     engine = setup["engine"]
     times = _sync(setup, reload)

@@ -65,7 +65,7 @@ def test_vllm_vlm_image_prompt_sync_and_canary():
             gaps += [abs(a - b) for a, b in zip(logits_lp, g.logprobs)]
         assert max(gaps) < 0.5 and sum(gaps) / len(gaps) < 0.1, (max(gaps), sum(gaps) / len(gaps))
         # the text canary the driver runs after every sync
-        from rlcore.canary import canary_prompts
+        from rlcore.weights.canary import canary_prompts
         pairs = canary_prompts(len(tok), num_prompts=2, prompt_len=16, completion_len=16)
         got = engine.score_batch(pairs)
         for (p, c), lp in zip(pairs, got):

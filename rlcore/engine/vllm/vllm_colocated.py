@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from rlcore.cuda_ipc import open_handle
+from rlcore.weights.cuda_ipc import open_handle
 from rlcore.engine.base import WeightSyncError
 from rlcore.engine.vllm.direct_receive import DirectReceiver
 

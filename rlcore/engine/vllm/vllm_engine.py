@@ -46,8 +46,8 @@ from rlcore.engine.vllm.vllm_updates import KVOnUpdate, Reload, WeightUpdates, c
 from rlcore.engine.vllm.vllm_versions import InFlightRequest, VersionMarks
 from rlcore.engine.vllm.vllm_worker import WORKER_EXTENSION
 from rlcore.models.vision import collapse_image_tokens
-from rlcore.profiling import read_new
-from rlcore.weights_protocol import Receiver, Seat
+from rlcore.report.profiling import read_new
+from rlcore.weights.protocol import Receiver, Seat
 
 log = logging.getLogger(__name__)
 

@@ -31,7 +31,7 @@ def engine_args(v: Any, model: Any, seed: int = 0, tokenizer: Any = None) -> tup
         kwargs["quantization"] = quantization
     if v.sleep_level:
         kwargs["enable_sleep_mode"] = True
-    if v.routing_replay:  # each request's final output carries its routed experts (rlcore.routing)
+    if v.routing_replay:  # each request's final output carries its routed experts (rlcore.batch.routing)
         kwargs["enable_return_routed_experts"] = True
     if v.sampling_kwargs:
         kwargs["extra_sampling"] = dict(v.sampling_kwargs)

@@ -16,7 +16,7 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Any
 
-from rlcore.weights_protocol import Receiver, Seat
+from rlcore.weights.protocol import Receiver, Seat
 
 if TYPE_CHECKING:
     from rlcore.engine.vllm.vllm_engine import VLLMEngine

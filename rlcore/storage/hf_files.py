@@ -1,5 +1,5 @@
 """The non-weight files of a Hugging Face model directory: config.json, generation config and
-tokenizer. Checkpoints (`rlcore.checkpoint`, their `hf/` folder) and exports (`rlcore.export`)
+tokenizer. Checkpoints (`rlcore.storage.checkpoint`, their `hf/` folder) and exports (`rlcore.export`)
 write them the same way."""
 
 from __future__ import annotations

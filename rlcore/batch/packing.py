@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from rlcore.routing import packed_routing
+from rlcore.batch.routing import packed_routing
 from rlcore.types import Sample
 
 
@@ -44,7 +44,7 @@ class MicroBatch:
     """float32 [T, k]: their teacher logprobs (0 elsewhere)."""
     routed_experts: torch.Tensor | None = None
     """Routing replay: int16 [T, layers, top_k], the engine's experts of each input position, -1
-    where the trainer routes itself (`rlcore.routing.packed_routing`); None without replay."""
+    where the trainer routes itself (`rlcore.batch.routing.packed_routing`); None without replay."""
 
     @property
     def num_tokens(self) -> int:

@@ -1,4 +1,4 @@
-"""The reward worker process: what runs after the fork (:mod:`rlcore.envs.reward_workers` is
+"""The reward worker process: what runs after the fork (:mod:`rlcore.isolation.reward_workers` is
 the parent's side).
 
 A worker serves batches: the parent sends the calls one request needs in one message, the worker
@@ -10,7 +10,7 @@ message per call. After every call the worker puts itself back as it was when it
 - whatever the call started (children, their children, double-forked daemons) is killed: the
   worker is its PID namespace's init (or else a child subreaper), so orphans of the call's
   processes become its children and none escapes;
-- what it changed in the process is put back (:mod:`rlcore.envs.reward_worker_home`: the working
+- what it changed in the process is put back (:mod:`rlcore.isolation.reward_worker_home`: the working
   directory, `os.environ`, `sys.path`, signal handlers, umask, resource limits, patched modules...);
 - a call that exceeds the memory bound (RLIMIT_DATA: what the worker had at start plus the
   bound) fails with a line naming the bound, and the worker retires (its leaked memory goes with
@@ -28,7 +28,7 @@ A call that misses its deadline is first asked to stop (`ABANDON_SIGNAL` raises
 costs forks only while they overlap, not a kill and a fork per call.
 
 Between the worker and the actor sits a keeper process (:func:`keep`), which puts the worker in a
-PID namespace of its own (:mod:`rlcore.envs.reward_worker_ns`: a reward cannot signal the actor;
+PID namespace of its own (:mod:`rlcore.isolation.reward_worker_ns`: a reward cannot signal the actor;
 where that is refused, a reward that kills its parent kills the keeper, and the actor names it);
 at a deadline the keeper kills the worker and whatever its calls left, in any session. Each dies
 with its parent (PR_SET_PDEATHSIG, checked after it is set, so a parent that died during the fork
@@ -47,9 +47,9 @@ import sys
 import time
 from typing import Any
 
-from rlcore.envs import reward_worker_ns as ns
-from rlcore.envs.reward_worker_home import Home, recording
-from rlcore.envs.safety import Outcome, _describe, _Sink
+from rlcore.isolation import reward_worker_ns as ns
+from rlcore.isolation.reward_worker_home import Home, recording
+from rlcore.isolation.safety import Outcome, _describe, _Sink
 
 PR_SET_PDEATHSIG = 1
 PR_SET_CHILD_SUBREAPER = 36
@@ -59,7 +59,7 @@ CURRENT, STARTED, CUT, WORKER_PID, NAMESPACE = 0, 1, 2, 3, 4
 """Fields of a worker's `progress` array: the call it runs (index in its batch, -1 before the
 first), when that call started (time.monotonic, shared by all processes), the last index it may
 start (the parent lowers it to move the rest of the batch elsewhere), the worker's pid (as the
-actor sees it), the namespaces it runs in (:mod:`rlcore.envs.reward_worker_ns`, -1 until known)."""
+actor sees it), the namespaces it runs in (:mod:`rlcore.isolation.reward_worker_ns`, -1 until known)."""
 ABANDON_SIGNAL = signal.SIGUSR1
 """What the actor sends a worker whose call missed its deadline: a call in Python code ends at its
 next bytecode (sleeps too) and the worker is reused; one blocked in C is killed after a grace."""

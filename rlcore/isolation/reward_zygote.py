@@ -13,7 +13,7 @@ run the same environment as before, as it was when the pool started (with the mo
 Protocol, over one Unix socket: the actor sends `(sys.path, environment pickle, its pid)`; the
 zygote answers `("ready", pid)` or `("error", text)`. Then for each worker the actor sends
 `("start", memory_mb)` and two descriptors (the worker's end of its pipe, its progress memfd);
-the zygote forks a keeper (:func:`rlcore.envs.reward_worker_loop.keep`) and answers its pid. The
+the zygote forks a keeper (:func:`rlcore.isolation.reward_worker_loop.keep`) and answers its pid. The
 zygote reaps its keepers and writes each one's wait status into its progress (`EXIT`), which is
 how the actor learns that a keeper ended and how (:class:`ZygoteChild`). The zygote is killed the
 moment the actor dies (PR_SET_PDEATHSIG; it fires when the *thread* that started the process
@@ -24,7 +24,7 @@ too). It stays in the actor's process group (a kill of the group reaches it) and
 
 An environment that does not pickle by reference (a class defined in `__main__` or inside a
 function, a lock or socket among its fields) cannot cross to a fresh interpreter: its pool forks
-workers from the actor, as before (:class:`rlcore.envs.reward_workers.WorkerPool`).
+workers from the actor, as before (:class:`rlcore.isolation.reward_workers.WorkerPool`).
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ from concurrent.futures import ThreadPoolExecutor
 from multiprocessing.connection import Connection
 from multiprocessing.reduction import recvfds, sendfds
 
-from rlcore.envs.reward_worker_progress import EXIT, Progress
+from rlcore.isolation.reward_worker_progress import EXIT, Progress
 
 log = logging.getLogger("rlcore")
 _SPAWNER = ThreadPoolExecutor(1, thread_name_prefix="rlcore-zygote-spawner")
@@ -77,7 +77,7 @@ class Zygote:
         try:
             self.proc = _SPAWNER.submit(
                 subprocess.Popen,
-                [sys.executable, "-c", "import sys; from rlcore.envs.reward_zygote import main; main(*sys.argv[1:])",
+                [sys.executable, "-c", "import sys; from rlcore.isolation.reward_zygote import main; main(*sys.argv[1:])",
                  str(theirs.fileno()), str(os.getpid())], pass_fds=[theirs.fileno()],
                 stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, cwd=os.getcwd(),
                 # rlcore imports there as here, before it is sent this process's sys.path
@@ -240,7 +240,7 @@ class ZygoteChild:
 
 def serve(sock: socket.socket) -> None:
     """The zygote's loop: start keepers on request, reap them, write their statuses."""
-    from rlcore.envs.reward_worker_loop import keep  # noqa: F401  (imported before any fork)
+    from rlcore.isolation.reward_worker_loop import keep  # noqa: F401  (imported before any fork)
 
     # Ctrl-C reaches the run's process group: the run stops in its own time, scoring meanwhile
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -291,7 +291,7 @@ def serve(sock: socket.socket) -> None:
 
 
 def _start_one(sock, conn, owner, keepers: dict[int, Progress], sel) -> None:
-    from rlcore.envs.reward_worker_loop import keep
+    from rlcore.isolation.reward_worker_loop import keep
 
     try:
         _, memory_mb = conn.recv()

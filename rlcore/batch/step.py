@@ -7,9 +7,9 @@ own micro-batches from the token data it fetched.
         the packing plan from sample lengths (token-balanced ranks, micro-batch bins)
         -> one RankWork per data-parallel rank, the loss normaliser, the batch's metrics
     trainer rank (rank_micro_batches, its groups' list[Sample]):
-        [per-token distillation advantages] -> packed MicroBatch list (rlcore.packing.materialise)
+        [per-token distillation advantages] -> packed MicroBatch list (rlcore.batch.packing.materialise)
 
-Plan + materialise give exactly the micro-batches `rlcore.packing.pack_for_ranks` would give
+Plan + materialise give exactly the micro-batches `rlcore.batch.packing.pack_for_ranks` would give
 on the whole batch. The driver calls :func:`build_step` and sends each trainer rank its
 :class:`RankWork`; tests call both without Ray (a group's `data` handle is then the list itself).
 """
@@ -25,8 +25,8 @@ from rlcore.algo.advantages import compute_advantages, nonzero_advantage_groups
 from rlcore.algo.distill import batch_baseline, token_advantages
 from rlcore.algo.losses import loss_normalizer
 from rlcore.config import AlgoConfig, RunConfig
-from rlcore.packing import Advantage, MicroBatch, materialise, plan_for_ranks
-from rlcore.parallel_dims import data_parallel_size
+from rlcore.batch.packing import Advantage, MicroBatch, materialise, plan_for_ranks
+from rlcore.batch.parallel_dims import data_parallel_size
 from rlcore.types import GroupMeta, Sample
 
 

@@ -20,7 +20,7 @@ run at 16.0 RL s, the median's replaced ~110 (dropping 3x the samples stale) and
 slow learns that before it launches extra). An overdue group stops counting against the budget, so
 the driver launches a replacement. If it arrives later it is trained like any other group, or
 dropped stale and counted: the staleness bound itself is enforced where groups are trained
-(`rlcore.buffer.RolloutBuffer`), so this only changes how much is generated, never what is trained.
+(`rlcore.batch.buffer.RolloutBuffer`), so this only changes how much is generated, never what is trained.
 """
 
 from __future__ import annotations

@@ -60,7 +60,7 @@ from rlcore.storage.checkpoint_dirs import (  # noqa: F401  (re-exported: the di
     resume_request,
     step_dir_name,
 )
-from rlcore.hf_files import save_config_and_tokenizer
+from rlcore.storage.hf_files import save_config_and_tokenizer
 from rlcore.storage.checkpoint_dirs import fresh
 from rlcore.storage.commit import commit_dir, remove_dir, remove_tree, temp_dir_for  # noqa: F401  (re-exported)
 from rlcore.storage.location import is_remote, storage_path

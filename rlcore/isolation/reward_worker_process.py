@@ -1,5 +1,5 @@
-"""The actor's side of one reward worker process (:mod:`rlcore.envs.reward_workers` schedules
-calls over them; :mod:`rlcore.envs.reward_worker_loop` is what runs in the process)."""
+"""The actor's side of one reward worker process (:mod:`rlcore.isolation.reward_workers` schedules
+calls over them; :mod:`rlcore.isolation.reward_worker_loop` is what runs in the process)."""
 
 from __future__ import annotations
 
@@ -10,14 +10,14 @@ import signal
 import threading
 import time
 
-from rlcore.envs.reward_worker_loop import (
+from rlcore.isolation.reward_worker_loop import (
     ABANDON_SIGNAL, CURRENT, CUT, EXIT_DESCENDANTS, EXIT_PIPE_LOST, FLUSH_SIGNAL, NAMESPACE, STARTED, WORKER_PID,
     keep,
 )
-from rlcore.envs.reward_worker_ns import NONE
-from rlcore.envs.reward_worker_progress import Progress
-from rlcore.envs.reward_zygote import Zygote
-from rlcore.envs.safety import kill_session
+from rlcore.isolation.reward_worker_ns import NONE
+from rlcore.isolation.reward_worker_progress import Progress
+from rlcore.isolation.reward_zygote import Zygote
+from rlcore.isolation.safety import kill_session
 
 LOCK_WAIT_S = 0.5
 KEEPER_WAIT_S = 1.0
@@ -50,7 +50,7 @@ class Worker:
     """The actor's handle on one reward worker (its keeper process, pipe and progress)."""
 
     def __init__(self, owner, memory_mb: int, zygote: Zygote | None = None):
-        """The worker's keeper is forked by `zygote` (a lean process: :mod:`rlcore.envs.reward_zygote`)
+        """The worker's keeper is forked by `zygote` (a lean process: :mod:`rlcore.isolation.reward_zygote`)
         or, without one, by this process (the environment need not be importable by name)."""
         ctx = mp.get_context("fork")
         self.conn, child = ctx.Pipe()

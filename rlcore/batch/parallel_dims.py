@@ -1,6 +1,6 @@
 """How the trainer's ranks split the work: data-parallel x context-parallel ranks (expert
 parallelism borrows from both), as plain arithmetic. Torch-free, so the driver's step planning
-(`rlcore.step`, `rlcore.sft`) and validation use it without importing the trainer;
+(`rlcore.batch.step`, `rlcore.sft.dataset`) and validation use it without importing the trainer;
 `rlcore.trainer.parallel` builds the device meshes from it.
 
 Layout (world = ``dp * cp`` ranks, row-major)::

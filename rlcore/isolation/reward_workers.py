@@ -1,10 +1,10 @@
 """Reward calls in reused worker processes (`reward_isolation: worker`, the default for scoring).
 
 A :class:`WorkerPool` belongs to one environment; its workers start on first use (from the
-pool's zygote, :mod:`rlcore.envs.reward_zygote`, once it is ready) and are kept warm. Isolation
+pool's zygote, :mod:`rlcore.isolation.reward_zygote`, once it is ready) and are kept warm. Isolation
 must cost a cheap reward what a thread costs, so a request's calls go out in batches: one message
 per worker carries its share of the calls, one brings their outcomes back
-(:mod:`rlcore.envs.reward_worker_loop` is the worker's side). A worker runs its own copy of the
+(:mod:`rlcore.isolation.reward_worker_loop` is the worker's side). A worker runs its own copy of the
 environment (as the zygote loaded it, or as it was when the worker was forked: scoring must not
 depend on state that changes later).
 
@@ -37,9 +37,9 @@ from dataclasses import dataclass, field
 from multiprocessing.connection import wait
 from typing import Callable, Iterator
 
-from rlcore.envs.reward_worker_process import KEEPER_WAIT_S, Worker, kill_all
-from rlcore.envs.reward_zygote import Zygote, ZygoteError, ZygoteHolder, ZygoteRefused
-from rlcore.envs.safety import Outcome, call_many
+from rlcore.isolation.reward_worker_process import KEEPER_WAIT_S, Worker, kill_all
+from rlcore.isolation.reward_zygote import Zygote, ZygoteError, ZygoteHolder, ZygoteRefused
+from rlcore.isolation.safety import Outcome, call_many
 
 log = logging.getLogger("rlcore")
 
@@ -81,7 +81,7 @@ class WorkerPool:
     def __init__(self, owner, size: int, memory_mb: int = 0, zygote: bool = True):
         """Up to `size` workers per request (more while calls overrun), each running methods of
         `owner` (an environment) with `memory_mb` MiB of memory beyond what it was forked with
-        (0: unbounded). `zygote`: start workers from a lean process (:mod:`rlcore.envs.reward_zygote`)
+        (0: unbounded). `zygote`: start workers from a lean process (:mod:`rlcore.isolation.reward_zygote`)
         once it is ready, where `owner` pickles; else (and meanwhile) fork them from this process.
         Thread-safe: concurrent requests take workers of their own."""
         self.owner, self.size, self.memory_mb = owner, max(1, int(size)), int(memory_mb)
@@ -154,7 +154,7 @@ class WorkerPool:
             raise
 
     def zygote(self) -> Zygote | None:
-        """The pool's zygote once ready (`rlcore.envs.reward_zygote.ZygoteHolder`); None: fork."""
+        """The pool's zygote once ready (`rlcore.isolation.reward_zygote.ZygoteHolder`); None: fork."""
         return self.zygotes.get()
 
     def give(self, worker: Worker) -> None:

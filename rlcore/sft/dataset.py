@@ -34,8 +34,8 @@ from typing import Any
 
 from rlcore.envs import make_env
 from rlcore.models.images import check_image, expand_image_tokens, to_array
-from rlcore.packing import pack_for_ranks
-from rlcore.parallel_dims import data_parallel_size, shards_per_rank
+from rlcore.batch.packing import pack_for_ranks
+from rlcore.batch.parallel_dims import data_parallel_size, shards_per_rank
 from rlcore.types import Sample
 
 log = logging.getLogger("rlcore")

@@ -6,7 +6,7 @@ Contract: :func:`call_many` never raises for the callee's faults. Each call gets
 callee printed (stdout and stderr) is captured per call, truncated to `OUTPUT_LIMIT` characters,
 and never reaches the process's own streams (the driver's console, Ray's log files).
 
-Three isolation modes (``worker``, the default for scoring, is :mod:`rlcore.envs.reward_workers`:
+Three isolation modes (``worker``, the default for scoring, is :mod:`rlcore.isolation.reward_workers`:
 reused worker processes, killed at the deadline; the two below are this module's):
 
 - ``thread``: the call runs in a fresh daemon thread. Cheap, and right for pure-Python
@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 ISOLATION = ("worker", "thread", "process")
-"""`worker`: a pool of reused processes killed at an overrun (:mod:`rlcore.envs.reward_workers`)."""
+"""`worker`: a pool of reused processes killed at an overrun (:mod:`rlcore.isolation.reward_workers`)."""
 ON_ERROR = ("fail", "zero")
 OUTPUT_LIMIT = 4096
 """Characters of a call's stdout+stderr kept (the rest is counted, not kept)."""

@@ -1,9 +1,9 @@
 """A reward worker's progress fields, shared between the actor and the worker, and the lock that
-orders their updates (:mod:`rlcore.envs.reward_worker_loop` names the fields).
+orders their updates (:mod:`rlcore.isolation.reward_worker_loop` names the fields).
 
 The fields live in a memfd both sides map, so the memory reaches a worker by file descriptor:
 inherited when the actor forks the worker's keeper, passed over a socket when the pool's zygote
-(:mod:`rlcore.envs.reward_zygote`) does. The lock is a POSIX record lock on that memfd (it holds
+(:mod:`rlcore.isolation.reward_zygote`) does. The lock is a POSIX record lock on that memfd (it holds
 between processes, however the descriptor got there) under a thread lock (record locks belong to a
 process, so two threads of the actor would both hold one).
 """
