@@ -1,8 +1,25 @@
-"""Builtin environments register themselves on import (`rlcore.envs.catalog` imports them)."""
+"""Environments: the contract (:mod:`.base`), the builtin ones, and lookup by name (:mod:`.catalog`).
 
-from rlcore.envs.base import Environment
-from rlcore.envs.catalog import make_env, registered, resolve_env
-from rlcore.envs.multiturn import MultiTurnEnvironment
-from rlcore.envs.tools import ToolEnvironment
+Names are resolved on first use (PEP 562), so importing one environment's module imports neither
+the catalogue nor the other environments."""
 
-__all__ = ["Environment", "MultiTurnEnvironment", "ToolEnvironment", "make_env", "registered", "resolve_env"]
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_NAMES = {
+    "Environment": "rlcore.envs.base",
+    "make_env": "rlcore.envs.catalog",
+    "registered": "rlcore.envs.catalog",
+    "resolve_env": "rlcore.envs.catalog",
+    "MultiTurnEnvironment": "rlcore.envs.multiturn",
+    "ToolEnvironment": "rlcore.envs.tools",
+}
+__all__ = sorted(_NAMES)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _NAMES:
+        raise AttributeError(f"module 'rlcore.envs' has no attribute {name!r}")
+    return getattr(importlib.import_module(_NAMES[name]), name)

@@ -1,26 +1,33 @@
-"""Environments by name: the builtin ones (registered by importing their modules here) and any
-`package.module:ClassName`. Validation, the driver and the rollout actors look them up here."""
+"""Environments by name: the builtin ones (each module imported when its name is first asked for)
+and any `package.module:ClassName`. Validation, the driver and the rollout actors look them up here.
+
+Builtin modules are imported on demand, not all at once, so that a process that serves one
+environment (a reward zygote unpickling it, a rollout actor) imports that environment alone."""
 
 from __future__ import annotations
 
 import importlib
 from typing import Any
 
-from rlcore.envs import (  # noqa: F401  (each registers itself on import)
-    alphabet_sort,
-    math_env,
-    mini_swe,
-    reverse_text,
-    shape_count,
-    tool_use,
-    verifiers_env,
-    wordle,
-)
 from rlcore.envs.base import ENV_CLASSES, Environment
+
+BUILTIN: dict[str, str] = {
+    "alphabet_sort": "rlcore.envs.alphabet_sort",
+    "math": "rlcore.envs.math_env",
+    "mini_swe": "rlcore.envs.mini_swe",
+    "reverse_text": "rlcore.envs.reverse_text",
+    "shape_count": "rlcore.envs.shape_count",
+    "tool_use": "rlcore.envs.tool_use",
+    "verifiers": "rlcore.envs.verifiers_env",
+    "wordle": "rlcore.envs.wordle",
+}
+"""Builtin environment name -> the module whose `@register(name)` defines it."""
 
 
 def registered() -> dict[str, type[Environment]]:
-    """The builtin environments (imported above, so registered) and any registered since."""
+    """Every builtin environment (their modules imported, so registered) and any registered since."""
+    for module in BUILTIN.values():
+        importlib.import_module(module)
     return dict(ENV_CLASSES)
 
 
@@ -34,7 +41,9 @@ def resolve_env(name: str) -> type[Environment] | None:
         except (ImportError, AttributeError):
             return None
         return cls if isinstance(cls, type) and issubclass(cls, Environment) else None
-    return registered().get(name)
+    if name not in ENV_CLASSES and name in BUILTIN:
+        importlib.import_module(BUILTIN[name])
+    return ENV_CLASSES.get(name)
 
 
 def make_env(name: str, args: dict[str, Any], seed: int) -> Environment:
