@@ -40,6 +40,7 @@ from actors.trainer_group import TrainerGroup
 from actors.weights import WeightSync
 from rlcore.report import samples
 from rlcore.batch.buffer import Accounting, RolloutBuffer
+from rlcore.batch.staleness import most_groups_in_flight
 from rlcore.config import RunConfig
 from rlcore.engine.registry import weight_transport
 from rlcore.envs import make_env
@@ -75,11 +76,11 @@ class Driver:
         acct = Accounting()
         self.failures = FailureLog(cfg.rollout.stop_after_failed_requests)  # reasons, liveness
         a = cfg.algo
-        # launch rule below keeps at most (max_off_policy_steps + 1) batches in flight, plus the
-        # overdue groups it stopped counting (rlcore.batch.stragglers): at most every task of every
-        # request the actors may hold
+        # the launch rule keeps at most most_groups_in_flight (with a batch to spare), plus the
+        # overdue groups it stopped counting (rlcore.batch.stragglers): at most every task of
+        # every request the actors may hold
         r = cfg.rollout
-        capacity = ((a.max_off_policy_steps + 2) * a.batch_groups
+        capacity = (most_groups_in_flight(a.max_off_policy_steps, a.batch_groups) + a.batch_groups
                     + (1 + requests_per_actor(r.max_requests_per_actor)) * r.num_actors * r.tasks_per_request)
         self.buffer = RolloutBuffer(a.max_off_policy_steps, capacity, acct)
         self.env = make_env(cfg.env.name, dict(cfg.env.args), cfg.env.seed)

@@ -14,6 +14,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
+from rlcore.batch import staleness
 from rlcore.batch.buffer import Accounting
 from rlcore.batch.seeding import derive_seed
 from rlcore.types import Task
@@ -105,10 +106,7 @@ class RunState:
 
 def groups_allowed_in_flight(run: RunState, batches_started: int, max_off_policy_steps: int,
                              batch_groups: int) -> int:
-    """Groups that may be generating or buffered now. A group launched at engine version v is
-    trained by a step s >= batches_started (steps whose batch was not yet taken) and must satisfy
-    s - v <= max_off_policy_steps, so only the batches of steps up to v + max_off_policy_steps may
-    be in flight: max(0, (version - version_base + max_off_policy_steps + 1 - batches_started)
-    * batch_groups)."""
-    steps_synced = run.version - run.version_base
-    return max(0, (steps_synced + max_off_policy_steps + 1 - batches_started) * batch_groups)
+    """Groups that may be generating or buffered now: the staleness rule
+    (`rlcore.batch.staleness.groups_allowed_in_flight`) at the run's syncs so far."""
+    return staleness.groups_allowed_in_flight(run.version - run.version_base, batches_started,
+                                              max_off_policy_steps, batch_groups)

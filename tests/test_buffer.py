@@ -117,3 +117,13 @@ def test_withdrawn_samples_leave_the_accounting_as_if_never_requested():
     buf.withdraw(8)
     assert acct.generated == 0 and acct.in_flight == 0
     acct.check()
+
+
+def test_the_staleness_rule_is_one_module_that_the_buffer_and_the_launch_rule_share():
+    from rlcore.batch import staleness
+    # trained at version 5, a group from version 3 is 2 steps behind
+    assert staleness.is_stale(5, 3, max_off_policy_steps=1)
+    assert not staleness.is_stale(5, 4, max_off_policy_steps=1)
+    assert not staleness.is_stale(5, 5, max_off_policy_steps=0)
+    assert staleness.most_groups_in_flight(1, 4) == staleness.groups_allowed_in_flight(3, 3, 1, 4) == 8
+    assert staleness.groups_allowed_in_flight(3, 5, 1, 4) == 0  # never negative

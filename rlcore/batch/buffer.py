@@ -8,6 +8,7 @@ from collections import deque
 from dataclasses import asdict, dataclass
 from typing import Callable
 
+from rlcore.batch.staleness import is_stale
 from rlcore.types import GroupMeta
 
 
@@ -42,8 +43,8 @@ class RolloutBuffer:
     """FIFO of finished groups with a staleness bound.
 
     A group may be trained at policy version ``v`` (the version the trainer is about to update)
-    only if ``v - group.min_version <= max_off_policy_steps``, where ``min_version`` is the
-    version of the group's oldest policy token. Older groups are dropped and counted.
+    only if it is not stale there (`rlcore.batch.staleness.is_stale`, against the version of
+    the group's oldest policy token). Older groups are dropped and counted.
     """
 
     def __init__(self, max_off_policy_steps: int, capacity_groups: int, accounting: Accounting):
@@ -83,7 +84,7 @@ class RolloutBuffer:
         self._groups.append(group)
 
     def is_stale(self, group: GroupMeta, version: int) -> bool:
-        return version - group.min_version > self.max_off_policy_steps
+        return is_stale(version, group.min_version, self.max_off_policy_steps)
 
     def drop_stale(self, version: int) -> int:
         """Drop every group too old to train at `version`; returns the samples dropped."""

@@ -30,6 +30,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from rlcore.batch.staleness import most_groups_in_flight
 from rlcore.config import RunConfig
 from rlcore.engine.registry import (
     engine_options,
@@ -197,11 +198,11 @@ def colocated_cache_bytes(cfg: RunConfig, gpu_bytes: int) -> int | None:
 
 def max_sequences_per_engine(cfg: RunConfig) -> int:
     """The most sequences one engine holds at once in RL: the groups the staleness bound lets be in
-    flight ((max_off_policy_steps + 1) x batch_groups) plus one request's overshoot
+    flight (`rlcore.batch.staleness.most_groups_in_flight`) plus one request's overshoot
     (tasks_per_request), shared by the actors, times group_size. Evaluation requests may add to
     it for a while (their batches above the largest captured size run without a CUDA graph)."""
     a, r = cfg.algo, cfg.rollout
-    groups = (a.max_off_policy_steps + 1) * a.batch_groups + r.tasks_per_request
+    groups = most_groups_in_flight(a.max_off_policy_steps, a.batch_groups) + r.tasks_per_request
     return math.ceil(groups / max(r.num_actors, 1)) * a.group_size
 
 
