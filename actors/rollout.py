@@ -48,7 +48,7 @@ class RolloutWorker:
         redirect_output(cfg.output_dir, "rollout", index)
         prestart_engine(cfg.rollout)  # first: it overlaps what follows (vLLM: its engine core's imports)
         self.cfg, self.index = cfg, index
-        import torch  # here, not at the top: the driver imports this module and needs no torch
+        import torch
         torch.set_num_threads(max(1, int(cfg.rollout.cpus_per_actor)))
         self.tokenizer = build_tokenizer(cfg.model)
         self.engine = make_engine(cfg, self.tokenizer, seed=cfg.seed * 1000 + index)

@@ -17,8 +17,8 @@ by the trainer and copied into the engine, as a run's first sync does. On a GPU 
 first (vLLM sizes its memory at start-up): give it `+rollout.vllm.engine_kwargs.gpu_memory_utilization`
 to leave the trainer room on the same GPU.
 
-A second entry point next to `rlcore.run`, whose composition it uses (the import-linter contract
-lists the exception).
+A second entry point beside `rlcore.run`, in the entry layer of the import contract; it composes
+and validates through `rlcore.plan` as the run does and imports nothing of the run.
 """
 
 from __future__ import annotations

@@ -7,9 +7,9 @@ Ray starts (a bad key or value exits with code 2 and one line naming it), connec
 The composition root, the one module of `rlcore` that may import `ray` and `actors/`
 (`tests/test_layers.py` checks the layers). It imports hydra, torch (through
 `rlcore.models.build` and `rlcore.sft.dataset`), `ray` and `actors/` inside the functions that need
-them, so validation (:mod:`rlcore.config`, torch- and Ray-free) answers a bad config before any
+them, so validation (:mod:`rlcore.plan`, torch- and Ray-free) answers a bad config before any
 of them loads (`tests/test_config_keys.py` checks it). Every config problem is decided in
-:mod:`rlcore.config`; this module only reports `ConfigError` (exit code 2).
+:mod:`rlcore.plan`; this module only reports `ConfigError` (exit code 2).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The layer rules of DESIGN.md ("Layers") as import contracts (`[tool.importlinter]` in
+"""The layer rules of README's "Layers" as import contracts (`[tool.importlinter]` in
 pyproject.toml), checked by import-linter's own command on the real packages, and shown to
 fail on a violation planted in a copy of them.
 """
