@@ -6,8 +6,11 @@ moved. A doc that renames or removes something fails here, not in a reader's han
 from __future__ import annotations
 
 import dataclasses
+import os
 import importlib
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -83,3 +86,24 @@ def test_a_wrong_path_module_and_key_are_found(tmp_path):
     assert not resolves("rlcore.batch.nowhere") and resolves("rlcore.batch.staleness.is_stale")
     assert [k for k, _, _ in references(KEY, doc)] == ["trainer.no_such_key"]
     assert unknown_key("trainer.no_such_key") is not None and unknown_key("trainer.lr") is None
+
+
+def test_the_configuration_reference_is_the_schema_today():
+    """docs/configuration.md is what `python -m rlcore.plan.reference` makes of the schema, and it
+    names every key (regenerate it with that command after changing the schema)."""
+    from rlcore.plan.reference import keys, markdown
+    page = (ROOT / "docs" / "configuration.md").read_text()
+    assert page == markdown(), "docs/configuration.md is stale: python -m rlcore.plan.reference > docs/configuration.md"
+    rows = keys()
+    assert len(rows) > 150 and all(f"| `{key}` |" in page for key, *_ in rows)
+    assert all(doc for *_, doc in rows), [key for key, *_, doc in rows if not doc]  # one docstring per field
+
+
+def test_the_docs_site_builds_with_no_warning(tmp_path):
+    """mkdocs (material theme) in strict mode: a broken link or a page missing from the nav fails."""
+    mkdocs = Path(sys.executable).with_name("mkdocs")
+    result = subprocess.run([str(mkdocs), "build", "--strict", "--site-dir", str(tmp_path / "site")], cwd=ROOT,
+                            capture_output=True, text=True, timeout=300, env={**os.environ, "NO_MKDOCS_2_WARNING": "1"})
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "WARNING" not in result.stderr, result.stderr
+    assert (tmp_path / "site" / "configuration" / "index.html").exists()

@@ -1,9 +1,10 @@
-"""The configuration: the schema (typed dataclasses, :mod:`.schema` and its sections
-:mod:`.engines`, :mod:`.lifecycle`, :mod:`.teacher`), key checks (:mod:`.keys`), the one
-`validate` (:mod:`.validate`) and `ConfigError` (:mod:`.errors`, a leaf module).
+"""The configuration schema and nothing else: typed dataclasses (:mod:`.schema` and its sections
+:mod:`.engines`, :mod:`.losses`, :mod:`.lifecycle`, :mod:`.teacher`, :mod:`.plugins`, :mod:`.nodes`)
+and `ConfigError` (:mod:`.errors`, a leaf module). Key checks and the one `validate` live in
+`rlcore.plan` (:mod:`rlcore.plan.keys`, :mod:`rlcore.plan.validate`).
 
-This module re-exports the schema classes and `ConfigError` only; it does not import the
-validator, so importing a schema class stays cheap and free of import cycles.
+This module re-exports the schema classes and `ConfigError` only; it imports no other rlcore
+package, so importing a schema class stays cheap and free of import cycles.
 """
 
 from rlcore.config.engines import HFOptions, VLLMOptions
