@@ -22,6 +22,7 @@ from rlcore.engine.registry import engine_names, engine_problems, engine_spec
 from rlcore.envs import make_env, registered, resolve_env
 from rlcore.models.shipped import is_shipped, shipped_problems
 from rlcore.models.source import gguf_problems, model_path_problems
+from rlcore.models.hybrid import HYBRID_MODEL_TYPES, local_model_type
 from rlcore.models.vl_names import VL_MODEL_TYPES, is_vl_arch
 from rlcore.plan.node_fit import NodeCapacity, fit_problems, label_problems
 from rlcore.plan.placement import PLACEMENTS, placement_problems
@@ -231,6 +232,10 @@ def trainer_parallel_problems(cfg: RunConfig) -> list[tuple[str, str]]:
     known = cfg.model.path is None  # a random-weight model: its shape is in model.arch
     out = mesh_problems(t.dp, t.cp, t.ep, t.world_size, num_experts=arch.get("num_experts", 0) if known else None,
                         num_heads=arch.get("num_attention_heads") if known else None)
+    model_type = local_model_type(cfg.model.path) if cfg.model.path else arch.get("model_type")
+    if t.cp > 1 and model_type in HYBRID_MODEL_TYPES:
+        out.append(("trainer.cp", f"{model_type} is a hybrid model (linear-attention / Mamba layers): context "
+                    f"parallelism cannot split their recurrent state yet; use trainer.cp=1, got {t.cp}"))
     if t.activation_checkpointing not in AC_MODES:
         out.append(("trainer.activation_checkpointing",
                     f"unknown mode {t.activation_checkpointing!r}; choose one of {list(AC_MODES)}"))

@@ -1,6 +1,6 @@
 """Device meshes for data, context and expert parallelism, and the model transformation that
 applies LoRA, expert parallelism, FP8 linears (`rlcore.trainer.float8`), context-parallel
-attention, activation checkpointing, the chunked logprob head, torch.compile of the decoder layers
+attention, per-sample recurrent state (hybrid models, `rlcore.models.hybrid`), activation checkpointing, the chunked logprob head, torch.compile of the decoder layers
 and FSDP2, in that order.
 
 Layout (world = ``dp * cp`` ranks, row-major, like torchtitan's ``dp_shard x cp``)::
@@ -30,6 +30,7 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
+from rlcore.models.hybrid import restart_state_at_boundaries
 from rlcore.models.vision import decoder_layers, is_vision_model, vision_tower
 from rlcore.batch.parallel_dims import ParallelDims
 from rlcore.trainer.activation_checkpoint import apply_activation_checkpointing
@@ -100,6 +101,7 @@ def parallelize(model: torch.nn.Module, t, meshes: Meshes, device: torch.device,
     # boundaries: the language model always runs rlcore's varlen attention with explicit ones
     if meshes.dims.cp > 1 or attention == "varlen" or auto_varlen or is_vision_model(model):
         use_varlen_attention(model, meshes.cp_group)
+    restart_state_at_boundaries(model)  # hybrid models: each packed sample starts a fresh state
     mode = getattr(t, "activation_checkpointing", "none") if train else "none"
     apply_activation_checkpointing(model, mode)
     head = install_logprob_head(model, getattr(t, "logprob_chunk_tokens", 0))
