@@ -74,3 +74,38 @@ def test_packed_logprobs_equal_each_sample_alone(name, tmp_path, monkeypatch):
         logp = torch.log_softmax(raw(input_ids=mb.input_ids[None], position_ids=mb.position_ids[None]).logits[0], -1)
     leaky = logp.gather(-1, mb.targets[:, None])[:, 0]
     assert not torch.allclose(leaky[mask], single[mask], atol=1e-3)
+
+
+BIG = {"tiny_qwen3_next": ["model.arch.hidden_size=512", "model.arch.num_hidden_layers=8",
+                           "model.arch.full_attention_interval=4", "model.arch.linear_key_head_dim=64",
+                           "model.arch.linear_value_head_dim=64", "model.arch.num_experts=16"],
+       "tiny_nemotron_h": ["model.arch.hidden_size=512", "model.arch.mamba_num_heads=16", "model.arch.mamba_head_dim=32",
+                           "model.arch.ssm_state_size=64", "model.arch.n_groups=2"]}
+
+
+@pytest.mark.parametrize("name", HYBRIDS)
+@pytest.mark.parametrize("bigger", [False, True])
+def test_memory_plan_counts_parameters_and_recurrent_state(name, bigger):
+    """The planner's parameter count and per-sequence recurrent state equal the real model's and
+    what its cache holds after a forward (conv windows counted at 2 bytes, matrices at 4)."""
+    from rlcore.plan.hybrid_memory import recurrent_state_bytes
+    from rlcore.plan.memory import CHAR_VOCAB_BOUND, _arch, engine_min_bytes, max_sequences_per_engine, param_count
+    from transformers import DynamicCache
+
+    cfg = compose([f"model={name}", *(BIG[name] if bigger else [])])
+    tok = build_tokenizer(cfg.model)
+    model = build_model(cfg.model, tok)
+    # the planner bounds the character vocabulary by CHAR_VOCAB_BOUND: compare without the embedding
+    vocab = {id(m.weight): m.weight for m in (model.get_input_embeddings(), model.get_output_embeddings())}
+    real = sum(p.numel() for p in model.parameters()) - sum(w.numel() for w in vocab.values())
+    planned = param_count(cfg) - len(vocab) * CHAR_VOCAB_BOUND * model.config.hidden_size
+    assert abs(planned - real) / real < 0.01, (planned, real)
+    cache = DynamicCache(config=model.config)
+    with torch.no_grad():
+        model(input_ids=torch.tensor([[1, 5, 6, 7, 8]]), use_cache=True, cache=cache)
+    held = sum(layer.conv_states[0].numel() * 2 + layer.recurrent_states[0].numel() * 4
+               for layer in cache.layers if hasattr(layer, "conv_states"))
+    assert held > 0 and recurrent_state_bytes(_arch(cfg)) == held
+    dense = compose(["model=tiny_char"])
+    assert engine_min_bytes(cfg) - 2 * param_count(cfg) - (engine_min_bytes(dense) - 2 * param_count(dense)) \
+        == held * max_sequences_per_engine(cfg)
