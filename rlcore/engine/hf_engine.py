@@ -1,6 +1,8 @@
 """The transformers rollout engine: batched sampling with a KV cache, for CPU runs and tests.
 
-Decoding is a plain loop over `model.forward` with a `DynamicCache`, so the engine controls
+Decoding is a plain loop over `model.forward` with a `DynamicCache` built from the model's config
+(hybrid models, Qwen3-Next and Nemotron-H, keep conv and recurrent states in the layers that are
+not attention; left padding is zeroed before those layers, so a pad never enters a state), so the engine controls
 exactly what it samples from: logits / temperature, then the top-p nucleus, renormalised; the
 logprob it reports is of that distribution. The model is guarded by a lock taken per decode
 step, so a weight update lands between two steps of the requests in flight; their later tokens
@@ -149,7 +151,9 @@ class HFEngine(RolloutEngine):
         out_versions: list[list[int]] = [[] for _ in range(batch)]
         finish = ["length"] * batch
         done = torch.zeros(batch, dtype=torch.bool, device=self.device)
-        cache = DynamicCache()
+        # built from the config: each layer gets its own kind of state (attention KV; the conv and
+        # recurrent states of linear-attention / Mamba layers), not only attention's
+        cache = DynamicCache(config=self.model.config)
         step_ids, step_pos = ids, positions
         steps: list[dict] = []  # per forward, {layer: experts} (routing replay only)
         self._routing.steps = steps if self._routers is not None else None

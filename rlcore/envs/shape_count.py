@@ -3,7 +3,9 @@
 Each task draws 1..`max_shapes` filled squares and discs in distinct colours on a plain
 background (numpy only, deterministic in (seed, split, index)); the prompt shows the image and
 asks how many shapes it holds; the answer is the count as digits. Images are `image_size`
-pixels square (a multiple of 28, so they are processor-ready: 56 px is 4 image tokens).
+pixels square; it must be a multiple of the policy's ``patch_size * merge_size`` (28 for
+Qwen2.5-VL: 56 px is 4 image tokens; 32 for Qwen3-VL and Qwen3.5: 64 px is 4), which the run's
+validation checks against the model (`rlcore.plan.validate.vision_problems`).
 """
 
 from __future__ import annotations
@@ -44,8 +46,8 @@ class ShapeCount(Environment):
     def __init__(self, seed: int = 0, image_size: int = 56, max_shapes: int = 4, cell: int = 14,
                  question: str = "How many shapes?", **common):
         super().__init__(seed, **common)
-        if image_size < 28 or image_size % 28:
-            raise ValueError(f"env.args.image_size: must be a positive multiple of 28, got {image_size}")
+        if image_size < 28:
+            raise ValueError(f"env.args.image_size: must be at least 28, got {image_size}")
         if cell < 4 or image_size % cell:
             raise ValueError(f"env.args.cell: must be >= 4 and divide image_size={image_size}, got {cell}")
         if not 1 <= max_shapes <= (image_size // cell) ** 2:

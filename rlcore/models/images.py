@@ -46,6 +46,8 @@ class VisionSpec:
     image_std: list[float] = field(default_factory=lambda: list(CLIP_STD))
     min_pixels: int = 56 * 56
     max_pixels: int = 28 * 28 * 256
+    processor_class: str = "Qwen2_5_VLProcessor"
+    """The transformers processor vLLM builds for the model (`PROCESSOR_CLASSES`)."""
 
     @property
     def factor(self) -> int:
@@ -56,7 +58,7 @@ class VisionSpec:
         ship; every transformers 5.x resolves these class names)."""
         d = asdict(self)
         d.pop("image_token_id")
-        d.update(image_processor_type="Qwen2VLImageProcessor", processor_class="Qwen2_5_VLProcessor",
+        d.update(image_processor_type="Qwen2VLImageProcessor",
                  do_resize=True, do_rescale=True, rescale_factor=1 / 255, do_normalize=True,
                  do_convert_rgb=True)
         return d
@@ -65,9 +67,15 @@ class VisionSpec:
         """preprocessor_config.json, and the same settings as video_preprocessor_config.json: the
         Qwen2.5-VL processor vLLM loads wants a video processor too (images only are sent)."""
         Path(directory, "preprocessor_config.json").write_text(json.dumps(self.preprocessor_config(), indent=2))
-        video = {**self.preprocessor_config(), "video_processor_type": "Qwen2VLVideoProcessor"}
+        video_type = "Qwen2VLVideoProcessor" if self.processor_class == "Qwen2_5_VLProcessor" else "Qwen3VLVideoProcessor"
+        video = {**self.preprocessor_config(), "video_processor_type": video_type}
         video.pop("image_processor_type")
         Path(directory, "video_preprocessor_config.json").write_text(json.dumps(video, indent=2))
+
+
+PROCESSOR_CLASSES = {"qwen2_5_vl": "Qwen2_5_VLProcessor", "qwen3_vl": "Qwen3VLProcessor",
+                     "qwen3_vl_moe": "Qwen3VLProcessor", "qwen3_5": "Qwen3VLProcessor", "qwen3_5_moe": "Qwen3VLProcessor"}
+"""model_type -> the processor its checkpoints name (Qwen3-VL and Qwen3.5 share Qwen3-VL's)."""
 
 
 def spec_from_config(hf_config: Any, processor: dict | None = None) -> VisionSpec:
@@ -75,7 +83,8 @@ def spec_from_config(hf_config: Any, processor: dict | None = None) -> VisionSpe
     a preprocessor_config.json dict or `model.processor` overrides)."""
     v = hf_config.vision_config
     kwargs = dict(image_token_id=int(hf_config.image_token_id), patch_size=int(v.patch_size),
-                  temporal_patch_size=int(v.temporal_patch_size), merge_size=int(v.spatial_merge_size))
+                  temporal_patch_size=int(v.temporal_patch_size), merge_size=int(v.spatial_merge_size),
+                  processor_class=PROCESSOR_CLASSES.get(getattr(hf_config, "model_type", None), "Qwen2_5_VLProcessor"))
     for k in ("image_mean", "image_std", "min_pixels", "max_pixels"):
         if processor and processor.get(k) is not None:
             kwargs[k] = processor[k]

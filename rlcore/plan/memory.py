@@ -15,7 +15,9 @@ Estimates (bytes), for a model of P parameters (from `model.arch`), S = dp x cp 
 Calibrated on nvidia-h200 (docs/benchmarks.md, issue 18): the Qwen3-4B shape at 4096 tokens
 peaked at 104.3 GiB reserved; this plan gives 104.1 GiB. The 0.6B shape used ~14 GiB; the plan
 gives 18.2 (the estimate errs high for small models: the fixed overhead dominates).
-The engine needs at least its bf16 weights plus ENGINE_MIN_FREE_GIB (activations, some KV cache).
+The engine needs at least its bf16 weights plus ENGINE_MIN_FREE_GIB (activations, some KV cache),
+plus, for a hybrid model (Qwen3-Next, Qwen3.5, Nemotron-H), the fixed recurrent state of every
+sequence it holds at once (`rlcore.plan.hybrid_memory`; their parameters are counted there too).
 A GPU teacher beside them (on-policy distillation) holds its `gpu_memory_utilization` of the GPU,
 which must itself hold the teacher's bf16 weights plus ENGINE_MIN_FREE_GIB.
 The engine's cache budget (`colocated_cache_bytes`): its share of the GPU less its bf16 weights and
@@ -41,6 +43,7 @@ from rlcore.engine.registry import (
     option_key,
     sleep_level,
 )
+from rlcore.plan.hybrid_memory import hybrid_param_count, layer_pattern, recurrent_state_bytes
 from rlcore.plan.teacher import gpu_share, teacher_run_config
 
 GIB = 2**30
@@ -67,6 +70,8 @@ _BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 def _arch(cfg: RunConfig) -> dict | None:
     a = dict(cfg.model.arch)
     a = {**a, **a.get("text_config", {})} if isinstance(a.get("text_config"), dict) else a
+    if "num_hidden_layers" not in a and layer_pattern(a):  # Nemotron-H: the block pattern's length
+        a["num_hidden_layers"] = len(layer_pattern(a))
     if not all(k in a for k in ("hidden_size", "num_hidden_layers", "num_attention_heads")):
         return None
     return a
@@ -83,6 +88,9 @@ def param_count(cfg: RunConfig) -> int | None:
     a = _arch(cfg)
     if a is None:
         return None
+    hybrid = hybrid_param_count(a, _vocab(cfg, a))
+    if hybrid is not None:
+        return hybrid
     h, layers, heads = int(a["hidden_size"]), int(a["num_hidden_layers"]), int(a["num_attention_heads"])
     hd = int(a.get("head_dim") or h // heads)
     kvh = int(a.get("num_key_value_heads") or heads)
@@ -149,9 +157,12 @@ def trainer_memory(cfg: RunConfig) -> TrainerMemory | None:
 
 
 def engine_min_bytes(cfg: RunConfig) -> int | None:
-    """Least an engine can run in: bf16 weights plus ENGINE_MIN_FREE_GIB."""
-    p = param_count(cfg)
-    return None if p is None else p * 2 + int(ENGINE_MIN_FREE_GIB * GIB)
+    """Least an engine can run in: bf16 weights plus ENGINE_MIN_FREE_GIB, plus, for a hybrid
+    model, the recurrent state of the most sequences it holds at once (`max_sequences_per_engine`)."""
+    p, a = param_count(cfg), _arch(cfg)
+    if p is None or a is None:
+        return None
+    return p * 2 + int(ENGINE_MIN_FREE_GIB * GIB) + recurrent_state_bytes(a) * max_sequences_per_engine(cfg)
 
 
 def teacher_bytes(cfg: RunConfig, gpu_bytes: int) -> int:

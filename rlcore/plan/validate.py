@@ -22,6 +22,7 @@ from rlcore.engine.registry import engine_names, engine_problems, engine_spec
 from rlcore.envs import make_env, registered, resolve_env
 from rlcore.models.shipped import is_shipped, shipped_problems
 from rlcore.models.source import gguf_problems, model_path_problems
+from rlcore.models.hybrid import HYBRID_MODEL_TYPES, SHARED_EXPERT_MODEL_TYPES, local_model_type
 from rlcore.models.vl_names import VL_MODEL_TYPES, is_vl_arch
 from rlcore.plan.node_fit import NodeCapacity, fit_problems, label_problems
 from rlcore.plan.placement import PLACEMENTS, placement_problems
@@ -221,7 +222,22 @@ def vision_problems(cfg: RunConfig) -> list[tuple[str, str]]:
         out.append(("trainer.fp8", "FP8 training of vision-language models is not supported; use trainer.fp8=none"))
     if vl and cfg.trainer.cp > 1:
         out.append(("trainer.cp", f"vision-language models train without context parallelism (cp=1), got {cfg.trainer.cp}"))
+    if vl and getattr(resolve_env(cfg.env.name), "uses_images", False):
+        out.extend(_first_image_problems(cfg))
     return out
+
+
+def _first_image_problems(cfg: RunConfig) -> list[tuple[str, str]]:
+    """The environment's first training image is processor-ready for this policy (patch and merge
+    sizes differ between VL families): one line here rather than a failed request per task."""
+    from rlcore.envs.base import task_images
+    from rlcore.models.tokenizer_build import build_tokenizer
+    try:
+        env = make_env(cfg.env.name, dict(cfg.env.args), cfg.env.seed)
+        task_images(env.make_task(0, "train"), build_tokenizer(cfg.model))
+    except ValueError as exc:
+        return [("env.args", f"{cfg.env.name}'s images do not fit model {cfg.model.arch.get('model_type')!r}: {exc}")]
+    return []
 
 
 def trainer_parallel_problems(cfg: RunConfig) -> list[tuple[str, str]]:
@@ -231,6 +247,18 @@ def trainer_parallel_problems(cfg: RunConfig) -> list[tuple[str, str]]:
     known = cfg.model.path is None  # a random-weight model: its shape is in model.arch
     out = mesh_problems(t.dp, t.cp, t.ep, t.world_size, num_experts=arch.get("num_experts", 0) if known else None,
                         num_heads=arch.get("num_attention_heads") if known else None)
+    model_type = local_model_type(cfg.model.path) if cfg.model.path else arch.get("model_type")
+    if t.cp > 1 and model_type in HYBRID_MODEL_TYPES:
+        out.append(("trainer.cp", f"{model_type} is a hybrid model (linear-attention / Mamba layers): context "
+                    f"parallelism cannot split their recurrent state yet; use trainer.cp=1, got {t.cp}"))
+    if model_type in SHARED_EXPERT_MODEL_TYPES:
+        if t.ep > 1:
+            out.append(("trainer.ep", f"{model_type}'s MoE blocks have a shared expert, which expert parallelism "
+                        f"does not split yet; use trainer.ep=1, got {t.ep}"))
+        for section in ("hf", "vllm"):
+            if getattr(getattr(cfg.rollout, section, None), "routing_replay", False):
+                out.append((f"rollout.{section}.routing_replay", f"{model_type}'s MoE blocks (with a shared expert) "
+                            "are not replayed yet; set it to false"))
     if t.activation_checkpointing not in AC_MODES:
         out.append(("trainer.activation_checkpointing",
                     f"unknown mode {t.activation_checkpointing!r}; choose one of {list(AC_MODES)}"))

@@ -27,6 +27,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch.distributed import _functional_collectives as fc
 
+from rlcore.models.hybrid import is_hybrid_model
 from rlcore.models.vision import decoder_layers, text_config
 
 try:  # a custom op (torch_attn::_varlen_attn, fake kernel + backward): traces under torch.compile
@@ -120,5 +121,11 @@ def use_varlen_attention(model: torch.nn.Module, cp_group: dist.ProcessGroup | N
     AttentionInterface.register(NAME, varlen_attention)
     # a VLM: the language model only (its vision tower attends bidirectionally within images)
     text_config(model.config)._attn_implementation = NAME
-    for layer in decoder_layers(model):
-        layer.self_attn._rlcore_cp_group = cp_group
+    layers = decoder_layers(model)
+    if cp_group is not None and is_hybrid_model(model):  # a hub model: validation could not see its type
+        raise ValueError(f"trainer.cp: {text_config(model.config).model_type} is a hybrid model (linear-attention / "
+                         "Mamba layers): context parallelism cannot split their recurrent state yet; use trainer.cp=1")
+    for layer in layers:
+        attn = getattr(layer, "self_attn", None)  # hybrid models: recurrent layers do not attend
+        if attn is not None:
+            attn._rlcore_cp_group = cp_group

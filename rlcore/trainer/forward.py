@@ -8,6 +8,9 @@ ranks and the outputs are gathered back to ``[T]`` on each (`rlcore.trainer.cont
 With routing replay (``mb.routed_experts``) the model's MoE blocks use the given experts
 (`rlcore.trainer.moe.set_routing`; the pad sample and -1 rows route themselves).
 
+Hybrid models (`rlcore.models.hybrid`) get the sample boundaries as ``cu_seq_lens_q`` too: their
+recurrent layers restart their state at each packed sample.
+
 The row the model sees is padded (one trailing pad sample, cut off again) to a multiple of
 ``cp * token_multiple(model)``: FP8 matmuls need every GEMM dimension, the token count included
 (it is the inner dimension of the weight-gradient GEMM), to be a multiple of 16.
@@ -17,6 +20,7 @@ from __future__ import annotations
 
 import torch
 
+from rlcore.models.hybrid import is_hybrid_model
 from rlcore.models.vision import packed_mrope_positions, pixel_values, text_config
 from rlcore.batch.packing import MicroBatch
 from rlcore.batch.routing import SELF_ROUTE
@@ -70,7 +74,8 @@ def forward_columns(model: torch.nn.Module, mb: MicroBatch, temperature: float, 
         others = local_slice(others, rank, cp) if others is not None else None
     set_routing(model, routed.to(device, non_blocking=True) if routed is not None else None)
     kwargs = {}
-    if getattr(text_config(model.config), "_attn_implementation", None) == VARLEN:  # (a VLM: its language model)
+    # varlen attention and recurrent (hybrid) layers both read the boundaries from these kwargs
+    if getattr(text_config(model.config), "_attn_implementation", None) == VARLEN or is_hybrid_model(model):
         # boundaries of the *whole* row: with cp, attention runs over all of it (Ulysses)
         cu, max_len = cu_seqlens(full_pos)
         cu = cu.to(device, non_blocking=True)

@@ -1,6 +1,6 @@
 """Device meshes for data, context and expert parallelism, and the model transformation that
 applies LoRA, expert parallelism, FP8 linears (`rlcore.trainer.float8`), context-parallel
-attention, activation checkpointing, the chunked logprob head, torch.compile of the decoder layers
+attention, per-sample recurrent state (hybrid models, `rlcore.models.hybrid`), activation checkpointing, the chunked logprob head, torch.compile of the decoder layers
 and FSDP2, in that order.
 
 Layout (world = ``dp * cp`` ranks, row-major, like torchtitan's ``dp_shard x cp``)::
@@ -30,6 +30,7 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
+from rlcore.models.hybrid import restart_state_at_boundaries
 from rlcore.models.vision import decoder_layers, is_vision_model, vision_tower
 from rlcore.batch.parallel_dims import ParallelDims
 from rlcore.trainer.activation_checkpoint import apply_activation_checkpointing
@@ -89,7 +90,15 @@ def parallelize(model: torch.nn.Module, t, meshes: Meshes, device: torch.device,
     lora = getattr(t, "lora", None)
     if train and lora is not None and lora.enabled:
         apply_lora(model, lora)
-    moe_blocks = apply_expert_parallel(model, meshes.ep_group)
+    if has_shared_experts(model):
+        # rlcore's MoEBlock has no shared expert (Qwen3-Next, Qwen3.5-MoE): keep transformers' own
+        # block (ep = 1; EP, router statistics and replay wait for the family MoE layer, issue 55)
+        if meshes.dims.ep > 1:
+            raise ValueError("trainer.ep: this model's MoE blocks have a shared expert, which expert "
+                             "parallelism does not split yet; use trainer.ep=1")
+        moe_blocks = []
+    else:
+        moe_blocks = apply_expert_parallel(model, meshes.ep_group)
     fp8 = getattr(t, "fp8", "none") if train else "none"  # a frozen reference stays in bf16
     if fp8 != "none":
         if apply_float8(model, fp8, emulate=device.type != "cuda"):  # before fully_shard (torchao's contract)
@@ -100,6 +109,7 @@ def parallelize(model: torch.nn.Module, t, meshes: Meshes, device: torch.device,
     # boundaries: the language model always runs rlcore's varlen attention with explicit ones
     if meshes.dims.cp > 1 or attention == "varlen" or auto_varlen or is_vision_model(model):
         use_varlen_attention(model, meshes.cp_group)
+    restart_state_at_boundaries(model)  # hybrid models: each packed sample starts a fresh state
     mode = getattr(t, "activation_checkpointing", "none") if train else "none"
     apply_activation_checkpointing(model, mode)
     head = install_logprob_head(model, getattr(t, "logprob_chunk_tokens", 0))
@@ -156,6 +166,11 @@ PARAM_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 def param_dtype(t) -> torch.dtype:
     """``trainer.param_dtype`` as a torch dtype (float32 when the config has no such field)."""
     return PARAM_DTYPES[getattr(t, "param_dtype", "float32") or "float32"]
+
+
+def has_shared_experts(model: torch.nn.Module) -> bool:
+    """Whether a decoder layer's MLP is a routed-expert block with a shared expert beside it."""
+    return any(hasattr(getattr(layer, "mlp", None), "shared_expert") for layer in decoder_layers(model))
 
 
 def mixed_precision_policy(t, device: torch.device) -> MixedPrecisionPolicy | None:
