@@ -69,7 +69,8 @@ SlurmUser={user}
 SlurmdUser={user}
 AuthType=auth/munge
 CredType=cred/munge
-AuthInfo=socket={root}/munge/munge.socket
+# cred_expire is also how long a requeued job waits before it starts again (120 s by default)
+AuthInfo=socket={root}/munge/munge.socket,cred_expire=10
 StateSaveLocation={root}/state
 SlurmdSpoolDir={root}/spool/%n
 SlurmctldPidFile={root}/slurmctld.pid

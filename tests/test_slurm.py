@@ -6,14 +6,18 @@ run's, a lost node fails the job at once, a TERM keeps a checkpoint and a requeu
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import shlex
 import shutil
-import signal
+import socket
 import subprocess
 import sys
-import textwrap
+import tempfile
 import time
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -268,3 +272,157 @@ def test_node_flags_are_refused_outside_a_dry_run():
     assert proc.returncode == 2
     assert proc.stderr.strip() == ("rlcore.sbatch: error: --nodelist, --cpus-per-node and --gpus-per-node describe "
                                    "nodes for --dry-run only; a real run uses its allocation")
+
+
+# --- the real thing: a two-node Slurm cluster of this machine ---------------------------------
+
+
+@pytest.fixture(scope="module")
+def slurm():
+    from tests.slurm_cluster import SlurmCluster, missing
+
+    why = missing()
+    if why:
+        pytest.skip(why)
+    # a short path: each node's Ray folder goes under it, and Ray's socket paths must stay short
+    root = Path(tempfile.mkdtemp(prefix="slm", dir="/tmp"))
+    cluster = SlurmCluster.start(root / "slurm")
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def submit(slurm, tmp_path: Path, *run_args: str, sbatch_args: tuple[str, ...] = (), **env_extra: str):
+    """The README's line (RLCORE_HEAD_IP, two nodes of one CPU, no GPU) plus ports of the job's own
+    (other Ray clusters may run on this machine). Returns (job id, its output file, dashboard URL)."""
+    dash = free_port()
+    # a fresh shell's environment (not this process's: conftest set Ray variables for its own Ray)
+    env = {
+        "PATH": "/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin",
+        "HOME": os.environ.get("HOME", "/root"),
+        "USER": os.environ.get("USER", "root"),
+        "RLCORE_HEAD_IP": "127.0.0.1",
+        "RLCORE_RAY_PORT": str(free_port()),
+        "RLCORE_RAY_HEAD_ARGS": f"--dashboard-host=127.0.0.1 --dashboard-port={dash} "
+        f"--ray-client-server-port={free_port()} --dashboard-agent-listen-port={free_port()}",
+        "RLCORE_RAY_WORKER_ARGS": f"--dashboard-agent-listen-port={free_port()}",
+        "RAY_TMPDIR": str(slurm.root.parent),
+        "RAY_USAGE_STATS_ENABLED": "0",
+        **env_extra,
+    }
+    out = tmp_path / "job.out"
+    job = slurm.sbatch(["--export=ALL", "--nodes=2", "--gpus-per-task=0", "--cpus-per-task=1", f"--output={out}",
+                        *sbatch_args, str(SCRIPT), *run_args], env, cwd=REPO)
+    return job, out, f"http://127.0.0.1:{dash}"
+
+
+def metrics_rows(output_dir: Path) -> list[dict]:
+    path = output_dir / "metrics.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
+
+
+def wait_for(what: str, check, timeout_s: float, job=None, slurm=None):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = check()
+        if value:
+            return value
+        if job is not None and slurm.job(job).get("JobState") not in ("PENDING", "RUNNING", "CONFIGURING"):
+            pytest.fail(f"job {job} ended ({slurm.job(job).get('JobState')}) before {what}")
+        time.sleep(0.5)
+    pytest.fail(f"no {what} within {timeout_s:.0f} s")
+
+
+def test_the_readme_line_trains_on_two_slurm_nodes(slurm, tmp_path):
+    out_dir = tmp_path / "run"
+    job, out, _ = submit(slurm, tmp_path, "steps=5", f"output_dir={out_dir}")
+    state, rc = slurm.wait(job, timeout_s=480)
+    text = out.read_text()
+    assert (state, rc) == ("COMPLETED", 0), text[-3000:]
+    assert [row["step"] for row in metrics_rows(out_dir)] == [1, 2, 3, 4, 5]
+    assert "Ray token authentication on, a token made for this job" in text
+    # trainer on one node, rollout on the other (one CPU each: the placement must spread them)
+    placed = dict(re.findall(r"placement: (trainer|rollout) group's 1 bundle\(s\) on node\(s\) (\w+)", text))
+    assert set(placed) == {"trainer", "rollout"} and placed["trainer"] != placed["rollout"], text[-3000:]
+    # each Slurm node ran its own Ray, in a folder of this job's
+    assert sorted(p.name for p in slurm.root.parent.glob(f"rlc-{job}-*")) == [f"rlc-{job}-0", f"rlc-{job}-1"]
+
+
+def test_a_lost_node_fails_the_job_at_once_and_names_it(slurm, tmp_path):
+    """Also: with token authentication off (RAY_AUTH_MODE=disabled) the cluster and the run work."""
+    out_dir = tmp_path / "run"
+    job, out, _ = submit(slurm, tmp_path, "steps=200", "sft.warmup_steps=0", f"output_dir={out_dir}",
+                         RAY_AUTH_MODE="disabled")
+    wait_for("metrics row", lambda: metrics_rows(out_dir), 300, job, slurm)
+    steps = subprocess.run(["squeue", "--steps", f"--jobs={job}", "--noheader", "-o", "%i %N"], env=slurm.env,
+                           capture_output=True, text=True, timeout=30, check=True).stdout.split()
+    worker_step = dict(zip(steps[1::2], steps[0::2]))["n2"]  # the Ray worker's step on n2
+    slurm.scancel("--signal=KILL", worker_step)
+    killed = time.monotonic()
+    state, rc = slurm.wait(job, timeout_s=150)
+    took = time.monotonic() - killed
+    text = out.read_text()
+    assert "Ray token authentication off (RAY_AUTH_MODE=disabled)" in text
+    assert (state, rc) == ("FAILED", 1), text[-3000:]
+    errors = [line for line in text.splitlines() if line.startswith("rlcore.sbatch: error:")]
+    assert errors and "the Ray worker step on n2 exited" in errors[0], text[-3000:]
+    assert len(metrics_rows(out_dir)) < 200
+    assert took < 100, f"the job took {took:.0f} s to end after its worker node was lost"
+
+
+def test_term_keeps_a_checkpoint_and_a_requeue_resumes(slurm, tmp_path):
+    """With the caller's own token (RAY_AUTH_TOKEN_PATH): the cluster demands it, and it lands
+    neither in the run's folder nor in the job's output."""
+    token = os.urandom(24).hex()
+    secret = tmp_path / "secret"
+    secret.mkdir(mode=0o700)
+    (secret / "token").write_text(token + "\n")
+    out_dir = tmp_path / "run"
+    steps = 12
+    job, out, dashboard = submit(slurm, tmp_path, f"steps={steps}", "sft.warmup_steps=0", "resume=true",
+                                 f"output_dir={out_dir}", sbatch_args=("--requeue",),
+                                 RAY_AUTH_TOKEN_PATH=str(secret / "token"))
+
+    def status(headers: dict) -> int:
+        try:
+            req = urllib.request.Request(f"{dashboard}/api/cluster_status", headers=headers)
+            with urllib.request.urlopen(req, timeout=10) as resp:
+                return resp.status
+        except urllib.error.HTTPError as exc:
+            return exc.code
+        except OSError:
+            return 0
+
+    assert wait_for("dashboard", lambda: status({}), 300, job, slurm) == 401
+    assert status({"Authorization": f"Bearer {token}"}) == 200
+    assert status({"Authorization": "Bearer not-the-token"}) == 403
+
+    wait_for("metrics row", lambda: metrics_rows(out_dir), 300, job, slurm)
+    slurm.scancel("--batch", "--signal=TERM", job)
+    state, rc = slurm.wait(job, timeout_s=180)
+    first = out.read_text()
+    assert rc == 130, first[-3000:]  # the run's own exit status for a stop by signal
+    assert "TERM: asking the run to stop" in first
+    done = [row["step"] for row in metrics_rows(out_dir)]
+    assert done and done == list(range(1, len(done) + 1)) and len(done) < steps, done
+    checkpoints = sorted(p.name for p in (out_dir / "checkpoints").glob("step_*"))
+    assert checkpoints and checkpoints[-1] == f"step_{done[-1]:08d}", checkpoints
+
+    subprocess.run(["scontrol", "requeue", job], env=slurm.env, check=True, timeout=30)
+    # a requeued job is PENDING first, then runs again: wait past that
+    wait_for("requeued job to start", lambda: slurm.job(job).get("JobState") in ("RUNNING", "COMPLETED", "FAILED"), 120)
+    state, rc = slurm.wait(job, timeout_s=480)
+    second = out.read_text()
+    assert (state, rc) == ("COMPLETED", 0), second[-3000:]
+    assert [row["step"] for row in metrics_rows(out_dir)] == list(range(1, steps + 1))
+
+    leaks = [str(p) for p in [out, *out_dir.rglob("*")] if p.is_file() and token.encode() in p.read_bytes()]
+    assert not leaks, f"the token was written to {leaks}"
