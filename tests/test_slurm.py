@@ -78,8 +78,8 @@ def test_dry_run_prints_one_step_per_node_the_wait_and_the_run():
     py = str(REPO / ".venv" / "bin" / "python")
     ray = str(REPO / ".venv" / "bin" / "ray")
     commands = dry_run("+recipe=qwen30b_swe", "steps=3", "logger.run_name=it's a test")
-    assert len(commands) == 5, commands
-    (head, head_bg), *workers, (wait, _), (run, run_bg) = commands
+    assert len(commands) == 4, commands
+    (head, head_bg), *workers, (run, run_bg) = commands
 
     assert head_bg and head[0] == "srun" and "--overlap" in head
     assert option(head, "--nodes") == "1" and option(head, "--nodelist") == "gpu01"
@@ -96,9 +96,6 @@ def test_dry_run_prints_one_step_per_node_the_wait_and_the_run():
         assert ray_args[:3] == [ray, "start", "--block"]
         assert "--address=gpu01:6379" in ray_args and "--num-gpus=8" in ray_args
         assert f"--temp-dir=/tmp/rlc-0-{i}" in ray_args
-
-    # The wait asks Ray how many nodes are alive, bounded by a timeout.
-    assert wait[:3] == ["timeout", "60", py] and wait[-1] == "gpu01:6379"
 
     # The run: exactly the arguments given, quoting preserved, with the cluster's address and
     # token authentication on (the token itself is never printed).
@@ -119,7 +116,7 @@ def test_dry_run_by_environment_variable_matches_the_flag():
 def test_single_node_starts_no_workers():
     commands = dry_run(SLURM_JOB_NODELIST="solo")
     argvs = [argv for argv, _ in commands]
-    assert len(argvs) == 3
+    assert len(argvs) == 2
     assert option(argvs[0], "--nodelist") == "solo"
     assert not any("--address=solo:6379" in a for a in argvs)
 
@@ -130,7 +127,7 @@ def test_overrides_of_ports_python_and_ray_arguments():
         RLCORE_RAY_HEAD_ARGS="--dashboard-port=9000 --ray-client-server-port=9001",
         RLCORE_RAY_WORKER_ARGS="--object-store-memory=1000000000", RAY_TMPDIR="/scratch", SLURM_JOB_ID="77",
     )
-    (head, _), (w1, _), (w2, _), _, (run, _) = commands
+    (head, _), (w1, _), (w2, _), (run, _) = commands
     assert "/opt/env/bin/ray" in head and "--node-ip-address=10.1.2.3" in head and "--port=7000" in head
     assert head[-3:] == ["--temp-dir=/scratch/rlc-77-0", "--dashboard-port=9000", "--ray-client-server-port=9001"]
     assert "--address=10.1.2.3:7000" in w1 and w2[-2:] == ["--temp-dir=/scratch/rlc-77-2", "--object-store-memory=1000000000"]
@@ -253,7 +250,7 @@ def no_slurm() -> dict[str, str]:
 def test_dry_run_without_slurm_describes_the_nodes_with_flags():
     proc = run_script(no_slurm(), "--dry-run", "--nodelist=g[1-2]", "--cpus-per-node=8", "--gpus-per-node=2", "steps=1")
     assert proc.returncode == 0, proc.stderr
-    (head, _), (workers, _), _, (run, _) = printed_commands(proc.stdout)
+    (head, _), (workers, _), (run, _) = printed_commands(proc.stdout)
     assert option(head, "--nodelist") == "g1" and "--num-cpus=8" in head and "--num-gpus=2" in head
     assert option(workers, "--nodelist") == "g2" and "--num-gpus=2" in workers
     assert run[-1] == "steps=1"
@@ -262,7 +259,7 @@ def test_dry_run_without_slurm_describes_the_nodes_with_flags():
 def test_dry_run_without_slurm_or_flags_uses_the_sbatch_shape():
     proc = run_script(no_slurm(), "--dry-run", "+recipe=qwen30b_swe")
     assert proc.returncode == 0, proc.stderr
-    (head, _), *workers, _, _ = printed_commands(proc.stdout)
+    (head, _), *workers, _ = printed_commands(proc.stdout)
     assert "--num-gpus=8" in head and "--num-cpus=64" in head  # not --num-gpus=0
     assert [option(w, "--nodelist") for w, _ in workers] == ["node2", "node3", "node4"]
 
