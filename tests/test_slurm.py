@@ -353,6 +353,16 @@ def test_the_readme_line_trains_on_two_slurm_nodes(slurm, tmp_path):
     assert sorted(p.name for p in slurm.root.parent.glob(f"rlc-{job}-*")) == [f"rlc-{job}-0", f"rlc-{job}-1"]
 
 
+def test_bad_arguments_end_the_job_with_the_runs_config_error_before_ray_starts(slurm, tmp_path):
+    job, out, _ = submit(slurm, tmp_path, "steps=-1", f"output_dir={tmp_path / 'run'}")
+    state, rc = slurm.wait(job, timeout_s=120)
+    text = out.read_text()
+    assert (state, rc) == ("FAILED", 2), text[-3000:]
+    assert "rlcore: config error: steps: must be > 0, got -1" in text
+    assert "no Ray was started" in text and "Ray runtime started" not in text
+    assert not list(slurm.root.parent.glob(f"rlc-{job}-*"))
+
+
 def test_a_lost_node_fails_the_job_at_once_and_names_it(slurm, tmp_path):
     """Also: with token authentication off (RAY_AUTH_MODE=disabled) the cluster and the run work."""
     out_dir = tmp_path / "run"
