@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Optional
 
 DAEMONS = ("munged", "slurmctld", "slurmd")
-CLIENTS = ("sbatch", "sinfo", "scontrol", "scancel", "srun")
+CLIENTS = ("sbatch", "sinfo", "scontrol", "scancel", "squeue", "srun")
 NODES = ("n1", "n2")
 FINAL_STATES = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED", "OUT_OF_MEMORY",
                 "BOOT_FAIL", "DEADLINE"}
@@ -70,7 +70,7 @@ SlurmdUser={user}
 AuthType=auth/munge
 CredType=cred/munge
 # cred_expire is also how long a requeued job waits before it starts again (120 s by default)
-AuthInfo=socket={root}/munge/munge.socket,cred_expire=10
+AuthInfo=socket={root}/munge/munge.socket,cred_expire=5
 StateSaveLocation={root}/state
 SlurmdSpoolDir={root}/spool/%n
 SlurmctldPidFile={root}/slurmctld.pid
@@ -82,6 +82,8 @@ TaskPlugin=task/none
 SelectType=select/cons_tres
 SelectTypeParameters=CR_CPU
 SchedulerType=sched/backfill
+# a requeued job becomes eligible after cred_expire; the scheduler's next pass then starts it
+SchedulerParameters=sched_interval=2,bf_interval=2
 MpiDefault=none
 SwitchType=switch/none
 ReturnToService=2
@@ -209,8 +211,33 @@ class SlurmCluster:
     def scancel(self, *args: str) -> None:
         subprocess.run(["scancel", *args], env=self.env, check=True, timeout=30)
 
+    def _ours(self) -> list[int]:
+        """Every process of this cluster: its daemons, slurmstepd and the jobs' processes (Ray's
+        included) all carry this cluster's SLURM_CONF in their environment; nothing else does."""
+        mark = f"SLURM_CONF={self.env['SLURM_CONF']}".encode()
+        pids = []
+        for entry in Path("/proc").iterdir():
+            if entry.name.isdigit() and int(entry.name) != os.getpid():
+                try:
+                    if mark in (entry / "environ").read_bytes().split(b"\0"):
+                        pids.append(int(entry.name))
+                except OSError:
+                    continue
+        return pids
+
     def stop(self) -> None:
-        """End exactly what `start` started (slurmd first: it ends its job steps), then wait."""
+        """End exactly what `start` started and what ran on it: cancel every job (their Ray
+        included), stop the daemons (slurmd first), then kill whatever of this cluster is left
+        (a slurmstepd outlives its slurmd)."""
+        if self.pids:
+            subprocess.run(["scancel", "--full", f"--user={os.getuid()}"], env=self.env, capture_output=True, timeout=30)
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline:
+                queue = subprocess.run(["squeue", "--noheader"], env=self.env, capture_output=True, text=True,
+                                       timeout=30).stdout.strip()
+                if not queue:
+                    break
+                time.sleep(1)
         procs = getattr(self, "_procs", {})
         for name in sorted(procs, key=lambda n: ["slurmd", "slurmctld", "munged"].index(n.split("-")[0])):
             proc = procs[name]
@@ -221,3 +248,10 @@ class SlurmCluster:
                 except subprocess.TimeoutExpired:
                     proc.kill()
                     proc.wait(timeout=10)
+        for _ in range(3):  # a process may be forked while we sweep
+            for pid in self._ours():
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            time.sleep(0.3)
