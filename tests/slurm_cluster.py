@@ -104,7 +104,8 @@ class SlurmCluster:
     root: Path
     env: dict[str, str]
     """Environment for Slurm's client commands: SLURM_CONF names this cluster's slurm.conf."""
-    pids: dict[str, int] = field(default_factory=dict)
+    procs: dict[str, subprocess.Popen] = field(default_factory=dict)
+    """The daemons `start` started, by name (munged, slurmctld, slurmd-n1, slurmd-n2)."""
 
     @classmethod
     def start(cls, root: Path, timeout_s: float = 60.0) -> "SlurmCluster":
@@ -150,12 +151,10 @@ class SlurmCluster:
         proc = subprocess.Popen(argv, env=self.env, stdout=log, stderr=subprocess.STDOUT,
                                 stdin=subprocess.DEVNULL, start_new_session=True)
         log.close()
-        self.pids[name] = proc.pid
-        self._procs = getattr(self, "_procs", {})
-        self._procs[name] = proc
+        self.procs[name] = proc
 
     def _check_alive(self, name: str) -> None:
-        proc = self._procs[name]
+        proc = self.procs[name]
         if proc.poll() is not None:
             raise RuntimeError(f"{name} exited with {proc.returncode}: {self.log_tail(name)}")
 
@@ -170,7 +169,7 @@ class SlurmCluster:
         deadline = time.monotonic() + timeout_s
         last = ""
         while time.monotonic() < deadline:
-            for name in self._procs:
+            for name in self.procs:
                 self._check_alive(name)
             proc = subprocess.run(["sinfo", "--noheader", "-N", "-o", "%N %t"], env=self.env,
                                   capture_output=True, text=True, timeout=30)
@@ -229,7 +228,7 @@ class SlurmCluster:
         """End exactly what `start` started and what ran on it: cancel every job (their Ray
         included), stop the daemons (slurmd first), then kill whatever of this cluster is left
         (a slurmstepd outlives its slurmd)."""
-        if self.pids:
+        if self.procs:
             subprocess.run(["scancel", "--full", f"--user={os.getuid()}"], env=self.env, capture_output=True, timeout=30)
             deadline = time.monotonic() + 30
             while time.monotonic() < deadline:
@@ -238,9 +237,8 @@ class SlurmCluster:
                 if not queue:
                     break
                 time.sleep(1)
-        procs = getattr(self, "_procs", {})
-        for name in sorted(procs, key=lambda n: ["slurmd", "slurmctld", "munged"].index(n.split("-")[0])):
-            proc = procs[name]
+        for name in sorted(self.procs, key=lambda n: ["slurmd", "slurmctld", "munged"].index(n.split("-")[0])):
+            proc = self.procs[name]
             if proc.poll() is None:
                 proc.send_signal(signal.SIGTERM)
                 try:
