@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import os
+import secrets
 from pathlib import Path
 
 from actors.logs import route_cluster_errors
@@ -27,7 +28,29 @@ def local_ray_environment() -> None:
     # every actor has a runtime_env of its own (actors.logs.runtime_env), so the idle workers Ray
     # prestarts for the driver's job never host one: they only take CPU while the run starts
     os.environ.setdefault("RAY_prestart_worker_first_driver", "0")
-    quiet_ray_environment()
+    quiet_ray_environment()  # RAY_AUTH_MODE=token unless the user set it: Ray's default, made explicit
+    private_default_token()
+
+
+def private_default_token() -> None:
+    """With token authentication on and no token given (RAY_AUTH_TOKEN, RAY_AUTH_TOKEN_PATH), Ray's
+    `ray.init` makes ~/.ray/auth_token with the umask's mode, often readable by every user of the
+    machine; make it first, readable by its owner only. An existing file is left as it is."""
+    if os.environ.get("RAY_AUTH_MODE", "").lower() != "token":
+        return
+    if os.environ.get("RAY_AUTH_TOKEN") or os.environ.get("RAY_AUTH_TOKEN_PATH"):
+        return
+    path = Path.home() / ".ray" / "auth_token"
+    try:
+        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        return
+    except OSError as exc:  # a read-only home: Ray reports what it needs at ray.init
+        logging.getLogger("rlcore").warning("could not create %s (%s); Ray will try itself", path, exc)
+        return
+    with os.fdopen(fd, "w") as f:
+        f.write(secrets.token_hex(32))
 
 
 def ray_address(cluster: ClusterConfig) -> str | None:

@@ -8,6 +8,7 @@ import dataclasses
 import getpass
 import json
 import os
+import secrets
 import shutil
 import signal
 import socket
@@ -76,6 +77,9 @@ class Cluster:
     """Seconds from the first `ray start` to every node registered alive."""
     env: dict[str, str] = dataclasses.field(default_factory=dict)
     """Environment variables every node's processes were started with (beyond `ray_env`'s)."""
+    token_path: str = ""
+    """The cluster's token file (0600, in its 0700 temp dir) when it runs with token
+    authentication; empty when it runs without."""
 
     def save(self, path: Path) -> None:
         path.write_text(json.dumps(dataclasses.asdict(self), indent=1))
@@ -91,7 +95,7 @@ def ray_env(extra: Optional[dict[str, str]] = None) -> dict[str, str]:
     """The environment of every `ray start`: this venv first on PATH (jobs' `python` is looked up
     there), the repo importable, Ray kept on loopback and quiet about usage stats, then `extra`
     (e.g. `RAY_max_direct_call_object_size`; every process of the node inherits it)."""
-    return {
+    env = {
         **os.environ,
         **(extra or {}),
         "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",
@@ -100,12 +104,15 @@ def ray_env(extra: Optional[dict[str, str]] = None) -> dict[str, str]:
         "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "1",
         # the nodes run from this venv already: no uv-run runtime env per worker
         "RAY_ENABLE_UV_RUN_RUNTIME_ENV": "0",
-        # a private loopback cluster: no token (a token file other Ray instances on this machine
-        # write, ~/.ray/auth_token, would otherwise switch it on and lock out clients that do not
-        # send it)
+        # a private loopback cluster: no token unless `start(auth=True)` passes one in `extra` (a
+        # token file other Ray instances on this machine write, ~/.ray/auth_token, would otherwise
+        # switch it on and lock out clients that do not send it)
         "RAY_AUTH_MODE": "disabled",
         **(extra or {}),
     }
+    if "RAY_AUTH_TOKEN_PATH" in env:  # the cluster's own token file; a caller's RAY_AUTH_TOKEN would win
+        env.pop("RAY_AUTH_TOKEN", None)
+    return env
 
 
 def _node_args(spec: NodeSpec, temp_dir: str, port: int) -> list[str]:
@@ -155,13 +162,19 @@ NODE_LABEL = "rlcore-local-node"
 """Label every node gets: its index here, so the launcher can tell its nodes apart in Ray's list."""
 
 
-def alive_nodes(dashboard_url: str, timeout_s: float) -> dict[int, str]:
+def alive_nodes(dashboard_url: str, timeout_s: float, token_path: str = "") -> dict[int, str]:
     """{node index: Ray node id} of the nodes Ray's state API lists alive (asked through the
-    dashboard: this process never becomes a driver of the cluster)."""
-    from ray.util.state import list_nodes
+    dashboard: this process never becomes a driver of the cluster), sending the token of
+    `token_path` when given (not this process's own, which may belong to another cluster)."""
+    from ray.util.state.api import StateApiClient
+    from ray.util.state.common import ListApiOptions, StateResource
 
+    headers = {"Content-Type": "application/json"}
+    if token_path:
+        headers["Authorization"] = f"Bearer {Path(token_path).read_text().strip()}"
     try:
-        nodes = list_nodes(address=dashboard_url, timeout=max(1, int(timeout_s)), raise_on_missing_output=False)
+        nodes = StateApiClient(address=dashboard_url, headers=headers).list(
+            StateResource.NODES, ListApiOptions(timeout=max(1, int(timeout_s))), raise_on_missing_output=False)
     except Exception as exc:  # the state API raises RayStateApiException, ConnectionError, ...
         raise ClusterError(f"listing the cluster's nodes failed: {str(exc).strip()[-500:]}") from None
     return {int(n.labels[NODE_LABEL]): n.node_id for n in nodes
@@ -173,7 +186,8 @@ def _wait_registered(cluster: Cluster, index: int, deadline: float) -> bool:
     last = "no answer yet"
     while time.monotonic() < deadline:
         try:
-            ids = alive_nodes(cluster.dashboard_url, min(30.0, max(1.0, deadline - time.monotonic())))
+            ids = alive_nodes(cluster.dashboard_url, min(30.0, max(1.0, deadline - time.monotonic())),
+                              cluster.token_path)
         except ClusterError as exc:  # the dashboard's state API starts a little after the dashboard
             last, ids = str(exc), {}
         if index in ids:
@@ -186,17 +200,27 @@ def _wait_registered(cluster: Cluster, index: int, deadline: float) -> bool:
                        f"{Path(cluster.nodes[index].log).read_text()[-800:]}")
 
 
-def start(specs: Sequence[NodeSpec], timeout_s: float = 180.0, env: Optional[dict[str, str]] = None) -> Cluster:
+def start(specs: Sequence[NodeSpec], timeout_s: float = 180.0, env: Optional[dict[str, str]] = None,
+          auth: bool = False) -> Cluster:
     """Start a head (specs[0]) and one worker node per further spec, one after the other (a
     loaded machine times out raylets started all at once: Ray gives each 30 s to register), each
     retried (ATTEMPTS in all) when its `ray start` gives up; return when every node is registered alive. Stops
-    whatever it started when anything fails."""
+    whatever it started when anything fails. `auth`: Ray's token authentication, with a token of
+    the cluster's own in `Cluster.token_path` (clients set RAY_AUTH_MODE=token and
+    RAY_AUTH_TOKEN_PATH to it); without, the nodes run with RAY_AUTH_MODE=disabled."""
     if not specs:
         raise ClusterError("--nodes must be at least 1")
     temp_dir = tempfile.mkdtemp(prefix="rlc", dir="/tmp")  # AF_UNIX paths inside must stay short
     gcs_port, dash_port = free_port(), free_port()
     cluster = Cluster(temp_dir=temp_dir, gcs_address=f"127.0.0.1:{gcs_port}",
                       dashboard_url=f"http://127.0.0.1:{dash_port}", nodes=[], env=dict(env or {}))
+    if auth:
+        # mkdtemp's folder is 0700; the file is the owner's only as well
+        cluster.token_path = os.path.join(temp_dir, "auth_token")
+        fd = os.open(cluster.token_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(secrets.token_hex(32))
+        cluster.env.update(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN_PATH=cluster.token_path)
     began = time.monotonic()
     deadline = began + timeout_s
     try:

@@ -17,7 +17,10 @@ dir), never other Ray instances on the machine, which is what ``ray stop`` would
 
 Ray refuses several nodes on one host unless ``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=1`` (the flag is
 read on every platform); the nodes run without token authentication (``RAY_AUTH_MODE=disabled``):
-a throwaway cluster of this machine's, not one to expose.
+a throwaway cluster of this machine's, not one to expose. ``--auth token`` runs them with Ray's
+token authentication instead, as Ray does by default, with a token of the cluster's own in a file
+only its owner reads (``start`` prints it: clients set ``RAY_AUTH_MODE=token`` and
+``RAY_AUTH_TOKEN_PATH`` to that file); ``stop`` deletes it with the cluster.
 """
 
 from __future__ import annotations
@@ -91,6 +94,8 @@ def describe(cluster: Cluster) -> str:
     lines = [f"rlcore local cluster: {len(cluster.nodes)} node(s), up in {cluster.started_s:.1f}s",
              f"  rlcore.run:    cluster.address={cluster.gcs_address}",
              f"  launch.submit: --address {cluster.dashboard_url}"]
+    if cluster.token_path:
+        lines.append(f"  token auth:    RAY_AUTH_MODE=token RAY_AUTH_TOKEN_PATH={cluster.token_path}")
     for i, n in enumerate(cluster.nodes):
         s = n.spec
         extra = "".join(f", {k}: {v:g}" for k, v in s.resources.items())
@@ -115,6 +120,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     up.add_argument("--env", action="append", default=[], metavar="KEY=VALUE",
                     help="environment variable of every node's processes (repeatable)")
     up.add_argument("--timeout", type=float, default=180.0, help="seconds for every node to come up")
+    up.add_argument("--auth", choices=("disabled", "token"), default="disabled",
+                    help="Ray's token authentication: a token of the cluster's own (token), or none "
+                    "(disabled, the default: a throwaway cluster of this machine)")
     sub.add_parser("status", help="print the running cluster's nodes")
     sub.add_parser("stop", help="stop the cluster's processes (only those)")
     args = parser.parse_args(argv)
@@ -128,7 +136,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                 if not sep or not key:
                     raise ClusterError(f"--env {item!r} is not KEY=VALUE")
                 env[key] = value
-            cluster = start(parse_specs(args.nodes, args.cpus, args.gpus, args.resources, args.labels), args.timeout, env)
+            cluster = start(parse_specs(args.nodes, args.cpus, args.gpus, args.resources, args.labels), args.timeout, env,
+                            auth=args.auth == "token")
             cluster.save(args.state)
             print(describe(cluster), flush=True)
             return 0

@@ -427,3 +427,9 @@ def test_raycluster_is_long_lived():
     assert "shutdownAfterJobFinishes" not in spec
     head_ports = {p["name"]: p["containerPort"] for p in ray_container(spec["headGroupSpec"]["template"])["ports"]}
     assert head_ports.get("dashboard") == 8265, "launch.submit talks to the dashboard port"
+
+
+@pytest.mark.parametrize("doc", [d for _, d in RAY_DOCS], ids=RAY_IDS)
+def test_every_cluster_runs_with_token_authentication(doc):
+    # Ray's default for clusters it starts; KubeRay's authOptions keeps the token in a Secret
+    assert cluster_spec(doc).get("authOptions") == {"mode": "token"}

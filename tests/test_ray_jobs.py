@@ -392,3 +392,35 @@ def test_a_run_past_its_timeout_is_stopped(local_head, tmp_path):
     while (status := client.get_job_status(sid)) != JobStatus.STOPPED and time.monotonic() < deadline:
         time.sleep(1)
     assert status == JobStatus.STOPPED
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(420)
+def test_a_token_authenticated_local_cluster_takes_a_ray_job_with_its_token_only(tmp_path):
+    """`launch.local_cluster --auth token` (Ray's default mode): two nodes demand the cluster's
+    own token; a launcher without it is refused in one line, one with it (RAY_AUTH_TOKEN_PATH)
+    runs the default job to the end, and the token lands nowhere in the run's folder."""
+    import launch.local_cluster as lc
+
+    cluster = lc.start([lc.NodeSpec(cpus=1), lc.NodeSpec(cpus=1)], timeout_s=300, auth=True)
+    try:
+        token_file = Path(cluster.token_path)
+        assert token_file.stat().st_mode & 0o777 == 0o600
+        token = token_file.read_text().strip()
+        base = lc.ray_env()  # this machine's venv on PATH; RAY_AUTH_MODE=disabled, as a client without the token
+        refused = launcher("--address", cluster.dashboard_url, "--deps", "preinstalled", "--", "steps=1",
+                           f"output_dir={tmp_path / 'refused'}", env=base)
+        assert refused.returncode == 2 and "the cluster refused us" in refused.stderr, refused.stderr[-2000:]
+
+        out = tmp_path / "run"
+        proc = launcher("--address", cluster.dashboard_url, "--deps", "preinstalled", "--timeout", "300",
+                        "--request-timeout", "60", "--poll", "5", "--", "steps=2", "sft.warmup_steps=0",
+                        f"output_dir={out}", timeout=360,
+                        env={**base, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(token_file)})
+        assert proc.returncode == 0, f"{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+        assert [json.loads(line)["step"] for line in (out / "metrics.jsonl").read_text().splitlines()] == [1, 2]
+        leaks = [str(p) for p in out.rglob("*") if p.is_file() and token.encode() in p.read_bytes()]
+        assert not leaks and token not in proc.stdout + proc.stderr, leaks
+    finally:
+        lc.stop(cluster)
+    assert not Path(cluster.token_path).exists()
