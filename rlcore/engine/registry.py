@@ -91,6 +91,10 @@ class EngineSpec:
     (`profile.steps`) its `from_config` gets `profile_dir` (a folder on its node its processes
     write their traces to) and `profile_with_stack`, and it overrides `RolloutEngine.start_profile`
     and `stop_profile`; False: the default records the actor's own process."""
+    pd_connectors: tuple[str, ...] = ()
+    """KV-cache connectors it disaggregates prefill and decode over (`rollout.pd.connector`,
+    `rlcore.config.pd.PD_CONNECTORS`); its class then implements `RolloutEngine.prefill` and
+    `generate(..., prefilled=)`. Empty: no disaggregation."""
     prestart: str | None = None
     """`module:function`, called with its section by the engine's actor first thing, before the
     actor's tokenizer and the engine's build (vLLM: starts the server its engine core is forked
@@ -99,13 +103,13 @@ class EngineSpec:
 
 _BUILT_IN = (
     EngineSpec("hf", "rlcore.engine.hf_engine:HFEngine", section="hf", options=HFOptions,
-               rollout_only=("routing_replay",), scores_top_k=True),
+               rollout_only=("routing_replay",), scores_top_k=True, pd_connectors=("object_store",)),
     EngineSpec("vllm", "rlcore.engine.vllm.vllm_engine:VLLMEngine", section="vllm", options=VLLMOptions,
                transports=("nccl", "ipc"), needs_gpu=True, memory_share_kwarg="gpu_memory_utilization",
                memory_budget_kwarg="kv_cache_memory_bytes", planned_kwargs=vllm_planned_kwargs,
                rollout_only=("weight_reload", "kv_on_update", "quantization", "sleep_level", "routing_replay",
-                             "sampling_kwargs"),
-               problems=vllm_problems, prestart="rlcore.engine.vllm.warm_core:prestart", traced_elsewhere=True),
+                             "sampling_kwargs", "kv_offload_gb"),
+               problems=vllm_problems, pd_connectors=("nixl",), prestart="rlcore.engine.vllm.warm_core:prestart", traced_elsewhere=True),
 )
 _ENGINES: dict[str, EngineSpec] = {}
 
