@@ -84,6 +84,9 @@ def pd_problems(cfg: RunConfig) -> list[tuple[str, str]]:
     elif spec.needs_gpu and 1 <= p.prefill_gpus_per_actor < tp:
         out.append((f"{PD}.prefill_gpus_per_actor", f"a prefill engine of tensor_parallel_size={tp} needs {tp} GPUs, "
                     f"got {p.prefill_gpus_per_actor:g}"))
+    if option(r, "routing_replay", False):
+        out.append((f"{PD}.enabled", f"routing replay records each prompt's experts in the engine that samples it; "
+                    f"it does not cross a prefill/decode split: set {option_key(r, 'routing_replay')}=false"))
     if cfg.placement == "colocated":
         out.append((f"{PD}.enabled", "prefill/decode pools have GPUs of their own; colocated placement gives every "
                     "engine half of a trainer rank's GPU: use placement=split"))
