@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from rlcore.config import RunConfig
 from rlcore.config.pd import PD_CONNECTORS
-from rlcore.engine.registry import engine_spec, engine_names, has_option, option, option_key
+from rlcore.engine.registry import engine_names, engine_options, engine_spec, has_option, option, option_key
 
 
 @dataclass(frozen=True)
@@ -164,3 +164,31 @@ def rollout_pools(cfg: RunConfig) -> list[tuple[str, int, float, float]]:
 def rollout_roles(cfg: RunConfig) -> list[str]:
     """The role of each rollout actor, by index (`rollout_pools` order)."""
     return [role for role, n, _, _ in rollout_pools(cfg) for _ in range(n)]
+
+
+def pool_config(cfg: RunConfig, role: str) -> RunConfig:
+    """The run's config as an actor of pool `role` sees it: a prefill actor's engine is built
+    with the prefill pool's GPUs, CPUs and tensor parallelism (`make_engine` reads them from the
+    rollout section); other roles get `cfg` itself."""
+    if role != "prefill":
+        return cfg
+    import copy
+
+    out = copy.deepcopy(cfg)
+    r, p = out.rollout, out.rollout.pd
+    r.gpus_per_actor, r.cpus_per_actor = p.prefill_gpus_per_actor, p.prefill_cpus_per_actor
+    if has_option(r, "tensor_parallel_size"):
+        setattr(engine_options(r), "tensor_parallel_size", p.prefill_tensor_parallel_size)
+    return out
+
+
+NIXL_PORT_BASE = 5600
+"""First port of NIXL's side channel (`VLLM_NIXL_SIDE_CHANNEL_PORT`); engine i takes base + 16 i
+(each TP worker takes one more), so engines on one host never collide."""
+
+
+def connector_env(cfg: RunConfig, index: int) -> dict[str, str]:
+    """Environment variables rollout actor `index` sets before its engine starts, for the connector."""
+    if not pd_on(cfg) or cfg.rollout.pd.connector != "nixl":
+        return {}
+    return {"VLLM_NIXL_SIDE_CHANNEL_PORT": str(NIXL_PORT_BASE + 16 * index)}
