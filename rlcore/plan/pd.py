@@ -87,6 +87,10 @@ def pd_problems(cfg: RunConfig) -> list[tuple[str, str]]:
     if option(r, "routing_replay", False):
         out.append((f"{PD}.enabled", f"routing replay records each prompt's experts in the engine that samples it; "
                     f"it does not cross a prefill/decode split: set {option_key(r, 'routing_replay')}=false"))
+    if offload_gib(cfg) > 0:
+        out.append((option_key(r, "kv_offload_gb"), f"vLLM's CPU offload is a KV connector of its own; beside "
+                    f"{PD}.connector both need vLLM's MultiConnector, which rlcore does not configure yet: use one "
+                    f"of the two"))
     if cfg.placement == "colocated":
         out.append((f"{PD}.enabled", "prefill/decode pools have GPUs of their own; colocated placement gives every "
                     "engine half of a trainer rank's GPU: use placement=split"))
