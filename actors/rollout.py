@@ -203,6 +203,12 @@ class RolloutWorker:
         `(per group list[SampleMeta], env_stats)`; the token data is not sent anywhere."""
         return meta_reply(self.generate_groups(tasks, group_size, split, seed, sampling))
 
+    def cache_stats(self) -> dict[str, float]:
+        """The engine's prefix-cache counters (vLLM: `VLLMEngine.cache_stats`); {} for an engine
+        without them (benchmarks read them: hit rate with and without KV offload)."""
+        stats = getattr(self.engine, "cache_stats", None)
+        return stats() if stats is not None else {}
+
     def busy_seconds(self) -> float:
         """Seconds this actor spent generating (overlapping requests counted once)."""
         return self.clock.seconds()

@@ -340,6 +340,18 @@ class VLLMEngine(WeightUpdates, VersionMarks, ColocatedEngine, RolloutEngine):
         return prefilled_handle(prompts, self._call(self._prefill(prompts, params, images), self.request_timeout_s,
                                                     "prefill"))
 
+    def cache_stats(self) -> dict[str, float]:
+        """vLLM's prefix-cache counters in this process (`vllm:prefix_cache_queries` / `_hits`, and
+        the KV connector's `external_` ones: offload, NIXL), name -> value; empty unless the engine
+        logs stats (`engine_kwargs.disable_log_stats: false`)."""
+        from vllm.v1.metrics.reader import Counter, get_metrics_snapshot
+
+        out: dict[str, float] = {}
+        for m in get_metrics_snapshot():
+            if isinstance(m, Counter) and "prefix_cache" in m.name:
+                out[m.name] = out.get(m.name, 0.0) + float(m.value)
+        return out
+
     def tokens_in_flight(self) -> list[int]:
         """Tokens generated so far by each request in flight (for metrics and tests)."""
         async def _counts() -> list[int]:
