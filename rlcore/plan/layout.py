@@ -164,7 +164,7 @@ def format_plan(cfg: RunConfig, plan: Plan) -> str:
         ("weight sync: CUDA IPC, trainer rank i -> engine i on the same GPU (no NCCL between them)"
          if cfg.placement == "colocated" else
          f"weight sync: trainer rank 0 -> {len(plan.rollout)} engine(s), buckets of {r.sync_bucket_mb:g} MiB"
-         + (" (both pools in one group: one version before either serves it)" if pd_on(cfg) else "")),
+         + (" (both pools in one group)" if pd_on(cfg) else "")),
         *teacher_lines(cfg, plan),
         f"async: max_off_policy_steps={cfg.algo.max_off_policy_steps}, batch {cfg.algo.batch_groups} groups x "
         f"{cfg.algo.group_size} samples, max_new_tokens={r.sampling.max_new_tokens}",
