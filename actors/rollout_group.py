@@ -350,6 +350,7 @@ class RolloutGroup:
 
     def admit(self, actors: list[int]) -> list[int]:
         """`actors` hold the current weights in the re-formed group: they serve again."""
+        self._told_prefill = None  # a restarted decode actor's router starts with every prefill engine: tell it
         return self.members.admit(actors)
 
     # -- per-actor calls -----------------------------------------------------------------------
