@@ -5,6 +5,7 @@ in their bundles."""
 from __future__ import annotations
 
 import logging
+import uuid
 from dataclasses import dataclass
 
 import ray
@@ -164,9 +165,14 @@ def place(cfg: RunConfig, trainer: bool = True, rollout: bool = True) -> Groups:
     gpus_of = {"prefill": r.pd.prefill_gpus_per_actor}
     cpus_of = {"prefill": r.pd.prefill_cpus_per_actor}
 
+    # decode actors find the prefill actors by name: a constructor argument holding actor handles
+    # lives in the object store, and a restart must never depend on an object Ray may have freed
+    names = {i: f"rlcore-prefill-{uuid.uuid4().hex[:8]}-{i}" for i in prefill}
+
     def start(i: int, *args):
         role = roles[i]
         return rollout_cls.options(
+            name=names.get(i),
             num_cpus=cpus_of.get(role, r.cpus_per_actor), num_gpus=gpus_of.get(role, rollout_gpus),
             # training requests (generating or scoring) + one evaluation call + the weight pull +
             # one control call (busy time, RNG state): a weight pull must never wait behind them
@@ -180,9 +186,9 @@ def place(cfg: RunConfig, trainer: bool = True, rollout: bool = True) -> Groups:
         ).remote(i, role, *args)
 
     handles = {i: start(i) for i in prefill}
-    names = [f"rollout actor {i} (prefill)" for i in prefill]
     for i, role in enumerate(roles):
         if role != "prefill":
-            handles[i] = start(i, [handles[j] for j in prefill], names) if role == "decode" else start(i)
+            handles[i] = start(i, [names[j] for j in prefill], [f"rollout actor {j} (prefill)" for j in prefill]) \
+                if role == "decode" else start(i)
     rollouts = [handles[i] for i in range(len(roles))]
     return Groups(trainer_pg, rollout_pg, trainers, rollouts)

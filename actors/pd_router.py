@@ -33,22 +33,28 @@ POLL_S = 0.01
 """How often a decode call waiting for its engine's weights (or for a prefill engine) looks again."""
 
 
+class _NotFound(Exception):
+    """A prefill actor's name is not registered (yet)."""
+
+
 class PrefillNotServing(RuntimeError):
     """A prefill actor Ray restarted has no weights yet (it rejoins at a step boundary)."""
 
 
 class PrefillRouter:
-    """`engine`: this actor's decode engine; `handles[j]`: prefill actor j, named by
-    `names[j]`. Every other attribute is the engine's (`score`, `policy_version`, ...)."""
+    """`engine`: this actor's decode engine; `actors[j]`: the Ray actor name of prefill actor j
+    (its handle is looked up on first use), named in logs by `names[j]`. Every other attribute is
+    the engine's (`score`, `policy_version`, ...)."""
 
-    def __init__(self, engine, handles: list, names: list[str], pd: PDConfig, deadline_s: float,
+    def __init__(self, engine, actors: list[str], names: list[str], pd: PDConfig, deadline_s: float,
                  version_wait_s: float):
-        self.engine, self.handles, self.names, self.pd = engine, handles, names, pd
+        self.engine, self.actors, self.names, self.pd = engine, actors, names, pd
+        self.handles: list = [None] * len(actors)
         self.deadline_s, self.version_wait_s = deadline_s, version_wait_s
         self._lock = threading.Lock()
-        self.in_flight = [0] * len(handles)
-        self.down_until = [0.0] * len(handles)
-        self.serving = set(range(len(handles)))
+        self.in_flight = [0] * len(actors)
+        self.down_until = [0.0] * len(actors)
+        self.serving = set(range(len(actors)))
         self.failovers: Counter = Counter()
         """Prefill calls sent elsewhere, by the name of the prefill actor that failed them."""
 
@@ -76,13 +82,21 @@ class PrefillRouter:
             if j is None:
                 time.sleep(POLL_S * 10)
                 continue
-            ref = self.handles[j].prefill.remote(prompts, params, images)
+            ref, why = None, "not found"  # no such actor (yet): Ray is still creating it
             try:
+                if self.handles[j] is None:  # a named actor keeps its name through restarts
+                    try:
+                        self.handles[j] = ray.get_actor(self.actors[j])
+                    except ValueError:
+                        raise _NotFound from None
+                ref = self.handles[j].prefill.remote(prompts, params, images)
                 return ray.get(ref, timeout=self.pd.prefill_timeout_s)
+            except _NotFound:
+                pass
             except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError,
                     ray.exceptions.ActorUnavailableError) as exc:
                 why = "timed out" if isinstance(exc, ray.exceptions.GetTimeoutError) else "died"
-                if why == "timed out":
+                if why == "timed out" and ref is not None:
                     ray.cancel(ref, force=False)
             except ray.exceptions.RayTaskError as exc:
                 if not isinstance(exc.as_instanceof_cause(), PrefillNotServing):

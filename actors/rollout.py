@@ -50,10 +50,11 @@ def failed_groups(tasks: list[Task], group_size: int, error: str) -> list[Group]
 
 class RolloutWorker:
     """Rollout actor `index` of pool `role` (`rlcore.plan.pd.rollout_pools`): `rollout` (no
-    disaggregation), `decode` (runs the episodes; each generate call prefills on one of
-    `prefill_handles` through its `PrefillRouter`) or `prefill` (serves `prefill` calls only)."""
+    disaggregation), `decode` (runs the episodes; each generate call prefills on one of the
+    prefill actors named `prefill_actors` (Ray actor names; `prefill_names`: how logs name them)
+    through its `PrefillRouter`) or `prefill` (serves `prefill` calls only)."""
 
-    def __init__(self, cfg: RunConfig, index: int, role: str = "rollout", prefill_handles: list | None = None,
+    def __init__(self, cfg: RunConfig, index: int, role: str = "rollout", prefill_actors: list[str] | None = None,
                  prefill_names: list[str] | None = None):
         redirect_output(cfg.output_dir, "rollout", index)
         os.environ.update(connector_env(cfg, index))  # before the engine (and its prestarted core) reads it
@@ -70,7 +71,7 @@ class RolloutWorker:
         self.prefills = 0  # prefill calls served (a prefill actor)
         serve = self.engine
         if role == "decode":
-            serve = self.router = PrefillRouter(self.engine, prefill_handles or [], prefill_names or [],
+            serve = self.router = PrefillRouter(self.engine, prefill_actors or [], prefill_names or [],
                                                 cfg.rollout.pd, cfg.rollout.generate_timeout_s,
                                                 cfg.rollout.weight_sync_timeout_s)
         # requests generate in at most max_requests_per_actor slots; their scoring holds none

@@ -78,9 +78,11 @@ def run_requests(handle, cfg, requests: int, offset: int, sampling: dict | None 
 def part_equal_and_throughput(args, base: list[str], out: dict, parts: list[str]) -> None:
     import ray
 
-    half = [f"rollout.gpus_per_actor={args.share}", f"rollout.pd.prefill_gpus_per_actor={args.share}",
-            f"+rollout.vllm.engine_kwargs.gpu_memory_utilization={args.share * 0.9:.3f}"]
-    pd = compose_run([*base, "rollout.pd.enabled=true", "rollout.pd.connector=nixl", *half])
+    def memory(share: float) -> list[str]:  # vLLM's memory share; the CPU check (--share 0) has none
+        return [f"+rollout.vllm.engine_kwargs.gpu_memory_utilization={share * 0.9:.3f}"] if share else []
+
+    half = [f"rollout.gpus_per_actor={args.share}", f"rollout.pd.prefill_gpus_per_actor={args.share}", *memory(args.share)]
+    pd = compose_run([*base, "rollout.pd.enabled=true", f"rollout.pd.connector={args.connector}", *half])
     groups = rollouts(pd)
     decode, prefill = groups.rollouts
     try:
@@ -104,8 +106,7 @@ def part_equal_and_throughput(args, base: list[str], out: dict, parts: list[str]
     finally:
         groups.remove()
     if "throughput" in parts:
-        one = compose_run([*base, f"rollout.gpus_per_actor={2 * args.share}",
-                           f"+rollout.vllm.engine_kwargs.gpu_memory_utilization={2 * args.share * 0.9:.3f}"])
+        one = compose_run([*base, f"rollout.gpus_per_actor={2 * args.share}", *memory(2 * args.share)])
         groups = rollouts(one)
         try:
             run_requests(groups.rollouts[0], one, 2, 10_000)
@@ -148,7 +149,9 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", required=True)
     ap.add_argument("--parts", nargs="+", default=["equal", "throughput", "offload"])
-    ap.add_argument("--share", type=float, default=0.45, help="GPU share of each engine of the pair")
+    ap.add_argument("--share", type=float, default=0.45, help="GPU share of each engine of the pair (0: a CPU "
+                    "check of this script with the transformers engine: --connector object_store)")
+    ap.add_argument("--connector", default="nixl")
     ap.add_argument("--requests", type=int, default=16, help="concurrent requests of the throughput part")
     ap.add_argument("--equal-tasks", type=int, default=8)
     ap.add_argument("--cache-gib", type=float, default=1.0, help="KV cache of the offload part's engine")
@@ -156,15 +159,17 @@ def main() -> int:
     ap.add_argument("--offload-concurrency", type=int, default=32)
     ap.add_argument("overrides", nargs="*")
     args = ap.parse_args()
-    import ray
-
     from actors.session import local_ray_environment
 
-    local_ray_environment()
-    ray.init(include_dashboard=False, logging_level="WARNING")
+    local_ray_environment()  # before Ray is imported: it reads these settings at import
+    import ray
+
+    from actors.session import start_ray
+
     out: dict = {}
     Path(args.out).mkdir(parents=True, exist_ok=True)
     base = ["mode=eval", f"output_dir={args.out}/run", *args.overrides]
+    start_ray(compose_run(base))  # as a run starts it (cluster.num_cpus / num_gpus, the actors' PYTHONPATH)
     code = 0
     try:
         if {"equal", "throughput"} & set(args.parts):
