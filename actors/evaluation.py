@@ -15,6 +15,7 @@ import ray
 from actors.groups import place
 from actors.remote import RunError, get
 from actors.rollout import failed_groups
+from rlcore.plan.pd import rollout_roles
 from rlcore.storage import checkpoint as ckpt
 from rlcore.envs import make_env
 from rlcore.report.evaluation import eval_tasks, sampling_overrides, summarize
@@ -179,7 +180,8 @@ class EvalDriver:
             log.info("evaluating checkpoint %s (step %d)", path, self.step)
 
     def run(self, logger) -> list[dict[str, Any]]:
-        evaluator = Evaluator(self.cfg, self.env, self.groups.rollouts)
+        episodes = [i for i, role in enumerate(rollout_roles(self.cfg)) if role != "prefill"]  # not a prefill pool
+        evaluator = Evaluator(self.cfg, self.env, self.groups.rollouts, lambda: episodes)
         evaluator.launch(self.step, self.version)
         records: list[dict[str, Any]] = []
 

@@ -5,6 +5,7 @@ in their bundles."""
 from __future__ import annotations
 
 import logging
+import uuid
 from dataclasses import dataclass
 
 import ray
@@ -22,6 +23,7 @@ from actors.rollout_group import requests_per_actor
 from actors.trainer_group import TrainerGroup
 from rlcore.config import RunConfig
 from rlcore.plan.node_fit import group_selector
+from rlcore.plan.pd import rollout_pools, rollout_roles
 from rlcore.plan.placement import colocated_shares
 from rlcore.report.events import event
 
@@ -48,8 +50,9 @@ def trainer_bundles(cfg: RunConfig) -> list[dict[str, float]]:
 
 
 def rollout_bundles(cfg: RunConfig) -> list[dict[str, float]]:
-    r = cfg.rollout
-    return [bundle(r.cpus_per_actor, r.gpus_per_actor) for _ in range(r.num_actors)]
+    """One bundle per rollout actor, pool by pool (`rlcore.plan.pd.rollout_pools`: the decode
+    pool, then the prefill pool, when disaggregated)."""
+    return [bundle(cpus, gpus) for _, n, cpus, gpus in rollout_pools(cfg) for _ in range(n)]
 
 
 @dataclass
@@ -154,18 +157,38 @@ def place(cfg: RunConfig, trainer: bool = True, rollout: bool = True) -> Groups:
     trainer_gpus, rollout_gpus = (colocated_shares(cfg)[1],) * 2 if shared else (t.gpus_per_rank, r.gpus_per_actor)
     trainers = TrainerGroup(cfg, trainer_pg, trainer_gpus) if trainer else None
     rollout_cls = remote_class(RolloutWorker)  # the config travels in the runtime_env (`actors.actor_config`)
-    rollouts = [
-        rollout_cls.options(
-            num_cpus=r.cpus_per_actor, num_gpus=rollout_gpus,
+    roles = rollout_roles(cfg) if rollout else []
+    # a disaggregated group's prefill actors first: each decode actor's router is given their handles
+    prefill = [i for i, role in enumerate(roles) if role == "prefill"]
+    # a prefill actor serves every decode actor's generate slots at once, plus the control calls
+    prefill_calls = r.num_actors * r.max_requests_per_actor + 3
+    gpus_of = {"prefill": r.pd.prefill_gpus_per_actor}
+    cpus_of = {"prefill": r.pd.prefill_cpus_per_actor}
+
+    # decode actors find the prefill actors by name: a constructor argument holding actor handles
+    # lives in the object store, and a restart must never depend on an object Ray may have freed
+    names = {i: f"rlcore-prefill-{uuid.uuid4().hex[:8]}-{i}" for i in prefill}
+
+    def start(i: int, *args):
+        role = roles[i]
+        return rollout_cls.options(
+            name=names.get(i),
+            num_cpus=cpus_of.get(role, r.cpus_per_actor), num_gpus=gpus_of.get(role, rollout_gpus),
             # training requests (generating or scoring) + one evaluation call + the weight pull +
             # one control call (busy time, RNG state): a weight pull must never wait behind them
-            max_concurrency=max(4, requests_per_actor(r.max_requests_per_actor) + 3),
+            max_concurrency=max(4, prefill_calls if role == "prefill"
+                                else requests_per_actor(r.max_requests_per_actor) + 3),
             # a dead engine is restarted and rejoins the weight group; its requests in flight are
             # counted failed by the driver, never retried blindly on new weights
             max_restarts=r.max_restarts, max_task_retries=0,
             runtime_env=config_env(cfg, r.env_vars),
             scheduling_strategy=PlacementGroupSchedulingStrategy(rollout_pg, placement_group_bundle_index=i),
-        ).remote(i)
-        for i in range(r.num_actors if rollout else 0)
-    ]
+        ).remote(i, role, *args)
+
+    handles = {i: start(i) for i in prefill}
+    for i, role in enumerate(roles):
+        if role != "prefill":
+            handles[i] = start(i, [names[j] for j in prefill], [f"rollout actor {j} (prefill)" for j in prefill]) \
+                if role == "decode" else start(i)
+    rollouts = [handles[i] for i in range(len(roles))]
     return Groups(trainer_pg, rollout_pg, trainers, rollouts)

@@ -7,10 +7,14 @@ policy, which the engine swaps in between two decode steps.
 from __future__ import annotations
 
 import dataclasses
+import os
 import traceback
 from typing import TYPE_CHECKING
 
+import ray
+
 from actors.logs import redirect_output
+from actors.pd_router import PrefillNotServing, PrefillRouter
 from rlcore.report.busy import BusyClock
 from rlcore.config import RunConfig
 from rlcore.engine.base import SamplingParams
@@ -18,6 +22,7 @@ from rlcore.engine.registry import make_engine, prestart_engine, tensor_parallel
 from rlcore.engine.slots import GenerationSlots
 from rlcore.envs import make_env
 from rlcore.isolation.safety import threads_abandoned
+from rlcore.plan.pd import connector_env, pool_config
 from rlcore.batch.meta import samples_meta
 from rlcore.models.tokenizer_build import build_tokenizer
 from rlcore.report.profiling import source_info
@@ -44,16 +49,33 @@ def failed_groups(tasks: list[Task], group_size: int, error: str) -> list[Group]
 
 
 class RolloutWorker:
-    def __init__(self, cfg: RunConfig, index: int):
+    """Rollout actor `index` of pool `role` (`rlcore.plan.pd.rollout_pools`): `rollout` (no
+    disaggregation), `decode` (runs the episodes; each generate call prefills on one of the
+    prefill actors named `prefill_actors` (Ray actor names; `prefill_names`: how logs name them)
+    through its `PrefillRouter`) or `prefill` (serves `prefill` calls only)."""
+
+    def __init__(self, cfg: RunConfig, index: int, role: str = "rollout", prefill_actors: list[str] | None = None,
+                 prefill_names: list[str] | None = None):
         redirect_output(cfg.output_dir, "rollout", index)
+        os.environ.update(connector_env(cfg, index))  # before the engine (and its prestarted core) reads it
+        cfg = pool_config(cfg, role)  # a prefill actor's engine: the prefill pool's GPUs and TP
         prestart_engine(cfg.rollout)  # first: it overlaps what follows (vLLM: its engine core's imports)
-        self.cfg, self.index = cfg, index
+        self.cfg, self.index, self.role = cfg, index, role
         import torch
         torch.set_num_threads(max(1, int(cfg.rollout.cpus_per_actor)))
         self.tokenizer = build_tokenizer(cfg.model)
-        self.engine = make_engine(cfg, self.tokenizer, seed=cfg.seed * 1000 + index)
+        self.engine = make_engine(cfg, self.tokenizer, seed=cfg.seed * 1000 + index,
+                                  pd_role=role if role != "rollout" else None)
+        # a restarted prefill actor serves no prefill until it holds the run's weights again
+        self.has_weights = not ray.get_runtime_context().was_current_actor_reconstructed
+        self.prefills = 0  # prefill calls served (a prefill actor)
+        serve = self.engine
+        if role == "decode":
+            serve = self.router = PrefillRouter(self.engine, prefill_actors or [], prefill_names or [],
+                                                cfg.rollout.pd, cfg.rollout.generate_timeout_s,
+                                                cfg.rollout.weight_sync_timeout_s)
         # requests generate in at most max_requests_per_actor slots; their scoring holds none
-        self.slots = GenerationSlots(self.engine, cfg.rollout.max_requests_per_actor)
+        self.slots = GenerationSlots(serve, cfg.rollout.max_requests_per_actor)
         self.env = make_env(cfg.env.name, dict(cfg.env.args), cfg.env.seed)
         s = cfg.rollout.sampling
         self.params = SamplingParams(max_new_tokens=s.max_new_tokens, temperature=s.temperature, top_p=s.top_p)
@@ -90,7 +112,28 @@ class RolloutWorker:
         if self.receiver is None:  # a restarted process: the driver re-forms the group with it first
             raise NotInWeightGroup(f"rollout actor {self.index} is not in the weight-sync group (restarted, not "
                                    "yet rejoined)")
-        return self.receiver.receive(version)
+        out = self.receiver.receive(version)
+        self.has_weights = True
+        return out
+
+    def prefill(self, prompts: list[list[int]], params: SamplingParams, images=None):
+        """A prefill actor's call (from a decode actor's `PrefillRouter`): the engine's handle of
+        the prompts' KV cache (`rlcore.engine.base.Prefilled`), returned through the object store."""
+        if not self.has_weights:
+            raise PrefillNotServing(f"rollout actor {self.index} (prefill) was restarted and has not received "
+                                    "the weights yet")
+        with self.clock.busy():
+            handle = self.engine.prefill(prompts, params, images)
+        if not self.prefills:  # its log says it serves (stdout: OUTPUT_DIR/logs/rollout-INDEX.log)
+            print(f"rollout actor {self.index} (prefill): first prefill served, at version {handle.version}", flush=True)
+        self.prefills += 1
+        return handle
+
+    def set_prefill_serving(self, serving: list[int]) -> bool:
+        """A decode actor: the prefill engines (positions in its router's list) that serve now."""
+        if self.role == "decode":
+            self.router.set_serving(serving)
+        return True
 
     def canary_logprobs(self, pairs: list[tuple[list[int], list[int]]]) -> list[list[float]]:
         """The engine's teacher-forced logprobs (temperature 1) for the canary pairs."""
@@ -161,6 +204,12 @@ class RolloutWorker:
         `(per group list[SampleMeta], env_stats)`; the token data is not sent anywhere."""
         return meta_reply(self.generate_groups(tasks, group_size, split, seed, sampling))
 
+    def cache_stats(self) -> dict[str, float]:
+        """The engine's prefix-cache counters (vLLM: `VLLMEngine.cache_stats`); {} for an engine
+        without them (benchmarks read them: hit rate with and without KV offload)."""
+        stats = getattr(self.engine, "cache_stats", None)
+        return stats() if stats is not None else {}
+
     def busy_seconds(self) -> float:
         """Seconds this actor spent generating (overlapping requests counted once)."""
         return self.clock.seconds()
@@ -194,6 +243,7 @@ class RolloutWorker:
         model = build_model(self.cfg.model, self.tokenizer)
         load_model_weights(model, path)
         self.engine.apply_weights(model.named_parameters(), version)
+        self.has_weights = True
         return True
 
     def state_dict(self) -> dict[str, torch.Tensor]:

@@ -26,6 +26,7 @@ from actors.rollout_stream import Ended, Stream, launch_stream
 from actors.run_state import RunState
 from rlcore.batch.buffer import RolloutBuffer
 from rlcore.config import RunConfig
+from rlcore.plan.pd import rollout_roles
 from rlcore.report.events import event
 from rlcore.report.failures import FailureLog
 from rlcore.batch.stragglers import ScoringLags
@@ -71,6 +72,11 @@ class RolloutGroup:
         self.members = Members(handles, self.timeout_s)
         self.stalls = StallWatch(handles, cfg.rollout.stall_timeout_s)
         self.pending: dict[ray.ObjectRefGenerator, Stream] = {}
+        self.roles = rollout_roles(cfg)
+        """Each actor's pool (`rlcore.plan.pd.rollout_pools`): prefill actors take no requests of
+        the driver's, only the decode actors' prefill calls (`actors.pd_router`)."""
+        self.prefill = [i for i, role in enumerate(self.roles) if role == "prefill"]
+        self._told_prefill: list[int] | None = None  # the prefill serving set the routers were told last
         self.lags = ScoringLags()
         self.overdue_groups = 0
         """Groups that went overdue while scoring (`rlcore.batch.stragglers`), over the run so far."""
@@ -81,6 +87,26 @@ class RolloutGroup:
     @property
     def serving(self) -> list[int]:
         return self.members.serving
+
+    @property
+    def episode_serving(self) -> list[int]:
+        """The serving actors that run episodes (all but a disaggregated group's prefill pool)."""
+        return [i for i in self.members.serving if self.roles[i] != "prefill"]
+
+    def label(self, actor: int) -> str:
+        """`actor` in a log line: its pool too when the group is disaggregated."""
+        return f"{actor}" + (f" ({self.roles[actor]})" if self.prefill else "")
+
+    def tell_routers(self) -> None:
+        """Never blocks: when the serving prefill engines changed, every decode actor's router
+        learns them (a dead or frozen one is skipped at once; a rejoined one serves again)."""
+        if not self.prefill:
+            return
+        now = [self.prefill.index(i) for i in self.members.serving if self.roles[i] == "prefill"]
+        if now == self._told_prefill:
+            return
+        self._told_prefill = now
+        forget([self.handles[i].set_prefill_serving.remote(now) for i in self.episode_serving])
 
     @staticmethod
     def names(actors: list[int]) -> list[str]:
@@ -124,13 +150,14 @@ class RolloutGroup:
         at the actor for a slot) nor more than `requests_per_actor` in all (the rest only score)."""
         r, a, run = self.cfg.rollout, self.cfg.algo, self.run
         queued = self.queued_tasks() + queued_elsewhere
-        serving = self.serving  # a restarted engine takes requests once it has the weights
+        self.tell_routers()
+        serving = self.episode_serving  # a restarted engine takes requests once it has the weights
         generating = sum(1 for q in self.pending.values() if not q.arrived)
         while (serving and queued < allowed and generating < REQUESTS_PER_SLOT * r.max_requests_per_actor * len(serving)
                and len(self.pending) < requests_per_actor(r.max_requests_per_actor) * len(serving)):
             n_tasks = min(r.tasks_per_request, allowed - queued)
             indices, tasks = run.feed.take(n_tasks)
-            actor = run.next_actor(len(self.handles), serving)
+            actor = run.next_actor(len(self.handles) - len(self.prefill), serving)
             gen = launch_stream(self.handles[actor], tasks, a.group_size, run.feed.seed(indices))
             self.pending[gen] = Stream(actor, tasks, a.group_size, time.perf_counter(), gen, indices, run.request_seq)
             run.request_seq += 1
@@ -208,6 +235,9 @@ class RolloutGroup:
         its node dead, has restarted it elsewhere). `stall_s`: a shorter silence (before a weight
         sync, `stall_watch.BEFORE_SYNC_S`). Returns the actors taken out."""
         out = []
+        for actor, asked_at in self.stalls.dead():  # a prefill engine has no stream to end with its death
+            if self.roles[actor] == "prefill":
+                self.engine_lost(actor, asked_at)
         for actor, silent in self.stalls.stalled(self.serving, stall_s):
             out.append(actor)
             taken = [(gen, q) for gen, q in self.pending.items() if q.actor == actor]
@@ -219,8 +249,8 @@ class RolloutGroup:
                 self.failures.request_withdrawn(q.seq)
             self.stalls.drop(actor)
             self.members.lost(actor, float("inf"), stalled=True)
-            log.warning("rollout actor %d on node %s: no progress for %.0f s; its %d request(s) (%d samples) go to "
-                        "the engines that answer (%d serve on); it rejoins once it answers again", actor,
+            log.warning("rollout actor %s on node %s: no progress for %.0f s; its %d request(s) (%d samples) go to "
+                        "the engines that answer (%d serve on); it rejoins once it answers again", self.label(actor),
                         self.node_of(actor), silent, len(taken), sum(q.samples_left for _, q in taken), len(self.serving),
                         extra=event("rollout_stalled", actor=actor, version=self.run.version, step=self.run.step))
         return out
@@ -247,7 +277,7 @@ class RolloutGroup:
         has joined again (counted in `rollout_restarts`)."""
         if self.members.lost(actor, launched_at):
             self.stalls.drop(actor)
-            log.warning("rollout actor %d %s at version %d: %d engine(s) serve on while Ray restarts it", actor,
+            log.warning("rollout actor %s %s at version %d: %d engine(s) serve on while Ray restarts it", self.label(actor),
                         cause or "died", self.run.version, len(self.serving),
                         extra=event("rollout_died", actor=actor, version=self.run.version, step=self.run.step))
 
@@ -320,6 +350,7 @@ class RolloutGroup:
 
     def admit(self, actors: list[int]) -> list[int]:
         """`actors` hold the current weights in the re-formed group: they serve again."""
+        self._told_prefill = None  # a restarted decode actor's router starts with every prefill engine: tell it
         return self.members.admit(actors)
 
     # -- per-actor calls -----------------------------------------------------------------------

@@ -33,6 +33,7 @@ class StallWatch:
         self.handles, self.stall_s = handles, stall_s
         self.beats: dict[int, tuple[ray.ObjectRef, float]] = {}  # actor -> (its question, asked at)
         self.answered: dict[int, float] = {}  # actor -> when its latest answer was first seen (monotonic)
+        self._dead: list[tuple[int, float]] = []  # (actor, when its failed question was asked: perf_counter)
 
     def stalled(self, actors: Iterable[int], stall_s: float | None = None) -> list[tuple[int, float]]:
         """(actor, seconds unanswered) of the actors of `actors` silent for `stall_s` (default:
@@ -52,12 +53,21 @@ class StallWatch:
                     try:
                         ray.get(ref, timeout=0)
                         self.answered[i] = now
+                    except ray.exceptions.RayActorError:  # it died: the death path's business
+                        self._dead.append((i, time.perf_counter() - (now - asked)))
                     except ray.exceptions.RayError:
-                        pass  # it died: the death path's business (read here, so Ray never prints it)
+                        pass  # read here, so Ray never prints it
                 if now - asked >= BEAT_S:
                     self.beats[i] = (self.handles[i].ready.remote(), now)
             elif now - asked > limit:
                 out.append((i, now - asked))
+        return out
+
+    def dead(self) -> list[tuple[int, float]]:
+        """(actor, perf_counter when the question was asked) of the questions that failed because
+        their actor died, since the last call (an actor without a stream of requests, a prefill
+        engine, learns of its death here)."""
+        out, self._dead = self._dead, []
         return out
 
     def answering(self, actor: int, within_s: float = 3 * BEAT_S) -> bool:

@@ -99,7 +99,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                 planned += bundles
                 placed += where
                 for b, node in zip(bundles, where):
-                    print(f"{name} bundle {b.index}: plan node {b.node} -> Ray node {ray_node_name(node, nodes)}")
+                    pool = f" ({b.role})" if getattr(b, "role", "rollout") not in ("rollout", name) else ""
+                    print(f"{name} bundle {b.index}{pool}: plan node {b.node} -> Ray node {ray_node_name(node, nodes)}")
         finally:
             from ray.util.placement_group import remove_placement_group
             for pg in {id(p): p for p in (trainer_pg, rollout_pg) if p is not None}.values():

@@ -11,6 +11,7 @@ from rlcore.config.engines import HFOptions, VLLMOptions
 from rlcore.config.errors import ConfigError
 from rlcore.config.lifecycle import CheckpointConfig, EvalConfig, LoggerConfig, SFTConfig
 from rlcore.config.losses import CispoOptions, DapoOptions, DrGrpoOptions, GspoOptions
+from rlcore.config.pd import PDConfig
 from rlcore.config.schema import (
     AlgoConfig,
     ClusterConfig,
@@ -27,6 +28,6 @@ from rlcore.config.teacher import TeacherConfig
 __all__ = [
     "AlgoConfig", "CheckpointConfig", "CispoOptions", "ClusterConfig", "ConfigError", "DapoOptions",
     "DrGrpoOptions", "EnvConfig", "EvalConfig", "GspoOptions",
-    "HFOptions", "LoRAConfig", "LoggerConfig", "ModelConfig", "RolloutConfig", "RunConfig",
+    "HFOptions", "LoRAConfig", "LoggerConfig", "ModelConfig", "PDConfig", "RolloutConfig", "RunConfig",
     "SFTConfig", "SamplingConfig", "TeacherConfig", "TrainerConfig", "VLLMOptions",
 ]

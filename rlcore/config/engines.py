@@ -47,6 +47,11 @@ class VLLMOptions:
     """Rollout routing replay (MoE policies only): the engine returns each token's routed experts
     (vLLM's `enable_return_routed_experts`) and the trainer's MoE blocks use them instead of their
     own top-k (`rlcore.batch.routing`). Rollout only."""
+    kv_offload_gb: float = 0.0
+    """Host memory (GiB) per engine that vLLM's native CPU offload keeps evicted KV blocks in
+    (`kv_offloading_size`, backend `native`), so a later turn's prefix is copied back instead of
+    recomputed; 0 = off. The plan counts it against the node's RAM (`cluster.memory_per_node_gib`).
+    Rollout only."""
     warm_engine_core: bool = True
     """Fork vLLM's engine-core process from a server the actor starts first, which imports vLLM
     while the actor does (`rlcore.engine.vllm.warm_core`), instead of vLLM's spawn of a fresh

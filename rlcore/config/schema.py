@@ -15,6 +15,7 @@ from omegaconf import MISSING
 from rlcore.config.engines import EngineGroupConfig, HFOptions, VLLMOptions
 from rlcore.config.lifecycle import CheckpointConfig, EvalConfig, LoggerConfig, ProfileConfig, SFTConfig, StorageConfig
 from rlcore.config.losses import CispoOptions, DapoOptions, DrGrpoOptions, GspoOptions
+from rlcore.config.pd import PDConfig
 from rlcore.config.teacher import TeacherConfig
 
 
@@ -145,6 +146,8 @@ class RolloutConfig(EngineGroupConfig):
     """Tasks (prompts) sent to an actor in one generate call; each expands to `algo.group_size`."""
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
     """Sampling parameters."""
+    pd: PDConfig = field(default_factory=PDConfig)
+    """Prefill/decode disaggregation: a prefill pool beside the rollout actors (`rlcore/config/pd.py`)."""
     generate_timeout_s: float = 300.0
     """Longest one generate call may take before it is counted failed."""
     stall_timeout_s: float = 15.0
@@ -286,6 +289,10 @@ class ClusterConfig:
     GPU 0 (the plan is skipped when neither is known)."""
     cpus_per_node: int = 64
     """CPUs per node of the described cluster."""
+    memory_per_node_gib: Optional[float] = None
+    """Host memory (RAM) of one node in GiB, against which the plan counts host-side buffers
+    (`rollout.vllm.kv_offload_gb` per engine); null = this machine's RAM when `nodes` is null,
+    else unchecked."""
     trainer_node_labels: dict[str, str] = field(default_factory=dict)
     """Ray node labels the trainer group's nodes must carry, e.g. `{rlcore-group: trainer}` for nodes
     started with `ray start --labels rlcore-group=trainer`; empty = any node."""

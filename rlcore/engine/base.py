@@ -56,6 +56,21 @@ class Generation:
     the last sampled token), integer [prompt + completion - 1, layers, top_k] (`rlcore.batch.routing`)."""
 
 
+@dataclass
+class Prefilled:
+    """What a prefill engine hands a decode engine for one batch of prompts (prefill/decode
+    disaggregation, `rollout.pd.*`): picklable, it travels through Ray's object store."""
+
+    prompts: list[list[int]]
+    """The prompts it was computed for (the decode call must pass the same ones)."""
+    version: int
+    """Policy version of the weights the prefill ran with: the first sampled token's version, so
+    a sample's staleness counts from its prefill."""
+    state: Any
+    """The engine's own transfer handle: the transformers engine's KV cache and last-position
+    logits; vLLM's NIXL `kv_transfer_params` of each prompt."""
+
+
 class RolloutEngine(abc.ABC):
     """What the rollout actor needs from an inference engine."""
 
@@ -73,7 +88,16 @@ class RolloutEngine(abc.ABC):
     @abc.abstractmethod
     def generate(self, prompts: list[list[int]], params: SamplingParams, images=None) -> list[Generation]:
         """Sample one completion per prompt (batched). `images` (vision-language models): one list
-        of uint8 [H, W, 3] arrays per prompt, whose image tokens the prompt holds expanded."""
+        of uint8 [H, W, 3] arrays per prompt, whose image tokens the prompt holds expanded.
+        Engines that disaggregate also take `prefilled=` (a :class:`Prefilled` of these prompts,
+        from :meth:`prefill`): they continue from its cache instead of computing the prompts."""
+
+    def prefill(self, prompts: list[list[int]], params: SamplingParams, images=None) -> Prefilled:
+        """Prefill/decode disaggregation, prefill side (engines whose `EngineSpec.pd_connectors`
+        is not empty): compute the prompts' KV cache and return the handle a decode engine of the
+        same model continues from, `generate(prompts, params, images, prefilled=handle)`. With the
+        same seed and greedy sampling that call returns what `generate(prompts, params)` would."""
+        raise NotImplementedError(f"{type(self).__name__} does not disaggregate prefill and decode")
 
     @abc.abstractmethod
     def score(self, prompt_ids: list[int], completion_ids: list[int]) -> list[float]:

@@ -24,10 +24,31 @@ import numpy as np
 import torch
 from transformers import DynamicCache
 
-from rlcore.engine.base import Generation, RolloutEngine, SamplingParams
+from rlcore.engine.base import Generation, Prefilled, RolloutEngine, SamplingParams
 from rlcore.models.build import build_model, build_tokenizer
 from rlcore.models.vision import decoder_layers, mrope_positions, pixel_values
 from rlcore.batch.routing import expected_rows, expert_dtype, replay_enabled
+
+
+def _cache_to(cache, device: str):
+    """A prefill's `DynamicCache` (CPU tensors) on `device`. Attention layers only: a hybrid
+    model's recurrent states are not moved between devices (refused, not dropped)."""
+    if any(getattr(layer, "keys", None) is None and not hasattr(layer, "key_cache")
+           for layer in getattr(cache, "layers", ())):
+        raise ValueError("prefill/decode disaggregation on the transformers engine off the CPU moves "
+                         "attention caches only; this model has recurrent (linear-attention / Mamba) layers")
+    moved = DynamicCache()
+    for layer, (k, v) in enumerate(zip(*_cache_tensors(cache))):
+        moved.update(k.to(device), v.to(device), layer)
+    return moved
+
+
+def _cache_tensors(cache) -> tuple[list, list]:
+    """(keys, values) per layer of a `DynamicCache` (transformers 5 keeps them on `layers`)."""
+    layers = getattr(cache, "layers", None)
+    if layers is not None:
+        return [layer.keys for layer in layers], [layer.values for layer in layers]
+    return list(cache.key_cache), list(cache.value_cache)
 
 
 def sample_with_logprobs(
@@ -125,13 +146,9 @@ class HFEngine(RolloutEngine):
                    seed=seed, device=device, vision=getattr(tokenizer, "rlcore_vision", None),
                    routing_replay=replay_enabled(options))
 
-    @torch.inference_mode()
-    def generate(self, prompts: list[list[int]], params: SamplingParams, images=None) -> list[Generation]:
-        """`images`: per prompt, its uint8 images (vision-language models; prompts hold the
-        expanded image tokens, see `rlcore.models.vision`)."""
-        batch = len(prompts)
-        stop_ids = torch.tensor(sorted({self.eos_token_id, *params.stop_token_ids}), device=self.device)
-        max_len = max(len(p) for p in prompts)
+    def _prompt_inputs(self, prompts: list[list[int]], images) -> tuple:
+        """(ids, attention mask, positions, extra model inputs) of the left-padded prompts."""
+        batch, max_len = len(prompts), max(len(p) for p in prompts)
         # left padding keeps every row's next token at the last position
         ids = torch.full((batch, max_len), self.pad_token_id, dtype=torch.long, device=self.device)
         attn = torch.zeros((batch, max_len), dtype=torch.long, device=self.device)
@@ -142,6 +159,53 @@ class HFEngine(RolloutEngine):
         extra = {}
         if images is not None and any(images):
             positions, extra = self._vision_inputs(prompts, images, max_len)
+        return ids, attn, positions, extra
+
+    @torch.inference_mode()
+    def prefill(self, prompts: list[list[int]], params: SamplingParams, images=None) -> Prefilled:
+        """The prompts' forward, as `generate`'s first step runs it: the handle holds the KV cache,
+        the attention mask, the positions and the last position's logits (CPU tensors: they
+        travel through Ray's object store), and the version of the weights that computed them."""
+        if self._routers is not None:
+            raise ValueError("routing replay records the prompt's experts in its own generate: it does not "
+                             "disaggregate")
+        ids, attn, positions, extra = self._prompt_inputs(prompts, images)
+        cache = DynamicCache(config=self.model.config)  # each layer's own kind of state, as in generate
+        with self._lock:
+            logits = self.model(input_ids=ids, attention_mask=attn, position_ids=positions, use_cache=True,
+                                **{self._cache_kwarg: cache}, **extra).logits[:, -1, :]
+            version = self.policy_version
+        if self.device != "cpu":  # the object store holds host memory
+            cache, attn, positions, logits = _cache_to(cache, "cpu"), attn.cpu(), positions.cpu(), logits.cpu()
+        state = {"cache": cache, "attn": attn, "positions": positions, "logits": logits}
+        return Prefilled([list(p) for p in prompts], version, state)
+
+    @torch.inference_mode()
+    def generate(self, prompts: list[list[int]], params: SamplingParams, images=None,
+                 prefilled: Prefilled | None = None) -> list[Generation]:
+        """`images`: per prompt, its uint8 images (vision-language models; prompts hold the
+        expanded image tokens, see `rlcore.models.vision`). `prefilled`: the handle of
+        :meth:`prefill` for these prompts (from another engine of the same model): its cache and
+        logits replace the first forward, whose tokens carry the prefill's version."""
+        batch = len(prompts)
+        stop_ids = torch.tensor(sorted({self.eos_token_id, *params.stop_token_ids}), device=self.device)
+        max_len = max(len(p) for p in prompts)
+        if prefilled is not None:
+            if self._routers is not None:
+                raise ValueError("routing replay records the prompt's experts in its own forward: it does not "
+                                 "continue a prefill")
+            if [list(p) for p in prompts] != prefilled.prompts:
+                raise ValueError("prefilled: the handle is of other prompts")
+            st = prefilled.state
+            ids, attn, positions, extra = None, st["attn"].to(self.device), st["positions"].to(self.device), {}
+            cache = st["cache"]
+            if self.device != "cpu":
+                cache = _cache_to(cache, self.device)
+        else:
+            ids, attn, positions, extra = self._prompt_inputs(prompts, images)
+            # built from the config: each layer gets its own kind of state (attention KV; the conv and
+            # recurrent states of linear-attention / Mamba layers), not only attention's
+            cache = DynamicCache(config=self.model.config)
         generator = self._generator
         if params.seed is not None:
             generator = torch.Generator(device=self.device).manual_seed(params.seed)
@@ -151,26 +215,26 @@ class HFEngine(RolloutEngine):
         out_versions: list[list[int]] = [[] for _ in range(batch)]
         finish = ["length"] * batch
         done = torch.zeros(batch, dtype=torch.bool, device=self.device)
-        # built from the config: each layer gets its own kind of state (attention KV; the conv and
-        # recurrent states of linear-attention / Mamba layers), not only attention's
-        cache = DynamicCache(config=self.model.config)
         step_ids, step_pos = ids, positions
         steps: list[dict] = []  # per forward, {layer: experts} (routing replay only)
         self._routing.steps = steps if self._routers is not None else None
         try:
-            for _ in range(params.max_new_tokens):
+            for step in range(params.max_new_tokens):
                 if self._abort.is_set():
                     for i in range(batch):
                         if not done[i]:
                             finish[i] = "abort"
                     break
                 steps.append({})
-                with self._lock:
-                    logits = self.model(
-                        input_ids=step_ids, attention_mask=attn, position_ids=step_pos,
-                        use_cache=True, **{self._cache_kwarg: cache}, **extra,
-                    ).logits[:, -1, :]
-                    version = self.policy_version
+                if step == 0 and prefilled is not None:  # the prefill engine ran this forward
+                    logits, version = prefilled.state["logits"].to(self.device).clone(), prefilled.version
+                else:
+                    with self._lock:
+                        logits = self.model(
+                            input_ids=step_ids, attention_mask=attn, position_ids=step_pos,
+                            use_cache=True, **{self._cache_kwarg: cache}, **extra,
+                        ).logits[:, -1, :]
+                        version = self.policy_version
                 if self.vision is not None:
                     # a sampled image token would claim an image that does not exist: never sample it
                     # (the trainer scores the full vocabulary; the gap is the tiny mass removed here)

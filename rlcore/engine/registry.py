@@ -91,6 +91,13 @@ class EngineSpec:
     (`profile.steps`) its `from_config` gets `profile_dir` (a folder on its node its processes
     write their traces to) and `profile_with_stack`, and it overrides `RolloutEngine.start_profile`
     and `stop_profile`; False: the default records the actor's own process."""
+    pd_connectors: tuple[str, ...] = ()
+    """KV-cache connectors it disaggregates prefill and decode over (`rollout.pd.connector`,
+    `rlcore.config.pd.PD_CONNECTORS`); its class then implements `RolloutEngine.prefill` and
+    `generate(..., prefilled=)`. Empty: no disaggregation."""
+    pd_needs_role: bool = False
+    """Its `from_config` takes `pd_role` and `pd_connector` (its engine is configured per pool:
+    vLLM's `kv_transfer_config`); False: any of its engines prefills and decodes."""
     prestart: str | None = None
     """`module:function`, called with its section by the engine's actor first thing, before the
     actor's tokenizer and the engine's build (vLLM: starts the server its engine core is forked
@@ -99,13 +106,13 @@ class EngineSpec:
 
 _BUILT_IN = (
     EngineSpec("hf", "rlcore.engine.hf_engine:HFEngine", section="hf", options=HFOptions,
-               rollout_only=("routing_replay",), scores_top_k=True),
+               rollout_only=("routing_replay",), scores_top_k=True, pd_connectors=("object_store",)),
     EngineSpec("vllm", "rlcore.engine.vllm.vllm_engine:VLLMEngine", section="vllm", options=VLLMOptions,
                transports=("nccl", "ipc"), needs_gpu=True, memory_share_kwarg="gpu_memory_utilization",
                memory_budget_kwarg="kv_cache_memory_bytes", planned_kwargs=vllm_planned_kwargs,
                rollout_only=("weight_reload", "kv_on_update", "quantization", "sleep_level", "routing_replay",
-                             "sampling_kwargs"),
-               problems=vllm_problems, prestart="rlcore.engine.vllm.warm_core:prestart", traced_elsewhere=True),
+                             "sampling_kwargs", "kv_offload_gb"),
+               problems=vllm_problems, pd_connectors=("nixl",), pd_needs_role=True, prestart="rlcore.engine.vllm.warm_core:prestart", traced_elsewhere=True),
 )
 _ENGINES: dict[str, EngineSpec] = {}
 
@@ -172,14 +179,18 @@ def engine_class(name: str) -> type[RolloutEngine]:
     return getattr(importlib.import_module(module), attr)
 
 
-def make_engine(cfg: RunConfig, tokenizer: Any, seed: int) -> RolloutEngine:
+def make_engine(cfg: RunConfig, tokenizer: Any, seed: int, pd_role: str | None = None) -> RolloutEngine:
     """Build `cfg.rollout.engine` for `cfg.model` from its own section
-    (:meth:`RolloutEngine.from_config`), on CUDA when `rollout.gpus_per_actor` > 0."""
+    (:meth:`RolloutEngine.from_config`), on CUDA when `rollout.gpus_per_actor` > 0. `pd_role`
+    (`prefill` / `decode`, prefill/decode disaggregation): passed on with the connector
+    (`rollout.pd.connector`) to an engine that needs to know (vLLM's KV transfer config)."""
     r = cfg.rollout
     extra: dict[str, Any] = {}
+    if pd_role is not None and engine_spec(r.engine).pd_needs_role:
+        extra = {"pd_role": pd_role, "pd_connector": r.pd.connector}
     if cfg.profile.steps and engine_spec(r.engine).traced_elsewhere:
-        extra = {"profile_dir": tempfile.mkdtemp(prefix="rlcore-profile-"),
-                 "profile_with_stack": cfg.profile.with_stack}
+        extra.update({"profile_dir": tempfile.mkdtemp(prefix="rlcore-profile-"),
+                      "profile_with_stack": cfg.profile.with_stack})
     return engine_class(r.engine).from_config(engine_options(r), cfg.model, seed=seed, tokenizer=tokenizer,
                                               device="cuda" if r.gpus_per_actor > 0 else "cpu", **extra)
 

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from rlcore.config import RunConfig
 from rlcore.engine.registry import memory_share, option_key, sleep_level, tensor_parallel_size
 from rlcore.plan.memory import GIB, trainer_memory
+from rlcore.plan.pd import machine_ram_bytes, offload_gib, offload_problems, pd_on, rollout_pools
 from rlcore.plan.placement import colocated_shares, placement_problems, resolve
 
 
@@ -22,6 +23,8 @@ class Bundle:
     cpus: float
     gpus: float
     node: int = -1
+    role: str = "rollout"
+    """Of a rollout bundle: its pool (`rlcore.plan.pd.rollout_pools`: rollout, or decode / prefill)."""
 
 
 @dataclass
@@ -81,6 +84,12 @@ def make_plan(cfg: RunConfig) -> Plan:
                 break
     plan.problems = plan_problems(cfg, plan) + placement_problems(
         cfg, plan.nodes * plan.gpus_per_node, gpu_bytes, f"the plan's {plan.nodes} node(s)")
+    ram = machine_ram_bytes() if c.nodes is None else (
+        int(c.memory_per_node_gib * 2**30) if c.memory_per_node_gib else None)
+    engines: dict[int, int] = {}
+    for b in plan.rollout:
+        engines[b.node] = engines.get(b.node, 0) + 1
+    plan.problems += offload_problems(cfg, engines, ram)
     return plan
 
 
@@ -94,7 +103,8 @@ def group_bundles(cfg: RunConfig) -> tuple[list[Bundle], list[Bundle], list[Bund
         rollout = []
     else:
         trainer = [Bundle("trainer", i, t.cpus_per_rank, t.gpus_per_rank) for i in range(t.world_size)]
-        rollout = [Bundle("rollout", i, r.cpus_per_actor, r.gpus_per_actor) for i in range(r.num_actors)]
+        pools = [(role, cpus, gpus) for role, n, cpus, gpus in rollout_pools(cfg) for _ in range(n)]
+        rollout = [Bundle("rollout", i, cpus, gpus, role=role) for i, (role, cpus, gpus) in enumerate(pools)]
     teacher = [Bundle("teacher", i, tc.cpus_per_actor, tc.gpus_per_actor) for i in range(tc.num_actors)] \
         if tc.enabled and cfg.mode == "rl" else []
     return trainer, rollout, teacher
@@ -106,7 +116,8 @@ def plan_problems(cfg: RunConfig, plan: Plan) -> list[tuple[str, str]]:
     for b in plan.trainer + plan.rollout + plan.teacher:
         if b.gpus > plan.gpus_per_node:
             key = {"trainer": "trainer.gpus_per_rank", "colocated": "trainer.gpus_per_rank",
-                   "rollout": "rollout.gpus_per_actor"}.get(b.group, "teacher.gpus_per_actor")
+                   "rollout": "rollout.pd.prefill_gpus_per_actor" if b.role == "prefill" else "rollout.gpus_per_actor"
+                   }.get(b.group, "teacher.gpus_per_actor")
             out.append((key, f"a {b.group} bundle asks {b.gpus:g} GPUs; a node has {plan.gpus_per_node}"))
             return out
     need = sum(b.gpus for b in plan.trainer + plan.rollout + plan.teacher)
@@ -149,15 +160,11 @@ def format_plan(cfg: RunConfig, plan: Plan) -> str:
         f"ep={m['ep']} expert groups carved from the dp*cp ranks"
         + (f"; {arch_value(cfg, 'num_experts') // max(m['ep'], 1)} experts per rank"
            if arch_value(cfg, "num_experts") else ""),
-        *([] if cfg.placement == "colocated" else [
-            f"placement group 'rlcore-rollout' (PACK): {len(plan.rollout)} bundles of "
-            f"{{CPU: {r.cpus_per_actor:g}, GPU: {r.gpus_per_actor:g}}}",
-            f"  nodes: {_by_node(plan.rollout)}"]),
-        f"  engines: {r.num_actors} x {r.engine} (tensor_parallel_size={tensor_parallel_size(r)}), "
-        f"{r.num_actors} data-parallel replicas",
+        *([] if cfg.placement == "colocated" else rollout_lines(cfg, plan)),
         ("weight sync: CUDA IPC, trainer rank i -> engine i on the same GPU (no NCCL between them)"
          if cfg.placement == "colocated" else
-         f"weight sync: trainer rank 0 -> {r.num_actors} engine(s), buckets of {r.sync_bucket_mb:g} MiB"),
+         f"weight sync: trainer rank 0 -> {len(plan.rollout)} engine(s), buckets of {r.sync_bucket_mb:g} MiB"
+         + (" (both pools in one group)" if pd_on(cfg) else "")),
         *teacher_lines(cfg, plan),
         f"async: max_off_policy_steps={cfg.algo.max_off_policy_steps}, batch {cfg.algo.batch_groups} groups x "
         f"{cfg.algo.group_size} samples, max_new_tokens={r.sampling.max_new_tokens}",
@@ -165,6 +172,30 @@ def format_plan(cfg: RunConfig, plan: Plan) -> str:
     if plan.problems:
         lines += [f"PROBLEM {k}: {v}" for k, v in plan.problems]
     return "\n".join(lines)
+
+
+def rollout_lines(cfg: RunConfig, plan: Plan) -> list[str]:
+    """The rollout placement group: its bundles by pool, their nodes, the engines."""
+    r = cfg.rollout
+    pools = rollout_pools(cfg)
+    sizes = ", ".join(f"{n} {'' if role == 'rollout' else role + ' '}of {{CPU: {c:g}, GPU: {g:g}}}"
+                      for role, n, c, g in pools)
+    lines = [f"placement group 'rlcore-rollout' (PACK): {len(plan.rollout)} bundles: {sizes}"]
+    for role, _, _, _ in pools:
+        lines.append(f"  {'' if role == 'rollout' else role + ' '}nodes: "
+                     f"{_by_node([b for b in plan.rollout if b.role == role])}")
+    if pd_on(cfg):
+        p = cfg.rollout.pd
+        lines.append(f"  engines: {r.num_actors} decode x {r.engine} (tensor_parallel_size={tensor_parallel_size(r)}) "
+                     f"running the episodes + {p.prefill_actors} prefill x {r.engine} (tensor_parallel_size="
+                     f"{p.prefill_tensor_parallel_size}); router: each generate call prefills on the least-loaded "
+                     f"prefill engine, the cache goes to its decode engine over {p.connector}")
+    else:
+        lines.append(f"  engines: {r.num_actors} x {r.engine} (tensor_parallel_size={tensor_parallel_size(r)}), "
+                     f"{r.num_actors} data-parallel replicas")
+    if offload_gib(cfg) > 0:
+        lines.append(f"  KV offload: {offload_gib(cfg):g} GiB of host memory per engine (vLLM's native CPU backend)")
+    return lines
 
 
 def teacher_lines(cfg: RunConfig, plan: Plan) -> list[str]:

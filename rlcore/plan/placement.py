@@ -52,7 +52,7 @@ def colocatable(cfg: RunConfig) -> bool:
     """Whether the layout has the colocated shape: GPU trainer ranks and TP=1 engines, as many
     engines as ranks, at most one GPU each."""
     t, r = cfg.trainer, cfg.rollout
-    return both_on_gpu(cfg) and tensor_parallel_size(r) == 1 and r.num_actors == t.world_size \
+    return both_on_gpu(cfg) and not r.pd.enabled and tensor_parallel_size(r) == 1 and r.num_actors == t.world_size \
         and t.gpus_per_rank <= 1 and r.gpus_per_actor <= 1
 
 

@@ -25,6 +25,7 @@ from rlcore.models.source import gguf_problems, model_path_problems
 from rlcore.models.hybrid import HYBRID_MODEL_TYPES, SHARED_EXPERT_MODEL_TYPES, local_model_type
 from rlcore.models.vl_names import VL_MODEL_TYPES, is_vl_arch
 from rlcore.plan.node_fit import NodeCapacity, fit_problems, label_problems
+from rlcore.plan.pd import connector_package_problems, machine_ram_bytes, offload_problems, pd_problems, rollout_pools
 from rlcore.plan.placement import PLACEMENTS, placement_problems
 from rlcore.plan.process_env import env_var_problems
 from rlcore.plan.layout import group_bundles
@@ -110,6 +111,7 @@ def problems(cfg: RunConfig) -> list[tuple[str, str]]:
     if r.engine in engine_names():  # its weight transports are registered ones
         out.extend(transport_problems(r.engine, engine_spec(r.engine).transports))
     _positive(out, "rollout.num_actors", r.num_actors)
+    out.extend(pd_problems(cfg))
     _positive(out, "rollout.cpus_per_actor", r.cpus_per_actor)
     check_min(out, "rollout.gpus_per_actor", r.gpus_per_actor, 0)
     _positive(out, "rollout.tasks_per_request", r.tasks_per_request)
@@ -352,11 +354,13 @@ def resource_problems(cfg: RunConfig, cpus: float, gpus: float, where: str) -> l
     nt = 0 if cfg.mode == "eval" else t.world_size
     nr = 0 if cfg.mode == "sft" else r.num_actors
     teacher_cpu, teacher_gpu = teacher_resources(cfg)
-    need_cpu = nt * t.cpus_per_rank + nr * r.cpus_per_actor + teacher_cpu
-    need_gpu = nt * t.gpus_per_rank + nr * r.gpus_per_actor + teacher_gpu
+    pools = rollout_pools(cfg)[1:] if cfg.mode != "sft" else []  # the prefill pool of a disaggregated group
+    need_cpu = nt * t.cpus_per_rank + nr * r.cpus_per_actor + teacher_cpu + sum(n * c for _, n, c, _ in pools)
+    need_gpu = nt * t.gpus_per_rank + nr * r.gpus_per_actor + teacher_gpu + sum(n * g for _, n, _, g in pools)
     if cfg.placement == "colocated":  # trainer rank i, engine i (and a GPU teacher) share GPU i (rlcore.plan.placement)
         need_gpu = max(nt, nr)
     teacher = f" + teacher {teacher_cpu:g} CPUs / {teacher_gpu:g} GPUs" if cfg.teacher.enabled else ""
+    teacher += "".join(f" + {role} ({n} x {c:g} CPUs / {g:g} GPUs)" for role, n, c, g in pools)
     out = []
     if need_cpu > cpus:
         out.append(("trainer.cpus_per_rank", f"trainer ({nt} x {t.cpus_per_rank}) + rollout "
@@ -373,7 +377,8 @@ def machine_problems(cfg: RunConfig) -> list[tuple[str, str]]:
     dry run plans for another machine: its disks and network are not here, so none of this."""
     if cfg.dry_run:
         return []
-    return [*model_path_problems(cfg.model.path, cfg.model.gguf_file), *output_dir_problems(cfg)]
+    return [*model_path_problems(cfg.model.path, cfg.model.gguf_file), *output_dir_problems(cfg),
+            *connector_package_problems(cfg)]
 
 
 @dataclass(frozen=True)
@@ -403,7 +408,10 @@ def cluster_problems(cfg: RunConfig, on: Capacity) -> list[tuple[str, str]]:
     if found:
         return found
     nodes = list(on.nodes) or [NodeCapacity(on.where, on.cpus, on.gpus)]
-    return fit_problems(cfg, placed_bundles(cfg), nodes)
+    found = fit_problems(cfg, placed_bundles(cfg), nodes)
+    if not on.nodes and cfg.mode != "sft":  # this machine: every engine's offload in its RAM
+        found += offload_problems(cfg, {0: sum(n for _, n, _, _ in rollout_pools(cfg))}, machine_ram_bytes())
+    return found
 
 
 def placed_bundles(cfg: RunConfig) -> list:

@@ -46,6 +46,12 @@ def vllm_problems(cfg: RunConfig) -> list[tuple[str, str]]:
                     f"{v.quantization!r} needs 'layerwise' (or 'auto')"))
     if v.sleep_level not in (0, 1, 2):
         out.append((f"{KEY}.sleep_level", f"must be 0 (resident), 1 or 2 (vLLM sleep levels), got {v.sleep_level}"))
+    if v.kv_offload_gb < 0:
+        out.append((f"{KEY}.kv_offload_gb", f"must be >= 0 (0 = no offload), got {v.kv_offload_gb!r}"))
+    for key in ("kv_offloading_size", "kv_offloading_backend", "kv_transfer_config"):
+        if key in v.engine_kwargs:
+            out.append((f"{KEY}.engine_kwargs.{key}", f"set {KEY}.kv_offload_gb (offload) or rollout.pd.* "
+                        "(prefill/decode disaggregation) instead: the engine builds it from those"))
     if v.kv_on_update not in ("keep", "recompute"):
         out.append((f"{KEY}.kv_on_update", f"must be 'keep' or 'recompute', got {v.kv_on_update!r}"))
     # engine arguments that the section's fields own (the engine is built from those fields)

@@ -1,5 +1,9 @@
 """The production rollout engine: one vLLM ``AsyncLLM`` per rollout actor.
 
+(Over 400 lines: the engine's request paths, generate, prefill/decode and score, share its
+private loop and request book-keeping; what stands alone lives beside it: `vllm_pd`, NIXL's
+request flow; `vllm_versions`, token versions; `vllm_updates`, the weight receive.)
+
 Threading model. ``AsyncLLM`` is asyncio-native; the rollout actor calls the engine from plain
 worker threads (several ``generate`` calls and a weight update can be in flight at once). So the
 engine owns a private event loop running in a daemon thread, and every public method submits a
@@ -36,11 +40,13 @@ import os
 import threading
 from typing import Any, Literal
 
-from rlcore.engine.base import Generation, RolloutEngine, SamplingParams, WeightSyncError
+from rlcore.engine.base import Generation, Prefilled, RolloutEngine, SamplingParams, WeightSyncError
 from rlcore.engine.vllm import warm_core
 from rlcore.engine.vllm.vllm_cache import compile_cache
 from rlcore.engine.vllm.vllm_colocated import ColocatedEngine
 from rlcore.engine.vllm.vllm_model_dir import engine_args
+from rlcore.engine.vllm.vllm_pd import (decode_overrides, from_prefill_version, kv_transfer_config, prefill_overrides,
+                                        prefilled_handle)
 from rlcore.engine.vllm.vllm_receivers import RECEIVERS
 from rlcore.engine.vllm.vllm_updates import KVOnUpdate, Reload, WeightUpdates, check_reload
 from rlcore.engine.vllm.vllm_versions import InFlightRequest, VersionMarks
@@ -175,12 +181,16 @@ class VLLMEngine(WeightUpdates, VersionMarks, ColocatedEngine, RolloutEngine):
 
     @classmethod
     def from_config(cls, options: Any, model: Any, *, seed: int = 0, tokenizer: Any = None, device: str = "cuda",
-                    **overrides: Any) -> "VLLMEngine":
+                    pd_role: str | None = None, pd_connector: str | None = None, **overrides: Any) -> "VLLMEngine":
         """Build from its section ``options`` (``rollout.vllm``, a :class:`VLLMOptions`) and the
         model config (:func:`rlcore.engine.vllm.vllm_model_dir.engine_args`); ``overrides`` go to
         the constructor; ``device`` is always CUDA. A random-weight model (``model.path`` null) is
-        started from its ``arch`` config with dummy weights: the first sync fills them."""
+        started from its ``arch`` config with dummy weights: the first sync fills them. ``pd_role``
+        (`prefill` / `decode`) with ``pd_connector``: the engine's KV transfer config
+        (:func:`rlcore.engine.vllm.vllm_model_dir.kv_transfer_config`)."""
         path, kwargs = engine_args(options, model, seed=seed, tokenizer=tokenizer)
+        if pd_role is not None:
+            kwargs["kv_transfer_config"] = kv_transfer_config(pd_connector or "nixl")
         kwargs.update(overrides)
         return cls(path, **kwargs)
 
@@ -221,7 +231,7 @@ class VLLMEngine(WeightUpdates, VersionMarks, ColocatedEngine, RolloutEngine):
 
     # ---------------------------------------------------------------- generation
 
-    def _vllm_params(self, params: SamplingParams, index: int) -> Any:
+    def _vllm_params(self, params: SamplingParams, index: int, **overrides: Any) -> Any:
         from vllm import SamplingParams as VSamplingParams
         from vllm.sampling_params import RequestOutputKind
 
@@ -240,6 +250,7 @@ class VLLMEngine(WeightUpdates, VersionMarks, ColocatedEngine, RolloutEngine):
             detokenize=False,
         )
         kwargs.update(self._extra_sampling)
+        kwargs.update(overrides)  # prefill/decode disaggregation: max_tokens, the KV transfer params
         if self.vision is not None:  # never sample an image token (see HFEngine.generate), whatever the user's bias
             image = {self.vision.image_token_id: -100.0, self.vision.image_token_id + 1: -100.0}
             kwargs["logit_bias"] = {**(kwargs.get("logit_bias") or {}), **image}
@@ -262,6 +273,9 @@ class VLLMEngine(WeightUpdates, VersionMarks, ColocatedEngine, RolloutEngine):
                             cache_salt=self._cache_salt())
 
     async def _one(self, prompt: list[int], sp: Any, images: list | None = None) -> Generation:
+        return (await self._run(prompt, sp, images)).result()
+
+    async def _run(self, prompt: list[int], sp: Any, images: list | None = None) -> InFlightRequest:
         req = InFlightRequest(rid=f"rlcore-{next(self._ids)}", version=self._version)
         self._active[req.rid] = req
         try:
@@ -269,7 +283,7 @@ class VLLMEngine(WeightUpdates, VersionMarks, ColocatedEngine, RolloutEngine):
             while not req.finished:
                 out = req.collector.get_nowait() or await req.collector.get()
                 req.absorb(out)
-            return req.result()
+            return req
         finally:
             self._active.pop(req.rid, None)
             if not req.finished:  # cancelled (timeout) or failed: stop spending compute on it
@@ -278,12 +292,16 @@ class VLLMEngine(WeightUpdates, VersionMarks, ColocatedEngine, RolloutEngine):
             if req.collector is not None:
                 req.collector.close()
 
-    async def _generate(self, prompts: list[list[int]], params: SamplingParams, images=None) -> list[Generation]:
+    async def _generate(self, prompts: list[list[int]], params: SamplingParams, images=None,
+                        prefilled: Prefilled | None = None) -> list[Generation]:
         images = images or [None] * len(prompts)
-        # vLLM clones a request's params on submission, so unseeded prompts share one object
-        # (building it costs about as much as submitting the request); seeded ones differ by index.
-        shared = self._vllm_params(params, 0) if params.seed is None else None
-        sps = [shared if shared is not None else self._vllm_params(params, i) for i in range(len(prompts))]
+        if prefilled is not None:  # each request pulls its prompt's KV blocks from the prefill engine (NIXL)
+            sps = [self._vllm_params(params, i, **decode_overrides(prefilled, i)) for i in range(len(prompts))]
+        else:
+            # vLLM clones a request's params on submission, so unseeded prompts share one object
+            # (building it costs about as much as submitting the request); seeded ones differ by index.
+            shared = self._vllm_params(params, 0) if params.seed is None else None
+            sps = [shared if shared is not None else self._vllm_params(params, i) for i in range(len(prompts))]
         tasks = [asyncio.ensure_future(self._one(p, sp, im)) for p, sp, im in zip(prompts, sps, images)]
         try:
             return list(await asyncio.gather(*tasks))
@@ -294,13 +312,45 @@ class VLLMEngine(WeightUpdates, VersionMarks, ColocatedEngine, RolloutEngine):
             raise
 
     def generate(self, prompts: list[list[int]], params: SamplingParams, images=None,
-                 timeout_s: float | None = None) -> list[Generation]:
+                 timeout_s: float | None = None, prefilled: Prefilled | None = None) -> list[Generation]:
         """Sample one completion per prompt; all prompts are submitted at once. Raises
-        ``TimeoutError`` after ``timeout_s`` (default ``request_timeout_s``), aborting the rest."""
+        ``TimeoutError`` after ``timeout_s`` (default ``request_timeout_s``), aborting the rest.
+        ``prefilled`` (a decode engine, `rollout.pd.*`): :meth:`prefill`'s handle of these prompts
+        from a prefill engine; each request pulls its KV blocks over the connector, and its first
+        token carries the prefill's version when older (the sample's staleness counts from it)."""
         self._check()
         if not prompts:
             return []
-        return self._call(self._generate(prompts, params, images), timeout_s or self.request_timeout_s, "generate")
+        if prefilled is not None and [list(p) for p in prompts] != prefilled.prompts:
+            raise ValueError("prefilled: the handle is of other prompts")
+        gens = self._call(self._generate(prompts, params, images, prefilled), timeout_s or self.request_timeout_s,
+                          "generate")
+        return gens if prefilled is None else from_prefill_version(gens, prefilled)
+
+    async def _prefill(self, prompts: list[list[int]], params: SamplingParams, images=None) -> list[InFlightRequest]:
+        images = images or [None] * len(prompts)
+        sps = [self._vllm_params(params, i, **prefill_overrides()) for i in range(len(prompts))]  # vllm_pd's flow
+        return list(await asyncio.gather(*(self._run(p, sp, im) for p, sp, im in zip(prompts, sps, images))))
+
+    def prefill(self, prompts: list[list[int]], params: SamplingParams, images=None) -> Prefilled:
+        """A prefill engine (`kv_transfer_config` with kv_role `kv_both`): run the prompts for a
+        remote decode; the handle holds each prompt's `kv_transfer_params` (where its KV blocks
+        wait) and the version of the weights that computed them (the oldest of the batch)."""
+        self._check()
+        return prefilled_handle(prompts, self._call(self._prefill(prompts, params, images), self.request_timeout_s,
+                                                    "prefill"))
+
+    def cache_stats(self) -> dict[str, float]:
+        """vLLM's prefix-cache counters in this process (`vllm:prefix_cache_queries` / `_hits`, and
+        the KV connector's `external_` ones: offload, NIXL), name -> value; empty unless the engine
+        logs stats (`engine_kwargs.disable_log_stats: false`)."""
+        from vllm.v1.metrics.reader import Counter, get_metrics_snapshot
+
+        out: dict[str, float] = {}
+        for m in get_metrics_snapshot():
+            if isinstance(m, Counter) and "prefix_cache" in m.name:
+                out[m.name] = out.get(m.name, 0.0) + float(m.value)
+        return out
 
     def tokens_in_flight(self) -> list[int]:
         """Tokens generated so far by each request in flight (for metrics and tests)."""

@@ -35,6 +35,8 @@ def engine_args(v: Any, model: Any, seed: int = 0, tokenizer: Any = None) -> tup
         kwargs["enable_return_routed_experts"] = True
     if v.sampling_kwargs:
         kwargs["extra_sampling"] = dict(v.sampling_kwargs)
+    if v.kv_offload_gb > 0:  # vLLM's native CPU offload of evicted KV blocks (its OffloadingConnector)
+        kwargs.update(kv_offloading_size=float(v.kv_offload_gb), kv_offloading_backend="native")
     kwargs.update(v.engine_kwargs)
     path = model.path
     if path is None:

@@ -40,6 +40,7 @@ class InFlightRequest:
     finished: bool = False
     finish_reason: str = "abort"
     routed_experts: Any = None  # routing replay: [prompt + completion - 1, layers, top_k], on finish
+    kv_transfer_params: Any = None  # a prefill for remote decode: where its KV blocks wait (NIXL), on finish
 
     def pending_tokens(self) -> int:
         """Tokens the output handler has delivered to the collector but we have not read yet."""
@@ -72,6 +73,7 @@ class InFlightRequest:
             # with enable_return_routed_experts vLLM concatenates the request's routing into its
             # final output only (v1/engine/output_processor.py); None otherwise
             self.routed_experts = getattr(comp, "routed_experts", None)
+            self.kv_transfer_params = getattr(out, "kv_transfer_params", None)
 
     def result(self) -> Generation:
         return Generation(token_ids=self.token_ids, logprobs=self.logprobs, versions=self.versions,
