@@ -13,6 +13,7 @@ from rlcore.config import RunConfig
 from rlcore.engine.registry import memory_share, option_key, sleep_level, tensor_parallel_size
 from rlcore.plan.memory import GIB, trainer_memory
 from rlcore.plan.placement import colocated_shares, placement_problems, resolve
+from rlcore.models.moe_family import num_routed_experts
 
 
 @dataclass
@@ -116,10 +117,11 @@ def plan_problems(cfg: RunConfig, plan: Plan) -> list[tuple[str, str]]:
                     f"{plan.nodes} node(s) x {plan.gpus_per_node} have {have}"))
     elif any(b.node < 0 for b in plan.trainer + plan.rollout + plan.teacher):
         out.append(("cluster.nodes", "the bundles do not fit on the nodes without splitting one across nodes"))
-    experts = arch_value(cfg, "num_experts")
+    experts = num_routed_experts(cfg.model.arch) or None
     if t.ep > 1:
         if experts is None:
-            out.append(("trainer.ep", "expert parallelism needs an MoE model (model.arch.num_experts unknown)"))
+            out.append(("trainer.ep", "expert parallelism needs an MoE model (model.arch gives no routed-expert count: "
+                        "num_experts / n_routed_experts / num_local_experts)"))
         elif experts % t.ep:
             out.append(("trainer.ep", f"ep={t.ep} does not divide the model's {experts} experts"))
     heads = arch_value(cfg, "num_attention_heads")
@@ -147,8 +149,8 @@ def format_plan(cfg: RunConfig, plan: Plan) -> str:
             f"  nodes: {_by_node(plan.trainer)}"]),
         f"  device mesh {m['world']} ranks: dp={m['dp']} x cp={m['cp']} (FSDP2 shards over dp*cp); "
         f"ep={m['ep']} expert groups carved from the dp*cp ranks"
-        + (f"; {arch_value(cfg, 'num_experts') // max(m['ep'], 1)} experts per rank"
-           if arch_value(cfg, "num_experts") else ""),
+        + (f"; {num_routed_experts(cfg.model.arch) // max(m['ep'], 1)} experts per rank"
+           if num_routed_experts(cfg.model.arch) else ""),
         *([] if cfg.placement == "colocated" else [
             f"placement group 'rlcore-rollout' (PACK): {len(plan.rollout)} bundles of "
             f"{{CPU: {r.cpus_per_actor:g}, GPU: {r.gpus_per_actor:g}}}",

@@ -23,13 +23,14 @@ from rlcore.envs import make_env, registered, resolve_env
 from rlcore.models.shipped import is_shipped, shipped_problems
 from rlcore.models.source import gguf_problems, model_path_problems
 from rlcore.models.vl_names import VL_MODEL_TYPES, is_vl_arch
+from rlcore.models.moe_family import moe_parallel_problems, num_routed_experts
+from rlcore.batch.routing import model_arch
 from rlcore.plan.node_fit import NodeCapacity, fit_problems, label_problems
 from rlcore.plan.placement import PLACEMENTS, placement_problems
 from rlcore.plan.process_env import env_var_problems
 from rlcore.plan.layout import group_bundles
 from rlcore.storage.rundir import output_dir_problems
-from rlcore.plan.teacher import config_problems as teacher_config_problems
-from rlcore.plan.teacher import teacher_resources
+from rlcore.plan.teacher import config_problems as teacher_config_problems, teacher_resources
 from rlcore.trainer.options import (
     AC_MODES,
     FP8_RECIPES,
@@ -225,12 +226,12 @@ def vision_problems(cfg: RunConfig) -> list[tuple[str, str]]:
 
 
 def trainer_parallel_problems(cfg: RunConfig) -> list[tuple[str, str]]:
-    """Mesh (dp, cp, ep) against the world size and the model; checkpointing, logprob chunking
-    and LoRA switches. Model facts come from `model.arch` (a hub model is checked when built)."""
-    t, arch = cfg.trainer, dict(cfg.model.arch)
-    known = cfg.model.path is None  # a random-weight model: its shape is in model.arch
-    out = mesh_problems(t.dp, t.cp, t.ep, t.world_size, num_experts=arch.get("num_experts", 0) if known else None,
+    """Mesh (dp, cp, ep) against the world size and the model (its MoE family: `moe_parallel_problems`);
+    checkpointing, logprob chunking, LoRA. Model facts: `model.arch` (a hub model is checked when built)."""
+    t, arch, known = cfg.trainer, dict(cfg.model.arch), cfg.model.path is None  # random weights: shape in arch
+    out = mesh_problems(t.dp, t.cp, t.ep, t.world_size, num_experts=num_routed_experts(arch) if known else None,
                         num_heads=arch.get("num_attention_heads") if known else None)
+    out += moe_parallel_problems(model_arch(cfg.model) or {}, t.ep, t.cp)
     if t.activation_checkpointing not in AC_MODES:
         out.append(("trainer.activation_checkpointing",
                     f"unknown mode {t.activation_checkpointing!r}; choose one of {list(AC_MODES)}"))
