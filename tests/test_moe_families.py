@@ -79,6 +79,23 @@ def test_moe_layer_equals_the_family_block(name):
     assert stats["moe_load_imbalance"] >= 1.0 and stats["moe_router_entropy"] > 0
 
 
+@pytest.mark.parametrize("name", NEW)
+def test_a_packed_row_gives_each_sample_its_own_logprobs(name):
+    """gpt-oss's transformers model does not find packed sequences itself (rlcore.trainer.packed_mask)."""
+    _, tok, model = family(name)
+    apply_expert_parallel(model, None)
+    install_logprob_head(model, 0)
+    g = torch.Generator().manual_seed(4)
+    samples = [Sample(torch.randint(1, len(tok), (n,), generator=g).tolist(), [7, 8, 9, 10], [0.0] * 4, [0] * 4,
+                      [1] * 4) for n in (30, 21)]  # past the 16-token sliding window
+    with torch.no_grad():
+        packed, _ = forward_logprobs(model, make_micro_batch(samples, [1.0, 1.0]), 1.0, None, torch.device("cpu"))
+        alone = [forward_logprobs(model, make_micro_batch([s], [1.0]), 1.0, None, torch.device("cpu"))[0]
+                 for s in samples]
+    torch.testing.assert_close(packed, torch.cat(alone), atol=1e-5, rtol=1e-5)
+    router_metrics(model)
+
+
 def test_a_block_with_a_part_rlcore_does_not_compute_is_refused():
     _, _, model = family("tiny_glm4_moe_char")
     model.model.layers[1].mlp.extra_gate = torch.nn.Linear(64, 1)
@@ -175,3 +192,41 @@ def test_dense_first_layers_stay_dense():
     layers = model.model.layers
     assert not isinstance(layers[0].mlp, MoEBlock) and isinstance(layers[1].mlp, MoEBlock)
     assert layers[1].mlp.shared_name == "shared_experts"
+
+
+@pytest.mark.integration
+def test_cli_runs_every_family_with_replay_and_exports(tmp_path):
+    """`python -m rlcore.run` (one multirun sweep: Mixtral, gpt-oss, DeepSeek-V3, GLM-4.5): 3 RL
+    steps each with routing replay, the accounting identity on every row, agreement 1.0 on the
+    on-policy first step, and the final export (family checkpoint names) equal to the export of
+    the final checkpoint, reloading in transformers."""
+    import json
+    import subprocess
+    import sys
+    names = ["tiny_mixtral_char", "tiny_gpt_oss_char", "tiny_deepseek_v3_char", "tiny_glm4_moe_char"]
+    proc = subprocess.run([sys.executable, "-m", "rlcore.run", "-m", "model=" + ",".join(names), "steps=3",
+                           "rollout.hf.routing_replay=true", "sft.warmup_steps=0", "rollout.sampling.max_new_tokens=6",
+                           "algo.group_size=4", "algo.batch_groups=2", f"output_dir={tmp_path}/run",
+                           "logger.console=false", "checkpoint.export_final=true"],
+                          cwd=REPO, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    from rlcore.storage.checkpoint_dirs import latest_checkpoint
+    from rlcore.storage.export import export_checkpoint
+    for i, name in enumerate(names):
+        out = tmp_path / "run" / str(i)
+        rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+        assert [r["step"] for r in rows] == [1, 2, 3], name
+        for r in rows:
+            assert r["samples_generated"] == (r["samples_trained"] + r["samples_dropped_stale"] + r["samples_failed"]
+                                              + r["samples_in_flight"] + r["samples_filtered"]), (name, r)
+            assert 0.0 < r["moe_replay_agreement"] <= 1.0 and r["moe_load_imbalance"] >= 1.0, (name, r)
+        assert rows[0]["moe_replay_agreement"] == 1.0, name  # version 0 on both sides
+        final = export_checkpoint(latest_checkpoint(out / "checkpoints"), tmp_path / f"ckpt_hf_{i}")
+        with safe_open(str(out / "hf" / "model.safetensors"), "pt") as a, \
+                safe_open(str(final / "model.safetensors"), "pt") as b:
+            assert set(a.keys()) == set(b.keys()), name
+            for k in a.keys():
+                assert torch.equal(a.get_tensor(k), b.get_tensor(k)), (name, k)
+        reloaded = AutoModelForCausalLM.from_pretrained(out / "hf").eval()
+        with torch.no_grad():
+            assert torch.isfinite(reloaded(torch.tensor([[1, 5, 9, 14]])).logits).all()

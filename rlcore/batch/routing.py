@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from rlcore.models.moe_family import FAMILIES, moe_problem, num_routed_experts
+from rlcore.models.moe_family import family_names, moe_problem, num_routed_experts
 
 if TYPE_CHECKING:
     import torch
@@ -121,7 +121,7 @@ def routing_problems(cfg: RunConfig, section: str, options: Any) -> list[tuple[s
     experts = num_experts_of(cfg.model)
     if experts == 0:
         return [(key, "needs a mixture-of-experts model (a routed-expert count in model.arch: num_experts / "
-                 f"n_routed_experts / num_local_experts; families: {sorted(FAMILIES)}); this model is dense")]
+                 f"n_routed_experts / num_local_experts; families: {family_names()}); this model is dense")]
     arch = model_arch(cfg.model)
     problem = moe_problem(arch) if arch is not None else None
     if problem:

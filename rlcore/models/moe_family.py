@@ -53,21 +53,32 @@ FAMILIES: dict[str, MoEFamily] = {f.name: f for f in (
     MoEFamily("qwen3_moe", "num_experts", "softmax_topk", "decoder_sparse_step / mlp_only_layers"),
     MoEFamily("qwen2_moe", "num_experts", "softmax_topk", "decoder_sparse_step / mlp_only_layers", shared="gated"),
     MoEFamily("qwen3_next", "num_experts", "softmax_topk", "decoder_sparse_step / mlp_only_layers", shared="gated"),
+    # the language models of the vision families (their vision side: rlcore.models.vision)
+    MoEFamily("qwen3_vl_moe", "num_experts", "softmax_topk", "decoder_sparse_step / mlp_only_layers"),
+    MoEFamily("qwen3_5_moe", "num_experts", "softmax_topk", "linear-attention layers keep a MoE MLP",
+              shared="gated"),
     MoEFamily("mixtral", "num_local_experts", "softmax_topk"),
     MoEFamily("gpt_oss", "num_local_experts", "topk_softmax", expert_bias=True,
               note="attention sinks and sliding windows: transformers' own attention only (no varlen kernel, no CP)"),
     MoEFamily("deepseek_v3", "n_routed_experts", "sigmoid_group", "first_k_dense_replace", shared="added"),
     MoEFamily("glm4_moe", "n_routed_experts", "sigmoid_group", "first_k_dense_replace", shared="added"),
 )}
+FAMILIES.update({f"{name}_text": FAMILIES[name] for name in ("qwen3_vl_moe", "qwen3_5_moe")})  # text_config's type
 """Families whose MoE blocks rlcore replaces by its own (`rlcore.trainer.moe.MoEBlock`)."""
 
 NO_VARLEN = ("gpt_oss",)
 """Families whose attention rlcore's varlen kernel does not compute (sinks, sliding windows)."""
 
 
+def family_names() -> list[str]:
+    """The model types of the families, as a user names them (a VLM's, not its text config's)."""
+    return sorted(k for k in FAMILIES if not k.endswith("_text"))
+
+
 def text_arch(arch: dict) -> dict:
     """The language model's keys of a config dict (a VLM's ``text_config``, else itself)."""
-    return arch.get("text_config") or arch
+    text = arch.get("text_config")
+    return {"model_type": arch.get("model_type"), **text} if isinstance(text, dict) and text else arch
 
 
 def num_routed_experts(arch: dict) -> int:
@@ -96,7 +107,7 @@ def moe_problem(arch: dict) -> str | None:
     fam = FAMILIES.get(str(mt))
     if fam is None:
         return (f"model_type {mt!r} is a mixture-of-experts family rlcore has no MoE adapter for (router kind, "
-                f"expert layout and shared experts unknown; rlcore/models/moe_family.py); supported: {sorted(FAMILIES)}")
+                f"expert layout and shared experts unknown; rlcore/models/moe_family.py); supported: {family_names()}")
     missing = [k for k in (fam.experts_key, fam.top_k_key) if not a.get(k)]
     if fam.router == "sigmoid_group":
         n_group = int(a.get("n_group") or 1)
