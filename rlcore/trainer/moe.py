@@ -42,8 +42,7 @@ from torch.distributed import _functional_collectives as fc
 
 from rlcore.models.moe_family import block_parts, is_moe_block, router_kind
 from rlcore.models.vision import decoder_layers, text_config
-from rlcore.trainer.moe_experts import (  # noqa: F401  (grouped_mm_available re-exported)
-    LocalExperts, grouped_mm_available, routing_distribution, weights_at)
+from rlcore.trainer.moe_experts import LocalExperts, routing_distribution, weights_at
 
 
 class MoEBlock(nn.Module):
