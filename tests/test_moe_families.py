@@ -221,6 +221,7 @@ def test_cli_runs_every_family_with_replay_and_exports(tmp_path):
                                               + r["samples_in_flight"] + r["samples_filtered"]), (name, r)
             assert 0.0 < r["moe_replay_agreement"] <= 1.0 and r["moe_load_imbalance"] >= 1.0, (name, r)
         assert rows[0]["moe_replay_agreement"] == 1.0, name  # version 0 on both sides
+        assert rows[0]["mismatch_kl"] < 1e-6, name  # same weights: engine and trainer agree (gpt-oss's masks)
         final = export_checkpoint(latest_checkpoint(out / "checkpoints"), tmp_path / f"ckpt_hf_{i}")
         with safe_open(str(out / "hf" / "model.safetensors"), "pt") as a, \
                 safe_open(str(final / "model.safetensors"), "pt") as b:

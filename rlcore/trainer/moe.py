@@ -159,8 +159,8 @@ class MoEBlock(nn.Module):
         ep, n = ex.ep_size, ex.num_local
         # recv[s, i] = rows rank s sends to my local expert i
         recv = _exchange(counts, ex.ep_group).view(ep, n)
-        send_splits = counts.view(ep, n).sum(1).tolist()
-        recv_splits = recv.sum(1).tolist()
+        splits = torch.cat([counts.view(ep, n).sum(1), recv.sum(1)]).tolist()  # one host sync, not two
+        send_splits, recv_splits = splits[:ep], splits[ep:]
         got = fc.all_to_all_single_autograd(routed, recv_splits, send_splits, ex.ep_group)
         # rows arrive ordered (source rank, local expert): regroup by local expert and back
         expert_of_row = torch.arange(n, device=routed.device).repeat(ep).repeat_interleave(recv.flatten())
