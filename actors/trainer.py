@@ -164,9 +164,13 @@ class TrainerRank:
             for _ in params:
                 pass
             return None
-        from rlcore.storage.export import write_hf_dir
-        return str(write_hf_dir(out_dir, params, model=self.core.model, tokenizer=self.core.tokenizer,
-                                dtype=self.cfg.model.dtype))
+        import itertools
+
+        from rlcore.storage.export import hub_named, write_hf_dir
+        from rlcore.trainer.export import persistent_buffers
+        tensors = itertools.chain(params, persistent_buffers(self.core.model))  # e.g. a router's correction bias
+        return str(write_hf_dir(out_dir, hub_named(self.core.model, tensors), model=self.core.model,
+                                tokenizer=self.core.tokenizer, dtype=self.cfg.model.dtype))
 
     def push_weights(self) -> dict:
         """Gather full parameters (all ranks) and broadcast them from rank 0, bucket by bucket

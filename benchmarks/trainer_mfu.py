@@ -46,6 +46,21 @@ import traceback
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+
+def _rlcore_tree(argv: list[str]) -> str | None:
+    """``--rlcore-tree PATH``: import rlcore from another checkout (an A/B of two trees with this
+    one driver, e.g. ``git archive BASE --prefix=.ab/old/ | tar -x``); read before rlcore is imported."""
+    for i, a in enumerate(argv):
+        if a == "--rlcore-tree" and i + 1 < len(argv):
+            return argv[i + 1]
+        if a.startswith("--rlcore-tree="):
+            return a.split("=", 1)[1]
+    return None
+
+
+if _rlcore_tree(sys.argv[1:]):
+    sys.path.insert(0, os.path.abspath(_rlcore_tree(sys.argv[1:])))
+
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
@@ -64,13 +79,30 @@ SHAPES = {
                             num_attention_heads=16, num_key_value_heads=4, head_dim=128, vocab_size=151936,
                             num_experts=64, num_experts_per_tok=8, moe_intermediate_size=384, norm_topk_prob=True,
                             decoder_sparse_step=1, tie_word_embeddings=False),
+    # GLM-4.5-Air's router and layout at qwen3-moe-small's size: sigmoid scores with a correction
+    # bias (n_group = topk_group = 1), routed_scaling_factor, 1 shared expert, the first layer dense
+    "glm-moe-small": dict(model_type="glm4_moe", hidden_size=1024, intermediate_size=3072, num_hidden_layers=12,
+                          num_attention_heads=16, num_key_value_heads=4, head_dim=128, vocab_size=151552,
+                          n_routed_experts=64, num_experts_per_tok=8, moe_intermediate_size=384, n_shared_experts=1,
+                          n_group=1, topk_group=1, routed_scaling_factor=1.0, norm_topk_prob=True,
+                          first_k_dense_replace=1, partial_rotary_factor=0.5, use_qk_norm=False,
+                          tie_word_embeddings=False),
     "tiny": dict(model_type="qwen3", hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                  num_attention_heads=4, num_key_value_heads=2, head_dim=16, vocab_size=512, tie_word_embeddings=True),
     "tiny-moe": dict(model_type="qwen3_moe", hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                      num_attention_heads=4, num_key_value_heads=2, head_dim=16, vocab_size=512, num_experts=4,
                      num_experts_per_tok=2, moe_intermediate_size=32, norm_topk_prob=True, decoder_sparse_step=1,
                      tie_word_embeddings=False),
+    "tiny-glm-moe": dict(model_type="glm4_moe", hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, head_dim=16, vocab_size=512, n_routed_experts=4,
+                         num_experts_per_tok=2, moe_intermediate_size=32, n_shared_experts=1, n_group=1, topk_group=1,
+                         norm_topk_prob=True, first_k_dense_replace=1, use_qk_norm=False, tie_word_embeddings=False),
 }
+
+
+def routed_experts(shape: dict) -> int:
+    """Routed experts of a shape by its family's key (0: dense)."""
+    return int(shape.get("num_experts") or shape.get("n_routed_experts") or shape.get("num_local_experts") or 0)
 
 # variant switch -> TrainerConfig overrides ("eager" is the baseline: no override). A new trainer
 # switch (e.g. fp8) is one more line here.
@@ -119,11 +151,14 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--trace-dir", default=None, help="with --profile: also write a chrome trace per variant here")
     p.add_argument("--profile-top", type=int, default=12, help="with --profile: how many CUDA kernels to list")
     p.add_argument("--out", default=None, help="write all rows as JSON here (rank 0)")
+    p.add_argument("--rlcore-tree", default=None,
+                   help="import rlcore from this checkout instead of this one (A/B of two trees, same driver)")
     p.add_argument("--fp8", default="none", choices=["none", "tensorwise", "rowwise"],
                    help="trainer.fp8: FP8 matmuls in the decoder linears (torchao; emulated on CPU)")
     a = p.parse_args(argv)
     if a.tiny:
-        a.shape = "tiny-moe" if SHAPES[a.shape].get("num_experts") else "tiny"
+        shape = SHAPES[a.shape]
+        a.shape = ("tiny-glm-moe" if shape["model_type"] == "glm4_moe" else "tiny-moe") if routed_experts(shape) else "tiny"
     small = a.shape.startswith("tiny")
     a.tokens = a.tokens or (512 if small else 8192)
     a.steps = a.steps if a.steps is not None else (2 if small else 10)
@@ -220,7 +255,7 @@ def flops_per_token_dense(model: torch.nn.Module, shape: dict) -> float:
             continue
         numel = p.numel()
         if ".experts." in name:
-            numel = numel * shape["num_experts_per_tok"] / shape["num_experts"]
+            numel = numel * shape["num_experts_per_tok"] / routed_experts(shape)
         n += numel
     return 6.0 * n
 
@@ -401,7 +436,8 @@ def run_variant(a: argparse.Namespace, variant: str, rank: int, world: int, devi
         step_attn = attn_flops / max(a.steps, 1) * dims.dp  # (rank 0's group's packings, x dp)
         tokens = a.tokens * k * dims.dp
         rows.append({
-            "variant": variant, "micro_batches": k, "shape": a.shape, "params": n_params, "world": world,
+            "variant": variant, "micro_batches": k, "shape": a.shape, "rlcore_tree": a.rlcore_tree or ".",
+            "params": n_params, "world": world,
             "dp": dims.dp, "cp": dims.cp, "ep": dims.ep, "tokens_per_micro_batch": a.tokens,
             "mean_sample_len": a.sample_len, "trainer": t_kwargs, "attention": attn, "fp8": a.fp8,
             "step_s": dt, "micro_batch_s": dt / k, "tokens_per_s": tokens / dt, "tokens_per_s_per_gpu": tokens / dt / world,
@@ -458,7 +494,7 @@ def main(argv=None) -> list[dict]:
     if rank == 0:
         print(f"trainer_mfu: shape={a.shape} tokens/micro-batch={a.tokens} sample_len~{a.sample_len} world={world} "
               f"cp={a.cp} ep={a.ep} K={a.micro_batches} steps={a.steps} warmup={a.warmup} variants={a.variants} "
-              f"torch={torch.__version__}", flush=True)
+              f"torch={torch.__version__} rlcore={os.path.dirname(os.path.dirname(rl_compile.__file__))}", flush=True)
     rows: list[dict] = []
     for variant in a.variants:
         try:

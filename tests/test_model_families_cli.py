@@ -46,8 +46,7 @@ def test_family_rl_steps_through_cli(family, tmp_path):
 REFUSED = [
     (["model=tiny_qwen3_next", "trainer.cp=2", "trainer.world_size=2"], "trainer.cp"),
     (["model=tiny_nemotron_h", "trainer.cp=2", "trainer.world_size=2"], "trainer.cp"),
-    (["model=tiny_qwen3_next", "trainer.ep=2", "trainer.world_size=2"], "trainer.ep"),
-    (["model=tiny_qwen3_next", "rollout.hf.routing_replay=true"], "rollout.hf.routing_replay"),
+    ([*IMAGES, "model=tiny_qwen3_5_moe", "rollout.hf.routing_replay=true"], "rollout.hf.routing_replay"),
     (["+recipe=shape_count", "model=tiny_qwen3_vl"], "env.args"),  # 56-px images, 32-px windows
 ]
 

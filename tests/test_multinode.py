@@ -331,8 +331,8 @@ def test_ray_jobs_store_the_run_where_every_node_reaches_it(role_cluster, tmp_pa
     assert proc.stdout.count(errors[0]) == 1 and proc.stderr.count(errors[0]) == 0  # the log once, not twice
 
 
-def placement_check(cluster: lc.Cluster, *overrides: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "launch.placement_check", "+recipe=qwen30b_swe",
+def placement_check(cluster: lc.Cluster, *overrides: str, recipe: str = "qwen30b_swe") -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "launch.placement_check", f"+recipe={recipe}",
                            f"cluster.address={cluster.gcs_address}", *overrides], cwd=REPO, capture_output=True,
                           text=True, timeout=300, env=lc.ray_env())
 
@@ -362,6 +362,11 @@ def test_qwen30b_swe_placed_by_rays_scheduler_on_four_declared_gpu_nodes(cluster
     assert len(set.union(*ray_of.values())) == 4
     assert set.union(*ray_of.values()) == {n.node_id for n in cluster.nodes}
     assert "placement check: all 24 bundles on the nodes the plan gives (4 Ray nodes)" in proc.stdout
+    # the real-size MoE recipes on the same layout (GLM-4.5-Air: 4 engines of TP=4)
+    for recipe, bundles in (("glm45_air_swe", 20), ("qwen35_moe_swe", 24)):
+        proc = placement_check(cluster, recipe=recipe)
+        assert proc.returncode == 0, (recipe, proc.stdout[-3000:] + proc.stderr[-3000:])
+        assert f"placement check: all {bundles} bundles on the nodes the plan gives (4 Ray nodes)" in proc.stdout
 
     # impossible for the plan: refused before Ray is reached
     proc = placement_check(cluster, "rollout.num_actors=12")

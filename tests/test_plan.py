@@ -34,3 +34,33 @@ def test_dry_run_prints_plan_without_ray(capsys):
 def test_impossible_layouts_refused(overrides, key, capsys):
     assert main(["+recipe=qwen30b_swe", "dry_run=true", *overrides]) == 2
     assert capsys.readouterr().err.strip().splitlines()[-1].startswith(f"rlcore: config error: {key}")
+
+
+@pytest.mark.parametrize("recipe,params_b,mesh", [
+    ("glm45_air_swe", (105, 108), {"world": 16, "dp": 8, "cp": 2, "ep": 8}),   # GLM-4.5-Air: 106B-A12B
+    ("qwen35_moe_swe", (30, 40), {"world": 16, "dp": 16, "cp": 1, "ep": 8}),   # Qwen3.5-35B-A3B class
+])
+def test_real_size_moe_recipes_plan_and_build_offline(recipe, params_b, mesh):
+    """The MoE recipes on qwen30b_swe's 4 x 8-GPU layout: the plan has no problem and fits the four
+    nodes (not three); the arch builds a transformers config offline whose model (on the meta
+    device) has the size the recipe names, as the planner counts it."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from rlcore.plan.memory import param_count
+    from rlcore.plan.node_fit import NodeCapacity, fit_problems
+    from rlcore.plan.validate import placed_bundles, problems
+    cfg = compose([f"+recipe={recipe}"])
+    plan = make_plan(cfg)
+    assert plan.problems == [] and plan.mesh == mesh and problems(cfg) == []
+    four = [NodeCapacity(f"n{i}", 96, 8, {}) for i in range(4)]
+    assert fit_problems(cfg, placed_bundles(cfg), four) == []
+    assert fit_problems(cfg, placed_bundles(cfg), four[:3])[0][0] == "cluster.address"
+    arch = dict(cfg.model.arch)
+    config = AutoConfig.for_model(arch.pop("model_type"), **arch)
+    config = getattr(config, "text_config", config)  # the language model (a VLM's text side)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
+    n = sum(p.numel() for p in model.parameters())
+    assert params_b[0] * 1e9 < n < params_b[1] * 1e9, n
+    assert abs(param_count(cfg) - n) < 0.03 * n  # the planner's count of the same model

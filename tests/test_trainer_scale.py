@@ -25,19 +25,36 @@ VOCAB = 64
 def tiny_model(model_type: str = "qwen3", seed: int = 0, **extra) -> torch.nn.Module:
     arch = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
                 num_key_value_heads=2, head_dim=16, max_position_embeddings=512, tie_word_embeddings=True)
-    if model_type == "qwen3_moe":
-        arch.update(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, norm_topk_prob=True,
-                    decoder_sparse_step=1, tie_word_embeddings=False)
+    arch.update(MOE_ARCH.get(model_type, {}))
     arch.update(extra)
     cfg = AutoConfig.for_model(model_type, **arch)
-    cfg._attn_implementation = "sdpa"
+    if model_type != "gpt_oss":  # gpt-oss attends with sinks: transformers' eager attention only
+        cfg._attn_implementation = "sdpa"
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
         with torch.no_grad():
             for p in model.parameters():  # larger weights: a context- and routing-sensitive model
                 p.copy_(torch.randn_like(p) * 0.2)
+            for n, b in model.named_buffers():  # a sigmoid router's correction bias: not zero
+                if n.endswith("e_score_correction_bias"):
+                    b.copy_(torch.randn_like(b) * 0.1)
     return model
+
+
+_SIGMOID = dict(n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, n_shared_experts=1, n_group=2,
+                topk_group=1, routed_scaling_factor=2.5, norm_topk_prob=True, first_k_dense_replace=1,
+                tie_word_embeddings=False)
+MOE_ARCH = {  # 4 experts, top-2, in each routed-expert family's own keys (conf/model/tiny_*_char.yaml)
+    "qwen3_moe": dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, norm_topk_prob=True,
+                      decoder_sparse_step=1, tie_word_embeddings=False),
+    "mixtral": dict(num_local_experts=4, num_experts_per_tok=2, intermediate_size=32, tie_word_embeddings=False),
+    "gpt_oss": dict(num_local_experts=4, num_experts_per_tok=2, intermediate_size=32, sliding_window=16,
+                    tie_word_embeddings=False),
+    "glm4_moe": dict(_SIGMOID, partial_rotary_factor=0.5),
+    "deepseek_v3": dict(_SIGMOID, num_key_value_heads=4, head_dim=8, q_lora_rank=32, kv_lora_rank=16, qk_rope_head_dim=8,
+                        qk_nope_head_dim=8, v_head_dim=16, rope_parameters={"rope_type": "default", "rope_theta": 1e4}),
+}
 
 
 def sample(ids: list[int], n_completion: int) -> Sample:
@@ -60,7 +77,9 @@ def loss_of(lp: torch.Tensor, ent: torch.Tensor, mb, seed: int) -> torch.Tensor:
 
 
 def reference_logprobs(model, mb, temperature=1.0):
-    out = model(input_ids=mb.input_ids[None], position_ids=mb.position_ids[None], use_cache=False)
+    from rlcore.trainer.packed_mask import packed_mask_kwargs  # gpt-oss: the per-sequence masks of the packed row
+    masks = packed_mask_kwargs(model, mb.position_ids[None], torch.float32)
+    out = model(input_ids=mb.input_ids[None], position_ids=mb.position_ids[None], use_cache=False, **masks)
     return plain_logprobs(out.logits[0], mb.targets, temperature)
 
 
@@ -243,7 +262,7 @@ def _full_grads(model) -> dict[str, torch.Tensor]:
     """Full gradients under the transformers names (experts gathered over ep)."""
     from torch.distributed.tensor import DTensor
     from rlcore.trainer.moe import expert_modules
-    experts = {f"{n}.{leaf}": m for n, m in expert_modules(model).items() for leaf in ("gate_up_proj", "down_proj")}
+    experts = {f"{n}.{leaf}": m for n, m in expert_modules(model).items() for leaf in m.leaves()}
     out = {}
     for n, p in model.named_parameters():
         g = p.grad.full_tensor() if isinstance(p.grad, DTensor) else p.grad
@@ -256,12 +275,20 @@ def _full_grads(model) -> dict[str, torch.Tensor]:
     return out
 
 
-def _ep_worker(rank, ac_mode):
+def _ep_worker(rank, ac_mode, families=("qwen3_moe",)):
+    for family in families:  # one spawn for all: starting two processes costs more than a family
+        try:
+            _ep_family(rank, ac_mode, family)
+        except Exception as exc:
+            raise AssertionError(f"{family}: {exc}") from exc
+
+
+def _ep_family(rank, ac_mode, family):
     from rlcore.trainer.forward import forward_logprobs
     from rlcore.trainer.moe import router_metrics
     from rlcore.batch.parallel_dims import ParallelDims
     from rlcore.trainer.parallel import Meshes, clip_grad_norm, parallelize
-    base = tiny_model("qwen3_moe")
+    base = tiny_model(family)
     batches = [random_batch(10, [30, 22, 17]), random_batch(11, [41, 9])]
     # single-rank reference: transformers' own MoE block over both ranks' micro-batches
     ref = copy.deepcopy(base)
@@ -278,7 +305,7 @@ def _ep_worker(rank, ac_mode):
     t = TrainerConfig(world_size=2, ep=2, activation_checkpointing=ac_mode, logprob_chunk_tokens=16)
     meshes = Meshes.build(ParallelDims.from_config(t, 2), "cpu")
     model = parallelize(copy.deepcopy(base), t, meshes, torch.device("cpu"))
-    assert model.model.layers[0].mlp.experts.gate_up_proj.shape[0] == 2  # 4 experts over ep=2
+    assert model.model.layers[-1].mlp.experts.gate_up_proj.shape[0] == 2  # 4 experts over ep=2
     mb = batches[rank]
     lp, ent = forward_logprobs(model, mb, 1.0, meshes, torch.device("cpu"))
     torch.testing.assert_close(lp.detach(), ref_lp[rank], atol=1e-5, rtol=1e-5)
@@ -302,11 +329,28 @@ def test_expert_parallel_equals_single_rank():
     _spawn(_ep_worker, "selective")
 
 
-def _cp_worker(rank, ac_mode):
+def _families_worker(rank):
+    _ep_worker(rank, "none", ("mixtral", "gpt_oss", "deepseek_v3", "glm4_moe"))
+    for family in ("mixtral", "deepseek_v3", "glm4_moe"):  # gpt-oss: no CP (sinks; refused by the config checks)
+        try:
+            _cp_worker(rank, "none", family)
+        except Exception as exc:
+            raise AssertionError(f"{family} (cp=2): {exc}") from exc
+
+
+def test_expert_and_context_parallel_equal_single_rank_every_family():
+    """Mixtral, gpt-oss (expert biases, clamped SwiGLU), DeepSeek-V3 (MLA) and GLM-4.5 (sigmoid
+    router, group-limited top-k, shared expert, a dense first layer) through the same EP layer;
+    then context parallelism (cp=2) for the three whose attention rlcore's varlen path computes.
+    One spawn for all: starting two processes costs more than a family."""
+    _spawn(_families_worker)
+
+
+def _cp_worker(rank, ac_mode, family="qwen3"):
     from rlcore.trainer.forward import forward_logprobs
     from rlcore.batch.parallel_dims import ParallelDims
     from rlcore.trainer.parallel import Meshes, parallelize
-    base = tiny_model()
+    base = tiny_model(family)
     mb = random_batch(20, [97, 64, 42])  # 203 tokens: odd, so the cp split pads
     ref = copy.deepcopy(base)
     ref_lp, ref_ent = reference_logprobs(ref, mb)

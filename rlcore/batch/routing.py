@@ -28,6 +28,9 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from rlcore.models.moe_family import family_names, moe_problem, num_routed_experts
+from rlcore.models.vl_names import is_vl_arch
+
 if TYPE_CHECKING:
     import torch
 
@@ -86,16 +89,21 @@ def packed_routing(samples: list[Sample]) -> torch.Tensor | None:
 
 def num_experts_of(model: ModelConfig) -> int | None:
     """Routed experts of the model (0: dense); None when unknown before it is built (a hub id)."""
+    data = model_arch(model)
+    return None if data is None else num_routed_experts(data)
+
+
+def model_arch(model: ModelConfig) -> dict | None:
+    """The model's config as a dict: `model.arch`, or a local `model.path`'s config.json; None
+    for a hub id (known once the trainer builds it)."""
     if model.path is None:
-        return int(model.arch.get("num_experts", 0) or 0)
+        return dict(model.arch)
     config = os.path.join(str(model.path), "config.json")
     if os.path.isfile(config):
         import json
 
         with open(config) as f:
-            data = json.load(f)
-        data = data.get("text_config", data)
-        return int(data.get("num_experts", 0) or data.get("num_local_experts", 0) or 0)
+            return json.load(f)
     return None
 
 
@@ -113,8 +121,15 @@ def routing_problems(cfg: RunConfig, section: str, options: Any) -> list[tuple[s
     key = f"rollout.{section}.{OPTION}"
     experts = num_experts_of(cfg.model)
     if experts == 0:
-        return [(key, "needs a mixture-of-experts model (model.arch.num_experts > 0, e.g. model_type "
-                 "qwen3_moe); this model is dense")]
+        return [(key, "needs a mixture-of-experts model (a routed-expert count in model.arch: num_experts / "
+                 f"n_routed_experts / num_local_experts; families: {family_names()}); this model is dense")]
+    arch = model_arch(cfg.model)
+    problem = moe_problem(arch) if arch is not None else None
+    if problem:
+        return [(key, f"cannot replay this model's routing: {problem}")]
+    if arch is not None and is_vl_arch(arch):  # the image forward routes itself: a replay would be silently off
+        return [(key, f"{arch.get('model_type')} is a vision-language policy, whose image forward does not "
+                 "carry the engine's routed experts yet; set it to false")]
     if cfg.mode != "rl":
         return [(key, f"replays rollout routing in RL training; mode={cfg.mode!r} has no rollouts")]
     return []

@@ -26,6 +26,7 @@ from transformers import DynamicCache
 
 from rlcore.engine.base import Generation, Prefilled, RolloutEngine, SamplingParams
 from rlcore.models.build import build_model, build_tokenizer
+from rlcore.models.moe_family import find_router, is_moe_block
 from rlcore.models.vision import decoder_layers, mrope_positions, pixel_values
 from rlcore.batch.routing import expected_rows, expert_dtype, replay_enabled
 
@@ -97,13 +98,16 @@ class HFEngine(RolloutEngine):
         self._routers = self._hook_routers() if routing_replay else None
 
     def _hook_routers(self) -> dict[int, int]:
-        """Hook every decoder layer's router (a ``gate`` with ``top_k`` and ``num_experts``);
-        returns layer index -> top_k. Each forward of a capturing thread appends {layer: experts}."""
+        """Hook every decoder layer's router (the MoE block's ``gate`` or ``router``, any family of
+        `rlcore.models.moe_family`: each returns (logits, weights, experts)); returns layer index ->
+        top_k. Each forward of a capturing thread appends {layer: experts}."""
         routers = {}
         for i, layer in enumerate(decoder_layers(self.model)):
-            gate = getattr(getattr(layer, "mlp", None), "gate", None)
-            if gate is None or not hasattr(gate, "top_k") or not hasattr(gate, "num_experts"):
+            mlp = getattr(layer, "mlp", None)
+            found = find_router(mlp) if mlp is not None and is_moe_block(mlp) else None
+            if found is None or not hasattr(found[1], "num_experts"):
                 continue
+            gate = found[1]
             routers[i] = gate.top_k
             self._num_experts = gate.num_experts
 
@@ -113,7 +117,7 @@ class HFEngine(RolloutEngine):
                     steps[-1][_layer] = output[-1]  # (logits, weights, experts [B * t, k])
             gate.register_forward_hook(hook)
         if not routers:
-            raise ValueError("rollout.hf.routing_replay: the model has no MoE routers (layers' mlp.gate)")
+            raise ValueError("rollout.hf.routing_replay: the model has no MoE routers (layers' mlp.gate / mlp.router)")
         return routers
 
     def _routed_rows(self, steps: list[dict], prompts: list[list[int]], max_len: int,

@@ -15,10 +15,6 @@ from typing import Any
 HYBRID_MODEL_TYPES = ("qwen3_next", "nemotron_h", "qwen3_5", "qwen3_5_moe")
 """Model types (``model.arch.model_type``) whose decoder mixes recurrent and attention layers."""
 
-SHARED_EXPERT_MODEL_TYPES = ("qwen3_next", "qwen3_5_moe")
-"""Model types whose MoE blocks add a gated shared expert to the routed ones: they train through
-transformers' own block at ep = 1 (`rlcore.trainer.parallel.has_shared_experts`)."""
-
 BOUNDARY_KWARGS = ("cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k")
 """The packed-row model kwargs (`rlcore.trainer.forward`) that name sample boundaries."""
 

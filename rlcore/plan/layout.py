@@ -14,6 +14,7 @@ from rlcore.engine.registry import memory_share, option_key, sleep_level, tensor
 from rlcore.plan.memory import GIB, trainer_memory
 from rlcore.plan.pd import machine_ram_bytes, offload_gib, offload_problems, pd_on, rollout_pools
 from rlcore.plan.placement import colocated_shares, placement_problems, resolve
+from rlcore.models.moe_family import num_routed_experts
 
 
 @dataclass
@@ -127,10 +128,11 @@ def plan_problems(cfg: RunConfig, plan: Plan) -> list[tuple[str, str]]:
                     f"{plan.nodes} node(s) x {plan.gpus_per_node} have {have}"))
     elif any(b.node < 0 for b in plan.trainer + plan.rollout + plan.teacher):
         out.append(("cluster.nodes", "the bundles do not fit on the nodes without splitting one across nodes"))
-    experts = arch_value(cfg, "num_experts")
+    experts = num_routed_experts(cfg.model.arch) or None
     if t.ep > 1:
         if experts is None:
-            out.append(("trainer.ep", "expert parallelism needs an MoE model (model.arch.num_experts unknown)"))
+            out.append(("trainer.ep", "expert parallelism needs an MoE model (model.arch gives no routed-expert count: "
+                        "num_experts / n_routed_experts / num_local_experts)"))
         elif experts % t.ep:
             out.append(("trainer.ep", f"ep={t.ep} does not divide the model's {experts} experts"))
     heads = arch_value(cfg, "num_attention_heads")
@@ -158,8 +160,8 @@ def format_plan(cfg: RunConfig, plan: Plan) -> str:
             f"  nodes: {_by_node(plan.trainer)}"]),
         f"  device mesh {m['world']} ranks: dp={m['dp']} x cp={m['cp']} (FSDP2 shards over dp*cp); "
         f"ep={m['ep']} expert groups carved from the dp*cp ranks"
-        + (f"; {arch_value(cfg, 'num_experts') // max(m['ep'], 1)} experts per rank"
-           if arch_value(cfg, "num_experts") else ""),
+        + (f"; {num_routed_experts(cfg.model.arch) // max(m['ep'], 1)} experts per rank"
+           if num_routed_experts(cfg.model.arch) else ""),
         *([] if cfg.placement == "colocated" else rollout_lines(cfg, plan)),
         ("weight sync: CUDA IPC, trainer rank i -> engine i on the same GPU (no NCCL between them)"
          if cfg.placement == "colocated" else

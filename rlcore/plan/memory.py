@@ -45,6 +45,7 @@ from rlcore.engine.registry import (
 )
 from rlcore.plan.hybrid_memory import hybrid_param_count, layer_pattern, recurrent_state_bytes
 from rlcore.plan.teacher import gpu_share, teacher_run_config
+from rlcore.models.moe_family import num_routed_experts
 
 GIB = 2**30
 OVERHEAD_GIB = 2.0
@@ -95,16 +96,24 @@ def param_count(cfg: RunConfig) -> int | None:
     hd = int(a.get("head_dim") or h // heads)
     kvh = int(a.get("num_key_value_heads") or heads)
     q, kv = heads * hd, kvh * hd
-    experts = int(a.get("num_experts") or 0)
-    if experts:
-        inter = int(a.get("moe_intermediate_size") or a.get("intermediate_size") or 4 * h)
-        mlp = experts * 3 * h * inter + experts * h
-    else:
-        mlp = 3 * h * int(a.get("intermediate_size") or 4 * h)
-    per_layer = h * q + 2 * h * kv + q * h + mlp + 2 * h + 2 * hd
+    per_layer = h * q + 2 * h * kv + q * h + 2 * h + 2 * hd
     vocab = _vocab(cfg, a)
     embed = vocab * h * (1 if a.get("tie_word_embeddings", False) else 2)
-    return layers * per_layer + embed + h
+    return layers * per_layer + _mlp_params(a, h, layers) + embed + h
+
+
+def _mlp_params(a: dict, h: int, layers: int) -> int:
+    """The MLP parameters of all layers: dense, or routed experts (+ router, + shared experts) with a
+    family's dense first layers (`first_k_dense_replace`, `mlp_only_layers`) kept dense."""
+    dense = 3 * h * int(a.get("intermediate_size") or 4 * h)
+    experts = num_routed_experts(a)
+    if not experts:
+        return layers * dense
+    inter = int(a.get("moe_intermediate_size") or a.get("intermediate_size") or 4 * h)
+    shared = 3 * h * (int(a.get("n_shared_experts") or 0) * inter + int(a.get("shared_expert_intermediate_size") or 0))
+    moe = experts * 3 * h * inter + experts * h + shared
+    n_dense = min(int(a.get("first_k_dense_replace") or 0) + len(a.get("mlp_only_layers") or ()), layers)
+    return n_dense * dense + (layers - n_dense) * moe
 
 
 @dataclass
@@ -142,7 +151,7 @@ def trainer_memory(cfg: RunConfig) -> TrainerMemory | None:
     hd = int(a.get("head_dim") or h // heads)
     q, kv = heads * hd, int(a.get("num_key_value_heads") or heads) * hd
     inter = int(a.get("moe_intermediate_size") or a.get("intermediate_size") or 4 * h)
-    if a.get("num_experts"):
+    if num_routed_experts(a):
         inter *= int(a.get("num_experts_per_tok") or 1)
     per_token_layer = 2 * (5 * h + 3 * q + 2 * kv + 4 * inter)
     tokens = t.micro_batch_tokens // max(t.cp, 1)

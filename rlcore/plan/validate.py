@@ -22,16 +22,17 @@ from rlcore.engine.registry import engine_names, engine_problems, engine_spec
 from rlcore.envs import make_env, registered, resolve_env
 from rlcore.models.shipped import is_shipped, shipped_problems
 from rlcore.models.source import gguf_problems, model_path_problems
-from rlcore.models.hybrid import HYBRID_MODEL_TYPES, SHARED_EXPERT_MODEL_TYPES, local_model_type
+from rlcore.models.hybrid import HYBRID_MODEL_TYPES, local_model_type
 from rlcore.models.vl_names import VL_MODEL_TYPES, is_vl_arch
+from rlcore.models.moe_family import moe_parallel_problems, num_routed_experts
+from rlcore.batch.routing import model_arch
 from rlcore.plan.node_fit import NodeCapacity, fit_problems, label_problems
 from rlcore.plan.pd import connector_package_problems, machine_ram_bytes, offload_problems, pd_problems, rollout_pools
 from rlcore.plan.placement import PLACEMENTS, placement_problems
 from rlcore.plan.process_env import env_var_problems
 from rlcore.plan.layout import group_bundles
 from rlcore.storage.rundir import output_dir_problems
-from rlcore.plan.teacher import config_problems as teacher_config_problems
-from rlcore.plan.teacher import teacher_resources
+from rlcore.plan.teacher import config_problems as teacher_config_problems, teacher_resources
 from rlcore.trainer.options import (
     AC_MODES,
     FP8_RECIPES,
@@ -243,24 +244,16 @@ def _first_image_problems(cfg: RunConfig) -> list[tuple[str, str]]:
 
 
 def trainer_parallel_problems(cfg: RunConfig) -> list[tuple[str, str]]:
-    """Mesh (dp, cp, ep) against the world size and the model; checkpointing, logprob chunking
-    and LoRA switches. Model facts come from `model.arch` (a hub model is checked when built)."""
-    t, arch = cfg.trainer, dict(cfg.model.arch)
-    known = cfg.model.path is None  # a random-weight model: its shape is in model.arch
-    out = mesh_problems(t.dp, t.cp, t.ep, t.world_size, num_experts=arch.get("num_experts", 0) if known else None,
+    """Mesh (dp, cp, ep) against the world size and the model (its MoE family: `moe_parallel_problems`);
+    checkpointing, logprob chunking, LoRA. Model facts: `model.arch` (a hub model is checked when built)."""
+    t, arch, known = cfg.trainer, dict(cfg.model.arch), cfg.model.path is None  # random weights: shape in arch
+    out = mesh_problems(t.dp, t.cp, t.ep, t.world_size, num_experts=num_routed_experts(arch) if known else None,
                         num_heads=arch.get("num_attention_heads") if known else None)
+    out += moe_parallel_problems(model_arch(cfg.model) or {}, t.ep, t.cp)
     model_type = local_model_type(cfg.model.path) if cfg.model.path else arch.get("model_type")
     if t.cp > 1 and model_type in HYBRID_MODEL_TYPES:
         out.append(("trainer.cp", f"{model_type} is a hybrid model (linear-attention / Mamba layers): context "
                     f"parallelism cannot split their recurrent state yet; use trainer.cp=1, got {t.cp}"))
-    if model_type in SHARED_EXPERT_MODEL_TYPES:
-        if t.ep > 1:
-            out.append(("trainer.ep", f"{model_type}'s MoE blocks have a shared expert, which expert parallelism "
-                        f"does not split yet; use trainer.ep=1, got {t.ep}"))
-        for section in ("hf", "vllm"):
-            if getattr(getattr(cfg.rollout, section, None), "routing_replay", False):
-                out.append((f"rollout.{section}.routing_replay", f"{model_type}'s MoE blocks (with a shared expert) "
-                            "are not replayed yet; set it to false"))
     if t.activation_checkpointing not in AC_MODES:
         out.append(("trainer.activation_checkpointing",
                     f"unknown mode {t.activation_checkpointing!r}; choose one of {list(AC_MODES)}"))

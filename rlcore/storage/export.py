@@ -9,7 +9,12 @@ directory atomically):
 - the live trainer at the end of a run (`checkpoint.export_final`): rank 0 writes the full
   parameters as the trainer group gathers them, one tensor at a time.
 
-Tensor names are the transformers module names; tied weights are written once (as
+Tensor names are the model family's checkpoint names, as `save_pretrained` writes them (what
+vLLM's loaders and `from_pretrained` read): transformers fuses the experts of a MoE model in
+memory (``mlp.experts.gate_up_proj`` ``[E, 2I, H]``) and its conversion mapping splits them back
+on save (``mlp.experts.{i}.gate_proj.weight`` for Qwen-MoE, DeepSeek-V3, GLM-4.5;
+``block_sparse_moe.experts.{i}.w1.weight`` for Mixtral; gpt-oss keeps its fused names);
+`hub_named` applies that mapping tensor by tensor. Tied weights are written once (as
 `save_pretrained` does) and re-tied by the loader from `tie_word_embeddings`.
 """
 
@@ -40,6 +45,16 @@ def exportable_tensors(model: torch.nn.Module) -> Iterable[tuple[str, torch.Tens
     for name, buf in model.named_buffers():
         if name in persistent:
             yield name, buf
+
+
+def hub_named(model: torch.nn.Module, named_tensors: Iterable[tuple[str, torch.Tensor]]
+              ) -> Iterable[tuple[str, torch.Tensor]]:
+    """`named_tensors` (transformers module names) under the family's checkpoint names: transformers'
+    own reverse conversion (`revert_weight_conversion`, what `save_pretrained` applies), one tensor
+    at a time so the writer keeps streaming. A dense model's names pass through unchanged."""
+    from transformers.core_model_loading import revert_weight_conversion
+    for name, tensor in named_tensors:
+        yield from revert_weight_conversion(model, {name: tensor}).items()
 
 
 def write_hf_dir(out_dir: str | Path, named_tensors: Iterable[tuple[str, torch.Tensor]], config_src: Path | None = None,
@@ -149,7 +164,7 @@ def _export(ckpt, hf: Path, out_dir) -> Path:
     model.to_empty(device="cpu")
     model.tie_weights()  # to_empty gives every parameter its own storage: re-tie (lm_head = embeddings)
     load_model_weights(model, ckpt)
-    return write_hf_dir(out_dir, exportable_tensors(model), config_src=hf)
+    return write_hf_dir(out_dir, hub_named(model, exportable_tensors(model)), config_src=hf)
 
 
 def used_folder(out: Path) -> str | None:

@@ -16,7 +16,7 @@ rlcore's variable-length attention is a custom op (``torch_attn::_varlen_attn`` 
 kernel and a registered backward), so it traces into the graph without a break. Dense layers
 with cp = 1 compile without graph breaks (tested on CPU); Ulysses all-to-alls are functional
 collectives and trace too (``fullgraph`` stays off: a break runs eagerly rather than failing). In
-MoE layers the attention block, the two norms and the router are compiled, each on its own; the
+MoE layers the attention block, the two norms, the router and the shared experts are compiled, each on its own; the
 rest of the MoE block (router statistics, routing replay, all-to-all split sizes, experts as their
 own FSDP unit, ``torch._grouped_mm``) runs eagerly.
 
@@ -75,7 +75,9 @@ def compile_layers(model: nn.Module, fullgraph: bool = False) -> None:
     router's softmax / top-k are a dozen memory-bound kernels each)."""
     for layer in decoder_layers(model):
         if isinstance(getattr(layer, "mlp", None), MoEBlock):
-            parts = [layer.self_attn, layer.mlp.gate]
+            mlp = layer.mlp
+            parts = [layer.self_attn, mlp.route_module()]  # the family's router (gate / router)
+            parts += [getattr(mlp, mlp.shared_name)] if mlp.shared_name else []  # a dense MLP
             parts += [getattr(layer, n) for n in ("input_layernorm", "post_attention_layernorm") if hasattr(layer, n)]
             for part in parts:
                 compile_module_forward(part, fullgraph=fullgraph)

@@ -3,7 +3,7 @@
 What leaves the trainer is exactly what the inference engine expects for the base model:
 
 - FSDP2-sharded parameters are all-gathered (``DTensor.full_tensor``);
-- expert weights ``...mlp.experts.{gate_up_proj,down_proj}`` of ep ranks are concatenated over the
+- expert weights ``...mlp.experts.{gate_up_proj,down_proj}`` (and gpt-oss's expert biases) of ep ranks are concatenated over the
   ep group along the expert dimension (``[E/ep, ...]`` -> ``[E, ...]``);
 - LoRA-adapted linears are merged, ``W + s B A``, under the base name; adapters are not sent.
 
@@ -32,7 +32,7 @@ def _full(p: torch.Tensor) -> torch.Tensor:
 
 
 def _plan(model: torch.nn.Module):
-    experts = {f"{name}.{leaf}": m for name, m in expert_modules(model).items() for leaf in ("gate_up_proj", "down_proj")}
+    experts = {f"{name}.{leaf}": m for name, m in expert_modules(model).items() for leaf in m.leaves()}
     loras = lora_modules(model)
     adapters = {f"{name}.{leaf}" for name in loras for leaf in ("lora_A", "lora_B")}
     merged = {f"{name}.weight": m for name, m in loras.items()}
@@ -91,3 +91,12 @@ def parameter_metas(model: torch.nn.Module) -> list[tuple[str, tuple[int, ...], 
             shape = (ex.ep_size * shape[0], *shape[1:])
         out.append((name, shape, str(p.dtype).removeprefix("torch.")))
     return out
+
+
+def persistent_buffers(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
+    """(name, tensor) of the buffers a checkpoint holds (a sigmoid router's
+    ``e_score_correction_bias``; not RoPE's ``inv_freq``): replicated on every rank, never sharded."""
+    for prefix, module in model.named_modules():
+        for name, buf in module.named_buffers(recurse=False):
+            if buf is not None and name not in module._non_persistent_buffers_set:
+                yield (f"{prefix}.{name}" if prefix else name), buf.detach()

@@ -30,6 +30,7 @@ from rlcore.trainer.context_parallel import gather_sequence, local_slice, pad_to
 from rlcore.trainer.logprobs import logprob_request
 from rlcore.trainer.moe import set_routing
 from rlcore.trainer.parallel import TOKEN_MULTIPLE_ATTR, Meshes
+from rlcore.trainer.packed_mask import packed_mask_kwargs
 
 
 def token_multiple(model: torch.nn.Module) -> int:
@@ -82,6 +83,8 @@ def forward_columns(model: torch.nn.Module, mb: MicroBatch, temperature: float, 
         kwargs = {"cu_seq_lens_q": cu, "cu_seq_lens_k": cu, "max_length_q": max_len, "max_length_k": max_len}
     ids, pos, tgt = (t.to(device, non_blocking=True) for t in (ids, pos, tgt))
     others = others.to(device, non_blocking=True) if others is not None else None
+    if not kwargs:  # the model's own attention: a family that cannot find the packed sequences gets masks
+        kwargs = packed_mask_kwargs(model, pos[None], model.get_input_embeddings().weight.dtype)
     with logprob_request(model, tgt, temperature, others):
         out = model(input_ids=ids[None], position_ids=pos[None], use_cache=False, **kwargs)
     columns = out.logits[0]

@@ -1,120 +1,81 @@
-"""Expert-parallel MoE block for Qwen3-MoE-shaped models, and router statistics.
+"""One expert-parallel MoE layer for every routed-expert family, and router statistics.
 
-A transformers ``Qwen3MoeSparseMoeBlock`` (router ``gate.weight`` [E, H]; experts
-``experts.gate_up_proj`` [E, 2I, H] and ``experts.down_proj`` [E, H, I]) is replaced by `MoEBlock`
-with the same parameter names. With ``ep`` ranks in an expert-parallel group, rank ``r`` keeps
-experts ``[r * E/ep, (r + 1) * E/ep)`` only.
+A transformers MoE block (Qwen2/3-MoE, Qwen3-Next, Mixtral, gpt-oss, DeepSeek-V3, GLM-4.5; the
+family adapters of `rlcore.models.moe_family`) is replaced by `MoEBlock`, which keeps the block's
+router, experts and shared experts under their own attribute names, so every parameter keeps its
+transformers name. With ``ep`` ranks in an expert-parallel group, rank ``r`` keeps experts
+``[r * E/ep, (r + 1) * E/ep)`` only (`rlcore.trainer.moe_experts.LocalExperts`).
 
-Forward for ``N`` tokens ``x`` [N, H], top-k routing ``(w, e)`` [N, k]::
+Forward for ``N`` tokens ``x`` [N, H], top-k routing ``(w, e)`` [N, k] from the family's own
+router module (its logits, its top-k: softmax, biased top-k-then-softmax, or sigmoid scores with
+a correction bias and group-limited top-k)::
 
-    y_n = sum_{i<k} w_ni * Expert_{e_ni}(x_n),   Expert(x) = W_down (silu(W_gate x) * W_up x)
+    y_n = sum_{i<k} w_ni * Expert_{e_ni}(x_n)  [+ Shared(x_n), times sigmoid(g x_n) when gated]
 
-Dispatch: the ``N k`` (token, slot) pairs are sorted by expert, so the rows for the experts of ep
-rank ``r`` are one contiguous block; per-expert counts are exchanged with an all-to-all, rows with
-a differentiable all-to-all (``all_to_all_single_autograd``: its backward is the reverse
+Dispatch: the ``N k`` (token, slot) pairs are sorted by expert once (one ``argsort``), and the
+token rows gathered once in that order (``index_select``); the rows for the experts of ep rank
+``r`` are one contiguous block. Per-expert counts are exchanged with an all-to-all, rows with a
+differentiable all-to-all (``all_to_all_single_autograd``: its backward is the reverse
 all-to-all). The owner regroups received rows by local expert, applies them, and the reverse
-all-to-all brings results back to the sending rank, which un-sorts and combines with ``w``.
-No capacity factor: no token is dropped, so the result equals the single-rank block exactly
-(up to summation order).
+all-to-all brings results back; the sender scales each row by its weight and sums the rows into
+their tokens with one ``index_add`` (whose backward is one gather). No capacity factor: no token
+is dropped, so the result equals the single-rank block exactly (up to summation order).
 
 Routing replay (`rlcore.batch.routing`): with ``replay`` set (`set_routing`: int [N, k] per block, -1
 for a token that routes itself), a token's experts are the given ``g_n`` instead of its own top-k,
-and its weights are still the trainer's router probabilities gathered there::
-
-    p_n = softmax(router_logits_n),   w_ni = p_n[g_ni] / sum_j p_n[g_nj]  (norm_topk_prob; else p_n[g_ni])
-
+and its weights are what the family's router gives those experts from the trainer's own logits
+(`rlcore.trainer.moe_experts.weights_at`, e.g. ``p_n[g_ni] / sum_j p_n[g_nj]`` for softmax top-k),
 so the router keeps its gradient. The metric ``moe_replay_agreement`` is the fraction of replayed
 (token, layer, slot) whose given expert is also in the trainer's own top-k.
 
 Router statistics (per layer, over the tokens of a step, summed over all ranks):
 tokens per expert ``c_e``, load imbalance ``max_e c_e / mean_e c_e`` (1 = balanced), and mean
-router entropy ``-sum_e p_e log p_e`` (nats).
+router entropy ``-sum_e p_e log p_e`` (nats; for sigmoid scoring, of the normalised scores).
 """
 
 from __future__ import annotations
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 from torch import nn
 from torch.distributed import _functional_collectives as fc
 
-from rlcore.models.vision import decoder_layers
-
-
-def grouped_mm_available() -> bool:
-    return hasattr(torch, "_grouped_mm")
-
-
-class LocalExperts(nn.Module):
-    """The experts this rank owns, stored like transformers' fused ``Qwen3MoeExperts``.
-
-    Two ways to apply them to rows grouped by expert (same result up to summation order):
-
-    - grouped: two ``torch._grouped_mm`` calls (one for ``gate_up``, one for ``down``) over all
-      local experts, group boundaries ``offs = cumsum(counts)`` (int32, on device: no host sync).
-      Weights are passed as ``W.transpose(-2, -1)`` (``[E, in, out]`` views, column-major per
-      expert: the layout the Hopper kernel takes without a copy). Needs bf16 operands whose row
-      strides are multiples of 16 bytes (hidden and intermediate sizes multiples of 8);
-      empty groups are fine. Used on CUDA in bf16 (``grouped=None``, the default).
-    - loop: one pair of matmuls per local expert (``counts`` on the host): the CPU / fp32
-      fallback and the reference the grouped path is tested against.
-    """
-
-    def __init__(self, experts: nn.Module, ep_rank: int, ep_size: int, ep_group: dist.ProcessGroup | None):
-        super().__init__()
-        E = experts.num_experts
-        n = E // ep_size
-        sl = slice(ep_rank * n, (ep_rank + 1) * n)
-        self.gate_up_proj = nn.Parameter(experts.gate_up_proj.data[sl].clone())
-        self.down_proj = nn.Parameter(experts.down_proj.data[sl].clone())
-        self.act_fn = experts.act_fn
-        self.num_experts, self.num_local, self.first = E, n, ep_rank * n
-        self.ep_size, self.ep_group = ep_size, ep_group
-        self.grouped: bool | None = None  # None: grouped on CUDA in bf16, else the loop
-
-    def use_grouped(self, x: torch.Tensor) -> bool:
-        if self.grouped is not None:
-            return self.grouped
-        return x.is_cuda and x.dtype == torch.bfloat16 and grouped_mm_available()
-
-    def forward(self, x: torch.Tensor, counts: torch.Tensor, scale: torch.Tensor | None = None) -> torch.Tensor:
-        """``x`` rows grouped by local expert (``counts[i]`` rows for local expert ``i``; an
-        integer tensor of ``num_local`` entries). ``scale`` [rows] (optional): a factor per row
-        applied before the down projection, ``W_down (s * h) = s * W_down h``: the routing weight
-        on the intermediate width instead of the hidden one."""
-        if self.use_grouped(x):
-            offs = torch.cumsum(counts, 0, dtype=torch.int32)
-            w_gu = self.gate_up_proj.to(x.dtype).transpose(-2, -1)  # [n, H, 2I]
-            w_d = self.down_proj.to(x.dtype).transpose(-2, -1)  # [n, I, H]
-            gate, up = torch._grouped_mm(x, w_gu, offs=offs).chunk(2, dim=-1)
-            h = self.act_fn(gate) * up
-            return torch._grouped_mm(h if scale is None else h * scale[:, None], w_d, offs=offs)
-        outs = []
-        sizes = counts.tolist()
-        scales = scale.split(sizes) if scale is not None else [None] * len(sizes)
-        for i, (rows, s) in enumerate(zip(x.split(sizes), scales)):
-            gate, up = F.linear(rows, self.gate_up_proj[i]).chunk(2, dim=-1)
-            h = self.act_fn(gate) * up
-            outs.append(F.linear(h if s is None else h * s[:, None], self.down_proj[i]))
-        return torch.cat(outs) if outs else x[:0]
+from rlcore.models.moe_family import block_parts, is_moe_block, router_kind
+from rlcore.models.vision import decoder_layers, text_config
+from rlcore.trainer.moe_experts import LocalExperts, routing_distribution, weights_at
 
 
 class MoEBlock(nn.Module):
-    """Drop-in for ``Qwen3MoeSparseMoeBlock`` with expert parallelism over ``ep_group``."""
+    """Drop-in for a transformers MoE block (any family of `rlcore.models.moe_family`) with
+    expert parallelism over ``ep_group``, router statistics and routing replay."""
 
-    def __init__(self, block: nn.Module, ep_group: dist.ProcessGroup | None):
+    def __init__(self, block: nn.Module, ep_group: dist.ProcessGroup | None, family: str = "moe"):
         super().__init__()
         ep_size = dist.get_world_size(ep_group) if ep_group is not None else 1
         ep_rank = dist.get_rank(ep_group) if ep_group is not None else 0
-        self.gate = block.gate
+        parts = block_parts(block, family)
+        self.family = family
+        self.router_name = parts["router"]
+        router = getattr(block, self.router_name)
+        setattr(self, self.router_name, router)  # same attribute: same parameter names
         self.experts = LocalExperts(block.experts, ep_rank, ep_size, ep_group)
-        self.top_k = block.gate.top_k
+        self.shared_name = parts.get("shared_experts")
+        if self.shared_name:
+            setattr(self, self.shared_name, getattr(block, self.shared_name))
+        if "shared_gate" in parts:
+            self.shared_expert_gate = block.shared_expert_gate
+        self.kind = router_kind(router)
+        self.top_k = router.top_k
         self.num_experts = block.experts.num_experts
-        self.norm_topk_prob = bool(getattr(block.gate, "norm_topk_prob", True))
+        self.norm_topk_prob = bool(getattr(router, "norm_topk_prob", True))  # Mixtral: always
+        self.jitter = float(getattr(block, "jitter_noise", 0.0) or 0.0)  # Mixtral's training-time input noise
+        self.returns_scores = self.kind == "topk_softmax"  # gpt-oss's MLP returns (out, router scores)
         self.layer_index = 0  # position among the decoder layers (set by apply_expert_parallel)
         self.replay: torch.Tensor | None = None  # [N, k] experts to use (-1: own top-k); set_routing
         self.reset_stats()
+
+    def route_module(self) -> nn.Module:
+        return getattr(self, self.router_name)
 
     def reset_stats(self) -> None:
         self.stat_counts: torch.Tensor | None = None
@@ -128,7 +89,7 @@ class MoEBlock(nn.Module):
         if not self._counting():
             return
         with torch.no_grad():
-            logp = torch.log_softmax(logits.float(), dim=-1)
+            logp = routing_distribution(self.kind, logits)
             ent = -(logp.exp() * logp).sum()
         c = counts.detach().float()
         self.stat_counts = c if self.stat_counts is None else self.stat_counts + c
@@ -142,8 +103,8 @@ class MoEBlock(nn.Module):
         return torch.is_grad_enabled() and torch._C._current_graph_task_id() == -1
 
     def _replayed(self, logits: torch.Tensor, weights: torch.Tensor, experts: torch.Tensor):
-        """(weights, experts) [N, k] with the replayed rows' experts and their renormalised router
-        probabilities (module docstring); rows holding -1 keep the router's own top-k."""
+        """(weights, experts) [N, k] with the replayed rows' experts and the weights the family's
+        router gives them (module docstring); rows holding -1 keep the router's own top-k."""
         r = self.replay
         if r.shape != experts.shape:
             raise ValueError(f"routing replay: layer {self.layer_index} got experts of shape {tuple(r.shape)}, "
@@ -151,10 +112,8 @@ class MoEBlock(nn.Module):
         given = r.to(device=experts.device, dtype=experts.dtype)
         own = (given < 0).any(-1, keepdim=True)  # [N, 1]
         given = torch.where(own, experts, given)
-        w = torch.softmax(logits, dim=-1, dtype=torch.float).gather(-1, given)
-        if self.norm_topk_prob:
-            w = w / w.sum(-1, keepdim=True)
-        w = torch.where(own, weights, w.to(weights.dtype))
+        w = weights_at(self.kind, self.route_module(), logits, given, self.norm_topk_prob)
+        w = torch.where(own, weights.float(), w)
         if self._counting():
             with torch.no_grad():
                 hit = (given[:, :, None] == experts[:, None, :]).any(-1) & ~own
@@ -163,48 +122,53 @@ class MoEBlock(nn.Module):
             self.stat_replayed = n if self.stat_replayed is None else self.stat_replayed + n
         return w, given
 
-    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+    def forward(self, hidden_states: torch.Tensor):
         shape = hidden_states.shape
+        if self.training and self.jitter > 0:
+            hidden_states = hidden_states * torch.empty_like(hidden_states).uniform_(1.0 - self.jitter, 1.0 + self.jitter)
         x = hidden_states.reshape(-1, shape[-1])
-        logits, weights, experts = self.gate(x)  # [N, E], [N, k], [N, k]
+        logits, weights, experts = self.route_module()(x)  # [N, E], [N, k], [N, k]: the family's own routing
         if self.replay is not None:
             weights, experts = self._replayed(logits, weights, experts)
         k = experts.shape[-1]
         flat = experts.reshape(-1)
-        order = torch.argsort(flat, stable=True)
+        order = torch.argsort(flat, stable=True)  # (token, slot) rows sorted by expert: the one permutation
+        token = order // k
         # tokens per expert (a fixed-size scatter, unlike bincount's data-dependent size)
         counts = torch.zeros(self.num_experts, dtype=torch.int64, device=flat.device).scatter_add_(
             0, flat, torch.ones_like(flat))
         self._record(logits, counts)
-        routed = x[order // k]  # (token, slot) rows sorted by expert
+        routed = x.index_select(0, token)
+        w_sorted = weights.reshape(-1).index_select(0, order).to(x.dtype)
         ex = self.experts
         if ex.ep_size == 1:  # the routing weights scale the I-wide intermediate rows (I < H)
-            out_sorted = ex(routed, counts, weights.reshape(-1)[order].to(x.dtype))
+            rows = ex(routed, counts, w_sorted)
         else:
-            out_sorted = self._dispatch(routed, counts)
-        out = torch.empty_like(out_sorted)
-        out[order] = out_sorted  # back to (token, slot) order; index_put is differentiable
-        if ex.ep_size == 1:
-            y = out.view(-1, k, shape[-1]).sum(1)
-        else:
-            y = (out.view(-1, k, shape[-1]) * weights.to(out.dtype)[..., None]).sum(1)
-        return y.view(shape)
+            rows = self._dispatch(routed, counts) * w_sorted[:, None]
+        y = torch.zeros_like(x).index_add(0, token, rows.to(x.dtype))  # back to tokens: one scatter-add
+        if self.shared_name:
+            shared = getattr(self, self.shared_name)(x)
+            if hasattr(self, "shared_expert_gate"):
+                shared = torch.sigmoid(self.shared_expert_gate(x)) * shared
+            y = y + shared
+        y = y.view(shape)
+        return (y, weights) if self.returns_scores else y
 
     def _dispatch(self, routed: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
         ex = self.experts
         ep, n = ex.ep_size, ex.num_local
         # recv[s, i] = rows rank s sends to my local expert i
         recv = _exchange(counts, ex.ep_group).view(ep, n)
-        send_splits = counts.view(ep, n).sum(1).tolist()
-        recv_splits = recv.sum(1).tolist()
+        splits = torch.cat([counts.view(ep, n).sum(1), recv.sum(1)]).tolist()  # one host sync, not two
+        send_splits, recv_splits = splits[:ep], splits[ep:]
         got = fc.all_to_all_single_autograd(routed, recv_splits, send_splits, ex.ep_group)
-        # rows arrive ordered (source rank, local expert): regroup by local expert
+        # rows arrive ordered (source rank, local expert): regroup by local expert and back
         expert_of_row = torch.arange(n, device=routed.device).repeat(ep).repeat_interleave(recv.flatten())
         perm = torch.argsort(expert_of_row, stable=True)
-        y = ex(got[perm], recv.sum(0))
-        back = torch.empty_like(y)
-        back[perm] = y
-        return fc.all_to_all_single_autograd(back, send_splits, recv_splits, ex.ep_group)
+        inverse = torch.empty_like(perm)
+        inverse[perm] = torch.arange(perm.numel(), device=perm.device)
+        y = ex(got.index_select(0, perm), recv.sum(0))
+        return fc.all_to_all_single_autograd(y.index_select(0, inverse), send_splits, recv_splits, ex.ep_group)
 
 
 def _exchange(counts: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:
@@ -214,26 +178,30 @@ def _exchange(counts: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:
     return out
 
 
-def _is_qwen3_moe_block(m: nn.Module) -> bool:
-    experts = getattr(m, "experts", None)
-    return (hasattr(m, "gate") and experts is not None and hasattr(experts, "gate_up_proj")
-            and hasattr(experts, "down_proj") and hasattr(m.gate, "top_k"))
+def model_family(model: nn.Module) -> str:
+    """The model type of a transformers model's language model (``config.model_type``)."""
+    return str(getattr(text_config(model.config), "model_type", type(model).__name__))
 
 
 def apply_expert_parallel(model: nn.Module, ep_group: dist.ProcessGroup | None) -> list[MoEBlock]:
-    """Replace every Qwen3-MoE sparse block by a `MoEBlock` (also with ep = 1, for the router
-    statistics and sorted dispatch). Returns the blocks."""
+    """Replace every routed-expert block (`rlcore.models.moe_family.is_moe_block`) by a
+    `MoEBlock` (also with ep = 1, for the router statistics, replay and the sorted dispatch).
+    Dense layers (a family's dense first layers) stay as they are. Returns the blocks; raises
+    ValueError naming the family when a block has parts rlcore does not compute, or when
+    ep > 1 and the model has no such block."""
+    family = model_family(model)
     blocks = []
     for i, layer in enumerate(decoder_layers(model)):
         mlp = getattr(layer, "mlp", None)
         if isinstance(mlp, MoEBlock):
             blocks.append(mlp)
-        elif mlp is not None and _is_qwen3_moe_block(mlp):
-            layer.mlp = MoEBlock(mlp, ep_group)
+        elif mlp is not None and is_moe_block(mlp):
+            layer.mlp = MoEBlock(mlp, ep_group, family)
             layer.mlp.layer_index = i
             blocks.append(layer.mlp)
     if ep_group is not None and dist.get_world_size(ep_group) > 1 and not blocks:
-        raise ValueError("trainer.ep > 1 but the model has no Qwen3-MoE-shaped sparse blocks")
+        raise ValueError(f"trainer.ep > 1 but the {family} model has no routed-expert blocks rlcore can shard "
+                         "(a router with top_k and fused 3-D experts under layers[i].mlp)")
     return blocks
 
 
@@ -267,7 +235,7 @@ def router_metrics(model: nn.Module, group: dist.ProcessGroup | None = None) -> 
     if not blocks:
         return {}
     E = blocks[0].num_experts
-    w = blocks[0].gate.weight
+    w = blocks[0].route_module().weight
     dev = w.to_local().device if hasattr(w, "to_local") else w.device  # DTensor once FSDP-sharded
     rows = []
     for b in blocks:

@@ -39,7 +39,8 @@ from rlcore.trainer.compile import compile_layers
 from rlcore.trainer.float8 import apply_float8
 from rlcore.trainer.logprobs import install_logprob_head
 from rlcore.trainer.lora import apply_lora
-from rlcore.trainer.moe import apply_expert_parallel
+from rlcore.models.moe_family import NO_VARLEN
+from rlcore.trainer.moe import apply_expert_parallel, model_family
 
 TOKEN_MULTIPLE_ATTR = "rlcore_token_multiple"
 """Model attribute holding the multiple its packed token count is padded to (16 with FP8 linears;
@@ -90,21 +91,19 @@ def parallelize(model: torch.nn.Module, t, meshes: Meshes, device: torch.device,
     lora = getattr(t, "lora", None)
     if train and lora is not None and lora.enabled:
         apply_lora(model, lora)
-    if has_shared_experts(model):
-        # rlcore's MoEBlock has no shared expert (Qwen3-Next, Qwen3.5-MoE): keep transformers' own
-        # block (ep = 1; EP, router statistics and replay wait for the family MoE layer, issue 55)
-        if meshes.dims.ep > 1:
-            raise ValueError("trainer.ep: this model's MoE blocks have a shared expert, which expert "
-                             "parallelism does not split yet; use trainer.ep=1")
-        moe_blocks = []
-    else:
-        moe_blocks = apply_expert_parallel(model, meshes.ep_group)
+    moe_blocks = apply_expert_parallel(model, meshes.ep_group)
     fp8 = getattr(t, "fp8", "none") if train else "none"  # a frozen reference stays in bf16
     if fp8 != "none":
         if apply_float8(model, fp8, emulate=device.type != "cuda"):  # before fully_shard (torchao's contract)
             setattr(model, TOKEN_MULTIPLE_ATTR, 16)  # FP8 GEMMs: the packed token count too (forward pads)
     bf16_compute = mixed_precision_policy(t, device) is not None or param_dtype(t) == torch.bfloat16
-    auto_varlen = attention is None and device.type == "cuda" and bf16_compute
+    # a family whose attention the varlen kernel does not compute (gpt-oss: sinks, sliding windows)
+    # keeps its own; `rlcore.plan` refuses cp > 1 for it
+    own_attention = model_family(model) in NO_VARLEN
+    if own_attention and (meshes.dims.cp > 1 or attention == "varlen"):
+        raise ValueError(f"{model_family(model)}: rlcore's varlen attention does not compute this family's attention "
+                         "sinks and sliding windows (no context parallelism, no attention='varlen')")
+    auto_varlen = attention is None and device.type == "cuda" and bf16_compute and not own_attention
     # packed VLM rows carry 3-D mrope positions, from which transformers cannot infer sample
     # boundaries: the language model always runs rlcore's varlen attention with explicit ones
     if meshes.dims.cp > 1 or attention == "varlen" or auto_varlen or is_vision_model(model):
@@ -166,11 +165,6 @@ PARAM_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 def param_dtype(t) -> torch.dtype:
     """``trainer.param_dtype`` as a torch dtype (float32 when the config has no such field)."""
     return PARAM_DTYPES[getattr(t, "param_dtype", "float32") or "float32"]
-
-
-def has_shared_experts(model: torch.nn.Module) -> bool:
-    """Whether a decoder layer's MLP is a routed-expert block with a shared expert beside it."""
-    return any(hasattr(getattr(layer, "mlp", None), "shared_expert") for layer in decoder_layers(model))
 
 
 def mixed_precision_policy(t, device: torch.device) -> MixedPrecisionPolicy | None:
