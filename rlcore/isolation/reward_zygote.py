@@ -112,13 +112,13 @@ class Zygote:
                 raise ZygoteError(f"reward worker zygote: {self._state}")
             return True
 
-    def start(self, conn_fd: int, progress: Progress, memory_mb: int) -> "ZygoteChild":
+    def start(self, conn_fd: int, progress: Progress, memory_mb: int, network: bool = False) -> "ZygoteChild":
         """Fork a keeper for a worker whose pipe end is `conn_fd` (closed here once sent)."""
         with self._lock:
             if self.proc.poll() is not None:
                 raise ZygoteError(f"reward worker zygote exited (code {self.proc.returncode})")
             try:
-                self.conn.send(("start", int(memory_mb)))
+                self.conn.send(("start", int(memory_mb), bool(network)))
                 sendfds(self.sock, [conn_fd, progress.fd])
                 if not self.conn.poll(REPLY_TIMEOUT_S):
                     raise ZygoteError(f"reward worker zygote did not answer within {REPLY_TIMEOUT_S:g}s")
@@ -263,6 +263,13 @@ def serve(sock: socket.socket) -> None:
         conn.send(("error", f"could not load the environment: {type(exc).__name__}: {exc}"))
         os._exit(0)
     del blob
+    from rlcore.isolation.reward_worker_walls import worker_filter
+
+    for network in (False, True):  # built once here, not in every worker
+        try:
+            worker_filter(network)
+        except OSError:
+            pass  # each worker says so
     for name in getattr(owner, "reward_imports", ()):
         try:
             importlib.import_module(name)
@@ -294,7 +301,7 @@ def _start_one(sock, conn, owner, keepers: dict[int, Progress], sel) -> None:
     from rlcore.isolation.reward_worker_loop import keep
 
     try:
-        _, memory_mb = conn.recv()
+        _, memory_mb, network = conn.recv()
         conn_fd, progress_fd = recvfds(sock, 2)
     except (EOFError, OSError):
         _end(keepers)
@@ -318,7 +325,7 @@ def _start_one(sock, conn, owner, keepers: dict[int, Progress], sel) -> None:
                         os.close(fd)
                     except OSError:
                         pass
-            keep(Connection(conn_fd), owner, progress, progress, os.getppid(), memory_mb)
+            keep(Connection(conn_fd), owner, progress, progress, os.getppid(), memory_mb, network)
         finally:
             os._exit(1)
     os.close(conn_fd)
