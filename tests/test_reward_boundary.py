@@ -257,3 +257,43 @@ def test_reward_network_opens_the_network(cluster):
 def test_reward_network_must_be_a_boolean():
     with pytest.raises(ValueError, match="env.args.reward_network"):
         Attacker("ok", reward_network="yes")
+
+
+ACTOR = """
+import json, subprocess, sys
+from tests.test_reward_boundary import Attacker
+from tests.test_reward_workers import scored, started_by
+attack, starter = sys.argv[1:3]
+victim = subprocess.Popen(["sleep", "60"]) if attack == "progress" else None
+timeout = 1 if attack == "progress" else 10
+env = started_by(Attacker(attack, str(victim.pid) if victim else "", reward_timeout_s=timeout, reward_memory_mb=150), starter)
+rounds = [[(s.reward, s.error, s.failed) for s in scored(env, tasks=4, n=2)] for _ in range(2)]
+print(json.dumps({"rounds": rounds, "victim_alive": victim is None or victim.poll() is None}))
+"""
+
+
+@pytest.mark.parametrize("starter", ["zygote", "fork"])
+@pytest.mark.parametrize("attack", ["forge_later", "progress", "memory"])
+def test_as_an_ordinary_uid(attack, starter):
+    """Attacks by a stand-in actor run as uid 65534 (`setpriv`, as tests/test_reward_worker_signals.py
+    does): forged replies, a pid and start time in progress memory, memory outside the heap (the
+    others do not depend on the uid: run as root above, kept out here for the suite's time)."""
+    from tests.test_reward_worker_signals import ROOT, USER, USER_PYTHON
+
+    if os.geteuid() != 0:
+        pytest.skip("changing to another uid needs root")
+    if subprocess.check_output([USER_PYTHON, "-c", "import sys; print(sys.version_info[:2])"], text=True).strip() \
+            != str(sys.version_info[:2]):
+        pytest.skip("the system's Python is another minor version than the venv's")
+    if os.path.exists(MARK):
+        os.unlink(MARK)
+    cmd = ["setpriv", f"--reuid={USER}", f"--regid={USER}", "--clear-groups", USER_PYTHON, "-c", ACTOR, attack, starter]
+    env = {"PATH": os.environ["PATH"], "HOME": "/nonexistent", "PYTHONPATH": f"{ROOT}:{site.getsitepackages()[0]}"}
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=150, cwd=ROOT, env=env, start_new_session=True)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    for samples in got["rounds"]:
+        assert [tuple(s) for s in samples[2:]] == [(0.0, None, False)] * 6, samples
+        if attack == "memory":
+            assert all(s[1] is None for s in samples[:2]), samples[0][1]
+    assert got["victim_alive"] and not os.path.exists(MARK)

@@ -12,7 +12,8 @@ addresses, memory no per-process bound counts, and a worker state that later cal
 - Memory: a seccomp filter (:func:`refuse_unbounded_memory`) refuses memfd_create, memfd_secret,
   System V shared memory, semaphores and message queues, POSIX message queues, shared anonymous
   mappings, growing a pipe's buffer, and (without `reward_network`) sockets of any family but
-  AF_UNIX. Not refused: namespaces and mounts, so a reward can still run the sandbox.
+  AF_UNIX, and `setns` (back into the host's namespaces). Not refused: new namespaces and mounts,
+  so a reward can still run the sandbox (and a root reward can unmount what hides Ray's files).
 - State: :class:`OwnerState` notes the environment's instance, class (and bases) and module
   namespaces by identity; a call that changed one retires its worker.
 """
@@ -168,6 +169,8 @@ class OwnerState:
 SECCOMP_SET_MODE_FILTER, PR_SET_NO_NEW_PRIVS = 1, 38
 MAP_SHARED, MAP_ANONYMOUS = 0x01, 0x20
 MEMORY_REFUSED = ("memfd_create", "memfd_secret", "shmget", "shmat", "msgget", "semget", "mq_open")
+WALL_REFUSED = ("setns",)
+"""Refused too: re-entering the host's namespaces through /proc/<pid>/ns (a root reward could)."""
 _FILTERS: dict[bool, bytes] = {}
 
 
@@ -176,7 +179,7 @@ def _worker_rules(network: bool):
 
     def rules(lib, ctx) -> None:
         eperm = sc._errno_action(errno.EPERM)
-        for name in MEMORY_REFUSED:
+        for name in MEMORY_REFUSED + WALL_REFUSED:
             sc._rule(lib, ctx, eperm, name)
         flags = MAP_SHARED | MAP_ANONYMOUS
         sc._rule(lib, ctx, eperm, "mmap", sc._ArgCmp(3, sc.SCMP_CMP_MASKED_EQ, flags, flags))
