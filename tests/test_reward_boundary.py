@@ -297,3 +297,4 @@ def test_as_an_ordinary_uid(attack, starter):
         if attack == "memory":
             assert all(s[1] is None for s in samples[:2]), samples[0][1]
     assert got["victim_alive"] and not os.path.exists(MARK)
+

@@ -250,7 +250,10 @@ class Worker:
         """Ask the keeper to kill the worker and every process its calls left (any session) and
         exit; `reap` waits for it."""
         if self.proc.exitcode is None:
-            try:
+            if hasattr(self.proc, "send_signal"):  # forked by the zygote: through its pidfd
+                self.proc.send_signal(signal.SIGTERM)
+                return
+            try:  # this process's own child, not yet reaped: its pid names it
                 os.kill(self.proc.pid, signal.SIGTERM)
             except ProcessLookupError:
                 pass
@@ -268,6 +271,9 @@ class Worker:
         if self.pidfd is not None:
             os.close(self.pidfd)
             self.pidfd = None
+        proc = getattr(self, "proc", None)
+        if proc is not None and not isinstance(proc, mp.process.BaseProcess):
+            proc.close()  # a ZygoteChild's pidfd
         if self.progress is not None:
             self.progress.close()
             self.progress = self.lock = None

@@ -131,7 +131,11 @@ class Zygote:
                 raise ZygoteRefused(f"reward worker zygote: {detail}")
             if kind != "started":
                 raise ZygoteError(f"reward worker zygote: {detail}")
-            return ZygoteChild(int(detail), progress, self)
+            try:
+                (pidfd,) = recvfds(self.sock, 1)
+            except (EOFError, OSError, ValueError, RuntimeError) as e:
+                raise ZygoteError(f"reward worker zygote sent no pidfd: {e}") from e
+            return ZygoteChild(int(detail), progress, self, pidfd)
 
     def alive(self) -> bool:
         return self.proc.poll() is None
@@ -209,8 +213,8 @@ class ZygoteChild:
     """A keeper the zygote forked, with what the actor needs of a `multiprocessing.Process`:
     `pid`, `is_alive`, `exitcode` (negative: killed by that signal), `join`, `kill`."""
 
-    def __init__(self, pid: int, progress: Progress, zygote: Zygote):
-        self.pid, self.progress, self.zygote = pid, progress, zygote
+    def __init__(self, pid: int, progress: Progress, zygote: Zygote, pidfd: int):
+        self.pid, self.progress, self.zygote, self.pidfd = pid, progress, zygote, pidfd
         self._code: int | None = None
 
     @property
@@ -232,10 +236,21 @@ class ZygoteChild:
             time.sleep(0.002)
 
     def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+    def send_signal(self, signum: int) -> None:
+        """Through the keeper's pidfd (from the zygote, which forked it)."""
+        if self.pidfd is None:
+            return
         try:
-            os.kill(self.pid, signal.SIGKILL)
-        except ProcessLookupError:
+            signal.pidfd_send_signal(self.pidfd, signum)
+        except (ProcessLookupError, OSError):
             pass
+
+    def close(self) -> None:
+        if self.pidfd is not None:
+            os.close(self.pidfd)
+            self.pidfd = None
 
 
 def serve(sock: socket.socket) -> None:
@@ -330,8 +345,10 @@ def _start_one(sock, conn, owner, keepers: dict[int, Progress], sel) -> None:
             os._exit(1)
     os.close(conn_fd)
     keepers[pid] = progress
-    sel.register(os.pidfd_open(pid), selectors.EVENT_READ, pid)
+    pidfd = os.pidfd_open(pid)  # its own child, not yet reaped: the pid names it
+    sel.register(pidfd, selectors.EVENT_READ, pid)
     conn.send(("started", pid))
+    sendfds(sock, [pidfd])  # the actor signals the keeper through it, never by a pid that may be reused
 
 
 def _end(keepers: dict[int, Progress]) -> None:
