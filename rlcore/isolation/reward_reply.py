@@ -3,7 +3,7 @@
 A reply is one frame: a 4-byte big-endian length (what `multiprocessing.Connection.send_bytes`
 writes) and that many bytes of UTF-8 JSON, at most `FRAME_LIMIT`. Its body:
 ``{"batch": int, "start": int, "final": bool, "retire": bool, "outs": [outcome, ...]}`` and each
-outcome ``{"value": plain, "error": str | null, "output": str}``, where `plain` is JSON's own
+outcome ``[value, error, output]``: `value` plain, `error` a string or null, `output` a string, where `plain` is JSON's own
 types (null, bool, number, string, list, object with string keys), nested at most `DEPTH` deep.
 The actor parses it with `json` alone (no pickle: nothing in a reply can run in the actor), and
 a frame that is too long, does not parse or breaks the schema raises :class:`BadReply`, which
@@ -15,7 +15,6 @@ what the environment does with them anyway (`rlcore.envs.base.as_reward`).
 from __future__ import annotations
 
 import json
-import math
 import struct
 from typing import Any
 
@@ -58,22 +57,24 @@ def encode_reply(batch: int, outs: list[Outcome], start: int, final: bool, retir
     that would make the reply too long, becomes its call's error."""
     rows = []
     for out in outs:
-        error = out.error
-        try:
-            value = plain_value(out.value) if error is None else None
-        except (TypeError, RecursionError) as exc:
-            value, error = None, f"reward value cannot be sent back: {exc}"
-        rows.append({"value": value, "error": None if error is None else error[:TEXT_LIMIT],
-                     "output": out.output[:TEXT_LIMIT]})
+        error, value = out.error, out.value
+        if error is not None:
+            value, error = None, error[:TEXT_LIMIT]
+        elif type(value) is not float:  # a float (the usual reward) is plain already
+            try:
+                value = plain_value(value)
+            except (TypeError, RecursionError) as exc:
+                value, error = None, f"reward value cannot be sent back: {exc}"
+        rows.append([value, error, out.output[:TEXT_LIMIT]])
     body = {"batch": batch, "start": start, "final": final, "retire": retire, "outs": rows}
     data = json.dumps(body, allow_nan=True).encode()
     if len(data) <= FRAME_LIMIT - 64 * len(rows) - 256:
         return data
-    for row in rows:  # too long: the largest values become errors until it fits
-        size = len(json.dumps(row["value"], allow_nan=True))
+    for row in rows:  # too long: the large values become errors, outputs are cut
+        size = len(json.dumps(row[0], allow_nan=True))
         if size > 1024:
-            row["value"], row["error"] = None, f"reward returned a value of {size} bytes as JSON (limit {FRAME_LIMIT})"
-        row["output"] = row["output"][:1024]
+            row[0], row[1] = None, f"reward returned a value of {size} bytes as JSON (limit {FRAME_LIMIT})"
+        row[2] = row[2][:1024]
     return json.dumps(body, allow_nan=True).encode()
 
 
@@ -108,18 +109,17 @@ def decode_reply(data: bytes) -> dict:
         raise BadReply("a reply whose fields have the wrong types")
     outs = []
     for row in rows:
-        if not isinstance(row, dict) or set(row) != {"value", "error", "output"}:
-            raise BadReply("an outcome without the outcome's fields")
-        value, error, output = row["value"], row["error"], row["output"]
-        if not (error is None or isinstance(error, str)) or not isinstance(output, str):
+        if type(row) is not list or len(row) != 3:
+            raise BadReply("an outcome that is not [value, error, output]")
+        value, error, output = row
+        if not (error is None or type(error) is str) or type(output) is not str:
             raise BadReply("an outcome whose fields have the wrong types")
-        try:
-            _check_plain(value)
-        except RecursionError:
-            raise BadReply("a value nests too deeply") from None
-        if isinstance(value, float) and math.isnan(value):
-            value = math.nan
-        outs.append(Outcome(value=value, error=error[:TEXT_LIMIT] if error else error, output=output[:TEXT_LIMIT]))
+        if type(value) is not float:
+            try:
+                _check_plain(value)
+            except RecursionError:
+                raise BadReply("a value nests too deeply") from None
+        outs.append(Outcome(value=value, error=error, output=output))
     return {"batch": batch, "start": start, "final": final, "retire": retire, "outs": outs}
 
 
