@@ -63,7 +63,9 @@ def starts(args: argparse.Namespace) -> None:
                     time.sleep(0.01)
             own0, kids0, t0 = cpu(resource.RUSAGE_SELF), cpu(resource.RUSAGE_CHILDREN), time.perf_counter()
             workers = [pool.take() for _ in range(args.workers)]
-            while any(w.worker_pid <= 0 for w in workers):
+            while any(w.pidfd is None for w in workers):  # started: its keeper sent its pidfd
+                for w in workers:
+                    w._signal(0)
                 time.sleep(0.001)
             wall, own = time.perf_counter() - t0, cpu(resource.RUSAGE_SELF) - own0
             for w in workers:

@@ -121,7 +121,7 @@ def test_without_a_namespace_a_warning_says_so_and_a_reward_that_kills_its_paren
     """Where `unshare` is refused (here: made to be) the workers share the actor's namespace: the
     run says so once, and a reward that kills its parent kills the worker's keeper, not the
     scoring process; the sample names it."""
-    monkeypatch.setattr(reward_worker_ns, "enter", lambda: reward_worker_ns.NONE)
+    monkeypatch.setattr(reward_worker_ns, "enter", lambda *a: reward_worker_ns.NONE)
     env = started_by(Attacker("kill_keeper", reward_timeout_s=10), "fork")  # the patch holds in forks only
     try:
         with caplog.at_level("WARNING", logger="rlcore"):

@@ -18,6 +18,7 @@ import warnings
 
 import pytest
 
+from rlcore.isolation.reward_worker_walls import NOFILE
 from tests.test_reward_workers import scored
 from tests.test_env_safety import Scored
 
@@ -36,7 +37,10 @@ class Patching(Scored):
 
     def __init__(self, behaviour, **kw):
         super().__init__(behaviour, **kw)
-        self.umask, self.nofile = _umask(), resource.getrlimit(resource.RLIMIT_NOFILE)
+        # a worker's descriptors are bounded (rlcore.isolation.reward_worker_walls.NOFILE)
+        hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+        want = NOFILE if hard == resource.RLIM_INFINITY else min(NOFILE, hard)
+        self.umask, self.nofile = _umask(), (want, want)
         self.recursion = sys.getrecursionlimit()
 
     def reward(self, task, completion):

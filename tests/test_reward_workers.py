@@ -136,7 +136,7 @@ def started_by(env, starter: str, size: int | None = None):
     from rlcore.isolation.reward_workers import WorkerPool
 
     pool = env._reward_pool = WorkerPool(env, size or env.reward_pool().size, env.reward_memory_mb,
-                                         zygote=starter == "zygote")
+                                         zygote=starter == "zygote", network=env.reward_network)
     if starter == "zygote":
         until = time.monotonic() + 60
         while pool.zygote() is None:
@@ -216,7 +216,7 @@ def test_overrunning_calls_overlap_instead_of_queueing(env_of, tmp_path):
 
 @pytest.mark.parametrize("behaviour,expect", [
     ("exit", "reward worker exited (code 7) during this call"),
-    ("huge", "bytes pickled (limit 1048576)"),
+    ("huge", "bytes as JSON (limit 1048576)"),
     ("close_fds", "the reward closed its worker's pipe to the actor"),
 ])
 def test_each_fault_of_user_code_costs_its_own_sample(env_of, behaviour, expect):

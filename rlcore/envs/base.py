@@ -13,7 +13,7 @@ drops it) or scores it 0 with the error kept on `Sample.error` (`on_reward_error
 than `max_abandoned_threads` timed-out threads are still running, scoring moves to `process`
 isolation (logged once) and stateful calls (`init_state`, `env_response`) fail their request with
 one line. Each reward worker may grow by `reward_memory_mb` MiB (a call past it fails its sample,
-naming the bound). What the code prints is kept on `Sample.env_output`. Every reward is checked
+naming the bound); reward workers have no network unless `reward_network` is true. What the code prints is kept on `Sample.env_output`. Every reward is checked
 against the environment's declared `reward_range` ([0, 1] unless the class or
 `env.args.reward_range` says otherwise): one outside it fails its sample with that reason,
 whatever `on_reward_error` says. These settings are ordinary
@@ -77,11 +77,15 @@ class Environment(abc.ABC):
 
     def __init__(self, seed: int = 0, reward_timeout_s: float = 10.0, on_reward_error: str = "fail",
                  reward_isolation: str = "worker", eval_size: int = 64, max_abandoned_threads: int = 4,
-                 reward_memory_mb: int = 2048, reward_range: Sequence[float] | None = None):
+                 reward_memory_mb: int = 2048, reward_range: Sequence[float] | None = None,
+                 reward_network: bool = False):
         check_safety_args(reward_timeout_s, on_reward_error, reward_isolation, max_abandoned_threads)
         if not isinstance(reward_memory_mb, int) or reward_memory_mb < 0:
             raise ValueError(f"env.args.reward_memory_mb: must be an integer >= 0 (0 = unbounded), got {reward_memory_mb!r}")
         self.reward_memory_mb = reward_memory_mb
+        if not isinstance(reward_network, bool):
+            raise ValueError(f"env.args.reward_network: must be true or false, got {reward_network!r}")
+        self.reward_network = reward_network
         self.reward_range = check_reward_range(self.reward_range if reward_range is None else reward_range)
         self.max_abandoned_threads = int(max_abandoned_threads)
         if eval_size < 1:
@@ -102,7 +106,8 @@ class Environment(abc.ABC):
         """The environment's reward workers (`reward_isolation: worker`)."""
         if getattr(self, "_reward_pool", None) is None:
             self._reward_pool = WorkerPool(self, max(2, min(4, os.cpu_count() or 1)),
-                                           getattr(self, "reward_memory_mb", 2048), zygote=self.reward_zygote)
+                                           getattr(self, "reward_memory_mb", 2048), zygote=self.reward_zygote,
+                                           network=getattr(self, "reward_network", False))
         return self._reward_pool
 
     @property

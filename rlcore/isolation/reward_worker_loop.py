@@ -38,16 +38,21 @@ is seen too).
 from __future__ import annotations
 
 import ctypes
+import json
 import os
 import pickle
 import resource
 import signal
+import socket
 import stat
 import sys
+import threading
 import time
 from typing import Any
 
 from rlcore.isolation import reward_worker_ns as ns
+from rlcore.isolation import reward_worker_walls as walls
+from rlcore.isolation.reward_reply import encode_reply
 from rlcore.isolation.reward_worker_home import Home, recording
 from rlcore.isolation.safety import Outcome, _describe, _Sink
 
@@ -75,7 +80,7 @@ REAP_ROUNDS = 100
 (a fork bomb outruns it; the parent then kills the worker's whole session and replaces it)."""
 
 
-def keep(conn, owner: Any, progress, lock, actor_pid: int, memory_mb: int) -> None:
+def keep(conn, owner: Any, progress, lock, actor_pid: int, memory_mb: int, network: bool = False) -> None:
     """The keeper: the worker's parent, between it and the process that scores (the rollout
     actor). A call that signals its parent (`os.getppid()`) hits the keeper, not the actor; the
     actor sees the keeper killed and names it. The keeper heads the worker's session and is a
@@ -83,16 +88,30 @@ def keep(conn, owner: Any, progress, lock, actor_pid: int, memory_mb: int) -> No
     the worker and every process the worker's calls left, then exits with the worker's status."""
     os.setsid()  # its own session: nothing here gets the actor's terminal or process-group signals
     _die_with(actor_pid)
+    # a fork of the actor holds every descriptor it had (other workers' pipes and progress, Ray's
+    # sockets): the worker keeps its own pipe and progress only
+    walls.close_fds_but({0, 1, 2, conn.fileno(), progress.fd})
     libc = ctypes.CDLL(None, use_errno=True)
     libc.prctl(PR_SET_CHILD_SUBREAPER, 1)
     keeper = os.getpid()
-    progress[NAMESPACE] = namespace = ns.enter()  # the worker cannot name the actor's processes
+    namespace = ns.enter(network)  # the worker cannot name the actor's processes (nor, mostly, the network)
+    progress[NAMESPACE] = namespace
+    walls.hide_cluster(memory_mb)  # where a mount namespace was had
+    walls.scrub_environment(network)
+    gate_r, gate_w = os.pipe()
     pid = os.fork()
     if pid == 0:
+        os.close(gate_w)
+        os.read(gate_r, 1)  # the keeper has sent the actor this process's pidfd: nothing precedes it
+        os.close(gate_r)
         os.setsid()  # killpg(0) from a call reaches the worker alone, not the keeper
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         _die_with(keeper)
-        serve(conn, owner, progress, lock, memory_mb, namespace != ns.NONE)
+        serve(conn, owner, progress, lock, memory_mb, namespace != ns.NONE, network)
+    os.close(gate_r)
+    _send_hello(conn, pid, namespace)
+    os.write(gate_w, b"x")
+    os.close(gate_w)
     conn.close()
 
     def stop(*_) -> None:
@@ -106,6 +125,23 @@ def keep(conn, owner: Any, progress, lock, actor_pid: int, memory_mb: int) -> No
     os._exit(os.WEXITSTATUS(status) if os.WIFEXITED(status) else 128 + os.WTERMSIG(status))
 
 
+def _send_hello(conn, pid: int, namespace: int) -> None:
+    """The first frame on the worker's pipe, from the keeper before the worker may write: the
+    worker's pidfd (its own child, not yet reaped: the pid names it) and its namespaces. The
+    actor signals the worker through that pidfd alone."""
+    body = json.dumps({"hello": namespace, "walls": sorted(ns.entered)}).encode()
+    data = len(body).to_bytes(4, "big", signed=True) + body
+    pidfd = os.pidfd_open(pid)
+    sock = socket.socket(fileno=os.dup(conn.fileno()))
+    try:
+        sock.sendmsg([data], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, pidfd.to_bytes(4, sys.byteorder))])
+    except OSError:
+        pass  # the actor is gone or closed the pipe: the worker finds that out itself
+    finally:
+        sock.close()
+        os.close(pidfd)
+
+
 def _die_with(parent_pid: int) -> None:
     """SIGKILL this process when `parent_pid` (its parent) ends; exit now if it already has."""
     ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
@@ -113,7 +149,7 @@ def _die_with(parent_pid: int) -> None:
         os._exit(0)
 
 
-def serve(conn, owner: Any, progress, lock, memory_mb: int, namespace_init: bool) -> None:
+def serve(conn, owner: Any, progress, lock, memory_mb: int, namespace_init: bool, network: bool = False) -> None:
     """The worker's main loop (never returns): run batches of `owner`'s methods for the actor.
     `namespace_init`: the worker is pid 1 of a PID namespace of its own."""
     libc = ctypes.CDLL(None, use_errno=True)
@@ -130,14 +166,17 @@ def serve(conn, owner: Any, progress, lock, memory_mb: int, namespace_init: bool
         os.dup2(devnull, fd)
     os.close(devnull)
     limit_memory(memory_mb)
+    walls.limit_descriptors()
+    walls.refuse_unbounded_memory(network)
     home = Home()
+    state = walls.OwnerState(owner)
     while True:
         try:
-            batch = pickle.loads(conn.recv_bytes())
+            batch_id, batch = pickle.loads(conn.recv_bytes())  # from the actor: trusted
         except (EOFError, OSError):
             os._exit(0)
-        _batch.update(conn=conn, outs=[], sent=0)
-        outs, retire = run_batch(owner, batch, progress, lock, home, memory_mb, conn.fileno(), _batch["outs"])
+        _batch.update(conn=conn, outs=[], sent=0, id=batch_id)
+        outs, retire = run_batch(owner, batch, progress, lock, home, memory_mb, conn.fileno(), _batch["outs"], state)
         try:
             conn.send_bytes(encode(outs[_batch["sent"]:], retire, _batch["sent"], final=True))
         except Exception:  # the call closed the pipe: the actor sees this worker die during it
@@ -147,7 +186,7 @@ def serve(conn, owner: Any, progress, lock, memory_mb: int, namespace_init: bool
 
 
 def run_batch(owner: Any, batch: list[bytes], progress, lock, home: Home, memory_mb: int,
-              pipe_fd: int, outs: list[Outcome]) -> tuple[list, bool]:
+              pipe_fd: int, outs: list[Outcome], state: "walls.OwnerState | None" = None) -> tuple[list, bool]:
     """Run the batch's calls in order until the parent's cut, appending each outcome to `outs`;
     (outs, whether to retire). Exits at once (EXIT_PIPE_LOST) after a call that closed the pipe,
     so the actor blames it."""
@@ -171,6 +210,10 @@ def run_batch(owner: Any, batch: list[bytes], progress, lock, home: Home, memory
             return outs, True
         if unrestored is not None:  # the call itself is scored; the worker is not reused
             return outs, True
+        # what a later call (of another task) must not meet: threads the call left running, the
+        # environment's class or module globals changed, descriptors near the limit
+        if threading.active_count() > 1 or (state is not None and state.changed()) or walls.near_fd_limit():
+            return outs, True
     return outs, False
 
 
@@ -189,7 +232,7 @@ def _abandon(signum, frame) -> None:
         raise CallAbandoned(f"abandoned at its deadline (signal {signum})")
 
 
-_batch: dict[str, Any] = {"conn": None, "outs": [], "sent": 0}
+_batch: dict[str, Any] = {"conn": None, "outs": [], "sent": 0, "id": 0}
 """The batch being run: its pipe, its outcomes so far, how many of them were sent (`_flush`)."""
 
 
@@ -230,24 +273,9 @@ def run_one(owner: Any, blob: bytes) -> Outcome:
 
 
 def encode(outs: list[Outcome], retire: bool, start: int = 0, final: bool = True) -> bytes:
-    """A reply `(outs, retire, start, final)`: the outcomes of the batch's calls from index
-    `start` on, and whether it is the batch's last reply. A value that does not pickle, or
-    pickles too large, becomes its call's error."""
-    try:
-        reply = pickle.dumps((outs, retire, start, final))
-        if len(reply) <= RESULT_LIMIT:
-            return reply
-    except Exception:
-        pass
-    for out in outs:
-        try:
-            size = len(pickle.dumps(out.value))
-        except Exception as exc:
-            out.value, out.error = None, f"reward value cannot be sent back: {_describe(exc)}"
-            continue
-        if size > RESULT_LIMIT:
-            out.value, out.error = None, f"reward returned a value of {size} bytes pickled (limit {RESULT_LIMIT})"
-    return pickle.dumps((outs, retire, start, final))
+    """A reply (:mod:`rlcore.isolation.reward_reply`: JSON, no pickle) for the running batch: the
+    outcomes of its calls from index `start` on, and whether it is the batch's last reply."""
+    return encode_reply(int(_batch["id"]), outs, start, final, retire)
 
 
 def limit_memory(memory_mb: int) -> None:

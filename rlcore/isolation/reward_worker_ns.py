@@ -22,19 +22,36 @@ import signal
 import time
 
 CLONE_NEWUSER, CLONE_NEWPID = 0x10000000, 0x20000000
+CLONE_NEWNS, CLONE_NEWIPC, CLONE_NEWNET = 0x00020000, 0x08000000, 0x40000000
+WALLS = {"mount": CLONE_NEWNS, "ipc": CLONE_NEWIPC, "net": CLONE_NEWNET}
+"""Namespaces the worker gets besides its PID namespace where the kernel allows: a mount namespace
+(:mod:`rlcore.isolation.reward_worker_walls` hides the cluster's files there), an IPC namespace
+(SysV objects die with it), a network namespace with no interface up (no network; not when the
+environment declares `reward_network`)."""
+entered: set[str] = set()
+"""Which of `WALLS` this process got from :func:`enter`."""
 NONE, PID, USER_AND_PID = 0, 1, 2
 """What :func:`enter` achieved: nothing (the worker shares the actor's PID namespace), a PID
 namespace (root), a user and a PID namespace (an ordinary uid)."""
 
 
-def enter() -> int:
+def enter(network: bool = True) -> int:
     """Put this process's future children in a new PID namespace; returns NONE, PID or
-    USER_AND_PID. Call in a single-threaded process (a fresh fork)."""
+    USER_AND_PID. Also the namespaces of `WALLS` (no network namespace when `network`), each
+    where the kernel allows (`entered` says which). Call in a single-threaded process (a fresh fork)."""
     libc = ctypes.CDLL(None, use_errno=True)
+    walls = {k: v for k, v in WALLS.items() if network is False or k != "net"}
+    extra = sum(walls.values())
+    entered.clear()
     if os.geteuid() == 0:
+        if libc.unshare(CLONE_NEWPID | extra) == 0:
+            entered.update(walls)
+            return PID
         return PID if libc.unshare(CLONE_NEWPID) == 0 else NONE
     uid, gid = os.geteuid(), os.getegid()
-    if libc.unshare(CLONE_NEWUSER | CLONE_NEWPID) != 0:
+    if libc.unshare(CLONE_NEWUSER | CLONE_NEWPID | extra) == 0:
+        entered.update(walls)
+    elif libc.unshare(CLONE_NEWUSER | CLONE_NEWPID) != 0:
         return NONE
     # an unprivileged process may map its own uid and gid (after refusing setgroups) and nothing else
     for path, text in (("/proc/self/setgroups", "deny"), ("/proc/self/uid_map", f"{uid} {uid} 1"),

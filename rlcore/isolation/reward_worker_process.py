@@ -3,17 +3,22 @@ calls over them; :mod:`rlcore.isolation.reward_worker_loop` is what runs in the 
 
 from __future__ import annotations
 
+import array
+import json
 import multiprocessing as mp
 import os
 import pickle
 import signal
+import socket
 import threading
 import time
 
 from rlcore.isolation.reward_worker_loop import (
-    ABANDON_SIGNAL, CURRENT, CUT, EXIT_DESCENDANTS, EXIT_PIPE_LOST, FLUSH_SIGNAL, NAMESPACE, STARTED, WORKER_PID,
+    ABANDON_SIGNAL, CURRENT, CUT, EXIT_DESCENDANTS, EXIT_PIPE_LOST, FLUSH_SIGNAL, NAMESPACE, STARTED,
     keep,
 )
+from rlcore.isolation import reward_worker_walls as walls
+from rlcore.isolation.reward_reply import BadReply, FrameReader, StaleReply, decode_reply
 from rlcore.isolation.reward_worker_ns import NONE
 from rlcore.isolation.reward_worker_progress import Progress
 from rlcore.isolation.reward_zygote import Zygote
@@ -49,39 +54,110 @@ def start_forked(proc) -> None:
 class Worker:
     """The actor's handle on one reward worker (its keeper process, pipe and progress)."""
 
-    def __init__(self, owner, memory_mb: int, zygote: Zygote | None = None):
+    def __init__(self, owner, memory_mb: int, zygote: Zygote | None = None, network: bool = False,
+                 name: str = "env"):
         """The worker's keeper is forked by `zygote` (a lean process: :mod:`rlcore.isolation.reward_zygote`)
-        or, without one, by this process (the environment need not be importable by name)."""
+        or, without one, by this process (the environment need not be importable by name).
+        `network`: the environment declared `reward_network` (else the worker has none)."""
         ctx = mp.get_context("fork")
         self.conn, child = ctx.Pipe()
+        self.name = name
+        self.reader = FrameReader()
+        self.pidfd: int | None = None
+        """The worker's pidfd, from its keeper (the worker's parent, before the worker may write)."""
+        self.namespace = -1
+        self.pending: list[dict] = []
+        """Replies read with the hello (`_signal`), not yet taken."""
+        self.batch_id = 0
+        self.seen = (-1, 0.0)
+        """(call index, when this process first saw the worker on it): deadlines are on this clock."""
         self.progress = self.lock = Progress()
         self.progress[NAMESPACE] = -1
         if zygote is not None:
             try:
-                self.proc = zygote.start(os.dup(child.fileno()), self.progress, memory_mb)
+                self.proc = zygote.start(os.dup(child.fileno()), self.progress, memory_mb, network)
             except BaseException:
                 self.close()
                 raise
             finally:
                 child.close()
         else:
+            walls.worker_filter(network)  # built once here, not in every worker
             # the process started here is the worker's keeper (its parent); the worker is its child
-            self.proc = ctx.Process(target=keep, args=(child, owner, self.progress, self.lock, os.getpid(), memory_mb),
+            self.proc = ctx.Process(target=keep, args=(child, owner, self.progress, self.lock, os.getpid(), memory_mb,
+                                                       network),
                                     daemon=True, name="rlcore-reward-worker")
             start_forked(self.proc)
             child.close()
         self.idle_since = 0.0
         """When it last went back to its pool's idle workers (`time.monotonic`)."""
 
+    def read_replies(self) -> list[dict]:
+        """The replies complete after reading what the pipe holds now (call when it is readable:
+        never blocks). EOFError when the worker is gone; BadReply (naming the environment) for a
+        frame that is not a reply, or a reply that is not for the batch it runs."""
+        fd = self.conn.fileno()
+        if self.pidfd is None:
+            data, fds = self._receive_hello(fd)
+        else:
+            data, fds = os.read(fd, 1 << 16), []
+        if not data:
+            raise EOFError
+        try:
+            frames = self.reader.feed(data)
+            if self.pidfd is None:
+                if not frames:  # the hello comes whole, before anything else
+                    raise BadReply("the worker's first frame was not its keeper's")
+                hello = json.loads(frames.pop(0))
+                if len(fds) != 1 or not isinstance(hello, dict) or not isinstance(hello.get("hello"), int):
+                    raise BadReply("the worker's first frame was not its keeper's")
+                self.pidfd, self.namespace = fds.pop(), hello["hello"]
+            replies = [decode_reply(f) for f in frames]
+            for reply in replies:
+                if reply["batch"] != self.batch_id:
+                    raise (StaleReply if 0 < reply["batch"] < self.batch_id else BadReply)(
+                        f"a reply for batch {reply['batch']} while it runs batch {self.batch_id}")
+            return replies
+        except StaleReply as exc:
+            raise StaleReply(f"{self.name}: reward worker sent {exc}") from None
+        except (BadReply, ValueError) as exc:
+            raise BadReply(f"{self.name}: reward worker sent {exc}") from None
+        finally:
+            for extra in fds:
+                os.close(extra)
+
+    def _receive_hello(self, fd: int) -> tuple[bytes, list[int]]:
+        sock = socket.socket(fileno=os.dup(fd))
+        try:
+            fds = array.array("i")
+            data, ancdata, _, _ = sock.recvmsg(1 << 16, socket.CMSG_SPACE(4 * fds.itemsize))
+            for level, kind, payload in ancdata:
+                if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+                    fds.frombytes(payload[:len(payload) - len(payload) % fds.itemsize])
+            return data, list(fds)
+        finally:
+            sock.close()
+
+    def observe(self, batch_len: int, cut: int | None) -> tuple[int, float]:
+        """(index of the call it runs, when this process first saw it there) for a running batch
+        of `batch_len` calls (-1 before the first). The index is the worker's word, checked: it
+        only moves forward, within the batch and the cut; the time is this process's own.
+        BadReply when the worker broke that."""
+        k, _ = self.where()
+        seen_k, seen_at = self.seen
+        if k == seen_k:
+            return seen_k, seen_at
+        if k < seen_k or k >= batch_len or (cut is not None and k > cut):
+            raise BadReply(f"{self.name}: reward worker wrote call {k} into its progress (it ran {seen_k} "
+                           f"of {batch_len}{'' if cut is None else f', cut at {cut}'})")
+        self.seen = (k, time.monotonic())
+        return self.seen
+
     @property
     def pid(self) -> int:
         """The keeper's pid (the process this one forked and reaps)."""
         return self.proc.pid
 
-    @property
-    def worker_pid(self) -> int:
-        """The worker's pid (0 until it started)."""
-        return int(self.progress[WORKER_PID])
 
     def death(self) -> str:
         """How the worker ended, once its pipe closed (waits up to 1 s for its keeper)."""
@@ -102,13 +178,15 @@ class Worker:
         """Start a batch; returns when it was sent."""
         now = time.monotonic()
         self.progress[CURRENT], self.progress[STARTED], self.progress[CUT] = -1, now, len(blobs) - 1
-        self.conn.send_bytes(pickle.dumps(blobs))
+        self.batch_id += 1
+        self.seen = (-1, now)
+        self.conn.send_bytes(pickle.dumps((self.batch_id, blobs)))
         return now
 
     @property
     def shares_pid_namespace(self) -> bool:
         """Whether the worker could not get a PID namespace of its own (it can signal the actor)."""
-        return int(self.progress[NAMESPACE]) == NONE
+        return self.namespace == NONE
 
     def where(self) -> tuple[int, float]:
         """(index of the call it runs, when that call started); -1 before the first."""
@@ -143,19 +221,39 @@ class Worker:
         self._signal(FLUSH_SIGNAL)
 
     def _signal(self, signum: int) -> None:
-        pid = self.worker_pid
-        if pid <= 0:  # not started yet (kill(0) would signal this process's own group)
+        """Through the worker's pidfd alone (never a pid the worker could have written)."""
+        if self.pidfd is None and self.conn.poll(0):
+            try:
+                self._take_hello()
+            except (EOFError, OSError, BadReply):
+                return
+        if self.pidfd is None:  # its keeper has not said yet: it is not running a call
             return
         try:
-            os.kill(pid, signum)
-        except (ProcessLookupError, ValueError, OverflowError):
+            signal.pidfd_send_signal(self.pidfd, signum)
+        except (ProcessLookupError, OSError):
             pass
+
+    def _take_hello(self) -> None:
+        self.pending += self.read_replies()
+
+    def quiet(self) -> bool:
+        """Whether nothing more than its batch's replies came (a worker that wrote more is not reused)."""
+        return not self.reader.partial and not self.pending and not self.conn.poll(0)
+
+    def take_replies(self) -> list[dict]:
+        """`read_replies`, after those read with the hello."""
+        replies, self.pending = self.pending, []
+        return replies + self.read_replies()
 
     def stop(self) -> None:
         """Ask the keeper to kill the worker and every process its calls left (any session) and
         exit; `reap` waits for it."""
         if self.proc.exitcode is None:
-            try:
+            if hasattr(self.proc, "send_signal"):  # forked by the zygote: through its pidfd
+                self.proc.send_signal(signal.SIGTERM)
+                return
+            try:  # this process's own child, not yet reaped: its pid names it
                 os.kill(self.proc.pid, signal.SIGTERM)
             except ProcessLookupError:
                 pass
@@ -170,6 +268,12 @@ class Worker:
     def close(self) -> None:
         """Release this side's pipe and progress memory (the worker is gone)."""
         self.conn.close()
+        if self.pidfd is not None:
+            os.close(self.pidfd)
+            self.pidfd = None
+        proc = getattr(self, "proc", None)
+        if proc is not None and not isinstance(proc, mp.process.BaseProcess):
+            proc.close()  # a ZygoteChild's pidfd
         if self.progress is not None:
             self.progress.close()
             self.progress = self.lock = None

@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 from multiprocessing.connection import wait
 from typing import Callable, Iterator
 
+from rlcore.isolation.reward_reply import BadReply, StaleReply
 from rlcore.isolation.reward_worker_process import KEEPER_WAIT_S, Worker, kill_all
 from rlcore.isolation.reward_zygote import Zygote, ZygoteError, ZygoteHolder, ZygoteRefused
 from rlcore.isolation.safety import Outcome, call_many
@@ -75,16 +76,23 @@ class _Batch:
     """When its call at `cut` was asked to stop (it missed its deadline)."""
     flushed_for: int = -1
     """The overrunning call for which the worker was asked to send what it finished before it."""
+    received: int = 0
+    """Outcomes its replies brought so far (the next reply must start there)."""
 
 
 class WorkerPool:
-    def __init__(self, owner, size: int, memory_mb: int = 0, zygote: bool = True):
+    def __init__(self, owner, size: int, memory_mb: int = 0, zygote: bool = True, network: bool = False):
         """Up to `size` workers per request (more while calls overrun), each running methods of
         `owner` (an environment) with `memory_mb` MiB of memory beyond what it was forked with
         (0: unbounded). `zygote`: start workers from a lean process (:mod:`rlcore.isolation.reward_zygote`)
         once it is ready, where `owner` pickles; else (and meanwhile) fork them from this process.
+        `network`: the environment declared `reward_network` (else its workers have none).
         Thread-safe: concurrent requests take workers of their own."""
         self.owner, self.size, self.memory_mb = owner, max(1, int(size)), int(memory_mb)
+        self.network = bool(network)
+        declared = str(getattr(owner, "name", "") or "")
+        self.name = declared if declared not in ("", "env") else type(owner).__name__
+        """How its errors name the environment."""
         self.zygotes = ZygoteHolder(owner, zygote)
         self.idle: list[Worker] = []
         self.dying: list[Worker] = []
@@ -142,12 +150,12 @@ class WorkerPool:
             zygote = self.zygote()
             if zygote is not None:
                 try:
-                    return Worker(self.owner, self.memory_mb, zygote)
+                    return Worker(self.owner, self.memory_mb, zygote, self.network, self.name)
                 except ZygoteRefused:
                     pass  # a fork from here says why, if it fails too
                 except ZygoteError as e:
                     self.zygotes.lost(zygote, str(e))
-            return Worker(self.owner, self.memory_mb)
+            return Worker(self.owner, self.memory_mb, None, self.network, self.name)
         except BaseException:
             with self._lock:
                 self.live -= 1
@@ -215,6 +223,9 @@ class _Run:
         self.tries = {i: 0 for i in blobs}
         self.running: list[_Batch] = []
         self.handoff_s = min(HANDOFF_S, timeout_s / 2)
+        self.suspects: set[int] = set()
+        """Calls of a batch whose worker broke the protocol: each runs alone from then on, so a
+        second break names the call that caused it, not the calls it shared a worker with."""
         self.settled: list[int] = []
         """Calls settled and not yet yielded (`take_settled`)."""
 
@@ -226,7 +237,9 @@ class _Run:
             if not self.running:  # no worker could be had: MAX_WORKERS overrun elsewhere
                 time.sleep(self.handoff_s)
                 continue
-            ready = wait([b.worker.conn for b in self.running], timeout=self.handoff_s / 2)
+            pending = any(b.worker.pending for b in self.running)
+            ready = wait([b.worker.conn for b in self.running], timeout=0 if pending else self.handoff_s / 2)
+            ready = ready + [b.worker.conn for b in self.running if b.worker.pending]
             for batch in [b for b in self.running if b.worker.conn in ready]:
                 self.finish(batch)
             now = time.monotonic()
@@ -250,8 +263,10 @@ class _Run:
         if n <= 0:
             self.todo.extend(items)
             return
-        per = math.ceil(len(items) / n)
-        for share in [items[j:j + per] for j in range(0, len(items), per)]:
+        alone = [[i] for i in items if i in self.suspects]
+        items = [i for i in items if i not in self.suspects]
+        per = math.ceil(len(items) / n) if items else 1
+        for share in alone + [items[j:j + per] for j in range(0, len(items), per)]:
             worker = self.pool.take()
             if worker is None:
                 self.todo.extend(share)
@@ -268,28 +283,71 @@ class _Run:
 
     def finish(self, batch: _Batch) -> None:
         """A reply came (or its worker died): keep the outcomes; after the batch's last reply,
-        requeue what it did not run."""
+        requeue what it did not run. A reply that is not data of the expected shape (or not for
+        the calls it may report) fails the call it came during, names the environment, and
+        costs the worker; the batch's other calls run again elsewhere."""
         try:
-            outs, retire, start, final = pickle.loads(batch.worker.conn.recv_bytes())
+            replies = batch.worker.take_replies()
+            received = batch.received
+            for reply in replies:
+                received = self.check(batch, reply, received)
         except (EOFError, OSError):
             self.running.remove(batch)
-            k, _ = batch.worker.where()
+            k = batch.worker.where()[0]  # the worker's word, but only about calls of its own batch
+            if not batch.received <= k < len(batch.items):
+                k = batch.worker.seen[0]
             why = batch.worker.death()
             self.pool.drop(batch.worker)
             if k >= 0:
                 self.settle(batch.items[k], Outcome(error=f"{why} during this call"))
             self.requeue([i for p, i in enumerate(batch.items) if p != k and i not in batch.moved])
             return
-        for i, out in zip(batch.items[start:], outs):
-            self.settle(i, out)
-        if not final:  # what it finished before an overrunning call (`flush`)
-            return
-        self.running.remove(batch)
-        if retire:
+        except StaleReply:  # written by a call of an earlier batch: this batch's calls run again elsewhere
+            self.running.remove(batch)
             self.pool.drop(batch.worker)
-        else:
-            self.pool.give(batch.worker)
-        self.todo.extend(i for i in batch.items[start + len(outs):] if i not in batch.moved)
+            self.requeue([i for i in batch.items if i not in batch.moved])
+            return
+        except BadReply as exc:
+            self.fail_worker(batch, str(exc))
+            return
+        for reply in replies:
+            start, outs = reply["start"], reply["outs"]
+            for i, out in zip(batch.items[start:], outs):
+                self.settle(i, out)
+            batch.received = start + len(outs)
+            if not reply["final"]:  # what it finished before an overrunning call (`flush`)
+                continue
+            self.running.remove(batch)
+            if reply["retire"] or reply is not replies[-1] or not batch.worker.quiet():
+                self.pool.drop(batch.worker)
+            else:
+                self.pool.give(batch.worker)
+            self.todo.extend(i for i in batch.items[batch.received:] if i not in batch.moved)
+            return
+
+    def check(self, batch: _Batch, reply: dict, received: int) -> int:
+        """BadReply unless `reply` brings the next outcomes of `batch` (`received` so far), within
+        its cut; the outcomes received after it."""
+        last = len(batch.items) if batch.cut is None else batch.cut + 1
+        if reply["start"] != received or reply["start"] + len(reply["outs"]) > last:
+            raise BadReply(f"{self.pool.name}: reward worker sent outcomes {reply['start']}.."
+                           f"{reply['start'] + len(reply['outs']) - 1} where {received}..{last - 1} were due")
+        return received + len(reply["outs"])
+
+    def fail_worker(self, batch: _Batch, why: str) -> None:
+        """The worker broke the protocol (`why`) and is killed. A batch of one call: that call
+        fails with `why`. Otherwise which call did it is unknown (what a call writes may be
+        read while a later one runs): its unsettled calls run again, each alone."""
+        if batch in self.running:
+            self.running.remove(batch)
+        self.pool.drop(batch.worker)
+        left = [i for i in batch.items if i not in batch.moved and self.results[i] is None]
+        if len(batch.items) == 1 or all(i in self.suspects for i in left):
+            for i in left:
+                self.settle(i, Outcome(error=why))
+            return
+        self.suspects.update(left)
+        self.requeue(left)
 
     def watch(self, batch: _Batch, now: float) -> None:
         """At its call's deadline ask the call to stop, and kill its worker if it does not within
@@ -298,9 +356,14 @@ class _Run:
             if now - batch.abandoned_at >= ABANDON_GRACE_S:
                 self.kill(batch, batch.cut)
             return
-        k, started = batch.worker.where()
-        if k < 0:
-            started = batch.sent_at
+        try:  # the call it is on is the worker's word (checked); when it started is this clock's
+            k, started = batch.worker.observe(len(batch.items), batch.cut)
+        except BadReply as exc:
+            self.fail_worker(batch, str(exc))
+            return
+        if now - batch.sent_at >= self.timeout_s * len(batch.items) + ABANDON_GRACE_S:
+            self.kill(batch, max(k, 0))  # however its progress reads, no batch outlives its calls' deadlines
+            return
         if now - started >= self.timeout_s:
             cut = batch.cut if batch.cut is not None else batch.worker.cut()
             if cut is None:  # it never started its batch, or cannot be reached
@@ -335,7 +398,8 @@ class _Run:
         outcomes were in the lost reply)."""
         self.running.remove(batch)
         self.pool.drop(batch.worker)
-        self.settle(batch.items[k], Outcome(error=f"timeout after {self.timeout_s:g}s"))
+        half = " (half a reply was on its pipe)" if batch.worker.reader.partial else ""
+        self.settle(batch.items[k], Outcome(error=f"timeout after {self.timeout_s:g}s{half}"))
         self.requeue([i for p, i in enumerate(batch.items) if p != k and i not in batch.moved])
 
     def settle(self, i: int, out: Outcome) -> None:

@@ -112,13 +112,13 @@ class Zygote:
                 raise ZygoteError(f"reward worker zygote: {self._state}")
             return True
 
-    def start(self, conn_fd: int, progress: Progress, memory_mb: int) -> "ZygoteChild":
+    def start(self, conn_fd: int, progress: Progress, memory_mb: int, network: bool = False) -> "ZygoteChild":
         """Fork a keeper for a worker whose pipe end is `conn_fd` (closed here once sent)."""
         with self._lock:
             if self.proc.poll() is not None:
                 raise ZygoteError(f"reward worker zygote exited (code {self.proc.returncode})")
             try:
-                self.conn.send(("start", int(memory_mb)))
+                self.conn.send(("start", int(memory_mb), bool(network)))
                 sendfds(self.sock, [conn_fd, progress.fd])
                 if not self.conn.poll(REPLY_TIMEOUT_S):
                     raise ZygoteError(f"reward worker zygote did not answer within {REPLY_TIMEOUT_S:g}s")
@@ -131,7 +131,11 @@ class Zygote:
                 raise ZygoteRefused(f"reward worker zygote: {detail}")
             if kind != "started":
                 raise ZygoteError(f"reward worker zygote: {detail}")
-            return ZygoteChild(int(detail), progress, self)
+            try:
+                (pidfd,) = recvfds(self.sock, 1)
+            except (EOFError, OSError, ValueError, RuntimeError) as e:
+                raise ZygoteError(f"reward worker zygote sent no pidfd: {e}") from e
+            return ZygoteChild(int(detail), progress, self, pidfd)
 
     def alive(self) -> bool:
         return self.proc.poll() is None
@@ -209,8 +213,8 @@ class ZygoteChild:
     """A keeper the zygote forked, with what the actor needs of a `multiprocessing.Process`:
     `pid`, `is_alive`, `exitcode` (negative: killed by that signal), `join`, `kill`."""
 
-    def __init__(self, pid: int, progress: Progress, zygote: Zygote):
-        self.pid, self.progress, self.zygote = pid, progress, zygote
+    def __init__(self, pid: int, progress: Progress, zygote: Zygote, pidfd: int):
+        self.pid, self.progress, self.zygote, self.pidfd = pid, progress, zygote, pidfd
         self._code: int | None = None
 
     @property
@@ -232,10 +236,21 @@ class ZygoteChild:
             time.sleep(0.002)
 
     def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+    def send_signal(self, signum: int) -> None:
+        """Through the keeper's pidfd (from the zygote, which forked it)."""
+        if self.pidfd is None:
+            return
         try:
-            os.kill(self.pid, signal.SIGKILL)
-        except ProcessLookupError:
+            signal.pidfd_send_signal(self.pidfd, signum)
+        except (ProcessLookupError, OSError):
             pass
+
+    def close(self) -> None:
+        if self.pidfd is not None:
+            os.close(self.pidfd)
+            self.pidfd = None
 
 
 def serve(sock: socket.socket) -> None:
@@ -263,6 +278,13 @@ def serve(sock: socket.socket) -> None:
         conn.send(("error", f"could not load the environment: {type(exc).__name__}: {exc}"))
         os._exit(0)
     del blob
+    from rlcore.isolation.reward_worker_walls import worker_filter
+
+    for network in (False, True):  # built once here, not in every worker
+        try:
+            worker_filter(network)
+        except OSError:
+            pass  # each worker says so
     for name in getattr(owner, "reward_imports", ()):
         try:
             importlib.import_module(name)
@@ -294,7 +316,7 @@ def _start_one(sock, conn, owner, keepers: dict[int, Progress], sel) -> None:
     from rlcore.isolation.reward_worker_loop import keep
 
     try:
-        _, memory_mb = conn.recv()
+        _, memory_mb, network = conn.recv()
         conn_fd, progress_fd = recvfds(sock, 2)
     except (EOFError, OSError):
         _end(keepers)
@@ -318,13 +340,15 @@ def _start_one(sock, conn, owner, keepers: dict[int, Progress], sel) -> None:
                         os.close(fd)
                     except OSError:
                         pass
-            keep(Connection(conn_fd), owner, progress, progress, os.getppid(), memory_mb)
+            keep(Connection(conn_fd), owner, progress, progress, os.getppid(), memory_mb, network)
         finally:
             os._exit(1)
     os.close(conn_fd)
     keepers[pid] = progress
-    sel.register(os.pidfd_open(pid), selectors.EVENT_READ, pid)
+    pidfd = os.pidfd_open(pid)  # its own child, not yet reaped: the pid names it
+    sel.register(pidfd, selectors.EVENT_READ, pid)
     conn.send(("started", pid))
+    sendfds(sock, [pidfd])  # the actor signals the keeper through it, never by a pid that may be reused
 
 
 def _end(keepers: dict[int, Progress]) -> None:

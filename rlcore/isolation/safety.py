@@ -194,10 +194,14 @@ def _child(conn, out_fd, fn, args, parent_pid: int) -> None:
     os.dup2(out_fd, 1)
     os.dup2(out_fd, 2)
     sys.stdout = sys.stderr = open(out_fd, "w", buffering=1, closefd=False)
+    from rlcore.isolation.reward_reply import encode_reply
+
     try:
-        conn.send(Outcome(value=fn(*args)))
+        out = Outcome(value=fn(*args))
     except BaseException as exc:
-        conn.send(Outcome(error=_describe(exc)))
+        out = Outcome(error=_describe(exc))
+    try:  # data, never a pickle: the actor parses it (rlcore.isolation.reward_reply)
+        conn.send_bytes(encode_reply(0, [out], 0, True, False))
     finally:
         conn.close()
 
@@ -224,15 +228,30 @@ class _ProcessCall:
         return text + (f"\n[... {extra} more bytes dropped]" if extra > 0 else "")
 
     def result(self, deadline: float, timeout_s: float) -> Outcome:
+        from rlcore.isolation.reward_reply import BadReply, FrameReader, decode_reply
+
+        reader = FrameReader()
+        out = None
         try:
-            if self._conn.poll(max(0.0, deadline - time.monotonic())):
-                try:
-                    out = self._conn.recv()
-                except EOFError:
+            # what is there, as it comes, until the deadline on this clock: half a frame waits no longer
+            while out is None and self._conn.poll(max(0.0, deadline - time.monotonic())):
+                data = os.read(self._conn.fileno(), 1 << 16)
+                if not data:
                     self._proc.join(1.0)
                     out = Outcome(error=f"process died (exit code {self._proc.exitcode})")
-            else:
-                out = Outcome(error=f"timeout after {timeout_s:g}s")
+                    break
+                try:
+                    frames = reader.feed(data)
+                    if frames:
+                        reply = decode_reply(frames[0])
+                        if len(reply["outs"]) != 1:
+                            raise BadReply("a reply without its one outcome")
+                        out = reply["outs"][0]
+                except BadReply as exc:
+                    out = Outcome(error=f"reward process sent {exc}")
+            if out is None:
+                half = " (half a reply was on its pipe)" if reader.partial else ""
+                out = Outcome(error=f"timeout after {timeout_s:g}s{half}")
         finally:
             kill_session(self._proc)
             self._conn.close()
