@@ -21,7 +21,7 @@ from rlcore.plan.keys import unknown_key
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 TOP = "rlcore|actors|conf|recipes|launch|tests|benchmarks|docs|docker"
-PATH = re.compile(rf"`((?:{TOP})/[\w./\-]*)")
+PATH = re.compile(rf"`((?:{TOP})/[\w./\-*{{}}<>]*)")
 MODULE = re.compile(r"`((?:rlcore|actors|launch)(?:\.\w+)+)")
 SECTIONS = "|".join(f.name for f in dataclasses.fields(RunConfig))
 KEY = re.compile(rf"`\+?((?:{SECTIONS})\.[A-Za-z_][\w.]*)")
