@@ -13,6 +13,7 @@ deadline and names the rank that died or failed (`actors.remote.get`).
 from __future__ import annotations
 
 import logging
+import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,9 +24,12 @@ from ray.util.placement_group import placement_group_table
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from actors.actor_config import config_env, remote_class
-from actors.remote import RunError, get, refs_ready
+from actors.remote import ActorDied, RunError, get, refs_ready
 from actors.trainer import TrainerRank
 from rlcore.storage.checkpoint import CheckpointWriter
+from rlcore.storage.errors import NO_SPACE, storage_cause
+from rlcore.storage.location import is_remote
+from rlcore.report.console import log_error_detail
 from rlcore.config import RunConfig
 from rlcore.report.events import event
 from rlcore.transfer.plan import SyncPlan, TensorMeta
@@ -243,7 +247,12 @@ class TrainerGroup:
                 parts.update(rank_parts or {})
             path = writer.commit(tmp, step, driver_state(), parts)
         except BaseException as exc:
+            cause = save_failure_cause(exc, writer.root) if isinstance(exc, Exception) else None
             writer.abort(tmp)
+            if cause is not None:  # a storage fault: named in a short first line, the whole error in the log
+                line = f"checkpoint save of step {step} to {writer.root} failed: {cause}"
+                log_error_detail(self.cfg.output_dir, f"{line}\n{exc}")
+                raise RunError(line) from exc
             if isinstance(exc, RunError):
                 raise
             if isinstance(exc, Exception):
@@ -277,6 +286,28 @@ class TrainerGroup:
     def kill(self) -> None:
         for h in self.handles:
             ray.kill(h, no_restart=True)
+
+
+LOW_SPACE_BYTES = 16 << 20
+"""Free bytes under which a failed local checkpoint write is read as a full disk (torch's zip
+writer reports a short write as `unexpected pos ...`, without the errno)."""
+
+
+def save_failure_cause(exc: BaseException, root) -> str | None:
+    """The storage cause of a failed checkpoint save (`rlcore.storage.errors.storage_cause`: no
+    space, permission, unreachable, throttled), or None for another fault. On a local folder, a
+    write error with no cause in its text while the disk is (nearly) full reads as "no space left
+    on device" (asked before the partial folder is removed)."""
+    cause = storage_cause(exc)
+    if cause is not None or isinstance(exc, ActorDied):
+        return cause
+    if is_remote(root):
+        return None
+    try:
+        free = shutil.disk_usage(str(root)).free
+    except OSError:
+        return None
+    return NO_SPACE if free < LOW_SPACE_BYTES else None
 
 
 def placement_change(before: list[str], after: list[str]) -> str:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
+import traceback
 from pathlib import Path
 
 from omegaconf import OmegaConf
@@ -34,7 +35,8 @@ from rlcore.plan.layout import format_plan, make_plan
 from rlcore.plan.overrides import one_line, override_key
 from rlcore.plan.placement import resolve
 from rlcore.plan.validate import Capacity, validate
-from rlcore.report.console import EXIT_CONFIG, report_config_error, report_error
+from rlcore.report.console import EXIT_CONFIG, log_error_detail, report_config_error, report_error
+from rlcore.storage.errors import StorageError
 from rlcore.report.events import EventLog
 from rlcore.report.metrics import MetricsLogger
 from rlcore.report.plot import write_run_plot
@@ -268,6 +270,10 @@ def _run_session(cfg: RunConfig, prepared, out: Path, events: EventLog) -> int:
         return EXIT_INTERRUPTED
     except (RunError, TimeoutError, ray.exceptions.RayError) as exc:  # RayError: an actor's own exception
         print(report_error(str(exc), cfg.output_dir), file=sys.stderr)
+        return EXIT_RUN
+    except StorageError as exc:  # a series row or a file of the run not written (a full disk): SFT, eval
+        log_error_detail(cfg.output_dir, traceback.format_exc())
+        print(f"rlcore: error: {exc}; {last_checkpoint_hint(cfg)}", file=sys.stderr)
         return EXIT_RUN
     finally:
         if logger is not None:
