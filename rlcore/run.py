@@ -197,13 +197,13 @@ def run_job(argv: list[str], print_cfg: bool = False) -> int:
         return report_config_error(exc)
     try:
         with Sync(cfg) as sync:  # an object-store output_dir: uploads during the run and at its end
-            code = _run_prepared(cfg, prepared, out)
+            code = _run_prepared(cfg, prepared, out, sync)
         return EXIT_RUN if sync.failed and code == 0 else code
     finally:
         lock.close()  # the folder is free for the next run (exit or a crash frees it too)
 
 
-def _run_prepared(cfg: RunConfig, prepared, out: Path) -> int:
+def _run_prepared(cfg: RunConfig, prepared, out: Path, sync: Sync) -> int:
     """Run the job with its timeline in events.jsonl and, with `logger.watch_port`, the live page
     beside it (its own process: the run pays nothing for it)."""
     events = EventLog(out)
@@ -212,15 +212,16 @@ def _run_prepared(cfg: RunConfig, prepared, out: Path) -> int:
     code = EXIT_RUN
     try:
         with events.capture(logging.getLogger("rlcore")):  # fault lines tagged as events (`report.events.event`)
-            code = _run_session(cfg, prepared, out, events)
+            code = _run_session(cfg, prepared, out, events, sync)
         return code
     finally:
         events.write("end", f"run ended (exit code {code})", exit_code=code)
         stop_page(page)
 
 
-def _run_session(cfg: RunConfig, prepared, out: Path, events: EventLog) -> int:
-    """Start Ray and run the job of a validated config into its (locked) folder."""
+def _run_session(cfg: RunConfig, prepared, out: Path, events: EventLog, sync: Sync) -> int:
+    """Start Ray and run the job of a validated config into its (locked) folder. A run refused
+    before it began (Ray would not start, the cluster does not fit) uploads nothing (`sync`)."""
 
     address = ray_address(cfg.cluster)
     if address is None:
@@ -235,6 +236,7 @@ def _run_session(cfg: RunConfig, prepared, out: Path, events: EventLog) -> int:
         with ray_phase.phase("starting Ray" if address is None else f"connecting to Ray at {address}"):
             start_ray(cfg)
     except RayStartError as exc:
+        sync.discard()
         print(f"rlcore: error: {exc}", file=sys.stderr)
         return EXIT_RUN
     # after ray.init: it installs a fatal-signal handler that prints a C++ stack on SIGTERM
@@ -262,6 +264,8 @@ def _run_session(cfg: RunConfig, prepared, out: Path, events: EventLog) -> int:
                          step=history[-1].get("step") if history else None)
         return EXIT_INTERRUPTED if stop.requested else 0
     except ConfigError as exc:
+        if driver is None:  # refused before the run began (the cluster's check)
+            sync.discard()
         return report_config_error(exc)
     except KeyboardInterrupt:
         events.write("interrupt", f"{stop.signal_name or 'SIGINT'}: stopped at once")
