@@ -30,6 +30,9 @@ from rlcore.storage.checkpoint import CheckpointWriter
 from rlcore.storage.errors import NO_SPACE, storage_cause
 from rlcore.storage.location import is_remote
 from rlcore.report.console import log_error_detail
+from rlcore.plan.layout import group_bundles
+from rlcore.plan.node_fit import capacity_gone
+from actors.session import live_nodes
 from rlcore.config import RunConfig
 from rlcore.report.events import event
 from rlcore.transfer.plan import SyncPlan, TensorMeta
@@ -125,18 +128,24 @@ class TrainerGroup:
         before = self.placed or self.nodes()
         began = time.monotonic()
         deadline, attempt = began + wait_s, 0
+        capacity = CapacityWatch(self.cfg, "trainer restart", wait_s)
         while True:
             attempt += 1
             self.kill()
-            ready, _ = ray.wait([self.pg.ready()], timeout=max(0.0, deadline - time.monotonic()))
+            ready = capacity.wait_ready(self.pg, deadline)
             if not ready:
-                raise RunError(f"trainer restart: the trainer placement group was not scheduled again within "
-                               f"cluster.placement_timeout_s={wait_s:g}s; cluster has {ray.available_resources()}")
+                raise RunError(f"trainer restart: {capacity.gone or 'the trainer placement group was not scheduled again'}"
+                               f"; no node joined within cluster.placement_timeout_s={wait_s:g}s"
+                               + ("" if capacity.gone else f"; cluster has {ray.available_resources()}"))
             self.handles = self._spawn()
             try:
                 metas = self.start(first_answer_s=max(1.0, deadline - time.monotonic()))
             except RunError as exc:
+                capacity.check()
                 if time.monotonic() >= deadline:
+                    if capacity.gone:
+                        raise RunError(f"trainer restart: {capacity.gone}; no node joined within "
+                                       f"cluster.placement_timeout_s={wait_s:g}s") from exc
                     raise RunError(f"trainer restart: the new ranks did not start within "
                                    f"cluster.placement_timeout_s={wait_s:g}s ({attempt} attempt(s)): {exc}") from exc
                 log.info("trainer restart attempt %d failed (%s); retrying", attempt, str(exc).splitlines()[0][:200])
@@ -287,6 +296,42 @@ class TrainerGroup:
         for h in self.handles:
             ray.kill(h, no_restart=True)
 
+
+class CapacityWatch:
+    """Whether the alive nodes can still host the trainer group (`rlcore.plan.node_fit.
+    capacity_gone`: a node lost with no replacement), asked while a restart waits: said in one
+    line at once (`gone` keeps it), the wait goes on until its deadline for a node to join."""
+
+    def __init__(self, cfg: RunConfig, what: str, wait_s: float):
+        self.cfg, self.what, self.wait_s = cfg, what, wait_s
+        self.gone: str | None = None
+
+    def check(self) -> str | None:
+        try:
+            gone = capacity_gone(self.cfg, group_bundles(self.cfg)[0], live_nodes())
+        except Exception:  # the GCS is away for a moment: ask again on the next beat
+            return self.gone
+        if gone and gone != self.gone:
+            log.warning("%s: %s; waiting up to %.0fs (cluster.placement_timeout_s) for such a node to join",
+                        self.what, gone, self.wait_s, extra=event("capacity_gone", group="trainer"))
+        self.gone = gone
+        return gone
+
+    def wait_ready(self, pg, deadline: float) -> bool:
+        """Wait for `pg` until `deadline` (monotonic), checking the capacity every `CAPACITY_BEAT_S`."""
+        ref = pg.ready()
+        while True:
+            left = deadline - time.monotonic()
+            ready, _ = ray.wait([ref], timeout=max(0.0, min(CAPACITY_BEAT_S, left)))
+            if ready:
+                return True
+            if left <= CAPACITY_BEAT_S:
+                return False
+            self.check()
+
+
+CAPACITY_BEAT_S = 2.0
+"""How often a restart's wait asks whether any alive node can host the group."""
 
 LOW_SPACE_BYTES = 16 << 20
 """Free bytes under which a failed local checkpoint write is read as a full disk (torch's zip
