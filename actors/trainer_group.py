@@ -252,7 +252,9 @@ class TrainerGroup:
         tmp = writer.begin(step)
         try:
             parts: dict[str, int] = {}
-            for rank_parts in self._get(self._each("save_checkpoint", str(tmp)), f"checkpoint save of step {step}"):
+            refs = self._each("save_checkpoint", str(tmp))
+            for rank_parts in get(refs, self.cfg.checkpoint.timeout_s, f"checkpoint save of step {step}", self.names,
+                                  notice=f"writing to {writer.root}, checkpoint.timeout_s"):
                 parts.update(rank_parts or {})
             path = writer.commit(tmp, step, driver_state(), parts)
         except BaseException as exc:

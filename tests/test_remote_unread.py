@@ -127,3 +127,25 @@ def test_a_wait_that_watches_for_frozen_peers_ends_when_a_peer_dies():
     while read_unread() and time.monotonic() < deadline:
         time.sleep(0.1)
     assert read_unread() == 0
+
+
+@ray.remote
+def answers_after(seconds: float) -> int:
+    time.sleep(seconds)
+    return 1
+
+
+def test_a_named_wait_says_what_it_waits_for_within_seconds(monkeypatch, caplog):
+    """`get(..., notice=...)` (a checkpoint's write): a wait still open after WAIT_NOTICE_S is one
+    line naming the participants not done, where, and how long it will wait."""
+    import logging
+
+    import actors.remote as remote
+    monkeypatch.setattr(remote, "WAIT_NOTICE_S", 1.0)
+    refs = [answers_after.remote(0.0), answers_after.remote(3.0)]
+    with caplog.at_level(logging.WARNING, logger="rlcore"):
+        assert get(refs, 60, "checkpoint save of step 3", ["trainer rank 0", "trainer rank 1"],
+                   notice="writing to /ckpt, checkpoint.timeout_s") == [1, 1]
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == 1 and lines[0].startswith("checkpoint save of step 3: waiting for trainer rank 1 "
+                                                   "(writing to /ckpt, checkpoint.timeout_s); up to"), lines

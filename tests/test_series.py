@@ -84,3 +84,18 @@ def test_storage_errors_are_named_for_what_they_are():
     assert storage_cause(ValueError("boom")) is None
     line = short_storage_error("uploading to", "s3://b/run", RuntimeError("x" * 1000))
     assert len(line) <= 200 and line.startswith("uploading to s3://b/run: RuntimeError: x")
+
+
+def test_a_checkpoint_write_that_failed_on_a_full_disk_says_so(small_disk, tmp_path):
+    """torch's zip writer reports a short write as `unexpected pos ...` without the errno: on a
+    (nearly) full local disk the checkpoint's error line says "no space left on device"."""
+    from actors.trainer_group import save_failure_cause
+    torch_error = RuntimeError("[enforce fail at inline_container.cc:664] . unexpected pos 704 vs 598")
+    assert save_failure_cause(torch_error, tmp_path) is None  # room left: not read as a full disk
+    with pytest.raises(OSError):
+        with open(small_disk / "filler", "wb") as fh:
+            while True:
+                fh.write(b"\0" * 4096)
+    assert save_failure_cause(torch_error, small_disk) == NO_SPACE
+    wrapped = RuntimeError("checkpoint save failed (rank 0: RuntimeError: ... [Errno 28] No space left on device)")
+    assert save_failure_cause(wrapped, tmp_path) == NO_SPACE
