@@ -6,8 +6,6 @@ skipped where it cannot be mounted)."""
 
 import json
 import logging
-import subprocess
-import uuid
 from pathlib import Path
 
 import pytest
@@ -16,18 +14,13 @@ from rlcore.config import LoggerConfig
 from rlcore.report.metrics import MetricsLogger
 from rlcore.storage.errors import NO_SPACE, StorageError, short_storage_error, storage_cause
 from rlcore.storage.rundir import truncate_series
+from tests.conftest import fill_disk
 
 
 @pytest.fixture
-def small_disk(tmp_path):
+def small_disk(capped_disk):
     """A 64 KiB tmpfs: writes past it fail with ENOSPC."""
-    mnt = tmp_path / f"disk-{uuid.uuid4().hex[:6]}"
-    mnt.mkdir()
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(mnt)], capture_output=True, text=True)
-    if done.returncode != 0:
-        pytest.skip(f"cannot mount a size-capped tmpfs here ({done.stderr.strip() or done.returncode}): needs root")
-    yield mnt
-    subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
+    return capped_disk("64k")
 
 
 def lines_of(path: Path) -> list[dict]:
@@ -92,10 +85,7 @@ def test_a_checkpoint_write_that_failed_on_a_full_disk_says_so(small_disk, tmp_p
     from actors.trainer_group import save_failure_cause
     torch_error = RuntimeError("[enforce fail at inline_container.cc:664] . unexpected pos 704 vs 598")
     assert save_failure_cause(torch_error, tmp_path) is None  # room left: not read as a full disk
-    with pytest.raises(OSError):
-        with open(small_disk / "filler", "wb") as fh:
-            while True:
-                fh.write(b"\0" * 4096)
+    fill_disk(small_disk)
     assert save_failure_cause(torch_error, small_disk) == NO_SPACE
     wrapped = RuntimeError("checkpoint save failed (rank 0: RuntimeError: ... [Errno 28] No space left on device)")
     assert save_failure_cause(wrapped, tmp_path) == NO_SPACE
