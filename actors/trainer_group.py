@@ -24,7 +24,7 @@ from ray.util.placement_group import placement_group_table
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from actors.actor_config import config_env, remote_class
-from actors.remote import ActorDied, RunError, get, refs_ready
+from actors.remote import WAIT_NOTICE_S, ActorDied, RunError, get, refs_ready
 from actors.trainer import TrainerRank
 from rlcore.storage.checkpoint import CheckpointWriter
 from rlcore.storage.errors import NO_SPACE, storage_cause
@@ -321,7 +321,7 @@ class CapacityWatch:
 
     def wait_ready(self, pg, deadline: float) -> bool:
         """Wait for `pg` until `deadline` (monotonic), checking the capacity every `CAPACITY_BEAT_S`."""
-        ref = pg.ready()
+        ref, start, said = pg.ready(), time.monotonic(), False
         while True:
             left = deadline - time.monotonic()
             ready, _ = ray.wait([ref], timeout=max(0.0, min(CAPACITY_BEAT_S, left)))
@@ -329,7 +329,10 @@ class CapacityWatch:
                 return True
             if left <= CAPACITY_BEAT_S:
                 return False
-            self.check()
+            if not self.check() and not said and time.monotonic() - start >= WAIT_NOTICE_S:
+                said = True
+                log.warning("%s: waiting for Ray to place the trainer group's bundles again; up to %.0fs more "
+                         "(cluster.placement_timeout_s)", self.what, max(0.0, deadline - time.monotonic()))
 
 
 CAPACITY_BEAT_S = 2.0

@@ -52,6 +52,14 @@ def _fs(url: str):
     return url_to_fs(url)
 
 
+def _why(exc: BaseException) -> str:
+    """A store's error in a few words: its cause (`rlcore.storage.errors.storage_cause`) and the
+    error's first line, cut short."""
+    first = next((ln.strip() for ln in str(exc).splitlines() if ln.strip()), "")[:150]
+    cause = storage_cause(exc)
+    return f"{cause} ({type(exc).__name__}: {first})" if cause else f"{type(exc).__name__}: {first}"
+
+
 def _kept_in_store(cfg) -> tuple[str, ...]:
     """Store prefixes a download leaves where they are: checkpoints and the exported model."""
     return tuple(str(p).rstrip("/") + "/" for p in (cfg.checkpoint.dir, cfg.checkpoint.export_dir) if p)
@@ -128,7 +136,7 @@ def download(cfg) -> int:
     except ConfigError:
         raise
     except Exception as exc:  # credentials, a missing bucket, the network: before Ray starts, one line
-        raise ConfigError("output_dir", f"{url!r} cannot be read: {type(exc).__name__}: {exc}") from None
+        raise ConfigError("output_dir", f"{url!r} cannot be read: {_why(exc)}") from None
     return len(found)
 
 
@@ -193,7 +201,7 @@ def claim(cfg) -> None:
     try:
         renew_lease(cfg)
     except Exception as exc:  # credentials, permissions, a missing bucket: before Ray starts, one line
-        raise ConfigError("output_dir", f"{cfg.storage.url!r} cannot be written: {type(exc).__name__}: {exc}") from None
+        raise ConfigError("output_dir", f"{cfg.storage.url!r} cannot be written: {_why(exc)}") from None
 
 
 def renew_lease(cfg) -> None:
