@@ -27,8 +27,7 @@ from actors.run_state import RunState
 from rlcore.batch.buffer import RolloutBuffer
 from rlcore.config import RunConfig
 from rlcore.plan.layout import group_bundles
-from rlcore.plan.node_fit import capacity_gone
-from actors.session import live_nodes
+from actors.session import CapacityProbe
 from rlcore.report.events import event
 from rlcore.report.failures import FailureLog
 from rlcore.batch.stragglers import ScoringLags
@@ -71,6 +70,9 @@ class RolloutGroup:
         self.cfg, self.handles, self.run, self.node_of = cfg, handles, run, node_of
         self.buffer, self.failures = buffer, failures
         self.timeout_s = cfg.rollout.generate_timeout_s
+        trainer_bundles, rollout_bundles, _ = group_bundles(cfg)
+        # why no alive node can host an engine's bundle again (colocated: the shared one); never blocks
+        self.capacity_gone = CapacityProbe(cfg, rollout_bundles[:1] or trainer_bundles[:1])
         self.members = Members(handles, self.timeout_s, self.capacity_gone)
         self.stalls = StallWatch(handles, cfg.rollout.stall_timeout_s)
         self.pending: dict[ray.ObjectRefGenerator, Stream] = {}
@@ -84,16 +86,6 @@ class RolloutGroup:
     @property
     def serving(self) -> list[int]:
         return self.members.serving
-
-    def capacity_gone(self) -> str | None:
-        """Why no alive node can host one rollout bundle again (`rlcore.plan.node_fit.capacity_gone`),
-        or None (also when the cluster cannot be asked right now)."""
-        trainer, rollout, _ = group_bundles(self.cfg)
-        bundles = rollout[:1] or trainer[:1]  # colocated: an engine's bundle is the shared one
-        try:
-            return capacity_gone(self.cfg, bundles, live_nodes()) if bundles else None
-        except Exception:  # the GCS is away for a moment: asked again on the next beat
-            return None
 
     @staticmethod
     def names(actors: list[int]) -> list[str]:

@@ -31,8 +31,7 @@ from rlcore.storage.errors import NO_SPACE, storage_cause
 from rlcore.storage.location import is_remote
 from rlcore.report.console import log_error_detail
 from rlcore.plan.layout import group_bundles
-from rlcore.plan.node_fit import capacity_gone
-from actors.session import live_nodes
+from actors.session import CapacityProbe
 from rlcore.config import RunConfig
 from rlcore.report.events import event
 from rlcore.transfer.plan import SyncPlan, TensorMeta
@@ -307,12 +306,10 @@ class CapacityWatch:
     def __init__(self, cfg: RunConfig, what: str, wait_s: float):
         self.cfg, self.what, self.wait_s = cfg, what, wait_s
         self.gone: str | None = None
+        self.probe = CapacityProbe(cfg, group_bundles(cfg)[0])  # never blocks (a slow GCS)
 
     def check(self) -> str | None:
-        try:
-            gone = capacity_gone(self.cfg, group_bundles(self.cfg)[0], live_nodes())
-        except Exception:  # the GCS is away for a moment: ask again on the next beat
-            return self.gone
+        gone = self.probe()
         if gone and gone != self.gone:
             log.warning("%s: %s; waiting up to %.0fs (cluster.placement_timeout_s) for such a node to join",
                         self.what, gone, self.wait_s, extra=event("capacity_gone", group="trainer"))

@@ -149,3 +149,20 @@ def test_a_named_wait_says_what_it_waits_for_within_seconds(monkeypatch, caplog)
     lines = [r.getMessage() for r in caplog.records]
     assert len(lines) == 1 and lines[0].startswith("checkpoint save of step 3: waiting for trainer rank 1 "
                                                    "(writing to /ckpt, checkpoint.timeout_s); up to"), lines
+
+
+def test_the_capacity_probe_asks_the_live_cluster_without_blocking():
+    """`actors.session.CapacityProbe` on a real (one-node, unlabelled) cluster: the first call
+    starts the check and returns at once; then it names the label no alive node has."""
+    from actors.session import CapacityProbe
+    from rlcore.plan.compose import compose
+    from rlcore.plan.layout import group_bundles
+    cfg = compose(["cluster.trainer_node_labels.rlcore-group=trainer"])
+    probe = CapacityProbe(cfg, group_bundles(cfg)[0])
+    start = time.monotonic()
+    assert probe() is None and time.monotonic() - start < 1.0
+    deadline = time.monotonic() + 30
+    while probe() is None and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert (probe() or "").startswith("no alive node has the label rlcore-group=trainer the trainer group asks for")
+    assert CapacityProbe(cfg, [])() is None  # nothing to place: nothing asked
