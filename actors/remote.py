@@ -40,7 +40,11 @@ def read_unread() -> int:
     "Unhandled error" traceback once its ref is dropped; a fault the run already handled (one
     engine's death failing the other engines' half of a weight sync) must not read as a crash."""
     if _UNREAD:
-        done, pending = ray.wait(list(_UNREAD), num_returns=len(_UNREAD), timeout=0)
+        try:
+            done, pending = ray.wait(list(_UNREAD), num_returns=len(_UNREAD), timeout=0)
+        except ValueError:  # refs of an earlier Ray session (a sweep's previous job, a test's): gone with it
+            _UNREAD.clear()
+            return 0
         for ref in done:
             try:
                 ray.get(ref, timeout=0)
