@@ -20,7 +20,8 @@ from typing import Callable
 import ray
 
 from actors.membership import Members
-from actors.stall_watch import BEFORE_SYNC_S, WAIT_NOTICE_S, StallWatch
+from actors.engine_rng import read_rng_states
+from actors.stall_watch import BEFORE_SYNC_S, StallWatch
 from actors.remote import died, forget, get
 from actors.rollout_stream import Ended, Stream, launch_stream
 from actors.run_state import RunState
@@ -365,48 +366,10 @@ class RolloutGroup:
         return self.members.busy_seconds()
 
     def rng_states(self, timeout_s: float = CONTROL_TIMEOUT_S) -> list:
-        """Each serving actor's engine RNG state (a checkpoint's), None for one not serving (a
-        restarting engine has no state worth keeping: it keeps its own seed on resume). The wait
-        is one of the run's named waits: the stall watcher is asked every second (a frozen
-        engine is taken out as a stall, `watch`, and saved as None), a line names the engines still
-        awaited after `WAIT_NOTICE_S`, and one that has not answered by `timeout_s` is saved as
-        None too: a checkpoint never stops the run for an engine's RNG state."""
-        states: list = [None] * len(self.handles)
-        pending = {i: self.handles[i].rng_state.remote() for i in self.serving}
-        start = time.monotonic()
-        deadline, said = start + timeout_s, False
-        while pending and time.monotonic() < deadline:
-            refs = list(pending.values())
-            ready, _ = ray.wait(refs, num_returns=len(refs), timeout=min(1.0, max(0.0, deadline - time.monotonic())))
-            done = {r.binary() for r in ready}
-            for i, ref in list(pending.items()):
-                if ref.binary() not in done:
-                    continue
-                del pending[i]
-                try:
-                    states[i] = ray.get(ref, timeout=0)
-                except ray.exceptions.RayError as exc:
-                    if not died(exc):
-                        raise
-                    # died since it was last seen serving (a node lost mid-checkpoint)
-                    log.warning("checkpoint: engine RNG state of rollout actor %d not kept: it died (%s); its "
-                                "restart keeps its own seed", i, str(exc).splitlines()[0][:160])
-            for i in self.watch(BEFORE_SYNC_S):  # frozen: a stall (its own line), kept as missing
-                if i in pending:
-                    forget([pending.pop(i)])
-                    log.warning("checkpoint: engine RNG state of rollout actor %d on node %s not kept: it made no "
-                                "progress; the checkpoint goes on without it", i, self.node_of(i))
-            if pending and not said and time.monotonic() - start >= WAIT_NOTICE_S:
-                said = True
-                log.warning("checkpoint: waiting for the engine RNG state of %s (up to %.0fs more, "
-                            "checkpoint.timeout_s; a frozen engine is left out after %.0fs without a heartbeat)",
-                            ", ".join(f"rollout actor {i} on node {self.node_of(i)}" for i in pending),
-                            max(0.0, deadline - time.monotonic()), BEFORE_SYNC_S)
-        if pending:
-            forget(list(pending.values()))
-            log.warning("checkpoint: engine RNG state of %s not kept: no answer within %.0fs (checkpoint.timeout_s); "
-                        "the checkpoint goes on without it", ", ".join(self.names(list(pending))), timeout_s)
-        return states
+        """Each serving actor's engine RNG state (a checkpoint's), None for one not serving, dead,
+        frozen or silent past `timeout_s` (`actors.engine_rng.read_rng_states`: a named wait that
+        never stops the run)."""
+        return read_rng_states(self, timeout_s)
 
     def set_rng_states(self, states: list) -> None:
         """Restore `rng_states()` of a checkpoint taken with as many actors (else: nothing)."""
