@@ -156,6 +156,29 @@ def upload(cfg) -> int:
     return len(files)
 
 
+class NoAnswer(TimeoutError):
+    """The store did not answer within the deadline."""
+
+
+def _bounded(work, timeout_s: float) -> None:
+    """`work()` in a thread of its own, waited for `timeout_s`: its error is raised here, and a
+    store that does not answer in time is `NoAnswer` (the thread is left to finish)."""
+    failed: list[BaseException] = []
+
+    def run():
+        try:
+            work()
+        except Exception as exc:
+            failed.append(exc)
+    t = threading.Thread(target=run, name="rlcore-storage-upload", daemon=True)
+    t.start()
+    t.join(timeout_s)
+    if t.is_alive():
+        raise NoAnswer(f"storage unreachable (no answer within {timeout_s:g}s, checkpoint.timeout_s)")
+    if failed:
+        raise failed[0]
+
+
 NOTICE_S = 5.0
 """An upload still running after this long is named in one line (the URL and the deadline)."""
 
@@ -277,7 +300,7 @@ class Sync:
             t.join(timeout=HEARTBEAT_S)
         try:
             if not self.discarded:
-                upload(self.cfg)
+                _bounded(lambda: upload(self.cfg), float(self.cfg.checkpoint.timeout_s))
             release_lease(self.cfg)
         except Exception as err:
             self.failed = storage_cause(err) or f"{type(err).__name__}: {str(err).splitlines()[0][:150] if str(err) else ''}"
