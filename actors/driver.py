@@ -38,6 +38,7 @@ from actors.starts import Starts
 from actors.teacher import TeacherError, TeacherEvents, TeacherStage
 from actors.trainer_group import TrainerGroup
 from actors.weights import WeightSync
+from rlcore.storage.errors import StorageError
 from rlcore.report import samples
 from rlcore.batch.buffer import Accounting, RolloutBuffer
 from rlcore.batch.staleness import most_groups_in_flight
@@ -131,7 +132,7 @@ class Driver:
         """Train `cfg.steps` steps; a fault that stops the run says where it can resume from."""
         try:
             return self._run(logger)
-        except (RunError, TeacherError) as exc:
+        except (RunError, TeacherError, StorageError) as exc:  # StorageError: a series row not written
             raise RunError(f"{exc}; {self.resume_hint()}") from exc
 
     def _run(self, logger: MetricsLogger) -> list[dict[str, Any]]:

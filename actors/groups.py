@@ -83,6 +83,10 @@ class Groups:
                 remove_placement_group(pg)
 
 
+PLACEMENT_NOTICE_S = 5.0
+"""A placement still waiting after this long says so in one line."""
+
+
 def reserve(cfg: RunConfig, trainer: bool = True, rollout: bool = True) -> tuple[PlacementGroup | None, PlacementGroup | None]:
     """Reserve the placement groups (PACK: ranks of one group close together; each bundle only on
     nodes with its group's labels, `cluster.trainer_node_labels` / `cluster.rollout_node_labels`)
@@ -102,7 +106,13 @@ def reserve(cfg: RunConfig, trainer: bool = True, rollout: bool = True) -> tuple
         rollout_pg = group(rollout_bundles(cfg), "rollout") if rollout else None
     pgs = list({id(pg): pg for pg in (trainer_pg, rollout_pg) if pg is not None}.values())
     timeout = cfg.cluster.placement_timeout_s
-    ready, _ = ray.wait([pg.ready() for pg in pgs], num_returns=len(pgs), timeout=timeout)
+    refs = [pg.ready() for pg in pgs]
+    ready, _ = ray.wait(refs, num_returns=len(refs), timeout=min(PLACEMENT_NOTICE_S, timeout))
+    if len(ready) < len(pgs) and timeout > PLACEMENT_NOTICE_S:
+        log.warning("placement: waiting for the cluster to schedule the placement groups (trainer %s, rollout %s); "
+                    "up to %.0fs more (cluster.placement_timeout_s)", trainer_bundles(cfg) if trainer else "-",
+                    rollout_bundles(cfg) if rollout else "-", timeout - PLACEMENT_NOTICE_S)
+        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=timeout - PLACEMENT_NOTICE_S)
     if len(ready) < len(pgs):
         for pg in pgs:
             remove_placement_group(pg)

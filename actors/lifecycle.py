@@ -22,7 +22,6 @@ exactly the data, seeds and weights of an uninterrupted one.
 
 from __future__ import annotations
 
-import json
 import logging
 from dataclasses import asdict
 from pathlib import Path
@@ -41,6 +40,8 @@ from rlcore.storage import checkpoint as ckpt
 from rlcore.batch.buffer import RolloutBuffer
 from rlcore.config import RunConfig
 from rlcore.storage.rundir import SERIES_FILES
+from rlcore.storage.series import append_rows, fsync_series
+from rlcore.report.events import EVENTS_FILE
 from rlcore.report.startup import StartupPhases
 
 
@@ -50,8 +51,8 @@ DATA_ORDER = "data_order.jsonl"
 
 
 def append_jsonl(path: Path, row: dict[str, Any]) -> None:
-    with path.open("a") as f:
-        f.write(json.dumps(row) + "\n")
+    """One row appended whole (rlcore.storage.series); StorageError when it cannot be written."""
+    append_rows(path, [row], sort_keys=False)
 
 
 class StepHooks:
@@ -197,9 +198,12 @@ class StepHooks:
         return {"kind": "rl", "step": step, "version": run.version, "feed": run.feed.state(unfinished),
                 "request_seq": run.request_seq, "accounting": acct, "restarts": dict(run.restarts_logged),
                 "rng": ckpt.rng_state(),
-                "engine_rng": self.rollouts.rng_states(), "eval_due": eval_due}
+                "engine_rng": self.rollouts.rng_states(self.cfg.checkpoint.timeout_s), "eval_due": eval_due}
 
     def save(self, step: int, eval_due: bool = False) -> Path:
+        # the series as far as this checkpoint are on disk before it commits (a crash after the
+        # commit never loses rows the checkpoint counts)
+        fsync_series(self.out, SERIES_FILES + (EVENTS_FILE,))
         self.last_checkpoint = self.trainers.save(self.writer, step, lambda: self.capture(step, eval_due))
         return self.last_checkpoint
 

@@ -13,13 +13,20 @@ Every check here is non-blocking (`ray.wait(timeout=0)`); a restart has a deadli
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass
+from typing import Callable
 
 import ray
 
 from actors.remote import RunError
+from rlcore.report.events import event
 
+log = logging.getLogger("rlcore")
+
+CAPACITY_BEAT_S = 2.0
+"""How often, while an actor is away, the alive nodes are asked whether one can host it."""
 PROBE_RETRY_S = 0.5
 """How soon an actor Ray is still restarting is asked `ready()` again."""
 
@@ -40,8 +47,14 @@ class Restarting:
 
 
 class Members:
-    def __init__(self, actors: list, restart_timeout_s: float):
+    """`capacity()`: why no alive node can host a restarting actor's bundle (a node lost with
+    no replacement), or None; asked every `CAPACITY_BEAT_S` while one is away, said once at once."""
+
+    def __init__(self, actors: list, restart_timeout_s: float, capacity: Callable[[], str | None] = lambda: None):
         self.actors = actors
+        self.capacity = capacity
+        self.gone: str | None = None
+        self._capacity_at = float("-inf")
         self.serving: list[int] = list(range(len(actors)))  # in the weight group, in slot order
         self.joined_at = [0.0] * len(actors)  # calls launched before this belong to an earlier life
         self.restarting: dict[int, Restarting] = {}
@@ -99,10 +112,22 @@ class Members:
         """Never blocks. Returns the restarted actors whose constructor has run (ready to join).
         Raises RunError for an actor whose restarts are exhausted or that is not back in time."""
         now = time.perf_counter()
+        away = [i for i, r in self.restarting.items() if not r.ready and not r.stalled]
+        if away and now - self._capacity_at >= CAPACITY_BEAT_S:
+            self._capacity_at = now
+            gone = self.capacity()
+            if gone and gone != self.gone:
+                log.warning("rollout actor(s) %s away: %s; waiting up to %.0fs (rollout.generate_timeout_s) for such "
+                            "a node to join", ", ".join(map(str, away)), gone, self.timeout_s,
+                            extra=event("capacity_gone", group="rollout", actors=away))
+            self.gone = gone
         for i, r in self.restarting.items():
             if r.ready:
                 continue
             if now - r.left_at > self.timeout_s:
+                if self.gone:
+                    raise RunError(f"rollout actor {i} could not be restarted: {self.gone}; no node joined within "
+                                   f"rollout.generate_timeout_s={self.timeout_s:g}s")
                 raise RunError(f"rollout actor {i} was not back within rollout.generate_timeout_s="
                                f"{self.timeout_s:g}s of its restart")
             if r.probe is None:

@@ -18,6 +18,7 @@ from typing import Any
 import ray
 
 from actors.remote import forget
+from rlcore.storage.series import append_rows
 from rlcore.report.timeline import SOURCE_FILE, WINDOWS_FILE, build
 
 log = logging.getLogger("rlcore")  # as every driver component: its warnings reach events.jsonl
@@ -86,9 +87,8 @@ class RunProfiler:
                 base = Path(file_name).name
                 base = base if base.startswith(f"step{step}") else f"step{step}-{base}"
                 (self.folder / name / base).write_bytes(data)
-        with open(self.folder / WINDOWS_FILE, "a") as f:
-            f.write(json.dumps({"step": step, "start_us": start_us, "end_us": end_us,
-                                "processes": sorted(traces)}) + "\n")
+        append_rows(self.folder / WINDOWS_FILE, [{"step": step, "start_us": start_us, "end_us": end_us,
+                                                  "processes": sorted(traces)}], sort_keys=False)
         self.recorded += 1
 
     def _gather(self, calls: list[tuple[str, Any]], what: str) -> dict[str, Any]:

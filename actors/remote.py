@@ -3,12 +3,16 @@ dead or stuck peer becomes one `RunError` that names the operation and the parti
 
 from __future__ import annotations
 
+import logging
 import time
 from typing import Callable
 
 import ray
 
 from rlcore.report.faults import NotInWeightGroup, memory_kill
+
+
+log = logging.getLogger("rlcore")
 
 
 class RunError(RuntimeError):
@@ -36,7 +40,11 @@ def read_unread() -> int:
     "Unhandled error" traceback once its ref is dropped; a fault the run already handled (one
     engine's death failing the other engines' half of a weight sync) must not read as a crash."""
     if _UNREAD:
-        done, pending = ray.wait(list(_UNREAD), num_returns=len(_UNREAD), timeout=0)
+        try:
+            done, pending = ray.wait(list(_UNREAD), num_returns=len(_UNREAD), timeout=0)
+        except ValueError:  # refs of an earlier Ray session (a sweep's previous job, a test's): gone with it
+            _UNREAD.clear()
+            return 0
         for ref in done:
             try:
                 ray.get(ref, timeout=0)
@@ -47,17 +55,19 @@ def read_unread() -> int:
 
 
 def get(refs, timeout_s: float, what: str, names: list[str] | None = None,
-        stalled: Callable[[], list[str]] | None = None):
+        stalled: Callable[[], list[str]] | None = None, notice: str | None = None):
     """`ray.get` with a timeout and an error that names the operation and, given `names` (one per
     ref), which participant died or failed. When it fails, the other refs of the call are kept
     and read once they finish (`read_unread`, run by every `get`). `stalled()`, asked every
     second while waiting, names participants seen frozen (`actors.stall_watch`): one of `names`
     ends the wait at once with an `ActorDied` naming it (how: "made no progress"); so does a
-    participant whose call failed, as in a plain `ray.get` of the list."""
+    participant whose call failed, as in a plain `ray.get` of the list. `notice` (e.g. the
+    storage URL a checkpoint writes to): a wait still open after `WAIT_NOTICE_S` is named in one
+    line: what, the participants not done, `notice`, and how long it will wait."""
     read_unread()
     try:
-        if stalled is not None and isinstance(refs, list):
-            _wait_unless_stalled(refs, timeout_s, what, names or [], stalled)
+        if (stalled is not None or notice is not None) and isinstance(refs, list):
+            _wait_unless_stalled(refs, timeout_s, what, names or [], stalled or (lambda: []), notice)
         return ray.get(refs, timeout=timeout_s)
     except ray.exceptions.GetTimeoutError as exc:
         _keep_unread(refs)
@@ -78,10 +88,22 @@ def get(refs, timeout_s: float, what: str, names: list[str] | None = None,
         raise ActorDied(f"{what} failed: {', '.join(dead) or 'an actor'} {how} ({exc})", dead, how) from exc
 
 
+WAIT_NOTICE_S = 5.0
+"""A named wait (`get`'s `notice`) still open after this long says so in one line."""
+
+
 def _wait_unless_stalled(refs: list, timeout_s: float, what: str, names: list[str],
-                         stalled: Callable[[], list[str]]) -> None:
-    deadline, pending = time.monotonic() + timeout_s, list(refs)
+                         stalled: Callable[[], list[str]], notice: str | None = None) -> None:
+    start = time.monotonic()
+    deadline, pending = start + timeout_s, list(refs)
+    said = notice is None
     while pending and time.monotonic() < deadline:
+        if not said and time.monotonic() - start >= WAIT_NOTICE_S:
+            said = True
+            ids = {r.binary() for r in pending}
+            waiting = [n for r, n in zip(refs, names) if r.binary() in ids] if len(names) == len(refs) else []
+            log.warning("%s: waiting for %s (%s); up to %.0fs more", what, ", ".join(waiting) or "its participants",
+                        notice, max(0.0, deadline - time.monotonic()))
         ready, pending = ray.wait(pending, num_returns=len(pending), timeout=min(1.0, max(0.0, deadline - time.monotonic())))
         for ref in ready:
             # a participant that failed (died) ends the wait, as a plain `ray.get` of the list

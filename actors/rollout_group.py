@@ -20,13 +20,16 @@ from typing import Callable
 import ray
 
 from actors.membership import Members
+from actors.engine_rng import read_rng_states
 from actors.stall_watch import BEFORE_SYNC_S, StallWatch
-from actors.remote import ActorDied, died, forget, get
+from actors.remote import died, forget, get
 from actors.rollout_stream import Ended, Stream, launch_stream
 from actors.run_state import RunState
 from rlcore.batch.buffer import RolloutBuffer
 from rlcore.config import RunConfig
 from rlcore.plan.pd import rollout_roles
+from rlcore.plan.layout import group_bundles
+from actors.session import CapacityProbe
 from rlcore.report.events import event
 from rlcore.report.failures import FailureLog
 from rlcore.batch.stragglers import ScoringLags
@@ -69,7 +72,10 @@ class RolloutGroup:
         self.cfg, self.handles, self.run, self.node_of = cfg, handles, run, node_of
         self.buffer, self.failures = buffer, failures
         self.timeout_s = cfg.rollout.generate_timeout_s
-        self.members = Members(handles, self.timeout_s)
+        trainer_bundles, rollout_bundles, _ = group_bundles(cfg)
+        # why no alive node can host an engine's bundle again (colocated: the shared one); never blocks
+        self.capacity_gone = CapacityProbe(cfg, rollout_bundles[:1] or trainer_bundles[:1])
+        self.members = Members(handles, self.timeout_s, self.capacity_gone)
         self.stalls = StallWatch(handles, cfg.rollout.stall_timeout_s)
         self.pending: dict[ray.ObjectRefGenerator, Stream] = {}
         self.roles = rollout_roles(cfg)
@@ -390,19 +396,11 @@ class RolloutGroup:
         """Generation seconds summed over the serving actors (None: one did not answer in time)."""
         return self.members.busy_seconds()
 
-    def rng_states(self) -> list:
-        """Each actor's engine RNG state, None for one not serving (a restarting engine has no
-        state worth keeping: it keeps its own seed on resume)."""
-        states: list = [None] * len(self.handles)
-        calls = [(i, self.handles[i].rng_state.remote()) for i in self.serving]
-        deadline = time.monotonic() + CONTROL_TIMEOUT_S
-        for i, ref in calls:  # all in flight at once; read one by one so one engine's death costs only its own
-            try:
-                states[i] = get([ref], max(deadline - time.monotonic(), 1.0), "engine RNG state", self.names([i]))[0]
-            except ActorDied as exc:  # died since it was last seen serving (a node lost mid-checkpoint)
-                log.warning("engine RNG state of rollout actor %d not kept: %s (its restart keeps its own seed)", i,
-                            str(exc).splitlines()[0][:200])
-        return states
+    def rng_states(self, timeout_s: float = CONTROL_TIMEOUT_S) -> list:
+        """Each serving actor's engine RNG state (a checkpoint's), None for one not serving, dead,
+        frozen or silent past `timeout_s` (`actors.engine_rng.read_rng_states`: a named wait that
+        never stops the run)."""
+        return read_rng_states(self, timeout_s)
 
     def set_rng_states(self, states: list) -> None:
         """Restore `rng_states()` of a checkpoint taken with as many actors (else: nothing)."""

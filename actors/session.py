@@ -7,11 +7,12 @@ from __future__ import annotations
 import logging
 import os
 import secrets
+import threading
 from pathlib import Path
 
 from actors.logs import route_cluster_errors
 from rlcore.config import ClusterConfig, RunConfig
-from rlcore.plan.node_fit import NodeCapacity
+from rlcore.plan.node_fit import NodeCapacity, capacity_gone
 from rlcore.plan.overrides import one_line
 from rlcore.report.console import quiet_ray_environment
 
@@ -101,3 +102,27 @@ def live_nodes() -> list[NodeCapacity]:
     import ray
     return [NodeCapacity(n["NodeID"], n["Resources"].get("CPU", 0.0), n["Resources"].get("GPU", 0.0),
                          dict(n.get("Labels") or {})) for n in ray.nodes() if n["Alive"]]
+
+
+class CapacityProbe:
+    """Why no alive node can host `bundles` (`rlcore.plan.node_fit.capacity_gone`), asked
+    without ever blocking the caller: each call starts a check in a thread of its own unless one
+    is running (the GCS may be slow or frozen) and returns the latest finished answer (None until
+    one finished, or when the cluster could not be asked)."""
+
+    def __init__(self, cfg, bundles: list):
+        self.cfg, self.bundles = cfg, bundles
+        self._latest: str | None = None
+        self._thread: threading.Thread | None = None
+
+    def __call__(self) -> str | None:
+        if self.bundles and (self._thread is None or not self._thread.is_alive()):
+            self._thread = threading.Thread(target=self._check, name="rlcore-capacity", daemon=True)
+            self._thread.start()
+        return self._latest
+
+    def _check(self) -> None:
+        try:
+            self._latest = capacity_gone(self.cfg, self.bundles, live_nodes())
+        except Exception:  # the GCS is away for a moment: the next call asks again
+            pass

@@ -20,6 +20,9 @@ from actors.remote import forget
 
 BEAT_S = 2.0
 """How often a serving actor is asked `ready()`."""
+WAIT_NOTICE_S = 5.0
+"""A wait of the run (a checkpoint's parts, an upload) still open after this long is named in one
+line: what it waits for, where, and how long it will wait."""
 BEFORE_SYNC_S = 6.0
 """Silence that keeps an engine out of a weight sync (`RolloutGroup.watch` before each one): a
 collective with a frozen member blocks its sender until the member answers or Ray declares its

@@ -13,6 +13,7 @@ deadline and names the rank that died or failed (`actors.remote.get`).
 from __future__ import annotations
 
 import logging
+import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,9 +24,14 @@ from ray.util.placement_group import placement_group_table
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from actors.actor_config import config_env, remote_class
-from actors.remote import RunError, get, refs_ready
+from actors.remote import WAIT_NOTICE_S, ActorDied, RunError, get, refs_ready
 from actors.trainer import TrainerRank
 from rlcore.storage.checkpoint import CheckpointWriter
+from rlcore.storage.errors import NO_SPACE, storage_cause
+from rlcore.storage.location import is_remote
+from rlcore.report.console import log_error_detail
+from rlcore.plan.layout import group_bundles
+from actors.session import CapacityProbe
 from rlcore.config import RunConfig
 from rlcore.report.events import event
 from rlcore.transfer.plan import SyncPlan, TensorMeta
@@ -121,18 +127,24 @@ class TrainerGroup:
         before = self.placed or self.nodes()
         began = time.monotonic()
         deadline, attempt = began + wait_s, 0
+        capacity = CapacityWatch(self.cfg, "trainer restart", wait_s)
         while True:
             attempt += 1
             self.kill()
-            ready, _ = ray.wait([self.pg.ready()], timeout=max(0.0, deadline - time.monotonic()))
+            ready = capacity.wait_ready(self.pg, deadline)
             if not ready:
-                raise RunError(f"trainer restart: the trainer placement group was not scheduled again within "
-                               f"cluster.placement_timeout_s={wait_s:g}s; cluster has {ray.available_resources()}")
+                raise RunError(f"trainer restart: {capacity.gone or 'the trainer placement group was not scheduled again'}"
+                               f"; no node joined within cluster.placement_timeout_s={wait_s:g}s"
+                               + ("" if capacity.gone else f"; cluster has {ray.available_resources()}"))
             self.handles = self._spawn()
             try:
                 metas = self.start(first_answer_s=max(1.0, deadline - time.monotonic()))
             except RunError as exc:
+                capacity.check()
                 if time.monotonic() >= deadline:
+                    if capacity.gone:
+                        raise RunError(f"trainer restart: {capacity.gone}; no node joined within "
+                                       f"cluster.placement_timeout_s={wait_s:g}s") from exc
                     raise RunError(f"trainer restart: the new ranks did not start within "
                                    f"cluster.placement_timeout_s={wait_s:g}s ({attempt} attempt(s)): {exc}") from exc
                 log.info("trainer restart attempt %d failed (%s); retrying", attempt, str(exc).splitlines()[0][:200])
@@ -239,11 +251,18 @@ class TrainerGroup:
         tmp = writer.begin(step)
         try:
             parts: dict[str, int] = {}
-            for rank_parts in self._get(self._each("save_checkpoint", str(tmp)), f"checkpoint save of step {step}"):
+            refs = self._each("save_checkpoint", str(tmp))
+            for rank_parts in get(refs, self.cfg.checkpoint.timeout_s, f"checkpoint save of step {step}", self.names,
+                                  notice=f"writing to {writer.root}, checkpoint.timeout_s"):
                 parts.update(rank_parts or {})
             path = writer.commit(tmp, step, driver_state(), parts)
         except BaseException as exc:
+            cause = save_failure_cause(exc, writer.root) if isinstance(exc, Exception) else None
             writer.abort(tmp)
+            if cause is not None:  # a storage fault: named in a short first line, the whole error in the log
+                line = f"checkpoint save of step {step} to {writer.root} failed: {cause}"
+                log_error_detail(self.cfg.output_dir, f"{line}\n{exc}")
+                raise RunError(line) from exc
             if isinstance(exc, RunError):
                 raise
             if isinstance(exc, Exception):
@@ -277,6 +296,65 @@ class TrainerGroup:
     def kill(self) -> None:
         for h in self.handles:
             ray.kill(h, no_restart=True)
+
+
+class CapacityWatch:
+    """Whether the alive nodes can still host the trainer group (`rlcore.plan.node_fit.
+    capacity_gone`: a node lost with no replacement), asked while a restart waits: said in one
+    line at once (`gone` keeps it), the wait goes on until its deadline for a node to join."""
+
+    def __init__(self, cfg: RunConfig, what: str, wait_s: float):
+        self.cfg, self.what, self.wait_s = cfg, what, wait_s
+        self.gone: str | None = None
+        self.probe = CapacityProbe(cfg, group_bundles(cfg)[0])  # never blocks (a slow GCS)
+
+    def check(self) -> str | None:
+        gone = self.probe()
+        if gone and gone != self.gone:
+            log.warning("%s: %s; waiting up to %.0fs (cluster.placement_timeout_s) for such a node to join",
+                        self.what, gone, self.wait_s, extra=event("capacity_gone", group="trainer"))
+        self.gone = gone
+        return gone
+
+    def wait_ready(self, pg, deadline: float) -> bool:
+        """Wait for `pg` until `deadline` (monotonic), checking the capacity every `CAPACITY_BEAT_S`."""
+        ref, start, said = pg.ready(), time.monotonic(), False
+        while True:
+            left = deadline - time.monotonic()
+            ready, _ = ray.wait([ref], timeout=max(0.0, min(CAPACITY_BEAT_S, left)))
+            if ready:
+                return True
+            if left <= CAPACITY_BEAT_S:
+                return False
+            if not self.check() and not said and time.monotonic() - start >= WAIT_NOTICE_S:
+                said = True
+                log.warning("%s: waiting for Ray to place the trainer group's bundles again; up to %.0fs more "
+                         "(cluster.placement_timeout_s)", self.what, max(0.0, deadline - time.monotonic()))
+
+
+CAPACITY_BEAT_S = 2.0
+"""How often a restart's wait asks whether any alive node can host the group."""
+
+LOW_SPACE_BYTES = 16 << 20
+"""Free bytes under which a failed local checkpoint write is read as a full disk (torch's zip
+writer reports a short write as `unexpected pos ...`, without the errno)."""
+
+
+def save_failure_cause(exc: BaseException, root) -> str | None:
+    """The storage cause of a failed checkpoint save (`rlcore.storage.errors.storage_cause`: no
+    space, permission, unreachable, throttled), or None for another fault. On a local folder, a
+    write error with no cause in its text while the disk is (nearly) full reads as "no space left
+    on device" (asked before the partial folder is removed)."""
+    cause = storage_cause(exc)
+    if cause is not None or isinstance(exc, ActorDied):
+        return cause
+    if is_remote(root):
+        return None
+    try:
+        free = shutil.disk_usage(str(root)).free
+    except OSError:
+        return None
+    return NO_SPACE if free < LOW_SPACE_BYTES else None
 
 
 def placement_change(before: list[str], after: list[str]) -> str:

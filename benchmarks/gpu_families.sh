@@ -18,7 +18,7 @@ VISION="tiny_qwen3_vl tiny_qwen3_vl_moe tiny_qwen3_5 tiny_qwen3_5_moe"
 FAMILIES=${FAMILIES:-"$MOE $HYBRID $VISION"}
 G="rollout.engine=vllm trainer.gpus_per_rank=1 rollout.gpus_per_actor=1 cluster.num_gpus=1
    trainer.cpus_per_rank=4 rollout.cpus_per_actor=4 +rollout.vllm.engine_kwargs.enforce_eager=true
-   +rollout.vllm.engine_kwargs.max_model_len=1024 trainer.lr=1e-4 checkpoint.save_final=false sft.warmup_steps=0
+   +rollout.vllm.engine_kwargs.max_model_len=256 trainer.lr=1e-4 checkpoint.save_final=false sft.warmup_steps=0
    algo.max_off_policy_steps=0 algo.batch_groups=4 logger.console=false"
 W=/tmp/rlcore-families; mkdir -p $W
 start=$SECONDS

@@ -19,7 +19,7 @@ if python -c "import nixl" 2>/dev/null; then echo "nixl: installed" | tee "$OUT/
 else echo "nixl: NOT installed (the pair needs it: pip install nixl-cu13)" | tee "$OUT/nixl.txt"; fi
 G="model=${MODEL:-qwen3_06b_char} env=${ENV:-alphabet_sort} rollout.engine=vllm cluster.num_gpus=1
    rollout.cpus_per_actor=4 rollout.pd.prefill_cpus_per_actor=4 rollout.sampling.max_new_tokens=${TOKENS:-64}
-   +rollout.vllm.engine_kwargs.enforce_eager=${EAGER:-true} +rollout.vllm.engine_kwargs.max_model_len=4096
+   +rollout.vllm.engine_kwargs.enforce_eager=${EAGER:-true} +rollout.vllm.engine_kwargs.max_model_len=2048
    algo.group_size=8 rollout.tasks_per_request=4 rollout.max_requests_per_actor=64"
 start=$(date +%s)
 # shellcheck disable=SC2086

@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
+import traceback
 from pathlib import Path
 
 from omegaconf import OmegaConf
@@ -34,7 +35,8 @@ from rlcore.plan.layout import format_plan, make_plan
 from rlcore.plan.overrides import one_line, override_key
 from rlcore.plan.placement import resolve
 from rlcore.plan.validate import Capacity, validate
-from rlcore.report.console import EXIT_CONFIG, report_config_error, report_error
+from rlcore.report.console import EXIT_CONFIG, log_error_detail, report_config_error, report_error
+from rlcore.storage.errors import StorageError
 from rlcore.report.events import EventLog
 from rlcore.report.metrics import MetricsLogger
 from rlcore.report.plot import write_run_plot
@@ -195,13 +197,13 @@ def run_job(argv: list[str], print_cfg: bool = False) -> int:
         return report_config_error(exc)
     try:
         with Sync(cfg) as sync:  # an object-store output_dir: uploads during the run and at its end
-            code = _run_prepared(cfg, prepared, out)
+            code = _run_prepared(cfg, prepared, out, sync)
         return EXIT_RUN if sync.failed and code == 0 else code
     finally:
         lock.close()  # the folder is free for the next run (exit or a crash frees it too)
 
 
-def _run_prepared(cfg: RunConfig, prepared, out: Path) -> int:
+def _run_prepared(cfg: RunConfig, prepared, out: Path, sync: Sync) -> int:
     """Run the job with its timeline in events.jsonl and, with `logger.watch_port`, the live page
     beside it (its own process: the run pays nothing for it)."""
     events = EventLog(out)
@@ -210,15 +212,16 @@ def _run_prepared(cfg: RunConfig, prepared, out: Path) -> int:
     code = EXIT_RUN
     try:
         with events.capture(logging.getLogger("rlcore")):  # fault lines tagged as events (`report.events.event`)
-            code = _run_session(cfg, prepared, out, events)
+            code = _run_session(cfg, prepared, out, events, sync)
         return code
     finally:
         events.write("end", f"run ended (exit code {code})", exit_code=code)
         stop_page(page)
 
 
-def _run_session(cfg: RunConfig, prepared, out: Path, events: EventLog) -> int:
-    """Start Ray and run the job of a validated config into its (locked) folder."""
+def _run_session(cfg: RunConfig, prepared, out: Path, events: EventLog, sync: Sync) -> int:
+    """Start Ray and run the job of a validated config into its (locked) folder. A run refused
+    before it began (Ray would not start, the cluster does not fit) uploads nothing (`sync`)."""
 
     address = ray_address(cfg.cluster)
     if address is None:
@@ -233,6 +236,7 @@ def _run_session(cfg: RunConfig, prepared, out: Path, events: EventLog) -> int:
         with ray_phase.phase("starting Ray" if address is None else f"connecting to Ray at {address}"):
             start_ray(cfg)
     except RayStartError as exc:
+        sync.discard()
         print(f"rlcore: error: {exc}", file=sys.stderr)
         return EXIT_RUN
     # after ray.init: it installs a fatal-signal handler that prints a C++ stack on SIGTERM
@@ -260,6 +264,8 @@ def _run_session(cfg: RunConfig, prepared, out: Path, events: EventLog) -> int:
                          step=history[-1].get("step") if history else None)
         return EXIT_INTERRUPTED if stop.requested else 0
     except ConfigError as exc:
+        if driver is None:  # refused before the run began (the cluster's check)
+            sync.discard()
         return report_config_error(exc)
     except KeyboardInterrupt:
         events.write("interrupt", f"{stop.signal_name or 'SIGINT'}: stopped at once")
@@ -268,6 +274,10 @@ def _run_session(cfg: RunConfig, prepared, out: Path, events: EventLog) -> int:
         return EXIT_INTERRUPTED
     except (RunError, TimeoutError, ray.exceptions.RayError) as exc:  # RayError: an actor's own exception
         print(report_error(str(exc), cfg.output_dir), file=sys.stderr)
+        return EXIT_RUN
+    except StorageError as exc:  # a series row or a file of the run not written (a full disk): SFT, eval
+        log_error_detail(cfg.output_dir, traceback.format_exc())
+        print(f"rlcore: error: {exc}; {last_checkpoint_hint(cfg)}", file=sys.stderr)
         return EXIT_RUN
     finally:
         if logger is not None:

@@ -18,6 +18,47 @@ def tiny_cfg(tmp_path):
     return compose([f"output_dir={tmp_path / 'run'}"])
 
 
+@pytest.fixture
+def capped_disk(tmp_path):
+    """`capped_disk(size)`: a folder on a tmpfs of `size` (e.g. "64k"): writes past it fail with
+    ENOSPC, a real full disk. Needs root (mount); skipped with the reason where it cannot mount."""
+    import subprocess
+    import uuid
+    mounted = []
+
+    def make(size: str) -> Path:
+        mnt = tmp_path / f"disk-{uuid.uuid4().hex[:6]}"
+        mnt.mkdir()
+        done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(mnt)],
+                              capture_output=True, text=True)
+        if done.returncode != 0:
+            pytest.skip(f"cannot mount a size-capped tmpfs here ({done.stderr.strip() or done.returncode}): needs root")
+        mounted.append(mnt)
+        return mnt
+    yield make
+    for mnt in mounted:
+        subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
+
+
+def fill_disk(folder: Path) -> Path:
+    """Write a file into `folder` until its filesystem is full; returns the file (delete it to
+    free the space)."""
+    filler = folder / "filler"
+    try:
+        with open(filler, "wb") as fh:
+            while True:
+                fh.write(b"\0" * 65536)
+    except OSError:
+        pass
+    try:  # the last partial block: byte by byte to the very end
+        with open(filler, "ab", buffering=0) as fh:
+            while True:
+                fh.write(b"\0")
+    except OSError:
+        pass
+    return filler
+
+
 def pytest_collection_modifyitems(config, items):
     import torch
     if torch.cuda.is_available():

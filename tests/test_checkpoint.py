@@ -296,3 +296,10 @@ def test_engine_rng_state_round_trip():
     eng.set_rng_state(state)
     again = eng.generate([[1, 5, 6]] * 4, params)
     assert [g.token_ids for g in first] == [g.token_ids for g in again]
+
+
+def test_checkpoint_timeout_must_be_positive():
+    from rlcore.config.errors import ConfigError
+    from rlcore.plan.validate import validate
+    with pytest.raises(ConfigError, match="checkpoint.timeout_s"):
+        validate(compose(["checkpoint.timeout_s=0"]))

@@ -130,3 +130,36 @@ def test_sft_lowers_loss_exports_and_warm_starts_rl(ray_cluster, tmp_path):
     warm = run(["+recipe=reverse_text", f"output_dir={tmp_path / 'rl1'}", "steps=1", "logger.console=false",
                 f"model.path={hf}"])
     assert warm[0]["reward_mean"] > base[0]["reward_mean"] + 0.1, (base[0]["reward_mean"], warm[0]["reward_mean"])
+
+
+def test_a_full_disk_while_a_row_is_written_stops_with_one_line_and_resume_reads_every_step_once(
+        ray_cluster, tmp_path, capped_disk, monkeypatch):
+    """The disk of `output_dir` (a real 8 MiB tmpfs) fills just before step 3's row: the run stops
+    with one error naming metrics.jsonl, "no space left on device" and the resume hint, and leaves
+    no half row; with space again, `resume=true` reads back steps 1..4 once, every line JSON."""
+    from actors.remote import RunError
+    from tests.conftest import fill_disk
+    out = capped_disk("8m")
+    ckpts = tmp_path / "ckpts"  # checkpoints beside, on a disk with room
+    overrides = [*SYNC, "eval.every_n_steps=0", f"output_dir={out}", f"checkpoint.dir={ckpts}",
+                 "checkpoint.interval=1"]
+    log_row = MetricsLogger.log
+    filled = []
+
+    def fill_before_step_3(self, metrics):
+        if metrics.get("step") == 3 and not filled:
+            filled.append(fill_disk(out))
+        return log_row(self, metrics)
+
+    monkeypatch.setattr(MetricsLogger, "log", fill_before_step_3)
+    with pytest.raises(RunError) as err:
+        run([*overrides, "steps=4"])
+    line = str(err.value)
+    assert "no space left on device" in line and str(out / "metrics.jsonl") in line, line
+    assert "resume=true" in line and len(line.splitlines()) == 1, line
+    assert [r["step"] for r in rows(out)] == [1, 2]  # every line parses: no half row
+    monkeypatch.setattr(MetricsLogger, "log", log_row)
+    filled[0].unlink()
+    run([*overrides, "steps=4", "resume=true"])
+    assert [r["step"] for r in rows(out) if "loss" in r] == [1, 2, 3, 4]
+    assert [r["step"] for r in rows(out, "data_order.jsonl")] == [1, 2, 3, 4]

@@ -54,3 +54,27 @@ def test_a_call_of_the_life_that_died_failing_after_the_restart_is_ready_is_no_s
     assert not m.lost(1, launched_at=launched)  # a generate request launched before the death
     assert m.restarting[1].ready and m.serving == [0]
     assert m.lost(1, launched_at=time.perf_counter())  # a call of its new life: a new death
+
+
+def test_capacity_that_is_gone_is_said_at_once_and_named_by_the_restart_deadline(caplog):
+    """A restarting actor whose bundle no alive node can host (its node lost, no replacement):
+    one line at once naming why, the wait goes on to its deadline, then the run stops with that
+    cause (it used to wait in silence, then say only 'not back')."""
+    import logging
+
+    import pytest
+
+    from actors.remote import RunError
+    gone = "no alive node has the label rlcore-group=rollout the rollout group asks for"
+    m = Members([object(), object()], restart_timeout_s=0.3, capacity=lambda: gone)
+    m.lost(0, launched_at=1.0)
+    m.restarting[0].retry_at = float("inf")  # no ready() probe here: the actor is nowhere
+    with caplog.at_level(logging.WARNING, logger="rlcore"):
+        assert m.poll() == []
+        assert m.poll() == []
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == 1 and gone in lines[0] and "rollout actor(s) 0" in lines[0] and "0s" in lines[0], lines
+    time.sleep(0.4)
+    with pytest.raises(RunError, match="rollout actor 0 could not be restarted: no alive node has the label "
+                                       "rlcore-group=rollout"):
+        m.poll()

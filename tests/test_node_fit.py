@@ -97,3 +97,17 @@ def test_local_cluster_specs_per_node():
     specs = parse_specs(3, "1,2,2", "0,8,8", ";accel=1;", "rlcore-group=driver;rlcore-group=trainer;rlcore-group=rollout")
     assert [(s.cpus, s.gpus, s.resources, s.labels["rlcore-group"]) for s in specs] == [
         (1, 0, {}, "driver"), (2, 8, {"accel": 1.0}, "trainer"), (2, 8, {}, "rollout")]
+
+
+def test_capacity_gone_names_the_label_no_alive_node_has_and_a_group_too_big_for_the_nodes_left():
+    """Ray-free: the decision behind a restart's 'no alive node can host the group' line."""
+    from rlcore.plan.node_fit import capacity_gone
+    cfg = compose(LABELS)
+    trainer, rollout, _ = group_bundles(cfg)
+    left = [NodeCapacity("a", 4, 0, {"rlcore-group": "rollout"})]  # the trainer's node is lost
+    why = capacity_gone(cfg, trainer, left)
+    assert why and why.startswith("no alive node has the label rlcore-group=trainer the trainer group asks for")
+    assert capacity_gone(cfg, rollout[:1], left) is None  # the rollout side still has its node
+    small = [NodeCapacity("b", 0.5, 0, {"rlcore-group": "trainer"}), *left]
+    assert "do not fit on the 1 node(s) labelled rlcore-group=trainer" in capacity_gone(cfg, trainer, small)
+    assert capacity_gone(cfg, trainer, [NodeCapacity("c", 8, 0, {"rlcore-group": "trainer"}), *left]) is None

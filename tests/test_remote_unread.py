@@ -127,3 +127,42 @@ def test_a_wait_that_watches_for_frozen_peers_ends_when_a_peer_dies():
     while read_unread() and time.monotonic() < deadline:
         time.sleep(0.1)
     assert read_unread() == 0
+
+
+@ray.remote
+def answers_after(seconds: float) -> int:
+    time.sleep(seconds)
+    return 1
+
+
+def test_a_named_wait_says_what_it_waits_for_within_seconds(monkeypatch, caplog):
+    """`get(..., notice=...)` (a checkpoint's write): a wait still open after WAIT_NOTICE_S is one
+    line naming the participants not done, where, and how long it will wait."""
+    import logging
+
+    import actors.remote as remote
+    monkeypatch.setattr(remote, "WAIT_NOTICE_S", 1.0)
+    refs = [answers_after.remote(0.0), answers_after.remote(3.0)]
+    with caplog.at_level(logging.WARNING, logger="rlcore"):
+        assert get(refs, 60, "checkpoint save of step 3", ["trainer rank 0", "trainer rank 1"],
+                   notice="writing to /ckpt, checkpoint.timeout_s") == [1, 1]
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == 1 and lines[0].startswith("checkpoint save of step 3: waiting for trainer rank 1 "
+                                                   "(writing to /ckpt, checkpoint.timeout_s); up to"), lines
+
+
+def test_the_capacity_probe_asks_the_live_cluster_without_blocking():
+    """`actors.session.CapacityProbe` on a real (one-node, unlabelled) cluster: the first call
+    starts the check and returns at once; then it names the label no alive node has."""
+    from actors.session import CapacityProbe
+    from rlcore.plan.compose import compose
+    from rlcore.plan.layout import group_bundles
+    cfg = compose(["cluster.trainer_node_labels.rlcore-group=trainer"])
+    probe = CapacityProbe(cfg, group_bundles(cfg)[0])
+    start = time.monotonic()
+    assert probe() is None and time.monotonic() - start < 1.0
+    deadline = time.monotonic() + 30
+    while probe() is None and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert (probe() or "").startswith("no alive node has the label rlcore-group=trainer the trainer group asks for")
+    assert CapacityProbe(cfg, [])() is None  # nothing to place: nothing asked

@@ -123,3 +123,38 @@ def test_engine_rng_states_skip_an_engine_that_died_since_it_was_serving(rollout
     both = RolloutGroup(group.cfg, [group.handles[0], doomed], group.run, group.buffer, FailureLog(0))
     states = both.rng_states()
     assert states[0] is not None and states[1] is None
+
+
+def test_an_engine_frozen_during_a_checkpoints_rng_read_is_a_stall_and_the_checkpoint_goes_on(rollouts, ray_cluster,
+                                                                                            caplog):
+    """SIGSTOP of a rollout actor's process while a checkpoint reads the engines' RNG states: the
+    stall watcher, asked while it waits, names it within seconds and takes it out as a stall
+    (`rollout_stalls`); its state is kept as missing and the read returns, the checkpoint goes on
+    (it used to wait 60 s unseen, then stop the run naming no actor)."""
+    import logging
+    import os
+    import signal
+    group, gate, _ = rollouts
+    gate.touch()
+    frozen = ray_cluster.remote(RolloutWorker).options(num_cpus=0, max_concurrency=4, max_restarts=0).remote(group.cfg, 1)
+    ray_cluster.get(frozen.ready.remote(), timeout=300)
+    pid = ray_cluster.get(frozen.__ray_call__.remote(lambda self: os.getpid()), timeout=60)
+    both = RolloutGroup(group.cfg, [group.handles[0], frozen], group.run, group.buffer, FailureLog(0))
+    both.watch()  # heartbeats asked, as the driver's loop does between steps
+    time.sleep(0.5)
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        start = time.monotonic()
+        with caplog.at_level(logging.WARNING, logger="rlcore"):
+            states = both.rng_states(timeout_s=120.0)
+        took = time.monotonic() - start
+    finally:
+        os.kill(pid, signal.SIGCONT)
+        ray_cluster.kill(frozen)
+    lines = [r.getMessage() for r in caplog.records]
+    assert states[0] is not None and states[1] is None
+    assert took < 30.0, f"the frozen engine held the checkpoint {took:.0f}s"
+    assert any("rollout actor 1" in ln and "no progress" in ln for ln in lines), lines
+    assert any("waiting for the engine RNG state of rollout actor 1" in ln and "checkpoint.timeout_s" in ln
+               for ln in lines), lines
+    assert both.stalled_count == 1 and both.serving == [0]

@@ -250,3 +250,102 @@ def test_a_run_stopped_by_sigterm_uploads_its_rows_and_checkpoint_before_it_exit
     assert uploaded and uploaded == [json.loads(line) for line in staged.read_text().splitlines() if line.strip()]
     assert [s for s, _ in list_checkpoints(checkpoint_root(cfg))] == [uploaded[-1]["step"]]
     assert not fs.exists(f"{name}/run/{LEASE}")
+
+
+def lease_time(fs, key) -> float:
+    fs.invalidate_cache()
+    return float(json.loads(fs.cat_file(key))["time"])
+
+
+def test_the_lease_is_renewed_from_its_own_thread_while_an_upload_hangs(bucket, monkeypatch):
+    """An upload that does not finish (here: held at the staging lock, as a stalled store would
+    hold it) never lets the lease go stale: the lease has a thread of its own."""
+    from rlcore.storage import staging
+    fs, name = bucket
+    monkeypatch.setattr(staging, "HEARTBEAT_S", 0.3)
+    cfg = with_local_paths(compose([f"output_dir=s3://{name}/run", "storage.sync_interval_s=0.2"]))
+    download(cfg)
+    claim(cfg)
+    key = f"{name}/run/{LEASE}"
+    with Sync(cfg) as sync:
+        with staging._upload_lock:  # every upload hangs until the lock is free
+            first = lease_time(fs, key)
+            time.sleep(2.0)
+            assert lease_time(fs, key) > first + 0.5, "the lease was not renewed while the upload hung"
+            assert staging.upload_within(cfg, 0.5) is False  # bounded: the run goes on without it
+    fs.invalidate_cache()
+    assert sync.failed is None and not fs.exists(key)  # the hung uploads finished; released at the end
+
+
+def test_a_run_refused_before_it_began_uploads_nothing(bucket):
+    fs, name = bucket
+    cfg = with_local_paths(compose([f"output_dir=s3://{name}/fresh"]))
+    download(cfg)
+    (Path(cfg.output_dir) / "config.yaml").write_text("mode: rl\n")
+    (Path(cfg.output_dir) / "events.jsonl").write_text('{"kind": "start"}\n')
+    claim(cfg)
+    with Sync(cfg) as sync:
+        sync.discard()  # e.g. the cluster check refused it after the claim
+    fs.invalidate_cache()
+    assert sync.failed is None and fs.find(f"{name}/fresh") == []  # not even its lease stays
+
+
+@pytest.fixture
+def stoppable_s3(tmp_path, monkeypatch):
+    """moto's S3 server in a process of its own, so that it can be frozen (SIGSTOP) like a store
+    that stops answering."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    env = {"AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}", "AWS_ACCESS_KEY_ID": "testing",
+           "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    monkeypatch.setenv("RLCORE_STAGING_DIR", str(tmp_path / "staging"))
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            break
+        except OSError:
+            time.sleep(0.2)
+    import s3fs
+    s3fs.S3FileSystem.clear_instance_cache()  # the cached one points to the module's server
+    fs = s3fs.S3FileSystem()
+    fs.mkdir("frozen")
+    yield proc, fs
+    s3fs.S3FileSystem.clear_instance_cache()
+    proc.send_signal(signal.SIGCONT)
+    proc.kill()
+    proc.wait(timeout=30)
+
+
+def test_a_store_that_stops_answering_during_a_checkpoint_upload_is_named_and_bounded(stoppable_s3, caplog):
+    """SIGSTOP of the S3 server while a checkpoint uploads the run's files: one line names the
+    URL and the deadline within seconds, and at the deadline the run goes on (it used to wait
+    minutes with no line while its lease went stale)."""
+    from rlcore.storage import staging
+    proc, fs = stoppable_s3
+    url = "s3://frozen/run"
+    cfg = with_local_paths(compose([f"output_dir={url}", "storage.sync_interval_s=0"]))
+    download(cfg)
+    (Path(cfg.output_dir) / "metrics.jsonl").write_text('{"step": 1}\n')
+    claim(cfg)
+    proc.send_signal(signal.SIGSTOP)
+    try:
+        start = time.monotonic()
+        with caplog.at_level(logging.WARNING, logger="rlcore"):
+            done = staging.upload_within(cfg, 8.0, "uploading the run's files of step 1")
+        took = time.monotonic() - start
+    finally:
+        proc.send_signal(signal.SIGCONT)
+    lines = [r.getMessage() for r in caplog.records]
+    assert done is False and took < 12.0, (done, took)
+    assert any(url in ln and "no answer from the store for 5s" in ln and "checkpoint.timeout_s" in ln
+               for ln in lines), lines
+    assert any(url in ln and "not done within 8s" in ln for ln in lines), lines
+    # the store answers again: the lease is renewed at once by its own thread
+    staging.renew_lease(cfg)
+    assert time.time() - lease_time(fs, f"frozen/run/{LEASE}") < 30

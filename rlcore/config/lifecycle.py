@@ -49,6 +49,10 @@ class CheckpointConfig:
     """After the last step, also write the weights as a Hugging Face model directory."""
     export_dir: Optional[str] = None
     """Where `export_final` writes (null = `{output_dir}/hf`)."""
+    timeout_s: float = 600.0
+    """Longest a checkpoint waits on one of its parts: the trainer ranks' shards, the engines' RNG
+    states (an engine that gives none in time, or is frozen for `rollout.stall_timeout_s`, is saved
+    without its state and the checkpoint goes on), the upload of the run's files to an object store."""
 
 
 @dataclass

@@ -110,3 +110,13 @@ def fit_problems(cfg: RunConfig, bundles: list, nodes: list[NodeCapacity]) -> li
                         f"do not fit on {where} ({total}) beside the groups placed before it"))
             refused.add(b.group)
     return out
+
+
+def capacity_gone(cfg: RunConfig, bundles: list, nodes: list[NodeCapacity]) -> str | None:
+    """Why no alive node can host `bundles` (one group's bundles to place again: a trainer group
+    restarting, one rollout actor's bundle) even on an empty cluster, or None when the alive nodes
+    could: the label the group asks for is on no alive node, or the labelled nodes are too
+    small. Optimistic (what other groups hold now is not counted), so it speaks only when a node
+    must join for the wait to end: a node lost with no replacement."""
+    found = fit_problems(cfg, bundles, nodes)
+    return found[0][1] if found else None

@@ -58,16 +58,22 @@ def error_line(message: str, output_dir: str) -> str:
     return f"rlcore: error: {one_line(message)} ({actor_log_hint(message, output_dir)})"
 
 
-def report_error(message: str, output_dir: str) -> str:
-    """Append the whole error text (remote tracebacks included) to `OUTPUT_DIR/logs/errors.log`
-    and return the one console line for it; a log that cannot be written is left out."""
+def log_error_detail(output_dir: str, text: str) -> None:
+    """Append `text` (an error's whole detail: remote tracebacks) to `OUTPUT_DIR/logs/errors.log`;
+    a log that cannot be written (a full disk) is left out."""
     path = Path(output_dir) / ACTOR_LOG_DIR / "errors.log"
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         with path.open("a") as f:
-            f.write(message.rstrip() + "\n\n")
+            f.write(text.rstrip() + "\n\n")
     except OSError:
         pass
+
+
+def report_error(message: str, output_dir: str) -> str:
+    """Append the whole error text (remote tracebacks included) to `OUTPUT_DIR/logs/errors.log`
+    and return the one console line for it; a log that cannot be written is left out."""
+    log_error_detail(output_dir, message)
     return error_line(message, output_dir)
 
 

@@ -15,11 +15,13 @@ writes each such line here too, so the components need no handle on this file.
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import time
 from pathlib import Path
 from typing import Any, Iterator
+
+from rlcore.storage.errors import StorageError
+from rlcore.storage.series import append_rows
 
 log = logging.getLogger("rlcore")
 EVENTS_FILE = "events.jsonl"
@@ -63,9 +65,8 @@ class EventLog:
         such as `seconds` or `step`."""
         row = {"time": time.time(), "kind": kind, "text": text, **fields}
         try:
-            with self.path.open("a") as f:
-                f.write(json.dumps(row, sort_keys=True) + "\n")
-        except OSError as exc:
+            append_rows(self.path, [row])  # whole or not at all (rlcore.storage.series)
+        except (StorageError, TypeError, ValueError) as exc:
             if not self._warned:
                 self._warned = True
                 log.warning("events.jsonl: %s (the live page's timeline misses events)", exc)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 from pathlib import Path
@@ -10,6 +9,7 @@ from typing import Any
 
 from rlcore.config import LoggerConfig
 from rlcore.report.samples import TOKEN_COLUMNS
+from rlcore.storage.series import SeriesFile, append_rows
 from rlcore.report.summary import is_zero_advantage
 
 log = logging.getLogger("rlcore")
@@ -28,7 +28,7 @@ class MetricsLogger:
         self.path = Path(output_dir) / "metrics.jsonl"
         self.samples_path = Path(output_dir) / SAMPLES_FILE
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._file = self.path.open("a", buffering=1)
+        self._file = SeriesFile(self.path)  # rows appended whole (rlcore.storage.series)
         self.console = cfg.console
         self.eval_rows: list[dict[str, Any]] = []  # this run's evaluation rows (for the run summary)
         self._warned_zero_advantage = False
@@ -57,7 +57,9 @@ class MetricsLogger:
             self._progress.start()
 
     def log(self, metrics: dict[str, Any]) -> None:
-        self._file.write(json.dumps(metrics, sort_keys=True) + "\n")
+        """A train step's row: metrics.jsonl first (StorageError naming the file and its cause when
+        it cannot be written: the row is then not in the file at all), then wandb and the console."""
+        self._file.append([metrics])
         if is_zero_advantage(metrics) and not self._warned_zero_advantage:
             self._warned_zero_advantage = True  # once per run: the summary gives the count
             log.warning(ZERO_ADVANTAGE_WARNING, metrics["step"])
@@ -70,17 +72,14 @@ class MetricsLogger:
     def reopen(self) -> None:
         """Open metrics.jsonl again after `rlcore.storage.rundir.truncate_series` cut it back: the cut
         replaces the file, so rows written through the old handle would land in the unlinked one."""
-        self._file.close()
-        self._file = self.path.open("a", buffering=1)
+        self._file.reopen()
 
     def log_samples(self, step: int, rows: list[dict[str, Any]]) -> None:
         """Sample completions of train step `step`: one line each in samples.jsonl, and a
         wandb.Table `samples` (columns: step and the rows' keys)."""
         if not rows:
             return
-        with self.samples_path.open("a") as f:
-            for row in rows:
-                f.write(json.dumps({"step": step, **row}, sort_keys=True) + "\n")
+        append_rows(self.samples_path, [{"step": step, **row} for row in rows])
         if self._wandb is not None:
             import wandb
             keys = [k for k in rows[0] if k not in TOKEN_COLUMNS]  # the page's per-token lists: not a table cell
@@ -91,7 +90,7 @@ class MetricsLogger:
     def log_eval(self, metrics: dict[str, Any]) -> None:
         """An evaluation row: `step` is the train step whose policy was evaluated (it may be
         logged after later steps' rows)."""
-        self._file.write(json.dumps(metrics, sort_keys=True) + "\n")
+        self._file.append([metrics])
         self.eval_rows.append(metrics)
         if self._wandb is not None:
             # commit=False: joins the next train row instead of advancing wandb's step past it

@@ -64,7 +64,7 @@ from rlcore.storage.hf_files import save_config_and_tokenizer
 from rlcore.storage.checkpoint_dirs import fresh
 from rlcore.storage.commit import commit_dir, remove_dir, remove_tree, temp_dir_for  # noqa: F401  (re-exported)
 from rlcore.storage.location import is_remote, storage_path
-from rlcore.storage.staging import upload
+from rlcore.storage.staging import upload_within
 from rlcore.storage.rundir import truncate_series  # noqa: F401  (re-exported: the series live in the run folder)
 
 log = logging.getLogger("rlcore")
@@ -129,11 +129,9 @@ class CheckpointWriter:
         (tmp / META).write_text(json.dumps(meta, indent=1, default=str))
         final = tmp if is_remote(tmp) else commit_dir(tmp, self.root / step_dir_name(step))
         self.prune()
-        if self.cfg.storage.url:  # the series as far as this checkpoint, beside it in the store
-            try:
-                upload(self.cfg)
-            except Exception as exc:  # the checkpoint is committed; the next upload retries the series
-                log.warning("uploading the run's files to %s failed (retried later): %s", self.cfg.storage.url, exc)
+        if self.cfg.storage.url:  # the series as far as this checkpoint, beside it in the store (bounded:
+            # the checkpoint is committed; a store that does not answer costs a line, not the run)
+            upload_within(self.cfg, self.cfg.checkpoint.timeout_s, f"uploading the run's files of step {step}")
         return final
 
     def abort(self, tmp: Path) -> None:

@@ -23,7 +23,7 @@ and two runs never share one folder.
 from __future__ import annotations
 
 import fcntl
-import json
+import logging
 import os
 import tempfile
 import uuid
@@ -37,6 +37,9 @@ from rlcore.config.nodes import to_node
 from rlcore.config.schema import RunConfig
 from rlcore.storage.checkpoint_dirs import checkpoint_root, latest_checkpoint, list_checkpoints, resume_request
 from rlcore.storage.location import node_local_problem
+from rlcore.storage.series import read_rows
+
+log = logging.getLogger("rlcore")
 
 LOCK_FILE = ".lock"
 """Held (flock) by the run writing into the folder; it holds that run's pid."""
@@ -107,25 +110,25 @@ def truncate_series(path: Path, step: int, drop_eval_at_step: bool = False) -> i
     """Drop rows of a JSONL series logged after checkpoint `step` (the run went on past its last
     checkpoint before it stopped), so the resumed run continues the same series without
     duplicates. With `drop_eval_at_step`, evaluation rows of `step` itself go too (that
-    evaluation is re-run). Returns rows removed; rewrites atomically."""
-    if not path.is_file():
-        return 0
+    evaluation is re-run). A line that does not parse is a row cut short (a run stopped or a disk
+    filled mid-write): dropped with one warning, never kept. Returns the rows removed (after the
+    checkpoint); rewrites atomically."""
+    rows, broken = read_rows(path)
     keep, removed = [], 0
-    for line in path.read_text().splitlines():
-        if not line.strip():
-            continue
+    for line, row in rows:
         try:
-            row = json.loads(line)
             s = int(row.get("step", -1))
-        except (ValueError, TypeError, AttributeError):
-            keep.append(line)  # not ours to judge
-            continue
+        except (ValueError, TypeError):
+            s = -1  # a row without a step number is kept as it is
         is_eval = any(str(k).startswith("eval/") for k in row)
         if s > step or (drop_eval_at_step and is_eval and s == step):
             removed += 1
         else:
             keep.append(line)
-    if removed:
+    if broken:
+        log.warning("resume: %s: dropped %d line(s) that are not whole JSON rows (a row cut short when the run "
+                    "stopped or its disk filled)", path, broken)
+    if removed or broken:
         tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}")
         tmp.write_text("".join(line + "\n" for line in keep))
         os.replace(tmp, path)

@@ -31,6 +31,7 @@ import time
 from pathlib import Path
 
 from rlcore.config.errors import ConfigError
+from rlcore.storage.errors import short_storage_error, storage_cause
 
 log = logging.getLogger("rlcore")
 
@@ -49,6 +50,14 @@ _upload_lock = threading.Lock()  # the sync thread and a checkpoint's commit upl
 def _fs(url: str):
     from fsspec.core import url_to_fs
     return url_to_fs(url)
+
+
+def _why(exc: BaseException) -> str:
+    """A store's error in a few words: its cause (`rlcore.storage.errors.storage_cause`) and the
+    error's first line, cut short."""
+    first = next((ln.strip() for ln in str(exc).splitlines() if ln.strip()), "")[:150]
+    cause = storage_cause(exc)
+    return f"{cause} ({type(exc).__name__}: {first})" if cause else f"{type(exc).__name__}: {first}"
 
 
 def _kept_in_store(cfg) -> tuple[str, ...]:
@@ -127,13 +136,14 @@ def download(cfg) -> int:
     except ConfigError:
         raise
     except Exception as exc:  # credentials, a missing bucket, the network: before Ray starts, one line
-        raise ConfigError("output_dir", f"{url!r} cannot be read: {type(exc).__name__}: {exc}") from None
+        raise ConfigError("output_dir", f"{url!r} cannot be read: {_why(exc)}") from None
     return len(found)
 
 
 def upload(cfg) -> int:
     """Copy every file of the staging folder (but its flock) to `storage.url`, replacing what is
-    there, and renew the lease. Returns the files copied; raises the store's error."""
+    there. Returns the files copied; raises the store's error. (The lease is `Sync`'s own
+    thread's: an upload that ends late never renews a lease released meanwhile.)"""
     url = cfg.storage.url
     if not url:
         return 0
@@ -143,8 +153,67 @@ def upload(cfg) -> int:
         files = [p for p in sorted(out.rglob("*")) if p.is_file() and p.name not in LOCAL_ONLY]
         if files:
             fs.put([str(p) for p in files], [f"{root}/{p.relative_to(out).as_posix()}" for p in files])
-        renew_lease(cfg)
     return len(files)
+
+
+class NoAnswer(TimeoutError):
+    """The store did not answer within the deadline."""
+
+
+def _bounded(work, timeout_s: float) -> None:
+    """`work()` in a thread of its own, waited for `timeout_s`: its error is raised here, and a
+    store that does not answer in time is `NoAnswer` (the thread is left to finish)."""
+    failed: list[BaseException] = []
+
+    def run():
+        try:
+            work()
+        except Exception as exc:
+            failed.append(exc)
+    t = threading.Thread(target=run, name="rlcore-storage-upload", daemon=True)
+    t.start()
+    t.join(timeout_s)
+    if t.is_alive():
+        raise NoAnswer(f"storage unreachable (no answer within {timeout_s:g}s, checkpoint.timeout_s)")
+    if failed:
+        raise failed[0]
+
+
+NOTICE_S = 5.0
+"""An upload still running after this long is named in one line (the URL and the deadline)."""
+
+
+def upload_within(cfg, timeout_s: float, what: str = "uploading the run's files") -> bool:
+    """:func:`upload` bounded by `timeout_s` (`checkpoint.timeout_s`): run in a thread of its own;
+    one line names the URL and the deadline once it has run :data:`NOTICE_S`, and at the deadline
+    the run goes on without it (one warning; the upload finishes or fails in its thread, and the
+    next upload sends the files again). Returns whether it finished; a failure is one warning
+    naming the cause. The lease is renewed by `Sync`'s own thread meanwhile."""
+    if not cfg.storage.url:
+        return True
+    failed: list[BaseException] = []
+
+    def work():
+        try:
+            upload(cfg)
+        except Exception as exc:
+            failed.append(exc)
+
+    t = threading.Thread(target=work, name="rlcore-storage-upload", daemon=True)
+    t.start()
+    t.join(min(NOTICE_S, timeout_s))
+    if t.is_alive() and timeout_s > NOTICE_S:
+        log.warning("%s to %s: no answer from the store for %gs; waiting up to %.0fs more (checkpoint.timeout_s)",
+                    what, cfg.storage.url, NOTICE_S, timeout_s - NOTICE_S)
+        t.join(timeout_s - NOTICE_S)
+    if t.is_alive():
+        log.warning("%s to %s: not done within %gs (checkpoint.timeout_s); the run goes on, the next upload "
+                    "sends them again", what, cfg.storage.url, timeout_s)
+        return False
+    if failed:
+        log.warning("%s (retried later)", short_storage_error(what + " to", cfg.storage.url, failed[0]))
+        return False
+    return True
 
 
 def claim(cfg) -> None:
@@ -155,7 +224,7 @@ def claim(cfg) -> None:
     try:
         renew_lease(cfg)
     except Exception as exc:  # credentials, permissions, a missing bucket: before Ray starts, one line
-        raise ConfigError("output_dir", f"{cfg.storage.url!r} cannot be written: {type(exc).__name__}: {exc}") from None
+        raise ConfigError("output_dir", f"{cfg.storage.url!r} cannot be written: {_why(exc)}") from None
 
 
 def renew_lease(cfg) -> None:
@@ -174,45 +243,67 @@ def release_lease(cfg) -> None:
 
 class Sync:
     """For the life of a run with an object-store `output_dir` (a context manager; nothing
-    without one): the lease renewed every :data:`HEARTBEAT_S`, the staging folder uploaded every
-    `storage.sync_interval_s` (0: only at checkpoints and at the end), and on exit (however the
-    run ended) a last upload and the lease released. A failed periodic upload is a warning
-    (the next one retries); a failed last upload is an error line on stderr."""
+    without one): the lease renewed every :data:`HEARTBEAT_S` from a thread of its own (an upload
+    that is slow or hangs never lets it go stale), the staging folder uploaded every
+    `storage.sync_interval_s` from another (0: only at checkpoints and at the end), and on exit
+    (however the run ended) a last upload and the lease released. A failed periodic upload is a
+    warning (the next one retries); a failed last upload is an error line on stderr. A run that
+    was refused before it began (:meth:`discard`) uploads nothing: only its lease is released."""
 
     def __init__(self, cfg):
         self.cfg = cfg
         self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._threads: list[threading.Thread] = []
         self.failed: str | None = None
+        self.discarded = False
 
     def __enter__(self) -> Sync:
         if self.cfg.storage.url:  # the lease is taken already (claim)
-            self._thread = threading.Thread(target=self._loop, name="rlcore-storage-sync", daemon=True)
-            self._thread.start()
+            self._threads = [threading.Thread(target=self._renew, name="rlcore-storage-lease", daemon=True)]
+            if float(self.cfg.storage.sync_interval_s or 0) > 0:
+                self._threads.append(threading.Thread(target=self._upload, name="rlcore-storage-sync", daemon=True))
+            for t in self._threads:
+                t.start()
         return self
 
-    def _loop(self) -> None:
-        interval = float(self.cfg.storage.sync_interval_s or 0)
-        last = time.monotonic()
-        while not self._stop.wait(min(HEARTBEAT_S, interval) if interval > 0 else HEARTBEAT_S):
+    def discard(self) -> None:
+        """The run was refused before it began (a config error found after the claim, Ray that
+        would not start): nothing of it is uploaded at the end."""
+        self.discarded = True
+
+    def _renew(self) -> None:
+        warned = False
+        while not self._stop.wait(HEARTBEAT_S):
             try:
-                if interval > 0 and time.monotonic() - last >= interval:
-                    upload(self.cfg)
-                    last = time.monotonic()
-                else:
-                    renew_lease(self.cfg)
+                renew_lease(self.cfg)
+                warned = False
+            except Exception as exc:  # the store is away for now: say so once, the next beat retries
+                if not warned:
+                    warned = True
+                    log.warning("renewing the run's lease %s/%s failed (retried every %.0fs; another run may take "
+                                "the URL once it is %.0fs old): %s", self.cfg.storage.url, LEASE, HEARTBEAT_S,
+                                LEASE_STALE_S, short_storage_error("renewing", self.cfg.storage.url, exc))
+
+    def _upload(self) -> None:
+        while not self._stop.wait(float(self.cfg.storage.sync_interval_s)):
+            try:
+                upload(self.cfg)
             except Exception as exc:  # the store is away for now: say so, the next tick retries
-                log.warning("uploading the run's files to %s failed (retried): %s", self.cfg.storage.url, exc)
+                log.warning("%s (retried)", short_storage_error("uploading the run's files to", self.cfg.storage.url,
+                                                                 exc))
 
     def __exit__(self, *exc) -> None:
-        if self._thread is None:
+        if not self._threads:
             return
         self._stop.set()
-        self._thread.join(timeout=HEARTBEAT_S)
+        for t in self._threads:
+            t.join(timeout=HEARTBEAT_S)
         try:
-            upload(self.cfg)
+            if not self.discarded:
+                _bounded(lambda: upload(self.cfg), float(self.cfg.checkpoint.timeout_s))
             release_lease(self.cfg)
         except Exception as err:
-            self.failed = f"{type(err).__name__}: {err}"
+            self.failed = storage_cause(err) or f"{type(err).__name__}: {str(err).splitlines()[0][:150] if str(err) else ''}"
+            log.debug("the last upload to %s failed", self.cfg.storage.url, exc_info=True)
             print(f"rlcore: error: the run's files were not uploaded to {self.cfg.storage.url} ({self.failed}); "
                   f"they are in {self.cfg.output_dir}", flush=True, file=sys.stderr)
