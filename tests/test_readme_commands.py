@@ -1,4 +1,5 @@
-"""The README's documented commands compose to what their comments promise."""
+"""The documented commands (README and the guide's pages under docs/) compose to what their
+comments promise."""
 
 import re
 import shlex
@@ -6,12 +7,13 @@ from pathlib import Path
 
 from rlcore.plan.compose import compose
 
-README = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+ROOT = Path(__file__).resolve().parent.parent
+README = "\n".join(p.read_text() for p in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))])
 
 
 def documented(marker: str) -> list[str]:
-    """The overrides of the README command whose comment contains `marker` (continuation lines
-    joined)."""
+    """The overrides of the documented command whose comment contains `marker` (continuation
+    lines joined)."""
     text = README.replace("\\\n", " ")
     line = next(ln for ln in text.splitlines() if "python -m rlcore.run" in ln and marker in ln)
     words = shlex.split(line.split("#", 1)[0])
