@@ -379,9 +379,9 @@ class Driver:
         score call are failed, counted under their reason."""
         for group in events.scored:
             self.buffer.add(group)
-        for samples, why in events.failed:
-            self.buffer.fail(samples)
-            self.failures.request_lost(samples, why, streak=False)  # the teacher stage has its own
+        for lost, why in events.failed:
+            self.buffer.fail(lost)
+            self.failures.request_lost(lost, why, streak=False)  # the teacher stage has its own
 
     def shutdown(self) -> None:
         if self.teacher is not None:

@@ -34,8 +34,8 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from actors.session import local_ray_environment, start_ray
-from rlcore.plan.compose import compose
+from actors.session import local_ray_environment, start_ray  # noqa: E402  (after the sys.path line above)
+from rlcore.plan.compose import compose  # noqa: E402
 
 MODES = {"inline": ["env.args.reward_timeout_s=0"], "thread": ["env.args.reward_isolation=thread"],
          "worker": ["env.args.reward_isolation=worker"]}

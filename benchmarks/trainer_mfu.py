@@ -467,7 +467,6 @@ def run_variant(a: argparse.Namespace, variant: str, rank: int, world: int, devi
                 os.makedirs(a.trace_dir, exist_ok=True)
                 prof.export_chrome_trace(os.path.join(a.trace_dir, f"trace_{variant.replace('+', '_')}.json"))
 
-    del model, opt, params
     return rows
 
 

@@ -1,6 +1,3 @@
-import os
-
-import pytest
 import torch
 
 from rlcore.batch.packing import balance_across_ranks, make_micro_batch, pack_first_fit, pack_for_ranks

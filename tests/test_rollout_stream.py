@@ -104,7 +104,7 @@ def test_an_actor_death_mid_request_fails_only_the_groups_not_delivered(ray_clus
 
 def test_an_overdue_request_fails_only_the_groups_not_delivered(ray_cluster, rollouts):
     group, gate, acct = rollouts
-    first = three_delivered(ray_cluster, group)
+    three_delivered(ray_cluster, group)
     group.timeout_s = 0.0
     group.expire()
     assert not group.pending and group.queued_tasks() == 0

@@ -14,7 +14,6 @@ import torch
 import yaml
 
 from rlcore.config import ModelConfig
-from rlcore.config.errors import ConfigError
 from rlcore.engine.base import SamplingParams
 from rlcore.engine.hf_engine import HFEngine
 from rlcore.models.build import build_model, build_tokenizer
@@ -25,7 +24,7 @@ from rlcore.plan.compose import compose
 from rlcore.plan.compose import REPO
 from rlcore.trainer.forward import forward_logprobs
 from rlcore.trainer.logprobs import install_logprob_head
-from rlcore.trainer.moe import MoEBlock, apply_expert_parallel, router_metrics
+from rlcore.trainer.moe import apply_expert_parallel, router_metrics
 from rlcore.types import Sample
 
 CONF = REPO / "conf" / "model" / "tiny_moe_char.yaml"

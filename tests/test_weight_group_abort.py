@@ -100,7 +100,7 @@ def test_a_broadcast_held_by_a_frozen_member_gives_up_on_abort_and_a_new_group_f
         _, rank, pid = out.get(timeout=30)
         pids[rank] = pid
     os.kill(pids[2], signal.SIGSTOP)
-    thread, box = _in_thread(lambda: group.broadcast(torch.ones(BIG)))
+    thread, box = _in_thread(lambda: group.broadcast(torch.ones(BIG)))  # noqa: F821  (the `del group` below is the point of the test)
     time.sleep(3.0)
     assert thread.is_alive()  # held by the frozen member
     began = time.monotonic()
