@@ -30,7 +30,7 @@ from actors.lifecycle import StepHooks
 from actors.profiling import RunProfiler
 from actors.recovery import TrainerRecovery
 from actors.trainer_group import TokenDataLost
-from actors.remote import ActorDied, RunError, failed_names, get, refs_ready, wait_ready  # noqa: F401 (re-exported)
+from actors.remote import ActorDied, RunError
 from actors.rollout_group import RolloutGroup, requests_per_actor
 from actors.rollout_refs import log_sample_nodes, table_rows
 from actors.run_state import RunState, TaskFeed, groups_allowed_in_flight

@@ -247,11 +247,6 @@ class ReadyWatch:
         return self.ready_s
 
 
-def wait_ready(actors: list, timeout_s: float, what: str = "rollout actor") -> None:
-    """Wait until every actor answers `ready()`, riding out restarts (`ReadyWatch.join`)."""
-    ReadyWatch(actors, timeout_s, what).join()
-
-
 def refs_ready(refs: list[ray.ObjectRef]) -> bool:
     ready, _ = ray.wait(refs, num_returns=len(refs), timeout=0)
     return len(ready) == len(refs)

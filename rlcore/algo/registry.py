@@ -149,14 +149,6 @@ def unregister_estimator(name: str) -> None:
     _ESTIMATORS.pop(name, None)
 
 
-def loss_names() -> list[str]:
-    return list(_LOSSES)
-
-
-def estimator_names() -> list[str]:
-    return list(_ESTIMATORS)
-
-
 def _spec(name: str, key: str, table: dict[str, Any], kind: str, spec_type: type, wrap: Callable[[str, Any], Any],
           what: str) -> Any:
     """The spec ``key=name`` selects from ``table`` (a registered name), or the one an import
