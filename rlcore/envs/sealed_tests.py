@@ -77,6 +77,8 @@ def run_sealed(sandbox: Sandbox, files: dict[str, str], calls: list[Call], budge
     spec = {"nonce": nonce, "budget_s": budget_s, "calls": [[c.name, c.fn, c.args] for c in calls]}
     result = sandbox.run(["python", "-I", RUNNER_FILE],
                          files={**files, RUNNER_FILE: RUNNER_SOURCE, SPEC_FILE: json.dumps(spec)})
+    if result.reason == "isolation_failed":  # the sandbox failed, not the policy's code: no verdict to give
+        raise RuntimeError(f"the sandbox could not run the tests: {result.stderr.strip()[-300:]}")
     verdict = Verdict(total=len(calls), result=result)
     report, verdict.problem = read_report(result.stdout, nonce)
     for c in calls:

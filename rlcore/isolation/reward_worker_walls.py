@@ -12,7 +12,7 @@ addresses, memory no per-process bound counts, and a worker state that later cal
 - Memory: a seccomp filter (:func:`refuse_unbounded_memory`) refuses memfd_create, memfd_secret,
   System V shared memory, semaphores and message queues, POSIX message queues, shared anonymous
   mappings, growing a pipe's buffer, and (without `reward_network`) sockets of any family but
-  AF_UNIX, and `setns` (back into the host's namespaces). Not refused: new namespaces and mounts,
+  AF_UNIX and netlink (the worker's own network namespace), and `setns` (back into the host's namespaces). Not refused: new namespaces and mounts,
   so a reward can still run the sandbox (and a root reward can unmount what hides Ray's files).
 - State: :class:`OwnerState` notes the environment's instance, class (and bases) and module
   namespaces by identity; a call that changed one retires its worker.
@@ -185,9 +185,14 @@ def _worker_rules(network: bool):
         flags = MAP_SHARED | MAP_ANONYMOUS
         sc._rule(lib, ctx, eperm, "mmap", sc._ArgCmp(3, sc.SCMP_CMP_MASKED_EQ, flags, flags))
         sc._rule(lib, ctx, eperm, "fcntl", sc._ArgCmp(1, sc.SCMP_CMP_EQ, sc.F_SETPIPE_SZ, 0))
-        if not network:  # AF_UNIX only (its peers are the worker's own: the cluster's sockets are hidden)
-            sc._rule(lib, ctx, eperm, "socket", sc._ArgCmp(0, sc.SCMP_CMP_GT, sc.AF_UNIX, 0))
-            sc._rule(lib, ctx, eperm, "socketpair", sc._ArgCmp(0, sc.SCMP_CMP_GT, sc.AF_UNIX, 0))
+        if not network:
+            # AF_UNIX (its peers are the worker's own: the cluster's sockets are hidden) and netlink
+            # (the worker's own network namespace: the sandbox's bwrap sets its loopback up through
+            # it, and mini_swe's reward runs the sandbox) only; every other family is refused
+            for call in ("socket", "socketpair"):
+                for family in range(sc.AF_UNIX + 1, sc.AF_NETLINK):
+                    sc._rule(lib, ctx, eperm, call, sc._ArgCmp(0, sc.SCMP_CMP_EQ, family, 0))
+                sc._rule(lib, ctx, eperm, call, sc._ArgCmp(0, sc.SCMP_CMP_GT, sc.AF_NETLINK, 0))
     return rules
 
 

@@ -26,6 +26,7 @@ import ctypes
 import ctypes.util
 import errno
 import os
+import tempfile
 
 SCMP_ACT_ALLOW = 0x7FFF0000
 SCMP_CMP_MASKED_EQ = 7
@@ -127,15 +128,14 @@ def _compile(lib, rules) -> bytes:
         raise OSError("libseccomp could not start a filter")
     try:
         rules(lib, ctx)
-        fd = os.memfd_create("rlcore-seccomp")
-        try:
-            rc = lib.seccomp_export_bpf(ctx, fd)
+        # an unlinked temporary file, not a memfd: a reward worker's own filter refuses memfd_create
+        # (memory no bound counts), and the sandbox must still start inside one (mini_swe's tests)
+        with tempfile.TemporaryFile(prefix="rlcore-seccomp-") as f:
+            rc = lib.seccomp_export_bpf(ctx, f.fileno())
             if rc != 0:
                 raise OSError(f"libseccomp could not export the filter: {os.strerror(-rc)}")
-            os.lseek(fd, 0, os.SEEK_SET)
-            return os.read(fd, 1 << 20)
-        finally:
-            os.close(fd)
+            os.lseek(f.fileno(), 0, os.SEEK_SET)
+            return os.read(f.fileno(), 1 << 20)
     finally:
         lib.seccomp_release(ctx)
 
@@ -156,8 +156,9 @@ def command_filter_bpf() -> bytes:
 
 
 def data_fd(data: bytes, name: str) -> int:
-    """A readable fd holding `data` from offset 0 (for bwrap's `--seccomp` / `--ro-bind-data`)."""
-    fd = os.memfd_create(name)
+    """A readable fd holding `data` from offset 0 (for bwrap's `--seccomp` / `--ro-bind-data`): an
+    unlinked temporary file (O_TMPFILE), not a memfd, which a reward worker's filter refuses."""
+    fd = os.open(tempfile.gettempdir(), os.O_TMPFILE | os.O_RDWR, 0o600)
     view = memoryview(data)
     while view:
         view = view[os.write(fd, view):]
