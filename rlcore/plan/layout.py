@@ -162,7 +162,7 @@ def format_plan(cfg: RunConfig, plan: Plan) -> str:
         f"ep={m['ep']} expert groups carved from the dp*cp ranks"
         + (f"; {num_routed_experts(cfg.model.arch) // max(m['ep'], 1)} experts per rank"
            if num_routed_experts(cfg.model.arch) else ""),
-        *([] if cfg.placement == "colocated" else rollout_lines(cfg, plan)),
+        *(engine_lines(cfg) if cfg.placement == "colocated" else rollout_lines(cfg, plan)),
         ("weight sync: CUDA IPC, trainer rank i -> engine i on the same GPU (no NCCL between them)"
          if cfg.placement == "colocated" else
          f"weight sync: trainer rank 0 -> {len(plan.rollout)} engine(s), buckets of {r.sync_bucket_mb:g} MiB"
@@ -178,7 +178,6 @@ def format_plan(cfg: RunConfig, plan: Plan) -> str:
 
 def rollout_lines(cfg: RunConfig, plan: Plan) -> list[str]:
     """The rollout placement group: its bundles by pool, their nodes, the engines."""
-    r = cfg.rollout
     pools = rollout_pools(cfg)
     sizes = ", ".join(f"{n} {'' if role == 'rollout' else role + ' '}of {{CPU: {c:g}, GPU: {g:g}}}"
                       for role, n, c, g in pools)
@@ -186,6 +185,12 @@ def rollout_lines(cfg: RunConfig, plan: Plan) -> list[str]:
     for role, _, _, _ in pools:
         lines.append(f"  {'' if role == 'rollout' else role + ' '}nodes: "
                      f"{_by_node([b for b in plan.rollout if b.role == role])}")
+    return lines + engine_lines(cfg)
+
+
+def engine_lines(cfg: RunConfig) -> list[str]:
+    """The engines the rollout group runs (both pools with disaggregation) and their KV offload."""
+    r, lines = cfg.rollout, []
     if pd_on(cfg):
         p = cfg.rollout.pd
         lines.append(f"  engines: {r.num_actors} decode x {r.engine} (tensor_parallel_size={tensor_parallel_size(r)}) "
