@@ -21,7 +21,7 @@ from rlcore.isolation import reward_worker_walls as walls
 from rlcore.isolation.reward_reply import BadReply, FrameReader, StaleReply, decode_reply
 from rlcore.isolation.reward_worker_ns import NONE
 from rlcore.isolation.reward_worker_progress import Progress
-from rlcore.isolation.reward_zygote import Zygote
+from rlcore.isolation.reward_zygote import Zygote, signal_pidfd
 from rlcore.isolation.safety import kill_session
 
 LOCK_WAIT_S = 0.5
@@ -227,12 +227,7 @@ class Worker:
                 self._take_hello()
             except (EOFError, OSError, BadReply):
                 return
-        if self.pidfd is None:  # its keeper has not said yet: it is not running a call
-            return
-        try:
-            signal.pidfd_send_signal(self.pidfd, signum)
-        except (ProcessLookupError, OSError):
-            pass
+        signal_pidfd(self.pidfd, signum)  # none yet: its keeper has not said, so it runs no call
 
     def _take_hello(self) -> None:
         self.pending += self.read_replies()

@@ -57,6 +57,17 @@ REPLY_TIMEOUT_S = 10.0
 """How long a worker's start may wait for the zygote's answer."""
 
 
+def signal_pidfd(pidfd: int | None, signum: int) -> None:
+    """Signal the process `pidfd` holds (nothing when there is none yet or it has ended): how the
+    actor signals a keeper or a worker, never by a pid read from memory a worker writes."""
+    if pidfd is None:
+        return
+    try:
+        signal.pidfd_send_signal(pidfd, signum)
+    except OSError:  # ProcessLookupError included: it ended
+        pass
+
+
 class ZygoteError(RuntimeError):
     """The zygote could not start, or stopped answering."""
 
@@ -240,12 +251,7 @@ class ZygoteChild:
 
     def send_signal(self, signum: int) -> None:
         """Through the keeper's pidfd (from the zygote, which forked it)."""
-        if self.pidfd is None:
-            return
-        try:
-            signal.pidfd_send_signal(self.pidfd, signum)
-        except (ProcessLookupError, OSError):
-            pass
+        signal_pidfd(self.pidfd, signum)
 
     def close(self) -> None:
         if self.pidfd is not None:
