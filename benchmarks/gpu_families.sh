@@ -6,7 +6,8 @@
 # (moe_replay_agreement: 1.0 = the trainer routed every replayed token where vLLM did).
 # Synchronous schedule (algo.max_off_policy_steps=0), so engine_mismatch_kl compares equal weights.
 # Prints one line per family: exit code, steps, canary, replay agreement, mismatch KL.
-# Usage: bash benchmarks/gpu_families.sh OUT_DIR   (FAMILIES="a b" picks conf/model names; STEPS=3)
+# Usage: bash benchmarks/gpu_families.sh OUT_DIR   (FAMILIES="a b" picks conf/model names; STEPS=3;
+# EXTRA="key=value ..." adds overrides to every run)
 set -uo pipefail
 OUT=${1:?output dir}
 mkdir -p "$OUT"
@@ -29,7 +30,7 @@ for m in $FAMILIES; do
   case " $VISION " in *" $m "*) extra="$extra +recipe=shape_count";; esac
   rm -rf "$W/$m"
   # shellcheck disable=SC2086  # G and extra are word lists on purpose
-  timeout -k 10 ${RUN_S:-150} python -m rlcore.run model=$m steps=${STEPS:-3} output_dir=$W/$m $G $extra > "$OUT/$m.log" 2>&1
+  timeout -k 10 ${RUN_S:-150} python -m rlcore.run model=$m steps=${STEPS:-3} output_dir=$W/$m $G $extra ${EXTRA:-} > "$OUT/$m.log" 2>&1
   rc=$?
   if [ $rc -ne 0 ] && [[ $extra == *routing_replay* ]]; then  # say whether replay or the family failed
     echo "  $m with replay: exit $rc; again without replay" >> "$OUT/$m.log"

@@ -60,3 +60,18 @@ def test_user_cache_root_wins(tmp_path, monkeypatch):
     assert compile_cache({"model": "/m"}, device="").root == tmp_path / "mine"
     assert compile_key({"model": "/m", "seed": 1}) == compile_key({"model": "/m", "seed": 2})
     assert CompileCache(tmp_path, "k").marker == tmp_path / "rlcore_started" / "k"
+
+
+def test_gated_deltanet_without_flashinfer_takes_the_triton_prefill(tmp_path, monkeypatch):
+    # vLLM's sm90 default for Gated DeltaNet prefill imports flashinfer; where it is absent the
+    # engine would die at start, so the args name the Triton kernel (an explicit choice wins)
+    monkeypatch.setenv("RLCORE_CACHE_DIR", str(tmp_path))
+    import importlib.util
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "flashinfer" else real(name, *a))
+    for name, hybrid in (("tiny_qwen3_next", True), ("tiny_qwen3_5", True), ("tiny_nemotron_h", False), ("tiny_char", False)):
+        cfg = compose([f"model={name}"])
+        _, kwargs = engine_args(cfg.rollout.vllm, cfg.model)
+        assert kwargs.get("gdn_prefill_backend") == ("triton" if hybrid else None), name
+    cfg = compose(["model=tiny_qwen3_next", "rollout.engine=vllm", "+rollout.vllm.engine_kwargs.gdn_prefill_backend=flashinfer"])
+    assert engine_args(cfg.rollout.vllm, cfg.model)[1]["gdn_prefill_backend"] == "flashinfer"

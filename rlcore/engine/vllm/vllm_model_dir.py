@@ -3,6 +3,8 @@ the model directory of a random-weight model (vLLM loads models from a directory
 
 from __future__ import annotations
 
+import importlib.util
+from collections.abc import Mapping
 from typing import Any
 
 from transformers.models.auto.modeling_auto import (
@@ -37,6 +39,10 @@ def engine_args(v: Any, model: Any, seed: int = 0, tokenizer: Any = None) -> tup
         kwargs["extra_sampling"] = dict(v.sampling_kwargs)
     if v.kv_offload_gb > 0:  # vLLM's native CPU offload of evicted KV blocks (its OffloadingConnector)
         kwargs.update(kv_offloading_size=float(v.kv_offload_gb), kv_offloading_backend="native")
+    if _gated_deltanet(model) and importlib.util.find_spec("flashinfer") is None:
+        # vLLM picks FlashInfer's Gated DeltaNet prefill on sm90 and dies importing it where the
+        # package is absent (`No module named 'flashinfer'`); its Triton kernel needs nothing
+        kwargs["gdn_prefill_backend"] = "triton"
     kwargs.update(v.engine_kwargs)
     path = model.path
     if path is None:
@@ -68,3 +74,18 @@ def engine_args(v: Any, model: Any, seed: int = 0, tokenizer: Any = None) -> tup
         if vision is not None:
             kwargs.update(skip_tokenizer_init=False, vision=vision)  # a tokenizer-enabled engine
     return path, kwargs
+
+
+def _gated_deltanet(model: Any) -> bool:
+    """Whether the model has Gated DeltaNet layers (Qwen3-Next, Qwen3.5): their config names the
+    linear-attention key head size. A model on disk is read from its ``config.json``."""
+    arch = dict(model.arch or {})
+    if model.path is not None and not arch:
+        try:
+            from transformers import AutoConfig
+            hf = AutoConfig.from_pretrained(model.path)
+            arch = (getattr(hf, "text_config", None) or hf).to_dict()
+        except (OSError, ValueError):
+            return False
+    text = arch.get("text_config")
+    return "linear_key_head_dim" in (text if isinstance(text, Mapping) else arch)
