@@ -27,7 +27,8 @@ for m in $FAMILIES; do
   [ -f "conf/model/$m.yaml" ] || { echo "$m: no conf/model/$m.yaml"; continue; }
   extra=""
   case " $MOE tiny_qwen3_next tiny_qwen3_vl_moe tiny_qwen3_5_moe " in *" $m "*) extra="rollout.vllm.routing_replay=true";; esac
-  case " $VISION " in *" $m "*) extra="$extra +recipe=shape_count";; esac
+  # Qwen3-VL / Qwen3.5 patches are 16 px merged 2x2: images a multiple of 32, at least 64 x 64
+  case " $VISION " in *" $m "*) extra="$extra +recipe=shape_count env.args.image_size=64 env.args.cell=16";; esac
   rm -rf "$W/$m"
   # shellcheck disable=SC2086  # G and extra are word lists on purpose
   timeout -k 10 ${RUN_S:-150} python -m rlcore.run model=$m steps=${STEPS:-3} output_dir=$W/$m $G $extra ${EXTRA:-} > "$OUT/$m.log" 2>&1
