@@ -9,9 +9,10 @@ Parts (`--parts`, default all):
   alone (one engine, the same weights): samples whose completion tokens are equal.
 - throughput: the same concurrent requests on that pair and on one engine given the memory of
   both: samples/s and completion tokens/s of each layout.
-- versions: the version rule under weight updates: requests on the pair while both engines load
-  a checkpoint again and again as versions 1, 2, ... (each engine's real update path, as a sync
-  lands it; `RolloutWorker.load_checkpoint_weights`): every sample's first token (the prefill
+- versions: the version rule under weight updates: rounds of `--requests` requests on the pair
+  while both engines load a checkpoint `--updates` times as versions 1, 2, ... (each engine's real
+  update path, as a sync lands it: `RolloutWorker.load_checkpoint_weights`, then the driver's
+  release, `release_version`): every sample's first token (the prefill
   engine's version) and second (the decode engine's first step on that cache) must carry one
   version; the decode router's re-prefills and holds are counted.
 - offload: one engine with a small KV cache (`--cache-gib`), the multi-turn environment at
@@ -144,24 +145,26 @@ def part_versions(args, cfg, decode, prefill, out: dict) -> None:
     del model
     done, landed, errors = threading.Event(), [0], []
 
-    def updates():  # both pools at once, as a sync's collective lands on both
+    def updates():  # both pools at once, as a sync's collective lands on both; then the release
         try:
-            while not done.is_set():
-                v = landed[0] + 1
+            for v in range(1, args.updates + 1):
                 ray.get([h.load_checkpoint_weights.remote(str(ckpt), v) for h in (prefill, decode)], timeout=1200)
                 ray.get(decode.release_version.remote(v), timeout=60)  # both hold it: the sync's barrier
                 landed[0] = v
         except Exception as exc:  # said in the RESULT line
             errors.append(f"{type(exc).__name__}: {exc}"[:300])
+        finally:
+            done.set()
 
     thread = threading.Thread(target=updates, daemon=True)
-    per, start = cfg.rollout.tasks_per_request, time.perf_counter()
+    per, start, samples, k = cfg.rollout.tasks_per_request, time.perf_counter(), [], 0
     thread.start()
-    refs = [decode.generate_groups.remote(tasks_of(cfg, per, 30_000 + k * per), cfg.algo.group_size, "train", 3000 + k)
-            for k in range(args.requests)]
-    samples = [s for gs in ray.get(refs, timeout=3600) for g in gs for s in g.samples]
-    done.set()
-    thread.join(timeout=1200)
+    while not done.is_set():  # rounds of requests until every update has landed among them
+        refs = [decode.generate_groups.remote(tasks_of(cfg, per, 30_000 + (k + i) * per), cfg.algo.group_size,
+                                              "train", 3000 + k + i) for i in range(args.requests)]
+        samples += [s for gs in ray.get(refs, timeout=3600) for g in gs for s in g.samples]
+        k += args.requests
+    thread.join(timeout=60)
     ok = [s for s in samples if not s.failed]
     split = [s.versions[:2] for s in ok if len(s.versions) >= 2 and s.versions[0] != s.versions[1]]
     res = {"samples": len(samples), "failed": len(samples) - len(ok), "first_error": next(
@@ -213,6 +216,7 @@ def main() -> int:
     ap.add_argument("--connector", default="nixl")
     ap.add_argument("--requests", type=int, default=16, help="concurrent requests of the throughput part")
     ap.add_argument("--equal-tasks", type=int, default=8)
+    ap.add_argument("--updates", type=int, default=4, help="weight updates the versions part lands on both engines")
     ap.add_argument("--cache-gib", type=float, default=1.0, help="KV cache of the offload part's engine")
     ap.add_argument("--offload-gib", type=float, default=16.0)
     ap.add_argument("--offload-concurrency", type=int, default=32)

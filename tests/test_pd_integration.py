@@ -172,5 +172,3 @@ def test_disaggregated_run_trains_and_survives_a_prefill_and_a_decode_death(tmp_
     assert len(pairs) > 20 and len({v for v, _ in pairs}) >= 3, pairs
     assert all(p == d for p, d in pairs), [(p, d) for p, d in pairs if p != d]
     assert all(r["version"] == r["token_versions"][0] for r in shown if r["token_versions"])  # staleness's version
-    print("decode log:", [line for line in (out / "logs" / "rollout-0.log").read_text().splitlines()
-                          if "decode router" in line])
