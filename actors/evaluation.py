@@ -171,6 +171,9 @@ class EvalDriver:
             try:
                 get([r.load_checkpoint_weights.remote(str(path), self.version) for r in self.groups.rollouts],
                     cfg.rollout.weight_sync_timeout_s, f"loading weights of {path}")
+                # every engine holds the version: a disaggregated group's decode actors may serve it
+                get([r.release_version.remote(self.version) for r in self.groups.rollouts],
+                    cfg.rollout.weight_sync_timeout_s, "releasing the loaded version")
             except RunError:
                 raise
             except Exception as exc:  # a task error in the actor: the tensors do not fit the model

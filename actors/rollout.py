@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 import ray
 
 from actors.logs import redirect_output
-from actors.pd_router import PrefillNotServing, PrefillRouter
+from actors.pd_router import PrefillBehind, PrefillNotServing, PrefillRouter
 from rlcore.report.busy import BusyClock
 from rlcore.config import RunConfig
 from rlcore.engine.base import SamplingParams
@@ -116,18 +116,34 @@ class RolloutWorker:
         self.has_weights = True
         return out
 
-    def prefill(self, prompts: list[list[int]], params: SamplingParams, images=None):
+    def prefill(self, prompts: list[list[int]], params: SamplingParams, images=None, at_least: int = 0):
         """A prefill actor's call (from a decode actor's `PrefillRouter`): the engine's handle of
-        the prompts' KV cache (`rlcore.engine.base.Prefilled`), returned through the object store."""
+        the prompts' KV cache (`rlcore.engine.base.Prefilled`), returned through the object store.
+        `at_least`: the asking decode engine's version; an engine still older answers
+        `PrefillBehind` at once (its part of the sync lands in a moment; nothing is computed)."""
         if not self.has_weights:
             raise PrefillNotServing(f"rollout actor {self.index} (prefill) was restarted and has not received "
                                     "the weights yet")
+        if self.engine.policy_version < at_least:
+            raise PrefillBehind(f"rollout actor {self.index} (prefill) holds version {self.engine.policy_version}, "
+                                f"the decode engine {at_least}")
         with self.clock.busy():
             handle = self.engine.prefill(prompts, params, images)
         if not self.prefills:  # its log says it serves (stdout: OUTPUT_DIR/logs/rollout-INDEX.log)
             print(f"rollout actor {self.index} (prefill): first prefill served, at version {handle.version}", flush=True)
         self.prefills += 1
         return handle
+
+    def release_version(self, version: int) -> bool:
+        """A decode actor: every engine of both pools that the sync to `version` reached holds it
+        (`PrefillRouter.release`: handles of it may decode now)."""
+        if self.role == "decode":
+            self.router.release(version)
+        return True
+
+    def pd_stats(self) -> dict[str, int]:
+        """A decode actor: its router's counts by the version rule (`PrefillRouter.stats`); {} else."""
+        return dict(self.router.stats) if self.role == "decode" else {}
 
     def set_prefill_serving(self, serving: list[int]) -> bool:
         """A decode actor: the prefill engines (positions in its router's list) that serve now."""
@@ -237,7 +253,8 @@ class RolloutWorker:
 
     def load_checkpoint_weights(self, path: str, version: int) -> bool:
         """Load a checkpoint's model weights straight into the engine (evaluation of a
-        checkpoint without a trainer group)."""
+        checkpoint without a trainer group). A disaggregated group's caller then releases
+        `version` (`release_version`) once every engine holds it, as a sync does."""
         from rlcore.storage.checkpoint import load_model_weights
         from rlcore.models.build import build_model
         model = build_model(self.cfg.model, self.tokenizer)

@@ -373,6 +373,12 @@ class RolloutGroup:
         """Refs: each actor of `actors` receives the weights as `version`."""
         return [self.handles[i].pull_weights.remote(version) for i in actors]
 
+    def release(self, actors: list[int], version: int) -> None:
+        """Never blocks: the sync to `version` reached every engine of `actors` (both pools of a
+        disaggregated group): their decode actors may decode prefills of it (`PrefillRouter.release`)."""
+        if self.prefill:
+            forget([self.handles[i].release_version.remote(version) for i in actors if self.roles[i] == "decode"])
+
     def canary_completions(self, actor: int, prompts: list[list[int]], temperature: float, max_new_tokens: int,
                            seed: int):
         """Ref: actor `actor`'s completions of the canary prompts (`RolloutWorker.canary_completions`)."""

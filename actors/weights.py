@@ -276,6 +276,7 @@ class WeightSync:
         except ray.exceptions.RayTaskError as exc:
             raise RunError(f"weight sync to version {version} failed: {exc}") from exc
         self.run.version = version
+        self.rollouts.release(actors, version)  # disaggregated: both pools hold it, prefills of it decode
         elapsed = time.perf_counter() - start
         sent = out[0]["sync_bytes"]
         metrics = {"sync_time_s": elapsed, "sync_gb_per_s": sent / max(elapsed, 1e-9) / 1e9,

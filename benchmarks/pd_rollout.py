@@ -9,13 +9,21 @@ Parts (`--parts`, default all):
   alone (one engine, the same weights): samples whose completion tokens are equal.
 - throughput: the same concurrent requests on that pair and on one engine given the memory of
   both: samples/s and completion tokens/s of each layout.
+- versions: the version rule under weight updates: rounds of `--requests` requests on the pair
+  while both engines load a checkpoint `--updates` times as versions 1, 2, ... (each engine's real
+  update path, as a sync lands it: `RolloutWorker.load_checkpoint_weights`, then the driver's
+  release, `release_version`): every sample's first token (the prefill
+  engine's version) and second (the decode engine's first step on that cache) must carry one
+  version; the decode router's re-prefills and holds are counted.
 - offload: one engine with a small KV cache (`--cache-gib`), the multi-turn environment at
   `--offload-concurrency` requests in flight, without and with `rollout.vllm.kv_offload_gb`:
   samples/s and the prefix-cache hit rate (vLLM's counters; the offload's hits are its
   `external_prefix_cache_*` ones).
 Figures are printed (one line each, `RESULT ...`) and written to OUT/pd_rollout.json.
 
-    python benchmarks/pd_rollout.py --out OUT [--parts equal throughput offload] -- [overrides]
+    python benchmarks/pd_rollout.py --out OUT [--parts equal throughput versions offload] -- [overrides]
+    python benchmarks/pd_rollout.py --out OUT --share 0 --connector object_store --parts equal versions -- \
+        rollout.cpus_per_actor=0.5 rollout.pd.prefill_cpus_per_actor=0.5   # a CPU check of this script
 """
 
 from __future__ import annotations
@@ -99,6 +107,8 @@ def part_equal_and_throughput(args, base: list[str], out: dict, parts: list[str]
                             "first_unequal": None if first is None else {"split": a[first][:40], "alone": b[first][:40]}}
             print(f"RESULT pd greedy: {equal} of {len(a)} samples' completions equal to one engine's "
                   f"(split path failed {out['equal']['failed']})", flush=True)
+        if "versions" in parts:
+            part_versions(args, pd, decode, prefill, out)
         if "throughput" in parts:
             run_requests(decode, pd, 2, 10_000)  # warm-up (graphs, NIXL handshake)
             out["throughput_pd"] = run_requests(decode, pd, args.requests, 20_000)
@@ -114,6 +124,58 @@ def part_equal_and_throughput(args, base: list[str], out: dict, parts: list[str]
             print(f"RESULT one engine: {json.dumps(out['throughput_one'])}", flush=True)
         finally:
             groups.remove()
+
+
+def part_versions(args, cfg, decode, prefill, out: dict) -> None:
+    """Requests on the decode actor while both engines land updates, one after the other, until
+    the requests are done (see the module docstring); RESULT: samples whose first two tokens' versions differ
+    (must be 0), samples a sync overtook, updates landed, the router's counts."""
+    import threading
+
+    import ray
+    import torch.distributed.checkpoint as dcp
+
+    from rlcore.models.build import build_model
+    from rlcore.models.tokenizer_build import build_tokenizer
+    from rlcore.storage.checkpoint import TRAINER_DIR
+
+    ckpt = Path(args.out) / "versions_ckpt"
+    model = build_model(cfg.model, build_tokenizer(cfg.model))
+    dcp.save({"model": model.state_dict()}, checkpoint_id=str(ckpt / TRAINER_DIR), no_dist=True)
+    del model
+    done, landed, errors = threading.Event(), [0], []
+
+    def updates():  # both pools at once, as a sync's collective lands on both; then the release
+        try:
+            for v in range(1, args.updates + 1):
+                ray.get([h.load_checkpoint_weights.remote(str(ckpt), v) for h in (prefill, decode)], timeout=1200)
+                ray.get(decode.release_version.remote(v), timeout=60)  # both hold it: the sync's barrier
+                landed[0] = v
+        except Exception as exc:  # said in the RESULT line
+            errors.append(f"{type(exc).__name__}: {exc}"[:300])
+        finally:
+            done.set()
+
+    thread = threading.Thread(target=updates, daemon=True)
+    per, start, samples, k = cfg.rollout.tasks_per_request, time.perf_counter(), [], 0
+    thread.start()
+    while not done.is_set():  # rounds of requests until every update has landed among them
+        refs = [decode.generate_groups.remote(tasks_of(cfg, per, 30_000 + (k + i) * per), cfg.algo.group_size,
+                                              "train", 3000 + k + i) for i in range(args.requests)]
+        samples += [s for gs in ray.get(refs, timeout=3600) for g in gs for s in g.samples]
+        k += args.requests
+    thread.join(timeout=60)
+    ok = [s for s in samples if not s.failed]
+    split = [s.versions[:2] for s in ok if len(s.versions) >= 2 and s.versions[0] != s.versions[1]]
+    res = {"samples": len(samples), "failed": len(samples) - len(ok), "first_error": next(
+               ((s.error or "")[:300] for s in samples if s.failed), ""),
+           "first_two_versions_differ": len(split), "examples": split[:5],
+           "overtaken_by_a_sync": sum(len(set(s.versions)) > 1 for s in ok),
+           "versions_seen": sorted({v for s in ok for v in s.versions[:1]}), "updates_landed": landed[0],
+           "update_errors": errors, "router": ray.get(decode.pd_stats.remote(), timeout=60),
+           "seconds": time.perf_counter() - start}
+    out["versions"] = res
+    print(f"RESULT pd versions: {json.dumps(res)}", flush=True)
 
 
 def hit_rate(before: dict, after: dict, prefix: str) -> float | None:
@@ -148,12 +210,13 @@ def part_offload(args, base: list[str], out: dict) -> None:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", required=True)
-    ap.add_argument("--parts", nargs="+", default=["equal", "throughput", "offload"])
+    ap.add_argument("--parts", nargs="+", default=["equal", "throughput", "versions", "offload"])
     ap.add_argument("--share", type=float, default=0.45, help="GPU share of each engine of the pair (0: a CPU "
                     "check of this script with the transformers engine: --connector object_store)")
     ap.add_argument("--connector", default="nixl")
     ap.add_argument("--requests", type=int, default=16, help="concurrent requests of the throughput part")
     ap.add_argument("--equal-tasks", type=int, default=8)
+    ap.add_argument("--updates", type=int, default=4, help="weight updates the versions part lands on both engines")
     ap.add_argument("--cache-gib", type=float, default=1.0, help="KV cache of the offload part's engine")
     ap.add_argument("--offload-gib", type=float, default=16.0)
     ap.add_argument("--offload-concurrency", type=int, default=32)
@@ -172,7 +235,7 @@ def main() -> int:
     start_ray(compose_run(base))  # as a run starts it (cluster.num_cpus / num_gpus, the actors' PYTHONPATH)
     code = 0
     try:
-        if {"equal", "throughput"} & set(args.parts):
+        if {"equal", "throughput", "versions"} & set(args.parts):
             try:
                 part_equal_and_throughput(args, base, out, args.parts)
             except Exception:

@@ -6,7 +6,7 @@ import pickle
 import pytest
 import torch
 
-from rlcore.engine.base import SamplingParams
+from rlcore.engine.base import SamplingParams, StalePrefill
 from rlcore.engine.hf_engine import HFEngine
 from rlcore.models.build import build_model, build_tokenizer
 
@@ -40,14 +40,20 @@ def test_decode_from_prefill_equals_one_engine(tiny_cfg, temperature):
         assert len({tuple(g.token_ids) for g in alone}) > 1  # the prompts' completions differ
 
 
-def test_first_token_carries_the_prefill_version(tiny_cfg):
+def test_decode_only_on_the_prefill_version(tiny_cfg):
+    """A handle decodes only on weights of its own version: both directions of a mismatch are
+    refused before the cache meets the weights; on one version every token carries it."""
     prefill, decode = pair(tiny_cfg)
-    prefill.set_version(3)
-    decode.set_version(4)
     params = SamplingParams(max_new_tokens=5, temperature=1.0, seed=7)
+    for p_version, d_version in ((3, 4), (4, 3)):
+        prefill.set_version(p_version)
+        decode.set_version(d_version)
+        with pytest.raises(StalePrefill, match=f"prefill at version {p_version}, this engine holds {d_version}"):
+            decode.generate(PROMPTS, params, prefilled=prefill.prefill(PROMPTS, params))
+    prefill.set_version(4)
+    decode.set_version(4)
     gens = decode.generate(PROMPTS, params, prefilled=prefill.prefill(PROMPTS, params))
-    for g in gens:
-        assert g.versions[0] == 3 and set(g.versions[1:]) <= {4}
+    assert all(g.versions == [4] * len(g.token_ids) and len(g.token_ids) > 1 for g in gens)
 
 
 def test_handle_of_other_prompts_is_refused(tiny_cfg):

@@ -77,23 +77,19 @@ def test_vllm_disaggregation_and_offload_arguments():
     """What a vLLM engine of each pool is started and asked with (vLLM itself runs on the GPU
     machine only: benchmarks/gpu_pd.sh): the KV transfer config, NIXL's request flow, the
     offload engine arguments, one NIXL side-channel port per actor."""
-    from rlcore.engine.base import Generation
     from rlcore.engine.vllm.vllm_model_dir import engine_args
-    from rlcore.engine.vllm.vllm_pd import (decode_overrides, from_prefill_version, kv_transfer_config,
-                                            prefill_overrides, prefilled_handle)
+    from rlcore.engine.vllm.vllm_pd import decode_overrides, kv_transfer_config, prefill_overrides, prefilled_handle
     from rlcore.engine.vllm.vllm_versions import InFlightRequest
     from rlcore.plan.pd import connector_env
 
     assert kv_transfer_config("nixl") == {"kv_connector": "NixlConnector", "kv_role": "kv_both"}
     sp = prefill_overrides()
     assert sp["max_tokens"] == 1 and sp["extra_args"]["kv_transfer_params"]["do_remote_decode"] is True
-    reqs = [InFlightRequest(rid=str(i), version=v, versions=[v], kv_transfer_params={"remote_block_ids": [i]})
-            for i, v in enumerate([5, 4])]
+    reqs = [InFlightRequest(rid=str(i), version=4, versions=[4], kv_transfer_params={"remote_block_ids": [i]})
+            for i in range(2)]
     handle = prefilled_handle([[1, 2], [3]], reqs)
     assert handle.version == 4 and decode_overrides(handle, 1) == {"extra_args": {"kv_transfer_params":
                                                                                   {"remote_block_ids": [1]}}}
-    gens = from_prefill_version([Generation([7, 8], [0.0, 0.0], [6, 6], "length")], handle)
-    assert gens[0].versions == [4, 6]  # the sample's staleness counts from its prefill
     reqs[1].kv_transfer_params = None
     with pytest.raises(RuntimeError, match="no kv_transfer_params for prompt"):
         prefilled_handle([[1, 2], [3]], reqs)
@@ -104,3 +100,28 @@ def test_vllm_disaggregation_and_offload_arguments():
     cfg = compose([*TWO_NODES[1:]])
     ports = {connector_env(cfg, i)["VLLM_NIXL_SIDE_CHANNEL_PORT"] for i in range(8)}
     assert len(ports) == 8
+
+
+def test_vllm_decode_keeps_one_version_per_sample():
+    """The version rule on the vLLM path (`rlcore.engine.vllm.vllm_pd`, run by `VLLMEngine` on the
+    GPU machine): a prefill batch an update split is no handle; a decode request enters only on
+    the handle's version and outside an update; a first token decoded on other weights is refused."""
+    from rlcore.engine.base import Generation, StalePrefill
+    from rlcore.engine.vllm.vllm_pd import admits, decoded_on_prefill_version, prefilled_handle
+    from rlcore.engine.vllm.vllm_versions import InFlightRequest
+
+    reqs = [InFlightRequest(rid=str(i), version=v, versions=[v], kv_transfer_params={"remote_block_ids": [i]})
+            for i, v in enumerate([5, 4])]
+    with pytest.raises(StalePrefill, match=r"inside the batch \(versions \[4, 5\]\)"):
+        prefilled_handle([[1, 2], [3]], reqs)
+    reqs[0].versions = [4]
+    handle = prefilled_handle([[1, 2], [3]], reqs)
+    admits(handle, 4, updating=False)
+    admits(None, 9, updating=True)  # a request of its own (no handle) enters any time
+    for version, updating in ((5, False), (3, False), (4, True)):
+        with pytest.raises(StalePrefill):
+            admits(handle, version, updating)
+    ok = [Generation([7, 8], [0.0, 0.0], [4, 5], "length")]  # a later token on newer weights: any request's
+    assert decoded_on_prefill_version(ok, handle) is ok
+    with pytest.raises(StalePrefill, match=r"prompt\(s\) \[1\] decoded their first token at version 5"):
+        decoded_on_prefill_version([*ok, Generation([7], [0.0], [5], "stop")], handle)

@@ -30,6 +30,10 @@ class Rollouts:
     def __init__(self):
         self.opened, self.joined = None, None
         self.needs_reform = True
+        self.released = []
+
+    def release(self, actors, version):
+        self.released.append((list(actors), version))
 
     def group_formed(self):
         self.needs_reform = False
@@ -173,6 +177,8 @@ def test_a_failed_group_operation_is_given_up_at_its_rendezvous_before_the_group
                           ("abort", "10.0.0.1", 1234), ("lost", 1)]
     assert events[3] == ("weight group init", ("trainer rank 0", "trainer rank 1", "rollout actor 0"))
     assert s.run.version == 7 and s.rollouts.joined == ([0], "10.0.0.1", 1235)
+    # only the sync that reached its engines releases the version (P/D: decode of it may start)
+    assert s.rollouts.released == [([0], 7)]
 
 
 # -- the canary beside the next step (rollout.canary_blocking false) ---------------------------

@@ -64,8 +64,9 @@ class Prefilled:
     prompts: list[list[int]]
     """The prompts it was computed for (the decode call must pass the same ones)."""
     version: int
-    """Policy version of the weights the prefill ran with: the first sampled token's version, so
-    a sample's staleness counts from its prefill."""
+    """Policy version of the weights the prefill ran with (one for the whole batch). A decode
+    engine continues the handle only on weights of this same version (:class:`StalePrefill`
+    otherwise), so the sample's first tokens, and its staleness, carry this one version."""
     state: Any
     """The engine's own transfer handle: the transformers engine's KV cache and last-position
     logits; vLLM's NIXL `kv_transfer_params` of each prompt."""
@@ -90,7 +91,9 @@ class RolloutEngine(abc.ABC):
         """Sample one completion per prompt (batched). `images` (vision-language models): one list
         of uint8 [H, W, 3] arrays per prompt, whose image tokens the prompt holds expanded.
         Engines that disaggregate also take `prefilled=` (a :class:`Prefilled` of these prompts,
-        from :meth:`prefill`): they continue from its cache instead of computing the prompts."""
+        from :meth:`prefill`): they continue from its cache instead of computing the prompts, and
+        raise :class:`StalePrefill` when the weights that first run on that cache are not of the
+        handle's version (a sync landed between the prefill and the decode: prefill again)."""
 
     def prefill(self, prompts: list[list[int]], params: SamplingParams, images=None) -> Prefilled:
         """Prefill/decode disaggregation, prefill side (engines whose `EngineSpec.pd_connectors`
@@ -183,6 +186,11 @@ class RolloutEngine(abc.ABC):
     def wake_up(self) -> float:
         """Take the memory back after :meth:`sleep`; returns seconds."""
         raise NotImplementedError(f"{type(self).__name__} has no sleep mode")
+
+
+class StalePrefill(RuntimeError):
+    """A decode engine refused a prefill handle: the weights its cache would meet are not of the
+    handle's version (`Prefilled.version`). Nothing was decoded from it; prefill again."""
 
 
 class WeightSyncError(RuntimeError):

@@ -24,7 +24,7 @@ import numpy as np
 import torch
 from transformers import DynamicCache
 
-from rlcore.engine.base import Generation, Prefilled, RolloutEngine, SamplingParams
+from rlcore.engine.base import Generation, Prefilled, RolloutEngine, SamplingParams, StalePrefill
 from rlcore.models.build import build_model, build_tokenizer
 from rlcore.models.moe_family import find_router, is_moe_block
 from rlcore.models.vision import decoder_layers, mrope_positions, pixel_values
@@ -190,7 +190,10 @@ class HFEngine(RolloutEngine):
         """`images`: per prompt, its uint8 images (vision-language models; prompts hold the
         expanded image tokens, see `rlcore.models.vision`). `prefilled`: the handle of
         :meth:`prefill` for these prompts (from another engine of the same model): its cache and
-        logits replace the first forward, whose tokens carry the prefill's version."""
+        logits replace the first forward, whose tokens carry the prefill's version. The first
+        forward on that cache checks, under the lock a weight update takes, that this engine
+        holds the handle's version (`StalePrefill` otherwise): the first two tokens of every
+        sample carry one version; later ones, like any request's, the version that made them."""
         batch = len(prompts)
         stop_ids = torch.tensor(sorted({self.eos_token_id, *params.stop_token_ids}), device=self.device)
         max_len = max(len(p) for p in prompts)
@@ -234,6 +237,10 @@ class HFEngine(RolloutEngine):
                     logits, version = prefilled.state["logits"].to(self.device).clone(), prefilled.version
                 else:
                     with self._lock:
+                        if step == 1 and prefilled is not None and self.policy_version != prefilled.version:
+                            # the handed cache would meet other weights: nothing decoded from it is kept
+                            raise StalePrefill(f"prefill at version {prefilled.version}, this engine holds "
+                                               f"{self.policy_version}")
                         logits = self.model(
                             input_ids=step_ids, attention_mask=attn, position_ids=step_pos,
                             use_cache=True, **{self._cache_kwarg: cache}, **extra,

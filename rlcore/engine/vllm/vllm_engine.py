@@ -40,13 +40,13 @@ import os
 import threading
 from typing import Any, Literal
 
-from rlcore.engine.base import Generation, Prefilled, RolloutEngine, SamplingParams, WeightSyncError
+from rlcore.engine.base import Generation, Prefilled, RolloutEngine, SamplingParams, StalePrefill, WeightSyncError
 from rlcore.engine.vllm import warm_core
 from rlcore.engine.vllm.vllm_cache import compile_cache
 from rlcore.engine.vllm.vllm_colocated import ColocatedEngine
 from rlcore.engine.vllm.vllm_model_dir import engine_args
-from rlcore.engine.vllm.vllm_pd import (decode_overrides, from_prefill_version, kv_transfer_config, prefill_overrides,
-                                        prefilled_handle)
+from rlcore.engine.vllm.vllm_pd import (admits, decode_overrides, decoded_on_prefill_version, kv_transfer_config,
+                                        prefill_overrides, prefilled_handle)
 from rlcore.engine.vllm.vllm_receivers import RECEIVERS
 from rlcore.engine.vllm.vllm_updates import KVOnUpdate, Reload, WeightUpdates, check_reload
 from rlcore.engine.vllm.vllm_versions import InFlightRequest, VersionMarks
@@ -58,6 +58,9 @@ from rlcore.weights.protocol import Receiver, Seat
 log = logging.getLogger(__name__)
 
 OutputMode = Literal["final", "delta"]
+PREFILL_TRIES = 3
+"""Prefills of one batch before a handle of one version is given up on (each retry follows a
+weight update that landed inside the batch; three in a row is a sync storm, the caller's to see)."""
 
 
 class VLLMEngine(WeightUpdates, VersionMarks, ColocatedEngine, RolloutEngine):
@@ -272,10 +275,15 @@ class VLLMEngine(WeightUpdates, VersionMarks, ColocatedEngine, RolloutEngine):
         return TokensPrompt(prompt_token_ids=ids, multi_modal_data={"image": [Image.fromarray(a) for a in images]},
                             cache_salt=self._cache_salt())
 
-    async def _one(self, prompt: list[int], sp: Any, images: list | None = None) -> Generation:
-        return (await self._run(prompt, sp, images)).result()
+    async def _one(self, prompt: list[int], sp: Any, images: list | None = None,
+                   prefilled: Prefilled | None = None) -> Generation:
+        return (await self._run(prompt, sp, images, prefilled)).result()
 
-    async def _run(self, prompt: list[int], sp: Any, images: list | None = None) -> InFlightRequest:
+    async def _run(self, prompt: list[int], sp: Any, images: list | None = None,
+                   prefilled: Prefilled | None = None) -> InFlightRequest:
+        # a decode request enters only on its prefill's version; checked in the same loop step that
+        # reads the version and the cache salt below (an update bumps them on this loop too)
+        admits(prefilled, self._version, self._update_lock is not None and self._update_lock.locked())
         req = InFlightRequest(rid=f"rlcore-{next(self._ids)}", version=self._version)
         self._active[req.rid] = req
         try:
@@ -302,7 +310,7 @@ class VLLMEngine(WeightUpdates, VersionMarks, ColocatedEngine, RolloutEngine):
             # (building it costs about as much as submitting the request); seeded ones differ by index.
             shared = self._vllm_params(params, 0) if params.seed is None else None
             sps = [shared if shared is not None else self._vllm_params(params, i) for i in range(len(prompts))]
-        tasks = [asyncio.ensure_future(self._one(p, sp, im)) for p, sp, im in zip(prompts, sps, images)]
+        tasks = [asyncio.ensure_future(self._one(p, sp, im, prefilled)) for p, sp, im in zip(prompts, sps, images)]
         try:
             return list(await asyncio.gather(*tasks))
         except BaseException:
@@ -316,8 +324,9 @@ class VLLMEngine(WeightUpdates, VersionMarks, ColocatedEngine, RolloutEngine):
         """Sample one completion per prompt; all prompts are submitted at once. Raises
         ``TimeoutError`` after ``timeout_s`` (default ``request_timeout_s``), aborting the rest.
         ``prefilled`` (a decode engine, `rollout.pd.*`): :meth:`prefill`'s handle of these prompts
-        from a prefill engine; each request pulls its KV blocks over the connector, and its first
-        token carries the prefill's version when older (the sample's staleness counts from it)."""
+        from a prefill engine; each request pulls its KV blocks over the connector. Raises
+        `StalePrefill` when this engine does not hold the handle's version, is receiving weights,
+        or an update landed before a request's first token (`vllm_pd`: one version per sample)."""
         self._check()
         if not prompts:
             return []
@@ -325,7 +334,7 @@ class VLLMEngine(WeightUpdates, VersionMarks, ColocatedEngine, RolloutEngine):
             raise ValueError("prefilled: the handle is of other prompts")
         gens = self._call(self._generate(prompts, params, images, prefilled), timeout_s or self.request_timeout_s,
                           "generate")
-        return gens if prefilled is None else from_prefill_version(gens, prefilled)
+        return gens if prefilled is None else decoded_on_prefill_version(gens, prefilled)
 
     async def _prefill(self, prompts: list[list[int]], params: SamplingParams, images=None) -> list[InFlightRequest]:
         images = images or [None] * len(prompts)
@@ -335,10 +344,17 @@ class VLLMEngine(WeightUpdates, VersionMarks, ColocatedEngine, RolloutEngine):
     def prefill(self, prompts: list[list[int]], params: SamplingParams, images=None) -> Prefilled:
         """A prefill engine (`kv_transfer_config` with kv_role `kv_both`): run the prompts for a
         remote decode; the handle holds each prompt's `kv_transfer_params` (where its KV blocks
-        wait) and the version of the weights that computed them (the oldest of the batch)."""
+        wait) and the one version of the weights that computed them: a batch a weight update
+        split is prefilled again (at most `PREFILL_TRIES` times)."""
         self._check()
-        return prefilled_handle(prompts, self._call(self._prefill(prompts, params, images), self.request_timeout_s,
-                                                    "prefill"))
+        for attempt in range(1, PREFILL_TRIES + 1):
+            reqs = self._call(self._prefill(prompts, params, images), self.request_timeout_s, "prefill")
+            try:
+                return prefilled_handle(prompts, reqs)
+            except StalePrefill:
+                if attempt == PREFILL_TRIES:
+                    raise
+        raise AssertionError("unreachable")
 
     def cache_stats(self) -> dict[str, float]:
         """vLLM's prefix-cache counters in this process (`vllm:prefix_cache_queries` / `_hits`, and

@@ -186,6 +186,10 @@ class WeightUpdates:
         """Non-NCCL path: ship full tensors (trainer names) through the engine's RPC channel (CPU
         copies, msgpack) and load them under a keep-mode pause. Slow (host memory round trip);
         meant for tests and small models. The version is unchanged until :meth:`set_version`."""
+        self._load_and_mark(named_tensors, None)
+
+    def _load_and_mark(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int | None) -> None:
+        """`load_weights`, and with `version` its bump inside the same pause (one update)."""
         self._check()
         weights = [(name, pack_tensor(t)) for name, t in named_tensors]
 
@@ -194,13 +198,15 @@ class WeightUpdates:
             await self._rpc("rlcore_load_weights", weights=weights, layerwise=layerwise)
             return {}
 
-        # the version (and so the prefix-cache salt) only moves at set_version: clear the caches
-        self._call(self._swap(self._version, body, clear=True), self.rpc_timeout_s, "load_weights")
+        # without a version the salt stays: clear the caches, whose blocks the old weights computed
+        self._call(self._swap(self._version if version is None else version, body, clear=True), self.rpc_timeout_s,
+                   "load_weights")
 
     def apply_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
-        """:meth:`load_weights` then :meth:`set_version` (what the rollout actor calls)."""
-        self.load_weights(named_tensors)
-        self.set_version(version)
+        """:meth:`load_weights` and the bump to `version` in one update (what the rollout actor
+        calls): no request is admitted between the new weights and their version (a decode of a
+        prefill handle checks the version, `rlcore.engine.vllm.vllm_pd.admits`)."""
+        self._load_and_mark(named_tensors, version)
 
     def set_version(self, version: int) -> None:
         """Mark the weights loaded so far as policy ``version`` (for the :meth:`load_weights`
