@@ -36,11 +36,12 @@ def test_impossible_layouts_refused(overrides, key, capsys):
     assert capsys.readouterr().err.strip().splitlines()[-1].startswith(f"rlcore: config error: {key}")
 
 
-@pytest.mark.parametrize("recipe,params_b,mesh", [
-    ("glm45_air_swe", (105, 108), {"world": 16, "dp": 8, "cp": 2, "ep": 8}),   # GLM-4.5-Air: 106B-A12B
-    ("qwen35_moe_swe", (30, 40), {"world": 16, "dp": 16, "cp": 1, "ep": 8}),   # Qwen3.5-35B-A3B class
+@pytest.mark.parametrize("recipe,params_b,active_b,mesh", [
+    ("qwen30b_swe", (30.4, 30.6), (3.2, 3.4), {"world": 16, "dp": 8, "cp": 2, "ep": 8}),  # Qwen3-30B-A3B
+    ("glm45_air_swe", (105, 108), (11, 14), {"world": 16, "dp": 8, "cp": 2, "ep": 8}),   # GLM-4.5-Air: 106B-A12B
+    ("qwen35_moe_swe", (34, 36), (3, 3.6), {"world": 16, "dp": 16, "cp": 1, "ep": 8}),  # Qwen3.5-35B-A3B (text)
 ])
-def test_real_size_moe_recipes_plan_and_build_offline(recipe, params_b, mesh):
+def test_real_size_moe_recipes_plan_and_build_offline(recipe, params_b, active_b, mesh, capsys):
     """The MoE recipes on qwen30b_swe's 4 x 8-GPU layout: the plan has no problem and fits the four
     nodes (not three); the arch builds a transformers config offline whose model (on the meta
     device) has the size the recipe names, as the planner counts it."""
@@ -63,4 +64,8 @@ def test_real_size_moe_recipes_plan_and_build_offline(recipe, params_b, mesh):
         model = AutoModelForCausalLM.from_config(config)
     n = sum(p.numel() for p in model.parameters())
     assert params_b[0] * 1e9 < n < params_b[1] * 1e9, n
-    assert abs(param_count(cfg) - n) < 0.03 * n  # the planner's count of the same model
+    assert abs(param_count(cfg) - n) < 0.005 * n  # the planner's count of the same model
+    active = param_count(cfg, active=True)
+    assert active_b[0] * 1e9 < active < active_b[1] * 1e9, active
+    assert main([f"+recipe={recipe}", "dry_run=true"]) == 0  # the plan says both
+    assert f"({n / 1e9:.1f}B parameters, {active / 1e9:.1f}B active)" in capsys.readouterr().out

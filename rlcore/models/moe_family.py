@@ -47,6 +47,10 @@ class MoEFamily:
     shared: str = ""  # shared experts: "" none, "added" (DeepSeek), "gated" (Qwen2-MoE: sigmoid gate)
     expert_bias: bool = False  # per-expert biases on both projections (gpt-oss)
     note: str = ""  # a limit of the family in rlcore (README)
+    # vLLM 0.26's model for the family loads routed experts through FusedMoE's loader, which takes
+    # a whole fused tensor (`rlcore.models.checkpoint_names`); else (DeepSeek-V3: a hand-written
+    # per-expert loader) weight sync sends the checkpoint's per-expert tensors
+    vllm_fused_experts: bool = True
 
 
 FAMILIES: dict[str, MoEFamily] = {f.name: f for f in (
@@ -60,7 +64,8 @@ FAMILIES: dict[str, MoEFamily] = {f.name: f for f in (
     MoEFamily("mixtral", "num_local_experts", "softmax_topk"),
     MoEFamily("gpt_oss", "num_local_experts", "topk_softmax", expert_bias=True,
               note="attention sinks and sliding windows: transformers' own attention only (no varlen kernel, no CP)"),
-    MoEFamily("deepseek_v3", "n_routed_experts", "sigmoid_group", "first_k_dense_replace", shared="added"),
+    MoEFamily("deepseek_v3", "n_routed_experts", "sigmoid_group", "first_k_dense_replace", shared="added",
+              vllm_fused_experts=False),
     MoEFamily("glm4_moe", "n_routed_experts", "sigmoid_group", "first_k_dense_replace", shared="added"),
 )}
 FAMILIES.update({f"{name}_text": FAMILIES[name] for name in ("qwen3_vl_moe", "qwen3_5_moe")})  # text_config's type

@@ -21,7 +21,7 @@ CONV_BYTES = 2  # bf16 conv windows
 def layer_pattern(a: dict) -> list[str] | None:
     """Per decoder layer, its token mixer (RECURRENT or ATTENTION; Nemotron-H's blocks may also be
     MLP or MOE alone); None for a model type that is not hybrid."""
-    mt = a.get("model_type")
+    mt = str(a.get("model_type") or "").removesuffix("_text")  # a VLM's text_config: qwen3_5_moe_text
     if mt == "nemotron_h":
         raw = a.get("layers_block_type") or list(a.get("hybrid_override_pattern") or "")
         return [_NEMOTRON_KINDS[k] for k in raw] or None
@@ -63,9 +63,9 @@ def recurrent_state_bytes(a: dict) -> int:
     return n * (conv * k * CONV_BYTES + matrix * STATE_BYTES)
 
 
-def hybrid_param_count(a: dict, vocab: int) -> int | None:
+def hybrid_param_count(a: dict, vocab: int, active: bool = False) -> int | None:
     """Parameters of a hybrid decoder described by `a` (`model.arch`, text fields merged); None
-    for a model type that is not hybrid."""
+    for a model type that is not hybrid. `active`: a MoE layer counts its top-k routed experts only."""
     pattern = layer_pattern(a)
     if pattern is None:
         return None
@@ -80,7 +80,8 @@ def hybrid_param_count(a: dict, vocab: int) -> int | None:
         attention = h * q + 2 * h * kv + q * h
         experts = int(a.get("n_routed_experts") or 0)
         moe_inter = int(a.get("moe_intermediate_size") or 0)
-        moe = experts * (2 * h * moe_inter + h) + 2 * h * int(a.get("moe_shared_expert_intermediate_size") or 0)
+        used = min(experts, int(a.get("num_experts_per_tok") or experts)) if active else experts
+        moe = used * 2 * h * moe_inter + experts * h + 2 * h * int(a.get("moe_shared_expert_intermediate_size") or 0)
         mixer = {RECURRENT: recurrent, ATTENTION: attention, MLP: 2 * h * int(a.get("intermediate_size") or 4 * h),
                  MOE: moe}
         body = sum(mixer[kind] + h for kind in pattern)  # each block: one mixer and its norm
@@ -92,7 +93,8 @@ def hybrid_param_count(a: dict, vocab: int) -> int | None:
         if experts:
             inter = int(a.get("moe_intermediate_size") or 512)
             shared = int(a.get("shared_expert_intermediate_size") or 0)
-            mlp = experts * (3 * h * inter + h) + 3 * h * shared + h
+            used = min(experts, int(a.get("num_experts_per_tok") or experts)) if active else experts
+            mlp = used * 3 * h * inter + experts * h + 3 * h * shared + h
         else:
             mlp = 3 * h * int(a.get("intermediate_size") or 4 * h)
         body = sum((recurrent if kind == RECURRENT else attention) + mlp + 2 * h for kind in pattern)

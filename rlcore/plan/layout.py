@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 from rlcore.config import RunConfig
 from rlcore.engine.registry import memory_share, option_key, sleep_level, tensor_parallel_size
-from rlcore.plan.memory import GIB, trainer_memory
+from rlcore.plan.memory import GIB, param_count, trainer_memory
 from rlcore.plan.pd import machine_ram_bytes, offload_gib, offload_problems, pd_on, rollout_pools
 from rlcore.plan.placement import colocated_shares, placement_problems, resolve
 from rlcore.models.moe_family import num_routed_experts
@@ -146,6 +146,15 @@ def plan_problems(cfg: RunConfig, plan: Plan) -> list[tuple[str, str]]:
     return out
 
 
+def _size(cfg: RunConfig) -> str:
+    """`` (30.5B parameters, 3.3B active)`` as `model.arch` describes the model ('' when it does
+    not; a dense model's active count is its total)."""
+    total, active = param_count(cfg), param_count(cfg, active=True)
+    if not total or total < 10**8:
+        return ""
+    return f" ({total / 1e9:.1f}B parameters" + (f", {active / 1e9:.1f}B active)" if active != total else ")")
+
+
 def format_plan(cfg: RunConfig, plan: Plan) -> str:
     cfg = plan.config or cfg  # placement resolved
     t, r = cfg.trainer, cfg.rollout
@@ -153,7 +162,7 @@ def format_plan(cfg: RunConfig, plan: Plan) -> str:
     lines = [
         f"rlcore placement plan ({cfg.recipe or 'default'}): {plan.nodes} node(s) x {plan.gpus_per_node} GPUs, "
         f"{plan.cpus_per_node} CPUs",
-        f"model: {cfg.model.path or 'random-weight ' + str(cfg.model.arch.get('model_type'))}",
+        f"model: {cfg.model.path or 'random-weight ' + str(cfg.model.arch.get('model_type'))}{_size(cfg)}",
         *(_colocated_lines(cfg, plan) if cfg.placement == "colocated" else [
             f"placement group 'rlcore-trainer' (PACK): {len(plan.trainer)} bundles of "
             f"{{CPU: {t.cpus_per_rank:g}, GPU: {t.gpus_per_rank:g}}}",

@@ -84,12 +84,13 @@ def _vocab(cfg: RunConfig, a: dict) -> int:
     return {"char": CHAR_VOCAB_BOUND, "bpe": BPE_VOCAB_SIZE}.get(cfg.model.tokenizer, 152_064)
 
 
-def param_count(cfg: RunConfig) -> int | None:
-    """Parameters of the (dense or MoE) decoder described by `model.arch`; None when unknown."""
+def param_count(cfg: RunConfig, active: bool = False) -> int | None:
+    """Parameters of the (dense or MoE) decoder described by `model.arch`; None when unknown.
+    `active`: those one token runs through (a MoE layer's top-k routed experts, not all)."""
     a = _arch(cfg)
     if a is None:
         return None
-    hybrid = hybrid_param_count(a, _vocab(cfg, a))
+    hybrid = hybrid_param_count(a, _vocab(cfg, a), active)
     if hybrid is not None:
         return hybrid
     h, layers, heads = int(a["hidden_size"]), int(a["num_hidden_layers"]), int(a["num_attention_heads"])
@@ -99,19 +100,21 @@ def param_count(cfg: RunConfig) -> int | None:
     per_layer = h * q + 2 * h * kv + q * h + 2 * h + 2 * hd
     vocab = _vocab(cfg, a)
     embed = vocab * h * (1 if a.get("tie_word_embeddings", False) else 2)
-    return layers * per_layer + _mlp_params(a, h, layers) + embed + h
+    return layers * per_layer + _mlp_params(a, h, layers, active) + embed + h
 
 
-def _mlp_params(a: dict, h: int, layers: int) -> int:
+def _mlp_params(a: dict, h: int, layers: int, active: bool = False) -> int:
     """The MLP parameters of all layers: dense, or routed experts (+ router, + shared experts) with a
-    family's dense first layers (`first_k_dense_replace`, `mlp_only_layers`) kept dense."""
+    family's dense first layers (`first_k_dense_replace`, `mlp_only_layers`) kept dense. `active`:
+    a MoE layer counts only the top-k routed experts a token runs through."""
     dense = 3 * h * int(a.get("intermediate_size") or 4 * h)
     experts = num_routed_experts(a)
     if not experts:
         return layers * dense
     inter = int(a.get("moe_intermediate_size") or a.get("intermediate_size") or 4 * h)
     shared = 3 * h * (int(a.get("n_shared_experts") or 0) * inter + int(a.get("shared_expert_intermediate_size") or 0))
-    moe = experts * 3 * h * inter + experts * h + shared
+    used = min(experts, int(a.get("num_experts_per_tok") or experts)) if active else experts
+    moe = used * 3 * h * inter + experts * h + shared
     n_dense = min(int(a.get("first_k_dense_replace") or 0) + len(a.get("mlp_only_layers") or ()), layers)
     return n_dense * dense + (layers - n_dense) * moe
 

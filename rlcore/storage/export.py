@@ -14,7 +14,8 @@ vLLM's loaders and `from_pretrained` read): transformers fuses the experts of a 
 memory (``mlp.experts.gate_up_proj`` ``[E, 2I, H]``) and its conversion mapping splits them back
 on save (``mlp.experts.{i}.gate_proj.weight`` for Qwen-MoE, DeepSeek-V3, GLM-4.5;
 ``block_sparse_moe.experts.{i}.w1.weight`` for Mixtral; gpt-oss keeps its fused names);
-`hub_named` applies that mapping tensor by tensor. Tied weights are written once (as
+`hub_named` applies that mapping tensor by tensor (`rlcore.models.checkpoint_names`, shared with
+weight sync). Tied weights are written once (as
 `save_pretrained` does) and re-tied by the loader from `tie_word_embeddings`.
 """
 
@@ -49,12 +50,11 @@ def exportable_tensors(model: torch.nn.Module) -> Iterable[tuple[str, torch.Tens
 
 def hub_named(model: torch.nn.Module, named_tensors: Iterable[tuple[str, torch.Tensor]]
               ) -> Iterable[tuple[str, torch.Tensor]]:
-    """`named_tensors` (transformers module names) under the family's checkpoint names: transformers'
-    own reverse conversion (`revert_weight_conversion`, what `save_pretrained` applies), one tensor
-    at a time so the writer keeps streaming. A dense model's names pass through unchanged."""
-    from transformers.core_model_loading import revert_weight_conversion
-    for name, tensor in named_tensors:
-        yield from revert_weight_conversion(model, {name: tensor}).items()
+    """`named_tensors` (transformers module names) under the family's checkpoint names, as
+    `save_pretrained` writes them (`rlcore.models.checkpoint_names`, the mapping weight sync uses
+    too), one tensor at a time so the writer keeps streaming. A dense model's names pass through."""
+    from rlcore.models.checkpoint_names import checkpoint_named
+    return checkpoint_named(model, named_tensors)
 
 
 def write_hf_dir(out_dir: str | Path, named_tensors: Iterable[tuple[str, torch.Tensor]], config_src: Path | None = None,

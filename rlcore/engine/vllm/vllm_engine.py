@@ -210,7 +210,10 @@ class VLLMEngine(WeightUpdates, VersionMarks, ColocatedEngine, RolloutEngine):
             from vllm.config import ProfilerConfig
             args["profiler_config"] = ProfilerConfig(**args["profiler_config"])
         # Created on the loop so AsyncLLM starts its output handler on this loop.
-        return AsyncLLM.from_engine_args(AsyncEngineArgs(**args))
+        llm = AsyncLLM.from_engine_args(AsyncEngineArgs(**args))
+        # every weight load from here on arrives under the family's checkpoint names (vllm_worker)
+        await llm.collective_rpc("rlcore_use_checkpoint_names", timeout=self.rpc_timeout_s)
+        return llm
 
     def _call(self, coro: Any, timeout_s: float | None, what: str) -> Any:
         """Run ``coro`` on the engine loop and wait at most ``timeout_s`` (None: no limit)."""

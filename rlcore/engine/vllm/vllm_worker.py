@@ -3,7 +3,9 @@
 vLLM mixes :class:`RLCoreWorkerExtension` into every worker (the engine passes
 :data:`WORKER_EXTENSION` as ``worker_extension_cls``), so the engine reaches the model through
 ``collective_rpc`` by method name: the direct and IPC receives, the RPC weight load and the
-parameter dump. vLLM is imported lazily: this module imports on a CPU-only machine without vLLM.
+parameter dump. At start the engine has every worker put the family's checkpoint names in front of
+its model's ``load_weights`` (:meth:`RLCoreWorkerExtension.rlcore_use_checkpoint_names`), so every
+sync path -- vLLM's own NCCL update included -- hands vLLM's loader the names it knows. vLLM is imported lazily: this module imports on a CPU-only machine without vLLM.
 """
 
 from __future__ import annotations
@@ -28,6 +30,23 @@ class RLCoreWorkerExtension:
     def _rlcore_model(self) -> torch.nn.Module:
         runner = self.model_runner  # type: ignore[attr-defined]
         return runner.get_model() if hasattr(runner, "get_model") else runner.model
+
+    def rlcore_use_checkpoint_names(self) -> bool:
+        """Translate every later ``model.load_weights`` call from the trainer's (transformers')
+        names to the family's checkpoint names, the mapping export writes with
+        (:mod:`rlcore.models.checkpoint_names`): Mixtral's loader knows ``block_sparse_moe``, not
+        transformers 5's ``mlp``; DeepSeek-V3's knows per-expert tensors only. vLLM's own weight
+        transfer calls the same instance attribute. Returns False when already installed."""
+        from rlcore.models.checkpoint_names import CheckpointNames, reference_model, sends_fused_experts
+        model = self._rlcore_model()
+        if getattr(model, "_rlcore_checkpoint_names", None) is not None:
+            return False
+        config = self.model_runner.model_config.hf_config  # type: ignore[attr-defined]
+        names = CheckpointNames(reference_model(config), fuse_experts=sends_fused_experts(config))
+        load = model.load_weights
+        model._rlcore_checkpoint_names = names
+        model.load_weights = lambda weights, *args, **kwargs: load(names.named(weights), *args, **kwargs)
+        return True
 
     def rlcore_receive_direct(self, update_info: dict) -> dict:
         """Receive one packed NCCL update straight into the parameters
@@ -57,7 +76,7 @@ class RLCoreWorkerExtension:
         return receive_ipc_on_worker(self, update_info, handle)
 
     def rlcore_load_weights(self, weights: list, layerwise: bool = False) -> int:
-        """Load full tensors (trainer names; sent as raw bytes, see :func:`pack_tensor`) through
+        """Load full tensors (trainer names, translated by :meth:`rlcore_use_checkpoint_names`; sent as raw bytes, see :func:`pack_tensor`) through
         ``model.load_weights``; returns the count. ``layerwise``: inside vLLM's layerwise reload
         (needed by quantized models: weights are re-processed after loading)."""
         model = self._rlcore_model()
