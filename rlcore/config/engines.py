@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
+from rlcore.config.bounds import bounded, from_registry
 from rlcore.config.plugins import PluginSections
 
 
@@ -79,16 +80,16 @@ class EngineGroupConfig(PluginSections):
     plug-in engine's section, `<group>.<section>.*`, is declared by its registration:
     :mod:`rlcore.config.plugins`)."""
 
-    engine: str = "hf"
+    engine: str = from_registry("rlcore/engine/registry.py", default="hf")
     """`hf` (transformers engine, CPU or GPU) or `vllm` (GPU only): a name in `rlcore/engine/registry.py`;
     the engine reads its own section (`<group>.vllm.*`, `<group>.hf.*`)."""
-    num_actors: int = 1
+    num_actors: int = bounded(1, gt=0)
     """Number of actors (engine replicas, one actor each, on the group's placement group)."""
-    cpus_per_actor: float = 1.0
+    cpus_per_actor: float = bounded(1.0, gt=0)
     """CPUs reserved in each of the group's bundles."""
-    gpus_per_actor: float = 0.0
+    gpus_per_actor: float = bounded(0.0, ge=0)
     """GPUs reserved in each of the group's bundles (0 = CPU; with the vllm engine >= vllm.tensor_parallel_size)."""
-    max_requests_per_actor: int = 2
+    max_requests_per_actor: int = bounded(2, gt=0)
     """Calls generating at once per actor (vLLM batches them continuously; more keeps a GPU busy,
     fewer keeps a rollout request closer to the newest weights). A rollout actor holds as many
     again, waiting for a slot while others score: a slow reward holds no engine slot."""
