@@ -264,7 +264,7 @@ def test_a_gpu_teacher_shares_the_one_gpu_with_colocated_trainer_and_engine():
     from rlcore.plan.memory import GIB
     from rlcore.plan.layout import make_plan
     plan = make_plan(compose(ONE_GPU_TEACHER))
-    assert plan.problems == [] and plan.config.placement == "colocated"
+    assert plan.problems == [] and plan.config.placed == "colocated"
     assert [b.gpus for b in plan.trainer] == [0.8] and [b.gpus for b in plan.teacher] == [0.2]
     assert plan.teacher[0].node == 0 and plan.rollout == []
     share = plan.config.rollout.vllm.engine_kwargs["gpu_memory_utilization"]

@@ -84,7 +84,7 @@ def _in_bounds(value: Any, meta: dict) -> bool:
 def value_problem(key: str, value: Any, meta: dict) -> str | None:
     """What is wrong with `value` under a field's metadata `meta`; None when nothing is."""
     if "choices" in meta and value not in meta["choices"]:
-        return f"unknown {meta.get('noun', 'value')} {value!r}; choose one of {list(meta['choices'])}"
+        return f"unknown {meta.get('noun', 'value')} {value!r}; choose one of {', '.join(map(str, meta['choices']))}"
     if value is not None and bound_text(meta) and not _in_bounds(value, meta):
         note = f" {meta['note']}" if meta.get("note") else ""
         return f"must be {bound_text(meta)}{note}, got {value!r}"

@@ -89,10 +89,6 @@ class EngineGroupConfig(PluginSections):
     """CPUs reserved in each of the group's bundles."""
     gpus_per_actor: float = bounded(0.0, ge=0)
     """GPUs reserved in each of the group's bundles (0 = CPU; with the vllm engine >= vllm.tensor_parallel_size)."""
-    max_requests_per_actor: int = bounded(2, gt=0)
-    """Calls generating at once per actor (vLLM batches them continuously; more keeps a GPU busy,
-    fewer keeps a rollout request closer to the newest weights). A rollout actor holds as many
-    again, waiting for a slot while others score: a slow reward holds no engine slot."""
     max_restarts: int = 3
     """Times Ray restarts a dead actor (its calls in flight are counted failed; a rollout actor
     then rejoins the weight group); -1 = always."""

@@ -145,6 +145,12 @@ class RolloutConfig(EngineGroupConfig):
     """The rollout group: engines and how they are placed (a plug-in engine's section,
     `rollout.<section>.*`, is declared by its registration: :mod:`rlcore.config.plugins`)."""
 
+    max_requests_per_actor: int = bounded(2, gt=0)
+    """Generate calls running at once on each rollout actor's engine: its generation slots (vLLM
+    batches them continuously; more keeps a GPU busy, fewer keeps a rollout request closer to the
+    newest weights). Every number of requests the driver and the actor derive from it (requests
+    that wait for a slot, requests that only score, the actor's threads) is
+    `rlcore.engine.slots.RequestLimits`: a slow reward holds no engine slot."""
     tasks_per_request: int = bounded(4, gt=0)
     """Tasks (prompts) sent to an actor in one generate call; each expands to `algo.group_size`."""
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
@@ -347,12 +353,20 @@ class RunConfig:
     """Where trainer ranks and engines go: `split` (their own GPUs), `colocated` (one trainer rank
     and one TP=1 engine share each GPU; weights move over CUDA IPC) or `auto` (colocated when both
     sides use GPUs and split placement does not fit the GPUs present or asks fractional GPUs;
-    split otherwise, and always on CPU)."""
+    split otherwise, and always on CPU). The user's choice: the plan never rewrites it."""
+    placed: str = choice("", "colocated", "split", default="", noun="placement")
+    """Set by the planner, never by hand: the plan's decision, `placement` resolved for the GPUs
+    the run is placed on (`split` or `colocated`; empty until planned: `rlcore.plan.placement.resolve`)."""
     dry_run: bool = False
     """Validate, print the placement plan (placement groups, bundles, meshes, engines) and exit
     without starting Ray."""
     recipe: Optional[str] = None
     """Name of the recipe this config came from (set by `+recipe=NAME`)."""
+
+    def current_placement(self) -> str:
+        """The plan's decision once it is made (`placed`), else the user's choice (`placement`,
+        which is still `auto` when the user left it to the plan)."""
+        return self.placed or self.placement
 
 
 __all__ = [

@@ -34,6 +34,9 @@ class TeacherConfig(EngineGroupConfig):
     """Seed of a random-weight teacher's initialisation."""
     dtype: str = choice("float32", "bfloat16", "float16", default="float32", noun="dtype")
     """Teacher weight dtype (`float32`, `bfloat16`, `float16`)."""
+    max_requests_per_actor: int = bounded(2, gt=0)
+    """Score calls in flight at each teacher actor (the driver queues the rest; the actor serves
+    them and one control call at once)."""
     score_timeout_s: float = bounded(120.0, gt=0)
     """Longest one score call may take; its samples are then counted failed."""
     start_timeout_s: float = bounded(600.0, gt=0)

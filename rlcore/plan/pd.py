@@ -80,7 +80,7 @@ def pd_problems(cfg: RunConfig) -> list[tuple[str, str]]:
         out.append((option_key(r, "kv_offload_gb"), f"vLLM's CPU offload is a KV connector of its own; beside "
                     f"{PD}.connector both need vLLM's MultiConnector, which rlcore does not configure yet: use one "
                     f"of the two"))
-    if cfg.placement == "colocated":
+    if cfg.current_placement() == "colocated":
         out.append((f"{PD}.enabled", "prefill/decode pools have GPUs of their own; colocated placement gives every "
                     "engine half of a trainer rank's GPU: use placement=split"))
     shared = 0 < p.prefill_gpus_per_actor < 1 or 0 < r.gpus_per_actor < 1

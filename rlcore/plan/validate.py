@@ -242,7 +242,7 @@ def resource_problems(cfg: RunConfig, cpus: float, gpus: float, where: str) -> l
     pools = rollout_pools(cfg)[1:] if cfg.mode != "sft" else []  # the prefill pool of a disaggregated group
     need_cpu = nt * t.cpus_per_rank + nr * r.cpus_per_actor + teacher_cpu + sum(n * c for _, n, c, _ in pools)
     need_gpu = nt * t.gpus_per_rank + nr * r.gpus_per_actor + teacher_gpu + sum(n * g for _, n, _, g in pools)
-    if cfg.placement == "colocated":  # trainer rank i, engine i (and a GPU teacher) share GPU i (rlcore.plan.placement)
+    if cfg.current_placement() == "colocated":  # trainer rank i, engine i (and a GPU teacher) share GPU i (rlcore.plan.placement)
         need_gpu = max(nt, nr)
     teacher = f" + teacher {teacher_cpu:g} CPUs / {teacher_gpu:g} GPUs" if cfg.teacher.enabled else ""
     teacher += "".join(f" + {role} ({n} x {c:g} CPUs / {g:g} GPUs)" for role, n, c, g in pools)

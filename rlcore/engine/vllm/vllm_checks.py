@@ -33,7 +33,7 @@ def vllm_problems(cfg: RunConfig) -> list[tuple[str, str]]:
     out: list[tuple[str, str]] = []
     if v.tensor_parallel_size <= 0:
         out.append((f"{KEY}.tensor_parallel_size", f"must be > 0, got {v.tensor_parallel_size!r}"))
-    elif r.gpus_per_actor < v.tensor_parallel_size and (cfg.placement == "split" or r.gpus_per_actor <= 0):
+    elif r.gpus_per_actor < v.tensor_parallel_size and (cfg.current_placement() == "split" or r.gpus_per_actor <= 0):
         out.append(("rollout.gpus_per_actor", f"the vllm engine needs {KEY}.tensor_parallel_size "
                     f"({v.tensor_parallel_size}) GPUs per actor, got {r.gpus_per_actor}"))
     if v.quantization is not None and v.quantization not in QUANTIZATIONS:
@@ -64,7 +64,7 @@ def vllm_problems(cfg: RunConfig) -> list[tuple[str, str]]:
     for key in v.sampling_kwargs:
         if key in SAMPLING_OWNED:
             out.append((f"{KEY}.sampling_kwargs.{key}", SAMPLING_OWNED[key]))
-    if cfg.placement == "colocated":
+    if cfg.current_placement() == "colocated":
         out.extend(colocated_problems(cfg))
     return out
 
