@@ -17,6 +17,7 @@ from actors.teacher import attach, score_pairs, scored
 from rlcore.algo.distill import batch_token_advantages, reverse_kl_sum, token_advantages
 from rlcore.algo.losses import LossInputs, policy_loss
 from rlcore.config import AlgoConfig
+from rlcore.config.bounds import field_problems
 from rlcore.batch.meta import group_meta
 from rlcore.models.tokenizer import char_tokenizer
 from rlcore.batch.packing import make_micro_batch
@@ -148,8 +149,9 @@ def test_teacher_config_checks():
     cfg = compose(["teacher.enabled=true"])
     assert config_problems(cfg) == []
     assert teacher_model_config(cfg).arch == cfg.model.arch  # a random teacher defaults to the student's shape
-    keys = [k for k, _ in config_problems(compose(["teacher.enabled=true", "teacher.num_actors=0"]))]
-    assert keys == ["teacher.num_actors"]
+    cfg = compose(["teacher.enabled=true", "teacher.num_actors=0"])  # a bound on the field (rlcore.config.bounds)
+    assert [k for k, _ in field_problems(cfg.teacher, "teacher.") + config_problems(cfg)] == ["teacher.num_actors"]
+    assert field_problems(compose(["teacher.num_actors=0"]).teacher, "teacher.") == []  # a disabled teacher is not checked
     keys = [k for k, _ in config_problems(compose(["teacher.enabled=true", "teacher.engine=sglang"]))]
     assert keys == ["teacher.engine"]
     keys = [k for k, _ in config_problems(compose(["teacher.enabled=true", "mode=sft"]))]
