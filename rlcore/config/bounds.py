@@ -6,7 +6,9 @@ OmegaConf's structured configs refuse `typing.Literal`, so a field says what it 
 `from_registry("rlcore/algo/registry.py", default="grpo")` (the allowed values are a registry's,
 checked there: the field only says where). `field_problems(cfg)` walks every section and returns
 one `(dotted key, message)` per value outside its field's metadata; a section with an `enabled`
-field is checked only when it is enabled (LoRA, the teacher, prefill/decode disaggregation).
+field is checked only when it is enabled (LoRA, the teacher, prefill/decode disaggregation), an
+engine's own section (`metadata={"engine_section": True}`: `rollout.vllm`) only when its group
+runs that engine (the others are refused or warned about by name: `rlcore.engine.registry`).
 `field_rule` renders a field's metadata for the configuration reference. A leaf: it imports
 nothing of rlcore.
 """
@@ -44,6 +46,10 @@ def from_registry(source: str, *, default: Any) -> Any:
 def choices_of(cls: type, name: str) -> tuple:
     """The allowed values written on field `name` of dataclass `cls`."""
     return next(f.metadata["choices"] for f in dataclasses.fields(cls) if f.name == name)
+
+
+def _shown(value: Any) -> str:
+    return "null" if value is None else str(value)
 
 
 def _lower(meta: dict) -> tuple[Any, bool] | None:
@@ -84,7 +90,7 @@ def _in_bounds(value: Any, meta: dict) -> bool:
 def value_problem(key: str, value: Any, meta: dict) -> str | None:
     """What is wrong with `value` under a field's metadata `meta`; None when nothing is."""
     if "choices" in meta and value not in meta["choices"]:
-        return f"unknown {meta.get('noun', 'value')} {value!r}; choose one of {', '.join(map(str, meta['choices']))}"
+        return f"unknown {meta.get('noun', 'value')} {value!r}; choose one of {', '.join(map(_shown, meta['choices']))}"
     if value is not None and bound_text(meta) and not _in_bounds(value, meta):
         note = f" {meta['note']}" if meta.get("note") else ""
         return f"must be {bound_text(meta)}{note}, got {value!r}"
@@ -100,7 +106,8 @@ def field_problems(section: Any, prefix: str = "") -> list[Problem]:
     for f in dataclasses.fields(section):
         value = getattr(section, f.name)
         if dataclasses.is_dataclass(value):
-            out += field_problems(value, f"{prefix}{f.name}.")
+            if not f.metadata.get("engine_section") or getattr(section, "engine", None) == f.name:
+                out += field_problems(value, f"{prefix}{f.name}.")
             continue
         message = value_problem(f"{prefix}{f.name}", value, f.metadata)
         if message:
@@ -112,7 +119,7 @@ def field_rule(f: dataclasses.Field) -> str:
     """A field's bound or allowed values as the configuration reference shows them ("" if none)."""
     meta = f.metadata
     if "choices" in meta:
-        return "one of " + ", ".join(f"`{c}`" for c in meta["choices"])
+        return "one of " + ", ".join(f"`{_shown(c)}`" for c in meta["choices"])
     if "choices_from" in meta:
         return f"a name registered in `{meta['choices_from']}`"
     rule = bound_text(meta)

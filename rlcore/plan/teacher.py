@@ -108,9 +108,8 @@ def config_problems(cfg: RunConfig) -> list[tuple[str, str]]:
         out.append(("teacher.engine", f"unknown engine {t.engine!r}; choose one of {engine_names()}"))
     else:
         out.extend(teacher_option_problems(cfg))
-        if tensor_parallel_size(t) <= 0:
-            out.append((option_key(t, "tensor_parallel_size", "teacher"), f"must be > 0, got {tensor_parallel_size(t)!r}"))
-        elif engine_spec(t.engine).needs_gpu:
+        # `tensor_parallel_size` > 0 is its field's bound (rlcore.config.bounds)
+        if tensor_parallel_size(t) > 0 and engine_spec(t.engine).needs_gpu:
             out.extend(gpu_share_problems(cfg))
     if t.path is None and "model_type" not in (t.arch or cfg.model.arch):
         out.append(("teacher.arch", "needs model_type when teacher.path is null"))
