@@ -31,7 +31,7 @@ from actors.profiling import RunProfiler
 from actors.recovery import TrainerRecovery
 from actors.trainer_group import TokenDataLost
 from actors.remote import ActorDied, RunError
-from actors.rollout_group import RolloutGroup, requests_per_actor
+from actors.rollout_group import RolloutGroup
 from actors.rollout_refs import log_sample_nodes, table_rows
 from actors.run_state import RunState, TaskFeed, groups_allowed_in_flight
 from actors.starts import Starts
@@ -44,6 +44,7 @@ from rlcore.batch.buffer import Accounting, RolloutBuffer
 from rlcore.batch.staleness import most_groups_in_flight
 from rlcore.config import RunConfig
 from rlcore.engine.registry import weight_transport
+from rlcore.engine.slots import RequestLimits
 from rlcore.envs import make_env
 from rlcore.report.failures import FailureLog, NoProgress
 from rlcore.plan.interrupt import StopRequest
@@ -82,7 +83,7 @@ class Driver:
         # every request the actors may hold
         r = cfg.rollout
         capacity = (most_groups_in_flight(a.max_off_policy_steps, a.batch_groups) + a.batch_groups
-                    + (1 + requests_per_actor(r.max_requests_per_actor)) * r.num_actors * r.tasks_per_request)
+                    + (1 + RequestLimits.of(r).held) * r.num_actors * r.tasks_per_request)
         self.buffer = RolloutBuffer(a.max_off_policy_steps, capacity, acct)
         self.env = make_env(cfg.env.name, dict(cfg.env.args), cfg.env.seed)
         self.run_state = RunState(acct, TaskFeed(self.env, cfg))

@@ -19,9 +19,9 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from actors.actor_config import config_env, remote_class
 from actors.rollout import RolloutWorker
-from actors.rollout_group import requests_per_actor
 from actors.trainer_group import TrainerGroup
 from rlcore.config import RunConfig
+from rlcore.engine.slots import RequestLimits
 from rlcore.plan.node_fit import group_selector
 from rlcore.plan.pd import rollout_pools, rollout_roles
 from rlcore.plan.placement import colocated_shares
@@ -92,7 +92,7 @@ def reserve(cfg: RunConfig, trainer: bool = True, rollout: bool = True) -> tuple
     nodes with its group's labels, `cluster.trainer_node_labels` / `cluster.rollout_node_labels`)
     and wait for them with a timeout: (trainer or colocated group, rollout group), the same
     object twice when colocated, None for a group left out. Starts no actor."""
-    shared = cfg.placement == "colocated" and trainer and rollout
+    shared = cfg.current_placement() == "colocated" and trainer and rollout
 
     def group(bundles: list[dict[str, float]], kind: str) -> PlacementGroup:
         selector = group_selector(cfg, kind)
@@ -161,7 +161,7 @@ def place(cfg: RunConfig, trainer: bool = True, rollout: bool = True) -> Groups:
     (`trainers` None, `rollouts` empty). Colocated placement: one group, 'rlcore-colocated',
     whose bundle i holds trainer rank i and rollout actor i, each taking half of the bundle's
     GPU (`colocated_shares`)."""
-    shared = cfg.placement == "colocated" and trainer and rollout
+    shared = cfg.current_placement() == "colocated" and trainer and rollout
     trainer_pg, rollout_pg = reserve(cfg, trainer, rollout)
     t, r = cfg.trainer, cfg.rollout
     trainer_gpus, rollout_gpus = (colocated_shares(cfg)[1],) * 2 if shared else (t.gpus_per_rank, r.gpus_per_actor)
@@ -171,7 +171,7 @@ def place(cfg: RunConfig, trainer: bool = True, rollout: bool = True) -> Groups:
     # a disaggregated group's prefill actors first: each decode actor's router is given their handles
     prefill = [i for i, role in enumerate(roles) if role == "prefill"]
     # a prefill actor serves every decode actor's generate slots at once, plus the control calls
-    prefill_calls = r.num_actors * r.max_requests_per_actor + 3
+    limits = RequestLimits.of(r)
     gpus_of = {"prefill": r.pd.prefill_gpus_per_actor}
     cpus_of = {"prefill": r.pd.prefill_cpus_per_actor}
 
@@ -184,10 +184,9 @@ def place(cfg: RunConfig, trainer: bool = True, rollout: bool = True) -> Groups:
         return rollout_cls.options(
             name=names.get(i),
             num_cpus=cpus_of.get(role, r.cpus_per_actor), num_gpus=gpus_of.get(role, rollout_gpus),
-            # training requests (generating or scoring) + one evaluation call + the weight pull +
-            # one control call (busy time, RNG state): a weight pull must never wait behind them
-            max_concurrency=max(4, prefill_calls if role == "prefill"
-                                else requests_per_actor(r.max_requests_per_actor) + 3),
+            # a weight pull must never wait behind the requests (`RequestLimits`)
+            max_concurrency=(limits.prefill_concurrency(r.num_actors) if role == "prefill"
+                             else limits.actor_concurrency),
             # a dead engine is restarted and rejoins the weight group; its requests in flight are
             # counted failed by the driver, never retried blindly on new weights
             max_restarts=r.max_restarts, max_task_retries=0,

@@ -19,7 +19,7 @@ from rlcore.report.busy import BusyClock
 from rlcore.config import RunConfig
 from rlcore.engine.base import SamplingParams
 from rlcore.engine.registry import make_engine, prestart_engine, tensor_parallel_size, weight_transport
-from rlcore.engine.slots import GenerationSlots
+from rlcore.engine.slots import GenerationSlots, RequestLimits
 from rlcore.envs import make_env
 from rlcore.isolation.safety import threads_abandoned
 from rlcore.plan.pd import connector_env, pool_config
@@ -74,8 +74,8 @@ class RolloutWorker:
             serve = self.router = PrefillRouter(self.engine, prefill_actors or [], prefill_names or [],
                                                 cfg.rollout.pd, cfg.rollout.generate_timeout_s,
                                                 cfg.rollout.weight_sync_timeout_s)
-        # requests generate in at most max_requests_per_actor slots; their scoring holds none
-        self.slots = GenerationSlots(serve, cfg.rollout.max_requests_per_actor)
+        # requests generate in at most `slots` at once; their scoring holds none
+        self.slots = GenerationSlots(serve, RequestLimits.of(cfg.rollout).slots)
         self.env = make_env(cfg.env.name, dict(cfg.env.args), cfg.env.seed)
         s = cfg.rollout.sampling
         self.params = SamplingParams(max_new_tokens=s.max_new_tokens, temperature=s.temperature, top_p=s.top_p)

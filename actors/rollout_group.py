@@ -27,6 +27,7 @@ from actors.rollout_stream import Ended, Stream, launch_stream
 from actors.run_state import RunState
 from rlcore.batch.buffer import RolloutBuffer
 from rlcore.config import RunConfig
+from rlcore.engine.slots import RequestLimits
 from rlcore.plan.pd import rollout_roles
 from rlcore.plan.layout import group_bundles
 from actors.session import CapacityProbe
@@ -45,24 +46,6 @@ CONTROL_TIMEOUT_S = 60.0
 """Deadline of the small per-actor calls (RNG state get / set)."""
 
 
-REQUESTS_PER_SLOT = 2
-"""Requests the driver keeps at an actor per generation slot (`rlcore.engine.slots`) that have
-delivered no group yet (generating, or waiting at the actor for a slot): as many again as it
-generates, so the engine goes on with the next ones while earlier ones score. The staleness
-bound (`allowed`) still caps them all."""
-SCORING_PER_SLOT = 8
-"""Requests per generation slot, beyond those, that have delivered groups and only score the
-rest (a slow or hung reward until its deadline): they hold an actor thread, not the engine. A
-request with a hung reward scores for its whole deadline, so this caps requests per second at
-(this x slots) / deadline: at 2, 30% of tasks hanging until 2 s held the CPU run to ~2 a second."""
-
-
-def requests_per_actor(max_requests_per_actor: int) -> int:
-    """The most training requests the driver keeps at one actor (its threads must serve them
-    all, plus an evaluation call, a weight pull and a control call)."""
-    return (REQUESTS_PER_SLOT + SCORING_PER_SLOT) * max_requests_per_actor
-
-
 class RolloutGroup:
     """`handles`: the rollout actors (index i is "rollout actor i"). Failed or expired samples
     are counted in `buffer` (accounting) and `failures` (reasons, liveness)."""
@@ -72,6 +55,7 @@ class RolloutGroup:
         self.cfg, self.handles, self.run, self.node_of = cfg, handles, run, node_of
         self.buffer, self.failures = buffer, failures
         self.timeout_s = cfg.rollout.generate_timeout_s
+        self.limits = RequestLimits.of(cfg.rollout)  # requests kept at each actor
         trainer_bundles, rollout_bundles, _ = group_bundles(cfg)
         # why no alive node can host an engine's bundle again (colocated: the shared one); never blocks
         self.capacity_gone = CapacityProbe(cfg, rollout_bundles[:1] or trainer_bundles[:1])
@@ -151,16 +135,16 @@ class RolloutGroup:
     def launch(self, allowed: int, queued_elsewhere: int) -> None:
         """Launch requests while fewer than `allowed` groups are generating or waiting (this
         group's requests plus `queued_elsewhere`: buffered, at the teacher) and no serving actor
-        holds, on average, more than `REQUESTS_PER_SLOT` x `rollout.max_requests_per_actor`
-        requests that delivered no group yet (it generates in that many slots; the others wait
-        at the actor for a slot) nor more than `requests_per_actor` in all (the rest only score)."""
-        r, a, run = self.cfg.rollout, self.cfg.algo, self.run
+        holds, on average, more than `RequestLimits.undelivered` requests that delivered no group
+        yet (it generates in `slots` of them; the others wait at the actor for a slot) nor more
+        than `RequestLimits.held` in all (the rest only score)."""
+        r, a, run, limits = self.cfg.rollout, self.cfg.algo, self.run, self.limits
         queued = self.queued_tasks() + queued_elsewhere
         self.tell_routers()
         serving = self.episode_serving  # a restarted engine takes requests once it has the weights
         generating = sum(1 for q in self.pending.values() if not q.arrived)
-        while (serving and queued < allowed and generating < REQUESTS_PER_SLOT * r.max_requests_per_actor * len(serving)
-               and len(self.pending) < requests_per_actor(r.max_requests_per_actor) * len(serving)):
+        while (serving and queued < allowed and generating < limits.undelivered * len(serving)
+               and len(self.pending) < limits.held * len(serving)):
             n_tasks = min(r.tasks_per_request, allowed - queued)
             indices, tasks = run.feed.take(n_tasks)
             actor = run.next_actor(len(self.handles) - len(self.prefill), serving)

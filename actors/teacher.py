@@ -103,6 +103,7 @@ class TeacherStage:
 
     def __init__(self, cfg: RunConfig):
         self.cfg = resolved(cfg)
+        self.calls_per_actor = self.cfg.teacher.max_requests_per_actor  # score calls in flight at each actor
         self.events = TeacherEvents()  # gathered by the flow methods, handed over by `_events`
         self.failed_in_a_row = 0
         self.pg: PlacementGroup | None = None
@@ -135,7 +136,7 @@ class TeacherStage:
                                f"{self.cfg.cluster.placement_timeout_s:.0f}s; cluster has {ray.available_resources()}")
         cls = remote_class(TeacherWorker)  # the config travels in the runtime_env: restarts never need a freed object
         self.actors = [cls.options(
-            num_cpus=t.cpus_per_actor, num_gpus=t.gpus_per_actor, max_concurrency=t.max_requests_per_actor + 1,
+            num_cpus=t.cpus_per_actor, num_gpus=t.gpus_per_actor, max_concurrency=self.calls_per_actor + 1,
             max_restarts=t.max_restarts, max_task_retries=0,
             runtime_env=config_env(self.cfg, t.env_vars),
             scheduling_strategy=PlacementGroupSchedulingStrategy(self.pg, placement_group_bundle_index=i),
@@ -202,7 +203,7 @@ class TeacherStage:
         return ref in self.pending or ref in self.probes
 
     def dispatch(self) -> None:
-        cap = self.cfg.teacher.max_requests_per_actor
+        cap = self.calls_per_actor
         n = len(self.actors)
         while self.queue:
             load = {i: 0 for i in range(n) if self.alive[i]}

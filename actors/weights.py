@@ -66,7 +66,7 @@ class WeightSync:
         self.cfg, self.trainers, self.rollouts, self.transport, self.run = cfg, trainers, rollouts, transport, run
         self.env, self.tokenizer = env, tokenizer
         self.timeout_s = cfg.rollout.weight_sync_timeout_s
-        self.colocated = cfg.placement == "colocated"
+        self.colocated = cfg.current_placement() == "colocated"
         self.sleep_level = sleep_level(cfg.rollout) if self.colocated else 0
         if self.sleep_level:  # the engine sleeping on each rank's GPU wakes into the memory a step used
             trainers.release_memory_after_steps()

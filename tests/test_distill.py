@@ -17,6 +17,7 @@ from actors.teacher import attach, score_pairs, scored
 from rlcore.algo.distill import batch_token_advantages, reverse_kl_sum, token_advantages
 from rlcore.algo.losses import LossInputs, policy_loss
 from rlcore.config import AlgoConfig
+from rlcore.config.bounds import field_problems
 from rlcore.batch.meta import group_meta
 from rlcore.models.tokenizer import char_tokenizer
 from rlcore.batch.packing import make_micro_batch
@@ -148,8 +149,9 @@ def test_teacher_config_checks():
     cfg = compose(["teacher.enabled=true"])
     assert config_problems(cfg) == []
     assert teacher_model_config(cfg).arch == cfg.model.arch  # a random teacher defaults to the student's shape
-    keys = [k for k, _ in config_problems(compose(["teacher.enabled=true", "teacher.num_actors=0"]))]
-    assert keys == ["teacher.num_actors"]
+    cfg = compose(["teacher.enabled=true", "teacher.num_actors=0"])  # a bound on the field (rlcore.config.bounds)
+    assert [k for k, _ in field_problems(cfg.teacher, "teacher.") + config_problems(cfg)] == ["teacher.num_actors"]
+    assert field_problems(compose(["teacher.num_actors=0"]).teacher, "teacher.") == []  # a disabled teacher is not checked
     keys = [k for k, _ in config_problems(compose(["teacher.enabled=true", "teacher.engine=sglang"]))]
     assert keys == ["teacher.engine"]
     keys = [k for k, _ in config_problems(compose(["teacher.enabled=true", "mode=sft"]))]
@@ -264,7 +266,7 @@ def test_a_gpu_teacher_shares_the_one_gpu_with_colocated_trainer_and_engine():
     from rlcore.plan.memory import GIB
     from rlcore.plan.layout import make_plan
     plan = make_plan(compose(ONE_GPU_TEACHER))
-    assert plan.problems == [] and plan.config.placement == "colocated"
+    assert plan.problems == [] and plan.config.placed == "colocated"
     assert [b.gpus for b in plan.trainer] == [0.8] and [b.gpus for b in plan.teacher] == [0.2]
     assert plan.teacher[0].node == 0 and plan.rollout == []
     share = plan.config.rollout.vllm.engine_kwargs["gpu_memory_utilization"]

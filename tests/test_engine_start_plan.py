@@ -59,7 +59,7 @@ def test_no_budget_where_the_engine_must_measure(overrides, gpus, gpu_bytes):
 
 def test_no_budget_beside_a_gpu_teacher():
     cfg = resolve(compose(["+recipe=distill_smollm2"]), 1, H200)
-    assert cfg.placement == "colocated" and not engines_sized_by_plan(cfg)
+    assert cfg.placed == "colocated" and not engines_sized_by_plan(cfg)
 
 
 def test_capture_sizes_are_capped_and_spaced():

@@ -9,7 +9,7 @@ from rlcore.report.evaluation import pass_at_k, summarize
 from rlcore.batch.meta import group_meta
 from rlcore.plan.compose import compose
 from rlcore.types import Group, Sample, Task
-from rlcore.plan.validate import eval_problems as config_problems
+from rlcore.plan.validate import problems
 
 
 def brute_force(n, c, k):
@@ -64,7 +64,6 @@ def test_summary_matches_monte_carlo():
 
 
 def test_eval_config_checks():
-    assert config_problems(compose([])) == []
-    keys = {k for k, _ in config_problems(compose(["eval.samples_per_task=2", "eval.k=[1,4]",
-                                                   "eval.every_n_steps=-1"]))}
+    assert problems(compose([])) == []
+    keys = {k for k, _ in problems(compose(["eval.samples_per_task=2", "eval.k=[1,4]", "eval.every_n_steps=-1"]))}
     assert keys == {"eval.k", "eval.every_n_steps"}

@@ -14,6 +14,7 @@ from omegaconf import OmegaConf
 
 from rlcore.algo import validate_algo
 from rlcore.algo.losses import LOSSES, LossInputs, loss_normalizer, policy_loss, ppo_clip_loss
+from rlcore.config.bounds import field_problems
 from rlcore.config import AlgoConfig, CispoOptions, DapoOptions, DrGrpoOptions, GspoOptions
 
 LN = math.log
@@ -416,7 +417,8 @@ def test_defaults_are_valid():
     ],
 )
 def test_validate_names_the_key(overrides, key, words):
-    problems = validate_algo(AlgoConfig(**overrides))
+    cfg = AlgoConfig(**overrides)  # each field's own bound (on the schema), then the section's rules
+    problems = field_problems(cfg, "algo.") + validate_algo(cfg)
     assert any(k == key and words in msg for k, msg in problems), problems
 
 

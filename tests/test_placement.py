@@ -36,7 +36,7 @@ def test_resolve_placement(overrides, gpus, expected):
 def test_one_gpu_command_is_colocated_with_planned_engine_share():
     """The combination recipes rely on: gpus_per_rank=1, gpus_per_actor=1, one GPU."""
     cfg = resolve(compose(VLLM_1_1), 1, int(H200))
-    assert cfg.placement == "colocated"
+    assert cfg.placed == "colocated" and cfg.placement == "auto"  # the user's choice stays
     assert cfg.rollout.vllm.engine_kwargs["gpu_memory_utilization"] == 0.6
     assert placement_problems(cfg, 1, int(H200), "this machine") == []
     assert resource_problems(cfg, 16, 1, "this machine") == []
@@ -54,7 +54,7 @@ def test_dry_run_shows_the_colocated_group(capsys):
     assert "rlcore-rollout" not in out and "CUDA IPC" in out and "gpu_memory_utilization=0.6" in out
     plan = make_plan(compose(VLLM_1_1 + ["trainer.world_size=2", "rollout.num_actors=2", "cluster.num_gpus=2",
                                          "cluster.num_cpus=8"]))
-    assert plan.config.placement == "colocated" and [b.gpus for b in plan.trainer] == [1, 1] and plan.rollout == []
+    assert plan.config.placed == "colocated" and [b.gpus for b in plan.trainer] == [1, 1] and plan.rollout == []
     assert plan.problems == []
 
 

@@ -1,7 +1,7 @@
 """RolloutGroup.launch (actors.rollout_group): requests go round-robin to the serving actors only,
 never past the staleness bound the driver gives nor past `REQUESTS_PER_SLOT` x
 `rollout.max_requests_per_actor` per serving actor that delivered no group yet (generating or
-waiting for a slot), nor past `requests_per_actor` in all, in data order and counted as launched; a
+waiting for a slot), nor past `RequestLimits.held` in all, in data order and counted as launched; a
 group still scoring long after its request's others came leaves the bound's count
 (`rlcore.batch.stragglers`); `expire` counts an overdue request failed.
 The actors here record the calls instead of generating (the real path: tests/test_integration.py)."""
@@ -69,8 +69,8 @@ def test_launch_skips_actors_not_serving_and_caps_requests_per_serving_actor(gro
 
 def test_requests_that_only_score_leave_room_for_more_up_to_the_actor_total(group):
     """A request that delivered groups generates no more (the rest of it scores): it no longer
-    counts against the slots' cap, only against `requests_per_actor` (the actor's threads)."""
-    from actors.rollout_group import requests_per_actor
+    counts against the slots' cap, only against `RequestLimits.held` (the actor's threads)."""
+    from rlcore.engine.slots import RequestLimits
     g, calls, run = group
     g.launch(allowed=1000, queued_elsewhere=0)
     assert len(g.pending) == 12  # 2 slots x 2 requests per slot x 3 actors
@@ -83,7 +83,7 @@ def test_requests_that_only_score_leave_room_for_more_up_to_the_actor_total(grou
         for q in g.pending.values():
             q.arrived.add(0)
         g.launch(allowed=1000, queued_elsewhere=0)
-    assert len(g.pending) == requests_per_actor(2) * 3
+    assert len(g.pending) == RequestLimits(2).held * 3
 
 
 def test_an_overdue_request_is_cancelled_and_counted_failed(group, monkeypatch):

@@ -9,13 +9,6 @@ from __future__ import annotations
 Problem = tuple[str, str]
 
 
-def choice(key: str, value: str, choices: tuple[str, ...], what: str) -> list[Problem]:
-    """``value`` is one of ``choices``."""
-    if value in choices:
-        return []
-    return [(key, f"unknown {what} {value!r}; choose one of {', '.join(choices)}")]
-
-
 def at_least(key: str, value: float, low: float, why: str = "") -> list[Problem]:
     """``value >= low`` (nan fails)."""
     # Written as `not (value >= low)` so that nan fails too.

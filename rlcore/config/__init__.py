@@ -1,7 +1,8 @@
 """The configuration schema and nothing else: typed dataclasses (:mod:`.schema` and its sections
 :mod:`.engines`, :mod:`.losses`, :mod:`.lifecycle`, :mod:`.teacher`, :mod:`.plugins`, :mod:`.nodes`)
-and `ConfigError` (:mod:`.errors`, a leaf module). Key checks and the one `validate` live in
-`rlcore.plan` (:mod:`rlcore.plan.keys`, :mod:`rlcore.plan.validate`).
+and `ConfigError` (:mod:`.errors`, a leaf module). Each field's bound or allowed values are
+written on the field and checked by :mod:`.bounds`; key checks and the one `validate` (what
+crosses fields and sections) live in `rlcore.plan` (:mod:`rlcore.plan.keys`, :mod:`rlcore.plan.validate`).
 
 This module re-exports the schema classes and `ConfigError` only; it imports no other rlcore
 package, so importing a schema class stays cheap and free of import cycles.

@@ -10,7 +10,9 @@ handed over by `connector`.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+
+from rlcore.config.bounds import bounded, choice
 
 PD_CONNECTORS = ("object_store", "nixl")
 """Allowed `rollout.pd.connector` values: `object_store` (the transformers engine: the cache as
@@ -25,18 +27,18 @@ class PDConfig:
     """Split the rollout group into a prefill pool and a decode pool (the rollout actors)."""
     prefill_actors: int = 1
     """Prefill engines (one actor each); the decode engines are `rollout.num_actors`."""
-    prefill_cpus_per_actor: float = 1.0
+    prefill_cpus_per_actor: float = bounded(1.0, gt=0)
     """CPUs reserved in each prefill actor's bundle."""
-    prefill_gpus_per_actor: float = 0.0
+    prefill_gpus_per_actor: float = bounded(0.0, ge=0)
     """GPUs reserved in each prefill actor's bundle (0 = CPU; vLLM: >= prefill_tensor_parallel_size,
     or a share below 1 to sit on a decode engine's GPU where the connector shares a device)."""
-    prefill_tensor_parallel_size: int = 1
+    prefill_tensor_parallel_size: int = bounded(1, ge=1)
     """Tensor parallelism of one prefill engine (engines with tensor parallelism only)."""
-    connector: str = field(default="object_store", metadata={"choices": PD_CONNECTORS})
+    connector: str = choice(*PD_CONNECTORS, default="object_store", noun="connector")
     """How the KV cache goes from prefill to decode engine: one of `PD_CONNECTORS` (the engine's
     registry line says which it supports: hf `object_store`, vllm `nixl`)."""
-    prefill_timeout_s: float = 60.0
+    prefill_timeout_s: float = bounded(60.0, gt=0)
     """Longest one prefill call may take; past it (or when its engine died) the router sends it
     to another prefill engine and keeps that one out for `retry_after_s`."""
-    retry_after_s: float = 5.0
+    retry_after_s: float = bounded(5.0, gt=0)
     """How long the router skips a prefill engine that failed a call (died, froze, restarting)."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
+from rlcore.config.bounds import bounded, choice
 from rlcore.config.engines import EngineGroupConfig
 
 
@@ -31,20 +32,23 @@ class TeacherConfig(EngineGroupConfig):
     """transformers config fields of a random-weight teacher (used when `path` is null; empty = `model.arch`)."""
     seed: int = 1
     """Seed of a random-weight teacher's initialisation."""
-    dtype: str = "float32"
+    dtype: str = choice("float32", "bfloat16", "float16", default="float32", noun="dtype")
     """Teacher weight dtype (`float32`, `bfloat16`, `float16`)."""
-    score_timeout_s: float = 120.0
+    max_requests_per_actor: int = bounded(2, gt=0)
+    """Score calls in flight at each teacher actor (the driver queues the rest; the actor serves
+    them and one control call at once)."""
+    score_timeout_s: float = bounded(120.0, gt=0)
     """Longest one score call may take; its samples are then counted failed."""
-    start_timeout_s: float = 600.0
+    start_timeout_s: float = bounded(600.0, gt=0)
     """Longest the teacher actors may take to load their model."""
-    kl_coef: float = 1.0
+    kl_coef: float = bounded(1.0, ge=0)
     """Weight of the per-token distillation advantage (log p_teacher - log p_student)."""
-    reward_coef: float = 1.0
+    reward_coef: float = bounded(1.0, ge=0)
     """Weight of the environment reward's advantage (0 = pure distillation)."""
     kl_baseline: bool = False
     """Subtract the batch mean of (log p_teacher - log p_student) from the distillation advantage
     (variance reduction; the expected gradient is unchanged)."""
-    kl_deadband: float = 0.0
+    kl_deadband: float = bounded(0.0, ge=0)
     """Tokens with |log p_teacher - log p_student| at most this get no distillation advantage, nor top-k term when
     all k are within it (nats; keeps a converged student from drifting on noise gradients; 0 = exact)."""
     top_k: int = 0

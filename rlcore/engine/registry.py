@@ -208,7 +208,7 @@ def prestart_engine(group: RolloutConfig | TeacherConfig) -> None:
 def weight_transport(cfg: RunConfig) -> str:
     """The transport a run's weights take to its engines: `ipc` when colocated (validation
     checked the engine takes it), else the engine's first other transport."""
-    if cfg.placement == "colocated":
+    if cfg.current_placement() == "colocated":
         return COLOCATED_TRANSPORT
     return next(t for t in engine_spec(cfg.rollout.engine).transports if t != COLOCATED_TRANSPORT)
 

@@ -98,7 +98,7 @@ def group_bundles(cfg: RunConfig) -> tuple[list[Bundle], list[Bundle], list[Bund
     """The bundles of the trainer (or colocated), rollout and teacher groups of a config whose
     placement is resolved, in the order Ray is asked for them; nodes unassigned."""
     t, r, tc = cfg.trainer, cfg.rollout, cfg.teacher
-    if cfg.placement == "colocated":  # one bundle per GPU, shared by trainer rank i and engine i
+    if cfg.current_placement() == "colocated":  # one bundle per GPU, shared by trainer rank i and engine i
         trainer = [Bundle("colocated", i, t.cpus_per_rank + r.cpus_per_actor, colocated_shares(cfg)[0])
                    for i in range(t.world_size)]
         rollout = []
@@ -163,7 +163,7 @@ def format_plan(cfg: RunConfig, plan: Plan) -> str:
         f"rlcore placement plan ({cfg.recipe or 'default'}): {plan.nodes} node(s) x {plan.gpus_per_node} GPUs, "
         f"{plan.cpus_per_node} CPUs",
         f"model: {cfg.model.path or 'random-weight ' + str(cfg.model.arch.get('model_type'))}{_size(cfg)}",
-        *(_colocated_lines(cfg, plan) if cfg.placement == "colocated" else [
+        *(_colocated_lines(cfg, plan) if cfg.current_placement() == "colocated" else [
             f"placement group 'rlcore-trainer' (PACK): {len(plan.trainer)} bundles of "
             f"{{CPU: {t.cpus_per_rank:g}, GPU: {t.gpus_per_rank:g}}}",
             f"  nodes: {_by_node(plan.trainer)}"]),
@@ -171,9 +171,9 @@ def format_plan(cfg: RunConfig, plan: Plan) -> str:
         f"ep={m['ep']} expert groups carved from the dp*cp ranks"
         + (f"; {num_routed_experts(cfg.model.arch) // max(m['ep'], 1)} experts per rank"
            if num_routed_experts(cfg.model.arch) else ""),
-        *(engine_lines(cfg) if cfg.placement == "colocated" else rollout_lines(cfg, plan)),
+        *(engine_lines(cfg) if cfg.current_placement() == "colocated" else rollout_lines(cfg, plan)),
         ("weight sync: CUDA IPC, trainer rank i -> engine i on the same GPU (no NCCL between them)"
-         if cfg.placement == "colocated" else
+         if cfg.current_placement() == "colocated" else
          f"weight sync: trainer rank 0 -> {len(plan.rollout)} engine(s), buckets of {r.sync_bucket_mb:g} MiB"
          + (" (both pools in one group)" if pd_on(cfg) else "")),
         *teacher_lines(cfg, plan),

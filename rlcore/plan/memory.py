@@ -237,7 +237,7 @@ def planned_engine_kwargs(cfg: RunConfig, gpu_bytes: int | None) -> dict:
     out: dict = {}
     if spec.planned_kwargs is not None:
         out.update(spec.planned_kwargs(engine_options(r), max_sequences_per_engine(cfg)))
-    if cfg.placement == "colocated" and spec.memory_budget_kwarg and gpu_bytes:
+    if cfg.current_placement() == "colocated" and spec.memory_budget_kwarg and gpu_bytes:
         budget = colocated_cache_bytes(cfg, gpu_bytes)
         if budget is not None:
             out[spec.memory_budget_kwarg] = budget

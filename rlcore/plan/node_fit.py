@@ -60,7 +60,7 @@ def label_problems(cfg: RunConfig) -> list[tuple[str, str]]:
             why = label_error(str(k), str(v))
             if why:
                 out.append((f"{key}.{k}", why))
-    if cfg.placement == "colocated" and c.rollout_node_labels and c.rollout_node_labels != c.trainer_node_labels:
+    if cfg.current_placement() == "colocated" and c.rollout_node_labels and c.rollout_node_labels != c.trainer_node_labels:
         out.append(("cluster.rollout_node_labels", f"colocated placement puts trainer rank i and engine i in one "
                     f"bundle: it follows cluster.trainer_node_labels ({dict(c.trainer_node_labels)}); leave "
                     f"cluster.rollout_node_labels empty or equal, got {dict(c.rollout_node_labels)}"))

@@ -54,9 +54,7 @@ def pd_problems(cfg: RunConfig) -> list[tuple[str, str]]:
         return []
     out: list[tuple[str, str]] = []
     spec = engine_spec(r.engine)
-    if p.connector not in PD_CONNECTORS:
-        out.append((f"{PD}.connector", f"unknown connector {p.connector!r}; choose one of {list(PD_CONNECTORS)}"))
-    elif p.connector not in spec.pd_connectors:
+    if p.connector in PD_CONNECTORS and p.connector not in spec.pd_connectors:
         out.append((f"{PD}.connector", f"the {r.engine} engine disaggregates over "
                     f"{' or '.join(spec.pd_connectors) or 'no connector'}, got {p.connector!r}"))
     if p.prefill_actors < 1:
@@ -64,17 +62,8 @@ def pd_problems(cfg: RunConfig) -> list[tuple[str, str]]:
     if r.num_actors < 1:
         out.append(("rollout.num_actors", f"the decode pool (the rollout actors) needs at least one engine, got "
                     f"{r.num_actors}"))
-    if p.prefill_cpus_per_actor <= 0:
-        out.append((f"{PD}.prefill_cpus_per_actor", f"must be > 0, got {p.prefill_cpus_per_actor}"))
-    if p.prefill_gpus_per_actor < 0:
-        out.append((f"{PD}.prefill_gpus_per_actor", f"must be >= 0, got {p.prefill_gpus_per_actor}"))
-    if p.prefill_timeout_s <= 0 or p.retry_after_s <= 0:
-        key = "prefill_timeout_s" if p.prefill_timeout_s <= 0 else "retry_after_s"
-        out.append((f"{PD}.{key}", f"must be > 0, got {getattr(p, key)}"))
-    tp = p.prefill_tensor_parallel_size
-    if tp < 1:
-        out.append((f"{PD}.prefill_tensor_parallel_size", f"must be >= 1, got {tp}"))
-    elif tp > 1 and not has_option(r, "tensor_parallel_size"):
+    tp = p.prefill_tensor_parallel_size  # each value's own bound is on its field (rlcore.config.bounds)
+    if tp > 1 and not has_option(r, "tensor_parallel_size"):
         out.append((f"{PD}.prefill_tensor_parallel_size", f"the {r.engine} engine has no tensor parallelism; "
                     f"leave it at 1, got {tp}"))
     if spec.needs_gpu and p.prefill_gpus_per_actor <= 0:
@@ -91,7 +80,7 @@ def pd_problems(cfg: RunConfig) -> list[tuple[str, str]]:
         out.append((option_key(r, "kv_offload_gb"), f"vLLM's CPU offload is a KV connector of its own; beside "
                     f"{PD}.connector both need vLLM's MultiConnector, which rlcore does not configure yet: use one "
                     f"of the two"))
-    if cfg.placement == "colocated":
+    if cfg.current_placement() == "colocated":
         out.append((f"{PD}.enabled", "prefill/decode pools have GPUs of their own; colocated placement gives every "
                     "engine half of a trainer rank's GPU: use placement=split"))
     shared = 0 < p.prefill_gpus_per_actor < 1 or 0 < r.gpus_per_actor < 1

@@ -60,7 +60,9 @@ def resolve_placement(cfg: RunConfig, gpus: float) -> str:
     """`split` or `colocated`. `auto` is colocated when the layout has the colocated shape
     (`colocatable`) and either split placement needs more than `gpus` (world_size x
     gpus_per_rank + num_actors x gpus_per_actor) or a side asks a fraction of a GPU (it would
-    share a device anyway); split otherwise."""
+    share a device anyway); split otherwise. A config already planned keeps its decision."""
+    if cfg.placed:
+        return cfg.placed
     if cfg.placement != "auto":
         return cfg.placement
     if not colocatable(cfg):
@@ -71,15 +73,15 @@ def resolve_placement(cfg: RunConfig, gpus: float) -> str:
 
 
 def resolve(cfg: RunConfig, gpus: float, gpu_bytes: int | None) -> RunConfig:
-    """A copy of `cfg` with `placement` resolved; colocated engines that take a GPU memory share
+    """A copy of `cfg` with the plan's placement (`placed`) decided from the user's `placement`; colocated engines that take a GPU memory share
     (vLLM's `gpu_memory_utilization`) and were given none get the share the memory plan leaves
     beside the trainer; then the engine arguments the run implies that the user did not set
     (`rlcore.plan.memory.planned_engine_kwargs`: a colocated engine's cache budget, vLLM's
     CUDA-graph capture sizes)."""
     out = copy.deepcopy(cfg)
-    out.placement = resolve_placement(cfg, gpus)
+    out.placed = resolve_placement(cfg, gpus)
     takes_share = engine_spec(out.rollout.engine).memory_share_kwarg is not None
-    if out.placement == "colocated" and takes_share and gpu_bytes and memory_share(out.rollout) is None:
+    if out.placed == "colocated" and takes_share and gpu_bytes and memory_share(out.rollout) is None:
         fraction = colocated_engine_fraction(out, gpu_bytes)
         need = engine_min_bytes(out)
         if fraction is not None and need is not None and fraction * gpu_bytes >= need:
@@ -96,7 +98,7 @@ def placement_problems(cfg: RunConfig, gpus: float, gpu_bytes: int | None, where
     t, r = cfg.trainer, cfg.rollout
     out: list[tuple[str, str]] = []
     hook = engine_spec(r.engine).problems  # e.g. vLLM's whole GPUs per engine, or what colocation lacks
-    if cfg.placement == "split":
+    if cfg.current_placement() == "split":
         out.extend(hook(cfg) if hook is not None else [])
         if sleep_level(r):
             out.append((option_key(r, "sleep_level"), "sleep mode frees the GPU an engine shares with a trainer rank: it "

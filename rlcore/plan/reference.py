@@ -1,5 +1,6 @@
 """The configuration reference, generated from the schema: every key of `RunConfig` with its type,
-default and the docstring written under its field (the schema's one line per field).
+default, bound or allowed values (the field's metadata: `rlcore.config.bounds`) and the docstring
+written under its field (the schema's one line per field).
 
 ``python -m rlcore.plan.reference > docs/configuration.md`` writes the docs site's page;
 `tests/test_docs.py` checks that the page is what this module makes of today's schema, so a
@@ -16,6 +17,7 @@ from functools import cache
 from typing import Any
 
 from rlcore.config import RunConfig
+from rlcore.config.bounds import field_rule
 
 HEADER = """# Configuration reference
 
@@ -23,8 +25,10 @@ Every key of the run's config, generated from the schema (`rlcore/config/`) by
 `python -m rlcore.plan.reference`; a test keeps this page equal to that output. Set a key on the
 command line (`python -m rlcore.run trainer.lr=1e-5`), in a recipe (`recipes/NAME.yaml`) or in
 `conf/`. Keys under a free-form mapping (`env.args`, `model.arch`, `*.engine_kwargs`) are passed
-on as they are. Checks that span several keys (ranges, layouts, resources) run in
-`rlcore/plan/validate.py` before Ray starts; a bad key or value exits with code 2 and one line.
+on as they are. The column "allowed" is written on the field itself and checked for every key
+(`rlcore/config/bounds.py`; a section with an `enabled` key only when it is enabled); checks that
+span several keys (layouts, resources) run in `rlcore/plan/validate.py`. Both run before Ray
+starts; a bad key or value exits with code 2 and one line.
 """
 
 
@@ -67,8 +71,8 @@ def _default(f: dataclasses.Field) -> str:
     return "null" if value is None else repr(value)
 
 
-def keys(cls: type = RunConfig, prefix: str = "") -> list[tuple[str, str, str, str]]:
-    """(dotted key, type, default, docstring) for every value key below `cls`, in schema order;
+def keys(cls: type = RunConfig, prefix: str = "") -> list[tuple[str, str, str, str, str]]:
+    """(dotted key, type, default, allowed, docstring) for every value key below `cls`, in schema order;
     a section (a dataclass field) is walked, not listed."""
     rows = []
     hints = typing.get_type_hints(cls)
@@ -78,7 +82,8 @@ def keys(cls: type = RunConfig, prefix: str = "") -> list[tuple[str, str, str, s
         if section is not None:
             rows += keys(section, f"{prefix}{f.name}.")
         else:
-            rows.append((f"{prefix}{f.name}", _type_name(hints[f.name]), _default(f), docs.get(f.name, "")))
+            rows.append((f"{prefix}{f.name}", _type_name(hints[f.name]), _default(f), field_rule(f),
+                         docs.get(f.name, "")))
     return rows
 
 
@@ -89,13 +94,13 @@ def _cell(text: str) -> str:
 def markdown() -> str:
     """The reference page: one table per top-level section, in schema order."""
     out = [HEADER]
-    by_section: dict[str, list[tuple[str, str, str, str]]] = {}
+    by_section: dict[str, list[tuple[str, str, str, str, str]]] = {}
     for row in keys():
         by_section.setdefault(row[0].split(".")[0] if "." in row[0] else "(top level)", []).append(row)
     for section, rows in by_section.items():
         out.append(f"\n## `{section}`\n" if section != "(top level)" else "\n## Top level\n")
-        out.append("| key | type | default | what it does |\n|---|---|---|---|")
-        out += [f"| `{k}` | {_cell(t)} | `{_cell(d)}` | {_cell(doc)} |" for k, t, d, doc in rows]
+        out.append("| key | type | default | allowed | what it does |\n|---|---|---|---|---|")
+        out += [f"| `{k}` | {_cell(t)} | `{_cell(d)}` | {_cell(rule)} | {_cell(doc)} |" for k, t, d, rule, doc in rows]
     return "\n".join(out) + "\n"
 
 

@@ -24,9 +24,6 @@ from rlcore.engine.registry import (
     tensor_parallel_size,
 )
 
-TEACHER_DTYPES = ("float32", "bfloat16", "float16")
-
-
 def teacher_model_config(cfg: RunConfig) -> ModelConfig:
     """The teacher as a :class:`ModelConfig` (a random-weight teacher without `arch` takes the
     student's)."""
@@ -111,12 +108,9 @@ def config_problems(cfg: RunConfig) -> list[tuple[str, str]]:
         out.append(("teacher.engine", f"unknown engine {t.engine!r}; choose one of {engine_names()}"))
     else:
         out.extend(teacher_option_problems(cfg))
-        if tensor_parallel_size(t) <= 0:
-            out.append((option_key(t, "tensor_parallel_size", "teacher"), f"must be > 0, got {tensor_parallel_size(t)!r}"))
-        elif engine_spec(t.engine).needs_gpu:
+        # `tensor_parallel_size` > 0 is its field's bound (rlcore.config.bounds)
+        if tensor_parallel_size(t) > 0 and engine_spec(t.engine).needs_gpu:
             out.extend(gpu_share_problems(cfg))
-    if t.dtype not in TEACHER_DTYPES:
-        out.append(("teacher.dtype", f"unknown dtype {t.dtype!r}; choose one of {list(TEACHER_DTYPES)}"))
     if t.path is None and "model_type" not in (t.arch or cfg.model.arch):
         out.append(("teacher.arch", "needs model_type when teacher.path is null"))
     # a hub id is "org/name"; anything else (./x, /x, ~/x, a/b/c) names a local directory
@@ -124,15 +118,7 @@ def config_problems(cfg: RunConfig) -> list[tuple[str, str]]:
     if local_form and not Path(t.path).expanduser().exists():
         out.append(("teacher.path", f"directory {t.path!r} does not exist (train the teacher first; "
                     "see the recipe's header)"))
-    for key in ("num_actors", "cpus_per_actor", "max_requests_per_actor",
-                "score_timeout_s", "start_timeout_s"):
-        value = getattr(t, key)
-        if not value > 0:
-            out.append((f"teacher.{key}", f"must be > 0, got {value!r}"))
-    for key in ("gpus_per_actor", "kl_coef", "reward_coef", "kl_deadband"):
-        value = getattr(t, key)
-        if not value >= 0:
-            out.append((f"teacher.{key}", f"must be >= 0, got {value!r}"))
+    # each value's own bound (num_actors > 0, kl_coef >= 0, ...) is on its field: rlcore.config.bounds
     top_k = top_k_problems(cfg)
     out.extend(top_k)
     if not top_k and t.kl_coef == 0 and t.reward_coef == 0 and not (t.top_k > 0 and t.top_k_coef > 0):

@@ -15,6 +15,7 @@ from pathlib import Path
 from rlcore.report import profiling
 from rlcore.storage import checkpoint_dirs
 from rlcore.algo import validate_algo  # the algorithm family validates its own switches
+from rlcore.config.bounds import field_problems
 from rlcore.config.errors import raise_problems
 from rlcore.plan.keys import env_arg_problems
 from rlcore.config.schema import RunConfig
@@ -28,60 +29,34 @@ from rlcore.models.moe_family import moe_parallel_problems, num_routed_experts
 from rlcore.batch.routing import model_arch
 from rlcore.plan.node_fit import NodeCapacity, fit_problems, label_problems
 from rlcore.plan.pd import connector_package_problems, machine_ram_bytes, offload_problems, pd_problems, rollout_pools
-from rlcore.plan.placement import PLACEMENTS, placement_problems
+from rlcore.plan.placement import placement_problems
 from rlcore.plan.process_env import env_var_problems
 from rlcore.plan.layout import group_bundles
 from rlcore.storage.rundir import output_dir_problems
 from rlcore.plan.teacher import config_problems as teacher_config_problems, teacher_resources
 from rlcore.trainer.options import (
-    AC_MODES,
     FP8_RECIPES,
-    PARAM_DTYPE_NAMES,
     mesh_problems,
-    schedule_problems,
     torchao_available,
 )
 from rlcore.transfer import transport_problems
 
-DTYPES = ("float32", "bfloat16", "float16")
-TOKENIZERS = ("char", "bpe", "auto")
 BUILTIN_TOKENIZERS = ("char", "bpe")
-MODES = ("rl", "sft", "eval")
-
-
-HEAL_SOURCES = ("auto", "engines", "checkpoint")
-"""Where a restarted trainer group's weights may come from (`trainer.heal_from`)."""
-
-
-def check_min(problems: list, key: str, value, minimum: int, note: str = "") -> None:
-    """Append (key, "must be >= minimum, got value") when `value` is below `minimum`."""
-    if value is None or value < minimum:
-        problems.append((key, f"must be >= {minimum}{note}, got {value!r}"))
-
-
-def _positive(problems: list, key: str, value) -> None:
-    if value is None or value <= 0:
-        problems.append((key, f"must be > 0, got {value!r}"))
 
 
 def problems(cfg: RunConfig) -> list[tuple[str, str]]:
-    out: list[tuple[str, str]] = []
-    if cfg.mode not in MODES:
-        out.append(("mode", f"unknown mode {cfg.mode!r}; choose one of {list(MODES)}"))
-    _positive(out, "steps", cfg.steps)
-
+    """The config's own problems: each value against its field's bound or allowed values
+    (`rlcore.config.bounds.field_problems`, written on the schema), then what crosses fields and
+    sections."""
+    out = field_problems(cfg)
     m = cfg.model
     if m.path is None and "model_type" not in m.arch:
         out.append(("model.arch", "needs model_type (e.g. qwen3) when model.path is null"))
     if m.path is None and m.tokenizer not in BUILTIN_TOKENIZERS:
         out.append(("model.tokenizer", "a random-weight model (model.path null) needs a built-in tokenizer ('char', 'bpe')"))
-    if m.tokenizer not in TOKENIZERS:
-        out.append(("model.tokenizer", f"unknown tokenizer {m.tokenizer!r}; choose one of {list(TOKENIZERS)}"))
     if m.chat_template_kwargs and m.tokenizer in BUILTIN_TOKENIZERS:
         out.append(("model.chat_template_kwargs", "the built-in tokenizers' template takes no variables; "
                     "they are for a checkpoint's own template (model.tokenizer=auto)"))
-    if m.dtype not in DTYPES:
-        out.append(("model.dtype", f"unknown dtype {m.dtype!r}; choose one of {list(DTYPES)}"))
     if m.gguf_file and not m.path:
         out.append(("model.gguf_file", "needs model.path: the directory or hub id holding the file"))
     out.extend(gguf_problems(m.gguf_file))
@@ -89,79 +64,26 @@ def problems(cfg: RunConfig) -> list[tuple[str, str]]:
         out.extend(shipped_problems(m.path))
 
     t = cfg.trainer
-    _positive(out, "trainer.world_size", t.world_size)
-    _positive(out, "trainer.cpus_per_rank", t.cpus_per_rank)
-    check_min(out, "trainer.gpus_per_rank", t.gpus_per_rank, 0)
-    _positive(out, "trainer.lr", t.lr)
-    check_min(out, "trainer.weight_decay", t.weight_decay, 0)
-    check_min(out, "trainer.max_grad_norm", t.max_grad_norm, 0)
-    _positive(out, "trainer.micro_batch_tokens", t.micro_batch_tokens)
-    _positive(out, "trainer.step_timeout_s", t.step_timeout_s)
-    check_min(out, "trainer.max_restarts", t.max_restarts, 0)
-    if t.heal_from not in HEAL_SOURCES:
-        out.append(("trainer.heal_from", f"unknown source {t.heal_from!r}; choose one of {list(HEAL_SOURCES)}"))
     if len(t.betas) != 2 or not all(0 <= b < 1 for b in t.betas):
         out.append(("trainer.betas", f"needs two values in [0, 1), got {list(t.betas)}"))
     out.extend(trainer_parallel_problems(cfg))
     out.extend(env_var_problems(cfg))
 
     r = cfg.rollout
-    if cfg.placement not in PLACEMENTS:
-        out.append(("placement", f"unknown placement {cfg.placement!r}; choose one of {list(PLACEMENTS)}"))
     out.extend(engine_problems(cfg))  # the engine's own section (its registry hook)
     if r.engine in engine_names():  # its weight transports are registered ones
         out.extend(transport_problems(r.engine, engine_spec(r.engine).transports))
-    _positive(out, "rollout.num_actors", r.num_actors)
     out.extend(pd_problems(cfg))
-    _positive(out, "rollout.cpus_per_actor", r.cpus_per_actor)
-    check_min(out, "rollout.gpus_per_actor", r.gpus_per_actor, 0)
-    _positive(out, "rollout.tasks_per_request", r.tasks_per_request)
-    _positive(out, "rollout.max_requests_per_actor", r.max_requests_per_actor)
-    _positive(out, "rollout.generate_timeout_s", r.generate_timeout_s)
-    check_min(out, "rollout.stall_timeout_s", r.stall_timeout_s, 0)
-    check_min(out, "rollout.stop_after_failed_requests", r.stop_after_failed_requests, 0)
-    _positive(out, "rollout.weight_sync_timeout_s", r.weight_sync_timeout_s)
-    _positive(out, "rollout.sync_bucket_mb", r.sync_bucket_mb)
-    check_min(out, "rollout.canary_prompts", r.canary_prompts, 0)
-    _positive(out, "rollout.canary_tokens", r.canary_tokens)
-    check_min(out, "rollout.canary_multiple", r.canary_multiple, 1)
-    for key in ("canary_floor", "canary_max_floor", "canary_calibration_limit"):
-        _positive(out, f"rollout.{key}", getattr(r, key))
-    if r.max_mismatch is not None:
-        check_min(out, "rollout.max_mismatch", r.max_mismatch, 1, " (exp of a gap)")
-    s = r.sampling
-    check_min(out, "rollout.sampling.temperature", s.temperature, 0)
-    if not 0 < s.top_p <= 1:
-        out.append(("rollout.sampling.top_p", f"must be in (0, 1], got {s.top_p}"))
-    _positive(out, "rollout.sampling.max_new_tokens", s.max_new_tokens)
 
     out.extend(fp8_problems(cfg))
-    out.extend(algo_problems(cfg))
+    out.extend(validate_algo(cfg.algo))
     env_found = env_problems(cfg)
     out.extend(env_found)
     if not env_found:
         out.extend(vision_problems(cfg))
     out.extend(lifecycle_problems(cfg))
     out.extend(teacher_config_problems(cfg))
-
-    check_min(out, "logger.samples_every", cfg.logger.samples_every, 0)
-    _positive(out, "logger.samples_per_table", cfg.logger.samples_per_table)
-    if not 0 <= cfg.logger.watch_port <= 65535:
-        out.append(("logger.watch_port", f"must be a port in [0, 65535] (0 = no page), got {cfg.logger.watch_port}"))
-
-    c = cfg.cluster
     out.extend(label_problems(cfg))
-    _positive(out, "cluster.placement_timeout_s", c.placement_timeout_s)
-    if c.num_cpus is not None:
-        _positive(out, "cluster.num_cpus", c.num_cpus)
-    if c.num_gpus is not None:
-        check_min(out, "cluster.num_gpus", c.num_gpus, 0)
-    return out
-
-
-def algo_problems(cfg: RunConfig) -> list[tuple[str, str]]:
-    out = list(validate_algo(cfg.algo))
-    check_min(out, "algo.max_off_policy_steps", cfg.algo.max_off_policy_steps, 0)
     return out
 
 
@@ -254,30 +176,15 @@ def trainer_parallel_problems(cfg: RunConfig) -> list[tuple[str, str]]:
     if t.cp > 1 and model_type in HYBRID_MODEL_TYPES:
         out.append(("trainer.cp", f"{model_type} is a hybrid model (linear-attention / Mamba layers): context "
                     f"parallelism cannot split their recurrent state yet; use trainer.cp=1, got {t.cp}"))
-    if t.activation_checkpointing not in AC_MODES:
-        out.append(("trainer.activation_checkpointing",
-                    f"unknown mode {t.activation_checkpointing!r}; choose one of {list(AC_MODES)}"))
-    check_min(out, "trainer.logprob_chunk_tokens", t.logprob_chunk_tokens, 0)
-    check_min(out, "trainer.logprob_keep_logits_gib", t.logprob_keep_logits_gib, 0)
-    if t.param_dtype not in PARAM_DTYPE_NAMES:
-        out.append(("trainer.param_dtype", f"unknown dtype {t.param_dtype!r}; choose one of {list(PARAM_DTYPE_NAMES)}"))
-    lora = t.lora
-    if lora.enabled:
-        _positive(out, "trainer.lora.rank", lora.rank)
-        _positive(out, "trainer.lora.alpha", lora.alpha)
-        if not 0 <= lora.dropout < 1:
-            out.append(("trainer.lora.dropout", f"must be in [0, 1), got {lora.dropout}"))
-        if not lora.target_modules:
-            out.append(("trainer.lora.target_modules", "needs at least one module name (e.g. q_proj)"))
+    if t.lora.enabled and not t.lora.target_modules:
+        out.append(("trainer.lora.target_modules", "needs at least one module name (e.g. q_proj)"))
     return out
 
 
 def fp8_problems(cfg: RunConfig) -> list[tuple[str, str]]:
     """`trainer.fp8` (torchao float8 on Hopper)."""
     t, out = cfg.trainer, []
-    if t.fp8 not in FP8_RECIPES:
-        out.append(("trainer.fp8", f"unknown FP8 recipe {t.fp8!r}; choose one of {list(FP8_RECIPES)}"))
-    elif t.fp8 != "none" and cfg.mode != "eval":
+    if t.fp8 in FP8_RECIPES and t.fp8 != "none" and cfg.mode != "eval":
         if t.gpus_per_rank <= 0:
             out.append(("trainer.fp8", "FP8 matmuls need a Hopper GPU (compute capability >= 8.9) per trainer rank: "
                         "set trainer.gpus_per_rank >= 1, or trainer.fp8=none on CPU"))
@@ -292,8 +199,8 @@ def fp8_problems(cfg: RunConfig) -> list[tuple[str, str]]:
 
 
 def lifecycle_problems(cfg: RunConfig) -> list[tuple[str, str]]:
-    """checkpoint.*, sft.*, eval.*, profile.* and the learning-rate schedule (each module checks its own)."""
-    return [*schedule_problems(cfg.trainer), *checkpoint_dirs.config_problems(cfg), *sft_problems(cfg),
+    """What crosses fields in checkpoint.*, sft.*, eval.*, profile.* (each module checks its own)."""
+    return [*checkpoint_dirs.config_problems(cfg), *sft_problems(cfg),
             *eval_problems(cfg), *profiling.config_problems(cfg)]
 
 
@@ -301,14 +208,8 @@ def sft_problems(cfg: RunConfig) -> list[tuple[str, str]]:
     """sft.* for `mode=sft` and for an RL run's warm-up."""
     s = cfg.sft
     out = []
-    check_min(out, "sft.warmup_steps", s.warmup_steps, 0)
     if cfg.mode != "sft" and s.warmup_steps == 0:
         return out
-    if s.lr is not None and not s.lr > 0:
-        out.append(("sft.lr", f"must be > 0 (null = trainer.lr), got {s.lr!r}"))
-    check_min(out, "sft.batch_examples", s.batch_examples, 1)
-    check_min(out, "sft.max_seq_len", s.max_seq_len, 2)
-    check_min(out, "sft.num_examples", s.num_examples, 0)
     if s.dataset == "env" and s.num_examples < 1:  # (mode=sft or an RL warm-up)
         out.append(("sft.num_examples", "sft.dataset=env needs num_examples > 0 (tasks rendered as demonstrations)"))
     if s.dataset.endswith(".jsonl") and not Path(s.dataset).expanduser().is_file():
@@ -320,23 +221,14 @@ def eval_problems(cfg: RunConfig) -> list[tuple[str, str]]:
     """eval.* (`mode=eval`, and periodic evaluation during `rl`)."""
     e = cfg.eval
     out = []
-    check_min(out, "eval.every_n_steps", e.every_n_steps, 0)
     if e.at_start and e.every_n_steps <= 0:
         out.append(("eval.at_start", "evaluates only in a run with periodic evaluation (eval.every_n_steps > 0)"))
-    check_min(out, "eval.num_tasks", e.num_tasks, 0, " (0 = the whole eval split)")
-    check_min(out, "eval.samples_per_task", e.samples_per_task, 1)
     if not e.k:
         out.append(("eval.k", "needs at least one k"))
     for k in e.k:
         if not 1 <= k <= e.samples_per_task:
             out.append(("eval.k", f"each k must be in [1, samples_per_task={e.samples_per_task}], got {k}"))
             break
-    if e.temperature is not None and e.temperature < 0:
-        out.append(("eval.temperature", f"must be >= 0, got {e.temperature}"))
-    if e.max_new_tokens is not None and e.max_new_tokens < 1:
-        out.append(("eval.max_new_tokens", f"must be >= 1, got {e.max_new_tokens}"))
-    if e.timeout_s <= 0:
-        out.append(("eval.timeout_s", f"must be > 0, got {e.timeout_s}"))
     return out
 
 
@@ -350,7 +242,7 @@ def resource_problems(cfg: RunConfig, cpus: float, gpus: float, where: str) -> l
     pools = rollout_pools(cfg)[1:] if cfg.mode != "sft" else []  # the prefill pool of a disaggregated group
     need_cpu = nt * t.cpus_per_rank + nr * r.cpus_per_actor + teacher_cpu + sum(n * c for _, n, c, _ in pools)
     need_gpu = nt * t.gpus_per_rank + nr * r.gpus_per_actor + teacher_gpu + sum(n * g for _, n, _, g in pools)
-    if cfg.placement == "colocated":  # trainer rank i, engine i (and a GPU teacher) share GPU i (rlcore.plan.placement)
+    if cfg.current_placement() == "colocated":  # trainer rank i, engine i (and a GPU teacher) share GPU i (rlcore.plan.placement)
         need_gpu = max(nt, nr)
     teacher = f" + teacher {teacher_cpu:g} CPUs / {teacher_gpu:g} GPUs" if cfg.teacher.enabled else ""
     teacher += "".join(f" + {role} ({n} x {c:g} CPUs / {g:g} GPUs)" for role, n, c, g in pools)

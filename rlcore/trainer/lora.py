@@ -22,6 +22,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from rlcore.config import LoRAConfig
+
 DEFAULT_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 
@@ -55,7 +57,7 @@ def merge(weight: torch.Tensor, lora_A: torch.Tensor, lora_B: torch.Tensor, scal
     return (weight.float() + scale * (lora_B.float() @ lora_A.float())).to(weight.dtype)
 
 
-def apply_lora(model: nn.Module, cfg, seed: int = 0) -> list[str]:
+def apply_lora(model: nn.Module, cfg: LoRAConfig, seed: int = 0) -> list[str]:
     """Freeze ``model`` and adapt every ``nn.Linear`` whose last name component is in
     ``cfg.target_modules`` (``cfg``: rank, alpha, dropout, target_modules). Returns the adapted
     module names; raises if none matched."""

@@ -4,13 +4,17 @@ from __future__ import annotations
 
 import importlib.util
 
-AC_MODES = ("none", "full", "selective")
+from rlcore.config import TrainerConfig
+from rlcore.config.bounds import choices_of
+
+# the vocabularies are written on the schema's fields (rlcore/config/schema.py)
+AC_MODES = choices_of(TrainerConfig, "activation_checkpointing")
 """Values of ``trainer.activation_checkpointing``."""
-PARAM_DTYPE_NAMES = ("float32", "bfloat16")
+PARAM_DTYPE_NAMES = choices_of(TrainerConfig, "param_dtype")
 """Values of ``trainer.param_dtype``."""
-FP8_RECIPES = ("none", "tensorwise", "rowwise")
+FP8_RECIPES = choices_of(TrainerConfig, "fp8")
 """Values of ``trainer.fp8``: off, one scale per tensor, or one scale per row (torchao recipes)."""
-SCHEDULES = ("constant", "linear", "cosine")
+SCHEDULES = choices_of(TrainerConfig, "lr_schedule")
 """Values of ``trainer.lr_schedule``."""
 
 
@@ -21,16 +25,11 @@ def torchao_available() -> bool:
 def mesh_problems(dp, cp: int, ep: int, world_size: int, num_experts: int | None = None,
                   num_heads: int | None = None) -> list[tuple[str, str]]:
     """Config-time checks of the mesh (no torch.distributed needed); one (key, message) each.
-    ``num_experts`` / ``num_heads`` None: unknown yet (a hub model), not checked; 0 experts: dense."""
+    ``num_experts`` / ``num_heads`` None: unknown yet (a hub model), not checked; 0 experts: dense.
+    A degree below 1 is its field's bound (`rlcore.config.bounds`): nothing more is said of it here."""
     out = []
-    if cp < 1:
-        out.append(("trainer.cp", f"must be >= 1, got {cp}"))
-    if ep < 1:
-        out.append(("trainer.ep", f"must be >= 1, got {ep}"))
-    if out:
+    if cp < 1 or ep < 1 or (dp is not None and dp < 1):
         return out
-    if dp is not None and dp < 1:
-        return [("trainer.dp", f"must be >= 1 or null, got {dp}")]
     if dp is None and world_size % cp:
         out.append(("trainer.cp", f"must divide trainer.world_size={world_size}, got {cp}"))
     if dp is not None and dp * cp != world_size:
@@ -44,16 +43,4 @@ def mesh_problems(dp, cp: int, ep: int, world_size: int, num_experts: int | None
     if cp > 1 and num_heads and num_heads % cp:
         out.append(("trainer.cp", f"Ulysses context parallelism splits attention heads: cp={cp} must "
                     f"divide num_attention_heads={num_heads}"))
-    return out
-
-
-def schedule_problems(trainer_cfg) -> list[tuple[str, str]]:
-    t = trainer_cfg
-    out = []
-    if t.lr_schedule not in SCHEDULES:
-        out.append(("trainer.lr_schedule", f"unknown schedule {t.lr_schedule!r}; choose one of {list(SCHEDULES)}"))
-    if t.warmup_steps < 0:
-        out.append(("trainer.warmup_steps", f"must be >= 0, got {t.warmup_steps}"))
-    if not 0.0 <= t.min_lr_ratio <= 1.0:
-        out.append(("trainer.min_lr_ratio", f"must be in [0, 1], got {t.min_lr_ratio}"))
     return out

@@ -30,6 +30,7 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
+from rlcore.config import TrainerConfig
 from rlcore.models.hybrid import restart_state_at_boundaries
 from rlcore.models.vision import decoder_layers, is_vision_model, vision_tower
 from rlcore.batch.parallel_dims import ParallelDims
@@ -72,7 +73,7 @@ class Meshes:
         return cls(dims, world, cp_group, ep_group, efsdp)
 
 
-def parallelize(model: torch.nn.Module, t, meshes: Meshes, device: torch.device, train: bool = True,
+def parallelize(model: torch.nn.Module, t: TrainerConfig, meshes: Meshes, device: torch.device, train: bool = True,
                 attention: str | None = None, layer_units: bool | None = None) -> torch.nn.Module:
     """Transform a transformers causal LM in place for training on this rank; returns it.
 

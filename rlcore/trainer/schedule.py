@@ -10,6 +10,7 @@ import math
 
 import torch
 
+from rlcore.config import TrainerConfig
 from rlcore.trainer.options import SCHEDULES
 
 
@@ -28,7 +29,7 @@ def lr_multiplier(step: int, schedule: str, warmup_steps: int, total_steps: int,
     raise ValueError(f"trainer.lr_schedule: unknown schedule {schedule!r}; choose one of {list(SCHEDULES)}")
 
 
-def build_scheduler(optimizer: torch.optim.Optimizer, trainer_cfg,
+def build_scheduler(optimizer: torch.optim.Optimizer, trainer_cfg: TrainerConfig,
                     total_steps: int) -> torch.optim.lr_scheduler.LambdaLR:
     t = trainer_cfg
     return torch.optim.lr_scheduler.LambdaLR(

@@ -8,8 +8,6 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from rlcore.config import RunConfig
 
-QUANTIZATIONS = ("fp8",)
-"""The online weight quantizations the engine serves (`rollout.vllm.quantization`)."""
 KEY = "rollout.vllm"
 SAMPLING_OWNED = {
     **{k: f"set rollout.sampling.{f} instead" for k, f in (
@@ -31,29 +29,17 @@ def vllm_problems(cfg: RunConfig) -> list[tuple[str, str]]:
     colocated IPC receive cannot serve once placement is colocated."""
     r, v = cfg.rollout, cfg.rollout.vllm
     out: list[tuple[str, str]] = []
-    if v.tensor_parallel_size <= 0:
-        out.append((f"{KEY}.tensor_parallel_size", f"must be > 0, got {v.tensor_parallel_size!r}"))
-    elif r.gpus_per_actor < v.tensor_parallel_size and (cfg.placement == "split" or r.gpus_per_actor <= 0):
+    # each field's own bound or allowed values are on the field (rlcore.config.engines, VLLMOptions)
+    if v.tensor_parallel_size > 0 and r.gpus_per_actor < v.tensor_parallel_size and (cfg.current_placement() == "split" or r.gpus_per_actor <= 0):
         out.append(("rollout.gpus_per_actor", f"the vllm engine needs {KEY}.tensor_parallel_size "
                     f"({v.tensor_parallel_size}) GPUs per actor, got {r.gpus_per_actor}"))
-    if v.quantization is not None and v.quantization not in QUANTIZATIONS:
-        out.append((f"{KEY}.quantization", f"unknown quantization {v.quantization!r}; choose null or one of "
-                    f"{list(QUANTIZATIONS)}"))
-    if v.weight_reload not in ("auto", "direct", "layerwise"):
-        out.append((f"{KEY}.weight_reload", f"must be 'auto', 'direct' or 'layerwise', got {v.weight_reload!r}"))
-    elif v.weight_reload == "direct" and v.quantization is not None:
+    if v.weight_reload == "direct" and v.quantization is not None:
         out.append((f"{KEY}.weight_reload", f"'direct' copies weights in unprocessed; quantization="
                     f"{v.quantization!r} needs 'layerwise' (or 'auto')"))
-    if v.sleep_level not in (0, 1, 2):
-        out.append((f"{KEY}.sleep_level", f"must be 0 (resident), 1 or 2 (vLLM sleep levels), got {v.sleep_level}"))
-    if v.kv_offload_gb < 0:
-        out.append((f"{KEY}.kv_offload_gb", f"must be >= 0 (0 = no offload), got {v.kv_offload_gb!r}"))
     for key in ("kv_offloading_size", "kv_offloading_backend", "kv_transfer_config"):
         if key in v.engine_kwargs:
             out.append((f"{KEY}.engine_kwargs.{key}", f"set {KEY}.kv_offload_gb (offload) or rollout.pd.* "
                         "(prefill/decode disaggregation) instead: the engine builds it from those"))
-    if v.kv_on_update not in ("keep", "recompute"):
-        out.append((f"{KEY}.kv_on_update", f"must be 'keep' or 'recompute', got {v.kv_on_update!r}"))
     # engine arguments that the section's fields own (the engine is built from those fields)
     for key, field_name, why in (("reload", "weight_reload", ""), ("kv_on_update", "kv_on_update", ""),
                                  ("quantization", "quantization",
@@ -64,7 +50,7 @@ def vllm_problems(cfg: RunConfig) -> list[tuple[str, str]]:
     for key in v.sampling_kwargs:
         if key in SAMPLING_OWNED:
             out.append((f"{KEY}.sampling_kwargs.{key}", SAMPLING_OWNED[key]))
-    if cfg.placement == "colocated":
+    if cfg.current_placement() == "colocated":
         out.extend(colocated_problems(cfg))
     return out
 
