@@ -349,3 +349,62 @@ def test_a_store_that_stops_answering_during_a_checkpoint_upload_is_named_and_bo
     # the store answers again: the lease is renewed at once by its own thread
     staging.renew_lease(cfg)
     assert time.time() - lease_time(fs, f"frozen/run/{LEASE}") < 30
+
+
+STORE_DEADLINE_S = 20
+
+
+def test_a_store_frozen_inside_a_full_runs_checkpoint_is_named_stops_the_run_at_its_deadline_and_resumes(
+        stoppable_s3, tmp_path):
+    """`python -m rlcore.run` on s3://, its S3 server frozen (SIGSTOP) once step 3's row is
+    written (step 2's checkpoint committed), so step 4's checkpoint (the ranks' shards straight into the store, the series' upload)
+    meets a store that does not answer: one line within seconds names the URL and the deadline
+    (checkpoint.timeout_s), and at the deadline the run stops with a named error and the resume
+    command, exit 1 (it used to wait minutes with no line while its lease went stale). The store
+    back, `resume=true` reads back steps 1..N once, every line valid JSON."""
+    proc, fs = stoppable_s3
+    url = "s3://frozen/run"
+    cfg = with_local_paths(compose([f"output_dir={url}"]))
+    staged = Path(cfg.output_dir) / "metrics.jsonl"
+    overrides = [f"output_dir={url}", "checkpoint.interval=2", f"checkpoint.timeout_s={STORE_DEADLINE_S}",
+                 "storage.sync_interval_s=0", *RUN]
+    log_path = tmp_path / "run.log"
+    run = subprocess.Popen([sys.executable, "-m", "rlcore.run", "steps=6", *overrides],
+                           stdout=open(log_path, "w"), stderr=subprocess.STDOUT)
+    frozen_at = named_at = None
+    try:
+        deadline = time.monotonic() + 400
+        while run.poll() is None and time.monotonic() < deadline:
+            if frozen_at is None and staged.is_file() and len(staged.read_text().splitlines()) >= 3:
+                proc.send_signal(signal.SIGSTOP)  # before step 4's checkpoint
+                frozen_at = time.monotonic()
+            if frozen_at is not None and named_at is None and "checkpoint.timeout_s" in log_path.read_text():
+                named_at = time.monotonic()
+            time.sleep(0.2)
+        ended = time.monotonic()
+        run.wait(timeout=60)
+    finally:
+        if run.poll() is None:
+            run.kill()
+            run.wait(timeout=30)
+        proc.send_signal(signal.SIGCONT)
+    log = log_path.read_text()
+    assert frozen_at is not None, log[-3000:]
+    assert run.returncode == 1, log[-4000:]
+    waiting = [ln for ln in log.splitlines() if "checkpoint.timeout_s" in ln and "waiting up to" in ln]
+    assert waiting and "frozen/run" in waiting[0], log[-4000:]  # the store's URL and the deadline
+    errors = [ln for ln in log.splitlines() if ln.startswith("rlcore: error:")]
+    assert errors and "continue with resume=true" in errors[0], log[-4000:]
+    print(f"store frozen: named {named_at - frozen_at:.1f}s after SIGSTOP, the run ended {ended - frozen_at:.1f}s "
+          f"after it (checkpoint.timeout_s={STORE_DEADLINE_S}): {waiting[0]} / {errors[0]}")
+    assert named_at - frozen_at < 30, named_at - frozen_at
+    assert "Traceback" not in log, log[-4000:]
+
+    resumed = subprocess.run([sys.executable, "-m", "rlcore.run", "steps=6", "resume=true", *overrides],
+                             capture_output=True, text=True, timeout=400)
+    assert resumed.returncode == 0, (resumed.stdout + resumed.stderr)[-4000:]
+    fs.invalidate_cache()
+    for series in ("metrics.jsonl", "events.jsonl"):
+        for line in fs.cat_file(f"frozen/run/{series}").decode().splitlines():
+            json.loads(line)  # every line whole
+    assert [r["step"] for r in rows(fs, "frozen/run/metrics.jsonl")] == [1, 2, 3, 4, 5, 6]
