@@ -620,6 +620,9 @@ def test_a_node_lost_for_good_is_named_at_once_stops_at_its_deadline_and_resumes
     assert seen_s < 60, seen_s  # seconds, not the deadline (Ray's node death is ~5 s on this cluster)
     assert LOST_DEADLINE_S - 10 <= waited_s < LOST_DEADLINE_S + 90, waited_s  # waited for a node, then stopped
     assert [r["step"] for r in rows] == list(range(1, len(rows) + 1))
+    # Ray's own lines stay off the console: its C++ log lines, and one killed raylet said once
+    assert not [ln for ln in log.splitlines() if re.search(r"\.cc:\d+:", ln)], log[-4000:]
+    assert log.count("Ray reported: Raylet is terminated") <= 1, log[-4000:]
 
     out = tmp_path / "run"
     resumed = rlcore_run(cluster, out, *overrides, "resume=true", timeout=500)

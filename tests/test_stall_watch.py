@@ -86,7 +86,7 @@ def test_a_run_whose_engine_froze_across_its_checkpoints_finishes_and_resumes_fr
     `resume=true` from those checkpoints (one engine's RNG state missing) trains on: steps 1..N
     once, every line valid JSON."""
     out = tmp_path / "run"
-    overrides = [f"output_dir={out}", "rollout.num_actors=2", "checkpoint.interval=1", "cluster.num_cpus=2"]
+    overrides = [f"output_dir={out}", "rollout.num_actors=2", "checkpoint.interval=1", "cluster.num_cpus=3"]
     log_path = tmp_path / "run.log"
     run = subprocess.Popen([sys.executable, "-m", "rlcore.run", "steps=5", *overrides],
                            stdout=open(log_path, "w"), stderr=subprocess.STDOUT)

@@ -398,6 +398,10 @@ def test_a_store_frozen_inside_a_full_runs_checkpoint_is_named_stops_the_run_at_
     print(f"store frozen: named {named_at - frozen_at:.1f}s after SIGSTOP, the run ended {ended - frozen_at:.1f}s "
           f"after it (checkpoint.timeout_s={STORE_DEADLINE_S}): {waiting[0]} / {errors[0]}")
     assert named_at - frozen_at < 30, named_at - frozen_at
+    assert "storage unreachable" in errors[0] and "frozen/run" in errors[0], errors
+    # the way out is bounded too: the last upload named, then given up with where the files are
+    assert any(ln.startswith("rlcore: error: the run's files were not uploaded to s3://frozen/run") for ln in errors), errors
+    assert ended - frozen_at < 4 * STORE_DEADLINE_S + 60, ended - frozen_at
     assert "Traceback" not in log, log[-4000:]
 
     resumed = subprocess.run([sys.executable, "-m", "rlcore.run", "steps=6", "resume=true", *overrides],
