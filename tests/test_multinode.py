@@ -587,7 +587,16 @@ def test_a_node_lost_for_good_is_named_at_once_stops_at_its_deadline_and_resumes
     print Ray's resource dict for the trainer; 300 s of silence for the rollout engine). A node
     started in its place, `resume=true` trains steps 1..N once, every series line valid JSON."""
     cluster = fault_cluster(trainers=1, rollouts=1)
-    overrides = [f"steps={LOST_STEPS}", "checkpoint.interval=2", *LABELS, f"{deadline_key}={LOST_DEADLINE_S}"]
+    extra = group_nodes(cluster, group)[1:]
+    for node in extra:  # the group's only node is the one lost: others an earlier test left are stopped
+        kill_node(node)
+    deadline = time.monotonic() + 120
+    while extra and time.monotonic() < deadline:  # until Ray declares them dead (~5 s here)
+        alive = lc.alive_nodes(cluster.dashboard_url, 60)
+        if not any(n.node_id in alive.values() for n in extra):
+            break
+        time.sleep(1)
+    overrides = [f"steps={LOST_STEPS}", "sft.warmup_steps=0", "checkpoint.interval=2", *LABELS, f"{deadline_key}={LOST_DEADLINE_S}"]
     gone = f"no alive node has the label rlcore-group={group}"
     killed: dict = {}
 

@@ -305,13 +305,14 @@ class Sync:
         if not self._threads:
             return
         self._stop.set()
+        wait_s = min(HEARTBEAT_S, float(self.cfg.checkpoint.timeout_s))
         for t in self._threads:
-            t.join(timeout=NOTICE_S)
-            if t.is_alive():  # a renewal or an upload the store has not answered: said, then waited for
+            t.join(timeout=min(NOTICE_S, wait_s))
+            if t.is_alive() and wait_s > NOTICE_S:  # a renewal or an upload the store has not answered
                 log.warning("%s %s: no answer from the store for %gs; waiting up to %.0fs more before the last "
                             "upload", "renewing the run's lease in" if t.name.endswith("lease") else "uploading to",
-                            self.cfg.storage.url, NOTICE_S, HEARTBEAT_S - NOTICE_S)
-                t.join(timeout=HEARTBEAT_S - NOTICE_S)
+                            self.cfg.storage.url, NOTICE_S, wait_s - NOTICE_S)
+                t.join(timeout=wait_s - NOTICE_S)
         try:
             if not self.discarded:
                 within(lambda: upload(self.cfg), float(self.cfg.checkpoint.timeout_s), "the last upload of the run's "
