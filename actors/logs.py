@@ -63,11 +63,15 @@ def route_cluster_errors(output_dir: str) -> Path | None:
     original = getattr(printer, "rlcore_original", printer)
     path = Path(output_dir) / ACTOR_LOG_DIR / CLUSTER_ERRORS
     log = logging.getLogger("rlcore")
+    said: set[int] = set()
 
     def routed(data, *args, **kwargs):
         if data.get("pid") != "raylet":  # a worker's own output: Ray's handling
             return original(data, *args, **kwargs)
         text = "\n".join(str(line) for line in data.get("lines", []))
+        if hash(text) in said:  # one killed raylet came as two identical reports: the second says nothing new
+            return None
+        said.add(hash(text))
         path.parent.mkdir(parents=True, exist_ok=True)
         with path.open("a") as f:
             f.write(text.rstrip("\n") + "\n\n")

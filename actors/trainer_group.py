@@ -29,6 +29,7 @@ from actors.trainer import TrainerRank
 from rlcore.storage.checkpoint import CheckpointWriter
 from rlcore.storage.errors import NO_SPACE, storage_cause
 from rlcore.storage.location import is_remote
+from rlcore.storage.staging import NoAnswer
 from rlcore.report.console import log_error_detail
 from rlcore.plan.layout import group_bundles
 from actors.session import CapacityProbe
@@ -248,8 +249,9 @@ class TrainerGroup:
         failure removes the partial folder and raises RunError naming the step and the folder. It
         is "saved" only once the driver sees every rank's part on the storage (`writer.commit`)."""
         start = time.perf_counter()
-        tmp = writer.begin(step)
+        tmp = None
         try:
+            tmp = writer.begin(step)
             parts: dict[str, int] = {}
             refs = self._each("save_checkpoint", str(tmp))
             for rank_parts in get(refs, self.cfg.checkpoint.timeout_s, f"checkpoint save of step {step}", self.names,
@@ -258,7 +260,8 @@ class TrainerGroup:
             path = writer.commit(tmp, step, driver_state(), parts)
         except BaseException as exc:
             cause = save_failure_cause(exc, writer.root) if isinstance(exc, Exception) else None
-            writer.abort(tmp)
+            if tmp is not None and not isinstance(exc, NoAnswer):  # a store that did not answer: not asked again
+                writer.abort(tmp)
             if cause is not None:  # a storage fault: named in a short first line, the whole error in the log
                 line = f"checkpoint save of step {step} to {writer.root} failed: {cause}"
                 log_error_detail(self.cfg.output_dir, f"{line}\n{exc}")

@@ -569,6 +569,84 @@ def test_a_rollout_node_killed_mid_run_moves_its_engine_and_the_run_finishes(fau
     assert all(sum(r["failed_by_reason"].values()) == r["samples_failed_step"] for r in rows)
 
 
+LOST_STEPS = 10
+LOST_DEADLINE_S = {"trainer": 25, "rollout": 75}
+"""The deadline a node lost for good is waited for (small: the test waits it out). The rollout
+group's, `rollout.generate_timeout_s`, also bounds its engine's start (over 25 s at load 16)."""
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(1200)
+@pytest.mark.parametrize("group,deadline_key", [("trainer", "cluster.placement_timeout_s"),
+                                                ("rollout", "rollout.generate_timeout_s")])
+def test_a_node_lost_for_good_is_named_at_once_stops_at_its_deadline_and_resumes_on_a_replacement(
+        fault_cluster, tmp_path, group, deadline_key):
+    """The only node of a group (the trainer group; the rollout group's one engine, the README's
+    layout) killed with no replacement: the run names the capacity that is gone in one line within
+    seconds ("no alive node has the label rlcore-group=..."), waits up to its deadline for a node
+    to join, then stops with that cause and the resume command, exit 1 (it used to wait 127 s and
+    print Ray's resource dict for the trainer; 300 s of silence for the rollout engine). A node
+    started in its place, `resume=true` trains steps 1..N once, every series line valid JSON."""
+    cluster = fault_cluster(trainers=1, rollouts=1)
+    extra = group_nodes(cluster, group)[1:]
+    for node in extra:  # the group's only node is the one lost: others an earlier test left are stopped
+        kill_node(node)
+    deadline = time.monotonic() + 120
+    while extra and time.monotonic() < deadline:  # until Ray declares them dead (~5 s here)
+        alive = lc.alive_nodes(cluster.dashboard_url, 60)
+        if not any(n.node_id in alive.values() for n in extra):
+            break
+        time.sleep(1)
+    overrides = [f"steps={LOST_STEPS}", "sft.warmup_steps=0", "checkpoint.interval=2", *LABELS,
+                 f"{deadline_key}={LOST_DEADLINE_S[group]}"]
+    gone = f"no alive node has the label rlcore-group={group}"
+    killed: dict = {}
+
+    def act(log: str, rows: int) -> bool:
+        if not killed and rows >= 3:  # past the checkpoint of step 2
+            placed = next(ln for ln in log.splitlines() if f"placement: {group} group's" in ln)
+            killed.update(node=node_named(cluster, re.search(r"on node\(s\) ([0-9a-f]{8})", placed).group(1)),
+                          at=time.monotonic())
+            kill_node(killed["node"])
+        if killed and "named" not in killed and gone in log:
+            killed["named"] = time.monotonic()
+        return False
+
+    try:
+        code, log, rows = run_in_background(cluster, tmp_path, overrides, act, limit_s=500)
+        ended = time.monotonic()
+    finally:  # a node in its place, also for the next test of the module
+        add_node(cluster, roles(group)[0], timeout_s=400)
+    assert killed, log[-3000:]
+    assert code == 1, log[-4000:]
+    named = [ln for ln in log.splitlines() if gone in ln and "waiting up to" in ln]
+    assert len(named) == 1 and f"waiting up to {LOST_DEADLINE_S[group]}s ({deadline_key})" in named[0], log[-4000:]
+    errors = [ln for ln in log.splitlines() if ln.startswith("rlcore: error:")]
+    assert len(errors) == 1 and gone in errors[0], log[-4000:]
+    assert f"no node joined within {deadline_key}={LOST_DEADLINE_S[group]}s" in errors[0], errors
+    assert "continue with resume=true" in errors[0] and "'CPU'" not in errors[0], errors  # no raw resource dict
+    seen_s, waited_s = killed["named"] - killed["at"], ended - killed["named"]
+    print(f"{group} node {killed['node'].node_id[:8]} lost: named {seen_s:.1f}s after the kill, the run stopped "
+          f"{waited_s:.1f}s later (deadline {LOST_DEADLINE_S[group]}s; load {os.getloadavg()[0]:.1f}): {named[0]}")
+    assert seen_s < 60, seen_s  # seconds, not the deadline (Ray's node death is ~5 s on this cluster)
+    assert LOST_DEADLINE_S[group] - 10 <= waited_s < LOST_DEADLINE_S[group] + 90, waited_s  # waited for a node, then stopped
+    assert [r["step"] for r in rows] == list(range(1, len(rows) + 1))
+    # Ray's own lines stay off the console: its C++ log lines, and one killed raylet said once
+    assert not [ln for ln in log.splitlines() if re.search(r"\.cc:\d+:", ln)], log[-4000:]
+    assert log.count("Ray reported: Raylet is terminated") <= 1, log[-4000:]
+
+    out = tmp_path / "run"
+    # the resume keeps the default deadline: rollout.generate_timeout_s also bounds an engine's start,
+    # which on a node just added to a loaded 2-core box took over 25 s
+    resumed = rlcore_run(cluster, out, *overrides[:-1], "resume=true", timeout=500)
+    assert resumed.returncode == 0, (resumed.stdout + resumed.stderr)[-4000:]
+    for series in ("metrics.jsonl", "events.jsonl"):
+        for line in (out / series).read_text().splitlines():
+            json.loads(line)  # every line whole
+    steps = [json.loads(x)["step"] for x in (out / "metrics.jsonl").read_text().splitlines()]
+    assert steps == list(range(1, LOST_STEPS + 1))
+
+
 CHAOS_STEPS = 14
 
 

@@ -349,3 +349,97 @@ def test_a_store_that_stops_answering_during_a_checkpoint_upload_is_named_and_bo
     # the store answers again: the lease is renewed at once by its own thread
     staging.renew_lease(cfg)
     assert time.time() - lease_time(fs, f"frozen/run/{LEASE}") < 30
+
+
+
+STORE_DEADLINE_S = 12
+"""checkpoint.timeout_s of the frozen-store run (small: the test waits it out)."""
+
+
+def process_writing_to(log: Path) -> int | None:
+    """The process whose stdout is `log` (an actor's: OUTPUT_DIR/logs/KIND-INDEX.log)."""
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            if os.readlink(f"/proc/{pid}/fd/1") == str(log):
+                return int(pid)
+        except OSError:  # gone, or not ours to read
+            continue
+    return None
+
+
+def test_a_frozen_engine_and_then_a_frozen_store_inside_a_full_runs_checkpoints_are_named_and_resumed_from(
+        stoppable_s3, tmp_path):
+    """`python -m rlcore.run` on s3:// with two engines and a checkpoint every 2 steps. Engine 1
+    is frozen (SIGSTOP) once step 2's row is written (as step 2's checkpoint reads the engines' RNG
+    states), until the end: the stall watcher names it, the checkpoint leaves its RNG state out
+    and the run goes on (it used to stop the run after 60 s naming no actor). The S3 server is frozen once step
+    3's row is written (step 2's checkpoint committed), so step 4's checkpoint meets a store that
+    does not answer: one line within seconds names the URL and the deadline
+    (checkpoint.timeout_s), and at the deadline the run stops with a named error and the resume
+    command, exit 1 (it waited >400 s with no line). The store back, `resume=true` (from a
+    checkpoint without engine 1's RNG state) reads back steps 1..N once, every line valid JSON."""
+    proc, fs = stoppable_s3
+    url = "s3://frozen/run"
+    cfg = with_local_paths(compose([f"output_dir={url}"]))
+    staged = Path(cfg.output_dir) / "metrics.jsonl"
+    overrides = [f"output_dir={url}", "checkpoint.interval=2", f"checkpoint.timeout_s={STORE_DEADLINE_S}",
+                 "storage.sync_interval_s=0", "rollout.num_actors=2", "sft.warmup_steps=0", "cluster.num_cpus=3"]
+    log_path = tmp_path / "run.log"
+    run = subprocess.Popen([sys.executable, "-m", "rlcore.run", "steps=6", *overrides],
+                           stdout=open(log_path, "w"), stderr=subprocess.STDOUT)
+    engine = frozen_at = named_at = None
+    try:
+        deadline = time.monotonic() + 400
+        while run.poll() is None and time.monotonic() < deadline:
+            rows_done = len(staged.read_text().splitlines()) if staged.is_file() else 0
+            if engine is None and rows_done >= 2:  # as step 2's checkpoint reads the engines' RNG states
+                engine = process_writing_to(Path(cfg.output_dir) / "logs" / "rollout-1.log")
+                if engine is not None:
+                    os.kill(engine, signal.SIGSTOP)
+            if frozen_at is None and rows_done >= 3:
+                proc.send_signal(signal.SIGSTOP)  # before step 4's checkpoint
+                frozen_at = time.monotonic()
+            if frozen_at is not None and named_at is None and "frozen/run/checkpoints: no answer" in log_path.read_text():
+                named_at = time.monotonic()
+            time.sleep(0.2)
+        ended = time.monotonic()
+        run.wait(timeout=60)
+    finally:
+        if run.poll() is None:
+            run.kill()
+            run.wait(timeout=30)
+        proc.send_signal(signal.SIGCONT)
+        if engine is not None:
+            try:
+                os.kill(engine, signal.SIGCONT)
+            except ProcessLookupError:
+                pass
+    log = log_path.read_text()
+    assert engine is not None and frozen_at is not None, log[-3000:]
+    assert run.returncode == 1, log[-4000:]
+    stalled = [ln for ln in log.splitlines() if "rollout actor 1" in ln and "no progress for" in ln]
+    assert len(stalled) == 1, log[-4000:]  # the frozen engine: a stall, not the end of the run
+    in_checkpoint = [ln for ln in log.splitlines() if "engine RNG state of rollout actor 1" in ln]
+    print(f"engine frozen during step 2's checkpoint: {in_checkpoint or 'no: it was seen first elsewhere'}")
+    waiting = [ln for ln in log.splitlines() if "checkpoint.timeout_s" in ln and "waiting up to" in ln
+               and "frozen/run" in ln]
+    assert waiting, log[-4000:]  # the store's URL and the deadline
+    errors = [ln for ln in log.splitlines() if ln.startswith("rlcore: error:")]
+    assert errors and "continue with resume=true" in errors[0], log[-4000:]
+    print(f"engine frozen: {stalled[0]}; store frozen: named {named_at - frozen_at:.1f}s after SIGSTOP, the run "
+          f"ended {ended - frozen_at:.1f}s after it (checkpoint.timeout_s={STORE_DEADLINE_S}): {waiting[0]} / {errors}")
+    assert named_at - frozen_at < 30, named_at - frozen_at
+    assert "storage unreachable" in errors[0] and "frozen/run" in errors[0], errors
+    # the way out is bounded too: the last upload named, then given up with where the files are
+    assert any(ln.startswith("rlcore: error: the run's files were not uploaded to s3://frozen/run") for ln in errors), errors
+    assert ended - frozen_at < 3 * STORE_DEADLINE_S + 60, ended - frozen_at
+    assert "Traceback" not in log, log[-4000:]
+
+    resumed = subprocess.run([sys.executable, "-m", "rlcore.run", "steps=6", "resume=true", *overrides],
+                             capture_output=True, text=True, timeout=400)
+    assert resumed.returncode == 0, (resumed.stdout + resumed.stderr)[-4000:]
+    fs.invalidate_cache()
+    for series in ("metrics.jsonl", "events.jsonl"):
+        for line in fs.cat_file(f"frozen/run/{series}").decode().splitlines():
+            json.loads(line)  # every line whole
+    assert [r["step"] for r in rows(fs, "frozen/run/metrics.jsonl")] == [1, 2, 3, 4, 5, 6]

@@ -64,7 +64,7 @@ from rlcore.storage.hf_files import save_config_and_tokenizer
 from rlcore.storage.checkpoint_dirs import fresh
 from rlcore.storage.commit import commit_dir, remove_dir, remove_tree, temp_dir_for  # noqa: F401  (re-exported)
 from rlcore.storage.location import is_remote, storage_path
-from rlcore.storage.staging import upload_within
+from rlcore.storage.staging import NoAnswer, upload_within, within
 from rlcore.storage.rundir import truncate_series  # noqa: F401  (re-exported: the series live in the run folder)
 
 log = logging.getLogger("rlcore")
@@ -80,6 +80,14 @@ class CheckpointWriter:
     def __init__(self, cfg):
         self.cfg = cfg
         self.root = checkpoint_root(cfg)
+
+    def _store(self, what: str, work):
+        """`work()` as is on a filesystem; in an object store bounded by `checkpoint.timeout_s`
+        and named after a few seconds (`rlcore.storage.staging.within`): a store that stopped
+        answering is `NoAnswer` naming it, never a driver that waits in silence."""
+        if not is_remote(self.root):
+            return work()
+        return within(work, float(self.cfg.checkpoint.timeout_s), f"checkpoint: {what}", str(self.root))
 
     def due(self, step: int, final: bool) -> bool:
         c = self.cfg.checkpoint
@@ -102,8 +110,7 @@ class CheckpointWriter:
         the commit, or in an object store the final prefix itself (emptied, uncommitted first)."""
         final = self.root / step_dir_name(step)
         if is_remote(final):
-            if fresh(final).exists():
-                remove_dir(final)
+            self._store(f"clearing {final.name} in", lambda: fresh(final).exists() and remove_dir(final))
             return final
         self.root.mkdir(parents=True, exist_ok=True)
         tmp = temp_dir_for(final)
@@ -115,6 +122,13 @@ class CheckpointWriter:
         IncompleteCheckpoint naming the first missing ones, nothing committed), write the driver
         state and the completion marker (which lists the parts) into `tmp`, then rename it (in an
         object store, the marker written last is the commit)."""
+        final = self._store(f"committing {tmp.name} in", lambda: self._commit(tmp, step, driver_state, parts))
+        if self.cfg.storage.url:  # the series as far as this checkpoint, beside it in the store (bounded:
+            # the checkpoint is committed; a store that does not answer costs a line, not the run)
+            upload_within(self.cfg, self.cfg.checkpoint.timeout_s, f"uploading the run's files of step {step}")
+        return final
+
+    def _commit(self, tmp: Path, step: int, driver_state: dict[str, Any], parts: dict[str, int]) -> Path:
         missing = missing_parts(fresh(tmp), parts)
         if missing:
             raise IncompleteCheckpoint(
@@ -129,15 +143,19 @@ class CheckpointWriter:
         (tmp / META).write_text(json.dumps(meta, indent=1, default=str))
         final = tmp if is_remote(tmp) else commit_dir(tmp, self.root / step_dir_name(step))
         self.prune()
-        if self.cfg.storage.url:  # the series as far as this checkpoint, beside it in the store (bounded:
-            # the checkpoint is committed; a store that does not answer costs a line, not the run)
-            upload_within(self.cfg, self.cfg.checkpoint.timeout_s, f"uploading the run's files of step {step}")
         return final
 
     def abort(self, tmp: Path) -> None:
-        if is_remote(tmp) and (fresh(tmp) / META).is_file():
-            return  # committed (in the store the folder is the final one): what failed came after
-        remove_tree(tmp)
+        """Remove an uncommitted save. In an object store bounded like the save (a store that
+        does not answer leaves the prefix, which is never listed: the next run removes it)."""
+        def remove():
+            if is_remote(tmp) and (fresh(tmp) / META).is_file():
+                return  # committed (in the store the folder is the final one): what failed came after
+            remove_tree(tmp)
+        try:
+            self._store(f"removing the uncommitted {tmp.name} from", remove)
+        except NoAnswer as exc:
+            log.warning("%s; the next run removes it", exc)
 
     def prune(self) -> None:
         keep = self.cfg.checkpoint.keep_last

@@ -50,7 +50,8 @@ _TEXT_CAUSES = (
     ("name or service not known", "storage unreachable"),
 )
 _UNREACHABLE_CLASSES = ("EndpointConnectionError", "ConnectTimeoutError", "ReadTimeoutError",
-                        "ConnectionClosedError", "ServerDisconnectedError", "ClientConnectorError")
+                        "ConnectionClosedError", "ServerDisconnectedError", "ClientConnectorError",
+                        "NoAnswer")  # NoAnswer: rlcore.storage.staging's, a store that did not answer in time
 
 
 def _chain(exc: BaseException):

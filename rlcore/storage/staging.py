@@ -160,27 +160,36 @@ class NoAnswer(TimeoutError):
     """The store did not answer within the deadline."""
 
 
-def _bounded(work, timeout_s: float) -> None:
-    """`work()` in a thread of its own, waited for `timeout_s`: its error is raised here, and a
-    store that does not answer in time is `NoAnswer` (the thread is left to finish)."""
+NOTICE_S = 5.0
+"""An upload still running after this long is named in one line (the URL and the deadline)."""
+
+
+def within(work, timeout_s: float, what: str = "", where: str = ""):
+    """`work()` (a call to an object store) in a thread of its own, waited for `timeout_s`
+    (`checkpoint.timeout_s`); returns its result or raises its error. Given `what` and `where`
+    (the URL), one line names them and the deadline once it has run :data:`NOTICE_S`. A store that
+    does not answer in time is `NoAnswer` naming them (the thread is left to finish)."""
+    result: list = []
     failed: list[BaseException] = []
 
     def run():
         try:
-            work()
+            result.append(work())
         except Exception as exc:
             failed.append(exc)
-    t = threading.Thread(target=run, name="rlcore-storage-upload", daemon=True)
+    t = threading.Thread(target=run, name="rlcore-storage-call", daemon=True)
     t.start()
-    t.join(timeout_s)
+    t.join(min(NOTICE_S, timeout_s) if what else timeout_s)
+    if t.is_alive() and what and timeout_s > NOTICE_S:
+        log.warning("%s %s: no answer from the store for %gs; waiting up to %.0fs more (checkpoint.timeout_s)",
+                    what, where, NOTICE_S, timeout_s - NOTICE_S)
+        t.join(timeout_s - NOTICE_S)
     if t.is_alive():
-        raise NoAnswer(f"storage unreachable (no answer within {timeout_s:g}s, checkpoint.timeout_s)")
+        named = f"{what} {where}: " if what else ""
+        raise NoAnswer(f"{named}storage unreachable (no answer within {timeout_s:g}s, checkpoint.timeout_s)")
     if failed:
         raise failed[0]
-
-
-NOTICE_S = 5.0
-"""An upload still running after this long is named in one line (the URL and the deadline)."""
+    return result[0]
 
 
 def upload_within(cfg, timeout_s: float, what: str = "uploading the run's files") -> bool:
@@ -296,11 +305,18 @@ class Sync:
         if not self._threads:
             return
         self._stop.set()
+        wait_s = min(HEARTBEAT_S, float(self.cfg.checkpoint.timeout_s))
         for t in self._threads:
-            t.join(timeout=HEARTBEAT_S)
+            t.join(timeout=min(NOTICE_S, wait_s))
+            if t.is_alive() and wait_s > NOTICE_S:  # a renewal or an upload the store has not answered
+                log.warning("%s %s: no answer from the store for %gs; waiting up to %.0fs more before the last "
+                            "upload", "renewing the run's lease in" if t.name.endswith("lease") else "uploading to",
+                            self.cfg.storage.url, NOTICE_S, wait_s - NOTICE_S)
+                t.join(timeout=wait_s - NOTICE_S)
         try:
             if not self.discarded:
-                _bounded(lambda: upload(self.cfg), float(self.cfg.checkpoint.timeout_s))
+                within(lambda: upload(self.cfg), float(self.cfg.checkpoint.timeout_s), "the last upload of the run's "
+                       "files to", self.cfg.storage.url)
             release_lease(self.cfg)
         except Exception as err:
             self.failed = storage_cause(err) or f"{type(err).__name__}: {str(err).splitlines()[0][:150] if str(err) else ''}"
