@@ -57,8 +57,12 @@ def test_sync_sends_names_and_tensors_vllm_loads(name, tmp_path):
     trainer_model = copy.deepcopy(hf_model)
     apply_expert_parallel(trainer_model, None)  # the trainer's MoE blocks, as TrainerCore holds them
 
-    # what a vLLM worker does with every load_weights call (vllm_worker.rlcore_use_checkpoint_names)
-    names = CheckpointNames(reference_model(hf_model.config), sends_fused_experts(hf_model.config))
+    # what a vLLM worker does with every load_weights call (vllm_worker.rlcore_use_checkpoint_names),
+    # from a config of another class for the same model type (vLLM has its own for Qwen3-Next, Qwen3.5)
+    from transformers import PretrainedConfig
+    foreign = type("EngineConfig", (PretrainedConfig,), {"model_type": hf_model.config.model_type})
+    engine_config = foreign.from_dict(hf_model.config.to_dict())
+    names = CheckpointNames(reference_model(engine_config), sends_fused_experts(engine_config))
     covered: set[str] = set()
     for _ in range(2):  # the second sync goes through the per-name memo
         sent = list(names.named(full_parameters(trainer_model)))

@@ -53,7 +53,8 @@ def fused_expert_name(names: list[str]) -> str | None:
 def sends_fused_experts(config: Any) -> bool:
     """Whether the family's vLLM loader takes whole fused expert tensors (module docstring)."""
     text = getattr(config, "text_config", None) or config
-    fam = FAMILIES.get(str(getattr(text, "model_type", "")))
+    model_type = text.get("model_type") if isinstance(text, dict) else getattr(text, "model_type", "")
+    fam = FAMILIES.get(str(model_type))
     return fam is not None and fam.vllm_fused_experts
 
 
@@ -99,10 +100,20 @@ class CheckpointNames:
             yield from out.items()
 
 
-def reference_model(config: Any) -> torch.nn.Module:
+def reference_model(config: Any) -> torch.nn.Module | None:
     """A meta-device transformers model of `config`'s family (no memory): what
-    :func:`checkpoint_named` reads the family's conversion mapping from, on the engine side."""
+    :func:`checkpoint_named` reads the family's conversion mapping from, on the engine side.
+    `config` may be another library's class for the model type (vLLM 0.26 has its own for
+    Qwen3-Next, Qwen3.5, Nemotron-H): it is rebuilt as transformers' own from its dict. None for a
+    model type transformers does not know (remote code: no conversion mapping, names pass as they are)."""
     from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+    model_type = getattr(config, "model_type", None)
+    if model_type not in CONFIG_MAPPING:
+        return None
+    own = CONFIG_MAPPING[model_type]
+    if type(config) is not own:
+        config = own.from_dict(config.to_dict())
     auto = AutoModelForImageTextToText if getattr(config, "vision_config", None) is not None else AutoModelForCausalLM
     with torch.device("meta"):
         return auto.from_config(config)

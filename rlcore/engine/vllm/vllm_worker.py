@@ -36,13 +36,17 @@ class RLCoreWorkerExtension:
         names to the family's checkpoint names, the mapping export writes with
         (:mod:`rlcore.models.checkpoint_names`): Mixtral's loader knows ``block_sparse_moe``, not
         transformers 5's ``mlp``; DeepSeek-V3's knows per-expert tensors only. vLLM's own weight
-        transfer calls the same instance attribute. Returns False when already installed."""
+        transfer calls the same instance attribute. Returns False when already installed, or for a
+        model type transformers does not know (its names pass unchanged)."""
         from rlcore.models.checkpoint_names import CheckpointNames, reference_model, sends_fused_experts
         model = self._rlcore_model()
         if getattr(model, "_rlcore_checkpoint_names", None) is not None:
             return False
         config = self.model_runner.model_config.hf_config  # type: ignore[attr-defined]
-        names = CheckpointNames(reference_model(config), fuse_experts=sends_fused_experts(config))
+        reference = reference_model(config)
+        if reference is None:  # a remote-code model type: transformers has no conversion mapping for it
+            return False
+        names = CheckpointNames(reference, fuse_experts=sends_fused_experts(config))
         load = model.load_weights
         model._rlcore_checkpoint_names = names
         model.load_weights = lambda weights, *args, **kwargs: load(names.named(weights), *args, **kwargs)
