@@ -38,22 +38,20 @@ is seen too).
 from __future__ import annotations
 
 import ctypes
+import gc
 import json
 import os
 import pickle
 import resource
 import signal
 import socket
-import stat
 import sys
-import threading
 import time
 from typing import Any
 
 from rlcore.isolation import reward_worker_ns as ns
 from rlcore.isolation import reward_worker_walls as walls
-from rlcore.isolation.reward_reply import encode_reply
-from rlcore.isolation.reward_worker_home import Home, recording
+from rlcore.isolation.reward_reply import FRAME_LIMIT, BadReply, decode_row, encode_reply, encode_row
 from rlcore.isolation.safety import Outcome, _describe, _Sink
 
 PR_SET_PDEATHSIG = 1
@@ -158,9 +156,9 @@ def serve(conn, owner: Any, progress, lock, memory_mb: int, namespace_init: bool
     progress[WORKER_PID] = ns.host_pid()
     signal.signal(ABANDON_SIGNAL, _abandon)
     signal.signal(FLUSH_SIGNAL, _flush)
-    # a call blocked in a restartable system call stays there (the kernel restarts it) rather than
-    # seeing EINTR, which C code that calls libc itself need not handle: the flush waits instead
-    signal.siginterrupt(FLUSH_SIGNAL, False)
+    # the flush interrupts the worker's own wait for a call's outcome (Python retries it after the
+    # handler); a call runs in a process of its own, which the actor never signals
+    signal.siginterrupt(FLUSH_SIGNAL, True)
     devnull = os.open(os.devnull, os.O_RDWR)
     for fd in (0, 1, 2):  # not the actor's terminal or log files
         os.dup2(devnull, fd)
@@ -168,15 +166,15 @@ def serve(conn, owner: Any, progress, lock, memory_mb: int, namespace_init: bool
     limit_memory(memory_mb)
     walls.limit_descriptors()
     walls.refuse_unbounded_memory(network)
-    home = Home()
-    state = walls.OwnerState(owner)
+    walls.keep_calls_out_of_the_worker()
+    gc.freeze()  # what the worker has now is never collected: a call's process copies fewer pages
     while True:
         try:
             batch_id, batch = pickle.loads(conn.recv_bytes())  # from the actor: trusted
         except (EOFError, OSError):
             os._exit(0)
         _batch.update(conn=conn, outs=[], sent=0, id=batch_id)
-        outs, retire = run_batch(owner, batch, progress, lock, home, memory_mb, conn.fileno(), _batch["outs"], state)
+        outs, retire = run_batch(owner, batch, progress, lock, memory_mb, conn.fileno(), _batch["outs"])
         try:
             conn.send_bytes(encode(outs[_batch["sent"]:], retire, _batch["sent"], final=True))
         except Exception:  # the call closed the pipe: the actor sees this worker die during it
@@ -185,36 +183,79 @@ def serve(conn, owner: Any, progress, lock, memory_mb: int, namespace_init: bool
             os._exit(0)
 
 
-def run_batch(owner: Any, batch: list[bytes], progress, lock, home: Home, memory_mb: int,
-              pipe_fd: int, outs: list[Outcome], state: "walls.OwnerState | None" = None) -> tuple[list, bool]:
-    """Run the batch's calls in order until the parent's cut, appending each outcome to `outs`;
-    (outs, whether to retire). Exits at once (EXIT_PIPE_LOST) after a call that closed the pipe,
-    so the actor blames it."""
+def run_batch(owner: Any, batch: list[bytes], progress, lock, memory_mb: int, pipe_fd: int,
+              outs: list[Outcome]) -> tuple[list, bool]:
+    """Run the batch's calls in order until the parent's cut, each in a process of its own
+    (:func:`run_forked`), appending each outcome to `outs`; (outs, whether to retire: never, the
+    worker itself runs no reward code)."""
     for k, blob in enumerate(batch):
         with lock:
             if k > progress[CUT]:
                 break
             progress[CURRENT], progress[STARTED] = k, time.monotonic()
-        out = run_one(owner, blob)
-        unrestored = home.restore()
+        out = run_forked(owner, blob, pipe_fd, progress.fd)
         end_descendants()
-        try:
-            if not stat.S_ISSOCK(os.fstat(pipe_fd).st_mode):
-                os._exit(EXIT_PIPE_LOST)
-        except OSError:
-            os._exit(EXIT_PIPE_LOST)
-        outs.append(out)
         if out.error is not None and out.error.startswith("MemoryError"):
             out.error = (f"reward exceeded the reward worker's memory bound (env.args.reward_memory_mb={memory_mb}): "
                          f"{out.error}")
-            return outs, True
-        if unrestored is not None:  # the call itself is scored; the worker is not reused
-            return outs, True
-        # what a later call (of another task) must not meet: threads the call left running, the
-        # environment's class or module globals changed, descriptors near the limit
-        if threading.active_count() > 1 or (state is not None and state.changed()) or walls.near_fd_limit():
-            return outs, True
+        outs.append(out)
     return outs, False
+
+
+_child = [0]
+"""The pid of the process running the current call (0: none)."""
+_abandoned = [False]
+
+
+def run_forked(owner: Any, blob: bytes, pipe_fd: int, progress_fd: int = -1) -> Outcome:
+    """One call in a fork of this worker: the child holds no descriptor to the actor (it cannot
+    write a frame), runs the call, writes its outcome row (JSON) on a pipe of its own and exits,
+    so nothing the call changes in memory (class or module state, objects mutated in place, ctypes
+    writes, a patched worker loop) outlives it. Its outcome is what this process reads from that
+    pipe, checked like the actor checks a reply's rows."""
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the call's process
+        try:
+            os.close(r)
+            os.close(pipe_fd)
+            _child[0] = 0
+            _batch.update(conn=None, outs=[], sent=0)
+            out = run_one(owner, blob)
+            data = json.dumps(encode_row(out), allow_nan=True).encode()
+            while data:
+                data = data[os.write(w, data):]
+        finally:
+            os._exit(0)
+    os.close(w)
+    _abandoned[0] = False
+    _child[0] = pid
+    chunks, size = [], 0
+    try:
+        while size <= FRAME_LIMIT:
+            chunk = os.read(r, 1 << 16)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            size += len(chunk)
+    finally:
+        os.close(r)
+        _child[0] = 0
+    if size > FRAME_LIMIT:
+        os.kill(pid, signal.SIGKILL)
+    _, status = os.waitpid(pid, 0)
+    if _abandoned[0]:
+        return Outcome(error="CallAbandoned: abandoned at its deadline")
+    if size > FRAME_LIMIT:
+        return Outcome(error=f"the reward's process sent an outcome of more than {FRAME_LIMIT} bytes")
+    try:
+        return decode_row(json.loads(b"".join(chunks)))
+    except BadReply as exc:
+        return Outcome(error=f"the reward's process sent {exc}")
+    except (ValueError, RecursionError):
+        how = (f"exited with code {os.WEXITSTATUS(status)}" if os.WIFEXITED(status)
+               else f"was killed by signal {os.WTERMSIG(status)}")
+        return Outcome(error=f"the reward's process {how} before it sent an outcome")
 
 
 class CallAbandoned(BaseException):
@@ -226,7 +267,15 @@ _in_call = [False]
 
 
 def _abandon(signum, frame) -> None:
-    # raises once, and only inside a call: the flag is cleared before the raise
+    # in the worker: the call's process dies (whatever it runs, C included) and the worker is reused
+    if _child[0]:
+        _abandoned[0] = True
+        try:
+            os.kill(_child[0], signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        return
+    # in a call's own process (a reward that signals itself): raises once, inside the call only
     if _in_call[0]:
         _in_call[0] = False
         raise CallAbandoned(f"abandoned at its deadline (signal {signum})")
@@ -237,9 +286,9 @@ _batch: dict[str, Any] = {"conn": None, "outs": [], "sent": 0, "id": 0}
 
 
 def _flush(signum, frame) -> None:
-    # only inside a call: between calls the main loop may be using the pipe itself
+    # only while a call's process runs: between calls the main loop may be using the pipe itself
     outs, sent = _batch["outs"], _batch["sent"]
-    if not _in_call[0] or len(outs) <= sent:
+    if not _child[0] or len(outs) <= sent:
         return
     # an abandon arriving mid-send would leave half a message on the pipe
     signal.pthread_sigmask(signal.SIG_BLOCK, {ABANDON_SIGNAL})
@@ -259,8 +308,7 @@ def run_one(owner: Any, blob: bytes) -> Outcome:
         name, args = pickle.loads(blob)
         try:
             _in_call[0] = True
-            with recording():
-                value = getattr(owner, name)(*args)
+            value = getattr(owner, name)(*args)
         finally:
             _in_call[0] = False
         out = Outcome(value=value)
