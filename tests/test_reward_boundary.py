@@ -243,10 +243,15 @@ def test_progress_memory_names_no_process_and_moves_no_deadline(attack):
         victim.wait()
 
 
-@pytest.mark.parametrize("how,says", [("half_frame", "timeout"), ("garbage_frame", "Attacker: reward worker sent")])
+@pytest.mark.parametrize("how,says", [("half_frame", "timeout"), ("garbage_frame", None)])
 def test_a_broken_frame_fails_its_call_alone(attack, how, says):
+    """A call's process holds no pipe to the actor: what it writes there goes nowhere (on the code
+    before, half a frame blocked the request, a garbage frame failed the pool)."""
     for attacked in attack(how, reward_timeout_s=1):
-        assert all(s.failed and says in s.error for s in attacked), attacked
+        if says is None:
+            assert all(s.reward == 0.0 and not s.failed for s in attacked), attacked
+        else:
+            assert all(s.failed and says in s.error for s in attacked), attacked
 
 
 def test_memory_outside_the_heap_is_refused(attack):

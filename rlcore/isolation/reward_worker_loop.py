@@ -5,27 +5,35 @@ A worker serves batches: the parent sends the calls one request needs in one mes
 runs them one after another and sends all their outcomes back in one message. Between two calls
 it publishes which call it is on and since when (`progress`, shared memory), so the parent can
 move the rest of a batch away from a call that overruns (and kill it at its deadline) without a
-message per call. After every call the worker puts itself back as it was when it started:
+message per call. Each call runs in a process of its own, forked from the worker
+(:func:`run_forked`), so the worker itself never runs reward code and every call starts from its
+state (issue 54):
 
+- the call's process holds no descriptor to the actor (it cannot write a frame) and writes its
+  outcome, as a reply's row, on a pipe of its own, which the worker reads and checks: no call
+  can write another call's outcome;
+- what the call changes in memory (its class or module, objects mutated in place, a patched
+  worker loop, writes through ctypes, the working directory, signal handlers, resource limits,
+  descriptors) dies with its process; the worker is not dumpable and holds no CAP_SYS_PTRACE
+  (its filter refuses ptrace), so a call cannot write the worker's memory either;
 - whatever the call started (children, their children, double-forked daemons) is killed: the
   worker is its PID namespace's init (or else a child subreaper), so orphans of the call's
   processes become its children and none escapes;
-- what it changed in the process is put back (:mod:`rlcore.isolation.reward_worker_home`: the working
-  directory, `os.environ`, `sys.path`, signal handlers, umask, resource limits, patched modules...);
 - a call that exceeds the memory bound (RLIMIT_DATA: what the worker had at start plus the
-  bound) fails with a line naming the bound, and the worker retires (its leaked memory goes with
-  it);
-- an outcome whose value pickles to more than `RESULT_LIMIT` bytes becomes an error.
+  bound) fails with a line naming the bound;
+- an outcome whose value is not plain data or would not fit a reply becomes an error.
+
+A fork per call costs what a warm process's fork costs (see docs/benchmarks.md, issue 54); it
+buys a boundary that no check of the process after a call can give (ctypes writes anything).
 
 Outcomes finished before a call that overruns need not wait for it: the parent, when it moves
 the rest of a batch away from an overrun, asks with `FLUSH_SIGNAL`, and the worker sends the
 outcomes it has not sent yet at once (a reply that is not the batch's last; each reply says
-where in the batch its outcomes start). A call blocked in C delays that until its deadline, and
-the signal restarts the system calls it interrupts (no EINTR for C code that calls libc itself).
+where in the batch its outcomes start). The signal reaches the worker, never the call's process.
 
-A call that misses its deadline is first asked to stop (`ABANDON_SIGNAL` raises
-:class:`CallAbandoned` in it); a worker whose call stops so is reused, so a storm of hung calls
-costs forks only while they overlap, not a kill and a fork per call.
+A call that misses its deadline is ended by its worker (`ABANDON_SIGNAL`: the worker kills the
+call's process, whatever it runs, C included) and the worker is reused, so a storm of hung calls
+costs workers only while they overlap, not a kill and a new worker per call.
 
 Between the worker and the actor sits a keeper process (:func:`keep`), which puts the worker in a
 PID namespace of its own (:mod:`rlcore.isolation.reward_worker_ns`: a reward cannot signal the actor;
@@ -64,8 +72,8 @@ first), when that call started (time.monotonic, shared by all processes), the la
 start (the parent lowers it to move the rest of the batch elsewhere), the worker's pid (as the
 actor sees it), the namespaces it runs in (:mod:`rlcore.isolation.reward_worker_ns`, -1 until known)."""
 ABANDON_SIGNAL = signal.SIGUSR1
-"""What the actor sends a worker whose call missed its deadline: a call in Python code ends at its
-next bytecode (sleeps too) and the worker is reused; one blocked in C is killed after a grace."""
+"""What the actor sends a worker whose call missed its deadline: the worker kills the call's
+process and is reused."""
 FLUSH_SIGNAL = signal.SIGUSR2
 """What the actor sends a worker whose running call overruns: send the outcomes finished so far
 (they would otherwise wait for that call's end, up to its deadline)."""
