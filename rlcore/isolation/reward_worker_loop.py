@@ -224,17 +224,20 @@ def run_forked(owner: Any, blob: bytes, pipe_fd: int, progress_fd: int = -1) -> 
     r, w = os.pipe()
     pid = os.fork()
     if pid == 0:  # the call's process
+        exit_ = os._exit  # what sends its outcome, as it was before the call (which may patch them)
         try:
+            dumps, write, row = json.dumps, os.write, encode_row
             os.close(r)
             os.close(pipe_fd)
+            os.setpgid(0, 0)  # killpg(0) from the call reaches the call alone
             _child[0] = 0
             _batch.update(conn=None, outs=[], sent=0)
             out = run_one(owner, blob)
-            data = json.dumps(encode_row(out), allow_nan=True).encode()
+            data = dumps(row(out), allow_nan=True).encode()
             while data:
-                data = data[os.write(w, data):]
+                data = data[write(w, data):]
         finally:
-            os._exit(0)
+            exit_(0)
     os.close(w)
     _abandoned[0] = False
     _child[0] = pid
