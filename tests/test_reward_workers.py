@@ -214,9 +214,9 @@ def test_overrunning_calls_overlap_instead_of_queueing(env_of, tmp_path):
 
 
 @pytest.mark.parametrize("behaviour,expect", [
-    ("exit", "reward worker exited (code 7) during this call"),
+    ("exit", "the reward's process exited with code 7 before it sent an outcome"),
     ("huge", "bytes as JSON (limit 1048576)"),
-    ("close_fds", "the reward closed its worker's pipe to the actor"),
+    ("close_fds", "the reward's process exited with code 0 before it sent an outcome"),  # its own pipe
 ])
 def test_each_fault_of_user_code_costs_its_own_sample(env_of, behaviour, expect):
     env = env_of(behaviour)

@@ -51,6 +51,7 @@ import json
 import os
 import pickle
 import resource
+import select
 import signal
 import socket
 import sys
@@ -217,10 +218,10 @@ _abandoned = [False]
 
 def run_forked(owner: Any, blob: bytes, pipe_fd: int, progress_fd: int = -1) -> Outcome:
     """One call in a fork of this worker: the child holds no descriptor to the actor (it cannot
-    write a frame), runs the call, writes its outcome row (JSON) on a pipe of its own and exits,
-    so nothing the call changes in memory (class or module state, objects mutated in place, ctypes
-    writes, a patched worker loop) outlives it. Its outcome is what this process reads from that
-    pipe, checked like the actor checks a reply's rows."""
+    write a frame), runs the call, writes its outcome row (length-prefixed JSON) on a pipe of its
+    own and exits, so nothing the call changes in memory (class or module state, objects mutated
+    in place, ctypes writes, a patched worker loop) outlives it. Its outcome is what this process
+    reads from that pipe by the time the child ended, checked like the actor checks a reply's rows."""
     r, w = os.pipe()
     pid = os.fork()
     if pid == 0:  # the call's process
@@ -234,6 +235,10 @@ def run_forked(owner: Any, blob: bytes, pipe_fd: int, progress_fd: int = -1) -> 
             _batch.update(conn=None, outs=[], sent=0)
             out = run_one(owner, blob)
             data = dumps(row(out), allow_nan=True).encode()
+            if len(data) > FRAME_LIMIT // 2:
+                data = dumps([None, f"reward returned a value of {len(data)} bytes as JSON (limit {FRAME_LIMIT})",
+                              out.output[:1024]]).encode()
+            data = len(data).to_bytes(4, "big") + data
             while data:
                 data = data[write(w, data):]
         finally:
@@ -241,32 +246,51 @@ def run_forked(owner: Any, blob: bytes, pipe_fd: int, progress_fd: int = -1) -> 
     os.close(w)
     _abandoned[0] = False
     _child[0] = pid
-    chunks, size = [], 0
     try:
-        while size <= FRAME_LIMIT:
-            chunk = os.read(r, 1 << 16)
-            if not chunk:
-                break
-            chunks.append(chunk)
-            size += len(chunk)
+        data = _read_outcome(r, pid)
     finally:
         os.close(r)
         _child[0] = 0
-    if size > FRAME_LIMIT:
-        os.kill(pid, signal.SIGKILL)
     _, status = os.waitpid(pid, 0)
     if _abandoned[0]:
         return Outcome(error="CallAbandoned: abandoned at its deadline")
-    if size > FRAME_LIMIT:
-        return Outcome(error=f"the reward's process sent an outcome of more than {FRAME_LIMIT} bytes")
-    try:
-        return decode_row(json.loads(b"".join(chunks)))
-    except BadReply as exc:
-        return Outcome(error=f"the reward's process sent {exc}")
-    except (ValueError, RecursionError):
+    size = int.from_bytes(data[:4], "big") if len(data) >= 4 else -1
+    if size < 0 or len(data) != 4 + size:
         how = (f"exited with code {os.WEXITSTATUS(status)}" if os.WIFEXITED(status)
                else f"was killed by signal {os.WTERMSIG(status)}")
         return Outcome(error=f"the reward's process {how} before it sent an outcome")
+    try:
+        return decode_row(json.loads(data[4:]))
+    except BadReply as exc:
+        return Outcome(error=f"the reward's process sent {exc}")
+    except (ValueError, RecursionError) as exc:
+        return Outcome(error=f"the reward's process sent an outcome that is not JSON ({exc})")
+
+
+def _read_outcome(r: int, pid: int) -> bytes:
+    """What the call's process `pid` wrote on `r`: up to one whole length-prefixed outcome, read
+    until it is whole or the process ended (a process the call started may hold the pipe open)."""
+    data = bytearray()
+    pidfd = os.pidfd_open(pid)
+    try:
+        while True:
+            readable, _, _ = select.select([r, pidfd], [], [])
+            if r in readable:
+                chunk = os.read(r, 1 << 16)
+                data += chunk
+                whole = len(data) >= 4 and len(data) >= 4 + int.from_bytes(data[:4], "big")
+                if not chunk or whole or len(data) > FRAME_LIMIT:
+                    return bytes(data)
+                continue
+            os.set_blocking(r, False)  # it ended: take what it wrote, if any
+            try:
+                while len(data) <= FRAME_LIMIT and (chunk := os.read(r, 1 << 16)):
+                    data += chunk
+            except BlockingIOError:
+                pass
+            return bytes(data)
+    finally:
+        os.close(pidfd)
 
 
 class CallAbandoned(BaseException):
