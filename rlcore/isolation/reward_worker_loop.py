@@ -227,7 +227,7 @@ def run_forked(owner: Any, blob: bytes, pipe_fd: int, progress_fd: int = -1) -> 
     if pid == 0:  # the call's process
         exit_ = os._exit  # what sends its outcome, as it was before the call (which may patch them)
         try:
-            dumps, write, row = json.dumps, os.write, encode_row
+            dumps, write, row, length = json.dumps, os.write, encode_row, len
             os.close(r)
             os.close(pipe_fd)
             os.setpgid(0, 0)  # killpg(0) from the call reaches the call alone
@@ -235,10 +235,10 @@ def run_forked(owner: Any, blob: bytes, pipe_fd: int, progress_fd: int = -1) -> 
             _batch.update(conn=None, outs=[], sent=0)
             out = run_one(owner, blob)
             data = dumps(row(out), allow_nan=True).encode()
-            if len(data) > FRAME_LIMIT // 2:
-                data = dumps([None, f"reward returned a value of {len(data)} bytes as JSON (limit {FRAME_LIMIT})",
+            if length(data) > FRAME_LIMIT // 2:
+                data = dumps([None, f"reward returned a value of {length(data)} bytes as JSON (limit {FRAME_LIMIT})",
                               out.output[:1024]]).encode()
-            data = len(data).to_bytes(4, "big") + data
+            data = length(data).to_bytes(4, "big") + data
             while data:
                 data = data[write(w, data):]
         finally:
