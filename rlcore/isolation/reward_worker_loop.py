@@ -1,5 +1,6 @@
 """The reward worker process: what runs after the fork (:mod:`rlcore.isolation.reward_workers` is
-the parent's side).
+the parent's side). Over 400 lines: the keeper, the loop, the call's process and the signals
+between them are one protocol, read together.
 
 A worker serves batches: the parent sends the calls one request needs in one message, the worker
 runs them one after another and sends all their outcomes back in one message. Between two calls
@@ -230,6 +231,8 @@ def run_forked(owner: Any, blob: bytes, pipe_fd: int, progress_fd: int = -1) -> 
             dumps, write, row, length = json.dumps, os.write, encode_row, len
             os.close(r)
             os.close(pipe_fd)
+            if progress_fd >= 0:
+                os.close(progress_fd)  # no record lock on the progress for the call (its mapping stays)
             os.setpgid(0, 0)  # killpg(0) from the call reaches the call alone
             _child[0] = 0
             _batch.update(conn=None, outs=[], sent=0)
