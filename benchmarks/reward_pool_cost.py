@@ -4,9 +4,11 @@ noisy on a shared machine to see 10%.
 
 `env.score_all` of 128 reverse_text answers (16 tasks x 8), the environment's own pool (workers
 from its zygote, warm after 5 rounds), 40 timed rounds; prints the median microseconds per sample.
-Run it alternately in two checkouts (`PYTHONPATH=<checkout>`) and compare the medians of the runs:
+Run it alternately in two checkouts and compare the medians of the runs. Run each from inside its
+checkout (`cd`): the pool's zygote is `python -c` in the current directory, which comes before
+PYTHONPATH on its sys.path, so a run from another checkout measures that checkout's workers:
 
-    for i in 1 2 3 4 5; do PYTHONPATH=/tmp/base python benchmarks/reward_pool_cost.py; \\
+    for i in 1 2 3 4 5; do (cd /tmp/base && PYTHONPATH=. python benchmarks/reward_pool_cost.py); \\
         PYTHONPATH=. python benchmarks/reward_pool_cost.py; done
 """
 

@@ -1,7 +1,7 @@
 """Reward workers as a boundary (issue 54): what a reward does reaches neither the rollout actor
 (its reply is data, parsed without pickle; signals go through pidfds; deadlines are the actor's),
-nor another task's samples (replies are bound to their batch; a worker whose state a call changed
-is retired), nor memory past its bound, nor the cluster. Task 0's reward attacks; every other
+nor another call's outcome (each call runs in a process of its own, forked from its worker, which
+holds no descriptor to the actor; replies are bound to their batch), nor memory past its bound, nor the cluster. Task 0's reward attacks; every other
 sample's honest score (0.0) must stay, round after round, for both starters."""
 
 import ctypes
@@ -24,6 +24,10 @@ from tests.test_reward_workers import scored, started_by
 MARK = "/tmp/rlcore-boundary-mark"
 PATCHED = {"on": False}
 """A module global a reward patches (read by every call)."""
+SHARED = [0.0]
+"""A module global a reward mutates in place (its identity unchanged)."""
+BASE = float("0")
+"""A float object of its own, which a reward overwrites through ctypes."""
 
 
 class Pwn:
@@ -66,7 +70,7 @@ class Attacker(Scored):
     def reward(self, task, completion):
         if task.id != "t/0":  # honest: reads a file (needs a descriptor) and scores 0.0
             os.close(os.open("/dev/null", os.O_RDONLY))
-            return 0.0 + type(self).bonus + (1.0 if PATCHED["on"] else 0.0)
+            return BASE + SHARED[0] + type(self).bonus + (1.0 if PATCHED["on"] else 0.0)
         b = self.behaviour
         if b == "reduce":
             return Pwn()
@@ -85,6 +89,27 @@ class Attacker(Scored):
                     _write_all(_frame(encode_reply(bid, [Outcome(value=1.0)] * 8, 0, True, False)))
             forge()
             threading.Thread(target=lambda: (time.sleep(0.3), forge()), daemon=True).start()
+            return 0.0
+        if b == "forge_batch":  # this batch's next outcomes, on the pipe, ahead of the worker's own reply
+            from rlcore.isolation import reward_worker_loop as loop
+            from rlcore.isolation.reward_reply import encode_reply
+            from rlcore.isolation.safety import Outcome
+
+            sent = loop._batch["sent"]
+            _write_all(_frame(encode_reply(loop._batch["id"], [Outcome(value=1.0)] * (8 - sent), sent, False, False)))
+            time.sleep(0.5)  # the actor reads it alone
+            return 0.0
+        if b == "patch_loop":  # the worker's own loop, past the attribute journal: later calls score 1.0
+            from rlcore.isolation import reward_worker_loop as loop
+            from rlcore.isolation.safety import Outcome
+
+            vars(loop)["run_one"] = lambda owner, blob: Outcome(value=1.0)
+            return 0.0
+        if b == "mutate_shared":  # in place: the list is the same object
+            SHARED[0] = 1.0
+            return 0.0
+        if b == "ctypes":  # the float every honest call adds, rewritten in memory
+            ctypes.c_double.from_address(id(BASE) + 16).value = 1.0
             return 0.0
         if b == "patch_class":
             type(self).bonus = 1.0
@@ -196,6 +221,15 @@ def test_state_a_reward_leaves_in_its_class_or_module_reaches_no_other_task(atta
     attack(how, rounds=3)
 
 
+@pytest.mark.parametrize("how", ["forge_batch", "patch_loop", "mutate_shared", "ctypes"])
+def test_a_reward_cannot_forge_another_call_of_its_batch(attack, how):
+    """Each call runs in a process of its own, forked from its worker: frames written on a pipe it
+    does not hold, a patched worker loop, an object mutated in place or memory written through
+    ctypes reach no other call (the batch's calls after it, or a later batch's)."""
+    for attacked in attack(how, rounds=2):
+        assert all(s.reward == 0.0 and not s.failed for s in attacked), [(s.reward, s.error) for s in attacked]
+
+
 def test_progress_memory_names_no_process_and_moves_no_deadline(attack):
     victim = subprocess.Popen(["sleep", "120"])
     try:
@@ -209,10 +243,15 @@ def test_progress_memory_names_no_process_and_moves_no_deadline(attack):
         victim.wait()
 
 
-@pytest.mark.parametrize("how,says", [("half_frame", "timeout"), ("garbage_frame", "Attacker: reward worker sent")])
+@pytest.mark.parametrize("how,says", [("half_frame", "timeout"), ("garbage_frame", None)])
 def test_a_broken_frame_fails_its_call_alone(attack, how, says):
+    """A call's process holds no pipe to the actor: what it writes there goes nowhere (on the code
+    before, half a frame blocked the request, a garbage frame failed the pool)."""
     for attacked in attack(how, reward_timeout_s=1):
-        assert all(s.failed and says in s.error for s in attacked), attacked
+        if says is None:
+            assert all(s.reward == 0.0 and not s.failed for s in attacked), attacked
+        else:
+            assert all(s.failed and says in s.error for s in attacked), attacked
 
 
 def test_memory_outside_the_heap_is_refused(attack):
@@ -273,10 +312,11 @@ print(json.dumps({"rounds": rounds, "victim_alive": victim is None or victim.pol
 
 
 @pytest.mark.parametrize("starter", ["zygote", "fork"])
-@pytest.mark.parametrize("attack", ["forge_later", "progress", "memory"])
+@pytest.mark.parametrize("attack", ["forge_later", "ctypes", "progress", "memory"])
 def test_as_an_ordinary_uid(attack, starter):
     """Attacks by a stand-in actor run as uid 65534 (`setpriv`, as tests/test_reward_worker_signals.py
-    does): forged replies, a pid and start time in progress memory, memory outside the heap (the
+    does): forged replies, memory written through ctypes, a pid and start time in progress memory,
+    memory outside the heap (the
     others do not depend on the uid: run as root above, kept out here for the suite's time)."""
     from tests.test_reward_worker_signals import ROOT, USER, USER_PYTHON
 

@@ -36,7 +36,7 @@ class Attacker(Scored):
         if task.id != "t/0":
             return 1.0
         b = self.behaviour
-        if b in ("kill_all", "killpg_own", "kill_parent") and os.getpid() != 1:
+        if b in ("kill_all", "killpg_own", "kill_parent") and os.getppid() != 1:
             # these reach far beyond the actor outside a PID namespace: never tried there
             raise RuntimeError("not isolated: the reward worker shares the actor's PID namespace")
         if b == "kill_actor":  # its pid, as a reward finds it in /proc
@@ -56,8 +56,8 @@ class Attacker(Scored):
             os.killpg(0, signal.SIGKILL)
         elif b == "kill_parent":
             os.kill(os.getppid(), signal.SIGKILL)
-        elif b == "kill_keeper":  # where the worker shares the actor's namespace: its keeper
-            if os.getpid() == 1:
+        elif b == "kill_keeper":  # where the worker shares the actor's namespace: its parent, the worker
+            if os.getppid() == 1:
                 raise RuntimeError("isolated: this attack is for a worker without a namespace")
             os.kill(os.getppid(), signal.SIGKILL)
         time.sleep(0.5)  # a signal that hit the actor has landed by now
@@ -78,8 +78,10 @@ ATTACKS = {
     "killpg_actor": "reward: ProcessLookupError",
     "pidfd": "reward: OSError: [Errno 22]",  # a process outside the caller's namespace
     "kill_all": "reward: ProcessLookupError",  # the worker's namespace holds no one else to signal
-    # these reach the worker alone (its namespace's init, which ignores them): the call is scored
-    "killpg_own": None, "kill_parent": None,  # os.getppid() is 0 in the namespace's init
+    # the call's own process group: the call alone (its own process, forked from the worker)
+    "killpg_own": "reward: the reward's process was killed by signal 9",
+    # its parent is the worker, its namespace's init, which ignores it: the call is scored
+    "kill_parent": None,
 }
 """What each attack's sample says: the start of its error, None if it is scored."""
 
@@ -119,8 +121,8 @@ def test_a_reward_cannot_signal_the_rollout_actor(who, attack, starter):
 
 def test_without_a_namespace_a_warning_says_so_and_a_reward_that_kills_its_parent_is_named(monkeypatch, caplog):
     """Where `unshare` is refused (here: made to be) the workers share the actor's namespace: the
-    run says so once, and a reward that kills its parent kills the worker's keeper, not the
-    scoring process; the sample names it."""
+    run says so once, and a reward that kills its parent kills its worker, not the scoring
+    process; the sample names it."""
     monkeypatch.setattr(reward_worker_ns, "enter", lambda *a: reward_worker_ns.NONE)
     env = started_by(Attacker("kill_keeper", reward_timeout_s=10), "fork")  # the patch holds in forks only
     try:
@@ -129,6 +131,6 @@ def test_without_a_namespace_a_warning_says_so_and_a_reward_that_kills_its_paren
     finally:
         env.reward_pool().close()
     for attacked, other in rounds:
-        assert attacked.failed and "the reward signalled its process's parent (signal 9)" in attacked.error
+        assert attacked.failed and "reward worker killed by signal 9 during this call" in attacked.error
         assert (other.reward, other.failed) == (1.0, False)
     assert sum("could not get a PID namespace" in r.getMessage() for r in caplog.records) == 1

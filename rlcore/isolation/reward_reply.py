@@ -52,20 +52,24 @@ def plain_value(value: Any, depth: int = 0) -> Any:
                         "list or dict of them)") from None
 
 
+def encode_row(out: Outcome) -> list:
+    """One outcome as a reply's row ``[value, error, output]``; a value that is not plain data
+    becomes its call's error."""
+    error, value = out.error, out.value
+    if error is not None:
+        value, error = None, error[:TEXT_LIMIT]
+    elif type(value) is not float:  # a float (the usual reward) is plain already
+        try:
+            value = plain_value(value)
+        except (TypeError, RecursionError) as exc:
+            value, error = None, f"reward value cannot be sent back: {exc}"
+    return [value, error, out.output[:TEXT_LIMIT]]
+
+
 def encode_reply(batch: int, outs: list[Outcome], start: int, final: bool, retire: bool) -> bytes:
     """The body of a reply (the caller frames it); an outcome whose value is not plain data, or
     that would make the reply too long, becomes its call's error."""
-    rows = []
-    for out in outs:
-        error, value = out.error, out.value
-        if error is not None:
-            value, error = None, error[:TEXT_LIMIT]
-        elif type(value) is not float:  # a float (the usual reward) is plain already
-            try:
-                value = plain_value(value)
-            except (TypeError, RecursionError) as exc:
-                value, error = None, f"reward value cannot be sent back: {exc}"
-        rows.append([value, error, out.output[:TEXT_LIMIT]])
+    rows = [encode_row(out) for out in outs]
     body = {"batch": batch, "start": start, "final": final, "retire": retire, "outs": rows}
     data = json.dumps(body, allow_nan=True).encode()
     if len(data) <= FRAME_LIMIT - 64 * len(rows) - 256:
@@ -107,20 +111,23 @@ def decode_reply(data: bytes) -> dict:
     if not (type(batch) is int and type(start) is int and start >= 0 and type(final) is bool
             and type(retire) is bool and isinstance(rows, list)):
         raise BadReply("a reply whose fields have the wrong types")
-    outs = []
-    for row in rows:
-        if type(row) is not list or len(row) != 3:
-            raise BadReply("an outcome that is not [value, error, output]")
-        value, error, output = row
-        if not (error is None or type(error) is str) or type(output) is not str:
-            raise BadReply("an outcome whose fields have the wrong types")
-        if type(value) is not float:
-            try:
-                _check_plain(value)
-            except RecursionError:
-                raise BadReply("a value nests too deeply") from None
-        outs.append(Outcome(value=value, error=error, output=output))
+    outs = [decode_row(row) for row in rows]
     return {"batch": batch, "start": start, "final": final, "retire": retire, "outs": outs}
+
+
+def decode_row(row: Any) -> Outcome:
+    """A reply's row ``[value, error, output]`` as an Outcome; BadReply when it is not one."""
+    if type(row) is not list or len(row) != 3:
+        raise BadReply("an outcome that is not [value, error, output]")
+    value, error, output = row
+    if not (error is None or type(error) is str) or type(output) is not str:
+        raise BadReply("an outcome whose fields have the wrong types")
+    if type(value) is not float:
+        try:
+            _check_plain(value)
+        except RecursionError:
+            raise BadReply("a value nests too deeply") from None
+    return Outcome(value=value, error=error, output=output)
 
 
 class StaleReply(BadReply):

@@ -1,31 +1,40 @@
 """The reward worker process: what runs after the fork (:mod:`rlcore.isolation.reward_workers` is
-the parent's side).
+the parent's side). Over 400 lines: the keeper, the loop, the call's process and the signals
+between them are one protocol, read together.
 
 A worker serves batches: the parent sends the calls one request needs in one message, the worker
 runs them one after another and sends all their outcomes back in one message. Between two calls
 it publishes which call it is on and since when (`progress`, shared memory), so the parent can
 move the rest of a batch away from a call that overruns (and kill it at its deadline) without a
-message per call. After every call the worker puts itself back as it was when it started:
+message per call. Each call runs in a process of its own, forked from the worker
+(:func:`run_forked`), so the worker itself never runs reward code and every call starts from its
+state (issue 54):
 
+- the call's process holds no descriptor to the actor (it cannot write a frame) and writes its
+  outcome, as a reply's row, on a pipe of its own, which the worker reads and checks: no call
+  can write another call's outcome;
+- what the call changes in memory (its class or module, objects mutated in place, a patched
+  worker loop, writes through ctypes, the working directory, signal handlers, resource limits,
+  descriptors) dies with its process; the worker is not dumpable and holds no CAP_SYS_PTRACE
+  (its filter refuses ptrace), so a call cannot write the worker's memory either;
 - whatever the call started (children, their children, double-forked daemons) is killed: the
   worker is its PID namespace's init (or else a child subreaper), so orphans of the call's
   processes become its children and none escapes;
-- what it changed in the process is put back (:mod:`rlcore.isolation.reward_worker_home`: the working
-  directory, `os.environ`, `sys.path`, signal handlers, umask, resource limits, patched modules...);
 - a call that exceeds the memory bound (RLIMIT_DATA: what the worker had at start plus the
-  bound) fails with a line naming the bound, and the worker retires (its leaked memory goes with
-  it);
-- an outcome whose value pickles to more than `RESULT_LIMIT` bytes becomes an error.
+  bound) fails with a line naming the bound;
+- an outcome whose value is not plain data or would not fit a reply becomes an error.
+
+A fork per call costs what a warm process's fork costs (see docs/benchmarks.md, issue 54); it
+buys a boundary that no check of the process after a call can give (ctypes writes anything).
 
 Outcomes finished before a call that overruns need not wait for it: the parent, when it moves
 the rest of a batch away from an overrun, asks with `FLUSH_SIGNAL`, and the worker sends the
 outcomes it has not sent yet at once (a reply that is not the batch's last; each reply says
-where in the batch its outcomes start). A call blocked in C delays that until its deadline, and
-the signal restarts the system calls it interrupts (no EINTR for C code that calls libc itself).
+where in the batch its outcomes start). The signal reaches the worker, never the call's process.
 
-A call that misses its deadline is first asked to stop (`ABANDON_SIGNAL` raises
-:class:`CallAbandoned` in it); a worker whose call stops so is reused, so a storm of hung calls
-costs forks only while they overlap, not a kill and a fork per call.
+A call that misses its deadline is ended by its worker (`ABANDON_SIGNAL`: the worker kills the
+call's process, whatever it runs, C included) and the worker is reused, so a storm of hung calls
+costs workers only while they overlap, not a kill and a new worker per call.
 
 Between the worker and the actor sits a keeper process (:func:`keep`), which puts the worker in a
 PID namespace of its own (:mod:`rlcore.isolation.reward_worker_ns`: a reward cannot signal the actor;
@@ -38,22 +47,21 @@ is seen too).
 from __future__ import annotations
 
 import ctypes
+import gc
 import json
 import os
 import pickle
 import resource
+import select
 import signal
 import socket
-import stat
 import sys
-import threading
 import time
 from typing import Any
 
 from rlcore.isolation import reward_worker_ns as ns
 from rlcore.isolation import reward_worker_walls as walls
-from rlcore.isolation.reward_reply import encode_reply
-from rlcore.isolation.reward_worker_home import Home, recording
+from rlcore.isolation.reward_reply import FRAME_LIMIT, BadReply, decode_row, encode_reply, encode_row
 from rlcore.isolation.safety import Outcome, _describe, _Sink
 
 PR_SET_PDEATHSIG = 1
@@ -66,8 +74,8 @@ first), when that call started (time.monotonic, shared by all processes), the la
 start (the parent lowers it to move the rest of the batch elsewhere), the worker's pid (as the
 actor sees it), the namespaces it runs in (:mod:`rlcore.isolation.reward_worker_ns`, -1 until known)."""
 ABANDON_SIGNAL = signal.SIGUSR1
-"""What the actor sends a worker whose call missed its deadline: a call in Python code ends at its
-next bytecode (sleeps too) and the worker is reused; one blocked in C is killed after a grace."""
+"""What the actor sends a worker whose call missed its deadline: the worker kills the call's
+process and is reused."""
 FLUSH_SIGNAL = signal.SIGUSR2
 """What the actor sends a worker whose running call overruns: send the outcomes finished so far
 (they would otherwise wait for that call's end, up to its deadline)."""
@@ -158,9 +166,9 @@ def serve(conn, owner: Any, progress, lock, memory_mb: int, namespace_init: bool
     progress[WORKER_PID] = ns.host_pid()
     signal.signal(ABANDON_SIGNAL, _abandon)
     signal.signal(FLUSH_SIGNAL, _flush)
-    # a call blocked in a restartable system call stays there (the kernel restarts it) rather than
-    # seeing EINTR, which C code that calls libc itself need not handle: the flush waits instead
-    signal.siginterrupt(FLUSH_SIGNAL, False)
+    # the flush interrupts the worker's own wait for a call's outcome (Python retries it after the
+    # handler); a call runs in a process of its own, which the actor never signals
+    signal.siginterrupt(FLUSH_SIGNAL, True)
     devnull = os.open(os.devnull, os.O_RDWR)
     for fd in (0, 1, 2):  # not the actor's terminal or log files
         os.dup2(devnull, fd)
@@ -168,15 +176,15 @@ def serve(conn, owner: Any, progress, lock, memory_mb: int, namespace_init: bool
     limit_memory(memory_mb)
     walls.limit_descriptors()
     walls.refuse_unbounded_memory(network)
-    home = Home()
-    state = walls.OwnerState(owner)
+    walls.keep_calls_out_of_the_worker()
+    gc.freeze()  # what the worker has now is never collected: a call's process copies fewer pages
     while True:
         try:
             batch_id, batch = pickle.loads(conn.recv_bytes())  # from the actor: trusted
         except (EOFError, OSError):
             os._exit(0)
         _batch.update(conn=conn, outs=[], sent=0, id=batch_id)
-        outs, retire = run_batch(owner, batch, progress, lock, home, memory_mb, conn.fileno(), _batch["outs"], state)
+        outs, retire = run_batch(owner, batch, progress, lock, memory_mb, conn.fileno(), _batch["outs"])
         try:
             conn.send_bytes(encode(outs[_batch["sent"]:], retire, _batch["sent"], final=True))
         except Exception:  # the call closed the pipe: the actor sees this worker die during it
@@ -185,36 +193,107 @@ def serve(conn, owner: Any, progress, lock, memory_mb: int, namespace_init: bool
             os._exit(0)
 
 
-def run_batch(owner: Any, batch: list[bytes], progress, lock, home: Home, memory_mb: int,
-              pipe_fd: int, outs: list[Outcome], state: "walls.OwnerState | None" = None) -> tuple[list, bool]:
-    """Run the batch's calls in order until the parent's cut, appending each outcome to `outs`;
-    (outs, whether to retire). Exits at once (EXIT_PIPE_LOST) after a call that closed the pipe,
-    so the actor blames it."""
+def run_batch(owner: Any, batch: list[bytes], progress, lock, memory_mb: int, pipe_fd: int,
+              outs: list[Outcome]) -> tuple[list, bool]:
+    """Run the batch's calls in order until the parent's cut, each in a process of its own
+    (:func:`run_forked`), appending each outcome to `outs`; (outs, whether to retire: never, the
+    worker itself runs no reward code)."""
     for k, blob in enumerate(batch):
         with lock:
             if k > progress[CUT]:
                 break
             progress[CURRENT], progress[STARTED] = k, time.monotonic()
-        out = run_one(owner, blob)
-        unrestored = home.restore()
+        out = run_forked(owner, blob, pipe_fd, progress.fd)
         end_descendants()
-        try:
-            if not stat.S_ISSOCK(os.fstat(pipe_fd).st_mode):
-                os._exit(EXIT_PIPE_LOST)
-        except OSError:
-            os._exit(EXIT_PIPE_LOST)
-        outs.append(out)
         if out.error is not None and out.error.startswith("MemoryError"):
             out.error = (f"reward exceeded the reward worker's memory bound (env.args.reward_memory_mb={memory_mb}): "
                          f"{out.error}")
-            return outs, True
-        if unrestored is not None:  # the call itself is scored; the worker is not reused
-            return outs, True
-        # what a later call (of another task) must not meet: threads the call left running, the
-        # environment's class or module globals changed, descriptors near the limit
-        if threading.active_count() > 1 or (state is not None and state.changed()) or walls.near_fd_limit():
-            return outs, True
+        outs.append(out)
     return outs, False
+
+
+_child = [0]
+"""The pid of the process running the current call (0: none)."""
+_abandoned = [False]
+
+
+def run_forked(owner: Any, blob: bytes, pipe_fd: int, progress_fd: int = -1) -> Outcome:
+    """One call in a fork of this worker: the child holds no descriptor to the actor (it cannot
+    write a frame), runs the call, writes its outcome row (length-prefixed JSON) on a pipe of its
+    own and exits, so nothing the call changes in memory (class or module state, objects mutated
+    in place, ctypes writes, a patched worker loop) outlives it. Its outcome is what this process
+    reads from that pipe by the time the child ended, checked like the actor checks a reply's rows."""
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the call's process
+        exit_ = os._exit  # what sends its outcome, as it was before the call (which may patch them)
+        try:
+            dumps, write, row, length = json.dumps, os.write, encode_row, len
+            os.close(r)
+            os.close(pipe_fd)
+            if progress_fd >= 0:
+                os.close(progress_fd)  # no record lock on the progress for the call (its mapping stays)
+            os.setpgid(0, 0)  # killpg(0) from the call reaches the call alone
+            _child[0] = 0
+            _batch.update(conn=None, outs=[], sent=0)
+            out = run_one(owner, blob)
+            data = dumps(row(out), allow_nan=True).encode()
+            if length(data) > FRAME_LIMIT // 2:
+                data = dumps([None, f"reward returned a value of {length(data)} bytes as JSON (limit {FRAME_LIMIT})",
+                              out.output[:1024]]).encode()
+            data = length(data).to_bytes(4, "big") + data
+            while data:
+                data = data[write(w, data):]
+        finally:
+            exit_(0)
+    os.close(w)
+    _abandoned[0] = False
+    _child[0] = pid
+    try:
+        data = _read_outcome(r, pid)
+    finally:
+        os.close(r)
+        _child[0] = 0
+    _, status = os.waitpid(pid, 0)
+    if _abandoned[0]:
+        return Outcome(error="CallAbandoned: abandoned at its deadline")
+    size = int.from_bytes(data[:4], "big") if len(data) >= 4 else -1
+    if size < 0 or len(data) != 4 + size:
+        how = (f"exited with code {os.WEXITSTATUS(status)}" if os.WIFEXITED(status)
+               else f"was killed by signal {os.WTERMSIG(status)}")
+        return Outcome(error=f"the reward's process {how} before it sent an outcome")
+    try:
+        return decode_row(json.loads(data[4:]))
+    except BadReply as exc:
+        return Outcome(error=f"the reward's process sent {exc}")
+    except (ValueError, RecursionError) as exc:
+        return Outcome(error=f"the reward's process sent an outcome that is not JSON ({exc})")
+
+
+def _read_outcome(r: int, pid: int) -> bytes:
+    """What the call's process `pid` wrote on `r`: up to one whole length-prefixed outcome, read
+    until it is whole or the process ended (a process the call started may hold the pipe open)."""
+    data = bytearray()
+    pidfd = os.pidfd_open(pid)
+    try:
+        while True:
+            readable, _, _ = select.select([r, pidfd], [], [])
+            if r in readable:
+                chunk = os.read(r, 1 << 16)
+                data += chunk
+                whole = len(data) >= 4 and len(data) >= 4 + int.from_bytes(data[:4], "big")
+                if not chunk or whole or len(data) > FRAME_LIMIT:
+                    return bytes(data)
+                continue
+            os.set_blocking(r, False)  # it ended: take what it wrote, if any
+            try:
+                while len(data) <= FRAME_LIMIT and (chunk := os.read(r, 1 << 16)):
+                    data += chunk
+            except BlockingIOError:
+                pass
+            return bytes(data)
+    finally:
+        os.close(pidfd)
 
 
 class CallAbandoned(BaseException):
@@ -226,7 +305,15 @@ _in_call = [False]
 
 
 def _abandon(signum, frame) -> None:
-    # raises once, and only inside a call: the flag is cleared before the raise
+    # in the worker: the call's process dies (whatever it runs, C included) and the worker is reused
+    if _child[0]:
+        _abandoned[0] = True
+        try:
+            os.kill(_child[0], signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        return
+    # in a call's own process (a reward that signals itself): raises once, inside the call only
     if _in_call[0]:
         _in_call[0] = False
         raise CallAbandoned(f"abandoned at its deadline (signal {signum})")
@@ -237,9 +324,9 @@ _batch: dict[str, Any] = {"conn": None, "outs": [], "sent": 0, "id": 0}
 
 
 def _flush(signum, frame) -> None:
-    # only inside a call: between calls the main loop may be using the pipe itself
+    # only while a call's process runs: between calls the main loop may be using the pipe itself
     outs, sent = _batch["outs"], _batch["sent"]
-    if not _in_call[0] or len(outs) <= sent:
+    if not _child[0] or len(outs) <= sent:
         return
     # an abandon arriving mid-send would leave half a message on the pipe
     signal.pthread_sigmask(signal.SIG_BLOCK, {ABANDON_SIGNAL})
@@ -259,8 +346,7 @@ def run_one(owner: Any, blob: bytes) -> Outcome:
         name, args = pickle.loads(blob)
         try:
             _in_call[0] = True
-            with recording():
-                value = getattr(owner, name)(*args)
+            value = getattr(owner, name)(*args)
         finally:
             _in_call[0] = False
         out = Outcome(value=value)

@@ -3,8 +3,7 @@ addresses, memory no per-process bound counts, and a worker state that later cal
 
 - Descriptors: a keeper closes every descriptor but its pipe and progress (:func:`close_fds_but`:
   a fork of the actor would hold other workers' pipes and Ray's sockets); the worker's
-  RLIMIT_NOFILE is bounded (`NOFILE`) and a worker whose descriptors near it retires
-  (:func:`near_fd_limit`).
+  RLIMIT_NOFILE is bounded (`NOFILE`), and what a call opens closes with the call's process.
 - The cluster: Ray's variables and tokens leave the worker's environment (:func:`scrub_environment`);
   in a mount namespace (root, or an ordinary uid with user namespaces) Ray's session directories,
   `~/.ray` and the token file are hidden and /dev/shm is a tmpfs of its own bounded by
@@ -14,24 +13,21 @@ addresses, memory no per-process bound counts, and a worker state that later cal
   mappings, growing a pipe's buffer, and (without `reward_network`) sockets of any family but
   AF_UNIX and netlink (the worker's own network namespace), and `setns` (back into the host's namespaces). Not refused: new namespaces and mounts,
   so a reward can still run the sandbox (and a root reward can unmount what hides Ray's files).
-- State: :class:`OwnerState` notes the environment's instance, class (and bases) and module
-  namespaces by identity; a call that changed one retires its worker.
+- State: each call runs in a process of its own, forked from the worker
+  (:func:`rlcore.isolation.reward_worker_loop.run_forked`); the worker's own memory is out of its
+  reach (:func:`keep_calls_out_of_the_worker`, and ptrace refused by the filter).
 """
 
 from __future__ import annotations
 
 import ctypes
 import errno
-import operator
 import os
 import resource
 import sys
-from itertools import chain
 
 NOFILE = 4096
 """The worker's descriptor limit (soft and hard, where the hard limit allows)."""
-NOFILE_RETIRE = 0.75
-"""A worker whose lowest free descriptor passes this share of the limit retires."""
 KEEP_ENV = ("PATH", "HOME", "LANG", "LANGUAGE", "TERM", "TZ", "TMPDIR", "USER", "LOGNAME", "SHELL", "PWD",
             "VIRTUAL_ENV", "CONDA_PREFIX", "SSL_CERT_FILE", "SSL_CERT_DIR", "REQUESTS_CA_BUNDLE")
 """Variables kept whatever their name (with every LC_*, PYTHON*, OMP_*, MKL_*, HF_HOME/TRANSFORMERS_* paths)."""
@@ -129,49 +125,33 @@ def limit_descriptors() -> None:
         pass
 
 
-def near_fd_limit() -> bool:
-    """Whether this process's descriptors near its limit (the lowest free one is past
-    `NOFILE_RETIRE` of it: leaked descriptors fill the lowest numbers first). Two syscalls."""
-    try:
-        fd = os.dup(0)
-    except OSError:  # none left at all
-        return True
-    os.close(fd)
-    return fd > NOFILE_RETIRE * resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+PR_SET_DUMPABLE, PR_CAPBSET_DROP, CAP_SYS_PTRACE = 4, 24, 19
+_LINUX_CAPABILITY_VERSION_3 = 0x20080522
 
 
-class OwnerState:
-    """The environment's namespaces as the worker started: its instance's attributes, its class's
-    and its bases', and their modules' globals (by identity: a few microseconds a call)."""
-
-    def __init__(self, owner):
-        self.spaces = [owner.__dict__] if hasattr(owner, "__dict__") else []
-        for cls in type(owner).__mro__:
-            if cls is object:
-                continue
-            self.spaces.append(cls.__dict__)
-            module = sys.modules.get(cls.__module__)
-            if module is not None and module.__dict__ not in self.spaces:
-                self.spaces.append(module.__dict__)
-        self.views = [space.values() for space in self.spaces]  # live views: built once
-        self.sizes = list(map(len, self.views))
-        self.saved = list(chain.from_iterable(self.views))
-
-    def changed(self) -> bool:
-        """Whether a call set, replaced or removed a name in one of them (by identity, in one pass
-        in C: about 2 us for a few hundred names; a name replaced by another bound to the very
-        same object at the same place is not seen, and changes nothing a call can read)."""
-        if list(map(len, self.views)) != self.sizes:
-            return True
-        return not all(map(operator.is_, chain.from_iterable(self.views), self.saved))
+def keep_calls_out_of_the_worker() -> None:
+    """Make this process's memory unreachable from the processes it forks for its calls: not
+    dumpable (its /proc files need CAP_SYS_PTRACE) and without CAP_SYS_PTRACE (its children have
+    it neither: /proc/<worker>/mem stays closed to a root reward). ptrace itself is refused by the
+    worker's filter. Best effort where the process lacks the right to drop a capability."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
+    libc.prctl(PR_CAPBSET_DROP, CAP_SYS_PTRACE, 0, 0, 0)
+    header = (ctypes.c_uint32 * 2)(_LINUX_CAPABILITY_VERSION_3, 0)
+    data = (ctypes.c_uint32 * 6)()
+    if libc.capget(header, data) == 0:
+        for i in (0, 1, 2):  # effective, permitted, inheritable (low words)
+            data[i] &= ~(1 << CAP_SYS_PTRACE) & 0xFFFFFFFF
+        libc.capset(header, data)
 
 
 # seccomp, as the sandbox builds it (rlcore.sandbox.seccomp), for the worker itself
 SECCOMP_SET_MODE_FILTER, PR_SET_NO_NEW_PRIVS = 1, 38
 MAP_SHARED, MAP_ANONYMOUS = 0x01, 0x20
 MEMORY_REFUSED = ("memfd_create", "memfd_secret", "shmget", "shmat", "msgget", "semget", "mq_open")
-WALL_REFUSED = ("setns",)
-"""Refused too: re-entering the host's namespaces through /proc/<pid>/ns (a root reward could)."""
+WALL_REFUSED = ("setns", "ptrace", "process_vm_writev", "process_vm_readv")
+"""Refused too: re-entering the host's namespaces through /proc/<pid>/ns (a root reward could), and
+reaching another process's memory (the worker's, from a call's process)."""
 _FILTERS: dict[bool, bytes] = {}
 
 

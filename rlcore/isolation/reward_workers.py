@@ -17,8 +17,8 @@ back as it settles, so the environment sends a group on as soon as its samples a
 (`Environment.stream_groups`) and a hung call delays its own group only. Workers killed or lost
 are replaced; the calls a lost worker had finished but not yet sent are run again.
 
-What a call starts dies with the call, each call starts from the process state the worker
-started with, each worker's memory is bounded (`env.args.reward_memory_mb`), and each worker is
+Each call runs in a process of its own, forked from its warm worker (issue 54): what it changes
+or starts dies with it, it cannot write another call's outcome, each worker's memory is bounded (`env.args.reward_memory_mb`), and each worker is
 in a PID namespace of its own, where a reward cannot name the actor: see the worker's module.
 Workers die with their parent. A call whose arguments do not pickle runs in a fork of
 its own (`process` isolation), which inherits them. What a call prints from Python is kept on its
