@@ -50,8 +50,13 @@ def remote_class(cls: type):
     """`ray.remote` of a subclass of `cls` (whose constructor takes the run config first) that
     reads the config from `CONFIG_ENV`: create it with `.options(runtime_env=config_env(cfg))`
     and the constructor's other arguments only."""
+
     def __init__(self, *args, **kwargs):
         cls.__init__(self, actor_config(), *args, **kwargs)
-    sub = type(cls.__name__, (cls,), {"__init__": __init__, "__module__": cls.__module__,
-                                      "__qualname__": cls.__qualname__, "__doc__": cls.__doc__})
+
+    sub = type(
+        cls.__name__,
+        (cls,),
+        {"__init__": __init__, "__module__": cls.__module__, "__qualname__": cls.__qualname__, "__doc__": cls.__doc__},
+    )
     return ray.remote(sub)

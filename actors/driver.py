@@ -5,6 +5,8 @@ staleness), `rlcore.batch.step.build_step` (the step as data), `TrainerGroup` (t
 (the weights to the engines, and whatever the placement needs around a step), `StepHooks`
 (checkpoints, evaluation, export), all sharing one explicit `RunState`.
 
+Over 400 lines: the loop and the verbs it calls read as one page; each verb's state lives in its component.
+
 Event loop (one thread): launch generate requests while the staleness bound allows, wait for
 whichever remote call finishes first, and react: a finished request fills the buffer (through
 the teacher stage in on-policy distillation); a full buffer starts a train step; a finished train
@@ -29,30 +31,29 @@ from actors.groups import Groups, bundle_nodes, multi_node, note_moved, place
 from actors.lifecycle import StepHooks
 from actors.profiling import RunProfiler
 from actors.recovery import TrainerRecovery
-from actors.trainer_group import TokenDataLost
 from actors.remote import ActorDied, RunError
 from actors.rollout_group import RolloutGroup
 from actors.rollout_refs import log_sample_nodes, table_rows
 from actors.run_state import RunState, TaskFeed, groups_allowed_in_flight
 from actors.starts import Starts
 from actors.teacher import TeacherError, TeacherEvents, TeacherStage
-from actors.trainer_group import TrainerGroup
+from actors.trainer_group import TokenDataLost, TrainerGroup
 from actors.weights import WeightSync
-from rlcore.storage.errors import StorageError
-from rlcore.report import samples
 from rlcore.batch.buffer import Accounting, RolloutBuffer
+from rlcore.batch.parallel_dims import shards_per_rank
 from rlcore.batch.staleness import most_groups_in_flight
+from rlcore.batch.step import build_step, has_signal
 from rlcore.config import RunConfig
 from rlcore.engine.registry import weight_transport
 from rlcore.engine.slots import RequestLimits
 from rlcore.envs import make_env
-from rlcore.report.failures import FailureLog, NoProgress
-from rlcore.plan.interrupt import StopRequest
-from rlcore.report.metrics import MetricsLogger
 from rlcore.models.tokenizer_build import build_tokenizer
+from rlcore.plan.interrupt import StopRequest
+from rlcore.report import samples
+from rlcore.report.failures import FailureLog, NoProgress
+from rlcore.report.metrics import MetricsLogger
 from rlcore.report.startup import StartupPhases, process_age
-from rlcore.batch.step import build_step, has_signal
-from rlcore.batch.parallel_dims import shards_per_rank
+from rlcore.storage.errors import StorageError
 from rlcore.transfer import sender_for
 from rlcore.types import GroupMeta
 
@@ -82,8 +83,11 @@ class Driver:
         # overdue groups it stopped counting (rlcore.batch.stragglers): at most every task of
         # every request the actors may hold
         r = cfg.rollout
-        capacity = (most_groups_in_flight(a.max_off_policy_steps, a.batch_groups) + a.batch_groups
-                    + (1 + RequestLimits.of(r).held) * r.num_actors * r.tasks_per_request)
+        capacity = (
+            most_groups_in_flight(a.max_off_policy_steps, a.batch_groups)
+            + a.batch_groups
+            + (1 + RequestLimits.of(r).held) * r.num_actors * r.tasks_per_request
+        )
         self.buffer = RolloutBuffer(a.max_off_policy_steps, capacity, acct)
         self.env = make_env(cfg.env.name, dict(cfg.env.args), cfg.env.seed)
         self.run_state = RunState(acct, TaskFeed(self.env, cfg))
@@ -112,21 +116,39 @@ class Driver:
         self.rollout_nodes = bundle_nodes(self.groups.rollout_pg) if self.groups.rollout_pg is not None else []
         self.samples_located = not multi_node()  # the first step's samples' nodes are logged once
         self.trainers = self.groups.trainers
-        self.rollouts = RolloutGroup(cfg, self.groups.rollouts, run, self.buffer, self.failures,
-                                     lambda i: self.rollout_nodes[i][:8] if i < len(self.rollout_nodes) else "?")
-        self.weights = WeightSync(cfg, self.trainers, self.rollouts, sender_for(weight_transport(cfg)), run,
-                                  self.env, self.tokenizer)
+        self.rollouts = RolloutGroup(
+            cfg,
+            self.groups.rollouts,
+            run,
+            self.buffer,
+            self.failures,
+            lambda i: self.rollout_nodes[i][:8] if i < len(self.rollout_nodes) else "?",
+        )
+        self.weights = WeightSync(
+            cfg, self.trainers, self.rollouts, sender_for(weight_transport(cfg)), run, self.env, self.tokenizer
+        )
         # the engines, the trainer and a teacher start in the order their placement allows
         self.starts = Starts(cfg, self.weights, self.startup)
         self.starts.begin()
         self.teacher = self.starts.teacher
-        self.hooks = StepHooks(cfg, run, self.env, self.trainers, self.rollouts, self.weights, self.buffer,
-                               self.startup, self.starts, self.teacher)
+        self.hooks = StepHooks(
+            cfg,
+            run,
+            self.env,
+            self.trainers,
+            self.rollouts,
+            self.weights,
+            self.buffer,
+            self.startup,
+            self.starts,
+            self.teacher,
+        )
         # fresh: SFT warm-up, then sync version 0; resume: load the checkpoint, sync its weights
         self.hooks.setup()
         self.profiler = RunProfiler(cfg, self.trainers, self.rollouts)
-        self.recovery = TrainerRecovery(cfg, self.trainers, self.rollouts, self.weights, self.hooks, run, self.buffer,
-                                        self.teacher, self.failures)
+        self.recovery = TrainerRecovery(
+            cfg, self.trainers, self.rollouts, self.weights, self.hooks, run, self.buffer, self.teacher, self.failures
+        )
 
     # -- the loop ------------------------------------------------------------------------------
     def run(self, logger: MetricsLogger) -> list[dict[str, Any]]:
@@ -207,8 +229,12 @@ class Driver:
         joined = self.weights.admit_restarted()
         if joined:
             self.hooks.engines_joined()
-            self.rollout_nodes = note_moved(self.groups.rollout_pg, self.rollout_nodes, joined,  # after a node died
-                                            self.run_state.step)
+            self.rollout_nodes = note_moved(
+                self.groups.rollout_pg,
+                self.rollout_nodes,
+                joined,  # after a node died
+                self.run_state.step,
+            )
 
     def launch(self, batches_started: int) -> None:
         """Keep as many groups generating as the staleness bound allows (`groups_allowed_in_flight`)."""
@@ -232,8 +258,11 @@ class Driver:
         self._train_version = self.run_state.version
         state.metrics.update(self.weights.before_train())  # e.g. the engines free a shared GPU
         # on a step that writes samples, the ranks return the trainer logprobs of those shown
-        shown = (samples.shown_keys(state.batch, cfg.logger.samples_per_table)
-                 if samples.due(state.step + 1, cfg.logger.samples_every) else ())
+        shown = (
+            samples.shown_keys(state.batch, cfg.logger.samples_per_table)
+            if samples.due(state.step + 1, cfg.logger.samples_every)
+            else ()
+        )
         plan = build_step(state.batch, cfg, distill=self.teacher is not None, shown=shown)  # metadata only
         state.metrics.update(plan.metrics, max_staleness=state.max_staleness)
         # each rank fetches its own samples' token data from the object store and packs them
@@ -301,11 +330,20 @@ class Driver:
         lost = [g for g in state.batch if g.data is not None and g.data.binary() in lost_ids]
         self.buffer.put_back([g for g in state.batch if all(g is not x for x in lost)])
         samples = self.buffer.lose(lost)
-        self.failures.request_lost(samples, "engine: token data lost with the node that made it",
-                                   f"{len(lost)} group(s) of step {state.step + 1}; the step runs again without "
-                                   "them", streak=False, task=lost[0].task if lost else None)
-        log.warning("step %d: the token data of %d group(s) (%d samples) was lost with the node that made it; "
-                    "they are counted failed and the step runs again without them", state.step + 1, len(lost), samples)
+        self.failures.request_lost(
+            samples,
+            "engine: token data lost with the node that made it",
+            f"{len(lost)} group(s) of step {state.step + 1}; the step runs again without them",
+            streak=False,
+            task=lost[0].task if lost else None,
+        )
+        log.warning(
+            "step %d: the token data of %d group(s) (%d samples) was lost with the node that made it; "
+            "they are counted failed and the step runs again without them",
+            state.step + 1,
+            len(lost),
+            samples,
+        )
         self.weights.after_train()  # engines that slept for the step wake (colocated)
 
     def log_step(self, record: dict[str, Any], state: StepState, logger: MetricsLogger) -> None:
@@ -315,9 +353,14 @@ class Driver:
             self.samples_located = True
         failed = self.failures.take_examples()  # a few failed samples per reason, this step's
         if samples.due(record["step"], self.cfg.logger.samples_every):
-            rows = table_rows(state.batch, lambda ids: self.tokenizer.decode(ids, skip_special_tokens=True),
-                              self.cfg.logger.samples_per_table, self.cfg.rollout.generate_timeout_s,
-                              state.trainer_logprobs, failed)
+            rows = table_rows(
+                state.batch,
+                lambda ids: self.tokenizer.decode(ids, skip_special_tokens=True),
+                self.cfg.logger.samples_per_table,
+                self.cfg.rollout.generate_timeout_s,
+                state.trainer_logprobs,
+                failed,
+            )
             if rows is not None:
                 logger.log_samples(record["step"], rows)
 
@@ -342,7 +385,9 @@ class Driver:
         rollout_busy = None
         if busy is not None:
             if busy >= self._rollout_busy_last:  # a restarted actor's clock starts again at 0
-                rollout_busy = (busy - self._rollout_busy_last) / max(step_time * max(1, len(self.rollouts.serving)), 1e-9)
+                rollout_busy = (busy - self._rollout_busy_last) / max(
+                    step_time * max(1, len(self.rollouts.serving)), 1e-9
+                )
             self._rollout_busy_last = busy
         dt = max(step_time, 1e-9)
         return {
@@ -353,8 +398,16 @@ class Driver:
             "samples_per_s": m["batch_samples"] / dt,
             "gen_tokens_per_s": gen_tokens / dt,
             # a buffered transport's step also wrote the weights into its buffer (sync_in_step)
-            "trainer_busy_frac": min(1.0, (m["train_time_s"] + m.get("train_fetch_s", 0.0) + m["sync_time_s"]
-                                           + m.get("sync_in_step", 0.0) * m.get("sync_send_s", 0.0)) / dt),
+            "trainer_busy_frac": min(
+                1.0,
+                (
+                    m["train_time_s"]
+                    + m.get("train_fetch_s", 0.0)
+                    + m["sync_time_s"]
+                    + m.get("sync_in_step", 0.0) * m.get("sync_send_s", 0.0)
+                )
+                / dt,
+            ),
             "rollout_busy_frac": None if rollout_busy is None else min(1.0, rollout_busy),
             "generate_time_s": None if rollout_busy is None else rollout_busy * dt,  # per actor
             "elapsed_s": elapsed,
@@ -370,8 +423,11 @@ class Driver:
     def restart_counts(self) -> dict[str, int]:
         """The row's restart counters: the run's, over all its submissions (as `samples_failed`)."""
         run = self.run_state
-        mine = {"rollout_restarts": self.rollouts.restarts, "rollout_stalls": self.rollouts.stalled_count,
-                "trainer_restarts": self.recovery.restarts if self.recovery is not None else 0}
+        mine = {
+            "rollout_restarts": self.rollouts.restarts,
+            "rollout_stalls": self.rollouts.stalled_count,
+            "trainer_restarts": self.recovery.restarts if self.recovery is not None else 0,
+        }
         run.restarts_logged = {k: run.restarts_before.get(k, 0) + v for k, v in mine.items()}
         return dict(run.restarts_logged)
 

@@ -38,21 +38,36 @@ def read_rng_states(group, timeout_s: float) -> list:
                 if not died(exc):
                     raise
                 # died since it was last seen serving (a node lost mid-checkpoint)
-                log.warning("checkpoint: engine RNG state of rollout actor %d not kept: it died (%s); its "
-                            "restart keeps its own seed", i, str(exc).splitlines()[0][:160])
+                log.warning(
+                    "checkpoint: engine RNG state of rollout actor %d not kept: it died (%s); its "
+                    "restart keeps its own seed",
+                    i,
+                    str(exc).splitlines()[0][:160],
+                )
         for i in group.watch(BEFORE_SYNC_S):  # frozen: a stall (its own line), kept as missing
             if i in pending:
                 forget([pending.pop(i)])
-                log.warning("checkpoint: engine RNG state of rollout actor %d on node %s not kept: it made no "
-                            "progress; the checkpoint goes on without it", i, group.node_of(i))
+                log.warning(
+                    "checkpoint: engine RNG state of rollout actor %d on node %s not kept: it made no "
+                    "progress; the checkpoint goes on without it",
+                    i,
+                    group.node_of(i),
+                )
         if pending and not said and time.monotonic() - start >= WAIT_NOTICE_S:
             said = True
-            log.warning("checkpoint: waiting for the engine RNG state of %s (up to %.0fs more, "
-                        "checkpoint.timeout_s; a frozen engine is left out after %.0fs without a heartbeat)",
-                        ", ".join(f"rollout actor {i} on node {group.node_of(i)}" for i in pending),
-                        max(0.0, deadline - time.monotonic()), BEFORE_SYNC_S)
+            log.warning(
+                "checkpoint: waiting for the engine RNG state of %s (up to %.0fs more, "
+                "checkpoint.timeout_s; a frozen engine is left out after %.0fs without a heartbeat)",
+                ", ".join(f"rollout actor {i} on node {group.node_of(i)}" for i in pending),
+                max(0.0, deadline - time.monotonic()),
+                BEFORE_SYNC_S,
+            )
     if pending:
         forget(list(pending.values()))
-        log.warning("checkpoint: engine RNG state of %s not kept: no answer within %.0fs (checkpoint.timeout_s); "
-                    "the checkpoint goes on without it", ", ".join(group.names(list(pending))), timeout_s)
+        log.warning(
+            "checkpoint: engine RNG state of %s not kept: no answer within %.0fs (checkpoint.timeout_s); "
+            "the checkpoint goes on without it",
+            ", ".join(group.names(list(pending))),
+            timeout_s,
+        )
     return states

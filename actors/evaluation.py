@@ -15,13 +15,13 @@ import ray
 from actors.groups import place
 from actors.remote import RunError, get
 from actors.rollout import failed_groups
-from rlcore.plan.pd import rollout_roles
-from rlcore.storage import checkpoint as ckpt
-from rlcore.envs import make_env
-from rlcore.report.evaluation import eval_tasks, sampling_overrides, summarize
 from rlcore.batch.meta import group_meta
 from rlcore.batch.seeding import derive_seed
+from rlcore.envs import make_env
+from rlcore.plan.pd import rollout_roles
+from rlcore.report.evaluation import eval_tasks, sampling_overrides, summarize
 from rlcore.report.startup import StartupPhases
+from rlcore.storage import checkpoint as ckpt
 from rlcore.types import GroupMeta, Task
 
 log = logging.getLogger("rlcore")
@@ -51,7 +51,7 @@ class Evaluator:
         self.serving = serving or (lambda: list(range(len(rollouts))))
         self.tasks = eval_tasks(env, cfg)
         per = cfg.rollout.tasks_per_request
-        self.chunks = [self.tasks[i:i + per] for i in range(0, len(self.tasks), per)]
+        self.chunks = [self.tasks[i : i + per] for i in range(0, len(self.tasks), per)]
         self.sampling = sampling_overrides(cfg)
         self.rounds: list[Round] = []
         self._inflight: dict[Any, tuple[Round, int, int]] = {}  # ref -> (round, chunk, actor)
@@ -76,8 +76,12 @@ class Evaluator:
                 actor = free.pop(0)
                 first = chunk[0][0]
                 ref = self.rollouts[actor].generate_meta.remote(
-                    [t for _, t in chunk], e.samples_per_task, e.split,
-                    derive_seed(e.seed, e.split, first), self.sampling)
+                    [t for _, t in chunk],
+                    e.samples_per_task,
+                    e.split,
+                    derive_seed(e.seed, e.split, first),
+                    self.sampling,
+                )
                 self._inflight[ref] = (rnd, chunk_no, actor)
                 rnd.outstanding += 1
 
@@ -106,10 +110,12 @@ class Evaluator:
             metas, _ = ray.get(ref, timeout=0)
             rnd.results[chunk_no] = [GroupMeta(task=t, samples=m) for t, m in zip(tasks, metas)]
         except ray.exceptions.RayError as exc:
-            log.warning("eval request on rollout actor %d failed (%s); its tasks count as failed", actor,
-                        type(exc).__name__)
-            rnd.results[chunk_no] = [group_meta(g) for g in failed_groups(tasks, self.cfg.eval.samples_per_task,
-                                                                          str(exc))]
+            log.warning(
+                "eval request on rollout actor %d failed (%s); its tasks count as failed", actor, type(exc).__name__
+            )
+            rnd.results[chunk_no] = [
+                group_meta(g) for g in failed_groups(tasks, self.cfg.eval.samples_per_task, str(exc))
+            ]
         self.pump()
         if rnd.queued or rnd.outstanding:
             return None
@@ -120,8 +126,11 @@ class Evaluator:
     def record(self, rnd: Round) -> dict[str, Any]:
         groups = [g for i in sorted(rnd.results) for g in rnd.results[i]]
         e = self.cfg.eval
-        rec: dict[str, Any] = {"step": rnd.step, "eval/policy_version": rnd.version,
-                               "eval/time_s": time.perf_counter() - rnd.started}
+        rec: dict[str, Any] = {
+            "step": rnd.step,
+            "eval/policy_version": rnd.version,
+            "eval/time_s": time.perf_counter() - rnd.started,
+        }
         rec.update(summarize(groups, list(e.k), e.correct_threshold))
         # per environment (one environment per run today; the keys stay right when there are more)
         rec.update(summarize(groups, list(e.k), e.correct_threshold, prefix=f"eval/{self.env.name}/"))
@@ -133,8 +142,11 @@ class Evaluator:
         while self.rounds:
             left = deadline - time.perf_counter()
             if left <= 0 or not self._inflight:
-                log.warning("evaluation of step(s) %s did not finish within eval.timeout_s=%.0fs; not logged",
-                            [r.step for r in self.rounds], timeout_s)
+                log.warning(
+                    "evaluation of step(s) %s did not finish within eval.timeout_s=%.0fs; not logged",
+                    [r.step for r in self.rounds],
+                    timeout_s,
+                )
                 for ref in self._inflight:
                     ray.cancel(ref, force=False)
                 self._inflight.clear()
@@ -169,17 +181,25 @@ class EvalDriver:
             self.step = int(ckpt.read_meta(path)["step"])
             self.version = int(ckpt.read_trainer_extra(path)["version"])
             try:
-                get([r.load_checkpoint_weights.remote(str(path), self.version) for r in self.groups.rollouts],
-                    cfg.rollout.weight_sync_timeout_s, f"loading weights of {path}")
+                get(
+                    [r.load_checkpoint_weights.remote(str(path), self.version) for r in self.groups.rollouts],
+                    cfg.rollout.weight_sync_timeout_s,
+                    f"loading weights of {path}",
+                )
                 # every engine holds the version: a disaggregated group's decode actors may serve it
-                get([r.release_version.remote(self.version) for r in self.groups.rollouts],
-                    cfg.rollout.weight_sync_timeout_s, "releasing the loaded version")
+                get(
+                    [r.release_version.remote(self.version) for r in self.groups.rollouts],
+                    cfg.rollout.weight_sync_timeout_s,
+                    "releasing the loaded version",
+                )
             except RunError:
                 raise
             except Exception as exc:  # a task error in the actor: the tensors do not fit the model
                 cause = str(getattr(exc, "cause", exc)).strip().splitlines()
-                raise RunError(f"checkpoint.resume: the weights of {path} do not fit the model built from "
-                               f"model.*: {' '.join(line.strip() for line in cause[:2])}") from exc
+                raise RunError(
+                    f"checkpoint.resume: the weights of {path} do not fit the model built from "
+                    f"model.*: {' '.join(line.strip() for line in cause[:2])}"
+                ) from exc
             log.info("evaluating checkpoint %s (step %d)", path, self.step)
 
     def run(self, logger) -> list[dict[str, Any]]:
@@ -191,11 +211,17 @@ class EvalDriver:
         def keep(rec):
             logger.log_eval(rec)
             records.append(rec)
+
         evaluator.drain(keep, self.cfg.eval.timeout_s)
         if records:
             rec = records[-1]
-            per_env = {self.env.name: {k.removeprefix(f"eval/{self.env.name}/"): v for k, v in rec.items()
-                                       if k.startswith(f"eval/{self.env.name}/")}}
+            per_env = {
+                self.env.name: {
+                    k.removeprefix(f"eval/{self.env.name}/"): v
+                    for k, v in rec.items()
+                    if k.startswith(f"eval/{self.env.name}/")
+                }
+            }
             out = Path(self.cfg.output_dir) / "eval_results.json"
             out.write_text(json.dumps({"step": rec["step"], "environments": per_env}, indent=1))
         return records

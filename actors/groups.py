@@ -87,7 +87,9 @@ PLACEMENT_NOTICE_S = 5.0
 """A placement still waiting after this long says so in one line."""
 
 
-def reserve(cfg: RunConfig, trainer: bool = True, rollout: bool = True) -> tuple[PlacementGroup | None, PlacementGroup | None]:
+def reserve(
+    cfg: RunConfig, trainer: bool = True, rollout: bool = True
+) -> tuple[PlacementGroup | None, PlacementGroup | None]:
     """Reserve the placement groups (PACK: ranks of one group close together; each bundle only on
     nodes with its group's labels, `cluster.trainer_node_labels` / `cluster.rollout_node_labels`)
     and wait for them with a timeout: (trainer or colocated group, rollout group), the same
@@ -96,8 +98,12 @@ def reserve(cfg: RunConfig, trainer: bool = True, rollout: bool = True) -> tuple
 
     def group(bundles: list[dict[str, float]], kind: str) -> PlacementGroup:
         selector = group_selector(cfg, kind)
-        return placement_group(bundles, strategy="PACK", name=f"rlcore-{kind}",
-                               bundle_label_selector=[selector] * len(bundles) if selector else None)
+        return placement_group(
+            bundles,
+            strategy="PACK",
+            name=f"rlcore-{kind}",
+            bundle_label_selector=[selector] * len(bundles) if selector else None,
+        )
 
     if shared:
         trainer_pg = rollout_pg = group(colocated_bundles(cfg), "colocated")
@@ -109,9 +115,13 @@ def reserve(cfg: RunConfig, trainer: bool = True, rollout: bool = True) -> tuple
     refs = [pg.ready() for pg in pgs]
     ready, _ = ray.wait(refs, num_returns=len(refs), timeout=min(PLACEMENT_NOTICE_S, timeout))
     if len(ready) < len(pgs) and timeout > PLACEMENT_NOTICE_S:
-        log.warning("placement: waiting for the cluster to schedule the placement groups (trainer %s, rollout %s); "
-                    "up to %.0fs more (cluster.placement_timeout_s)", trainer_bundles(cfg) if trainer else "-",
-                    rollout_bundles(cfg) if rollout else "-", timeout - PLACEMENT_NOTICE_S)
+        log.warning(
+            "placement: waiting for the cluster to schedule the placement groups (trainer %s, rollout %s); "
+            "up to %.0fs more (cluster.placement_timeout_s)",
+            trainer_bundles(cfg) if trainer else "-",
+            rollout_bundles(cfg) if rollout else "-",
+            timeout - PLACEMENT_NOTICE_S,
+        )
         ready, _ = ray.wait(refs, num_returns=len(refs), timeout=timeout - PLACEMENT_NOTICE_S)
     if len(ready) < len(pgs):
         for pg in pgs:
@@ -119,12 +129,18 @@ def reserve(cfg: RunConfig, trainer: bool = True, rollout: bool = True) -> tuple
         raise TimeoutError(
             f"cluster: placement groups not scheduled within {timeout:.0f}s "
             f"(trainer {trainer_bundles(cfg)}, rollout {rollout_bundles(cfg)}); "
-            f"cluster has {ray.available_resources()}")
+            f"cluster has {ray.available_resources()}"
+        )
     level = logging.INFO if multi_node() else logging.DEBUG  # one node: nothing to tell
     for name, pg in (("trainer", trainer_pg), ("rollout", rollout_pg)):
         if pg is not None and not (shared and name == "rollout"):
-            log.log(level, "placement: %s group's %d bundle(s) on node(s) %s", "colocated" if shared else name,
-                    len(pg.bundle_specs), ", ".join(n[:8] for n in bundle_nodes(pg)))
+            log.log(
+                level,
+                "placement: %s group's %d bundle(s) on node(s) %s",
+                "colocated" if shared else name,
+                len(pg.bundle_specs),
+                ", ".join(n[:8] for n in bundle_nodes(pg)),
+            )
     return trainer_pg, rollout_pg
 
 
@@ -149,9 +165,13 @@ def note_moved(pg: PlacementGroup | None, before: list[str], joined: list[int], 
     now = bundle_nodes(pg)
     for i in joined:
         if now[i] != before[i]:
-            log.warning("rollout actor %d's node %s died: Ray re-placed its bundle on node %s, where it runs now",
-                        i, before[i][:8], now[i][:8],
-                        extra=event("rollout_moved", actor=i, node_before=before[i][:8], node=now[i][:8], step=step))
+            log.warning(
+                "rollout actor %d's node %s died: Ray re-placed its bundle on node %s, where it runs now",
+                i,
+                before[i][:8],
+                now[i][:8],
+                extra=event("rollout_moved", actor=i, node_before=before[i][:8], node=now[i][:8], step=step),
+            )
     return now
 
 
@@ -183,13 +203,16 @@ def place(cfg: RunConfig, trainer: bool = True, rollout: bool = True) -> Groups:
         role = roles[i]
         return rollout_cls.options(
             name=names.get(i),
-            num_cpus=cpus_of.get(role, r.cpus_per_actor), num_gpus=gpus_of.get(role, rollout_gpus),
+            num_cpus=cpus_of.get(role, r.cpus_per_actor),
+            num_gpus=gpus_of.get(role, rollout_gpus),
             # a weight pull must never wait behind the requests (`RequestLimits`)
-            max_concurrency=(limits.prefill_concurrency(r.num_actors) if role == "prefill"
-                             else limits.actor_concurrency),
+            max_concurrency=(
+                limits.prefill_concurrency(r.num_actors) if role == "prefill" else limits.actor_concurrency
+            ),
             # a dead engine is restarted and rejoins the weight group; its requests in flight are
             # counted failed by the driver, never retried blindly on new weights
-            max_restarts=r.max_restarts, max_task_retries=0,
+            max_restarts=r.max_restarts,
+            max_task_retries=0,
             runtime_env=config_env(cfg, r.env_vars),
             scheduling_strategy=PlacementGroupSchedulingStrategy(rollout_pg, placement_group_bundle_index=i),
         ).remote(i, role, *args)
@@ -197,7 +220,10 @@ def place(cfg: RunConfig, trainer: bool = True, rollout: bool = True) -> Groups:
     handles = {i: start(i) for i in prefill}
     for i, role in enumerate(roles):
         if role != "prefill":
-            handles[i] = start(i, [names[j] for j in prefill], [f"rollout actor {j} (prefill)" for j in prefill]) \
-                if role == "decode" else start(i)
+            handles[i] = (
+                start(i, [names[j] for j in prefill], [f"rollout actor {j} (prefill)" for j in prefill])
+                if role == "decode"
+                else start(i)
+            )
     rollouts = [handles[i] for i in range(len(roles))]
     return Groups(trainer_pg, rollout_pg, trainers, rollouts)

@@ -28,22 +28,21 @@ from pathlib import Path
 from typing import Any, Callable
 
 from actors.evaluation import Evaluator
-from actors.rollout_group import RolloutGroup
 from actors.resume import resume_from
+from actors.rollout_group import RolloutGroup
 from actors.run_state import RunState
 from actors.sft import warmup
 from actors.starts import Starts
 from actors.teacher import TeacherStage
 from actors.trainer_group import TrainerGroup
 from actors.weights import WeightSync
-from rlcore.storage import checkpoint as ckpt
 from rlcore.batch.buffer import RolloutBuffer
 from rlcore.config import RunConfig
-from rlcore.storage.rundir import SERIES_FILES
-from rlcore.storage.series import append_rows, fsync_series
 from rlcore.report.events import EVENTS_FILE
 from rlcore.report.startup import StartupPhases
-
+from rlcore.storage import checkpoint as ckpt
+from rlcore.storage.rundir import SERIES_FILES
+from rlcore.storage.series import append_rows, fsync_series
 
 log = logging.getLogger("rlcore")
 
@@ -60,9 +59,19 @@ class StepHooks:
     teacher stage, whose waiting groups a checkpoint puts back like generating ones (None
     without a teacher)."""
 
-    def __init__(self, cfg: RunConfig, run: RunState, env, trainers: TrainerGroup, rollouts: RolloutGroup,
-                 weights: WeightSync, buffer: RolloutBuffer, startup: StartupPhases, starts: Starts,
-                 teacher: TeacherStage | None):
+    def __init__(
+        self,
+        cfg: RunConfig,
+        run: RunState,
+        env,
+        trainers: TrainerGroup,
+        rollouts: RolloutGroup,
+        weights: WeightSync,
+        buffer: RolloutBuffer,
+        startup: StartupPhases,
+        starts: Starts,
+        teacher: TeacherStage | None,
+    ):
         self.cfg, self.run, self.env = cfg, run, env
         self.trainers, self.rollouts, self.weights, self.buffer = trainers, rollouts, weights, buffer
         self.startup, self.starts, self.teacher = startup, starts, teacher
@@ -98,9 +107,12 @@ class StepHooks:
                 log.info("resume: no checkpoint in %s yet; starting fresh", self.writer.root)
             version = 0
             if cfg.sft.warmup_steps > 0:  # a fresh run only: a resumed one has its weights
-                log.info("SFT warm-up: %d steps on sft.dataset=%s before RL%s (sft.warmup_steps=0 skips it)",
-                         cfg.sft.warmup_steps, cfg.sft.dataset,
-                         f", on the trained model.path={cfg.model.path}" if cfg.model.path else "")
+                log.info(
+                    "SFT warm-up: %d steps on sft.dataset=%s before RL%s (sft.warmup_steps=0 skips it)",
+                    cfg.sft.warmup_steps,
+                    cfg.sft.dataset,
+                    f", on the trained model.path={cfg.model.path}" if cfg.model.path else "",
+                )
                 with phase(f"SFT warm-up ({cfg.sft.warmup_steps} steps)", chatty=True):
                     version = warmup(cfg, self.trainers, self.starts.poll)
             self.starts.wait()
@@ -124,8 +136,15 @@ class StepHooks:
         (`actors.recovery`) calls it too, on a freshly started trainer group, with its own
         `phase` timer (default: the start-up phases')."""
         cfg, run, phase = self.cfg, self.run, phase or self.startup.phase
-        state, version = resume_from(path, "rl", cfg, self.trainers, SERIES_FILES, phase,
-                                     lambda s: bool(s.get("eval_due")) and self.evaluator is not None)
+        state, version = resume_from(
+            path,
+            "rl",
+            cfg,
+            self.trainers,
+            SERIES_FILES,
+            phase,
+            lambda s: bool(s.get("eval_due")) and self.evaluator is not None,
+        )
         step = int(state["step"])
         run.step = self.start_step = step
         run.feed.restore(state["feed"])
@@ -141,8 +160,13 @@ class StepHooks:
         with phase("first weight sync"):
             self.weights.sync(version)
         self.rollouts.set_rng_states(state.get("engine_rng") or [])
-        log.info("resumed from %s: step %d, policy version %d, task stream at %d", path, step, run.version,
-                 run.feed.next_index)
+        log.info(
+            "resumed from %s: step %d, policy version %d, task stream at %d",
+            path,
+            step,
+            run.version,
+            run.feed.next_index,
+        )
         if eval_due:  # its result was not logged before the stop: evaluate this policy again
             self.evaluator.launch(step, run.version)
         return step
@@ -151,8 +175,14 @@ class StepHooks:
     def after_step(self, step: int, state, logger) -> None:
         """`step` optimizer steps are done and their weights are on the engines."""
         final = step >= self.cfg.steps
-        append_jsonl(self.out / DATA_ORDER, {"step": step, "task_indices": [g.stream_index for g in state.batch],
-                                              "task_ids": [g.task.id for g in state.batch]})
+        append_jsonl(
+            self.out / DATA_ORDER,
+            {
+                "step": step,
+                "task_indices": [g.stream_index for g in state.batch],
+                "task_ids": [g.task.id for g in state.batch],
+            },
+        )
         eval_due = self.evaluator is not None and self.evaluator.due(step, final)
         if self.writer.due(step, final):
             self.save(step, eval_due)
@@ -171,13 +201,21 @@ class StepHooks:
             log.warning("%s: stopped before a step finished; nothing new to save", signal_name)
             return None
         elif c.interval <= 0 and not c.save_final:
-            log.warning("%s: stopped after step %d; no checkpoint kept (checkpoint.interval=0 and "
-                        "checkpoint.save_final=false)", signal_name, step)
+            log.warning(
+                "%s: stopped after step %d; no checkpoint kept (checkpoint.interval=0 and checkpoint.save_final=false)",
+                signal_name,
+                step,
+            )
             return None
         else:
             path = self.save(step)
-        log.warning("%s: stopped after step %d of %d; checkpoint %s; continue with resume=true", signal_name, step,
-                    self.cfg.steps, path)
+        log.warning(
+            "%s: stopped after step %d of %d; checkpoint %s; continue with resume=true",
+            signal_name,
+            step,
+            self.cfg.steps,
+            path,
+        )
         return path
 
     def capture(self, step: int, eval_due: bool) -> dict[str, Any]:
@@ -195,10 +233,18 @@ class StepHooks:
         unfinished += self.rollouts.unfinished()
         if self.teacher is not None:
             unfinished += [(g.stream_index, g.task) for g in self.teacher.groups()]
-        return {"kind": "rl", "step": step, "version": run.version, "feed": run.feed.state(unfinished),
-                "request_seq": run.request_seq, "accounting": acct, "restarts": dict(run.restarts_logged),
-                "rng": ckpt.rng_state(),
-                "engine_rng": self.rollouts.rng_states(self.cfg.checkpoint.timeout_s), "eval_due": eval_due}
+        return {
+            "kind": "rl",
+            "step": step,
+            "version": run.version,
+            "feed": run.feed.state(unfinished),
+            "request_seq": run.request_seq,
+            "accounting": acct,
+            "restarts": dict(run.restarts_logged),
+            "rng": ckpt.rng_state(),
+            "engine_rng": self.rollouts.rng_states(self.cfg.checkpoint.timeout_s),
+            "eval_due": eval_due,
+        }
 
     def save(self, step: int, eval_due: bool = False) -> Path:
         # the series as far as this checkpoint are on disk before it commits (a crash after the

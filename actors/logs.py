@@ -17,7 +17,7 @@ from rlcore.report.console import ACTOR_LOG_DIR, actor_log_path
 
 # settings for every actor process; passed through the actors' runtime_env
 QUIET_ENV = {
-    "TQDM_DISABLE": "1",                    # "Loading weights" and download bars: noise even in a file
+    "TQDM_DISABLE": "1",  # "Loading weights" and download bars: noise even in a file
     "HF_HUB_DISABLE_PROGRESS_BARS": "1",
 }
 
@@ -57,6 +57,7 @@ def route_cluster_errors(output_dir: str) -> Path | None:
     import logging
 
     import ray._private.worker as ray_worker
+
     printer = getattr(ray_worker, "print_to_stdstream", None)
     if printer is None:
         return None
@@ -77,6 +78,7 @@ def route_cluster_errors(output_dir: str) -> Path | None:
             f.write(text.rstrip("\n") + "\n\n")
         first = next((line.strip() for line in text.splitlines() if line.strip()), "(empty)")
         log.info("Ray reported: %s (whole report: %s)", first[:200], path)
+
     routed.rlcore_original = original
     ray_worker.print_to_stdstream = routed
     return path

@@ -84,8 +84,9 @@ class Members:
             news = away.ready  # died again while joining: watch its next restart
             if news:
                 self.deaths += 1
-            self.restarting[actor] = Restarting(away.left_at, lost_at=now if news else away.lost_at,
-                                                stalled=away.stalled)
+            self.restarting[actor] = Restarting(
+                away.left_at, lost_at=now if news else away.lost_at, stalled=away.stalled
+            )
             return news
         if actor not in self.serving or launched_at < self.joined_at[actor]:
             return False
@@ -117,19 +118,28 @@ class Members:
             self._capacity_at = now
             gone = self.capacity()
             if gone and gone != self.gone:
-                log.warning("rollout actor(s) %s away: %s; waiting up to %.0fs (rollout.generate_timeout_s) for such "
-                            "a node to join", ", ".join(map(str, away)), gone, self.timeout_s,
-                            extra=event("capacity_gone", group="rollout", actors=away))
+                log.warning(
+                    "rollout actor(s) %s away: %s; waiting up to %.0fs (rollout.generate_timeout_s) for such "
+                    "a node to join",
+                    ", ".join(map(str, away)),
+                    gone,
+                    self.timeout_s,
+                    extra=event("capacity_gone", group="rollout", actors=away),
+                )
             self.gone = gone
         for i, r in self.restarting.items():
             if r.ready:
                 continue
             if now - r.left_at > self.timeout_s:
                 if self.gone:
-                    raise RunError(f"rollout actor {i} could not be restarted: {self.gone}; no node joined within "
-                                   f"rollout.generate_timeout_s={self.timeout_s:g}s")
-                raise RunError(f"rollout actor {i} was not back within rollout.generate_timeout_s="
-                               f"{self.timeout_s:g}s of its restart")
+                    raise RunError(
+                        f"rollout actor {i} could not be restarted: {self.gone}; no node joined within "
+                        f"rollout.generate_timeout_s={self.timeout_s:g}s"
+                    )
+                raise RunError(
+                    f"rollout actor {i} was not back within rollout.generate_timeout_s="
+                    f"{self.timeout_s:g}s of its restart"
+                )
             if r.probe is None:
                 if now >= r.retry_at:
                     r.probe = self.actors[i].ready.remote()

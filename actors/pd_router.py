@@ -66,8 +66,9 @@ class PrefillRouter:
     (its handle is looked up on first use), named in logs by `names[j]`. Every other attribute is
     the engine's (`score`, `policy_version`, ...)."""
 
-    def __init__(self, engine, actors: list[str], names: list[str], pd: PDConfig, deadline_s: float,
-                 version_wait_s: float):
+    def __init__(
+        self, engine, actors: list[str], names: list[str], pd: PDConfig, deadline_s: float, version_wait_s: float
+    ):
         self.engine, self.actors, self.names, self.pd = engine, actors, names, pd
         self.handles: list = [None] * len(actors)
         self.deadline_s, self.version_wait_s = deadline_s, version_wait_s
@@ -124,8 +125,11 @@ class PrefillRouter:
                 return self._answer(j, ref)
             except _NotFound:
                 pass
-            except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError,
-                    ray.exceptions.ActorUnavailableError) as exc:
+            except (
+                ray.exceptions.RayActorError,
+                ray.exceptions.GetTimeoutError,
+                ray.exceptions.ActorUnavailableError,
+            ) as exc:
                 why = "died"
                 if isinstance(exc, ray.exceptions.GetTimeoutError):
                     why = "left the serving set (frozen or dead)" if j not in self.serving else "timed out"
@@ -150,10 +154,16 @@ class PrefillRouter:
             with self._lock:
                 self.down_until[j] = time.monotonic() + self.pd.retry_after_s
                 self.failovers[self.names[j]] += 1
-            log.warning("prefill on %s %s: the call goes to another prefill engine (%d failed over so far)",
-                        self.names[j], why, sum(self.failovers.values()))
-        raise TimeoutError(f"no prefill engine answered within {self.deadline_s:g}s "
-                           f"(rollout.generate_timeout_s); failed over: {dict(self.failovers)}")
+            log.warning(
+                "prefill on %s %s: the call goes to another prefill engine (%d failed over so far)",
+                self.names[j],
+                why,
+                sum(self.failovers.values()),
+            )
+        raise TimeoutError(
+            f"no prefill engine answered within {self.deadline_s:g}s "
+            f"(rollout.generate_timeout_s); failed over: {dict(self.failovers)}"
+        )
 
     def _answer(self, j: int, ref):
         """Prefill engine `j`'s handle; GetTimeoutError past `rollout.pd.prefill_timeout_s`, or as
@@ -181,11 +191,16 @@ class PrefillRouter:
                     return out
                 except StalePrefill:
                     pass
-            self._count("reprefilled", f"a prefill at version {handle.version} met this decode engine at "
-                                       f"{self.engine.policy_version}: prefilled again")
+            self._count(
+                "reprefilled",
+                f"a prefill at version {handle.version} met this decode engine at "
+                f"{self.engine.policy_version}: prefilled again",
+            )
             if time.monotonic() > give_up:
-                raise TimeoutError(f"no prefill of this decode engine's version (it holds {self.engine.policy_version}, "
-                                   f"released {self.released}) within rollout.weight_sync_timeout_s")
+                raise TimeoutError(
+                    f"no prefill of this decode engine's version (it holds {self.engine.policy_version}, "
+                    f"released {self.released}) within rollout.weight_sync_timeout_s"
+                )
 
     def _hold(self, version: int, give_up: float) -> bool:
         """Wait while this engine is older than `version` or the driver has not released it; then
@@ -193,9 +208,11 @@ class PrefillRouter:
         held = False
         while self.engine.policy_version < version or self.released < version:
             if time.monotonic() > give_up:
-                raise TimeoutError(f"prefill at version {version}, but this decode engine holds "
-                                   f"{self.engine.policy_version} (released {self.released}) after "
-                                   "rollout.weight_sync_timeout_s")
+                raise TimeoutError(
+                    f"prefill at version {version}, but this decode engine holds "
+                    f"{self.engine.policy_version} (released {self.released}) after "
+                    "rollout.weight_sync_timeout_s"
+                )
             held = True
             time.sleep(POLL_S)
         if held:

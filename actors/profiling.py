@@ -18,8 +18,8 @@ from typing import Any
 import ray
 
 from actors.remote import forget
-from rlcore.storage.series import append_rows
 from rlcore.report.timeline import SOURCE_FILE, WINDOWS_FILE, build
+from rlcore.storage.series import append_rows
 
 log = logging.getLogger("rlcore")  # as every driver component: its warnings reach events.jsonl
 
@@ -87,8 +87,11 @@ class RunProfiler:
                 base = Path(file_name).name
                 base = base if base.startswith(f"step{step}") else f"step{step}-{base}"
                 (self.folder / name / base).write_bytes(data)
-        append_rows(self.folder / WINDOWS_FILE, [{"step": step, "start_us": start_us, "end_us": end_us,
-                                                  "processes": sorted(traces)}], sort_keys=False)
+        append_rows(
+            self.folder / WINDOWS_FILE,
+            [{"step": step, "start_us": start_us, "end_us": end_us, "processes": sorted(traces)}],
+            sort_keys=False,
+        )
         self.recorded += 1
 
     def _gather(self, calls: list[tuple[str, Any]], what: str) -> dict[str, Any]:
@@ -102,12 +105,22 @@ class RunProfiler:
         for name, ref in calls:
             if ref.binary() not in ready_ids:
                 forget([ref])  # read once it finishes: a late error is not printed as Ray's "unhandled error"
-                log.warning("profile: %s did not %s its profiler within profile.timeout_s=%s s; its trace of "
-                            "this step is missing", name, what, self.timeout_s)
+                log.warning(
+                    "profile: %s did not %s its profiler within profile.timeout_s=%s s; its trace of "
+                    "this step is missing",
+                    name,
+                    what,
+                    self.timeout_s,
+                )
                 continue
             try:
                 out[name] = ray.get(ref, timeout=1.0)
             except Exception as exc:  # noqa: BLE001 - a profiler's fault costs its trace, not the run
-                log.warning("profile: %s could not %s its profiler (%s: %s); its trace of this step is missing",
-                            name, what, type(exc).__name__, str(exc).splitlines()[0] if str(exc) else "")
+                log.warning(
+                    "profile: %s could not %s its profiler (%s: %s); its trace of this step is missing",
+                    name,
+                    what,
+                    type(exc).__name__,
+                    str(exc).splitlines()[0] if str(exc) else "",
+                )
         return out

@@ -69,9 +69,18 @@ class TrainerRecovery:
     `rewound`: whether the latest restart went back to a checkpoint (the driver's series and
     counters were cut back with it)."""
 
-    def __init__(self, cfg: RunConfig, trainers: TrainerGroup, rollouts: RolloutGroup, weights: WeightSync,
-                 hooks: StepHooks, run: RunState, buffer: RolloutBuffer, teacher: TeacherStage | None,
-                 failures: FailureLog):
+    def __init__(
+        self,
+        cfg: RunConfig,
+        trainers: TrainerGroup,
+        rollouts: RolloutGroup,
+        weights: WeightSync,
+        hooks: StepHooks,
+        run: RunState,
+        buffer: RolloutBuffer,
+        teacher: TeacherStage | None,
+        failures: FailureLog,
+    ):
         self.cfg, self.trainers, self.rollouts, self.weights = cfg, trainers, rollouts, weights
         self.hooks, self.run, self.buffer, self.teacher, self.failures = hooks, run, buffer, teacher, failures
         self.restarts = 0
@@ -85,8 +94,10 @@ class TrainerRecovery:
 
     def stop(self, exc: RunError, why: str) -> RunError:
         """The error that ends the run: why the trainer was not restarted first, then the death."""
-        err = RunError(f"{', '.join(dead_trainer_ranks(exc))} died and the trainer group was not restarted: "
-                       f"{why}. The death: {cause(exc)}")
+        err = RunError(
+            f"{', '.join(dead_trainer_ranks(exc))} died and the trainer group was not restarted: "
+            f"{why}. The death: {cause(exc)}"
+        )
         err.__cause__ = exc
         return err
 
@@ -106,22 +117,32 @@ class TrainerRecovery:
         start, at_step, at_version = time.perf_counter(), run.step, run.version
         path, mode = self.checkpoint(), self.cfg.trainer.heal_from
         if mode == "checkpoint" and path is None:
-            raise self.stop(exc, "no checkpoint exists to restart it from (trainer.heal_from=checkpoint; set "
-                                 "checkpoint.interval, or trainer.heal_from=auto to take the engines' weights)")
+            raise self.stop(
+                exc,
+                "no checkpoint exists to restart it from (trainer.heal_from=checkpoint; set "
+                "checkpoint.interval, or trainer.heal_from=auto to take the engines' weights)",
+            )
         # auto: the optimizer's moments (a checkpoint's) are worth more than the steps since it
         # (benchmarks/trainer_heal.py: from the engines, the reward of the steps after the restart
         # fell to 0.29, from a checkpoint 2 steps older it stayed at 0.41)
-        engine = None if mode == "checkpoint" or (mode == "auto" and path is not None) else self.rollouts.holding(at_version)
+        engine = (
+            None if mode == "checkpoint" or (mode == "auto" and path is not None) else self.rollouts.holding(at_version)
+        )
         if engine is None and (mode == "engines" or path is None):
-            raise self.stop(exc, f"no serving engine holds the last synced version {at_version}"
-                                 f"{' and no checkpoint exists (set checkpoint.interval)' if path is None else ''}")
+            raise self.stop(
+                exc,
+                f"no serving engine holds the last synced version {at_version}"
+                f"{' and no checkpoint exists (set checkpoint.interval)' if path is None else ''}",
+            )
         before = self.trainers.placed or self.trainers.nodes()  # where they ran, not where Ray put them since
         self.restarts += 1
         self.trainers.restart(at_step)  # it waits for Ray to re-place the bundles of a dead node
         where = self.trainers.dead_nodes(before)  # so a dead node is known dead by now
-        died = (f"{', '.join(dead)} died ({str(exc).split(' failed:')[0]}"
-                f"{'; node ' + ', '.join(where) + ' is dead' if where else ''}) at step {at_step}, "
-                f"policy version {at_version}")
+        died = (
+            f"{', '.join(dead)} died ({str(exc).split(' failed:')[0]}"
+            f"{'; node ' + ', '.join(where) + ' is dead' if where else ''}) at step {at_step}, "
+            f"policy version {at_version}"
+        )
         self.weights.drop_canary()  # the dead ranks owed its answer; the sync below runs a new one
         self.weights.form()
         if engine is not None:
@@ -130,23 +151,40 @@ class TrainerRecovery:
             except RunError as refused:
                 if path is None or mode == "engines":
                     raise self.stop(exc, f"the engines' weights could not be loaded ({cause(refused)})") from refused
-                log.warning("trainer restart: the engines' weights could not be loaded (%s); going back to the "
-                            "last checkpoint", cause(refused))
+                log.warning(
+                    "trainer restart: the engines' weights could not be loaded (%s); going back to the last checkpoint",
+                    cause(refused),
+                )
             else:
                 self.rewound, self.source = False, "engines"
                 self.last = (run.step, time.perf_counter() - start)
-                log.warning("%s; restarted the trainer group from the weights of rollout actor %d (version %d) in "
-                            "%.1fs, no step lost; the optimizer state was reset (AdamW moments start again)%s "
-                            "(trainer restart %d of %d)", died, engine, at_version, self.last[1],
-                            f"; the interrupted step's {put_back} samples are trained again" if put_back else "",
-                            self.restarts, limit)
+                log.warning(
+                    "%s; restarted the trainer group from the weights of rollout actor %d (version %d) in "
+                    "%.1fs, no step lost; the optimizer state was reset (AdamW moments start again)%s "
+                    "(trainer restart %d of %d)",
+                    died,
+                    engine,
+                    at_version,
+                    self.last[1],
+                    f"; the interrupted step's {put_back} samples are trained again" if put_back else "",
+                    self.restarts,
+                    limit,
+                )
                 return run.step
         step, dropped = self.from_checkpoint(path, logger)
         self.rewound, self.source = True, "checkpoint"
         self.last = (step, time.perf_counter() - start)
-        log.warning("%s; restarted the trainer group from checkpoint %s (step %d) in %.1fs; %d samples in flight "
-                    "or buffered dropped, their tasks put back (trainer restart %d of %d)", died, path, step,
-                    self.last[1], dropped, self.restarts, limit)
+        log.warning(
+            "%s; restarted the trainer group from checkpoint %s (step %d) in %.1fs; %d samples in flight "
+            "or buffered dropped, their tasks put back (trainer restart %d of %d)",
+            died,
+            path,
+            step,
+            self.last[1],
+            dropped,
+            self.restarts,
+            limit,
+        )
         return step
 
     def from_engines(self, engine: int, version: int, unfinished: list[GroupMeta] | None) -> int:

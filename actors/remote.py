@@ -11,7 +11,6 @@ import ray
 
 from rlcore.report.faults import NotInWeightGroup, memory_kill
 
-
 log = logging.getLogger("rlcore")
 
 
@@ -54,8 +53,14 @@ def read_unread() -> int:
     return len(_UNREAD)
 
 
-def get(refs, timeout_s: float, what: str, names: list[str] | None = None,
-        stalled: Callable[[], list[str]] | None = None, notice: str | None = None):
+def get(
+    refs,
+    timeout_s: float,
+    what: str,
+    names: list[str] | None = None,
+    stalled: Callable[[], list[str]] | None = None,
+    notice: str | None = None,
+):
     """`ray.get` with a timeout and an error that names the operation and, given `names` (one per
     ref), which participant died or failed. When it fails, the other refs of the call are kept
     and read once they finish (`read_unread`, run by every `get`). `stalled()`, asked every
@@ -80,11 +85,16 @@ def get(refs, timeout_s: float, what: str, names: list[str] | None = None,
             dead = peers_that_died(refs, names, min(timeout_s, PEER_GRACE_S)) if lost_peer(exc) else []
             if not dead:
                 raise
-            raise ActorDied(f"{what} failed: {', '.join(dead)} died (a peer's collective broke: "
-                            f"{str(exc).splitlines()[0][:200]})", dead) from exc
+            raise ActorDied(
+                f"{what} failed: {', '.join(dead)} died (a peer's collective broke: {str(exc).splitlines()[0][:200]})",
+                dead,
+            ) from exc
         dead = failed_names(refs, names)
-        how = memory_kill(str(exc)) or ("was restarted and has not rejoined the weight group"
-                                        if isinstance(_cause(exc), NotInWeightGroup) else "died")
+        how = memory_kill(str(exc)) or (
+            "was restarted and has not rejoined the weight group"
+            if isinstance(_cause(exc), NotInWeightGroup)
+            else "died"
+        )
         raise ActorDied(f"{what} failed: {', '.join(dead) or 'an actor'} {how} ({exc})", dead, how) from exc
 
 
@@ -92,8 +102,14 @@ WAIT_NOTICE_S = 5.0
 """A named wait (`get`'s `notice`) still open after this long says so in one line."""
 
 
-def _wait_unless_stalled(refs: list, timeout_s: float, what: str, names: list[str],
-                         stalled: Callable[[], list[str]], notice: str | None = None) -> None:
+def _wait_unless_stalled(
+    refs: list,
+    timeout_s: float,
+    what: str,
+    names: list[str],
+    stalled: Callable[[], list[str]],
+    notice: str | None = None,
+) -> None:
     start = time.monotonic()
     deadline, pending = start + timeout_s, list(refs)
     said = notice is None
@@ -102,9 +118,16 @@ def _wait_unless_stalled(refs: list, timeout_s: float, what: str, names: list[st
             said = True
             ids = {r.binary() for r in pending}
             waiting = [n for r, n in zip(refs, names) if r.binary() in ids] if len(names) == len(refs) else []
-            log.warning("%s: waiting for %s (%s); up to %.0fs more", what, ", ".join(waiting) or "its participants",
-                        notice, max(0.0, deadline - time.monotonic()))
-        ready, pending = ray.wait(pending, num_returns=len(pending), timeout=min(1.0, max(0.0, deadline - time.monotonic())))
+            log.warning(
+                "%s: waiting for %s (%s); up to %.0fs more",
+                what,
+                ", ".join(waiting) or "its participants",
+                notice,
+                max(0.0, deadline - time.monotonic()),
+            )
+        ready, pending = ray.wait(
+            pending, num_returns=len(pending), timeout=min(1.0, max(0.0, deadline - time.monotonic()))
+        )
         for ref in ready:
             # a participant that failed (died) ends the wait, as a plain `ray.get` of the list
             # does: the others may be blocked in a collective with it until their own deadline
@@ -119,8 +142,15 @@ PEER_GRACE_S = 60.0
 """The longest a call whose participant reported a broken collective waits for another to be seen
 dead (Ray marks an actor on a killed node dead only once it declares the node dead: seconds to tens)."""
 
-_LOST_PEER = ("Connection reset", "Connection closed", "Broken pipe", "Connection refused", "gloo", "NCCL",
-              "ProcessGroup")
+_LOST_PEER = (
+    "Connection reset",
+    "Connection closed",
+    "Broken pipe",
+    "Connection refused",
+    "gloo",
+    "NCCL",
+    "ProcessGroup",
+)
 
 
 def lost_peer(exc: BaseException) -> bool:
@@ -152,8 +182,11 @@ def _cause(exc: BaseException):
 def died(exc: BaseException) -> bool:
     """Whether a call failed because its actor's process is gone: it died, Ray's memory monitor
     killed it (`OutOfMemoryError`), or it is a restarted process not yet back in the group."""
-    return (isinstance(exc, (ray.exceptions.RayActorError, ray.exceptions.OutOfMemoryError))
-            or memory_kill(str(exc)) is not None or isinstance(_cause(exc), NotInWeightGroup))
+    return (
+        isinstance(exc, (ray.exceptions.RayActorError, ray.exceptions.OutOfMemoryError))
+        or memory_kill(str(exc)) is not None
+        or isinstance(_cause(exc), NotInWeightGroup)
+    )
 
 
 def forget(refs: list) -> None:

@@ -12,9 +12,9 @@ from typing import Any, Callable
 
 from actors.remote import RunError
 from actors.trainer_group import TrainerGroup
-from rlcore.storage import checkpoint as ckpt
 from rlcore.config import RunConfig
 from rlcore.config.nodes import config_dict
+from rlcore.storage import checkpoint as ckpt
 
 log = logging.getLogger("rlcore")
 
@@ -24,9 +24,15 @@ OTHER_KIND = {
 }
 
 
-def resume_from(path: Path, kind: str, cfg: RunConfig, trainers: TrainerGroup, series: tuple[str, ...],
-                phase: Callable[[str], Any] | None = None, drop_eval_at_step: Callable[[dict], bool] | None = None
-                ) -> tuple[dict[str, Any], int]:
+def resume_from(
+    path: Path,
+    kind: str,
+    cfg: RunConfig,
+    trainers: TrainerGroup,
+    series: tuple[str, ...],
+    phase: Callable[[str], Any] | None = None,
+    drop_eval_at_step: Callable[[dict], bool] | None = None,
+) -> tuple[dict[str, Any], int]:
     """Load checkpoint `path` of `kind` (`rl`, `sft`) into `trainers` and cut each of `series`
     (files of `output_dir`) back to its step. Returns (the driver state it holds, the policy
     version the trainer loaded). RunError naming `checkpoint.resume` when it is another kind.
@@ -34,8 +40,10 @@ def resume_from(path: Path, kind: str, cfg: RunConfig, trainers: TrainerGroup, s
     evaluation row at the checkpoint's own step goes too (its result was not logged)."""
     state = ckpt.load_driver_state(path)
     if state.get("kind") != kind:
-        raise RunError(f"checkpoint.resume: {path} is a {state.get('kind')!r} checkpoint, not an {kind.upper()} one"
-                       + OTHER_KIND.get(kind, "").format(path=path))
+        raise RunError(
+            f"checkpoint.resume: {path} is a {state.get('kind')!r} checkpoint, not an {kind.upper()} one"
+            + OTHER_KIND.get(kind, "").format(path=path)
+        )
     warn_config_changes(path, cfg)
     with (phase or (lambda _: contextlib.nullcontext()))("loading the checkpoint"):
         version = trainers.load(path)
@@ -56,5 +64,8 @@ def warn_config_changes(path: Path, cfg: RunConfig) -> None:
     except Exception:  # an unreadable meta is not a reason to refuse a resume
         return
     if changed:
-        log.warning("resume: config differs from the checkpoint's in %s%s", ", ".join(changed[:8]),
-                    " ..." if len(changed) > 8 else "")
+        log.warning(
+            "resume: config differs from the checkpoint's in %s%s",
+            ", ".join(changed[:8]),
+            " ..." if len(changed) > 8 else "",
+        )

@@ -15,18 +15,18 @@ import ray
 
 from actors.logs import redirect_output
 from actors.pd_router import PrefillBehind, PrefillNotServing, PrefillRouter
-from rlcore.report.busy import BusyClock
+from rlcore.batch.meta import samples_meta
 from rlcore.config import RunConfig
 from rlcore.engine.base import SamplingParams
 from rlcore.engine.registry import make_engine, prestart_engine, tensor_parallel_size, weight_transport
 from rlcore.engine.slots import GenerationSlots, RequestLimits
 from rlcore.envs import make_env
 from rlcore.isolation.safety import threads_abandoned
-from rlcore.plan.pd import connector_env, pool_config
-from rlcore.batch.meta import samples_meta
 from rlcore.models.tokenizer_build import build_tokenizer
-from rlcore.report.profiling import source_info
+from rlcore.plan.pd import connector_env, pool_config
+from rlcore.report.busy import BusyClock
 from rlcore.report.faults import NotInWeightGroup
+from rlcore.report.profiling import source_info
 from rlcore.transfer import first_rank, make_receiver, transfer_options, world_size
 from rlcore.transfer.plan import SyncPlan
 from rlcore.types import Group, Sample, SampleMeta, Task
@@ -44,8 +44,15 @@ def meta_reply(groups: list[Group]) -> tuple[list[list[SampleMeta]], dict]:
 
 def failed_groups(tasks: list[Task], group_size: int, error: str) -> list[Group]:
     """Placeholder groups for a request that failed as a whole, so its samples are counted."""
-    return [Group(task=t, samples=[Sample([], [], [], [], [], finish_reason="abort", failed=True, error=error)
-                                   for _ in range(group_size)]) for t in tasks]
+    return [
+        Group(
+            task=t,
+            samples=[
+                Sample([], [], [], [], [], finish_reason="abort", failed=True, error=error) for _ in range(group_size)
+            ],
+        )
+        for t in tasks
+    ]
 
 
 class RolloutWorker:
@@ -54,26 +61,39 @@ class RolloutWorker:
     prefill actors named `prefill_actors` (Ray actor names; `prefill_names`: how logs name them)
     through its `PrefillRouter`) or `prefill` (serves `prefill` calls only)."""
 
-    def __init__(self, cfg: RunConfig, index: int, role: str = "rollout", prefill_actors: list[str] | None = None,
-                 prefill_names: list[str] | None = None):
+    def __init__(
+        self,
+        cfg: RunConfig,
+        index: int,
+        role: str = "rollout",
+        prefill_actors: list[str] | None = None,
+        prefill_names: list[str] | None = None,
+    ):
         redirect_output(cfg.output_dir, "rollout", index)
         os.environ.update(connector_env(cfg, index))  # before the engine (and its prestarted core) reads it
         cfg = pool_config(cfg, role)  # a prefill actor's engine: the prefill pool's GPUs and TP
         prestart_engine(cfg.rollout)  # first: it overlaps what follows (vLLM: its engine core's imports)
         self.cfg, self.index, self.role = cfg, index, role
         import torch
+
         torch.set_num_threads(max(1, int(cfg.rollout.cpus_per_actor)))
         self.tokenizer = build_tokenizer(cfg.model)
-        self.engine = make_engine(cfg, self.tokenizer, seed=cfg.seed * 1000 + index,
-                                  pd_role=role if role != "rollout" else None)
+        self.engine = make_engine(
+            cfg, self.tokenizer, seed=cfg.seed * 1000 + index, pd_role=role if role != "rollout" else None
+        )
         # a restarted prefill actor serves no prefill until it holds the run's weights again
         self.has_weights = not ray.get_runtime_context().was_current_actor_reconstructed
         self.prefills = 0  # prefill calls served (a prefill actor)
         serve = self.engine
         if role == "decode":
-            serve = self.router = PrefillRouter(self.engine, prefill_actors or [], prefill_names or [],
-                                                cfg.rollout.pd, cfg.rollout.generate_timeout_s,
-                                                cfg.rollout.weight_sync_timeout_s)
+            serve = self.router = PrefillRouter(
+                self.engine,
+                prefill_actors or [],
+                prefill_names or [],
+                cfg.rollout.pd,
+                cfg.rollout.generate_timeout_s,
+                cfg.rollout.weight_sync_timeout_s,
+            )
         # requests generate in at most `slots` at once; their scoring holds none
         self.slots = GenerationSlots(serve, RequestLimits.of(cfg.rollout).slots)
         self.env = make_env(cfg.env.name, dict(cfg.env.args), cfg.env.seed)
@@ -89,16 +109,24 @@ class RolloutWorker:
         """The engine's line about its start (vLLM: whether its compile cache was hit), or None."""
         return getattr(self.engine, "startup_note", None)
 
-    def init_weight_group(self, address: str, port: int, plan: SyncPlan, handle: dict | None = None,
-                          slot: int | None = None, engines: int | None = None) -> bool:
+    def init_weight_group(
+        self,
+        address: str,
+        port: int,
+        plan: SyncPlan,
+        handle: dict | None = None,
+        slot: int | None = None,
+        engines: int | None = None,
+    ) -> bool:
         """Join the weight-sync group in `slot` of its `engines` actors (default: this actor's
         index of all; the trainer's rank 0 joins at the same time); colocated, keep the IPC
         `handle` of the trainer rank on this GPU instead."""
         name, workers = weight_transport(self.cfg), tensor_parallel_size(self.cfg.rollout)
         rank = first_rank(name, self.index if slot is None else slot, workers)
         size = world_size(name, self.cfg.rollout.num_actors if engines is None else engines, workers)
-        self.receiver = make_receiver(name, transfer_options(self.cfg), plan, self.engine, address, port, rank,
-                                      size, handle)
+        self.receiver = make_receiver(
+            name, transfer_options(self.cfg), plan, self.engine, address, port, rank, size, handle
+        )
         return True
 
     def sleep(self, level: int) -> float:
@@ -110,8 +138,9 @@ class RolloutWorker:
 
     def pull_weights(self, version: int) -> dict:
         if self.receiver is None:  # a restarted process: the driver re-forms the group with it first
-            raise NotInWeightGroup(f"rollout actor {self.index} is not in the weight-sync group (restarted, not "
-                                   "yet rejoined)")
+            raise NotInWeightGroup(
+                f"rollout actor {self.index} is not in the weight-sync group (restarted, not yet rejoined)"
+            )
         out = self.receiver.receive(version)
         self.has_weights = True
         return out
@@ -122,15 +151,20 @@ class RolloutWorker:
         `at_least`: the asking decode engine's version; an engine still older answers
         `PrefillBehind` at once (its part of the sync lands in a moment; nothing is computed)."""
         if not self.has_weights:
-            raise PrefillNotServing(f"rollout actor {self.index} (prefill) was restarted and has not received "
-                                    "the weights yet")
+            raise PrefillNotServing(
+                f"rollout actor {self.index} (prefill) was restarted and has not received the weights yet"
+            )
         if self.engine.policy_version < at_least:
-            raise PrefillBehind(f"rollout actor {self.index} (prefill) holds version {self.engine.policy_version}, "
-                                f"the decode engine {at_least}")
+            raise PrefillBehind(
+                f"rollout actor {self.index} (prefill) holds version {self.engine.policy_version}, "
+                f"the decode engine {at_least}"
+            )
         with self.clock.busy():
             handle = self.engine.prefill(prompts, params, images)
         if not self.prefills:  # its log says it serves (stdout: OUTPUT_DIR/logs/rollout-INDEX.log)
-            print(f"rollout actor {self.index} (prefill): first prefill served, at version {handle.version}", flush=True)
+            print(
+                f"rollout actor {self.index} (prefill): first prefill served, at version {handle.version}", flush=True
+            )
         self.prefills += 1
         return handle
 
@@ -155,8 +189,9 @@ class RolloutWorker:
         """The engine's teacher-forced logprobs (temperature 1) for the canary pairs."""
         return self.engine.score_batch([(list(p), list(c)) for p, c in pairs])
 
-    def canary_completions(self, prompts: list[list[int]], temperature: float, max_new_tokens: int,
-                           seed: int) -> list[list[int]]:
+    def canary_completions(
+        self, prompts: list[list[int]], temperature: float, max_new_tokens: int, seed: int
+    ) -> list[list[int]]:
         """The engine's own completions of the canary's prompts (temperature 0: greedy)."""
         params = SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature, seed=seed)
         return [g.token_ids for g in self.engine.generate([list(p) for p in prompts], params)]
@@ -168,8 +203,14 @@ class RolloutWorker:
             return self.params
         return dataclasses.replace(self.params, **(sampling or {}), **({"seed": seed} if seed is not None else {}))
 
-    def generate_groups(self, tasks: list[Task], group_size: int, split: str = "train", seed: int | None = None,
-                        sampling: dict | None = None) -> list[Group]:
+    def generate_groups(
+        self,
+        tasks: list[Task],
+        group_size: int,
+        split: str = "train",
+        seed: int | None = None,
+        sampling: dict | None = None,
+    ) -> list[Group]:
         """Run `group_size` episodes per task. Never raises for an engine or reward fault: the
         samples come back marked failed, so the driver can count them. `sampling` overrides fields
         of the configured SamplingParams (evaluation). Every request generates in the actor's
@@ -177,8 +218,9 @@ class RolloutWorker:
         may key state on it."""
         try:
             with self.clock.busy():
-                groups = self.env.run_groups(tasks, group_size, self.slots, self.tokenizer,
-                                             self.sampling_params(seed, sampling))
+                groups = self.env.run_groups(
+                    tasks, group_size, self.slots, self.tokenizer, self.sampling_params(seed, sampling)
+                )
         except Exception as exc:
             groups = failed_groups(tasks, group_size, f"{type(exc).__name__}: {exc}\n{traceback.format_exc(limit=3)}")
         stats = {"reward_threads_abandoned": threads_abandoned()}
@@ -198,24 +240,35 @@ class RolloutWorker:
         why = None
         try:
             with self.clock.busy():
-                for i, group in self.env.stream_groups(tasks, group_size, self.slots, self.tokenizer,
-                                                       self.sampling_params(seed)):
+                for i, group in self.env.stream_groups(
+                    tasks, group_size, self.slots, self.tokenizer, self.sampling_params(seed)
+                ):
                     if i in sent or not 0 <= i < len(tasks) or len(group.samples) != group_size:
-                        raise RuntimeError(f"environment gave group {i} twice, out of range or of "
-                                           f"{len(group.samples)} samples ({len(tasks)} tasks x {group_size})")
+                        raise RuntimeError(
+                            f"environment gave group {i} twice, out of range or of "
+                            f"{len(group.samples)} samples ({len(tasks)} tasks x {group_size})"
+                        )
                     sent.add(i)
                     yield i, samples_meta(group.samples), {"reward_threads_abandoned": threads_abandoned()}
                     yield group.samples
         except Exception as exc:
             why = f"{type(exc).__name__}: {exc}\n{traceback.format_exc(limit=3)}"
         left = [i for i in range(len(tasks)) if i not in sent]
-        for i, group in zip(left, failed_groups([tasks[i] for i in left], group_size,
-                                                why or "environment returned no group for this task")):
+        for i, group in zip(
+            left,
+            failed_groups([tasks[i] for i in left], group_size, why or "environment returned no group for this task"),
+        ):
             yield i, samples_meta(group.samples), {"reward_threads_abandoned": threads_abandoned()}
             yield group.samples
 
-    def generate_meta(self, tasks: list[Task], group_size: int, split: str = "eval", seed: int | None = None,
-                      sampling: dict | None = None) -> tuple[list[list[SampleMeta]], dict]:
+    def generate_meta(
+        self,
+        tasks: list[Task],
+        group_size: int,
+        split: str = "eval",
+        seed: int | None = None,
+        sampling: dict | None = None,
+    ) -> tuple[list[list[SampleMeta]], dict]:
         """`generate_groups` for a caller that needs the metadata only (evaluation rounds):
         `(per group list[SampleMeta], env_stats)`; the token data is not sent anywhere."""
         return meta_reply(self.generate_groups(tasks, group_size, split, seed, sampling))
@@ -255,8 +308,9 @@ class RolloutWorker:
         """Load a checkpoint's model weights straight into the engine (evaluation of a
         checkpoint without a trainer group). A disaggregated group's caller then releases
         `version` (`release_version`) once every engine holds it, as a sync does."""
-        from rlcore.storage.checkpoint import load_model_weights
         from rlcore.models.build import build_model
+        from rlcore.storage.checkpoint import load_model_weights
+
         model = build_model(self.cfg.model, self.tokenizer)
         load_model_weights(model, path)
         self.engine.apply_weights(model.named_parameters(), version)

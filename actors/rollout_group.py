@@ -1,6 +1,8 @@
 """The rollout group: the rollout actors' handles, which of them serve (`actors.membership`), the
 generate requests in flight, and the deaths and restarts of engines.
 
+Over 400 lines: requests in flight, deaths and restarts all turn on one state (which actor serves) and stay with it.
+
 `launch` keeps requests going while the staleness bound (given by the driver) and the per-actor
 request limit allow, round-robin over the serving actors; `collect` takes the groups a request's
 stream delivered since (`actors.rollout_stream`: each group as soon as it is scored; the groups
@@ -19,21 +21,21 @@ from typing import Callable
 
 import ray
 
-from actors.membership import Members
 from actors.engine_rng import read_rng_states
-from actors.stall_watch import BEFORE_SYNC_S, StallWatch
+from actors.membership import Members
 from actors.remote import died, forget, get
 from actors.rollout_stream import Ended, Stream, launch_stream
 from actors.run_state import RunState
+from actors.session import CapacityProbe
+from actors.stall_watch import BEFORE_SYNC_S, StallWatch
 from rlcore.batch.buffer import RolloutBuffer
+from rlcore.batch.stragglers import ScoringLags
 from rlcore.config import RunConfig
 from rlcore.engine.slots import RequestLimits
-from rlcore.plan.pd import rollout_roles
 from rlcore.plan.layout import group_bundles
-from actors.session import CapacityProbe
+from rlcore.plan.pd import rollout_roles
 from rlcore.report.events import event
 from rlcore.report.failures import FailureLog
-from rlcore.batch.stragglers import ScoringLags
 from rlcore.report.faults import memory_kill
 from rlcore.transfer.plan import SyncPlan
 from rlcore.types import GroupMeta, Task
@@ -50,8 +52,15 @@ class RolloutGroup:
     """`handles`: the rollout actors (index i is "rollout actor i"). Failed or expired samples
     are counted in `buffer` (accounting) and `failures` (reasons, liveness)."""
 
-    def __init__(self, cfg: RunConfig, handles: list, run: RunState, buffer: RolloutBuffer, failures: FailureLog,
-                 node_of: Callable[[int], str] = lambda i: "?"):
+    def __init__(
+        self,
+        cfg: RunConfig,
+        handles: list,
+        run: RunState,
+        buffer: RolloutBuffer,
+        failures: FailureLog,
+        node_of: Callable[[int], str] = lambda i: "?",
+    ):
         self.cfg, self.handles, self.run, self.node_of = cfg, handles, run, node_of
         self.buffer, self.failures = buffer, failures
         self.timeout_s = cfg.rollout.generate_timeout_s
@@ -105,14 +114,20 @@ class RolloutGroup:
     def startup_notes(self) -> list[str]:
         """The engines' start-up lines (`RolloutWorker.startup_note`), each distinct one once,
         naming the actors that said it."""
-        notes = get([h.startup_note.remote() for h in self.handles], CONTROL_TIMEOUT_S, "engine start-up notes",
-                    self.names(list(range(len(self.handles)))))
+        notes = get(
+            [h.startup_note.remote() for h in self.handles],
+            CONTROL_TIMEOUT_S,
+            "engine start-up notes",
+            self.names(list(range(len(self.handles)))),
+        )
         said: dict[str, list[int]] = {}
         for i, note in enumerate(notes):
             if note:
                 said.setdefault(note, []).append(i)
-        return [f"{note} (rollout actor{'s' if len(ids) > 1 else ''} {', '.join(map(str, ids))})"
-                for note, ids in said.items()]
+        return [
+            f"{note} (rollout actor{'s' if len(ids) > 1 else ''} {', '.join(map(str, ids))})"
+            for note, ids in said.items()
+        ]
 
     # -- requests in flight --------------------------------------------------------------------
     def queued_tasks(self) -> int:
@@ -143,8 +158,12 @@ class RolloutGroup:
         self.tell_routers()
         serving = self.episode_serving  # a restarted engine takes requests once it has the weights
         generating = sum(1 for q in self.pending.values() if not q.arrived)
-        while (serving and queued < allowed and generating < limits.undelivered * len(serving)
-               and len(self.pending) < limits.held * len(serving)):
+        while (
+            serving
+            and queued < allowed
+            and generating < limits.undelivered * len(serving)
+            and len(self.pending) < limits.held * len(serving)
+        ):
             n_tasks = min(r.tasks_per_request, allowed - queued)
             indices, tasks = run.feed.take(n_tasks)
             actor = run.next_actor(len(self.handles) - len(self.prefill), serving)
@@ -186,11 +205,18 @@ class RolloutGroup:
         left, exc = req.samples_left, ended.error
         if left:
             why = f"engine: {type(exc).__name__}" if exc is not None else "engine: request ended without its groups"
-            log.warning("generate request on rollout actor %d %s: %d samples counted failed", req.actor,
-                        f"failed ({type(exc).__name__})" if exc is not None else "ended early", left)
+            log.warning(
+                "generate request on rollout actor %d %s: %d samples counted failed",
+                req.actor,
+                f"failed ({type(exc).__name__})" if exc is not None else "ended early",
+                left,
+            )
             self.buffer.fail(left)
-            req.reasons.update(self.failures.request_lost(left, why, str(exc or ""), streak=False,
-                                                          task=req.tasks[0] if req.tasks else None))
+            req.reasons.update(
+                self.failures.request_lost(
+                    left, why, str(exc or ""), streak=False, task=req.tasks[0] if req.tasks else None
+                )
+            )
         self.failures.request_finished(req.seq, req.all_failed, req.reasons)
         if exc is not None and died(exc):  # died, or killed by Ray's memory monitor: Ray restarts it
             self.engine_lost(req.actor, req.launched_at, memory_kill(str(exc)))
@@ -205,11 +231,17 @@ class RolloutGroup:
                 del self.pending[gen]
                 left = req.samples_left
                 self.buffer.fail(left)
-                log.warning("generate request on rollout actor %d timed out: %d samples counted failed",
-                            req.actor, left)
-                req.reasons.update(self.failures.request_lost(
-                    left, f"engine: generate request timed out (rollout.generate_timeout_s="
-                          f"{self.timeout_s:g})", streak=False, task=req.tasks[0] if req.tasks else None))
+                log.warning(
+                    "generate request on rollout actor %d timed out: %d samples counted failed", req.actor, left
+                )
+                req.reasons.update(
+                    self.failures.request_lost(
+                        left,
+                        f"engine: generate request timed out (rollout.generate_timeout_s={self.timeout_s:g})",
+                        streak=False,
+                        task=req.tasks[0] if req.tasks else None,
+                    )
+                )
                 self.failures.request_finished(req.seq, req.all_failed, req.reasons)
 
     def frozen(self) -> list[str]:
@@ -239,10 +271,17 @@ class RolloutGroup:
                 self.failures.request_withdrawn(q.seq)
             self.stalls.drop(actor)
             self.members.lost(actor, float("inf"), stalled=True)
-            log.warning("rollout actor %s on node %s: no progress for %.0f s; its %d request(s) (%d samples) go to "
-                        "the engines that answer (%d serve on); it rejoins once it answers again", self.label(actor),
-                        self.node_of(actor), silent, len(taken), sum(q.samples_left for _, q in taken), len(self.serving),
-                        extra=event("rollout_stalled", actor=actor, version=self.run.version, step=self.run.step))
+            log.warning(
+                "rollout actor %s on node %s: no progress for %.0f s; its %d request(s) (%d samples) go to "
+                "the engines that answer (%d serve on); it rejoins once it answers again",
+                self.label(actor),
+                self.node_of(actor),
+                silent,
+                len(taken),
+                sum(q.samples_left for _, q in taken),
+                len(self.serving),
+                extra=event("rollout_stalled", actor=actor, version=self.run.version, step=self.run.step),
+            )
         return out
 
     def drop_pending(self) -> int:
@@ -267,9 +306,14 @@ class RolloutGroup:
         has joined again (counted in `rollout_restarts`)."""
         if self.members.lost(actor, launched_at):
             self.stalls.drop(actor)
-            log.warning("rollout actor %s %s at version %d: %d engine(s) serve on while Ray restarts it", self.label(actor),
-                        cause or "died", self.run.version, len(self.serving),
-                        extra=event("rollout_died", actor=actor, version=self.run.version, step=self.run.step))
+            log.warning(
+                "rollout actor %s %s at version %d: %d engine(s) serve on while Ray restarts it",
+                self.label(actor),
+                cause or "died",
+                self.run.version,
+                len(self.serving),
+                extra=event("rollout_died", actor=actor, version=self.run.version, step=self.run.step),
+            )
 
     def dead_engines(self, actors: list[int]) -> list[int]:
         """Actors of `actors` that do not answer `ready()` within 10 s (died or restarting)."""
@@ -346,8 +390,10 @@ class RolloutGroup:
     # -- per-actor calls -----------------------------------------------------------------------
     def join_group(self, actors: list[int], address: str, port: int, plan: SyncPlan) -> list:
         """Refs: actor `actors[j]` joins the weight group at `address:port` in slot j."""
-        return [self.handles[i].init_weight_group.remote(address, port, plan, None, slot, len(actors))
-                for slot, i in enumerate(actors)]
+        return [
+            self.handles[i].init_weight_group.remote(address, port, plan, None, slot, len(actors))
+            for slot, i in enumerate(actors)
+        ]
 
     def open_buffers(self, actors: list[int], plan: SyncPlan, handles: list) -> list:
         """Refs: actor i of `actors` keeps `handles[i]`, the buffer of the trainer rank on its GPU."""
@@ -363,8 +409,9 @@ class RolloutGroup:
         if self.prefill:
             forget([self.handles[i].release_version.remote(version) for i in actors if self.roles[i] == "decode"])
 
-    def canary_completions(self, actor: int, prompts: list[list[int]], temperature: float, max_new_tokens: int,
-                           seed: int):
+    def canary_completions(
+        self, actor: int, prompts: list[list[int]], temperature: float, max_new_tokens: int, seed: int
+    ):
         """Ref: actor `actor`'s completions of the canary prompts (`RolloutWorker.canary_completions`)."""
         return self.handles[actor].canary_completions.remote(prompts, temperature, max_new_tokens, seed)
 
@@ -374,13 +421,25 @@ class RolloutGroup:
 
     def sleep(self, level: int, timeout_s: float) -> float:
         """Put every engine to sleep (free its GPU memory); returns the slowest engine's seconds."""
-        return max(get([h.sleep.remote(level) for h in self.handles], timeout_s, "engine sleep",
-                       self.names(range(len(self.handles)))))
+        return max(
+            get(
+                [h.sleep.remote(level) for h in self.handles],
+                timeout_s,
+                "engine sleep",
+                self.names(range(len(self.handles))),
+            )
+        )
 
     def wake(self, timeout_s: float) -> float:
         """Wake every engine; returns the slowest engine's seconds."""
-        return max(get([h.wake_up.remote() for h in self.handles], timeout_s, "engine wake-up",
-                       self.names(range(len(self.handles)))))
+        return max(
+            get(
+                [h.wake_up.remote() for h in self.handles],
+                timeout_s,
+                "engine wake-up",
+                self.names(range(len(self.handles))),
+            )
+        )
 
     def busy_seconds(self) -> float | None:
         """Generation seconds summed over the serving actors (None: one did not answer in time)."""
@@ -395,5 +454,8 @@ class RolloutGroup:
     def set_rng_states(self, states: list) -> None:
         """Restore `rng_states()` of a checkpoint taken with as many actors (else: nothing)."""
         if len(states) == len(self.handles):
-            get([h.set_rng_state.remote(s) for h, s in zip(self.handles, states)], CONTROL_TIMEOUT_S,
-                "engine RNG restore")
+            get(
+                [h.set_rng_state.remote(s) for h, s in zip(self.handles, states)],
+                CONTROL_TIMEOUT_S,
+                "engine RNG restore",
+            )

@@ -28,26 +28,34 @@ from rlcore.types import GroupMeta
 log = logging.getLogger("rlcore")
 
 
-def table_rows(batch: list[GroupMeta], decode: Callable[[list[int]], str], limit: int,
-               timeout_s: float, trainer_logprobs: dict | None = None,
-               failed: list[FailedExample] = ()) -> list[dict[str, Any]] | None:
+def table_rows(
+    batch: list[GroupMeta],
+    decode: Callable[[list[int]], str],
+    limit: int,
+    timeout_s: float,
+    trainer_logprobs: dict | None = None,
+    failed: list[FailedExample] = (),
+) -> list[dict[str, Any]] | None:
     """The samples table's rows (`rlcore.report.samples.sample_rows`, with the trainer logprobs
     the step returned), then the `failed` samples' rows (`samples.failed_rows`), fetching the
     token data of the groups shown only (at most `limit` + the examples'); None, with a warning,
     when it cannot be read in time: a table is never worth failing a run for."""
+
     def fetch(refs: list) -> list:
         return ray.get(refs, timeout=timeout_s)
+
     try:
-        return (samples.sample_rows(batch, decode, limit, fetch, trainer_logprobs)
-                + samples.failed_rows(list(failed), decode, fetch))
+        return samples.sample_rows(batch, decode, limit, fetch, trainer_logprobs) + samples.failed_rows(
+            list(failed), decode, fetch
+        )
     except ray.exceptions.RayError as exc:
         log.warning("samples table skipped: token data not readable (%s)", type(exc).__name__)
         return None
 
 
-
-def log_sample_nodes(batch: list[GroupMeta], rollout_nodes: list[str], trainer_nodes: list[str],
-                     timeout_s: float = 10.0) -> None:
+def log_sample_nodes(
+    batch: list[GroupMeta], rollout_nodes: list[str], trainer_nodes: list[str], timeout_s: float = 10.0
+) -> None:
     """One line saying which nodes hold the batch's token data (Ray's object directory,
     `ray.experimental.get_object_locations`). The rollout actors made it on their nodes; once the
     trainer ranks have read it, a trainer node that runs no rollout actor holds a copy only if
@@ -63,10 +71,19 @@ def log_sample_nodes(batch: list[GroupMeta], rollout_nodes: list[str], trainer_n
 
     def ids(nodes) -> str:
         return ", ".join(n[:8] for n in sorted(set(nodes))) or "none"
-    log.info("samples in the object store: %d groups' token data (%d bytes), made on rollout node(s) %s, held on "
-             "node(s) %s; trainer on node(s) %s: %s", len(refs), sum(loc.get("object_size") or 0 for loc in where.values()),
-             ids(rollout_nodes), ids(held), ids(trainer_nodes),
-             f"copied across raylets to {ids(copied)}" if copied else
-             "no copy on a trainer-only node" if held else
-             "inlined in their owner, the driver (objects under Ray's max_direct_call_object_size, 100 KiB by "
-             "default, skip the object store)")
+
+    log.info(
+        "samples in the object store: %d groups' token data (%d bytes), made on rollout node(s) %s, held on "
+        "node(s) %s; trainer on node(s) %s: %s",
+        len(refs),
+        sum(loc.get("object_size") or 0 for loc in where.values()),
+        ids(rollout_nodes),
+        ids(held),
+        ids(trainer_nodes),
+        f"copied across raylets to {ids(copied)}"
+        if copied
+        else "no copy on a trainer-only node"
+        if held
+        else "inlined in their owner, the driver (objects under Ray's max_direct_call_object_size, 100 KiB by "
+        "default, skip the object store)",
+    )

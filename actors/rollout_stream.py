@@ -121,8 +121,16 @@ class Stream:
             if self.first_at is None:
                 self.first_at = time.perf_counter()
             self.all_failed = self.all_failed and all(m.failed for m in metas)
-            out.append(GroupMeta(task=self.tasks[position], samples=metas, data=ref, request_id=self.seq,
-                                 stream_index=self.indices[position], env_stats=stats))
+            out.append(
+                GroupMeta(
+                    task=self.tasks[position],
+                    samples=metas,
+                    data=ref,
+                    request_id=self.seq,
+                    stream_index=self.indices[position],
+                    env_stats=stats,
+                )
+            )
 
     def _end(self) -> Ended:
         try:

@@ -104,9 +104,9 @@ class RunState:
         self.actor_cursor = self.request_seq % max(1, num_actors)
 
 
-def groups_allowed_in_flight(run: RunState, batches_started: int, max_off_policy_steps: int,
-                             batch_groups: int) -> int:
+def groups_allowed_in_flight(run: RunState, batches_started: int, max_off_policy_steps: int, batch_groups: int) -> int:
     """Groups that may be generating or buffered now: the staleness rule
     (`rlcore.batch.staleness.groups_allowed_in_flight`) at the run's syncs so far."""
-    return staleness.groups_allowed_in_flight(run.version - run.version_base, batches_started,
-                                              max_off_policy_steps, batch_groups)
+    return staleness.groups_allowed_in_flight(
+        run.version - run.version_base, batches_started, max_off_policy_steps, batch_groups
+    )

@@ -69,14 +69,23 @@ def start_ray(cfg: RunConfig) -> None:
     loaded machine) is retried once after a clean shutdown; connecting is not retried (the
     address is wrong or the cluster is down). Raises RayStartError with one line."""
     import ray
+
     address = ray_address(cfg.cluster)
-    kwargs = dict(address=address, num_cpus=None if address else cfg.cluster.num_cpus,
-                  num_gpus=None if address else cfg.cluster.num_gpus, include_dashboard=False,
-                  # actors write to OUTPUT_DIR/logs/ (actors.logs); their errors come back as
-                  # exceptions of the remote calls, printed as one line that names the log file
-                  log_to_driver=False, logging_level=logging.WARNING,
-                  runtime_env={"env_vars": {"PYTHONPATH": os.pathsep.join(
-                      p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)}} if address is None else None)
+    kwargs = dict(
+        address=address,
+        num_cpus=None if address else cfg.cluster.num_cpus,
+        num_gpus=None if address else cfg.cluster.num_gpus,
+        include_dashboard=False,
+        # actors write to OUTPUT_DIR/logs/ (actors.logs); their errors come back as
+        # exceptions of the remote calls, printed as one line that names the log file
+        log_to_driver=False,
+        logging_level=logging.WARNING,
+        runtime_env={
+            "env_vars": {"PYTHONPATH": os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)}
+        }
+        if address is None
+        else None,
+    )
     attempts = 1 if address else 2
     for attempt in range(1, attempts + 1):
         try:
@@ -90,18 +99,28 @@ def start_ray(cfg: RunConfig) -> None:
                 logging.getLogger("rlcore").warning("Ray failed to start (%s); retrying once", why)
                 continue
             if address:
-                raise RayStartError(f"could not connect to the Ray cluster at {address} ({why}); check that it "
-                                    "is running (`ray status`) and that cluster.address / RAY_ADDRESS is right") from exc
-            raise RayStartError(f"the local Ray cluster did not start, twice ({why}); the machine may be "
-                                "overloaded: retry, lower cluster.num_cpus, or start Ray yourself "
-                                "(`ray start --head`) and set RAY_ADDRESS") from exc
+                raise RayStartError(
+                    f"could not connect to the Ray cluster at {address} ({why}); check that it "
+                    "is running (`ray status`) and that cluster.address / RAY_ADDRESS is right"
+                ) from exc
+            raise RayStartError(
+                f"the local Ray cluster did not start, twice ({why}); the machine may be "
+                "overloaded: retry, lower cluster.num_cpus, or start Ray yourself "
+                "(`ray start --head`) and set RAY_ADDRESS"
+            ) from exc
 
 
 def live_nodes() -> list[NodeCapacity]:
     """The alive nodes of the connected Ray cluster: total CPUs, GPUs and labels of each."""
     import ray
-    return [NodeCapacity(n["NodeID"], n["Resources"].get("CPU", 0.0), n["Resources"].get("GPU", 0.0),
-                         dict(n.get("Labels") or {})) for n in ray.nodes() if n["Alive"]]
+
+    return [
+        NodeCapacity(
+            n["NodeID"], n["Resources"].get("CPU", 0.0), n["Resources"].get("GPU", 0.0), dict(n.get("Labels") or {})
+        )
+        for n in ray.nodes()
+        if n["Alive"]
+    ]
 
 
 class CapacityProbe:

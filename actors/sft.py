@@ -12,11 +12,11 @@ from typing import Any, Callable
 from actors.groups import place
 from actors.resume import resume_from
 from actors.trainer_group import TrainerGroup
+from rlcore.models.tokenizer_build import build_tokenizer
+from rlcore.report.startup import StartupPhases
+from rlcore.sft.dataset import SFTData, build_dataset, step_shards
 from rlcore.storage import checkpoint as ckpt
 from rlcore.storage.checkpoint import CheckpointWriter
-from rlcore.models.tokenizer_build import build_tokenizer
-from rlcore.sft.dataset import SFTData, build_dataset, step_shards
-from rlcore.report.startup import StartupPhases
 
 log = logging.getLogger("rlcore")
 
@@ -67,8 +67,11 @@ class SFTDriver:
             return
         state, _ = resume_from(path, "sft", cfg, self.trainers, ("metrics.jsonl",))
         if state.get("num_examples") != len(self.data.samples):
-            log.warning("resume: the dataset has %d examples, the checkpoint's had %s: the data order differs",
-                        len(self.data.samples), state.get("num_examples"))
+            log.warning(
+                "resume: the dataset has %d examples, the checkpoint's had %s: the data order differs",
+                len(self.data.samples),
+                state.get("num_examples"),
+            )
         self.start_step = int(state["step"])
         log.info("resumed SFT from %s at step %d", path, self.start_step)
 
@@ -85,8 +88,14 @@ class SFTDriver:
             m = dict(self.trainers.sft_step(shards, loss_tokens, f"SFT step {step + 1}"))
             m.pop("version", None)
             dt = max(time.perf_counter() - start, 1e-9)
-            record = {"step": step + 1, "epoch": epoch, "step_time_s": dt,
-                      "tokens_per_s": m.pop("train_tokens") / dt, "elapsed_s": time.perf_counter() - run_start, **m}
+            record = {
+                "step": step + 1,
+                "epoch": epoch,
+                "step_time_s": dt,
+                "tokens_per_s": m.pop("train_tokens") / dt,
+                "elapsed_s": time.perf_counter() - run_start,
+                **m,
+            }
             logger.log(record)
             history.append(record)
             final = step + 1 == cfg.steps
@@ -98,8 +107,14 @@ class SFTDriver:
 
     def save(self, step: int) -> Path:
         def state() -> dict[str, Any]:
-            return {"kind": "sft", "step": step, "examples_seen": step * self.cfg.sft.batch_examples,
-                    "num_examples": len(self.data.samples), "rng": ckpt.rng_state()}
+            return {
+                "kind": "sft",
+                "step": step,
+                "examples_seen": step * self.cfg.sft.batch_examples,
+                "num_examples": len(self.data.samples),
+                "rng": ckpt.rng_state(),
+            }
+
         return self.trainers.save(self.writer, step, state)
 
     def shutdown(self) -> None:

@@ -34,8 +34,8 @@ from ray.util.placement_group import (
 )
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from actors.groups import bundle
 from actors.actor_config import config_env, remote_class
+from actors.groups import bundle
 from actors.remote import ReadyWatch, RunError
 from actors.teacher_worker import TeacherWorker, attach, one_line, score_pairs  # noqa: F401 (re-exported)
 from rlcore.config import RunConfig
@@ -77,8 +77,9 @@ def scored(group: GroupMeta, sums: list, data) -> GroupMeta:
     `data` (the teacher's return object)."""
     if len(sums) != len(group.samples):
         raise ValueError(f"teacher returned {len(sums)} samples' sums for a group of {len(group.samples)}")
-    return dataclasses.replace(group, data=data, samples=[
-        dataclasses.replace(m, teacher_sums=t) for m, t in zip(group.samples, sums)])
+    return dataclasses.replace(
+        group, data=data, samples=[dataclasses.replace(m, teacher_sums=t) for m, t in zip(group.samples, sums)]
+    )
 
 
 class ScoreFailed(RuntimeError):
@@ -132,15 +133,23 @@ class TeacherStage:
         self.pg = placement_group(bundles, strategy="PACK", name="rlcore-teacher")
         ready, _ = ray.wait([self.pg.ready()], timeout=self.cfg.cluster.placement_timeout_s)
         if not ready:
-            raise TeacherError(f"teacher placement group {bundles} not scheduled within "
-                               f"{self.cfg.cluster.placement_timeout_s:.0f}s; cluster has {ray.available_resources()}")
+            raise TeacherError(
+                f"teacher placement group {bundles} not scheduled within "
+                f"{self.cfg.cluster.placement_timeout_s:.0f}s; cluster has {ray.available_resources()}"
+            )
         cls = remote_class(TeacherWorker)  # the config travels in the runtime_env: restarts never need a freed object
-        self.actors = [cls.options(
-            num_cpus=t.cpus_per_actor, num_gpus=t.gpus_per_actor, max_concurrency=self.calls_per_actor + 1,
-            max_restarts=t.max_restarts, max_task_retries=0,
-            runtime_env=config_env(self.cfg, t.env_vars),
-            scheduling_strategy=PlacementGroupSchedulingStrategy(self.pg, placement_group_bundle_index=i),
-        ).remote(i) for i in range(t.num_actors)]
+        self.actors = [
+            cls.options(
+                num_cpus=t.cpus_per_actor,
+                num_gpus=t.gpus_per_actor,
+                max_concurrency=self.calls_per_actor + 1,
+                max_restarts=t.max_restarts,
+                max_task_retries=0,
+                runtime_env=config_env(self.cfg, t.env_vars),
+                scheduling_strategy=PlacementGroupSchedulingStrategy(self.pg, placement_group_bundle_index=i),
+            ).remote(i)
+            for i in range(t.num_actors)
+        ]
         self.alive = [True] * t.num_actors
         self.watch = ReadyWatch(self.actors, t.start_timeout_s, "teacher actor")
 
@@ -193,8 +202,7 @@ class TeacherStage:
         return [g for gs in self.queue for g in gs] + [g for r in self.pending.values() for g in r.groups]
 
     def waiting_samples(self) -> int:
-        return (sum(len(g.samples) for gs in self.queue for g in gs)
-                + sum(r.samples for r in self.pending.values()))
+        return sum(len(g.samples) for gs in self.queue for g in gs) + sum(r.samples for r in self.pending.values())
 
     def refs(self) -> list[ray.ObjectRef]:
         return list(self.pending) + list(self.probes)
@@ -261,15 +269,18 @@ class TeacherStage:
         self.events.scored.extend(groups)
 
     def _failed(self, req: ScoreRequest, why: str) -> None:
-        log.warning("teacher score call on teacher actor %d failed (%s): %d samples counted failed",
-                    req.actor, why, req.samples)
+        log.warning(
+            "teacher score call on teacher actor %d failed (%s): %d samples counted failed", req.actor, why, req.samples
+        )
         self.events.failed.append((req.samples, f"teacher: {why}"))
         self.stats.failed += req.samples
         self.failed_in_a_row += 1
         limit = self.cfg.rollout.stop_after_failed_requests
         if limit and self.failed_in_a_row >= limit:
-            raise TeacherError(f"no progress: the last {self.failed_in_a_row} teacher score calls failed "
-                               f"(rollout.stop_after_failed_requests={limit}); the last: {why}")
+            raise TeacherError(
+                f"no progress: the last {self.failed_in_a_row} teacher score calls failed "
+                f"(rollout.stop_after_failed_requests={limit}); the last: {why}"
+            )
 
     def _probe(self, actor: int) -> None:
         """Stop dispatching to a dead actor until it answers again (Ray restarting it) or is gone."""

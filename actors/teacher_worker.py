@@ -9,11 +9,11 @@ import torch
 from actors.logs import redirect_output
 from rlcore.algo.distill import teacher_sums
 from rlcore.algo.span_align import align, retokenize
-from rlcore.report.busy import BusyClock
 from rlcore.config import RunConfig
 from rlcore.engine.registry import make_engine, prestart_engine
 from rlcore.models.tokenizer_build import build_tokenizer
 from rlcore.plan.teacher import teacher_run_config, tokenizer_fingerprint
+from rlcore.report.busy import BusyClock
 from rlcore.types import Sample
 
 
@@ -29,7 +29,8 @@ class TeacherWorker:
         self.tokenizer = build_tokenizer(tcfg.model)
         self.student_tokenizer = build_tokenizer(cfg.model) if cfg.teacher.cross_tokenizer else None
         if self.student_tokenizer is None and tokenizer_fingerprint(self.tokenizer) != tokenizer_fingerprint(
-                build_tokenizer(cfg.model)):
+            build_tokenizer(cfg.model)
+        ):
             # a hub teacher is only comparable once loaded (validation compares local ones)
             raise ValueError(f"teacher.path: {cfg.teacher.path}: its tokenizer differs from the student's")
         self.engine = make_engine(tcfg, self.tokenizer, seed=cfg.seed * 1000 + 500 + index)
@@ -64,8 +65,13 @@ class TeacherWorker:
                     straddle = self._score_cross(groups)
         except Exception as exc:
             return (self.clock.seconds(), None, one_line(exc), None), *[None] * len(groups)
-        sums = [[None if s.teacher_logprobs is None else teacher_sums(s.logprobs, s.teacher_logprobs, s.loss_mask)
-                 for s in g] for g in groups]
+        sums = [
+            [
+                None if s.teacher_logprobs is None else teacher_sums(s.logprobs, s.teacher_logprobs, s.loss_mask)
+                for s in g
+            ]
+            for g in groups
+        ]
         return (self.clock.seconds(), sums, None, straddle), *groups
 
     def _score_cross(self, groups) -> tuple[int, int]:
@@ -73,9 +79,17 @@ class TeacherWorker:
         (`rlcore.algo.span_align`); returns `(straddled, tokens)`."""
         student, teacher = self.student_tokenizer, self.tokenizer
         scored_samples = [s for g in groups for s in g if not s.failed]
-        mapped = [retokenize(student.decode, lambda text: teacher.encode(text, add_special_tokens=False),
-                             teacher.decode, s.prompt_ids, s.completion_ids, teacher.unk_token_id)
-                  for s in scored_samples]
+        mapped = [
+            retokenize(
+                student.decode,
+                lambda text: teacher.encode(text, add_special_tokens=False),
+                teacher.decode,
+                s.prompt_ids,
+                s.completion_ids,
+                teacher.unk_token_id,
+            )
+            for s in scored_samples
+        ]
         logprobs = self.engine.score_batch([(p, c) for p, c, _, _ in mapped])
         if len(logprobs) != len(mapped):
             raise ValueError(f"teacher returned {len(logprobs)} scored samples for {len(mapped)}")
@@ -114,8 +128,10 @@ def attach(groups, logprobs: list[list[float]], top_k: list[tuple] | None = None
                 if tops is not None:
                     ids, top_lp = next(tops)
                     if len(ids) != len(s.completion_ids) or ids.shape != top_lp.shape:
-                        raise ValueError(f"teacher returned top-k of shapes {ids.shape} / {top_lp.shape} "
-                                         f"for {len(s.completion_ids)} tokens")
+                        raise ValueError(
+                            f"teacher returned top-k of shapes {ids.shape} / {top_lp.shape} "
+                            f"for {len(s.completion_ids)} tokens"
+                        )
                     s.teacher_top_k_ids, s.teacher_top_k_logprobs = ids, top_lp
 
 

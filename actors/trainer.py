@@ -14,12 +14,12 @@ import ray
 import torch
 
 from actors.logs import redirect_output
-from rlcore.storage.checkpoint import load_trainer, save_trainer
+from rlcore.batch.packing import MicroBatch
+from rlcore.batch.step import RankWork, rank_micro_batches, rank_sample_versions, shown_logprobs, shown_positions
 from rlcore.config import RunConfig
 from rlcore.engine.registry import tensor_parallel_size, weight_transport
-from rlcore.batch.packing import MicroBatch
 from rlcore.report.profiling import TraceRecorder, source_info
-from rlcore.batch.step import RankWork, rank_micro_batches, rank_sample_versions, shown_logprobs, shown_positions
+from rlcore.storage.checkpoint import load_trainer, save_trainer
 from rlcore.transfer import make_sender, sender_for, transfer_options, world_size
 from rlcore.transfer.base import Sender
 from rlcore.transfer.plan import SyncPlan
@@ -62,6 +62,7 @@ class TrainerRank:
     def address(self) -> tuple[str, int]:
         """Where this rank can host a rendezvous (called on rank 0)."""
         from rlcore.trainer.core import free_port
+
         return ray.util.get_node_ip_address(), free_port()
 
     def init_distributed(self, master_addr: str, master_port: int) -> bool:
@@ -69,6 +70,7 @@ class TrainerRank:
         if self.device == "cuda":
             torch.cuda.set_device(0)  # Ray exposes exactly this rank's GPU as device 0
         from rlcore.trainer.core import TrainerCore
+
         self.core = TrainerCore(self.cfg, self.rank, self.world_size, device=self.device)
         return True
 
@@ -85,8 +87,11 @@ class TrainerRank:
         if every_rank and self.sender is not None:  # each rank feeds the engine on its GPU
             return self.sender.handle()  # a restarted engine reopens the same buffer (same plan)
         if self.rank == 0 or every_rank:
-            size = world_size(name, self.cfg.rollout.num_actors if engines is None else engines,
-                              tensor_parallel_size(self.cfg.rollout))
+            size = world_size(
+                name,
+                self.cfg.rollout.num_actors if engines is None else engines,
+                tensor_parallel_size(self.cfg.rollout),
+            )
             self.sender = make_sender(name, transfer_options(self.cfg), plan, self.device, address, port, size)
         return self.sender.handle() if self.sender is not None else None
 
@@ -128,12 +133,21 @@ class TrainerRank:
         memory = {}
         if self.device == "cuda":
             free, total = torch.cuda.mem_get_info()
-            memory = {"trainer_peak_gib": torch.cuda.max_memory_reserved() / 2**30,
-                      "gpu_used_gib": (total - free) / 2**30}  # every process on this GPU
+            memory = {
+                "trainer_peak_gib": torch.cuda.max_memory_reserved() / 2**30,
+                "gpu_used_gib": (total - free) / 2**30,
+            }  # every process on this GPU
             if release_memory:
                 torch.cuda.empty_cache()  # the caching allocator's free blocks back to the driver
-        return {**result.metrics, **memory, **pushed, **shown, "version": result.version, "lr": result.lr,
-                "train_fetch_s": fetch_s}
+        return {
+            **result.metrics,
+            **memory,
+            **pushed,
+            **shown,
+            "version": result.version,
+            "lr": result.lr,
+            "train_fetch_s": fetch_s,
+        }
 
     def sft_step(self, micro_batches: list[MicroBatch], global_loss_tokens: int) -> dict:
         result = self.core.sft_step(micro_batches, global_loss_tokens)
@@ -168,9 +182,17 @@ class TrainerRank:
 
         from rlcore.storage.export import hub_named, write_hf_dir
         from rlcore.trainer.export import persistent_buffers
+
         tensors = itertools.chain(params, persistent_buffers(self.core.model))  # e.g. a router's correction bias
-        return str(write_hf_dir(out_dir, hub_named(self.core.model, tensors), model=self.core.model,
-                                tokenizer=self.core.tokenizer, dtype=self.cfg.model.dtype))
+        return str(
+            write_hf_dir(
+                out_dir,
+                hub_named(self.core.model, tensors),
+                model=self.core.model,
+                tokenizer=self.core.tokenizer,
+                dtype=self.cfg.model.dtype,
+            )
+        )
 
     def push_weights(self) -> dict:
         """Gather full parameters (all ranks) and broadcast them from rank 0, bucket by bucket

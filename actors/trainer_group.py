@@ -1,6 +1,8 @@
 """The trainer group: the one place that holds the trainer ranks' handles, names ("trainer rank i")
 and deadline (`trainer.step_timeout_s`), and makes the calls that run on every rank at once.
 
+Over 400 lines: every call made on all ranks at once shares the ranks' names and deadline kept here.
+
 The RL driver, its warm-up and the SFT driver use it alike: `start` (rendezvous on rank 0,
 process-group init, parameter metadata), `launch_step` / `finish_step` (a train step the driver's
 event loop waits on without blocking), `step`, `sft_step`, `save` / `load` / `export`, and for
@@ -25,16 +27,16 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from actors.actor_config import config_env, remote_class
 from actors.remote import WAIT_NOTICE_S, ActorDied, RunError, get, refs_ready
+from actors.session import CapacityProbe
 from actors.trainer import TrainerRank
+from rlcore.config import RunConfig
+from rlcore.plan.layout import group_bundles
+from rlcore.report.console import log_error_detail
+from rlcore.report.events import event
 from rlcore.storage.checkpoint import CheckpointWriter
 from rlcore.storage.errors import NO_SPACE, storage_cause
 from rlcore.storage.location import is_remote
 from rlcore.storage.staging import NoAnswer
-from rlcore.report.console import log_error_detail
-from rlcore.plan.layout import group_bundles
-from actors.session import CapacityProbe
-from rlcore.config import RunConfig
-from rlcore.report.events import event
 from rlcore.transfer.plan import SyncPlan, TensorMeta
 
 log = logging.getLogger("rlcore")
@@ -88,11 +90,15 @@ class TrainerGroup:
     def _spawn(self) -> list:
         t = self.cfg.trainer
         cls = remote_class(TrainerRank)  # the config travels in the runtime_env (`actors.actor_config`)
-        return [cls.options(num_cpus=t.cpus_per_rank, num_gpus=self.gpus_per_rank,
-                            runtime_env=config_env(self.cfg, t.env_vars),
-                            scheduling_strategy=PlacementGroupSchedulingStrategy(self.pg, placement_group_bundle_index=i),
-                            ).remote(i, t.world_size)
-                for i in range(t.world_size)]
+        return [
+            cls.options(
+                num_cpus=t.cpus_per_rank,
+                num_gpus=self.gpus_per_rank,
+                runtime_env=config_env(self.cfg, t.env_vars),
+                scheduling_strategy=PlacementGroupSchedulingStrategy(self.pg, placement_group_bundle_index=i),
+            ).remote(i, t.world_size)
+            for i in range(t.world_size)
+        ]
 
     def _each(self, method: str, *args) -> list:
         return [getattr(h, method).remote(*args) for h in self.handles]
@@ -134,9 +140,11 @@ class TrainerGroup:
             self.kill()
             ready = capacity.wait_ready(self.pg, deadline)
             if not ready:
-                raise RunError(f"trainer restart: {capacity.gone or 'the trainer placement group was not scheduled again'}"
-                               f"; no node joined within cluster.placement_timeout_s={wait_s:g}s"
-                               + ("" if capacity.gone else f"; cluster has {ray.available_resources()}"))
+                raise RunError(
+                    f"trainer restart: {capacity.gone or 'the trainer placement group was not scheduled again'}"
+                    f"; no node joined within cluster.placement_timeout_s={wait_s:g}s"
+                    + ("" if capacity.gone else f"; cluster has {ray.available_resources()}")
+                )
             self.handles = self._spawn()
             try:
                 metas = self.start(first_answer_s=max(1.0, deadline - time.monotonic()))
@@ -144,18 +152,31 @@ class TrainerGroup:
                 capacity.check()
                 if time.monotonic() >= deadline:
                     if capacity.gone:
-                        raise RunError(f"trainer restart: {capacity.gone}; no node joined within "
-                                       f"cluster.placement_timeout_s={wait_s:g}s") from exc
-                    raise RunError(f"trainer restart: the new ranks did not start within "
-                                   f"cluster.placement_timeout_s={wait_s:g}s ({attempt} attempt(s)): {exc}") from exc
+                        raise RunError(
+                            f"trainer restart: {capacity.gone}; no node joined within "
+                            f"cluster.placement_timeout_s={wait_s:g}s"
+                        ) from exc
+                    raise RunError(
+                        f"trainer restart: the new ranks did not start within "
+                        f"cluster.placement_timeout_s={wait_s:g}s ({attempt} attempt(s)): {exc}"
+                    ) from exc
                 log.info("trainer restart attempt %d failed (%s); retrying", attempt, str(exc).splitlines()[0][:200])
                 time.sleep(min(2.0, max(0.0, deadline - time.monotonic())))
                 continue
             after = self.nodes()
-            log.warning("trainer restart: %d rank(s) %s (%d attempt(s), %.1fs)", len(self.handles),
-                        placement_change(before, after), attempt, time.monotonic() - began,
-                        extra=event("trainer_restart", moved=sorted(set(before)) != sorted(set(after)),
-                                    nodes=sorted({n[:8] for n in after if n}), step=step))
+            log.warning(
+                "trainer restart: %d rank(s) %s (%d attempt(s), %.1fs)",
+                len(self.handles),
+                placement_change(before, after),
+                attempt,
+                time.monotonic() - began,
+                extra=event(
+                    "trainer_restart",
+                    moved=sorted(set(before)) != sorted(set(after)),
+                    nodes=sorted({n[:8] for n in after if n}),
+                    step=step,
+                ),
+            )
             return metas
 
     @staticmethod
@@ -173,8 +194,12 @@ class TrainerGroup:
         """Every rank takes the engine's weights (`weights_ref`: a `RolloutWorker.state_dict`
         ref, read by each rank from the object store) as policy `version`, with a fresh optimizer
         state; returns the version."""
-        return int(self._get(self._each("load_engine_weights", weights_ref, version),
-                             f"loading the engines' weights (version {version})")[0])
+        return int(
+            self._get(
+                self._each("load_engine_weights", weights_ref, version),
+                f"loading the engines' weights (version {version})",
+            )[0]
+        )
 
     # -- steps ---------------------------------------------------------------------------------
     def launch_step(self, works: list, normalizer: float) -> list:
@@ -198,8 +223,9 @@ class TrainerGroup:
         some of its groups' token data was lost (then no rank trained: the weights are as before)."""
         results = self._get(refs, f"train step {step}")
         if any("token_data_lost" in r for r in results):  # no rank trained (they agreed first)
-            raise TokenDataLost([self._works[rank].data[i] for rank, r in enumerate(results)
-                                 for i in r.get("token_data_lost", [])])
+            raise TokenDataLost(
+                [self._works[rank].data[i] for rank, r in enumerate(results) for i in r.get("token_data_lost", [])]
+            )
         # a buffered transport: the step also wrote the new weights into the buffers; kept here for
         # the sync (`take_pushed`), which then only has the engines read them
         pushed = [r.pop("weights_pushed") for r in results] if "weights_pushed" in results[0] else None
@@ -254,8 +280,13 @@ class TrainerGroup:
             tmp = writer.begin(step)
             parts: dict[str, int] = {}
             refs = self._each("save_checkpoint", str(tmp))
-            for rank_parts in get(refs, self.cfg.checkpoint.timeout_s, f"checkpoint save of step {step}", self.names,
-                                  notice=f"writing to {writer.root}, checkpoint.timeout_s"):
+            for rank_parts in get(
+                refs,
+                self.cfg.checkpoint.timeout_s,
+                f"checkpoint save of step {step}",
+                self.names,
+                notice=f"writing to {writer.root}, checkpoint.timeout_s",
+            ):
                 parts.update(rank_parts or {})
             path = writer.commit(tmp, step, driver_state(), parts)
         except BaseException as exc:
@@ -314,8 +345,13 @@ class CapacityWatch:
     def check(self) -> str | None:
         gone = self.probe()
         if gone and gone != self.gone:
-            log.warning("%s: %s; waiting up to %.0fs (cluster.placement_timeout_s) for such a node to join",
-                        self.what, gone, self.wait_s, extra=event("capacity_gone", group="trainer"))
+            log.warning(
+                "%s: %s; waiting up to %.0fs (cluster.placement_timeout_s) for such a node to join",
+                self.what,
+                gone,
+                self.wait_s,
+                extra=event("capacity_gone", group="trainer"),
+            )
         self.gone = gone
         return gone
 
@@ -331,8 +367,12 @@ class CapacityWatch:
                 return False
             if not self.check() and not said and time.monotonic() - start >= WAIT_NOTICE_S:
                 said = True
-                log.warning("%s: waiting for Ray to place the trainer group's bundles again; up to %.0fs more "
-                         "(cluster.placement_timeout_s)", self.what, max(0.0, deadline - time.monotonic()))
+                log.warning(
+                    "%s: waiting for Ray to place the trainer group's bundles again; up to %.0fs more "
+                    "(cluster.placement_timeout_s)",
+                    self.what,
+                    max(0.0, deadline - time.monotonic()),
+                )
 
 
 CAPACITY_BEAT_S = 2.0
@@ -362,8 +402,10 @@ def save_failure_cause(exc: BaseException, root) -> str | None:
 
 def placement_change(before: list[str], after: list[str]) -> str:
     """How a restart's ranks were placed against where they ran before (short node ids)."""
+
     def ids(nodes: list[str]) -> str:
         return ", ".join(sorted({n[:8] for n in nodes if n}))
+
     if sorted(set(before)) == sorted(set(after)):
         return f"back on the same node(s) {ids(after)}"
     return f"re-placed from node(s) {ids(before)} on node(s) {ids(after)}"

@@ -4,6 +4,8 @@ the weight-sync group, pushes every new version, re-forms the group when an engi
 back, and checks each sync with the canary (its tokens and bounds come from the first sync:
 `rlcore.weights.canary`).
 
+Over 400 lines: the bring-up order, the group's re-forming and the canary all act on one weight version.
+
 The order of a sync's calls comes from the transport's own flags (`rlcore.transfer.base.Sender`):
 a collective transport (`buffered` False: `broadcast`, `nccl`) has rank 0's rendezvous, and the
 trainer's send and the engines' receive run together; a buffered one (`ipc`) has no process
@@ -26,18 +28,25 @@ import ray
 
 from actors.remote import ActorDied, ReadyWatch, RunError, get
 from actors.rollout_group import RolloutGroup
-from actors.stall_watch import BEFORE_SYNC_S
 from actors.run_state import RunState
+from actors.stall_watch import BEFORE_SYNC_S
 from actors.trainer_group import TrainerGroup
-from rlcore.weights.canary import CanaryBounds, CanaryError, calibrate, canary_prompts, compare_logprobs, own_completion_pairs
 from rlcore.config import RunConfig
-from rlcore.report.console import one_line
 from rlcore.engine.registry import memory_budget, sleep_level
 from rlcore.models.render import render_prompt
+from rlcore.report.console import one_line
 from rlcore.report.events import event
 from rlcore.report.startup import Background, StartupPhases
 from rlcore.transfer.base import Sender
 from rlcore.transfer.plan import SyncPlan, plan_buckets
+from rlcore.weights.canary import (
+    CanaryBounds,
+    CanaryError,
+    calibrate,
+    canary_prompts,
+    compare_logprobs,
+    own_completion_pairs,
+)
 
 log = logging.getLogger("rlcore")
 
@@ -61,8 +70,16 @@ class WeightSync:
     _canary_waits = False
     """The next canary waits (the last one that ran beside a step failed)."""
 
-    def __init__(self, cfg: RunConfig, trainers: TrainerGroup, rollouts: RolloutGroup, transport: type[Sender],
-                 run: RunState, env, tokenizer):
+    def __init__(
+        self,
+        cfg: RunConfig,
+        trainers: TrainerGroup,
+        rollouts: RolloutGroup,
+        transport: type[Sender],
+        run: RunState,
+        env,
+        tokenizer,
+    ):
         self.cfg, self.trainers, self.rollouts, self.transport, self.run = cfg, trainers, rollouts, transport, run
         self.env, self.tokenizer = env, tokenizer
         self.timeout_s = cfg.rollout.weight_sync_timeout_s
@@ -157,13 +174,22 @@ class WeightSync:
             handles = get(t.init_weight_group("", 0, self.plan), self.timeout_s, "weight buffers (IPC) init", t.names)
             if not self.transport.every_rank:  # one sender (rank 0): every engine reads its buffer
                 handles = [handles[0]] * len(r)
-            get(r.open_buffers(actors, self.plan, handles), self.timeout_s, "weight receivers (IPC) init",
-                r.names(actors))
+            get(
+                r.open_buffers(actors, self.plan, handles),
+                self.timeout_s,
+                "weight receivers (IPC) init",
+                r.names(actors),
+            )
         elif actors:
             address, port = t.weight_address()
             self._group = (address, port)
-            get(t.init_weight_group(address, port, self.plan, len(actors)) + r.join_group(actors, address, port, self.plan),
-                self.timeout_s, "weight group init", t.names + r.names(actors))
+            get(
+                t.init_weight_group(address, port, self.plan, len(actors))
+                + r.join_group(actors, address, port, self.plan),
+                self.timeout_s,
+                "weight group init",
+                t.names + r.names(actors),
+            )
         self.rollouts.group_formed()
 
     # -- around a train step (the hybrid schedule of a colocated run) --------------------------
@@ -182,8 +208,9 @@ class WeightSync:
         sync retried once); nothing waits for its restart. When the step already wrote `version`
         into the transport's buffers (`TrainerGroup.take_pushed`), only the engines read them."""
         self.rollouts.watch(BEFORE_SYNC_S)  # an engine frozen now would hold the collective: it leaves first
-        return self._reform_and_sync(version, self.rollouts.serving, self.rollouts.needs_reform,
-                                     self.trainers.take_pushed(version))
+        return self._reform_and_sync(
+            version, self.rollouts.serving, self.rollouts.needs_reform, self.trainers.take_pushed(version)
+        )
 
     def admit_restarted(self) -> list[int]:
         """Call only while no train step runs (the trainer must join the group). Restarted
@@ -197,17 +224,30 @@ class WeightSync:
         self._reform_and_sync(version, sorted(self.rollouts.serving + ready))
         stalled = {i for i in ready if self.rollouts.members.back_from_stall(i)}
         joined = self.rollouts.admit(ready)
-        for why, group in (("after a restart", [i for i in joined if i not in stalled]),
-                           ("after it stalled (it answers again)", [i for i in joined if i in stalled])):
+        for why, group in (
+            ("after a restart", [i for i in joined if i not in stalled]),
+            ("after it stalled (it answers again)", [i for i in joined if i in stalled]),
+        ):
             if group:
-                log.warning("rollout actor%s %s rejoined the weight group at version %d %s",
-                            "s" if len(group) > 1 else "", ", ".join(map(str, group)), version, why,
-                            extra=event("rollout_rejoined", actors=group, version=version, step=self.run.step,
-                                        stalled=bool(set(group) & stalled)))
+                log.warning(
+                    "rollout actor%s %s rejoined the weight group at version %d %s",
+                    "s" if len(group) > 1 else "",
+                    ", ".join(map(str, group)),
+                    version,
+                    why,
+                    extra=event(
+                        "rollout_rejoined",
+                        actors=group,
+                        version=version,
+                        step=self.run.step,
+                        stalled=bool(set(group) & stalled),
+                    ),
+                )
         return joined
 
-    def _reform_and_sync(self, version: int, actors: list[int], reform: bool = True,
-                         pushed: list[dict] | None = None) -> dict[str, float]:
+    def _reform_and_sync(
+        self, version: int, actors: list[int], reform: bool = True, pushed: list[dict] | None = None
+    ) -> dict[str, float]:
         """(Re-form the group of `actors` and) sync `version` to them. A failure retries once
         without the engines that no longer answer; a trainer rank's death stops the run."""
         for attempt in (1, 2):
@@ -226,15 +266,20 @@ class WeightSync:
                 # the probe's 10 s can pass for an engine that is alive, which then left for nothing);
                 # after a death, a heartbeat answered seconds ago says nothing: they are probed
                 stall = isinstance(exc, ActorDied) and exc.how == "made no progress"
-                dead = died + self.rollouts.dead_engines([i for i in actors if i not in died and not
-                                                          (stall and self.rollouts.stalls.answering(i))])
+                dead = died + self.rollouts.dead_engines(
+                    [i for i in actors if i not in died and not (stall and self.rollouts.stalls.answering(i))]
+                )
                 # one line: the message may hold a remote traceback (the whole text is for a fatal error)
                 what = one_line(str(exc))
                 if not what.startswith("weight sync"):
                     what = f"weight sync to version {version}: {what}"
-                log.warning("%s; %s", what,
-                            f"rollout actor(s) {dead} left, re-forming the weight group without them" if dead
-                            else "rebuilding the weight group")
+                log.warning(
+                    "%s; %s",
+                    what,
+                    f"rollout actor(s) {dead} left, re-forming the weight group without them"
+                    if dead
+                    else "rebuilding the weight group",
+                )
                 for i in dead:
                     self.rollouts.engine_lost(i, float("inf"), exc.how if i in died else None)
                 actors, reform = [i for i in actors if i not in dead], True
@@ -279,10 +324,13 @@ class WeightSync:
         self.rollouts.release(actors, version)  # disaggregated: both pools hold it, prefills of it decode
         elapsed = time.perf_counter() - start
         sent = out[0]["sync_bytes"]
-        metrics = {"sync_time_s": elapsed, "sync_gb_per_s": sent / max(elapsed, 1e-9) / 1e9,
-                   "sync_send_s": out[0]["sync_send_s"],
-                   # the send ran inside the train step (buffered transport): sync_time_s is the receive alone
-                   "sync_in_step": float(pushed is not None)}
+        metrics = {
+            "sync_time_s": elapsed,
+            "sync_gb_per_s": sent / max(elapsed, 1e-9) / 1e9,
+            "sync_send_s": out[0]["sync_send_s"],
+            # the send ran inside the train step (buffered transport): sync_time_s is the receive alone
+            "sync_in_step": float(pushed is not None),
+        }
         engine = out[len(self.trainers)]
         metrics.update({k: float(v) for k, v in engine.items() if k in ("sync_engine_s", "sync_worker_s")})
         metrics.update(canary)
@@ -297,21 +345,31 @@ class WeightSync:
         if self._canary_pairs is None:
             r = self.cfg.rollout
             n = r.canary_prompts
-            tasks = [] if self.env.uses_images else [self.env.make_task(i, "eval")
-                                                     for i in range(min(n, self.env.eval_size))]
+            tasks = (
+                []
+                if self.env.uses_images
+                else [self.env.make_task(i, "eval") for i in range(min(n, self.env.eval_size))]
+            )
             prompts = [render_prompt(self.tokenizer, t.messages) for t in tasks]
 
             def generate(batch, temperature, max_new_tokens, seed):
                 ref = self.rollouts.canary_completions(actor, batch, temperature, max_new_tokens, seed)
                 return get([ref], r.generate_timeout_s, "canary completions", self.rollouts.names([actor]))[0]
 
-            pairs = own_completion_pairs(prompts, generate, r.canary_tokens, r.sampling.temperature,
-                                         seed=self.cfg.seed + 1234) if prompts else []
+            pairs = (
+                own_completion_pairs(
+                    prompts, generate, r.canary_tokens, r.sampling.temperature, seed=self.cfg.seed + 1234
+                )
+                if prompts
+                else []
+            )
             if not pairs:
-                vocab_size = next(m.shape[0] for b in self.plan.buckets for m in b.metas
-                                  if m.name.endswith("embed_tokens.weight"))
-                pairs = canary_prompts(vocab_size, num_prompts=n, completion_len=-(-r.canary_tokens // n),
-                                       seed=self.cfg.seed + 1234)
+                vocab_size = next(
+                    m.shape[0] for b in self.plan.buckets for m in b.metas if m.name.endswith("embed_tokens.weight")
+                )
+                pairs = canary_prompts(
+                    vocab_size, num_prompts=n, completion_len=-(-r.canary_tokens // n), seed=self.cfg.seed + 1234
+                )
             self._canary_pairs = pairs
         return self._canary_pairs
 
@@ -359,35 +417,55 @@ class WeightSync:
         """Forget a canary still running (the trainer ranks that owe its answer died)."""
         self._canary = None
 
-    def _check(self, version: int, actors: list[int], trainer_refs: list, engine_refs: list,
-               start: float) -> dict[str, float]:
+    def _check(
+        self, version: int, actors: list[int], trainer_refs: list, engine_refs: list, start: float
+    ) -> dict[str, float]:
         r = self.cfg.rollout
         trainer = get(trainer_refs, self.timeout_s, "canary (trainer)", self.trainers.names)[0]
-        engines = get(engine_refs, self.timeout_s, "canary (engines)", self.rollouts.names(actors), self.rollouts.frozen)
+        engines = get(
+            engine_refs, self.timeout_s, "canary (engines)", self.rollouts.names(actors), self.rollouts.frozen
+        )
         if self.canary_bounds is None:
             measured = [compare_logprobs(engine, trainer, raise_on_fail=False) for engine in engines]
             try:
-                self.canary_bounds = calibrate(measured, r.canary_multiple, r.canary_floor, r.canary_max_floor,
-                                               r.canary_calibration_limit)
+                self.canary_bounds = calibrate(
+                    measured, r.canary_multiple, r.canary_floor, r.canary_max_floor, r.canary_calibration_limit
+                )
             except CanaryError as exc:
                 raise RunError(f"canary after sync to version {version}: {exc}") from exc
             b = self.canary_bounds
-            log.info("canary calibrated on the sync to version %d: later syncs must keep %s (rollout.canary_multiple=%g, "
-                     "canary_floor=%g, canary_max_floor=%g); token_mult_prob_error %.5f", version, b.describe(),
-                     r.canary_multiple, r.canary_floor, r.canary_max_floor, b.baseline_mult_prob_error)
+            log.info(
+                "canary calibrated on the sync to version %d: later syncs must keep %s (rollout.canary_multiple=%g, "
+                "canary_floor=%g, canary_max_floor=%g); token_mult_prob_error %.5f",
+                version,
+                b.describe(),
+                r.canary_multiple,
+                r.canary_floor,
+                r.canary_max_floor,
+                b.baseline_mult_prob_error,
+            )
             if r.max_mismatch is not None and b.baseline_mult_prob_error > r.max_mismatch:
-                raise RunError(f"engine/trainer mismatch on the same weights: token_mult_prob_error "
-                               f"{b.baseline_mult_prob_error:.5f} over {b.num_tokens} tokens of the policy's own "
-                               f"completions passes rollout.max_mismatch={r.max_mismatch} (python -m rlcore.mismatch "
-                               f"measures it alone)")
+                raise RunError(
+                    f"engine/trainer mismatch on the same weights: token_mult_prob_error "
+                    f"{b.baseline_mult_prob_error:.5f} over {b.num_tokens} tokens of the policy's own "
+                    f"completions passes rollout.max_mismatch={r.max_mismatch} (python -m rlcore.mismatch "
+                    f"measures it alone)"
+                )
         worst = None
         for i, engine in zip(actors, engines):
             try:
                 res = self.canary_bounds.check(engine, trainer)
             except CanaryError as exc:
-                raise RunError(f"canary after sync to version {version}, rollout actor {i}: {exc} "
-                               f"(bounds calibrated on the first sync: {self.canary_bounds.describe()})") from exc
+                raise RunError(
+                    f"canary after sync to version {version}, rollout actor {i}: {exc} "
+                    f"(bounds calibrated on the first sync: {self.canary_bounds.describe()})"
+                ) from exc
             if worst is None or res.max_gap > worst.max_gap:
                 worst = res
-        return {"canary_max_gap": worst.max_gap, "canary_mean_gap": worst.mean_gap, **self.canary_bounds.metrics(),
-                "canary_time_s": time.perf_counter() - start, "canary_version": version}
+        return {
+            "canary_max_gap": worst.max_gap,
+            "canary_mean_gap": worst.mean_gap,
+            **self.canary_bounds.metrics(),
+            "canary_time_s": time.perf_counter() - start,
+            "canary_version": version,
+        }

@@ -23,17 +23,29 @@ from pathlib import Path
 
 
 def run(off_policy: int, steps: int, extra: list[str], out: Path, timeout: float | None) -> list[dict] | None:
-    cmd = [sys.executable, "-m", "rlcore.run", f"steps={steps}", f"algo.max_off_policy_steps={off_policy}",
-           f"output_dir={out}", "logger.console=false", *extra]
+    cmd = [
+        sys.executable,
+        "-m",
+        "rlcore.run",
+        f"steps={steps}",
+        f"algo.max_off_policy_steps={off_policy}",
+        f"output_dir={out}",
+        "logger.console=false",
+        *extra,
+    ]
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired as exc:
         # the driver is killed, its Ray processes (the engine's GPU memory, its compute) are not:
         # left, they would slow or break every later run (this machine runs nothing else of ours)
-        subprocess.run([sys.executable, "-m", "ray.scripts.scripts", "stop", "--force"], capture_output=True,
-                       timeout=120)
-        print(f"run with max_off_policy_steps={off_policy} timed out after {timeout} s (its Ray processes "
-              f"stopped):\n{(exc.stderr or b'')[-2000:]!r}", flush=True)
+        subprocess.run(
+            [sys.executable, "-m", "ray.scripts.scripts", "stop", "--force"], capture_output=True, timeout=120
+        )
+        print(
+            f"run with max_off_policy_steps={off_policy} timed out after {timeout} s (its Ray processes "
+            f"stopped):\n{(exc.stderr or b'')[-2000:]!r}",
+            flush=True,
+        )
         return None
     if proc.returncode != 0:
         print(f"run with max_off_policy_steps={off_policy} failed:\n{proc.stderr[-3000:]}", flush=True)
@@ -52,7 +64,7 @@ def summarise(rows: list[dict], warmup: int) -> dict:
     rows = rows[warmup:]
     return {
         "samples_per_s": rate(rows),
-        "steady_samples_per_s": rate(rows[len(rows) // 2:]),
+        "steady_samples_per_s": rate(rows[len(rows) // 2 :]),
         # samples/s compares like with like only when completions are as long in both runs (a
         # random policy's lengths drift as it trains): tokens/s does either way
         "tokens_per_s": rate(rows, "loss_tokens"),
@@ -89,33 +101,43 @@ def main() -> None:
                     continue
                 results[k] = r = summarise(rows, args.warmup)
                 rates[k].append(r["samples_per_s"])
-                print(f"{f'rep {rep}: ' if args.reps > 1 else ''}max_off_policy_steps={k}: "
-                      f"{r['samples_per_s']:.2f} samples/s (steady {r['steady_samples_per_s']:.2f}), "
-                      f"{r['tokens_per_s']:.0f} completion tokens/s, trainer busy "
-                      f"{r['trainer_busy']:.0%}, rollout busy {r['rollout_busy']:.0%}, max staleness "
-                      f"{r['max_staleness']}, step {r['step_time_s']:.2f} s (train {r['train_time_s']:.2f} s), "
-                      f"last reward {r['reward_last']:.3f}", flush=True)
+                print(
+                    f"{f'rep {rep}: ' if args.reps > 1 else ''}max_off_policy_steps={k}: "
+                    f"{r['samples_per_s']:.2f} samples/s (steady {r['steady_samples_per_s']:.2f}), "
+                    f"{r['tokens_per_s']:.0f} completion tokens/s, trainer busy "
+                    f"{r['trainer_busy']:.0%}, rollout busy {r['rollout_busy']:.0%}, max staleness "
+                    f"{r['max_staleness']}, step {r['step_time_s']:.2f} s (train {r['train_time_s']:.2f} s), "
+                    f"last reward {r['reward_last']:.3f}",
+                    flush=True,
+                )
             if 0 in results:
                 for k, r in results.items():
                     if k:
                         speedups[k].append(r["samples_per_s"] / results[0]["samples_per_s"])
                         steady[k].append(r["steady_samples_per_s"] / results[0]["steady_samples_per_s"])
                         by_tokens[k].append(r["tokens_per_s"] / results[0]["tokens_per_s"])
-                        print(f"{f'rep {rep}: ' if args.reps > 1 else ''}speed-up of max_off_policy_steps={k} "
-                              f"over sync: {speedups[k][-1]:.2f}x (steady {steady[k][-1]:.2f}x, completion "
-                              f"tokens/s {by_tokens[k][-1]:.2f}x)", flush=True)
+                        print(
+                            f"{f'rep {rep}: ' if args.reps > 1 else ''}speed-up of max_off_policy_steps={k} "
+                            f"over sync: {speedups[k][-1]:.2f}x (steady {steady[k][-1]:.2f}x, completion "
+                            f"tokens/s {by_tokens[k][-1]:.2f}x)",
+                            flush=True,
+                        )
     if args.reps > 1:
         for k, v in rates.items():
             if v:
-                print(f"max_off_policy_steps={k}: samples/s median {statistics.median(v):.2f} "
-                      f"[{min(v):.2f}-{max(v):.2f}] over {len(v)} runs")
+                print(
+                    f"max_off_policy_steps={k}: samples/s median {statistics.median(v):.2f} "
+                    f"[{min(v):.2f}-{max(v):.2f}] over {len(v)} runs"
+                )
         for k, v in speedups.items():
             if v:
                 w, x = steady[k], by_tokens[k]
-                print(f"speed-up of max_off_policy_steps={k}: median {statistics.median(v):.2f}x "
-                      f"[{min(v):.2f}-{max(v):.2f}] over {len(v)} pairs; steady {statistics.median(w):.2f}x "
-                      f"[{min(w):.2f}-{max(w):.2f}]; completion tokens/s {statistics.median(x):.2f}x "
-                      f"[{min(x):.2f}-{max(x):.2f}]")
+                print(
+                    f"speed-up of max_off_policy_steps={k}: median {statistics.median(v):.2f}x "
+                    f"[{min(v):.2f}-{max(v):.2f}] over {len(v)} pairs; steady {statistics.median(w):.2f}x "
+                    f"[{min(w):.2f}-{max(w):.2f}]; completion tokens/s {statistics.median(x):.2f}x "
+                    f"[{min(x):.2f}-{max(x):.2f}]"
+                )
 
 
 if __name__ == "__main__":

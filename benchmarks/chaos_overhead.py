@@ -33,15 +33,18 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="chaos-bench-") as tmp:
         for pair in range(args.pairs):
             took = {}
-            for arm in (("clean", "chaos") if pair % 2 == 0 else ("chaos", "clean")):
+            for arm in ("clean", "chaos") if pair % 2 == 0 else ("chaos", "clean"):
                 load = os.getloadavg()[0]
                 kill = {"kill_at": 2, "kills": 2} if arm == "chaos" else {}
                 took[arm], _, _ = run_job(Path(tmp) / f"{pair}", arm, CHAOS if arm == "chaos" else [], **kill)
-                print(f"pair {pair + 1} {arm}: {took[arm]:.1f}s (load {load:.1f} -> {os.getloadavg()[0]:.1f})",
-                      flush=True)
+                print(
+                    f"pair {pair + 1} {arm}: {took[arm]:.1f}s (load {load:.1f} -> {os.getloadavg()[0]:.1f})", flush=True
+                )
             ratios.append(took["chaos"] / took["clean"])
-    print(f"chaos/clean over {len(ratios)} pair(s): median {statistics.median(ratios):.2f}x, "
-          f"range {min(ratios):.2f}-{max(ratios):.2f}x")
+    print(
+        f"chaos/clean over {len(ratios)} pair(s): median {statistics.median(ratios):.2f}x, "
+        f"range {min(ratios):.2f}-{max(ratios):.2f}x"
+    )
 
 
 if __name__ == "__main__":

@@ -43,8 +43,20 @@ REPO = Path(__file__).resolve().parent.parent
 LABELS = ["cluster.trainer_node_labels.rlcore-group=trainer", "cluster.rollout_node_labels.rlcore-group=rollout"]
 FREEZE_S = 30.0
 SUBMITS: list[subprocess.Popen] = []  # ended with the cluster when the benchmark stops early
-LOST_LINES = ("no progress for", "re-placed", "rejoined", "restarted the trainer group", "trainer restart",
-              "optimizer", "resumed from", "resume:", "died", "samples in flight", "error:", "FAILED")
+LOST_LINES = (
+    "no progress for",
+    "re-placed",
+    "rejoined",
+    "restarted the trainer group",
+    "trainer restart",
+    "optimizer",
+    "resumed from",
+    "resume:",
+    "died",
+    "samples in flight",
+    "error:",
+    "FAILED",
+)
 
 
 def load() -> str:
@@ -70,8 +82,21 @@ def rows_of(out: Path) -> list[str]:
 
 def submit(cluster: lc.Cluster, out: Path, steps: int, interval: int, log: Path, *extra: str) -> subprocess.Popen:
     """The README's submit line (absolute output_dir, the group labels) plus checkpoint.interval."""
-    cmd = [sys.executable, "-m", "launch.submit", "--address", cluster.dashboard_url, "--deps", "preinstalled", "--",
-           f"steps={steps}", f"output_dir={out}", *LABELS, f"checkpoint.interval={interval}", *extra]
+    cmd = [
+        sys.executable,
+        "-m",
+        "launch.submit",
+        "--address",
+        cluster.dashboard_url,
+        "--deps",
+        "preinstalled",
+        "--",
+        f"steps={steps}",
+        f"output_dir={out}",
+        *LABELS,
+        f"checkpoint.interval={interval}",
+        *extra,
+    ]
     say("submit: " + " ".join(cmd[1:]))
     with open(log, "w") as sink:  # the child keeps its own copy of the descriptor
         SUBMITS.append(subprocess.Popen(cmd, cwd=REPO, env=lc.ray_env(), stdout=sink, stderr=subprocess.STDOUT))
@@ -168,8 +193,9 @@ def chaos_run(cluster: lc.Cluster, args, root: Path, state: Path) -> dict:
                 frozen["node"] = next(x for x in cluster.nodes[2:4] if x is not engine)
             elif len(faults) == 1 and len(done) == 1 and n >= mark[1]:
                 node = frozen["node"]
-                faults.append(Fault(f"rollout node {node.node_id[:8]} frozen {FREEZE_S:.0f}s", rows,
-                                    "rejoined the weight group"))
+                faults.append(
+                    Fault(f"rollout node {node.node_id[:8]} frozen {FREEZE_S:.0f}s", rows, "rejoined the weight group")
+                )
                 frozen["pids"] = node_tree(node)
                 signal_all(frozen["pids"], signal.SIGSTOP)
             elif len(faults) == 2 and "back" not in frozen and now - faults[1].at >= FREEZE_S:
@@ -191,8 +217,14 @@ def chaos_run(cluster: lc.Cluster, args, root: Path, state: Path) -> dict:
 
                 threading.Thread(target=replace, daemon=True).start()
             elif len(faults) == 3 and len(done) == 3 and n >= mark[3] and (pid := driver_pid(out)):
-                faults.append(Fault(f"job driver pid {pid} killed, job resubmitted with resume=true", rows,
-                                    "resumed from", log_index=1))
+                faults.append(
+                    Fault(
+                        f"job driver pid {pid} killed, job resubmitted with resume=true",
+                        rows,
+                        "resumed from",
+                        log_index=1,
+                    )
+                )
                 os.kill(pid, signal.SIGKILL)
                 code = proc.wait(timeout=300)
                 say(f"the first submission exited {code}")
@@ -203,9 +235,16 @@ def chaos_run(cluster: lc.Cluster, args, root: Path, state: Path) -> dict:
     finally:
         signal_all(frozen.get("pids", []), signal.SIGCONT)
     now = time.monotonic()
-    return {"out": out, "logs": logs, "faults": faults, "code": proc.returncode, "total": now - began,
-                "steps_s": now - (first or began), "replacement": replacement,
-                "appeared": appeared}
+    return {
+        "out": out,
+        "logs": logs,
+        "faults": faults,
+        "code": proc.returncode,
+        "total": now - began,
+        "steps_s": now - (first or began),
+        "replacement": replacement,
+        "appeared": appeared,
+    }
 
 
 def stamp(line: str) -> float | None:
@@ -234,31 +273,49 @@ def back_after(f: Fault, chaos: dict) -> tuple[float | None, float | None]:
 def report(clean: tuple[float, float], chaos: dict, steps: int) -> bool:
     rows = [json.loads(x) for x in rows_of(chaos["out"])]
     ok_steps = [r["step"] for r in rows] == list(range(1, steps + 1))
-    bad = [r["step"] for r in rows if r["samples_generated"] != r["samples_trained"] + r["samples_dropped_stale"]
-           + r["samples_failed"] + r["samples_in_flight"] + r["samples_filtered"]]
-    say(f"steps 1..{steps} once each across both submissions: {ok_steps} ({len(rows)} rows); "
-        f"accounting identity on every row: {not bad} {bad or ''}")
+    bad = [
+        r["step"]
+        for r in rows
+        if r["samples_generated"]
+        != r["samples_trained"]
+        + r["samples_dropped_stale"]
+        + r["samples_failed"]
+        + r["samples_in_flight"]
+        + r["samples_filtered"]
+    ]
+    say(
+        f"steps 1..{steps} once each across both submissions: {ok_steps} ({len(rows)} rows); "
+        f"accounting identity on every row: {not bad} {bad or ''}"
+    )
     say(f"final exit {chaos['code']}; faults injected: {len(chaos['faults'])} of 4")
     steps_by = {r["step"]: r["step_time_s"] for r in rows}
     for f in chaos["faults"]:
         rec = f"{f.recovered_s:.1f}s" if f.recovered_s is not None else "never"
         back, row = back_after(f, chaos)
         longest = max((steps_by.get(s, 0.0) for s in range(f.max_before + 1, f.max_before + 4)), default=0.0)
-        say(f"  {f.name}: after step {f.max_before}; next row (step {f.next_step}) {rec} after the fault; "
+        say(
+            f"  {f.name}: after step {f.max_before}; next row (step {f.next_step}) {rec} after the fault; "
             f"'{f.back}' {seconds(back)}, first row after it {seconds(row)} after the fault; longest of "
             "the 3 steps after it "
-            f"{longest:.1f}s; steps trained again {f.retrained()} ({f.load} at the fault)")
+            f"{longest:.1f}s; steps trained again {f.retrained()} ({f.load} at the fault)"
+        )
     if chaos["replacement"]:
-        say(f"  replacement trainer node {chaos['replacement']['node']} joined {chaos['replacement']['s']:.1f}s "
-            "after the trainer node's kill")
-    say(f"whole run: chaos {chaos['total']:.1f}s vs clean {clean[0]:.1f}s submit -> exit (+{chaos['total'] - clean[0]:.1f}s); "
-        f"first row -> exit {chaos['steps_s']:.1f}s vs {clean[1]:.1f}s (+{chaos['steps_s'] - clean[1]:.1f}s)")
+        say(
+            f"  replacement trainer node {chaos['replacement']['node']} joined {chaos['replacement']['s']:.1f}s "
+            "after the trainer node's kill"
+        )
+    say(
+        f"whole run: chaos {chaos['total']:.1f}s vs clean {clean[0]:.1f}s submit -> exit (+{chaos['total'] - clean[0]:.1f}s); "
+        f"first row -> exit {chaos['steps_s']:.1f}s vs {clean[1]:.1f}s (+{chaos['steps_s'] - clean[1]:.1f}s)"
+    )
     if rows:
         last = rows[-1]
-        say(f"lost: samples_failed {last['samples_failed']} (by reason, summed over rows: "
+        say(
+            f"lost: samples_failed {last['samples_failed']} (by reason, summed over rows: "
             f"{sum(sum(r['failed_by_reason'].values()) for r in rows)}), samples_dropped_stale "
             f"{last['samples_dropped_stale']}, trainer_restarts {last['trainer_restarts']}, rollout_restarts "
-            f"{last['rollout_restarts']}, steps trained again {sum(f.retrained() for f in chaos['faults'])}")
+            f"{last['rollout_restarts']}, steps trained again {sum(f.retrained() for f in chaos['faults'])}"
+        )
     for i, path in enumerate(chaos["logs"], 1):
         if path.exists():
             text = path.read_text()
@@ -273,8 +330,12 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--interval", type=int, default=10, help="checkpoint.interval of both runs")
-    parser.add_argument("--marks", type=lambda s: [int(x) for x in s.split(",")], default=[5, 12, 24, 33],
-                        help="rows logged before each fault: rollout kill, freeze, trainer node kill, driver kill")
+    parser.add_argument(
+        "--marks",
+        type=lambda s: [int(x) for x in s.split(",")],
+        default=[5, 12, 24, 33],
+        help="rows logged before each fault: rollout kill, freeze, trainer node kill, driver kill",
+    )
     parser.add_argument("--out", type=Path, required=True, help="absolute folder for both runs (made empty)")
     args = parser.parse_args()
     # stopped from outside (even where a background shell ignores SIGINT): stop the cluster first
@@ -284,9 +345,24 @@ def main() -> int:
     shutil.rmtree(root, ignore_errors=True)
     root.mkdir(parents=True)
     state = root / "cluster.json"
-    cmd = [sys.executable, "-m", "launch.local_cluster", "--state", str(state), "start", "--nodes", "4", "--cpus", "1",
-           "--env", "RAY_max_direct_call_object_size=1024", "--timeout", "600", "--labels",
-           "rlcore-group=driver;rlcore-group=trainer;rlcore-group=rollout;rlcore-group=rollout"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "launch.local_cluster",
+        "--state",
+        str(state),
+        "start",
+        "--nodes",
+        "4",
+        "--cpus",
+        "1",
+        "--env",
+        "RAY_max_direct_call_object_size=1024",
+        "--timeout",
+        "600",
+        "--labels",
+        "rlcore-group=driver;rlcore-group=trainer;rlcore-group=rollout;rlcore-group=rollout",
+    ]
     say("cluster: " + " ".join(cmd[1:]))
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, check=False)
     print(proc.stdout + proc.stderr, flush=True)

@@ -32,8 +32,8 @@ import resource
 import statistics
 import time
 
-from rlcore.plan.compose import compose
 from actors.session import local_ray_environment, start_ray
+from rlcore.plan.compose import compose
 
 local_ray_environment()  # what `python -m rlcore.run` sets before Ray is imported
 
@@ -49,8 +49,10 @@ def request_groups(reply: tuple, tasks: list[Task], data: list, request_id: int,
     """The driver's groups of one request (`reply`: its metadata, `data`: its token-data refs),
     as `actors.rollout_stream.Stream.read` makes them."""
     metas, stats = reply
-    return [GroupMeta(task=t, samples=m, data=d, request_id=request_id, stream_index=i, env_stats=stats)
-            for t, m, d, i in zip(tasks, metas, data, indices)]
+    return [
+        GroupMeta(task=t, samples=m, data=d, request_id=request_id, stream_index=i, env_stats=stats)
+        for t, m, d, i in zip(tasks, metas, data, indices)
+    ]
 
 
 @ray.remote
@@ -65,9 +67,17 @@ def make_request(groups: int, group_size: int, prompt_len: int, completion_len: 
         samples = []
         for _ in range(group_size):
             n = rng.randint(max(1, completion_len // 2), completion_len)
-            samples.append(Sample(prompt, [rng.randrange(vocab) for _ in range(n)],
-                                  [-rng.random() for _ in range(n)], [0] * n, [1] * n,
-                                  finish_reason="stop", reward=float(rng.random() < 0.5)))
+            samples.append(
+                Sample(
+                    prompt,
+                    [rng.randrange(vocab) for _ in range(n)],
+                    [-rng.random() for _ in range(n)],
+                    [0] * n,
+                    [1] * n,
+                    finish_reason="stop",
+                    reward=float(rng.random() < 0.5),
+                )
+            )
         data.append(samples)
     return ([samples_meta(d) for d in data], {}), *data
 
@@ -82,15 +92,22 @@ def rank_side(work: RankWork, timeout_s: float) -> float:
 
 def measure(samples: int, args) -> dict:
     groups = samples // args.group_size
-    cfg = compose([f"algo.group_size={args.group_size}", f"algo.batch_groups={groups}",
-                   f"trainer.world_size={args.dp}", f"trainer.micro_batch_tokens={args.micro_batch_tokens}",
-                   f"rollout.sampling.max_new_tokens={args.completion_len}"])
+    cfg = compose(
+        [
+            f"algo.group_size={args.group_size}",
+            f"algo.batch_groups={groups}",
+            f"trainer.world_size={args.dp}",
+            f"trainer.micro_batch_tokens={args.micro_batch_tokens}",
+            f"rollout.sampling.max_new_tokens={args.completion_len}",
+        ]
+    )
     per_request = args.tasks_per_request
     requests = []
     for first in range(0, groups, per_request):
         n = min(per_request, groups - first)
-        refs = make_request.options(num_returns=1 + n).remote(n, args.group_size, args.prompt_len,
-                                                              args.completion_len, 32000, first)
+        refs = make_request.options(num_returns=1 + n).remote(
+            n, args.group_size, args.prompt_len, args.completion_len, 32000, first
+        )
         tasks = [Task(id=f"t{first + g}", messages=[{"role": "user", "content": "x"}]) for g in range(n)]
         requests.append((refs[0], list(refs[1:]), tasks, list(range(first, first + n))))
     every = [r for req in requests for r in [req[0], *req[1]]]
@@ -99,8 +116,10 @@ def measure(samples: int, args) -> dict:
     buffer = RolloutBuffer(0, groups + 1, acct)
     buffer.launched(groups * args.group_size)
     t0 = time.perf_counter()
-    fetched = [request_groups(ray.get(meta, timeout=600), tasks, data, seq, indices)  # one call per request
-               for seq, (meta, data, tasks, indices) in enumerate(requests)]
+    fetched = [
+        request_groups(ray.get(meta, timeout=600), tasks, data, seq, indices)  # one call per request
+        for seq, (meta, data, tasks, indices) in enumerate(requests)
+    ]
     t1 = time.perf_counter()
     for request in fetched:
         for group in request:
@@ -113,16 +132,28 @@ def measure(samples: int, args) -> dict:
     t4 = time.perf_counter()
     work_refs = [ray.put(work) for work in step.ranks]
     t5 = time.perf_counter()
-    times = {"ray_get_s": t1 - t0, "buffer_add_s": t2 - t1, "pop_batch_s": t3 - t2, "build_step_s": t4 - t3,
-             "dispatch_s": t5 - t4}
+    times = {
+        "ray_get_s": t1 - t0,
+        "buffer_add_s": t2 - t1,
+        "pop_batch_s": t3 - t2,
+        "build_step_s": t4 - t3,
+        "dispatch_s": t5 - t4,
+    }
     total = t5 - t0
     rank_s = ray.get(rank_side.remote(step.ranks[0], 600), timeout=600)
     tokens = sum(s.num_tokens for g in batch for s in g.samples)
     del fetched, batch, step, work_refs, requests, every
     gc.collect()
-    return {"samples": groups * args.group_size, "tokens": tokens, "requests": -(-groups // per_request),
-            **times, "total_s": total, "per_sample_us": total / (groups * args.group_size) * 1e6,
-            "driver_samples_per_s": groups * args.group_size / total, "rank_fetch_pack_s": rank_s}
+    return {
+        "samples": groups * args.group_size,
+        "tokens": tokens,
+        "requests": -(-groups // per_request),
+        **times,
+        "total_s": total,
+        "per_sample_us": total / (groups * args.group_size) * 1e6,
+        "driver_samples_per_s": groups * args.group_size / total,
+        "rank_fetch_pack_s": rank_s,
+    }
 
 
 def main() -> None:
@@ -130,14 +161,22 @@ def main() -> None:
     p.add_argument("--samples", type=int, nargs="+", default=[1000, 10000, 100000])
     p.add_argument("--reps", type=int, default=3, help="repetitions per size (the median is reported)")
     p.add_argument("--group-size", type=int, default=8)
-    p.add_argument("--tasks-per-request", type=int, default=4, help="groups per generate request (rollout.tasks_per_request)")
+    p.add_argument(
+        "--tasks-per-request", type=int, default=4, help="groups per generate request (rollout.tasks_per_request)"
+    )
     p.add_argument("--prompt-len", type=int, default=128)
-    p.add_argument("--completion-len", type=int, default=256, help="longest completion; lengths are uniform in [n/2, n]")
+    p.add_argument(
+        "--completion-len", type=int, default=256, help="longest completion; lengths are uniform in [n/2, n]"
+    )
     p.add_argument("--dp", type=int, default=8, help="trainer data-parallel ranks (shards per step)")
     p.add_argument("--micro-batch-tokens", type=int, default=16384)
-    p.add_argument("--gpu-samples-per-s", type=float, default=41.0,
-                   help="samples/s one GPU produces and trains end to end (docs/benchmarks.md, issue 3/4 run 2: "
-                        "82.2 samples/s on 2 GPUs, Qwen3-0.6B shape)")
+    p.add_argument(
+        "--gpu-samples-per-s",
+        type=float,
+        default=41.0,
+        help="samples/s one GPU produces and trains end to end (docs/benchmarks.md, issue 3/4 run 2: "
+        "82.2 samples/s on 2 GPUs, Qwen3-0.6B shape)",
+    )
     p.add_argument("--out", default=None)
     args = p.parse_args()
     start_ray(compose(["cluster.num_cpus=2"]))  # the run's own local Ray start

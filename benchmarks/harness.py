@@ -27,10 +27,26 @@ os.environ.setdefault("NCCL_NVLS_ENABLE", "0")  # NVLink multicast can wedge the
 
 # Qwen3 dense shapes (public configs of Qwen/Qwen3-0.6B and Qwen/Qwen3-4B).
 MODEL_SHAPES: dict[str, dict[str, Any]] = {
-    "qwen3-0.6b": dict(hidden_size=1024, intermediate_size=3072, num_hidden_layers=28, num_attention_heads=16,
-                       num_key_value_heads=8, head_dim=128, vocab_size=151936, tie_word_embeddings=True),
-    "qwen3-4b": dict(hidden_size=2560, intermediate_size=9728, num_hidden_layers=36, num_attention_heads=32,
-                     num_key_value_heads=8, head_dim=128, vocab_size=151936, tie_word_embeddings=True),
+    "qwen3-0.6b": dict(
+        hidden_size=1024,
+        intermediate_size=3072,
+        num_hidden_layers=28,
+        num_attention_heads=16,
+        num_key_value_heads=8,
+        head_dim=128,
+        vocab_size=151936,
+        tie_word_embeddings=True,
+    ),
+    "qwen3-4b": dict(
+        hidden_size=2560,
+        intermediate_size=9728,
+        num_hidden_layers=36,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        head_dim=128,
+        vocab_size=151936,
+        tie_word_embeddings=True,
+    ),
 }
 
 
@@ -56,9 +72,9 @@ def _trainer_main(conn: Any, model_dir: str, seed: int) -> None:
         import torch
         from transformers import AutoConfig, AutoModelForCausalLM
 
-        from rlcore.weights.canary import teacher_forced_logprobs
         from rlcore.transfer import nccl
         from rlcore.transfer.plan import update_info_for
+        from rlcore.weights.canary import teacher_forced_logprobs
 
         torch.cuda.set_device(0)
         cfg = AutoConfig.from_pretrained(model_dir)
@@ -102,13 +118,15 @@ def _trainer_main(conn: Any, model_dir: str, seed: int) -> None:
                     t_done = time.time()
                     conn.send(("stepped", t_done))
                     if send:
-                        info = nccl.send_weights(params, bucket, sender=sender, num_buffers=nbuf,
-                                                 timeout_s=timeout, expect=expect)
+                        info = nccl.send_weights(
+                            params, bucket, sender=sender, num_buffers=nbuf, timeout_s=timeout, expect=expect
+                        )
                         conn.send(("sent", time.time(), info["stats"]))
                 elif cmd == "send_only":
                     bucket, nbuf, expect, timeout = args
-                    info = nccl.send_weights(params, bucket, sender=sender, num_buffers=nbuf,
-                                             timeout_s=timeout, expect=expect)
+                    info = nccl.send_weights(
+                        params, bucket, sender=sender, num_buffers=nbuf, timeout_s=timeout, expect=expect
+                    )
                     conn.send(("sent", time.time(), info["stats"]))
                 elif cmd == "logprobs":
                     pairs, temperature = args
@@ -184,13 +202,23 @@ def connect(engine: Any, trainer: TrainerProc, timeout: float = 60) -> None:
     trainer.recv(timeout)
 
 
-def step_and_sync(engine: Any, trainer: TrainerProc, info: dict, version: int, *, scale: float = 0.5,
-                  seed: int = 0, send: bool = True, timeout: float = 120) -> dict:
+def step_and_sync(
+    engine: Any,
+    trainer: TrainerProc,
+    info: dict,
+    version: int,
+    *,
+    scale: float = 0.5,
+    seed: int = 0,
+    send: bool = True,
+    timeout: float = 120,
+) -> dict:
     """Trainer step, then (if ``send``) trainer broadcast + engine receive, concurrently.
     ``e2e_s``: trainer step done (after its CUDA sync) -> ``receive_weights`` returned (engine
     resumed on the new weights)."""
-    trainer.send("step_send", scale, seed, send, info["packed_buffer_size_bytes"], info["packed_num_buffers"],
-                 info, timeout)
+    trainer.send(
+        "step_send", scale, seed, send, info["packed_buffer_size_bytes"], info["packed_num_buffers"], info, timeout
+    )
     _, t_done = trainer.recv(timeout)
     if not send:
         return {}
@@ -215,16 +243,27 @@ def trainer_and_engine(shape: str, bucket: int, engine_gpu: str = "1", **engine_
     joined in one weight-transfer group. Yields the state the GPU tests share: ``engine``,
     ``trainer``, ``info`` (update info for ``bucket``-byte buckets, 2 buffers), ``version``,
     ``step`` and the canary ``pairs``; shuts both down on exit."""
-    from rlcore.weights.canary import canary_prompts
     from rlcore.engine.vllm.vllm_engine import VLLMEngine
+    from rlcore.weights.canary import canary_prompts
 
     model_dir = write_model_dir(shape)
     trainer = TrainerProc(model_dir, gpu="0")  # builds its model while the engine starts
     saved = os.environ.get("CUDA_VISIBLE_DEVICES")
     os.environ["CUDA_VISIBLE_DEVICES"] = engine_gpu  # inherited by vLLM's engine-core process
     try:
-        engine = VLLMEngine(model_dir, **{**dict(load_format="dummy", enforce_eager=True, gpu_memory_utilization=0.4,
-                                                  max_model_len=2048, rpc_timeout_s=120), **engine_kwargs})
+        engine = VLLMEngine(
+            model_dir,
+            **{
+                **dict(
+                    load_format="dummy",
+                    enforce_eager=True,
+                    gpu_memory_utilization=0.4,
+                    max_model_len=2048,
+                    rpc_timeout_s=120,
+                ),
+                **engine_kwargs,
+            },
+        )
     except BaseException:
         trainer.close()
         raise
@@ -237,8 +276,14 @@ def trainer_and_engine(shape: str, bucket: int, engine_gpu: str = "1", **engine_
         trainer.wait_ready()
         connect(engine, trainer)
         info = trainer.call("update_info", bucket, 2)
-        yield dict(engine=engine, trainer=trainer, info=info, version=0, step=0,
-                   pairs=canary_prompts(151936, num_prompts=4, prompt_len=16, completion_len=16))
+        yield dict(
+            engine=engine,
+            trainer=trainer,
+            info=info,
+            version=0,
+            step=0,
+            pairs=canary_prompts(151936, num_prompts=4, prompt_len=16, completion_len=16),
+        )
     finally:
         engine.shutdown()
         trainer.close()

@@ -72,15 +72,25 @@ def run_requests(handle, cfg, requests: int, offset: int, sampling: dict | None 
 
     per = cfg.rollout.tasks_per_request
     start = time.perf_counter()
-    refs = [handle.generate_groups.remote(tasks_of(cfg, per, offset + k * per), cfg.algo.group_size, "train",
-                                          1000 + k, sampling) for k in range(requests)]
+    refs = [
+        handle.generate_groups.remote(
+            tasks_of(cfg, per, offset + k * per), cfg.algo.group_size, "train", 1000 + k, sampling
+        )
+        for k in range(requests)
+    ]
     groups = [g for gs in ray.get(refs, timeout=3600) for g in gs]
     took = time.perf_counter() - start
     samples = [s for g in groups for s in g.samples]
     failed = sum(s.failed for s in samples)
     tokens = sum(sum(s.loss_mask) for s in samples)
-    return {"samples": len(samples), "failed": failed, "seconds": took, "samples_per_s": len(samples) / took,
-            "tokens_per_s": tokens / took, "first_error": next((s.error[:300] for s in samples if s.failed), "")}
+    return {
+        "samples": len(samples),
+        "failed": failed,
+        "seconds": took,
+        "samples_per_s": len(samples) / took,
+        "tokens_per_s": tokens / took,
+        "first_error": next((s.error[:300] for s in samples if s.failed), ""),
+    }
 
 
 def part_equal_and_throughput(args, base: list[str], out: dict, parts: list[str]) -> None:
@@ -89,7 +99,11 @@ def part_equal_and_throughput(args, base: list[str], out: dict, parts: list[str]
     def memory(share: float) -> list[str]:  # vLLM's memory share; the CPU check (--share 0) has none
         return [f"+rollout.vllm.engine_kwargs.gpu_memory_utilization={share * 0.9:.3f}"] if share else []
 
-    half = [f"rollout.gpus_per_actor={args.share}", f"rollout.pd.prefill_gpus_per_actor={args.share}", *memory(args.share)]
+    half = [
+        f"rollout.gpus_per_actor={args.share}",
+        f"rollout.pd.prefill_gpus_per_actor={args.share}",
+        *memory(args.share),
+    ]
     pd = compose_run([*base, "rollout.pd.enabled=true", f"rollout.pd.connector={args.connector}", *half])
     groups = rollouts(pd)
     decode, prefill = groups.rollouts
@@ -97,16 +111,28 @@ def part_equal_and_throughput(args, base: list[str], out: dict, parts: list[str]
         if "equal" in parts:
             greedy = {"temperature": 0.0}
             tasks = tasks_of(pd, args.equal_tasks)
-            split, alone = ray.get([decode.generate_groups.remote(tasks, 2, "train", 7, greedy),
-                                    prefill.generate_groups.remote(tasks, 2, "train", 7, greedy)], timeout=1800)
+            split, alone = ray.get(
+                [
+                    decode.generate_groups.remote(tasks, 2, "train", 7, greedy),
+                    prefill.generate_groups.remote(tasks, 2, "train", 7, greedy),
+                ],
+                timeout=1800,
+            )
             a = [s.completion_ids for g in split for s in g.samples]
             b = [s.completion_ids for g in alone for s in g.samples]
             equal = sum(x == y for x, y in zip(a, b))
             first = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None)
-            out["equal"] = {"samples": len(a), "equal": equal, "failed": sum(s.failed for g in split for s in g.samples),
-                            "first_unequal": None if first is None else {"split": a[first][:40], "alone": b[first][:40]}}
-            print(f"RESULT pd greedy: {equal} of {len(a)} samples' completions equal to one engine's "
-                  f"(split path failed {out['equal']['failed']})", flush=True)
+            out["equal"] = {
+                "samples": len(a),
+                "equal": equal,
+                "failed": sum(s.failed for g in split for s in g.samples),
+                "first_unequal": None if first is None else {"split": a[first][:40], "alone": b[first][:40]},
+            }
+            print(
+                f"RESULT pd greedy: {equal} of {len(a)} samples' completions equal to one engine's "
+                f"(split path failed {out['equal']['failed']})",
+                flush=True,
+            )
         if "versions" in parts:
             part_versions(args, pd, decode, prefill, out)
         if "throughput" in parts:
@@ -160,20 +186,30 @@ def part_versions(args, cfg, decode, prefill, out: dict) -> None:
     per, start, samples, k = cfg.rollout.tasks_per_request, time.perf_counter(), [], 0
     thread.start()
     while not done.is_set():  # rounds of requests until every update has landed among them
-        refs = [decode.generate_groups.remote(tasks_of(cfg, per, 30_000 + (k + i) * per), cfg.algo.group_size,
-                                              "train", 3000 + k + i) for i in range(args.requests)]
+        refs = [
+            decode.generate_groups.remote(
+                tasks_of(cfg, per, 30_000 + (k + i) * per), cfg.algo.group_size, "train", 3000 + k + i
+            )
+            for i in range(args.requests)
+        ]
         samples += [s for gs in ray.get(refs, timeout=3600) for g in gs for s in g.samples]
         k += args.requests
     thread.join(timeout=60)
     ok = [s for s in samples if not s.failed]
     split = [s.versions[:2] for s in ok if len(s.versions) >= 2 and s.versions[0] != s.versions[1]]
-    res = {"samples": len(samples), "failed": len(samples) - len(ok), "first_error": next(
-               ((s.error or "")[:300] for s in samples if s.failed), ""),
-           "first_two_versions_differ": len(split), "examples": split[:5],
-           "overtaken_by_a_sync": sum(len(set(s.versions)) > 1 for s in ok),
-           "versions_seen": sorted({v for s in ok for v in s.versions[:1]}), "updates_landed": landed[0],
-           "update_errors": errors, "router": ray.get(decode.pd_stats.remote(), timeout=60),
-           "seconds": time.perf_counter() - start}
+    res = {
+        "samples": len(samples),
+        "failed": len(samples) - len(ok),
+        "first_error": next(((s.error or "")[:300] for s in samples if s.failed), ""),
+        "first_two_versions_differ": len(split),
+        "examples": split[:5],
+        "overtaken_by_a_sync": sum(len(set(s.versions)) > 1 for s in ok),
+        "versions_seen": sorted({v for s in ok for v in s.versions[:1]}),
+        "updates_landed": landed[0],
+        "update_errors": errors,
+        "router": ray.get(decode.pd_stats.remote(), timeout=60),
+        "seconds": time.perf_counter() - start,
+    }
     out["versions"] = res
     print(f"RESULT pd versions: {json.dumps(res)}", flush=True)
 
@@ -187,8 +223,11 @@ def hit_rate(before: dict, after: dict, prefix: str) -> float | None:
 def part_offload(args, base: list[str], out: dict) -> None:
     import ray
 
-    small = [f"+rollout.vllm.engine_kwargs.kv_cache_memory_bytes={int(args.cache_gib * 2**30)}",
-             "+rollout.vllm.engine_kwargs.disable_log_stats=false", "rollout.gpus_per_actor=1"]
+    small = [
+        f"+rollout.vllm.engine_kwargs.kv_cache_memory_bytes={int(args.cache_gib * 2**30)}",
+        "+rollout.vllm.engine_kwargs.disable_log_stats=false",
+        "rollout.gpus_per_actor=1",
+    ]
     for label, extra in (("no_offload", []), ("offload", [f"rollout.vllm.kv_offload_gb={args.offload_gib}"])):
         cfg = compose_run([*base, *small, *extra])
         groups = rollouts(cfg)
@@ -211,8 +250,13 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", required=True)
     ap.add_argument("--parts", nargs="+", default=["equal", "throughput", "versions", "offload"])
-    ap.add_argument("--share", type=float, default=0.45, help="GPU share of each engine of the pair (0: a CPU "
-                    "check of this script with the transformers engine: --connector object_store)")
+    ap.add_argument(
+        "--share",
+        type=float,
+        default=0.45,
+        help="GPU share of each engine of the pair (0: a CPU "
+        "check of this script with the transformers engine: --connector object_store)",
+    )
     ap.add_argument("--connector", default="nixl")
     ap.add_argument("--requests", type=int, default=16, help="concurrent requests of the throughput part")
     ap.add_argument("--equal-tasks", type=int, default=8)

@@ -23,8 +23,10 @@ def main() -> None:
     _, pipe = socket.socketpair()  # stands for the worker's pipe to the actor (the call's process closes it)
     print(f"resident: {int(open('/proc/self/statm').read().split()[1]) * 4096 / 1e6:.1f} MB")
     gc.freeze()  # as a worker does before it serves
-    for name, call in [("in-process", lambda: loop.run_one(env, blob)),
-                       ("forked", lambda: loop.run_forked(env, blob, pipe.fileno()))]:
+    for name, call in [
+        ("in-process", lambda: loop.run_one(env, blob)),
+        ("forked", lambda: loop.run_forked(env, blob, pipe.fileno())),
+    ]:
         per = []
         for _ in range(5):
             start = time.perf_counter()

@@ -37,13 +37,18 @@ sys.path.insert(0, ROOT)
 from actors.session import local_ray_environment, start_ray  # noqa: E402  (after the sys.path line above)
 from rlcore.plan.compose import compose  # noqa: E402
 
-MODES = {"inline": ["env.args.reward_timeout_s=0"], "thread": ["env.args.reward_isolation=thread"],
-         "worker": ["env.args.reward_isolation=worker"]}
+MODES = {
+    "inline": ["env.args.reward_timeout_s=0"],
+    "thread": ["env.args.reward_isolation=thread"],
+    "worker": ["env.args.reward_isolation=worker"],
+}
 
 
 def score_only(worker, tasks: list, group_size: int) -> float:
     """Runs inside the rollout actor: seconds of `env.score_all` for `group_size` answers per task."""
-    jobs = [(t, [*t.messages, {"role": "assistant", "content": t.answer}], {}) for t in tasks for _ in range(group_size)]
+    jobs = [
+        (t, [*t.messages, {"role": "assistant", "content": t.answer}], {}) for t in tasks for _ in range(group_size)
+    ]
     start = time.perf_counter()
     outs = worker.env.score_all(jobs)
     seconds = time.perf_counter() - start
@@ -61,15 +66,18 @@ def actor_part(args: argparse.Namespace) -> dict:
     import ray
 
     from actors.rollout import RolloutWorker
+
     out_dir = tempfile.mkdtemp(prefix="reward_overhead_")
     base = [f"output_dir={out_dir}", f"algo.group_size={args.group_size}", "cluster.num_cpus=4"]
     cfgs = {m: compose(base + extra) for m, extra in MODES.items()}
     start_ray(cfgs["worker"])
     actor_cls = ray.remote(RolloutWorker)
-    actors = {m: actor_cls.options(num_cpus=0, max_concurrency=4).remote(cfg, i)
-              for i, (m, cfg) in enumerate(cfgs.items())}
+    actors = {
+        m: actor_cls.options(num_cpus=0, max_concurrency=4).remote(cfg, i) for i, (m, cfg) in enumerate(cfgs.items())
+    }
     ray.get([a.ready.remote() for a in actors.values()], timeout=300)
     from rlcore.envs import make_env
+
     env = make_env(cfgs["worker"].env.name, dict(cfgs["worker"].env.args), cfgs["worker"].env.seed)
     n_tasks = args.tasks
     samples = n_tasks * args.group_size * args.concurrent
@@ -77,14 +85,18 @@ def actor_part(args: argparse.Namespace) -> dict:
     score_s: dict[str, list[float]] = {m: [] for m in MODES}
     names = list(MODES)
     for rep in range(args.reps + 1):  # repetition 0 warms up (workers forked, caches filled)
-        order = names[rep % 3:] + names[:rep % 3]
+        order = names[rep % 3 :] + names[: rep % 3]
         for m in order:
             a = actors[m]
-            batches = [[env.make_task((rep * args.concurrent + c) * n_tasks + i, "train") for i in range(n_tasks)]
-                       for c in range(args.concurrent)]
+            batches = [
+                [env.make_task((rep * args.concurrent + c) * n_tasks + i, "train") for i in range(n_tasks)]
+                for c in range(args.concurrent)
+            ]
             start = time.perf_counter()
-            ray.get([a.generate_meta.remote(b, args.group_size, "train", 1000 * rep + c) for c, b in enumerate(batches)],
-                    timeout=600)
+            ray.get(
+                [a.generate_meta.remote(b, args.group_size, "train", 1000 * rep + c) for c, b in enumerate(batches)],
+                timeout=600,
+            )
             dt = time.perf_counter() - start
             sc = sum(ray.get([a.__ray_call__.remote(score_only, b, args.group_size) for b in batches], timeout=600))
             if rep:
@@ -93,8 +105,10 @@ def actor_part(args: argparse.Namespace) -> dict:
             print(f"rep {rep} {m}: requests {dt * 1e3:.1f} ms, scoring {sc * 1e3:.2f} ms", flush=True)
     ray.shutdown()
     per = 1e6 / samples
-    print(f"\n{args.concurrent} concurrent requests x {n_tasks} tasks x {args.group_size} samples = {samples} samples "
-          f"per repetition, {args.reps} repetitions; median [min-max]; load: {os.getloadavg()[0]:.2f}")
+    print(
+        f"\n{args.concurrent} concurrent requests x {n_tasks} tasks x {args.group_size} samples = {samples} samples "
+        f"per repetition, {args.reps} repetitions; median [min-max]; load: {os.getloadavg()[0]:.2f}"
+    )
     print("| mode | requests, ms | scoring in the actor, us/sample | scoring overhead vs inline, us/sample |")
     print("|---|---|---|---|")
     inline = statistics.median(score_s["inline"])
@@ -114,9 +128,18 @@ def hang_part(args: argparse.Namespace) -> dict:
         for tree, label, percent in runs[turn:] + runs[:turn]:  # the order rotates
             key = f"{tree} {label}"
             out_dir = tempfile.mkdtemp(prefix=f"reward_hang_{label}_")
-            cmd = [sys.executable, "-m", "rlcore.run", f"output_dir={out_dir}", f"steps={args.steps}",
-                   "sft.warmup_steps=0", "env.name=benchmarks.reward_envs:HangingReverseText",
-                   f"+env.args.hang_percent={percent}", "env.args.reward_timeout_s=2", *args.extra]
+            cmd = [
+                sys.executable,
+                "-m",
+                "rlcore.run",
+                f"output_dir={out_dir}",
+                f"steps={args.steps}",
+                "sft.warmup_steps=0",
+                "env.name=benchmarks.reward_envs:HangingReverseText",
+                f"+env.args.hang_percent={percent}",
+                "env.args.reward_timeout_s=2",
+                *args.extra,
+            ]
             for _ in range(3):  # a loaded machine sometimes fails to start Ray: that run is tried again
                 start = time.perf_counter()
                 proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1800, check=False, cwd=trees[tree])
@@ -130,16 +153,21 @@ def hang_part(args: argparse.Namespace) -> dict:
             results[key].append(rl)
             process[key].append(wall)
             overdue = sum(r.get("groups_overdue") or 0 for r in rows)
-            print(f"rep {rep} {key}: RL {rl:.1f} s over {len(rows)} rows, process {wall:.1f} s, "
-                  f"{rows[-1].get('samples_dropped_stale', 0)} samples dropped stale, {overdue} groups overdue "
-                  f"(load {os.getloadavg()[0]:.2f})", flush=True)
+            print(
+                f"rep {rep} {key}: RL {rl:.1f} s over {len(rows)} rows, process {wall:.1f} s, "
+                f"{rows[-1].get('samples_dropped_stale', 0)} samples dropped stale, {overdue} groups overdue "
+                f"(load {os.getloadavg()[0]:.2f})",
+                flush=True,
+            )
     print(f"\nmedian [min-max] of {args.reps}, seconds:")
     for tree in trees:
         c, h = (statistics.median(results[f"{tree} {x}"]) for x in ("clean", "hang"))
         cp, hp = (statistics.median(process[f"{tree} {x}"]) for x in ("clean", "hang"))
-        print(f"{tree} ({trees[tree]}): RL clean {spread(results[f'{tree} clean'])}, hang {args.hang_percent}% "
-              f"{spread(results[f'{tree} hang'])}, ratio of medians {h / c:.2f}; process clean "
-              f"{spread(process[f'{tree} clean'])}, hang {spread(process[f'{tree} hang'])}, ratio {hp / cp:.2f}")
+        print(
+            f"{tree} ({trees[tree]}): RL clean {spread(results[f'{tree} clean'])}, hang {args.hang_percent}% "
+            f"{spread(results[f'{tree} hang'])}, ratio of medians {h / c:.2f}; process clean "
+            f"{spread(process[f'{tree} clean'])}, hang {spread(process[f'{tree} hang'])}, ratio {hp / cp:.2f}"
+        )
     return {"rl_s": results, "process_s": process}
 
 
@@ -152,10 +180,17 @@ def main() -> None:
     p.add_argument("--concurrent", type=int, default=2, help="requests in flight per actor (actor part)")
     p.add_argument("--steps", type=int, default=10, help="RL steps per run (hang part)")
     p.add_argument("--hang-percent", type=int, default=30)
-    p.add_argument("--rotate", type=int, default=0, help="hang part: start the rotation of run orders here "
-                                                          "(split a long measurement into shorter commands)")
-    p.add_argument("--base", help="hang part: also run the checkout in this directory (e.g. a `git worktree add` "
-                                  "of the code before), interleaved with this one")
+    p.add_argument(
+        "--rotate",
+        type=int,
+        default=0,
+        help="hang part: start the rotation of run orders here (split a long measurement into shorter commands)",
+    )
+    p.add_argument(
+        "--base",
+        help="hang part: also run the checkout in this directory (e.g. a `git worktree add` "
+        "of the code before), interleaved with this one",
+    )
     p.add_argument("--out", help="write the repetitions as JSON here")
     p.add_argument("extra", nargs="*", help="more overrides for the runs (hang part)")
     args = p.parse_args()

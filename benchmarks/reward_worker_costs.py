@@ -33,9 +33,8 @@ import torch  # noqa: F401  (the modules a rollout actor has: what the journal a
 import transformers  # noqa: F401
 
 import actors.rollout  # noqa: F401
-
-from rlcore.isolation import reward_worker_home, reward_worker_ns
 from rlcore.envs.reverse_text import ReverseText
+from rlcore.isolation import reward_worker_home, reward_worker_ns
 from rlcore.isolation.reward_workers import WorkerPool
 
 FULL_RESTORE = reward_worker_home.Home.restore
@@ -94,15 +93,17 @@ def main() -> None:
     got: dict[str, list[tuple[float, float]]] = {v: [] for v in VARIANTS}
     names = list(VARIANTS)
     for rep in range(args.reps):
-        for v in names[rep % len(names):] + names[:rep % len(names)]:  # rotate the order
+        for v in names[rep % len(names) :] + names[: rep % len(names)]:  # rotate the order
             got[v].append(one(env, v, args.calls, args.requests))
     print(f"{len(sys.modules)} modules; {args.calls} calls a request; load {os.getloadavg()[0]:.1f}")
     for v, runs in got.items():
         first = sorted(r[0] * 1e3 for r in runs)
         warm = sorted(r[1] * 1e3 for r in runs)
-        print(f"{v:14s} first request {statistics.median(first):7.2f} ms [{first[0]:.2f}-{first[-1]:.2f}]   "
-              f"warm request {statistics.median(warm):6.2f} ms [{warm[0]:.2f}-{warm[-1]:.2f}]   "
-              f"per call {statistics.median(warm) / args.calls * 1e3:5.1f} us")
+        print(
+            f"{v:14s} first request {statistics.median(first):7.2f} ms [{first[0]:.2f}-{first[-1]:.2f}]   "
+            f"warm request {statistics.median(warm):6.2f} ms [{warm[0]:.2f}-{warm[-1]:.2f}]   "
+            f"per call {statistics.median(warm) / args.calls * 1e3:5.1f} us"
+        )
 
 
 if __name__ == "__main__":

@@ -53,7 +53,7 @@ def starts(args: argparse.Namespace) -> None:
     env = HangingReverseText(hang_percent=0)
     figures: dict[str, dict[str, list[float]]] = {}
     for rep in range(args.reps):
-        for how in (["zygote", "fork"] if rep % 2 == 0 else ["fork", "zygote"]):
+        for how in ["zygote", "fork"] if rep % 2 == 0 else ["fork", "zygote"]:
             pool = WorkerPool(env, 2, zygote=how == "zygote")
             if how == "zygote":
                 until = time.monotonic() + 60
@@ -76,12 +76,17 @@ def starts(args: argparse.Namespace) -> None:
             got["wall"].append(wall)
             got["own"].append(own)
             got["kids"].append(kids)
-            print(f"rep {rep} {how}: {args.workers} starts in {wall:.3f} s, this process {own:.3f} s CPU, "
-                  f"the processes started {kids:.3f} s CPU", flush=True)
+            print(
+                f"rep {rep} {how}: {args.workers} starts in {wall:.3f} s, this process {own:.3f} s CPU, "
+                f"the processes started {kids:.3f} s CPU",
+                flush=True,
+            )
     print(f"\nmedian [min-max] of {args.reps}, seconds, {args.workers} worker starts:")
     for how, got in figures.items():
-        print(f"{how}: wall {spread(got['wall'])}, this process CPU {spread(got['own'])}, "
-              f"started processes CPU {spread(got['kids'])}")
+        print(
+            f"{how}: wall {spread(got['wall'])}, this process CPU {spread(got['own'])}, "
+            f"started processes CPU {spread(got['kids'])}"
+        )
 
 
 def settle(args: argparse.Namespace) -> None:
@@ -110,9 +115,11 @@ def settle(args: argparse.Namespace) -> None:
         t.join()
     pool.close()
     lags.sort()
-    print(f"{os.getcwd()}: {len(lags)} calls that do not hang settled after: median {statistics.median(lags):.3f} s, "
-          f"p90 {lags[int(0.9 * len(lags))]:.3f} s, max {lags[-1]:.3f} s; after 0.5 s: "
-          f"{sum(x > 0.5 for x in lags)}, after 1.5 s: {sum(x > 1.5 for x in lags)}")
+    print(
+        f"{os.getcwd()}: {len(lags)} calls that do not hang settled after: median {statistics.median(lags):.3f} s, "
+        f"p90 {lags[int(0.9 * len(lags))]:.3f} s, max {lags[-1]:.3f} s; after 0.5 s: "
+        f"{sum(x > 0.5 for x in lags)}, after 1.5 s: {sum(x > 1.5 for x in lags)}"
+    )
 
 
 def main() -> None:
@@ -122,8 +129,11 @@ def main() -> None:
     p.add_argument("--workers", type=int, default=50, help="starts: workers started in a row")
     p.add_argument("--requests", type=int, default=12, help="settle: requests")
     args = p.parse_args()
-    model = transformers.AutoModelForCausalLM.from_config(transformers.LlamaConfig(  # held, as the actor holds one
-        hidden_size=256, intermediate_size=1024, num_hidden_layers=4, num_attention_heads=4, vocab_size=32000))
+    model = transformers.AutoModelForCausalLM.from_config(
+        transformers.LlamaConfig(  # held, as the actor holds one
+            hidden_size=256, intermediate_size=1024, num_hidden_layers=4, num_attention_heads=4, vocab_size=32000
+        )
+    )
     (starts if args.part == "starts" else settle)(args)
     del model
 

@@ -51,8 +51,9 @@ def engine_tokens(engine, batch: list[list[int]], sp) -> int:
     return sum(len(g.token_ids) for g in gens)
 
 
-def record(results: dict[str, list[float]], label: str, rep: int, ntok: int, dt: float,
-           cpu: float | None = None) -> None:
+def record(
+    results: dict[str, list[float]], label: str, rep: int, ntok: int, dt: float, cpu: float | None = None
+) -> None:
     """One repetition's tok/s into ``results[label]``; ``cpu``: this (client) process's CPU
     seconds during it, into ``results[label + " cpu_s"]`` (the engine core is another process)."""
     results.setdefault(label, []).append(ntok / dt)
@@ -63,8 +64,16 @@ def record(results: dict[str, list[float]], label: str, rep: int, ntok: int, dt:
     print(f"{label} rep {rep}: {ntok} tokens in {dt:.3f} s = {ntok / dt:.0f} tok/s{extra}", flush=True)
 
 
-def report(args: argparse.Namespace, results: dict[str, list[float]], title: str, rows: dict[str, str],
-           pair: tuple[str, str], key: str, ratio_text: str, suffix: str = "") -> None:
+def report(
+    args: argparse.Namespace,
+    results: dict[str, list[float]],
+    title: str,
+    rows: dict[str, str],
+    pair: tuple[str, str],
+    key: str,
+    ratio_text: str,
+    suffix: str = "",
+) -> None:
     """Print the median tok/s of each ``rows`` label (name in the table -> key in ``results``)
     and the ratio ``pair[0] / pair[1]`` of two medians; with ``--out`` also write all repetitions
     and that ratio (under ``key``) as JSON."""
@@ -75,8 +84,10 @@ def report(args: argparse.Namespace, results: dict[str, list[float]], title: str
     ratio = med[pair[0]] / med[pair[1]]
     print(f"{ratio_text} = {ratio:.3f}{suffix}")
     a, b = results[pair[0]], results[pair[1]]
-    print(f"ratio of means {statistics.mean(a) / statistics.mean(b):.3f}, median of per-repetition ratios "
-          f"{statistics.median(x / y for x, y in zip(a, b)):.3f}")
+    print(
+        f"ratio of means {statistics.mean(a) / statistics.mean(b):.3f}, median of per-repetition ratios "
+        f"{statistics.median(x / y for x, y in zip(a, b)):.3f}"
+    )
     for label in pair:
         if f"{label} cpu_s" in results:
             print(f"{label}: client process CPU per repetition, median {med[label + ' cpu_s']:.3f} s")
@@ -85,8 +96,14 @@ def report(args: argparse.Namespace, results: dict[str, list[float]], title: str
             json.dump({"args": vars(args), "tok_s": results, key: ratio}, f, indent=1)
 
 
-def time_engine(model_dir: str, prompts: list[list[int]], args: argparse.Namespace, label: str,
-                results: dict[str, list[float]], **engine_args) -> None:
+def time_engine(
+    model_dir: str,
+    prompts: list[list[int]],
+    args: argparse.Namespace,
+    label: str,
+    results: dict[str, list[float]],
+    **engine_args,
+) -> None:
     """Output tok/s of VLLMEngine.generate for each of ``args.reps`` fresh prompt sets, into
     ``results[label]``."""
     from rlcore.engine.base import SamplingParams
@@ -117,17 +134,29 @@ def main() -> None:
     ap.add_argument("--gpu", default="1")
     ap.add_argument("--out", default=None)
     ap.add_argument("--quantization", default=None, help="vLLM quantization for both engines (e.g. fp8)")
-    ap.add_argument("--quant-compare", default=None, metavar="QUANT",
-                    help="VLLMEngine only: bf16 vs this quantization (e.g. fp8); prints the speedup")
+    ap.add_argument(
+        "--quant-compare",
+        default=None,
+        metavar="QUANT",
+        help="VLLMEngine only: bf16 vs this quantization (e.g. fp8); prints the speedup",
+    )
     args = ap.parse_args()
     os.environ["CUDA_VISIBLE_DEVICES"] = args.gpu
 
     rng = random.Random(0)
     prompts = [[rng.randrange(1000, 150000) for _ in range(args.prompt_len)] for _ in range(args.prompts)]
     model_dir = write_model_dir(args.model)
-    common = dict(load_format="dummy", dtype="bfloat16", enforce_eager=args.eager, gpu_memory_utilization=0.4,
-                  max_model_len=args.prompt_len + args.max_tokens + 16, max_num_seqs=args.prompts,
-                  max_num_batched_tokens=16384, seed=0, enable_prefix_caching=True)
+    common = dict(
+        load_format="dummy",
+        dtype="bfloat16",
+        enforce_eager=args.eager,
+        gpu_memory_utilization=0.4,
+        max_model_len=args.prompt_len + args.max_tokens + 16,
+        max_num_seqs=args.prompts,
+        max_num_batched_tokens=16384,
+        seed=0,
+        enable_prefix_caching=True,
+    )
     if args.quantization:
         common["quantization"] = args.quantization
     results: dict[str, list[float]] = {}
@@ -137,8 +166,15 @@ def main() -> None:
         for label, quant in (("bf16", None), (args.quant_compare, args.quant_compare)):
             time_engine(model_dir, prompts, args, label, results, quantization=quant, **common)
         q = args.quant_compare
-        report(args, results, f"{args.model} VLLMEngine", {"bf16": "bf16", q: q}, (q, "bf16"), "speedup",
-               f"speedup {q} / bf16")
+        report(
+            args,
+            results,
+            f"{args.model} VLLMEngine",
+            {"bf16": "bf16", q: q},
+            (q, "bf16"),
+            "speedup",
+            f"speedup {q} / bf16",
+        )
         return
 
     # Both engines live on the same GPU at once and the repetitions alternate between them, so
@@ -153,17 +189,28 @@ def main() -> None:
     sp = SamplingParams(max_new_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p)
     try:
         t = time.perf_counter()
-        llm = LLM(model_dir, skip_tokenizer_init=True, logprobs_mode="processed_logprobs", disable_log_stats=True,
-                  **common)
+        llm = LLM(
+            model_dir, skip_tokenizer_init=True, logprobs_mode="processed_logprobs", disable_log_stats=True, **common
+        )
         print(f"vllm.LLM up in {time.perf_counter() - t:.1f} s", flush=True)
-        vsp = VSamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p,
-                              logprobs=0, flat_logprobs=True, ignore_eos=True, detokenize=False)
+        vsp = VSamplingParams(
+            max_tokens=args.max_tokens,
+            temperature=args.temperature,
+            top_p=args.top_p,
+            logprobs=0,
+            flat_logprobs=True,
+            ignore_eos=True,
+            detokenize=False,
+        )
         engine.generate(prompts[:32], SamplingParams(max_new_tokens=32))  # warm-up
-        llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts[:32]],
-                     VSamplingParams(max_tokens=32, detokenize=False), use_tqdm=False)
+        llm.generate(
+            [TokensPrompt(prompt_token_ids=p) for p in prompts[:32]],
+            VSamplingParams(max_tokens=32, detokenize=False),
+            use_tqdm=False,
+        )
         for r in range(args.reps):
             batch = fresh_batch(prompts, r)  # the same prompts for both sides
-            for side in (("engine", "raw") if r % 2 == 0 else ("raw", "engine")):
+            for side in ("engine", "raw") if r % 2 == 0 else ("raw", "engine"):
                 t, cpu = time.perf_counter(), time.process_time()
                 if side == "engine":
                     ntok = engine_tokens(engine, batch, sp)
@@ -176,8 +223,16 @@ def main() -> None:
     finally:
         engine.shutdown()
 
-    report(args, results, "path", {"VLLMEngine.generate": "VLLMEngine", "vllm.LLM.generate": "vllm.LLM"},
-           ("VLLMEngine", "vllm.LLM"), "ratio", "ratio VLLMEngine / raw", " (target >= 0.95)")
+    report(
+        args,
+        results,
+        "path",
+        {"VLLMEngine.generate": "VLLMEngine", "vllm.LLM.generate": "vllm.LLM"},
+        ("VLLMEngine", "vllm.LLM"),
+        "ratio",
+        "ratio VLLMEngine / raw",
+        " (target >= 0.95)",
+    )
 
 
 if __name__ == "__main__":

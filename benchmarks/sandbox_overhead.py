@@ -35,8 +35,13 @@ def main() -> None:
     n = int(sys.argv[1]) if len(sys.argv) > 1 else 30
     env = MiniSWE(seed=0, functions=1)
     task = env.make_task(0, "train")
-    spec = json.dumps({"nonce": "0" * 32, "budget_s": 8.0,  # the runner's spec, as run_sealed writes it
-                       "calls": [[c.name, c.fn, c.args] for c in visible_calls(task.info["functions"])]})
+    spec = json.dumps(
+        {
+            "nonce": "0" * 32,
+            "budget_s": 8.0,  # the runner's spec, as run_sealed writes it
+            "calls": [[c.name, c.fn, c.args] for c in visible_calls(task.info["functions"])],
+        }
+    )
     files = {**task.info["files"], SPEC_FILE: spec}
     sandbox = LocalSandbox(Limits(timeout_s=10))
 
@@ -45,30 +50,38 @@ def main() -> None:
             f.write(spec)
         subprocess.run(cmd, cwd=d, capture_output=True, check=False)
 
-    for name, cmd in (("python -c pass", [sys.executable, "-c", "pass"]),
-                      ("mini_swe run_tests.py", [sys.executable, "-I", "run_tests.py"])):
+    for name, cmd in (
+        ("python -c pass", [sys.executable, "-c", "pass"]),
+        ("mini_swe run_tests.py", [sys.executable, "-I", "run_tests.py"]),
+    ):
         boxed = times_s(lambda: sandbox.run(["python", *cmd[1:]], files=files), n)
         with tempfile.TemporaryDirectory() as d:
             for rel, text in files.items():
                 open(f"{d}/{rel}", "w").write(text)
             bare = times_s(lambda: bare_run(cmd, d), n)
-        print(f"{name}: sandboxed {ms(boxed)}, bare {ms(bare)}, overhead "
-              f"{(statistics.median(boxed) - statistics.median(bare)) * 1000:.0f} ms (medians of {n}, range in brackets)")
+        print(
+            f"{name}: sandboxed {ms(boxed)}, bare {ms(bare)}, overhead "
+            f"{(statistics.median(boxed) - statistics.median(bare)) * 1000:.0f} ms (medians of {n}, range in brackets)"
+        )
     for functions in (1, 2):
         env = MiniSWE(seed=0, functions=functions, bugs=1)
         task = env.make_task(0, "train")
         fixed = {**task.info["files"], "lib.py": task.info["fixed"]}
         score, empty = [], []
         for _ in range(n):  # interleaved: the box's load hits both alike
-            for out, fn in ((score, lambda: env.test_fraction(task, fixed)),
-                            (empty, lambda: sandbox.run(["python", "-c", "pass"]))):
+            for out, fn in (
+                (score, lambda: env.test_fraction(task, fixed)),
+                (empty, lambda: sandbox.run(["python", "-c", "pass"])),
+            ):
                 t = time.perf_counter()
                 fn()
                 out.append(time.perf_counter() - t)
-        print(f"sealed score, functions={functions}: median {statistics.median(score) * 1000:.0f} ms "
-              f"(range {min(score) * 1000:.0f}-{max(score) * 1000:.0f}); sandboxed `python -c pass` median "
-              f"{statistics.median(empty) * 1000:.0f} ms (range {min(empty) * 1000:.0f}-{max(empty) * 1000:.0f}); "
-              f"{n} each")
+        print(
+            f"sealed score, functions={functions}: median {statistics.median(score) * 1000:.0f} ms "
+            f"(range {min(score) * 1000:.0f}-{max(score) * 1000:.0f}); sandboxed `python -c pass` median "
+            f"{statistics.median(empty) * 1000:.0f} ms (range {min(empty) * 1000:.0f}-{max(empty) * 1000:.0f}); "
+            f"{n} each"
+        )
 
 
 if __name__ == "__main__":

@@ -42,23 +42,39 @@ def steps(n_steps: int) -> None:
         "1 node (3 CPUs)": ([lc.NodeSpec(cpus=3)], []),
         "3 nodes (1 CPU each: driver, trainer, rollout)": (
             [lc.NodeSpec(cpus=1, labels={"rlcore-group": g}) for g in ("driver", "trainer", "rollout")],
-            ["cluster.trainer_node_labels.rlcore-group=trainer", "cluster.rollout_node_labels.rlcore-group=rollout"]),
+            ["cluster.trainer_node_labels.rlcore-group=trainer", "cluster.rollout_node_labels.rlcore-group=rollout"],
+        ),
     }
     for name, (specs, overrides) in layouts.items():
         cluster = lc.start(specs, timeout_s=600)
         try:
             out = Path(tempfile.mkdtemp(prefix="scale-out-"))
             before = load()
-            proc = subprocess.run([sys.executable, "-m", "rlcore.run", f"cluster.address={cluster.gcs_address}",
-                                   f"output_dir={out / 'run'}", f"steps={n_steps}", *overrides], cwd=REPO,
-                                  capture_output=True, text=True, timeout=1200, env=lc.ray_env())
+            proc = subprocess.run(
+                [
+                    sys.executable,
+                    "-m",
+                    "rlcore.run",
+                    f"cluster.address={cluster.gcs_address}",
+                    f"output_dir={out / 'run'}",
+                    f"steps={n_steps}",
+                    *overrides,
+                ],
+                cwd=REPO,
+                capture_output=True,
+                text=True,
+                timeout=1200,
+                env=lc.ray_env(),
+            )
             if proc.returncode != 0:
                 raise SystemExit(f"{name}: run failed: {proc.stderr[-2000:]}")
             rows = [json.loads(x) for x in (out / "run" / "metrics.jsonl").read_text().splitlines()]
             times = [r["step_time_s"] for r in rows[1:]]  # step 1 includes the first generation
-            print(f"steps {name}: {len(rows)} steps, {1 / statistics.mean(times):.2f} steps/s (median step "
-                  f"{statistics.median(times):.2f} s, mean {statistics.mean(times):.2f} s; load {before} -> {load()})",
-                  flush=True)
+            print(
+                f"steps {name}: {len(rows)} steps, {1 / statistics.mean(times):.2f} steps/s (median step "
+                f"{statistics.median(times):.2f} s, mean {statistics.mean(times):.2f} s; load {before} -> {load()})",
+                flush=True,
+            )
         finally:
             lc.stop(cluster)
 

@@ -31,8 +31,15 @@ def one(source: str, out: str, steps: int, kill_at: int) -> dict:
     from rlcore.plan.validate import validate
     from rlcore.report.metrics import MetricsLogger
 
-    cfg = compose([f"output_dir={out}", f"steps={steps}", "checkpoint.interval=4", "logger.console=false",
-                   f"trainer.heal_from={source}"])
+    cfg = compose(
+        [
+            f"output_dir={out}",
+            f"steps={steps}",
+            "checkpoint.interval=4",
+            "logger.console=false",
+            f"trainer.heal_from={source}",
+        ]
+    )
     validate(cfg)
     driver = Driver(cfg)
     logger = MetricsLogger(cfg.logger, cfg.output_dir, {}, cfg.steps)
@@ -52,10 +59,16 @@ def one(source: str, out: str, steps: int, kill_at: int) -> dict:
         logger.close()
         driver.shutdown()
     step, seconds = driver.recovery.last
-    return {"source": driver.recovery.source, "seconds": seconds, "killed_at": killed["step"],
-            "steps_again": killed["step"] - step, "last_reward": statistics.mean(r["reward_mean"] for r in history[-3:]),
-            "failed": history[-1]["samples_failed"], "generated": history[-1]["samples_generated"],
-            "trained": history[-1]["samples_trained"]}
+    return {
+        "source": driver.recovery.source,
+        "seconds": seconds,
+        "killed_at": killed["step"],
+        "steps_again": killed["step"] - step,
+        "last_reward": statistics.mean(r["reward_mean"] for r in history[-3:]),
+        "failed": history[-1]["samples_failed"],
+        "generated": history[-1]["samples_generated"],
+        "trained": history[-1]["samples_trained"],
+    }
 
 
 def main() -> None:
@@ -75,17 +88,21 @@ def main() -> None:
                 with tempfile.TemporaryDirectory() as out:
                     r = one(source, out, a.steps, a.kill_at)
                 results[source].append(r)
-                print(f"rep {rep} {source}: recovery {r['seconds']:.1f}s, killed at step {r['killed_at']}, "
-                      f"{r['steps_again']} step(s) trained again, generated {r['generated']} trained {r['trained']} "
-                      f"failed {r['failed']}, reward (last 3 steps) {r['last_reward']:.3f} (load {before} -> {load()})",
-                      flush=True)
+                print(
+                    f"rep {rep} {source}: recovery {r['seconds']:.1f}s, killed at step {r['killed_at']}, "
+                    f"{r['steps_again']} step(s) trained again, generated {r['generated']} trained {r['trained']} "
+                    f"failed {r['failed']}, reward (last 3 steps) {r['last_reward']:.3f} (load {before} -> {load()})",
+                    flush=True,
+                )
     finally:
         ray.shutdown()
     for source, rs in results.items():
         s = [r["seconds"] for r in rs]
-        print(f"{source}: recovery median {statistics.median(s):.1f}s (range {min(s):.1f}-{max(s):.1f}) over "
-              f"{len(s)}; steps trained again {[r['steps_again'] for r in rs]}; reward (last 3 steps) "
-              f"{[round(r['last_reward'], 3) for r in rs]}")
+        print(
+            f"{source}: recovery median {statistics.median(s):.1f}s (range {min(s):.1f}-{max(s):.1f}) over "
+            f"{len(s)}; steps trained again {[r['steps_again'] for r in rs]}; reward (last 3 steps) "
+            f"{[round(r['last_reward'], 3) for r in rs]}"
+        )
 
 
 if __name__ == "__main__":

@@ -75,34 +75,100 @@ PEAK_TFLOPS = {"h200": 989.0, "h100": 989.0, "a100": 312.0}
 # Qwen3-30B-A3B's layer shape at half width
 SHAPES = {
     **{name: dict(model_type="qwen3", **shape) for name, shape in MODEL_SHAPES.items()},
-    "qwen3-moe-small": dict(model_type="qwen3_moe", hidden_size=1024, intermediate_size=3072, num_hidden_layers=12,
-                            num_attention_heads=16, num_key_value_heads=4, head_dim=128, vocab_size=151936,
-                            num_experts=64, num_experts_per_tok=8, moe_intermediate_size=384, norm_topk_prob=True,
-                            decoder_sparse_step=1, tie_word_embeddings=False),
+    "qwen3-moe-small": dict(
+        model_type="qwen3_moe",
+        hidden_size=1024,
+        intermediate_size=3072,
+        num_hidden_layers=12,
+        num_attention_heads=16,
+        num_key_value_heads=4,
+        head_dim=128,
+        vocab_size=151936,
+        num_experts=64,
+        num_experts_per_tok=8,
+        moe_intermediate_size=384,
+        norm_topk_prob=True,
+        decoder_sparse_step=1,
+        tie_word_embeddings=False,
+    ),
     # GLM-4.5-Air's router and layout at qwen3-moe-small's size: sigmoid scores with a correction
     # bias (n_group = topk_group = 1), routed_scaling_factor, 1 shared expert, the first layer dense
-    "glm-moe-small": dict(model_type="glm4_moe", hidden_size=1024, intermediate_size=3072, num_hidden_layers=12,
-                          num_attention_heads=16, num_key_value_heads=4, head_dim=128, vocab_size=151552,
-                          n_routed_experts=64, num_experts_per_tok=8, moe_intermediate_size=384, n_shared_experts=1,
-                          n_group=1, topk_group=1, routed_scaling_factor=1.0, norm_topk_prob=True,
-                          first_k_dense_replace=1, partial_rotary_factor=0.5, use_qk_norm=False,
-                          tie_word_embeddings=False),
-    "tiny": dict(model_type="qwen3", hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                 num_attention_heads=4, num_key_value_heads=2, head_dim=16, vocab_size=512, tie_word_embeddings=True),
-    "tiny-moe": dict(model_type="qwen3_moe", hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                     num_attention_heads=4, num_key_value_heads=2, head_dim=16, vocab_size=512, num_experts=4,
-                     num_experts_per_tok=2, moe_intermediate_size=32, norm_topk_prob=True, decoder_sparse_step=1,
-                     tie_word_embeddings=False),
-    "tiny-glm-moe": dict(model_type="glm4_moe", hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, head_dim=16, vocab_size=512, n_routed_experts=4,
-                         num_experts_per_tok=2, moe_intermediate_size=32, n_shared_experts=1, n_group=1, topk_group=1,
-                         norm_topk_prob=True, first_k_dense_replace=1, use_qk_norm=False, tie_word_embeddings=False),
+    "glm-moe-small": dict(
+        model_type="glm4_moe",
+        hidden_size=1024,
+        intermediate_size=3072,
+        num_hidden_layers=12,
+        num_attention_heads=16,
+        num_key_value_heads=4,
+        head_dim=128,
+        vocab_size=151552,
+        n_routed_experts=64,
+        num_experts_per_tok=8,
+        moe_intermediate_size=384,
+        n_shared_experts=1,
+        n_group=1,
+        topk_group=1,
+        routed_scaling_factor=1.0,
+        norm_topk_prob=True,
+        first_k_dense_replace=1,
+        partial_rotary_factor=0.5,
+        use_qk_norm=False,
+        tie_word_embeddings=False,
+    ),
+    "tiny": dict(
+        model_type="qwen3",
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        vocab_size=512,
+        tie_word_embeddings=True,
+    ),
+    "tiny-moe": dict(
+        model_type="qwen3_moe",
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        vocab_size=512,
+        num_experts=4,
+        num_experts_per_tok=2,
+        moe_intermediate_size=32,
+        norm_topk_prob=True,
+        decoder_sparse_step=1,
+        tie_word_embeddings=False,
+    ),
+    "tiny-glm-moe": dict(
+        model_type="glm4_moe",
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        vocab_size=512,
+        n_routed_experts=4,
+        num_experts_per_tok=2,
+        moe_intermediate_size=32,
+        n_shared_experts=1,
+        n_group=1,
+        topk_group=1,
+        norm_topk_prob=True,
+        first_k_dense_replace=1,
+        use_qk_norm=False,
+        tie_word_embeddings=False,
+    ),
 }
 
 
 def routed_experts(shape: dict) -> int:
     """Routed experts of a shape by its family's key (0: dense)."""
     return int(shape.get("num_experts") or shape.get("n_routed_experts") or shape.get("num_local_experts") or 0)
+
 
 # variant switch -> TrainerConfig overrides ("eager" is the baseline: no override). A new trainer
 # switch (e.g. fp8) is one more line here.
@@ -126,22 +192,47 @@ EXTRA_SWITCHES = ("hf", "loop", "layerunits", "torchhead", "chunk<N>")
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--shape", default="qwen3-0.6b", choices=sorted(SHAPES))
-    p.add_argument("--tiny", action="store_true", help="tiny shape (tiny-moe for MoE shapes), small defaults: CPU smoke")
-    p.add_argument("--tokens", type=int, default=None, help="packed tokens per micro-batch per data-parallel rank (8192)")
-    p.add_argument("--sample-len", type=int, default=None,
-                   help="mean sample length in the packed row (lengths uniform in [len/2, 3len/2]); default tokens/8")
-    p.add_argument("--micro-batches", default="1,4",
-                   help="comma-separated K: micro-batches per optimizer step (each of --tokens tokens); one row each")
-    p.add_argument("--variants", default="compile",
-                   help="comma-separated variants, each '+'-joined switches: " + ", ".join(VARIANT_SWITCHES)
-                   + ", " + ", ".join(EXTRA_SWITCHES) + " (e.g. eager,compile,compile+bf16params)")
+    p.add_argument(
+        "--tiny", action="store_true", help="tiny shape (tiny-moe for MoE shapes), small defaults: CPU smoke"
+    )
+    p.add_argument(
+        "--tokens", type=int, default=None, help="packed tokens per micro-batch per data-parallel rank (8192)"
+    )
+    p.add_argument(
+        "--sample-len",
+        type=int,
+        default=None,
+        help="mean sample length in the packed row (lengths uniform in [len/2, 3len/2]); default tokens/8",
+    )
+    p.add_argument(
+        "--micro-batches",
+        default="1,4",
+        help="comma-separated K: micro-batches per optimizer step (each of --tokens tokens); one row each",
+    )
+    p.add_argument(
+        "--variants",
+        default="compile",
+        help="comma-separated variants, each '+'-joined switches: "
+        + ", ".join(VARIANT_SWITCHES)
+        + ", "
+        + ", ".join(EXTRA_SWITCHES)
+        + " (e.g. eager,compile,compile+bf16params)",
+    )
     p.add_argument("--ep", type=int, default=1)
     p.add_argument("--cp", type=int, default=1)
-    p.add_argument("--ac", default="none", choices=["none", "full", "selective"],
-                   help="activation checkpointing unless a variant says otherwise")
+    p.add_argument(
+        "--ac",
+        default="none",
+        choices=["none", "full", "selective"],
+        help="activation checkpointing unless a variant says otherwise",
+    )
     p.add_argument("--chunk", type=int, default=2048, help="logprob chunk tokens (0 = full [T, V] logits)")
-    p.add_argument("--attn", default=None, choices=["varlen", "hf"],
-                   help="varlen: rlcore's varlen kernel (default on CUDA); hf: transformers sdpa + block mask")
+    p.add_argument(
+        "--attn",
+        default=None,
+        choices=["varlen", "hf"],
+        help="varlen: rlcore's varlen kernel (default on CUDA); hf: transformers sdpa + block mask",
+    )
     p.add_argument("--steps", type=int, default=None, help="timed optimizer steps per K (10)")
     p.add_argument("--warmup", type=int, default=None, help="untimed optimizer steps at the largest K first (2)")
     p.add_argument("--gpu", default="h200", choices=sorted(PEAK_TFLOPS), help="peak FLOP/s to divide by")
@@ -151,14 +242,23 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--trace-dir", default=None, help="with --profile: also write a chrome trace per variant here")
     p.add_argument("--profile-top", type=int, default=12, help="with --profile: how many CUDA kernels to list")
     p.add_argument("--out", default=None, help="write all rows as JSON here (rank 0)")
-    p.add_argument("--rlcore-tree", default=None,
-                   help="import rlcore from this checkout instead of this one (A/B of two trees, same driver)")
-    p.add_argument("--fp8", default="none", choices=["none", "tensorwise", "rowwise"],
-                   help="trainer.fp8: FP8 matmuls in the decoder linears (torchao; emulated on CPU)")
+    p.add_argument(
+        "--rlcore-tree",
+        default=None,
+        help="import rlcore from this checkout instead of this one (A/B of two trees, same driver)",
+    )
+    p.add_argument(
+        "--fp8",
+        default="none",
+        choices=["none", "tensorwise", "rowwise"],
+        help="trainer.fp8: FP8 matmuls in the decoder linears (torchao; emulated on CPU)",
+    )
     a = p.parse_args(argv)
     if a.tiny:
         shape = SHAPES[a.shape]
-        a.shape = ("tiny-glm-moe" if shape["model_type"] == "glm4_moe" else "tiny-moe") if routed_experts(shape) else "tiny"
+        a.shape = (
+            ("tiny-glm-moe" if shape["model_type"] == "glm4_moe" else "tiny-moe") if routed_experts(shape) else "tiny"
+        )
     small = a.shape.startswith("tiny")
     a.tokens = a.tokens or (512 if small else 8192)
     a.steps = a.steps if a.steps is not None else (2 if small else 10)
@@ -189,8 +289,10 @@ def variant_settings(variant: str, a: argparse.Namespace) -> tuple[dict, dict]:
         elif sw.startswith("chunk") and sw[5:].isdigit():
             t["logprob_chunk_tokens"] = int(sw[5:])
         else:
-            raise SystemExit(f"unknown variant switch {sw!r} in {variant!r}; "
-                             f"known: {', '.join(VARIANT_SWITCHES)}, {', '.join(EXTRA_SWITCHES)}")
+            raise SystemExit(
+                f"unknown variant switch {sw!r} in {variant!r}; "
+                f"known: {', '.join(VARIANT_SWITCHES)}, {', '.join(EXTRA_SWITCHES)}"
+            )
     return t, extra
 
 
@@ -214,6 +316,7 @@ def init_distributed() -> tuple[int, int, torch.device]:
 def build(shape: dict, device: torch.device, seed: int = 0) -> torch.nn.Module:
     """Random-weight model built directly on ``device`` (fast init of multi-GB shapes), fp32."""
     from transformers import AutoConfig, AutoModelForCausalLM
+
     arch = dict(shape)
     cfg = AutoConfig.for_model(arch.pop("model_type"), max_position_embeddings=65536, **arch)
     cfg._attn_implementation = "sdpa"
@@ -228,6 +331,7 @@ def packed_batch(tokens: int, sample_len: int, vocab: int, seed: int):
     """One packed micro-batch of random samples totalling exactly ``tokens`` tokens."""
     from rlcore.batch.packing import make_micro_batch
     from rlcore.types import Sample
+
     g = torch.Generator().manual_seed(seed)
     lengths, left = [], tokens
     while left > 0:
@@ -240,8 +344,15 @@ def packed_batch(tokens: int, sample_len: int, vocab: int, seed: int):
     for n in lengths:
         ids = torch.randint(0, vocab, (n,), generator=g).tolist()
         c = max(n // 2, 1) if n > 1 else 0
-        samples.append(Sample(prompt_ids=ids[:n - c], completion_ids=ids[n - c:], logprobs=[-1.0] * c,
-                              versions=[0] * c, loss_mask=[1] * c))
+        samples.append(
+            Sample(
+                prompt_ids=ids[: n - c],
+                completion_ids=ids[n - c :],
+                logprobs=[-1.0] * c,
+                versions=[0] * c,
+                loss_mask=[1] * c,
+            )
+        )
     return make_micro_batch(samples, [1.0] * len(samples)), lengths
 
 
@@ -287,6 +398,7 @@ def summarize_profile(events, wall_us: float, top: int = 12, gap_us: float = 20.
     host: launches, syncs, Python); ``top_kernels`` by total time; ``top_cpu_ops`` by self CPU
     time (where the host spends its time)."""
     from torch.autograd import DeviceType
+
     kernels, cpu = [], {}
     for e in events:
         dt = getattr(e, "device_type", None)
@@ -318,46 +430,66 @@ def summarize_profile(events, wall_us: float, top: int = 12, gap_us: float = 20.
     gaps.sort(reverse=True)
     total_k = sum(v[1] for v in by_name.values()) or 1.0
     return {
-        "wall_ms": wall_us / 1e3, "gpu_busy_ms": busy / 1e3, "gpu_busy_frac": busy / wall_us if wall_us else 0.0,
-        "kernels": len(kernels), "gaps_over_us": gap_us, "gap_count": len(gaps),
+        "wall_ms": wall_us / 1e3,
+        "gpu_busy_ms": busy / 1e3,
+        "gpu_busy_frac": busy / wall_us if wall_us else 0.0,
+        "kernels": len(kernels),
+        "gaps_over_us": gap_us,
+        "gap_count": len(gaps),
         "gap_total_ms": sum(g for g, _ in gaps) / 1e3,
         "largest_gaps": [{"us": round(g, 1), "before_kernel": n[:80]} for g, n in gaps[:5]],
         "kernel_classes_ms": {k: round(v / 1e3, 3) for k, v in sorted(by_class.items(), key=lambda kv: -kv[1])},
-        "top_kernels": [{"name": n[:100], "calls": c, "ms": round(t / 1e3, 3), "frac": round(t / total_k, 4)}
-                        for n, (c, t) in sorted(by_name.items(), key=lambda kv: -kv[1][1])[:top]],
-        "top_cpu_ops": [{"name": n[:80], "calls": c, "self_ms": round(t / 1e3, 3)}
-                        for n, (c, t) in sorted(cpu.items(), key=lambda kv: -kv[1][1])[:24]],
+        "top_kernels": [
+            {"name": n[:100], "calls": c, "ms": round(t / 1e3, 3), "frac": round(t / total_k, 4)}
+            for n, (c, t) in sorted(by_name.items(), key=lambda kv: -kv[1][1])[:top]
+        ],
+        "top_cpu_ops": [
+            {"name": n[:80], "calls": c, "self_ms": round(t / 1e3, 3)}
+            for n, (c, t) in sorted(cpu.items(), key=lambda kv: -kv[1][1])[:24]
+        ],
         # host waits on the device: each one drains the launch queue
-        "host_syncs": {n: {"calls": c, "self_ms": round(t / 1e3, 3)} for n, (c, t) in cpu.items()
-                       if "Synchronize" in n or n.startswith("cudaMemcpy") or n == "aten::_local_scalar_dense"},
+        "host_syncs": {
+            n: {"calls": c, "self_ms": round(t / 1e3, 3)}
+            for n, (c, t) in cpu.items()
+            if "Synchronize" in n or n.startswith("cudaMemcpy") or n == "aten::_local_scalar_dense"
+        },
     }
 
 
 def format_profile(variant: str, k: int, s: dict) -> str:
-    lines = [f"-- profile: {variant}, K={k}: wall {s['wall_ms']:.1f} ms, GPU busy {s['gpu_busy_ms']:.1f} ms "
-             f"({100 * s['gpu_busy_frac']:.0f}%), {s['kernels']} kernels, {s['gap_count']} idle gaps >= "
-             f"{s['gaps_over_us']:.0f} us totalling {s['gap_total_ms']:.1f} ms",
-             "   kernel classes (ms): " + ", ".join(f"{k_}={v}" for k_, v in s["kernel_classes_ms"].items())]
+    lines = [
+        f"-- profile: {variant}, K={k}: wall {s['wall_ms']:.1f} ms, GPU busy {s['gpu_busy_ms']:.1f} ms "
+        f"({100 * s['gpu_busy_frac']:.0f}%), {s['kernels']} kernels, {s['gap_count']} idle gaps >= "
+        f"{s['gaps_over_us']:.0f} us totalling {s['gap_total_ms']:.1f} ms",
+        "   kernel classes (ms): " + ", ".join(f"{k_}={v}" for k_, v in s["kernel_classes_ms"].items()),
+    ]
     if s["top_kernels"]:
         lines.append(f"   {'ms':>8} {'%':>5} {'calls':>6}  top CUDA kernels")
-        lines += [f"   {r['ms']:8.2f} {100 * r['frac']:5.1f} {r['calls']:6d}  {r['name'][:90]}" for r in s["top_kernels"]]
+        lines += [
+            f"   {r['ms']:8.2f} {100 * r['frac']:5.1f} {r['calls']:6d}  {r['name'][:90]}" for r in s["top_kernels"]
+        ]
     if s["largest_gaps"]:
-        lines.append("   largest GPU idle gaps (us, kernel after the gap): "
-                     + "; ".join(f"{g['us']:.0f} {g['before_kernel'][:40]}" for g in s["largest_gaps"]))
+        lines.append(
+            "   largest GPU idle gaps (us, kernel after the gap): "
+            + "; ".join(f"{g['us']:.0f} {g['before_kernel'][:40]}" for g in s["largest_gaps"])
+        )
     lines.append(f"   {'self ms':>8} {'calls':>6}  top CPU ops (self time)")
     lines += [f"   {r['self_ms']:8.2f} {r['calls']:6d}  {r['name']}" for r in s["top_cpu_ops"]]
     if s["host_syncs"]:
-        lines.append("   host syncs: " + "; ".join(f"{n} x{v['calls']} {v['self_ms']} ms" for n, v in s["host_syncs"].items()))
+        lines.append(
+            "   host syncs: " + "; ".join(f"{n} x{v['calls']} {v['self_ms']} ms" for n, v in s["host_syncs"].items())
+        )
     return "\n".join(lines)
 
 
 # -- one variant ----------------------------------------------------------------------------------
 
+
 def run_variant(a: argparse.Namespace, variant: str, rank: int, world: int, device: torch.device) -> list[dict]:
+    from rlcore.batch.parallel_dims import ParallelDims
     from rlcore.config import TrainerConfig
     from rlcore.trainer.forward import forward_logprobs
     from rlcore.trainer.moe import expert_modules
-    from rlcore.batch.parallel_dims import ParallelDims
     from rlcore.trainer.parallel import Meshes, begin_micro_batch, clip_grad_norm, parallelize
 
     shape = SHAPES[a.shape]
@@ -373,8 +505,9 @@ def run_variant(a: argparse.Namespace, variant: str, rank: int, world: int, devi
     n_params = sum(p.numel() for p in model.parameters())
     attn = extra["attn"] or ("varlen" if device.type == "cuda" else "hf")
     attn = "varlen" if dims.cp > 1 else attn  # Ulysses CP runs inside rlcore's varlen attention
-    model = parallelize(model, t, meshes, device, attention="varlen" if attn == "varlen" else "hf",
-                        layer_units=extra["layer_units"])
+    model = parallelize(
+        model, t, meshes, device, attention="varlen" if attn == "varlen" else "hf", layer_units=extra["layer_units"]
+    )
     if extra["moe_loop"]:
         for ex in expert_modules(model).values():
             ex.grouped = False
@@ -384,8 +517,10 @@ def run_variant(a: argparse.Namespace, variant: str, rank: int, world: int, devi
     # distinct packings (sample counts and lengths differ, token count equal): each data-parallel
     # group gets its own; the cp ranks of a group share them
     k_max = max(a.micro_batches)
-    pool = [packed_batch(a.tokens, a.sample_len, shape["vocab_size"], seed=1000 * dims.data_rank(rank) + i)
-            for i in range(max(k_max, 4))]
+    pool = [
+        packed_batch(a.tokens, a.sample_len, shape["vocab_size"], seed=1000 * dims.data_rank(rank) + i)
+        for i in range(max(k_max, 4))
+    ]
     attn_per_layer = 6.0 * shape["num_attention_heads"] * shape["head_dim"]
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     cursor = [0]
@@ -435,21 +570,39 @@ def run_variant(a: argparse.Namespace, variant: str, rank: int, world: int, devi
         step_dense = dense_per_token * a.tokens * k * dims.dp  # every dp group holds the same token count
         step_attn = attn_flops / max(a.steps, 1) * dims.dp  # (rank 0's group's packings, x dp)
         tokens = a.tokens * k * dims.dp
-        rows.append({
-            "variant": variant, "micro_batches": k, "shape": a.shape, "rlcore_tree": a.rlcore_tree or ".",
-            "params": n_params, "world": world,
-            "dp": dims.dp, "cp": dims.cp, "ep": dims.ep, "tokens_per_micro_batch": a.tokens,
-            "mean_sample_len": a.sample_len, "trainer": t_kwargs, "attention": attn, "fp8": a.fp8,
-            "step_s": dt, "micro_batch_s": dt / k, "tokens_per_s": tokens / dt, "tokens_per_s_per_gpu": tokens / dt / world,
-            "tflops_per_gpu": (step_dense + step_attn) / dt / world / 1e12,
-            "mfu": step_dense / (dt * world * peak), "mfu_attn": (step_dense + step_attn) / (dt * world * peak),
-            "peak_mem_gib": torch.cuda.max_memory_allocated() / 2**30 if device.type == "cuda" else None,
-            "setup_and_warmup_s": warmup_s, "device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
-            "loss": loss,
-        })
+        rows.append(
+            {
+                "variant": variant,
+                "micro_batches": k,
+                "shape": a.shape,
+                "rlcore_tree": a.rlcore_tree or ".",
+                "params": n_params,
+                "world": world,
+                "dp": dims.dp,
+                "cp": dims.cp,
+                "ep": dims.ep,
+                "tokens_per_micro_batch": a.tokens,
+                "mean_sample_len": a.sample_len,
+                "trainer": t_kwargs,
+                "attention": attn,
+                "fp8": a.fp8,
+                "step_s": dt,
+                "micro_batch_s": dt / k,
+                "tokens_per_s": tokens / dt,
+                "tokens_per_s_per_gpu": tokens / dt / world,
+                "tflops_per_gpu": (step_dense + step_attn) / dt / world / 1e12,
+                "mfu": step_dense / (dt * world * peak),
+                "mfu_attn": (step_dense + step_attn) / (dt * world * peak),
+                "peak_mem_gib": torch.cuda.max_memory_allocated() / 2**30 if device.type == "cuda" else None,
+                "setup_and_warmup_s": warmup_s,
+                "device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
+                "loss": loss,
+            }
+        )
 
     if a.profile:
         from torch.profiler import ProfilerActivity, profile
+
         acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
         sync()
         dist.barrier()
@@ -471,17 +624,21 @@ def run_variant(a: argparse.Namespace, variant: str, rank: int, world: int, devi
 
 
 def format_table(rows: list[dict]) -> str:
-    head = (f"{'variant':<28} {'K':>2} {'step_s':>7} {'mb_s':>6} {'tok/s/gpu':>10} {'TFLOP/s':>8} "
-            f"{'mfu':>6} {'mfu_attn':>8} {'mem_GiB':>8} {'setup_s':>7}")
+    head = (
+        f"{'variant':<28} {'K':>2} {'step_s':>7} {'mb_s':>6} {'tok/s/gpu':>10} {'TFLOP/s':>8} "
+        f"{'mfu':>6} {'mfu_attn':>8} {'mem_GiB':>8} {'setup_s':>7}"
+    )
     lines = [head, "-" * len(head)]
     for r in rows:
         if "error" in r:
             lines.append(f"{r['variant']:<28} {'':>2} FAILED: {r['error'][:100]}")
             continue
         mem = f"{r['peak_mem_gib']:.1f}" if r["peak_mem_gib"] is not None else "-"
-        lines.append(f"{r['variant']:<28} {r['micro_batches']:>2} {r['step_s']:7.3f} {r['micro_batch_s']:6.3f} "
-                     f"{r['tokens_per_s_per_gpu']:10,.0f} {r['tflops_per_gpu']:8.1f} {r['mfu']:6.3f} "
-                     f"{r['mfu_attn']:8.3f} {mem:>8} {r['setup_and_warmup_s']:7.1f}")
+        lines.append(
+            f"{r['variant']:<28} {r['micro_batches']:>2} {r['step_s']:7.3f} {r['micro_batch_s']:6.3f} "
+            f"{r['tokens_per_s_per_gpu']:10,.0f} {r['tflops_per_gpu']:8.1f} {r['mfu']:6.3f} "
+            f"{r['mfu_attn']:8.3f} {mem:>8} {r['setup_and_warmup_s']:7.1f}"
+        )
     return "\n".join(lines)
 
 
@@ -489,11 +646,15 @@ def main(argv=None) -> list[dict]:
     a = parse_args(argv)
     rank, world, device = init_distributed()
     from rlcore.trainer import compile as rl_compile
+
     rl_compile.BACKEND = a.compile_backend
     if rank == 0:
-        print(f"trainer_mfu: shape={a.shape} tokens/micro-batch={a.tokens} sample_len~{a.sample_len} world={world} "
-              f"cp={a.cp} ep={a.ep} K={a.micro_batches} steps={a.steps} warmup={a.warmup} variants={a.variants} "
-              f"torch={torch.__version__} rlcore={os.path.dirname(os.path.dirname(rl_compile.__file__))}", flush=True)
+        print(
+            f"trainer_mfu: shape={a.shape} tokens/micro-batch={a.tokens} sample_len~{a.sample_len} world={world} "
+            f"cp={a.cp} ep={a.ep} K={a.micro_batches} steps={a.steps} warmup={a.warmup} variants={a.variants} "
+            f"torch={torch.__version__} rlcore={os.path.dirname(os.path.dirname(rl_compile.__file__))}",
+            flush=True,
+        )
     rows: list[dict] = []
     for variant in a.variants:
         try:
@@ -506,8 +667,12 @@ def main(argv=None) -> list[dict]:
         rows += got
         if rank == 0:
             for r in got:
-                print(" ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
-                               for k, v in r.items() if k != "profile"), flush=True)
+                print(
+                    " ".join(
+                        f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in r.items() if k != "profile"
+                    ),
+                    flush=True,
+                )
             if a.out:  # after every variant: a later failure or timeout keeps the earlier rows
                 with open(a.out, "w") as f:
                     json.dump(rows, f, indent=2)

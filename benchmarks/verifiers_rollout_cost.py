@@ -20,7 +20,7 @@ from rlcore.envs import make_env
 from rlcore.models.build import build_model, build_tokenizer
 from rlcore.plan.compose import compose
 
-TASKSET = '''
+TASKSET = """
 import verifiers.v1 as vf
 
 class Data(vf.TaskData):
@@ -36,7 +36,7 @@ class CalcTaskset(vf.Taskset[CalcTask, vf.TasksetConfig]):
         return [CalcTask(Data(prompt=f"{a}*{a + 7}=", answer=str(a * (a + 7))), self.config.task) for a in range(100)]
 
 __all__ = ["CalcTaskset"]
-'''
+"""
 
 
 def main() -> None:
@@ -55,8 +55,16 @@ def main() -> None:
     if "--bash" in sys.argv:
         harnesses.append(("verifiers bash (uv program)", "bash"))
     for name, hid in harnesses:
-        env = make_env("verifiers", {"taskset": "bench_calc", "on_reward_error": "zero", "allow_host_tools": hid == "bash",
-                                     "env_config": {"agent": {"harness": {"id": hid}}}}, seed=0)
+        env = make_env(
+            "verifiers",
+            {
+                "taskset": "bench_calc",
+                "on_reward_error": "zero",
+                "allow_host_tools": hid == "bash",
+                "env_config": {"agent": {"harness": {"id": hid}}},
+            },
+            seed=0,
+        )
         try:
             env.run_groups([env.make_task(0, "train")], group, engine, tok, params)  # warm: server, uv cache
             per = []
@@ -67,8 +75,10 @@ def main() -> None:
                 assert not any(s.failed for s in g.samples), [s.error for s in g.samples]
         finally:
             env.close()
-        print(f"{name}: {statistics.median(per) * 1000:.0f} ms per rollout (median of {reps} groups of {group})",
-              flush=True)
+        print(
+            f"{name}: {statistics.median(per) * 1000:.0f} ms per rollout (median of {reps} groups of {group})",
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

@@ -41,6 +41,7 @@ def cpu_seconds(run_pid: int, browser_pid: int) -> dict[int, float]:
     """CPU seconds (user + system) so far of the page's server (the run's `rlcore.watch` child)
     and of the browser with all its processes."""
     import psutil
+
     out = {}
     try:
         server = [c for c in psutil.Process(run_pid).children() if "rlcore.watch" in " ".join(c.cmdline())]
@@ -70,11 +71,21 @@ def one_run(out: Path, page: bool, overrides: list[str]) -> dict:
     proc = subprocess.Popen(args, cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
     if page:  # the page retries until the server is up, then follows the run
         chromium = shutil.which("chromium") or shutil.which("google-chrome")
-        browser = subprocess.Popen([chromium, "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
-                                    f"--user-data-dir={out.parent / (out.name + '-profile')}",
-                                    "--window-size=1400,1000", "--remote-debugging-port=0",
-                                    f"http://127.0.0.1:{port}/"],
-                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        browser = subprocess.Popen(
+            [
+                chromium,
+                "--headless",
+                "--no-sandbox",
+                "--disable-gpu",
+                "--no-first-run",
+                f"--user-data-dir={out.parent / (out.name + '-profile')}",
+                "--window-size=1400,1000",
+                "--remote-debugging-port=0",
+                f"http://127.0.0.1:{port}/",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
     page_cpu = {}  # pid -> CPU seconds last seen, for the page's server and the browser's processes
     try:
         while proc.poll() is None:
@@ -98,10 +109,16 @@ def one_run(out: Path, page: bool, overrides: list[str]) -> dict:
         raise RunFailed(f"exit code {code}: {tail}")
     rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     steps = [r["step_time_s"] for r in rows if "step_time_s" in r][SKIP_STEPS:]
-    return {"page": page, "exit_code": code, "wall_s": wall, "steps": len(steps),
-            "page_cpu_s": round(sum(page_cpu.values()), 1),
-            "step_time_median_s": statistics.median(steps), "load_before": load_before,
-            "load_after": os.getloadavg()[0]}
+    return {
+        "page": page,
+        "exit_code": code,
+        "wall_s": wall,
+        "steps": len(steps),
+        "page_cpu_s": round(sum(page_cpu.values()), 1),
+        "step_time_median_s": statistics.median(steps),
+        "load_before": load_before,
+        "load_after": os.getloadavg()[0],
+    }
 
 
 def main() -> None:
@@ -122,22 +139,28 @@ def main() -> None:
                         r = one_run(Path(tmp) / f"{i}-{'page' if page else 'plain'}-{attempt}", page, args.overrides)
                         break
                     except RunFailed as exc:
-                        print(f"watch_overhead: pair {i} {'page' if page else 'plain'} failed ({exc}); again",
-                              flush=True)
+                        print(
+                            f"watch_overhead: pair {i} {'page' if page else 'plain'} failed ({exc}); again", flush=True
+                        )
                 else:
                     sys.exit("watch_overhead: a run failed three times")
                 r["pair"] = i
                 runs.append(r)
                 print(json.dumps(r), flush=True)
     arm = {page: [r["step_time_median_s"] for r in runs if r["page"] == page] for page in (False, True)}
-    ratios = [next(r for r in runs if r["pair"] == i and r["page"])["step_time_median_s"]
-              / next(r for r in runs if r["pair"] == i and not r["page"])["step_time_median_s"]
-              for i in range(args.pairs)]
-    summary = {"overrides": args.overrides, "pairs": args.pairs,
-               "plain_step_s": {"median": statistics.median(arm[False]), "min": min(arm[False]), "max": max(arm[False])},
-               "page_step_s": {"median": statistics.median(arm[True]), "min": min(arm[True]), "max": max(arm[True])},
-               "ratio_page_over_plain": {"median": statistics.median(ratios), "min": min(ratios), "max": max(ratios)},
-               "load": [min(r["load_before"] for r in runs), max(r["load_after"] for r in runs)]}
+    ratios = [
+        next(r for r in runs if r["pair"] == i and r["page"])["step_time_median_s"]
+        / next(r for r in runs if r["pair"] == i and not r["page"])["step_time_median_s"]
+        for i in range(args.pairs)
+    ]
+    summary = {
+        "overrides": args.overrides,
+        "pairs": args.pairs,
+        "plain_step_s": {"median": statistics.median(arm[False]), "min": min(arm[False]), "max": max(arm[False])},
+        "page_step_s": {"median": statistics.median(arm[True]), "min": min(arm[True]), "max": max(arm[True])},
+        "ratio_page_over_plain": {"median": statistics.median(ratios), "min": min(ratios), "max": max(ratios)},
+        "load": [min(r["load_before"] for r in runs), max(r["load_after"] for r in runs)],
+    }
     print(json.dumps(summary, indent=1))
     if args.out:
         Path(args.out).write_text(json.dumps({"runs": runs, "summary": summary}, indent=1))

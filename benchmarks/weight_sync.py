@@ -29,20 +29,30 @@ from benchmarks.harness import TrainerProc, canary, connect, step_and_sync, writ
 # pause API (the path the design names), the same with the engine-core pause, and the direct
 # receive (recorded loader replayed as batched copies, no pause), plus the direct receive under a
 # cache-clearing pause (kv_on_update="recompute") to show what the pause costs.
-CONFIGS = [("layerwise+pause_generation", "layerwise", False, "keep"), ("layerwise", "layerwise", True, "keep"),
-           ("direct+recompute", "direct", True, "recompute"), ("direct", "direct", True, "keep")]
+CONFIGS = [
+    ("layerwise+pause_generation", "layerwise", False, "keep"),
+    ("layerwise", "layerwise", True, "keep"),
+    ("direct+recompute", "direct", True, "recompute"),
+    ("direct", "direct", True, "keep"),
+]
 
 
 def run_model(shape: str, reps: int, bucket_mb: int, nbuf: int) -> list[dict]:
-    from rlcore.weights.canary import canary_prompts
     from rlcore.engine.vllm.vllm_engine import VLLMEngine
+    from rlcore.weights.canary import canary_prompts
 
     model_dir = write_model_dir(shape)
     trainer = TrainerProc(model_dir, gpu="0")
     os.environ["CUDA_VISIBLE_DEVICES"] = "1"
     t = time.perf_counter()
-    engine = VLLMEngine(model_dir, load_format="dummy", enforce_eager=True, gpu_memory_utilization=0.5,
-                        max_model_len=2048, rpc_timeout_s=300)
+    engine = VLLMEngine(
+        model_dir,
+        load_format="dummy",
+        enforce_eager=True,
+        gpu_memory_utilization=0.5,
+        max_model_len=2048,
+        rpc_timeout_s=300,
+    )
     print(f"[{shape}] engine up in {time.perf_counter() - t:.1f} s", flush=True)
     rows = []
     try:
@@ -52,8 +62,11 @@ def run_model(shape: str, reps: int, bucket_mb: int, nbuf: int) -> list[dict]:
         gb = trainer.nbytes / 1e9
         pairs = canary_prompts(151936)
         before = canary(engine, trainer, pairs)
-        print(f"[{shape}] {trainer.num_tensors} tensors, {gb:.3f} GB; before any sync (dummy weights): "
-              f"{before.describe()}", flush=True)
+        print(
+            f"[{shape}] {trainer.num_tensors} tensors, {gb:.3f} GB; before any sync (dummy weights): "
+            f"{before.describe()}",
+            flush=True,
+        )
         version, step = 0, 0
         for label, reload, fast, kv in CONFIGS:
             engine.reload, engine.fast_pause, engine.kv_on_update = reload, fast, kv
@@ -72,18 +85,35 @@ def run_model(shape: str, reps: int, bucket_mb: int, nbuf: int) -> list[dict]:
             med = statistics.median(e2e)
             keys = sorted({k for s in samples for k in s if k.endswith("_s")})
             breakdown = {k: statistics.median(s.get(k, float("nan")) for s in samples) for k in keys}
-            row = dict(model=shape, path=label, gb=gb, reps=reps, e2e_median_s=med, e2e_min_s=min(e2e),
-                       e2e_max_s=max(e2e), gbps_median=gb / med, canary_max_gap=max(gaps), breakdown=breakdown,
-                       bucket_mb=bucket_mb, num_buffers=nbuf)
+            row = dict(
+                model=shape,
+                path=label,
+                gb=gb,
+                reps=reps,
+                e2e_median_s=med,
+                e2e_min_s=min(e2e),
+                e2e_max_s=max(e2e),
+                gbps_median=gb / med,
+                canary_max_gap=max(gaps),
+                breakdown=breakdown,
+                bucket_mb=bucket_mb,
+                num_buffers=nbuf,
+            )
             rows.append(row)
-            print(f"[{shape}/{label}] e2e median {med * 1e3:.1f} ms (min {min(e2e) * 1e3:.1f}, max "
-                  f"{max(e2e) * 1e3:.1f}) -> {gb / med:.1f} GB/s; canary max gap {max(gaps):.4f}; breakdown "
-                  + ", ".join(f"{k}={v * 1e3:.1f}ms" for k, v in breakdown.items()), flush=True)
+            print(
+                f"[{shape}/{label}] e2e median {med * 1e3:.1f} ms (min {min(e2e) * 1e3:.1f}, max "
+                f"{max(e2e) * 1e3:.1f}) -> {gb / med:.1f} GB/s; canary max gap {max(gaps):.4f}; breakdown "
+                + ", ".join(f"{k}={v * 1e3:.1f}ms" for k, v in breakdown.items()),
+                flush=True,
+            )
         step += 1
         step_and_sync(engine, trainer, info, version, seed=step, send=False)
         stale = canary(engine, trainer, pairs)
-        print(f"[{shape}] stale weights (trainer stepped, no sync): {stale.describe()} -> "
-              f"{'FAILS as it should' if not stale.passed else 'PASSES (bad)'}", flush=True)
+        print(
+            f"[{shape}] stale weights (trainer stepped, no sync): {stale.describe()} -> "
+            f"{'FAILS as it should' if not stale.passed else 'PASSES (bad)'}",
+            flush=True,
+        )
         for row in rows:
             row["stale_canary_max_gap"] = stale.max_gap
     finally:
@@ -106,9 +136,11 @@ def main() -> None:
     print("\n| model | receive path | GB | e2e median ms (min-max) | effective GB/s | canary max gap |")
     print("|---|---|---|---|---|---|")
     for r in rows:
-        print(f"| {r['model']} | {r['path']} | {r['gb']:.2f} | {r['e2e_median_s'] * 1e3:.1f} "
-              f"({r['e2e_min_s'] * 1e3:.1f}-{r['e2e_max_s'] * 1e3:.1f}) | {r['gbps_median']:.1f} | "
-              f"{r['canary_max_gap']:.3f} |")
+        print(
+            f"| {r['model']} | {r['path']} | {r['gb']:.2f} | {r['e2e_median_s'] * 1e3:.1f} "
+            f"({r['e2e_min_s'] * 1e3:.1f}-{r['e2e_max_s'] * 1e3:.1f}) | {r['gbps_median']:.1f} | "
+            f"{r['canary_max_gap']:.3f} |"
+        )
     if args.out:
         with open(args.out, "w") as f:
             json.dump(rows, f, indent=1)

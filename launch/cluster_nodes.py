@@ -116,10 +116,16 @@ def ray_env(extra: Optional[dict[str, str]] = None) -> dict[str, str]:
 
 
 def _node_args(spec: NodeSpec, temp_dir: str, port: int) -> list[str]:
-    args = [f"--num-cpus={spec.cpus}", f"--num-gpus={spec.gpus}", f"--node-manager-port={port}",
-            "--node-ip-address=127.0.0.1", f"--temp-dir={temp_dir}", "--disable-usage-stats",
-            # every node shares this machine's memory: a small store each keeps N nodes affordable
-            f"--object-store-memory={200 * 2**20}"]
+    args = [
+        f"--num-cpus={spec.cpus}",
+        f"--num-gpus={spec.gpus}",
+        f"--node-manager-port={port}",
+        "--node-ip-address=127.0.0.1",
+        f"--temp-dir={temp_dir}",
+        "--disable-usage-stats",
+        # every node shares this machine's memory: a small store each keeps N nodes affordable
+        f"--object-store-memory={200 * 2**20}",
+    ]
     if spec.resources:
         args.append("--resources=" + json.dumps(spec.resources))
     if spec.labels:
@@ -129,8 +135,14 @@ def _node_args(spec: NodeSpec, temp_dir: str, port: int) -> list[str]:
 
 def _spawn(args: list[str], log_path: Path, env: dict[str, str]) -> int:
     with open(log_path, "w") as log:
-        proc = subprocess.Popen([*RAY_CLI, "start", "--block", *args], env=ray_env(env), stdout=log,
-                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+        proc = subprocess.Popen(
+            [*RAY_CLI, "start", "--block", *args],
+            env=ray_env(env),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
     return proc.pid
 
 
@@ -174,11 +186,13 @@ def alive_nodes(dashboard_url: str, timeout_s: float, token_path: str = "") -> d
         headers["Authorization"] = f"Bearer {Path(token_path).read_text().strip()}"
     try:
         nodes = StateApiClient(address=dashboard_url, headers=headers).list(
-            StateResource.NODES, ListApiOptions(timeout=max(1, int(timeout_s))), raise_on_missing_output=False)
+            StateResource.NODES, ListApiOptions(timeout=max(1, int(timeout_s))), raise_on_missing_output=False
+        )
     except Exception as exc:  # the state API raises RayStateApiException, ConnectionError, ...
         raise ClusterError(f"listing the cluster's nodes failed: {str(exc).strip()[-500:]}") from None
-    return {int(n.labels[NODE_LABEL]): n.node_id for n in nodes
-            if n.state == "ALIVE" and NODE_LABEL in (n.labels or {})}
+    return {
+        int(n.labels[NODE_LABEL]): n.node_id for n in nodes if n.state == "ALIVE" and NODE_LABEL in (n.labels or {})
+    }
 
 
 def _wait_registered(cluster: Cluster, index: int, deadline: float) -> bool:
@@ -186,8 +200,9 @@ def _wait_registered(cluster: Cluster, index: int, deadline: float) -> bool:
     last = "no answer yet"
     while time.monotonic() < deadline:
         try:
-            ids = alive_nodes(cluster.dashboard_url, min(30.0, max(1.0, deadline - time.monotonic())),
-                              cluster.token_path)
+            ids = alive_nodes(
+                cluster.dashboard_url, min(30.0, max(1.0, deadline - time.monotonic())), cluster.token_path
+            )
         except ClusterError as exc:  # the dashboard's state API starts a little after the dashboard
             last, ids = str(exc), {}
         if index in ids:
@@ -196,12 +211,15 @@ def _wait_registered(cluster: Cluster, index: int, deadline: float) -> bool:
         if not _alive(cluster.nodes[index].pid):
             return False
         time.sleep(0.5)
-    raise ClusterError(f"node {index} did not register within the timeout ({last}): "
-                       f"{Path(cluster.nodes[index].log).read_text()[-800:]}")
+    raise ClusterError(
+        f"node {index} did not register within the timeout ({last}): "
+        f"{Path(cluster.nodes[index].log).read_text()[-800:]}"
+    )
 
 
-def start(specs: Sequence[NodeSpec], timeout_s: float = 180.0, env: Optional[dict[str, str]] = None,
-          auth: bool = False) -> Cluster:
+def start(
+    specs: Sequence[NodeSpec], timeout_s: float = 180.0, env: Optional[dict[str, str]] = None, auth: bool = False
+) -> Cluster:
     """Start a head (specs[0]) and one worker node per further spec, one after the other (a
     loaded machine times out raylets started all at once: Ray gives each 30 s to register), each
     retried (ATTEMPTS in all) when its `ray start` gives up; return when every node is registered alive. Stops
@@ -212,8 +230,13 @@ def start(specs: Sequence[NodeSpec], timeout_s: float = 180.0, env: Optional[dic
         raise ClusterError("--nodes must be at least 1")
     temp_dir = tempfile.mkdtemp(prefix="rlc", dir="/tmp")  # AF_UNIX paths inside must stay short
     gcs_port, dash_port = free_port(), free_port()
-    cluster = Cluster(temp_dir=temp_dir, gcs_address=f"127.0.0.1:{gcs_port}",
-                      dashboard_url=f"http://127.0.0.1:{dash_port}", nodes=[], env=dict(env or {}))
+    cluster = Cluster(
+        temp_dir=temp_dir,
+        gcs_address=f"127.0.0.1:{gcs_port}",
+        dashboard_url=f"http://127.0.0.1:{dash_port}",
+        nodes=[],
+        env=dict(env or {}),
+    )
     if auth:
         # mkdtemp's folder is 0700; the file is the owner's only as well
         cluster.token_path = os.path.join(temp_dir, "auth_token")
@@ -243,8 +266,11 @@ def _start_node(cluster: Cluster, spec: NodeSpec, deadline: float) -> Node:
     for attempt in range(1, ATTEMPTS + 1):
         port = free_port()
         log = Path(cluster.temp_dir) / f"node-{i}-{attempt}.log"
-        role = (["--head", f"--port={gcs_port}", "--dashboard-host=127.0.0.1", f"--dashboard-port={dash_port}"]
-                if i == 0 else [f"--address={cluster.gcs_address}"])
+        role = (
+            ["--head", f"--port={gcs_port}", "--dashboard-host=127.0.0.1", f"--dashboard-port={dash_port}"]
+            if i == 0
+            else [f"--address={cluster.gcs_address}"]
+        )
         # a temp dir per node: each node's runtime-env agent unpacks and deletes job working
         # dirs under its own, as on separate machines (a shared one pulls a driver's code
         # from under it when another node sets up the same job's env)

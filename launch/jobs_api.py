@@ -24,6 +24,7 @@ T = TypeVar("T")
 class LaunchError(Exception):
     """A problem the user can fix; printed as one line, exit status 2."""
 
+
 def call_with_timeout(fn: Callable[[], T], timeout_s: float, what: str) -> T:
     """Run a blocking call in a daemon thread and give up after ``timeout_s``.
 
@@ -75,6 +76,7 @@ def _settle(fut: asyncio.Future, value: Any, exc: Optional[BaseException]) -> No
         fut.set_exception(exc)
     else:
         fut.set_result(value)
+
 
 def _send_token_if_available() -> None:
     """Let Ray's HTTP client send this machine's cluster token.
@@ -208,13 +210,12 @@ async def follow(
         except (asyncio.CancelledError, Exception):
             pass
 
+
 def outcome(client: Any, job_id: str, status: Any, args: argparse.Namespace, err: TextIO) -> int:
     """Print the job's final status line and return its exit code (the table in the module doc)."""
     from ray.job_submission import JobStatus
 
-    info = call_with_timeout(
-        lambda: client.get_job_info(job_id), args.request_timeout, "reading the job info"
-    )
+    info = call_with_timeout(lambda: client.get_job_info(job_id), args.request_timeout, "reading the job info")
     # Ray appends the job's last 20 KB of logs to a failed job's message: the stream printed them
     message = (info.message or "").split(", last available logs", 1)[0].strip()
     print(f"[launch] {job_id} {status}: {message}".rstrip(), file=err, flush=True)

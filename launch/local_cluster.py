@@ -56,6 +56,7 @@ def parse_specs(nodes: int, cpus: str, gpus: str, resources: str, labels: str) -
     """One NodeSpec per node from the command line's lists: `--cpus 1,2,2` (one value, or one per
     node), `--gpus` likewise, `--resources` and `--labels` as `;`-separated per-node entries of
     `name=amount,...` / `key=value,...`. Raises ClusterError naming the flag."""
+
     def per_node(flag: str, text: str, parse) -> list:
         items = [s.strip() for s in text.split(";" if flag in ("--resources", "--labels") else ",")]
         if len(items) == 1:
@@ -91,38 +92,58 @@ def parse_specs(nodes: int, cpus: str, gpus: str, resources: str, labels: str) -
 
 
 def describe(cluster: Cluster) -> str:
-    lines = [f"rlcore local cluster: {len(cluster.nodes)} node(s), up in {cluster.started_s:.1f}s",
-             f"  rlcore.run:    cluster.address={cluster.gcs_address}",
-             f"  launch.submit: --address {cluster.dashboard_url}"]
+    lines = [
+        f"rlcore local cluster: {len(cluster.nodes)} node(s), up in {cluster.started_s:.1f}s",
+        f"  rlcore.run:    cluster.address={cluster.gcs_address}",
+        f"  launch.submit: --address {cluster.dashboard_url}",
+    ]
     if cluster.token_path:
         lines.append(f"  token auth:    RAY_AUTH_MODE=token RAY_AUTH_TOKEN_PATH={cluster.token_path}")
     for i, n in enumerate(cluster.nodes):
         s = n.spec
         extra = "".join(f", {k}: {v:g}" for k, v in s.resources.items())
         labels = ",".join(f"{k}={v}" for k, v in s.labels.items()) or "-"
-        lines.append(f"  node {i} {'head  ' if i == 0 else 'worker'} {n.node_id[:12]} {{CPU: {s.cpus}, GPU: {s.gpus}"
-                     f"{extra}}} labels {labels} raylet pid {raylet_pid(n)}")
+        lines.append(
+            f"  node {i} {'head  ' if i == 0 else 'worker'} {n.node_id[:12]} {{CPU: {s.cpus}, GPU: {s.gpus}"
+            f"{extra}}} labels {labels} raylet pid {raylet_pid(n)}"
+        )
     return "\n".join(lines)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m launch.local_cluster", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--state", type=Path, default=default_state_path(),
-                        help="file the running cluster is recorded in (default: %(default)s)")
+    parser.add_argument(
+        "--state",
+        type=Path,
+        default=default_state_path(),
+        help="file the running cluster is recorded in (default: %(default)s)",
+    )
     sub = parser.add_subparsers(dest="command", required=True)
     up = sub.add_parser("start", help="start a head and worker nodes; print the address")
     up.add_argument("--nodes", type=int, default=3, help="nodes in all, the head included (default: %(default)s)")
     up.add_argument("--cpus", default="1", help="CPUs per node: one value or one per node, e.g. 1,2,2")
     up.add_argument("--gpus", default="0", help="GPUs each node declares (resources only), e.g. 0,8,8")
     up.add_argument("--resources", default="", help="custom resources per node, ';' between nodes: 'a=1;;b=2'")
-    up.add_argument("--labels", default="", help="labels per node, ';' between nodes: "
-                    "'rlcore-group=driver;rlcore-group=trainer;rlcore-group=rollout'")
-    up.add_argument("--env", action="append", default=[], metavar="KEY=VALUE",
-                    help="environment variable of every node's processes (repeatable)")
+    up.add_argument(
+        "--labels",
+        default="",
+        help="labels per node, ';' between nodes: 'rlcore-group=driver;rlcore-group=trainer;rlcore-group=rollout'",
+    )
+    up.add_argument(
+        "--env",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="environment variable of every node's processes (repeatable)",
+    )
     up.add_argument("--timeout", type=float, default=180.0, help="seconds for every node to come up")
-    up.add_argument("--auth", choices=("disabled", "token"), default="disabled",
-                    help="Ray's token authentication: a token of the cluster's own (token), or none "
-                    "(disabled, the default: a throwaway cluster of this machine)")
+    up.add_argument(
+        "--auth",
+        choices=("disabled", "token"),
+        default="disabled",
+        help="Ray's token authentication: a token of the cluster's own (token), or none "
+        "(disabled, the default: a throwaway cluster of this machine)",
+    )
     sub.add_parser("status", help="print the running cluster's nodes")
     sub.add_parser("stop", help="stop the cluster's processes (only those)")
     args = parser.parse_args(argv)
@@ -136,8 +157,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                 if not sep or not key:
                     raise ClusterError(f"--env {item!r} is not KEY=VALUE")
                 env[key] = value
-            cluster = start(parse_specs(args.nodes, args.cpus, args.gpus, args.resources, args.labels), args.timeout, env,
-                            auth=args.auth == "token")
+            cluster = start(
+                parse_specs(args.nodes, args.cpus, args.gpus, args.resources, args.labels),
+                args.timeout,
+                env,
+                auth=args.auth == "token",
+            )
             cluster.save(args.state)
             print(describe(cluster), flush=True)
             return 0

@@ -34,9 +34,14 @@ def compare(planned: list, placed: list[str]) -> list[str]:
     for b, node in zip(planned, placed):
         ray_of[b.node].add(node)
         plan_of[node].add(b.node)
-    out = [f"plan node {n}'s bundles landed on {len(ids)} Ray nodes ({', '.join(sorted(i[:12] for i in ids))})"
-           for n, ids in sorted(ray_of.items()) if len(ids) > 1]
-    out += [f"Ray node {node[:8]} holds bundles of plan nodes {sorted(ns)}" for node, ns in plan_of.items() if len(ns) > 1]
+    out = [
+        f"plan node {n}'s bundles landed on {len(ids)} Ray nodes ({', '.join(sorted(i[:12] for i in ids))})"
+        for n, ids in sorted(ray_of.items())
+        if len(ids) > 1
+    ]
+    out += [
+        f"Ray node {node[:8]} holds bundles of plan nodes {sorted(ns)}" for node, ns in plan_of.items() if len(ns) > 1
+    ]
     return out
 
 
@@ -53,18 +58,20 @@ def ray_node_name(node_id: str, nodes: list) -> str:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    from rlcore.plan.node_fit import fit_problems
-    from rlcore.plan.layout import format_plan, make_plan
+    from actors.session import live_nodes
     from rlcore.config.errors import ConfigError, raise_problems
+    from rlcore.plan.compose import compose
+    from rlcore.plan.layout import format_plan, make_plan
+    from rlcore.plan.node_fit import fit_problems
     from rlcore.plan.validate import placed_bundles, problems
     from rlcore.report.console import report_config_error as report
-    from rlcore.plan.compose import compose
-    from actors.session import live_nodes
 
     argv = list(sys.argv[1:] if argv is None else argv)
     if {"-h", "--help"} & set(argv):
-        print(f"usage: python -m launch.placement_check cluster.address=HOST:PORT [+recipe=NAME] [key=value ...]\n\n"
-              f"{__doc__.strip()}")
+        print(
+            f"usage: python -m launch.placement_check cluster.address=HOST:PORT [+recipe=NAME] [key=value ...]\n\n"
+            f"{__doc__.strip()}"
+        )
         return 0
     try:
         cfg = compose(argv)
@@ -103,14 +110,16 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                     print(f"{name} bundle {b.index}{pool}: plan node {b.node} -> Ray node {ray_node_name(node, nodes)}")
         finally:
             from ray.util.placement_group import remove_placement_group
+
             for pg in {id(p): p for p in (trainer_pg, rollout_pg) if p is not None}.values():
                 remove_placement_group(pg)
         wrong = compare(planned, placed)
         for line in wrong:
             print(f"MISPLACED: {line}")
         if not wrong:
-            print(f"placement check: all {len(placed)} bundles on the nodes the plan gives "
-                  f"({len(set(placed))} Ray nodes)")
+            print(
+                f"placement check: all {len(placed)} bundles on the nodes the plan gives ({len(set(placed))} Ray nodes)"
+            )
         return EXIT_MISPLACED if wrong else 0
     finally:
         ray.shutdown()

@@ -34,6 +34,8 @@ WORKING_DIR_EXCLUDES = [
     ".ruff_cache/",
     ".mypy_cache/",
 ]
+
+
 def locked_requirements(extras: Sequence[str], repo_root: Path = REPO_ROOT) -> list[str]:
     """The exact pins of uv.lock for a runtime (no dev group, no project), one requirement each."""
     uv = shutil.which("uv")
@@ -43,24 +45,28 @@ def locked_requirements(extras: Sequence[str], repo_root: Path = REPO_ROOT) -> l
             "pass --deps preinstalled if the cluster already has the environment"
         )
     cmd = [
-        uv, "export", "--frozen", "--format", "requirements.txt", "--no-dev", "--no-emit-project",
-        "--no-hashes", "--no-header", "--no-annotate",
+        uv,
+        "export",
+        "--frozen",
+        "--format",
+        "requirements.txt",
+        "--no-dev",
+        "--no-emit-project",
+        "--no-hashes",
+        "--no-header",
+        "--no-annotate",
     ]
     for extra in extras:
         cmd += ["--extra", extra]
     try:
-        proc = subprocess.run(
-            cmd, cwd=repo_root, capture_output=True, text=True, timeout=120, check=False
-        )
+        proc = subprocess.run(cmd, cwd=repo_root, capture_output=True, text=True, timeout=120, check=False)
     except subprocess.TimeoutExpired:
         raise LaunchError("`uv export` did not finish within 120 s") from None
     if proc.returncode != 0:
         detail = proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else "no output"
         raise LaunchError(f"`uv export` failed (exit {proc.returncode}): {detail}")
     pins = [
-        line.strip()
-        for line in proc.stdout.splitlines()
-        if line.strip() and not line.lstrip().startswith(("#", "-"))
+        line.strip() for line in proc.stdout.splitlines() if line.strip() and not line.lstrip().startswith(("#", "-"))
     ]
     if not pins:
         raise LaunchError("`uv export` produced no requirements; is uv.lock empty?")
@@ -97,7 +103,6 @@ def default_submission_id(overrides: Sequence[str]) -> str:
     return f"rlcore-{recipe}-{stamp}-{secrets.token_hex(2)}"
 
 
-
 def node_local_output(overrides: Sequence[str]) -> Optional[str]:
     """Why the run's storage would be node-local as a Ray Job, or None: a relative `output_dir`
     (`checkpoint.dir`, `checkpoint.export_dir`) resolves inside the job's working dir, which every
@@ -113,10 +118,15 @@ def node_local_output(overrides: Sequence[str]) -> Optional[str]:
         cfg = compose(list(overrides))
     except (ConfigError, Exception):  # noqa: BLE001  Hydra's grammar errors too: the job says them in one line
         return None
-    for key, value in (("output_dir", cfg.output_dir), ("checkpoint.dir", cfg.checkpoint.dir),
-                       ("checkpoint.export_dir", cfg.checkpoint.export_dir)):
+    for key, value in (
+        ("output_dir", cfg.output_dir),
+        ("checkpoint.dir", cfg.checkpoint.dir),
+        ("checkpoint.export_dir", cfg.checkpoint.export_dir),
+    ):
         if value and "://" not in value and not os.path.isabs(os.path.expanduser(value)):
-            return (f"{key}={value!r} is relative: a Ray Job runs in each node's own copy of the working dir, "
-                    "which Ray deletes with its temp dir, so the run's parts would stay on different nodes; "
-                    f"pass an absolute path on storage every node mounts, e.g. -- {key}=/shared/runs/NAME")
+            return (
+                f"{key}={value!r} is relative: a Ray Job runs in each node's own copy of the working dir, "
+                "which Ray deletes with its temp dir, so the run's parts would stay on different nodes; "
+                f"pass an absolute path on storage every node mounts, e.g. -- {key}=/shared/runs/NAME"
+            )
     return None

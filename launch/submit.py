@@ -30,7 +30,6 @@ Dependencies (``--deps``):
   (nodes running the image from docker/, or a local cluster started from this repo's venv).
 """
 
-
 from __future__ import annotations
 
 import argparse
@@ -70,6 +69,7 @@ from launch.runtime_env import (  # noqa: F401
 _OVERRIDE = re.compile(r"^(?:(?:\+\+|\+)?[A-Za-z_][\w.@/\-]*=.*|~[A-Za-z_][\w.@/\-]*(?:=.*)?)$", re.S)
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
+
 def split_argv(argv: Sequence[str]) -> tuple[list[str], list[str]]:
     """Options for this launcher before ``--``, Hydra overrides for the run after it."""
     argv = list(argv)
@@ -90,8 +90,7 @@ def parse_args(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
     parser.add_argument(
         "--address",
         default=os.environ.get("RAY_JOBS_ADDRESS", "http://127.0.0.1:8265"),
-        help="the head's dashboard address, http(s)://HOST:PORT (default: $RAY_JOBS_ADDRESS or "
-        "%(default)s)",
+        help="the head's dashboard address, http(s)://HOST:PORT (default: $RAY_JOBS_ADDRESS or %(default)s)",
     )
     parser.add_argument(
         "--deps",
@@ -111,8 +110,7 @@ def parse_args(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
         action="append",
         default=[],
         metavar="KEY=VALUE",
-        help="environment variable for the job and all its actors (repeatable), e.g. "
-        "WANDB_API_KEY=...",
+        help="environment variable for the job and all its actors (repeatable), e.g. WANDB_API_KEY=...",
     )
     parser.add_argument("--submission-id", default=None, help="job id (default: generated)")
     parser.add_argument(
@@ -125,8 +123,7 @@ def parse_args(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
         "--request-timeout",
         type=float,
         default=120.0,
-        help="seconds each request to the cluster may take, the working-dir upload included "
-        "(default: %(default)s)",
+        help="seconds each request to the cluster may take, the working-dir upload included (default: %(default)s)",
     )
     parser.add_argument(
         "--poll",
@@ -144,8 +141,7 @@ def parse_args(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
         "--follow",
         metavar="SUBMISSION_ID",
         default=None,
-        help="submit nothing: follow that job to its end (its logs from the start, then its "
-        "outcome as the exit code)",
+        help="submit nothing: follow that job to its end (its logs from the start, then its outcome as the exit code)",
     )
     existing.add_argument(
         "--stop",
@@ -156,8 +152,9 @@ def parse_args(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
     )
     args = parser.parse_args(own)
     if (args.follow or args.stop) and (overrides or args.no_wait):
-        parser.error(f"--{'follow' if args.follow else 'stop'} acts on a submitted job: no overrides after "
-                     "`--`, no --no-wait")
+        parser.error(
+            f"--{'follow' if args.follow else 'stop'} acts on a submitted job: no overrides after `--`, no --no-wait"
+        )
 
     if not re.match(r"^https?://[^/\s]+", args.address):
         parser.error(
@@ -177,11 +174,9 @@ def parse_args(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
     args.extras = [e.strip() for e in args.extras.split(",") if e.strip()]
     for item in overrides:
         if not _OVERRIDE.match(item):
-            parser.error(
-                f"override {item!r} after `--` is not a Hydra override (key=value, +key=value, "
-                "~key)"
-            )
+            parser.error(f"override {item!r} after `--` is not a Hydra override (key=value, +key=value, ~key)")
     return args, overrides
+
 
 def run(argv: Sequence[str], out: TextIO = sys.stdout, err: TextIO = sys.stderr) -> int:
     args, overrides = parse_args(argv)
@@ -212,6 +207,7 @@ def run(argv: Sequence[str], out: TextIO = sys.stdout, err: TextIO = sys.stderr)
         print(job_id, file=out, flush=True)
         return 0
     return follow_to_end(client, job_id, args, out, err)
+
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     try:

@@ -37,23 +37,26 @@ def mismatch_figures(engine: Sequence[Sequence[float]], trainer: Sequence[Sequen
     if not diffs:
         raise ValueError("mismatch: no tokens to compare")
     n = len(diffs)
-    return {"token_mult_prob_error": sum(math.exp(min(abs(d), 700.0)) for d in diffs) / n,
-            "kl": sum(math.expm1(d) - d for d in diffs) / n,
-            "mean_abs_diff": sum(abs(d) for d in diffs) / n, "max_abs_diff": max(abs(d) for d in diffs),
-            "tokens": float(n)}
+    return {
+        "token_mult_prob_error": sum(math.exp(min(abs(d), 700.0)) for d in diffs) / n,
+        "kl": sum(math.expm1(d) - d for d in diffs) / n,
+        "mean_abs_diff": sum(abs(d) for d in diffs) / n,
+        "max_abs_diff": max(abs(d) for d in diffs),
+        "tokens": float(n),
+    }
 
 
 def measure(cfg) -> dict[str, float]:
     """Load, score and compare (see the module docstring) for a validated, resolved RunConfig."""
     import torch
 
-    from rlcore.weights.canary import canary_prompts, own_completion_pairs
     from rlcore.engine.base import SamplingParams
     from rlcore.engine.registry import make_engine
     from rlcore.envs import make_env
     from rlcore.models.build import build_tokenizer
     from rlcore.models.render import render_prompt
     from rlcore.trainer.core import TrainerCore, free_port
+    from rlcore.weights.canary import canary_prompts, own_completion_pairs
 
     tok = build_tokenizer(cfg.model)
     engine = make_engine(cfg, tok, seed=cfg.seed)  # first: vLLM sizes its memory at start-up
@@ -72,11 +75,17 @@ def measure(cfg) -> dict[str, float]:
             params = SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature, seed=seed)
             return [g.token_ids for g in engine.generate(prompts, params)]
 
-        pairs = own_completion_pairs([render_prompt(tok, t.messages) for t in tasks], generate,
-                                     cfg.rollout.canary_tokens, 1.0, seed=cfg.seed + 1234)
+        pairs = own_completion_pairs(
+            [render_prompt(tok, t.messages) for t in tasks],
+            generate,
+            cfg.rollout.canary_tokens,
+            1.0,
+            seed=cfg.seed + 1234,
+        )
         if not pairs:
-            pairs = canary_prompts(len(tok), num_prompts=n, completion_len=-(-cfg.rollout.canary_tokens // n),
-                                   seed=cfg.seed + 1234)
+            pairs = canary_prompts(
+                len(tok), num_prompts=n, completion_len=-(-cfg.rollout.canary_tokens // n), seed=cfg.seed + 1234
+            )
         return mismatch_figures(engine.score_batch(pairs), core.score_pairs(pairs))
     finally:
         core.shutdown()
@@ -93,10 +102,10 @@ exit 1 when rollout.max_mismatch is set and the figure passes it, 2 on a config 
 
 def main(argv: list[str] | None = None) -> int:
     from rlcore.config.errors import ConfigError
-    from rlcore.plan.validate import validate
     from rlcore.models.shipped import resolve as resolve_model
-    from rlcore.report.console import report_config_error as report
     from rlcore.plan.compose import compose
+    from rlcore.plan.validate import validate
+    from rlcore.report.console import report_config_error as report
 
     argv = list(sys.argv[1:] if argv is None else argv)
     if any(a in ("-h", "--help") for a in argv):
@@ -110,14 +119,18 @@ def main(argv: list[str] | None = None) -> int:
         return report(exc)
     fig = measure(cfg)
     where = f"model {cfg.model.path or 'random weights'}, engine {cfg.rollout.engine}"
-    print(f"mismatch ({where}, {int(fig['tokens'])} tokens): token_mult_prob_error {fig['token_mult_prob_error']:.6f}, "
-          f"kl {fig['kl']:.3e}, mean |dlogprob| {fig['mean_abs_diff']:.3e}, max {fig['max_abs_diff']:.3e}")
+    print(
+        f"mismatch ({where}, {int(fig['tokens'])} tokens): token_mult_prob_error {fig['token_mult_prob_error']:.6f}, "
+        f"kl {fig['kl']:.3e}, mean |dlogprob| {fig['mean_abs_diff']:.3e}, max {fig['max_abs_diff']:.3e}"
+    )
     bound = cfg.rollout.max_mismatch
     over = bound is not None and fig["token_mult_prob_error"] > bound
     if over:
-        print(f"rlcore: mismatch: token_mult_prob_error {fig['token_mult_prob_error']:.6f} passes "
-              f"rollout.max_mismatch={bound}: a run with this model and engine would stop at its first sync",
-              file=sys.stderr)
+        print(
+            f"rlcore: mismatch: token_mult_prob_error {fig['token_mult_prob_error']:.6f} passes "
+            f"rollout.max_mismatch={bound}: a run with this model and engine would stop at its first sync",
+            file=sys.stderr,
+        )
     print(json.dumps({**fig, "max_mismatch": bound}))
     return 1 if over else 0
 

@@ -23,29 +23,29 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 from actors.session import RayStartError, live_nodes, local_ray_environment, ray_address, start_ray
-from rlcore.plan.cli import FlagError, help_text, job_output_dir, parse_flags, sweep_jobs
 from rlcore.config import RunConfig
 from rlcore.config.errors import ConfigError, keyed_errors
 from rlcore.config.nodes import config_dict, to_node
 from rlcore.engine.registry import inert_options
-from rlcore.plan.interrupt import StopRequest
 from rlcore.models.shipped import resolve as resolve_model
+from rlcore.plan.cli import FlagError, help_text, job_output_dir, parse_flags, sweep_jobs
 from rlcore.plan.compose import CONF_DIR, compose, recipes
+from rlcore.plan.interrupt import StopRequest
 from rlcore.plan.layout import format_plan, make_plan
 from rlcore.plan.overrides import one_line, override_key
 from rlcore.plan.placement import resolve
 from rlcore.plan.validate import Capacity, validate
 from rlcore.report.console import EXIT_CONFIG, log_error_detail, report_config_error, report_error
-from rlcore.storage.errors import StorageError
 from rlcore.report.events import EventLog
 from rlcore.report.metrics import MetricsLogger
 from rlcore.report.plot import write_run_plot
 from rlcore.report.startup import StartupPhases
 from rlcore.report.summary import run_summary
 from rlcore.report.watch.beside import start_page, stop_page
+from rlcore.storage.errors import StorageError
 from rlcore.storage.location import with_local_paths
-from rlcore.storage.staging import Sync, claim, download
 from rlcore.storage.rundir import claim_output_dir, last_checkpoint_hint
+from rlcore.storage.staging import Sync, claim, download
 
 EXIT_RUN = 1
 QUIET_LIBRARIES = ("aiobotocore", "botocore", "s3fs", "gcsfs", "adlfs", "fsspec")
@@ -66,6 +66,7 @@ def local_gpu_bytes(cfg: RunConfig) -> int | None:
     if cfg.cluster.gpu_memory_gib:
         return int(cfg.cluster.gpu_memory_gib * 2**30)
     import torch
+
     return torch.cuda.get_device_properties(0).total_memory if torch.cuda.is_available() else None
 
 
@@ -80,6 +81,7 @@ def check_cluster(cfg: RunConfig) -> RunConfig:
         nodes = tuple(live_nodes())
     else:
         import torch
+
         cpus = cfg.cluster.num_cpus or os.cpu_count() or 1
         gpus = cfg.cluster.num_gpus if cfg.cluster.num_gpus is not None else torch.cuda.device_count()
         where, gpu_bytes = "this machine", local_gpu_bytes(cfg) if gpus else None
@@ -96,6 +98,7 @@ def prepare(cfg: RunConfig):
         return None
     from rlcore.models.tokenizer_build import build_tokenizer
     from rlcore.sft.dataset import DataError, build_dataset
+
     with keyed_errors(DataError):
         return build_dataset(cfg, build_tokenizer(cfg.model))
 
@@ -105,16 +108,24 @@ def make_runner(cfg: RunConfig, prepared=None, stop: StopRequest | None = None):
     `stop`: the RL driver stops at the step boundary after it is requested."""
     if cfg.mode == "sft":
         from actors.sft import SFTDriver
+
         return SFTDriver(cfg, prepared)
     if cfg.mode == "eval":
         from actors.evaluation import EvalDriver
+
         return EvalDriver(cfg)
     from actors.driver import Driver
+
     return Driver(cfg, stop)
 
 
-def summary(cfg: RunConfig, history: list[dict], eval_rows: list[dict] = (),
-            phases: list[tuple[str, float]] = (), startup_s: float | None = None) -> str:
+def summary(
+    cfg: RunConfig,
+    history: list[dict],
+    eval_rows: list[dict] = (),
+    phases: list[tuple[str, float]] = (),
+    startup_s: float | None = None,
+) -> str:
     """The end-of-run summary (rlcore.report.summary), pointing to the plot when the run wrote one;
     `startup_s`: the wall time from the process's start to step 1 (RL)."""
     out = Path(cfg.output_dir)
@@ -147,8 +158,10 @@ def multirun(overrides: list[str]) -> int:
     try:
         jobs = sweep_jobs(overrides)
         base = compose(jobs[0]).output_dir
-        jobs = [[o for o in job if override_key(o) != "output_dir"] + [f"output_dir={job_output_dir(base, i)}"]
-                for i, job in enumerate(jobs)]
+        jobs = [
+            [o for o in job if override_key(o) != "output_dir"] + [f"output_dir={job_output_dir(base, i)}"]
+            for i, job in enumerate(jobs)
+        ]
         for job in jobs:
             validate(compose(job))
     except ConfigError as exc:
@@ -254,14 +267,24 @@ def _run_session(cfg: RunConfig, prepared, out: Path, events: EventLog, sync: Sy
         logger.close()  # before the summary: the progress bar stops, the files are complete
         if history:
             write_run_plot(out)  # before the summary, which points to it
-            print(summary(cfg, history, logger.eval_rows, ray_phase.done + driver.startup.done,
-                          getattr(driver, "ready_at", None)))
+            print(
+                summary(
+                    cfg,
+                    history,
+                    logger.eval_rows,
+                    ray_phase.done + driver.startup.done,
+                    getattr(driver, "ready_at", None),
+                )
+            )
             profiler = getattr(driver, "profiler", None)  # profile.steps: the recorded steps' timeline
             for line in profiler.report() if profiler is not None else []:
                 print(line)
         if stop.requested:
-            events.write("interrupt", f"{stop.signal_name or 'SIGINT'}: stopped after the step in flight",
-                         step=history[-1].get("step") if history else None)
+            events.write(
+                "interrupt",
+                f"{stop.signal_name or 'SIGINT'}: stopped after the step in flight",
+                step=history[-1].get("step") if history else None,
+            )
         return EXIT_INTERRUPTED if stop.requested else 0
     except ConfigError as exc:
         if driver is None:  # refused before the run began (the cluster's check)
@@ -269,8 +292,11 @@ def _run_session(cfg: RunConfig, prepared, out: Path, events: EventLog, sync: Sy
         return report_config_error(exc)
     except KeyboardInterrupt:
         events.write("interrupt", f"{stop.signal_name or 'SIGINT'}: stopped at once")
-        print(f"rlcore: interrupted ({stop.signal_name or 'SIGINT'}); stopped at once, no checkpoint kept of this "
-              f"point; {last_checkpoint_hint(cfg)}; shutting down", file=sys.stderr)
+        print(
+            f"rlcore: interrupted ({stop.signal_name or 'SIGINT'}); stopped at once, no checkpoint kept of this "
+            f"point; {last_checkpoint_hint(cfg)}; shutting down",
+            file=sys.stderr,
+        )
         return EXIT_INTERRUPTED
     except (RunError, TimeoutError, ray.exceptions.RayError) as exc:  # RayError: an actor's own exception
         print(report_error(str(exc), cfg.output_dir), file=sys.stderr)

@@ -86,6 +86,7 @@ class SleepingReverseText(ReverseText):
 def in_actor() -> bool:
     """Whether this code runs inside a Ray actor (a rollout or teacher actor), not the driver."""
     import ray
+
     return ray.is_initialized() and ray.get_runtime_context().get_actor_id() is not None
 
 

@@ -14,6 +14,7 @@ local_ray_environment()
 def tiny_cfg(tmp_path):
     """The embedded default config, composed exactly as the CLI does (in a fresh output_dir)."""
     from rlcore.plan.compose import compose
+
     return compose([f"output_dir={tmp_path / 'run'}"])
 
 
@@ -23,17 +24,20 @@ def capped_disk(tmp_path):
     ENOSPC, a real full disk. Needs root (mount); skipped with the reason where it cannot mount."""
     import subprocess
     import uuid
+
     mounted = []
 
     def make(size: str) -> Path:
         mnt = tmp_path / f"disk-{uuid.uuid4().hex[:6]}"
         mnt.mkdir()
-        done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(mnt)],
-                              capture_output=True, text=True)
+        done = subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(mnt)], capture_output=True, text=True
+        )
         if done.returncode != 0:
             pytest.skip(f"cannot mount a size-capped tmpfs here ({done.stderr.strip() or done.returncode}): needs root")
         mounted.append(mnt)
         return mnt
+
     yield make
     for mnt in mounted:
         subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
@@ -60,6 +64,7 @@ def fill_disk(folder: Path) -> Path:
 
 def pytest_collection_modifyitems(config, items):
     import torch
+
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs CUDA (run on the GPU machine)")

@@ -28,8 +28,17 @@ from typing import Optional
 DAEMONS = ("munged", "slurmctld", "slurmd")
 CLIENTS = ("sbatch", "sinfo", "scontrol", "scancel", "squeue", "srun")
 NODES = ("n1", "n2")
-FINAL_STATES = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED", "OUT_OF_MEMORY",
-                "BOOT_FAIL", "DEADLINE"}
+FINAL_STATES = {
+    "COMPLETED",
+    "FAILED",
+    "CANCELLED",
+    "TIMEOUT",
+    "NODE_FAIL",
+    "PREEMPTED",
+    "OUT_OF_MEMORY",
+    "BOOT_FAIL",
+    "DEADLINE",
+}
 
 
 def missing() -> Optional[str]:
@@ -37,8 +46,7 @@ def missing() -> Optional[str]:
     search = f"/usr/sbin:/usr/bin:/sbin:{os.environ.get('PATH', '')}"
     absent = [name for name in DAEMONS + CLIENTS if shutil.which(name, path=search) is None]
     if absent:
-        return (f"Slurm is not installed ({', '.join(absent)} not found): "
-                "apt-get install slurm-wlm munge (.ci/run does)")
+        return f"Slurm is not installed ({', '.join(absent)} not found): apt-get install slurm-wlm munge (.ci/run does)"
     if os.geteuid() != 0:
         return "a Slurm cluster of this machine needs root (slurmd starts job steps as the submitting user)"
     return None
@@ -59,12 +67,14 @@ def _free_port() -> int:
 def _conf(root: Path, ports: dict[str, int]) -> str:
     user = "root"
     host = socket.gethostname()
-    nodes = "\n".join(f"NodeName={n} NodeHostname=localhost NodeAddr=127.0.0.1 Port={ports[n]} CPUs=1 "
-                      "RealMemory=2000 State=UNKNOWN" for n in NODES)
+    nodes = "\n".join(
+        f"NodeName={n} NodeHostname=localhost NodeAddr=127.0.0.1 Port={ports[n]} CPUs=1 RealMemory=2000 State=UNKNOWN"
+        for n in NODES
+    )
     return f"""\
 ClusterName=rlcoretest
 SlurmctldHost={host}(127.0.0.1)
-SlurmctldPort={ports['ctld']}
+SlurmctldPort={ports["ctld"]}
 SlurmUser={user}
 SlurmdUser={user}
 AuthType=auth/munge
@@ -95,7 +105,7 @@ SlurmdTimeout=60
 KillWait=30
 MinJobAge=600
 {nodes}
-PartitionName=test Nodes={','.join(NODES)} Default=YES MaxTime=INFINITE State=UP
+PartitionName=test Nodes={",".join(NODES)} Default=YES MaxTime=INFINITE State=UP
 """
 
 
@@ -136,9 +146,19 @@ class SlurmCluster:
         key.write_bytes(os.urandom(1024))
         os.chmod(key, 0o400)
         munge = self.root / "munge"
-        self._spawn("munged", [_which("munged"), "--foreground", "--force", f"--key-file={key}",
-                               f"--socket={munge}/munge.socket", f"--pid-file={munge}/munged.pid",
-                               f"--log-file={munge}/munged.log", f"--seed-file={munge}/munged.seed"])
+        self._spawn(
+            "munged",
+            [
+                _which("munged"),
+                "--foreground",
+                "--force",
+                f"--key-file={key}",
+                f"--socket={munge}/munge.socket",
+                f"--pid-file={munge}/munged.pid",
+                f"--log-file={munge}/munged.log",
+                f"--seed-file={munge}/munged.seed",
+            ],
+        )
         deadline = time.monotonic() + 20
         while not (munge / "munge.socket").exists():
             self._check_alive("munged")
@@ -148,8 +168,9 @@ class SlurmCluster:
 
     def _spawn(self, name: str, argv: list[str]) -> None:
         log = open(self.root / "log" / f"{name}.out", "w")
-        proc = subprocess.Popen(argv, env=self.env, stdout=log, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, start_new_session=True)
+        proc = subprocess.Popen(
+            argv, env=self.env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True
+        )
         log.close()
         self.procs[name] = proc
 
@@ -171,27 +192,37 @@ class SlurmCluster:
         while time.monotonic() < deadline:
             for name in self.procs:
                 self._check_alive(name)
-            proc = subprocess.run(["sinfo", "--noheader", "-N", "-o", "%N %t"], env=self.env,
-                                  capture_output=True, text=True, timeout=30)
+            proc = subprocess.run(
+                ["sinfo", "--noheader", "-N", "-o", "%N %t"], env=self.env, capture_output=True, text=True, timeout=30
+            )
             last = (proc.stdout + proc.stderr).strip()
             states = dict(line.split() for line in proc.stdout.splitlines() if len(line.split()) == 2)
             if all(states.get(n) == "idle" for n in NODES):
                 return
             time.sleep(0.5)
-        raise RuntimeError(f"the Slurm nodes were not idle within {timeout_s:.0f} s (sinfo: {last!r}); "
-                           f"slurmctld: {self.log_tail('slurmctld', 800)}")
+        raise RuntimeError(
+            f"the Slurm nodes were not idle within {timeout_s:.0f} s (sinfo: {last!r}); "
+            f"slurmctld: {self.log_tail('slurmctld', 800)}"
+        )
 
     def sbatch(self, args: list[str], env: dict[str, str], cwd: Path) -> str:
         """Submit; return the job id. `env` is the submitter's environment (SLURM_CONF added)."""
-        proc = subprocess.run(["sbatch", "--parsable", *args], env={**env, "SLURM_CONF": self.env["SLURM_CONF"]},
-                              cwd=cwd, capture_output=True, text=True, timeout=60)
+        proc = subprocess.run(
+            ["sbatch", "--parsable", *args],
+            env={**env, "SLURM_CONF": self.env["SLURM_CONF"]},
+            cwd=cwd,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert proc.returncode == 0, proc.stderr
         return proc.stdout.strip().split(";")[0]
 
     def job(self, job_id: str) -> dict[str, str]:
         """`scontrol show job`'s fields of one job."""
-        proc = subprocess.run(["scontrol", "show", "job", "-o", job_id], env=self.env,
-                              capture_output=True, text=True, timeout=30)
+        proc = subprocess.run(
+            ["scontrol", "show", "job", "-o", job_id], env=self.env, capture_output=True, text=True, timeout=30
+        )
         assert proc.returncode == 0, proc.stderr
         return dict(m.groups() for m in re.finditer(r"(\w+)=(\S*)", proc.stdout))
 
@@ -229,11 +260,14 @@ class SlurmCluster:
         included), stop the daemons (slurmd first), then kill whatever of this cluster is left
         (a slurmstepd outlives its slurmd)."""
         if self.procs:
-            subprocess.run(["scancel", "--full", f"--user={os.getuid()}"], env=self.env, capture_output=True, timeout=30)
+            subprocess.run(
+                ["scancel", "--full", f"--user={os.getuid()}"], env=self.env, capture_output=True, timeout=30
+            )
             deadline = time.monotonic() + 30
             while time.monotonic() < deadline:
-                queue = subprocess.run(["squeue", "--noheader"], env=self.env, capture_output=True, text=True,
-                                       timeout=30).stdout.strip()
+                queue = subprocess.run(
+                    ["squeue", "--noheader"], env=self.env, capture_output=True, text=True, timeout=30
+                ).stdout.strip()
                 if not queue:
                     break
                 time.sleep(1)

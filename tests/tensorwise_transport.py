@@ -38,8 +38,7 @@ def broadcast(group, timeout: datetime.timedelta, tensor: torch.Tensor) -> None:
 class Sender(base.Sender):
     """Trainer rank 0: hosts the group, then broadcasts each tensor of the layout alone."""
 
-    def __init__(self, options: TransferOptions, plan: SyncPlan, device: str, address: str, port: int,
-                 world_size: int):
+    def __init__(self, options: TransferOptions, plan: SyncPlan, device: str, address: str, port: int, world_size: int):
         self.expect = self.layout(plan, options)
         self.group, self.timeout = gloo_group(address, port, 0, world_size, options.timeout_s)
 

@@ -6,8 +6,10 @@ from rlcore.types import Group, Sample, Task
 
 def group(version: int, n: int = 2, failed: int = 0, rewards=None) -> Group:
     rewards = rewards or [float(i) for i in range(n)]
-    samples = [Sample([1], [2, 3], [-0.1, -0.2], [version, version + 1], [1, 1], reward=rewards[i],
-                      failed=i < failed) for i in range(n)]
+    samples = [
+        Sample([1], [2, 3], [-0.1, -0.2], [version, version + 1], [1, 1], reward=rewards[i], failed=i < failed)
+        for i in range(n)
+    ]
     return Group(task=Task(id="t", messages=[]), samples=samples)
 
 
@@ -121,6 +123,7 @@ def test_withdrawn_samples_leave_the_accounting_as_if_never_requested():
 
 def test_the_staleness_rule_is_one_module_that_the_buffer_and_the_launch_rule_share():
     from rlcore.batch import staleness
+
     # trained at version 5, a group from version 3 is 2 steps behind
     assert staleness.is_stale(5, 3, max_off_policy_steps=1)
     assert not staleness.is_stale(5, 4, max_off_policy_steps=1)

@@ -9,24 +9,36 @@ import math
 import pytest
 import torch
 
-from rlcore.weights.canary import CanaryError, calibrate, compare_logprobs, own_completion_pairs, teacher_forced_logprobs
 from rlcore.engine.base import SamplingParams
 from rlcore.engine.registry import make_engine
 from rlcore.envs import make_env
 from rlcore.models.build import build_model, build_tokenizer
 from rlcore.models.render import render_prompt
 from rlcore.plan.compose import compose
+from rlcore.weights.canary import (
+    CanaryError,
+    calibrate,
+    compare_logprobs,
+    own_completion_pairs,
+    teacher_forced_logprobs,
+)
 
 
 def test_calibrate_is_a_multiple_of_the_first_sync_plus_a_floor():
-    first = [compare_logprobs([[-1.0, -2.0, -3.0, -4.0]], [[-1.01, -2.0, -3.03, -4.0]]),
-             compare_logprobs([[-1.0, -2.0, -3.0, -4.0]], [[-1.0, -2.02, -3.0, -4.0]])]
+    first = [
+        compare_logprobs([[-1.0, -2.0, -3.0, -4.0]], [[-1.01, -2.0, -3.03, -4.0]]),
+        compare_logprobs([[-1.0, -2.0, -3.0, -4.0]], [[-1.0, -2.02, -3.0, -4.0]]),
+    ]
     b = calibrate(first, multiple=4.0, floor=0.05, max_floor=0.5, calibration_limit=1.0)
     assert b.baseline_mean == pytest.approx(0.01) and b.baseline_max == pytest.approx(0.03)  # the worst engine
     assert b.mean_gap == pytest.approx(4 * 0.01 + 0.05) and b.max_gap == pytest.approx(4 * 0.03 + 0.5)
-    assert b.num_tokens == 4 and set(b.metrics()) == {"canary_mean_limit", "canary_max_limit",
-                                                      "canary_baseline_mean", "canary_baseline_max",
-                                                      "token_mult_prob_error"}
+    assert b.num_tokens == 4 and set(b.metrics()) == {
+        "canary_mean_limit",
+        "canary_max_limit",
+        "canary_baseline_mean",
+        "canary_baseline_max",
+        "token_mult_prob_error",
+    }
     assert b.check([[-1.0]], [[-1.08]]).passed
     with pytest.raises(CanaryError, match="mean gap 0.1000"):
         b.check([[-1.0]], [[-1.1]])
@@ -43,7 +55,7 @@ def test_own_completions_are_greedy_then_sampled_until_the_token_budget():
     def generate(prompts, temperature, max_new_tokens, seed):
         calls.append((temperature, max_new_tokens, seed))
         # the second prompt's policy stops at once in every round
-        return [[seed] * max_new_tokens, []][:len(prompts)]
+        return [[seed] * max_new_tokens, []][: len(prompts)]
 
     pairs = own_completion_pairs([[1, 2], [3]], generate, tokens=40, temperature=0.7, seed=5)
     # 10 new tokens a request (40 / (2 prompts x 2)); only the first prompt completes: 4 rounds
@@ -93,8 +105,13 @@ def test_calibrated_canary_passes_healthy_syncs_and_fails_broken_ones():
     pairs = own_completion_pairs(prompts, generate, r.canary_tokens, r.sampling.temperature, seed=1)
     assert sum(len(c) for _, c in pairs) >= r.canary_tokens
     want = teacher_forced_logprobs(trainer, pairs)
-    bounds = calibrate([compare_logprobs(engine.score_batch(pairs), want)], r.canary_multiple, r.canary_floor,
-                       r.canary_max_floor, r.canary_calibration_limit)
+    bounds = calibrate(
+        [compare_logprobs(engine.score_batch(pairs), want)],
+        r.canary_multiple,
+        r.canary_floor,
+        r.canary_max_floor,
+        r.canary_calibration_limit,
+    )
     assert bounds.baseline_mean < 1e-3 and bounds.mean_gap < 0.1, bounds.describe()
 
     # a healthy sync after a few optimizer-sized updates passes
@@ -111,8 +128,9 @@ def test_calibrated_canary_passes_healthy_syncs_and_fails_broken_ones():
     layer_names = [n for n in weights if ".layers." in n]
     broken = {
         "stale (the engine kept its own weights)": start,
-        "partial (the decoder layers never arrived)": {n: (start[n] if n in layer_names else t)
-                                                       for n, t in weights.items()},
+        "partial (the decoder layers never arrived)": {
+            n: (start[n] if n in layer_names else t) for n, t in weights.items()
+        },
         "mis-mapped (gate and up projections exchanged)": _gate_up_swapped(weights),
     }
     for what, state in broken.items():

@@ -26,8 +26,13 @@ STEPS = 24  # room for two restarts (a new process: Python, torch, the model) on
 # it bounds what each hung or busy-looping reward costs its request (a busy loop in a thread holds
 # the GIL against the engine's decode steps until its deadline)
 REWARD_TIMEOUT_S = 0.2
-COMMON = [f"steps={STEPS}", "rollout.num_actors=2", "rollout.cpus_per_actor=0.5", "cluster.num_cpus=2",
-          "logger.console=false"]
+COMMON = [
+    f"steps={STEPS}",
+    "rollout.num_actors=2",
+    "rollout.cpus_per_actor=0.5",
+    "cluster.num_cpus=2",
+    "logger.console=false",
+]
 
 
 def rollout_actor_pid(out: Path, index: int, not_pid: int | None) -> int | None:
@@ -41,7 +46,7 @@ def rollout_actor_pid(out: Path, index: int, not_pid: int | None) -> int | None:
         try:
             if os.readlink(f"/proc/{pid}/fd/1") == log:
                 stat = Path(f"/proc/{pid}/stat").read_text()
-                writers[int(pid)] = int(stat[stat.rindex(")") + 2:].split()[1])
+                writers[int(pid)] = int(stat[stat.rindex(")") + 2 :].split()[1])
         except (OSError, ValueError):  # gone, or not ours to read
             continue
     tops = [pid for pid, parent in writers.items() if parent not in writers and pid != not_pid]
@@ -58,8 +63,13 @@ def run_job(tmp_path, name, overrides, kill_at: int = 0, kills: int = 0):
     killed: list[int] = []
     start = time.monotonic()
     with driver_log.open("w") as err:
-        run = subprocess.Popen([sys.executable, "-m", "rlcore.run", f"output_dir={out}", *COMMON, *overrides],
-                               cwd=REPO, stdout=subprocess.DEVNULL, stderr=err, text=True)
+        run = subprocess.Popen(
+            [sys.executable, "-m", "rlcore.run", f"output_dir={out}", *COMMON, *overrides],
+            cwd=REPO,
+            stdout=subprocess.DEVNULL,
+            stderr=err,
+            text=True,
+        )
 
     def due() -> bool:
         if not killed:
@@ -98,25 +108,43 @@ SYNC_DEADLINE_S = 240
 
 def test_chaos_run_trains_every_step_explains_failures_and_learns(tmp_path):
     load = os.getloadavg()[0]
-    chaos_s, rows, log = run_job(tmp_path, "chaos", ["env.name=tests.chaos_env:ChaosReverseText",
-                                                     f"+env.args.reward_timeout_s={REWARD_TIMEOUT_S}",
-                                                     f"rollout.weight_sync_timeout_s={SYNC_DEADLINE_S}"],
-                                 kill_at=2, kills=2)
+    chaos_s, rows, log = run_job(
+        tmp_path,
+        "chaos",
+        [
+            "env.name=tests.chaos_env:ChaosReverseText",
+            f"+env.args.reward_timeout_s={REWARD_TIMEOUT_S}",
+            f"rollout.weight_sync_timeout_s={SYNC_DEADLINE_S}",
+        ],
+        kill_at=2,
+        kills=2,
+    )
     log_bytes = sum(p.stat().st_size for p in (tmp_path / "chaos" / "logs").glob("*") if p.is_file())
     steps = [round(r["step_time_s"], 1) for r in rows]
-    print(f"chaos run {chaos_s:.1f}s at load {load:.1f} -> {os.getloadavg()[0]:.1f}; steps {steps}; "
-          f"actor logs {log_bytes / 1e6:.1f} MB")
+    print(
+        f"chaos run {chaos_s:.1f}s at load {load:.1f} -> {os.getloadavg()[0]:.1f}; steps {steps}; "
+        f"actor logs {log_bytes / 1e6:.1f} MB"
+    )
     # a kill that lands while the weight group forms or syncs once left the trainer in that
     # operation until its deadline (120 s by default: one step of 121.8 s in a CI run)
     assert max(steps) < SYNC_DEADLINE_S / 2, steps
     assert rows[-1]["rollout_restarts"] >= 2
     for r in rows:
-        assert r["samples_generated"] == (r["samples_trained"] + r["samples_dropped_stale"] + r["samples_failed"]
-                                          + r["samples_in_flight"] + r["samples_filtered"])
+        assert r["samples_generated"] == (
+            r["samples_trained"]
+            + r["samples_dropped_stale"]
+            + r["samples_failed"]
+            + r["samples_in_flight"]
+            + r["samples_filtered"]
+        )
         assert sum(r["failed_by_reason"].values()) == r["samples_failed_step"]  # every failure has a reason
     reasons = set().union(*(r["failed_by_reason"] for r in rows))
-    for expected in ("reward: timeout after", "reward: ValueError: reward bug on reverse_text/train/#",
-                     "not a number", "engine: "):
+    for expected in (
+        "reward: timeout after",
+        "reward: ValueError: reward bug on reverse_text/train/#",
+        "not a number",
+        "engine: ",
+    ):
         assert any(expected in k for k in reasons), (expected, reasons)
     # while the killed actor restarted, the driver kept training: it rejoined at a later version
     died = [int(v) for v in re.findall(r"rollout actor 1 died at version (\d+)", log)]
@@ -137,10 +165,24 @@ def test_chaos_run_trains_every_step_explains_failures_and_learns(tmp_path):
 
 def test_reward_that_always_raises_stops_the_run_in_one_line(tmp_path):
     start = time.monotonic()
-    proc = subprocess.run([sys.executable, "-m", "rlcore.run", f"output_dir={tmp_path}", "steps=3",
-                           "sft.warmup_steps=0", "env.name=tests.chaos_env:AlwaysRaises",
-                           "rollout.stop_after_failed_requests=4", "logger.console=false", "cluster.num_cpus=2"],
-                          cwd=REPO, capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "rlcore.run",
+            f"output_dir={tmp_path}",
+            "steps=3",
+            "sft.warmup_steps=0",
+            "env.name=tests.chaos_env:AlwaysRaises",
+            "rollout.stop_after_failed_requests=4",
+            "logger.console=false",
+            "cluster.num_cpus=2",
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     took = time.monotonic() - start
     print(f"stopped after {took:.1f}s: {proc.stderr.strip().splitlines()[-1:]}")
     assert proc.returncode == 1, proc.stderr[-2000:]

@@ -16,8 +16,8 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
-from rlcore.storage import checkpoint as ckpt
 from rlcore.plan.compose import compose
+from rlcore.storage import checkpoint as ckpt
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -30,6 +30,7 @@ def _batch(cfg, tok, world):
     """A fixed SFT batch, packed for `world` ranks."""
     from rlcore.batch.packing import pack_for_ranks
     from rlcore.sft.dataset import build_dataset
+
     data = build_dataset(cfg, tok)
     return pack_for_ranks(data.samples, [0.0] * len(data.samples), world, 4096), data
 
@@ -42,6 +43,7 @@ def _rank(rank, world, port, out, action, ckpt_dir):
     from torch.distributed.tensor import DTensor
 
     from rlcore.trainer.core import TrainerCore
+
     cfg = compose(_overrides())
     core = TrainerCore(cfg, rank, world)
     shards, _ = _batch(cfg, core.tokenizer, world)
@@ -54,21 +56,33 @@ def _rank(rank, world, port, out, action, ckpt_dir):
         assert ckpt.load_trainer(core, ckpt_dir) == 2
     full = {n: t.clone() for n, t in core.full_parameters()}  # world 1: full_tensor() is a view
     osd = core.optimizer.state_dict()["state"]
-    moments = [(v["exp_avg"].full_tensor() if isinstance(v["exp_avg"], DTensor) else v["exp_avg"]).clone()
-               for _, v in sorted(osd.items())]
+    moments = [
+        (v["exp_avg"].full_tensor() if isinstance(v["exp_avg"], DTensor) else v["exp_avg"]).clone()
+        for _, v in sorted(osd.items())
+    ]
     lr = core.optimizer.param_groups[0]["lr"]
     third = core.sft_step(shards[rank], tokens).metrics["loss"]
     if rank == 0:
-        torch.save({"params": full, "moments": moments, "third_loss": third,
-                    "lr": lr, "sched": core.scheduler.state_dict()["last_epoch"]}, out)
+        torch.save(
+            {
+                "params": full,
+                "moments": moments,
+                "third_loss": third,
+                "lr": lr,
+                "sched": core.scheduler.state_dict()["last_epoch"],
+            },
+            out,
+        )
     torch.distributed.barrier()  # no rank tears the group down while another still uses it
     core.shutdown()
 
 
 def _spawn(world, action, ckpt_dir, out):
     from rlcore.trainer.core import free_port
-    mp.start_processes(_rank, args=(world, free_port(), str(out), action, str(ckpt_dir)), nprocs=world,
-                       start_method="spawn", join=True)
+
+    mp.start_processes(
+        _rank, args=(world, free_port(), str(out), action, str(ckpt_dir)), nprocs=world, start_method="spawn", join=True
+    )
     return torch.load(out)
 
 
@@ -89,8 +103,9 @@ def test_trainer_checkpoint_reshards_across_world_sizes(tmp_path):
     # export of a checkpoint written by FSDP ranks reloads with transformers: exact logits
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from rlcore.storage.export import export_checkpoint
     from rlcore.models.build import build_model, build_tokenizer
+    from rlcore.storage.export import export_checkpoint
+
     ckpt_dir = tmp_path / "c"
     for f in (ckpt.META, ckpt.DRIVER_STATE):  # a bare trainer save: mark it complete by hand
         (ckpt_dir / f).write_text("{}")
@@ -112,14 +127,23 @@ def _fake_core(cfg, seed=0):
     """A single-process stand-in for TrainerCore (plain module, no process group)."""
     from rlcore.models.build import build_model, build_tokenizer
     from rlcore.trainer.schedule import build_scheduler
+
     tok = build_tokenizer(cfg.model)
     model = build_model(cfg.model, tok)
     with torch.no_grad():
         for p in model.parameters():
             p.add_(seed)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    return SimpleNamespace(model=model, optimizer=opt, scheduler=build_scheduler(opt, cfg.trainer, 10), rank=0,
-                           world_size=1, version=seed, cfg=cfg, tokenizer=tok)
+    return SimpleNamespace(
+        model=model,
+        optimizer=opt,
+        scheduler=build_scheduler(opt, cfg.trainer, 10),
+        rank=0,
+        world_size=1,
+        version=seed,
+        cfg=cfg,
+        tokenizer=tok,
+    )
 
 
 def _save(cfg, writer, step, core):
@@ -135,6 +159,7 @@ def test_save_that_raises_midway_leaves_previous_checkpoint(tmp_path, monkeypatc
 
     def boom(*a, **k):
         raise OSError("disk full")
+
     # DCP serialises non-tensor entries with torch.save: the save fails while writing shards
     monkeypatch.setattr(ckpt.torch, "save", boom)
     tmp = writer.begin(2)
@@ -176,7 +201,9 @@ def test_a_save_whose_rank_part_the_driver_does_not_see_is_not_saved(tmp_path):
     tmp = writer.begin(2)
     parts = ckpt.save_trainer(_fake_core(cfg, 2), tmp_path / "trainer-node-copy")
     assert any(p.startswith("trainer/__0_") for p in parts) and "trainer/.metadata" in parts
-    with pytest.raises(ckpt.IncompleteCheckpoint, match=r"files the trainer ranks wrote are not in .* as the driver sees"):
+    with pytest.raises(
+        ckpt.IncompleteCheckpoint, match=r"files the trainer ranks wrote are not in .* as the driver sees"
+    ):
         writer.commit(tmp, 2, {"kind": "rl", "step": 2}, parts)
     writer.abort(tmp)
     assert ckpt.list_checkpoints(writer.root) == [(1, good)]
@@ -221,8 +248,9 @@ def test_save_killed_mid_write_leaves_previous_checkpoint(tmp_path):
     """SIGKILL a process that saves checkpoints back to back (~50 MB each, so most of its time
     is spent writing): every committed checkpoint still loads, the newest is the one resumed,
     and the interrupted save is only a `.tmp-*` directory."""
-    proc = subprocess.Popen([sys.executable, "-c", KILL_SCRIPT.format(repo=str(REPO), out=tmp_path)],
-                            stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", KILL_SCRIPT.format(repo=str(REPO), out=tmp_path)], stdout=subprocess.PIPE, text=True
+    )
     try:
         assert proc.stdout.readline().strip() == "1"  # one checkpoint committed
         root = tmp_path / "checkpoints"
@@ -232,8 +260,14 @@ def test_save_killed_mid_write_leaves_previous_checkpoint(tmp_path):
         proc.send_signal(signal.SIGKILL)
     finally:
         proc.wait(30)
-    cfg = compose([f"output_dir={tmp_path}", "model.arch.hidden_size=512", "model.arch.intermediate_size=2048",
-                   "model.arch.head_dim=128"])
+    cfg = compose(
+        [
+            f"output_dir={tmp_path}",
+            "model.arch.hidden_size=512",
+            "model.arch.intermediate_size=2048",
+            "model.arch.head_dim=128",
+        ]
+    )
     committed = ckpt.list_checkpoints(root)
     assert committed, "no checkpoint survived"
     assert ckpt.resolve_resume(compose([f"output_dir={tmp_path}", "resume=true"])) == committed[-1][1]
@@ -247,8 +281,13 @@ def test_save_killed_mid_write_leaves_previous_checkpoint(tmp_path):
 
 def test_truncate_series_drops_rows_after_the_checkpoint(tmp_path):
     path = tmp_path / "metrics.jsonl"
-    rows = [{"step": 1, "loss": 1}, {"step": 2, "loss": 2}, {"step": 2, "eval/reward_mean": 0.5},
-            {"step": 3, "loss": 3}, {"step": 3, "eval/reward_mean": 0.6}]
+    rows = [
+        {"step": 1, "loss": 1},
+        {"step": 2, "loss": 2},
+        {"step": 2, "eval/reward_mean": 0.5},
+        {"step": 3, "loss": 3},
+        {"step": 3, "eval/reward_mean": 0.6},
+    ]
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     assert ckpt.truncate_series(path, 2) == 2
     assert [json.loads(x) for x in path.read_text().splitlines()] == rows[:3]
@@ -259,6 +298,7 @@ def test_truncate_series_drops_rows_after_the_checkpoint(tmp_path):
 
 def test_lr_schedule_shapes():
     from rlcore.trainer.schedule import lr_multiplier
+
     assert [lr_multiplier(s, "constant", 2, 10, 0.0) for s in range(3)] == [0.5, 1.0, 1.0]
     cos = [lr_multiplier(s, "cosine", 0, 5, 0.1) for s in range(5)]
     assert cos[0] == 1.0 and abs(cos[-1] - 0.1) < 1e-12 and cos == sorted(cos, reverse=True)
@@ -268,6 +308,7 @@ def test_lr_schedule_shapes():
 def test_task_feed_puts_unfinished_tasks_back_in_stream_order():
     from actors.run_state import TaskFeed
     from rlcore.envs import make_env
+
     cfg = compose([])
     env = make_env(cfg.env.name, dict(cfg.env.args), cfg.env.seed)
     feed = TaskFeed(env, cfg)
@@ -286,6 +327,7 @@ def test_engine_rng_state_round_trip():
     from rlcore.engine.base import SamplingParams
     from rlcore.engine.hf_engine import HFEngine
     from rlcore.models.build import build_model, build_tokenizer
+
     cfg = compose([])
     tok = build_tokenizer(cfg.model)
     eng = HFEngine(build_model(cfg.model, tok), tok.pad_token_id, tok.eos_token_id, seed=3)
@@ -301,5 +343,6 @@ def test_engine_rng_state_round_trip():
 def test_checkpoint_timeout_must_be_positive():
     from rlcore.config.errors import ConfigError
     from rlcore.plan.validate import validate
+
     with pytest.raises(ConfigError, match="checkpoint.timeout_s"):
         validate(compose(["checkpoint.timeout_s=0"]))

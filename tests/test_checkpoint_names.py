@@ -28,9 +28,20 @@ from rlcore.plan.compose import REPO
 from rlcore.trainer.export import full_parameters
 from rlcore.trainer.moe import apply_expert_parallel
 
-FAMILIES = ["tiny_moe_char", "tiny_mixtral_char", "tiny_gpt_oss_char", "tiny_deepseek_v3_char",
-            "tiny_glm4_moe_char", "tiny_qwen3_next", "tiny_nemotron_h", "tiny_qwen3_vl", "tiny_qwen3_vl_moe",
-            "tiny_qwen3_5", "tiny_qwen3_5_moe", "tiny_vl"]
+FAMILIES = [
+    "tiny_moe_char",
+    "tiny_mixtral_char",
+    "tiny_gpt_oss_char",
+    "tiny_deepseek_v3_char",
+    "tiny_glm4_moe_char",
+    "tiny_qwen3_next",
+    "tiny_nemotron_h",
+    "tiny_qwen3_vl",
+    "tiny_qwen3_vl_moe",
+    "tiny_qwen3_5",
+    "tiny_qwen3_5_moe",
+    "tiny_vl",
+]
 _FUSED = re.compile(r"^(?P<prefix>.+\.experts)\.(?P<fused>gate_up_proj|w13|down_proj|w2)$")
 _PARTS = {"gate_up_proj": ("gate_proj", "up_proj"), "w13": ("w1", "w3"), "down_proj": ("down_proj",), "w2": ("w2",)}
 
@@ -44,8 +55,11 @@ def accepted_slices(name: str, tensor: torch.Tensor, ckpt: dict[str, torch.Tenso
     assert m is not None, f"{name!r} is neither a checkpoint name nor vLLM's fused-expert form"
     parts = _PARTS[m["fused"]]
     halves = tensor.chunk(len(parts), dim=1)
-    return [(f"{m['prefix']}.{e}.{proj}.weight", half[e]) for proj, half in zip(parts, halves)
-            for e in range(tensor.shape[0])]
+    return [
+        (f"{m['prefix']}.{e}.{proj}.weight", half[e])
+        for proj, half in zip(parts, halves)
+        for e in range(tensor.shape[0])
+    ]
 
 
 @pytest.mark.parametrize("name", FAMILIES)
@@ -60,6 +74,7 @@ def test_sync_sends_names_and_tensors_vllm_loads(name, tmp_path):
     # what a vLLM worker does with every load_weights call (vllm_worker.rlcore_use_checkpoint_names),
     # from a config of another class for the same model type (vLLM has its own for Qwen3-Next, Qwen3.5)
     from transformers import PretrainedConfig
+
     foreign = type("EngineConfig", (PretrainedConfig,), {"model_type": hf_model.config.model_type})
     engine_config = foreign.from_dict(hf_model.config.to_dict())
     names = CheckpointNames(reference_model(engine_config), sends_fused_experts(engine_config))
@@ -75,7 +90,9 @@ def test_sync_sends_names_and_tensors_vllm_loads(name, tmp_path):
     buffers = {n for n, _ in names.named(hf_model.named_buffers()) if n in ckpt}  # e.g. a router's correction bias
     assert covered | buffers == set(ckpt), f"{name}: the sync never sends {sorted(set(ckpt) - covered - buffers)[:5]}"
     if name == "tiny_mixtral_char":  # the GPU failure this guards: vLLM's Mixtral has block_sparse_moe, not mlp
-        assert {w for w, _ in sent} >= {"model.layers.0.block_sparse_moe.experts.w13",
-                                         "model.layers.0.block_sparse_moe.gate.weight"}
+        assert {w for w, _ in sent} >= {
+            "model.layers.0.block_sparse_moe.experts.w13",
+            "model.layers.0.block_sparse_moe.gate.weight",
+        }
     if name == "tiny_deepseek_v3_char":  # vLLM's DeepSeek loader knows per-expert tensors only
         assert not any(_FUSED.match(w) for w, _ in sent)

@@ -10,8 +10,9 @@ from rlcore.plan.compose import REPO
 
 
 def run_cli(*args):
-    return subprocess.run([sys.executable, "-m", "rlcore.run", *args], cwd=REPO, capture_output=True,
-                          text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "rlcore.run", *args], cwd=REPO, capture_output=True, text=True, timeout=120
+    )
 
 
 def test_flags_are_split_from_overrides():
@@ -26,10 +27,12 @@ def test_flags_are_split_from_overrides():
 
 def test_sweeps_expand_to_the_cartesian_product_in_hydra_order():
     jobs = sweep_jobs(["steps=2", "trainer.lr=1e-3,3e-3", "algo.group_size=range(2,6,2)"])
-    assert jobs == [["steps=2", "trainer.lr=0.001", "algo.group_size=2"],
-                    ["steps=2", "trainer.lr=0.001", "algo.group_size=4"],
-                    ["steps=2", "trainer.lr=0.003", "algo.group_size=2"],
-                    ["steps=2", "trainer.lr=0.003", "algo.group_size=4"]]
+    assert jobs == [
+        ["steps=2", "trainer.lr=0.001", "algo.group_size=2"],
+        ["steps=2", "trainer.lr=0.001", "algo.group_size=4"],
+        ["steps=2", "trainer.lr=0.003", "algo.group_size=2"],
+        ["steps=2", "trainer.lr=0.003", "algo.group_size=4"],
+    ]
     assert sweep_jobs(["steps=2"]) == [["steps=2"]]
 
 
@@ -51,5 +54,3 @@ def test_multirun_validates_every_job_before_any_starts(tmp_path):
     assert out.returncode == 2
     assert out.stderr.strip().splitlines()[0].startswith("rlcore: config error: trainer.lr")
     assert not (tmp_path / "sweep").exists()
-
-

@@ -5,10 +5,10 @@ import sys
 
 import pytest
 
-from rlcore.plan.compose import compose
-from rlcore.run import main
 from rlcore.config.errors import ConfigError
+from rlcore.plan.compose import compose
 from rlcore.plan.validate import problems, validate
+from rlcore.run import main
 
 BAD = [
     (["trainer.lr=-1"], "trainer.lr"),
@@ -49,8 +49,10 @@ def test_gpu_model_preset_is_the_benchmark_shape():
     """`model=qwen3_06b_char` (the GPU scripts' and GPU tests' policy) is the Qwen3-0.6B shape the
     throughput and weight-sync benchmarks build, over the character vocabulary."""
     from benchmarks.harness import MODEL_SHAPES
-    cfg = compose(["model=qwen3_06b_char", "trainer.gpus_per_rank=1", "rollout.engine=vllm",
-                   "rollout.gpus_per_actor=1"])
+
+    cfg = compose(
+        ["model=qwen3_06b_char", "trainer.gpus_per_rank=1", "rollout.engine=vllm", "rollout.gpus_per_actor=1"]
+    )
     shape = {k: v for k, v in MODEL_SHAPES["qwen3-0.6b"].items() if k != "vocab_size"}
     assert {k: cfg.model.arch[k] for k in shape} == shape
     assert cfg.model.tokenizer == "char" and cfg.model.path is None
@@ -68,8 +70,9 @@ def test_config_error_names_key():
 
 
 def test_cli_exit_code_and_no_traceback():
-    proc = subprocess.run([sys.executable, "-m", "rlcore.run", "algo.group_size=abc"],
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "rlcore.run", "algo.group_size=abc"], capture_output=True, text=True, timeout=120
+    )
     assert proc.returncode == 2
     assert "Traceback" not in proc.stderr
     assert proc.stderr.strip().startswith("rlcore: config error: algo.group_size")

@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 
+from rlcore.config.errors import ConfigError
 from rlcore.engine.registry import inert_options
 from rlcore.plan.compose import compose, recipes
-from rlcore.run import main
-from rlcore.config.errors import ConfigError
 from rlcore.plan.validate import validate
+from rlcore.run import main
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -24,22 +24,36 @@ def errors(capsys) -> list[str]:
     return capsys.readouterr().err.strip().splitlines()
 
 
-@pytest.mark.parametrize("override,first", [
-    ("+stepz=3", "stepz: unknown key; did you mean 'steps'?"),
-    ("stepz=3", "stepz: unknown key; did you mean 'steps'?"),
-    ("+trainer.lrr=0.1", "trainer.lrr: unknown key in trainer; did you mean 'trainer.lr'?"),
-    ("++rollout.sampling.temprature=0.5", "rollout.sampling.temprature: unknown key in rollout.sampling; "
-                                          "did you mean 'rollout.sampling.temperature'?"),
-    ("rollout.sleep_levl=1", "rollout.sleep_levl: unknown key in rollout; did you mean 'rollout.vllm.sleep_level'?"),
-    ("env.args.instrucion=Reverse", "env.args.instrucion: not an argument of environment 'reverse_text'; "
-                                    "did you mean 'env.args.instruction'?"),
-    # a key of another section, named exactly
-    ("rollout.batch_groups=2", "rollout.batch_groups: unknown key in rollout; did you mean 'algo.batch_groups'?"),
-    # a config group's option: the nearest one and all of them
-    ("env=revers_text", "env: unknown option 'revers_text'; did you mean 'reverse_text'?; choose one of "
-                        "['alphabet_sort', 'math', 'mini_swe', 'reverse_text', 'shape_count', 'tool_use', "
-                        "'verifiers', 'wordle']"),
-])
+@pytest.mark.parametrize(
+    "override,first",
+    [
+        ("+stepz=3", "stepz: unknown key; did you mean 'steps'?"),
+        ("stepz=3", "stepz: unknown key; did you mean 'steps'?"),
+        ("+trainer.lrr=0.1", "trainer.lrr: unknown key in trainer; did you mean 'trainer.lr'?"),
+        (
+            "++rollout.sampling.temprature=0.5",
+            "rollout.sampling.temprature: unknown key in rollout.sampling; "
+            "did you mean 'rollout.sampling.temperature'?",
+        ),
+        (
+            "rollout.sleep_levl=1",
+            "rollout.sleep_levl: unknown key in rollout; did you mean 'rollout.vllm.sleep_level'?",
+        ),
+        (
+            "env.args.instrucion=Reverse",
+            "env.args.instrucion: not an argument of environment 'reverse_text'; did you mean 'env.args.instruction'?",
+        ),
+        # a key of another section, named exactly
+        ("rollout.batch_groups=2", "rollout.batch_groups: unknown key in rollout; did you mean 'algo.batch_groups'?"),
+        # a config group's option: the nearest one and all of them
+        (
+            "env=revers_text",
+            "env: unknown option 'revers_text'; did you mean 'reverse_text'?; choose one of "
+            "['alphabet_sort', 'math', 'mini_swe', 'reverse_text', 'shape_count', 'tool_use', "
+            "'verifiers', 'wordle']",
+        ),
+    ],
+)
 def test_unknown_key_is_refused_with_the_nearest_one(override, first, tmp_path, capsys):
     assert main([override, f"output_dir={tmp_path}", "dry_run=true"]) == 2
     assert errors(capsys) == [f"rlcore: config error: {first}"]
@@ -58,6 +72,7 @@ def add_recipe(tmp_path, monkeypatch, name: str, body: str) -> None:
     """A copy of conf/ in `tmp_path` with recipe `name` (`body` under `# @package _global_`),
     which `compose(["+recipe=NAME"])` then reads."""
     import rlcore.plan.compose as run
+
     conf = tmp_path / "conf"
     shutil.copytree(run.CONF_DIR, conf)  # follows conf/recipe's link to recipes/
     (conf / "recipe" / f"{name}.yaml").write_text("# @package _global_\n" + body)
@@ -69,7 +84,9 @@ def add_recipe(tmp_path, monkeypatch, name: str, body: str) -> None:
 
 def test_an_unknown_key_in_a_yaml_file_is_refused(tmp_path, monkeypatch):
     add_recipe(tmp_path, monkeypatch, "typo", "steps: 3\ntrainer:\n  max_grad_nrom: 0.5\n")
-    with pytest.raises(ConfigError, match=r"trainer.max_grad_nrom: unknown key in trainer; did you mean .trainer.max_grad_norm."):
+    with pytest.raises(
+        ConfigError, match=r"trainer.max_grad_nrom: unknown key in trainer; did you mean .trainer.max_grad_norm."
+    ):
         compose(["+recipe=typo"])
 
 
@@ -97,8 +114,10 @@ def test_output_dir_below_a_file(tmp_path, capsys):
 def test_a_fresh_run_refuses_a_folder_that_holds_a_run(tmp_path, capsys):
     (tmp_path / "metrics.jsonl").write_text(json.dumps({"step": 1, "reward_mean": 0.5}) + "\n")
     assert main([f"output_dir={tmp_path}"]) == 2
-    assert errors(capsys) == [f"rlcore: config error: output_dir: '{tmp_path}' already holds a run "
-                              "(metrics.jsonl); continue it with resume=true, or choose a new output_dir"]
+    assert errors(capsys) == [
+        f"rlcore: config error: output_dir: '{tmp_path}' already holds a run "
+        "(metrics.jsonl); continue it with resume=true, or choose a new output_dir"
+    ]
     with pytest.raises(ConfigError, match="checkpoint.resume: true found no complete checkpoint"):
         validate(compose([f"output_dir={tmp_path}", "resume=true"]))  # its rows but no checkpoint: kept, refused
     ck = tmp_path / "checkpoints" / "step_00000001"
@@ -121,8 +140,10 @@ def test_model_path_offline_not_cached(tmp_path, monkeypatch, capsys):
     assert main(["model.path=some-org/not-cached-model", "model.tokenizer=auto", f"output_dir={tmp_path / 'o'}"]) == 2
     err = errors(capsys)
     assert len(err) == 1, err
-    assert err[0].startswith("rlcore: config error: model.path: 'some-org/not-cached-model' is not a local "
-                             "directory and not in the Hugging Face cache (HF_HUB_OFFLINE=1)"), err
+    assert err[0].startswith(
+        "rlcore: config error: model.path: 'some-org/not-cached-model' is not a local "
+        "directory and not in the Hugging Face cache (HF_HUB_OFFLINE=1)"
+    ), err
     assert "local model directory" in err[0]
 
 
@@ -135,17 +156,31 @@ def test_model_path_neither_directory_nor_hub_id(tmp_path, capsys):
 @pytest.mark.parametrize("mode", ["rl", "eval"])
 def test_an_empty_environment_dataset_is_refused(mode, tmp_path, capsys):
     # the test suite's v1 taskset (tests/test_verifiers_env.py) asked for no tasks
-    assert main(["env=verifiers", "env.args.taskset=test_verifiers_env", "env.args.env_config={taskset: {num_tasks: 0}}",
-                 "env.args.allow_host_tools=true", "sft.warmup_steps=0", f"mode={mode}", f"output_dir={tmp_path}"]) == 2
+    assert (
+        main(
+            [
+                "env=verifiers",
+                "env.args.taskset=test_verifiers_env",
+                "env.args.env_config={taskset: {num_tasks: 0}}",
+                "env.args.allow_host_tools=true",
+                "sft.warmup_steps=0",
+                f"mode={mode}",
+                f"output_dir={tmp_path}",
+            ]
+        )
+        == 2
+    )
     assert errors(capsys) == ["rlcore: config error: env.args.taskset: taskset 'test_verifiers_env' yielded no tasks"]
 
 
 def test_validation_does_not_import_torch(tmp_path):
     """Values are validated before torch (seconds of import on a loaded machine) is loaded."""
-    code = ("import sys\nfrom rlcore.run import main\n"
-            f"rc = main(['trainer.lr=-1', 'output_dir={tmp_path}'])\n"
-            "heavy = sorted(m for m in ('torch', 'transformers', 'ray') if m in sys.modules)\n"
-            "print(rc, heavy)\n")
+    code = (
+        "import sys\nfrom rlcore.run import main\n"
+        f"rc = main(['trainer.lr=-1', 'output_dir={tmp_path}'])\n"
+        "heavy = sorted(m for m in ('torch', 'transformers', 'ray') if m in sys.modules)\n"
+        "print(rc, heavy)\n"
+    )
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert out.stdout.strip() == "2 []", (out.stdout, out.stderr[-2000:])
     assert out.stderr.strip().splitlines() == ["rlcore: config error: trainer.lr: must be > 0, got -1.0"]
@@ -157,34 +192,46 @@ def test_gguf_packages_are_checked_before_start(tmp_path, monkeypatch):
     import importlib.util
 
     import rlcore.models.source as source
+
     model_dir = tmp_path / "m"
     model_dir.mkdir()
     (model_dir / "model.gguf").write_bytes(b"GGUF")
-    cfg = compose([f"model.path={model_dir}", "model.gguf_file=model.gguf", "model.tokenizer=auto",
-                   f"output_dir={tmp_path / 'o'}"])
+    cfg = compose(
+        [
+            f"model.path={model_dir}",
+            "model.gguf_file=model.gguf",
+            "model.tokenizer=auto",
+            f"output_dir={tmp_path / 'o'}",
+        ]
+    )
     assert [p for p in validate_problems(cfg) if p[0] == "model.gguf_file"] == []
     real = importlib.util.find_spec
     monkeypatch.setattr(source.importlib.util, "find_spec", lambda name: None if name == "gguf" else real(name))
     assert [p for p in validate_problems(cfg) if p[0].startswith("model.")] == [
-        ("model.gguf_file", "loading a GGUF file needs the package(s) ['gguf']: pip install gguf")]
+        ("model.gguf_file", "loading a GGUF file needs the package(s) ['gguf']: pip install gguf")
+    ]
 
 
 def validate_problems(cfg):
     from rlcore.plan.validate import problems
+
     return problems(cfg)
 
 
-@pytest.mark.parametrize("override,moved", [
-    ("rollout.tensor_parallel_size=2", "rollout.vllm.tensor_parallel_size"),
-    ("rollout.weight_reload=direct", "rollout.vllm.weight_reload"),
-    ("rollout.kv_on_update=recompute", "rollout.vllm.kv_on_update"),
-    ("rollout.quantization=fp8", "rollout.vllm.quantization"),
-    ("rollout.sleep_level=2", "rollout.vllm.sleep_level"),
-    ("+rollout.engine_kwargs.enforce_eager=true", "rollout.vllm.engine_kwargs.enforce_eager"),
-    ("rollout.engine_kwargs={}", "rollout.vllm.engine_kwargs"),
-    ("teacher.tensor_parallel_size=2", "teacher.vllm.tensor_parallel_size"),
-    ("+teacher.engine_kwargs.gpu_memory_utilization=0.2", "teacher.vllm.engine_kwargs.gpu_memory_utilization"),
-])
+@pytest.mark.parametrize(
+    "override,moved",
+    [
+        ("rollout.tensor_parallel_size=2", "rollout.vllm.tensor_parallel_size"),
+        ("rollout.weight_reload=direct", "rollout.vllm.weight_reload"),
+        ("rollout.kv_on_update=recompute", "rollout.vllm.kv_on_update"),
+        ("rollout.quantization=fp8", "rollout.vllm.quantization"),
+        ("rollout.sleep_level=2", "rollout.vllm.sleep_level"),
+        ("+rollout.engine_kwargs.enforce_eager=true", "rollout.vllm.engine_kwargs.enforce_eager"),
+        ("rollout.engine_kwargs={}", "rollout.vllm.engine_kwargs"),
+        ("teacher.tensor_parallel_size=2", "teacher.vllm.tensor_parallel_size"),
+        ("+teacher.engine_kwargs.gpu_memory_utilization=0.2", "teacher.vllm.engine_kwargs.gpu_memory_utilization"),
+    ],
+)
 def test_an_engine_option_at_its_old_flat_key_names_its_section(override, moved, tmp_path, capsys):
     """The vLLM options moved from `rollout.*` / `teacher.*` to the engine's own section."""
     old = override.lstrip("+").partition("=")[0]
@@ -202,14 +249,19 @@ def test_another_engines_option_is_refused_on_the_command_line_and_warned_from_a
     """Typed now for an engine the run does not select: a mistake (exit 2). Carried by a recipe
     written for another engine (`+recipe=math_qwen3 rollout.engine=hf`): one warning line, ignored."""
     assert main(["rollout.vllm.sleep_level=2", f"output_dir={tmp_path}", "dry_run=true"]) == 2
-    assert errors(capsys) == ["rlcore: config error: rollout.vllm.sleep_level: an option of the vllm engine "
-                              "(rollout.engine=vllm), not of rollout.engine=hf: drop it or select that engine"]
+    assert errors(capsys) == [
+        "rlcore: config error: rollout.vllm.sleep_level: an option of the vllm engine "
+        "(rollout.engine=vllm), not of rollout.engine=hf: drop it or select that engine"
+    ]
     import rlcore.run as run
+
     cfg = compose(["+recipe=math_qwen3", "rollout.engine=hf"])
     assert cfg.rollout.vllm.engine_kwargs == {"max_model_len": 5120}  # kept, not read
     run.warn_inert(cfg)
-    assert errors(capsys) == ["rlcore: warning: rollout.vllm.engine_kwargs: an option of the vllm engine "
-                              "(rollout.engine=vllm), not of rollout.engine=hf: ignored"]
+    assert errors(capsys) == [
+        "rlcore: warning: rollout.vllm.engine_kwargs: an option of the vllm engine "
+        "(rollout.engine=vllm), not of rollout.engine=hf: ignored"
+    ]
     run.warn_inert(compose(["+recipe=math_qwen3"]))  # its own engine: nothing to say
     assert errors(capsys) == []
 

@@ -38,22 +38,34 @@ class FusedModel(torch.nn.Module):
 
 def trainer_tensors(seed):
     g = torch.Generator().manual_seed(seed)
-    return [("q", torch.randn(6, 4, generator=g)), ("k", torch.randn(2, 4, generator=g)),
-            ("v", torch.randn(2, 4, generator=g)), ("embed", torch.randn(5, 4, generator=g)),
-            ("scaled", torch.randn(3, generator=g).to(torch.bfloat16)), ("lm_head", torch.randn(5, 4, generator=g))]
+    return [
+        ("q", torch.randn(6, 4, generator=g)),
+        ("k", torch.randn(2, 4, generator=g)),
+        ("v", torch.randn(2, 4, generator=g)),
+        ("embed", torch.randn(5, 4, generator=g)),
+        ("scaled", torch.randn(3, generator=g).to(torch.bfloat16)),
+        ("lm_head", torch.randn(5, 4, generator=g)),
+    ]
 
 
 def info_for(tensors, bucket_bytes, nbuf=2):
-    return dict(names=[n for n, _ in tensors], dtype_names=[str(t.dtype).removeprefix("torch.") for _, t in tensors],
-                shapes=[list(t.shape) for _, t in tensors], packed=True, packed_buffer_size_bytes=bucket_bytes,
-                packed_num_buffers=nbuf)
+    return dict(
+        names=[n for n, _ in tensors],
+        dtype_names=[str(t.dtype).removeprefix("torch.") for _, t in tensors],
+        shapes=[list(t.shape) for _, t in tensors],
+        packed=True,
+        packed_buffer_size_bytes=bucket_bytes,
+        packed_num_buffers=nbuf,
+    )
 
 
 def wire(tensors, bucket_bytes):
     """The packed buckets a sender broadcasts (vLLM's producer rule), as a queue of byte tensors."""
     sizes = [t.numel() * t.element_size() for _, t in tensors]
-    return [torch.cat([tensors[i][1].contiguous().view(-1).view(torch.uint8) for i in idx])
-            for idx in bucket_layout(sizes, bucket_bytes)]
+    return [
+        torch.cat([tensors[i][1].contiguous().view(-1).view(torch.uint8) for i in idx])
+        for idx in bucket_layout(sizes, bucket_bytes)
+    ]
 
 
 def receive(receiver, tensors, bucket_bytes):
@@ -139,8 +151,7 @@ def test_a_loader_that_changes_the_weight_after_copying_is_not_replayed():
 
 def test_reallocated_parameters_are_planned_afresh():
     model = FusedModel()
-    rx = DirectReceiver(model.load_weights, "cpu",
-                        fingerprint=lambda: tuple(p.data_ptr() for p in model.parameters()))
+    rx = DirectReceiver(model.load_weights, "cpu", fingerprint=lambda: tuple(p.data_ptr() for p in model.parameters()))
     receive(rx, trainer_tensors(0), 10_000)
     model.qkv.data = torch.zeros(10, 4)  # e.g. a layerwise reload re-materialised the layer
     tensors = trainer_tensors(1)

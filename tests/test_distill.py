@@ -16,21 +16,28 @@ import torch
 from actors.teacher import attach, score_pairs, scored
 from rlcore.algo.distill import batch_token_advantages, reverse_kl_sum, token_advantages
 from rlcore.algo.losses import LossInputs, policy_loss
+from rlcore.batch.meta import group_meta
+from rlcore.batch.packing import make_micro_batch
 from rlcore.config import AlgoConfig
 from rlcore.config.bounds import field_problems
-from rlcore.batch.meta import group_meta
 from rlcore.models.tokenizer import char_tokenizer
-from rlcore.batch.packing import make_micro_batch
 from rlcore.plan.compose import compose
-from rlcore.run import main
 from rlcore.plan.teacher import config_problems, teacher_model_config, teacher_run_config
+from rlcore.run import main
 from rlcore.types import Group, Sample, Task
 
 
 def sample(prompt, completion, logprobs, teacher=None, mask=None, reward=0.0, failed=False) -> Sample:
-    return Sample(prompt_ids=prompt, completion_ids=completion, logprobs=logprobs, versions=[0] * len(completion),
-                  loss_mask=mask if mask is not None else [1] * len(completion), reward=reward, failed=failed,
-                  teacher_logprobs=teacher)
+    return Sample(
+        prompt_ids=prompt,
+        completion_ids=completion,
+        logprobs=logprobs,
+        versions=[0] * len(completion),
+        loss_mask=mask if mask is not None else [1] * len(completion),
+        reward=reward,
+        failed=failed,
+        teacher_logprobs=teacher,
+    )
 
 
 def test_token_advantages_hand_computed():
@@ -109,8 +116,11 @@ def test_policy_gradient_follows_the_teacher():
     adv, _ = batch_token_advantages([s], [0.0], kl_coef=1.0, reward_coef=0.0)
     mb = make_micro_batch([s], adv)
     logp = mb.behaviour_logprobs.clone().requires_grad_(True)
-    loss, _ = policy_loss(LossInputs(logp, mb.behaviour_logprobs, mb.advantages, mb.loss_mask,
-                                     sample_index=mb.sample_index), AlgoConfig(), normalizer=2.0)
+    loss, _ = policy_loss(
+        LossInputs(logp, mb.behaviour_logprobs, mb.advantages, mb.loss_mask, sample_index=mb.sample_index),
+        AlgoConfig(),
+        normalizer=2.0,
+    )
     loss.backward()
     assert float(loss.detach()) == pytest.approx(0.25)  # -(0.5 - 1.0) / 2
     # one prompt token: positions 0 and 1 predict the two completion tokens, position 2 nothing
@@ -151,13 +161,16 @@ def test_teacher_config_checks():
     assert teacher_model_config(cfg).arch == cfg.model.arch  # a random teacher defaults to the student's shape
     cfg = compose(["teacher.enabled=true", "teacher.num_actors=0"])  # a bound on the field (rlcore.config.bounds)
     assert [k for k, _ in field_problems(cfg.teacher, "teacher.") + config_problems(cfg)] == ["teacher.num_actors"]
-    assert field_problems(compose(["teacher.num_actors=0"]).teacher, "teacher.") == []  # a disabled teacher is not checked
+    assert (
+        field_problems(compose(["teacher.num_actors=0"]).teacher, "teacher.") == []
+    )  # a disabled teacher is not checked
     keys = [k for k, _ in config_problems(compose(["teacher.enabled=true", "teacher.engine=sglang"]))]
     assert keys == ["teacher.engine"]
     keys = [k for k, _ in config_problems(compose(["teacher.enabled=true", "mode=sft"]))]
     assert keys == ["teacher.enabled"]
-    keys = [k for k, _ in config_problems(compose(["teacher.enabled=true", "teacher.kl_coef=0",
-                                                   "teacher.reward_coef=0"]))]
+    keys = [
+        k for k, _ in config_problems(compose(["teacher.enabled=true", "teacher.kl_coef=0", "teacher.reward_coef=0"]))
+    ]
     assert keys == ["teacher.kl_coef"]
 
 
@@ -167,8 +180,13 @@ def test_different_tokenizer_is_refused_in_one_line(tmp_path, capsys):
     char_tokenizer().save_pretrained(tmp_path / "student")
     char_tokenizer(vision=True).save_pretrained(tmp_path / "teacher")
     char_tokenizer().save_pretrained(tmp_path / "same")
-    base = ["model.tokenizer=auto", f"model.path={tmp_path / 'student'}", "teacher.enabled=true",
-            "teacher.tokenizer=auto", "dry_run=true"]
+    base = [
+        "model.tokenizer=auto",
+        f"model.path={tmp_path / 'student'}",
+        "teacher.enabled=true",
+        "teacher.tokenizer=auto",
+        "dry_run=true",
+    ]
     assert config_problems(compose(base + [f"teacher.path={tmp_path / 'same'}"])) == []
     rc = main(base + [f"teacher.path={tmp_path / 'teacher'}"])
     err = capsys.readouterr().err.strip().splitlines()
@@ -184,13 +202,15 @@ def test_char_teacher_with_another_tokenizer_kind_is_refused(capsys):
 
 
 def test_cross_tokenizer_teacher_may_use_another_tokenizer():
-    cfg = compose(["teacher.enabled=true", "teacher.tokenizer=auto", "teacher.path=Qwen/Qwen3-4B",
-                   "teacher.cross_tokenizer=true"])
+    cfg = compose(
+        ["teacher.enabled=true", "teacher.tokenizer=auto", "teacher.path=Qwen/Qwen3-4B", "teacher.cross_tokenizer=true"]
+    )
     assert not [k for k, _ in config_problems(cfg) if k in ("teacher.tokenizer", "teacher.path")]
 
 
 def test_teacher_resources_count_against_the_machine():
     from rlcore.plan.validate import resource_problems
+
     cfg = compose(["teacher.enabled=true", "teacher.cpus_per_actor=2"])
     found = resource_problems(cfg, cpus=3, gpus=0, where="this machine")
     assert found and "teacher 2 CPUs" in found[0][1]
@@ -227,9 +247,16 @@ def test_shared_gpu_vllm_teacher_needs_a_memory_share():
 
 
 def test_a_vllm_teacher_reads_its_own_section_and_leaves_the_rollout_only_options_alone():
-    base = ["teacher.enabled=true", "teacher.engine=vllm", "teacher.gpus_per_actor=1",
-            "+teacher.vllm.engine_kwargs.max_model_len=512", "rollout.engine=vllm", "rollout.gpus_per_actor=1",
-            "rollout.vllm.sleep_level=2", "+rollout.vllm.engine_kwargs.max_model_len=2048"]
+    base = [
+        "teacher.enabled=true",
+        "teacher.engine=vllm",
+        "teacher.gpus_per_actor=1",
+        "+teacher.vllm.engine_kwargs.max_model_len=512",
+        "rollout.engine=vllm",
+        "rollout.gpus_per_actor=1",
+        "rollout.vllm.sleep_level=2",
+        "+rollout.vllm.engine_kwargs.max_model_len=2048",
+    ]
     cfg = compose(base)
     assert config_problems(cfg) == []
     view = teacher_run_config(cfg).rollout  # what the teacher's engine is built from
@@ -247,49 +274,79 @@ def test_distillation_keeps_groups_with_equal_rewards():
     keys = [k for k, _ in config_problems(compose(["teacher.enabled=true", "algo.filter_zero_adv_groups=true"]))]
     assert "algo.filter_zero_adv_groups" in keys
     from rlcore.batch.step import build_step
+
     g = group_meta(Group(Task("t", []), [sample([1], [2, 3], [-1.0, -1.0], teacher=[-0.5, -2.0]) for _ in range(2)]))
     cfg = compose(["teacher.enabled=true"])
     assert build_step([g], cfg, distill=True).metrics["zero_adv_frac"] == 0.0
     assert build_step([g], cfg).metrics["zero_adv_frac"] == 1.0
 
 
-ONE_GPU_TEACHER = ["model=qwen3_06b_char", "rollout.engine=vllm", "trainer.gpus_per_rank=1", "rollout.gpus_per_actor=1",
-                   "cluster.num_gpus=1", "cluster.num_cpus=16", "cluster.gpu_memory_gib=139.8", "teacher.enabled=true",
-                   "teacher.engine=vllm", "teacher.gpus_per_actor=0.2", "teacher.dtype=bfloat16",
-                   "+teacher.vllm.engine_kwargs.gpu_memory_utilization=0.15"]
+ONE_GPU_TEACHER = [
+    "model=qwen3_06b_char",
+    "rollout.engine=vllm",
+    "trainer.gpus_per_rank=1",
+    "rollout.gpus_per_actor=1",
+    "cluster.num_gpus=1",
+    "cluster.num_cpus=16",
+    "cluster.gpu_memory_gib=139.8",
+    "teacher.enabled=true",
+    "teacher.engine=vllm",
+    "teacher.gpus_per_actor=0.2",
+    "teacher.dtype=bfloat16",
+    "+teacher.vllm.engine_kwargs.gpu_memory_utilization=0.15",
+]
 
 
 def test_a_gpu_teacher_shares_the_one_gpu_with_colocated_trainer_and_engine():
     """One GPU: the colocated bundle keeps 1 - 0.2 of it (trainer rank and engine 0.4 each), the
     teacher's own bundle takes 0.2, and the memory plan leaves the engine what the trainer and the
     teacher's 0.15 do not use."""
-    from rlcore.plan.memory import GIB
     from rlcore.plan.layout import make_plan
+    from rlcore.plan.memory import GIB
+
     plan = make_plan(compose(ONE_GPU_TEACHER))
     assert plan.problems == [] and plan.config.placed == "colocated"
     assert [b.gpus for b in plan.trainer] == [0.8] and [b.gpus for b in plan.teacher] == [0.2]
     assert plan.teacher[0].node == 0 and plan.rollout == []
     share = plan.config.rollout.vllm.engine_kwargs["gpu_memory_utilization"]
     assert 0 < share <= 0.6
-    big = make_plan(compose(ONE_GPU_TEACHER + ["teacher.gpus_per_actor=0.5",
-                                              "teacher.vllm.engine_kwargs.gpu_memory_utilization=0.5"]))
+    big = make_plan(
+        compose(
+            ONE_GPU_TEACHER + ["teacher.gpus_per_actor=0.5", "teacher.vllm.engine_kwargs.gpu_memory_utilization=0.5"]
+        )
+    )
     assert big.problems == []  # the teacher's 0.5 leaves the engine less than the cap
     assert big.config.rollout.vllm.engine_kwargs["gpu_memory_utilization"] < share
     assert big.gpu_bytes == int(139.8 * GIB)
 
 
-@pytest.mark.parametrize("overrides,key", [
-    (["teacher.engine=hf", "~teacher.vllm.engine_kwargs.gpu_memory_utilization"], "teacher.engine"),
-    (["teacher.num_actors=2"], "teacher.num_actors"),
-    (["teacher.gpus_per_actor=1", "placement=colocated"], "teacher.gpus_per_actor"),
-    (["teacher.vllm.engine_kwargs.gpu_memory_utilization=0.03",  # 4B bf16 weights do not fit in 4.2 GiB
-      "+teacher.arch={model_type: qwen3, hidden_size: 2560, intermediate_size: 9728, num_hidden_layers: 36, "
-      "num_attention_heads: 32, num_key_value_heads: 8}"], "teacher.vllm.engine_kwargs.gpu_memory_utilization"),
-    (["teacher.gpus_per_actor=0.5", "teacher.vllm.engine_kwargs.gpu_memory_utilization=0.5",
-      "+rollout.vllm.engine_kwargs.gpu_memory_utilization=0.5"], "rollout.vllm.engine_kwargs.gpu_memory_utilization"),
-])
+@pytest.mark.parametrize(
+    "overrides,key",
+    [
+        (["teacher.engine=hf", "~teacher.vllm.engine_kwargs.gpu_memory_utilization"], "teacher.engine"),
+        (["teacher.num_actors=2"], "teacher.num_actors"),
+        (["teacher.gpus_per_actor=1", "placement=colocated"], "teacher.gpus_per_actor"),
+        (
+            [
+                "teacher.vllm.engine_kwargs.gpu_memory_utilization=0.03",  # 4B bf16 weights do not fit in 4.2 GiB
+                "+teacher.arch={model_type: qwen3, hidden_size: 2560, intermediate_size: 9728, num_hidden_layers: 36, "
+                "num_attention_heads: 32, num_key_value_heads: 8}",
+            ],
+            "teacher.vllm.engine_kwargs.gpu_memory_utilization",
+        ),
+        (
+            [
+                "teacher.gpus_per_actor=0.5",
+                "teacher.vllm.engine_kwargs.gpu_memory_utilization=0.5",
+                "+rollout.vllm.engine_kwargs.gpu_memory_utilization=0.5",
+            ],
+            "rollout.vllm.engine_kwargs.gpu_memory_utilization",
+        ),
+    ],
+)
 def test_impossible_colocated_teachers_refused(overrides, key):
     from rlcore.plan.layout import make_plan
+
     problems = make_plan(compose(ONE_GPU_TEACHER + overrides)).problems
     assert key in [k for k, _ in problems], problems
 
@@ -297,13 +354,15 @@ def test_impossible_colocated_teachers_refused(overrides, key):
 def test_deadband_drops_tokens_within_it_and_keeps_the_others():
     # deadband 0.01: token 0 has q - s = 0.005 (within: A = reward part only, 0.5*0.4 = 0.2);
     # token 1 has q - s = -1.0 (outside): A = 0.2 + 2*(-1.0 - 0.1) = -2.0 with baseline 0.1
-    out = token_advantages(0.4, [-1.0, -2.0], [-0.995, -3.0], [1, 1], kl_coef=2.0, reward_coef=0.5,
-                           baseline=0.1, deadband=0.01)
+    out = token_advantages(
+        0.4, [-1.0, -2.0], [-0.995, -3.0], [1, 1], kl_coef=2.0, reward_coef=0.5, baseline=0.1, deadband=0.01
+    )
     assert out == pytest.approx([0.2, -2.0])
     # deadband 0 is the exact estimator: token 0 gets 0.2 + 2*(0.005 - 0.1) = 0.01, and a token
     # with q = s exactly still gets the baseline: 0.2 + 2*(0 - 0.1) = 0
     assert token_advantages(0.4, [-1.0, -1.0], [-0.995, -1.0], [1, 1], 2.0, 0.5, baseline=0.1) == pytest.approx(
-        [0.01, 0.0])
+        [0.01, 0.0]
+    )
 
 
 @pytest.mark.parametrize("deadband, drifts", [(0.0, True), (0.01, False)])
@@ -324,8 +383,9 @@ def test_a_student_equal_to_its_teacher_drifts_on_noise_unless_the_deadband_drop
         samples = [sample([0], [int(t)], [float(a)], teacher=[float(b)]) for t, a, b in zip(tokens, s, q)]
         adv, _ = batch_token_advantages(samples, [0.0] * 64, kl_coef=1.0, reward_coef=0.0, deadband=deadband)
         logp = torch.log_softmax(logits, -1)[tokens]
-        loss, _ = policy_loss(LossInputs(logp, s, torch.tensor([a[0] for a in adv]), torch.ones(64)),
-                              AlgoConfig(), normalizer=64.0)
+        loss, _ = policy_loss(
+            LossInputs(logp, s, torch.tensor([a[0] for a in adv]), torch.ones(64)), AlgoConfig(), normalizer=64.0
+        )
         opt.zero_grad()
         loss.backward()
         opt.step()

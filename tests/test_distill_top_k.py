@@ -11,10 +11,10 @@ import torch
 
 from actors.teacher import attach
 from rlcore.algo.distill import top_k_loss
+from rlcore.batch.packing import empty_micro_batch, make_micro_batch
 from rlcore.config import ModelConfig
 from rlcore.engine.hf_engine import HFEngine
 from rlcore.models.tokenizer import char_tokenizer
-from rlcore.batch.packing import empty_micro_batch, make_micro_batch
 from rlcore.plan.compose import compose
 from rlcore.plan.teacher import config_problems
 from rlcore.trainer.logprobs import chunked_logprobs, other_logprobs, plain_logprobs
@@ -22,9 +22,15 @@ from rlcore.types import Sample
 
 
 def sample(prompt, completion, top_ids=None, top_lp=None) -> Sample:
-    return Sample(prompt_ids=prompt, completion_ids=completion, logprobs=[-1.0] * len(completion),
-                  versions=[0] * len(completion), loss_mask=[1] * len(completion),
-                  teacher_top_k_ids=top_ids, teacher_top_k_logprobs=top_lp)
+    return Sample(
+        prompt_ids=prompt,
+        completion_ids=completion,
+        logprobs=[-1.0] * len(completion),
+        versions=[0] * len(completion),
+        loss_mask=[1] * len(completion),
+        teacher_top_k_ids=top_ids,
+        teacher_top_k_logprobs=top_lp,
+    )
 
 
 @pytest.mark.parametrize("temperature, bias", [(1.0, False), (0.7, True)])
@@ -128,21 +134,24 @@ def test_hf_engine_top_k_is_its_own_log_softmax():
         assert lp == pytest.approx(engine.score(prompt, completion), abs=1e-6)
         with torch.no_grad():
             logits = engine.model(input_ids=torch.tensor([prompt + completion])).logits[0].float()
-        want = torch.log_softmax(logits[len(prompt) - 1:-1], -1).topk(4, -1)
+        want = torch.log_softmax(logits[len(prompt) - 1 : -1], -1).topk(4, -1)
         assert ids.dtype == np.int32 and ids.shape == (len(completion), 4)
         assert ids.tolist() == want.indices.tolist()
         assert np.allclose(top_lp, want.values.numpy(), atol=1e-6)
-    (_, ids, _), = engine.score_top_k_batch([([1], [2])], 10_000)  # k past the vocabulary: all of it
+    ((_, ids, _),) = engine.score_top_k_batch([([1], [2])], 10_000)  # k past the vocabulary: all of it
     assert ids.shape == (1, len(tok))
 
 
-@pytest.mark.parametrize("overrides, key, words", [
-    (["teacher.top_k=-1"], "teacher.top_k", "whole number"),
-    (["teacher.top_k=4", "teacher.top_k_coef=-1"], "teacher.top_k_coef", ">= 0"),
-    (["teacher.top_k=4", "teacher.cross_tokenizer=true"], "teacher.top_k", "cross_tokenizer"),
-    (["teacher.top_k=4", "algo.loss=gspo"], "teacher.top_k", "per sequence"),
-    (["teacher.top_k=4", "teacher.engine=vllm", "teacher.gpus_per_actor=1"], "teacher.top_k", "['hf']"),
-])
+@pytest.mark.parametrize(
+    "overrides, key, words",
+    [
+        (["teacher.top_k=-1"], "teacher.top_k", "whole number"),
+        (["teacher.top_k=4", "teacher.top_k_coef=-1"], "teacher.top_k_coef", ">= 0"),
+        (["teacher.top_k=4", "teacher.cross_tokenizer=true"], "teacher.top_k", "cross_tokenizer"),
+        (["teacher.top_k=4", "algo.loss=gspo"], "teacher.top_k", "per sequence"),
+        (["teacher.top_k=4", "teacher.engine=vllm", "teacher.gpus_per_actor=1"], "teacher.top_k", "['hf']"),
+    ],
+)
 def test_top_k_config_is_refused_in_one_line(overrides, key, words):
     found = [(k, m) for k, m in config_problems(compose(["teacher.enabled=true", *overrides])) if k == key]
     assert len(found) == 1 and words in found[0][1], found
@@ -165,14 +174,24 @@ def test_trainer_steps_follow_the_teacher_top_k(tmp_path, monkeypatch):
     after every prompt; with zero advantages only the top-k term trains, and it moves the
     student there; an SFT step on the same micro-batch ignores the top-k."""
     import socket
+
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
     monkeypatch.setenv("MASTER_PORT", str(port))
     from rlcore.trainer.core import TrainerCore
-    cfg = compose([f"output_dir={tmp_path / 'run'}", "teacher.enabled=true", "teacher.kl_coef=0",
-                   "teacher.reward_coef=0", "teacher.top_k=3", "trainer.lr=0.01"])
+
+    cfg = compose(
+        [
+            f"output_dir={tmp_path / 'run'}",
+            "teacher.enabled=true",
+            "teacher.kl_coef=0",
+            "teacher.reward_coef=0",
+            "teacher.top_k=3",
+            "trainer.lr=0.01",
+        ]
+    )
     core = TrainerCore(cfg, 0, 1)
     try:
         ids = np.array([[7, 8, 9]] * 2, dtype=np.int32)

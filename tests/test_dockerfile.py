@@ -86,9 +86,7 @@ def locked_version(package: str) -> str:
 def test_hadolint_passes():
     # Default failure threshold (info): every finding fails; a deliberate exception is an inline
     # `# hadolint ignore=` with its reason in the Dockerfile.
-    proc = subprocess.run(
-        [HADOLINT, "--no-color", str(DOCKERFILE)], capture_output=True, text=True, timeout=60
-    )
+    proc = subprocess.run([HADOLINT, "--no-color", str(DOCKERFILE)], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
@@ -97,9 +95,7 @@ def test_hadolint_fails_a_bad_dockerfile(tmp_path):
     # Proves the lint above can fail: the same call rejects an unpinned, uncleaned Dockerfile.
     bad = tmp_path / "Dockerfile"
     bad.write_text("FROM ubuntu:latest\nRUN apt-get update && apt-get install -y curl\n")
-    proc = subprocess.run(
-        [HADOLINT, "--no-color", str(bad)], capture_output=True, text=True, timeout=60
-    )
+    proc = subprocess.run([HADOLINT, "--no-color", str(bad)], capture_output=True, text=True, timeout=60)
     assert proc.returncode != 0
     assert "DL3007" in proc.stdout  # `latest`
 
@@ -117,9 +113,7 @@ def test_every_base_image_is_pinned():
         if image in stages:
             continue
         assert "$" not in image, f"FROM {image}: a build-arg base cannot be checked or linted"
-        assert "@sha256:" in image or re.search(r":[\w.-]+$", image.split("/")[-1]), (
-            f"FROM {image} has no tag"
-        )
+        assert "@sha256:" in image or re.search(r":[\w.-]+$", image.split("/")[-1]), f"FROM {image} has no tag"
         assert not image.endswith(":latest"), f"FROM {image} floats"
 
 
@@ -182,9 +176,7 @@ def test_runs_as_a_numeric_non_root_user():
 
 def test_build_context_keeps_what_the_build_needs_and_drops_the_rest():
     patterns = [
-        line.strip()
-        for line in DOCKERIGNORE.read_text().splitlines()
-        if line.strip() and not line.startswith("#")
+        line.strip() for line in DOCKERIGNORE.read_text().splitlines() if line.strip() and not line.startswith("#")
     ]
 
     def ignored(path: str) -> bool:
@@ -214,7 +206,11 @@ def test_the_lock_can_install_what_the_image_asks_for(tmp_path):
     env.pop("VIRTUAL_ENV", None)
     proc = subprocess.run(
         [uv, "sync", "--frozen", "--no-dev", "--extra", "vllm", "--no-install-project", "--dry-run"],
-        cwd=REPO, env=env, capture_output=True, text=True, timeout=120,
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert proc.returncode == 0, proc.stderr
     plan = proc.stdout + proc.stderr

@@ -6,8 +6,8 @@ moved. A doc that renames or removes something fails here, not in a reader's han
 from __future__ import annotations
 
 import dataclasses
-import os
 import importlib
+import os
 import re
 import subprocess
 import sys
@@ -54,15 +54,21 @@ def resolves(dotted: str) -> bool:
 
 @pytest.mark.parametrize("doc", DOCS, ids=lambda p: p.name)
 def test_every_path_named_exists(doc):
-    missing = [f"{doc.name}:{line}: {path}" for path, line, _ in references(PATH, doc)
-               if not PLACEHOLDER.search(path) and not (ROOT / path).exists()]
+    missing = [
+        f"{doc.name}:{line}: {path}"
+        for path, line, _ in references(PATH, doc)
+        if not PLACEHOLDER.search(path) and not (ROOT / path).exists()
+    ]
     assert missing == []
 
 
 @pytest.mark.parametrize("doc", DOCS, ids=lambda p: p.name)
 def test_every_module_named_resolves(doc):
-    missing = [f"{doc.name}:{line}: {name}" for name, line, _ in references(MODULE, doc)
-               if name.rsplit(".", 1)[1] not in FILE_SUFFIXES and not resolves(name)]
+    missing = [
+        f"{doc.name}:{line}: {name}"
+        for name, line, _ in references(MODULE, doc)
+        if name.rsplit(".", 1)[1] not in FILE_SUFFIXES and not resolves(name)
+    ]
     assert missing == []
 
 
@@ -94,6 +100,7 @@ def test_the_configuration_reference_is_the_schema_today():
     """docs/configuration.md is what `python -m rlcore.plan.reference` makes of the schema, and it
     names every key (regenerate it with that command after changing the schema)."""
     from rlcore.plan.reference import keys, markdown
+
     page = (ROOT / "docs" / "configuration.md").read_text()
     assert page == markdown(), "docs/configuration.md is stale: python -m rlcore.plan.reference > docs/configuration.md"
     rows = keys()
@@ -104,8 +111,14 @@ def test_the_configuration_reference_is_the_schema_today():
 def test_the_docs_site_builds_with_no_warning(tmp_path):
     """mkdocs (material theme) in strict mode: a broken link or a page missing from the nav fails."""
     mkdocs = Path(sys.executable).with_name("mkdocs")
-    result = subprocess.run([str(mkdocs), "build", "--strict", "--site-dir", str(tmp_path / "site")], cwd=ROOT,
-                            capture_output=True, text=True, timeout=300, env={**os.environ, "NO_MKDOCS_2_WARNING": "1"})
+    result = subprocess.run(
+        [str(mkdocs), "build", "--strict", "--site-dir", str(tmp_path / "site")],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "NO_MKDOCS_2_WARNING": "1"},
+    )
     assert result.returncode == 0, result.stdout + result.stderr
     assert "WARNING" not in result.stderr, result.stderr
     assert (tmp_path / "site" / "configuration" / "index.html").exists()

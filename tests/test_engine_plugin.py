@@ -22,10 +22,8 @@ import tensorwise_transport
 import torch
 import torch.distributed as dist
 
-from rlcore.weights.canary import CanaryError, calibrate, compare_logprobs, teacher_forced_logprobs
 from rlcore.config import RolloutConfig
 from rlcore.config.errors import ConfigError
-from rlcore.plan.validate import problems
 from rlcore.engine.base import Generation, RolloutEngine, SamplingParams
 from rlcore.engine.hf_engine import sample_with_logprobs
 from rlcore.engine.registry import (
@@ -39,9 +37,10 @@ from rlcore.engine.registry import (
 )
 from rlcore.envs import make_env
 from rlcore.models.build import build_model, build_tokenizer
-from rlcore.plan.placement import placement_problems
 from rlcore.plan.compose import compose
+from rlcore.plan.placement import placement_problems
 from rlcore.plan.teacher import teacher_run_config
+from rlcore.plan.validate import problems
 from rlcore.trainer.core import free_port
 from rlcore.trainer.export import parameter_metas
 from rlcore.transfer import (
@@ -55,6 +54,7 @@ from rlcore.transfer import (
     world_size,
 )
 from rlcore.transfer.plan import TensorMeta, plan_buckets
+from rlcore.weights.canary import CanaryError, calibrate, compare_logprobs, teacher_forced_logprobs
 from rlcore.weights.protocol import Receiver, Seat
 
 
@@ -155,10 +155,13 @@ class TensorwiseReceiver(Receiver):
 def recompute_engine():
     """The one registry line, for this module's tests only: the section must not outlive them
     (every later config would carry it, and Ray actors cannot import this test module)."""
-    register_engine(EngineSpec("recompute", f"{__name__}:RecomputeEngine", section="recompute", options=RecomputeOptions))
+    register_engine(
+        EngineSpec("recompute", f"{__name__}:RecomputeEngine", section="recompute", options=RecomputeOptions)
+    )
     yield
     unregister_engine("recompute")
     assert "recompute" not in {f.name for f in dataclasses.fields(RolloutConfig)}
+
 
 BASE = ["rollout.engine=recompute", "rollout.sampling.max_new_tokens=6"]
 
@@ -166,8 +169,11 @@ BASE = ["rollout.engine=recompute", "rollout.sampling.max_new_tokens=6"]
 def test_validation_knows_the_plugin_and_refuses_other_engines_options():
     assert problems(compose(BASE)) == []
     # another engine's option, typed with this engine selected, changes nothing: refused, that engine named
-    with pytest.raises(ConfigError, match=r"^rollout.vllm.quantization: an option of the vllm engine "
-                                          r"\(rollout.engine=vllm\), not of rollout.engine=recompute"):
+    with pytest.raises(
+        ConfigError,
+        match=r"^rollout.vllm.quantization: an option of the vllm engine "
+        r"\(rollout.engine=vllm\), not of rollout.engine=recompute",
+    ):
         compose([*BASE, "rollout.vllm.quantization=fp8"])
     with pytest.raises(ConfigError, match=r"^rollout.recompute.max_tokens: an option of the recompute engine"):
         compose(["rollout.recompute.max_tokens=2"])  # the default engine is hf
@@ -230,6 +236,7 @@ def test_the_section_leaves_the_schema_classes_unchanged_and_travels_with_the_co
     import pickle
 
     from rlcore.config.nodes import config_dict
+
     assert "recompute" not in {f.name for f in dataclasses.fields(RolloutConfig)}  # registration adds no field
     cfg = compose([*BASE, "rollout.recompute.max_tokens=2"])
     assert config_dict(cfg)["rollout"]["recompute"] == {"max_tokens": 2}  # config.yaml, loggers, checkpoints
@@ -244,8 +251,15 @@ def tensorwise():
     """The transport and an engine that takes it (the same class, receiving over it), registered
     from outside the package for one test; both leave the tables after it."""
     register_transport(TransportSpec("tensorwise", f"{tensorwise_transport.__name__}:Sender"))
-    register_engine(EngineSpec("recompute_tw", f"{__name__}:RecomputeEngine", section="recompute",
-                               options=RecomputeOptions, transports=("tensorwise",)))
+    register_engine(
+        EngineSpec(
+            "recompute_tw",
+            f"{__name__}:RecomputeEngine",
+            section="recompute",
+            options=RecomputeOptions,
+            transports=("tensorwise",),
+        )
+    )
     yield
     unregister_engine("recompute_tw")
     unregister_transport("tensorwise")
@@ -259,8 +273,9 @@ def test_a_transport_from_outside_carries_weights_into_the_engines_own_receiver(
     tokenizer = build_tokenizer(cfg.model)
     engines = [make_engine(cfg, tokenizer, seed=i) for i in range(2)]
     trainer = build_model(dataclasses.replace(cfg.model, seed=cfg.model.seed + 1), tokenizer)
-    plan = plan_buckets([TensorMeta(n, s, d) for n, s, d in parameter_metas(trainer)],
-                        int(cfg.rollout.sync_bucket_mb * 2**20))
+    plan = plan_buckets(
+        [TensorMeta(n, s, d) for n, s, d in parameter_metas(trainer)], int(cfg.rollout.sync_bucket_mb * 2**20)
+    )
     pairs = [([5, 6, 7, 8], [9, 10, 11]), ([12, 13], [14, 15, 16, 17])]
     with torch.no_grad():
         want = teacher_forced_logprobs(trainer, pairs)
@@ -282,13 +297,15 @@ def test_a_transport_from_outside_carries_weights_into_the_engines_own_receiver(
         return sender.send((n, p.detach()) for n, p in trainer.named_parameters())
 
     def receive(slot):
-        receiver = make_receiver(name, options, plan, engines[slot], "127.0.0.1", port,
-                                 first_rank(name, slot, workers), size)
+        receiver = make_receiver(
+            name, options, plan, engines[slot], "127.0.0.1", port, first_rank(name, slot, workers), size
+        )
         assert type(receiver) is TensorwiseReceiver  # the engine's own, the transport has none
         return receiver.receive(version=1)
 
     threads = [threading.Thread(target=side, args=("sent", send))] + [
-        threading.Thread(target=side, args=(f"got{i}", lambda i=i: receive(i))) for i in range(2)]
+        threading.Thread(target=side, args=(f"got{i}", lambda i=i: receive(i))) for i in range(2)
+    ]
     for t in threads:
         t.start()
     for t in threads:
@@ -312,4 +329,5 @@ def test_an_engine_listing_an_unregistered_transport_is_refused_in_one_line(tens
     cfg = compose(["rollout.engine=recompute_tw"])
     unregister_transport("tensorwise")
     assert dict(problems(cfg))["rollout.engine"].startswith(
-        "engine 'recompute_tw' receives weights over ['tensorwise'], which no registered transport provides")
+        "engine 'recompute_tw' receives weights over ['tensorwise'], which no registered transport provides"
+    )

@@ -7,8 +7,17 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
-ENTRY_POINTS = ["rlcore.run", "rlcore.mismatch", "rlcore.export", "rlcore.plot", "rlcore.timeline", "rlcore.watch",
-                "launch.local_cluster", "launch.submit", "launch.placement_check"]
+ENTRY_POINTS = [
+    "rlcore.run",
+    "rlcore.mismatch",
+    "rlcore.export",
+    "rlcore.plot",
+    "rlcore.timeline",
+    "rlcore.watch",
+    "launch.local_cluster",
+    "launch.submit",
+    "launch.placement_check",
+]
 
 
 @pytest.mark.parametrize("module", ENTRY_POINTS)

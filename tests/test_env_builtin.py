@@ -103,6 +103,7 @@ def test_tool_use_scripted_episode():
 
 def test_mini_swe_scripted_fix():
     from rlcore.envs.mini_swe import FUNCTIONS
+
     env = make_env("mini_swe", {"functions": 2, "bugs": 1}, seed=0)
     t = env.make_task(0, "train")
     state = env.init_state(t)
@@ -119,13 +120,21 @@ def test_mini_swe_scripted_fix():
     # editing the tests does not help: scoring restores them
     cheat = {"files": {**t.info["files"], "test_lib.py": "def test_ok():\n    pass\n"}}
     assert env.env_response(t, [bot("<tool>write: test_lib.py\nx</tool>")], cheat)[0][0]["content"].startswith(
-        "<result>write: error")
+        "<result>write: error"
+    )
     assert env.score(t, [], cheat) == before
 
 
-@pytest.mark.parametrize("name,key,value", [("alphabet_sort", "turns", 0), ("wordle", "words", "abc"),
-                                            ("tool_use", "search_k", 0), ("mini_swe", "bugs", 5),
-                                            ("alphabet_sort", "max_turns", 0)])
+@pytest.mark.parametrize(
+    "name,key,value",
+    [
+        ("alphabet_sort", "turns", 0),
+        ("wordle", "words", "abc"),
+        ("tool_use", "search_k", 0),
+        ("mini_swe", "bugs", 5),
+        ("alphabet_sort", "max_turns", 0),
+    ],
+)
 def test_bad_args_name_the_key(name, key, value):
     with pytest.raises(ValueError, match=f"env.args.{key}"):
         make_env(name, {key: value}, 0)

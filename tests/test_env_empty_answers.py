@@ -18,6 +18,7 @@ from tests.test_env_builtin import BUILTIN
 def collapsed_engine():
     """A real engine whose policy always answers end-of-sequence first."""
     from rlcore.plan.compose import compose
+
     cfg = compose([])
     tok = build_tokenizer(cfg.model)
     torch.manual_seed(0)
@@ -40,8 +41,9 @@ def engine_tok():
 def test_builtin_envs_score_empty_answers(engine_tok, name):
     engine, tok = engine_tok
     env = make_env(name, {}, seed=0)
-    groups = env.run_groups([env.make_task(i, "train") for i in range(2)], 2, engine, tok,
-                            SamplingParams(max_new_tokens=8))
+    groups = env.run_groups(
+        [env.make_task(i, "train") for i in range(2)], 2, engine, tok, SamplingParams(max_new_tokens=8)
+    )
     samples = [s for g in groups for s in g.samples]
     assert all(s.completion_ids[:1] == [tok.eos_token_id] for s in samples)  # the policy said nothing
     assert all(not s.failed and s.error is None for s in samples), [s.error for s in samples]
@@ -49,5 +51,6 @@ def test_builtin_envs_score_empty_answers(engine_tok, name):
         state = env.init_state(g.task) if hasattr(env, "init_state") else {}
         empty = env.score(g.task, [*g.task.messages, {"role": "assistant", "content": ""}], state)
         assert all(math.isfinite(s.reward) and s.reward == empty for s in g.samples)
+
 
 # verifiers environments: tests/test_verifiers_env.py::test_v1_env_empty_reply_is_scored

@@ -16,8 +16,8 @@ from rlcore.engine.base import SamplingParams
 from rlcore.envs.base import EnvironmentStalled
 from rlcore.envs.multiturn import MultiTurnEnvironment
 from rlcore.isolation.safety import OUTPUT_LIMIT, threads_abandoned
-from rlcore.report.failures import FailureLog, NoProgress
 from rlcore.models.tokenizer import char_tokenizer
+from rlcore.report.failures import FailureLog, NoProgress
 from rlcore.types import Group, Sample, Task
 from tests.test_env_safety import EchoEngine, Scored
 
@@ -66,8 +66,13 @@ class Mixed(Scored):
 
 def groups_of(env, first, tasks=4, n=4):
     tok = char_tokenizer()
-    return env.run_groups([env.make_task(first + i, "train") for i in range(tasks)], n, EchoEngine(tok), tok,
-                          SamplingParams(max_new_tokens=4))
+    return env.run_groups(
+        [env.make_task(first + i, "train") for i in range(tasks)],
+        n,
+        EchoEngine(tok),
+        tok,
+        SamplingParams(max_new_tokens=4),
+    )
 
 
 def hung_rounds(env, rounds):
@@ -107,6 +112,7 @@ def test_rewards_hung_in_c_leave_a_bounded_number_of_threads(monkeypatch):
 
 def test_stateful_calls_fail_in_one_line_past_the_bound(monkeypatch):
     monkeypatch.setattr("rlcore.envs.base.STUCK_AFTER_S", 0.0)
+
     class Stuck(MultiTurnEnvironment):
         def make_task(self, index, split):
             return Task(id=f"s/{index}", messages=[{"role": "user", "content": "go"}])
@@ -141,6 +147,7 @@ def test_busy_loop_costs_the_timeout_in_process_isolation():
     class Spin(Scored):
         def reward(self, task, completion):
             import subprocess
+
             subprocess.Popen(["sleep", marker])  # a child of the reward: killed with it
             while True:
                 pass
@@ -189,8 +196,9 @@ def test_printed_output_is_kept_per_sample_not_on_the_console(capfd):
         env = Mixed("print", 100, reward_isolation=isolation)
         samples = [s for g in groups_of(env, 0, tasks=1, n=2) for s in g.samples]
         assert all(s.reward == 0.5 and not s.failed for s in samples)
-        assert all(OUTPUT_LIMIT <= len(s.env_output) < OUTPUT_LIMIT + 100 and "dropped" in s.env_output
-                   for s in samples)
+        assert all(
+            OUTPUT_LIMIT <= len(s.env_output) < OUTPUT_LIMIT + 100 and "dropped" in s.env_output for s in samples
+        )
     out, err = capfd.readouterr()
     assert len(out) + len(err) < 1000  # not 4 x 6 MB
 
@@ -214,8 +222,12 @@ def test_the_stop_rule_follows_launch_order_not_finish_order(behaviour):
     Whichever order they finish in (a fast reward, a slow one), the run is not stopped; with 3
     failing requests launched in a row it is, again whatever the finish order."""
     import itertools
+
     env = Mixed(behaviour, 100)
-    failed, ok = groups_of(env, 0, tasks=1, n=2), [Group(Task(id="ok", messages=[]), [Sample([1], [2], [0.0], [0], [1])])]
+    failed, ok = (
+        groups_of(env, 0, tasks=1, n=2),
+        [Group(Task(id="ok", messages=[]), [Sample([1], [2], [0.0], [0], [1])])],
+    )
     for outcome, results in ((False, [failed, failed, ok, failed]), (True, [failed, ok, failed, failed, failed])):
         for order in itertools.permutations(range(len(results))):
             failures = FailureLog(stop_after=3)
@@ -245,8 +257,11 @@ def test_thread_counter_counts_only_live_threads():
 def test_busy_loop_in_a_thread_is_stopped_at_the_deadline():
     before = threads_abandoned()
     start = time.monotonic()
-    samples = [s for g in groups_of(Scored("spin", reward_timeout_s=0.3, reward_isolation="thread"), 0, tasks=2, n=2)
-               for s in g.samples]
+    samples = [
+        s
+        for g in groups_of(Scored("spin", reward_timeout_s=0.3, reward_isolation="thread"), 0, tasks=2, n=2)
+        for s in g.samples
+    ]
     assert time.monotonic() - start < 10.0 and all("timeout after 0.3s" in s.error for s in samples)
     time.sleep(0.3)
     assert threads_abandoned() == before  # no thread keeps spinning (and holding the GIL)
@@ -283,8 +298,9 @@ def test_an_overrunning_busy_reward_is_killed_and_the_next_one_runs_promptly():
 def test_a_reward_whose_arguments_do_not_pickle_still_runs_under_its_deadline():
     env = Scored("ok", reward_timeout_s=5)
     lock = threading.Lock()  # not picklable: it cannot be sent to a worker
-    out = env.guarded([(env.score, (env.make_task(0, "train"), [{"role": "assistant", "content": "x"}], {"l": lock}))],
-                      "score")
+    out = env.guarded(
+        [(env.score, (env.make_task(0, "train"), [{"role": "assistant", "content": "x"}], {"l": lock}))], "score"
+    )
     assert [(o.value, o.error) for o in out] == [(1.0, None)]
     env.reward_pool().close()
 
@@ -332,15 +348,20 @@ def test_a_few_failed_samples_per_reason_are_kept_for_the_samples_table():
         return Sample([1], ids, [-0.5] * len(ids), [2] * len(ids), [1] * len(ids), failed=True, error=error)
 
     task = Task(id="t/7", messages=[{"role": "user", "content": "reverse abc"}])
-    group = Group(task=task, samples=[failed(f"reward: ValueError: bug {i}", [10 + i, 2]) for i in range(5)]
-                  + [failed("reward: not a number: 'good'", [30]), Sample([1], [40], [-0.1], [2], [1], reward=1.0)])
+    group = Group(
+        task=task,
+        samples=[failed(f"reward: ValueError: bug {i}", [10 + i, 2]) for i in range(5)]
+        + [failed("reward: not a number: 'good'", [30]), Sample([1], [40], [-0.1], [2], [1], reward=1.0)],
+    )
     meta = group_meta(group, data=group.samples)
     flog = FailureLog(0)
     flog.request_done([meta], actor=0)
     flog.request_lost(8, "engine: ActorDiedError", "the actor died", task=task)
     examples = flog.take_examples()
     assert [e.reason for e in examples] == ["reward: ValueError: bug #"] * EXAMPLES_PER_REASON + [
-        "reward: not a number: 'good'", "engine: ActorDiedError"]
+        "reward: not a number: 'good'",
+        "engine: ActorDiedError",
+    ]
     assert flog.take_examples() == []  # handed over once
     rows = failed_rows(examples, lambda ids: "".join(f"<{i}>" for i in ids))
     assert [r["completion"] for r in rows] == ["<10><2>", "<11><2>", "<30>", ""]

@@ -26,8 +26,9 @@ print(json.dumps(sorted(m for m in sys.modules if m not in before)))
 def test_unpickling_one_environment_imports_no_other(tmp_path, name):
     blob = tmp_path / "env.pkl"
     blob.write_bytes(pickle.dumps(make_env(name, {}, seed=0)))
-    out = subprocess.run([sys.executable, "-c", PROBE, str(blob)], capture_output=True, text=True,
-                         timeout=120, check=True).stdout
+    out = subprocess.run(
+        [sys.executable, "-c", PROBE, str(blob)], capture_output=True, text=True, timeout=120, check=True
+    ).stdout
     imported = set(json.loads(out.strip().splitlines()[-1]))
     own = catalog.BUILTIN[name]
     assert own in imported

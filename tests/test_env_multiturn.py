@@ -5,11 +5,13 @@ import pytest
 from rlcore.engine.base import SamplingParams
 from rlcore.engine.hf_engine import HFEngine
 from rlcore.envs import make_env
-from rlcore.models.render import TurnRenderer, env_turn_text
 from rlcore.models.build import build_model, build_tokenizer
+from rlcore.models.render import TurnRenderer, env_turn_text
 
-CHATML = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
-          "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+CHATML = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
 
 
 class Recording:
@@ -27,6 +29,7 @@ class Recording:
 @pytest.fixture(scope="module")
 def setup():
     from rlcore.plan.compose import compose
+
     cfg = compose(["+recipe=alphabet_sort"])
     tok = build_tokenizer(cfg.model)
     engine = HFEngine(build_model(cfg.model, tok), tok.pad_token_id, tok.eos_token_id, seed=0)
@@ -62,13 +65,13 @@ def test_turns_extend_previous_ids_exactly(setup, template):
         for turn in range(3):
             prompt, gen = rec.calls[turn][i]
             # every turn's prompt and sampled ids are a prefix of the final sequence, in place
-            assert full[:len(prompt) + len(gen.token_ids)] == prompt + gen.token_ids
+            assert full[: len(prompt) + len(gen.token_ids)] == prompt + gen.token_ids
             if turn:
                 prev_prompt, prev_gen = rec.calls[turn - 1][i]
-                assert prompt[:len(prev_prompt) + len(prev_gen.token_ids)] == prev_prompt + prev_gen.token_ids
-                env_ids = prompt[len(prev_prompt) + len(prev_gen.token_ids):]
+                assert prompt[: len(prev_prompt) + len(prev_gen.token_ids)] == prev_prompt + prev_gen.token_ids
+                env_ids = prompt[len(prev_prompt) + len(prev_gen.token_ids) :]
                 start = len(prev_prompt) + len(prev_gen.token_ids) - len(sample.prompt_ids)
-                assert sample.loss_mask[start:start + len(env_ids)] == [0] * len(env_ids)
+                assert sample.loss_mask[start : start + len(env_ids)] == [0] * len(env_ids)
                 text = tok.decode(env_ids)
                 assert f"Add: {tasks[i // 3].info['rounds'][turn][0]}" in text
         _check_episode_tokens(sample)
@@ -98,8 +101,13 @@ def test_episode_budget_stops_turns(setup):
 
 def test_builtin_multiturn_envs_run_with_the_engine(setup):
     cfg, tok, engine = setup
-    for name, args in [("wordle", {"max_turns": 2}), ("tool_use", {"max_turns": 2}),
-                       ("mini_swe", {"max_turns": 2}), ("math", {}), ("reverse_text", {})]:
+    for name, args in [
+        ("wordle", {"max_turns": 2}),
+        ("tool_use", {"max_turns": 2}),
+        ("mini_swe", {"max_turns": 2}),
+        ("math", {}),
+        ("reverse_text", {}),
+    ]:
         env = make_env(name, args, seed=0)
         groups = env.run_groups([env.make_task(0, "train")], 2, engine, tok, SamplingParams(max_new_tokens=6))
         for s in groups[0].samples:
@@ -118,6 +126,7 @@ def test_each_turn_samples_with_its_own_seed(setup):
             seeds.append(params.seed)
             return super().generate(prompts, params)
 
-    env.run_groups([env.make_task(0, "train")], 2, SeedRecording(engine), tok,
-                   SamplingParams(max_new_tokens=8, seed=11))
+    env.run_groups(
+        [env.make_task(0, "train")], 2, SeedRecording(engine), tok, SamplingParams(max_new_tokens=8, seed=11)
+    )
     assert len(seeds) >= 2 and len(set(seeds)) == len(seeds) and seeds[0] == 11

@@ -51,8 +51,11 @@ class Scored(Environment):
 
 def run(env, n=2):
     tok = char_tokenizer()
-    return [s for g in env.run_groups([env.make_task(0, "train")], n, EchoEngine(tok), tok,
-                                      SamplingParams(max_new_tokens=4)) for s in g.samples]
+    return [
+        s
+        for g in env.run_groups([env.make_task(0, "train")], n, EchoEngine(tok), tok, SamplingParams(max_new_tokens=4))
+        for s in g.samples
+    ]
 
 
 def test_good_reward():
@@ -104,8 +107,9 @@ def test_guarded_calls():
     assert out[0].value == 1 and "ZeroDivisionError" in out[1].error
 
 
-@pytest.mark.parametrize("key,value", [("reward_timeout_s", -1), ("on_reward_error", "drop"),
-                                       ("reward_isolation", "gpu"), ("eval_size", 0)])
+@pytest.mark.parametrize(
+    "key,value", [("reward_timeout_s", -1), ("on_reward_error", "drop"), ("reward_isolation", "gpu"), ("eval_size", 0)]
+)
 def test_bad_safety_args_name_the_key(key, value):
     with pytest.raises(ValueError, match=f"env.args.{key}"):
         Scored("ok", **{key: value})
@@ -115,6 +119,7 @@ def test_a_process_isolated_call_dies_with_the_process_that_made_it(tmp_path):
     """A rollout actor that is killed runs no deadline: the call it forked must not outlive it."""
     import subprocess
     import textwrap
+
     pid_file = tmp_path / "child.pid"
     script = textwrap.dedent(f"""
         import os, threading, time

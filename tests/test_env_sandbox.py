@@ -21,8 +21,10 @@ def sandbox():
 
 
 def test_runs_and_returns_files(sandbox):
-    r = sandbox.run(["python", "-c", "print(open('in.txt').read()); open('out/x.txt','w').write('y')"],
-                    files={"in.txt": "hello", "out/keep": ""})
+    r = sandbox.run(
+        ["python", "-c", "print(open('in.txt').read()); open('out/x.txt','w').write('y')"],
+        files={"in.txt": "hello", "out/keep": ""},
+    )
     assert r.ok and r.stdout.strip() == "hello" and r.files["out/x.txt"] == "y"
 
 
@@ -154,8 +156,7 @@ def test_new_session_child_dies_with_the_command(sandbox):
 
 def test_timeout_kills_the_whole_tree(sandbox):
     marker = f"{uuid.uuid4().int % 10**6}.{os.getpid()}"
-    code = (f"import subprocess, time; subprocess.Popen(['sleep', '{marker}'], start_new_session=True); "
-            "time.sleep(60)")
+    code = f"import subprocess, time; subprocess.Popen(['sleep', '{marker}'], start_new_session=True); time.sleep(60)"
     r = sandbox.run(["python", "-I", "-c", code], timeout=1.0)
     assert r.reason == "timeout" and r.duration_s < 5 and _alive(marker) == []
     assert any("outlived" in v for v in r.violations)
@@ -196,11 +197,13 @@ def test_weak_mode_warns(caplog):
 
 def test_the_command_cannot_forge_its_report(sandbox):
     marker = f"{uuid.uuid4().int % 10**6}.{os.getpid()}"
-    code = ("import os, subprocess\n"
-            "for fd in range(3, 256):\n"
-            "    try: os.write(fd, b'{\"status\": 0, \"timed_out\": false, \"leftover\": 0}')\n"
-            "    except OSError: pass\n"
-            f"subprocess.Popen(['sleep', '{marker}'], start_new_session=True)\n")
+    code = (
+        "import os, subprocess\n"
+        "for fd in range(3, 256):\n"
+        '    try: os.write(fd, b\'{"status": 0, "timed_out": false, "leftover": 0}\')\n'
+        "    except OSError: pass\n"
+        f"subprocess.Popen(['sleep', '{marker}'], start_new_session=True)\n"
+    )
     r = sandbox.run(["python", "-I", "-c", code])
     assert r.reason == "sandbox_violation" and "outlived" in r.violations[0] and _alive(marker) == []
 
@@ -208,6 +211,7 @@ def test_the_command_cannot_forge_its_report(sandbox):
 def test_without_namespaces_the_env_is_refused_in_one_line_or_weak_on_request(monkeypatch, caplog):
     from rlcore.envs import make_env
     from rlcore.sandbox import local
+
     monkeypatch.setitem(local._PROBE, "ns", "unshare: Operation not permitted")  # what such a kernel says
     with pytest.raises(ValueError, match=r"^env.args.sandbox_isolation: .*Operation not permitted.*weak") as err:
         make_env("mini_swe", {}, seed=0)

@@ -5,11 +5,11 @@ import random
 
 import pytest
 
-from rlcore.report.evaluation import pass_at_k, summarize
 from rlcore.batch.meta import group_meta
 from rlcore.plan.compose import compose
-from rlcore.types import Group, Sample, Task
 from rlcore.plan.validate import problems
+from rlcore.report.evaluation import pass_at_k, summarize
+from rlcore.types import Group, Sample, Task
 
 
 def brute_force(n, c, k):
@@ -19,8 +19,9 @@ def brute_force(n, c, k):
     return sum(any(outcomes[i] for i in s) for s in subsets) / len(subsets)
 
 
-@pytest.mark.parametrize("n,c,k", [(1, 0, 1), (1, 1, 1), (5, 2, 1), (5, 2, 3), (6, 1, 5), (8, 0, 8), (8, 3, 8),
-                                   (10, 7, 4)])
+@pytest.mark.parametrize(
+    "n,c,k", [(1, 0, 1), (1, 1, 1), (5, 2, 1), (5, 2, 3), (6, 1, 5), (8, 0, 8), (8, 3, 8), (10, 7, 4)]
+)
 def test_pass_at_k_is_the_subset_probability(n, c, k):
     assert pass_at_k(n, c, k) == pytest.approx(brute_force(n, c, k), abs=1e-12)
 
@@ -37,8 +38,9 @@ def test_pass_at_k_rejects_impossible_arguments():
 
 
 def _group(rewards, failed=()):
-    samples = [Sample([1], [5, 6], [0.0, 0.0], [3, 4], [1, 1], reward=r, failed=i in failed)
-               for i, r in enumerate(rewards)]
+    samples = [
+        Sample([1], [5, 6], [0.0, 0.0], [3, 4], [1, 1], reward=r, failed=i in failed) for i, r in enumerate(rewards)
+    ]
     return group_meta(Group(Task(id="t", messages=[]), samples))
 
 

@@ -7,10 +7,10 @@ import torch
 from safetensors import safe_open
 from transformers import AutoModelForCausalLM
 
-from rlcore.storage import checkpoint as ckpt
-from rlcore.storage.export import export_checkpoint, main
 from rlcore.models.build import build_model, build_tokenizer
 from rlcore.plan.compose import compose
+from rlcore.storage import checkpoint as ckpt
+from rlcore.storage.export import export_checkpoint, main
 
 
 def saved_checkpoint(tmp_path):
@@ -23,8 +23,17 @@ def saved_checkpoint(tmp_path):
     from types import SimpleNamespace
 
     from rlcore.trainer.schedule import build_scheduler
-    core = SimpleNamespace(model=model, optimizer=opt, scheduler=build_scheduler(opt, cfg.trainer, 10), rank=0,
-                           world_size=1, version=1, cfg=cfg, tokenizer=tok)
+
+    core = SimpleNamespace(
+        model=model,
+        optimizer=opt,
+        scheduler=build_scheduler(opt, cfg.trainer, 10),
+        rank=0,
+        world_size=1,
+        version=1,
+        cfg=cfg,
+        tokenizer=tok,
+    )
     writer = ckpt.CheckpointWriter(cfg)
     tmp = writer.begin(1)
     parts = ckpt.save_trainer(core, tmp)

@@ -15,29 +15,47 @@ import pytest
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 
+from rlcore.plan import validate as validate_module
 from rlcore.plan.compose import compose
+from rlcore.plan.validate import problems
 from rlcore.run import main
 from rlcore.trainer import float8
-from rlcore.plan import validate as validate_module
-from rlcore.plan.validate import problems
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 GPU = ["trainer.gpus_per_rank=1", "rollout.engine=vllm", "rollout.gpus_per_actor=1"]
 
 
-@pytest.mark.parametrize("overrides,key,text", [
-    (["trainer.fp8=tensorwise"], "trainer.fp8", "need a Hopper GPU"),
-    (["trainer.fp8=fp4"], "trainer.fp8", "unknown FP8 recipe"),
-    (["rollout.vllm.quantization=fp8"], "rollout.vllm.quantization", "an option of the vllm engine (rollout.engine=vllm)"),
-    ([*GPU, "rollout.vllm.quantization=int3"], "rollout.vllm.quantization", "unknown quantization"),
-    ([*GPU, "rollout.vllm.quantization=fp8", "rollout.vllm.weight_reload=direct"], "rollout.vllm.weight_reload", "layerwise"),
-    ([*GPU, "+rollout.vllm.engine_kwargs.reload=direct"], "rollout.vllm.engine_kwargs.reload", "rollout.vllm.weight_reload"),
-    ([*GPU, "+rollout.vllm.engine_kwargs.quantization=fp8"], "rollout.vllm.engine_kwargs.quantization",
-     "set rollout.vllm.quantization"),
-    (["rollout.canary_floor=0"], "rollout.canary_floor", "must be > 0"),
-    (["rollout.canary_multiple=0.5"], "rollout.canary_multiple", "must be >= 1"),
-    ([*GPU, "+recipe=shape_count", "trainer.fp8=tensorwise"], "trainer.fp8", "vision-language"),
-])
+@pytest.mark.parametrize(
+    "overrides,key,text",
+    [
+        (["trainer.fp8=tensorwise"], "trainer.fp8", "need a Hopper GPU"),
+        (["trainer.fp8=fp4"], "trainer.fp8", "unknown FP8 recipe"),
+        (
+            ["rollout.vllm.quantization=fp8"],
+            "rollout.vllm.quantization",
+            "an option of the vllm engine (rollout.engine=vllm)",
+        ),
+        ([*GPU, "rollout.vllm.quantization=int3"], "rollout.vllm.quantization", "unknown quantization"),
+        (
+            [*GPU, "rollout.vllm.quantization=fp8", "rollout.vllm.weight_reload=direct"],
+            "rollout.vllm.weight_reload",
+            "layerwise",
+        ),
+        (
+            [*GPU, "+rollout.vllm.engine_kwargs.reload=direct"],
+            "rollout.vllm.engine_kwargs.reload",
+            "rollout.vllm.weight_reload",
+        ),
+        (
+            [*GPU, "+rollout.vllm.engine_kwargs.quantization=fp8"],
+            "rollout.vllm.engine_kwargs.quantization",
+            "set rollout.vllm.quantization",
+        ),
+        (["rollout.canary_floor=0"], "rollout.canary_floor", "must be > 0"),
+        (["rollout.canary_multiple=0.5"], "rollout.canary_multiple", "must be >= 1"),
+        ([*GPU, "+recipe=shape_count", "trainer.fp8=tensorwise"], "trainer.fp8", "vision-language"),
+    ],
+)
 def test_fp8_config_errors_name_the_key_before_ray(overrides, key, text, capsys, tmp_path):
     assert main([*overrides, f"output_dir={tmp_path}"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
@@ -50,13 +68,21 @@ def test_fp8_switches_validate_on_gpu_configs(monkeypatch):
     assert "mixed_precision" in problems(compose([*GPU, "trainer.fp8=rowwise", "trainer.mixed_precision=false"]))[0][1]
     assert problems(compose(["mode=eval", "trainer.fp8=tensorwise"])) == []  # no trainer group in eval
     monkeypatch.setattr(validate_module, "torchao_available", lambda: False)  # the name validation calls
-    (key, msg), = problems(compose([*GPU, "trainer.fp8=tensorwise"]))
+    ((key, msg),) = problems(compose([*GPU, "trainer.fp8=tensorwise"]))
     assert key == "trainer.fp8" and "rlcore[fp8]" in msg
 
 
 def _tiny(model_type="qwen3", **extra):
-    arch = dict(vocab_size=64, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
-                num_key_value_heads=2, head_dim=16, tie_word_embeddings=False)
+    arch = dict(
+        vocab_size=64,
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        tie_word_embeddings=False,
+    )
     if model_type == "qwen3_moe":
         arch.update(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, decoder_sparse_step=1)
     arch.update(extra)
@@ -66,9 +92,19 @@ def _tiny(model_type="qwen3", **extra):
 
 def test_fp8_filter_picks_decoder_projections_only():
     names = float8.fp8_linear_names(_tiny())
-    assert names == [f"model.layers.{i}.{m}" for i in range(2) for m in
-                     ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
-                      "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")]
+    assert names == [
+        f"model.layers.{i}.{m}"
+        for i in range(2)
+        for m in (
+            "self_attn.q_proj",
+            "self_attn.k_proj",
+            "self_attn.v_proj",
+            "self_attn.o_proj",
+            "mlp.gate_proj",
+            "mlp.up_proj",
+            "mlp.down_proj",
+        )
+    ]
     # intermediate 72 is not a multiple of 16: the MLP stays bf16, attention converts
     assert not any("mlp" in n for n in float8.fp8_linear_names(_tiny(intermediate_size=72)))
     moe = float8.fp8_linear_names(_tiny("qwen3_moe"))
@@ -109,9 +145,14 @@ def test_fp8_missing_torchao_or_gpu_says_what_is_needed(monkeypatch):
 def test_fp8_trainer_step_through_parallelize_emulated():
     """FSDP2 (one gloo rank) + FP8 linears + chunked head + AdamW: the benchmark's own step."""
     pytest.importorskip("torchao.float8")
-    out = subprocess.run([sys.executable, "benchmarks/trainer_mfu.py", "--tiny", "--fp8", "tensorwise", "--steps", "1",
-                          "--warmup", "1"], cwd=ROOT, capture_output=True, text=True, timeout=300,
-                         env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
+    out = subprocess.run(
+        [sys.executable, "benchmarks/trainer_mfu.py", "--tiny", "--fp8", "tensorwise", "--steps", "1", "--warmup", "1"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "CUDA_VISIBLE_DEVICES": ""},
+    )
     assert out.returncode == 0, out.stderr[-2000:]
     assert "fp8=tensorwise" in out.stdout and "loss=" in out.stdout
 
@@ -127,6 +168,7 @@ def test_fp8_trainer_core_pads_packed_rows_to_16(monkeypatch):
     from rlcore.trainer.core import TrainerCore
     from rlcore.trainer.forward import token_multiple
     from rlcore.types import Sample
+
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         monkeypatch.setenv("MASTER_PORT", str(sock.getsockname()[1]))
@@ -137,10 +179,22 @@ def test_fp8_trainer_core_pads_packed_rows_to_16(monkeypatch):
         assert type(core.model.model.layers[0].mlp.up_proj).__name__ == "Float8Linear"
         seen = []
         core.model.register_forward_pre_hook(lambda m, a, kw: seen.append(kw["input_ids"].shape[1]), with_kwargs=True)
-        samples = [Sample(prompt_ids=[1, 10, 11], completion_ids=[20, 21, 2], logprobs=[-4.6] * 3, versions=[0] * 3,
-                          loss_mask=[1] * 3),
-                   Sample(prompt_ids=[1, 30, 31, 32], completion_ids=[33, 2], logprobs=[-4.6] * 2, versions=[0] * 2,
-                          loss_mask=[1] * 2)]
+        samples = [
+            Sample(
+                prompt_ids=[1, 10, 11],
+                completion_ids=[20, 21, 2],
+                logprobs=[-4.6] * 3,
+                versions=[0] * 3,
+                loss_mask=[1] * 3,
+            ),
+            Sample(
+                prompt_ids=[1, 30, 31, 32],
+                completion_ids=[33, 2],
+                logprobs=[-4.6] * 2,
+                versions=[0] * 2,
+                loss_mask=[1] * 2,
+            ),
+        ]
         result = core.train_step([make_micro_batch(samples, [1.0, -1.0])], normalizer=5.0)
         assert seen == [16]  # 12 real tokens + a 4-token pad sample
         assert result.metrics["loss_tokens"] == 5 and result.metrics["train_tokens"] == 12
@@ -150,6 +204,7 @@ def test_fp8_trainer_core_pads_packed_rows_to_16(monkeypatch):
 
 
 # ---------------------------------------------------------------- vLLM engine plumbing (no vLLM)
+
 
 class _FakeLLM:
     """The few AsyncLLM methods VLLMEngine's weight paths touch."""
@@ -189,6 +244,7 @@ def fake_engine(monkeypatch):
     def make(**kw):
         engines.append(VLLMEngine("/nonexistent", **kw))
         return engines[-1]
+
     yield make
     for e in engines:
         e.shutdown()
@@ -214,7 +270,7 @@ def test_vllm_engine_rpc_load_is_layerwise_when_quantized(fake_engine):
     for quant, layerwise in ((None, False), ("fp8", True)):
         e = fake_engine(quantization=quant)
         e.apply_weights([("w", torch.ones(2))], version=3)
-        (method, kwargs), = e._llm.rpcs
+        ((method, kwargs),) = e._llm.rpcs
         assert method == "rlcore_load_weights" and kwargs["layerwise"] is layerwise and e.policy_version == 3
 
 

@@ -15,18 +15,27 @@ from rlcore.run import main
 GPU = ["trainer.gpus_per_rank=1", "rollout.engine=vllm", "rollout.gpus_per_actor=1"]
 
 
-@pytest.mark.parametrize("overrides,key,text", [
-    ([*GPU, "+rollout.vllm.sampling_kwargs.max_tokens=8"], "rollout.vllm.sampling_kwargs.max_tokens",
-     "rollout.sampling.max_new_tokens"),
-    ([*GPU, "+rollout.vllm.sampling_kwargs.logprobs=5"], "rollout.vllm.sampling_kwargs.logprobs",
-     "the engine sets it"),
-    ([*GPU, "+rollout.vllm.sampling_kwargs.seed=3"], "rollout.vllm.sampling_kwargs.seed", "rollout.request_seeds"),
-    (["+rollout.vllm.sampling_kwargs.ignore_eos=true"], "rollout.vllm.sampling_kwargs", "rollout.engine=vllm"),
-    (["+trainer.env_vars.CUDA_VISIBLE_DEVICES=0"], "trainer.env_vars.CUDA_VISIBLE_DEVICES", "Ray assigns"),
-    (["+rollout.env_vars.RLCORE_ACTOR_CONFIG=x"], "rollout.env_vars.RLCORE_ACTOR_CONFIG", "rlcore's own"),
-    (["+teacher.env_vars.BAD-NAME=1"], "teacher.env_vars.BAD-NAME", "not an environment variable name"),
-    (["+rollout.env_vars.PYTHONPATH=/x"], "rollout.env_vars.PYTHONPATH", "import path"),
-])
+@pytest.mark.parametrize(
+    "overrides,key,text",
+    [
+        (
+            [*GPU, "+rollout.vllm.sampling_kwargs.max_tokens=8"],
+            "rollout.vllm.sampling_kwargs.max_tokens",
+            "rollout.sampling.max_new_tokens",
+        ),
+        (
+            [*GPU, "+rollout.vllm.sampling_kwargs.logprobs=5"],
+            "rollout.vllm.sampling_kwargs.logprobs",
+            "the engine sets it",
+        ),
+        ([*GPU, "+rollout.vllm.sampling_kwargs.seed=3"], "rollout.vllm.sampling_kwargs.seed", "rollout.request_seeds"),
+        (["+rollout.vllm.sampling_kwargs.ignore_eos=true"], "rollout.vllm.sampling_kwargs", "rollout.engine=vllm"),
+        (["+trainer.env_vars.CUDA_VISIBLE_DEVICES=0"], "trainer.env_vars.CUDA_VISIBLE_DEVICES", "Ray assigns"),
+        (["+rollout.env_vars.RLCORE_ACTOR_CONFIG=x"], "rollout.env_vars.RLCORE_ACTOR_CONFIG", "rlcore's own"),
+        (["+teacher.env_vars.BAD-NAME=1"], "teacher.env_vars.BAD-NAME", "not an environment variable name"),
+        (["+rollout.env_vars.PYTHONPATH=/x"], "rollout.env_vars.PYTHONPATH", "import path"),
+    ],
+)
 def test_owned_names_are_refused_naming_the_key(overrides, key, text, capsys, tmp_path):
     assert main([*overrides, f"output_dir={tmp_path}"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
@@ -43,8 +52,13 @@ def test_sampling_kwargs_reach_the_engine_arguments():
 
 
 def test_group_env_vars_join_the_actor_runtime_env():
-    cfg = compose(["+rollout.env_vars.CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=40", "+rollout.env_vars.NCCL_NVLS_ENABLE=1",
-                   "+trainer.env_vars.OMP_NUM_THREADS=2"])
+    cfg = compose(
+        [
+            "+rollout.env_vars.CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=40",
+            "+rollout.env_vars.NCCL_NVLS_ENABLE=1",
+            "+trainer.env_vars.OMP_NUM_THREADS=2",
+        ]
+    )
     assert problems(cfg) == []
     rollout = config_env(cfg, cfg.rollout.env_vars)["env_vars"]
     assert rollout["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "40"

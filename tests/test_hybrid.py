@@ -20,8 +20,9 @@ HYBRIDS = ["tiny_qwen3_next", "tiny_nemotron_h"]
 
 
 def sample(p, c):
-    return Sample(prompt_ids=p, completion_ids=c, logprobs=[-0.5] * len(c), versions=[0] * len(c),
-                  loss_mask=[1] * len(c))
+    return Sample(
+        prompt_ids=p, completion_ids=c, logprobs=[-0.5] * len(c), versions=[0] * len(c), loss_mask=[1] * len(c)
+    )
 
 
 def sharpen(model):
@@ -53,6 +54,7 @@ def test_packed_logprobs_equal_each_sample_alone(name, tmp_path, monkeypatch):
     monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
     monkeypatch.setenv("MASTER_PORT", str(port))
     from rlcore.trainer.core import TrainerCore
+
     core = TrainerCore(compose([f"model={name}", f"output_dir={tmp_path / 'run'}"]), 0, 1)
     try:
         sharpen(core.model)
@@ -76,11 +78,23 @@ def test_packed_logprobs_equal_each_sample_alone(name, tmp_path, monkeypatch):
     assert not torch.allclose(leaky[mask], single[mask], atol=1e-3)
 
 
-BIG = {"tiny_qwen3_next": ["model.arch.hidden_size=512", "model.arch.num_hidden_layers=8",
-                           "model.arch.full_attention_interval=4", "model.arch.linear_key_head_dim=64",
-                           "model.arch.linear_value_head_dim=64", "model.arch.num_experts=16"],
-       "tiny_nemotron_h": ["model.arch.hidden_size=512", "model.arch.mamba_num_heads=16", "model.arch.mamba_head_dim=32",
-                           "model.arch.ssm_state_size=64", "model.arch.n_groups=2"]}
+BIG = {
+    "tiny_qwen3_next": [
+        "model.arch.hidden_size=512",
+        "model.arch.num_hidden_layers=8",
+        "model.arch.full_attention_interval=4",
+        "model.arch.linear_key_head_dim=64",
+        "model.arch.linear_value_head_dim=64",
+        "model.arch.num_experts=16",
+    ],
+    "tiny_nemotron_h": [
+        "model.arch.hidden_size=512",
+        "model.arch.mamba_num_heads=16",
+        "model.arch.mamba_head_dim=32",
+        "model.arch.ssm_state_size=64",
+        "model.arch.n_groups=2",
+    ],
+}
 
 
 @pytest.mark.parametrize("name", HYBRIDS)
@@ -88,9 +102,10 @@ BIG = {"tiny_qwen3_next": ["model.arch.hidden_size=512", "model.arch.num_hidden_
 def test_memory_plan_counts_parameters_and_recurrent_state(name, bigger):
     """The planner's parameter count and per-sequence recurrent state equal the real model's and
     what its cache holds after a forward (conv windows counted at 2 bytes, matrices at 4)."""
+    from transformers import DynamicCache
+
     from rlcore.plan.hybrid_memory import recurrent_state_bytes
     from rlcore.plan.memory import CHAR_VOCAB_BOUND, _arch, engine_min_bytes, max_sequences_per_engine, param_count
-    from transformers import DynamicCache
 
     cfg = compose([f"model={name}", *(BIG[name] if bigger else [])])
     tok = build_tokenizer(cfg.model)
@@ -103,12 +118,16 @@ def test_memory_plan_counts_parameters_and_recurrent_state(name, bigger):
     cache = DynamicCache(config=model.config)
     with torch.no_grad():
         model(input_ids=torch.tensor([[1, 5, 6, 7, 8]]), use_cache=True, cache=cache)
-    held = sum(layer.conv_states[0].numel() * 2 + layer.recurrent_states[0].numel() * 4
-               for layer in cache.layers if hasattr(layer, "conv_states"))
+    held = sum(
+        layer.conv_states[0].numel() * 2 + layer.recurrent_states[0].numel() * 4
+        for layer in cache.layers
+        if hasattr(layer, "conv_states")
+    )
     assert held > 0 and recurrent_state_bytes(_arch(cfg)) == held
     dense = compose(["model=tiny_char"])
-    assert engine_min_bytes(cfg) - 2 * param_count(cfg) - (engine_min_bytes(dense) - 2 * param_count(dense)) \
-        == held * max_sequences_per_engine(cfg)
+    assert engine_min_bytes(cfg) - 2 * param_count(cfg) - (
+        engine_min_bytes(dense) - 2 * param_count(dense)
+    ) == held * max_sequences_per_engine(cfg)
 
 
 def test_concurrent_generations_keep_their_own_state():
@@ -131,6 +150,7 @@ def test_concurrent_generations_keep_their_own_state():
     def go(i):
         p, s = calls[i]
         together[i] = eng.generate(p, SamplingParams(max_new_tokens=12, temperature=1.0, seed=s))
+
     threads = [threading.Thread(target=go, args=(i,)) for i in range(2)]
     for t in threads:
         t.start()

@@ -12,14 +12,28 @@ from rlcore.plan.compose import compose
 
 pytestmark = pytest.mark.integration
 
-REQUIRED = {"step", "reward_mean", "loss", "entropy", "mismatch_kl", "policy_version", "max_staleness",
-            "tokens_per_s", "step_time_s", "samples_generated", "samples_trained", "samples_dropped_stale",
-            "samples_failed", "samples_in_flight"}
+REQUIRED = {
+    "step",
+    "reward_mean",
+    "loss",
+    "entropy",
+    "mismatch_kl",
+    "policy_version",
+    "max_staleness",
+    "tokens_per_s",
+    "step_time_s",
+    "samples_generated",
+    "samples_trained",
+    "samples_dropped_stale",
+    "samples_failed",
+    "samples_in_flight",
+}
 
 
 @pytest.fixture(scope="module")
 def ray_cluster():
     import ray
+
     ray.init(num_cpus=2, include_dashboard=False, logging_level="WARNING")
     yield ray
     ray.shutdown()
@@ -29,13 +43,22 @@ def test_fsdp_two_ranks_weights_reach_engine(ray_cluster, tmp_path):
     """Two FSDP2 ranks (gloo) train; after every sync the engine holds exactly the trainer's
     full weights, and the accounting identity holds."""
     from actors.driver import Driver
-    from rlcore.report.metrics import MetricsLogger
     from rlcore.models.build import build_model, build_tokenizer
+    from rlcore.report.metrics import MetricsLogger
     from rlcore.types import Task
 
-    cfg = compose([f"output_dir={tmp_path}", "steps=2", "trainer.world_size=2", "trainer.cpus_per_rank=0.5",
-                   "sft.warmup_steps=0",
-                   "algo.batch_groups=4", "rollout.tasks_per_request=4", "logger.console=false"])
+    cfg = compose(
+        [
+            f"output_dir={tmp_path}",
+            "steps=2",
+            "trainer.world_size=2",
+            "trainer.cpus_per_rank=0.5",
+            "sft.warmup_steps=0",
+            "algo.batch_groups=4",
+            "rollout.tasks_per_request=4",
+            "logger.console=false",
+        ]
+    )
     driver = Driver(cfg)
     try:
         driver.setup()
@@ -58,12 +81,16 @@ def test_fsdp_two_ranks_weights_reach_engine(ray_cluster, tmp_path):
         fresh = build_model(cfg.model, build_tokenizer(cfg.model)).state_dict()
         assert sum(not torch.equal(fresh[n], t) for n, t in trainer_state.items() if n in fresh) > 0
         # a generate request after the sync carries the new version on every token
-        groups = ray.get(driver.groups.rollouts[0].generate_groups.remote(
-            [Task(id="x", messages=[{"role": "user", "content": "abc"}], answer="cba")], 2), timeout=60)
+        groups = ray.get(
+            driver.groups.rollouts[0].generate_groups.remote(
+                [Task(id="x", messages=[{"role": "user", "content": "abc"}], answer="cba")], 2
+            ),
+            timeout=60,
+        )
         assert {v for s in groups[0].samples for v in s.versions} == {2}
         # refs, not data: the driver fetches a request's metadata only; the token data it owns
         # outlives the rollout actor that made it (a trainer rank reads it after a restart)
-        tasks = [Task(id=f"y{i}", messages=[{"role": "user", "content": "abcd"[:i + 2]}], answer="") for i in range(2)]
+        tasks = [Task(id=f"y{i}", messages=[{"role": "user", "content": "abcd"[: i + 2]}], answer="") for i in range(2)]
         stream = Stream(0, tasks, 3, 0.0, launch_stream(driver.groups.rollouts[0], tasks, 3, seed=1), [0, 1], 0)
         metas, ended = [], None
         for _ in range(600):  # read as the driver does, until the stream ends (60 s at most)
@@ -78,19 +105,25 @@ def test_fsdp_two_ranks_weights_reach_engine(ray_cluster, tmp_path):
         ray.kill(driver.groups.rollouts[0], no_restart=True)
         data = ray.get(data_refs, timeout=60)
         assert [len(d) for d in data] == [len(m.samples) for m in metas] == [3, 3]
-        assert [[(s.completion_len, s.loss_tokens) for s in m.samples] for m in metas] == \
-            [[(len(s.completion_ids), sum(s.loss_mask)) for s in d] for d in data]
+        assert [[(s.completion_len, s.loss_tokens) for s in m.samples] for m in metas] == [
+            [(len(s.completion_ids), sum(s.loss_mask)) for s in d] for d in data
+        ]
         last = history[-1]
-        assert last["samples_generated"] == (last["samples_trained"] + last["samples_dropped_stale"]
-                                             + last["samples_failed"] + last["samples_in_flight"])
+        assert last["samples_generated"] == (
+            last["samples_trained"] + last["samples_dropped_stale"] + last["samples_failed"] + last["samples_in_flight"]
+        )
     finally:
         driver.shutdown()
 
 
 def test_cli_run_writes_metrics(tmp_path):
     out = tmp_path / "run"
-    proc = subprocess.run([sys.executable, "-m", "rlcore.run", "steps=3", f"output_dir={out}", "profile.steps=[2]"],
-                          capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-m", "rlcore.run", "steps=3", f"output_dir={out}", "profile.steps=[2]"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2, 3]
@@ -101,8 +134,9 @@ def test_cli_run_writes_metrics(tmp_path):
         assert list((out / "profile" / source).glob("step2*.json.gz")), source
     assert "profile: step 2, " in proc.stdout and "(2 of 2 processes recorded in it)" in proc.stdout
     assert "trainer rank 0" in proc.stdout and "engine 0" in proc.stdout  # CPU ops of each (no GPU here)
-    again = subprocess.run([sys.executable, "-m", "rlcore.timeline", str(out)], capture_output=True, text=True,
-                           timeout=120)
+    again = subprocess.run(
+        [sys.executable, "-m", "rlcore.timeline", str(out)], capture_output=True, text=True, timeout=120
+    )
     assert again.returncode == 0 and "profile: step 2, " in again.stdout, again.stderr
     for r in rows:
         assert REQUIRED <= set(r), REQUIRED - set(r)
@@ -114,15 +148,22 @@ def test_cli_run_writes_metrics(tmp_path):
     # the next step and is logged with the sync after it (its version named), the last at the end
     checked = [r for r in rows if "canary_mean_gap" in r]
     assert [r["canary_version"] for r in checked] == [r["policy_version"] - 1 for r in rows[1:]], checked
-    assert all(r["canary_mean_gap"] <= r["canary_mean_limit"] and r["canary_max_gap"] <= r["canary_max_limit"]
-               for r in checked)
+    assert all(
+        r["canary_mean_gap"] <= r["canary_mean_limit"] and r["canary_max_gap"] <= r["canary_max_limit"] for r in checked
+    )
     assert len({r["canary_mean_limit"] for r in checked}) == 1
     assert "canary bounds mean gap" in proc.stdout
     assert (out / "config.yaml").exists()
     # the console: start-up phases, step lines with grad_norm, the summary; no Ray noise
     console = proc.stdout + proc.stderr
-    for phase in ("starting Ray", "placing actors", "starting the trainer", "starting the rollout engine",
-                  "first weight sync", "canary calibrated on the sync to version"):
+    for phase in (
+        "starting Ray",
+        "placing actors",
+        "starting the trainer",
+        "starting the rollout engine",
+        "first weight sync",
+        "canary calibrated on the sync to version",
+    ):
         assert f"rlcore: {phase}" in console, phase
     assert "grad_norm" in proc.stdout and "rlcore: done: 3 steps" in proc.stdout
     assert "  start-up " in proc.stdout and "  reward " in proc.stdout
@@ -135,9 +176,21 @@ def test_cli_run_writes_metrics(tmp_path):
 def test_recipe_rl_steps_through_full_loop(recipe, tmp_path):
     """A few RL steps of a single-turn and a multi-turn builtin environment through the CLI."""
     out = tmp_path / recipe
-    proc = subprocess.run([sys.executable, "-m", "rlcore.run", f"+recipe={recipe}", "steps=2", "sft.warmup_steps=0",
-                           "checkpoint.save_final=false", f"output_dir={out}"],
-                          capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "rlcore.run",
+            f"+recipe={recipe}",
+            "steps=2",
+            "sft.warmup_steps=0",
+            "checkpoint.save_final=false",
+            f"output_dir={out}",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2]

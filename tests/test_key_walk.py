@@ -25,9 +25,13 @@ def test_the_staleness_bound_is_read_in_a_bounded_set_of_places():
     `rlcore.batch.staleness`, handed the number), the weight sync's canary, and the plan's
     memory, placement and printed plan."""
     assert functions("algo.max_off_policy_steps") <= {
-        "actors/driver.py:Driver.__init__", "actors/driver.py:Driver.launch", "actors/weights.py:WeightSync.check_canary",
-        "rlcore/plan/memory.py:max_sequences_per_engine", "rlcore/plan/placement.py:placement_problems",
-        "rlcore/plan/layout.py:format_plan"}
+        "actors/driver.py:Driver.__init__",
+        "actors/driver.py:Driver.launch",
+        "actors/weights.py:WeightSync.check_canary",
+        "rlcore/plan/memory.py:max_sequences_per_engine",
+        "rlcore/plan/placement.py:placement_problems",
+        "rlcore/plan/layout.py:format_plan",
+    }
 
 
 def test_every_key_of_the_schema_is_read_somewhere():
@@ -39,7 +43,7 @@ def test_every_key_of_the_schema_is_read_somewhere():
 
 
 def test_the_walk_follows_aliases_typed_parameters_and_members():
-    source = '''
+    source = """
 from rlcore.config import RolloutConfig
 
 def a(cfg):
@@ -54,7 +58,7 @@ class C:
         self.pd = cfg.rollout.pd
     def d(self, other):
         return self.pd.retry_after_s + other.max_requests_per_actor
-'''
+"""
     reads = {k: [f"{s.function}:{s.line}" for s in v] for k, v in module_reads(source, "x.py").items()}
     assert reads["rollout.max_requests_per_actor"] == ["a:6"]  # not `other.` (an unknown object)
     assert reads["rollout.tasks_per_request"] == ["b:9"]

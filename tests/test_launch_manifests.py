@@ -93,9 +93,7 @@ def _list_type(validator, list_type, instance, schema) -> Iterator[jsonschema.Va
             # A key left out takes its schema default (e.g. a port's protocol is TCP).
             ident = tuple(item.get(k, item_props.get(k, {}).get("default")) for k in keys)
             if ident in seen:
-                yield jsonschema.ValidationError(
-                    f"duplicate entry {dict(zip(keys, ident))} in a list keyed by {keys}"
-                )
+                yield jsonschema.ValidationError(f"duplicate entry {dict(zip(keys, ident))} in a list keyed by {keys}")
             seen.add(ident)
 
 

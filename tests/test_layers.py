@@ -21,9 +21,14 @@ CONTRACTS = [c["id"] for c in tomllib.loads((REPO / "pyproject.toml").read_text(
 
 def lint(contract: str, root: Path = REPO) -> subprocess.CompletedProcess:
     """`lint-imports` for one contract of `root`'s pyproject.toml, on the packages under `root`."""
-    return subprocess.run([str(LINT_IMPORTS), str(root / "pyproject.toml"), "--contract", contract,
-                           "--no-cache"], cwd=root, env={"PYTHONPATH": str(root), "PATH": ""},
-                          capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [str(LINT_IMPORTS), str(root / "pyproject.toml"), "--contract", contract, "--no-cache"],
+        cwd=root,
+        env={"PYTHONPATH": str(root), "PATH": ""},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 def test_every_contract_is_checked_here():
@@ -49,38 +54,80 @@ def copy_of_the_packages(tmp_path_factory) -> Path:
 
 PLANTED = {  # id: (contract, {file: text appended, the file created if new}, the import the report names)
     "core-imports-ray": ("core-below-ray", {"rlcore/planted.py": "import ray\n"}, "rlcore.planted -> ray"),
-    "config-imports-actors": ("core-below-ray", {"rlcore/config/planted.py": "from actors import remote\n"},
-                              "rlcore.config.planted -> actors.remote"),
-    "core-imports-actors-indirectly": ("core-below-ray", {"rlcore/planted.py": "from rlcore.batch import packing\n",
-                                                          "rlcore/batch/packing.py": "\nfrom actors import remote\n"},
-                                       "rlcore.batch.packing -> actors.remote"),
-    "actors-import-run": ("nothing-imports-run", {"actors/planted.py": "from rlcore import run\n"},
-                          "actors.planted -> rlcore.run"),
-    "core-imports-run": ("nothing-imports-run", {"rlcore/planted.py": "import rlcore.run\n"},
-                         "rlcore.planted -> rlcore.run"),
-    "algo-imports-engine": ("step-and-algo-pure", {"rlcore/algo/planted.py": "from rlcore.engine import registry\n"},
-                            "rlcore.algo.planted -> rlcore.engine.registry"),
-    "transfer-imports-engine": ("engine-transfer-independent",
-                                {"rlcore/transfer/planted.py": "from rlcore.engine import base\n"},
-                                "rlcore.transfer.planted -> rlcore.engine.base"),
-    "engine-imports-transfer": ("engine-transfer-independent",
-                                {"rlcore/engine/planted.py": "from rlcore.transfer import plan\n"},
-                                "rlcore.engine.planted -> rlcore.transfer.plan"),
-    "step-imports-trainer": ("step-and-algo-pure", {"rlcore/batch/step.py": "\nfrom rlcore.trainer import core\n"},
-                             "rlcore.batch.step -> rlcore.trainer.core"),
-    "serving-imports-envs": ("serving-without-envs", {"rlcore/serving/planted.py": "import rlcore.envs\n"},
-                             "rlcore.serving.planted -> rlcore.envs"),
+    "config-imports-actors": (
+        "core-below-ray",
+        {"rlcore/config/planted.py": "from actors import remote\n"},
+        "rlcore.config.planted -> actors.remote",
+    ),
+    "core-imports-actors-indirectly": (
+        "core-below-ray",
+        {
+            "rlcore/planted.py": "from rlcore.batch import packing\n",
+            "rlcore/batch/packing.py": "\nfrom actors import remote\n",
+        },
+        "rlcore.batch.packing -> actors.remote",
+    ),
+    "actors-import-run": (
+        "nothing-imports-run",
+        {"actors/planted.py": "from rlcore import run\n"},
+        "actors.planted -> rlcore.run",
+    ),
+    "core-imports-run": (
+        "nothing-imports-run",
+        {"rlcore/planted.py": "import rlcore.run\n"},
+        "rlcore.planted -> rlcore.run",
+    ),
+    "algo-imports-engine": (
+        "step-and-algo-pure",
+        {"rlcore/algo/planted.py": "from rlcore.engine import registry\n"},
+        "rlcore.algo.planted -> rlcore.engine.registry",
+    ),
+    "transfer-imports-engine": (
+        "engine-transfer-independent",
+        {"rlcore/transfer/planted.py": "from rlcore.engine import base\n"},
+        "rlcore.transfer.planted -> rlcore.engine.base",
+    ),
+    "engine-imports-transfer": (
+        "engine-transfer-independent",
+        {"rlcore/engine/planted.py": "from rlcore.transfer import plan\n"},
+        "rlcore.engine.planted -> rlcore.transfer.plan",
+    ),
+    "step-imports-trainer": (
+        "step-and-algo-pure",
+        {"rlcore/batch/step.py": "\nfrom rlcore.trainer import core\n"},
+        "rlcore.batch.step -> rlcore.trainer.core",
+    ),
+    "serving-imports-envs": (
+        "serving-without-envs",
+        {"rlcore/serving/planted.py": "import rlcore.envs\n"},
+        "rlcore.serving.planted -> rlcore.envs",
+    ),
     # the layers contract, one plant per boundary: each layer importing the one above it
-    "config-imports-a-core-package": ("layers", {"rlcore/config/planted.py": "from rlcore.batch import packing\n"},
-                                      "rlcore.config.planted -> rlcore.batch.packing"),
-    "core-imports-plan": ("layers", {"rlcore/envs/planted.py": "from rlcore.plan import validate\n"},
-                          "rlcore.envs.planted -> rlcore.plan.validate"),
-    "plan-imports-actors": ("layers", {"rlcore/plan/planted.py": "from actors import remote\n"},
-                            "rlcore.plan.planted -> actors.remote"),
-    "actors-import-an-entry-point": ("layers", {"actors/planted.py": "import rlcore.mismatch\n"},
-                                     "actors.planted -> rlcore.mismatch"),
-    "an-entry-point-imports-the-other": ("layers", {"rlcore/mismatch.py": "\nimport rlcore.run\n"},
-                                         "rlcore.mismatch -> rlcore.run"),
+    "config-imports-a-core-package": (
+        "layers",
+        {"rlcore/config/planted.py": "from rlcore.batch import packing\n"},
+        "rlcore.config.planted -> rlcore.batch.packing",
+    ),
+    "core-imports-plan": (
+        "layers",
+        {"rlcore/envs/planted.py": "from rlcore.plan import validate\n"},
+        "rlcore.envs.planted -> rlcore.plan.validate",
+    ),
+    "plan-imports-actors": (
+        "layers",
+        {"rlcore/plan/planted.py": "from actors import remote\n"},
+        "rlcore.plan.planted -> actors.remote",
+    ),
+    "actors-import-an-entry-point": (
+        "layers",
+        {"actors/planted.py": "import rlcore.mismatch\n"},
+        "actors.planted -> rlcore.mismatch",
+    ),
+    "an-entry-point-imports-the-other": (
+        "layers",
+        {"rlcore/mismatch.py": "\nimport rlcore.run\n"},
+        "rlcore.mismatch -> rlcore.run",
+    ),
 }
 
 
@@ -109,15 +156,21 @@ def test_the_copy_without_a_plant_keeps_the_contracts_the_real_tree_keeps(copy_o
 
 
 def layered_modules() -> set[str]:
-    layers = next(c for c in tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["importlinter"]["contracts"]
-                  if c["id"] == "layers")["layers"]
+    layers = next(
+        c
+        for c in tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["importlinter"]["contracts"]
+        if c["id"] == "layers"
+    )["layers"]
     return {m.strip() for layer in layers for m in layer.replace("|", ":").split(":")}
 
 
 def test_every_module_of_rlcore_is_in_a_layer():
     """A new package or top-level module must be placed in the house, or the contract misses it."""
-    children = {f"rlcore.{p.stem}" for p in (REPO / "rlcore").iterdir()
-                if (p.suffix == ".py" and p.stem != "__init__") or (p.is_dir() and p.name != "__pycache__")}
+    children = {
+        f"rlcore.{p.stem}"
+        for p in (REPO / "rlcore").iterdir()
+        if (p.suffix == ".py" and p.stem != "__init__") or (p.is_dir() and p.name != "__pycache__")
+    }
     assert children - layered_modules() == set()
     assert layered_modules() - children - {"actors"} == set()  # and names nothing that is gone
 
@@ -144,8 +197,9 @@ def package_graph(root: Path) -> dict[str, set[str]]:
             for name in names:
                 if name.split(".")[0] in ("rlcore", "actors") and name != "rlcore":
                     target = package_of(name)
-                    exists = (root / (target.replace(".", "/") + ".py")).exists() or \
-                        (root / target.replace(".", "/")).is_dir()
+                    exists = (root / (target.replace(".", "/") + ".py")).exists() or (
+                        root / target.replace(".", "/")
+                    ).is_dir()
                     if target != source and exists:
                         graph.setdefault(source, set()).add(target)
     return graph

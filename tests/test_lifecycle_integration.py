@@ -9,23 +9,33 @@ from pathlib import Path
 import pytest
 import torch
 
-from rlcore.report.metrics import MetricsLogger
 from rlcore.plan.compose import compose
-from rlcore.run import make_runner, prepare
 from rlcore.plan.validate import validate
+from rlcore.report.metrics import MetricsLogger
+from rlcore.run import make_runner, prepare
 
 pytestmark = pytest.mark.integration
 
-SYNC = ["algo.max_off_policy_steps=0", "algo.batch_groups=4", "algo.group_size=4",
-        # two requests per step run concurrently on the one actor: sampling must not depend on
-        # their interleaving
-        "rollout.tasks_per_request=2", "rollout.sampling.max_new_tokens=8", "logger.console=false",
-        "eval.every_n_steps=2", "eval.num_tasks=4", "eval.samples_per_task=4", "eval.k=[1,4]"]
+SYNC = [
+    "algo.max_off_policy_steps=0",
+    "algo.batch_groups=4",
+    "algo.group_size=4",
+    # two requests per step run concurrently on the one actor: sampling must not depend on
+    # their interleaving
+    "rollout.tasks_per_request=2",
+    "rollout.sampling.max_new_tokens=8",
+    "logger.console=false",
+    "eval.every_n_steps=2",
+    "eval.num_tasks=4",
+    "eval.samples_per_task=4",
+    "eval.k=[1,4]",
+]
 
 
 @pytest.fixture(scope="module")
 def ray_cluster():
     import ray
+
     ray.init(num_cpus=2, include_dashboard=False, logging_level="WARNING")
     yield ray
     ray.shutdown()
@@ -98,18 +108,21 @@ def test_sft_lowers_loss_exports_and_warm_starts_rl(ray_cluster, tmp_path):
     higher reward than one started from the random initialisation."""
     from transformers import AutoModelForCausalLM
 
-    from rlcore.storage import checkpoint as ckpt
     from rlcore.envs import make_env
     from rlcore.models.build import build_model, build_tokenizer
+    from rlcore.storage import checkpoint as ckpt
 
     env = make_env("reverse_text", {"alphabet": "abcdefgh", "min_len": 3, "max_len": 6}, 0)
     data = tmp_path / "chat.jsonl"
-    lines = [json.dumps({"messages": [*t.messages, {"role": "assistant", "content": t.answer}]})
-             for t in (env.make_task(i, "train") for i in range(512))]
+    lines = [
+        json.dumps({"messages": [*t.messages, {"role": "assistant", "content": t.answer}]})
+        for t in (env.make_task(i, "train") for i in range(512))
+    ]
     data.write_text("\n".join([lines[0], '{"messages": [', *lines[1:]]) + "\n")
     sft_out = tmp_path / "sft"
-    history = run(["+recipe=reverse_text_sft", f"output_dir={sft_out}", f"sft.dataset={data}", "steps=40",
-                   "logger.console=false"])
+    history = run(
+        ["+recipe=reverse_text_sft", f"output_dir={sft_out}", f"sft.dataset={data}", "steps=40", "logger.console=false"]
+    )
     losses = [h["loss"] for h in history]
     assert sum(losses[-5:]) / 5 < losses[0] - 0.3, losses
 
@@ -127,22 +140,30 @@ def test_sft_lowers_loss_exports_and_warm_starts_rl(ray_cluster, tmp_path):
     assert build_tokenizer(auto.model)("u:abc").input_ids == build_tokenizer(cfg.model)("u:abc").input_ids
 
     base = run(["+recipe=reverse_text", f"output_dir={tmp_path / 'rl0'}", "steps=1", "logger.console=false"])
-    warm = run(["+recipe=reverse_text", f"output_dir={tmp_path / 'rl1'}", "steps=1", "logger.console=false",
-                f"model.path={hf}"])
+    warm = run(
+        [
+            "+recipe=reverse_text",
+            f"output_dir={tmp_path / 'rl1'}",
+            "steps=1",
+            "logger.console=false",
+            f"model.path={hf}",
+        ]
+    )
     assert warm[0]["reward_mean"] > base[0]["reward_mean"] + 0.1, (base[0]["reward_mean"], warm[0]["reward_mean"])
 
 
 def test_a_full_disk_while_a_row_is_written_stops_with_one_line_and_resume_reads_every_step_once(
-        ray_cluster, tmp_path, capped_disk, monkeypatch):
+    ray_cluster, tmp_path, capped_disk, monkeypatch
+):
     """The disk of `output_dir` (a real 8 MiB tmpfs) fills just before step 3's row: the run stops
     with one error naming metrics.jsonl, "no space left on device" and the resume hint, and leaves
     no half row; with space again, `resume=true` reads back steps 1..4 once, every line JSON."""
     from actors.remote import RunError
     from tests.conftest import fill_disk
+
     out = capped_disk("8m")
     ckpts = tmp_path / "ckpts"  # checkpoints beside, on a disk with room
-    overrides = [*SYNC, "eval.every_n_steps=0", f"output_dir={out}", f"checkpoint.dir={ckpts}",
-                 "checkpoint.interval=1"]
+    overrides = [*SYNC, "eval.every_n_steps=0", f"output_dir={out}", f"checkpoint.dir={ckpts}", "checkpoint.interval=1"]
     log_row = MetricsLogger.log
     filled = []
 

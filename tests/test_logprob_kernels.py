@@ -59,7 +59,9 @@ print("RESULT " + json.dumps({"errors": out, "calls": calls}))
 def test_logprob_kernels_match_float64_in_triton_interpreter():
     pytest.importorskip("triton")
     env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    proc = subprocess.run([sys.executable, "-c", _SCRIPT], cwd=ROOT, capture_output=True, text=True, timeout=300, env=env)
+    proc = subprocess.run(
+        [sys.executable, "-c", _SCRIPT], cwd=ROOT, capture_output=True, text=True, timeout=300, env=env
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     res = json.loads(proc.stdout.split("RESULT ", 1)[1])
     # 4 runs x 3 chunks each way (+ 4 no-grad forwards): the kernels ran, not the torch fallback

@@ -14,8 +14,8 @@ from omegaconf import OmegaConf
 
 from rlcore.algo import validate_algo
 from rlcore.algo.losses import LOSSES, LossInputs, loss_normalizer, policy_loss, ppo_clip_loss
-from rlcore.config.bounds import field_problems
 from rlcore.config import AlgoConfig, CispoOptions, DapoOptions, DrGrpoOptions, GspoOptions
+from rlcore.config.bounds import field_problems
 
 LN = math.log
 

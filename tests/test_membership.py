@@ -65,6 +65,7 @@ def test_capacity_that_is_gone_is_said_at_once_and_named_by_the_restart_deadline
     import pytest
 
     from actors.remote import RunError
+
     gone = "no alive node has the label rlcore-group=rollout the rollout group asks for"
     m = Members([object(), object()], restart_timeout_s=0.3, capacity=lambda: gone)
     m.lost(0, launched_at=1.0)
@@ -75,6 +76,7 @@ def test_capacity_that_is_gone_is_said_at_once_and_named_by_the_restart_deadline
     lines = [r.getMessage() for r in caplog.records]
     assert len(lines) == 1 and gone in lines[0] and "rollout actor(s) 0" in lines[0] and "0s" in lines[0], lines
     time.sleep(0.4)
-    with pytest.raises(RunError, match="rollout actor 0 could not be restarted: no alive node has the label "
-                                       "rlcore-group=rollout"):
+    with pytest.raises(
+        RunError, match="rollout actor 0 could not be restarted: no alive node has the label rlcore-group=rollout"
+    ):
         m.poll()

@@ -5,13 +5,25 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from rlcore.plan.memory import (GIB, MAX_ENGINE_FRACTION, colocated_engine_fraction, engine_min_bytes,
-                                memory_problems, param_count, trainer_memory)
 from rlcore.models.build import build_tokenizer, random_model_config
 from rlcore.plan.compose import compose
+from rlcore.plan.memory import (
+    GIB,
+    MAX_ENGINE_FRACTION,
+    colocated_engine_fraction,
+    engine_min_bytes,
+    memory_problems,
+    param_count,
+    trainer_memory,
+)
 
-SHAPE_4B = ["model.arch.hidden_size=2560", "model.arch.intermediate_size=9728", "model.arch.num_hidden_layers=36",
-            "model.arch.num_attention_heads=32", "model.arch.num_key_value_heads=8"]
+SHAPE_4B = [
+    "model.arch.hidden_size=2560",
+    "model.arch.intermediate_size=9728",
+    "model.arch.num_hidden_layers=36",
+    "model.arch.num_attention_heads=32",
+    "model.arch.num_key_value_heads=8",
+]
 H200 = int(139.8 * GIB)
 
 
@@ -44,7 +56,15 @@ def test_engine_share_and_fit():
     assert share * H200 > engine_min_bytes(big)
     assert (trainer_memory(big).peak + share * H200) < H200
     assert memory_problems(small, H200) == []
-    asleep = compose(["model=qwen3_06b_char", *SHAPE_4B, "rollout.engine=vllm", "rollout.vllm.sleep_level=2", "algo.max_off_policy_steps=0"])
+    asleep = compose(
+        [
+            "model=qwen3_06b_char",
+            *SHAPE_4B,
+            "rollout.engine=vllm",
+            "rollout.vllm.sleep_level=2",
+            "algo.max_off_policy_steps=0",
+        ]
+    )
     assert colocated_engine_fraction(asleep, H200) > share  # a sleeping engine sits beside the resident part
     too_small = memory_problems(big, 40 * GIB)
     assert len(too_small) == 1 and "do not fit" in too_small[0][1] and "40.0 GiB GPU" in too_small[0][1]

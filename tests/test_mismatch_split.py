@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from rlcore.algo.losses import LossInputs, policy_loss
-from rlcore.config import AlgoConfig
 from rlcore.batch.step import RankWork, rank_sample_versions
+from rlcore.config import AlgoConfig
 from rlcore.trainer.core import step_metrics
 from rlcore.types import Sample
 
@@ -25,8 +25,13 @@ def test_the_loss_metrics_split_the_mismatch_by_version():
     # rho = old / behaviour = [1.1, 2, 0.5, 9]; token 3 is off the loss mask; tokens 0 and 2 fresh
     logp = torch.tensor([-1.0, -1.0, -1.0, -1.0])
     behaviour = logp - torch.tensor([LN(1.1), LN(2.0), LN(0.5), LN(9.0)])
-    inp = LossInputs(logp, behaviour, torch.ones(4), torch.tensor([1.0, 1.0, 1.0, 0.0]),
-                     same_version=torch.tensor([True, False, True, True]))
+    inp = LossInputs(
+        logp,
+        behaviour,
+        torch.ones(4),
+        torch.tensor([1.0, 1.0, 1.0, 0.0]),
+        same_version=torch.tensor([True, False, True, True]),
+    )
     _, m = policy_loss(inp, AlgoConfig(), 3.0)
     assert m["engine_mismatch_kl_sum"].item() == pytest.approx(k3(1.1) + k3(0.5), abs=1e-5)
     assert m["staleness_kl_sum"].item() == pytest.approx(k3(2.0), abs=1e-5)
@@ -37,8 +42,16 @@ def test_the_loss_metrics_split_the_mismatch_by_version():
 
 
 def test_step_metrics_average_each_part_over_its_own_tokens():
-    totals = {"loss": 0.1, "entropy": 8.0, "tokens": 20.0, "loss_tokens": 8.0, "mismatch_kl_sum": 4.0,
-              "engine_mismatch_kl_sum": 0.03, "staleness_kl_sum": 3.97, "same_version_frac": 3.0}
+    totals = {
+        "loss": 0.1,
+        "entropy": 8.0,
+        "tokens": 20.0,
+        "loss_tokens": 8.0,
+        "mismatch_kl_sum": 4.0,
+        "engine_mismatch_kl_sum": 0.03,
+        "staleness_kl_sum": 3.97,
+        "same_version_frac": 3.0,
+    }
     out = step_metrics(totals, {}, 1.0, 0.5)
     assert out["engine_mismatch_kl"] == pytest.approx(0.01)  # 0.03 over the 3 fresh tokens
     assert out["staleness_kl"] == pytest.approx(3.97 / 5)  # over the 5 stale ones

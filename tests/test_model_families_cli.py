@@ -11,8 +11,14 @@ import pytest
 
 pytestmark = pytest.mark.integration
 
-SMALL = ["steps=2", "sft.warmup_steps=0", "algo.batch_groups=2", "algo.group_size=4", "rollout.tasks_per_request=2",
-         "checkpoint.save_final=false"]
+SMALL = [
+    "steps=2",
+    "sft.warmup_steps=0",
+    "algo.batch_groups=2",
+    "algo.group_size=4",
+    "rollout.tasks_per_request=2",
+    "checkpoint.save_final=false",
+]
 IMAGES = ["+recipe=shape_count", "env.args.image_size=64", "env.args.cell=16"]  # 16-px patches, 2x2 merge
 RUNS = {
     "qwen3_next": ["model=tiny_qwen3_next"],  # Gated DeltaNet + attention + MoE with a shared expert
@@ -24,8 +30,12 @@ RUNS = {
 
 
 def run(args, tmp_path, timeout=300):
-    return subprocess.run([sys.executable, "-m", "rlcore.run", *args, f"output_dir={tmp_path / 'run'}"],
-                          capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "rlcore.run", *args, f"output_dir={tmp_path / 'run'}"],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 @pytest.mark.parametrize("family", list(RUNS))
@@ -36,8 +46,13 @@ def test_family_rl_steps_through_cli(family, tmp_path):
     assert [r["step"] for r in rows] == [1, 2]
     for r in rows:
         assert r["batch_samples"] > 0 and r["loss_tokens"] > 0 and r["samples_failed"] == 0, r
-        assert r["samples_generated"] == (r["samples_trained"] + r["samples_dropped_stale"] + r["samples_failed"]
-                                          + r["samples_in_flight"] + r.get("samples_filtered", 0)), r
+        assert r["samples_generated"] == (
+            r["samples_trained"]
+            + r["samples_dropped_stale"]
+            + r["samples_failed"]
+            + r["samples_in_flight"]
+            + r.get("samples_filtered", 0)
+        ), r
     # trainer and engine compute the same function: the first sync's canary gap is arithmetic only
     assert "canary calibrated" in proc.stdout + proc.stderr
     assert rows[0]["engine_mismatch_kl"] < 1e-3, rows[0]

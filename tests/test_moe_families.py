@@ -86,12 +86,15 @@ def test_a_packed_row_gives_each_sample_its_own_logprobs(name):
     apply_expert_parallel(model, None)
     install_logprob_head(model, 0)
     g = torch.Generator().manual_seed(4)
-    samples = [Sample(torch.randint(1, len(tok), (n,), generator=g).tolist(), [7, 8, 9, 10], [0.0] * 4, [0] * 4,
-                      [1] * 4) for n in (30, 21)]  # past the 16-token sliding window
+    samples = [
+        Sample(torch.randint(1, len(tok), (n,), generator=g).tolist(), [7, 8, 9, 10], [0.0] * 4, [0] * 4, [1] * 4)
+        for n in (30, 21)
+    ]  # past the 16-token sliding window
     with torch.no_grad():
         packed, _ = forward_logprobs(model, make_micro_batch(samples, [1.0, 1.0]), 1.0, None, torch.device("cpu"))
-        alone = [forward_logprobs(model, make_micro_batch([s], [1.0]), 1.0, None, torch.device("cpu"))[0]
-                 for s in samples]
+        alone = [
+            forward_logprobs(model, make_micro_batch([s], [1.0]), 1.0, None, torch.device("cpu"))[0] for s in samples
+        ]
     torch.testing.assert_close(packed, torch.cat(alone), atol=1e-5, rtol=1e-5)
     router_metrics(model)
 
@@ -115,8 +118,10 @@ def test_replay_agreement_is_one_on_shared_weights(name):
     layers = cfg.arch["num_hidden_layers"]
     for p, g in zip(prompts, gens):
         assert g.routed_experts.shape == (len(p) + len(g.token_ids) - 1, layers, 2)
-    samples = [Sample(p, g.token_ids, g.logprobs, g.versions, [1] * len(g.token_ids), routed_experts=g.routed_experts)
-               for p, g in zip(prompts, gens)]
+    samples = [
+        Sample(p, g.token_ids, g.logprobs, g.versions, [1] * len(g.token_ids), routed_experts=g.routed_experts)
+        for p, g in zip(prompts, gens)
+    ]
     mb = make_micro_batch(samples, [1.0, -1.0])
     lp_replay, _ = forward_logprobs(policy, mb, 1.0, None, torch.device("cpu"))
     assert router_metrics(policy)["moe_replay_agreement"] == 1.0
@@ -143,11 +148,20 @@ def test_export_has_the_family_checkpoint_names_and_reloads(name, tmp_path):
     from rlcore.storage import checkpoint as ckpt
     from rlcore.storage.export import export_checkpoint
     from rlcore.trainer.schedule import build_scheduler
+
     cfg = compose([f"output_dir={tmp_path / 'run'}", f"model={name}"])
     _, tok, model = family(name)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    core = SimpleNamespace(model=model, optimizer=opt, scheduler=build_scheduler(opt, cfg.trainer, 10), rank=0,
-                           world_size=1, version=1, cfg=cfg, tokenizer=tok)
+    core = SimpleNamespace(
+        model=model,
+        optimizer=opt,
+        scheduler=build_scheduler(opt, cfg.trainer, 10),
+        rank=0,
+        world_size=1,
+        version=1,
+        cfg=cfg,
+        tokenizer=tok,
+    )
     writer = ckpt.CheckpointWriter(cfg)
     tmp = writer.begin(1)
     path = writer.commit(tmp, 1, {"kind": "rl", "step": 1}, ckpt.save_trainer(core, tmp))
@@ -177,9 +191,16 @@ def test_config_checks_know_each_family(tmp_path):
         assert "trainer.ep" not in found and "rollout.hf.routing_replay" not in found, (name, found)
         found = keys(f"model={name}", "trainer.world_size=8", "trainer.ep=8")
         assert "num_experts=4" in found["trainer.ep"], (name, found)
-    assert "context parallelism" in keys("model=tiny_gpt_oss_char", "trainer.world_size=2", "trainer.cp=2")["trainer.cp"]
-    found = keys("model=tiny_moe_char", "model.arch.model_type=olmoe", "trainer.world_size=2", "trainer.ep=2",
-                 "rollout.hf.routing_replay=true")
+    assert (
+        "context parallelism" in keys("model=tiny_gpt_oss_char", "trainer.world_size=2", "trainer.cp=2")["trainer.cp"]
+    )
+    found = keys(
+        "model=tiny_moe_char",
+        "model.arch.model_type=olmoe",
+        "trainer.world_size=2",
+        "trainer.ep=2",
+        "rollout.hf.routing_replay=true",
+    )
     assert "'olmoe' is a mixture-of-experts family rlcore has no MoE adapter for" in found["trainer.ep"]
     assert "olmoe" in found["rollout.hf.routing_replay"]
     assert moe_problem({"model_type": "glm4_moe", "n_routed_experts": 6, "num_experts_per_tok": 2, "n_group": 4})
@@ -203,28 +224,54 @@ def test_cli_runs_every_family_with_replay_and_exports(tmp_path):
     import json
     import subprocess
     import sys
+
     names = ["tiny_mixtral_char", "tiny_gpt_oss_char", "tiny_deepseek_v3_char", "tiny_glm4_moe_char"]
-    proc = subprocess.run([sys.executable, "-m", "rlcore.run", "-m", "model=" + ",".join(names), "steps=3",
-                           "rollout.hf.routing_replay=true", "sft.warmup_steps=0", "rollout.sampling.max_new_tokens=6",
-                           "algo.group_size=4", "algo.batch_groups=2", f"output_dir={tmp_path}/run",
-                           "logger.console=false", "checkpoint.export_final=true"],
-                          cwd=REPO, capture_output=True, text=True, timeout=900)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "rlcore.run",
+            "-m",
+            "model=" + ",".join(names),
+            "steps=3",
+            "rollout.hf.routing_replay=true",
+            "sft.warmup_steps=0",
+            "rollout.sampling.max_new_tokens=6",
+            "algo.group_size=4",
+            "algo.batch_groups=2",
+            f"output_dir={tmp_path}/run",
+            "logger.console=false",
+            "checkpoint.export_final=true",
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     from rlcore.storage.checkpoint_dirs import latest_checkpoint
     from rlcore.storage.export import export_checkpoint
+
     for i, name in enumerate(names):
         out = tmp_path / "run" / str(i)
         rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
         assert [r["step"] for r in rows] == [1, 2, 3], name
         for r in rows:
-            assert r["samples_generated"] == (r["samples_trained"] + r["samples_dropped_stale"] + r["samples_failed"]
-                                              + r["samples_in_flight"] + r["samples_filtered"]), (name, r)
+            assert r["samples_generated"] == (
+                r["samples_trained"]
+                + r["samples_dropped_stale"]
+                + r["samples_failed"]
+                + r["samples_in_flight"]
+                + r["samples_filtered"]
+            ), (name, r)
             assert 0.0 < r["moe_replay_agreement"] <= 1.0 and r["moe_load_imbalance"] >= 1.0, (name, r)
         assert rows[0]["moe_replay_agreement"] == 1.0, name  # version 0 on both sides
         assert rows[0]["mismatch_kl"] < 1e-6, name  # same weights: engine and trainer agree (gpt-oss's masks)
         final = export_checkpoint(latest_checkpoint(out / "checkpoints"), tmp_path / f"ckpt_hf_{i}")
-        with safe_open(str(out / "hf" / "model.safetensors"), "pt") as a, \
-                safe_open(str(final / "model.safetensors"), "pt") as b:
+        with (
+            safe_open(str(out / "hf" / "model.safetensors"), "pt") as a,
+            safe_open(str(final / "model.safetensors"), "pt") as b,
+        ):
             assert set(a.keys()) == set(b.keys()), name
             for k in a.keys():
                 assert torch.equal(a.get_tensor(k), b.get_tensor(k)), (name, k)

@@ -118,15 +118,25 @@ def roles(*groups: str, cpus: int = 1) -> list[lc.NodeSpec]:
 
 
 def rlcore_run(cluster: lc.Cluster, out: Path, *overrides: str, timeout: float = 400) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "rlcore.run", f"cluster.address={cluster.gcs_address}",
-                           f"output_dir={out}", *overrides], cwd=REPO, capture_output=True, text=True,
-                          timeout=timeout, env=lc.ray_env())
+    return subprocess.run(
+        [sys.executable, "-m", "rlcore.run", f"cluster.address={cluster.gcs_address}", f"output_dir={out}", *overrides],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=lc.ray_env(),
+    )
 
 
 def assert_every_sample_counted(rows: list[dict]) -> None:
     for r in rows:
-        assert r["samples_generated"] == (r["samples_trained"] + r["samples_dropped_stale"] + r["samples_failed"]
-                                          + r["samples_in_flight"] + r["samples_filtered"]), r
+        assert r["samples_generated"] == (
+            r["samples_trained"]
+            + r["samples_dropped_stale"]
+            + r["samples_failed"]
+            + r["samples_in_flight"]
+            + r["samples_filtered"]
+        ), r
 
 
 @pytest.mark.integration
@@ -149,14 +159,23 @@ def test_default_job_trains_across_nodes_and_its_samples_cross_raylets(role_clus
     start = time.monotonic()
     proc = rlcore_run(cluster, tmp_path / "refused", "steps=3", "cluster.trainer_node_labels.rlcore-group=gpu")
     assert proc.returncode == 2, proc.stderr[-2000:]
-    assert proc.stderr.strip().splitlines()[-1].startswith(
-        "rlcore: config error: cluster.trainer_node_labels: no alive node has the label rlcore-group=gpu")
+    assert (
+        proc.stderr.strip()
+        .splitlines()[-1]
+        .startswith("rlcore: config error: cluster.trainer_node_labels: no alive node has the label rlcore-group=gpu")
+    )
     assert time.monotonic() - start < 60  # not cluster.placement_timeout_s (120 s)
 
 
 def submit(*args: str, timeout: float = 400) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "launch.submit", *args], cwd=REPO, capture_output=True, text=True,
-                          timeout=timeout, env=lc.ray_env())
+    return subprocess.run(
+        [sys.executable, "-m", "launch.submit", *args],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=lc.ray_env(),
+    )
 
 
 @pytest.mark.integration
@@ -173,18 +192,30 @@ def test_ray_jobs_to_the_multinode_cluster_followed_to_the_end_and_stopped(role_
     assert len((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()) == 3
 
     # a failing job's exit code comes back through Ray Jobs (2: a config error)
-    proc = submit(*common, "--timeout", "120", "--", "steps=3", f"output_dir={tmp_path / 'bad'}",
-                  "cluster.trainer_node_labels.rlcore-group=gpu")
+    proc = submit(
+        *common,
+        "--timeout",
+        "120",
+        "--",
+        "steps=3",
+        f"output_dir={tmp_path / 'bad'}",
+        "cluster.trainer_node_labels.rlcore-group=gpu",
+    )
     assert proc.returncode == 2 and "FAILED" in proc.stderr and "no alive node has the label" in proc.stdout
 
     # a long job: submitted, followed from another process, stopped while it runs
     sid = f"rlcore-stop-{os.getpid()}"
-    proc = submit(*common, "--no-wait", "--submission-id", sid, "--", "steps=100000",
-                  f"output_dir={tmp_path / 'long'}", *LABELS)
+    proc = submit(
+        *common, "--no-wait", "--submission-id", sid, "--", "steps=100000", f"output_dir={tmp_path / 'long'}", *LABELS
+    )
     assert proc.returncode == 0 and proc.stdout.strip() == sid, proc.stderr
-    follower = subprocess.Popen([sys.executable, "-m", "launch.submit", *common, "--timeout", "400", "--follow", sid],
-                                cwd=REPO, stdout=open(tmp_path / "follow.out", "w"),
-                                stderr=open(tmp_path / "follow.err", "w"), env=lc.ray_env())
+    follower = subprocess.Popen(
+        [sys.executable, "-m", "launch.submit", *common, "--timeout", "400", "--follow", sid],
+        cwd=REPO,
+        stdout=open(tmp_path / "follow.out", "w"),
+        stderr=open(tmp_path / "follow.err", "w"),
+        env=lc.ray_env(),
+    )
     try:
         metrics = tmp_path / "long" / "metrics.jsonl"
         deadline = time.monotonic() + 300
@@ -282,11 +313,14 @@ def test_ray_jobs_store_the_run_where_every_node_reaches_it(role_cluster, tmp_pa
     assert proc.stderr.strip().splitlines() == [
         "python -m launch.submit: error: output_dir='outputs/relative' is relative: a Ray Job runs in each node's "
         "own copy of the working dir, which Ray deletes with its temp dir, so the run's parts would stay on "
-        "different nodes; pass an absolute path on storage every node mounts, e.g. -- output_dir=/shared/runs/NAME"]
+        "different nodes; pass an absolute path on storage every node mounts, e.g. -- output_dir=/shared/runs/NAME"
+    ]
     # ... and a job sent without the launcher is refused by the run, before Ray starts there
     client = JobSubmissionClient(cluster.dashboard_url)
-    sid = client.submit_job(entrypoint=launcher.entrypoint_for(["steps=2", "output_dir=outputs/relative", *LABELS]),
-                            runtime_env=launcher.build_runtime_env("preinstalled", [], {}))
+    sid = client.submit_job(
+        entrypoint=launcher.entrypoint_for(["steps=2", "output_dir=outputs/relative", *LABELS]),
+        runtime_env=launcher.build_runtime_env("preinstalled", [], {}),
+    )
     deadline = time.monotonic() + 300
     while not (status := client.get_job_status(sid)).is_terminal() and time.monotonic() < deadline:
         time.sleep(1)
@@ -297,8 +331,17 @@ def test_ray_jobs_store_the_run_where_every_node_reaches_it(role_cluster, tmp_pa
 
     # a file:// URL: the trainer (on node 1) and the driver (node 0) write one folder
     out = tmp_path / "run"
-    proc = submit(*common, "--timeout", "500", "--", "steps=2", f"output_dir=file://{out}", "checkpoint.interval=1",
-                  *LABELS, timeout=560)
+    proc = submit(
+        *common,
+        "--timeout",
+        "500",
+        "--",
+        "steps=2",
+        f"output_dir=file://{out}",
+        "checkpoint.interval=1",
+        *LABELS,
+        timeout=560,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert proc.stdout.count("rlcore: config error") == 0 and job_rows(out / "metrics.jsonl") == [1, 2]
     assert f"checkpoint {out}/checkpoints/step_00000002 saved" in proc.stdout
@@ -311,8 +354,18 @@ def test_ray_jobs_store_the_run_where_every_node_reaches_it(role_cluster, tmp_pa
     # the newest checkpoint lost the trainer rank's part: resume takes step 1, the newest complete one
     for shard in (out / "checkpoints" / "step_00000002" / "trainer").glob("__0_*.distcp"):
         shard.unlink()
-    proc = submit(*common, "--timeout", "500", "--", "steps=3", f"output_dir={out}", "resume=true",
-                  "checkpoint.interval=1", *LABELS, timeout=560)
+    proc = submit(
+        *common,
+        "--timeout",
+        "500",
+        "--",
+        "steps=3",
+        f"output_dir={out}",
+        "resume=true",
+        "checkpoint.interval=1",
+        *LABELS,
+        timeout=560,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "step_00000001" in next(ln for ln in proc.stdout.splitlines() if "resum" in ln and "step_0000000" in ln)
     assert job_rows(out / "metrics.jsonl") == [1, 2, 3]
@@ -321,20 +374,34 @@ def test_ray_jobs_store_the_run_where_every_node_reaches_it(role_cluster, tmp_pa
     kept = tmp_path / "no_checkpoint"
     kept.mkdir()
     (kept / "metrics.jsonl").write_text((out / "metrics.jsonl").read_text())
-    proc = submit(*common, "--timeout", "300", "--", "steps=3", f"output_dir={kept}", "resume=true", *LABELS,
-                  timeout=360)
+    proc = submit(
+        *common, "--timeout", "300", "--", "steps=3", f"output_dir={kept}", "resume=true", *LABELS, timeout=360
+    )
     assert proc.returncode == 2 and "FAILED" in proc.stderr, proc.stdout[-3000:] + proc.stderr[-3000:]
     errors = [ln for ln in proc.stdout.splitlines() if ln.startswith("rlcore: config error")]
-    assert len(errors) == 1 and errors[0].startswith("rlcore: config error: checkpoint.resume: true found no complete "
-                                                     "checkpoint"), errors
+    assert len(errors) == 1 and errors[0].startswith(
+        "rlcore: config error: checkpoint.resume: true found no complete checkpoint"
+    ), errors
     assert job_rows(kept / "metrics.jsonl") == [1, 2, 3]
     assert proc.stdout.count(errors[0]) == 1 and proc.stderr.count(errors[0]) == 0  # the log once, not twice
 
 
 def placement_check(cluster: lc.Cluster, *overrides: str, recipe: str = "qwen30b_swe") -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "launch.placement_check", f"+recipe={recipe}",
-                           f"cluster.address={cluster.gcs_address}", *overrides], cwd=REPO, capture_output=True,
-                          text=True, timeout=300, env=lc.ray_env())
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "launch.placement_check",
+            f"+recipe={recipe}",
+            f"cluster.address={cluster.gcs_address}",
+            *overrides,
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=lc.ray_env(),
+    )
 
 
 @pytest.mark.integration
@@ -342,17 +409,27 @@ def placement_check(cluster: lc.Cluster, *overrides: str, recipe: str = "qwen30b
 def test_qwen30b_swe_placed_by_rays_scheduler_on_four_declared_gpu_nodes(clusters):
     # 96 CPUs and 8 GPUs declared per node (no GPU here): nothing starts on them but placement
     # groups, so no worker is prestarted for the declared CPUs
-    cluster = clusters.get("gpus", [lc.NodeSpec(cpus=96, gpus=8) for _ in range(4)], {"RAY_enable_worker_prestart": "0"})
-    dry = subprocess.run([sys.executable, "-m", "rlcore.run", "+recipe=qwen30b_swe", "dry_run=true"], cwd=REPO,
-                         capture_output=True, text=True, timeout=120)
+    cluster = clusters.get(
+        "gpus", [lc.NodeSpec(cpus=96, gpus=8) for _ in range(4)], {"RAY_enable_worker_prestart": "0"}
+    )
+    dry = subprocess.run(
+        [sys.executable, "-m", "rlcore.run", "+recipe=qwen30b_swe", "dry_run=true"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert dry.returncode == 0, dry.stderr
     proc = placement_check(cluster)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     # the check prints the same plan as the dry run, then where each bundle landed
     for line in ("nodes: node 0: 8 bundle(s), node 1: 8 bundle(s)", "nodes: node 2: 4 bundle(s), node 3: 4 bundle(s)"):
         assert line in dry.stdout and line in proc.stdout
-    placed = [re.fullmatch(r"(\w+) bundle \d+: plan node (\d+) -> Ray node (\w+) \(local_cluster node (\d+)\)", ln)
-              for ln in proc.stdout.splitlines() if " bundle " in ln and "-> Ray node" in ln]
+    placed = [
+        re.fullmatch(r"(\w+) bundle \d+: plan node (\d+) -> Ray node (\w+) \(local_cluster node (\d+)\)", ln)
+        for ln in proc.stdout.splitlines()
+        if " bundle " in ln and "-> Ray node" in ln
+    ]
     assert len(placed) == 24 and all(placed), proc.stdout[-3000:]
     ray_of = {}
     for m in placed:
@@ -385,9 +462,13 @@ def run_in_background(cluster: lc.Cluster, tmp_path: Path, overrides: list[str],
     returns True the run is sent SIGTERM (a graceful stop after the step in flight: exit 130).
     Returns (exit status, driver log, metrics rows)."""
     out, log_path = tmp_path / "run", tmp_path / "driver.log"
-    run = subprocess.Popen([sys.executable, "-m", "rlcore.run", f"cluster.address={cluster.gcs_address}",
-                            f"output_dir={out}", *overrides], cwd=REPO, env=lc.ray_env(),
-                           stdout=open(log_path, "w"), stderr=subprocess.STDOUT)
+    run = subprocess.Popen(
+        [sys.executable, "-m", "rlcore.run", f"cluster.address={cluster.gcs_address}", f"output_dir={out}", *overrides],
+        cwd=REPO,
+        env=lc.ray_env(),
+        stdout=open(log_path, "w"),
+        stderr=subprocess.STDOUT,
+    )
     stopped = False
     try:
         deadline = time.monotonic() + limit_s
@@ -403,7 +484,11 @@ def run_in_background(cluster: lc.Cluster, tmp_path: Path, overrides: list[str],
         if run.poll() is None:
             run.kill()
             run.wait(timeout=30)
-    rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()] if (out / "metrics.jsonl").exists() else []
+    rows = (
+        [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+        if (out / "metrics.jsonl").exists()
+        else []
+    )
     return run.returncode, log_path.read_text(), rows
 
 
@@ -418,8 +503,13 @@ def kill_node(node: lc.Node) -> None:
 TRAINER_NODE_STEPS = 20
 """Room after the kill at step 3: the ranks outlive their raylet for a few steps (the passing runs
 healed from the checkpoint of step 6), and under a loaded suite 10 steps once ended first."""
-HEALS = ["trainer.world_size=2", "trainer.cpus_per_rank=0.5", "checkpoint.interval=2", "algo.max_off_policy_steps=1",
-         "sft.warmup_steps=0"]
+HEALS = [
+    "trainer.world_size=2",
+    "trainer.cpus_per_rank=0.5",
+    "checkpoint.interval=2",
+    "algo.max_off_policy_steps=1",
+    "sft.warmup_steps=0",
+]
 RESTARTED = "restarted the trainer group from"  # the engines' weights (the default) or a checkpoint
 
 
@@ -455,8 +545,14 @@ def test_a_frozen_rollout_node_is_named_in_seconds_its_work_moves_and_its_return
         # back once named and a few steps trained without it (or at FREEZE_S): a run whose steps
         # are fast could otherwise end before a fixed freeze does, and never show the return
         frozen_s = time.monotonic() - frozen["at"] if frozen else 0.0
-        if frozen and "back" not in frozen and (frozen_s >= FREEZE_S or (
-                "seen" in frozen and frozen_s >= frozen["seen"] + 3.0 and rows >= frozen["rows_at"] + 3)):
+        if (
+            frozen
+            and "back" not in frozen
+            and (
+                frozen_s >= FREEZE_S
+                or ("seen" in frozen and frozen_s >= frozen["seen"] + 3.0 and rows >= frozen["rows_at"] + 3)
+            )
+        ):
             for pid in frozen["pids"]:
                 os.kill(pid, signal.SIGCONT)
             frozen.update(back=time.monotonic(), steps_while_frozen=rows - frozen["rows_at"])
@@ -490,8 +586,10 @@ def test_a_frozen_rollout_node_is_named_in_seconds_its_work_moves_and_its_return
     assert len(rows) >= frozen["rejoined_at"] + STEPS_AFTER_RETURN  # trained on with the engine back
     assert_every_sample_counted(rows)
     steps = [r["step_time_s"] for r in rows]
-    print(f"longest step {max(steps):.1f}s (step {steps.index(max(steps)) + 1}); median {statistics.median(steps):.2f}s; "
-          f"{frozen['steps_while_frozen']} steps while frozen")
+    print(
+        f"longest step {max(steps):.1f}s (step {steps.index(max(steps)) + 1}); median {statistics.median(steps):.2f}s; "
+        f"{frozen['steps_while_frozen']} steps while frozen"
+    )
 
 
 @pytest.mark.integration
@@ -520,9 +618,11 @@ def test_a_trainer_node_killed_mid_run_restarts_the_trainer_group_on_a_surviving
     healed = [ln for ln in log.splitlines() if RESTARTED in ln]
     assert len(healed) == 1 and "(trainer restart 1 of 2)" in healed[0], healed
     assert f"node {killed['node'].node_id[:8]} is dead" in healed[0], healed  # the node is named
-    print(f"trainer node {killed['node'].node_id[:8]} killed: trainer group running again on "
-          f"{survivor.node_id[:8]} {killed['healed'] - killed['at']:.1f}s after the kill (load "
-          f"{os.getloadavg()[0]:.1f}); {healed[0].split('; restarted ')[1].split(';')[0]}")
+    print(
+        f"trainer node {killed['node'].node_id[:8]} killed: trainer group running again on "
+        f"{survivor.node_id[:8]} {killed['healed'] - killed['at']:.1f}s after the kill (load "
+        f"{os.getloadavg()[0]:.1f}); {healed[0].split('; restarted ')[1].split(';')[0]}"
+    )
     assert [r["step"] for r in rows] == list(range(1, TRAINER_NODE_STEPS + 1))  # no gap, no duplicate
     assert_every_sample_counted(rows)  # 0 samples unaccounted
     assert rows[-1]["trainer_restarts"] == 1
@@ -535,17 +635,32 @@ def test_a_rollout_node_killed_mid_run_moves_its_engine_and_the_run_finishes(fau
     cluster = fault_cluster(trainers=1, rollouts=2)
     rollout_nodes = group_nodes(cluster, "rollout")
     out = tmp_path / "run"
-    run = subprocess.Popen([sys.executable, "-m", "rlcore.run", f"cluster.address={cluster.gcs_address}",
-                            f"output_dir={out}", "steps=20", *LABELS], cwd=REPO, env=lc.ray_env(),
-                           stdout=open(tmp_path / "driver.log", "w"), stderr=subprocess.STDOUT)
+    run = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "rlcore.run",
+            f"cluster.address={cluster.gcs_address}",
+            f"output_dir={out}",
+            "steps=20",
+            *LABELS,
+        ],
+        cwd=REPO,
+        env=lc.ray_env(),
+        stdout=open(tmp_path / "driver.log", "w"),
+        stderr=subprocess.STDOUT,
+    )
     killed = None
     try:
         deadline = time.monotonic() + 600
         while run.poll() is None and time.monotonic() < deadline:
             metrics = out / "metrics.jsonl"
             if killed is None and metrics.exists() and len(metrics.read_text().splitlines()) >= 3:
-                line = next(ln for ln in (tmp_path / "driver.log").read_text().splitlines()
-                            if "placement: rollout group's" in ln)
+                line = next(
+                    ln
+                    for ln in (tmp_path / "driver.log").read_text().splitlines()
+                    if "placement: rollout group's" in ln
+                )
                 killed = next(n for n in cluster.nodes if n.node_id.startswith(line.rsplit(" ", 1)[1]))
                 os.kill(lc.raylet_pid(killed), signal.SIGKILL)  # the node's raylet, by its pid
             time.sleep(0.5)
@@ -577,10 +692,12 @@ group's, `rollout.generate_timeout_s`, also bounds its engine's start (over 25 s
 
 @pytest.mark.integration
 @pytest.mark.timeout(1200)
-@pytest.mark.parametrize("group,deadline_key", [("trainer", "cluster.placement_timeout_s"),
-                                                ("rollout", "rollout.generate_timeout_s")])
+@pytest.mark.parametrize(
+    "group,deadline_key", [("trainer", "cluster.placement_timeout_s"), ("rollout", "rollout.generate_timeout_s")]
+)
 def test_a_node_lost_for_good_is_named_at_once_stops_at_its_deadline_and_resumes_on_a_replacement(
-        fault_cluster, tmp_path, group, deadline_key):
+    fault_cluster, tmp_path, group, deadline_key
+):
     """The only node of a group (the trainer group; the rollout group's one engine, the README's
     layout) killed with no replacement: the run names the capacity that is gone in one line within
     seconds ("no alive node has the label rlcore-group=..."), waits up to its deadline for a node
@@ -597,16 +714,22 @@ def test_a_node_lost_for_good_is_named_at_once_stops_at_its_deadline_and_resumes
         if not any(n.node_id in alive.values() for n in extra):
             break
         time.sleep(1)
-    overrides = [f"steps={LOST_STEPS}", "sft.warmup_steps=0", "checkpoint.interval=2", *LABELS,
-                 f"{deadline_key}={LOST_DEADLINE_S[group]}"]
+    overrides = [
+        f"steps={LOST_STEPS}",
+        "sft.warmup_steps=0",
+        "checkpoint.interval=2",
+        *LABELS,
+        f"{deadline_key}={LOST_DEADLINE_S[group]}",
+    ]
     gone = f"no alive node has the label rlcore-group={group}"
     killed: dict = {}
 
     def act(log: str, rows: int) -> bool:
         if not killed and rows >= 3:  # past the checkpoint of step 2
             placed = next(ln for ln in log.splitlines() if f"placement: {group} group's" in ln)
-            killed.update(node=node_named(cluster, re.search(r"on node\(s\) ([0-9a-f]{8})", placed).group(1)),
-                          at=time.monotonic())
+            killed.update(
+                node=node_named(cluster, re.search(r"on node\(s\) ([0-9a-f]{8})", placed).group(1)), at=time.monotonic()
+            )
             kill_node(killed["node"])
         if killed and "named" not in killed and gone in log:
             killed["named"] = time.monotonic()
@@ -626,10 +749,14 @@ def test_a_node_lost_for_good_is_named_at_once_stops_at_its_deadline_and_resumes
     assert f"no node joined within {deadline_key}={LOST_DEADLINE_S[group]}s" in errors[0], errors
     assert "continue with resume=true" in errors[0] and "'CPU'" not in errors[0], errors  # no raw resource dict
     seen_s, waited_s = killed["named"] - killed["at"], ended - killed["named"]
-    print(f"{group} node {killed['node'].node_id[:8]} lost: named {seen_s:.1f}s after the kill, the run stopped "
-          f"{waited_s:.1f}s later (deadline {LOST_DEADLINE_S[group]}s; load {os.getloadavg()[0]:.1f}): {named[0]}")
+    print(
+        f"{group} node {killed['node'].node_id[:8]} lost: named {seen_s:.1f}s after the kill, the run stopped "
+        f"{waited_s:.1f}s later (deadline {LOST_DEADLINE_S[group]}s; load {os.getloadavg()[0]:.1f}): {named[0]}"
+    )
     assert seen_s < 60, seen_s  # seconds, not the deadline (Ray's node death is ~5 s on this cluster)
-    assert LOST_DEADLINE_S[group] - 10 <= waited_s < LOST_DEADLINE_S[group] + 90, waited_s  # waited for a node, then stopped
+    assert LOST_DEADLINE_S[group] - 10 <= waited_s < LOST_DEADLINE_S[group] + 90, (
+        waited_s
+    )  # waited for a node, then stopped
     assert [r["step"] for r in rows] == list(range(1, len(rows) + 1))
     # Ray's own lines stay off the console: its C++ log lines, and one killed raylet said once
     assert not [ln for ln in log.splitlines() if re.search(r"\.cc:\d+:", ln)], log[-4000:]
@@ -696,9 +823,19 @@ def test_chaos_across_nodes_engine_node_killed_twice_a_trainer_rank_killed_rewar
             kills.append(engine_node(log).node_id)
             kill_node(node_named(cluster, kills[-1]))
 
-    code, log, rows = run_in_background(cluster, tmp_path, [
-        f"steps={CHAOS_STEPS}", *LABELS, "checkpoint.interval=2", "env.name=tests.chaos_env:ChaosReverseText",
-        "+env.args.reward_timeout_s=0.2"], act, limit_s=900)
+    code, log, rows = run_in_background(
+        cluster,
+        tmp_path,
+        [
+            f"steps={CHAOS_STEPS}",
+            *LABELS,
+            "checkpoint.interval=2",
+            "env.name=tests.chaos_env:ChaosReverseText",
+            "+env.args.reward_timeout_s=0.2",
+        ],
+        act,
+        limit_s=900,
+    )
     assert len(kills) == 3, (kills, log[-3000:])
     assert code == 0, log[-4000:]
     moved = re.findall(r"rollout actor 0's node (\w+) died: Ray re-placed its bundle on node (\w+)", log)
@@ -732,8 +869,14 @@ def test_local_cluster_starts_from_a_python_with_no_ray_script_beside_it(cluster
     env = {**os.environ, "PYTHONPATH": os.pathsep.join((str(REPO), site)), "PATH": "/usr/bin:/bin"}
     state = tmp_path / "cluster.json"
     cmd = [str(base), "-m", "launch.local_cluster", "--state", str(state)]
-    proc = subprocess.run([*cmd, "start", "--nodes", "1", "--timeout", "400"], cwd=tmp_path, env=env,
-                          capture_output=True, text=True, timeout=500)
+    proc = subprocess.run(
+        [*cmd, "start", "--nodes", "1", "--timeout", "400"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=500,
+    )
     try:
         assert proc.returncode == 0, proc.stderr[-3000:]
         assert proc.stdout.startswith("rlcore local cluster: 1 node(s)") and "Traceback" not in proc.stderr

@@ -6,10 +6,10 @@ import pytest
 
 from launch.local_cluster import ClusterError, parse_specs
 from launch.placement_check import compare
-from rlcore.plan.node_fit import NodeCapacity, fit_problems, group_selector, label_problems
-from rlcore.plan.layout import Bundle, group_bundles
-from rlcore.plan.validate import placed_bundles
 from rlcore.plan.compose import compose
+from rlcore.plan.layout import Bundle, group_bundles
+from rlcore.plan.node_fit import NodeCapacity, fit_problems, group_selector, label_problems
+from rlcore.plan.validate import placed_bundles
 from rlcore.run import main
 
 LABELS = ["cluster.trainer_node_labels.rlcore-group=trainer", "cluster.rollout_node_labels.rlcore-group=rollout"]
@@ -30,13 +30,17 @@ def test_labels_compose_key_by_key_or_whole_and_become_selectors():
     assert label_problems(cfg) == []
 
 
-@pytest.mark.parametrize("override,key", [
-    ("cluster.trainer_node_labels.rlcore-group=-bad", "cluster.trainer_node_labels.rlcore-group"),
-    ("cluster.rollout_node_labels={ray.io/node-id:x}", "cluster.rollout_node_labels.ray.io/node-id"),
-    ("cluster.rollout_node_labels={_group:x}", "cluster.rollout_node_labels._group"),
-])
+@pytest.mark.parametrize(
+    "override,key",
+    [
+        ("cluster.trainer_node_labels.rlcore-group=-bad", "cluster.trainer_node_labels.rlcore-group"),
+        ("cluster.rollout_node_labels={ray.io/node-id:x}", "cluster.rollout_node_labels.ray.io/node-id"),
+        ("cluster.rollout_node_labels={_group:x}", "cluster.rollout_node_labels._group"),
+    ],
+)
 def test_a_bad_label_is_one_line_naming_it_before_ray(override, key, capsys):
     import sys
+
     assert main([override, "steps=1"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err[0].startswith(f"rlcore: config error: {key}: "), err
@@ -52,7 +56,9 @@ def test_bundles_fit_labelled_nodes_or_the_group_is_refused_naming_its_key():
     cfg = compose(LABELS)
     bundles = placed_bundles(cfg)
     assert [b.group for b in bundles] == ["trainer", "rollout"]
-    good = nodes((1, 0, {"rlcore-group": "driver"}), (1, 0, {"rlcore-group": "trainer"}), (2, 0, {"rlcore-group": "rollout"}))
+    good = nodes(
+        (1, 0, {"rlcore-group": "driver"}), (1, 0, {"rlcore-group": "trainer"}), (2, 0, {"rlcore-group": "rollout"})
+    )
     assert fit_problems(cfg, bundles, good) == []
     missing = fit_problems(cfg, bundles, good[:2])
     assert [k for k, _ in missing] == ["cluster.rollout_node_labels"]
@@ -63,8 +69,12 @@ def test_bundles_fit_labelled_nodes_or_the_group_is_refused_naming_its_key():
     # without labels every node counts, and the bundles of earlier groups take their room first
     plain = compose(["trainer.cpus_per_rank=2", "rollout.cpus_per_actor=1"])
     assert fit_problems(plain, placed_bundles(plain), nodes((2, 0, {}))) == [
-        ("cluster.address", "the rollout group's 1 bundle(s) of {CPU: 1, GPU: 0} do not fit on the cluster's 1 "
-                            "node(s) ({CPU: 2, GPU: 0}) beside the groups placed before it")]
+        (
+            "cluster.address",
+            "the rollout group's 1 bundle(s) of {CPU: 1, GPU: 0} do not fit on the cluster's 1 "
+            "node(s) ({CPU: 2, GPU: 0}) beside the groups placed before it",
+        )
+    ]
     assert placed_bundles(compose(["mode=sft"])) == group_bundles(compose(["mode=sft"]))[0]
 
 
@@ -79,29 +89,40 @@ def test_compare_maps_plan_nodes_to_ray_nodes_one_to_one():
     planned = [Bundle("trainer", i, 1, 1, node=i // 2) for i in range(4)]
     assert compare(planned, ["a", "a", "b", "b"]) == []
     assert compare(planned, ["a", "b", "b", "b"]) == [
-        "plan node 0's bundles landed on 2 Ray nodes (a, b)", "Ray node b holds bundles of plan nodes [0, 1]"]
+        "plan node 0's bundles landed on 2 Ray nodes (a, b)",
+        "Ray node b holds bundles of plan nodes [0, 1]",
+    ]
 
 
-@pytest.mark.parametrize("args,message", [
-    ((3, "1,2", "0", "", ""), "--cpus '1,2': give one value or 3 (one per node), got 2"),
-    ((2, "1", "x", "", ""), "--gpus 'x': 'x' is not a whole number >= 0"),
-    ((2, "1", "0", "", "a=b;c"), "--labels 'a=b;c': 'c' is not KEY=VALUE"),
-    ((0, "1", "0", "", ""), "--nodes must be at least 1"),
-])
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        ((3, "1,2", "0", "", ""), "--cpus '1,2': give one value or 3 (one per node), got 2"),
+        ((2, "1", "x", "", ""), "--gpus 'x': 'x' is not a whole number >= 0"),
+        ((2, "1", "0", "", "a=b;c"), "--labels 'a=b;c': 'c' is not KEY=VALUE"),
+        ((0, "1", "0", "", ""), "--nodes must be at least 1"),
+    ],
+)
 def test_local_cluster_bad_input_names_the_flag(args, message):
     with pytest.raises(ClusterError, match="^" + message.replace("(", r"\(").replace(")", r"\)")):
         parse_specs(*args)
 
 
 def test_local_cluster_specs_per_node():
-    specs = parse_specs(3, "1,2,2", "0,8,8", ";accel=1;", "rlcore-group=driver;rlcore-group=trainer;rlcore-group=rollout")
+    specs = parse_specs(
+        3, "1,2,2", "0,8,8", ";accel=1;", "rlcore-group=driver;rlcore-group=trainer;rlcore-group=rollout"
+    )
     assert [(s.cpus, s.gpus, s.resources, s.labels["rlcore-group"]) for s in specs] == [
-        (1, 0, {}, "driver"), (2, 8, {"accel": 1.0}, "trainer"), (2, 8, {}, "rollout")]
+        (1, 0, {}, "driver"),
+        (2, 8, {"accel": 1.0}, "trainer"),
+        (2, 8, {}, "rollout"),
+    ]
 
 
 def test_capacity_gone_names_the_label_no_alive_node_has_and_a_group_too_big_for_the_nodes_left():
     """Ray-free: the decision behind a restart's 'no alive node can host the group' line."""
     from rlcore.plan.node_fit import capacity_gone
+
     cfg = compose(LABELS)
     trainer, rollout, _ = group_bundles(cfg)
     left = [NodeCapacity("a", 4, 0, {"rlcore-group": "rollout"})]  # the trainer's node is lost

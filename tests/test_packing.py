@@ -5,8 +5,9 @@ from rlcore.types import Sample
 
 
 def sample(p, c):
-    return Sample(prompt_ids=p, completion_ids=c, logprobs=[-0.5] * len(c), versions=[0] * len(c),
-                  loss_mask=[1] * len(c))
+    return Sample(
+        prompt_ids=p, completion_ids=c, logprobs=[-0.5] * len(c), versions=[0] * len(c), loss_mask=[1] * len(c)
+    )
 
 
 def test_alignment_of_targets_and_masks():
@@ -26,14 +27,20 @@ def test_micro_batch_columns_equal_the_per_token_reference():
     import random
 
     from rlcore.batch.packing import sample_arrays
+
     rng = random.Random(0)
     samples, advantages = [], []
     for i in range(40):
         p, c = rng.randint(0 if i == 0 else 1, 9), rng.randint(0, 12)
-        samples.append(Sample(prompt_ids=[rng.randrange(50) for _ in range(p)],
-                              completion_ids=[rng.randrange(50) for _ in range(c)],
-                              logprobs=[-rng.random() for _ in range(c)], versions=[0] * c,
-                              loss_mask=[rng.randint(0, 1) for _ in range(c)]))
+        samples.append(
+            Sample(
+                prompt_ids=[rng.randrange(50) for _ in range(p)],
+                completion_ids=[rng.randrange(50) for _ in range(c)],
+                logprobs=[-rng.random() for _ in range(c)],
+                versions=[0] * c,
+                loss_mask=[rng.randint(0, 1) for _ in range(c)],
+            )
+        )
         advantages.append([rng.gauss(0, 1) for _ in range(c)] if i % 2 else rng.gauss(0, 1))
     mb = make_micro_batch(samples, advantages)
     ref = {k: [] for k in ("input_ids", "position_ids", "targets", "behaviour_logprobs", "advantages", "loss_mask")}
@@ -69,12 +76,14 @@ def test_first_fit_respects_budget():
 def test_packed_logprobs_equal_unpacked(tiny_cfg, monkeypatch):
     """Samples packed in one row must not see each other (block-diagonal attention)."""
     import socket
+
     with socket.socket() as s:  # a free port: a fixed one collides with any other suite on the machine
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
     monkeypatch.setenv("MASTER_PORT", str(port))
     from rlcore.trainer.core import TrainerCore
+
     core = TrainerCore(tiny_cfg, 0, 1)
     try:
         with torch.no_grad():

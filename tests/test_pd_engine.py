@@ -22,8 +22,10 @@ def pair(cfg):
             p.mul_(3.0)  # peaked enough that completions differ by prompt
     other = build_model(cfg.model, tok)
     other.load_state_dict(model.state_dict())
-    return (HFEngine(model, tok.pad_token_id, tok.eos_token_id, seed=1),
-            HFEngine(other, tok.pad_token_id, tok.eos_token_id, seed=2))
+    return (
+        HFEngine(model, tok.pad_token_id, tok.eos_token_id, seed=1),
+        HFEngine(other, tok.pad_token_id, tok.eos_token_id, seed=2),
+    )
 
 
 @pytest.mark.parametrize("temperature", [0.0, 1.0])

@@ -36,11 +36,18 @@ def test_disaggregated_rollout_samples_what_one_engine_samples(tmp_path):
     try:
         groups = place(cfg, trainer=False)
         decode, prefill = groups.rollouts
-        tasks = [Task(id=f"t{i}", messages=[{"role": "user", "content": "abcdef"[:i + 2]}], answer="") for i in range(3)]
+        tasks = [
+            Task(id=f"t{i}", messages=[{"role": "user", "content": "abcdef"[: i + 2]}], answer="") for i in range(3)
+        ]
         for temperature in (0.0, 1.0):  # greedy, and sampled with the request's seed
             sampling = {"temperature": temperature}
-            split, alone = ray.get([decode.generate_groups.remote(tasks, 2, "train", 11, sampling),
-                                    prefill.generate_groups.remote(tasks, 2, "train", 11, sampling)], timeout=300)
+            split, alone = ray.get(
+                [
+                    decode.generate_groups.remote(tasks, 2, "train", 11, sampling),
+                    prefill.generate_groups.remote(tasks, 2, "train", 11, sampling),
+                ],
+                timeout=300,
+            )
             got = [[(s.completion_ids, s.logprobs) for s in g.samples] for g in split]
             assert got == [[(s.completion_ids, s.logprobs) for s in g.samples] for g in alone], temperature
             assert not any(s.failed for g in split for s in g.samples)
@@ -68,14 +75,17 @@ def versions_rule_under_updates(cfg, tmp_path, decode, prefill, tasks):
     ckpt = tmp_path / "ckpt"
     with warnings.catch_warnings():  # one process, as intended
         warnings.filterwarnings("ignore", message="torch.distributed is disabled")
-        dcp.save({"model": build_model(cfg.model, build_tokenizer(cfg.model)).state_dict()},
-                 checkpoint_id=str(ckpt / TRAINER_DIR), no_dist=True)
+        dcp.save(
+            {"model": build_model(cfg.model, build_tokenizer(cfg.model)).state_dict()},
+            checkpoint_id=str(ckpt / TRAINER_DIR),
+            no_dist=True,
+        )
     done = threading.Event()
 
     def updates():
         try:
             for v in range(1, 5):
-                for h in ((prefill, decode) if v % 2 else (decode, prefill)):
+                for h in (prefill, decode) if v % 2 else (decode, prefill):
                     ray.get(h.load_checkpoint_weights.remote(str(ckpt), v), timeout=120)
                     time.sleep(0.5)
                 ray.get(decode.release_version.remote(v), timeout=60)
@@ -109,10 +119,25 @@ def test_disaggregated_run_trains_and_survives_a_prefill_and_a_decode_death(tmp_
     metrics, driver_log = out / "metrics.jsonl", out / "driver.log"
     steps, killed, frozen = 12, [], []
     with driver_log.open("w") as err:
-        run = subprocess.Popen([sys.executable, "-m", "rlcore.run", f"output_dir={out}", f"steps={steps}", *PD,
-                                "cluster.num_cpus=2", "logger.console=false", "logger.samples_every=1",
-                                "logger.samples_per_table=64", "rollout.stall_timeout_s=6"],
-                               cwd=REPO, stdout=subprocess.DEVNULL, stderr=err, text=True)
+        run = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "rlcore.run",
+                f"output_dir={out}",
+                f"steps={steps}",
+                *PD,
+                "cluster.num_cpus=2",
+                "logger.console=false",
+                "logger.samples_every=1",
+                "logger.samples_per_table=64",
+                "rollout.stall_timeout_s=6",
+            ],
+            cwd=REPO,
+            stdout=subprocess.DEVNULL,
+            stderr=err,
+            text=True,
+        )
 
     def killer():  # the prefill actor (index 1), then the decode actor (index 0) once 1 rejoined
         while len(killed) < 2 and run.poll() is None:
@@ -127,8 +152,11 @@ def test_disaggregated_run_trains_and_survives_a_prefill_and_a_decode_death(tmp_
             time.sleep(0.1)
         # then the prefill actor freezes once the decode actor rejoined, until the driver names it
         while not frozen and run.poll() is None:
-            pid = (rollout_actor_pid(out, 1, None)
-                   if "rollout actor 0 rejoined the weight group" in driver_log.read_text() else None)
+            pid = (
+                rollout_actor_pid(out, 1, None)
+                if "rollout actor 0 rejoined the weight group" in driver_log.read_text()
+                else None
+            )
             if pid is not None:
                 os.kill(pid, signal.SIGSTOP)
                 frozen.append(pid)
@@ -154,8 +182,13 @@ def test_disaggregated_run_trains_and_survives_a_prefill_and_a_decode_death(tmp_
     rows = [json.loads(line) for line in metrics.read_text().splitlines()]
     assert [r["step"] for r in rows] == list(range(1, steps + 1))
     for r in rows:
-        assert r["samples_generated"] == (r["samples_trained"] + r["samples_dropped_stale"] + r["samples_failed"]
-                                          + r["samples_in_flight"] + r["samples_filtered"])
+        assert r["samples_generated"] == (
+            r["samples_trained"]
+            + r["samples_dropped_stale"]
+            + r["samples_failed"]
+            + r["samples_in_flight"]
+            + r["samples_filtered"]
+        )
     assert rows[-1]["rollout_restarts"] >= 2
     assert "rollout actor 1 (prefill) died" in log and "rollout actor 0 (decode) died" in log
     assert "rollout actor 0 rejoined the weight group" in log

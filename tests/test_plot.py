@@ -29,9 +29,21 @@ def real_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("runs") / "async"
     printed = io.StringIO()
     with contextlib.redirect_stdout(printed):
-        code = main(["steps=3", "sft.warmup_steps=0", "algo.batch_groups=4", "eval.every_n_steps=2",
-                     "eval.at_start=true", "eval.num_tasks=4", "eval.samples_per_task=2", "eval.k=[1,2]",
-                     "checkpoint.save_final=false", "logger.console=false", f"output_dir={out}"])
+        code = main(
+            [
+                "steps=3",
+                "sft.warmup_steps=0",
+                "algo.batch_groups=4",
+                "eval.every_n_steps=2",
+                "eval.at_start=true",
+                "eval.num_tasks=4",
+                "eval.samples_per_task=2",
+                "eval.k=[1,2]",
+                "checkpoint.save_final=false",
+                "logger.console=false",
+                f"output_dir={out}",
+            ]
+        )
     assert code == 0, printed.getvalue()[-2000:]
     assert f"plot: {out / 'plot.png'}" in printed.getvalue(), printed.getvalue()[-2000:]  # the run summary
     return out
@@ -57,8 +69,9 @@ def test_cli_overlays_runs_and_skips_missing_metrics(real_run, tmp_path, capsys)
     other.mkdir()
     rows = [json.loads(line) for line in (real_run / "metrics.jsonl").read_text().splitlines()]
     keep = ("step", "elapsed_s", "loss", "reward_mean")
-    (other / "metrics.jsonl").write_text("".join(
-        json.dumps({k: r[k] for k in keep if k in r}) + "\n" for r in rows if "loss" in r) + '{"step": 4, "lo')
+    (other / "metrics.jsonl").write_text(
+        "".join(json.dumps({k: r[k] for k in keep if k in r}) + "\n" for r in rows if "loss" in r) + '{"step": 4, "lo'
+    )
     assert plot_runs([other], tmp_path / "partial.png") == ["reward", "loss"]
     assert png_size(tmp_path / "partial.png") == (1080, round(2 * 2.6 * 90))
 
@@ -73,8 +86,10 @@ def test_cli_overlays_runs_and_skips_missing_metrics(real_run, tmp_path, capsys)
 def test_eval_at_start_needs_periodic_evaluation():
     from rlcore.plan.compose import compose
     from rlcore.plan.validate import problems
-    assert ("eval.at_start", "evaluates only in a run with periodic evaluation (eval.every_n_steps > 0)") in \
-        problems(compose(["eval.at_start=true"]))
+
+    assert ("eval.at_start", "evaluates only in a run with periodic evaluation (eval.every_n_steps > 0)") in problems(
+        compose(["eval.at_start=true"])
+    )
     assert not [k for k, _ in problems(compose(["eval.at_start=true", "eval.every_n_steps=5"])) if k.startswith("eval")]
 
 

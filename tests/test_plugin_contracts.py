@@ -42,8 +42,13 @@ def inputs(logp, ratios, adv) -> LossInputs:
     """Inputs whose ratio exp(logp - behaviour) is `ratios` token by token."""
     logp_t = torch.tensor(logp, requires_grad=True)
     behaviour = torch.tensor([lp - math.log(r) for lp, r in zip(logp, ratios, strict=True)])
-    return LossInputs(logp_t, behaviour, torch.tensor(adv), torch.ones(len(logp)),
-                      sample_index=torch.zeros(len(logp), dtype=torch.long))
+    return LossInputs(
+        logp_t,
+        behaviour,
+        torch.tensor(adv),
+        torch.ones(len(logp)),
+        sample_index=torch.zeros(len(logp), dtype=torch.long),
+    )
 
 
 def test_a_loss_by_import_path_validates_and_is_what_policy_loss_runs():
@@ -85,7 +90,8 @@ def test_a_registered_loss_runs_with_its_normaliser_and_checks(quarter_pg):
     cfg = AlgoConfig(loss="quarter_pg")
     assert validate_algo(cfg) == []
     assert validate_algo(AlgoConfig(loss="quarter_pg", clip_eps_high=0.9)) == [
-        ("algo.clip_eps_high", "quarter_pg wants clip_eps_high <= 0.5")]
+        ("algo.clip_eps_high", "quarter_pg wants clip_eps_high <= 0.5")
+    ]
     assert loss_normalizer(cfg, num_tokens=37, num_samples=4) == 4.0  # its own: a sample count
     # l = -0.25 A r = [-0.25 * 2, 0.25 * 0.5] = [-0.5, 0.125], sum -0.375 / 1
     loss, m = policy_loss(inputs([-1.0, -1.0], [2.0, 0.5], [1.0, -1.0]), cfg, 1.0)
@@ -111,6 +117,7 @@ def test_an_estimator_by_import_path_and_registered():
     assert validate_algo(AlgoConfig(name=MY_ESTIMATOR)) == []
     assert compute_advantages(rewards, AlgoConfig(name=MY_ESTIMATOR)).tolist() == expected
     from tests.my_estimator import median_baseline
+
     register_estimator(EstimatorSpec("median", median_baseline))
     try:
         assert validate_algo(AlgoConfig(name="median")) == []
@@ -131,29 +138,42 @@ def test_a_loss_by_path_takes_its_options():
     assert plain.item() == pytest.approx(-1.0)
 
 
-@pytest.mark.parametrize("overrides,message", [
-    (["algo.loss=tests.my_loss:scaled", "+algo.loss_options.sacle=2"],
-     "algo.loss_options: 'scaled'(log_ratio, adv, cfg, ctx, scale: float = 1.0, floor: float | None = None) "
-     "does not take ['sacle']"),
-    (["algo.loss=tests.my_loss:loss", "+algo.loss_options.scale=2"], "algo.loss_options: 'loss'"),
-    (["algo.loss=dapo", "+algo.loss_options.scale=2"],
-     "algo.loss_options: options are passed to a loss given by import path (algo.loss=pkg.mod:fn); "
-     "algo.loss=dapo is built in: set its own section (algo.dapo.*)"),
-])
+@pytest.mark.parametrize(
+    "overrides,message",
+    [
+        (
+            ["algo.loss=tests.my_loss:scaled", "+algo.loss_options.sacle=2"],
+            "algo.loss_options: 'scaled'(log_ratio, adv, cfg, ctx, scale: float = 1.0, floor: float | None = None) "
+            "does not take ['sacle']",
+        ),
+        (["algo.loss=tests.my_loss:loss", "+algo.loss_options.scale=2"], "algo.loss_options: 'loss'"),
+        (
+            ["algo.loss=dapo", "+algo.loss_options.scale=2"],
+            "algo.loss_options: options are passed to a loss given by import path (algo.loss=pkg.mod:fn); "
+            "algo.loss=dapo is built in: set its own section (algo.dapo.*)",
+        ),
+    ],
+)
 def test_loss_options_a_loss_cannot_take_are_one_line_before_start(overrides, message, tmp_path, capsys):
     assert main([*overrides, f"output_dir={tmp_path}"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith(f"rlcore: config error: {message}"), err
 
 
-@pytest.mark.parametrize("override,message", [
-    ("algo.loss=tests.no_such_module:loss", "algo.loss: cannot import 'tests.no_such_module' (ModuleNotFoundError"),
-    ("algo.loss=tests.my_loss:nope", "algo.loss: module 'tests.my_loss' has no 'nope'"),
-    ("algo.loss=tests.my_loss:torch", "algo.loss: 'tests.my_loss:torch' is a module, not a loss function or LossSpec"),
-    (f"algo.loss={MY_ESTIMATOR}", "algo.loss: 'median_baseline' must take (log_ratio, adv, cfg, ctx)"),
-    (f"algo.name={MY_LOSS}", "algo.name: 'loss' must take (rewards, cfg)"),
-    ("algo.name=tests.my_estimator:", "algo.name: 'tests.my_estimator:' is not an import path"),
-])
+@pytest.mark.parametrize(
+    "override,message",
+    [
+        ("algo.loss=tests.no_such_module:loss", "algo.loss: cannot import 'tests.no_such_module' (ModuleNotFoundError"),
+        ("algo.loss=tests.my_loss:nope", "algo.loss: module 'tests.my_loss' has no 'nope'"),
+        (
+            "algo.loss=tests.my_loss:torch",
+            "algo.loss: 'tests.my_loss:torch' is a module, not a loss function or LossSpec",
+        ),
+        (f"algo.loss={MY_ESTIMATOR}", "algo.loss: 'median_baseline' must take (log_ratio, adv, cfg, ctx)"),
+        (f"algo.name={MY_LOSS}", "algo.name: 'loss' must take (rewards, cfg)"),
+        ("algo.name=tests.my_estimator:", "algo.name: 'tests.my_estimator:' is not an import path"),
+    ],
+)
 def test_a_bad_import_path_is_one_line_before_start(override, message, tmp_path, capsys):
     assert main([override, f"output_dir={tmp_path}"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
@@ -165,7 +185,8 @@ def test_an_old_flat_loss_key_is_refused_naming_its_section(old, new, tmp_path, 
     assert main([f"algo.{old}=1", f"output_dir={tmp_path}"]) == 2
     loss = new.partition(".")[0]
     assert capsys.readouterr().err.strip().splitlines() == [
-        f"rlcore: config error: algo.{old}: moved to algo.{new} (loss {loss}'s own section)"]
+        f"rlcore: config error: algo.{old}: moved to algo.{new} (loss {loss}'s own section)"
+    ]
     assert compose([f"algo.{new}=1", f"output_dir={tmp_path}"]) is not None  # the new key exists
 
 
@@ -182,8 +203,10 @@ def test_the_trainer_uses_the_configured_loss(tmp_path, monkeypatch):
         monkeypatch.setenv("MASTER_PORT", str(s.getsockname()[1]))
     monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
     cfg = compose([f"output_dir={tmp_path / 'run'}", f"algo.loss={MY_LOSS}"])
-    samples = [Sample(prompt_ids=p, completion_ids=c, logprobs=[-0.5] * len(c), versions=[0] * len(c),
-                      loss_mask=[1] * len(c)) for p, c in (([1, 10, 11], [20, 21, 2]), ([1, 30], [31, 2]))]
+    samples = [
+        Sample(prompt_ids=p, completion_ids=c, logprobs=[-0.5] * len(c), versions=[0] * len(c), loss_mask=[1] * len(c))
+        for p, c in (([1, 10, 11], [20, 21, 2]), ([1, 30], [31, 2]))
+    ]
     mb = make_micro_batch(samples, [1.0, -1.0])
     core = TrainerCore(cfg, 0, 1)
     try:
@@ -192,8 +215,13 @@ def test_the_trainer_uses_the_configured_loss(tmp_path, monkeypatch):
         mask = mb.loss_mask > 0
         normalizer = loss_normalizer(cfg.algo, int(mask.sum()), len(samples))
         expected = float(-(mb.advantages * logp)[mask].sum() / normalizer)
-        default = float(policy_loss(LossInputs(logp, mb.behaviour_logprobs, mb.advantages, mb.loss_mask,
-                                               sample_index=mb.sample_index), AlgoConfig(), normalizer)[0])
+        default = float(
+            policy_loss(
+                LossInputs(logp, mb.behaviour_logprobs, mb.advantages, mb.loss_mask, sample_index=mb.sample_index),
+                AlgoConfig(),
+                normalizer,
+            )[0]
+        )
         assert abs(expected - default) > 1e-3  # the two losses are told apart on this batch
         metrics = core.train_step([mb], normalizer).metrics
     finally:
@@ -206,9 +234,23 @@ def test_the_trainer_uses_the_configured_loss(tmp_path, monkeypatch):
 @pytest.mark.integration
 def test_the_default_job_trains_with_a_loss_from_outside_the_package(tmp_path):
     out = tmp_path / "run"
-    proc = subprocess.run([sys.executable, "-m", "rlcore.run", f"algo.loss={MY_LOSS}", "steps=3",
-                           "sft.warmup_steps=0", f"output_dir={out}", "logger.console=false", "cluster.num_cpus=2"],
-                          cwd=REPO, capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "rlcore.run",
+            f"algo.loss={MY_LOSS}",
+            "steps=3",
+            "sft.warmup_steps=0",
+            f"output_dir={out}",
+            "logger.console=false",
+            "cluster.num_cpus=2",
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert len(rows) == 3
@@ -225,7 +267,11 @@ def test_a_registered_spec_naming_a_missing_module_is_refused_before_start():
     register_loss(LossSpec("lost", "tests.no_such_module:surrogate"))
     try:
         assert validate_algo(AlgoConfig(loss="lost")) == [
-            ("algo.loss", "'lost' names 'tests.no_such_module:surrogate', but there is no module 'tests.no_such_module'")]
+            (
+                "algo.loss",
+                "'lost' names 'tests.no_such_module:surrogate', but there is no module 'tests.no_such_module'",
+            )
+        ]
     finally:
         unregister_loss("lost")
 
@@ -234,7 +280,9 @@ def test_a_plugin_returning_the_wrong_shape_is_named_at_its_first_call():
     register_loss(LossSpec("scalar", lambda log_ratio, adv, cfg, ctx: (log_ratio.sum(), adv < 0, log_ratio.exp())))
     register_estimator(EstimatorSpec("means", lambda rewards, cfg: rewards.mean(dim=1)))
     try:
-        with pytest.raises(ValueError, match=r"algo.loss=scalar: the surrogate returned shapes \[\(\), \(2,\), \(2,\)\]"):
+        with pytest.raises(
+            ValueError, match=r"algo.loss=scalar: the surrogate returned shapes \[\(\), \(2,\), \(2,\)\]"
+        ):
             policy_loss(inputs([-1.0, -1.0], [1.0, 1.0], [1.0, -1.0]), AlgoConfig(loss="scalar"), 1.0)
         with pytest.raises(ValueError, match=r"algo.name=means: the estimator returned \(1,\), expected .* \(1, 2\)"):
             compute_advantages(torch.tensor([[1.0, 0.0]]), AlgoConfig(name="means"))
@@ -248,6 +296,7 @@ def test_a_recipe_with_an_old_flat_loss_key_is_refused_naming_its_section(tmp_pa
 
     import rlcore.plan.compose as run
     from rlcore.config import ConfigError
+
     conf = tmp_path / "conf"
     shutil.copytree(run.CONF_DIR, conf)  # follows conf/recipe's link to recipes/
     (conf / "recipe" / "old.yaml").write_text("# @package _global_\nalgo:\n  loss: dapo\n  dapo_clip_eps_high: 0.3\n")

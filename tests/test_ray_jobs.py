@@ -27,9 +27,8 @@ from pathlib import Path
 
 import pytest
 
-from launch.cluster_nodes import _under as processes_under
-
 from launch import submit
+from launch.cluster_nodes import _under as processes_under
 
 REPO = Path(__file__).resolve().parent.parent
 PYTHON = sys.executable
@@ -39,7 +38,11 @@ BIN = str(Path(sys.executable).parent)
 def launcher(*args: str, timeout: float = 60, env: dict | None = None) -> subprocess.CompletedProcess:
     return subprocess.run(
         [PYTHON, "-m", "launch.submit", *args],
-        cwd=REPO, capture_output=True, text=True, timeout=timeout, env=env,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
     )
 
 
@@ -75,8 +78,15 @@ def test_bad_input_is_one_clear_error(args, message):
 
 def test_a_head_that_is_down_is_reported_fast():
     start = time.monotonic()
-    proc = launcher("--deps", "preinstalled", "--address", f"http://127.0.0.1:{free_port()}", "--", "steps=1",
-                    "output_dir=/tmp/rlcore-never-written")
+    proc = launcher(
+        "--deps",
+        "preinstalled",
+        "--address",
+        f"http://127.0.0.1:{free_port()}",
+        "--",
+        "steps=1",
+        "output_dir=/tmp/rlcore-never-written",
+    )
     assert proc.returncode == 2
     assert "cannot reach the Ray dashboard" in proc.stderr
     assert "Traceback" not in proc.stderr
@@ -92,17 +102,29 @@ def test_a_head_that_never_answers_times_out():
         port = server.getsockname()[1]
         start = time.monotonic()
         proc = launcher(
-            "--deps", "preinstalled", "--request-timeout", "2",
-            "--address", f"http://127.0.0.1:{port}", "--", "steps=1", "output_dir=/tmp/rlcore-never-written",
+            "--deps",
+            "preinstalled",
+            "--request-timeout",
+            "2",
+            "--address",
+            f"http://127.0.0.1:{port}",
+            "--",
+            "steps=1",
+            "output_dir=/tmp/rlcore-never-written",
         )
     assert proc.returncode == 2
     assert "no answer within 2 s" in proc.stderr
     assert time.monotonic() - start < 30
 
 
-@pytest.mark.parametrize("overrides, key", [(["steps=1"], "output_dir='outputs/rl'"),
-                                            (["+recipe=reverse_text"], "output_dir='outputs/reverse_text'"),
-                                            (["output_dir=/tmp/x", "checkpoint.dir=ck"], "checkpoint.dir='ck'")])
+@pytest.mark.parametrize(
+    "overrides, key",
+    [
+        (["steps=1"], "output_dir='outputs/rl'"),
+        (["+recipe=reverse_text"], "output_dir='outputs/reverse_text'"),
+        (["output_dir=/tmp/x", "checkpoint.dir=ck"], "checkpoint.dir='ck'"),
+    ],
+)
 def test_a_relative_output_is_refused_before_the_cluster_is_reached(overrides, key):
     proc = launcher("--deps", "preinstalled", "--address", f"http://127.0.0.1:{free_port()}", "--", *overrides)
     assert proc.returncode == 2
@@ -199,9 +221,7 @@ class FakeJobClient:
 
 def follow(client, timeout_s=10.0):
     out = io.StringIO()
-    status = asyncio.run(
-        submit.follow(client, "job", timeout_s=timeout_s, request_timeout_s=2, poll_s=0.05, out=out)
-    )
+    status = asyncio.run(submit.follow(client, "job", timeout_s=timeout_s, request_timeout_s=2, poll_s=0.05, out=out))
     return status, out.getvalue()
 
 
@@ -272,14 +292,24 @@ class LocalHead:
         self.log = open(self.log_path, "w")
         self.proc = subprocess.Popen(
             [
-                str(Path(BIN) / "ray"), "start", "--head", "--block",
-                "--node-ip-address=127.0.0.1", f"--port={self.port}",
-                "--dashboard-host=127.0.0.1", f"--dashboard-port={self.dashboard_port}",
+                str(Path(BIN) / "ray"),
+                "start",
+                "--head",
+                "--block",
+                "--node-ip-address=127.0.0.1",
+                f"--port={self.port}",
+                "--dashboard-host=127.0.0.1",
+                f"--dashboard-port={self.dashboard_port}",
                 f"--dashboard-agent-listen-port={free_port()}",
-                "--num-cpus=2", "--num-gpus=0", f"--temp-dir={self.temp_dir}",
+                "--num-cpus=2",
+                "--num-gpus=0",
+                f"--temp-dir={self.temp_dir}",
                 "--disable-usage-stats",
             ],
-            env=self.env, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True,
+            env=self.env,
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
         )
 
     def wait_ready(self, timeout_s: float = 120) -> None:
@@ -335,13 +365,23 @@ def local_head():
 def test_default_recipe_runs_as_a_ray_job(local_head, tmp_path):
     out = tmp_path / "run"
     proc = launcher(
-        "--address", local_head.address,
+        "--address",
+        local_head.address,
         # Nothing can be downloaded at run time here, and the head already runs from the locked
         # venv: ship only the code.
-        "--deps", "preinstalled",
-        "--timeout", "300", "--request-timeout", "60", "--poll", "5",
-        "--", "steps=3", f"output_dir={out}",
-        timeout=360, env=local_head.env,
+        "--deps",
+        "preinstalled",
+        "--timeout",
+        "300",
+        "--request-timeout",
+        "60",
+        "--poll",
+        "5",
+        "--",
+        "steps=3",
+        f"output_dir={out}",
+        timeout=360,
+        env=local_head.env,
     )
     assert proc.returncode == 0, f"{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}"
     assert "SUCCEEDED" in proc.stderr
@@ -361,10 +401,21 @@ def test_failed_run_fails_the_launcher_with_its_exit_code(local_head, tmp_path):
     # rlcore.run rejects an unknown recipe with exit code 2 before starting anything: the job
     # FAILS and the launcher reports the driver's code, not a generic 1 and never 0.
     proc = launcher(
-        "--address", local_head.address, "--deps", "preinstalled",
-        "--timeout", "180", "--request-timeout", "60", "--poll", "5",
-        "--", "+recipe=no_such_recipe", f"output_dir={tmp_path / 'run'}",
-        timeout=240, env=local_head.env,
+        "--address",
+        local_head.address,
+        "--deps",
+        "preinstalled",
+        "--timeout",
+        "180",
+        "--request-timeout",
+        "60",
+        "--poll",
+        "5",
+        "--",
+        "+recipe=no_such_recipe",
+        f"output_dir={tmp_path / 'run'}",
+        timeout=240,
+        env=local_head.env,
     )
     assert proc.returncode == 2, f"{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
     assert "FAILED" in proc.stderr
@@ -378,10 +429,23 @@ def test_a_run_past_its_timeout_is_stopped(local_head, tmp_path):
 
     sid = f"rlcore-timeout-{os.getpid()}"
     proc = launcher(
-        "--address", local_head.address, "--deps", "preinstalled", "--submission-id", sid,
-        "--timeout", "15", "--request-timeout", "60", "--poll", "2",
-        "--", "steps=100000", f"output_dir={tmp_path / 'run'}",
-        timeout=240, env=local_head.env,
+        "--address",
+        local_head.address,
+        "--deps",
+        "preinstalled",
+        "--submission-id",
+        sid,
+        "--timeout",
+        "15",
+        "--request-timeout",
+        "60",
+        "--poll",
+        "2",
+        "--",
+        "steps=100000",
+        f"output_dir={tmp_path / 'run'}",
+        timeout=240,
+        env=local_head.env,
     )
     assert proc.returncode == 124, f"{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
     assert "did not finish within --timeout 15 s; stopping it" in proc.stderr
@@ -408,15 +472,37 @@ def test_a_token_authenticated_local_cluster_takes_a_ray_job_with_its_token_only
         assert token_file.stat().st_mode & 0o777 == 0o600
         token = token_file.read_text().strip()
         base = lc.ray_env()  # this machine's venv on PATH; RAY_AUTH_MODE=disabled, as a client without the token
-        refused = launcher("--address", cluster.dashboard_url, "--deps", "preinstalled", "--", "steps=1",
-                           f"output_dir={tmp_path / 'refused'}", env=base)
+        refused = launcher(
+            "--address",
+            cluster.dashboard_url,
+            "--deps",
+            "preinstalled",
+            "--",
+            "steps=1",
+            f"output_dir={tmp_path / 'refused'}",
+            env=base,
+        )
         assert refused.returncode == 2 and "the cluster refused us" in refused.stderr, refused.stderr[-2000:]
 
         out = tmp_path / "run"
-        proc = launcher("--address", cluster.dashboard_url, "--deps", "preinstalled", "--timeout", "300",
-                        "--request-timeout", "60", "--poll", "5", "--", "steps=2", "sft.warmup_steps=0",
-                        f"output_dir={out}", timeout=360,
-                        env={**base, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(token_file)})
+        proc = launcher(
+            "--address",
+            cluster.dashboard_url,
+            "--deps",
+            "preinstalled",
+            "--timeout",
+            "300",
+            "--request-timeout",
+            "60",
+            "--poll",
+            "5",
+            "--",
+            "steps=2",
+            "sft.warmup_steps=0",
+            f"output_dir={out}",
+            timeout=360,
+            env={**base, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(token_file)},
+        )
         assert proc.returncode == 0, f"{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
         assert [json.loads(line)["step"] for line in (out / "metrics.jsonl").read_text().splitlines()] == [1, 2]
         leaks = [str(p) for p in out.rglob("*") if p.is_file() and token.encode() in p.read_bytes()]

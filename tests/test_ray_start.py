@@ -6,8 +6,8 @@ import os
 import pytest
 import ray
 
-from rlcore.plan.compose import compose
 from actors.session import RayStartError, start_ray
+from rlcore.plan.compose import compose
 from rlcore.run import main
 
 
@@ -18,8 +18,10 @@ class FailingInit:
     def __call__(self, **kwargs):
         self.calls += 1
         if self.calls <= self.failures:
-            raise Exception("The current node timed out during startup. This could happen because some of "
-                            "the raylet failed to startup or the GCS has become overloaded.")
+            raise Exception(
+                "The current node timed out during startup. This could happen because some of "
+                "the raylet failed to startup or the GCS has become overloaded."
+            )
 
 
 def test_local_start_is_retried_once(monkeypatch, tmp_path):
@@ -56,11 +58,14 @@ def test_main_reports_a_failed_start_in_one_line(monkeypatch, tmp_path, capsys):
     assert len(err) == 1 and err[0].startswith("rlcore: error: the local Ray cluster did not start"), err
 
 
-@pytest.mark.parametrize("env, made", [
-    ({}, True),                                          # Ray's default, token: made, owner-only
-    ({"RAY_AUTH_MODE": "disabled"}, False),              # the user turned it off
-    ({"RAY_AUTH_TOKEN_PATH": "/elsewhere/token"}, False),  # the user gave one
-])
+@pytest.mark.parametrize(
+    "env, made",
+    [
+        ({}, True),  # Ray's default, token: made, owner-only
+        ({"RAY_AUTH_MODE": "disabled"}, False),  # the user turned it off
+        ({"RAY_AUTH_TOKEN_PATH": "/elsewhere/token"}, False),  # the user gave one
+    ],
+)
 def test_a_local_cluster_runs_with_token_auth_and_a_private_token_file(tmp_path, monkeypatch, env, made):
     from actors.session import local_ray_environment
 

@@ -17,7 +17,7 @@ def documented(marker: str) -> list[str]:
     text = README.replace("\\\n", " ")
     line = next(ln for ln in text.splitlines() if "python -m rlcore.run" in ln and marker in ln)
     words = shlex.split(line.split("#", 1)[0])
-    return words[words.index("rlcore.run") + 1:]
+    return words[words.index("rlcore.run") + 1 :]
 
 
 def test_rl_from_the_sft_model_skips_the_second_warmup():

@@ -10,14 +10,14 @@ import torch
 import torch.multiprocessing as mp
 import yaml
 
+from rlcore.config.errors import ConfigError
 from rlcore.envs import make_env
 from rlcore.envs.reverse_text import ReverseText
 from rlcore.envs.wordle import feedback
 from rlcore.models.build import build_tokenizer
 from rlcore.plan.compose import compose, recipes
-from rlcore.sft.dataset import build_dataset
-from rlcore.config.errors import ConfigError
 from rlcore.plan.validate import validate
+from rlcore.sft.dataset import build_dataset
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -35,8 +35,9 @@ def test_each_rl_recipe_sets_its_own_warm_up(recipe):
     assert "warmup_steps" in sft, recipe
 
 
-@pytest.mark.parametrize("name,args", [("alphabet_sort", {}), ("tool_use", {"search_k": 1}),
-                                       ("tool_use", {"facts": 1})])
+@pytest.mark.parametrize(
+    "name,args", [("alphabet_sort", {}), ("tool_use", {"search_k": 1}), ("tool_use", {"facts": 1})]
+)
 def test_multi_turn_demonstrations_are_whole_winning_episodes(name, args):
     env = make_env(name, args, 0)
     for i in range(50):
@@ -89,7 +90,7 @@ def test_noisy_wordle_demonstrations_are_weaker_games_of_listed_words():
         repeats = [k for k in range(1, len(guesses)) if guesses[k] == guesses[k - 1]]
         repeated += bool(repeats)
         distinct = [g for k, g in enumerate(guesses) if k not in repeats]
-        assert distinct == solver.demonstration_turns(task)[:len(distinct)]
+        assert distinct == solver.demonstration_turns(task)[: len(distinct)]
         conv = noisy.demonstration_messages(task)
         totals["noisy"] += noisy.score(task, conv, {})
         totals["solver"] += solver.score(task, solver.demonstration_messages(task), {})
@@ -111,7 +112,7 @@ def test_mini_swe_demonstrations_fix_the_repo_in_the_real_sandbox(args):
         conv = env.demonstration_messages(task)
         replies = [m["content"] for m in conv if m["role"] == "assistant"]
         assert replies[0] == "<tool>read: lib.py</tool>" and replies[-1] == "done" and len(replies) <= env.max_turns
-        results = [m["content"] for m in conv[len(task.messages):] if m["role"] == "user"]
+        results = [m["content"] for m in conv[len(task.messages) :] if m["role"] == "user"]
         assert results[0] == f"<result>read: {task.info['files']['lib.py']}</result>"
         assert "passed; failed: none" in results[-1]
         assert env.score(task, task.messages, env.init_state(task)) < 1.0  # the planted bug breaks a test
@@ -166,7 +167,9 @@ def test_math_one_step_demo_split_is_apart_from_the_tasks():
     env = make_env("math", {"path": "math_one_step.jsonl"}, 0)
     questions = {s: {r["question"] for r in env.split_rows[s]} for s in ("train", "demo", "eval")}
     assert all(len(q) >= 200 for q in questions.values())
-    assert not (questions["demo"] & questions["train"]) and not (questions["eval"] & (questions["train"] | questions["demo"]))
+    assert not (questions["demo"] & questions["train"]) and not (
+        questions["eval"] & (questions["train"] | questions["demo"])
+    )
     assert env.split_size("demo") == len(questions["demo"])
 
 
@@ -210,6 +213,7 @@ def _sft_lr_rank(rank, port, out):
     torch.set_num_threads(1)
     from rlcore.batch.packing import pack_for_ranks
     from rlcore.trainer.core import TrainerCore
+
     cfg = compose(["trainer.lr=0.01", "mode=sft", "sft.num_examples=8"])
     core = TrainerCore(cfg, rank, 1)
     data = build_dataset(cfg, core.tokenizer)
@@ -218,6 +222,7 @@ def _sft_lr_rank(rank, port, out):
 
     def params():
         return [t.detach().clone() for _, t in core.full_parameters()]
+
     before = params()
     core.sft_step(shards[0], tokens, lr=0.0)  # the warm-up's own rate: here none at all
     frozen = all(torch.equal(a, b) for a, b in zip(before, params()))
@@ -232,15 +237,16 @@ def test_warm_up_steps_run_at_their_own_learning_rate(tmp_path):
     """A warm-up step's own rate (`sft.lr`, here passed per step): the step uses it; the step
     after uses trainer.lr again (what RL runs at)."""
     from rlcore.trainer.core import free_port
+
     out = tmp_path / "r.pt"
     mp.start_processes(_sft_lr_rank, args=(free_port(), str(out)), nprocs=1, start_method="spawn")
     r = torch.load(out)
     assert r["frozen"] and r["lr_after"] == pytest.approx(0.01) and r["moved"]
 
 
-
 def test_shipped_math_files_are_what_the_generator_writes():
     from rlcore.data import data_path
     from rlcore.data.make_math import FILES
+
     for name, rows in FILES.items():
         assert data_path(name).read_text() == "".join(json.dumps(r) + "\n" for r in rows()), name

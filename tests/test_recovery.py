@@ -8,8 +8,8 @@ import pytest
 
 from actors.recovery import TrainerRecovery, dead_trainer_ranks
 from actors.remote import ActorDied, RunError
-from rlcore.report.failures import FailureLog
 from rlcore.plan.compose import compose
+from rlcore.report.failures import FailureLog
 
 
 def recovery(tmp_path: Path, *overrides: str, checkpoint: Path | None = None) -> TrainerRecovery:

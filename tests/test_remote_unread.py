@@ -60,6 +60,7 @@ class Rank:
     def exit_after(self, seconds: float) -> None:
         time.sleep(seconds)
         import os
+
         os._exit(1)
 
     def wait_in_collective(self, seconds: float) -> None:
@@ -87,8 +88,10 @@ def test_the_clusters_error_reports_go_to_the_run_folder_with_one_console_line(t
     whole text in OUTPUT_DIR/logs/ray-errors.log and says one line."""
     import logging
 
-    from actors.logs import route_cluster_errors
     from ray._private.utils import publish_error_to_driver
+
+    from actors.logs import route_cluster_errors
+
     original = ray_worker.print_to_stdstream
     try:
         path = route_cluster_errors(str(tmp_path))
@@ -97,15 +100,21 @@ def test_the_clusters_error_reports_go_to_the_run_folder_with_one_console_line(t
         with caplog.at_level(logging.INFO, logger="rlcore"):
             # one killed raylet came as two identical reports: said once; a different one after it is said
             for text in (report, report, "Raylet is terminated\n  last lines"):
-                publish_error_to_driver("node_died", text, ray_worker.global_worker.gcs_client,
-                                        job_id=ray_worker.global_worker.current_job_id)
+                publish_error_to_driver(
+                    "node_died",
+                    text,
+                    ray_worker.global_worker.gcs_client,
+                    job_id=ray_worker.global_worker.current_job_id,
+                )
             deadline = time.monotonic() + 20
             while time.monotonic() < deadline and not (path.exists() and "last lines" in path.read_text()):
                 time.sleep(0.2)
         assert path.read_text().count("frame 19") == 1
         lines = [r.getMessage() for r in caplog.records if "Ray reported" in r.getMessage()]
-        assert lines == [f"Ray reported: The node with node id abc has been marked dead (whole report: {path})",
-                         f"Ray reported: Raylet is terminated (whole report: {path})"]
+        assert lines == [
+            f"Ray reported: The node with node id abc has been marked dead (whole report: {path})",
+            f"Ray reported: Raylet is terminated (whole report: {path})",
+        ]
         assert "frame 3" not in capfd.readouterr().err
     finally:
         ray_worker.print_to_stdstream = original
@@ -144,14 +153,21 @@ def test_a_named_wait_says_what_it_waits_for_within_seconds(monkeypatch, caplog)
     import logging
 
     import actors.remote as remote
+
     monkeypatch.setattr(remote, "WAIT_NOTICE_S", 1.0)
     refs = [answers_after.remote(0.0), answers_after.remote(3.0)]
     with caplog.at_level(logging.WARNING, logger="rlcore"):
-        assert get(refs, 60, "checkpoint save of step 3", ["trainer rank 0", "trainer rank 1"],
-                   notice="writing to /ckpt, checkpoint.timeout_s") == [1, 1]
+        assert get(
+            refs,
+            60,
+            "checkpoint save of step 3",
+            ["trainer rank 0", "trainer rank 1"],
+            notice="writing to /ckpt, checkpoint.timeout_s",
+        ) == [1, 1]
     lines = [r.getMessage() for r in caplog.records]
-    assert len(lines) == 1 and lines[0].startswith("checkpoint save of step 3: waiting for trainer rank 1 "
-                                                   "(writing to /ckpt, checkpoint.timeout_s); up to"), lines
+    assert len(lines) == 1 and lines[0].startswith(
+        "checkpoint save of step 3: waiting for trainer rank 1 (writing to /ckpt, checkpoint.timeout_s); up to"
+    ), lines
 
 
 def test_the_capacity_probe_asks_the_live_cluster_without_blocking():
@@ -160,6 +176,7 @@ def test_the_capacity_probe_asks_the_live_cluster_without_blocking():
     from actors.session import CapacityProbe
     from rlcore.plan.compose import compose
     from rlcore.plan.layout import group_bundles
+
     cfg = compose(["cluster.trainer_node_labels.rlcore-group=trainer"])
     probe = CapacityProbe(cfg, group_bundles(cfg)[0])
     start = time.monotonic()

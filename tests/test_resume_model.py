@@ -6,16 +6,17 @@ import json
 
 import pytest
 
-from rlcore.storage.checkpoint_dirs import META, TRAINER_DIR
+from rlcore.config.errors import ConfigError
 from rlcore.plan.compose import compose
 from rlcore.run import main
-from rlcore.config.errors import ConfigError
+from rlcore.storage.checkpoint_dirs import META, TRAINER_DIR
 
 
 def fake_checkpoint(root, step=3, **model_changes):
     """A complete checkpoint directory whose meta.json records a model unlike the default."""
     saved = compose([f"output_dir={root}"])
     from omegaconf import OmegaConf
+
     config = OmegaConf.to_container(OmegaConf.structured(saved))
     config["model"]["arch"].update(model_changes)
     path = root / "checkpoints" / f"step_{step:08d}"

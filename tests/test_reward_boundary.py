@@ -87,6 +87,7 @@ class Attacker(Scored):
                     return
                 for bid in range(loop._batch["id"] + 1, loop._batch["id"] + 4):
                     _write_all(_frame(encode_reply(bid, [Outcome(value=1.0)] * 8, 0, True, False)))
+
             forge()
             threading.Thread(target=lambda: (time.sleep(0.3), forge()), daemon=True).start()
             return 0.0
@@ -147,6 +148,7 @@ class Attacker(Scored):
             if libc.shmget(0, 1 << 20, 0o1000 | 0o600) >= 0:  # IPC_PRIVATE, IPC_CREAT
                 escaped.append("sysv")
             import mmap
+
             try:
                 mmap.mmap(-1, 1 << 20, flags=mmap.MAP_SHARED)
                 escaped.append("shared anonymous mmap")
@@ -199,6 +201,7 @@ def attack(request):
             assert [(s.reward, s.failed, s.error) for s in others] == [(0.0, False, None)] * len(others)
             out.append(attacked)
         return out
+
     yield make
     for env in made:
         env.reward_pool().close()
@@ -322,8 +325,9 @@ def test_as_an_ordinary_uid(attack, starter):
 
     if os.geteuid() != 0:
         pytest.skip("changing to another uid needs root")
-    if subprocess.check_output([USER_PYTHON, "-c", "import sys; print(sys.version_info[:2])"], text=True).strip() \
-            != str(sys.version_info[:2]):
+    if subprocess.check_output(
+        [USER_PYTHON, "-c", "import sys; print(sys.version_info[:2])"], text=True
+    ).strip() != str(sys.version_info[:2]):
         pytest.skip("the system's Python is another minor version than the venv's")
     if os.path.exists(MARK):
         os.unlink(MARK)
@@ -337,4 +341,3 @@ def test_as_an_ordinary_uid(attack, starter):
         if attack == "memory":
             assert all(s[1] is None for s in samples[:2]), samples[0][1]
     assert got["victim_alive"] and not os.path.exists(MARK)
-

@@ -14,11 +14,11 @@ import math
 
 import pytest
 
+from rlcore.batch.meta import group_meta
 from rlcore.envs import make_env
 from rlcore.envs.base import Environment
 from rlcore.envs.mini_swe import visible_calls
 from rlcore.envs.sealed_tests import read_report, run_sealed
-from rlcore.batch.meta import group_meta
 from rlcore.report.failures import FailureLog
 from rlcore.sandbox.local import namespaces_problem
 from rlcore.types import Group, Task
@@ -28,28 +28,34 @@ NO_NS = namespaces_problem()
 FORGED = json.dumps({"passed": 1000, "total": 1, "failed": []})  # the old runner's summary, forged
 
 # the visible tests' answers as `answers` (test name -> expected value), read from test_lib.py
-ANSWERS = ("import re as _re\n"
-           "answers = {n: eval(w) for n, w in _re.findall(r'def (test_\\w+)\\(\\):\\n    assert .* == (.*)',"
-           " open('test_lib.py').read())}\n")
+ANSWERS = (
+    "import re as _re\n"
+    "answers = {n: eval(w) for n, w in _re.findall(r'def (test_\\w+)\\(\\):\\n    assert .* == (.*)',"
+    " open('test_lib.py').read())}\n"
+)
 # a report as the runner writes it, with every visible answer right (hidden ones guessed)
-REPORT = ANSWERS + ("import json as _json\n"
-                    "report = _json.dumps({**{f'hidden_{f}_{j}': {'value': 0} for f in ('add', 'is_even', 'factorial',"
-                    " 'largest', 'reverse', 'count_vowels', 'clamp', 'square') for j in range(3)},"
-                    " **{n: {'value': v} for n, v in answers.items()}})\n")
+REPORT = ANSWERS + (
+    "import json as _json\n"
+    "report = _json.dumps({**{f'hidden_{f}_{j}': {'value': 0} for f in ('add', 'is_even', 'factorial',"
+    " 'largest', 'reverse', 'count_vowels', 'clamp', 'square') for j in range(3)},"
+    " **{n: {'value': v} for n, v in answers.items()}})\n"
+)
 # the runner's memory, region by region, into `seen` (what a nonce thief reads)
-READ_RUNNER = ("import os as _os\n"
-               "seen = ''\n"
-               "try:\n"
-               "    with open(f'/proc/{_os.getppid()}/maps') as maps, open(f'/proc/{_os.getppid()}/mem', 'rb') as mem:\n"
-               "        for region in maps:\n"
-               "            lo, hi = (int(x, 16) for x in region.split()[0].split('-'))\n"
-               "            if region.split()[1].startswith('rw') and hi - lo < 1 << 26:\n"
-               "                try:\n                    mem.seek(lo); seen += mem.read(hi - lo).decode('latin-1')\n"
-               "                except OSError: pass\n"
-               "except OSError:\n    pass\n"
-               "for path in ('.rlcore_tests.json', f'/proc/{_os.getppid()}/cmdline', f'/proc/{_os.getppid()}/environ',"
-               " '/proc/self/environ'):\n"
-               "    try: seen += open(path, 'rb').read(1 << 16).decode(errors='replace')\n    except OSError: pass\n")
+READ_RUNNER = (
+    "import os as _os\n"
+    "seen = ''\n"
+    "try:\n"
+    "    with open(f'/proc/{_os.getppid()}/maps') as maps, open(f'/proc/{_os.getppid()}/mem', 'rb') as mem:\n"
+    "        for region in maps:\n"
+    "            lo, hi = (int(x, 16) for x in region.split()[0].split('-'))\n"
+    "            if region.split()[1].startswith('rw') and hi - lo < 1 << 26:\n"
+    "                try:\n                    mem.seek(lo); seen += mem.read(hi - lo).decode('latin-1')\n"
+    "                except OSError: pass\n"
+    "except OSError:\n    pass\n"
+    "for path in ('.rlcore_tests.json', f'/proc/{_os.getppid()}/cmdline', f'/proc/{_os.getppid()}/environ',"
+    " '/proc/self/environ'):\n"
+    "    try: seen += open(path, 'rb').read(1 << 16).decode(errors='replace')\n    except OSError: pass\n"
+)
 
 # code appended to the task's buggy lib.py; it runs when the test process imports lib. Each also
 # prints the old runner's summary (what made it score 1000.0 before)
@@ -64,7 +70,8 @@ ATTACKS = {
         f"open('run_tests.py', 'w').write('print({FORGED!r})')\n"
         "main = sys.modules['__main__']\n"
         "for name in ('main', '_run_child', 'read_report'):\n"
-        "    setattr(main, name, lambda *a, **k: print(" + repr(FORGED) + "))\n"),
+        "    setattr(main, name, lambda *a, **k: print(" + repr(FORGED) + "))\n"
+    ),
     # tests made to disappear: the file deleted, `dir` reporting only the tests that pass
     "delete_tests": (
         "import builtins, os\n"
@@ -73,9 +80,11 @@ ATTACKS = {
         "def _passes(f):\n"
         "    try:\n        f(); return True\n    except Exception:\n        return False\n"
         "builtins.dir = lambda *a: [n for n in _dir(*a) if not (a and n.startswith('test_'))"
-        " or _passes(getattr(a[0], n))]\n"),
+        " or _passes(getattr(a[0], n))]\n"
+    ),
     # where a harness might read: work-dir files, stdout, stderr, every descriptor, /proc paths
-    "write_result": REPORT + (
+    "write_result": REPORT
+    + (
         "import os\n"
         f"lines = [({FORGED!r} + '\\n').encode(), (('f' * 32) + ' ' + report + '\\n').encode()]\n"
         "for name in ('results.json', 'report.json', '.rlcore_tests.json', 'summary.txt'):\n"
@@ -86,7 +95,8 @@ ATTACKS = {
         "for path in ('/dev/stdout', '/dev/stderr', f'/proc/{os.getppid()}/fd/1', '/proc/1/fd/1',\n"
         "             f'/proc/{os.getppid()}/fd/2'):\n"
         "    try:\n        with open(path, 'ab') as f: f.write(b''.join(lines))\n    except OSError: pass\n"
-        "os._exit(0)\n"),
+        "os._exit(0)\n"
+    ),
     # the visible answers written into the test process's own value channel (a lookup table)
     "lookup_table": (
         "import json, re as _re, sys\n"
@@ -96,7 +106,8 @@ ATTACKS = {
         "for i, (f, args) in enumerate(calls):\n"
         "    print(json.dumps({'i': i, 'value': table.get((f, ', '.join(map(repr, args))), 0)}), flush=True)\n"
         f"print({FORGED!r}, flush=True)\n"
-        "import os\nos._exit(0)\n"),
+        "import os\nos._exit(0)\n"
+    ),
     # every function returns an object equal to anything; builtins and unittest patched
     "monkeypatch": (
         "import builtins, unittest\n"
@@ -109,7 +120,8 @@ ATTACKS = {
         "    globals()[_name] = lambda *a, **k: Anything()\n"
         "builtins.isinstance = lambda *a: True\n"
         "builtins.AssertionError = type('Nothing', (Exception,), {})\n"
-        "unittest.TestCase.run = lambda *a, **k: None\n"),
+        "unittest.TestCase.run = lambda *a, **k: None\n"
+    ),
     # the runner (or whatever started the tests) killed, after a forged summary
     "kill_parent": (
         f"print({FORGED!r}, flush=True)\n"
@@ -118,17 +130,23 @@ ATTACKS = {
         "    try: os.kill(pid, signal.SIGKILL)\n    except (OSError, PermissionError): pass\n"
         "try: signal.pidfd_send_signal(os.pidfd_open(os.getppid()), signal.SIGKILL)\n"
         "except (OSError, AttributeError): pass\n"
-        "os._exit(0)\n"),
+        "os._exit(0)\n"
+    ),
     # lines that look like the report: random nonces, and any 32-hex string the runner leaks
-    "nonce_line": REPORT + READ_RUNNER + (
+    "nonce_line": REPORT
+    + READ_RUNNER
+    + (
         "import secrets\n"
         "for nonce in set(_re.findall(r'[0-9a-f]{32}', seen)) | {secrets.token_hex(16) for _ in range(50)}:\n"
         "    print(nonce + ' ' + report, flush=True)\n"
         f"print({FORGED!r}, flush=True)\n"
-        "_os._exit(0)\n"),
+        "_os._exit(0)\n"
+    ),
     # the nonce stolen from the runner's memory, the report written to the runner's own stdout,
     # the runner killed so that report is the only one
-    "steal_nonce": REPORT + READ_RUNNER + (
+    "steal_nonce": REPORT
+    + READ_RUNNER
+    + (
         "import signal\n"
         "try:\n"
         "    fd = _os.open(f'/proc/{_os.getppid()}/fd/1', _os.O_WRONLY | _os.O_APPEND)\n"
@@ -138,7 +156,8 @@ ATTACKS = {
         "try: signal.pidfd_send_signal(_os.pidfd_open(_os.getppid()), signal.SIGKILL)\n"
         "except (OSError, AttributeError): pass\n"
         f"print({FORGED!r}, flush=True)\n"
-        "_os._exit(0)\n"),
+        "_os._exit(0)\n"
+    ),
 }
 
 
@@ -160,10 +179,14 @@ def test_a_forged_result_scores_no_more_than_leaving_the_bug(env, attack):
         files = dict(task.info["files"])
         nothing = score(env, task, files)
         assert nothing < 1.0 and score(env, task, {**files, "lib.py": task.info["fixed"]}) == 1.0
-        forged = {**files, "lib.py": files["lib.py"] + "\n\n" + ATTACKS[attack],
-                  "test_lib.py": "def test_ok():\n    pass\n", "run_tests.py": f"print({FORGED!r})\n",
-                  "json.py": f"def dumps(*a, **k):\n    return {FORGED!r}\n",
-                  ".local/lib/python3.11/site-packages/usercustomize.py": f"print({FORGED!r})\n"}
+        forged = {
+            **files,
+            "lib.py": files["lib.py"] + "\n\n" + ATTACKS[attack],
+            "test_lib.py": "def test_ok():\n    pass\n",
+            "run_tests.py": f"print({FORGED!r})\n",
+            "json.py": f"def dumps(*a, **k):\n    return {FORGED!r}\n",
+            ".local/lib/python3.11/site-packages/usercustomize.py": f"print({FORGED!r})\n",
+        }
         got = score(env, task, forged)
         assert 0.0 <= got <= nothing, (attack, index, got, nothing)
         if attack != "lookup_table":  # the channel itself: no visible test passes that the bug fails

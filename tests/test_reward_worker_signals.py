@@ -74,7 +74,8 @@ print(json.dumps([[(s.reward, s.error, s.failed) for s in scored(env, tasks=2, n
 
 ATTACKS = {
     # the pid it names is not in the worker's PID namespace
-    "kill_actor": "reward: ProcessLookupError", "kill_grandparent": "reward: ProcessLookupError",
+    "kill_actor": "reward: ProcessLookupError",
+    "kill_grandparent": "reward: ProcessLookupError",
     "killpg_actor": "reward: ProcessLookupError",
     "pidfd": "reward: OSError: [Errno 22]",  # a process outside the caller's namespace
     "kill_all": "reward: ProcessLookupError",  # the worker's namespace holds no one else to signal
@@ -94,11 +95,19 @@ def score_as(who: str, attack: str, starter: str) -> list:
     cmd = [sys.executable, "-c", ACTOR, attack, starter]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     if who == "user":  # root's interpreter is not readable by 65534: the system's, same minor version
-        cmd = ["setpriv", f"--reuid={USER}", f"--regid={USER}", "--clear-groups", USER_PYTHON, "-c", ACTOR, attack, starter]
-        env = {"PATH": os.environ["PATH"], "HOME": "/nonexistent",
-               "PYTHONPATH": f"{ROOT}:{site.getsitepackages()[0]}"}
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=ROOT, env=env,
-                          start_new_session=True)
+        cmd = [
+            "setpriv",
+            f"--reuid={USER}",
+            f"--regid={USER}",
+            "--clear-groups",
+            USER_PYTHON,
+            "-c",
+            ACTOR,
+            attack,
+            starter,
+        ]
+        env = {"PATH": os.environ["PATH"], "HOME": "/nonexistent", "PYTHONPATH": f"{ROOT}:{site.getsitepackages()[0]}"}
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=ROOT, env=env, start_new_session=True)
     assert proc.returncode == 0, f"the scoring process ended with {proc.returncode}: {proc.stderr[-2000:]}"
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
@@ -108,8 +117,11 @@ def score_as(who: str, attack: str, starter: str) -> list:
 @pytest.mark.parametrize("attack", ATTACKS)
 def test_a_reward_cannot_signal_the_rollout_actor(who, attack, starter):
     if who == "user" and sys.version_info[:2] != tuple(
-            int(x) for x in subprocess.check_output([USER_PYTHON, "-c", "import sys; print(*sys.version_info[:2])"],
-                                                    text=True).split()):
+        int(x)
+        for x in subprocess.check_output(
+            [USER_PYTHON, "-c", "import sys; print(*sys.version_info[:2])"], text=True
+        ).split()
+    ):
         pytest.skip("the system's Python is another minor version than the venv's")
     for (reward, error, failed), other in score_as(who, attack, starter):
         assert other == [1.0, None, False]

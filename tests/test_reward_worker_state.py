@@ -19,9 +19,8 @@ import warnings
 import pytest
 
 from rlcore.isolation.reward_worker_walls import NOFILE
-from tests.test_reward_workers import scored
 from tests.test_env_safety import Scored
-
+from tests.test_reward_workers import scored
 
 LIBC = ctypes.CDLL(None)  # looked up before the workers fork: no audit event when a call uses it
 
@@ -46,8 +45,10 @@ class Patching(Scored):
     def reward(self, task, completion):
         b = self.behaviour
         if b == "signal_handlers":  # SIGUSR1 ignored would also stop the actor abandoning later calls
-            clean = signal.getsignal(signal.SIGTERM) == signal.SIG_DFL and \
-                signal.getsignal(signal.SIGUSR1) not in (signal.SIG_IGN, signal.SIG_DFL)
+            clean = signal.getsignal(signal.SIGTERM) == signal.SIG_DFL and signal.getsignal(signal.SIGUSR1) not in (
+                signal.SIG_IGN,
+                signal.SIG_DFL,
+            )
             signal.signal(signal.SIGTERM, signal.SIG_IGN)
             signal.signal(signal.SIGUSR1, signal.SIG_IGN)
         elif b == "signal_mask":
@@ -78,8 +79,10 @@ class Patching(Scored):
             limit = (ctypes.c_ulong * 2)(64, self.nofile[1])
             assert LIBC.setrlimit(resource.RLIMIT_NOFILE, limit) == 0
         elif b == "stdout":
-            clean = getattr(sys.__stdout__, "name", None) == "<stdout>" and \
-                os.fstat(1).st_rdev == os.stat(os.devnull).st_rdev
+            clean = (
+                getattr(sys.__stdout__, "name", None) == "<stdout>"
+                and os.fstat(1).st_rdev == os.stat(os.devnull).st_rdev
+            )
             sys.__stdout__ = sys.stdout = open(os.devnull, "w")  # noqa: SIM115 (kept open on purpose)
             os.dup2(os.open("/proc/self/stat", os.O_RDONLY), 1)
         elif b == "warnings":
@@ -93,10 +96,24 @@ class Patching(Scored):
         return 1.0 if clean else 0.0
 
 
-@pytest.mark.parametrize("behaviour", ["signal_handlers", "signal_mask", "patch_json", "patch_os_path",
-                                       "patch_builtins", "replace_module", "umask", "rlimit", "rlimit_by_child",
-                                       "rlimit_by_ctypes", "stdout",
-                                       "warnings", "recursion_limit"])
+@pytest.mark.parametrize(
+    "behaviour",
+    [
+        "signal_handlers",
+        "signal_mask",
+        "patch_json",
+        "patch_os_path",
+        "patch_builtins",
+        "replace_module",
+        "umask",
+        "rlimit",
+        "rlimit_by_child",
+        "rlimit_by_ctypes",
+        "stdout",
+        "warnings",
+        "recursion_limit",
+    ],
+)
 def test_each_call_starts_from_the_process_state_the_worker_started_with(behaviour):
     env = Patching(behaviour)
     try:

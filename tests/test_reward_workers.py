@@ -61,8 +61,11 @@ class Misbehaving(Scored):
         elif b == "child":
             subprocess.Popen(["sleep", "300"])
             me = os.readlink("/proc/self")
-            (child,) = [int(p) for t in os.listdir(f"/proc/{me}/task")
-                        for p in open(f"/proc/{me}/task/{t}/children").read().split()]
+            (child,) = [
+                int(p)
+                for t in os.listdir(f"/proc/{me}/task")
+                for p in open(f"/proc/{me}/task/{t}/children").read().split()
+            ]
             self.note("child", child)
         elif b == "daemon":
             self.daemon()
@@ -106,8 +109,9 @@ class Misbehaving(Scored):
 
 def scored(env, tasks=1, n=4):
     tok = char_tokenizer()
-    groups = env.run_groups([env.make_task(i, "train") for i in range(tasks)], n, EchoEngine(tok), tok,
-                            SamplingParams(max_new_tokens=4))
+    groups = env.run_groups(
+        [env.make_task(i, "train") for i in range(tasks)], n, EchoEngine(tok), tok, SamplingParams(max_new_tokens=4)
+    )
     return [s for g in groups for s in g.samples]
 
 
@@ -136,8 +140,13 @@ def started_by(env, starter: str, size: int | None = None):
     environment does not pickle)."""
     from rlcore.isolation.reward_workers import WorkerPool
 
-    pool = env._reward_pool = WorkerPool(env, size or env.reward_pool().size, env.reward_memory_mb,
-                                         zygote=starter == "zygote", network=env.reward_network)
+    pool = env._reward_pool = WorkerPool(
+        env,
+        size or env.reward_pool().size,
+        env.reward_memory_mb,
+        zygote=starter == "zygote",
+        network=env.reward_network,
+    )
     if starter == "zygote":
         until = time.monotonic() + 60
         while pool.zygote() is None:
@@ -154,6 +163,7 @@ def env_of(tmp_path, request):
         env = started_by(Misbehaving(behaviour, where=str(tmp_path), **kw), request.param, size)
         made.append(env)
         return env
+
     yield make
     for env in made:
         env.reward_pool().close()
@@ -213,18 +223,20 @@ def test_overrunning_calls_overlap_instead_of_queueing(env_of, tmp_path):
     assert starts[-1] - starts[0] < 3.0, "a hung call waited for another one's deadline"
 
 
-@pytest.mark.parametrize("behaviour,expect", [
-    ("exit", "the reward's process exited with code 7 before it sent an outcome"),
-    ("huge", "bytes as JSON (limit 1048576)"),
-    ("close_fds", "the reward's process exited with code 0 before it sent an outcome"),  # its own pipe
-])
+@pytest.mark.parametrize(
+    "behaviour,expect",
+    [
+        ("exit", "the reward's process exited with code 7 before it sent an outcome"),
+        ("huge", "bytes as JSON (limit 1048576)"),
+        ("close_fds", "the reward's process exited with code 0 before it sent an outcome"),  # its own pipe
+    ],
+)
 def test_each_fault_of_user_code_costs_its_own_sample(env_of, behaviour, expect):
     env = env_of(behaviour)
     samples = scored(env, tasks=3, n=2)
     assert all(s.failed and expect in s.error for s in samples[:2]), [s.error for s in samples[:2]]
     assert [s.reward for s in samples[2:]] == [1.0] * 4
     assert [s.reward for s in scored(env_of("ok"), tasks=1, n=2)] == [1.0, 1.0]
-
 
 
 def test_a_request_streams_each_group_once_scored_so_a_hung_reward_delays_its_own_group_only(env_of, tmp_path):
@@ -243,7 +255,7 @@ def test_a_request_streams_each_group_once_scored_so_a_hung_reward_delays_its_ow
         assert group.task is tasks[i] and [s.reward for s in group.samples] == [1.0] * 4
         assert not any(s.failed for s in group.samples)
     (tmp_path / "open").touch()
-    (i, group), = list(stream)
+    ((i, group),) = list(stream)
     assert i == 0 and [s.reward for s in group.samples] == [1.0] * 4 and not any(s.failed for s in group.samples)
 
 
@@ -285,7 +297,7 @@ def test_outcomes_finished_before_an_overrunning_call_of_their_batch_do_not_wait
     assert sorted(i for i, _ in early) == [j for j in range(len(order)) if j != 3]
     assert all(out.error is None and out.value == 1.0 for _, out in early), early
     (tmp_path / "open").touch()
-    (i, out), = list(stream)
+    ((i, out),) = list(stream)
     assert i == 3 and out.error is None and out.value == 1.0
 
 
@@ -330,6 +342,7 @@ def test_workers_start_from_the_zygote_and_fork_where_the_environment_does_not_p
 
 class ForkedOnPurpose(Misbehaving):
     """An environment whose reward reads state the actor sets at run time (module globals)."""
+
     reward_zygote = False
 
 
@@ -451,6 +464,7 @@ def test_the_zygote_outlives_the_request_thread_that_started_it():
     env = Misbehaving("ok")
     pool = env._reward_pool = WorkerPool(env, 2)
     try:
+
         def start_and_wait():  # the thread ends once the zygote is up (it has set its death signal)
             until = time.monotonic() + 60
             while pool.zygote() is None:

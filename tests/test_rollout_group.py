@@ -12,8 +12,8 @@ from actors.rollout_group import RolloutGroup
 from actors.run_state import RunState, TaskFeed
 from rlcore.batch.buffer import Accounting, RolloutBuffer
 from rlcore.envs import make_env
-from rlcore.report.failures import FailureLog
 from rlcore.plan.compose import compose
+from rlcore.report.failures import FailureLog
 
 
 class Call:
@@ -36,14 +36,20 @@ class Actor:
 
 @pytest.fixture
 def group():
-    cfg = compose(["rollout.num_actors=3", "rollout.tasks_per_request=2", "rollout.max_requests_per_actor=2",
-                   "algo.group_size=4"])
+    cfg = compose(
+        ["rollout.num_actors=3", "rollout.tasks_per_request=2", "rollout.max_requests_per_actor=2", "algo.group_size=4"]
+    )
     calls: list = []
     acct = Accounting()
     env = make_env(cfg.env.name, dict(cfg.env.args), cfg.env.seed)
     run = RunState(acct, TaskFeed(env, cfg))
-    g = RolloutGroup(cfg, [Actor(i, calls) for i in range(3)], run, RolloutBuffer(1, 100, acct),
-                     FailureLog(cfg.rollout.stop_after_failed_requests))
+    g = RolloutGroup(
+        cfg,
+        [Actor(i, calls) for i in range(3)],
+        run,
+        RolloutBuffer(1, 100, acct),
+        FailureLog(cfg.rollout.stop_after_failed_requests),
+    )
     return g, calls, run
 
 
@@ -71,6 +77,7 @@ def test_requests_that_only_score_leave_room_for_more_up_to_the_actor_total(grou
     """A request that delivered groups generates no more (the rest of it scores): it no longer
     counts against the slots' cap, only against `RequestLimits.held` (the actor's threads)."""
     from rlcore.engine.slots import RequestLimits
+
     g, calls, run = group
     g.launch(allowed=1000, queued_elsewhere=0)
     assert len(g.pending) == 12  # 2 slots x 2 requests per slot x 3 actors
@@ -88,6 +95,7 @@ def test_requests_that_only_score_leave_room_for_more_up_to_the_actor_total(grou
 
 def test_an_overdue_request_is_cancelled_and_counted_failed(group, monkeypatch):
     import actors.rollout_group as mod
+
     g, calls, run = group
     g.launch(allowed=2, queued_elsewhere=0)
     (req,) = g.pending.values()

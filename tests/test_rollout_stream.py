@@ -23,6 +23,7 @@ GROUP = 2
 @pytest.fixture(scope="module")
 def ray_cluster():
     import ray
+
     ray.init(num_cpus=2, include_dashboard=False, logging_level="WARNING")
     yield ray
     ray.shutdown()
@@ -32,9 +33,18 @@ def ray_cluster():
 def rollouts(ray_cluster, tmp_path):
     """One real rollout actor whose reward hangs on task 0 of the request until `gate` exists."""
     gate = tmp_path / "gate"
-    cfg = compose([f"output_dir={tmp_path / 'run'}", "rollout.num_actors=1", "rollout.tasks_per_request=4",
-                   f"algo.group_size={GROUP}", "env.name=tests.chaos_env:GatedReverseText", f"+env.args.gate={gate}",
-                   "env.args.reward_timeout_s=300", "rollout.sampling.max_new_tokens=4"])
+    cfg = compose(
+        [
+            f"output_dir={tmp_path / 'run'}",
+            "rollout.num_actors=1",
+            "rollout.tasks_per_request=4",
+            f"algo.group_size={GROUP}",
+            "env.name=tests.chaos_env:GatedReverseText",
+            f"+env.args.gate={gate}",
+            "env.args.reward_timeout_s=300",
+            "rollout.sampling.max_new_tokens=4",
+        ]
+    )
     actor = ray_cluster.remote(RolloutWorker).options(num_cpus=0, max_concurrency=4, max_restarts=0).remote(cfg, 0)
     ray_cluster.get(actor.ready.remote(), timeout=300)
     acct = Accounting()
@@ -75,8 +85,9 @@ def test_a_hung_reward_delays_its_own_group_only(ray_cluster, rollouts):
     acct.check()
     assert acct.failed == 0 and group.queued_tasks() == 0
     data = ray_cluster.get([g.data for g in [*first, last]], timeout=60)
-    assert [[len(s.completion_ids) for s in d] for d in data] == [[s.completion_len for s in g.samples]
-                                                                 for g in [*first, last]]
+    assert [[len(s.completion_ids) for s in d] for d in data] == [
+        [s.completion_len for s in g.samples] for g in [*first, last]
+    ]
 
 
 def three_delivered(ray_cluster, group) -> list:
@@ -125,8 +136,9 @@ def test_engine_rng_states_skip_an_engine_that_died_since_it_was_serving(rollout
     assert states[0] is not None and states[1] is None
 
 
-def test_an_engine_frozen_during_a_checkpoints_rng_read_is_a_stall_and_the_checkpoint_goes_on(rollouts, ray_cluster,
-                                                                                            caplog):
+def test_an_engine_frozen_during_a_checkpoints_rng_read_is_a_stall_and_the_checkpoint_goes_on(
+    rollouts, ray_cluster, caplog
+):
     """SIGSTOP of a rollout actor's process while a checkpoint reads the engines' RNG states: the
     stall watcher, asked while it waits, names it within seconds and takes it out as a stall
     (`rollout_stalls`); its state is kept as missing and the read returns, the checkpoint goes on
@@ -134,9 +146,12 @@ def test_an_engine_frozen_during_a_checkpoints_rng_read_is_a_stall_and_the_check
     import logging
     import os
     import signal
+
     group, gate, _ = rollouts
     gate.touch()
-    frozen = ray_cluster.remote(RolloutWorker).options(num_cpus=0, max_concurrency=4, max_restarts=0).remote(group.cfg, 1)
+    frozen = (
+        ray_cluster.remote(RolloutWorker).options(num_cpus=0, max_concurrency=4, max_restarts=0).remote(group.cfg, 1)
+    )
     ray_cluster.get(frozen.ready.remote(), timeout=300)
     pid = ray_cluster.get(frozen.__ray_call__.remote(lambda self: os.getpid()), timeout=60)
     both = RolloutGroup(group.cfg, [group.handles[0], frozen], group.run, group.buffer, FailureLog(0))
@@ -155,6 +170,7 @@ def test_an_engine_frozen_during_a_checkpoints_rng_read_is_a_stall_and_the_check
     assert states[0] is not None and states[1] is None
     assert took < 30.0, f"the frozen engine held the checkpoint {took:.0f}s"
     assert any("rollout actor 1" in ln and "no progress" in ln for ln in lines), lines
-    assert any("waiting for the engine RNG state of rollout actor 1" in ln and "checkpoint.timeout_s" in ln
-               for ln in lines), lines
+    assert any(
+        "waiting for the engine RNG state of rollout actor 1" in ln and "checkpoint.timeout_s" in ln for ln in lines
+    ), lines
     assert both.stalled_count == 1 and both.serving == [0]

@@ -13,15 +13,14 @@ import pytest
 import torch
 import yaml
 
+from rlcore.batch.packing import make_micro_batch
+from rlcore.batch.routing import SELF_ROUTE, aligned, expected_rows, packed_routing
 from rlcore.config import ModelConfig
 from rlcore.engine.base import SamplingParams
 from rlcore.engine.hf_engine import HFEngine
 from rlcore.models.build import build_model, build_tokenizer
 from rlcore.models.vision import decoder_layers
-from rlcore.batch.packing import make_micro_batch
-from rlcore.batch.routing import SELF_ROUTE, aligned, expected_rows, packed_routing
-from rlcore.plan.compose import compose
-from rlcore.plan.compose import REPO
+from rlcore.plan.compose import REPO, compose
 from rlcore.trainer.forward import forward_logprobs
 from rlcore.trainer.logprobs import install_logprob_head
 from rlcore.trainer.moe import apply_expert_parallel, router_metrics
@@ -47,8 +46,10 @@ def moe():
 def own_topk(model, ids: list[int]) -> np.ndarray:
     """[len(ids), layers, k]: each router's own top-k over a teacher-forced forward of `ids`."""
     got = {}
-    hooks = [layer.mlp.gate.register_forward_hook(lambda m, a, out, i=i: got.__setitem__(i, out[-1]))
-             for i, layer in enumerate(decoder_layers(model))]
+    hooks = [
+        layer.mlp.gate.register_forward_hook(lambda m, a, out, i=i: got.__setitem__(i, out[-1]))
+        for i, layer in enumerate(decoder_layers(model))
+    ]
     try:
         with torch.no_grad():
             model(input_ids=torch.tensor([ids]), use_cache=False)
@@ -99,6 +100,7 @@ def replayed_experts(blocks, monkeypatch) -> dict[int, torch.Tensor]:
             w, e = _orig(logits, weights, experts)
             used[_b.layer_index] = e.detach().clone()
             return w, e
+
         monkeypatch.setattr(b, "_replayed", spy)
     return used
 
@@ -106,8 +108,10 @@ def replayed_experts(blocks, monkeypatch) -> dict[int, torch.Tensor]:
 def test_replayed_forward_uses_the_engine_routing_exactly(moe, monkeypatch):
     engine, policy, blocks, _ = moe
     prompts = [[5, 6, 7, 8], [12, 13, 14]]
-    samples = [Sample(p, g.token_ids, g.logprobs, g.versions, [1] * len(g.token_ids), routed_experts=g.routed_experts)
-               for p, g in zip(prompts, generate(engine, prompts))]
+    samples = [
+        Sample(p, g.token_ids, g.logprobs, g.versions, [1] * len(g.token_ids), routed_experts=g.routed_experts)
+        for p, g in zip(prompts, generate(engine, prompts))
+    ]
     mb = make_micro_batch(samples, [1.0, -1.0])
     used = replayed_experts(blocks, monkeypatch)
     lp_replay, _ = forward_logprobs(policy, mb, 1.0, None, torch.device("cpu"))
@@ -164,13 +168,18 @@ def test_replay_needs_a_moe_model(tmp_path, engine):
     if engine == "vllm":
         base += ["rollout.gpus_per_actor=1"]
     found = problems(compose(base))
-    assert (f"rollout.{engine}.routing_replay" in [k for k, _ in found]), found
+    assert f"rollout.{engine}.routing_replay" in [k for k, _ in found], found
     assert not [k for k, _ in problems(compose(base + ["model=tiny_moe_char"])) if "routing_replay" in k]
 
 
 def test_replay_on_a_dense_model_is_one_line_exit_2(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "rlcore.run", f"output_dir={tmp_path}", "rollout.hf.routing_replay=true"],
-                          cwd=REPO, capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "rlcore.run", f"output_dir={tmp_path}", "rollout.hf.routing_replay=true"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines()[0].startswith("rlcore: config error: rollout.hf.routing_replay")
 
@@ -178,10 +187,26 @@ def test_replay_on_a_dense_model_is_one_line_exit_2(tmp_path):
 @pytest.mark.integration
 def test_cli_run_with_replay(tmp_path):
     out = tmp_path / "run"
-    proc = subprocess.run([sys.executable, "-m", "rlcore.run", "model=tiny_moe_char", "rollout.hf.routing_replay=true",
-                           "steps=2", "sft.warmup_steps=0", "rollout.sampling.max_new_tokens=8", "algo.group_size=4",
-                           "algo.batch_groups=2", f"output_dir={out}", "logger.console=false"],
-                          cwd=REPO, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "rlcore.run",
+            "model=tiny_moe_char",
+            "rollout.hf.routing_replay=true",
+            "steps=2",
+            "sft.warmup_steps=0",
+            "rollout.sampling.max_new_tokens=8",
+            "algo.group_size=4",
+            "algo.batch_groups=2",
+            f"output_dir={out}",
+            "logger.console=false",
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2]

@@ -34,10 +34,19 @@ def test_a_second_run_into_a_held_folder_is_refused_before_ray(tmp_path, capsys)
 
 def test_the_lock_goes_with_its_process_even_killed(tmp_path):
     out = tmp_path / "run"
-    holder = subprocess.Popen([sys.executable, "-c", "import sys, time; from pathlib import Path; "
-                               "from rlcore.storage.rundir import hold_output_dir; lock = hold_output_dir(Path(sys.argv[1])); "
-                               "print('held', flush=True); time.sleep(600)", str(out)],
-                              cwd=REPO, stdout=subprocess.PIPE, text=True)
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import sys, time; from pathlib import Path; "
+            "from rlcore.storage.rundir import hold_output_dir; lock = hold_output_dir(Path(sys.argv[1])); "
+            "print('held', flush=True); time.sleep(600)",
+            str(out),
+        ],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert holder.stdout.readline().strip() == "held"
         with pytest.raises(RuntimeError, match=f"pid {holder.pid}"):
@@ -69,8 +78,9 @@ def test_a_resume_without_checkpoint_over_rows_is_refused_and_keeps_them(tmp_pat
     before = {name: (out / name).read_text() for name in ("metrics.jsonl", "data_order.jsonl", "samples.jsonl")}
     assert main(["steps=1", f"output_dir={out}", "resume=true"]) == 2
     err = [ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("rlcore:")]
-    assert len(err) == 1 and err[0].startswith("rlcore: config error: checkpoint.resume: true found no complete "
-                                               "checkpoint in"), err
+    assert len(err) == 1 and err[0].startswith(
+        "rlcore: config error: checkpoint.resume: true found no complete checkpoint in"
+    ), err
     assert "32 row(s) of metrics.jsonl" in err[0] and "nothing was changed" in err[0]
     assert {name: (out / name).read_text() for name in before} == before
     assert "ray" not in sys.modules or not sys.modules["ray"].is_initialized()
@@ -129,18 +139,30 @@ def test_sigterm_without_a_graceful_driver_ends_like_ctrl_c():
 
 
 def _steps(path: Path) -> list[int]:
-    return [json.loads(ln)["step"] for ln in path.read_text().splitlines()
-            if ln.strip() and not any(k.startswith("eval/") for k in json.loads(ln))]
+    return [
+        json.loads(ln)["step"]
+        for ln in path.read_text().splitlines()
+        if ln.strip() and not any(k.startswith("eval/") for k in json.loads(ln))
+    ]
 
 
 def test_sigterm_saves_a_checkpoint_and_resume_continues_one_series(tmp_path):
     """A scheduler's SIGTERM mid-run: one rlcore line, a checkpoint of the last finished step,
     exit 130; `resume=true` then continues the same series (no second 1..N)."""
     out = tmp_path / "run"
-    args = [sys.executable, "-m", "rlcore.run", "steps=200", "sft.warmup_steps=0", "eval.every_n_steps=0",
-            "checkpoint.export_final=false", f"output_dir={out}"]
-    proc = subprocess.Popen(args, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
+    args = [
+        sys.executable,
+        "-m",
+        "rlcore.run",
+        "steps=200",
+        "sft.warmup_steps=0",
+        "eval.every_n_steps=0",
+        "checkpoint.export_final=false",
+        f"output_dir={out}",
+    ]
+    proc = subprocess.Popen(
+        args, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
+    )
     try:
         deadline = time.monotonic() + 400
         while time.monotonic() < deadline and proc.poll() is None:
@@ -163,9 +185,11 @@ def test_sigterm_saves_a_checkpoint_and_resume_continues_one_series(tmp_path):
     assert (out / "checkpoints" / f"step_{done[-1]:08d}" / "meta.json").is_file()
 
     more = len(done) + 2
-    resumed = subprocess.run([*args[:3], f"steps={more}", *args[4:], "resume=true"], cwd=REPO,
-                             capture_output=True, text=True, timeout=400)
+    resumed = subprocess.run(
+        [*args[:3], f"steps={more}", *args[4:], "resume=true"], cwd=REPO, capture_output=True, text=True, timeout=400
+    )
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert _steps(out / "metrics.jsonl") == list(range(1, more + 1))
-    assert [json.loads(ln)["step"] for ln in (out / "data_order.jsonl").read_text().splitlines()] == \
-        list(range(1, more + 1))
+    assert [json.loads(ln)["step"] for ln in (out / "data_order.jsonl").read_text().splitlines()] == list(
+        range(1, more + 1)
+    )

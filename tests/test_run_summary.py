@@ -10,18 +10,30 @@ import traceback
 import pytest
 
 from rlcore.config import LoggerConfig
+from rlcore.plan.compose import compose
 from rlcore.report.console import actor_log_hint, one_line, quiet_ray_environment, report_error
 from rlcore.report.metrics import MetricsLogger, format_line
-from rlcore.plan.compose import compose
-from rlcore.run import summary
 from rlcore.report.startup import StartupPhases
 from rlcore.report.summary import rates, run_summary, window_means, zero_advantage_steps
+from rlcore.run import summary
 
 
 def records(rewards, **extra):
-    return [{"step": i + 1, "reward_mean": r, "step_time_s": 2.0, "tokens_per_s": 100.0, "samples_per_s": 4.0,
-             "train_time_s": 0.5, "sync_time_s": 0.1, "generate_time_s": 1.5, "elapsed_s": 2.0 * (i + 1), **extra}
-            for i, r in enumerate(rewards)]
+    return [
+        {
+            "step": i + 1,
+            "reward_mean": r,
+            "step_time_s": 2.0,
+            "tokens_per_s": 100.0,
+            "samples_per_s": 4.0,
+            "train_time_s": 0.5,
+            "sync_time_s": 0.1,
+            "generate_time_s": 1.5,
+            "elapsed_s": 2.0 * (i + 1),
+            **extra,
+        }
+        for i, r in enumerate(rewards)
+    ]
 
 
 def test_reward_compares_window_means_not_single_steps():
@@ -73,7 +85,8 @@ def test_sft_and_eval_summaries():
     assert "loss 2.0000 -> 1.0000" in run_summary("sft", sft)
     ev = [{"step": 7, "eval/reward_mean": 0.5, "eval/pass@1": 0.4, "eval/pass@4": 0.8}]
     assert run_summary("eval", ev).startswith(
-        "rlcore: done: eval of step 7: reward_mean 0.500, pass@1 0.400, pass@4 0.800")
+        "rlcore: done: eval of step 7: reward_mean 0.500, pass@1 0.400, pass@4 0.800"
+    )
 
 
 def test_summary_points_to_the_plot_when_the_run_wrote_one(tmp_path):
@@ -126,16 +139,19 @@ def test_startup_phases_print_and_time_each_phase():
         "rlcore: SFT warm-up (40 steps) ...",
         "rlcore: SFT warm-up (40 steps): done in 1.0s",
         "rlcore: first weight sync ... failed",
-        "rlcore: placing actors ... interrupted"]
+        "rlcore: placing actors ... interrupted",
+    ]
 
 
 def test_remote_traceback_becomes_one_line_naming_the_log(tmp_path):
     import ray
+
     try:
         raise ValueError("size mismatch [100, 128] vs [49152, 576]")
     except ValueError as exc:
-        err = ray.exceptions.RayTaskError("TrainerRank.load_checkpoint", traceback.format_exc(), exc,
-                                          pid=7, ip="127.0.0.1", actor_repr="TrainerRank")
+        err = ray.exceptions.RayTaskError(
+            "TrainerRank.load_checkpoint", traceback.format_exc(), exc, pid=7, ip="127.0.0.1", actor_repr="TrainerRank"
+        )
     message = f"weight sync to version 3 failed: {err}; last checkpoint: {tmp_path}/step_2; continue with resume=true"
     assert message.count("\n") >= 2  # a real remote traceback spans lines
     line = report_error(message, str(tmp_path))
@@ -158,15 +174,18 @@ def test_local_ray_is_told_its_auth_mode(monkeypatch):
     monkeypatch.delenv("RAY_AUTH_MODE", raising=False)
     quiet_ray_environment()
     import os
+
     assert os.environ["RAY_AUTH_MODE"] == "token"  # explicit: Ray's warning is for an unset mode
 
 
 def test_actor_output_goes_to_its_log_file(tmp_path):
     """Python prints, and writes to the raw file descriptors (as C++ logging does), both land in
     OUTPUT_DIR/logs/KIND-INDEX.log and not on the process's own stdout/stderr."""
-    code = ("import os, sys; from actors.logs import redirect_output; "
-            f"redirect_output({str(tmp_path)!r}, 'rollout', 2); print('from python'); "
-            "sys.stderr.write('py stderr\\n'); os.write(2, b'mutex.cc RAW: Lock blocking\\n')")
+    code = (
+        "import os, sys; from actors.logs import redirect_output; "
+        f"redirect_output({str(tmp_path)!r}, 'rollout', 2); print('from python'); "
+        "sys.stderr.write('py stderr\\n'); os.write(2, b'mutex.cc RAW: Lock blocking\\n')"
+    )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout == "" and proc.stderr == ""

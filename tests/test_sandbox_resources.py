@@ -106,10 +106,12 @@ def test_socket_buffers_count_toward_memory_mb(who, sender):
 @WHO
 def test_inodes_are_bounded_by_max_files(who):
     # empty files, directories and hard links cost kernel memory that no disk quota counts
-    code = ("import os\nopen('f', 'w').close()\n"
-            "for i in range(200_000):\n"
-            "    os.link('f', f'l{i}') if i % 2 else os.mkdir(f'd{i}')\n"
-            "print('done')")
+    code = (
+        "import os\nopen('f', 'w').close()\n"
+        "for i in range(200_000):\n"
+        "    os.link('f', f'l{i}') if i % 2 else os.mkdir(f'd{i}')\n"
+        "print('done')"
+    )
     r = run_as(who, ["python", "-I", "-c", code], max_files=5000)
     assert r.reason == "work_dir_limit" and "done" not in r.stdout, vars(r)
     assert any("more than 5000 files" in v for v in r.violations), vars(r)
@@ -117,7 +119,10 @@ def test_inodes_are_bounded_by_max_files(who):
 
 @WHO
 def test_a_fifo_left_behind_is_not_opened(who):
-    r = run_as(who, ["python", "-I", "-c", "import os; os.mkfifo('pipe'); os.mkfifo('p2', 0); open('ok.txt', 'w').write('fine')"])
+    r = run_as(
+        who,
+        ["python", "-I", "-c", "import os; os.mkfifo('pipe'); os.mkfifo('p2', 0); open('ok.txt', 'w').write('fine')"],
+    )
     assert r.reason is None and r.returncode == 0 and r.files == ["ok.txt"], vars(r)
     assert r.duration_s < 10
 
@@ -134,6 +139,7 @@ def test_a_deep_tree_is_a_work_dir_limit_not_a_crash(who):
 
 def test_weak_mode_survives_a_deep_tree_and_a_fifo(caplog):
     from rlcore.sandbox import LocalSandbox
+
     # -I: without the audit hook, whose realpath of every deeper path makes 3000 levels slow
     r = LocalSandbox(isolation="weak").run(["python", "-I", "-c", f"import os; os.mkfifo('p')\n{DEEP}"])
     assert r.returncode == 0 and r.reason == "work_dir_limit" and r.duration_s < 10, r
@@ -168,11 +174,13 @@ def test_odd_work_dir_objects_are_skipped_safely(who):
 
 @WHO
 def test_signals_from_inside_do_not_reach_the_supervisor(who):
-    code = ("import os, signal, time\n"
-            "for sig in range(1, 65):\n"
-            "    try: os.kill(1, sig)\n"
-            "    except OSError: pass\n"
-            "time.sleep(0.5); print('alive')")
+    code = (
+        "import os, signal, time\n"
+        "for sig in range(1, 65):\n"
+        "    try: os.kill(1, sig)\n"
+        "    except OSError: pass\n"
+        "time.sleep(0.5); print('alive')"
+    )
     r = run_as(who, ["python", "-I", "-c", code])
     assert r.returncode == 0 and r.stdout.strip() == "alive" and r.reason is None, vars(r)
 
@@ -195,12 +203,14 @@ def test_many_files_cost_the_caller_a_bounded_result(who):
 @WHO
 def test_idle_sockets_are_not_counted_as_full(who):
     # the other side of counting closed sockets at their most: open, idle ones count what they hold
-    code = ("import asyncio, socket, time\n"
-            "pairs = [socket.socketpair() for _ in range(100)]\n"
-            "for a, b in pairs: a.send(b'y' * 1000)\n"
-            "srv = socket.socket(socket.AF_UNIX); srv.bind('srv'); srv.listen(50)\n"
-            "clients = [socket.socket(socket.AF_UNIX) for _ in range(20)]\n"
-            "for c in clients: c.connect('srv'); c.send(b'z' * 100)  # never accepted\n"
-            "asyncio.run(asyncio.sleep(0.01)); time.sleep(1); print('ok')")
+    code = (
+        "import asyncio, socket, time\n"
+        "pairs = [socket.socketpair() for _ in range(100)]\n"
+        "for a, b in pairs: a.send(b'y' * 1000)\n"
+        "srv = socket.socket(socket.AF_UNIX); srv.bind('srv'); srv.listen(50)\n"
+        "clients = [socket.socket(socket.AF_UNIX) for _ in range(20)]\n"
+        "for c in clients: c.connect('srv'); c.send(b'z' * 100)  # never accepted\n"
+        "asyncio.run(asyncio.sleep(0.01)); time.sleep(1); print('ok')"
+    )
     r = run_as(who, ["python", "-I", "-c", code], memory_mb=60)
     assert r.reason is None and r.stdout.strip() == "ok", vars(r)

@@ -62,6 +62,7 @@ def test_resume_drops_a_row_cut_short_with_one_warning(tmp_path, caplog):
 
 def test_storage_errors_are_named_for_what_they_are():
     import errno
+
     assert storage_cause(OSError(errno.ENOSPC, "No space left on device")) == NO_SPACE
     assert storage_cause(PermissionError(errno.EACCES, "Permission denied")) == "permission denied"
     assert storage_cause(ConnectionRefusedError(errno.ECONNREFUSED, "refused")) == "storage unreachable"
@@ -83,6 +84,7 @@ def test_a_checkpoint_write_that_failed_on_a_full_disk_says_so(small_disk, tmp_p
     """torch's zip writer reports a short write as `unexpected pos ...` without the errno: on a
     (nearly) full local disk the checkpoint's error line says "no space left on device"."""
     from actors.trainer_group import save_failure_cause
+
     torch_error = RuntimeError("[enforce fail at inline_container.cc:664] . unexpected pos 704 vs 598")
     assert save_failure_cause(torch_error, tmp_path) is None  # room left: not read as a full disk
     fill_disk(small_disk)

@@ -17,9 +17,13 @@ def tok():
 
 
 def test_mask_covers_assistant_turns_and_their_eos_only(tok):
-    msgs = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "abc"},
-            {"role": "assistant", "content": "cba"}, {"role": "user", "content": "de"},
-            {"role": "assistant", "content": "ed"}]
+    msgs = [
+        {"role": "system", "content": "be brief"},
+        {"role": "user", "content": "abc"},
+        {"role": "assistant", "content": "cba"},
+        {"role": "user", "content": "de"},
+        {"role": "assistant", "content": "ed"},
+    ]
     ids, mask = tokenize_conversation(tok, msgs)
     assert len(ids) == len(mask)
     trained = [i for i, m in zip(ids, mask) if m]
@@ -34,17 +38,22 @@ def test_sft_tokens_match_what_rl_sees(tok):
     task = env.make_task(3, "train")
     ids, mask = tokenize_conversation(tok, [*task.messages, {"role": "assistant", "content": task.answer}])
     prompt = env.render(task, tok)
-    assert ids[:len(prompt)] == prompt and not any(mask[:len(prompt)])
-    assert ids[len(prompt):] == tok(task.answer, add_special_tokens=False).input_ids + [tok.eos_token_id]
+    assert ids[: len(prompt)] == prompt and not any(mask[: len(prompt)])
+    assert ids[len(prompt) :] == tok(task.answer, add_special_tokens=False).input_ids + [tok.eos_token_id]
 
 
 def test_malformed_jsonl_rows_are_skipped_counted_and_named(tmp_path, caplog):
     path = tmp_path / "chat.jsonl"
     good = {"messages": [{"role": "user", "content": "ab"}, {"role": "assistant", "content": "ba"}]}
-    lines = [json.dumps(good), "{not json", json.dumps({"text": "no messages"}), "",
-             json.dumps({"messages": [{"role": "user", "content": "only a question"}]}),
-             json.dumps({"messages": [{"role": "user", "content": 3}, {"role": "assistant", "content": "x"}]}),
-             json.dumps(good)]
+    lines = [
+        json.dumps(good),
+        "{not json",
+        json.dumps({"text": "no messages"}),
+        "",
+        json.dumps({"messages": [{"role": "user", "content": "only a question"}]}),
+        json.dumps({"messages": [{"role": "user", "content": 3}, {"role": "assistant", "content": "x"}]}),
+        json.dumps(good),
+    ]
     path.write_text("\n".join(lines) + "\n")
     data = SFTData(samples=[])
     with caplog.at_level("WARNING", logger="rlcore"):
@@ -60,8 +69,9 @@ def test_malformed_jsonl_rows_are_skipped_counted_and_named(tmp_path, caplog):
 
 def test_too_long_examples_are_dropped(tmp_path, tok):
     path = tmp_path / "chat.jsonl"
-    rows = [{"messages": [{"role": "user", "content": "a" * n}, {"role": "assistant", "content": "b"}]}
-            for n in (3, 90)]
+    rows = [
+        {"messages": [{"role": "user", "content": "a" * n}, {"role": "assistant", "content": "b"}]} for n in (3, 90)
+    ]
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     data = build_dataset(compose(["mode=sft", f"sft.dataset={path}", "sft.max_seq_len=64"]), tok)
     assert len(data.samples) == 1 and data.skipped == {"too_long": 1}
@@ -85,16 +95,19 @@ def test_data_order_is_a_function_of_the_step():
     assert batch_indices(0, 3, 5, 0, False)[0] == [0, 1, 2]
 
 
-@pytest.mark.parametrize("overrides,key", [
-    (["mode=sft", "sft.dataset=/nonexistent/chat.jsonl"], "sft.dataset"),
-    (["mode=sft", "sft.num_examples=0"], "sft.num_examples"),
-    (["mode=sft", "sft.num_examples=4", "sft.batch_examples=0"], "sft.batch_examples"),
-    (["resume=/nonexistent/ckpt"], "checkpoint.resume"),
-    (["mode=eval", "eval.k=[1,99]"], "eval.k"),
-    (["mode=nope"], "mode"),
-    (["trainer.lr_schedule=step"], "trainer.lr_schedule"),
-    (["mode=sft", "sft.num_examples=4", "sft.lr=0"], "sft.lr"),
-])
+@pytest.mark.parametrize(
+    "overrides,key",
+    [
+        (["mode=sft", "sft.dataset=/nonexistent/chat.jsonl"], "sft.dataset"),
+        (["mode=sft", "sft.num_examples=0"], "sft.num_examples"),
+        (["mode=sft", "sft.num_examples=4", "sft.batch_examples=0"], "sft.batch_examples"),
+        (["resume=/nonexistent/ckpt"], "checkpoint.resume"),
+        (["mode=eval", "eval.k=[1,99]"], "eval.k"),
+        (["mode=nope"], "mode"),
+        (["trainer.lr_schedule=step"], "trainer.lr_schedule"),
+        (["mode=sft", "sft.num_examples=4", "sft.lr=0"], "sft.lr"),
+    ],
+)
 def test_bad_input_is_one_line_exit_2(overrides, key, capsys):
     assert main(overrides) == 2
     err = capsys.readouterr().err.strip().splitlines()
@@ -114,11 +127,14 @@ def test_datasets_source_reads_records_and_skips_bad_ones(monkeypatch, tok):
     """A `datasets` name goes through `datasets.load_dataset` (faked: not a dependency)."""
     import sys
     import types
+
     good = {"messages": [{"role": "user", "content": "ab"}, {"role": "assistant", "content": "ba"}]}
     calls = []
     fake = types.SimpleNamespace(
         load_dataset=lambda name, split: calls.append((name, split)) or [good, {"messages": None}, good],
-        load_from_disk=None, DatasetDict=dict)
+        load_from_disk=None,
+        DatasetDict=dict,
+    )
     monkeypatch.setitem(sys.modules, "datasets", fake)
     data = build_dataset(compose(["mode=sft", "sft.dataset=org/chat", "sft.split=train_sft"]), tok)
     assert calls == [("org/chat", "train_sft")] and len(data.samples) == 2 and data.skipped == {"malformed": 1}
@@ -132,6 +148,7 @@ def test_sft_steps_run_at_sft_lr_and_rl_steps_at_trainer_lr(monkeypatch):
     from rlcore.batch.packing import make_micro_batch
     from rlcore.trainer.core import TrainerCore
     from rlcore.types import Sample
+
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]

@@ -101,8 +101,15 @@ def test_dry_run_prints_one_step_per_node_the_wait_and_the_run():
     # token authentication on (the token itself is never printed).
     assert not run_bg
     assert run == [
-        "env", "RAY_ADDRESS=gpu01:6379", "RAY_AUTH_MODE=token", py, "-m", "rlcore.run",
-        "+recipe=qwen30b_swe", "steps=3", "logger.run_name=it's a test",
+        "env",
+        "RAY_ADDRESS=gpu01:6379",
+        "RAY_AUTH_MODE=token",
+        py,
+        "-m",
+        "rlcore.run",
+        "+recipe=qwen30b_swe",
+        "steps=3",
+        "logger.run_name=it's a test",
     ]
 
 
@@ -123,14 +130,22 @@ def test_single_node_starts_no_workers():
 
 def test_overrides_of_ports_python_and_ray_arguments():
     commands = dry_run(
-        "steps=1", RLCORE_RAY_PORT="7000", RLCORE_PYTHON="/opt/env/bin/python", RLCORE_HEAD_IP="10.1.2.3",
+        "steps=1",
+        RLCORE_RAY_PORT="7000",
+        RLCORE_PYTHON="/opt/env/bin/python",
+        RLCORE_HEAD_IP="10.1.2.3",
         RLCORE_RAY_HEAD_ARGS="--dashboard-port=9000 --ray-client-server-port=9001",
-        RLCORE_RAY_WORKER_ARGS="--object-store-memory=1000000000", RAY_TMPDIR="/scratch", SLURM_JOB_ID="77",
+        RLCORE_RAY_WORKER_ARGS="--object-store-memory=1000000000",
+        RAY_TMPDIR="/scratch",
+        SLURM_JOB_ID="77",
     )
     (head, _), (w1, _), (w2, _), (run, _) = commands
     assert "/opt/env/bin/ray" in head and "--node-ip-address=10.1.2.3" in head and "--port=7000" in head
     assert head[-3:] == ["--temp-dir=/scratch/rlc-77-0", "--dashboard-port=9000", "--ray-client-server-port=9001"]
-    assert "--address=10.1.2.3:7000" in w1 and w2[-2:] == ["--temp-dir=/scratch/rlc-77-2", "--object-store-memory=1000000000"]
+    assert "--address=10.1.2.3:7000" in w1 and w2[-2:] == [
+        "--temp-dir=/scratch/rlc-77-2",
+        "--object-store-memory=1000000000",
+    ]
     assert run[:4] == ["env", "RAY_ADDRESS=10.1.2.3:7000", "RAY_AUTH_MODE=token", "/opt/env/bin/python"]
 
 
@@ -223,15 +238,18 @@ def test_real_run_needs_the_environment(tmp_path):
 
 
 def test_an_unresolvable_head_names_rlcore_head_ip():
-    env = allocation("no-such-host-rlcore-test", SLURM_CPUS_PER_TASK="1", RLCORE_PYTHON=str(REPO / ".venv" / "bin" / "python"))
+    env = allocation(
+        "no-such-host-rlcore-test", SLURM_CPUS_PER_TASK="1", RLCORE_PYTHON=str(REPO / ".venv" / "bin" / "python")
+    )
     proc = run_script(env, "steps=1")
     assert proc.returncode == 2
-    assert "cannot resolve the head node 'no-such-host-rlcore-test'" in proc.stderr and "set RLCORE_HEAD_IP" in proc.stderr
+    assert (
+        "cannot resolve the head node 'no-such-host-rlcore-test'" in proc.stderr and "set RLCORE_HEAD_IP" in proc.stderr
+    )
 
 
 @pytest.mark.skipif(
-    shutil.which("shellcheck", path=f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}")
-    is None,
+    shutil.which("shellcheck", path=f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}") is None,
     reason="shellcheck not installed (it comes with the dev group: uv sync)",
 )
 def test_shellcheck_passes():
@@ -267,8 +285,10 @@ def test_dry_run_without_slurm_or_flags_uses_the_sbatch_shape():
 def test_node_flags_are_refused_outside_a_dry_run():
     proc = run_script(no_slurm(), "--nodelist=g1", "steps=1")
     assert proc.returncode == 2
-    assert proc.stderr.strip() == ("rlcore.sbatch: error: --nodelist, --cpus-per-node and --gpus-per-node describe "
-                                   "nodes for --dry-run only; a real run uses its allocation")
+    assert proc.stderr.strip() == (
+        "rlcore.sbatch: error: --nodelist, --cpus-per-node and --gpus-per-node describe "
+        "nodes for --dry-run only; a real run uses its allocation"
+    )
 
 
 # --- the real thing: a two-node Slurm cluster of this machine ---------------------------------
@@ -316,8 +336,20 @@ def submit(slurm, tmp_path: Path, *run_args: str, sbatch_args: tuple[str, ...] =
         **env_extra,
     }
     out = tmp_path / "job.out"
-    job = slurm.sbatch(["--export=ALL", "--nodes=2", "--gpus-per-task=0", "--cpus-per-task=1", f"--output={out}",
-                        *sbatch_args, str(SCRIPT), *run_args], env, cwd=REPO)
+    job = slurm.sbatch(
+        [
+            "--export=ALL",
+            "--nodes=2",
+            "--gpus-per-task=0",
+            "--cpus-per-task=1",
+            f"--output={out}",
+            *sbatch_args,
+            str(SCRIPT),
+            *run_args,
+        ],
+        env,
+        cwd=REPO,
+    )
     return job, out, f"http://127.0.0.1:{dash}"
 
 
@@ -366,11 +398,18 @@ def test_bad_arguments_end_the_job_with_the_runs_config_error_before_ray_starts(
 def test_a_lost_node_fails_the_job_at_once_and_names_it(slurm, tmp_path):
     """Also: with token authentication off (RAY_AUTH_MODE=disabled) the cluster and the run work."""
     out_dir = tmp_path / "run"
-    job, out, _ = submit(slurm, tmp_path, "steps=200", "sft.warmup_steps=0", f"output_dir={out_dir}",
-                         RAY_AUTH_MODE="disabled")
+    job, out, _ = submit(
+        slurm, tmp_path, "steps=200", "sft.warmup_steps=0", f"output_dir={out_dir}", RAY_AUTH_MODE="disabled"
+    )
     wait_for("metrics row", lambda: metrics_rows(out_dir), 300, job, slurm)
-    steps = subprocess.run(["squeue", "--steps", f"--jobs={job}", "--noheader", "-o", "%i %N"], env=slurm.env,
-                           capture_output=True, text=True, timeout=30, check=True).stdout.split()
+    steps = subprocess.run(
+        ["squeue", "--steps", f"--jobs={job}", "--noheader", "-o", "%i %N"],
+        env=slurm.env,
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=True,
+    ).stdout.split()
     worker_step = dict(zip(steps[1::2], steps[0::2]))["n2"]  # the Ray worker's step on n2
     slurm.scancel("--signal=KILL", worker_step)
     killed = time.monotonic()
@@ -394,9 +433,16 @@ def test_term_keeps_a_checkpoint_and_a_requeue_resumes(slurm, tmp_path):
     (secret / "token").write_text(token + "\n")
     out_dir = tmp_path / "run"
     steps = 12
-    job, out, dashboard = submit(slurm, tmp_path, f"steps={steps}", "sft.warmup_steps=0", "resume=true",
-                                 f"output_dir={out_dir}", sbatch_args=("--requeue",),
-                                 RAY_AUTH_TOKEN_PATH=str(secret / "token"))
+    job, out, dashboard = submit(
+        slurm,
+        tmp_path,
+        f"steps={steps}",
+        "sft.warmup_steps=0",
+        "resume=true",
+        f"output_dir={out_dir}",
+        sbatch_args=("--requeue",),
+        RAY_AUTH_TOKEN_PATH=str(secret / "token"),
+    )
 
     def status(headers: dict) -> int:
         try:

@@ -20,6 +20,7 @@ pytestmark = pytest.mark.integration
 @pytest.fixture(scope="module")
 def ray_cluster():
     import ray
+
     ray.init(num_cpus=2, include_dashboard=False, logging_level="WARNING")
     yield ray
     ray.shutdown()
@@ -33,8 +34,10 @@ def write_demos(path, env, n: int) -> None:
             rounds, expected = task.info["rounds"], task.answer
             msgs = list(task.messages) + [{"role": "assistant", "content": " ".join(expected[0])}]
             for r, e in zip(rounds[1:], expected[1:]):
-                msgs += [{"role": "user", "content": "Add: " + " ".join(r)},
-                         {"role": "assistant", "content": " ".join(e)}]
+                msgs += [
+                    {"role": "user", "content": "Add: " + " ".join(r)},
+                    {"role": "assistant", "content": " ".join(e)},
+                ]
             f.write(json.dumps({"messages": msgs}) + "\n")
 
 
@@ -44,14 +47,28 @@ def test_smollm2_sft_then_rl_multiturn_sync_canary_export(ray_cluster, tmp_path)
     from actors.driver import Driver
     from rlcore.report.metrics import MetricsLogger
 
-    cfg = compose([
-        "model=smollm2_135m", "env=alphabet_sort", f"output_dir={tmp_path}", "steps=2",
-        "algo.group_size=4", "algo.batch_groups=2", "rollout.tasks_per_request=2",
-        "rollout.sampling.max_new_tokens=12", "rollout.canary_prompts=2", "env.args.max_episode_tokens=160",
-        f"sft.dataset={tmp_path / 'demos.jsonl'}", "sft.warmup_steps=2", "sft.batch_examples=4",
-        "sft.max_seq_len=256", "trainer.lr=2e-5", "checkpoint.save_final=false", "checkpoint.export_final=true",
-        "logger.console=false",
-    ])
+    cfg = compose(
+        [
+            "model=smollm2_135m",
+            "env=alphabet_sort",
+            f"output_dir={tmp_path}",
+            "steps=2",
+            "algo.group_size=4",
+            "algo.batch_groups=2",
+            "rollout.tasks_per_request=2",
+            "rollout.sampling.max_new_tokens=12",
+            "rollout.canary_prompts=2",
+            "env.args.max_episode_tokens=160",
+            f"sft.dataset={tmp_path / 'demos.jsonl'}",
+            "sft.warmup_steps=2",
+            "sft.batch_examples=4",
+            "sft.max_seq_len=256",
+            "trainer.lr=2e-5",
+            "checkpoint.save_final=false",
+            "checkpoint.export_final=true",
+            "logger.console=false",
+        ]
+    )
     env = make_env(cfg.env.name, dict(cfg.env.args), cfg.env.seed)
     write_demos(tmp_path / "demos.jsonl", env, 16)
     validate(cfg)
@@ -100,7 +117,8 @@ def test_smollm2_sft_then_rl_multiturn_sync_canary_export(ray_cluster, tmp_path)
             env_msg = [{"role": "user", "content": "Add: " + " ".join(task.info["rounds"][1])}]
             assert s.completion_ids[first_end:env_end] == renderer.continuation(policy_ids, env_msg)
             assert tok.decode(s.completion_ids[first_end:env_end]).endswith(
-                "<|im_start|>user\n" + env_msg[0]["content"] + "<|im_end|>\n<|im_start|>assistant\n")
+                "<|im_start|>user\n" + env_msg[0]["content"] + "<|im_end|>\n<|im_start|>assistant\n"
+            )
 
         engine_state = ray_cluster.get(driver.groups.rollouts[0].state_dict.remote(), timeout=120)
     finally:

@@ -32,13 +32,16 @@ def test_a_byte_piece_inside_a_character_takes_the_end_of_the_token_completing_i
     assert text == "é!" and len(ids) == 3 and ends == [1, 1, 2]
 
 
-@pytest.mark.parametrize("student, teacher, want", [
-    ([2, 4], [2, 4], [([0], [0]), ([1], [1])]),                 # same boundaries: one-to-one
-    ([3], [1, 2, 3], [([0], [0, 1, 2])]),                       # one student token covers three
-    ([1, 2, 3], [3], [([0, 1, 2], [0])]),                       # one teacher token straddles three
-    ([2, 4], [1, 3, 4], [([0, 1], [0, 1, 2])]),                 # teacher token 1 straddles 'ab|cd'
-    ([1, 3, 5, 6], [2, 3, 4, 6], [([0, 1], [0, 1]), ([2, 3], [2, 3])]),  # straddles chain, then close
-])
+@pytest.mark.parametrize(
+    "student, teacher, want",
+    [
+        ([2, 4], [2, 4], [([0], [0]), ([1], [1])]),  # same boundaries: one-to-one
+        ([3], [1, 2, 3], [([0], [0, 1, 2])]),  # one student token covers three
+        ([1, 2, 3], [3], [([0, 1, 2], [0])]),  # one teacher token straddles three
+        ([2, 4], [1, 3, 4], [([0, 1], [0, 1, 2])]),  # teacher token 1 straddles 'ab|cd'
+        ([1, 3, 5, 6], [2, 3, 4, 6], [([0, 1], [0, 1]), ([2, 3], [2, 3])]),  # straddles chain, then close
+    ],
+)
 def test_segments_hand_built(student, teacher, want):
     assert segments(student, teacher) == want
 
@@ -76,7 +79,8 @@ def test_the_same_distribution_under_another_tokenizer_gives_a_reverse_kl_of_zer
     s_ends, text = token_ends(student.decode, completion)
     s = [char_logprob(text[a:b]) for a, b in zip([0] + s_ends[:-1], s_ends)]
     t_prompt, t_completion, s_ends2, t_ends = retokenize(
-        student.decode, lambda x: teacher.encode(x, add_special_tokens=False), teacher.decode, prompt, completion)
+        student.decode, lambda x: teacher.encode(x, add_special_tokens=False), teacher.decode, prompt, completion
+    )
     assert s_ends2 == s_ends and teacher.decode(t_prompt) == "reverse the text: "
     assert (len(t_completion) > len(completion)) == student_is_bpe  # chars: more tokens than the BPE's
     r = [char_logprob(text[a:b]) for a, b in zip([0] + t_ends[:-1], t_ends)]
@@ -91,10 +95,12 @@ def test_a_character_the_teacher_cannot_write_becomes_its_unknown_token():
     # <|unk|> over its one character, the runs around them are encoded apart
     char, bpe = char_tokenizer(), bpe_tokenizer()
     completion = bpe.encode("h\x18é!", add_special_tokens=False)
-    _, t_ids, s_ends, t_ends = retokenize(bpe.decode, lambda x: char.encode(x, add_special_tokens=False),
-                                          char.decode, [], completion, char.unk_token_id)
+    _, t_ids, s_ends, t_ends = retokenize(
+        bpe.decode, lambda x: char.encode(x, add_special_tokens=False), char.decode, [], completion, char.unk_token_id
+    )
     assert t_ids == [char.convert_tokens_to_ids(c) for c in "h"] + [char.unk_token_id] * 2 + [
-        char.convert_tokens_to_ids("!")]
+        char.convert_tokens_to_ids("!")
+    ]
     assert t_ends == [1, 2, 3, 4] and s_ends[-1] == 4
     with pytest.raises(ValueError, match="no unknown token"):
         retokenize(bpe.decode, lambda x: char.encode(x, add_special_tokens=False), char.decode, [], completion)
@@ -105,10 +111,10 @@ def test_a_char_teacher_scores_a_bpe_students_text_and_the_sums_telescope():
     # the student's BPE sample is scored in the teacher's char tokens, carried back one logprob
     # per student token, and they add up to the teacher's logprob of the whole completion text
     from actors.teacher import TeacherWorker
-    from rlcore.report.busy import BusyClock
     from rlcore.engine.registry import make_engine
     from rlcore.plan.compose import compose
     from rlcore.plan.teacher import teacher_run_config
+    from rlcore.report.busy import BusyClock
     from rlcore.types import Sample
 
     cfg = compose(["teacher.enabled=true", "teacher.cross_tokenizer=true"])
@@ -123,7 +129,9 @@ def test_a_char_teacher_scores_a_bpe_students_text_and_the_sums_telescope():
     assert error is None and straddle == (0, len(completion))  # a char teacher never straddles
     q = out[0].teacher_logprobs
     char = worker.tokenizer
-    whole = worker.engine.score(char.encode("reverse the text: fox", add_special_tokens=False),
-                                char.encode("xof the<|im_end|>", add_special_tokens=False))
+    whole = worker.engine.score(
+        char.encode("reverse the text: fox", add_special_tokens=False),
+        char.encode("xof the<|im_end|>", add_special_tokens=False),
+    )
     assert len(q) == len(completion) < len(whole) and sum(q) == pytest.approx(sum(whole), abs=1e-4)
     assert sums[0][0][0] == pytest.approx(sum(s.logprobs) - sum(whole), abs=1e-4)

@@ -20,21 +20,29 @@ def test_background_phase_lines_and_record():
         pass
     assert engines.finish(waited_s=2.0) == 9.0
     assert engines.finish() == 9.0  # idempotent: one line, one record
-    assert phases.done == [("starting the trainer and loading its model (concurrent with the engine)", 3.0),
-                           ("starting the rollout engine (hf) (in the background)", 9.0)]
+    assert phases.done == [
+        ("starting the trainer and loading its model (concurrent with the engine)", 3.0),
+        ("starting the rollout engine (hf) (in the background)", 9.0),
+    ]
     assert out.getvalue().splitlines() == [
         "rlcore: starting the rollout engine (hf) (in the background) ...",
         "rlcore: starting the trainer and loading its model (concurrent with the engine) ... 3.0s",
-        "rlcore: starting the rollout engine (hf): ready after 9.0s (in the background; 2.0s waited for)"]
+        "rlcore: starting the rollout engine (hf): ready after 9.0s (in the background; 2.0s waited for)",
+    ]
 
 
 def test_summary_startup_is_wall_time_not_the_sum_of_overlapping_phases():
     hist = [{"step": 1, "reward_mean": 0.5, "step_time_s": 1.0, "tokens_per_s": 10.0, "samples_trained": 4}]
-    phases = [("starting Ray", 3.0), ("starting the rollout engine (hf) (in the background)", 20.0),
-              ("SFT warm-up (40 steps)", 15.0)]
+    phases = [
+        ("starting Ray", 3.0),
+        ("starting the rollout engine (hf) (in the background)", 20.0),
+        ("SFT warm-up (40 steps)", 15.0),
+    ]
     lines = run_summary("rl", hist, [], phases, startup_s=24.5).splitlines()
-    assert ("  start-up 24.5s to step 1 (from the process's start): starting Ray 3.0s, starting the rollout "
-            "engine (hf) (in the background) 20.0s, SFT warm-up (40 steps) 15.0s") in lines
+    assert (
+        "  start-up 24.5s to step 1 (from the process's start): starting Ray 3.0s, starting the rollout "
+        "engine (hf) (in the background) 20.0s, SFT warm-up (40 steps) 15.0s"
+    ) in lines
     assert "  start-up 38.0s: " in run_summary("rl", hist, [], phases)  # no wall time given: the sum
 
 
@@ -47,9 +55,11 @@ def test_process_age_counts_from_the_process_start():
 
 # -- on a local Ray cluster ---------------------------------------------------------------------
 
+
 @pytest.fixture(scope="module")
 def ray_cluster():
     import ray
+
     ray.init(num_cpus=2, include_dashboard=False, logging_level="WARNING")
     yield ray
     ray.shutdown()
@@ -57,8 +67,19 @@ def ray_cluster():
 
 def _cfg(tmp_path, env: list[str], warmup: int = 3):
     from rlcore.plan.compose import compose
-    return compose([f"output_dir={tmp_path}", "steps=1", f"sft.warmup_steps={warmup}", "algo.batch_groups=2",
-                    "rollout.tasks_per_request=2", "rollout.max_restarts=0", "logger.console=false", *env])
+
+    return compose(
+        [
+            f"output_dir={tmp_path}",
+            "steps=1",
+            f"sft.warmup_steps={warmup}",
+            "algo.batch_groups=2",
+            "rollout.tasks_per_request=2",
+            "rollout.max_restarts=0",
+            "logger.console=false",
+            *env,
+        ]
+    )
 
 
 def _open_gate_when_the_warmup_begins(monkeypatch, gate) -> None:
@@ -83,8 +104,10 @@ def test_engines_finish_starting_only_while_the_sft_warmup_runs(ray_cluster, tmp
 
     gate = tmp_path / "gate"
     _open_gate_when_the_warmup_begins(monkeypatch, gate)
-    cfg = _cfg(tmp_path / "run", ["env.name=tests.chaos_env:GatedStartReverseText", f"+env.args.gate={gate}",
-                                  "+env.args.gate_timeout_s=150"])
+    cfg = _cfg(
+        tmp_path / "run",
+        ["env.name=tests.chaos_env:GatedStartReverseText", f"+env.args.gate={gate}", "+env.args.gate_timeout_s=150"],
+    )
     driver = Driver(cfg)
     try:
         driver.setup()
@@ -92,11 +115,15 @@ def test_engines_finish_starting_only_while_the_sft_warmup_runs(ray_cluster, tmp
         lines = [ln for ln in out.splitlines() if ln.startswith("rlcore: ")]
         started = lines.index("rlcore: starting the rollout engine (hf) (in the background) ...")
         warmup = lines.index("rlcore: SFT warm-up (3 steps) ...")
-        ready = next(i for i, ln in enumerate(lines) if ln.startswith("rlcore: starting the rollout engine (hf): ready after"))
+        ready = next(
+            i for i, ln in enumerate(lines) if ln.startswith("rlcore: starting the rollout engine (hf): ready after")
+        )
         sync = next(i for i, ln in enumerate(lines) if ln.startswith("rlcore: first weight sync ..."))
         assert started < warmup < ready < sync, lines
-        assert any(ln.startswith("rlcore: starting the trainer and loading its model (concurrent with the engine)")
-                   for ln in lines)
+        assert any(
+            ln.startswith("rlcore: starting the trainer and loading its model (concurrent with the engine)")
+            for ln in lines
+        )
         history = driver.run(MetricsLogger(cfg.logger, str(cfg.output_dir), {}, cfg.steps))
         assert [h["policy_version"] for h in history] == [cfg.sft.warmup_steps + 1]
         assert 0 < driver.ready_at < process_age()
@@ -115,12 +142,22 @@ def test_engine_that_breaks_during_startup_stops_the_warmup(ray_cluster, tmp_pat
 
     gate = tmp_path / "gate"
     _open_gate_when_the_warmup_begins(monkeypatch, gate)
-    cfg = _cfg(tmp_path / "run", ["env.name=tests.chaos_env:BrokenStartReverseText", "+env.args.delay_s=0",
-                                  f"+env.args.gate={gate}", "+env.args.gate_timeout_s=150"], warmup=1000)
+    cfg = _cfg(
+        tmp_path / "run",
+        [
+            "env.name=tests.chaos_env:BrokenStartReverseText",
+            "+env.args.delay_s=0",
+            f"+env.args.gate={gate}",
+            "+env.args.gate_timeout_s=150",
+        ],
+        warmup=1000,
+    )
     driver = Driver(cfg)
     start = time.monotonic()
     try:
-        with pytest.raises(RunError, match="(?s)rollout actor 0 died while starting.*RuntimeError: engine broke during start-up"):
+        with pytest.raises(
+            RunError, match="(?s)rollout actor 0 died while starting.*RuntimeError: engine broke during start-up"
+        ):
             driver.setup()
     finally:
         driver.shutdown()

@@ -5,18 +5,27 @@ from __future__ import annotations
 
 import pytest
 
-from rlcore.config import RunConfig
 from rlcore.batch.meta import group_meta
 from rlcore.batch.step import build_step, has_signal, rank_micro_batches, sample_advantages
+from rlcore.config import RunConfig
 from rlcore.types import Group, GroupMeta, Sample, Task
 
 
 def group(rewards, completion_len=3, teacher=None, finish="stop") -> GroupMeta:
     """A group as the driver holds it; its data handle is the sample list itself (no Ray)."""
-    samples = [Sample(prompt_ids=[1, 2], completion_ids=[5] * completion_len, logprobs=[-1.0] * completion_len,
-                      versions=[0] * completion_len, loss_mask=[1] * completion_len, reward=r, finish_reason=finish,
-                      teacher_logprobs=teacher)
-               for r in rewards]
+    samples = [
+        Sample(
+            prompt_ids=[1, 2],
+            completion_ids=[5] * completion_len,
+            logprobs=[-1.0] * completion_len,
+            versions=[0] * completion_len,
+            loss_mask=[1] * completion_len,
+            reward=r,
+            finish_reason=finish,
+            teacher_logprobs=teacher,
+        )
+        for r in rewards
+    ]
     return group_meta(Group(Task("t", []), samples), data=samples)
 
 

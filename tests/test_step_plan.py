@@ -11,7 +11,6 @@ import torch
 
 from rlcore.algo.distill import batch_token_advantages
 from rlcore.batch.buffer import Accounting, RolloutBuffer
-from rlcore.config import RunConfig
 from rlcore.batch.meta import group_meta
 from rlcore.batch.packing import (
     balance_across_ranks,
@@ -23,6 +22,7 @@ from rlcore.batch.packing import (
     plan_for_ranks,
 )
 from rlcore.batch.step import build_step, rank_micro_batches, sample_advantages
+from rlcore.config import RunConfig
 from rlcore.types import Group, Sample, Task
 
 FIELDS = ("input_ids", "position_ids", "targets", "behaviour_logprobs", "advantages", "loss_mask", "sample_index")
@@ -54,11 +54,17 @@ def assert_same(got, want):
 def random_sample(rng, reward=None, failed=False, teacher=False):
     p, c = rng.randint(1, 12), rng.randint(1, 20)
     lp = [-rng.random() for _ in range(c)]
-    return Sample(prompt_ids=[rng.randrange(99) for _ in range(p)], completion_ids=[rng.randrange(99) for _ in range(c)],
-                  logprobs=lp, versions=[rng.randint(0, 2)] * c, loss_mask=[rng.randint(0, 1) for _ in range(c)],
-                  reward=float(rng.randint(0, 2)) if reward is None else reward, failed=failed,
-                  finish_reason=rng.choice(["stop", "length"]),
-                  teacher_logprobs=[x - rng.random() for x in lp] if teacher else None)
+    return Sample(
+        prompt_ids=[rng.randrange(99) for _ in range(p)],
+        completion_ids=[rng.randrange(99) for _ in range(c)],
+        logprobs=lp,
+        versions=[rng.randint(0, 2)] * c,
+        loss_mask=[rng.randint(0, 1) for _ in range(c)],
+        reward=float(rng.randint(0, 2)) if reward is None else reward,
+        failed=failed,
+        finish_reason=rng.choice(["stop", "length"]),
+        teacher_logprobs=[x - rng.random() for x in lp] if teacher else None,
+    )
 
 
 @pytest.mark.parametrize("num_ranks,budget", [(1, 64), (2, 40), (3, 25), (4, 8)])

@@ -38,9 +38,14 @@ def test_an_object_store_url_is_kept_and_output_dir_becomes_its_staging_folder(t
     assert with_local_paths(compose(["output_dir=/tmp/x"])).storage.url == ""
 
 
-@pytest.mark.parametrize("url, why", [("memory://run", "lives inside one process"),
-                                      ("nosuchfs://bucket/run", "is no storage fsspec knows"),
-                                      ("s3://", "names no bucket")])
+@pytest.mark.parametrize(
+    "url, why",
+    [
+        ("memory://run", "lives inside one process"),
+        ("nosuchfs://bucket/run", "is no storage fsspec knows"),
+        ("s3://", "names no bucket"),
+    ],
+)
 def test_a_storage_a_run_cannot_write_through_is_one_line(url, why, tmp_path, capsys):
     with pytest.raises(ConfigError, match=why):
         local_path(url, "output_dir")
@@ -51,8 +56,7 @@ def test_a_storage_a_run_cannot_write_through_is_one_line(url, why, tmp_path, ca
 
 
 def test_a_run_with_a_file_url_writes_there(tmp_path):
-    assert main(["steps=1", f"output_dir=file://{tmp_path}/run", "checkpoint.interval=1",
-                 "cluster.num_cpus=2"]) == 0
+    assert main(["steps=1", f"output_dir=file://{tmp_path}/run", "checkpoint.interval=1", "cluster.num_cpus=2"]) == 0
     assert len((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()) == 1
     assert (tmp_path / "run" / "checkpoints" / "step_00000001" / "meta.json").is_file()
     assert not Path("file:").exists()

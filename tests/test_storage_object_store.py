@@ -17,13 +17,13 @@ from pathlib import Path
 
 import pytest
 
-from rlcore.storage.checkpoint import CheckpointWriter
-from rlcore.plan.cli import job_output_dir
 from rlcore.config.errors import ConfigError
-from rlcore.storage.export import main as export_main
+from rlcore.plan.cli import job_output_dir
 from rlcore.plan.compose import compose
 from rlcore.run import main
+from rlcore.storage.checkpoint import CheckpointWriter
 from rlcore.storage.checkpoint_dirs import checkpoint_root, list_checkpoints
+from rlcore.storage.export import main as export_main
 from rlcore.storage.location import with_local_paths
 from rlcore.storage.staging import LEASE, Sync, claim, download
 
@@ -38,12 +38,17 @@ def s3_server():
     """An S3 API on localhost for this module; the environment points every process of a run
     (the driver, and the Ray workers it starts) at it."""
     from moto.server import ThreadedMotoServer
+
     logging.getLogger("werkzeug").setLevel(logging.WARNING)  # one line per request otherwise
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
     server.start()
     host, port = server.get_host_and_port()
-    env = {"AWS_ENDPOINT_URL": f"http://{host}:{port}", "AWS_ACCESS_KEY_ID": "testing",
-           "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}
+    env = {
+        "AWS_ENDPOINT_URL": f"http://{host}:{port}",
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+        "AWS_DEFAULT_REGION": "us-east-1",
+    }
     saved = {k: os.environ.get(k) for k in env}
     os.environ.update(env)
     yield env
@@ -59,6 +64,7 @@ def s3_server():
 def bucket(s3_server, tmp_path, monkeypatch, request):
     """A fresh bucket, and a staging root of this test's own."""
     import s3fs
+
     monkeypatch.setenv("RLCORE_STAGING_DIR", str(tmp_path / "staging"))
     name = f"b-{request.node.name.lower().replace('_', '-')[:40]}-{os.getpid()}"
     fs = s3fs.S3FileSystem()
@@ -93,8 +99,19 @@ def test_a_run_checkpoints_into_the_bucket_and_resumes_from_its_last_committed_c
     cfg = with_local_paths(compose([f"output_dir={url}", "resume=true"]))
     assert [s for s, _ in list_checkpoints(checkpoint_root(cfg))] == [1]
 
-    assert main(["steps=3", f"output_dir={url}", "checkpoint.interval=1", "resume=true",
-                 "checkpoint.export_final=true", *RUN]) == 0
+    assert (
+        main(
+            [
+                "steps=3",
+                f"output_dir={url}",
+                "checkpoint.interval=1",
+                "resume=true",
+                "checkpoint.export_final=true",
+                *RUN,
+            ]
+        )
+        == 0
+    )
     fs.invalidate_cache()
     # the earlier rows are kept as they were; step 2's row, after the checkpoint resumed from, is trained again
     again = rows(fs, f"{name}/run/metrics.jsonl")
@@ -128,9 +145,13 @@ def test_a_url_a_live_run_holds_by_its_lease_is_refused(bucket, capsys):
     fs.pipe_file(f"{name}/run/{LEASE}", json.dumps({"owner": "elsewhere:7", "time": time.time() - 3600}).encode())
     assert download(with_local_paths(compose([f"output_dir=s3://{name}/run"]))) == 0
     # a fresh lease of a process of this machine that is gone (a run killed with SIGKILL) holds nothing
-    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True, check=True)
-    fs.pipe_file(f"{name}/run/{LEASE}", json.dumps({"owner": f"{socket.gethostname()}:{gone.stdout.strip()}",
-                                                    "time": time.time()}).encode())
+    gone = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True, check=True
+    )
+    fs.pipe_file(
+        f"{name}/run/{LEASE}",
+        json.dumps({"owner": f"{socket.gethostname()}:{gone.stdout.strip()}", "time": time.time()}).encode(),
+    )
     assert download(with_local_paths(compose([f"output_dir=s3://{name}/run"]))) == 0
 
 
@@ -214,8 +235,19 @@ def test_a_sweep_under_a_url_keeps_the_url():
 
 def test_every_trainer_ranks_shard_is_written_into_the_bucket_and_listed_by_the_commit(bucket, tmp_path):
     fs, name = bucket
-    assert main(["mode=sft", "steps=1", f"output_dir=s3://{name}/sft", "trainer.world_size=2",
-                 "trainer.cpus_per_rank=1", *RUN]) == 0
+    assert (
+        main(
+            [
+                "mode=sft",
+                "steps=1",
+                f"output_dir=s3://{name}/sft",
+                "trainer.world_size=2",
+                "trainer.cpus_per_rank=1",
+                *RUN,
+            ]
+        )
+        == 0
+    )
     fs.invalidate_cache()
     step = f"{name}/sft/checkpoints/step_00000001"
     parts = json.loads(fs.cat_file(f"{step}/meta.json"))["parts"]
@@ -233,8 +265,12 @@ def test_a_run_stopped_by_sigterm_uploads_its_rows_and_checkpoint_before_it_exit
     url = f"s3://{name}/run"
     cfg = with_local_paths(compose([f"output_dir={url}"]))
     staged = Path(cfg.output_dir) / "metrics.jsonl"
-    run = subprocess.Popen([sys.executable, "-m", "rlcore.run", "steps=500", f"output_dir={url}", *RUN],
-                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    run = subprocess.Popen(
+        [sys.executable, "-m", "rlcore.run", "steps=500", f"output_dir={url}", *RUN],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         deadline = time.monotonic() + 300
         while not (staged.is_file() and staged.read_text().strip()) and run.poll() is None:
@@ -261,6 +297,7 @@ def test_the_lease_is_renewed_from_its_own_thread_while_an_upload_hangs(bucket, 
     """An upload that does not finish (here: held at the staging lock, as a stalled store would
     hold it) never lets the lease go stale: the lease has a thread of its own."""
     from rlcore.storage import staging
+
     fs, name = bucket
     monkeypatch.setattr(staging, "HEARTBEAT_S", 0.3)
     cfg = with_local_paths(compose([f"output_dir=s3://{name}/run", "storage.sync_interval_s=0.2"]))
@@ -297,10 +334,17 @@ def stoppable_s3(tmp_path, monkeypatch):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    env = {"AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}", "AWS_ACCESS_KEY_ID": "testing",
-           "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    env = {
+        "AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}",
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+        "AWS_DEFAULT_REGION": "us-east-1",
+    }
     for k, v in env.items():
         monkeypatch.setenv(k, v)
     monkeypatch.setenv("RLCORE_STAGING_DIR", str(tmp_path / "staging"))
@@ -312,6 +356,7 @@ def stoppable_s3(tmp_path, monkeypatch):
         except OSError:
             time.sleep(0.2)
     import s3fs
+
     s3fs.S3FileSystem.clear_instance_cache()  # the cached one points to the module's server
     fs = s3fs.S3FileSystem()
     fs.mkdir("frozen")
@@ -327,6 +372,7 @@ def test_a_store_that_stops_answering_during_a_checkpoint_upload_is_named_and_bo
     URL and the deadline within seconds, and at the deadline the run goes on (it used to wait
     minutes with no line while its lease went stale)."""
     from rlcore.storage import staging
+
     proc, fs = stoppable_s3
     url = "s3://frozen/run"
     cfg = with_local_paths(compose([f"output_dir={url}", "storage.sync_interval_s=0"]))
@@ -343,13 +389,13 @@ def test_a_store_that_stops_answering_during_a_checkpoint_upload_is_named_and_bo
         proc.send_signal(signal.SIGCONT)
     lines = [r.getMessage() for r in caplog.records]
     assert done is False and took < 12.0, (done, took)
-    assert any(url in ln and "no answer from the store for 5s" in ln and "checkpoint.timeout_s" in ln
-               for ln in lines), lines
+    assert any(
+        url in ln and "no answer from the store for 5s" in ln and "checkpoint.timeout_s" in ln for ln in lines
+    ), lines
     assert any(url in ln and "not done within 8s" in ln for ln in lines), lines
     # the store answers again: the lease is renewed at once by its own thread
     staging.renew_lease(cfg)
     assert time.time() - lease_time(fs, f"frozen/run/{LEASE}") < 30
-
 
 
 STORE_DEADLINE_S = 12
@@ -368,7 +414,8 @@ def process_writing_to(log: Path) -> int | None:
 
 
 def test_a_frozen_engine_and_then_a_frozen_store_inside_a_full_runs_checkpoints_are_named_and_resumed_from(
-        stoppable_s3, tmp_path):
+    stoppable_s3, tmp_path
+):
     """`python -m rlcore.run` on s3:// with two engines and a checkpoint every 2 steps. Engine 1
     is frozen (SIGSTOP) once step 2's row is written (as step 2's checkpoint reads the engines' RNG
     states), until the end: the stall watcher names it, the checkpoint leaves its RNG state out
@@ -382,11 +429,21 @@ def test_a_frozen_engine_and_then_a_frozen_store_inside_a_full_runs_checkpoints_
     url = "s3://frozen/run"
     cfg = with_local_paths(compose([f"output_dir={url}"]))
     staged = Path(cfg.output_dir) / "metrics.jsonl"
-    overrides = [f"output_dir={url}", "checkpoint.interval=2", f"checkpoint.timeout_s={STORE_DEADLINE_S}",
-                 "storage.sync_interval_s=0", "rollout.num_actors=2", "sft.warmup_steps=0", "cluster.num_cpus=3"]
+    overrides = [
+        f"output_dir={url}",
+        "checkpoint.interval=2",
+        f"checkpoint.timeout_s={STORE_DEADLINE_S}",
+        "storage.sync_interval_s=0",
+        "rollout.num_actors=2",
+        "sft.warmup_steps=0",
+        "cluster.num_cpus=3",
+    ]
     log_path = tmp_path / "run.log"
-    run = subprocess.Popen([sys.executable, "-m", "rlcore.run", "steps=6", *overrides],
-                           stdout=open(log_path, "w"), stderr=subprocess.STDOUT)
+    run = subprocess.Popen(
+        [sys.executable, "-m", "rlcore.run", "steps=6", *overrides],
+        stdout=open(log_path, "w"),
+        stderr=subprocess.STDOUT,
+    )
     engine = frozen_at = named_at = None
     try:
         deadline = time.monotonic() + 400
@@ -399,7 +456,11 @@ def test_a_frozen_engine_and_then_a_frozen_store_inside_a_full_runs_checkpoints_
             if frozen_at is None and rows_done >= 3:
                 proc.send_signal(signal.SIGSTOP)  # before step 4's checkpoint
                 frozen_at = time.monotonic()
-            if frozen_at is not None and named_at is None and "frozen/run/checkpoints: no answer" in log_path.read_text():
+            if (
+                frozen_at is not None
+                and named_at is None
+                and "frozen/run/checkpoints: no answer" in log_path.read_text()
+            ):
                 named_at = time.monotonic()
             time.sleep(0.2)
         ended = time.monotonic()
@@ -421,22 +482,31 @@ def test_a_frozen_engine_and_then_a_frozen_store_inside_a_full_runs_checkpoints_
     assert len(stalled) == 1, log[-4000:]  # the frozen engine: a stall, not the end of the run
     in_checkpoint = [ln for ln in log.splitlines() if "engine RNG state of rollout actor 1" in ln]
     print(f"engine frozen during step 2's checkpoint: {in_checkpoint or 'no: it was seen first elsewhere'}")
-    waiting = [ln for ln in log.splitlines() if "checkpoint.timeout_s" in ln and "waiting up to" in ln
-               and "frozen/run" in ln]
+    waiting = [
+        ln for ln in log.splitlines() if "checkpoint.timeout_s" in ln and "waiting up to" in ln and "frozen/run" in ln
+    ]
     assert waiting, log[-4000:]  # the store's URL and the deadline
     errors = [ln for ln in log.splitlines() if ln.startswith("rlcore: error:")]
     assert errors and "continue with resume=true" in errors[0], log[-4000:]
-    print(f"engine frozen: {stalled[0]}; store frozen: named {named_at - frozen_at:.1f}s after SIGSTOP, the run "
-          f"ended {ended - frozen_at:.1f}s after it (checkpoint.timeout_s={STORE_DEADLINE_S}): {waiting[0]} / {errors}")
+    print(
+        f"engine frozen: {stalled[0]}; store frozen: named {named_at - frozen_at:.1f}s after SIGSTOP, the run "
+        f"ended {ended - frozen_at:.1f}s after it (checkpoint.timeout_s={STORE_DEADLINE_S}): {waiting[0]} / {errors}"
+    )
     assert named_at - frozen_at < 30, named_at - frozen_at
     assert "storage unreachable" in errors[0] and "frozen/run" in errors[0], errors
     # the way out is bounded too: the last upload named, then given up with where the files are
-    assert any(ln.startswith("rlcore: error: the run's files were not uploaded to s3://frozen/run") for ln in errors), errors
+    assert any(ln.startswith("rlcore: error: the run's files were not uploaded to s3://frozen/run") for ln in errors), (
+        errors
+    )
     assert ended - frozen_at < 3 * STORE_DEADLINE_S + 60, ended - frozen_at
     assert "Traceback" not in log, log[-4000:]
 
-    resumed = subprocess.run([sys.executable, "-m", "rlcore.run", "steps=6", "resume=true", *overrides],
-                             capture_output=True, text=True, timeout=400)
+    resumed = subprocess.run(
+        [sys.executable, "-m", "rlcore.run", "steps=6", "resume=true", *overrides],
+        capture_output=True,
+        text=True,
+        timeout=400,
+    )
     assert resumed.returncode == 0, (resumed.stdout + resumed.stderr)[-4000:]
     fs.invalidate_cache()
     for series in ("metrics.jsonl", "events.jsonl"):

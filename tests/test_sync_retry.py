@@ -67,10 +67,12 @@ def test_a_dead_trainer_rank_stops_the_run_at_once():
 
 
 def test_the_retry_warning_is_one_line_however_long_the_remote_traceback(caplog):
-    remote = ("weight sync to version 3 failed: \x1b[36mray::TrainerRank.push_weights()\x1b[39m (pid=7)\n"
-              "  File \"rlcore/transfer/broadcast.py\", line 49, in broadcast\n"
-              "    self.pg.broadcast([tensor], opts).wait(self.timeout)\n"
-              "RuntimeError: [gloo/pair.cc:547] Connection closed by peer [127.0.0.1]:52874")
+    remote = (
+        "weight sync to version 3 failed: \x1b[36mray::TrainerRank.push_weights()\x1b[39m (pid=7)\n"
+        '  File "rlcore/transfer/broadcast.py", line 49, in broadcast\n'
+        "    self.pg.broadcast([tensor], opts).wait(self.timeout)\n"
+        "RuntimeError: [gloo/pair.cc:547] Connection closed by peer [127.0.0.1]:52874"
+    )
     s = Sync([ActorDied(remote, ["rollout actor 1"])])
     with caplog.at_level("WARNING", logger="rlcore"):
         s._reform_and_sync(3, [0, 1])

@@ -17,6 +17,7 @@ pytestmark = pytest.mark.integration
 @pytest.fixture(scope="module")
 def ray_cluster():
     import ray
+
     ray.init(num_cpus=2, include_dashboard=False, logging_level="WARNING")
     yield ray
     ray.shutdown()
@@ -24,11 +25,25 @@ def ray_cluster():
 
 def small(tmp_path, teachers: int) -> list[str]:
     # trainer 0.5 + rollout 0.5 + teachers 0.5 each fit the fixture's 2 CPUs
-    return [f"output_dir={tmp_path}", "steps=2", "sft.warmup_steps=0", "algo.batch_groups=2", "algo.group_size=2",
-            "rollout.tasks_per_request=2", "rollout.max_requests_per_actor=1", "trainer.cpus_per_rank=0.5",
-            "rollout.cpus_per_actor=0.5", "logger.console=false", "checkpoint.save_final=false",
-            "teacher.enabled=true", f"teacher.num_actors={teachers}", "teacher.cpus_per_actor=0.5",
-            "teacher.max_restarts=0", "teacher.score_timeout_s=120", "teacher.start_timeout_s=300"]
+    return [
+        f"output_dir={tmp_path}",
+        "steps=2",
+        "sft.warmup_steps=0",
+        "algo.batch_groups=2",
+        "algo.group_size=2",
+        "rollout.tasks_per_request=2",
+        "rollout.max_requests_per_actor=1",
+        "trainer.cpus_per_rank=0.5",
+        "rollout.cpus_per_actor=0.5",
+        "logger.console=false",
+        "checkpoint.save_final=false",
+        "teacher.enabled=true",
+        f"teacher.num_actors={teachers}",
+        "teacher.cpus_per_actor=0.5",
+        "teacher.max_restarts=0",
+        "teacher.score_timeout_s=120",
+        "teacher.start_timeout_s=300",
+    ]
 
 
 def test_dead_teacher_actor_samples_count_failed_and_run_goes_on(ray_cluster, tmp_path):
@@ -46,8 +61,9 @@ def test_dead_teacher_actor_samples_count_failed_and_run_goes_on(ray_cluster, tm
         assert sum(h["teacher_failed_step"] for h in history) > 0
         last = history[-1]
         assert last["samples_failed"] >= sum(h["teacher_failed_step"] for h in history)
-        assert last["samples_generated"] == (last["samples_trained"] + last["samples_dropped_stale"]
-                                             + last["samples_failed"] + last["samples_in_flight"])
+        assert last["samples_generated"] == (
+            last["samples_trained"] + last["samples_dropped_stale"] + last["samples_failed"] + last["samples_in_flight"]
+        )
         assert driver.teacher.alive == [False, True]
         for h in history:
             # a random-weight teacher differs from the student: a positive, finite reverse KL
@@ -90,8 +106,9 @@ def test_teacher_actor_reads_the_token_data_and_returns_new_driver_owned_groups(
     from rlcore.types import Group, Sample, Task
 
     def sample(prompt, completion, failed=False):
-        return Sample(prompt, completion, [-1.0] * len(completion), [0] * len(completion),
-                      [1] * len(completion), failed=failed)
+        return Sample(
+            prompt, completion, [-1.0] * len(completion), [0] * len(completion), [1] * len(completion), failed=failed
+        )
 
     def meta(samples, index):
         return group_meta(Group(Task(f"t{index}", []), samples, stream_index=index), ray_cluster.put(samples))

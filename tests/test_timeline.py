@@ -11,8 +11,8 @@ import time
 import pytest
 
 from rlcore.config import RunConfig
-from rlcore.report.profiling import TraceRecorder, config_problems
 from rlcore.report import timeline
+from rlcore.report.profiling import TraceRecorder, config_problems
 
 BASE_NS = 1_700_000_000_000_000_000  # the traces' baseTimeNanoseconds: event ts are microseconds after it
 START_US = BASE_NS / 1000
@@ -21,10 +21,23 @@ START_US = BASE_NS / 1000
 def kineto(kernels, base_ns=BASE_NS, device=0):
     """A Kineto-shaped Chrome trace with a GPU kernel per (start, duration) in microseconds after
     the base time, and one CPU op."""
-    events = [{"ph": "M", "name": "process_name", "pid": 7, "args": {"name": "python3"}},
-              {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": 7, "tid": 7, "ts": 0.0, "dur": 5.0}]
-    events += [{"ph": "X", "cat": "kernel", "name": "gemm", "pid": device, "tid": 7, "ts": float(a), "dur": float(d),
-                "args": {"device": device, "stream": 7}} for a, d in kernels]
+    events = [
+        {"ph": "M", "name": "process_name", "pid": 7, "args": {"name": "python3"}},
+        {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": 7, "tid": 7, "ts": 0.0, "dur": 5.0},
+    ]
+    events += [
+        {
+            "ph": "X",
+            "cat": "kernel",
+            "name": "gemm",
+            "pid": device,
+            "tid": 7,
+            "ts": float(a),
+            "dur": float(d),
+            "args": {"device": device, "stream": 7},
+        }
+        for a, d in kernels
+    ]
     return {"baseTimeNanoseconds": base_ns, "traceEvents": events}
 
 
@@ -113,12 +126,15 @@ def test_recorder_trace_reads_back_on_the_wall_clock(tmp_path):
     assert recorder.stop() == []  # nothing started since
 
 
-@pytest.mark.parametrize("overrides,key,says", [
-    (dict(steps=5, profile_steps=[6]), "profile.steps", "in 1..5"),
-    (dict(steps=5, profile_steps=[0]), "profile.steps", "not a step of this run"),
-    (dict(steps=5, profile_steps=[2, 2]), "profile.steps", "twice"),
-    (dict(steps=5, profile_steps=[2], mode="sft"), "profile.steps", "mode=sft"),
-])
+@pytest.mark.parametrize(
+    "overrides,key,says",
+    [
+        (dict(steps=5, profile_steps=[6]), "profile.steps", "in 1..5"),
+        (dict(steps=5, profile_steps=[0]), "profile.steps", "not a step of this run"),
+        (dict(steps=5, profile_steps=[2, 2]), "profile.steps", "twice"),
+        (dict(steps=5, profile_steps=[2], mode="sft"), "profile.steps", "mode=sft"),
+    ],
+)
 def test_config_problems_name_the_key(overrides, key, says):
     cfg = RunConfig(steps=overrides["steps"], mode=overrides.get("mode", "rl"))
     cfg.profile.steps = overrides["profile_steps"]
@@ -129,8 +145,12 @@ def test_config_problems_name_the_key(overrides, key, says):
 
 
 def test_cli_refuses_bad_steps_before_ray(tmp_path):
-    done = subprocess.run([sys.executable, "-m", "rlcore.run", "steps=3", "profile.steps=[4]",
-                           f"output_dir={tmp_path / 'run'}"], capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [sys.executable, "-m", "rlcore.run", "steps=3", "profile.steps=[4]", f"output_dir={tmp_path / 'run'}"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 2, done.stderr
     assert "profile.steps" in done.stderr and "Traceback" not in done.stderr and "starting Ray" not in done.stdout
 

@@ -14,8 +14,8 @@ from actors.driver import Driver, StepState
 from actors.trainer_group import TokenDataLost, TrainerGroup
 from rlcore.batch.buffer import Accounting, RolloutBuffer
 from rlcore.batch.meta import group_meta
-from rlcore.report.failures import FailureLog
 from rlcore.batch.step import RankWork
+from rlcore.report.failures import FailureLog
 from rlcore.types import Group, Sample, Task
 
 
@@ -30,8 +30,17 @@ class Ref:
 def groups(n: int) -> list:
     out = []
     for i in range(n):
-        samples = [Sample(prompt_ids=[1], completion_ids=[2, 3], logprobs=[-1.0, -1.0], versions=[0, 0],
-                          loss_mask=[1, 1], reward=float(k)) for k in range(2)]
+        samples = [
+            Sample(
+                prompt_ids=[1],
+                completion_ids=[2, 3],
+                logprobs=[-1.0, -1.0],
+                versions=[0, 0],
+                loss_mask=[1, 1],
+                reward=float(k),
+            )
+            for k in range(2)
+        ]
         out.append(group_meta(Group(task=Task(id=f"t{i}", messages=[]), samples=samples), data=Ref(f"g{i}")))
     return out
 
@@ -40,8 +49,10 @@ def test_the_trainer_group_names_the_groups_no_rank_could_read():
     batch = groups(4)
     group = TrainerGroup.__new__(TrainerGroup)
     group._pushed = None
-    group._works = [RankWork([batch[0].data, batch[2].data], [], [], []),
-                    RankWork([batch[1].data, batch[3].data], [], [], [])]
+    group._works = [
+        RankWork([batch[0].data, batch[2].data], [], [], []),
+        RankWork([batch[1].data, batch[3].data], [], [], []),
+    ]
     group._get = lambda refs, what: [{"token_data_lost": []}, {"token_data_lost": [1]}]  # rank 1's second group
     with pytest.raises(TokenDataLost) as lost:
         group.finish_step(["r0", "r1"], 3)

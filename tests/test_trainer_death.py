@@ -19,8 +19,14 @@ def test_trainer_death_names_rank_and_checkpoint_then_resume(tmp_path):
     from actors.driver import Driver, RunError
     from rlcore.report.metrics import MetricsLogger
 
-    overrides = [f"output_dir={tmp_path}", "steps=8", "checkpoint.interval=2", "sft.warmup_steps=0",
-                 "logger.console=false", "trainer.max_restarts=0"]
+    overrides = [
+        f"output_dir={tmp_path}",
+        "steps=8",
+        "checkpoint.interval=2",
+        "sft.warmup_steps=0",
+        "logger.console=false",
+        "trainer.max_restarts=0",
+    ]
     ray.init(num_cpus=2, include_dashboard=False, logging_level="WARNING")
     try:
         cfg = compose(overrides)
@@ -49,8 +55,11 @@ def test_trainer_death_names_rank_and_checkpoint_then_resume(tmp_path):
         finally:
             resumed.shutdown()
         assert history[-1]["step"] == 8
-        steps = [json.loads(line)["step"] for line in (tmp_path / "metrics.jsonl").read_text().splitlines()
-                 if "reward_mean" in line]
+        steps = [
+            json.loads(line)["step"]
+            for line in (tmp_path / "metrics.jsonl").read_text().splitlines()
+            if "reward_mean" in line
+        ]
         assert steps == list(range(1, 9))  # one series, no gap, no duplicate
     finally:
         ray.shutdown()

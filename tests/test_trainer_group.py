@@ -5,8 +5,8 @@ did (the path issue 31's trainer self-healing takes)."""
 
 import pytest
 
-from rlcore.storage.checkpoint import CheckpointWriter
 from rlcore.plan.compose import compose
+from rlcore.storage.checkpoint import CheckpointWriter
 
 pytestmark = pytest.mark.integration
 
@@ -20,8 +20,15 @@ def test_a_killed_rank_is_named_and_restart_from_a_checkpoint_scores_as_before(t
     from actors.remote import ActorDied, get
     from actors.sft import warmup
 
-    cfg = compose([f"output_dir={tmp_path}", "sft.warmup_steps=2", "trainer.world_size=2", "trainer.cpus_per_rank=1",
-                   "logger.console=false"])
+    cfg = compose(
+        [
+            f"output_dir={tmp_path}",
+            "sft.warmup_steps=2",
+            "trainer.world_size=2",
+            "trainer.cpus_per_rank=1",
+            "logger.console=false",
+        ]
+    )
     ray.init(num_cpus=2, include_dashboard=False, logging_level="WARNING")
     groups = None
     try:

@@ -11,15 +11,23 @@ import time
 
 import pytest
 
-from rlcore.plan.validate import validate
 from rlcore.plan.compose import compose
+from rlcore.plan.validate import validate
 
 pytestmark = pytest.mark.integration
 
 STEPS = 8
-SYNC = ["algo.max_off_policy_steps=0", "algo.batch_groups=4", "algo.group_size=4", "rollout.tasks_per_request=2",
-        "rollout.sampling.max_new_tokens=8", "logger.console=false", "sft.warmup_steps=0", "checkpoint.interval=2",
-        "trainer.heal_from=checkpoint"]
+SYNC = [
+    "algo.max_off_policy_steps=0",
+    "algo.batch_groups=4",
+    "algo.group_size=4",
+    "rollout.tasks_per_request=2",
+    "rollout.sampling.max_new_tokens=8",
+    "logger.console=false",
+    "sft.warmup_steps=0",
+    "checkpoint.interval=2",
+    "trainer.heal_from=checkpoint",
+]
 
 
 def run(overrides, kill_at_version=None, kill_at_step=None):
@@ -37,8 +45,9 @@ def run(overrides, kill_at_version=None, kill_at_step=None):
     logger = MetricsLogger(cfg.logger, cfg.output_dir, {}, cfg.steps)
 
     def kill_trainer():
-        while (driver.run_state.version < kill_at_version if kill_at_step is None
-               else driver.run_state.step < kill_at_step):
+        while (
+            driver.run_state.version < kill_at_version if kill_at_step is None else driver.run_state.step < kill_at_step
+        ):
             time.sleep(0.05)
         ray.kill(driver.trainers.handles[0], no_restart=True)
 
@@ -78,8 +87,13 @@ def test_a_killed_trainer_rank_restarts_from_the_checkpoint_and_the_run_goes_on(
     healed = [r for r in rows(a) if "loss" in r]
     assert [r["step"] for r in healed] == list(range(1, STEPS + 1))  # one series, no gap, no duplicate
     for r in healed:
-        assert r["samples_generated"] == (r["samples_trained"] + r["samples_dropped_stale"] + r["samples_failed"]
-                                          + r["samples_in_flight"] + r["samples_filtered"]), r
+        assert r["samples_generated"] == (
+            r["samples_trained"]
+            + r["samples_dropped_stale"]
+            + r["samples_failed"]
+            + r["samples_in_flight"]
+            + r["samples_filtered"]
+        ), r
         assert r["trainer_restarts"] == (0 if r["step"] <= step else 1), r
     assert healed[-1]["samples_failed"] == 0  # nothing was lost: what was in flight was generated again
     assert rows(a, "data_order.jsonl") == rows(b, "data_order.jsonl")
@@ -115,8 +129,13 @@ def test_a_killed_trainer_rank_heals_from_the_engines_with_nothing_configured(tm
     healed = [r for r in rows(out) if "loss" in r]
     assert [r["step"] for r in healed] == list(range(1, STEPS + 1))  # nothing cut back, nothing twice
     for r in healed:
-        assert r["samples_generated"] == (r["samples_trained"] + r["samples_dropped_stale"] + r["samples_failed"]
-                                          + r["samples_in_flight"] + r["samples_filtered"]), r
+        assert r["samples_generated"] == (
+            r["samples_trained"]
+            + r["samples_dropped_stale"]
+            + r["samples_failed"]
+            + r["samples_in_flight"]
+            + r["samples_filtered"]
+        ), r
         assert r["trainer_restarts"] == (0 if r["step"] <= step else 1), r
     # the version follows the optimizer steps: each logged step moved it by one from where it was
     assert healed[-1]["policy_version"] >= STEPS

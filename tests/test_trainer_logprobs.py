@@ -12,24 +12,34 @@ import torch
 
 from rlcore.batch.meta import group_meta
 from rlcore.batch.packing import make_micro_batch
+from rlcore.batch.step import build_step, rank_micro_batches, rank_sample_versions, shown_logprobs, shown_positions
 from rlcore.plan.compose import compose
 from rlcore.report.samples import sample_rows, shown_keys
-from rlcore.batch.step import build_step, rank_micro_batches, rank_sample_versions, shown_logprobs, shown_positions
 from rlcore.types import Group, Sample, Task
 
 
 def sample(prompt: list[int], completion: list[int], mask: list[int] | None = None, reward: float = 0.0) -> Sample:
     n = len(completion)
-    return Sample(prompt_ids=prompt, completion_ids=completion, logprobs=[-1.0] * n, versions=[0] * n,
-                  loss_mask=mask or [1] * n, reward=reward)
+    return Sample(
+        prompt_ids=prompt,
+        completion_ids=completion,
+        logprobs=[-1.0] * n,
+        versions=[0] * n,
+        loss_mask=mask or [1] * n,
+        reward=reward,
+    )
 
 
 def batch() -> list:
     """Two groups of two samples; one sample has an environment token (loss mask 0)."""
-    g0 = Group(task=Task(id="a", messages=[{"role": "user", "content": "a"}]),
-               samples=[sample([1, 10, 11], [20, 21, 22, 2], reward=1.0), sample([1, 12], [23, 2], reward=0.0)])
-    g1 = Group(task=Task(id="b", messages=[{"role": "user", "content": "b"}]),
-               samples=[sample([1, 30], [31, 32, 33, 2], [1, 0, 1, 1], reward=0.5), sample([1, 34], [35, 2], reward=0.0)])
+    g0 = Group(
+        task=Task(id="a", messages=[{"role": "user", "content": "a"}]),
+        samples=[sample([1, 10, 11], [20, 21, 22, 2], reward=1.0), sample([1, 12], [23, 2], reward=0.0)],
+    )
+    g1 = Group(
+        task=Task(id="b", messages=[{"role": "user", "content": "b"}]),
+        samples=[sample([1, 30], [31, 32, 33, 2], [1, 0, 1, 1], reward=0.5), sample([1, 34], [35, 2], reward=0.0)],
+    )
     return [group_meta(g, data=g.samples) for g in (g0, g1)]
 
 
@@ -70,7 +80,9 @@ def test_the_train_step_returns_its_own_logprobs_of_the_shown_samples(tmp_path, 
                 s = groups[g].data[k]
                 logp, _ = core.forward_logprobs(make_micro_batch([s], [0.0]))
                 p = len(s.prompt_ids)
-                expected[g, k] = [float(logp[p + t - 1]) if s.loss_mask[t] else None for t in range(len(s.completion_ids))]
+                expected[g, k] = [
+                    float(logp[p + t - 1]) if s.loss_mask[t] else None for t in range(len(s.completion_ids))
+                ]
         mbs = rank_micro_batches(work, data)
         assert len(mbs) > 1
         result = core.train_step(mbs, plan.normalizer, rank_sample_versions(work, data), shown_positions(work))

@@ -17,10 +17,10 @@ import copy
 import pytest
 import torch
 import torch.distributed as dist
+from test_trainer_scale import _free_port, loss_of, random_batch, reference_logprobs, tiny_model
 
 from rlcore.config import TrainerConfig
 from rlcore.trainer.forward import forward_logprobs
-from test_trainer_scale import _free_port, loss_of, random_batch, reference_logprobs, tiny_model
 
 CPU = torch.device("cpu")
 # total token counts avoid the model's hidden size (64): dynamo would unify equal sizes
@@ -30,6 +30,7 @@ SHAPES = ([20, 13, 30], [25, 18, 9, 17], [30, 11, 7, 9, 14])
 @pytest.fixture
 def aot_eager(monkeypatch):
     from rlcore.trainer import compile as rc
+
     monkeypatch.setattr(rc, "BACKEND", "aot_eager")
     torch._dynamo.reset()
     yield
@@ -51,6 +52,7 @@ def _prepare(model, compiled: bool, chunk: int = 16):
     from rlcore.trainer.attention import use_varlen_attention
     from rlcore.trainer.compile import compile_layers
     from rlcore.trainer.logprobs import install_logprob_head
+
     head = install_logprob_head(model, chunk)
     use_varlen_attention(model, None)
     if compiled:
@@ -72,6 +74,7 @@ def _run(model, temperature=0.8):
 
 def test_compile_same_logprobs_and_grads(aot_eager):
     from torch._dynamo.utils import counters
+
     base = tiny_model()
     eager = _run(_prepare(copy.deepcopy(base), False))
     counters.clear()
@@ -91,6 +94,7 @@ def test_compile_same_logprobs_and_grads(aot_eager):
 @pytest.mark.parametrize("mode", ["full", "selective"])
 def test_compile_with_activation_checkpointing(aot_eager, mode):
     from rlcore.trainer.activation_checkpoint import apply_activation_checkpointing
+
     base = tiny_model()
     eager = _run(_prepare(copy.deepcopy(base), False))
     model = copy.deepcopy(base)
@@ -102,6 +106,7 @@ def test_compile_with_activation_checkpointing(aot_eager, mode):
 
 def test_compiled_chunk_math_equals_eager(aot_eager):
     from rlcore.trainer.logprobs import chunked_logprobs
+
     torch.manual_seed(0)
     T, H, V = 45, 16, 50
     h = torch.randn(T, H, requires_grad=True)
@@ -122,6 +127,7 @@ def test_parallelize_compile_and_bf16_params(aot_eager, world1):
     """Through parallelize (FSDP2, world 1): compiled = eager; bf16 params keep fp32 buffers."""
     from rlcore.batch.parallel_dims import ParallelDims
     from rlcore.trainer.parallel import Meshes, clip_grad_norm, parallelize
+
     base = tiny_model()
     mb = random_batch(3, [33, 21, 12])
     results = {}
@@ -143,6 +149,7 @@ def test_parallelize_compile_and_bf16_params(aot_eager, world1):
 def test_clip_grad_norm_world1(world1):
     from rlcore.batch.parallel_dims import ParallelDims
     from rlcore.trainer.parallel import Meshes, clip_grad_norm, parallelize
+
     base = tiny_model()
     mb = random_batch(4, [40, 27])
     ref = copy.deepcopy(base)
@@ -163,11 +170,15 @@ def test_clip_grad_norm_world1(world1):
 
 def test_trainer_core_compile(aot_eager, tiny_cfg, monkeypatch):
     """trainer.compile through TrainerCore (FSDP2, world 1): the same SFT step as eager."""
+    from test_trainer_scale import sample
+
     from rlcore.batch.packing import make_micro_batch
     from rlcore.trainer.core import TrainerCore
-    from test_trainer_scale import sample
-    mbs = [make_micro_batch([sample([1, 5, 6, 7, 8, 9, 10], 4), sample([1, 11, 12, 13], 2)], [1.0, 1.0]),
-           make_micro_batch([sample([1, 9, 8, 7, 6, 5, 4, 3, 2], 5)], [1.0])]
+
+    mbs = [
+        make_micro_batch([sample([1, 5, 6, 7, 8, 9, 10], 4), sample([1, 11, 12, 13], 2)], [1.0, 1.0]),
+        make_micro_batch([sample([1, 9, 8, 7, 6, 5, 4, 3, 2], 5)], [1.0]),
+    ]
     tokens = sum(int(mb.loss_mask.sum()) for mb in mbs)
     metrics = {}
     for compiled in (False, True):
@@ -187,8 +198,10 @@ def test_trainer_core_compile(aot_eager, tiny_cfg, monkeypatch):
 
 # -- MoE experts ---------------------------------------------------------------------------------
 
+
 def _moe_block(seed=0):
     from rlcore.trainer.moe import MoEBlock
+
     model = tiny_model("qwen3_moe", seed=seed)
     return model.model.layers[0].mlp, MoEBlock(copy.deepcopy(model.model.layers[0].mlp), None)
 
@@ -220,8 +233,11 @@ def test_moe_grouped_mm_equals_loop():
         x = x0.clone().requires_grad_()
         y = block(x)
         (y.float() * torch.linspace(-1, 1, y.numel()).view_as(y)).sum().backward()
-        out[grouped] = (y.detach().float(), x.grad.float(),
-                        {n: p.grad.float() for n, p in block.named_parameters() if p.grad is not None})
+        out[grouped] = (
+            y.detach().float(),
+            x.grad.float(),
+            {n: p.grad.float() for n, p in block.named_parameters() if p.grad is not None},
+        )
         assert int(block.stat_counts[3]) == 0  # the empty group really is empty
     torch.testing.assert_close(out[True][0], out[False][0], atol=2e-2, rtol=2e-2)
     torch.testing.assert_close(out[True][1], out[False][1], atol=2e-2, rtol=2e-2)
@@ -239,6 +255,7 @@ def test_moe_default_is_loop_on_cpu():
 def test_compile_moe_layers_compiles_attention_norms_and_router(aot_eager):
     from rlcore.trainer.compile import compile_layers
     from rlcore.trainer.moe import apply_expert_parallel
+
     base = tiny_model("qwen3_moe")
     eager = _run(_prepare(copy.deepcopy(base), False))
     model = copy.deepcopy(base)
@@ -247,8 +264,10 @@ def test_compile_moe_layers_compiles_attention_norms_and_router(aot_eager):
     for layer in model.model.layers:
         for part in (layer.self_attn, layer.mlp.gate, layer.input_layernorm, layer.post_attention_layernorm):
             assert getattr(part, "_rlcore_compiled", False), part
-    assert not any(getattr(layer, "_rlcore_compiled", False) or getattr(layer.mlp, "_rlcore_compiled", False)
-                   for layer in model.model.layers)
+    assert not any(
+        getattr(layer, "_rlcore_compiled", False) or getattr(layer.mlp, "_rlcore_compiled", False)
+        for layer in model.model.layers
+    )
     got = _run(_prepare(model, False))
     for a, b in zip(got[0], eager[0]):
         torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
@@ -261,21 +280,32 @@ def test_profile_summary_busy_and_gaps():
     from pathlib import Path
 
     from torch.autograd import DeviceType
+
     path = Path(__file__).resolve().parents[1] / "benchmarks" / "trainer_mfu.py"
     spec = importlib.util.spec_from_file_location("trainer_mfu", path)
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
 
     def ev(name, start, end, dev=DeviceType.CUDA, self_cpu=0.0):
-        return types.SimpleNamespace(name=name, time_range=types.SimpleNamespace(start=start, end=end),
-                                     device_type=dev, self_cpu_time_total=self_cpu)
-    events = [ev("sm90_xmma_gemm_bf16", 0, 100), ev("triton_red_fused_0", 50, 150),  # overlap: busy 150
-              ev("flash_fwd_kernel", 400, 500),  # gap of 250 before it
-              ev("ncclKernel_AllReduce", 510, 530),  # gap of 10: under the 20 us threshold
-              ev("aten::mm", 0, 0, DeviceType.CPU, self_cpu=70.0)]
+        return types.SimpleNamespace(
+            name=name,
+            time_range=types.SimpleNamespace(start=start, end=end),
+            device_type=dev,
+            self_cpu_time_total=self_cpu,
+        )
+
+    events = [
+        ev("sm90_xmma_gemm_bf16", 0, 100),
+        ev("triton_red_fused_0", 50, 150),  # overlap: busy 150
+        ev("flash_fwd_kernel", 400, 500),  # gap of 250 before it
+        ev("ncclKernel_AllReduce", 510, 530),  # gap of 10: under the 20 us threshold
+        ev("aten::mm", 0, 0, DeviceType.CPU, self_cpu=70.0),
+    ]
     s = bench.summarize_profile(events, wall_us=1000.0)
     assert s["gpu_busy_ms"] == pytest.approx(0.27) and s["gpu_busy_frac"] == pytest.approx(0.27)
-    assert s["gap_count"] == 1 and s["largest_gaps"][0]["us"] == 250 and "flash" in s["largest_gaps"][0]["before_kernel"]
+    assert (
+        s["gap_count"] == 1 and s["largest_gaps"][0]["us"] == 250 and "flash" in s["largest_gaps"][0]["before_kernel"]
+    )
     assert set(s["kernel_classes_ms"]) == {"gemm", "triton", "attention", "nccl"}
     assert s["top_kernels"][0]["name"].startswith("sm90") and s["top_cpu_ops"][0]["name"] == "aten::mm"
     assert "top CUDA kernels" in bench.format_profile("v", 1, s)
@@ -290,13 +320,17 @@ def test_parameters_kept_between_micro_batches_follow_each_update(world1, keep_l
     parameters too, so the next step computes with stale weights; the check must see it.)"""
     from rlcore.batch.parallel_dims import ParallelDims
     from rlcore.trainer.parallel import Meshes, begin_micro_batch, parallelize
+
     base = tiny_model()
     ref = copy.deepcopy(base)
     t = TrainerConfig(world_size=1, logprob_chunk_tokens=16)
     meshes = Meshes.build(ParallelDims.from_config(t, 1), "cpu")
     model = parallelize(copy.deepcopy(base), t, meshes, CPU)
     opts = [torch.optim.AdamW(m.parameters(), lr=1e-2) for m in (model, ref)]
-    steps = [[random_batch(10, [20, 13]), random_batch(11, [25, 9])], [random_batch(12, [30, 7]), random_batch(13, [11, 16])]]
+    steps = [
+        [random_batch(10, [20, 13]), random_batch(11, [25, 9])],
+        [random_batch(12, [30, 7]), random_batch(13, [11, 16])],
+    ]
     for micro_batches in steps:
         for i, mb in enumerate(micro_batches):
             begin_micro_batch(model, meshes, last=i == len(micro_batches) - 1 and not keep_last)

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import copy
 import os
-import sys
 import socket
+import sys
 
 import pytest
 import torch
@@ -14,8 +14,8 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from transformers import AutoConfig, AutoModelForCausalLM
 
-from rlcore.config import TrainerConfig
 from rlcore.batch.packing import make_micro_batch
+from rlcore.config import TrainerConfig
 from rlcore.trainer.logprobs import chunked_logprobs, install_logprob_head, plain_logprobs
 from rlcore.types import Sample
 
@@ -23,8 +23,17 @@ VOCAB = 64
 
 
 def tiny_model(model_type: str = "qwen3", seed: int = 0, **extra) -> torch.nn.Module:
-    arch = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
-                num_key_value_heads=2, head_dim=16, max_position_embeddings=512, tie_word_embeddings=True)
+    arch = dict(
+        vocab_size=VOCAB,
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        max_position_embeddings=512,
+        tie_word_embeddings=True,
+    )
     arch.update(MOE_ARCH.get(model_type, {}))
     arch.update(extra)
     cfg = AutoConfig.for_model(model_type, **arch)
@@ -42,24 +51,51 @@ def tiny_model(model_type: str = "qwen3", seed: int = 0, **extra) -> torch.nn.Mo
     return model
 
 
-_SIGMOID = dict(n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, n_shared_experts=1, n_group=2,
-                topk_group=1, routed_scaling_factor=2.5, norm_topk_prob=True, first_k_dense_replace=1,
-                tie_word_embeddings=False)
+_SIGMOID = dict(
+    n_routed_experts=4,
+    num_experts_per_tok=2,
+    moe_intermediate_size=32,
+    n_shared_experts=1,
+    n_group=2,
+    topk_group=1,
+    routed_scaling_factor=2.5,
+    norm_topk_prob=True,
+    first_k_dense_replace=1,
+    tie_word_embeddings=False,
+)
 MOE_ARCH = {  # 4 experts, top-2, in each routed-expert family's own keys (conf/model/tiny_*_char.yaml)
-    "qwen3_moe": dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, norm_topk_prob=True,
-                      decoder_sparse_step=1, tie_word_embeddings=False),
+    "qwen3_moe": dict(
+        num_experts=4,
+        num_experts_per_tok=2,
+        moe_intermediate_size=32,
+        norm_topk_prob=True,
+        decoder_sparse_step=1,
+        tie_word_embeddings=False,
+    ),
     "mixtral": dict(num_local_experts=4, num_experts_per_tok=2, intermediate_size=32, tie_word_embeddings=False),
-    "gpt_oss": dict(num_local_experts=4, num_experts_per_tok=2, intermediate_size=32, sliding_window=16,
-                    tie_word_embeddings=False),
+    "gpt_oss": dict(
+        num_local_experts=4, num_experts_per_tok=2, intermediate_size=32, sliding_window=16, tie_word_embeddings=False
+    ),
     "glm4_moe": dict(_SIGMOID, partial_rotary_factor=0.5),
-    "deepseek_v3": dict(_SIGMOID, num_key_value_heads=4, head_dim=8, q_lora_rank=32, kv_lora_rank=16, qk_rope_head_dim=8,
-                        qk_nope_head_dim=8, v_head_dim=16, rope_parameters={"rope_type": "default", "rope_theta": 1e4}),
+    "deepseek_v3": dict(
+        _SIGMOID,
+        num_key_value_heads=4,
+        head_dim=8,
+        q_lora_rank=32,
+        kv_lora_rank=16,
+        qk_rope_head_dim=8,
+        qk_nope_head_dim=8,
+        v_head_dim=16,
+        rope_parameters={"rope_type": "default", "rope_theta": 1e4},
+    ),
 }
 
 
 def sample(ids: list[int], n_completion: int) -> Sample:
     n = n_completion
-    return Sample(prompt_ids=ids[:-n], completion_ids=ids[-n:], logprobs=[-1.0] * n, versions=[0] * n, loss_mask=[1] * n)
+    return Sample(
+        prompt_ids=ids[:-n], completion_ids=ids[-n:], logprobs=[-1.0] * n, versions=[0] * n, loss_mask=[1] * n
+    )
 
 
 def random_batch(seed: int, lengths: list[int]):
@@ -78,12 +114,14 @@ def loss_of(lp: torch.Tensor, ent: torch.Tensor, mb, seed: int) -> torch.Tensor:
 
 def reference_logprobs(model, mb, temperature=1.0):
     from rlcore.trainer.packed_mask import packed_mask_kwargs  # gpt-oss: the per-sequence masks of the packed row
+
     masks = packed_mask_kwargs(model, mb.position_ids[None], torch.float32)
     out = model(input_ids=mb.input_ids[None], position_ids=mb.position_ids[None], use_cache=False, **masks)
     return plain_logprobs(out.logits[0], mb.targets, temperature)
 
 
 # -- chunked logprobs -------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("bias", [False, True])
 def test_chunked_logprobs_equal_plain(bias):
@@ -118,6 +156,7 @@ def test_logprob_head_in_model_equals_plain():
     mb = random_batch(1, [20, 13, 31])
     ref_lp, ref_ent = reference_logprobs(model, mb, temperature=0.8)
     from rlcore.trainer.forward import forward_logprobs
+
     install_logprob_head(model, chunk_tokens=16)
     lp, ent = forward_logprobs(model, mb, 0.8, None, torch.device("cpu"))
     torch.testing.assert_close(lp, ref_lp, atol=1e-5, rtol=1e-5)
@@ -130,6 +169,7 @@ def test_token_multiple_pads_the_row_and_cuts_the_pad_off():
     """FP8 matmuls need the packed token count to be a multiple of 16: the model sees a padded
     row (one trailing pad sample), the caller gets exactly the unpadded logprobs and gradients."""
     from rlcore.trainer.forward import TOKEN_MULTIPLE_ATTR, forward_logprobs
+
     mb = random_batch(1, [20, 13, 6])  # 39 tokens
     grads, outs, seen = {}, {}, []
     for multiple in (1, 16):
@@ -152,10 +192,12 @@ def test_token_multiple_pads_the_row_and_cuts_the_pad_off():
 
 # -- activation checkpointing -----------------------------------------------------------------
 
+
 @pytest.mark.parametrize("mode", ["full", "selective"])
 def test_activation_checkpointing_same_grads(mode):
     from rlcore.trainer.activation_checkpoint import apply_activation_checkpointing
     from rlcore.trainer.forward import forward_logprobs
+
     mb = random_batch(2, [25, 18])
     grads = {}
     for m in ("none", mode):
@@ -172,14 +214,18 @@ def test_activation_checkpointing_same_grads(mode):
 
 # -- LoRA ---------------------------------------------------------------------------------------
 
+
 def test_lora_trains_only_adapters_and_merges():
     from rlcore.config import LoRAConfig
     from rlcore.trainer import export
     from rlcore.trainer.lora import LoRALinear, apply_lora
+
     base = tiny_model()
     model = copy.deepcopy(base)
     mb = random_batch(3, [21, 14])
-    names = apply_lora(model, LoRAConfig(enabled=True, rank=4, alpha=8.0, target_modules=["q_proj", "v_proj", "down_proj"]))
+    names = apply_lora(
+        model, LoRAConfig(enabled=True, rank=4, alpha=8.0, target_modules=["q_proj", "v_proj", "down_proj"])
+    )
     assert len(names) == 2 * 3 and all(isinstance(model.get_submodule(n), LoRALinear) for n in names)
     # B = 0 at init: the adapted model is the base model
     torch.testing.assert_close(reference_logprobs(model, mb)[0], reference_logprobs(base, mb)[0])
@@ -209,8 +255,10 @@ def test_lora_trains_only_adapters_and_merges():
 
 # -- mesh validation ------------------------------------------------------------------------
 
+
 def test_mesh_validation(tiny_cfg):
     from rlcore.plan.validate import problems
+
     cfg = copy.deepcopy(tiny_cfg)
     cfg.trainer.world_size, cfg.trainer.dp, cfg.trainer.cp = 4, 3, 2
     cfg.trainer.ep = 3
@@ -228,6 +276,7 @@ def test_mesh_validation(tiny_cfg):
 
 
 # -- world 2 (gloo) ---------------------------------------------------------------------------
+
 
 def _free_port() -> int:
     with socket.socket() as s:
@@ -261,7 +310,9 @@ def _entry(rank, fn, port, args):
 def _full_grads(model) -> dict[str, torch.Tensor]:
     """Full gradients under the transformers names (experts gathered over ep)."""
     from torch.distributed.tensor import DTensor
+
     from rlcore.trainer.moe import expert_modules
+
     experts = {f"{n}.{leaf}": m for n, m in expert_modules(model).items() for leaf in m.leaves()}
     out = {}
     for n, p in model.named_parameters():
@@ -284,10 +335,11 @@ def _ep_worker(rank, ac_mode, families=("qwen3_moe",)):
 
 
 def _ep_family(rank, ac_mode, family):
+    from rlcore.batch.parallel_dims import ParallelDims
     from rlcore.trainer.forward import forward_logprobs
     from rlcore.trainer.moe import router_metrics
-    from rlcore.batch.parallel_dims import ParallelDims
     from rlcore.trainer.parallel import Meshes, clip_grad_norm, parallelize
+
     base = tiny_model(family)
     batches = [random_batch(10, [30, 22, 17]), random_batch(11, [41, 9])]
     # single-rank reference: transformers' own MoE block over both ranks' micro-batches
@@ -347,9 +399,10 @@ def test_expert_and_context_parallel_equal_single_rank_every_family():
 
 
 def _cp_worker(rank, ac_mode, family="qwen3"):
-    from rlcore.trainer.forward import forward_logprobs
     from rlcore.batch.parallel_dims import ParallelDims
+    from rlcore.trainer.forward import forward_logprobs
     from rlcore.trainer.parallel import Meshes, parallelize
+
     base = tiny_model(family)
     mb = random_batch(20, [97, 64, 42])  # 203 tokens: odd, so the cp split pads
     ref = copy.deepcopy(base)
@@ -378,10 +431,11 @@ def test_context_parallel_equals_single_rank():
 def _core_worker(rank, cfg):
     """TrainerCore with dp=1 x cp=2 and ep=2 on a Qwen3-MoE-shaped char model: one SFT step's loss
     and gradient norm equal the single-rank values; exported weights are full-size."""
-    from rlcore.models.build import build_model, build_tokenizer
     from rlcore.batch.packing import pack_for_ranks
-    from rlcore.trainer.core import TrainerCore
     from rlcore.batch.parallel_dims import shards_per_rank
+    from rlcore.models.build import build_model, build_tokenizer
+    from rlcore.trainer.core import TrainerCore
+
     tok = build_tokenizer(cfg.model)
     g = torch.Generator().manual_seed(5)
     samples = [sample(torch.randint(4, len(tok), (n,), generator=g).tolist(), n // 2) for n in (40, 33, 27)]
@@ -411,12 +465,20 @@ def _core_worker(rank, cfg):
 
 def test_trainer_core_ep_cp(tiny_cfg):
     cfg = copy.deepcopy(tiny_cfg)
-    cfg.model.arch = {**cfg.model.arch, "model_type": "qwen3_moe", "num_experts": 4, "num_experts_per_tok": 2,
-                      "moe_intermediate_size": 32, "decoder_sparse_step": 1, "tie_word_embeddings": False}
+    cfg.model.arch = {
+        **cfg.model.arch,
+        "model_type": "qwen3_moe",
+        "num_experts": 4,
+        "num_experts_per_tok": 2,
+        "moe_intermediate_size": 32,
+        "decoder_sparse_step": 1,
+        "tie_word_embeddings": False,
+    }
     cfg.trainer.world_size, cfg.trainer.cp, cfg.trainer.ep = 2, 2, 2
     cfg.trainer.activation_checkpointing = "selective"
     cfg.trainer.logprob_chunk_tokens = 16
     from rlcore.plan.validate import problems
+
     assert not [p for p in problems(cfg) if p[0].startswith("trainer.")]
     _spawn(_core_worker, cfg)
 
@@ -427,6 +489,7 @@ def test_trainer_core_lora(tiny_cfg):
     from rlcore.batch.packing import make_micro_batch as mmb
     from rlcore.trainer.core import TrainerCore
     from rlcore.trainer.lora import lora_modules
+
     cfg = copy.deepcopy(tiny_cfg)
     cfg.trainer.lora.enabled, cfg.trainer.lora.rank = True, 4
     cfg.trainer.lr = 1e-2
@@ -435,8 +498,9 @@ def test_trainer_core_lora(tiny_cfg):
     try:
         before = {n: t.clone() for n, t in core.full_parameters()}
         assert not any("lora_" in n for n in before)
-        assert {id(p) for g in core.optimizer.param_groups for p in g["params"]} == \
-            {id(p) for n, p in core.model.named_parameters() if "lora_" in n}
+        assert {id(p) for g in core.optimizer.param_groups for p in g["params"]} == {
+            id(p) for n, p in core.model.named_parameters() if "lora_" in n
+        }
         mb = mmb([sample([1, 5, 6, 7, 8, 9, 10], 4), sample([1, 11, 12, 13], 2)], [1.0, 1.0])
         m = core.sft_step([mb], int(mb.loss_mask.sum())).metrics
         assert m["grad_norm"] > 0

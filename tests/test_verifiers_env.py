@@ -20,9 +20,9 @@ from verifiers.v1.runtimes import ProgramResult
 from rlcore.engine.base import SamplingParams
 from rlcore.engine.hf_engine import HFEngine
 from rlcore.envs import make_env
-from rlcore.models.render import TurnRenderer
 from rlcore.envs.tool_use import calculate
 from rlcore.models.build import build_model, build_tokenizer
+from rlcore.models.render import TurnRenderer
 from rlcore.serving.openai_server import OpenAIServer
 from rlcore.serving.records import TokenRecord, normalize_messages
 from rlcore.serving.tool_parsers import parse_hermes
@@ -47,8 +47,10 @@ class CalcConfig(vf.TasksetConfig):
 
 class CalcTaskset(vf.Taskset[CalcTask, CalcConfig]):
     def load(self):
-        return [CalcTask(CalcData(prompt=f"{a}*{a + 3}=", answer=str(a * (a + 3))), self.config.task)
-                for a in range(11, 11 + self.config.num_tasks)]
+        return [
+            CalcTask(CalcData(prompt=f"{a}*{a + 3}=", answer=str(a * (a + 3))), self.config.task)
+            for a in range(11, 11 + self.config.num_tasks)
+        ]
 
 
 CALC = {"type": "function", "function": {"name": "calc", "parameters": {"expr": "str"}}}
@@ -95,7 +97,7 @@ QWEN3_STYLE = (
     "{% elif m.role == 'assistant' %}{% set c = m.content or '' %}"
     "{% if '</think>' in c and loop.index0 < ns.last %}{% set c = c.split('</think>')[-1].lstrip('\\n') %}{% endif %}"
     "{{ '<|im_start|>assistant\\n' + c }}"
-    "{% for tc in m.tool_calls or [] %}{{ '<tool_call>\\n{\"name\": \"' + tc.function.name + '\", \"arguments\": ' }}"
+    '{% for tc in m.tool_calls or [] %}{{ \'<tool_call>\\n{"name": "\' + tc.function.name + \'", "arguments": \' }}'
     "{% if tc.function.arguments is string %}{{ tc.function.arguments }}{% else %}{{ tc.function.arguments | tojson }}"
     "{% endif %}{{ '}\\n</tool_call>' }}{% endfor %}{{ '<|im_end|>\\n' }}"
     "{% elif m.role == 'tool' %}"
@@ -111,6 +113,7 @@ CALL_TEXT = '<tool_call>{"name": "calc", "arguments": {"expr": "11*14"}}</tool_c
 
 def _tiny(max_positions=512):
     from rlcore.plan.compose import compose
+
     cfg = compose([f"model.arch.max_position_embeddings={max_positions}"])
     tok = build_tokenizer(cfg.model)
     torch.manual_seed(0)
@@ -128,7 +131,7 @@ def _memorize(model, pairs, max_steps=300):
         learned = True
         for ids, labels, n in batch:
             out = model(input_ids=ids, labels=labels)
-            learned &= bool((out.logits[0, n - 1:-1].argmax(-1) == ids[0, n:]).all())
+            learned &= bool((out.logits[0, n - 1 : -1].argmax(-1) == ids[0, n:]).all())
             out.loss.backward()
         if learned:
             break
@@ -164,8 +167,11 @@ GREEDY = SamplingParams(max_new_tokens=80, temperature=0.0)
 
 
 def _post(server, body, headers=None):
-    req = urllib.request.Request(server.base_url + "/chat/completions", data=json.dumps(body).encode(),
-                                 headers={"Content-Type": "application/json", **(headers or {})})
+    req = urllib.request.Request(
+        server.base_url + "/chat/completions",
+        data=json.dumps(body).encode(),
+        headers={"Content-Type": "application/json", **(headers or {})},
+    )
     try:
         with urllib.request.urlopen(req, timeout=60) as r:
             return r.status, json.loads(r.read())
@@ -186,9 +192,12 @@ def _check_policy_tokens(engine, sample):
 
 # ---- parsing --------------------------------------------------------------------------------
 
+
 def test_hermes_parser():
-    p = parse_hermes('let me see <tool_call>\n{"name": "calc", "arguments": {"expr": "2+3"}}\n</tool_call>'
-                     '<tool_call>{"name": "calc", "arguments": "{\\"expr\\": \\"1\\"}"}</tool_call>')
+    p = parse_hermes(
+        'let me see <tool_call>\n{"name": "calc", "arguments": {"expr": "2+3"}}\n</tool_call>'
+        '<tool_call>{"name": "calc", "arguments": "{\\"expr\\": \\"1\\"}"}</tool_call>'
+    )
     assert p.content == "let me see"
     assert [c["function"]["name"] for c in p.tool_calls] == ["calc", "calc"]
     assert json.loads(p.tool_calls[0]["function"]["arguments"]) == {"expr": "2+3"}
@@ -201,6 +210,7 @@ def test_hermes_parser():
 
 
 # ---- the server -----------------------------------------------------------------------------
+
 
 def test_server_n_stop_logprobs():
     model, tok = _tiny()
@@ -221,14 +231,18 @@ def test_server_n_stop_logprobs():
         status, out2 = _post(server, {"messages": msgs, "seed": 5, "stop": [stop, "\x00never"]})
         rec = server.recorder.get(out2["id"])
         content = out2["choices"][0]["message"]["content"]
-        assert content == text[:text.find(stop)] and out2["choices"][0]["finish_reason"] == "stop"
-        assert rec.completion_ids == recs[0].completion_ids[:len(rec.completion_ids)]
+        assert content == text[: text.find(stop)] and out2["choices"][0]["finish_reason"] == "stop"
+        assert rec.completion_ids == recs[0].completion_ids[: len(rec.completion_ids)]
         assert tok.decode(rec.completion_ids, skip_special_tokens=True).endswith(stop)
-        assert rec.logprobs == recs[0].logprobs[:len(rec.completion_ids)]
+        assert rec.logprobs == recs[0].logprobs[: len(rec.completion_ids)]
         # streaming: the same reply as server-sent chunk events, then the usage, then [DONE]
-        req = urllib.request.Request(server.base_url + "/chat/completions", headers={"Content-Type": "application/json"},
-                                     data=json.dumps({"messages": msgs, "seed": 5, "stream": True,
-                                                      "stream_options": {"include_usage": True}}).encode())
+        req = urllib.request.Request(
+            server.base_url + "/chat/completions",
+            headers={"Content-Type": "application/json"},
+            data=json.dumps(
+                {"messages": msgs, "seed": 5, "stream": True, "stream_options": {"include_usage": True}}
+            ).encode(),
+        )
         with urllib.request.urlopen(req, timeout=60) as r:
             assert r.headers["Content-Type"].startswith("text/event-stream")
             events = [line[6:] for line in r.read().decode().splitlines() if line.startswith("data: ")]
@@ -252,14 +266,15 @@ def test_prefix_break_is_detected_and_spliced():
     assert not brk
     for reply, breaks in (("<think>hm</think>a1", True), ("a1", False)):
         completion = tok(reply, add_special_tokens=False).input_ids + [tok.eos_token_id]
-        server.recorder.add(reply, first, TokenRecord(prompt, completion, [0.0] * len(completion),
-                                                      [0] * len(completion), "stop", reply))
+        server.recorder.add(
+            reply, first, TokenRecord(prompt, completion, [0.0] * len(completion), [0] * len(completion), "stop", reply)
+        )
         nxt = normalize_messages([*first, {"role": "assistant", "content": reply}, {"role": "user", "content": "q2"}])
         ids, brk = server.prompt_ids(nxt)
-        assert ids[:len(prompt) + len(completion)] == prompt + completion  # exact continuation
-        assert ids[len(prompt) + len(completion):] == TurnRenderer(tok).continuation(completion, nxt[2:])
+        assert ids[: len(prompt) + len(completion)] == prompt + completion  # exact continuation
+        assert ids[len(prompt) + len(completion) :] == TurnRenderer(tok).continuation(completion, nxt[2:])
         assert brk is breaks
-        assert (server.render(nxt)[:len(prompt) + len(completion)] != prompt + completion) is breaks
+        assert (server.render(nxt)[: len(prompt) + len(completion)] != prompt + completion) is breaks
 
 
 def test_tool_call_round_trip(tool_engine):
@@ -284,8 +299,8 @@ def test_tool_call_round_trip(tool_engine):
         assert status == 200
         rec2 = server.recorder.get(out2["id"])
         context = rec1.prompt_ids + rec1.completion_ids
-        assert rec2.prompt_ids[:len(context)] == context
-        delta = tok.decode(rec2.prompt_ids[len(context):])
+        assert rec2.prompt_ids[: len(context)] == context
+        delta = tok.decode(rec2.prompt_ids[len(context) :])
         assert delta == "\n<|im_start|>user\n<tool_response>\n154\n</tool_response><|im_end|>\n<|im_start|>assistant\n"
         # the template would re-render the call with newlines: a break, spliced over
         assert rec2.prefix_break
@@ -294,10 +309,20 @@ def test_tool_call_round_trip(tool_engine):
 
 # ---- the v1 environment ---------------------------------------------------------------------
 
+
 def _env(**args):
     # CalcHarness is this module's own: rlcore does not know it, so the test vouches for it
-    return make_env("verifiers", {"taskset": __name__, "on_reward_error": "zero", "allow_host_tools": True,
-                                  "env_config": {"taskset": {"num_tasks": 2}}, **args}, seed=0)
+    return make_env(
+        "verifiers",
+        {
+            "taskset": __name__,
+            "on_reward_error": "zero",
+            "allow_host_tools": True,
+            "env_config": {"taskset": {"num_tasks": 2}},
+            **args,
+        },
+        seed=0,
+    )
 
 
 def test_v1_env_tool_episode(tool_engine):
@@ -321,9 +346,12 @@ def test_v1_env_tool_episode(tool_engine):
             assert tok.decode(rec1.completion_ids, skip_special_tokens=True) == CALL_TEXT
             assert rec1.tool_calls[0]["function"]["name"] == "calc"
             context = rec1.prompt_ids + rec1.completion_ids
-            env_ids = rec2.prompt_ids[len(context):]
-            assert rec2.prompt_ids[:len(context)] == context
-            assert tok.decode(env_ids) == "\n<|im_start|>user\n<tool_response>\n154\n</tool_response><|im_end|>\n<|im_start|>assistant\n"
+            env_ids = rec2.prompt_ids[len(context) :]
+            assert rec2.prompt_ids[: len(context)] == context
+            assert (
+                tok.decode(env_ids)
+                == "\n<|im_start|>user\n<tool_response>\n154\n</tool_response><|im_end|>\n<|im_start|>assistant\n"
+            )
             assert s.completion_ids == rec1.completion_ids + env_ids + rec2.completion_ids
             assert s.loss_mask == [1] * len(rec1.completion_ids) + [0] * len(env_ids) + [1] * len(rec2.completion_ids)
             assert s.logprobs == rec1.logprobs + [0.0] * len(env_ids) + rec2.logprobs
@@ -364,7 +392,7 @@ def test_v1_env_bad_taskset_is_a_config_error():
 
 
 # the README's example taskset, written as a module of its own
-README_TASKSET = '''
+README_TASKSET = """
 import verifiers.v1 as vf
 
 class Data(vf.TaskData):
@@ -380,7 +408,7 @@ class CalcTaskset(vf.Taskset[CalcTask, vf.TasksetConfig]):
         return [CalcTask(Data(prompt=f"{a}*{a + 7}=", answer=str(a * (a + 7))), self.config.task) for a in range(100)]
 
 __all__ = ["CalcTaskset"]
-'''
+"""
 
 
 @pytest.mark.integration
@@ -393,9 +421,16 @@ def test_shipped_harness_runs_unmodified(tmp_path, monkeypatch, harness):
     monkeypatch.syspath_prepend(str(tmp_path))
     model, tok = _tiny()
     engine = HFEngine(model, tok.pad_token_id, tok.eos_token_id, seed=0)
-    env = make_env("verifiers", {"taskset": "readme_calc", "on_reward_error": "zero",
-                                 "env_config": {"agent": {"harness": {"id": harness}}},
-                                 "allow_host_tools": harness == "bash"}, seed=0)  # bash runs its shell here
+    env = make_env(
+        "verifiers",
+        {
+            "taskset": "readme_calc",
+            "on_reward_error": "zero",
+            "env_config": {"agent": {"harness": {"id": harness}}},
+            "allow_host_tools": harness == "bash",
+        },
+        seed=0,
+    )  # bash runs its shell here
     try:
         [group] = env.run_groups([env.make_task(0, "train")], 2, engine, tok, SamplingParams(max_new_tokens=8))
         for s in group.samples:
@@ -417,9 +452,25 @@ def test_v1_env_trains_end_to_end(tmp_path):
 
     out = tmp_path / "run"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")])}
-    proc = subprocess.run([sys.executable, "-m", "rlcore.run", "env=verifiers", "env.args.taskset=test_verifiers_env",
-                           "+env.args.on_reward_error=zero", "env.args.allow_host_tools=true", "steps=2", "sft.warmup_steps=0", f"output_dir={out}"],
-                          capture_output=True, text=True, timeout=300, env=env, check=False)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "rlcore.run",
+            "env=verifiers",
+            "env.args.taskset=test_verifiers_env",
+            "+env.args.on_reward_error=zero",
+            "env.args.allow_host_tools=true",
+            "steps=2",
+            "sft.warmup_steps=0",
+            f"output_dir={out}",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+        check=False,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2]

@@ -8,19 +8,19 @@ import sys
 from pathlib import Path
 
 import pytest
+from test_verifiers_env import README_TASKSET  # the README's example taskset, one copy
 
 from rlcore.envs import make_env
-from test_verifiers_env import README_TASKSET  # the README's example taskset, one copy
 
 ROOT = Path(__file__).resolve().parents[1]
 # a classic (verifiers 0.3.x) environment module: its imports fail under 0.4.0
-CLASSIC_ENV = '''
+CLASSIC_ENV = """
 import verifiers as vf
 from verifiers.envs.singleturn_env import SingleTurnEnv
 
 def load_environment(**kwargs):
     return SingleTurnEnv(dataset=None)
-'''
+"""
 
 
 @pytest.fixture
@@ -52,8 +52,11 @@ def test_harness_id_null_is_the_tool_less_loop_in_process(tasksets):
     from rlcore.models.build import build_model, build_tokenizer
     from rlcore.plan.compose import compose
 
-    env = make_env("verifiers", {"taskset": "host_calc", "on_reward_error": "zero",
-                                 "env_config": {"agent": {"harness": {"id": None}}}}, seed=0)
+    env = make_env(
+        "verifiers",
+        {"taskset": "host_calc", "on_reward_error": "zero", "env_config": {"agent": {"harness": {"id": None}}}},
+        seed=0,
+    )
     assert _harness(env) == "InProcessChatHarness" and not env.vf_env._harnesses["agent"].EXECUTES_CODE
     cfg = compose([])
     tok = build_tokenizer(cfg.model)
@@ -75,8 +78,9 @@ def test_host_tools_on_request_are_warned_about(tasksets, caplog):
 
 
 def test_a_container_runtime_needs_no_flag(tasksets):
-    env = make_env("verifiers", {"taskset": "host_calc", "env_config": {"agent": {"runtime": {"type": "docker"}}}},
-                   seed=0)
+    env = make_env(
+        "verifiers", {"taskset": "host_calc", "env_config": {"agent": {"runtime": {"type": "docker"}}}}, seed=0
+    )
     assert _harness(env) == "BashHarness"
 
 
@@ -90,16 +94,33 @@ def test_a_classic_env_says_what_failed_to_import(tasksets):
 
 def test_the_cli_refuses_before_ray_starts(tasksets):
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tasksets), str(ROOT)])}
-    proc = subprocess.run([sys.executable, "-m", "rlcore.run", "env=verifiers", "env.args.taskset=host_calc",
-                           f"output_dir={tasksets / 'run'}"], capture_output=True, text=True, timeout=300, env=env,
-                          cwd=ROOT, check=False)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "rlcore.run",
+            "env=verifiers",
+            "env.args.taskset=host_calc",
+            f"output_dir={tasksets / 'run'}",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+        cwd=ROOT,
+        check=False,
+    )
     assert proc.returncode == 2, proc.stderr[-3000:]
-    assert "env.args.allow_host_tools" in proc.stderr and "Started a local Ray instance" not in proc.stderr + proc.stdout
+    assert (
+        "env.args.allow_host_tools" in proc.stderr and "Started a local Ray instance" not in proc.stderr + proc.stdout
+    )
 
 
 # ---- issue 41: a harness's own flags never decide whether it runs on the host ------------------
 # a taskset exporting a harness that says it runs no code and pipes the model's reply to `sh`
-LYING_TASKSET = README_TASKSET.replace('__all__ = ["CalcTaskset"]', '''
+LYING_TASKSET = README_TASKSET.replace(
+    '__all__ = ["CalcTaskset"]',
+    """
 import subprocess
 from openai import AsyncOpenAI
 from verifiers.v1.runtimes import ProgramResult
@@ -153,7 +174,8 @@ class OwnEnv(vf.SingleAgentEnv):  # a taskset's own env class
 
 TOOLSET = {}
 __all__ = [EXPORTS]
-''')
+""",
+)
 
 
 def _taskset(tmp_path, name, exports, toolset=None):
@@ -176,8 +198,7 @@ def test_a_harness_that_says_it_runs_no_code_is_refused_by_what_it_is(tasksets, 
 @pytest.mark.parametrize("runtime", ["apptainer", "subprocess"])
 def test_a_runtime_with_the_hosts_network_and_files_is_refused(tasksets, runtime):
     with pytest.raises(ValueError) as err:
-        make_env("verifiers", {"taskset": "host_calc", "env_config": {"agent": {"runtime": {"type": runtime}}}},
-                 seed=0)
+        make_env("verifiers", {"taskset": "host_calc", "env_config": {"agent": {"runtime": {"type": runtime}}}}, seed=0)
     assert str(err.value).startswith("env.args.allow_host_tools: ") and f"runtime '{runtime}'" in str(err.value)
 
 

@@ -62,12 +62,15 @@ def calculator():
     env.close()
 
 
-@pytest.mark.parametrize("first, second, reward", [
-    (call_text, calculate, 1.5),                                # the demonstration's behaviour
-    (lambda e: call_text(swapped(e)), calculate, 1.0),          # same product, expression not copied
-    (call_text, lambda e: str(int(calculate(e)) + 1), 0.5),     # copied the call, wrong answer
-    (lambda e: calculate(e), lambda e: "", 1.0),                # answered in the head, no tool
-])
+@pytest.mark.parametrize(
+    "first, second, reward",
+    [
+        (call_text, calculate, 1.5),  # the demonstration's behaviour
+        (lambda e: call_text(swapped(e)), calculate, 1.0),  # same product, expression not copied
+        (call_text, lambda e: str(int(calculate(e)) + 1), 0.5),  # copied the call, wrong answer
+        (lambda e: calculate(e), lambda e: "", 1.0),  # answered in the head, no tool
+    ],
+)
 def test_scripted_episode_reward(calculator, first, second, reward):
     env, tok = calculator
     policy = ScriptedPolicy(tok, first, second)

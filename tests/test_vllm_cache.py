@@ -14,6 +14,7 @@ from rlcore.plan.compose import compose
 def writer(text: str):
     def write(where: str) -> None:
         Path(where, "config.json").write_text(text)
+
     return write
 
 
@@ -67,11 +68,19 @@ def test_gated_deltanet_without_flashinfer_takes_the_triton_prefill(tmp_path, mo
     # engine would die at start, so the args name the Triton kernel (an explicit choice wins)
     monkeypatch.setenv("RLCORE_CACHE_DIR", str(tmp_path))
     import importlib.util
+
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "flashinfer" else real(name, *a))
-    for name, hybrid in (("tiny_qwen3_next", True), ("tiny_qwen3_5", True), ("tiny_nemotron_h", False), ("tiny_char", False)):
+    for name, hybrid in (
+        ("tiny_qwen3_next", True),
+        ("tiny_qwen3_5", True),
+        ("tiny_nemotron_h", False),
+        ("tiny_char", False),
+    ):
         cfg = compose([f"model={name}"])
         _, kwargs = engine_args(cfg.rollout.vllm, cfg.model)
         assert kwargs.get("gdn_prefill_backend") == ("triton" if hybrid else None), name
-    cfg = compose(["model=tiny_qwen3_next", "rollout.engine=vllm", "+rollout.vllm.engine_kwargs.gdn_prefill_backend=flashinfer"])
+    cfg = compose(
+        ["model=tiny_qwen3_next", "rollout.engine=vllm", "+rollout.vllm.engine_kwargs.gdn_prefill_backend=flashinfer"]
+    )
     assert engine_args(cfg.rollout.vllm, cfg.model)[1]["gdn_prefill_backend"] == "flashinfer"

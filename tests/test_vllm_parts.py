@@ -10,15 +10,15 @@ import types
 import pytest
 import torch
 
+from rlcore.engine.vllm.vllm_versions import InFlightRequest, sampled_logprobs
+from rlcore.transfer import nccl
+from rlcore.transfer.plan import update_info_bytes, update_info_for
 from rlcore.weights.canary import (
     CanaryError,
     canary_prompts,
     compare_logprobs,
     teacher_forced_logprobs,
 )
-from rlcore.engine.vllm.vllm_versions import InFlightRequest, sampled_logprobs
-from rlcore.transfer import nccl
-from rlcore.transfer.plan import update_info_bytes, update_info_for
 
 
 def test_canary_passes_small_gaps_and_raises_on_large_or_nan():
@@ -55,16 +55,24 @@ def test_canary_prompts_are_fixed_and_teacher_forcing_matches_a_manual_pass():
 
 def test_update_info_lists_tensors_in_order_with_wire_dtypes():
     info = update_info_for(
-        [("a", torch.zeros(3, 4, dtype=torch.bfloat16)), ("b", torch.float32, (5,))], bucket_bytes=100,
-        num_buffers=3)
-    assert info == dict(names=["a", "b"], dtype_names=["bfloat16", "float32"], shapes=[[3, 4], [5]], packed=True,
-                        packed_buffer_size_bytes=100, packed_num_buffers=3)
+        [("a", torch.zeros(3, 4, dtype=torch.bfloat16)), ("b", torch.float32, (5,))], bucket_bytes=100, num_buffers=3
+    )
+    assert info == dict(
+        names=["a", "b"],
+        dtype_names=["bfloat16", "float32"],
+        shapes=[[3, 4], [5]],
+        packed=True,
+        packed_buffer_size_bytes=100,
+        packed_num_buffers=3,
+    )
     assert update_info_bytes(info) == 3 * 4 * 2 + 5 * 4
     with pytest.raises(ValueError):
         update_info_for([])
     with pytest.raises(ValueError, match=r"names\[1\]"):
-        nccl._check_same(update_info_for([("a", torch.float32, (1,)), ("c", torch.float32, (1,))]),
-                         update_info_for([("a", torch.float32, (1,)), ("b", torch.float32, (1,))]))
+        nccl._check_same(
+            update_info_for([("a", torch.float32, (1,)), ("c", torch.float32, (1,))]),
+            update_info_for([("a", torch.float32, (1,)), ("b", torch.float32, (1,))]),
+        )
 
 
 def _out(tokens, finished=False, reason=None):

@@ -10,10 +10,10 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
+from rlcore.batch.packing import make_micro_batch
 from rlcore.config import ModelConfig
 from rlcore.models import vision
 from rlcore.models.build import build_model, build_tokenizer
-from rlcore.batch.packing import make_micro_batch
 from rlcore.types import Sample
 
 
@@ -46,6 +46,7 @@ def test_tokens_and_config_agree(vl):
     assert model.config.text_config.vocab_size == len(tok)
     # text ids are unchanged by the vision markers (a text-only tiny model keeps its weights)
     from rlcore.models.tokenizer import char_tokenizer
+
     assert char_tokenizer()("u:hi").input_ids == tok("u:hi").input_ids
     ids = prompt(tok, spec, "n?", [image(0), image(1, 56, 112)])
     assert ids.count(spec.image_token_id) == 4 + 8
@@ -56,6 +57,7 @@ def test_pixel_values_match_transformers_processor(vl):
     _, _, spec = vl
     try:
         from transformers import AutoImageProcessor
+
         proc = AutoImageProcessor.from_pretrained(_saved(spec))
     except Exception as exc:  # noqa: BLE001 - needs torchvision or pillow (the GPU machine has them)
         pytest.skip(f"transformers image processor unavailable here: {exc}")
@@ -68,6 +70,7 @@ def test_pixel_values_match_transformers_processor(vl):
 
 def _saved(spec) -> str:
     import tempfile
+
     d = tempfile.mkdtemp()
     spec.save(d)
     return d
@@ -116,8 +119,16 @@ def test_packed_equals_unpacked_logprobs(vl):
     for i, imgs in enumerate([[image(0)], [], [image(1, 56, 112), image(2)]]):
         p = prompt(tok, spec, "how many?", imgs)
         c = tok(f"{i + 2}<|im_end|>", add_special_tokens=False).input_ids
-        samples.append(Sample(prompt_ids=p, completion_ids=c, logprobs=[0.0] * len(c), versions=[0] * len(c),
-                              loss_mask=[1] * len(c), images=imgs))
+        samples.append(
+            Sample(
+                prompt_ids=p,
+                completion_ids=c,
+                logprobs=[0.0] * len(c),
+                versions=[0] * len(c),
+                loss_mask=[1] * len(c),
+                images=imgs,
+            )
+        )
     mb = make_micro_batch(samples, [1.0, -1.0, 0.5])
     assert len(mb.images) == 3
     with torch.no_grad():
@@ -125,8 +136,9 @@ def test_packed_equals_unpacked_logprobs(vl):
     start = 0
     for s in samples:
         n = s.num_tokens
-        torch.testing.assert_close(packed[start:start + n - 1], _reference_logprobs(ref_model, s, spec),
-                                   atol=1e-4, rtol=1e-4)
+        torch.testing.assert_close(
+            packed[start : start + n - 1], _reference_logprobs(ref_model, s, spec), atol=1e-4, rtol=1e-4
+        )
         start += n
 
 
@@ -136,9 +148,16 @@ def test_freeze_vision_trains_language_model_only(tmp_path):
     from rlcore.config import RunConfig
     from rlcore.trainer.core import TrainerCore, free_port
 
-    cfg = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(RunConfig), {
-        "model": OmegaConf.to_container(OmegaConf.structured(tiny_vl(freeze_vision=True))),
-        "steps": 1, "trainer": {"lr": 1e-2}}))
+    cfg = OmegaConf.to_object(
+        OmegaConf.merge(
+            OmegaConf.structured(RunConfig),
+            {
+                "model": OmegaConf.to_container(OmegaConf.structured(tiny_vl(freeze_vision=True))),
+                "steps": 1,
+                "trainer": {"lr": 1e-2},
+            },
+        )
+    )
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     os.environ["MASTER_PORT"] = str(free_port())
     core = TrainerCore(cfg, 0, 1)
@@ -147,8 +166,9 @@ def test_freeze_vision_trains_language_model_only(tmp_path):
         before = {n: p.detach().clone() for n, p in core.full_parameters()}
         imgs = [image(3)]
         p = prompt(core.tokenizer, spec, "n?", imgs)
-        s = Sample(prompt_ids=p, completion_ids=[40, 2], logprobs=[-1.0, -1.0], versions=[0, 0],
-                   loss_mask=[1, 1], images=imgs)
+        s = Sample(
+            prompt_ids=p, completion_ids=[40, 2], logprobs=[-1.0, -1.0], versions=[0, 0], loss_mask=[1, 1], images=imgs
+        )
         core.sft_step([make_micro_batch([s], [0.0])], 2)
         after = dict(core.full_parameters())
         changed = {n for n in before if not torch.equal(before[n], after[n])}
@@ -172,9 +192,15 @@ def test_hf_engine_generates_with_images(vl):
     # the sampled logprobs are the trainer's: score each completion with the reference forward
     ref_model = build_model(cfg, tok).eval()
     for p, im, g in zip(prompts, imgs, gens):
-        s = Sample(prompt_ids=p, completion_ids=g.token_ids, logprobs=g.logprobs, versions=g.versions,
-                   loss_mask=[1] * len(g.token_ids), images=im)
-        ref = _reference_logprobs(ref_model, s, spec, mask_image_tokens=True)[len(p) - 1:]
+        s = Sample(
+            prompt_ids=p,
+            completion_ids=g.token_ids,
+            logprobs=g.logprobs,
+            versions=g.versions,
+            loss_mask=[1] * len(g.token_ids),
+            images=im,
+        )
+        ref = _reference_logprobs(ref_model, s, spec, mask_image_tokens=True)[len(p) - 1 :]
         torch.testing.assert_close(torch.tensor(g.logprobs), ref, atol=1e-4, rtol=1e-4)
 
 

@@ -22,8 +22,9 @@ FAMILIES = ["tiny_qwen3_vl", "tiny_qwen3_vl_moe", "tiny_qwen3_5", "tiny_qwen3_5_
 
 @pytest.fixture(scope="module", params=FAMILIES)
 def vl(request):
-    cfg = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(ModelConfig),
-                                              OmegaConf.load(f"conf/model/{request.param}.yaml")))
+    cfg = OmegaConf.to_object(
+        OmegaConf.merge(OmegaConf.structured(ModelConfig), OmegaConf.load(f"conf/model/{request.param}.yaml"))
+    )
     tok = build_tokenizer(cfg)
     return cfg, tok, tok.rlcore_vision
 
@@ -39,8 +40,16 @@ def samples_with_images(tok, spec) -> list[Sample]:
     for i, imgs in enumerate([[image(spec, 0)], [], [image(spec, 1, 2, 4), image(spec, 2)]]):
         p = prompt(tok, spec, "how many?", imgs)
         c = tok(f"{i + 2}<|im_end|>", add_special_tokens=False).input_ids
-        out.append(Sample(prompt_ids=p, completion_ids=c, logprobs=[0.0] * len(c), versions=[0] * len(c),
-                          loss_mask=[1] * len(c), images=imgs))
+        out.append(
+            Sample(
+                prompt_ids=p,
+                completion_ids=c,
+                logprobs=[0.0] * len(c),
+                versions=[0] * len(c),
+                loss_mask=[1] * len(c),
+                images=imgs,
+            )
+        )
     return out
 
 
@@ -73,8 +82,9 @@ def test_packed_equals_unpacked_logprobs(vl):
     start = 0
     for s in samples:
         n = s.num_tokens
-        torch.testing.assert_close(packed[start:start + n - 1], _reference_logprobs(ref_model, s, spec),
-                                   atol=1e-4, rtol=1e-4)
+        torch.testing.assert_close(
+            packed[start : start + n - 1], _reference_logprobs(ref_model, s, spec), atol=1e-4, rtol=1e-4
+        )
         start += n
 
 
@@ -90,7 +100,13 @@ def test_hf_engine_generates_with_images(vl):
     ref_model = build_model(cfg, tok).eval()
     for p, im, g in zip(prompts, imgs, gens):
         assert len(g.token_ids) == len(g.logprobs) > 0
-        s = Sample(prompt_ids=p, completion_ids=g.token_ids, logprobs=g.logprobs, versions=g.versions,
-                   loss_mask=[1] * len(g.token_ids), images=im)
-        ref = _reference_logprobs(ref_model, s, spec, mask_image_tokens=True)[len(p) - 1:]
+        s = Sample(
+            prompt_ids=p,
+            completion_ids=g.token_ids,
+            logprobs=g.logprobs,
+            versions=g.versions,
+            loss_mask=[1] * len(g.token_ids),
+            images=im,
+        )
+        ref = _reference_logprobs(ref_model, s, spec, mask_image_tokens=True)[len(p) - 1 :]
         torch.testing.assert_close(torch.tensor(g.logprobs), ref, atol=1e-4, rtol=1e-4)

@@ -12,10 +12,26 @@ pytestmark = pytest.mark.integration
 
 def test_shape_count_sft_then_rl_through_cli(tmp_path):
     out = tmp_path / "shape_count"
-    proc = subprocess.run([sys.executable, "-m", "rlcore.run", "+recipe=shape_count", "steps=2", "sft.warmup_steps=3",
-                           "sft.num_examples=48", "sft.batch_examples=8", "algo.batch_groups=2", "algo.group_size=4",
-                           "rollout.tasks_per_request=2", "checkpoint.save_final=false", f"output_dir={out}"],
-                          capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "rlcore.run",
+            "+recipe=shape_count",
+            "steps=2",
+            "sft.warmup_steps=3",
+            "sft.num_examples=48",
+            "sft.batch_examples=8",
+            "algo.batch_groups=2",
+            "algo.group_size=4",
+            "rollout.tasks_per_request=2",
+            "checkpoint.save_final=false",
+            f"output_dir={out}",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     rl = [r for r in rows if "reward_mean" in r]

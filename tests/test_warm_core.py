@@ -31,8 +31,9 @@ def sleep_forever(path):
 
 
 def run_script(body: str, timeout: float = 120, **kw) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-c", textwrap.dedent(body)], cwd=REPO, capture_output=True,
-                          text=True, timeout=timeout, **kw)
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(body)], cwd=REPO, capture_output=True, text=True, timeout=timeout, **kw
+    )
 
 
 def targets_env(tmp_path: Path) -> dict:
@@ -44,7 +45,8 @@ def targets_env(tmp_path: Path) -> dict:
 
 def test_a_forked_core_runs_with_its_starters_environment_and_cwd_not_the_servers(tmp_path):
     out = tmp_path / "seen.json"
-    done = run_script(f"""
+    done = run_script(
+        f"""
         import json, os
         from rlcore.engine.vllm import warm_core
         from warm_targets import report
@@ -54,7 +56,9 @@ def test_a_forked_core_runs_with_its_starters_environment_and_cwd_not_the_server
         p = warm_core.CONTEXT.Process(target=report, args=({str(out)!r},))
         p.start(); p.join(60)
         print(json.dumps({{"exit": p.exitcode, "me": os.getpid(), "server": warm_core.server_pid()}}))
-    """, env=targets_env(tmp_path))
+    """,
+        env=targets_env(tmp_path),
+    )
     assert done.returncode == 0, done.stderr
     parent = json.loads(done.stdout.strip().splitlines()[-1])
     seen = json.loads(out.read_text())
@@ -66,14 +70,22 @@ def test_a_forked_core_runs_with_its_starters_environment_and_cwd_not_the_server
 
 def test_a_forked_core_dies_with_the_process_that_started_its_server(tmp_path):
     pid_file = tmp_path / "child.pid"
-    starter = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
+    starter = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            textwrap.dedent(f"""
         import time
         from rlcore.engine.vllm import warm_core
         from warm_targets import sleep_forever
         warm_core.start(("json",))
         warm_core.CONTEXT.Process(target=sleep_forever, args=({str(pid_file)!r},), daemon=False).start()
         time.sleep(600)
-    """)], cwd=REPO, env=targets_env(tmp_path))
+    """),
+        ],
+        cwd=REPO,
+        env=targets_env(tmp_path),
+    )
     try:
         deadline = time.monotonic() + 60
         while not (pid_file.exists() and pid_file.read_text()) and time.monotonic() < deadline:
@@ -103,11 +115,13 @@ def test_vllms_launcher_forks_from_the_server_only_where_vllm_would_spawn(tmp_pa
     pkg.mkdir(parents=True)
     for d in (tmp_path / "vllm", tmp_path / "vllm" / "v1", pkg):
         (d / "__init__.py").write_text("")
-    (pkg / "utils.py").write_text(textwrap.dedent("""
+    (pkg / "utils.py").write_text(
+        textwrap.dedent("""
         import multiprocessing, os
         def get_mp_context():
             return multiprocessing.get_context(os.environ["METHOD"])
-    """))
+    """)
+    )
     body = """
         from rlcore.engine.vllm import warm_core
         assert warm_core.use_for_vllm() is False  # nothing started: vLLM's own context

@@ -63,6 +63,7 @@ def test_tail_reads_only_the_bytes_added(tmp_path, monkeypatch):
         real_read = f.read
         f.read = lambda n=-1: reads.append(n) or real_read(n)
         return f
+
     monkeypatch.setattr("builtins.open", counting_open)
     append(path, {"step": 200})
     assert tail.poll() == ([{"step": 200}], False)
@@ -70,9 +71,20 @@ def test_tail_reads_only_the_bytes_added(tmp_path, monkeypatch):
 
 
 def row(step, **kw):
-    base = {"step": step, "reward_mean": 0.5, "entropy": 2.0, "zero_adv_frac": 0.1, "samples_generated": 100 * step,
-            "samples_dropped_stale": 0, "trainer_busy_frac": 0.9, "rollout_busy_frac": 0.8,
-            "canary_mean_gap": 0.001, "canary_mean_limit": 0.05, "canary_max_gap": 0.01, "canary_max_limit": 0.5}
+    base = {
+        "step": step,
+        "reward_mean": 0.5,
+        "entropy": 2.0,
+        "zero_adv_frac": 0.1,
+        "samples_generated": 100 * step,
+        "samples_dropped_stale": 0,
+        "trainer_busy_frac": 0.9,
+        "rollout_busy_frac": 0.8,
+        "canary_mean_gap": 0.001,
+        "canary_mean_limit": 0.05,
+        "canary_max_gap": 0.01,
+        "canary_max_limit": 0.5,
+    }
     return {**base, **kw}
 
 
@@ -80,15 +92,18 @@ def test_alarms_are_quiet_on_a_healthy_run():
     assert alarms([row(s) for s in range(1, 41)]) == []
 
 
-@pytest.mark.parametrize("change,alarm_id", [
-    (lambda s: {"entropy": 2.0 if s <= 20 else 0.8}, "reward_flat_entropy_collapse"),
-    (lambda s: {"canary_mean_gap": 0.04}, "canary_near_bound"),
-    (lambda s: {"canary_max_gap": 0.3}, "canary_near_bound"),
-    (lambda s: {"zero_adv_frac": 0.8}, "zero_advantage"),
-    (lambda s: {"samples_dropped_stale": 0 if s <= 20 else 40 * (s - 20)}, "stale_drops"),
-    (lambda s: {"trainer_busy_frac": 0.1}, "idle"),
-    (lambda s: {"rollout_busy_frac": 0.2}, "idle"),
-])
+@pytest.mark.parametrize(
+    "change,alarm_id",
+    [
+        (lambda s: {"entropy": 2.0 if s <= 20 else 0.8}, "reward_flat_entropy_collapse"),
+        (lambda s: {"canary_mean_gap": 0.04}, "canary_near_bound"),
+        (lambda s: {"canary_max_gap": 0.3}, "canary_near_bound"),
+        (lambda s: {"zero_adv_frac": 0.8}, "zero_advantage"),
+        (lambda s: {"samples_dropped_stale": 0 if s <= 20 else 40 * (s - 20)}, "stale_drops"),
+        (lambda s: {"trainer_busy_frac": 0.1}, "idle"),
+        (lambda s: {"rollout_busy_frac": 0.2}, "idle"),
+    ],
+)
 def test_each_alarm_fires_on_its_sign(change, alarm_id):
     found = alarms([row(s, **change(s)) for s in range(1, 31)])
     assert [a["id"] for a in found] == [alarm_id] and found[0]["step"] == 30 and found[0]["text"]
@@ -135,15 +150,21 @@ def test_fault_lines_tagged_as_events_reach_events_jsonl_and_replace_the_implied
     log = logging.getLogger("rlcore.test_watch")
     events = EventLog(tmp_path)
     with events.capture(logging.getLogger("rlcore")):
-        log.warning("rollout actor %d died at version %d", 1, 3, extra=event("rollout_died", actor=1, version=3, step=2))
+        log.warning(
+            "rollout actor %d died at version %d", 1, 3, extra=event("rollout_died", actor=1, version=3, step=2)
+        )
         log.warning("an ordinary warning")
         log.warning("rollout actor 1 rejoined", extra=event("rollout_rejoined", actors=[1], version=5, step=4))
     log.warning("after the run", extra=event("rollout_died", actor=0, step=9))  # no longer captured
     written = [json.loads(line) for line in (tmp_path / "events.jsonl").read_text().splitlines()]
     assert [(e["kind"], e["text"], e["step"]) for e in written] == [
-        ("rollout_died", "rollout actor 1 died at version 3", 2), ("rollout_rejoined", "rollout actor 1 rejoined", 4)]
+        ("rollout_died", "rollout actor 1 died at version 3", 2),
+        ("rollout_rejoined", "rollout actor 1 rejoined", 4),
+    ]
     assert written[1]["actors"] == [1] and written[0]["time"] <= written[1]["time"]
-    append(tmp_path / "metrics.jsonl", row(1, rollout_restarts=0), row(2, rollout_restarts=1), row(4, rollout_restarts=1))
+    append(
+        tmp_path / "metrics.jsonl", row(1, rollout_restarts=0), row(2, rollout_restarts=1), row(4, rollout_restarts=1)
+    )
     kinds = [e["kind"] for e in RunView(tmp_path).payload(0, 0, 0, 0)["events"]]
     assert kinds == ["rollout_died", "rollout_rejoined"]
 
@@ -187,6 +208,7 @@ def test_server_is_read_only_and_serves_nothing_else(server):
 
 def test_cli_binds_loopback_by_default_and_refuses_a_missing_folder(tmp_path, capsys):
     from rlcore.report.watch.server import main
+
     assert parse_args([str(tmp_path)]).host == "127.0.0.1"
     assert main([str(tmp_path / "nope")]) == 2
     assert capsys.readouterr().err.count("\n") == 1
@@ -201,15 +223,19 @@ def test_startup_phases_reach_events_jsonl_as_they_end(tmp_path):
     phases.background("starting the rollout engine").finish()
     lines = [json.loads(x) for x in (tmp_path / "events.jsonl").read_text().splitlines()]
     assert [(x["kind"], x["text"], x["seconds"]) for x in lines] == [
-        ("phase", "placing actors", 1.5), ("phase", "starting the rollout engine (in the background)", 3.0)]
+        ("phase", "placing actors", 1.5),
+        ("phase", "starting the rollout engine (in the background)", 3.0),
+    ]
 
 
 def test_watch_port_out_of_range_is_one_config_line(tmp_path, capsys):
     from rlcore.run import main
+
     assert main(["logger.watch_port=70000", f"output_dir={tmp_path / 'run'}"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "logger.watch_port" in err[0] and "[0, 65535]" in err[0]
     assert not (tmp_path / "run").exists()
     from rlcore.plan.compose import compose
     from rlcore.plan.validate import validate
+
     validate(compose(["logger.watch_port=8765"]))  # a port is a known, valid key

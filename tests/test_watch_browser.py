@@ -18,8 +18,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from watch_browser import CHROMIUM, Browser, check_gap_colours  # noqa: E402
 
 if CHROMIUM is None:
-    pytest.skip("no Chromium installed (apt-get install -y chromium): the live page's browser tests",
-                allow_module_level=True)
+    pytest.skip(
+        "no Chromium installed (apt-get install -y chromium): the live page's browser tests", allow_module_level=True
+    )
 
 pytestmark = pytest.mark.integration
 REPO = Path(__file__).resolve().parent.parent
@@ -55,10 +56,24 @@ def run(tmp_path_factory):
     out = tmp_path_factory.mktemp("watch") / "run"
     port = free_port()
     log = (out.parent / "run.log").open("w")
-    proc = subprocess.Popen([sys.executable, "-m", "rlcore.run", f"steps={STEPS}", "sft.warmup_steps=2",
-                             "logger.samples_every=2", "eval.every_n_steps=10", "checkpoint.interval=10",
-                             f"logger.watch_port={port}", f"output_dir={out}"],
-                            cwd=REPO, stdout=log, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "rlcore.run",
+            f"steps={STEPS}",
+            "sft.warmup_steps=2",
+            "logger.samples_every=2",
+            "eval.every_n_steps=10",
+            "checkpoint.interval=10",
+            f"logger.watch_port={port}",
+            f"output_dir={out}",
+        ],
+        cwd=REPO,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     yield proc, out, port
     if proc.poll() is None:
         proc.kill()
@@ -103,7 +118,9 @@ def test_page_follows_a_live_run_without_reloading(run, browser):
     assert proc.poll() is None, "the run ended before the page could watch it live"
     assert f"rlcore: live page: http://127.0.0.1:{port}/" in (out.parent / "run.log").read_text()
     browser.open(f"http://127.0.0.1:{port}/")
-    browser.wait_for("document.querySelector('#runs li') && Number(document.querySelector('#runs li').dataset.rows) > 0")
+    browser.wait_for(
+        "document.querySelector('#runs li') && Number(document.querySelector('#runs li').dataset.rows) > 0"
+    )
     browser.evaluate("window.sameDocument = true")
     first = page_state(browser)
     assert first["ended"] == "0" and first["error"] is None
@@ -126,20 +143,30 @@ def test_page_follows_a_live_run_without_reloading(run, browser):
 def test_page_shows_a_finished_run_as_its_files_hold_it(run, browser):
     proc, out, _ = run
     assert proc.wait(timeout=1800) == 0, (out.parent / "run.log").read_text()[-3000:]
-    page = subprocess.Popen([sys.executable, "-m", "rlcore.watch", str(out), "--port", "0"], cwd=REPO,
-                            stdout=subprocess.PIPE, text=True)
+    page = subprocess.Popen(
+        [sys.executable, "-m", "rlcore.watch", str(out), "--port", "0"], cwd=REPO, stdout=subprocess.PIPE, text=True
+    )
     try:
         line = page.stdout.readline()
         assert line.startswith("rlcore.watch: http://127.0.0.1:"), line
         browser.open(line.split()[1])
         metrics, train = rows(out / "metrics.jsonl"), train_rows(out)
         evals = [r for r in metrics if "eval/reward_mean" in r]
-        browser.wait_for(f"document.querySelector('#runs li') && document.querySelector('#runs li').dataset.ended === '1'"
-                         f" && Number(document.querySelector('#runs li').dataset.rows) === {len(metrics)}", 60)
+        browser.wait_for(
+            f"document.querySelector('#runs li') && document.querySelector('#runs li').dataset.ended === '1'"
+            f" && Number(document.querySelector('#runs li').dataset.rows) === {len(metrics)}",
+            60,
+        )
         state = page_state(browser)
         assert check_latest(state, out) == train[-1] and len(train) == STEPS and evals
         assert state["latest"]["eval/reward_mean"] == pytest.approx(evals[-1]["eval/reward_mean"], rel=1e-12)
-        for key in ("samples_generated", "samples_trained", "samples_dropped_stale", "samples_failed", "samples_in_flight"):
+        for key in (
+            "samples_generated",
+            "samples_trained",
+            "samples_dropped_stale",
+            "samples_failed",
+            "samples_in_flight",
+        ):
             assert state["accounting"][key] == train[-1][key], key
         assert state["accounting"]["identity"] == "holds"
         assert state["points"]["panel-reward"] == len(train) and state["points"]["panel-eval"] == len(evals)
@@ -165,22 +192,30 @@ def check_samples(browser: Browser, samples: list[dict]) -> None:
     assert [s["versions"] for s in shown] == [s["token_versions"] for s in expected]
     assert len({v for s in samples for v in s["token_versions"]}) > 1  # versions differ: colours tell them apart
     cut = sorted(s["reward"] for s in samples)[len(samples) // 2]
-    browser.evaluate(f"(() => {{ const e = document.getElementById('f-rmin'); e.value = '{cut}';"
-                     f" e.dispatchEvent(new Event('input')); }})()")
-    assert browser.evaluate("document.querySelectorAll('#sample-list .sample').length") == \
-        sum(s["reward"] >= cut for s in samples)
+    browser.evaluate(
+        f"(() => {{ const e = document.getElementById('f-rmin'); e.value = '{cut}';"
+        f" e.dispatchEvent(new Event('input')); }})()"
+    )
+    assert browser.evaluate("document.querySelectorAll('#sample-list .sample').length") == sum(
+        s["reward"] >= cut for s in samples
+    )
     step = samples[-1]["step"]
-    browser.evaluate(f"(() => {{ document.getElementById('f-rmin').value = ''; const e = document.getElementById('f-step');"
-                     f" e.value = '{step}'; e.dispatchEvent(new Event('input')); }})()")
-    assert browser.evaluate("[...document.querySelectorAll('#sample-list .sample')].map(d => Number(d.dataset.step))") \
-        == [step] * sum(s["step"] == step for s in samples)
+    browser.evaluate(
+        f"(() => {{ document.getElementById('f-rmin').value = ''; const e = document.getElementById('f-step');"
+        f" e.value = '{step}'; e.dispatchEvent(new Event('input')); }})()"
+    )
+    assert browser.evaluate(
+        "[...document.querySelectorAll('#sample-list .sample')].map(d => Number(d.dataset.step))"
+    ) == [step] * sum(s["step"] == step for s in samples)
     check_gap_colours(browser, samples[-1])  # the newest sample of that step comes first
 
 
 def check_timeline(browser: Browser, out: Path, evals: list[dict]) -> None:
     """Start-up phases (events.jsonl), evaluations (metrics.jsonl), checkpoints (their folders)
     and the end are on the timeline."""
-    items = browser.evaluate("[...document.querySelectorAll('#timeline li')].map(li => [li.dataset.kind, li.textContent])")
+    items = browser.evaluate(
+        "[...document.querySelectorAll('#timeline li')].map(li => [li.dataset.kind, li.textContent])"
+    )
     events = rows(out / "events.jsonl")
     phases = [e["text"] for e in events if e["kind"] == "phase"]
     assert any("starting Ray" in p for p in phases) and any("first weight sync" in p for p in phases)

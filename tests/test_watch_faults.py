@@ -47,11 +47,26 @@ def run(tmp_path_factory):
     log = out.parent / "run.log"
     killed: list[int] = []
     with log.open("w") as err:
-        proc = subprocess.Popen([sys.executable, "-m", "rlcore.run", f"output_dir={out}", f"steps={STEPS}",
-                                 "rollout.num_actors=2", "rollout.cpus_per_actor=0.5", "cluster.num_cpus=2",
-                                 "logger.console=false", "logger.samples_every=1", "sft.warmup_steps=2",
-                                 "env.name=tests.chaos_env:RaisingReverseText"],
-                                cwd=REPO, stdout=subprocess.DEVNULL, stderr=err, text=True)
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "rlcore.run",
+                f"output_dir={out}",
+                f"steps={STEPS}",
+                "rollout.num_actors=2",
+                "rollout.cpus_per_actor=0.5",
+                "cluster.num_cpus=2",
+                "logger.console=false",
+                "logger.samples_every=1",
+                "sft.warmup_steps=2",
+                "env.name=tests.chaos_env:RaisingReverseText",
+            ],
+            cwd=REPO,
+            stdout=subprocess.DEVNULL,
+            stderr=err,
+            text=True,
+        )
 
     def killer():
         while not killed and proc.poll() is None:
@@ -132,26 +147,36 @@ def test_failed_samples_are_written_by_reason(run):
 
 @pytest.mark.skipif(CHROMIUM is None, reason="no Chromium installed (apt-get install -y chromium)")
 def test_the_page_filters_by_reason_colours_the_gap_and_shows_the_rejoin(run, tmp_path):
-    page = subprocess.Popen([sys.executable, "-m", "rlcore.watch", str(run), "--port", "0"], cwd=REPO,
-                            stdout=subprocess.PIPE, text=True)
+    page = subprocess.Popen(
+        [sys.executable, "-m", "rlcore.watch", str(run), "--port", "0"], cwd=REPO, stdout=subprocess.PIPE, text=True
+    )
     browser = Browser(tmp_path / "profile")
     try:
         line = page.stdout.readline()
         browser.open(line.split()[1])
         samples = rows(run / "samples.jsonl")
-        browser.wait_for(f"document.getElementById('samples') !== null"
-                         f" && document.getElementById('samples').dataset.total === '{len(samples)}'", 60)
+        browser.wait_for(
+            f"document.getElementById('samples') !== null"
+            f" && document.getElementById('samples').dataset.total === '{len(samples)}'",
+            60,
+        )
         failed = [s for s in samples if "failed_reason" in s]
         options = browser.evaluate("[...document.getElementById('f-reason').options].map(o => o.value)")
         assert set(options) == {"", "scored"} | {s["failed_reason"] for s in failed}
         for reason in {s["failed_reason"] for s in failed}:
-            browser.evaluate(f"(() => {{ const e = document.getElementById('f-reason'); e.value = {json.dumps(reason)};"
-                             f" e.dispatchEvent(new Event('input')); }})()")
-            shown = browser.evaluate("[...document.querySelectorAll('#sample-list .sample')].map(d => d.dataset.reason)")
+            browser.evaluate(
+                f"(() => {{ const e = document.getElementById('f-reason'); e.value = {json.dumps(reason)};"
+                f" e.dispatchEvent(new Event('input')); }})()"
+            )
+            shown = browser.evaluate(
+                "[...document.querySelectorAll('#sample-list .sample')].map(d => d.dataset.reason)"
+            )
             assert shown == [reason] * sum(s["failed_reason"] == reason for s in failed)
         # the gap mode: each token's title and colour come from |trainer - engine| of the file
-        browser.evaluate("(() => { const e = document.getElementById('f-reason'); e.value = 'scored';"
-                         " e.dispatchEvent(new Event('input')); })()")
+        browser.evaluate(
+            "(() => { const e = document.getElementById('f-reason'); e.value = 'scored';"
+            " e.dispatchEvent(new Event('input')); })()"
+        )
         check_gap_colours(browser, [s for s in samples if "failed_reason" not in s][-1])
         kinds = browser.evaluate("[...document.querySelectorAll('#timeline li')].map(li => li.dataset.kind)")
         assert kinds.count("rollout_died") == 1 and kinds.count("rollout_rejoined") == 1

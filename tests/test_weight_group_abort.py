@@ -18,7 +18,9 @@ import torch
 
 from rlcore.transfer.broadcast import WeightGroup, WeightGroupAborted, abort
 
-TIMEOUT_S = 120.0  # the operations' own deadline (the default weight_sync_timeout_s): every wait below ends long before it
+TIMEOUT_S = (
+    120.0  # the operations' own deadline (the default weight_sync_timeout_s): every wait below ends long before it
+)
 BIG = 16 * 2**20  # floats per bucket: more than the socket buffers hold, so a frozen peer blocks the root
 
 
@@ -48,6 +50,7 @@ def _in_thread(fn):
             box["value"] = fn()
         except BaseException as exc:  # noqa: BLE001 - handed to the test
             box["error"] = exc
+
     thread = threading.Thread(target=run, daemon=True)
     thread.start()
     return thread, box
@@ -63,6 +66,7 @@ def spawn():
         p.start()
         procs.append(p)
         return p
+
     yield ctx, start
     for p in procs:
         try:

@@ -11,7 +11,6 @@ from pathlib import Path
 import pytest
 import torch
 
-from rlcore.weights import protocol as weights_protocol
 from rlcore.engine.base import RolloutEngine
 from rlcore.engine.registry import (
     engine_class,
@@ -45,11 +44,16 @@ from rlcore.transfer.plan import (
     unpack_bucket,
     vllm_update_info,
 )
+from rlcore.weights import protocol as weights_protocol
 
 
 def metas():
-    return [TensorMeta("a", (4, 4), "float32"), TensorMeta("b", (10,), "float32"),
-            TensorMeta("c", (3,), "bfloat16"), TensorMeta("d", (100,), "float32")]
+    return [
+        TensorMeta("a", (4, 4), "float32"),
+        TensorMeta("b", (10,), "float32"),
+        TensorMeta("c", (3,), "bfloat16"),
+        TensorMeta("d", (100,), "float32"),
+    ]
 
 
 def test_buckets_split_by_size_and_dtype_in_order():
@@ -107,13 +111,21 @@ def test_group_ranks_follow_the_transport():
     cfg = compose(["rollout.num_actors=3"])
     name, workers, n = weight_transport(cfg), tensor_parallel_size(cfg.rollout), cfg.rollout.num_actors
     assert name == "broadcast"
-    assert (ranks_per_actor(name, workers), first_rank(name, 2, workers), world_size(name, n, workers),
-            world_size(name, 2, workers)) == (1, 3, 4, 3)
+    assert (
+        ranks_per_actor(name, workers),
+        first_rank(name, 2, workers),
+        world_size(name, n, workers),
+        world_size(name, 2, workers),
+    ) == (1, 3, 4, 3)
     cfg.rollout.engine, cfg.rollout.vllm.tensor_parallel_size = "vllm", 2  # vLLM's workers join one rank each
     name, workers = weight_transport(cfg), tensor_parallel_size(cfg.rollout)
     assert name == "nccl"
-    assert (ranks_per_actor(name, workers), first_rank(name, 2, workers), world_size(name, n, workers),
-            world_size(name, 2, workers)) == (2, 5, 7, 5)
+    assert (
+        ranks_per_actor(name, workers),
+        first_rank(name, 2, workers),
+        world_size(name, n, workers),
+        world_size(name, 2, workers),
+    ) == (2, 5, 7, 5)
 
 
 def test_broadcast_pair_over_gloo_lands_a_model_in_an_engine():
@@ -122,8 +134,9 @@ def test_broadcast_pair_over_gloo_lands_a_model_in_an_engine():
     tokenizer = build_tokenizer(cfg.model)
     engine = make_engine(cfg, tokenizer, seed=0)
     trainer = build_model(dataclasses.replace(cfg.model, seed=cfg.model.seed + 1), tokenizer)
-    plan = plan_buckets([TensorMeta(n, s, d) for n, s, d in parameter_metas(trainer)],
-                        int(cfg.rollout.sync_bucket_mb * 2**20))
+    plan = plan_buckets(
+        [TensorMeta(n, s, d) for n, s, d in parameter_metas(trainer)], int(cfg.rollout.sync_bucket_mb * 2**20)
+    )
     assert len(plan.buckets) > 1
     assert not all(torch.equal(engine.state_dict()[n], p) for n, p in trainer.named_parameters())
     name, options = weight_transport(cfg), transfer_options(cfg)
@@ -140,8 +153,9 @@ def test_broadcast_pair_over_gloo_lands_a_model_in_an_engine():
         return sender.send((n, p.detach()) for n, p in trainer.named_parameters())
 
     def receive():
-        receiver = make_receiver(name, options, plan, engine, "127.0.0.1", port, first_rank(name, 0),
-                                 world_size(name, 1))
+        receiver = make_receiver(
+            name, options, plan, engine, "127.0.0.1", port, first_rank(name, 0), world_size(name, 1)
+        )
         assert type(receiver) is own_receiver(name)  # the transformers engine has no receiver of its own
         return receiver.receive(version=1)
 
@@ -232,8 +246,9 @@ def test_engines_and_transports_do_not_import_each_other(tmp_path):
     assert imports_of(root / "engine", "rlcore.transfer") == []
     assert imports_of(root / "transfer", "rlcore.engine") == []
     # the check sees a planted violation, also one hidden under TYPE_CHECKING
-    (tmp_path / "planted.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
-                                         "    from rlcore.transfer.plan import SyncPlan\n")
+    (tmp_path / "planted.py").write_text(
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from rlcore.transfer.plan import SyncPlan\n"
+    )
     assert imports_of(tmp_path, "rlcore.transfer") == ["planted.py:3"]
     (tmp_path / "planted.py").write_text("import rlcore.engine.registry\n")
     assert imports_of(tmp_path, "rlcore.engine") == ["planted.py:1"]

@@ -73,6 +73,7 @@ def calls(monkeypatch):
     def get(refs, timeout_s, what, names=None, stalled=None):
         seen.append((what, list(names or [])))
         return refs
+
     monkeypatch.setattr(weights_mod, "get", get)
     return seen
 
@@ -85,15 +86,18 @@ def make(transport):
 
 def test_a_collective_transport_waits_on_both_sides_at_once(calls):
     out = make(flags(False, False))._send(3, [0, 1], None)
-    assert calls == [("weight sync to version 3", ["trainer rank 0", "trainer rank 1", "rollout actor 0",
-                                                   "rollout actor 1"])]
+    assert calls == [
+        ("weight sync to version 3", ["trainer rank 0", "trainer rank 1", "rollout actor 0", "rollout actor 1"])
+    ]
     assert [o.get("engine") for o in out] == [None, None, 0, 1]
 
 
 def test_a_buffered_transport_fills_the_buffers_first_then_the_engines_read(calls):
     make(flags(True, True))._send(3, [1], None)
-    assert calls == [("weight sync to version 3 (trainer buffers)", ["trainer rank 0", "trainer rank 1"]),
-                     ("weight sync to version 3 (engines)", ["rollout actor 1"])]
+    assert calls == [
+        ("weight sync to version 3 (trainer buffers)", ["trainer rank 0", "trainer rank 1"]),
+        ("weight sync to version 3 (engines)", ["rollout actor 1"]),
+    ]
 
 
 def test_what_the_train_step_pushed_leaves_the_engines_receive_alone(calls):
@@ -115,14 +119,14 @@ def test_a_collective_group_forms_on_a_rendezvous_with_the_serving_engines_in_sl
     s = make(flags(False, False))
     s.form([2, 0])
     assert s.rollouts.joined == ([2, 0], "10.0.0.1", 1234)
-    assert calls == [("weight group init", ["trainer rank 0", "trainer rank 1", "rollout actor 2",
-                                            "rollout actor 0"])]
+    assert calls == [("weight group init", ["trainer rank 0", "trainer rank 1", "rollout actor 2", "rollout actor 0"])]
 
 
 def test_a_sync_reads_only_the_push_of_the_step_that_made_its_version():
     """A buffered transport's step writes the weights into the buffers; the sync of that version
     reads them once. A later sync (a resume's, a recovery's) of another version pushes anew."""
     from actors.trainer_group import TrainerGroup
+
     group = TrainerGroup.__new__(TrainerGroup)
     group._pushed = None
     group._get = lambda refs, what: [{"version": 4, "loss": 0.5, "weights_pushed": {"rank": i}} for i in range(2)]
@@ -139,7 +143,9 @@ def test_a_failed_group_operation_is_given_up_at_its_rendezvous_before_the_group
     0 waiting in that operation until its deadline, and Ray queues the re-formed group's calls
     behind it: the sync tells the old rendezvous to give up (`Sender.abort`) first."""
     from types import SimpleNamespace
+
     from actors.remote import ActorDied
+
     events = []
 
     class Transport:
@@ -166,6 +172,7 @@ def test_a_failed_group_operation_is_given_up_at_its_rendezvous_before_the_group
         if what == "weight group init" and "rollout actor 1" in names:
             raise ActorDied("weight group init failed: rollout actor 1 died", ["rollout actor 1"])
         return refs
+
     monkeypatch.setattr(weights_mod, "get", get)
     s = make(Transport)
     s.rollouts, s.run = Rollouts2(), SimpleNamespace(version=0)
@@ -173,8 +180,11 @@ def test_a_failed_group_operation_is_given_up_at_its_rendezvous_before_the_group
     s._group = None
     s.trainers.weight_address = lambda: ("10.0.0.1", next(ports))
     s._reform_and_sync(7, [0, 1])
-    assert events[:3] == [("weight group init", ("trainer rank 0", "trainer rank 1", "rollout actor 0", "rollout actor 1")),
-                          ("abort", "10.0.0.1", 1234), ("lost", 1)]
+    assert events[:3] == [
+        ("weight group init", ("trainer rank 0", "trainer rank 1", "rollout actor 0", "rollout actor 1")),
+        ("abort", "10.0.0.1", 1234),
+        ("lost", 1),
+    ]
     assert events[3] == ("weight group init", ("trainer rank 0", "trainer rank 1", "rollout actor 0"))
     assert s.run.version == 7 and s.rollouts.joined == ([0], "10.0.0.1", 1235)
     # only the sync that reached its engines releases the version (P/D: decode of it may start)
@@ -219,21 +229,32 @@ class CanaryRollouts(Rollouts):
 
 def canary_sync(monkeypatch, blocking=False, broken=(), off_policy=1):
     from types import SimpleNamespace
+
     events = []
 
     def get(refs, timeout_s, what, names=None, stalled=None):
         if what.startswith("canary"):
             events.append(f"wait {what}")
         return refs
+
     monkeypatch.setattr(weights_mod, "get", get)
     s = make(type("Sender", (), {"buffered": False, "every_rank": False, "abort": staticmethod(lambda a, p: True)}))
     s.trainers, s.rollouts = CanaryTrainers(events), CanaryRollouts(events, broken)
     s.rollouts.needs_reform = False
     s.rollouts.join_group = lambda actors, address, port, plan: [True for _ in actors]
     s.run, s.sleep_level, s.canary_bounds, s._canary_pairs = SimpleNamespace(version=0), 0, None, PAIRS
-    s.cfg = SimpleNamespace(rollout=SimpleNamespace(
-        canary_prompts=1, canary_blocking=blocking, canary_multiple=4.0, canary_floor=0.05, canary_max_floor=0.5,
-        canary_calibration_limit=1.0, max_mismatch=None), algo=SimpleNamespace(max_off_policy_steps=off_policy))
+    s.cfg = SimpleNamespace(
+        rollout=SimpleNamespace(
+            canary_prompts=1,
+            canary_blocking=blocking,
+            canary_multiple=4.0,
+            canary_floor=0.05,
+            canary_max_floor=0.5,
+            canary_calibration_limit=1.0,
+            max_mismatch=None,
+        ),
+        algo=SimpleNamespace(max_off_policy_steps=off_policy),
+    )
     return s, events
 
 

@@ -16,6 +16,7 @@ def _rank(rank, port, out):
     from rlcore.batch.packing import pack_for_ranks
     from rlcore.sft.dataset import build_dataset
     from rlcore.trainer.core import TrainerCore
+
     cfg = compose(["trainer.lr=0.01", "mode=sft", "sft.num_examples=8"])
     core = TrainerCore(cfg, 0, 1)
     whole = core.whole_parameters()
@@ -23,14 +24,21 @@ def _rank(rank, port, out):
     data = build_dataset(cfg, core.tokenizer)
     shard = pack_for_ranks(data.samples, [0.0] * len(data.samples), 1, 4096)[0]
     core.sft_step(shard, sum(int(mb.loss_mask.sum()) for mb in shard))
-    torch.save({"names": [n for n, _ in whole], "before": before,
-                "aliases": {n: t.clone() for n, t in whole},  # the list built before the step
-                "full": {n: t.clone() for n, t in core.full_parameters()}}, out)
+    torch.save(
+        {
+            "names": [n for n, _ in whole],
+            "before": before,
+            "aliases": {n: t.clone() for n, t in whole},  # the list built before the step
+            "full": {n: t.clone() for n, t in core.full_parameters()},
+        },
+        out,
+    )
     core.shutdown()
 
 
 def test_whole_parameters_alias_the_trained_storage(tmp_path):
     from rlcore.trainer.core import free_port
+
     out = tmp_path / "whole.pt"
     mp.start_processes(_rank, args=(free_port(), str(out)), nprocs=1, start_method="spawn", join=True)
     got = torch.load(out)

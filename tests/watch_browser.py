@@ -21,9 +21,21 @@ class Browser:
 
     def __init__(self, profile: Path, width: int = 1400, height: int = 1000):
         self.proc = subprocess.Popen(
-            [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-extensions",
-             f"--user-data-dir={profile}", "--remote-debugging-port=0", f"--window-size={width},{height}",
-             "about:blank"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            [
+                CHROMIUM,
+                "--headless",
+                "--no-sandbox",
+                "--disable-gpu",
+                "--no-first-run",
+                "--disable-extensions",
+                f"--user-data-dir={profile}",
+                "--remote-debugging-port=0",
+                f"--window-size={width},{height}",
+                "about:blank",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         port_file = profile / "DevToolsActivePort"
         deadline = time.monotonic() + 60
         while not (port_file.is_file() and port_file.read_text().strip()):
@@ -37,7 +49,9 @@ class Browser:
 
     async def _call(self, method: str, params: dict) -> dict:
         async with aiohttp.ClientSession() as session:
-            async with session.ws_connect(self.ws_url, max_msg_size=0, timeout=aiohttp.ClientWSTimeout(ws_close=10)) as ws:
+            async with session.ws_connect(
+                self.ws_url, max_msg_size=0, timeout=aiohttp.ClientWSTimeout(ws_close=10)
+            ) as ws:
                 await ws.send_json({"id": 1, "method": method, "params": params})
                 while True:
                     msg = await asyncio.wait_for(ws.receive_json(), timeout=60)
@@ -72,6 +86,7 @@ class Browser:
 
     def screenshot(self, path: Path) -> None:
         import base64
+
         data = self.call("Page.captureScreenshot", format="png", captureBeyondViewport=False)["data"]
         path.write_bytes(base64.b64decode(data))
 
@@ -90,10 +105,14 @@ def check_gap_colours(browser: Browser, sample: dict) -> None:
     and `data-gap`, and the colour `gapColour` gives that gap; the legend gives the scale."""
     import re
 
-    browser.evaluate("(() => { const e = document.getElementById('f-colour'); e.value = 'gap';"
-                     " e.dispatchEvent(new Event('input')); })()")
-    toks = browser.evaluate("[...document.querySelector('#sample-list .sample').querySelectorAll('.tok')]"
-                            ".map(t => [t.textContent, t.dataset.gap, t.title, t.style.background])")
+    browser.evaluate(
+        "(() => { const e = document.getElementById('f-colour'); e.value = 'gap';"
+        " e.dispatchEvent(new Event('input')); })()"
+    )
+    toks = browser.evaluate(
+        "[...document.querySelector('#sample-list .sample').querySelectorAll('.tok')]"
+        ".map(t => [t.textContent, t.dataset.gap, t.title, t.style.background])"
+    )
     assert [t[0] for t in toks] == sample["tokens"]
     for (_, gap, title, colour), t, e in zip(toks, sample["trainer_logprobs"], sample["token_logprobs"]):
         if t is None:  # an environment token: no trainer logprob, no gap
@@ -101,8 +120,10 @@ def check_gap_colours(browser: Browser, sample: dict) -> None:
             continue
         assert abs(float(gap) - abs(t - e)) < 1e-9
         assert float(re.search(r"trainer logprob (\S+),", title).group(1)) == t
-        expected = browser.evaluate(f"(() => {{ const s = document.createElement('span');"
-                                    f" s.style.background = gapColour({float(gap)}); return s.style.background; }})()")
+        expected = browser.evaluate(
+            f"(() => {{ const s = document.createElement('span');"
+            f" s.style.background = gapColour({float(gap)}); return s.style.background; }})()"
+        )
         assert colour == expected
     legend = browser.evaluate("document.getElementById('legend').textContent")
     assert "trainer" in legend and legend.count("nats") >= 3

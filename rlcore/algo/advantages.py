@@ -94,9 +94,7 @@ def reinforce_pp_baseline_estimator(rewards: torch.Tensor, cfg: AlgoConfig) -> t
     return reinforce_pp_baseline_advantages(rewards)
 
 
-def overlong_penalty(
-    lengths: torch.Tensor, max_tokens: int, buffer_tokens: int, penalty: float = 1.0
-) -> torch.Tensor:
+def overlong_penalty(lengths: torch.Tensor, max_tokens: int, buffer_tokens: int, penalty: float = 1.0) -> torch.Tensor:
     """DAPO's soft overlong punishment (Yu et al. 2025, arXiv:2503.14476, eq. 13), scaled by ``penalty``.
 
     With ``L_max = max_tokens`` and ``L_cache = buffer_tokens``::
@@ -123,17 +121,13 @@ def length_penalty(lengths: torch.Tensor, cfg: AlgoConfig) -> torch.Tensor:
     if cfg.length_penalty == "none":
         return torch.zeros(lengths.shape, dtype=torch.float32, device=lengths.device)
     if cfg.length_penalty == "overlong":
-        return overlong_penalty(
-            lengths, cfg.overlong_max_tokens, cfg.overlong_buffer_tokens, cfg.overlong_penalty
-        )
+        return overlong_penalty(lengths, cfg.overlong_max_tokens, cfg.overlong_buffer_tokens, cfg.overlong_penalty)
     if cfg.length_penalty == "linear":
         return linear_length_penalty(lengths, cfg.length_penalty_per_token)
     raise ValueError(f"algo.length_penalty: unknown length penalty {cfg.length_penalty!r}")
 
 
-def shaped_rewards(
-    rewards: torch.Tensor, cfg: AlgoConfig, lengths: torch.Tensor | None = None
-) -> torch.Tensor:
+def shaped_rewards(rewards: torch.Tensor, cfg: AlgoConfig, lengths: torch.Tensor | None = None) -> torch.Tensor:
     """``rewards + length_penalty(lengths)``; ``rewards`` unchanged when no penalty is configured.
 
     ``lengths`` ``[G, n]``: each sample's completion length in tokens (its policy tokens).
@@ -158,9 +152,7 @@ def nonzero_advantage_groups(rewards: torch.Tensor, atol: float = 0.0) -> torch.
     return spread > atol
 
 
-def compute_advantages(
-    rewards: torch.Tensor, cfg: AlgoConfig, lengths: torch.Tensor | None = None
-) -> torch.Tensor:
+def compute_advantages(rewards: torch.Tensor, cfg: AlgoConfig, lengths: torch.Tensor | None = None) -> torch.Tensor:
     """The estimator ``cfg.name`` selects, on the rewards shaped by ``cfg.length_penalty``.
 
     ``rewards`` ``[G, n]``; ``lengths`` ``[G, n]`` completion lengths, needed only when a length
@@ -173,6 +165,8 @@ def compute_advantages(
     advantages = function(spec.estimate, "algo.name")(rewards, cfg)
     if not isinstance(advantages, torch.Tensor) or advantages.shape != rewards.shape:
         got = tuple(advantages.shape) if isinstance(advantages, torch.Tensor) else type(advantages).__name__
-        raise ValueError(f"algo.name={spec.name}: the estimator returned {got}, expected a tensor of the "
-                         f"rewards' shape {tuple(rewards.shape)}")
+        raise ValueError(
+            f"algo.name={spec.name}: the estimator returned {got}, expected a tensor of the "
+            f"rewards' shape {tuple(rewards.shape)}"
+        )
     return advantages

@@ -44,10 +44,9 @@ from dataclasses import dataclass, field
 
 import torch
 
+from rlcore.algo.names import MIS_LEVELS  # noqa: F401  (re-exported)
 from rlcore.algo.tokens import masked_max, masked_min, masked_sum, per_sample_mean
 from rlcore.config import AlgoConfig
-
-from rlcore.algo.names import MIS_LEVELS  # noqa: F401  (re-exported)
 
 
 @dataclass
@@ -152,9 +151,7 @@ def mismatch_correction(
                 raise ValueError("algo.mis_level=sequence needs LossInputs.sample_index")
             mis_keep = sequence_ratio_keep(log_rho, mask, sample_index, cfg.mis_low, cfg.mis_high)
         else:
-            raise ValueError(
-                f"algo.mis_level: unknown level {cfg.mis_level!r}; choose one of {', '.join(MIS_LEVELS)}"
-            )
+            raise ValueError(f"algo.mis_level: unknown level {cfg.mis_level!r}; choose one of {', '.join(MIS_LEVELS)}")
         metrics["mis_mask_frac"] = masked_sum((~mis_keep).float(), mask)
         keep = keep & mis_keep
 

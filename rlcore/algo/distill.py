@@ -73,23 +73,34 @@ from typing import Sequence
 import torch
 
 
-def token_advantages(reward_advantage: float, behaviour_logprobs: Sequence[float],
-                     teacher_logprobs: Sequence[float], loss_mask: Sequence[int],
-                     kl_coef: float, reward_coef: float, baseline: float = 0.0,
-                     deadband: float = 0.0) -> list[float]:
+def token_advantages(
+    reward_advantage: float,
+    behaviour_logprobs: Sequence[float],
+    teacher_logprobs: Sequence[float],
+    loss_mask: Sequence[int],
+    kl_coef: float,
+    reward_coef: float,
+    baseline: float = 0.0,
+    deadband: float = 0.0,
+) -> list[float]:
     """``A_t = reward_coef * A + kl_coef * [|q_t - s_t| > deadband] * (q_t - s_t - baseline)`` on
     policy tokens, ``reward_coef * A`` elsewhere; one value per completion token (see the module
     docstring)."""
     if not len(behaviour_logprobs) == len(teacher_logprobs) == len(loss_mask):
-        raise ValueError(f"distill: {len(behaviour_logprobs)} behaviour, {len(teacher_logprobs)} teacher "
-                         f"logprobs and {len(loss_mask)} mask entries for one completion")
+        raise ValueError(
+            f"distill: {len(behaviour_logprobs)} behaviour, {len(teacher_logprobs)} teacher "
+            f"logprobs and {len(loss_mask)} mask entries for one completion"
+        )
     base = reward_coef * float(reward_advantage)
-    return [base + kl_coef * (q - s - baseline) if m and (not deadband or abs(q - s) > deadband) else base
-            for s, q, m in zip(behaviour_logprobs, teacher_logprobs, loss_mask)]
+    return [
+        base + kl_coef * (q - s - baseline) if m and (not deadband or abs(q - s) > deadband) else base
+        for s, q, m in zip(behaviour_logprobs, teacher_logprobs, loss_mask)
+    ]
 
 
-def reverse_kl_sum(behaviour_logprobs: Sequence[float], teacher_logprobs: Sequence[float],
-                   loss_mask: Sequence[int]) -> tuple[float, int]:
+def reverse_kl_sum(
+    behaviour_logprobs: Sequence[float], teacher_logprobs: Sequence[float], loss_mask: Sequence[int]
+) -> tuple[float, int]:
     """``(sum_t m_t (s_t - q_t), sum_t m_t)``: the reverse-KL estimate summed over policy tokens,
     and their count (their ratio over a batch is ``teacher_kl``)."""
     total, count = 0.0, 0
@@ -100,8 +111,9 @@ def reverse_kl_sum(behaviour_logprobs: Sequence[float], teacher_logprobs: Sequen
     return total, count
 
 
-def teacher_sums(behaviour_logprobs: Sequence[float], teacher_logprobs: Sequence[float],
-                 loss_mask: Sequence[int]) -> tuple[float, int, float]:
+def teacher_sums(
+    behaviour_logprobs: Sequence[float], teacher_logprobs: Sequence[float], loss_mask: Sequence[int]
+) -> tuple[float, int, float]:
     """One sample's ``(sum_t m_t (s_t - q_t), sum_t m_t, sum_t m_t q_t)`` (what
     :func:`batch_baseline` needs of it: the driver keeps these three numbers, not the tokens)."""
     kl, count = reverse_kl_sum(behaviour_logprobs, teacher_logprobs, loss_mask)
@@ -121,9 +133,14 @@ def batch_baseline(sums: Sequence[tuple[float, int, float]], center: bool) -> tu
     return (-kl_total / n if center else 0.0), {"teacher_kl": kl_total / n, "teacher_logprob_mean": q_total / n}
 
 
-def batch_token_advantages(samples: Sequence, reward_advantages: Sequence[float], kl_coef: float,
-                           reward_coef: float, center: bool = False,
-                           deadband: float = 0.0) -> tuple[list[list[float]], dict[str, float]]:
+def batch_token_advantages(
+    samples: Sequence,
+    reward_advantages: Sequence[float],
+    kl_coef: float,
+    reward_coef: float,
+    center: bool = False,
+    deadband: float = 0.0,
+) -> tuple[list[list[float]], dict[str, float]]:
     """Per-token advantages of a batch of :class:`rlcore.types.Sample` that carry
     ``teacher_logprobs`` (``center``: minus the batch-mean baseline; ``deadband``: tokens with
     ``|q_t - s_t| <= deadband`` get none; see the module docstring),
@@ -135,14 +152,16 @@ def batch_token_advantages(samples: Sequence, reward_advantages: Sequence[float]
             raise ValueError("distill: a sample reached the trainer without teacher logprobs")
         sums.append(teacher_sums(sample.logprobs, sample.teacher_logprobs, sample.loss_mask))
     baseline, metrics = batch_baseline(sums, center)
-    out = [token_advantages(adv, s.logprobs, s.teacher_logprobs, s.loss_mask, kl_coef, reward_coef, baseline,
-                            deadband)
-           for s, adv in zip(samples, reward_advantages)]
+    out = [
+        token_advantages(adv, s.logprobs, s.teacher_logprobs, s.loss_mask, kl_coef, reward_coef, baseline, deadband)
+        for s, adv in zip(samples, reward_advantages)
+    ]
     return out, metrics
 
 
-def top_k_loss(student_logprobs: torch.Tensor, teacher_logprobs: torch.Tensor, loss_mask: torch.Tensor,
-               deadband: float = 0.0) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+def top_k_loss(
+    student_logprobs: torch.Tensor, teacher_logprobs: torch.Tensor, loss_mask: torch.Tensor, deadband: float = 0.0
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """``(sum_t m_t L_t, metrics)``, ``L_t`` the KL from teacher to student over the teacher's
     top-k tokens and the rest (module docstring); tokens whose k logprobs all lie within
     ``deadband`` of the teacher's are left out of the sum. ``student_logprobs`` [T, k]: the
@@ -161,7 +180,9 @@ def top_k_loss(student_logprobs: torch.Tensor, teacher_logprobs: torch.Tensor, l
     rest = torch.where(p_rest > 0, p_rest * (torch.log(p_rest.clamp(min=1e-30)) - torch.log(s_rest)), 0.0)
     per_token = torch.where(mask, (p * (q - s)).sum(-1) + rest, 0.0)
     with torch.no_grad():
-        metrics = {"teacher_top_k_kl_sum": per_token.sum(),
-                   "teacher_top_k_mass_sum": torch.where(mask, p_mass, 0.0).sum(),
-                   "student_top_k_mass_sum": torch.where(mask, s_mass, 0.0).sum()}
+        metrics = {
+            "teacher_top_k_kl_sum": per_token.sum(),
+            "teacher_top_k_mass_sum": torch.where(mask, p_mass, 0.0).sum(),
+            "student_top_k_mass_sum": torch.where(mask, s_mass, 0.0).sum(),
+        }
     return torch.where(trained, per_token, 0.0).sum(), metrics

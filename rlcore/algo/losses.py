@@ -40,12 +40,15 @@ import torch
 from torch import Tensor
 
 from rlcore.algo.corrections import mismatch_correction, uses_old_ratio
-from rlcore.algo.registry import LossSpec, function, loss_spec
+from rlcore.algo.registry import (
+    LOSSES,  # noqa: F401  (re-exported)
+    LossSpec,
+    function,
+    loss_spec,
+)
 from rlcore.algo.surrogates import SurrogateContext
 from rlcore.algo.tokens import masked_max, masked_min, masked_sum, per_sample_count
 from rlcore.config import AlgoConfig
-
-from rlcore.algo.registry import LOSSES  # noqa: F401  (re-exported)
 
 
 @dataclass
@@ -153,8 +156,10 @@ def _policy_loss(
     per_token, clipped, ratio = surrogate(log_ratio, adv, cfg, ctx, **options)
     shapes = [tuple(t.shape) for t in (per_token, clipped, ratio)]
     if any(shape != tuple(log_ratio.shape) for shape in shapes):
-        raise ValueError(f"algo.loss={spec.name}: the surrogate returned shapes {shapes}, "
-                         f"expected three of [T] = {tuple(log_ratio.shape)}")
+        raise ValueError(
+            f"algo.loss={spec.name}: the surrogate returned shapes {shapes}, "
+            f"expected three of [T] = {tuple(log_ratio.shape)}"
+        )
     # Aggregation weight: a sequence-level loss averages over each sample's tokens, the others sum.
     if spec.per_sequence:
         agg = 1.0 / per_sample_count(inp.sample_index, mask)

@@ -125,8 +125,10 @@ def register_loss(spec: LossSpec) -> LossSpec:
     if spec.options is not None:
         section = {f.name: f.default_factory for f in fields(AlgoConfig)}.get(spec.name)
         if section is not spec.options:
-            raise ValueError(f"loss {spec.name!r}: options {spec.options.__name__} need the AlgoConfig field "
-                             f"algo.{spec.name}: {spec.options.__name__} in the config schema")
+            raise ValueError(
+                f"loss {spec.name!r}: options {spec.options.__name__} need the AlgoConfig field "
+                f"algo.{spec.name}: {spec.options.__name__} in the config schema"
+            )
     _LOSSES[spec.name] = spec
     return spec
 
@@ -149,14 +151,16 @@ def unregister_estimator(name: str) -> None:
     _ESTIMATORS.pop(name, None)
 
 
-def _spec(name: str, key: str, table: dict[str, Any], kind: str, spec_type: type, wrap: Callable[[str, Any], Any],
-          what: str) -> Any:
+def _spec(
+    name: str, key: str, table: dict[str, Any], kind: str, spec_type: type, wrap: Callable[[str, Any], Any], what: str
+) -> Any:
     """The spec ``key=name`` selects from ``table`` (a registered name), or the one an import
     path ``module:attr`` names: a ``spec_type`` itself, or a function ``wrap`` turns into one."""
     if ":" not in name:
         if name not in table:
-            raise SpecError(key, f"unknown {kind} {name!r}; choose one of {', '.join(table)} "
-                                 "or give an importable module:function")
+            raise SpecError(
+                key, f"unknown {kind} {name!r}; choose one of {', '.join(table)} or give an importable module:function"
+            )
         return table[name]
     found = imported(name, key)
     if isinstance(found, spec_type):
@@ -175,8 +179,9 @@ def loss_spec(name: str) -> LossSpec:
 def estimator_spec(name: str) -> EstimatorSpec:
     """The spec ``algo.name=name`` selects: a registered name, or ``module:attr`` naming an
     :class:`EstimatorSpec` or an estimator function."""
-    return _spec(name, "algo.name", _ESTIMATORS, "advantage estimator", EstimatorSpec, EstimatorSpec,
-                 "an estimator function")
+    return _spec(
+        name, "algo.name", _ESTIMATORS, "advantage estimator", EstimatorSpec, EstimatorSpec, "an estimator function"
+    )
 
 
 def is_per_sequence(loss: str) -> bool:
@@ -202,13 +207,24 @@ def _takes(key: str, fn: Callable[..., Any], params: str, count: int, options: d
     try:
         signature.bind(*range(count), **options)
     except TypeError as exc:
-        return [("algo.loss_options", f"{getattr(fn, '__qualname__', fn)!r}{signature} does not take "
-                                      f"{sorted(options)} ({exc})")]
+        return [
+            (
+                "algo.loss_options",
+                f"{getattr(fn, '__qualname__', fn)!r}{signature} does not take {sorted(options)} ({exc})",
+            )
+        ]
     return []
 
 
-def _selected(key: str, resolve: Callable[[str], Any], name: str, attr: str, params: str,
-              count: int, options: dict[str, Any] | None = None) -> list[Problem]:
+def _selected(
+    key: str,
+    resolve: Callable[[str], Any],
+    name: str,
+    attr: str,
+    params: str,
+    count: int,
+    options: dict[str, Any] | None = None,
+) -> list[Problem]:
     """Whether ``name`` resolves to a spec, and whether its function, when already imported (a
     path names it), takes ``params``. A function named by a string is only looked for (its
     module found, not run), so a built-in name keeps validation free of torch."""
@@ -229,8 +245,9 @@ def _selected(key: str, resolve: Callable[[str], Any], name: str, attr: str, par
 def loss_problems(cfg: AlgoConfig) -> list[Problem]:
     """``algo.loss`` selects a loss whose surrogate takes ``(log_ratio, adv, cfg, ctx,
     **algo.loss_options)``; then the checks of every registered loss, and of a spec given by path."""
-    selected = _selected("algo.loss", loss_spec, cfg.loss, "surrogate", "(log_ratio, adv, cfg, ctx)", 4,
-                         dict(cfg.loss_options or {}))
+    selected = _selected(
+        "algo.loss", loss_spec, cfg.loss, "surrogate", "(log_ratio, adv, cfg, ctx)", 4, dict(cfg.loss_options or {})
+    )
     return selected + _loss_options_problems(cfg) + _checks(cfg, cfg.loss, loss_spec, _LOSSES)
 
 
@@ -238,16 +255,22 @@ def _loss_options_problems(cfg: AlgoConfig) -> list[Problem]:
     """Options are for a loss given by import path; a built-in loss has its own section."""
     if not cfg.loss_options or ":" in cfg.loss:
         return []
-    return [("algo.loss_options", f"options are passed to a loss given by import path (algo.loss=pkg.mod:fn); "
-                                  f"algo.loss={cfg.loss} is built in: set its own section (algo.{cfg.loss}.*) "
-                                  "or the shared algo.* keys")]
+    return [
+        (
+            "algo.loss_options",
+            f"options are passed to a loss given by import path (algo.loss=pkg.mod:fn); "
+            f"algo.loss={cfg.loss} is built in: set its own section (algo.{cfg.loss}.*) "
+            "or the shared algo.* keys",
+        )
+    ]
 
 
 def estimator_problems(cfg: AlgoConfig) -> list[Problem]:
     """``algo.name`` selects an estimator that takes ``(rewards, cfg)``; then the checks of every
     registered estimator, and of a spec given by path."""
-    return _selected("algo.name", estimator_spec, cfg.name, "estimate", "(rewards, cfg)", 2) + \
-        _checks(cfg, cfg.name, estimator_spec, _ESTIMATORS)
+    return _selected("algo.name", estimator_spec, cfg.name, "estimate", "(rewards, cfg)", 2) + _checks(
+        cfg, cfg.name, estimator_spec, _ESTIMATORS
+    )
 
 
 def _checks(cfg: AlgoConfig, name: str, resolve: Callable[[str], Any], registered: dict[str, Any]) -> list[Problem]:
@@ -267,8 +290,12 @@ def _checks(cfg: AlgoConfig, name: str, resolve: Callable[[str], Any], registere
 def _dr_grpo_problems(cfg: AlgoConfig) -> list[Problem]:
     out = at_least("algo.dr_grpo.max_tokens", cfg.dr_grpo.max_tokens, 0)
     if cfg.loss == "dr_grpo" and cfg.name == "grpo" and cfg.std_normalize:
-        out.append(("algo.std_normalize",
-                    "Dr.GRPO removes the std normalisation: set algo.std_normalize=false with algo.loss=dr_grpo"))
+        out.append(
+            (
+                "algo.std_normalize",
+                "Dr.GRPO removes the std normalisation: set algo.std_normalize=false with algo.loss=dr_grpo",
+            )
+        )
     return out
 
 
@@ -287,11 +314,22 @@ def _cispo_problems(cfg: AlgoConfig) -> list[Problem]:
 _S = "rlcore.algo.surrogates:"
 _BUILT_IN_LOSSES = (
     LossSpec("ppo_clip", _S + "ppo_clip_surrogate"),
-    LossSpec("dr_grpo", _S + "dr_grpo_surrogate", normalizer=dr_grpo_constant, options=DrGrpoOptions,
-             problems=_dr_grpo_problems),
+    LossSpec(
+        "dr_grpo",
+        _S + "dr_grpo_surrogate",
+        normalizer=dr_grpo_constant,
+        options=DrGrpoOptions,
+        problems=_dr_grpo_problems,
+    ),
     LossSpec("dapo", _S + "dapo_surrogate", options=DapoOptions, problems=_dapo_problems),
-    LossSpec("gspo", _S + "gspo_surrogate", normalizer=sample_count, per_sequence=True, options=GspoOptions,
-             problems=_gspo_problems),
+    LossSpec(
+        "gspo",
+        _S + "gspo_surrogate",
+        normalizer=sample_count,
+        per_sequence=True,
+        options=GspoOptions,
+        problems=_gspo_problems,
+    ),
     LossSpec("cispo", _S + "cispo_surrogate", options=CispoOptions, problems=_cispo_problems),
 )
 

@@ -36,7 +36,7 @@ def token_ends(decode: Callable[[list[int]], str], ids: Sequence[int]) -> tuple[
     text = decode(ids)
     ends: list[int | None] = []
     for k in range(len(ids)):
-        prefix = decode(ids[:k + 1])
+        prefix = decode(ids[: k + 1])
         ends.append(len(prefix) if text.startswith(prefix) and "\ufffd" not in prefix[-1:] else None)
     out, nxt = [0] * len(ids), len(text)
     for k in range(len(ids) - 1, -1, -1):
@@ -51,8 +51,10 @@ def segments(student_ends: Sequence[int], teacher_ends: Sequence[int]) -> list[t
     ``(student token indices, teacher token indices)``; ValueError when the texts' lengths differ."""
     n, m = len(student_ends), len(teacher_ends)
     if (student_ends[-1] if n else 0) != (teacher_ends[-1] if m else 0):
-        raise ValueError(f"span_align: the student's text has {student_ends[-1] if n else 0} characters, "
-                         f"the teacher's {teacher_ends[-1] if m else 0}")
+        raise ValueError(
+            f"span_align: the student's text has {student_ends[-1] if n else 0} characters, "
+            f"the teacher's {teacher_ends[-1] if m else 0}"
+        )
     out, i, j = [], 0, 0
     while i < n:
         seg_s, seg_t, end = [i], [], student_ends[i]
@@ -86,8 +88,12 @@ def segments(student_ends: Sequence[int], teacher_ends: Sequence[int]) -> list[t
     return out
 
 
-def align(student_logprobs: Sequence[float], student_ends: Sequence[int], teacher_logprobs: Sequence[float],
-          teacher_ends: Sequence[int]) -> tuple[list[float], int]:
+def align(
+    student_logprobs: Sequence[float],
+    student_ends: Sequence[int],
+    teacher_logprobs: Sequence[float],
+    teacher_ends: Sequence[int],
+) -> tuple[list[float], int]:
     """``(q, straddled)``: the teacher logprob of each student token (module docstring) and how
     many student tokens share a straddled segment's log-ratio."""
     if len(student_logprobs) != len(student_ends) or len(teacher_logprobs) != len(teacher_ends):
@@ -103,8 +109,9 @@ def align(student_logprobs: Sequence[float], student_ends: Sequence[int], teache
     return q, straddled
 
 
-def teacher_tokens(encode: Callable[[str], list[int]], decode: Callable[[list[int]], str],
-                   unk_id: int | None, text: str) -> tuple[list[int], list[int]]:
+def teacher_tokens(
+    encode: Callable[[str], list[int]], decode: Callable[[list[int]], str], unk_id: int | None, text: str
+) -> tuple[list[int], list[int]]:
     """``(ids, ends)``: ``text`` in the teacher's tokens, each token's end offset in ``text``. A
     character the teacher cannot write (``decode(encode(c)) != c``: a control byte, a broken
     UTF-8 sequence the student decoded to U+FFFD) becomes the teacher's unknown token over that one
@@ -133,17 +140,23 @@ def teacher_tokens(encode: Callable[[str], list[int]], decode: Callable[[list[in
             run_ids = encode(text[a:b])
             run_ends, run_text = token_ends(decode, run_ids)
             if run_text != text[a:b]:
-                raise ValueError(f"span_align: the teacher's tokenizer does not round-trip the student's text "
-                                 f"({text[a:b][:40]!r} -> {run_text[:40]!r})")
+                raise ValueError(
+                    f"span_align: the teacher's tokenizer does not round-trip the student's text "
+                    f"({text[a:b][:40]!r} -> {run_text[:40]!r})"
+                )
             ids += run_ids
             ends += [a + e for e in run_ends]
     return ids, ends
 
 
-def retokenize(student_decode: Callable[[list[int]], str], teacher_encode: Callable[[str], list[int]],
-               teacher_decode: Callable[[list[int]], str], prompt_ids: Sequence[int],
-               completion_ids: Sequence[int], teacher_unk_id: int | None = None
-               ) -> tuple[list[int], list[int], list[int], list[int]]:
+def retokenize(
+    student_decode: Callable[[list[int]], str],
+    teacher_encode: Callable[[str], list[int]],
+    teacher_decode: Callable[[list[int]], str],
+    prompt_ids: Sequence[int],
+    completion_ids: Sequence[int],
+    teacher_unk_id: int | None = None,
+) -> tuple[list[int], list[int], list[int], list[int]]:
     """The student's sample in the teacher's tokens: ``(teacher prompt ids, teacher completion
     ids, student ends, teacher ends)`` (:func:`teacher_tokens` for each). Prompt and completion
     are encoded apart, so the completion starts on a teacher token boundary."""

@@ -78,8 +78,10 @@ class RolloutBuffer:
         if not ok:
             return
         if len(self._groups) >= self.capacity_groups:
-            raise OverflowError(f"rollout buffer over capacity ({self.capacity_groups} groups): "
-                                "the driver launched more than the staleness bound allows")
+            raise OverflowError(
+                f"rollout buffer over capacity ({self.capacity_groups} groups): "
+                "the driver launched more than the staleness bound allows"
+            )
         group.samples = ok
         self._groups.append(group)
 
@@ -99,8 +101,9 @@ class RolloutBuffer:
         self.acct.dropped_stale += dropped
         return dropped
 
-    def pop_batch(self, version: int, num_groups: int,
-                  keep: Callable[[GroupMeta], bool] | None = None) -> list[GroupMeta] | None:
+    def pop_batch(
+        self, version: int, num_groups: int, keep: Callable[[GroupMeta], bool] | None = None
+    ) -> list[GroupMeta] | None:
         """The oldest `num_groups` groups trainable at `version`, or None if there are not enough
         yet. Popped samples count as trained. Groups for which `keep` is false (dynamic
         sampling) are dropped and counted as filtered."""

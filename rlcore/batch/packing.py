@@ -69,7 +69,9 @@ def sample_arrays(sample: Sample, advantage: Advantage) -> dict[str, list]:
         advantages = [float(advantage)] * n
     else:
         if len(advantage) != len(sample.completion_ids):
-            raise ValueError(f"{len(advantage)} per-token advantages for {len(sample.completion_ids)} completion tokens")
+            raise ValueError(
+                f"{len(advantage)} per-token advantages for {len(sample.completion_ids)} completion tokens"
+            )
         advantages = [0.0] * n
         for k, a in enumerate(advantage):
             advantages[p + k - 1] = float(a)
@@ -100,32 +102,44 @@ def sample_columns(sample: Sample, advantage: Advantage) -> dict[str, np.ndarray
     targets[:-1] = tokens[1:]
     m = min(len(sample.loss_mask), len(sample.logprobs))
     mask = np.zeros(n, dtype=np.float32)
-    mask[p - 1:p - 1 + m] = sample.loss_mask[:m]
+    mask[p - 1 : p - 1 + m] = sample.loss_mask[:m]
     behaviour = np.zeros(n, dtype=np.float32)
-    behaviour[p - 1:p - 1 + m] = sample.logprobs[:m]
+    behaviour[p - 1 : p - 1 + m] = sample.logprobs[:m]
     if isinstance(advantage, (int, float)):
         advantages = np.full(n, float(advantage), dtype=np.float32)
     else:
         if len(advantage) != c:
             raise ValueError(f"{len(advantage)} per-token advantages for {c} completion tokens")
         advantages = np.zeros(n, dtype=np.float32)
-        advantages[p - 1:p - 1 + c] = advantage
-    return {"input_ids": tokens, "position_ids": np.arange(n, dtype=np.int64), "targets": targets,
-            "behaviour_logprobs": behaviour, "advantages": advantages, "loss_mask": mask}
+        advantages[p - 1 : p - 1 + c] = advantage
+    return {
+        "input_ids": tokens,
+        "position_ids": np.arange(n, dtype=np.int64),
+        "targets": targets,
+        "behaviour_logprobs": behaviour,
+        "advantages": advantages,
+        "loss_mask": mask,
+    }
 
 
 def make_micro_batch(samples: list[Sample], advantages: list[Advantage]) -> MicroBatch:
     """One packed row of `samples` (columns of :func:`sample_arrays`, concatenated in order)."""
     columns = [sample_columns(s, a) for s, a in zip(samples, advantages)] or [
-        {k: np.zeros(0, dtype=np.int64 if k in _LONG_KEYS else np.float32) for k in (*_LONG_KEYS, *_FLOAT_KEYS)}]
-    tensors = {k: torch.from_numpy(np.concatenate([col[k] for col in columns]))
-               for k in (*_LONG_KEYS, *_FLOAT_KEYS)}
+        {k: np.zeros(0, dtype=np.int64 if k in _LONG_KEYS else np.float32) for k in (*_LONG_KEYS, *_FLOAT_KEYS)}
+    ]
+    tensors = {k: torch.from_numpy(np.concatenate([col[k] for col in columns])) for k in (*_LONG_KEYS, *_FLOAT_KEYS)}
     index = np.concatenate([np.full(len(col["input_ids"]), j, dtype=np.int64) for j, col in enumerate(columns)])
     images = [img for s in samples for img in s.images]
     top_ids, top_logprobs = packed_top_k(samples, [len(col["input_ids"]) for col in columns])
-    return MicroBatch(**tensors, sample_index=torch.from_numpy(index), num_samples=len(samples), images=images,
-                      routed_experts=packed_routing(samples), teacher_top_k_ids=top_ids,
-                      teacher_top_k_logprobs=top_logprobs)
+    return MicroBatch(
+        **tensors,
+        sample_index=torch.from_numpy(index),
+        num_samples=len(samples),
+        images=images,
+        routed_experts=packed_routing(samples),
+        teacher_top_k_ids=top_ids,
+        teacher_top_k_logprobs=top_logprobs,
+    )
 
 
 def packed_top_k(samples: list[Sample], lengths: list[int]) -> tuple[torch.Tensor | None, torch.Tensor | None]:
@@ -137,8 +151,10 @@ def packed_top_k(samples: list[Sample], lengths: list[int]) -> tuple[torch.Tenso
         return None, None
     widths = {t.shape[1] for t in tops if t is not None}
     if len(widths) != 1 or any(t is None for t in tops):
-        raise ValueError(f"teacher top-k: samples of one micro-batch carry widths {sorted(widths)}"
-                         + (" and none" if any(t is None for t in tops) else ""))
+        raise ValueError(
+            f"teacher top-k: samples of one micro-batch carry widths {sorted(widths)}"
+            + (" and none" if any(t is None for t in tops) else "")
+        )
     k = widths.pop()
     ids = np.zeros((sum(lengths), k), dtype=np.int64)
     logprobs = np.zeros((sum(lengths), k), dtype=np.float32)
@@ -155,8 +171,9 @@ def packed_top_k(samples: list[Sample], lengths: list[int]) -> tuple[torch.Tenso
 def empty_micro_batch(pad_token_id: int = 0) -> MicroBatch:
     """A one-token micro-batch with nothing to train on: keeps ranks in collective lock-step
     when one rank has fewer micro-batches than another."""
-    return make_micro_batch([Sample(prompt_ids=[pad_token_id], completion_ids=[], logprobs=[], versions=[],
-                                    loss_mask=[])], [0.0])
+    return make_micro_batch(
+        [Sample(prompt_ids=[pad_token_id], completion_ids=[], logprobs=[], versions=[], loss_mask=[])], [0.0]
+    )
 
 
 def balance_across_ranks(lengths: list[int], num_ranks: int) -> list[list[int]]:
@@ -193,24 +210,29 @@ def plan_for_ranks(lengths: list[int], num_ranks: int, micro_batch_tokens: int) 
     (token-balanced over ranks by :func:`balance_across_ranks`, first-fit-decreasing bins of at
     most `micro_batch_tokens` by :func:`pack_first_fit`). Every rank gets the same number of
     micro-batches: a rank with fewer gets empty ones (`[]`, an :func:`empty_micro_batch`)."""
-    per_rank = [pack_first_fit(lengths, indices, micro_batch_tokens)
-                for indices in balance_across_ranks(lengths, num_ranks)]
+    per_rank = [
+        pack_first_fit(lengths, indices, micro_batch_tokens) for indices in balance_across_ranks(lengths, num_ranks)
+    ]
     most = max(len(r) for r in per_rank)
     for r in per_rank:
         r.extend([] for _ in range(most - len(r)))
     return per_rank
 
 
-def materialise(samples: list[Sample], advantages: list[Advantage], bins: list[list[int]],
-                pad_token_id: int = 0) -> list[MicroBatch]:
+def materialise(
+    samples: list[Sample], advantages: list[Advantage], bins: list[list[int]], pad_token_id: int = 0
+) -> list[MicroBatch]:
     """One rank's micro-batches from its plan: bin `b` packs `samples[i]` for i in `bins[b]`, in
     order; an empty bin is an :func:`empty_micro_batch`."""
-    return [make_micro_batch([samples[i] for i in b], [advantages[i] for i in b]) if b
-            else empty_micro_batch(pad_token_id) for b in bins]
+    return [
+        make_micro_batch([samples[i] for i in b], [advantages[i] for i in b]) if b else empty_micro_batch(pad_token_id)
+        for b in bins
+    ]
 
 
-def pack_for_ranks(samples: list[Sample], advantages: list[Advantage], num_ranks: int,
-                   micro_batch_tokens: int, pad_token_id: int = 0) -> list[list[MicroBatch]]:
+def pack_for_ranks(
+    samples: list[Sample], advantages: list[Advantage], num_ranks: int, micro_batch_tokens: int, pad_token_id: int = 0
+) -> list[list[MicroBatch]]:
     """Split samples over ranks (token-balanced), pack each rank's share into micro-batches of at
     most `micro_batch_tokens`, and pad every rank to the same number of micro-batches
     (:func:`plan_for_ranks`, then :func:`materialise` per rank)."""

@@ -121,15 +121,25 @@ def routing_problems(cfg: RunConfig, section: str, options: Any) -> list[tuple[s
     key = f"rollout.{section}.{OPTION}"
     experts = num_experts_of(cfg.model)
     if experts == 0:
-        return [(key, "needs a mixture-of-experts model (a routed-expert count in model.arch: num_experts / "
-                 f"n_routed_experts / num_local_experts; families: {family_names()}); this model is dense")]
+        return [
+            (
+                key,
+                "needs a mixture-of-experts model (a routed-expert count in model.arch: num_experts / "
+                f"n_routed_experts / num_local_experts; families: {family_names()}); this model is dense",
+            )
+        ]
     arch = model_arch(cfg.model)
     problem = moe_problem(arch) if arch is not None else None
     if problem:
         return [(key, f"cannot replay this model's routing: {problem}")]
     if arch is not None and is_vl_arch(arch):  # the image forward routes itself: a replay would be silently off
-        return [(key, f"{arch.get('model_type')} is a vision-language policy, whose image forward does not "
-                 "carry the engine's routed experts yet; set it to false")]
+        return [
+            (
+                key,
+                f"{arch.get('model_type')} is a vision-language policy, whose image forward does not "
+                "carry the engine's routed experts yet; set it to false",
+            )
+        ]
     if cfg.mode != "rl":
         return [(key, f"replays rollout routing in RL training; mode={cfg.mode!r} has no rollouts")]
     return []

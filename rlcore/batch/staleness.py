@@ -16,8 +16,9 @@ def is_stale(train_version: int, min_version: int, max_off_policy_steps: int) ->
     return train_version - min_version > max_off_policy_steps
 
 
-def groups_allowed_in_flight(steps_synced: int, batches_started: int, max_off_policy_steps: int,
-                             batch_groups: int) -> int:
+def groups_allowed_in_flight(
+    steps_synced: int, batches_started: int, max_off_policy_steps: int, batch_groups: int
+) -> int:
     """Groups that may be generating or buffered now. A group launched after `steps_synced`
     syncs is trained by a step ``s >= batches_started`` and must satisfy
     ``s - steps_synced <= max_off_policy_steps``, so only the batches of steps up to

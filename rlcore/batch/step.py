@@ -24,9 +24,9 @@ import torch
 from rlcore.algo.advantages import compute_advantages, nonzero_advantage_groups
 from rlcore.algo.distill import batch_baseline, token_advantages
 from rlcore.algo.losses import loss_normalizer
-from rlcore.config import AlgoConfig, RunConfig
 from rlcore.batch.packing import Advantage, MicroBatch, materialise, plan_for_ranks
 from rlcore.batch.parallel_dims import data_parallel_size
+from rlcore.config import AlgoConfig, RunConfig
 from rlcore.types import GroupMeta, Sample
 
 
@@ -65,9 +65,13 @@ def sample_advantages(batch: list[GroupMeta], algo: AlgoConfig) -> list[float]:
     """Per-sample advantages, in batch order. Groups that lost failed samples can differ in size;
     equal-size groups go through the estimator together (batch-level estimators such as
     REINFORCE++ see the whole batch), unequal ones one group at a time."""
+
     def tensors(groups):
-        return (torch.tensor([g.rewards for g in groups], dtype=torch.float32),
-                torch.tensor([[s.loss_tokens for s in g.samples] for g in groups], dtype=torch.float32))
+        return (
+            torch.tensor([g.rewards for g in groups], dtype=torch.float32),
+            torch.tensor([[s.loss_tokens for s in g.samples] for g in groups], dtype=torch.float32),
+        )
+
     if len({len(g.samples) for g in batch}) == 1:
         rewards, lengths = tensors(batch)
         return compute_advantages(rewards, algo, lengths=lengths).flatten().tolist()
@@ -83,9 +87,14 @@ def has_signal(group: GroupMeta) -> bool:
     return bool(nonzero_advantage_groups(torch.tensor([group.rewards]))[0])
 
 
-def rank_work(batch: list[GroupMeta], where: list[tuple[int, int]], advantages: list[float],
-              bins: list[list[int]], distill: tuple[float, float, float, float] | None,
-              shown: Collection[tuple[int, int]] = ()) -> RankWork:
+def rank_work(
+    batch: list[GroupMeta],
+    where: list[tuple[int, int]],
+    advantages: list[float],
+    bins: list[list[int]],
+    distill: tuple[float, float, float, float] | None,
+    shown: Collection[tuple[int, int]] = (),
+) -> RankWork:
     """The :class:`RankWork` of a rank whose plan is `bins` (indices into the batch's samples;
     sample i is sample `where[i][1]` of group `batch[where[i][0]]`'s token data); `shown`: the
     keys `where[i]` of the samples whose trainer logprobs the step returns."""
@@ -107,8 +116,9 @@ def rank_work(batch: list[GroupMeta], where: list[tuple[int, int]], advantages: 
     return RankWork([batch[g].data for g in slot], picks, local_advantages, local_bins, distill, marked)
 
 
-def build_step(batch: list[GroupMeta], cfg: RunConfig, distill: bool = False,
-               shown: Collection[tuple[int, int]] = ()) -> StepPlan:
+def build_step(
+    batch: list[GroupMeta], cfg: RunConfig, distill: bool = False, shown: Collection[tuple[int, int]] = ()
+) -> StepPlan:
     """Advantages, packing plan, normaliser and metrics of `batch`, from metadata alone. With
     `distill`, every sample carries its teacher sums and each rank turns the advantage into a
     per-token one (`rlcore.algo.distill`) with the batch baseline worked out here. `shown`: the
@@ -125,27 +135,33 @@ def build_step(batch: list[GroupMeta], cfg: RunConfig, distill: bool = False,
         baseline, distill_metrics = batch_baseline([s.teacher_sums for s in samples], t.kl_baseline)
         spec = (t.kl_coef, t.reward_coef, baseline, t.kl_deadband)
         metrics.update(distill_metrics)
-    plan = plan_for_ranks([s.num_tokens for s in samples], data_parallel_size(cfg.trainer),
-                          cfg.trainer.micro_batch_tokens)
+    plan = plan_for_ranks(
+        [s.num_tokens for s in samples], data_parallel_size(cfg.trainer), cfg.trainer.micro_batch_tokens
+    )
     where = [(gi, s.index) for gi, g in enumerate(batch) for s in g.samples]
     shown = set(shown)
     ranks = [rank_work(batch, where, advantages, bins, spec, shown) for bins in plan]
     loss_tokens = sum(s.loss_tokens for s in samples)
     normalizer = loss_normalizer(cfg.algo, loss_tokens, len(samples), cfg.rollout.sampling.max_new_tokens)
     rewards = [s.reward for s in samples]
-    metrics.update({
-        "reward_mean": sum(rewards) / len(rewards),
-        "reward_std": float(torch.tensor(rewards).std(unbiased=False)),
-        "completion_len_mean": sum(s.completion_len for s in samples) / len(samples),
-        "truncated_frac": sum(s.finish_reason == "length" for s in samples) / len(samples),
-        # multi-turn turns whose template re-rendering would not continue the recorded ids (spliced)
-        "multiturn_prefix_breaks": sum(s.prefix_breaks for s in samples),
-        # groups whose rewards are all equal: no policy-gradient signal (1.0: the step learns
-        # nothing), unless a teacher's per-token advantage gives every token one
-        "zero_adv_frac": (0.0 if distill and (cfg.teacher.kl_coef or cfg.teacher.top_k)
-                          else sum(not has_signal(g) for g in batch) / len(batch)),
-        "batch_samples": len(samples),
-    })
+    metrics.update(
+        {
+            "reward_mean": sum(rewards) / len(rewards),
+            "reward_std": float(torch.tensor(rewards).std(unbiased=False)),
+            "completion_len_mean": sum(s.completion_len for s in samples) / len(samples),
+            "truncated_frac": sum(s.finish_reason == "length" for s in samples) / len(samples),
+            # multi-turn turns whose template re-rendering would not continue the recorded ids (spliced)
+            "multiturn_prefix_breaks": sum(s.prefix_breaks for s in samples),
+            # groups whose rewards are all equal: no policy-gradient signal (1.0: the step learns
+            # nothing), unless a teacher's per-token advantage gives every token one
+            "zero_adv_frac": (
+                0.0
+                if distill and (cfg.teacher.kl_coef or cfg.teacher.top_k)
+                else sum(not has_signal(g) for g in batch) / len(batch)
+            ),
+            "batch_samples": len(samples),
+        }
+    )
     return StepPlan(ranks, normalizer, metrics)
 
 
@@ -158,9 +174,10 @@ def rank_micro_batches(work: RankWork, data: list[list[Sample]], pad_token_id: i
         for s in samples:
             if s.teacher_logprobs is None:
                 raise ValueError("distill: a sample reached the trainer without teacher logprobs")
-        advantages = [token_advantages(a, s.logprobs, s.teacher_logprobs, s.loss_mask, kl_coef, reward_coef, baseline,
-                                       deadband)
-                      for s, a in zip(samples, work.advantages)]
+        advantages = [
+            token_advantages(a, s.logprobs, s.teacher_logprobs, s.loss_mask, kl_coef, reward_coef, baseline, deadband)
+            for s, a in zip(samples, work.advantages)
+        ]
     return materialise(samples, advantages, work.bins, pad_token_id)
 
 
@@ -179,8 +196,9 @@ def shown_positions(work: RankWork) -> list[list[int]]:
     return [[j for j, i in enumerate(b) if i in work.shown] for b in work.bins]
 
 
-def shown_logprobs(work: RankWork, data: list[list[Sample]],
-                   segments: list[dict[int, list[float]]]) -> dict[tuple[int, int], list[float | None]]:
+def shown_logprobs(
+    work: RankWork, data: list[list[Sample]], segments: list[dict[int, list[float]]]
+) -> dict[tuple[int, int], list[float | None]]:
     """The trainer logprobs of the samples marked in `work.shown`, one per completion token
     (aligned with `completion_ids`; None for an environment token and for a first token that no
     position predicts): `segments[b][j]` is what the trainer computed along the packed positions
@@ -193,6 +211,8 @@ def shown_logprobs(work: RankWork, data: list[list[Sample]],
             sample = data[g][k]
             p = len(sample.prompt_ids)
             mask = sample.loss_mask
-            out[work.shown[i]] = [segment[p + t - 1] if p + t >= 1 and t < len(mask) and mask[t] else None
-                                  for t in range(len(sample.completion_ids))]
+            out[work.shown[i]] = [
+                segment[p + t - 1] if p + t >= 1 and t < len(mask) and mask[t] else None
+                for t in range(len(sample.completion_ids))
+            ]
     return out

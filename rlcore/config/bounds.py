@@ -27,8 +27,16 @@ def choice(*values: Any, default: Any, noun: str = "value") -> Any:
     return dataclasses.field(default=default, metadata={"choices": tuple(values), "noun": noun})
 
 
-def bounded(default: Any = dataclasses.MISSING, *, ge: Any = None, gt: Any = None, le: Any = None, lt: Any = None,
-            note: str = "", default_factory: Any = dataclasses.MISSING) -> Any:
+def bounded(
+    default: Any = dataclasses.MISSING,
+    *,
+    ge: Any = None,
+    gt: Any = None,
+    le: Any = None,
+    lt: Any = None,
+    note: str = "",
+    default_factory: Any = dataclasses.MISSING,
+) -> Any:
     """A number field with inclusive (`ge`, `le`) or exclusive (`gt`, `lt`) bounds; `note` is said
     with the bound (`must be >= 0 (0 = never), got -1`)."""
     meta = {k: v for k, v in (("ge", ge), ("gt", gt), ("le", le), ("lt", lt)) if v is not None}

@@ -35,8 +35,10 @@ def to_run_config(node: DictConfig) -> RunConfig:
     and `teacher` instances, as their options dataclasses)."""
     obj: RunConfig = OmegaConf.to_object(node)
     for group in ENGINE_GROUPS:
-        set_plugin_sections(getattr(obj, group), {name: OmegaConf.to_object(node[group][name])
-                                                  for name in plugin_sections() if name in node[group]})
+        set_plugin_sections(
+            getattr(obj, group),
+            {name: OmegaConf.to_object(node[group][name]) for name in plugin_sections() if name in node[group]},
+        )
     return obj
 
 
@@ -44,8 +46,11 @@ def to_node(cfg: RunConfig) -> DictConfig:
     """`cfg` as an OmegaConf node, plug-in sections included (config.yaml, `--cfg job`)."""
     node = OmegaConf.structured(cfg)
     for group in ENGINE_GROUPS:
-        _add_plugin_nodes(node, {name: OmegaConf.structured(getattr(getattr(cfg, group), name))
-                                 for name in plugin_sections()}, groups=(group,))
+        _add_plugin_nodes(
+            node,
+            {name: OmegaConf.structured(getattr(getattr(cfg, group), name)) for name in plugin_sections()},
+            groups=(group,),
+        )
     return node
 
 

@@ -61,8 +61,9 @@ class LoRAConfig:
     """Adapter scale numerator: the update is (alpha / rank) * B A."""
     dropout: float = bounded(0.0, ge=0, lt=1)
     """Dropout on the adapter input."""
-    target_modules: list[str] = field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj",
-                                                               "gate_proj", "up_proj", "down_proj"])
+    target_modules: list[str] = field(
+        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+    )
     """Last name component of the nn.Linear modules to adapt."""
 
 

@@ -79,8 +79,9 @@ class RolloutEngine(abc.ABC):
 
     @classmethod
     @abc.abstractmethod
-    def from_config(cls, options: Any, model: ModelConfig, *, seed: int = 0, tokenizer: Any = None,
-                    device: str = "cpu") -> "RolloutEngine":
+    def from_config(
+        cls, options: Any, model: ModelConfig, *, seed: int = 0, tokenizer: Any = None, device: str = "cpu"
+    ) -> "RolloutEngine":
         """Build the engine of `model` with its own config section `options` (`rollout.<section>`,
         or the teacher's; None for an engine without one) on `device` (`cuda` when its actor
         holds GPUs); `seed` seeds its own sampling RNG; `tokenizer` is the actor's (engines that
@@ -129,8 +130,7 @@ class RolloutEngine(abc.ABC):
         """:meth:`score` for several (prompt, completion) pairs (engines may batch them)."""
         return [self.score(list(p), list(c)) for p, c in pairs]
 
-    def score_top_k_batch(self, pairs: list[tuple[list[int], list[int]]],
-                          k: int) -> list[tuple[list[float], Any, Any]]:
+    def score_top_k_batch(self, pairs: list[tuple[list[int], list[int]]], k: int) -> list[tuple[list[float], Any, Any]]:
         """Per (prompt, completion) pair: the teacher-forced logprobs of :meth:`score`, and the
         engine's top-k next-token distribution at each completion position as two arrays
         ``[len(completion), k']`` (token ids int32, logprobs float32, temperature 1, largest first;

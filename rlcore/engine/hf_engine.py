@@ -24,20 +24,24 @@ import numpy as np
 import torch
 from transformers import DynamicCache
 
+from rlcore.batch.routing import expected_rows, expert_dtype, replay_enabled
 from rlcore.engine.base import Generation, Prefilled, RolloutEngine, SamplingParams, StalePrefill
 from rlcore.models.build import build_model, build_tokenizer
 from rlcore.models.moe_family import find_router, is_moe_block
 from rlcore.models.vision import decoder_layers, mrope_positions, pixel_values
-from rlcore.batch.routing import expected_rows, expert_dtype, replay_enabled
 
 
 def _cache_to(cache, device: str):
     """A prefill's `DynamicCache` (CPU tensors) on `device`. Attention layers only: a hybrid
     model's recurrent states are not moved between devices (refused, not dropped)."""
-    if any(getattr(layer, "keys", None) is None and not hasattr(layer, "key_cache")
-           for layer in getattr(cache, "layers", ())):
-        raise ValueError("prefill/decode disaggregation on the transformers engine off the CPU moves "
-                         "attention caches only; this model has recurrent (linear-attention / Mamba) layers")
+    if any(
+        getattr(layer, "keys", None) is None and not hasattr(layer, "key_cache")
+        for layer in getattr(cache, "layers", ())
+    ):
+        raise ValueError(
+            "prefill/decode disaggregation on the transformers engine off the CPU moves "
+            "attention caches only; this model has recurrent (linear-attention / Mamba) layers"
+        )
     moved = DynamicCache()
     for layer, (k, v) in enumerate(zip(*_cache_tensors(cache))):
         moved.update(k.to(device), v.to(device), layer)
@@ -78,8 +82,16 @@ def sample_with_logprobs(
 class HFEngine(RolloutEngine):
     """A transformers causal LM served in-process."""
 
-    def __init__(self, model: torch.nn.Module, pad_token_id: int, eos_token_id: int, seed: int = 0,
-                 device: str = "cpu", vision=None, routing_replay: bool = False):
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        pad_token_id: int,
+        eos_token_id: int,
+        seed: int = 0,
+        device: str = "cpu",
+        vision=None,
+        routing_replay: bool = False,
+    ):
         self.model = model.to(device).eval()
         self.device = device
         self.vision = vision  # VisionSpec of a vision-language model (None: text-only)
@@ -115,13 +127,13 @@ class HFEngine(RolloutEngine):
                 steps = getattr(self._routing, "steps", None)
                 if steps is not None:
                     steps[-1][_layer] = output[-1]  # (logits, weights, experts [B * t, k])
+
             gate.register_forward_hook(hook)
         if not routers:
             raise ValueError("rollout.hf.routing_replay: the model has no MoE routers (layers' mlp.gate / mlp.router)")
         return routers
 
-    def _routed_rows(self, steps: list[dict], prompts: list[list[int]], max_len: int,
-                     lengths: list[int]) -> list:
+    def _routed_rows(self, steps: list[dict], prompts: list[list[int]], max_len: int, lengths: list[int]) -> list:
         """Per row, [prompt + completion - 1, layers, top_k] experts (module docstring)."""
         batch = len(prompts)
         if not steps or not steps[0]:  # aborted before the prefill
@@ -137,8 +149,10 @@ class HFEngine(RolloutEngine):
             per_step.append(full)
         out = []
         for i, p in enumerate(prompts):
-            rows = [per_step[0][i, max_len - len(p):]] + [per_step[s][i] for s in range(1, min(lengths[i], len(steps)))]
-            out.append(np.concatenate(rows)[:expected_rows(len(p), lengths[i])])
+            rows = [per_step[0][i, max_len - len(p) :]] + [
+                per_step[s][i] for s in range(1, min(lengths[i], len(steps)))
+            ]
+            out.append(np.concatenate(rows)[: expected_rows(len(p), lengths[i])])
         return out
 
     @classmethod
@@ -146,9 +160,15 @@ class HFEngine(RolloutEngine):
         """`model` (random weights until the first sync, or `model.path`) on `device`; its section
         (`rollout.hf`) holds no option it reads."""
         tokenizer = tokenizer if tokenizer is not None else build_tokenizer(model)
-        return cls(build_model(model, tokenizer), tokenizer.pad_token_id, tokenizer.eos_token_id,
-                   seed=seed, device=device, vision=getattr(tokenizer, "rlcore_vision", None),
-                   routing_replay=replay_enabled(options))
+        return cls(
+            build_model(model, tokenizer),
+            tokenizer.pad_token_id,
+            tokenizer.eos_token_id,
+            seed=seed,
+            device=device,
+            vision=getattr(tokenizer, "rlcore_vision", None),
+            routing_replay=replay_enabled(options),
+        )
 
     def _prompt_inputs(self, prompts: list[list[int]], images) -> tuple:
         """(ids, attention mask, positions, extra model inputs) of the left-padded prompts."""
@@ -157,8 +177,8 @@ class HFEngine(RolloutEngine):
         ids = torch.full((batch, max_len), self.pad_token_id, dtype=torch.long, device=self.device)
         attn = torch.zeros((batch, max_len), dtype=torch.long, device=self.device)
         for i, p in enumerate(prompts):
-            ids[i, max_len - len(p):] = torch.tensor(p, dtype=torch.long)
-            attn[i, max_len - len(p):] = 1
+            ids[i, max_len - len(p) :] = torch.tensor(p, dtype=torch.long)
+            attn[i, max_len - len(p) :] = 1
         positions = (attn.cumsum(-1) - 1).clamp(min=0)
         extra = {}
         if images is not None and any(images):
@@ -171,13 +191,20 @@ class HFEngine(RolloutEngine):
         the attention mask, the positions and the last position's logits (CPU tensors: they
         travel through Ray's object store), and the version of the weights that computed them."""
         if self._routers is not None:
-            raise ValueError("routing replay records the prompt's experts in its own generate: it does not "
-                             "disaggregate")
+            raise ValueError(
+                "routing replay records the prompt's experts in its own generate: it does not disaggregate"
+            )
         ids, attn, positions, extra = self._prompt_inputs(prompts, images)
         cache = DynamicCache(config=self.model.config)  # each layer's own kind of state, as in generate
         with self._lock:
-            logits = self.model(input_ids=ids, attention_mask=attn, position_ids=positions, use_cache=True,
-                                **{self._cache_kwarg: cache}, **extra).logits[:, -1, :]
+            logits = self.model(
+                input_ids=ids,
+                attention_mask=attn,
+                position_ids=positions,
+                use_cache=True,
+                **{self._cache_kwarg: cache},
+                **extra,
+            ).logits[:, -1, :]
             version = self.policy_version
         if self.device != "cpu":  # the object store holds host memory
             cache, attn, positions, logits = _cache_to(cache, "cpu"), attn.cpu(), positions.cpu(), logits.cpu()
@@ -185,8 +212,9 @@ class HFEngine(RolloutEngine):
         return Prefilled([list(p) for p in prompts], version, state)
 
     @torch.inference_mode()
-    def generate(self, prompts: list[list[int]], params: SamplingParams, images=None,
-                 prefilled: Prefilled | None = None) -> list[Generation]:
+    def generate(
+        self, prompts: list[list[int]], params: SamplingParams, images=None, prefilled: Prefilled | None = None
+    ) -> list[Generation]:
         """`images`: per prompt, its uint8 images (vision-language models; prompts hold the
         expanded image tokens, see `rlcore.models.vision`). `prefilled`: the handle of
         :meth:`prefill` for these prompts (from another engine of the same model): its cache and
@@ -199,8 +227,9 @@ class HFEngine(RolloutEngine):
         max_len = max(len(p) for p in prompts)
         if prefilled is not None:
             if self._routers is not None:
-                raise ValueError("routing replay records the prompt's experts in its own forward: it does not "
-                                 "continue a prefill")
+                raise ValueError(
+                    "routing replay records the prompt's experts in its own forward: it does not continue a prefill"
+                )
             if [list(p) for p in prompts] != prefilled.prompts:
                 raise ValueError("prefilled: the handle is of other prompts")
             st = prefilled.state
@@ -239,11 +268,16 @@ class HFEngine(RolloutEngine):
                     with self._lock:
                         if step == 1 and prefilled is not None and self.policy_version != prefilled.version:
                             # the handed cache would meet other weights: nothing decoded from it is kept
-                            raise StalePrefill(f"prefill at version {prefilled.version}, this engine holds "
-                                               f"{self.policy_version}")
+                            raise StalePrefill(
+                                f"prefill at version {prefilled.version}, this engine holds {self.policy_version}"
+                            )
                         logits = self.model(
-                            input_ids=step_ids, attention_mask=attn, position_ids=step_pos,
-                            use_cache=True, **{self._cache_kwarg: cache}, **extra,
+                            input_ids=step_ids,
+                            attention_mask=attn,
+                            position_ids=step_pos,
+                            use_cache=True,
+                            **{self._cache_kwarg: cache},
+                            **extra,
                         ).logits[:, -1, :]
                         version = self.policy_version
                 if self.vision is not None:
@@ -267,11 +301,12 @@ class HFEngine(RolloutEngine):
                 attn = torch.cat([attn, (~done).long()[:, None]], dim=1)
         finally:
             self._routing.steps = None
-        routed = (self._routed_rows(steps, prompts, max_len, [len(t) for t in out_tokens])
-                  if self._routers is not None else [None] * batch)
-        return [
-            Generation(out_tokens[i], out_logprobs[i], out_versions[i], finish[i], routed[i]) for i in range(batch)
-        ]
+        routed = (
+            self._routed_rows(steps, prompts, max_len, [len(t) for t in out_tokens])
+            if self._routers is not None
+            else [None] * batch
+        )
+        return [Generation(out_tokens[i], out_logprobs[i], out_versions[i], finish[i], routed[i]) for i in range(batch)]
 
     def _vision_inputs(self, prompts, images, max_len: int):
         """3-D mrope positions [3, B, L] of the left-padded prompts (pads at 0) and the pixel
@@ -284,7 +319,7 @@ class HFEngine(RolloutEngine):
         pos = torch.zeros(3, len(prompts), max_len, dtype=torch.long)
         g = 0
         for i, (p, imgs) in enumerate(zip(prompts, images)):
-            pos[:, i, max_len - len(p):] = mrope_positions(p, grids[g:g + len(imgs)].tolist(), self.vision)
+            pos[:, i, max_len - len(p) :] = mrope_positions(p, grids[g : g + len(imgs)].tolist(), self.vision)
             g += len(imgs)
         return pos.to(self.device), {"pixel_values": pixels.to(self.device), "image_grid_thw": grids.to(self.device)}
 
@@ -294,7 +329,7 @@ class HFEngine(RolloutEngine):
         ids = torch.tensor([list(prompt_ids) + list(completion_ids)], device=self.device)
         with self._lock:
             logits = self.model(input_ids=ids, use_cache=False).logits[0].float()
-        return torch.log_softmax(logits[len(prompt_ids) - 1:-1], dim=-1), ids[0, len(prompt_ids):]
+        return torch.log_softmax(logits[len(prompt_ids) - 1 : -1], dim=-1), ids[0, len(prompt_ids) :]
 
     @torch.inference_mode()
     def score(self, prompt_ids: list[int], completion_ids: list[int]) -> list[float]:
@@ -302,14 +337,20 @@ class HFEngine(RolloutEngine):
         return logp.gather(-1, taken[:, None]).squeeze(-1).tolist()
 
     @torch.inference_mode()
-    def score_top_k_batch(self, pairs: list[tuple[list[int], list[int]]],
-                          k: int) -> list[tuple[list[float], np.ndarray, np.ndarray]]:
+    def score_top_k_batch(
+        self, pairs: list[tuple[list[int], list[int]]], k: int
+    ) -> list[tuple[list[float], np.ndarray, np.ndarray]]:
         out = []
         for prompt_ids, completion_ids in pairs:
             logp, taken = self._completion_logp(prompt_ids, completion_ids)
             top = logp.topk(min(k, logp.shape[-1]), dim=-1)
-            out.append((logp.gather(-1, taken[:, None]).squeeze(-1).tolist(),
-                        top.indices.to(torch.int32).cpu().numpy(), top.values.cpu().numpy()))
+            out.append(
+                (
+                    logp.gather(-1, taken[:, None]).squeeze(-1).tolist(),
+                    top.indices.to(torch.int32).cpu().numpy(),
+                    top.values.cpu().numpy(),
+                )
+            )
         return out
 
     def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:

@@ -30,13 +30,13 @@ import tempfile
 from dataclasses import dataclass, fields, is_dataclass
 from typing import TYPE_CHECKING, Any, Callable
 
+from rlcore.batch.routing import routing_problems
 from rlcore.config import RolloutConfig
 from rlcore.config.engines import HFOptions, VLLMOptions
 from rlcore.config.plugins import add_plugin_section, remove_plugin_section
 from rlcore.config.teacher import TeacherConfig
 from rlcore.engine.vllm.vllm_checks import vllm_problems
 from rlcore.engine.vllm.vllm_plan import planned_kwargs as vllm_planned_kwargs
-from rlcore.batch.routing import routing_problems
 
 if TYPE_CHECKING:
     from rlcore.config import RunConfig
@@ -105,14 +105,40 @@ class EngineSpec:
 
 
 _BUILT_IN = (
-    EngineSpec("hf", "rlcore.engine.hf_engine:HFEngine", section="hf", options=HFOptions,
-               rollout_only=("routing_replay",), scores_top_k=True, pd_connectors=("object_store",)),
-    EngineSpec("vllm", "rlcore.engine.vllm.vllm_engine:VLLMEngine", section="vllm", options=VLLMOptions,
-               transports=("nccl", "ipc"), needs_gpu=True, memory_share_kwarg="gpu_memory_utilization",
-               memory_budget_kwarg="kv_cache_memory_bytes", planned_kwargs=vllm_planned_kwargs,
-               rollout_only=("weight_reload", "kv_on_update", "quantization", "sleep_level", "routing_replay",
-                             "sampling_kwargs", "kv_offload_gb"),
-               problems=vllm_problems, pd_connectors=("nixl",), pd_needs_role=True, prestart="rlcore.engine.vllm.warm_core:prestart", traced_elsewhere=True),
+    EngineSpec(
+        "hf",
+        "rlcore.engine.hf_engine:HFEngine",
+        section="hf",
+        options=HFOptions,
+        rollout_only=("routing_replay",),
+        scores_top_k=True,
+        pd_connectors=("object_store",),
+    ),
+    EngineSpec(
+        "vllm",
+        "rlcore.engine.vllm.vllm_engine:VLLMEngine",
+        section="vllm",
+        options=VLLMOptions,
+        transports=("nccl", "ipc"),
+        needs_gpu=True,
+        memory_share_kwarg="gpu_memory_utilization",
+        memory_budget_kwarg="kv_cache_memory_bytes",
+        planned_kwargs=vllm_planned_kwargs,
+        rollout_only=(
+            "weight_reload",
+            "kv_on_update",
+            "quantization",
+            "sleep_level",
+            "routing_replay",
+            "sampling_kwargs",
+            "kv_offload_gb",
+        ),
+        problems=vllm_problems,
+        pd_connectors=("nixl",),
+        pd_needs_role=True,
+        prestart="rlcore.engine.vllm.warm_core:prestart",
+        traced_elsewhere=True,
+    ),
 )
 _ENGINES: dict[str, EngineSpec] = {}
 
@@ -122,9 +148,10 @@ def register_engine(spec: EngineSpec) -> EngineSpec:
     schema gets it under `rollout.<section>` and `teacher.<section>` (settable from YAML and the
     command line like the built-in ones)."""
     if not spec.transports or not all(isinstance(t, str) and t for t in spec.transports):
-        raise ValueError(f"engine {spec.name!r}: transports must be transport names, "
-                         f"got {list(spec.transports)}")
-    if (spec.section is None) != (spec.options is None) or (spec.options is not None and not is_dataclass(spec.options)):
+        raise ValueError(f"engine {spec.name!r}: transports must be transport names, got {list(spec.transports)}")
+    if (spec.section is None) != (spec.options is None) or (
+        spec.options is not None and not is_dataclass(spec.options)
+    ):
         raise ValueError(f"engine {spec.name!r}: section and options go together, options a dataclass")
     if spec.section is not None:
         for holder in (RolloutConfig, TeacherConfig):
@@ -189,10 +216,17 @@ def make_engine(cfg: RunConfig, tokenizer: Any, seed: int, pd_role: str | None =
     if pd_role is not None and engine_spec(r.engine).pd_needs_role:
         extra = {"pd_role": pd_role, "pd_connector": r.pd.connector}
     if cfg.profile.steps and engine_spec(r.engine).traced_elsewhere:
-        extra.update({"profile_dir": tempfile.mkdtemp(prefix="rlcore-profile-"),
-                      "profile_with_stack": cfg.profile.with_stack})
-    return engine_class(r.engine).from_config(engine_options(r), cfg.model, seed=seed, tokenizer=tokenizer,
-                                              device="cuda" if r.gpus_per_actor > 0 else "cpu", **extra)
+        extra.update(
+            {"profile_dir": tempfile.mkdtemp(prefix="rlcore-profile-"), "profile_with_stack": cfg.profile.with_stack}
+        )
+    return engine_class(r.engine).from_config(
+        engine_options(r),
+        cfg.model,
+        seed=seed,
+        tokenizer=tokenizer,
+        device="cuda" if r.gpus_per_actor > 0 else "cpu",
+        **extra,
+    )
 
 
 def prestart_engine(group: RolloutConfig | TeacherConfig) -> None:
@@ -306,8 +340,13 @@ def inert_options(cfg: RunConfig) -> list[tuple[str, str]]:
             if spec.section is None or spec.name == group.engine or spec.section == engine_spec(group.engine).section:
                 continue
             for name in _changed(getattr(group, spec.section)):
-                out.append((f"{prefix}.{spec.section}.{name}", f"an option of the {spec.name} engine "
-                            f"({prefix}.engine={spec.name}), not of {prefix}.engine={group.engine}"))
+                out.append(
+                    (
+                        f"{prefix}.{spec.section}.{name}",
+                        f"an option of the {spec.name} engine "
+                        f"({prefix}.engine={spec.name}), not of {prefix}.engine={group.engine}",
+                    )
+                )
     return out
 
 
@@ -316,9 +355,15 @@ def teacher_option_problems(cfg: RunConfig) -> list[tuple[str, str]]:
     t = cfg.teacher
     opts, spec = engine_options(t), engine_spec(t.engine)
     changed = _changed(opts) if opts is not None else []
-    return [(f"teacher.{spec.section}.{name}", f"a rollout engine's option; a teacher never receives weights "
-             f"nor sleeps: leave it unset (rollout.{spec.section}.{name} sets it for the student's engines)")
-            for name in changed if name in spec.rollout_only]
+    return [
+        (
+            f"teacher.{spec.section}.{name}",
+            f"a rollout engine's option; a teacher never receives weights "
+            f"nor sleeps: leave it unset (rollout.{spec.section}.{name} sets it for the student's engines)",
+        )
+        for name in changed
+        if name in spec.rollout_only
+    ]
 
 
 def engine_problems(cfg: RunConfig) -> list[tuple[str, str]]:

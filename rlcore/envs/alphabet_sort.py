@@ -35,8 +35,15 @@ class AlphabetSort(MultiTurnEnvironment):
     first and each later round gives), `vocabulary` (space-separated words; default a built-in
     list of short words)."""
 
-    def __init__(self, seed: int = 0, turns: int = 2, first_words: int = 3, words_per_turn: int = 1,
-                 vocabulary: str = "", **kwargs):
+    def __init__(
+        self,
+        seed: int = 0,
+        turns: int = 2,
+        first_words: int = 3,
+        words_per_turn: int = 1,
+        vocabulary: str = "",
+        **kwargs,
+    ):
         if turns < 1:
             raise ValueError(f"env.args.turns: must be >= 1, got {turns}")
         kwargs.setdefault("max_turns", turns)
@@ -47,20 +54,26 @@ class AlphabetSort(MultiTurnEnvironment):
         if first_words < 1 or words_per_turn < 1:
             raise ValueError("env.args.first_words/words_per_turn: must be >= 1")
         if first_words + (turns - 1) * words_per_turn > len(self.vocab):
-            raise ValueError(f"env.args.vocabulary: needs at least {first_words + (turns - 1) * words_per_turn} "
-                             f"distinct words, has {len(self.vocab)}")
+            raise ValueError(
+                f"env.args.vocabulary: needs at least {first_words + (turns - 1) * words_per_turn} "
+                f"distinct words, has {len(self.vocab)}"
+            )
         self.turns, self.first_words, self.words_per_turn = turns, first_words, words_per_turn
 
     def make_task(self, index: int, split: str) -> Task:
         rng = rng_for(self.seed, split, index)
         words = rng.sample(self.vocab, self.first_words + (self.turns - 1) * self.words_per_turn)
-        rounds = [words[:self.first_words]] + [
-            words[self.first_words + i * self.words_per_turn:self.first_words + (i + 1) * self.words_per_turn]
-            for i in range(self.turns - 1)]
-        expected = [sorted(sum(rounds[:i + 1], [])) for i in range(self.turns)]
-        return Task(id=f"alphabet_sort/{split}/{index}",
-                    messages=[{"role": "user", "content": "Sort: " + " ".join(rounds[0])}],
-                    answer=expected, info={"rounds": rounds})
+        rounds = [words[: self.first_words]] + [
+            words[self.first_words + i * self.words_per_turn : self.first_words + (i + 1) * self.words_per_turn]
+            for i in range(self.turns - 1)
+        ]
+        expected = [sorted(sum(rounds[: i + 1], [])) for i in range(self.turns)]
+        return Task(
+            id=f"alphabet_sort/{split}/{index}",
+            messages=[{"role": "user", "content": "Sort: " + " ".join(rounds[0])}],
+            answer=expected,
+            info={"rounds": rounds},
+        )
 
     def env_response(self, task: Task, history: list[Message], state: dict[str, Any]) -> tuple[list[Message], bool]:
         done_turns = sum(m["role"] == "assistant" for m in history)

@@ -55,7 +55,7 @@ def to_number(text: str) -> Fraction | None:
         value = Fraction(raw)
     except (ValueError, ZeroDivisionError):
         return None
-    tail = text[text.rfind(found[-1]) + len(found[-1]):].lstrip()
+    tail = text[text.rfind(found[-1]) + len(found[-1]) :].lstrip()
     return value / 100 if tail.startswith("%") else value
 
 

@@ -1,5 +1,7 @@
 """The environment interface: tasks in, scored episodes out.
 
+Over 400 lines: the interface and its single-turn episode loop are one contract that every environment builds on.
+
 An environment owns a task dataset (train and eval splits) and a reward function. The episode
 loop here is single-turn: render the task's messages through the tokenizer's chat template,
 sample `group_size` completions, score each. Multi-turn and tool environments derive from
@@ -35,7 +37,14 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Iterator
 
 from rlcore.isolation.reward_workers import WorkerPool
-from rlcore.isolation.safety import OUTPUT_LIMIT, STUCK_AFTER_S, Outcome, call_many, check_safety_args, threads_abandoned
+from rlcore.isolation.safety import (
+    OUTPUT_LIMIT,
+    STUCK_AFTER_S,
+    Outcome,
+    call_many,
+    check_safety_args,
+    threads_abandoned,
+)
 from rlcore.models.images import check_image, expand_image_tokens, to_array
 from rlcore.models.render import render_prompt
 from rlcore.types import Group, Sample, Task
@@ -75,13 +84,23 @@ class Environment(abc.ABC):
     put in module globals or class attributes at run time. False: fork them from the actor (they
     see all of it; each start then costs the actor two forks of itself, ~14 ms each)."""
 
-    def __init__(self, seed: int = 0, reward_timeout_s: float = 10.0, on_reward_error: str = "fail",
-                 reward_isolation: str = "worker", eval_size: int = 64, max_abandoned_threads: int = 4,
-                 reward_memory_mb: int = 2048, reward_range: Sequence[float] | None = None,
-                 reward_network: bool = False):
+    def __init__(
+        self,
+        seed: int = 0,
+        reward_timeout_s: float = 10.0,
+        on_reward_error: str = "fail",
+        reward_isolation: str = "worker",
+        eval_size: int = 64,
+        max_abandoned_threads: int = 4,
+        reward_memory_mb: int = 2048,
+        reward_range: Sequence[float] | None = None,
+        reward_network: bool = False,
+    ):
         check_safety_args(reward_timeout_s, on_reward_error, reward_isolation, max_abandoned_threads)
         if not isinstance(reward_memory_mb, int) or reward_memory_mb < 0:
-            raise ValueError(f"env.args.reward_memory_mb: must be an integer >= 0 (0 = unbounded), got {reward_memory_mb!r}")
+            raise ValueError(
+                f"env.args.reward_memory_mb: must be an integer >= 0 (0 = unbounded), got {reward_memory_mb!r}"
+            )
         self.reward_memory_mb = reward_memory_mb
         if not isinstance(reward_network, bool):
             raise ValueError(f"env.args.reward_network: must be true or false, got {reward_network!r}")
@@ -105,9 +124,13 @@ class Environment(abc.ABC):
     def reward_pool(self) -> WorkerPool:
         """The environment's reward workers (`reward_isolation: worker`)."""
         if getattr(self, "_reward_pool", None) is None:
-            self._reward_pool = WorkerPool(self, max(2, min(4, os.cpu_count() or 1)),
-                                           getattr(self, "reward_memory_mb", 2048), zygote=self.reward_zygote,
-                                           network=getattr(self, "reward_network", False))
+            self._reward_pool = WorkerPool(
+                self,
+                max(2, min(4, os.cpu_count() or 1)),
+                getattr(self, "reward_memory_mb", 2048),
+                zygote=self.reward_zygote,
+                network=getattr(self, "reward_network", False),
+            )
         return self._reward_pool
 
     @property
@@ -190,9 +213,14 @@ class Environment(abc.ABC):
             if stateful:
                 raise EnvironmentStalled(
                     f"{what}: {hung} calls missed env.args.reward_timeout_s={self.reward_timeout_s:g} and still "
-                    f"run (threads cannot be killed; bound env.args.max_abandoned_threads={self.max_abandoned_threads})")
-            log.warning("%s: %d reward threads missed their deadline and still run; scoring moves to process "
-                        "isolation (killed at the deadline)", self.name, hung)
+                    f"run (threads cannot be killed; bound env.args.max_abandoned_threads={self.max_abandoned_threads})"
+                )
+            log.warning(
+                "%s: %d reward threads missed their deadline and still run; scoring moves to process "
+                "isolation (killed at the deadline)",
+                self.name,
+                hung,
+            )
             self.reward_isolation = isolation = "process"
         if isolation == "worker":
             if self.reward_timeout_s > 0 and all(self.reward_pool().accepts(fn) for fn, _ in calls):
@@ -228,8 +256,10 @@ class Environment(abc.ABC):
         lo, hi = self.reward_range
         if lo <= reward <= hi:
             return None
-        return (f"{reward:g} is outside the environment's declared range [{lo:g}, {hi:g}] "
-                f"({type(self).__name__}.reward_range / env.args.reward_range)")
+        return (
+            f"{reward:g} is outside the environment's declared range [{lo:g}, {hi:g}] "
+            f"({type(self).__name__}.reward_range / env.args.reward_range)"
+        )
 
     def set_reward(self, sample: Sample, reward: float) -> None:
         """`sample.reward = reward` when it is in the declared range; otherwise the sample fails
@@ -248,14 +278,26 @@ class Environment(abc.ABC):
         else:
             self.apply_error(sample, f"reward: {outcome.error}")
 
-    def run_groups(self, tasks: list[Task], group_size: int, engine: RolloutEngine,
-                   tokenizer: PreTrainedTokenizerBase, params: SamplingParams) -> list[Group]:
+    def run_groups(
+        self,
+        tasks: list[Task],
+        group_size: int,
+        engine: RolloutEngine,
+        tokenizer: PreTrainedTokenizerBase,
+        params: SamplingParams,
+    ) -> list[Group]:
         """Sample `group_size` completions per task in one engine batch and score them."""
         groups = dict(self._single_turn(tasks, group_size, engine, tokenizer, params))
         return [groups[i] for i in range(len(tasks))]
 
-    def stream_groups(self, tasks: list[Task], group_size: int, engine: RolloutEngine,
-                      tokenizer: PreTrainedTokenizerBase, params: SamplingParams) -> Iterator[tuple[int, Group]]:
+    def stream_groups(
+        self,
+        tasks: list[Task],
+        group_size: int,
+        engine: RolloutEngine,
+        tokenizer: PreTrainedTokenizerBase,
+        params: SamplingParams,
+    ) -> Iterator[tuple[int, Group]]:
         """`run_groups`, as `(task index, Group)` pairs, each as soon as its group is whole (every
         sample scored), so a reward that hangs delays its own group only. An environment with an
         episode loop of its own (it overrides `run_groups`) yields its groups once all are done."""
@@ -264,8 +306,14 @@ class Environment(abc.ABC):
         else:
             yield from self._single_turn(tasks, group_size, engine, tokenizer, params)
 
-    def _single_turn(self, tasks: list[Task], group_size: int, engine: RolloutEngine,
-                     tokenizer: PreTrainedTokenizerBase, params: SamplingParams) -> Iterator[tuple[int, Group]]:
+    def _single_turn(
+        self,
+        tasks: list[Task],
+        group_size: int,
+        engine: RolloutEngine,
+        tokenizer: PreTrainedTokenizerBase,
+        params: SamplingParams,
+    ) -> Iterator[tuple[int, Group]]:
         prompts = [self.render(t, tokenizer) for t in tasks]
         images = [task_images(t, tokenizer) for t in tasks]
         if any(images):  # one image token per image -> the model's count (token ids stay exact)
@@ -276,11 +324,18 @@ class Environment(abc.ABC):
         samples, jobs = [], []
         for i, gen in enumerate(gens):
             task = tasks[i // group_size]
-            samples.append(Sample(
-                prompt_ids=prompts[i // group_size], completion_ids=gen.token_ids, logprobs=gen.logprobs,
-                versions=gen.versions, loss_mask=[1] * len(gen.token_ids), finish_reason=gen.finish_reason,
-                images=images[i // group_size], routed_experts=gen.routed_experts,
-            ))
+            samples.append(
+                Sample(
+                    prompt_ids=prompts[i // group_size],
+                    completion_ids=gen.token_ids,
+                    logprobs=gen.logprobs,
+                    versions=gen.versions,
+                    loss_mask=[1] * len(gen.token_ids),
+                    finish_reason=gen.finish_reason,
+                    images=images[i // group_size],
+                    routed_experts=gen.routed_experts,
+                )
+            )
             text = tokenizer.decode(gen.token_ids, skip_special_tokens=True)
             jobs.append((task, [*task.messages, {"role": "assistant", "content": text}], {}))
         unscored = [group_size] * len(tasks)
@@ -290,7 +345,7 @@ class Environment(abc.ABC):
             ti = j // group_size
             unscored[ti] -= 1
             if unscored[ti] == 0:
-                yield ti, Group(task=tasks[ti], samples=samples[ti * group_size:(ti + 1) * group_size])
+                yield ti, Group(task=tasks[ti], samples=samples[ti * group_size : (ti + 1) * group_size])
 
 
 def as_reward(o: Outcome) -> Outcome:
@@ -351,4 +406,5 @@ def register(name: str):
         cls.name = name
         ENV_CLASSES[name] = cls
         return cls
+
     return wrap

@@ -49,6 +49,7 @@ def resolve_env(name: str) -> type[Environment] | None:
 def make_env(name: str, args: dict[str, Any], seed: int) -> Environment:
     cls = resolve_env(name)
     if cls is None:
-        raise KeyError(f"env.name: unknown environment {name!r}; choose one of {sorted(registered())} "
-                       "or give module:Class")
+        raise KeyError(
+            f"env.name: unknown environment {name!r}; choose one of {sorted(registered())} or give module:Class"
+        )
     return cls(seed=seed, **args)

@@ -78,9 +78,12 @@ class MathWordProblems(Environment):
 
     def make_task(self, index: int, split: str) -> Task:
         row = self._row(index, split)
-        return Task(id=f"math/{split}/{index}",
-                    messages=[{"role": "user", "content": self.instruction + row["question"]}],
-                    answer=gold_of(str(row["answer"])), info={"solution": str(row["answer"])})
+        return Task(
+            id=f"math/{split}/{index}",
+            messages=[{"role": "user", "content": self.instruction + row["question"]}],
+            answer=gold_of(str(row["answer"])),
+            info={"solution": str(row["answer"])},
+        )
 
     def demonstration(self, task: Task) -> str:
         """The row's worked answer (GSM8K style, ending `#### N`)."""

@@ -47,15 +47,31 @@ from rlcore.types import Task
 FUNCTIONS = [
     ("add", "def add(a, b):\n    return a + b\n", "def add(a, b):\n    return a - b\n", [[2, 3], [-1, 1]]),
     ("is_even", "def is_even(n):\n    return n % 2 == 0\n", "def is_even(n):\n    return n % 2 == 1\n", [[4], [7]]),
-    ("factorial", "def factorial(n):\n    out = 1\n    for i in range(1, n + 1):\n        out *= i\n    return out\n",
-     "def factorial(n):\n    out = 1\n    for i in range(1, n):\n        out *= i\n    return out\n", [[4], [0]]),
-    ("largest", "def largest(xs):\n    return max(xs)\n", "def largest(xs):\n    return min(xs)\n",
-     [[[3, 9, 2]], [[-5, -2]]]),
+    (
+        "factorial",
+        "def factorial(n):\n    out = 1\n    for i in range(1, n + 1):\n        out *= i\n    return out\n",
+        "def factorial(n):\n    out = 1\n    for i in range(1, n):\n        out *= i\n    return out\n",
+        [[4], [0]],
+    ),
+    (
+        "largest",
+        "def largest(xs):\n    return max(xs)\n",
+        "def largest(xs):\n    return min(xs)\n",
+        [[[3, 9, 2]], [[-5, -2]]],
+    ),
     ("reverse", "def reverse(s):\n    return s[::-1]\n", "def reverse(s):\n    return s\n", [["abc"], [""]]),
-    ("count_vowels", "def count_vowels(s):\n    return sum(c in 'aeiou' for c in s)\n",
-     "def count_vowels(s):\n    return sum(c in 'aeio' for c in s)\n", [["tune"], ["xyz"]]),
-    ("clamp", "def clamp(x, lo, hi):\n    return max(lo, min(x, hi))\n", "def clamp(x, lo, hi):\n    return min(lo, max(x, hi))\n",
-     [[5, 0, 3], [-1, 0, 3]]),
+    (
+        "count_vowels",
+        "def count_vowels(s):\n    return sum(c in 'aeiou' for c in s)\n",
+        "def count_vowels(s):\n    return sum(c in 'aeio' for c in s)\n",
+        [["tune"], ["xyz"]],
+    ),
+    (
+        "clamp",
+        "def clamp(x, lo, hi):\n    return max(lo, min(x, hi))\n",
+        "def clamp(x, lo, hi):\n    return min(lo, max(x, hi))\n",
+        [[5, 0, 3], [-1, 0, 3]],
+    ),
     ("square", "def square(x):\n    return x * x\n", "def square(x):\n    return x * 2\n", [[3], [-4]]),
 ]
 
@@ -73,8 +89,9 @@ HIDDEN = {
     "largest": lambda r: [r.sample(range(-60, 60), r.randint(2, 5))],
     "reverse": lambda r: [_word(r) + "q"],
     "count_vowels": lambda r: [_word(r)],
-    "clamp": lambda r: (lambda lo, span: [lo + r.randint(1, span + 9), lo, lo + span])(r.randint(-20, 20),
-                                                                                         r.randint(1, 20)),
+    "clamp": lambda r: (lambda lo, span: [lo + r.randint(1, span + 9), lo, lo + span])(
+        r.randint(-20, 20), r.randint(1, 20)
+    ),
     "square": lambda r: [r.choice([-1, 1]) * r.randint(3, 40)],
 }
 HIDDEN_PER_FUNCTION = 2
@@ -92,8 +109,11 @@ def reference(name: str):
 def visible_calls(names: list[str]) -> list[Call]:
     """The tests `test_lib.py` shows: two per function, expected values from `reference`."""
     cases = {n: args for n, _, _, args in FUNCTIONS}
-    return [Call(f"test_{n}_{j}", n, args, reference(n)(*copy.deepcopy(args))) for n in names
-            for j, args in enumerate(cases[n])]
+    return [
+        Call(f"test_{n}_{j}", n, args, reference(n)(*copy.deepcopy(args)))
+        for n in names
+        for j, args in enumerate(cases[n])
+    ]
 
 
 def hidden_calls(names: list[str], rng: random.Random) -> list[Call]:
@@ -125,26 +145,52 @@ class MiniSWE(ToolEnvironment):
     work directory's quota), `demo_noise`
     (the demonstrator's share of tasks it leaves unfixed), plus the tool settings (`max_turns`, ...)."""
 
-    PROMPT = ("Fix lib.py so the tests pass. Tools: <tool>read: lib.py</tool> <tool>write: lib.py\\nCODE</tool> "
-              "<tool>run: tests</tool> <tool>ls:</tool>")
+    PROMPT = (
+        "Fix lib.py so the tests pass. Tools: <tool>read: lib.py</tool> <tool>write: lib.py\\nCODE</tool> "
+        "<tool>run: tests</tool> <tool>ls:</tool>"
+    )
 
-    def __init__(self, seed: int = 0, functions: int = 2, bugs: int = 1, sandbox: str = "local",
-                 test_timeout_s: float = 10.0, memory_mb: int = 512, max_turns: int = 6,
-                 tool_timeout_s: float = 15.0, max_calls_per_turn: int = 2, reward_timeout_s: float = 60.0,
-                 sandbox_isolation: str = "namespaces", demo_noise: float = 0.0, disk_mb: int = 100, **kwargs):
-        super().__init__(seed, max_turns=max_turns, tool_timeout_s=tool_timeout_s,
-                         max_calls_per_turn=max_calls_per_turn, reward_timeout_s=reward_timeout_s, **kwargs)
+    def __init__(
+        self,
+        seed: int = 0,
+        functions: int = 2,
+        bugs: int = 1,
+        sandbox: str = "local",
+        test_timeout_s: float = 10.0,
+        memory_mb: int = 512,
+        max_turns: int = 6,
+        tool_timeout_s: float = 15.0,
+        max_calls_per_turn: int = 2,
+        reward_timeout_s: float = 60.0,
+        sandbox_isolation: str = "namespaces",
+        demo_noise: float = 0.0,
+        disk_mb: int = 100,
+        **kwargs,
+    ):
+        super().__init__(
+            seed,
+            max_turns=max_turns,
+            tool_timeout_s=tool_timeout_s,
+            max_calls_per_turn=max_calls_per_turn,
+            reward_timeout_s=reward_timeout_s,
+            **kwargs,
+        )
         if not 1 <= functions <= len(FUNCTIONS):
             raise ValueError(f"env.args.functions: must be in [1, {len(FUNCTIONS)}], got {functions}")
         if not 1 <= bugs <= functions:
             raise ValueError(f"env.args.bugs: must be in [1, functions={functions}], got {bugs}")
         if test_timeout_s <= 0 or test_timeout_s >= tool_timeout_s:
-            raise ValueError(f"env.args.test_timeout_s: must be in (0, tool_timeout_s={tool_timeout_s}), got {test_timeout_s}")
+            raise ValueError(
+                f"env.args.test_timeout_s: must be in (0, tool_timeout_s={tool_timeout_s}), got {test_timeout_s}"
+            )
         if not 0.0 <= demo_noise <= 1.0:
             raise ValueError(f"env.args.demo_noise: must be in [0, 1], got {demo_noise}")
         self.functions, self.bugs, self.demo_noise = functions, bugs, float(demo_noise)
-        self.sandbox = make_sandbox(sandbox, Limits(timeout_s=test_timeout_s, cpu_s=max(1, int(test_timeout_s)),
-                                                    memory_mb=memory_mb, disk_mb=disk_mb), sandbox_isolation)
+        self.sandbox = make_sandbox(
+            sandbox,
+            Limits(timeout_s=test_timeout_s, cpu_s=max(1, int(test_timeout_s)), memory_mb=memory_mb, disk_mb=disk_mb),
+            sandbox_isolation,
+        )
         self.budget_s = test_timeout_s * 0.8  # the children's share; the runner starts and reports in the rest
         self.tools = {"ls": self._ls, "read": self._read, "write": self._write, "run": self._run}
 
@@ -157,19 +203,27 @@ class MiniSWE(ToolEnvironment):
         names = [name for name, _, _, _ in picked]
         tests = "from lib import *\n" + "".join(
             f"\n\ndef {c.name}():\n    assert {c.fn}({', '.join(map(repr, c.args))}) == {c.expected!r}\n"
-            for c in visible_calls(names))
+            for c in visible_calls(names)
+        )
         files = {"lib.py": lib, "test_lib.py": tests, RUNNER_FILE: RUNNER_SOURCE}
-        return Task(id=f"mini_swe/{split}/{index}", messages=[{"role": "user", "content": self.PROMPT}],
-                    answer=None, info={"files": files, "functions": names,
-                                       "broken": sorted(picked[i][0] for i in broken), "fixed": fixed})
+        return Task(
+            id=f"mini_swe/{split}/{index}",
+            messages=[{"role": "user", "content": self.PROMPT}],
+            answer=None,
+            info={"files": files, "functions": names, "broken": sorted(picked[i][0] for i in broken), "fixed": fixed},
+        )
 
     def demonstration_turns(self, task: Task) -> list[str]:
         """Read lib.py, write the correct lib.py (with probability `demo_noise` the file as it was
         read), run the tests, stop: one tool call per turn."""
         unfixed = self.demo_noise and random.Random(f"{self.seed}:demo-noise:{task.id}").random() < self.demo_noise
         content = task.info["files"]["lib.py"] if unfixed else task.info["fixed"]
-        return ["<tool>read: lib.py</tool>", f"<tool>write: lib.py\n{content}</tool>",
-                "<tool>run: tests</tool>", "done"]
+        return [
+            "<tool>read: lib.py</tool>",
+            f"<tool>write: lib.py\n{content}</tool>",
+            "<tool>run: tests</tool>",
+            "done",
+        ]
 
     def init_state(self, task: Task) -> dict[str, Any]:
         return {"files": dict(task.info["files"]), "functions": list(task.info["functions"])}
@@ -196,7 +250,9 @@ class MiniSWE(ToolEnvironment):
         verdict = run_sealed(self.sandbox, state["files"], visible_calls(state["functions"]), self.budget_s)
         if verdict.problem:
             r = verdict.result
-            return f"tests did not run ({verdict.problem}; {r.reason or 'exit ' + str(r.returncode)}): {r.stderr[-200:]}"
+            return (
+                f"tests did not run ({verdict.problem}; {r.reason or 'exit ' + str(r.returncode)}): {r.stderr[-200:]}"
+            )
         failed = ", ".join(f"{name} ({why})" for name, why in verdict.failed.items()) or "none"
         return f"{len(verdict.passed)}/{verdict.total} passed; failed: {failed}"
 
@@ -206,8 +262,9 @@ class MiniSWE(ToolEnvironment):
         by a forged report, fix nothing."""
         names = task.info["functions"]
         calls = visible_calls(names) + hidden_calls(names, random.Random(secrets.randbits(64)))
-        verdict = run_sealed(self.sandbox, {**files, **{p: task.info["files"][p] for p in READ_ONLY}}, calls,
-                             self.budget_s)
+        verdict = run_sealed(
+            self.sandbox, {**files, **{p: task.info["files"][p] for p in READ_ONLY}}, calls, self.budget_s
+        )
         broken = {c.fn for c in calls if c.name in verdict.failed}
         return sum(n not in broken for n in names) / len(names)
 

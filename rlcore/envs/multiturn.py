@@ -129,8 +129,14 @@ class MultiTurnEnvironment(Environment):
     def _fits(self, ep: Episode, extra: int, params: SamplingParams) -> bool:
         return not self.max_episode_tokens or len(ep.context) + extra + params.max_new_tokens <= self.max_episode_tokens
 
-    def run_groups(self, tasks: list[Task], group_size: int, engine: RolloutEngine,
-                   tokenizer: PreTrainedTokenizerBase, params: SamplingParams) -> list[Group]:
+    def run_groups(
+        self,
+        tasks: list[Task],
+        group_size: int,
+        engine: RolloutEngine,
+        tokenizer: PreTrainedTokenizerBase,
+        params: SamplingParams,
+    ) -> list[Group]:
         renderer = TurnRenderer(tokenizer)
         episodes = []
         for task in tasks:
@@ -139,8 +145,9 @@ class MultiTurnEnvironment(Environment):
                 sample = Sample(prompt_ids=list(prompt), completion_ids=[], logprobs=[], versions=[], loss_mask=[])
                 episodes.append(Episode(task, sample, [dict(m) for m in task.messages]))
         try:
-            for ep, o in zip(episodes, self.guarded([(self.init_state, (ep.task,)) for ep in episodes],
-                                                    "init_state", stateful=True)):
+            for ep, o in zip(
+                episodes, self.guarded([(self.init_state, (ep.task,)) for ep in episodes], "init_state", stateful=True)
+            ):
                 keep_output(ep.sample, o)
                 if o.ok:
                     ep.state = o.value
@@ -167,11 +174,14 @@ class MultiTurnEnvironment(Environment):
                     self.cleanup(ep.state)
                 except Exception:  # cleanup is best effort; the sample is already scored
                     pass
-        return [Group(task=t, samples=[ep.sample for ep in episodes[i * group_size:(i + 1) * group_size]])
-                for i, t in enumerate(tasks)]
+        return [
+            Group(task=t, samples=[ep.sample for ep in episodes[i * group_size : (i + 1) * group_size]])
+            for i, t in enumerate(tasks)
+        ]
 
-    def _policy_turn(self, running: list[Episode], engine: RolloutEngine,
-                     tokenizer: PreTrainedTokenizerBase, params: SamplingParams) -> None:
+    def _policy_turn(
+        self, running: list[Episode], engine: RolloutEngine, tokenizer: PreTrainedTokenizerBase, params: SamplingParams
+    ) -> None:
         gens = engine.generate([ep.context for ep in running], params)
         for ep, gen in zip(running, gens):
             ep.add_policy(gen, tokenizer.decode(gen.token_ids, skip_special_tokens=True))

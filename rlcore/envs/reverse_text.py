@@ -29,8 +29,15 @@ def lcs_ratio(completion: str, target: str) -> float:
 class ReverseText(Environment):
     """Prompt: a random string over `alphabet`; answer: the string reversed."""
 
-    def __init__(self, seed: int = 0, alphabet: str = "abcdefghijklmnopqrstuvwxyz",
-                 min_len: int = 3, max_len: int = 8, instruction: str = "", **common):
+    def __init__(
+        self,
+        seed: int = 0,
+        alphabet: str = "abcdefghijklmnopqrstuvwxyz",
+        min_len: int = 3,
+        max_len: int = 8,
+        instruction: str = "",
+        **common,
+    ):
         super().__init__(seed, **common)
         if not alphabet:
             raise ValueError("env.args.alphabet: must not be empty")
@@ -41,8 +48,11 @@ class ReverseText(Environment):
     def make_task(self, index: int, split: str) -> Task:
         rng = rng_for(self.seed, split, index)
         text = "".join(rng.choice(self.alphabet) for _ in range(rng.randint(self.min_len, self.max_len)))
-        return Task(id=f"reverse_text/{split}/{index}",
-                    messages=[{"role": "user", "content": self.instruction + text}], answer=text[::-1])
+        return Task(
+            id=f"reverse_text/{split}/{index}",
+            messages=[{"role": "user", "content": self.instruction + text}],
+            answer=text[::-1],
+        )
 
     def reward(self, task: Task, completion: str) -> float:
         return lcs_ratio(completion.strip(), task.answer)

@@ -63,8 +63,14 @@ def _private() -> None:
 def _run_child(calls: list, timeout_s: float) -> tuple[list[dict | None], str]:
     """Each call's entry (None: the child never reported it) and the tail of the child's stderr."""
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
-        proc = subprocess.Popen([sys.executable, "-s", "-c", CHILD], stdin=subprocess.PIPE, stdout=out,
-                                stderr=err, start_new_session=True, close_fds=True)
+        proc = subprocess.Popen(
+            [sys.executable, "-s", "-c", CHILD],
+            stdin=subprocess.PIPE,
+            stdout=out,
+            stderr=err,
+            start_new_session=True,
+            close_fds=True,
+        )
         try:
             proc.stdin.write(json.dumps(calls).encode() + b"\n")
             proc.stdin.close()
@@ -96,8 +102,11 @@ def _run_child(calls: list, timeout_s: float) -> tuple[list[dict | None], str]:
                 entries[i] = {"value": item["value"]}
             else:
                 entries[i] = {"error": str(item.get("error", f"value over {VALUE_CHARS} characters"))[:200]}
-    missing = why or (f"the test process exited {proc.returncode} before reporting it" if proc.returncode
-                      else "the test process did not report it")
+    missing = why or (
+        f"the test process exited {proc.returncode} before reporting it"
+        if proc.returncode
+        else "the test process did not report it"
+    )
     return [e if e is not None else {"error": missing} for e in entries], tail
 
 

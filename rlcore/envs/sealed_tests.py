@@ -64,7 +64,7 @@ def read_report(stdout: str, nonce: str) -> tuple[dict | None, str | None]:
     if len(lines) != 1:
         return None, "no test report" if not lines else f"{len(lines)} test reports (one is written)"
     try:
-        report = json.loads(lines[0][len(nonce) + 1:])
+        report = json.loads(lines[0][len(nonce) + 1 :])
     except json.JSONDecodeError:
         return None, "an unreadable test report"
     return (report, None) if isinstance(report, dict) else (None, "an unreadable test report")
@@ -75,8 +75,9 @@ def run_sealed(sandbox: Sandbox, files: dict[str, str], calls: list[Call], budge
     those names); `budget_s`: the children's time in all (less than the sandbox's timeout)."""
     nonce = secrets.token_hex(16)
     spec = {"nonce": nonce, "budget_s": budget_s, "calls": [[c.name, c.fn, c.args] for c in calls]}
-    result = sandbox.run(["python", "-I", RUNNER_FILE],
-                         files={**files, RUNNER_FILE: RUNNER_SOURCE, SPEC_FILE: json.dumps(spec)})
+    result = sandbox.run(
+        ["python", "-I", RUNNER_FILE], files={**files, RUNNER_FILE: RUNNER_SOURCE, SPEC_FILE: json.dumps(spec)}
+    )
     if result.reason == "isolation_failed":  # the sandbox failed, not the policy's code: no verdict to give
         raise RuntimeError(f"the sandbox could not run the tests: {result.stderr.strip()[-300:]}")
     verdict = Verdict(total=len(calls), result=result)

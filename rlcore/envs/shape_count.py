@@ -16,8 +16,16 @@ from rlcore.envs.base import Environment, register, rng_for
 from rlcore.models.vl_names import IMAGE_PLACEHOLDER
 from rlcore.types import Task
 
-COLOURS = [(230, 25, 75), (60, 180, 75), (0, 130, 200), (245, 130, 48), (145, 30, 180), (240, 50, 230),
-           (0, 0, 0), (128, 128, 0)]
+COLOURS = [
+    (230, 25, 75),
+    (60, 180, 75),
+    (0, 130, 200),
+    (245, 130, 48),
+    (145, 30, 180),
+    (240, 50, 230),
+    (0, 0, 0),
+    (128, 128, 0),
+]
 
 
 def draw_shapes(rng, size: int, count: int, cell: int) -> np.ndarray:
@@ -33,7 +41,7 @@ def draw_shapes(rng, size: int, count: int, cell: int) -> np.ndarray:
             mask = (yy - cell / 2 + 0.5) ** 2 + (xx - cell / 2 + 0.5) ** 2 <= r * r
         else:  # square with a 1-pixel margin
             mask = (yy >= 1) & (yy < cell - 1) & (xx >= 1) & (xx < cell - 1)
-        img[y0:y0 + cell, x0:x0 + cell][mask] = colour
+        img[y0 : y0 + cell, x0 : x0 + cell][mask] = colour
     return img
 
 
@@ -43,8 +51,15 @@ class ShapeCount(Environment):
 
     uses_images = True
 
-    def __init__(self, seed: int = 0, image_size: int = 56, max_shapes: int = 4, cell: int = 14,
-                 question: str = "How many shapes?", **common):
+    def __init__(
+        self,
+        seed: int = 0,
+        image_size: int = 56,
+        max_shapes: int = 4,
+        cell: int = 14,
+        question: str = "How many shapes?",
+        **common,
+    ):
         super().__init__(seed, **common)
         if image_size < 28:
             raise ValueError(f"env.args.image_size: must be at least 28, got {image_size}")
@@ -58,8 +73,12 @@ class ShapeCount(Environment):
         rng = rng_for(self.seed, split, index)
         count = rng.randint(1, self.max_shapes)
         image = draw_shapes(rng, self.image_size, count, self.cell)
-        return Task(id=f"shape_count/{split}/{index}", messages=[{"role": "user", "content": IMAGE_PLACEHOLDER + self.question}],
-                    answer=str(count), images=[image])
+        return Task(
+            id=f"shape_count/{split}/{index}",
+            messages=[{"role": "user", "content": IMAGE_PLACEHOLDER + self.question}],
+            answer=str(count),
+            images=[image],
+        )
 
     def reward(self, task: Task, completion: str) -> float:
         return float(completion.strip() == task.answer)

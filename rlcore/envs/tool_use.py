@@ -31,12 +31,20 @@ from rlcore.envs.tools import ToolEnvironment, last_answer
 from rlcore.types import Task
 
 _SYLLABLES = ["ka", "lo", "mir", "ven", "dor", "sa", "tu", "bel", "rin", "gar", "zo", "phi", "nel", "ost", "ur"]
-_OPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,
-        ast.FloorDiv: operator.floordiv, ast.Mod: operator.mod, ast.Pow: operator.pow}
+_OPS = {
+    ast.Add: operator.add,
+    ast.Sub: operator.sub,
+    ast.Mult: operator.mul,
+    ast.Div: operator.truediv,
+    ast.FloorDiv: operator.floordiv,
+    ast.Mod: operator.mod,
+    ast.Pow: operator.pow,
+}
 
 
 def calculate(expression: str) -> str:
     """Evaluate an arithmetic expression exactly (no names, no calls; bounded powers)."""
+
     def ev(node: ast.AST) -> Fraction:
         if isinstance(node, ast.Expression):
             return ev(node.body)
@@ -67,16 +75,24 @@ def build_corpus(n_towns: int = 40, seed: int = 7) -> list[dict[str, Any]]:
             continue
         names.add(name)
         pop, year = rng.randint(200, 9000), rng.randint(1200, 1950)
-        docs.append({"title": name, "text": f"{name}: town, population {pop}, founded {year}.",
-                     "population": pop, "founded": year})
+        docs.append(
+            {
+                "title": name,
+                "text": f"{name}: town, population {pop}, founded {year}.",
+                "population": pop,
+                "founded": year,
+            }
+        )
     return docs
 
 
 def search(corpus: list[dict[str, Any]], query: str, k: int) -> str:
     """The `k` documents sharing the most words with `query` (ties: corpus order)."""
     words = set(re.findall(r"[a-z0-9]+", query.lower()))
-    scored = [(len(words & set(re.findall(r"[a-z0-9]+", (d["title"] + " " + d["text"]).lower()))), -i, d)
-              for i, d in enumerate(corpus)]
+    scored = [
+        (len(words & set(re.findall(r"[a-z0-9]+", (d["title"] + " " + d["text"]).lower()))), -i, d)
+        for i, d in enumerate(corpus)
+    ]
     hits = [d for s, _, d in sorted(scored, key=lambda x: (x[0], x[1]), reverse=True) if s > 0][:k]
     return " | ".join(d["text"] for d in hits) or "no results"
 
@@ -88,11 +104,18 @@ class ToolUse(ToolEnvironment):
     `instruction` (the text before every question; default the tools' syntax), plus the tool
     settings."""
 
-    PROMPT = ("Tools: <tool>search: words</tool> <tool>calc: 1+2</tool>. "
-              "Finish with <answer>number</answer>.\n")
+    PROMPT = "Tools: <tool>search: words</tool> <tool>calc: 1+2</tool>. Finish with <answer>number</answer>.\n"
 
-    def __init__(self, seed: int = 0, corpus_path: str = "", search_k: int = 1, max_turns: int = 4,
-                 facts: int = 2, instruction: str = PROMPT, **kwargs):
+    def __init__(
+        self,
+        seed: int = 0,
+        corpus_path: str = "",
+        search_k: int = 1,
+        max_turns: int = 4,
+        facts: int = 2,
+        instruction: str = PROMPT,
+        **kwargs,
+    ):
         super().__init__(seed, max_turns=max_turns, **kwargs)
         if facts not in (1, 2):
             raise ValueError(f"env.args.facts: must be 1 or 2, got {facts}")
@@ -109,8 +132,10 @@ class ToolUse(ToolEnvironment):
         if search_k < 1:
             raise ValueError(f"env.args.search_k: must be >= 1, got {search_k}")
         self.search_k = search_k
-        self.tools = {"search": lambda q, state: search(self.corpus, q, self.search_k),
-                      "calc": lambda e, state: calculate(e)}
+        self.tools = {
+            "search": lambda q, state: search(self.corpus, q, self.search_k),
+            "calc": lambda e, state: calculate(e),
+        }
 
     def make_task(self, index: int, split: str) -> Task:
         rng = rng_for(self.seed, split, index)
@@ -122,13 +147,22 @@ class ToolUse(ToolEnvironment):
         else:
             fact = "population" if rng.random() < 0.5 else "founded"
             if fact == "population":
-                question, gold = f"Total population of {a['title']} and {b['title']}?", a["population"] + b["population"]
+                question, gold = (
+                    f"Total population of {a['title']} and {b['title']}?",
+                    a["population"] + b["population"],
+                )
             else:
-                question, gold = (f"Years between the founding of {a['title']} and {b['title']}?",
-                                  abs(a["founded"] - b["founded"]))
+                question, gold = (
+                    f"Years between the founding of {a['title']} and {b['title']}?",
+                    abs(a["founded"] - b["founded"]),
+                )
             towns = [a["title"], b["title"]]
-        return Task(id=f"tool_use/{split}/{index}", messages=[{"role": "user", "content": self.instruction + question}],
-                    answer=str(gold), info={"towns": towns, "fact": fact})
+        return Task(
+            id=f"tool_use/{split}/{index}",
+            messages=[{"role": "user", "content": self.instruction + question}],
+            answer=str(gold),
+            info={"towns": towns, "fact": fact},
+        )
 
     def demonstration_turns(self, task: Task) -> list[str]:
         """Search each town, compute with the calculator (two facts), answer: one tool call per turn."""
@@ -139,8 +173,12 @@ class ToolUse(ToolEnvironment):
             expr = f"{a['population']}+{b['population']}"
         else:
             expr = f"{max(a['founded'], b['founded'])}-{min(a['founded'], b['founded'])}"
-        return [f"<tool>search: {a['title']}</tool>", f"<tool>search: {b['title']}</tool>",
-                f"<tool>calc: {expr}</tool>", f"<answer>{task.answer}</answer>"]
+        return [
+            f"<tool>search: {a['title']}</tool>",
+            f"<tool>search: {b['title']}</tool>",
+            f"<tool>calc: {expr}</tool>",
+            f"<answer>{task.answer}</answer>",
+        ]
 
     def score(self, task: Task, history: list[Message], state: dict[str, Any]) -> float:
         answer = last_answer(history)

@@ -66,8 +66,14 @@ class ToolEnvironment(MultiTurnEnvironment):
 
     result_role = "user"  # the most portable role across chat templates for tool output
 
-    def __init__(self, seed: int = 0, tool_timeout_s: float = 2.0, max_tool_output: int = 400,
-                 max_calls_per_turn: int = 4, **kwargs):
+    def __init__(
+        self,
+        seed: int = 0,
+        tool_timeout_s: float = 2.0,
+        max_tool_output: int = 400,
+        max_calls_per_turn: int = 4,
+        **kwargs,
+    ):
         super().__init__(seed, **kwargs)
         if tool_timeout_s <= 0:
             raise ValueError(f"env.args.tool_timeout_s: must be > 0, got {tool_timeout_s}")
@@ -79,8 +85,10 @@ class ToolEnvironment(MultiTurnEnvironment):
         self.max_calls_per_turn = int(max_calls_per_turn)
         # env_response (all of a turn's calls) runs under reward_timeout_s: it must fit them
         if self.reward_timeout_s and self.reward_timeout_s < tool_timeout_s * max_calls_per_turn:
-            raise ValueError(f"env.args.reward_timeout_s: must be >= tool_timeout_s * max_calls_per_turn "
-                             f"({tool_timeout_s} * {max_calls_per_turn}), got {self.reward_timeout_s}")
+            raise ValueError(
+                f"env.args.reward_timeout_s: must be >= tool_timeout_s * max_calls_per_turn "
+                f"({tool_timeout_s} * {max_calls_per_turn}), got {self.reward_timeout_s}"
+            )
         self.tools: dict[str, Tool] = {}
 
     def call_tool(self, call: ToolCall, state: dict[str, Any]) -> str:
@@ -91,7 +99,7 @@ class ToolEnvironment(MultiTurnEnvironment):
         outcome = call_with_deadline(tool, call.argument, state, timeout_s=self.tool_timeout_s)
         text = str(outcome.value) if outcome.ok else f"error: {outcome.error}"
         if len(text) > self.max_tool_output:
-            text = text[:self.max_tool_output] + "...(truncated)"
+            text = text[: self.max_tool_output] + "...(truncated)"
         state["tool_calls"] = state.get("tool_calls", 0) + 1
         return text
 
@@ -99,7 +107,7 @@ class ToolEnvironment(MultiTurnEnvironment):
         text = history[-1]["content"]
         if parse_answer(text) is not None:
             return [], True
-        calls = parse_tool_calls(text)[:self.max_calls_per_turn]
+        calls = parse_tool_calls(text)[: self.max_calls_per_turn]
         if not calls:
             return [], True
         results = "".join(f"<result>{c.name}: {self.call_tool(c, state)}</result>" for c in calls)

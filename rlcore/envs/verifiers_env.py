@@ -100,6 +100,7 @@ def load_v1_env(taskset: str, env_config: dict[str, Any] | None = None) -> Any:
     verifiers resolves an id as a top-level module name; a dotted module path (`my_pkg.my_env`)
     is imported here and registered under its last component, which becomes the id."""
     import verifiers.v1 as vf
+
     if "." in taskset:
         module = importlib.import_module(taskset)
         alias = taskset.rsplit(".", 1)[-1]
@@ -117,6 +118,7 @@ def task_messages(data: Any) -> list[dict[str, Any]]:
         out.append({"role": "user", "content": prompt})
     elif prompt:
         from verifiers.v1.dialects.chat import message_to_wire
+
         out += [m if isinstance(m, dict) else message_to_wire(m) for m in prompt]
     return out
 
@@ -129,10 +131,12 @@ def stitch(records: list[TokenRecord]) -> Sample:
     for i, rec in enumerate(records):
         context = sample.prompt_ids + sample.completion_ids
         if i:
-            if rec.prompt_ids[:len(context)] != context:
-                raise ValueError(f"turn {i + 1}'s prompt does not extend the episode's token ids "
-                                 "(the harness rewrote earlier messages)")
-            env_ids = rec.prompt_ids[len(context):]
+            if rec.prompt_ids[: len(context)] != context:
+                raise ValueError(
+                    f"turn {i + 1}'s prompt does not extend the episode's token ids "
+                    "(the harness rewrote earlier messages)"
+                )
+            env_ids = rec.prompt_ids[len(context) :]
             sample.completion_ids += env_ids
             sample.logprobs += [0.0] * len(env_ids)
             sample.versions += [-1] * len(env_ids)
@@ -178,10 +182,20 @@ class VerifiersEnvironment(Environment):
     """A rubric's weighted sum has the scale its taskset gives it: declare it with
     `env.args.reward_range: [lo, hi]` to have every reward checked against it."""
 
-    def __init__(self, taskset: str = "", env_config: dict[str, Any] | None = None, model_name: str = "rlcore",
-                 tool_parser: str = "hermes", request_timeout_s: float = 600.0, rollout_timeout_s: float = 1800.0,
-                 batch_window_s: float = 0.005, max_tasks: int = 100_000, allow_host_tools: bool = False,
-                 seed: int = 0, **common):
+    def __init__(
+        self,
+        taskset: str = "",
+        env_config: dict[str, Any] | None = None,
+        model_name: str = "rlcore",
+        tool_parser: str = "hermes",
+        request_timeout_s: float = 600.0,
+        rollout_timeout_s: float = 1800.0,
+        batch_window_s: float = 0.005,
+        max_tasks: int = 100_000,
+        allow_host_tools: bool = False,
+        seed: int = 0,
+        **common,
+    ):
         super().__init__(seed, **common)
         try:
             check_tool_parser(tool_parser)
@@ -198,9 +212,12 @@ class VerifiersEnvironment(Environment):
         if found and allow_host_tools is not True:
             raise ValueError(refusal(found))
         if found:
-            log.warning("verifiers: parts rlcore does not know to be safe run on this host, outside rlcore's sandbox "
-                        "(env.args.allow_host_tools=true): "
-                        "%s", "; ".join(found))
+            log.warning(
+                "verifiers: parts rlcore does not know to be safe run on this host, outside rlcore's sandbox "
+                "(env.args.allow_host_tools=true): "
+                "%s",
+                "; ".join(found),
+            )
         self.model_name = model_name
         self.tool_parser = tool_parser
         self.request_timeout_s = float(request_timeout_s)
@@ -228,8 +245,12 @@ class VerifiersEnvironment(Environment):
             row = order[index % n]
         data = self._tasks[row].data
         answer = getattr(data, "answer", None)
-        return Task(id=f"verifiers:{split}:{index}", messages=task_messages(data),
-                    answer=answer if isinstance(answer, str) else None, info={"vf_index": row})
+        return Task(
+            id=f"verifiers:{split}:{index}",
+            messages=task_messages(data),
+            answer=answer if isinstance(answer, str) else None,
+            info={"vf_index": row},
+        )
 
     def demonstration_messages(self, task: Task) -> list[dict[str, Any]] | None:
         """The task's messages then the task data's `demonstration` (the messages after the
@@ -249,9 +270,15 @@ class VerifiersEnvironment(Environment):
             if s is None or s.engine is not engine or s.tokenizer is not tokenizer:
                 if s is not None:
                     s.stop()
-                s = OpenAIServer(engine, tokenizer, model_name=self.model_name,
-                                 request_timeout_s=self.request_timeout_s, batch_window_s=self.batch_window_s,
-                                 recorder=TokenRecorder(), tool_parser=self.tool_parser)
+                s = OpenAIServer(
+                    engine,
+                    tokenizer,
+                    model_name=self.model_name,
+                    request_timeout_s=self.request_timeout_s,
+                    batch_window_s=self.batch_window_s,
+                    recorder=TokenRecorder(),
+                    tool_parser=self.tool_parser,
+                )
                 self._server = s.start()
             return s
 
@@ -264,8 +291,14 @@ class VerifiersEnvironment(Environment):
                 self._loop.stop()
                 self._loop = None
 
-    def run_groups(self, tasks: list[Task], group_size: int, engine: RolloutEngine,
-                   tokenizer: PreTrainedTokenizerBase, params: SamplingParams) -> list[Group]:
+    def run_groups(
+        self,
+        tasks: list[Task],
+        group_size: int,
+        engine: RolloutEngine,
+        tokenizer: PreTrainedTokenizerBase,
+        params: SamplingParams,
+    ) -> list[Group]:
         server = self.server(engine, tokenizer)
         server.defaults = params
         with self._server_lock:
@@ -279,35 +312,45 @@ class VerifiersEnvironment(Environment):
             episodes, error = None, f"verifiers: {type(e).__name__}: {e}"
         groups = []
         for ti, task in enumerate(tasks):
-            samples = [self._no_tokens(error) if episodes is None else self._sample(episodes[ti][j], server)
-                       for j in range(group_size)]
+            samples = [
+                self._no_tokens(error) if episodes is None else self._sample(episodes[ti][j], server)
+                for j in range(group_size)
+            ]
             groups.append(Group(task=task, samples=samples))
         errors = [s for g in groups for s in g.samples if s.error]
         if errors:  # the driver counts them; the reason is only here
-            log.warning("verifiers: %d of %d samples errored (%d failed); first: %s", len(errors),
-                        len(tasks) * group_size, sum(s.failed for s in errors), errors[0].error)
+            log.warning(
+                "verifiers: %d of %d samples errored (%d failed); first: %s",
+                len(errors),
+                len(tasks) * group_size,
+                sum(s.failed for s in errors),
+                errors[0].error,
+            )
         return groups
 
-    async def _episodes(self, tasks: list[Task], group_size: int, server: OpenAIServer,
-                        params: SamplingParams) -> list[list[Any]]:
+    async def _episodes(
+        self, tasks: list[Task], group_size: int, server: OpenAIServer, params: SamplingParams
+    ) -> list[list[Any]]:
         import verifiers.v1 as vf
 
         ctx = vf.ModelContext(
             model=self.model_name,
             client=vf.EvalClientConfig(base_url=server.base_url, api_key_var=API_KEY_VAR),
-            sampling=vf.SamplingConfig(max_tokens=params.max_new_tokens, temperature=params.temperature,
-                                       top_p=params.top_p))
+            sampling=vf.SamplingConfig(
+                max_tokens=params.max_new_tokens, temperature=params.temperature, top_p=params.top_p
+            ),
+        )
         env = self.vf_env
         async with env.serving():
-            flat = await asyncio.gather(*(env.run_episode(self._tasks[t.info["vf_index"]], ctx)
-                                          for t in tasks for _ in range(group_size)))
-        return [flat[i * group_size:(i + 1) * group_size] for i in range(len(tasks))]
+            flat = await asyncio.gather(
+                *(env.run_episode(self._tasks[t.info["vf_index"]], ctx) for t in tasks for _ in range(group_size))
+            )
+        return [flat[i * group_size : (i + 1) * group_size] for i in range(len(tasks))]
 
     def _no_tokens(self, error: str) -> Sample:
         """A sample without token ids: always failed (nothing to train on), whatever
         `on_reward_error` says."""
-        sample = Sample(prompt_ids=[], completion_ids=[], logprobs=[], versions=[], loss_mask=[],
-                        finish_reason="abort")
+        sample = Sample(prompt_ids=[], completion_ids=[], logprobs=[], versions=[], loss_mask=[], finish_reason="abort")
         self.apply_error(sample, error)
         sample.failed = True
         return sample
@@ -317,8 +360,9 @@ class VerifiersEnvironment(Environment):
         trainable = [(t, recs) for t, recs in per_trace if t.agent.trainable]
         if len(trainable) != 1:
             why = "; ".join(f"{e.type}: {e.message}" for e in episode.errors) or "no error recorded"
-            return self._no_tokens(f"verifiers: episode has {len(trainable)} trainable traces, one is "
-                                   f"supported ({why})")
+            return self._no_tokens(
+                f"verifiers: episode has {len(trainable)} trainable traces, one is supported ({why})"
+            )
         trace, records = trainable[0]
         errors = [*episode.errors, *trace.errors]
         why = "; ".join(f"{e.type}: {e.message}" for e in errors)

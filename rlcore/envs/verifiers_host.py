@@ -39,6 +39,7 @@ def null_harness_id(cfg: dict[str, Any]) -> dict[str, Any]:
         import sys
 
         from rlcore.envs import vf_chat
+
         sys.modules.setdefault(IN_PROCESS_CHAT, vf_chat)
         cfg["agent"] = {**cfg["agent"], "harness": {**harness, "id": IN_PROCESS_CHAT}}
     return cfg
@@ -50,12 +51,14 @@ def safe_harnesses() -> tuple[type, ...]:
 
     from rlcore.envs.vf_calculator import CalculatorHarness
     from rlcore.envs.vf_chat import InProcessChatHarness
+
     return (InProcessChatHarness, CalculatorHarness, NullHarness)
 
 
 def isolating_runtimes() -> tuple[type, ...]:
     """Runtime config classes whose programs get their own network and filesystem."""
     from verifiers.v1.runtimes import DockerConfig, E2BConfig, ModalConfig, PodmanConfig, PrimeConfig
+
     return (DockerConfig, PodmanConfig, PrimeConfig, ModalConfig, E2BConfig)
 
 
@@ -82,9 +85,11 @@ def host_tools(vf_env: Any) -> list[str]:
         harness = vf_env._harnesses.get(name)  # the loaded harness (verifiers keeps no public map)
         if type(harness) in safe_harnesses() or type(agent.runtime) in isolating:
             continue
-        out.append(f"agent {name!r}: harness {ids[name].id!r} ({_name(type(harness))}, not one rlcore knows to run "
-                   f"none of the policy's output; its own EXECUTES_CODE is not read) in runtime "
-                   f"{_runtime(agent.runtime)}")
+        out.append(
+            f"agent {name!r}: harness {ids[name].id!r} ({_name(type(harness))}, not one rlcore knows to run "
+            f"none of the policy's output; its own EXECUTES_CODE is not read) in runtime "
+            f"{_runtime(agent.runtime)}"
+        )
     taskset = vf_env.taskset
     servers = [*type(taskset).toolsets(taskset.config), *type(taskset).task_type().toolsets(taskset.config.task)]
     for server in servers:
@@ -103,11 +108,13 @@ def host_tools(vf_env: Any) -> list[str]:
 
 def refusal(found: list[str]) -> str:
     """The one-line refusal for `found` (from host_tools)."""
-    return (f"{ALLOW_KEY}: this verifiers environment could run the policy's output on this host, as this user, "
-            f"outside rlcore's sandbox ({'; '.join(found)}). rlcore trusts a harness, runtime or env class by what "
-            f"it is, never by its own flags. Pick a tool-less harness "
-            f"(env.args.env_config={{agent: {{harness: {{id: null}}}}}}), a container runtime for the agent and "
-            f"its tool servers (agent.runtime.type: docker), or set {ALLOW_KEY}=true to accept it")
+    return (
+        f"{ALLOW_KEY}: this verifiers environment could run the policy's output on this host, as this user, "
+        f"outside rlcore's sandbox ({'; '.join(found)}). rlcore trusts a harness, runtime or env class by what "
+        f"it is, never by its own flags. Pick a tool-less harness "
+        f"(env.args.env_config={{agent: {{harness: {{id: null}}}}}}), a container runtime for the agent and "
+        f"its tool servers (agent.runtime.type: docker), or set {ALLOW_KEY}=true to accept it"
+    )
 
 
 def taskset_import_error(taskset: str) -> str | None:
@@ -128,8 +135,10 @@ def taskset_import_error(taskset: str) -> str | None:
             text = str(e).strip().splitlines()[0] if str(e).strip() else ""
             hint = ""
             if "verifiers" in text or getattr(e, "name", "") and str(getattr(e, "name", "")).startswith("verifiers"):
-                hint = (" (written for verifiers' classic 0.3.x API? rlcore runs verifiers 0.4.0, whose only API "
-                        "is v1: `import verifiers.v1 as vf`)")
+                hint = (
+                    " (written for verifiers' classic 0.3.x API? rlcore runs verifiers 0.4.0, whose only API "
+                    "is v1: `import verifiers.v1 as vf`)"
+                )
             return f"module {module!r} ({spec.origin}) failed to import: {type(e).__name__}: {text}{hint}"
         return None
     return None

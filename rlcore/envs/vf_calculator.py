@@ -21,9 +21,14 @@ from verifiers.v1.runtimes import ProgramResult
 
 from rlcore.envs.tool_use import calculate
 
-CALC_TOOL = {"type": "function", "function": {
-    "name": "calc", "description": "Evaluate an arithmetic expression.",
-    "parameters": {"type": "object", "properties": {"expr": {"type": "string"}}, "required": ["expr"]}}}
+CALC_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "calc",
+        "description": "Evaluate an arithmetic expression.",
+        "parameters": {"type": "object", "properties": {"expr": {"type": "string"}}, "required": ["expr"]},
+    },
+}
 
 
 def call_text(expr: str) -> str:
@@ -70,15 +75,19 @@ class CalculatorConfig(vf.TasksetConfig):
 class CalculatorTaskset(vf.Taskset[CalculatorTask, CalculatorConfig]):
     def load(self) -> list[CalculatorTask]:
         rng = random.Random(self.config.seed)
-        lo, hi = 10 ** (self.config.digits - 1), 10 ** self.config.digits - 1
+        lo, hi = 10 ** (self.config.digits - 1), 10**self.config.digits - 1
         tasks = []
         for _ in range(self.config.num_tasks):
             expr = f"{rng.randint(lo, hi)}*{rng.randint(lo, hi)}"
             answer = calculate(expr)
-            demo = [{"role": "assistant", "content": call_text(expr)}, {"role": "tool", "content": answer},
-                    {"role": "assistant", "content": answer}]
-            tasks.append(CalculatorTask(CalculatorData(prompt=f"{expr}=", answer=answer, demonstration=demo),
-                                        self.config.task))
+            demo = [
+                {"role": "assistant", "content": call_text(expr)},
+                {"role": "tool", "content": answer},
+                {"role": "assistant", "content": answer},
+            ]
+            tasks.append(
+                CalculatorTask(CalculatorData(prompt=f"{expr}=", answer=answer, demonstration=demo), self.config.task)
+            )
         return tasks
 
 

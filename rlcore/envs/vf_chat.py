@@ -17,6 +17,7 @@ from openai import AsyncOpenAI
 from verifiers.v1.dialects.chat import message_to_wire
 from verifiers.v1.runtimes import ProgramResult
 
+
 class InProcessChatConfig(vf.HarnessConfig):
     pass
 

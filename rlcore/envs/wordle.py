@@ -50,8 +50,9 @@ def parse_guess(text: str) -> str | None:
     return found[-1].lower() if found else None
 
 
-def solve(target: str, words: list[str], max_turns: int, noise: float = 0.0,
-          rng: random.Random | None = None) -> list[str]:
+def solve(
+    target: str, words: list[str], max_turns: int, noise: float = 0.0, rng: random.Random | None = None
+) -> list[str]:
     """The solver's guesses: each the first of `words` consistent with every earlier mark; after
     the first, with probability `noise` (drawn from `rng`), the previous guess repeated instead."""
     guesses: list[str] = []
@@ -90,8 +91,7 @@ class Wordle(MultiTurnEnvironment):
     def make_task(self, index: int, split: str) -> Task:
         rng = rng_for(self.seed, split, index)
         target = rng.choice(self.words)
-        return Task(id=f"wordle/{split}/{index}", messages=[{"role": "user", "content": self.PROMPT}],
-                    answer=target)
+        return Task(id=f"wordle/{split}/{index}", messages=[{"role": "user", "content": self.PROMPT}], answer=target)
 
     def env_response(self, task: Task, history: list[Message], state: dict[str, Any]) -> tuple[list[Message], bool]:
         guess = parse_guess(history[-1]["content"])
@@ -104,8 +104,9 @@ class Wordle(MultiTurnEnvironment):
     def demonstration_turns(self, task: Task) -> list[str]:
         """The solver's guesses (see :func:`solve`), one word per turn; its repeats are drawn from
         the task's own RNG, so a demonstration is the same every time it is built."""
-        return solve(task.answer, self.words, self.max_turns, self.demo_noise,
-                     random.Random(f"{self.seed}:demo-noise:{task.id}"))
+        return solve(
+            task.answer, self.words, self.max_turns, self.demo_noise, random.Random(f"{self.seed}:demo-noise:{task.id}")
+        )
 
     def score(self, task: Task, history: list[Message], state: dict[str, Any]) -> float:
         guesses = guesses_of(history)

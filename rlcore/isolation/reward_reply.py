@@ -48,8 +48,9 @@ def plain_value(value: Any, depth: int = 0) -> Any:
     try:  # a number of another type (numpy.float32, sympy.Float, Fraction): its float, as scoring takes it
         return float(value)
     except Exception:
-        raise TypeError(f"a value of type {type(value).__name__} is not plain data (a number, string, "
-                        "list or dict of them)") from None
+        raise TypeError(
+            f"a value of type {type(value).__name__} is not plain data (a number, string, list or dict of them)"
+        ) from None
 
 
 def encode_row(out: Outcome) -> list:
@@ -108,8 +109,14 @@ def decode_reply(data: bytes) -> dict:
     if not isinstance(body, dict) or set(body) != {"batch", "start", "final", "retire", "outs"}:
         raise BadReply("a reply without the reply's fields")
     batch, start, final, retire, rows = (body[k] for k in ("batch", "start", "final", "retire", "outs"))
-    if not (type(batch) is int and type(start) is int and start >= 0 and type(final) is bool
-            and type(retire) is bool and isinstance(rows, list)):
+    if not (
+        type(batch) is int
+        and type(start) is int
+        and start >= 0
+        and type(final) is bool
+        and type(retire) is bool
+        and isinstance(rows, list)
+    ):
         raise BadReply("a reply whose fields have the wrong types")
     outs = [decode_row(row) for row in rows]
     return {"batch": batch, "start": start, "final": final, "retire": retire, "outs": outs}
@@ -153,8 +160,8 @@ class FrameReader:
                 raise BadReply(f"a frame of {size} bytes announced (limit {self.limit})")
             if len(self.buffer) < 4 + size:
                 break
-            frames.append(bytes(self.buffer[4:4 + size]))
-            del self.buffer[:4 + size]
+            frames.append(bytes(self.buffer[4 : 4 + size]))
+            del self.buffer[: 4 + size]
         return frames
 
     @property

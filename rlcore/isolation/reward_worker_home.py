@@ -174,8 +174,14 @@ def _identity(fd: int):
 
 
 def _interpreter() -> tuple:
-    return (sys.gettrace(), sys.getprofile(), sys.getrecursionlimit(), sys.getswitchinterval(),
-            sys.get_int_max_str_digits(), gc.isenabled())
+    return (
+        sys.gettrace(),
+        sys.getprofile(),
+        sys.getrecursionlimit(),
+        sys.getswitchinterval(),
+        sys.get_int_max_str_digits(),
+        gc.isenabled(),
+    )
 
 
 def _set_interpreter(state: tuple) -> None:

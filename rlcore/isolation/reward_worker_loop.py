@@ -186,15 +186,16 @@ def serve(conn, owner: Any, progress, lock, memory_mb: int, namespace_init: bool
         _batch.update(conn=conn, outs=[], sent=0, id=batch_id)
         outs, retire = run_batch(owner, batch, progress, lock, memory_mb, conn.fileno(), _batch["outs"])
         try:
-            conn.send_bytes(encode(outs[_batch["sent"]:], retire, _batch["sent"], final=True))
+            conn.send_bytes(encode(outs[_batch["sent"] :], retire, _batch["sent"], final=True))
         except Exception:  # the call closed the pipe: the actor sees this worker die during it
             os._exit(EXIT_PIPE_LOST)
         if retire:
             os._exit(0)
 
 
-def run_batch(owner: Any, batch: list[bytes], progress, lock, memory_mb: int, pipe_fd: int,
-              outs: list[Outcome]) -> tuple[list, bool]:
+def run_batch(
+    owner: Any, batch: list[bytes], progress, lock, memory_mb: int, pipe_fd: int, outs: list[Outcome]
+) -> tuple[list, bool]:
     """Run the batch's calls in order until the parent's cut, each in a process of its own
     (:func:`run_forked`), appending each outcome to `outs`; (outs, whether to retire: never, the
     worker itself runs no reward code)."""
@@ -206,8 +207,9 @@ def run_batch(owner: Any, batch: list[bytes], progress, lock, memory_mb: int, pi
         out = run_forked(owner, blob, pipe_fd, progress.fd)
         end_descendants()
         if out.error is not None and out.error.startswith("MemoryError"):
-            out.error = (f"reward exceeded the reward worker's memory bound (env.args.reward_memory_mb={memory_mb}): "
-                         f"{out.error}")
+            out.error = (
+                f"reward exceeded the reward worker's memory bound (env.args.reward_memory_mb={memory_mb}): {out.error}"
+            )
         outs.append(out)
     return outs, False
 
@@ -239,11 +241,16 @@ def run_forked(owner: Any, blob: bytes, pipe_fd: int, progress_fd: int = -1) -> 
             out = run_one(owner, blob)
             data = dumps(row(out), allow_nan=True).encode()
             if length(data) > FRAME_LIMIT // 2:
-                data = dumps([None, f"reward returned a value of {length(data)} bytes as JSON (limit {FRAME_LIMIT})",
-                              out.output[:1024]]).encode()
+                data = dumps(
+                    [
+                        None,
+                        f"reward returned a value of {length(data)} bytes as JSON (limit {FRAME_LIMIT})",
+                        out.output[:1024],
+                    ]
+                ).encode()
             data = length(data).to_bytes(4, "big") + data
             while data:
-                data = data[write(w, data):]
+                data = data[write(w, data) :]
         finally:
             exit_(0)
     os.close(w)
@@ -259,8 +266,11 @@ def run_forked(owner: Any, blob: bytes, pipe_fd: int, progress_fd: int = -1) -> 
         return Outcome(error="CallAbandoned: abandoned at its deadline")
     size = int.from_bytes(data[:4], "big") if len(data) >= 4 else -1
     if size < 0 or len(data) != 4 + size:
-        how = (f"exited with code {os.WEXITSTATUS(status)}" if os.WIFEXITED(status)
-               else f"was killed by signal {os.WTERMSIG(status)}")
+        how = (
+            f"exited with code {os.WEXITSTATUS(status)}"
+            if os.WIFEXITED(status)
+            else f"was killed by signal {os.WTERMSIG(status)}"
+        )
         return Outcome(error=f"the reward's process {how} before it sent an outcome")
     try:
         return decode_row(json.loads(data[4:]))
@@ -378,8 +388,11 @@ def limit_memory(memory_mb: int) -> None:
 def children() -> list[int]:
     """This process's child pids (orphans it adopted as subreaper included)."""
     try:
-        return [int(p) for tid in os.listdir("/proc/self/task")
-                for p in open(f"/proc/self/task/{tid}/children").read().split()]
+        return [
+            int(p)
+            for tid in os.listdir("/proc/self/task")
+            for p in open(f"/proc/self/task/{tid}/children").read().split()
+        ]
     except OSError:  # no CONFIG_PROC_CHILDREN: scan the process table
         me, kids = os.getpid(), []
         for pid in filter(str.isdigit, os.listdir("/proc")):

@@ -54,8 +54,11 @@ def enter(network: bool = True) -> int:
     elif libc.unshare(CLONE_NEWUSER | CLONE_NEWPID) != 0:
         return NONE
     # an unprivileged process may map its own uid and gid (after refusing setgroups) and nothing else
-    for path, text in (("/proc/self/setgroups", "deny"), ("/proc/self/uid_map", f"{uid} {uid} 1"),
-                       ("/proc/self/gid_map", f"{gid} {gid} 1")):
+    for path, text in (
+        ("/proc/self/setgroups", "deny"),
+        ("/proc/self/uid_map", f"{uid} {uid} 1"),
+        ("/proc/self/gid_map", f"{gid} {gid} 1"),
+    ):
         try:
             with open(path, "w") as f:
                 f.write(text)

@@ -13,12 +13,19 @@ import socket
 import threading
 import time
 
-from rlcore.isolation.reward_worker_loop import (
-    ABANDON_SIGNAL, CURRENT, CUT, EXIT_DESCENDANTS, EXIT_PIPE_LOST, FLUSH_SIGNAL, NAMESPACE, STARTED,
-    keep,
-)
 from rlcore.isolation import reward_worker_walls as walls
 from rlcore.isolation.reward_reply import BadReply, FrameReader, StaleReply, decode_reply
+from rlcore.isolation.reward_worker_loop import (
+    ABANDON_SIGNAL,
+    CURRENT,
+    CUT,
+    EXIT_DESCENDANTS,
+    EXIT_PIPE_LOST,
+    FLUSH_SIGNAL,
+    NAMESPACE,
+    STARTED,
+    keep,
+)
 from rlcore.isolation.reward_worker_ns import NONE
 from rlcore.isolation.reward_worker_progress import Progress
 from rlcore.isolation.reward_zygote import Zygote, signal_pidfd
@@ -54,8 +61,7 @@ def start_forked(proc) -> None:
 class Worker:
     """The actor's handle on one reward worker (its keeper process, pipe and progress)."""
 
-    def __init__(self, owner, memory_mb: int, zygote: Zygote | None = None, network: bool = False,
-                 name: str = "env"):
+    def __init__(self, owner, memory_mb: int, zygote: Zygote | None = None, network: bool = False, name: str = "env"):
         """The worker's keeper is forked by `zygote` (a lean process: :mod:`rlcore.isolation.reward_zygote`)
         or, without one, by this process (the environment need not be importable by name).
         `network`: the environment declared `reward_network` (else the worker has none)."""
@@ -84,9 +90,12 @@ class Worker:
         else:
             walls.worker_filter(network)  # built once here, not in every worker
             # the process started here is the worker's keeper (its parent); the worker is its child
-            self.proc = ctx.Process(target=keep, args=(child, owner, self.progress, self.lock, os.getpid(), memory_mb,
-                                                       network),
-                                    daemon=True, name="rlcore-reward-worker")
+            self.proc = ctx.Process(
+                target=keep,
+                args=(child, owner, self.progress, self.lock, os.getpid(), memory_mb, network),
+                daemon=True,
+                name="rlcore-reward-worker",
+            )
             start_forked(self.proc)
             child.close()
         self.idle_since = 0.0
@@ -116,7 +125,8 @@ class Worker:
             for reply in replies:
                 if reply["batch"] != self.batch_id:
                     raise (StaleReply if 0 < reply["batch"] < self.batch_id else BadReply)(
-                        f"a reply for batch {reply['batch']} while it runs batch {self.batch_id}")
+                        f"a reply for batch {reply['batch']} while it runs batch {self.batch_id}"
+                    )
             return replies
         except StaleReply as exc:
             raise StaleReply(f"{self.name}: reward worker sent {exc}") from None
@@ -133,7 +143,7 @@ class Worker:
             data, ancdata, _, _ = sock.recvmsg(1 << 16, socket.CMSG_SPACE(4 * fds.itemsize))
             for level, kind, payload in ancdata:
                 if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
-                    fds.frombytes(payload[:len(payload) - len(payload) % fds.itemsize])
+                    fds.frombytes(payload[: len(payload) - len(payload) % fds.itemsize])
             return data, list(fds)
         finally:
             sock.close()
@@ -148,8 +158,10 @@ class Worker:
         if k == seen_k:
             return seen_k, seen_at
         if k < seen_k or k >= batch_len or (cut is not None and k > cut):
-            raise BadReply(f"{self.name}: reward worker wrote call {k} into its progress (it ran {seen_k} "
-                           f"of {batch_len}{'' if cut is None else f', cut at {cut}'})")
+            raise BadReply(
+                f"{self.name}: reward worker wrote call {k} into its progress (it ran {seen_k} "
+                f"of {batch_len}{'' if cut is None else f', cut at {cut}'})"
+            )
         self.seen = (k, time.monotonic())
         return self.seen
 
@@ -158,14 +170,15 @@ class Worker:
         """The keeper's pid (the process this one forked and reaps)."""
         return self.proc.pid
 
-
     def death(self) -> str:
         """How the worker ended, once its pipe closed (waits up to 1 s for its keeper)."""
         self.proc.join(1.0)
         code = self.proc.exitcode
         if code is not None and code < 0:  # the keeper itself was signalled: no one here sends that
-            return (f"the reward signalled its process's parent (signal {-code}): the reward worker was lost, "
-                    "the rollout actor spared")
+            return (
+                f"the reward signalled its process's parent (signal {-code}): the reward worker was lost, "
+                "the rollout actor spared"
+            )
         if code is not None and code >= 128:
             return f"reward worker killed by signal {code - 128}"
         if code == EXIT_PIPE_LOST:

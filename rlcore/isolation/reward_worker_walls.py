@@ -28,8 +28,24 @@ import sys
 
 NOFILE = 4096
 """The worker's descriptor limit (soft and hard, where the hard limit allows)."""
-KEEP_ENV = ("PATH", "HOME", "LANG", "LANGUAGE", "TERM", "TZ", "TMPDIR", "USER", "LOGNAME", "SHELL", "PWD",
-            "VIRTUAL_ENV", "CONDA_PREFIX", "SSL_CERT_FILE", "SSL_CERT_DIR", "REQUESTS_CA_BUNDLE")
+KEEP_ENV = (
+    "PATH",
+    "HOME",
+    "LANG",
+    "LANGUAGE",
+    "TERM",
+    "TZ",
+    "TMPDIR",
+    "USER",
+    "LOGNAME",
+    "SHELL",
+    "PWD",
+    "VIRTUAL_ENV",
+    "CONDA_PREFIX",
+    "SSL_CERT_FILE",
+    "SSL_CERT_DIR",
+    "REQUESTS_CA_BUNDLE",
+)
 """Variables kept whatever their name (with every LC_*, PYTHON*, OMP_*, MKL_*, HF_HOME/TRANSFORMERS_* paths)."""
 SECRET_WORDS = ("TOKEN", "SECRET", "PASSWORD", "PASSWD", "CREDENTIAL", "API_KEY", "ACCESS_KEY", "PRIVATE_KEY")
 """Variables whose name holds one of these leave unless the environment declares `reward_network`
@@ -173,6 +189,7 @@ def _worker_rules(network: bool):
                 for family in range(sc.AF_UNIX + 1, sc.AF_NETLINK):
                     sc._rule(lib, ctx, eperm, call, sc._ArgCmp(0, sc.SCMP_CMP_EQ, family, 0))
                 sc._rule(lib, ctx, eperm, call, sc._ArgCmp(0, sc.SCMP_CMP_GT, sc.AF_NETLINK, 0))
+
     return rules
 
 
@@ -205,7 +222,9 @@ def refuse_unbounded_memory(network: bool) -> str | None:
     nr = {"x86_64": 317, "aarch64": 277}.get(os.uname().machine)
     if nr is None:
         return "seccomp: unknown architecture"
-    if libc.syscall(ctypes.c_long(nr), ctypes.c_ulong(SECCOMP_SET_MODE_FILTER), ctypes.c_ulong(0),
-                    ctypes.byref(prog)) != 0:
+    if (
+        libc.syscall(ctypes.c_long(nr), ctypes.c_ulong(SECCOMP_SET_MODE_FILTER), ctypes.c_ulong(0), ctypes.byref(prog))
+        != 0
+    ):
         return f"seccomp: {os.strerror(ctypes.get_errno())}"
     return None

@@ -169,8 +169,10 @@ class WorkerPool:
         """Back to the idle workers (up to `MAX_IDLE`)."""
         if worker.shares_pid_namespace and not self.warned:
             self.warned = True
-            log.warning("reward workers could not get a PID namespace of their own (unshare refused): a reward "
-                        "can signal the rollout actor and the run's other processes of its uid")
+            log.warning(
+                "reward workers could not get a PID namespace of their own (unshare refused): a reward "
+                "can signal the rollout actor and the run's other processes of its uid"
+            )
         now = time.monotonic()
         expired: list[Worker] = []
         with self._lock:
@@ -266,7 +268,7 @@ class _Run:
         alone = [[i] for i in items if i in self.suspects]
         items = [i for i in items if i not in self.suspects]
         per = math.ceil(len(items) / n) if items else 1
-        for share in alone + [items[j:j + per] for j in range(0, len(items), per)]:
+        for share in alone + [items[j : j + per] for j in range(0, len(items), per)]:
             worker = self.pool.take()
             if worker is None:
                 self.todo.extend(share)
@@ -322,7 +324,7 @@ class _Run:
                 self.pool.drop(batch.worker)
             else:
                 self.pool.give(batch.worker)
-            self.todo.extend(i for i in batch.items[batch.received:] if i not in batch.moved)
+            self.todo.extend(i for i in batch.items[batch.received :] if i not in batch.moved)
             return
 
     def check(self, batch: _Batch, reply: dict, received: int) -> int:
@@ -330,8 +332,10 @@ class _Run:
         its cut; the outcomes received after it."""
         last = len(batch.items) if batch.cut is None else batch.cut + 1
         if reply["start"] != received or reply["start"] + len(reply["outs"]) > last:
-            raise BadReply(f"{self.pool.name}: reward worker sent outcomes {reply['start']}.."
-                           f"{reply['start'] + len(reply['outs']) - 1} where {received}..{last - 1} were due")
+            raise BadReply(
+                f"{self.pool.name}: reward worker sent outcomes {reply['start']}.."
+                f"{reply['start'] + len(reply['outs']) - 1} where {received}..{last - 1} were due"
+            )
         return received + len(reply["outs"])
 
     def fail_worker(self, batch: _Batch, why: str) -> None:
@@ -387,7 +391,7 @@ class _Run:
     def move_rest(self, batch: _Batch, cut: int) -> None:
         if batch.cut is not None:
             return
-        batch.cut, batch.moved = cut, batch.items[cut + 1:]
+        batch.cut, batch.moved = cut, batch.items[cut + 1 :]
         # where one call overran, the next may too: the rest spreads over `size` workers at once,
         # so consecutive hung calls start side by side, not one handoff apart
         if batch.moved:

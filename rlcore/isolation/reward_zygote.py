@@ -1,6 +1,8 @@
 """The pool's zygote: a lean process that starts reward workers, so starting one does not cost the
 rollout actor a fork of itself.
 
+Over 400 lines: the zygote's protocol, its keepers and their pidfds are one process's code.
+
 A fork costs in proportion to the memory the forking process has mapped: ~14 ms in a process that
 imported torch (0.4 ms in a bare interpreter), twice per worker (the keeper, then the worker), on
 the actor's CPU with its GIL held. A storm of overrunning rewards needs a worker per overrunning
@@ -88,11 +90,20 @@ class Zygote:
         try:
             self.proc = _SPAWNER.submit(
                 subprocess.Popen,
-                [sys.executable, "-c", "import sys; from rlcore.isolation.reward_zygote import main; main(*sys.argv[1:])",
-                 str(theirs.fileno()), str(os.getpid())], pass_fds=[theirs.fileno()],
-                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, cwd=os.getcwd(),
+                [
+                    sys.executable,
+                    "-c",
+                    "import sys; from rlcore.isolation.reward_zygote import main; main(*sys.argv[1:])",
+                    str(theirs.fileno()),
+                    str(os.getpid()),
+                ],
+                pass_fds=[theirs.fileno()],
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                cwd=os.getcwd(),
                 # rlcore imports there as here, before it is sent this process's sys.path
-                env={**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}).result()
+                env={**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)},
+            ).result()
         finally:
             theirs.close()
         self.conn.send((list(sys.path), blob, os.getpid()))
@@ -191,8 +202,12 @@ class ZygoteHolder:
                     zygote = self._zygote = Zygote(self.owner)
                 except Exception as e:  # mostly: the environment does not pickle. Workers are forks of the actor
                     self.starts = STARTS
-                    log.info("reward workers of %s start as forks of the rollout actor (no zygote: %s: %s)",
-                             type(self.owner).__name__, type(e).__name__, e)
+                    log.info(
+                        "reward workers of %s start as forks of the rollout actor (no zygote: %s: %s)",
+                        type(self.owner).__name__,
+                        type(e).__name__,
+                        e,
+                    )
                     return None
         try:
             return zygote if zygote.ready() else None
@@ -209,8 +224,12 @@ class ZygoteHolder:
                     self.starts = STARTS
                 more = self.starts < STARTS
                 # one that never loaded the environment is a fallback, not a fault (a class in __main__)
-                log.log(logging.WARNING if zygote.was_ready else logging.INFO, "%s; reward workers %s", why,
-                        "start from a new zygote" if more else "start as forks of the rollout actor from now on")
+                log.log(
+                    logging.WARNING if zygote.was_ready else logging.INFO,
+                    "%s; reward workers %s",
+                    why,
+                    "start from a new zygote" if more else "start as forks of the rollout actor from now on",
+                )
         zygote.close()
 
     def close(self) -> None:

@@ -75,7 +75,6 @@ def _describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"
 
 
-
 def kill_session(proc) -> None:
     """SIGKILL a forked `multiprocessing` process and its whole session (anything it started),
     then reap it; one killed before its `setsid` (no group yet) is killed alone."""
@@ -86,6 +85,7 @@ def kill_session(proc) -> None:
     if proc.is_alive():
         proc.kill()
     proc.join(1.0)
+
 
 class _Sink(io.TextIOBase):
     """Keeps the first `OUTPUT_LIMIT` characters written to it and counts the rest."""
@@ -158,8 +158,7 @@ class _ThreadCall:
         self._box: list[Outcome] = []
         self._sink = _Sink()
         self.abandoned = False
-        self._thread = threading.Thread(target=self._run, args=(fn, args), name="rlcore-guarded-call",
-                                        daemon=True)
+        self._thread = threading.Thread(target=self._run, args=(fn, args), name="rlcore-guarded-call", daemon=True)
         self._thread.start()
 
     def _run(self, fn, args) -> None:
@@ -259,8 +258,9 @@ class _ProcessCall:
         return out
 
 
-def call_many(calls: list[tuple[Callable[..., Any], tuple]], timeout_s: float,
-              isolation: str = "thread") -> list[Outcome]:
+def call_many(
+    calls: list[tuple[Callable[..., Any], tuple]], timeout_s: float, isolation: str = "thread"
+) -> list[Outcome]:
     """Run every ``fn(*args)`` of `calls` concurrently; each call gets `timeout_s` seconds from
     its start (<= 0: no deadline, run one after another in this thread). A call that misses its
     deadline fails alone: the others' outcomes are kept. Outcomes in call order."""
@@ -296,14 +296,14 @@ def call_many(calls: list[tuple[Callable[..., Any], tuple]], timeout_s: float,
     return outcomes
 
 
-def call_with_deadline(fn: Callable[..., Any], *args: Any, timeout_s: float,
-                       isolation: str = "thread") -> Outcome:
+def call_with_deadline(fn: Callable[..., Any], *args: Any, timeout_s: float, isolation: str = "thread") -> Outcome:
     """Call ``fn(*args)``; give up after `timeout_s` seconds (<= 0: no deadline, same thread)."""
     return call_many([(fn, args)], timeout_s, isolation)[0]
 
 
-def check_safety_args(reward_timeout_s: float, on_reward_error: str, reward_isolation: str,
-                      max_abandoned_threads: int = 4) -> None:
+def check_safety_args(
+    reward_timeout_s: float, on_reward_error: str, reward_isolation: str, max_abandoned_threads: int = 4
+) -> None:
     """Raise ValueError("env.args.KEY: ...") for a bad safety setting (see rlcore.plan.validate)."""
     if reward_timeout_s is None or reward_timeout_s < 0:
         raise ValueError(f"env.args.reward_timeout_s: must be >= 0 (0 = no deadline), got {reward_timeout_s!r}")

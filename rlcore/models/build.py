@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedTokenizerBase
 
@@ -25,6 +24,7 @@ def build_model(cfg: ModelConfig, tokenizer: PreTrainedTokenizerBase) -> torch.n
         kwargs = {"gguf_file": cfg.gguf_file} if cfg.gguf_file else {}
         if not cfg.gguf_file and vision.is_vision_model(AutoConfig.from_pretrained(cfg.path)):
             from transformers import AutoModelForImageTextToText
+
             return AutoModelForImageTextToText.from_pretrained(cfg.path, dtype=dtype, **kwargs)
         return AutoModelForCausalLM.from_pretrained(cfg.path, dtype=dtype, **kwargs)
     hf_config = random_model_config(cfg, tokenizer)

@@ -58,8 +58,9 @@ def sends_fused_experts(config: Any) -> bool:
     return fam is not None and fam.vllm_fused_experts
 
 
-def checkpoint_named(model: torch.nn.Module, named_tensors: Iterable[tuple[str, torch.Tensor]],
-                     fuse_experts: bool = False) -> Iterator[tuple[str, torch.Tensor]]:
+def checkpoint_named(
+    model: torch.nn.Module, named_tensors: Iterable[tuple[str, torch.Tensor]], fuse_experts: bool = False
+) -> Iterator[tuple[str, torch.Tensor]]:
     """`named_tensors` (transformers module names of `model`'s family) under the family's checkpoint
     names, one tensor at a time (a writer keeps streaming): transformers' own reverse conversion,
     what ``save_pretrained`` applies. A dense model's names pass through unchanged. `fuse_experts`:
@@ -80,6 +81,7 @@ class CheckpointNames:
 
     def named(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> Iterator[tuple[str, torch.Tensor]]:
         from transformers.core_model_loading import revert_weight_conversion
+
         for name, tensor in named_tensors:
             known = self._renamed.get(name)
             if known is not None:
@@ -87,7 +89,7 @@ class CheckpointNames:
                 continue
             out = revert_weight_conversion(self.model, {name: tensor})
             if len(out) == 1:
-                (new, value), = out.items()
+                ((new, value),) = out.items()
                 if value is tensor:
                     self._renamed[name] = new
                 yield new, value
@@ -108,6 +110,7 @@ def reference_model(config: Any) -> torch.nn.Module | None:
     model type transformers does not know (remote code: no conversion mapping, names pass as they are)."""
     from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
     model_type = getattr(config, "model_type", None)
     if model_type not in CONFIG_MAPPING:
         return None

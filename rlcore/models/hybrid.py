@@ -50,8 +50,7 @@ def recurrent_mixers(model) -> list:
         layers = decoder_layers(model)
     except AttributeError:
         return []
-    return [m for layer in layers for m in layer.children()
-            if isinstance(getattr(m, "conv1d", None), torch.nn.Conv1d)]
+    return [m for layer in layers for m in layer.children() if isinstance(getattr(m, "conv1d", None), torch.nn.Conv1d)]
 
 
 def is_hybrid_model(model) -> bool:

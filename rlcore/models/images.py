@@ -58,23 +58,35 @@ class VisionSpec:
         ship; every transformers 5.x resolves these class names)."""
         d = asdict(self)
         d.pop("image_token_id")
-        d.update(image_processor_type="Qwen2VLImageProcessor",
-                 do_resize=True, do_rescale=True, rescale_factor=1 / 255, do_normalize=True,
-                 do_convert_rgb=True)
+        d.update(
+            image_processor_type="Qwen2VLImageProcessor",
+            do_resize=True,
+            do_rescale=True,
+            rescale_factor=1 / 255,
+            do_normalize=True,
+            do_convert_rgb=True,
+        )
         return d
 
     def save(self, directory: str | Path) -> None:
         """preprocessor_config.json, and the same settings as video_preprocessor_config.json: the
         Qwen2.5-VL processor vLLM loads wants a video processor too (images only are sent)."""
         Path(directory, "preprocessor_config.json").write_text(json.dumps(self.preprocessor_config(), indent=2))
-        video_type = "Qwen2VLVideoProcessor" if self.processor_class == "Qwen2_5_VLProcessor" else "Qwen3VLVideoProcessor"
+        video_type = (
+            "Qwen2VLVideoProcessor" if self.processor_class == "Qwen2_5_VLProcessor" else "Qwen3VLVideoProcessor"
+        )
         video = {**self.preprocessor_config(), "video_processor_type": video_type}
         video.pop("image_processor_type")
         Path(directory, "video_preprocessor_config.json").write_text(json.dumps(video, indent=2))
 
 
-PROCESSOR_CLASSES = {"qwen2_5_vl": "Qwen2_5_VLProcessor", "qwen3_vl": "Qwen3VLProcessor",
-                     "qwen3_vl_moe": "Qwen3VLProcessor", "qwen3_5": "Qwen3VLProcessor", "qwen3_5_moe": "Qwen3VLProcessor"}
+PROCESSOR_CLASSES = {
+    "qwen2_5_vl": "Qwen2_5_VLProcessor",
+    "qwen3_vl": "Qwen3VLProcessor",
+    "qwen3_vl_moe": "Qwen3VLProcessor",
+    "qwen3_5": "Qwen3VLProcessor",
+    "qwen3_5_moe": "Qwen3VLProcessor",
+}
 """model_type -> the processor its checkpoints name (Qwen3-VL and Qwen3.5 share Qwen3-VL's)."""
 
 
@@ -82,9 +94,13 @@ def spec_from_config(hf_config: Any, processor: dict | None = None) -> VisionSpe
     """A VisionSpec from a VLM's transformers config plus image-processor fields (``processor``:
     a preprocessor_config.json dict or `model.processor` overrides)."""
     v = hf_config.vision_config
-    kwargs = dict(image_token_id=int(hf_config.image_token_id), patch_size=int(v.patch_size),
-                  temporal_patch_size=int(v.temporal_patch_size), merge_size=int(v.spatial_merge_size),
-                  processor_class=PROCESSOR_CLASSES.get(getattr(hf_config, "model_type", None), "Qwen2_5_VLProcessor"))
+    kwargs = dict(
+        image_token_id=int(hf_config.image_token_id),
+        patch_size=int(v.patch_size),
+        temporal_patch_size=int(v.temporal_patch_size),
+        merge_size=int(v.spatial_merge_size),
+        processor_class=PROCESSOR_CLASSES.get(getattr(hf_config, "model_type", None), "Qwen2_5_VLProcessor"),
+    )
     for k in ("image_mean", "image_std", "min_pixels", "max_pixels"):
         if processor and processor.get(k) is not None:
             kwargs[k] = processor[k]
@@ -126,14 +142,17 @@ def check_image(arr: np.ndarray, spec: VisionSpec) -> None:
     h, w = arr.shape[:2]
     f = spec.factor
     if h % f or w % f or not spec.min_pixels <= h * w <= spec.max_pixels:
-        raise ValueError(f"image of {h}x{w} is not processor-ready: height and width must be multiples of {f} "
-                         f"and h*w in [{spec.min_pixels}, {spec.max_pixels}] (resize it with "
-                         "rlcore.models.vision.fit_image)")
+        raise ValueError(
+            f"image of {h}x{w} is not processor-ready: height and width must be multiples of {f} "
+            f"and h*w in [{spec.min_pixels}, {spec.max_pixels}] (resize it with "
+            "rlcore.models.vision.fit_image)"
+        )
 
 
 def fit_image(image: Any, spec: VisionSpec) -> np.ndarray:
     """Resize (nearest neighbour) to the closest processor-ready size (Qwen2-VL's smart resize)."""
     import math
+
     arr = to_array(image)
     h, w = arr.shape[:2]
     f = spec.factor
@@ -156,20 +175,22 @@ def grid_thw(arr: np.ndarray, spec: VisionSpec) -> tuple[int, int, int]:
 
 def num_image_tokens(arr: np.ndarray, spec: VisionSpec) -> int:
     t, h, w = grid_thw(arr, spec)
-    return t * h * w // spec.merge_size ** 2
-
+    return t * h * w // spec.merge_size**2
 
 
 # -- tokens ------------------------------------------------------------------------------------
-def expand_image_tokens(ids: list[int], images: Sequence[np.ndarray], spec: VisionSpec,
-                        mask: list[int] | None = None) -> tuple[list[int], list[int] | None]:
+def expand_image_tokens(
+    ids: list[int], images: Sequence[np.ndarray], spec: VisionSpec, mask: list[int] | None = None
+) -> tuple[list[int], list[int] | None]:
     """Replace the k-th image token of `ids` by `num_image_tokens(images[k])` copies (`mask`, if
     given, is expanded alongside). The count of image tokens must equal the count of images."""
     tok = spec.image_token_id
     n = sum(1 for t in ids if t == tok)
     if n != len(images):
-        raise ValueError(f"prompt has {n} image placeholder(s) ({IMAGE_PAD}) for {len(images)} image(s); "
-                         f"put one {IMAGE_PLACEHOLDER!r} in the message text per image")
+        raise ValueError(
+            f"prompt has {n} image placeholder(s) ({IMAGE_PAD}) for {len(images)} image(s); "
+            f"put one {IMAGE_PLACEHOLDER!r} in the message text per image"
+        )
     out, out_mask, k = [], [] if mask is not None else None, 0
     for i, t in enumerate(ids):
         reps = num_image_tokens(images[k], spec) if t == tok else 1

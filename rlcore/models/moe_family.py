@@ -53,21 +53,36 @@ class MoEFamily:
     vllm_fused_experts: bool = True
 
 
-FAMILIES: dict[str, MoEFamily] = {f.name: f for f in (
-    MoEFamily("qwen3_moe", "num_experts", "softmax_topk", "decoder_sparse_step / mlp_only_layers"),
-    MoEFamily("qwen2_moe", "num_experts", "softmax_topk", "decoder_sparse_step / mlp_only_layers", shared="gated"),
-    MoEFamily("qwen3_next", "num_experts", "softmax_topk", "decoder_sparse_step / mlp_only_layers", shared="gated"),
-    # the language models of the vision families (their vision side: rlcore.models.vision)
-    MoEFamily("qwen3_vl_moe", "num_experts", "softmax_topk", "decoder_sparse_step / mlp_only_layers"),
-    MoEFamily("qwen3_5_moe", "num_experts", "softmax_topk", "linear-attention layers keep a MoE MLP",
-              shared="gated"),
-    MoEFamily("mixtral", "num_local_experts", "softmax_topk"),
-    MoEFamily("gpt_oss", "num_local_experts", "topk_softmax", expert_bias=True,
-              note="attention sinks and sliding windows: transformers' own attention only (no varlen kernel, no CP)"),
-    MoEFamily("deepseek_v3", "n_routed_experts", "sigmoid_group", "first_k_dense_replace", shared="added",
-              vllm_fused_experts=False),
-    MoEFamily("glm4_moe", "n_routed_experts", "sigmoid_group", "first_k_dense_replace", shared="added"),
-)}
+FAMILIES: dict[str, MoEFamily] = {
+    f.name: f
+    for f in (
+        MoEFamily("qwen3_moe", "num_experts", "softmax_topk", "decoder_sparse_step / mlp_only_layers"),
+        MoEFamily("qwen2_moe", "num_experts", "softmax_topk", "decoder_sparse_step / mlp_only_layers", shared="gated"),
+        MoEFamily("qwen3_next", "num_experts", "softmax_topk", "decoder_sparse_step / mlp_only_layers", shared="gated"),
+        # the language models of the vision families (their vision side: rlcore.models.vision)
+        MoEFamily("qwen3_vl_moe", "num_experts", "softmax_topk", "decoder_sparse_step / mlp_only_layers"),
+        MoEFamily(
+            "qwen3_5_moe", "num_experts", "softmax_topk", "linear-attention layers keep a MoE MLP", shared="gated"
+        ),
+        MoEFamily("mixtral", "num_local_experts", "softmax_topk"),
+        MoEFamily(
+            "gpt_oss",
+            "num_local_experts",
+            "topk_softmax",
+            expert_bias=True,
+            note="attention sinks and sliding windows: transformers' own attention only (no varlen kernel, no CP)",
+        ),
+        MoEFamily(
+            "deepseek_v3",
+            "n_routed_experts",
+            "sigmoid_group",
+            "first_k_dense_replace",
+            shared="added",
+            vllm_fused_experts=False,
+        ),
+        MoEFamily("glm4_moe", "n_routed_experts", "sigmoid_group", "first_k_dense_replace", shared="added"),
+    )
+}
 FAMILIES.update({f"{name}_text": FAMILIES[name] for name in ("qwen3_vl_moe", "qwen3_5_moe")})  # text_config's type
 """Families whose MoE blocks rlcore replaces by its own (`rlcore.trainer.moe.MoEBlock`)."""
 
@@ -111,8 +126,10 @@ def moe_problem(arch: dict) -> str | None:
     mt = a.get("model_type")
     fam = FAMILIES.get(str(mt))
     if fam is None:
-        return (f"model_type {mt!r} is a mixture-of-experts family rlcore has no MoE adapter for (router kind, "
-                f"expert layout and shared experts unknown; rlcore/models/moe_family.py); supported: {family_names()}")
+        return (
+            f"model_type {mt!r} is a mixture-of-experts family rlcore has no MoE adapter for (router kind, "
+            f"expert layout and shared experts unknown; rlcore/models/moe_family.py); supported: {family_names()}"
+        )
     missing = [k for k in (fam.experts_key, fam.top_k_key) if not a.get(k)]
     if fam.router == "sigmoid_group":
         n_group = int(a.get("n_group") or 1)
@@ -133,8 +150,13 @@ def moe_parallel_problems(arch: dict, ep: int, cp: int) -> list[tuple[str, str]]
         out.append(("trainer.ep", f"expert parallelism (ep={ep}) cannot shard this model: {problem}"))
     model_type = text_arch(arch).get("model_type")
     if cp > 1 and model_type in NO_VARLEN:
-        out.append(("trainer.cp", f"{model_type}: context parallelism runs in rlcore's varlen attention, which does "
-                    "not compute this family's attention sinks and sliding windows; use trainer.cp=1"))
+        out.append(
+            (
+                "trainer.cp",
+                f"{model_type}: context parallelism runs in rlcore's varlen attention, which does "
+                "not compute this family's attention sinks and sliding windows; use trainer.cp=1",
+            )
+        )
     return out
 
 
@@ -157,9 +179,12 @@ def find_router(block: Any) -> tuple[str, Any] | None:
 def is_moe_block(block: Any) -> bool:
     """A routed-expert block: a router and fused 3-D experts (``gate_up_proj``, ``down_proj``)."""
     ex = getattr(block, "experts", None)
-    return (find_router(block) is not None and ex is not None
-            and getattr(getattr(ex, "gate_up_proj", None), "ndim", 0) == 3
-            and getattr(getattr(ex, "down_proj", None), "ndim", 0) == 3)
+    return (
+        find_router(block) is not None
+        and ex is not None
+        and getattr(getattr(ex, "gate_up_proj", None), "ndim", 0) == 3
+        and getattr(getattr(ex, "down_proj", None), "ndim", 0) == 3
+    )
 
 
 def router_kind(router: Any) -> RouterKind:
@@ -186,8 +211,10 @@ def block_parts(block: Any, family: str) -> dict[str, str]:
     known = set(parts.values())
     unknown = [name for name, _ in block.named_children() if name not in known]
     if unknown:
-        raise ValueError(f"{family}: MoE block {type(block).__name__} has parts rlcore's MoE layer does not "
-                         f"compute: {unknown} (known: router, experts, shared experts and their gate)")
+        raise ValueError(
+            f"{family}: MoE block {type(block).__name__} has parts rlcore's MoE layer does not "
+            f"compute: {unknown} (known: router, experts, shared experts and their gate)"
+        )
     ex = block.experts
     if not hasattr(ex, "num_experts"):
         raise ValueError(f"{family}: experts module {type(ex).__name__} has no num_experts")

@@ -45,7 +45,7 @@ def env_turn_text(tokenizer: PreTrainedTokenizerBase, messages: list[dict[str, A
         cut = after.find(eos, cut + 1)
         if cut < 0:
             break
-    delta = after[cut + len(eos):] if n_eos and cut >= 0 else None
+    delta = after[cut + len(eos) :] if n_eos and cut >= 0 else None
     # sanity check that the cut is where the new messages start (templates may restyle earlier
     # assistant turns, e.g. drop reasoning; only what follows the marker matters here)
     first = str(messages[0].get("content", "")).strip() if messages else ""

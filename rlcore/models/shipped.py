@@ -54,7 +54,7 @@ def cache_root() -> Path:
 def gguf_in_package(path: str) -> tuple[Path, str, str]:
     """(package directory, GGUF file name, package version) of `pypi:PACKAGE`; raises
     ShippedModelError naming what is missing."""
-    dist = path[len(PREFIX):]
+    dist = path[len(PREFIX) :]
     module = dist.replace("-", "_")
     try:
         spec = importlib.util.find_spec(module)
@@ -62,8 +62,10 @@ def gguf_in_package(path: str) -> tuple[Path, str, str]:
     except (ImportError, importlib.metadata.PackageNotFoundError, ValueError):
         spec = None
     if spec is None or spec.origin is None:
-        raise ShippedModelError(f"package {dist!r} is not installed (it is in rlcore's `real` extra: "
-                                f"`uv sync --extra real` or `pip install {dist}`)")
+        raise ShippedModelError(
+            f"package {dist!r} is not installed (it is in rlcore's `real` extra: "
+            f"`uv sync --extra real` or `pip install {dist}`)"
+        )
     pkg_dir = Path(spec.origin).parent
     files = sorted(p.name for p in pkg_dir.glob("*.gguf"))
     if len(files) != 1:
@@ -83,7 +85,7 @@ def shipped_problems(path: str) -> list[tuple[str, str]]:
 def converted_dir(path: str) -> Path:
     """The cache directory `pypi:PACKAGE` converts to (one per package version and file)."""
     _, gguf, version = gguf_in_package(path)
-    return cache_root() / "models" / f"{path[len(PREFIX):]}-{version}" / (Path(gguf).stem + "-bf16")
+    return cache_root() / "models" / f"{path[len(PREFIX) :]}-{version}" / (Path(gguf).stem + "-bf16")
 
 
 def convert(path: str) -> Path:
@@ -102,7 +104,8 @@ def convert(path: str) -> Path:
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
     try:
         loaded = AutoModelForCausalLM.from_pretrained(
-            pkg_dir, gguf_file=gguf, dtype=torch.bfloat16, quantization_config=GgufConfig(dequantize=True))
+            pkg_dir, gguf_file=gguf, dtype=torch.bfloat16, quantization_config=GgufConfig(dequantize=True)
+        )
         # the dequantized tensors are ordinary weights: move them into a model built from the
         # config without its gguf quantization_config (a loader that sees it looks for the file)
         config = loaded.config
@@ -112,7 +115,7 @@ def convert(path: str) -> Path:
         model.generation_config = loaded.generation_config
         model.save_pretrained(tmp)
         AutoTokenizer.from_pretrained(pkg_dir, gguf_file=gguf).save_pretrained(tmp)
-        (tmp / _DONE).write_text(json.dumps({"package": path[len(PREFIX):], "version": version, "gguf": gguf}))
+        (tmp / _DONE).write_text(json.dumps({"package": path[len(PREFIX) :], "version": version, "gguf": gguf}))
         os.chmod(tmp, 0o755)  # mkdtemp's 0700 would hide a shared cache from other users
         try:
             tmp.rename(target)

@@ -27,6 +27,7 @@ def hub_offline() -> bool:
 
 def _cached(repo_id: str, filename: str) -> bool:
     from huggingface_hub import try_to_load_from_cache
+
     return isinstance(try_to_load_from_cache(repo_id, filename), str)
 
 
@@ -34,6 +35,7 @@ def _hub_lookup(repo_id: str) -> str | None:
     """None when the hub knows `repo_id`; else why not (not found, or the hub cannot be reached)."""
     from huggingface_hub import HfApi
     from huggingface_hub.utils import GatedRepoError, RepositoryNotFoundError
+
     try:
         HfApi().model_info(repo_id, timeout=HUB_LOOKUP_TIMEOUT_S)
     except GatedRepoError:
@@ -54,13 +56,16 @@ def model_path_problems(path: str | None, gguf_file: str | None = None) -> list[
         if gguf_file and not (local / gguf_file).is_file():
             return [("model.gguf_file", f"no file {gguf_file!r} in {path!r}")]
         return []
-    hint = ("give a local model directory, or download the model while online (with HF_HUB_OFFLINE "
-            "unset) so that it is cached")
+    hint = (
+        "give a local model directory, or download the model while online (with HF_HUB_OFFLINE "
+        "unset) so that it is cached"
+    )
     if local.exists():
         return [("model.path", f"{path!r} is a file, not a model directory")]
     if path.startswith((".", "/", "~")):
         return [("model.path", f"directory {path!r} does not exist")]
     from huggingface_hub.utils import HFValidationError, validate_repo_id
+
     try:
         validate_repo_id(path)
     except HFValidationError:
@@ -68,8 +73,12 @@ def model_path_problems(path: str | None, gguf_file: str | None = None) -> list[
     if _cached(path, gguf_file or "config.json"):
         return []
     if hub_offline():
-        return [("model.path", f"{path!r} is not a local directory and not in the Hugging Face cache "
-                 f"(HF_HUB_OFFLINE=1); {hint}")]
+        return [
+            (
+                "model.path",
+                f"{path!r} is not a local directory and not in the Hugging Face cache (HF_HUB_OFFLINE=1); {hint}",
+            )
+        ]
     why = _hub_lookup(path)
     if why:
         return [("model.path", f"{path!r} is not a local directory, not cached, and {why}; {hint}")]
@@ -82,6 +91,7 @@ def gguf_problems(gguf_file: str | None) -> list[tuple[str, str]]:
         return []
     missing = [p for p in GGUF_PACKAGES if importlib.util.find_spec(p) is None]
     if missing:
-        return [("model.gguf_file", f"loading a GGUF file needs the package(s) {missing}: pip install "
-                 + " ".join(missing))]
+        return [
+            ("model.gguf_file", f"loading a GGUF file needs the package(s) {missing}: pip install " + " ".join(missing))
+        ]
     return []

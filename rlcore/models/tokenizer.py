@@ -38,9 +38,7 @@ def char_tokenizer(vision: bool = False) -> PreTrainedTokenizerFast:
     core = Tokenizer(models.WordLevel(vocab=vocab, unk_token=UNK))
     core.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
     core.decoder = decoders.Fuse()
-    tok = PreTrainedTokenizerFast(
-        tokenizer_object=core, pad_token=PAD, bos_token=BOS, eos_token=EOS, unk_token=UNK
-    )
+    tok = PreTrainedTokenizerFast(tokenizer_object=core, pad_token=PAD, bos_token=BOS, eos_token=EOS, unk_token=UNK)
     tok.add_special_tokens({"additional_special_tokens": specials})
     tok.chat_template = CHAT_TEMPLATE
     return tok
@@ -62,9 +60,15 @@ def bpe_tokenizer() -> PreTrainedTokenizerFast:
     core.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     core.decoder = decoders.ByteLevel()
     specials = [PAD, BOS, EOS, UNK]
-    core.train_from_iterator(corpus, trainers.BpeTrainer(
-        vocab_size=BPE_VOCAB_SIZE, special_tokens=specials, show_progress=False,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    core.train_from_iterator(
+        corpus,
+        trainers.BpeTrainer(
+            vocab_size=BPE_VOCAB_SIZE,
+            special_tokens=specials,
+            show_progress=False,
+            initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        ),
+    )
     tok = PreTrainedTokenizerFast(tokenizer_object=core, pad_token=PAD, bos_token=BOS, eos_token=EOS, unk_token=UNK)
     tok.add_special_tokens({"additional_special_tokens": specials})
     tok.chat_template = CHAT_TEMPLATE

@@ -28,6 +28,7 @@ def build_tokenizer(cfg: ModelConfig) -> PreTrainedTokenizerBase:
     else:
         kwargs = {"gguf_file": cfg.gguf_file} if cfg.gguf_file else {}
         from transformers import AutoTokenizer
+
         tok = AutoTokenizer.from_pretrained(cfg.path, **kwargs)
     if cfg.chat_template_kwargs:
         # every rendering (prompts, env turns, SFT, the OpenAI server) goes through this method:
@@ -48,6 +49,7 @@ def vision_spec(cfg: ModelConfig, tokenizer: PreTrainedTokenizerBase) -> VisionS
     if cfg.gguf_file:  # GGUF checkpoints are text-only here
         return None
     from transformers import AutoConfig
+
     try:
         hf_config = AutoConfig.from_pretrained(cfg.path)
     except (OSError, ValueError):  # not a transformers directory: the model build reports it
@@ -57,6 +59,7 @@ def vision_spec(cfg: ModelConfig, tokenizer: PreTrainedTokenizerBase) -> VisionS
     import json
 
     from transformers.utils import cached_file
+
     found = cached_file(cfg.path, "preprocessor_config.json", _raise_exceptions_for_missing_entries=False)
     processor = json.loads(open(found).read()) if found else {}
     processor.update(cfg.processor)
@@ -67,19 +70,36 @@ def random_model_config(cfg: ModelConfig, tokenizer: PreTrainedTokenizerBase):
     """The transformers config of the random-weight model `cfg.arch` describes, sized to the
     tokenizer (every process and engine builds the same one)."""
     from transformers import AutoConfig
+
     arch = dict(cfg.arch)
     model_type = arch.pop("model_type")
     if model_type in VL_MODEL_TYPES:
         # the language model's fields live in text_config; the vision markers are the
         # tokenizer's own ids (vLLM and the model find images by them)
-        ids = dict(vocab_size=len(tokenizer), pad_token_id=tokenizer.pad_token_id,
-                   bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id)
-        marks = {k: tokenizer.convert_tokens_to_ids(t) for k, t in (
-            ("image_token_id", IMAGE_PAD), ("video_token_id", VIDEO_PAD),
-            ("vision_start_token_id", VISION_START), ("vision_end_token_id", VISION_END))}
+        ids = dict(
+            vocab_size=len(tokenizer),
+            pad_token_id=tokenizer.pad_token_id,
+            bos_token_id=tokenizer.bos_token_id,
+            eos_token_id=tokenizer.eos_token_id,
+        )
+        marks = {
+            k: tokenizer.convert_tokens_to_ids(t)
+            for k, t in (
+                ("image_token_id", IMAGE_PAD),
+                ("video_token_id", VIDEO_PAD),
+                ("vision_start_token_id", VISION_START),
+                ("vision_end_token_id", VISION_END),
+            )
+        }
         text = {**dict(arch.pop("text_config", {})), **ids}
-        return AutoConfig.for_model(model_type, text_config=text, vision_config=dict(arch.pop("vision_config", {})),
-                                    **marks, **{k: v for k, v in ids.items() if k != "vocab_size"}, **arch)
+        return AutoConfig.for_model(
+            model_type,
+            text_config=text,
+            vision_config=dict(arch.pop("vision_config", {})),
+            **marks,
+            **{k: v for k, v in ids.items() if k != "vocab_size"},
+            **arch,
+        )
     return AutoConfig.for_model(
         model_type,
         vocab_size=len(tokenizer),

@@ -100,15 +100,16 @@ def mrope_positions(ids: Sequence[int], grids: Sequence[Sequence[int]], spec: Vi
         tt = torch.arange(t).repeat_interleave(gh * gw)
         hh = torch.arange(gh).repeat_interleave(gw).repeat(t)
         ww = torch.arange(gw).repeat(t * gh)
-        pos[:, start:start + length] = torch.stack([tt, hh, ww]) + nxt
-        nxt = int(pos[:, start:start + length].max()) + 1
+        pos[:, start : start + length] = torch.stack([tt, hh, ww]) + nxt
+        nxt = int(pos[:, start : start + length].max()) + 1
         cursor = start + length
     pos[:, cursor:] = torch.arange(len(ids) - cursor) + nxt
     return pos
 
 
-def packed_mrope_positions(input_ids: torch.Tensor, sample_index: torch.Tensor, grids: torch.Tensor,
-                           spec: VisionSpec) -> torch.Tensor:
+def packed_mrope_positions(
+    input_ids: torch.Tensor, sample_index: torch.Tensor, grids: torch.Tensor, spec: VisionSpec
+) -> torch.Tensor:
     """`mrope_positions` of every sample of a packed row, concatenated: ``[3, T]``. The images'
     grids are in sample order (how `rlcore.batch.packing` concatenates them)."""
     ids = input_ids.tolist()
@@ -116,6 +117,6 @@ def packed_mrope_positions(input_ids: torch.Tensor, sample_index: torch.Tensor, 
     out, g = [], 0
     for a, b in zip(bounds[:-1], bounds[1:]):
         k = len(image_runs(ids[a:b], spec.image_token_id))
-        out.append(mrope_positions(ids[a:b], grids[g:g + k].tolist(), spec))
+        out.append(mrope_positions(ids[a:b], grids[g : g + k].tolist(), spec))
         g += k
     return torch.cat(out, dim=1)

@@ -58,29 +58,36 @@ def parse_flags(argv: list[str]) -> Flags:
 
 def groups(conf_dir: Path) -> dict[str, list[str]]:
     """Config group name -> its options (the YAML files under `conf/GROUP/`)."""
-    return {d.name: sorted(p.stem for p in d.glob("*.yaml"))
-            for d in sorted(conf_dir.iterdir()) if d.is_dir() and d.name != "recipe"}
+    return {
+        d.name: sorted(p.stem for p in d.glob("*.yaml"))
+        for d in sorted(conf_dir.iterdir())
+        if d.is_dir() and d.name != "recipe"
+    }
 
 
 def help_text(conf_dir: Path, recipe_names: list[str]) -> str:
-    lines = ["usage: python -m rlcore.run [+recipe=NAME] [GROUP=OPTION ...] [key=value ...] [--cfg job] [-m]",
-             "",
-             "With no arguments: the embedded default (reverse_text on a tiny model, this CPU, offline).",
-             "",
-             "recipes (+recipe=NAME):",
-             "  " + ", ".join(recipe_names),
-             "",
-             "config groups (GROUP=OPTION):"]
+    lines = [
+        "usage: python -m rlcore.run [+recipe=NAME] [GROUP=OPTION ...] [key=value ...] [--cfg job] [-m]",
+        "",
+        "With no arguments: the embedded default (reverse_text on a tiny model, this CPU, offline).",
+        "",
+        "recipes (+recipe=NAME):",
+        "  " + ", ".join(recipe_names),
+        "",
+        "config groups (GROUP=OPTION):",
+    ]
     lines += [f"  {name}: {', '.join(options)}" for name, options in groups(conf_dir).items()]
-    lines += ["",
-              "keys: every field of the schema in rlcore/config/, e.g. steps=20 trainer.lr=3e-4",
-              "  rollout.engine=vllm env.args.eval_size=32 output_dir=outputs/try1 resume=true",
-              "",
-              "flags:",
-              "  --cfg job        print the composed, validated config and exit",
-              "  -m, --multirun   one job per combination of comma-separated values,",
-              "                   e.g. -m trainer.lr=1e-3,3e-3 (jobs write to OUTPUT_DIR/0, OUTPUT_DIR/1, ...)",
-              "  dry_run=true     print the placement plan and exit"]
+    lines += [
+        "",
+        "keys: every field of the schema in rlcore/config/, e.g. steps=20 trainer.lr=3e-4",
+        "  rollout.engine=vllm env.args.eval_size=32 output_dir=outputs/try1 resume=true",
+        "",
+        "flags:",
+        "  --cfg job        print the composed, validated config and exit",
+        "  -m, --multirun   one job per combination of comma-separated values,",
+        "                   e.g. -m trainer.lr=1e-3,3e-3 (jobs write to OUTPUT_DIR/0, OUTPUT_DIR/1, ...)",
+        "  dry_run=true     print the placement plan and exit",
+    ]
     return "\n".join(lines)
 
 

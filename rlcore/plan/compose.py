@@ -13,7 +13,13 @@ from rlcore.config import RunConfig
 from rlcore.config.errors import raise_problems
 from rlcore.config.nodes import schema_node, to_run_config
 from rlcore.plan.keys import typed_env_arg_override
-from rlcore.plan.overrides import check_composed_keys, check_override_keys, check_recipe, check_typed_options, composition_errors
+from rlcore.plan.overrides import (
+    check_composed_keys,
+    check_override_keys,
+    check_recipe,
+    check_typed_options,
+    composition_errors,
+)
 from rlcore.plan.resume_model import explicit_model_keys, use_checkpoint_model
 
 REPO = Path(__file__).resolve().parents[2]

@@ -12,8 +12,18 @@ flight and per recurrent layer, whatever the sequence length.
 from __future__ import annotations
 
 RECURRENT, ATTENTION, MLP, MOE = "recurrent", "attention", "mlp", "moe"
-_NEMOTRON_KINDS = {"mamba": RECURRENT, "linear_attention": RECURRENT, "M": RECURRENT, "attention": ATTENTION,
-                   "full_attention": ATTENTION, "*": ATTENTION, "mlp": MLP, "-": MLP, "moe": MOE, "E": MOE}
+_NEMOTRON_KINDS = {
+    "mamba": RECURRENT,
+    "linear_attention": RECURRENT,
+    "M": RECURRENT,
+    "attention": ATTENTION,
+    "full_attention": ATTENTION,
+    "*": ATTENTION,
+    "mlp": MLP,
+    "-": MLP,
+    "moe": MOE,
+    "E": MOE,
+}
 STATE_BYTES = 4  # float32 recurrent matrices
 CONV_BYTES = 2  # bf16 conv windows
 
@@ -75,15 +85,24 @@ def hybrid_param_count(a: dict, vocab: int, active: bool = False) -> int | None:
     nemotron = a.get("model_type") == "nemotron_h"
     if nemotron:
         inner, mheads, state, conv, k = _mamba_dims(a)
-        recurrent = h * (2 * inner + 2 * int(a.get("n_groups") or 8) * state + mheads) + conv * (k + 1) \
-            + 3 * mheads + inner + inner * h
+        recurrent = (
+            h * (2 * inner + 2 * int(a.get("n_groups") or 8) * state + mheads)
+            + conv * (k + 1)
+            + 3 * mheads
+            + inner
+            + inner * h
+        )
         attention = h * q + 2 * h * kv + q * h
         experts = int(a.get("n_routed_experts") or 0)
         moe_inter = int(a.get("moe_intermediate_size") or 0)
         used = min(experts, int(a.get("num_experts_per_tok") or experts)) if active else experts
         moe = used * 2 * h * moe_inter + experts * h + 2 * h * int(a.get("moe_shared_expert_intermediate_size") or 0)
-        mixer = {RECURRENT: recurrent, ATTENTION: attention, MLP: 2 * h * int(a.get("intermediate_size") or 4 * h),
-                 MOE: moe}
+        mixer = {
+            RECURRENT: recurrent,
+            ATTENTION: attention,
+            MLP: 2 * h * int(a.get("intermediate_size") or 4 * h),
+            MOE: moe,
+        }
         body = sum(mixer[kind] + h for kind in pattern)  # each block: one mixer and its norm
     else:
         kd, vd, vh, conv, k = _gdn_dims(a)

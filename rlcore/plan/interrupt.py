@@ -50,8 +50,12 @@ class StopRequest:
             self.signal_name = self.signal_name or name
             raise KeyboardInterrupt(name)
         self.signal_name = name
-        print(f"rlcore: {name} received: stopping after the step in flight and saving a checkpoint there; "
-              f"{stop_at_once_hint()}", file=sys.stderr, flush=True)
+        print(
+            f"rlcore: {name} received: stopping after the step in flight and saving a checkpoint there; "
+            f"{stop_at_once_hint()}",
+            file=sys.stderr,
+            flush=True,
+        )
 
 
 RAY_JOB_ENV = "RAY_JOB_CONFIG_JSON_ENV_VAR"
@@ -64,5 +68,7 @@ def stop_at_once_hint(environ=os.environ) -> str:
     if RAY_JOB_ENV not in environ:
         return "press Ctrl-C again to stop at once (no checkpoint)"
     wait = environ.get("RAY_JOB_STOP_WAIT_TIME_S", "3")
-    return (f"in a Ray Job, Ray kills it {wait} s after the stop (RAY_JOB_STOP_WAIT_TIME_S on the cluster: "
-            "raise it to give the checkpoint time)")
+    return (
+        f"in a Ray Job, Ray kills it {wait} s after the stop (RAY_JOB_STOP_WAIT_TIME_S on the cluster: "
+        "raise it to give the checkpoint time)"
+    )

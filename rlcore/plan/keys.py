@@ -41,8 +41,11 @@ def moved_key(dotted: str, schema: DictConfig) -> str | None:
     name = rest.partition(".")[0]
     if group not in ENGINE_GROUPS or not name or name in schema[group]:
         return None
-    homes = [f"{group}.{section}.{rest}" for section, options in sections().values()
-             if name in {f.name for f in dataclasses.fields(options)}]
+    homes = [
+        f"{group}.{section}.{rest}"
+        for section, options in sections().values()
+        if name in {f.name for f in dataclasses.fields(options)}
+    ]
     return f"moved to {' or '.join(homes)} (an engine's own section)" if homes else None
 
 
@@ -103,7 +106,7 @@ def unknown_key(dotted: str, schema: DictConfig | None = None) -> str | None:
             prefix = ".".join(done) + "." if done else ""
             choices = list(node.keys()) + (_section_options() if len(done) == 1 and done[0] in ENGINE_GROUPS else [])
             where = f"unknown key{' in ' + '.'.join(done) if done else ''}"
-            rest = dotted.split(".")[len(done) + 1:]  # `part` may head a whole section elsewhere
+            rest = dotted.split(".")[len(done) + 1 :]  # `part` may head a whole section elsewhere
             elsewhere = [k for k in keys_named(part, root) if unknown_key(".".join([k, *rest]), root) is None]
             if elsewhere:
                 return f"{where}; did you mean {' or '.join(repr('.'.join([k, *rest])) for k in elsewhere)}?"
@@ -128,6 +131,7 @@ def unknown_keys(cfg: DictConfig) -> list[tuple[str, str]]:
             child = node._get_node(key)
             if isinstance(child, DictConfig) and not child._is_none() and not child._is_missing():
                 walk(child, dotted + ".")
+
     walk(cfg, "")
     return out
 
@@ -145,8 +149,11 @@ def env_arg_names(cls: type) -> set[str] | None:
         if klass is object:
             return None
         params = list(inspect.signature(init).parameters.values())
-        names |= {p.name for p in params[1:]
-                  if p.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)}
+        names |= {
+            p.name
+            for p in params[1:]
+            if p.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+        }
         if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
             return names - {"seed"}
     return None
@@ -157,9 +164,15 @@ def env_arg_problems(env_name: str, cls: type, args: dict[str, Any]) -> list[tup
     allowed = env_arg_names(cls)
     if allowed is None:
         return []
-    return [(f"{ENV_ARGS}.{key}", f"not an argument of environment {env_name!r}"
-             f"{_nearest(key, sorted(allowed), ENV_ARGS + '.') or f'; it takes {sorted(allowed)}'}")
-            for key in args if key not in allowed]
+    return [
+        (
+            f"{ENV_ARGS}.{key}",
+            f"not an argument of environment {env_name!r}"
+            f"{_nearest(key, sorted(allowed), ENV_ARGS + '.') or f'; it takes {sorted(allowed)}'}",
+        )
+        for key in args
+        if key not in allowed
+    ]
 
 
 NODE_LABELS = ("cluster.trainer_node_labels", "cluster.rollout_node_labels")

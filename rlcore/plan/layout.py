@@ -11,10 +11,10 @@ from dataclasses import dataclass, field
 
 from rlcore.config import RunConfig
 from rlcore.engine.registry import memory_share, option_key, sleep_level, tensor_parallel_size
+from rlcore.models.moe_family import num_routed_experts
 from rlcore.plan.memory import GIB, param_count, trainer_memory
 from rlcore.plan.pd import machine_ram_bytes, offload_gib, offload_problems, pd_on, rollout_pools
 from rlcore.plan.placement import colocated_shares, placement_problems, resolve
-from rlcore.models.moe_family import num_routed_experts
 
 
 @dataclass
@@ -65,6 +65,7 @@ def make_plan(cfg: RunConfig) -> Plan:
         import os
 
         import torch
+
         gpus = c.num_gpus if c.num_gpus is not None else torch.cuda.device_count()
         plan = Plan(nodes=1, gpus_per_node=gpus, cpus_per_node=c.num_cpus or os.cpu_count() or 1)
         if gpu_bytes is None and gpus and torch.cuda.is_available():
@@ -84,9 +85,13 @@ def make_plan(cfg: RunConfig) -> Plan:
                 free[n][1] -= b.gpus
                 break
     plan.problems = plan_problems(cfg, plan) + placement_problems(
-        cfg, plan.nodes * plan.gpus_per_node, gpu_bytes, f"the plan's {plan.nodes} node(s)")
-    ram = machine_ram_bytes() if c.nodes is None else (
-        int(c.memory_per_node_gib * 2**30) if c.memory_per_node_gib else None)
+        cfg, plan.nodes * plan.gpus_per_node, gpu_bytes, f"the plan's {plan.nodes} node(s)"
+    )
+    ram = (
+        machine_ram_bytes()
+        if c.nodes is None
+        else (int(c.memory_per_node_gib * 2**30) if c.memory_per_node_gib else None)
+    )
     engines: dict[int, int] = {}
     for b in plan.rollout:
         engines[b.node] = engines.get(b.node, 0) + 1
@@ -99,15 +104,20 @@ def group_bundles(cfg: RunConfig) -> tuple[list[Bundle], list[Bundle], list[Bund
     placement is resolved, in the order Ray is asked for them; nodes unassigned."""
     t, r, tc = cfg.trainer, cfg.rollout, cfg.teacher
     if cfg.current_placement() == "colocated":  # one bundle per GPU, shared by trainer rank i and engine i
-        trainer = [Bundle("colocated", i, t.cpus_per_rank + r.cpus_per_actor, colocated_shares(cfg)[0])
-                   for i in range(t.world_size)]
+        trainer = [
+            Bundle("colocated", i, t.cpus_per_rank + r.cpus_per_actor, colocated_shares(cfg)[0])
+            for i in range(t.world_size)
+        ]
         rollout = []
     else:
         trainer = [Bundle("trainer", i, t.cpus_per_rank, t.gpus_per_rank) for i in range(t.world_size)]
         pools = [(role, cpus, gpus) for role, n, cpus, gpus in rollout_pools(cfg) for _ in range(n)]
         rollout = [Bundle("rollout", i, cpus, gpus, role=role) for i, (role, cpus, gpus) in enumerate(pools)]
-    teacher = [Bundle("teacher", i, tc.cpus_per_actor, tc.gpus_per_actor) for i in range(tc.num_actors)] \
-        if tc.enabled and cfg.mode == "rl" else []
+    teacher = (
+        [Bundle("teacher", i, tc.cpus_per_actor, tc.gpus_per_actor) for i in range(tc.num_actors)]
+        if tc.enabled and cfg.mode == "rl"
+        else []
+    )
     return trainer, rollout, teacher
 
 
@@ -116,23 +126,35 @@ def plan_problems(cfg: RunConfig, plan: Plan) -> list[tuple[str, str]]:
     out: list[tuple[str, str]] = []
     for b in plan.trainer + plan.rollout + plan.teacher:
         if b.gpus > plan.gpus_per_node:
-            key = {"trainer": "trainer.gpus_per_rank", "colocated": "trainer.gpus_per_rank",
-                   "rollout": "rollout.pd.prefill_gpus_per_actor" if b.role == "prefill" else "rollout.gpus_per_actor"
-                   }.get(b.group, "teacher.gpus_per_actor")
+            key = {
+                "trainer": "trainer.gpus_per_rank",
+                "colocated": "trainer.gpus_per_rank",
+                "rollout": "rollout.pd.prefill_gpus_per_actor" if b.role == "prefill" else "rollout.gpus_per_actor",
+            }.get(b.group, "teacher.gpus_per_actor")
             out.append((key, f"a {b.group} bundle asks {b.gpus:g} GPUs; a node has {plan.gpus_per_node}"))
             return out
     need = sum(b.gpus for b in plan.trainer + plan.rollout + plan.teacher)
     have = plan.nodes * plan.gpus_per_node
     if need > have + 1e-9:
-        out.append(("cluster.nodes", f"trainer + rollout{' + teacher' if plan.teacher else ''} need {need:g} GPUs; "
-                    f"{plan.nodes} node(s) x {plan.gpus_per_node} have {have}"))
+        out.append(
+            (
+                "cluster.nodes",
+                f"trainer + rollout{' + teacher' if plan.teacher else ''} need {need:g} GPUs; "
+                f"{plan.nodes} node(s) x {plan.gpus_per_node} have {have}",
+            )
+        )
     elif any(b.node < 0 for b in plan.trainer + plan.rollout + plan.teacher):
         out.append(("cluster.nodes", "the bundles do not fit on the nodes without splitting one across nodes"))
     experts = num_routed_experts(cfg.model.arch) or None
     if t.ep > 1:
         if experts is None:
-            out.append(("trainer.ep", "expert parallelism needs an MoE model (model.arch gives no routed-expert count: "
-                        "num_experts / n_routed_experts / num_local_experts)"))
+            out.append(
+                (
+                    "trainer.ep",
+                    "expert parallelism needs an MoE model (model.arch gives no routed-expert count: "
+                    "num_experts / n_routed_experts / num_local_experts)",
+                )
+            )
         elif experts % t.ep:
             out.append(("trainer.ep", f"ep={t.ep} does not divide the model's {experts} experts"))
     heads = arch_value(cfg, "num_attention_heads")
@@ -141,8 +163,12 @@ def plan_problems(cfg: RunConfig, plan: Plan) -> list[tuple[str, str]]:
     kv_heads = arch_value(cfg, "num_key_value_heads")
     tp = tensor_parallel_size(r)  # 1 for engines without tensor parallelism
     if kv_heads is not None and tp > 1 and kv_heads % tp and tp % kv_heads:
-        out.append((option_key(r, "tensor_parallel_size"),
-                    f"TP={tp} and the model's {kv_heads} KV heads do not divide each other"))
+        out.append(
+            (
+                option_key(r, "tensor_parallel_size"),
+                f"TP={tp} and the model's {kv_heads} KV heads do not divide each other",
+            )
+        )
     return out
 
 
@@ -163,19 +189,29 @@ def format_plan(cfg: RunConfig, plan: Plan) -> str:
         f"rlcore placement plan ({cfg.recipe or 'default'}): {plan.nodes} node(s) x {plan.gpus_per_node} GPUs, "
         f"{plan.cpus_per_node} CPUs",
         f"model: {cfg.model.path or 'random-weight ' + str(cfg.model.arch.get('model_type'))}{_size(cfg)}",
-        *(_colocated_lines(cfg, plan) if cfg.current_placement() == "colocated" else [
-            f"placement group 'rlcore-trainer' (PACK): {len(plan.trainer)} bundles of "
-            f"{{CPU: {t.cpus_per_rank:g}, GPU: {t.gpus_per_rank:g}}}",
-            f"  nodes: {_by_node(plan.trainer)}"]),
+        *(
+            _colocated_lines(cfg, plan)
+            if cfg.current_placement() == "colocated"
+            else [
+                f"placement group 'rlcore-trainer' (PACK): {len(plan.trainer)} bundles of "
+                f"{{CPU: {t.cpus_per_rank:g}, GPU: {t.gpus_per_rank:g}}}",
+                f"  nodes: {_by_node(plan.trainer)}",
+            ]
+        ),
         f"  device mesh {m['world']} ranks: dp={m['dp']} x cp={m['cp']} (FSDP2 shards over dp*cp); "
         f"ep={m['ep']} expert groups carved from the dp*cp ranks"
-        + (f"; {num_routed_experts(cfg.model.arch) // max(m['ep'], 1)} experts per rank"
-           if num_routed_experts(cfg.model.arch) else ""),
+        + (
+            f"; {num_routed_experts(cfg.model.arch) // max(m['ep'], 1)} experts per rank"
+            if num_routed_experts(cfg.model.arch)
+            else ""
+        ),
         *(engine_lines(cfg) if cfg.current_placement() == "colocated" else rollout_lines(cfg, plan)),
-        ("weight sync: CUDA IPC, trainer rank i -> engine i on the same GPU (no NCCL between them)"
-         if cfg.current_placement() == "colocated" else
-         f"weight sync: trainer rank 0 -> {len(plan.rollout)} engine(s), buckets of {r.sync_bucket_mb:g} MiB"
-         + (" (both pools in one group)" if pd_on(cfg) else "")),
+        (
+            "weight sync: CUDA IPC, trainer rank i -> engine i on the same GPU (no NCCL between them)"
+            if cfg.current_placement() == "colocated"
+            else f"weight sync: trainer rank 0 -> {len(plan.rollout)} engine(s), buckets of {r.sync_bucket_mb:g} MiB"
+            + (" (both pools in one group)" if pd_on(cfg) else "")
+        ),
         *teacher_lines(cfg, plan),
         f"async: max_off_policy_steps={cfg.algo.max_off_policy_steps}, batch {cfg.algo.batch_groups} groups x "
         f"{cfg.algo.group_size} samples, max_new_tokens={r.sampling.max_new_tokens}",
@@ -188,12 +224,14 @@ def format_plan(cfg: RunConfig, plan: Plan) -> str:
 def rollout_lines(cfg: RunConfig, plan: Plan) -> list[str]:
     """The rollout placement group: its bundles by pool, their nodes, the engines."""
     pools = rollout_pools(cfg)
-    sizes = ", ".join(f"{n} {'' if role == 'rollout' else role + ' '}of {{CPU: {c:g}, GPU: {g:g}}}"
-                      for role, n, c, g in pools)
+    sizes = ", ".join(
+        f"{n} {'' if role == 'rollout' else role + ' '}of {{CPU: {c:g}, GPU: {g:g}}}" for role, n, c, g in pools
+    )
     lines = [f"placement group 'rlcore-rollout' (PACK): {len(plan.rollout)} bundles: {sizes}"]
     for role, _, _, _ in pools:
-        lines.append(f"  {'' if role == 'rollout' else role + ' '}nodes: "
-                     f"{_by_node([b for b in plan.rollout if b.role == role])}")
+        lines.append(
+            f"  {'' if role == 'rollout' else role + ' '}nodes: {_by_node([b for b in plan.rollout if b.role == role])}"
+        )
     return lines + engine_lines(cfg)
 
 
@@ -202,13 +240,17 @@ def engine_lines(cfg: RunConfig) -> list[str]:
     r, lines = cfg.rollout, []
     if pd_on(cfg):
         p = cfg.rollout.pd
-        lines.append(f"  engines: {r.num_actors} decode x {r.engine} (tensor_parallel_size={tensor_parallel_size(r)}) "
-                     f"running the episodes + {p.prefill_actors} prefill x {r.engine} (tensor_parallel_size="
-                     f"{p.prefill_tensor_parallel_size}); router: each generate call prefills on the least-loaded "
-                     f"prefill engine, the cache goes to its decode engine over {p.connector}")
+        lines.append(
+            f"  engines: {r.num_actors} decode x {r.engine} (tensor_parallel_size={tensor_parallel_size(r)}) "
+            f"running the episodes + {p.prefill_actors} prefill x {r.engine} (tensor_parallel_size="
+            f"{p.prefill_tensor_parallel_size}); router: each generate call prefills on the least-loaded "
+            f"prefill engine, the cache goes to its decode engine over {p.connector}"
+        )
     else:
-        lines.append(f"  engines: {r.num_actors} x {r.engine} (tensor_parallel_size={tensor_parallel_size(r)}), "
-                     f"{r.num_actors} data-parallel replicas")
+        lines.append(
+            f"  engines: {r.num_actors} x {r.engine} (tensor_parallel_size={tensor_parallel_size(r)}), "
+            f"{r.num_actors} data-parallel replicas"
+        )
     if offload_gib(cfg) > 0:
         lines.append(f"  KV offload: {offload_gib(cfg):g} GiB of host memory per engine (vLLM's native CPU backend)")
     return lines
@@ -218,35 +260,44 @@ def teacher_lines(cfg: RunConfig, plan: Plan) -> list[str]:
     tc = cfg.teacher
     if not plan.teacher:
         return []
-    return [f"placement group 'rlcore-teacher' (PACK): {len(plan.teacher)} bundles of "
-            f"{{CPU: {tc.cpus_per_actor:g}, GPU: {tc.gpus_per_actor:g}}}",
-            f"  nodes: {_by_node(plan.teacher)}",
-            f"  teacher: {tc.num_actors} x {tc.engine} (tensor_parallel_size={tensor_parallel_size(tc)}) serving "
-            f"{tc.path or 'a random-weight model'}; no weight sync; advantage = {tc.reward_coef:g} x reward "
-            f"advantage + {tc.kl_coef:g} x (teacher - student logprob{' - batch mean' if tc.kl_baseline else ''})"
-            + (f", 0 where |teacher - student| <= {tc.kl_deadband:g}" if tc.kl_deadband else "")
-            + ("; the teacher reads the student's text in its own tokens (span-aligned)" if tc.cross_tokenizer else "")]
+    return [
+        f"placement group 'rlcore-teacher' (PACK): {len(plan.teacher)} bundles of "
+        f"{{CPU: {tc.cpus_per_actor:g}, GPU: {tc.gpus_per_actor:g}}}",
+        f"  nodes: {_by_node(plan.teacher)}",
+        f"  teacher: {tc.num_actors} x {tc.engine} (tensor_parallel_size={tensor_parallel_size(tc)}) serving "
+        f"{tc.path or 'a random-weight model'}; no weight sync; advantage = {tc.reward_coef:g} x reward "
+        f"advantage + {tc.kl_coef:g} x (teacher - student logprob{' - batch mean' if tc.kl_baseline else ''})"
+        + (f", 0 where |teacher - student| <= {tc.kl_deadband:g}" if tc.kl_deadband else "")
+        + ("; the teacher reads the student's text in its own tokens (span-aligned)" if tc.cross_tokenizer else ""),
+    ]
 
 
 def _colocated_lines(cfg: RunConfig, plan: Plan) -> list[str]:
     """The colocated group: bundles, who shares them, and the planned GPU memory."""
     t, r = cfg.trainer, cfg.rollout
     bundle_gpu, share = colocated_shares(cfg)
-    lines = ["placement: colocated (one trainer rank + one engine per GPU"
-             + (", a teacher beside them)" if plan.teacher and plan.teacher[0].gpus else ")"),
-             f"placement group 'rlcore-colocated' (PACK): {len(plan.trainer)} bundles of "
-             f"{{CPU: {t.cpus_per_rank + r.cpus_per_actor:g}, GPU: {bundle_gpu:g}}}; trainer rank i and rollout "
-             f"actor i take GPU {share:g} each of bundle i",
-             f"  nodes: {_by_node(plan.trainer)}"]
+    lines = [
+        "placement: colocated (one trainer rank + one engine per GPU"
+        + (", a teacher beside them)" if plan.teacher and plan.teacher[0].gpus else ")"),
+        f"placement group 'rlcore-colocated' (PACK): {len(plan.trainer)} bundles of "
+        f"{{CPU: {t.cpus_per_rank + r.cpus_per_actor:g}, GPU: {bundle_gpu:g}}}; trainer rank i and rollout "
+        f"actor i take GPU {share:g} each of bundle i",
+        f"  nodes: {_by_node(plan.trainer)}",
+    ]
     mem = trainer_memory(cfg)
     if mem is not None:
         share = memory_share(r)
         gpu = f" of {plan.gpu_bytes / GIB:.1f} GiB" if plan.gpu_bytes else ""
-        lines.append(f"  memory per GPU{gpu}: trainer peak {mem.peak / GIB:.1f} GiB (resident {mem.resident / GIB:.1f})"
-                     f", engine gpu_memory_utilization={share if share is not None else 'unset'}, "
-                     f"sleep_level={sleep_level(r)}"
-                     + (f", teacher gpu_memory_utilization={memory_share(cfg.teacher)}"
-                        if plan.teacher and plan.teacher[0].gpus else ""))
+        lines.append(
+            f"  memory per GPU{gpu}: trainer peak {mem.peak / GIB:.1f} GiB (resident {mem.resident / GIB:.1f})"
+            f", engine gpu_memory_utilization={share if share is not None else 'unset'}, "
+            f"sleep_level={sleep_level(r)}"
+            + (
+                f", teacher gpu_memory_utilization={memory_share(cfg.teacher)}"
+                if plan.teacher and plan.teacher[0].gpus
+                else ""
+            )
+        )
     return lines
 
 

@@ -43,9 +43,9 @@ from rlcore.engine.registry import (
     option_key,
     sleep_level,
 )
+from rlcore.models.moe_family import num_routed_experts
 from rlcore.plan.hybrid_memory import hybrid_param_count, layer_pattern, recurrent_state_bytes
 from rlcore.plan.teacher import gpu_share, teacher_run_config
-from rlcore.models.moe_family import num_routed_experts
 
 GIB = 2**30
 OVERHEAD_GIB = 2.0
@@ -164,8 +164,9 @@ def trainer_memory(cfg: RunConfig) -> TrainerMemory | None:
         acts = tokens * (layers * 2 * h + per_token_layer)
     chunk = t.logprob_chunk_tokens or tokens
     logits = min(min(chunk, tokens) * _vocab(cfg, a) * 4 * 2, int(t.logprob_keep_logits_gib * GIB) or 1 << 62)
-    return TrainerMemory(state=int(state), activations=int(acts + logits), sync_buffer=p * 2,
-                         overhead=int(OVERHEAD_GIB * GIB))
+    return TrainerMemory(
+        state=int(state), activations=int(acts + logits), sync_buffer=p * 2, overhead=int(OVERHEAD_GIB * GIB)
+    )
 
 
 def engine_min_bytes(cfg: RunConfig) -> int | None:
@@ -258,9 +259,14 @@ def memory_problems(cfg: RunConfig, gpu_bytes: int) -> list[tuple[str, str]]:
     teacher = teacher_bytes(cfg, gpu_bytes)
     teacher_need = engine_min_bytes(teacher_run_config(cfg)) if teacher else None
     if teacher_need is not None and teacher < teacher_need:
-        return [(memory_share_key(cfg.teacher, "teacher"), f"the teacher's share of the {_gib(gpu_bytes)} "
-                 f"GPU, {_gib(teacher)}, cannot hold its bf16 weights + {ENGINE_MIN_FREE_GIB:g} GiB "
-                 f"({_gib(teacher_need)}): raise it")]
+        return [
+            (
+                memory_share_key(cfg.teacher, "teacher"),
+                f"the teacher's share of the {_gib(gpu_bytes)} "
+                f"GPU, {_gib(teacher)}, cannot hold its bf16 weights + {ENGINE_MIN_FREE_GIB:g} GiB "
+                f"({_gib(teacher_need)}): raise it",
+            )
+        ]
     beside = _trainer_bytes_beside_engine(cfg, mem)
     share_key = engine_spec(cfg.rollout.engine).memory_share_kwarg
     fraction, asleep = memory_share(cfg.rollout), sleep_level(cfg.rollout)
@@ -274,14 +280,23 @@ def memory_problems(cfg: RunConfig, gpu_bytes: int) -> list[tuple[str, str]]:
         key = "trainer.micro_batch_tokens"  # fewer activation bytes would make it fit
     else:
         key = "placement"
-    what = (f"trainer {_gib(beside)} (state {_gib(mem.state)}, activations at trainer.micro_batch_tokens="
-            f"{cfg.trainer.micro_batch_tokens} {_gib(mem.activations if not asleep else 0)}, "
-            f"sync buffer {_gib(mem.sync_buffer)}, overhead {_gib(mem.overhead)}) + engine {_gib(engine)}"
-            + (f" ({share_key}={fraction})" if fraction is not None else " (bf16 weights + "
-               f"{ENGINE_MIN_FREE_GIB:g} GiB)"))
+    what = (
+        f"trainer {_gib(beside)} (state {_gib(mem.state)}, activations at trainer.micro_batch_tokens="
+        f"{cfg.trainer.micro_batch_tokens} {_gib(mem.activations if not asleep else 0)}, "
+        f"sync buffer {_gib(mem.sync_buffer)}, overhead {_gib(mem.overhead)}) + engine {_gib(engine)}"
+        + (f" ({share_key}={fraction})" if fraction is not None else f" (bf16 weights + {ENGINE_MIN_FREE_GIB:g} GiB)")
+    )
     if teacher:
         what += f" + teacher {_gib(teacher)} ({memory_share_key(cfg.teacher, 'teacher')})"
-    hint = (f"set {option_key(cfg.rollout, 'sleep_level')}=2 with algo.max_off_policy_steps=0, "
-            if has_option(cfg.rollout, "sleep_level") and not asleep else "")
-    return [(key, f"colocated on one {_gib(gpu_bytes)} GPU: {what} = {_gib(total)} do not fit; "
-             f"{hint}lower trainer.micro_batch_tokens or the engine's share, or use placement=split")]
+    hint = (
+        f"set {option_key(cfg.rollout, 'sleep_level')}=2 with algo.max_off_policy_steps=0, "
+        if has_option(cfg.rollout, "sleep_level") and not asleep
+        else ""
+    )
+    return [
+        (
+            key,
+            f"colocated on one {_gib(gpu_bytes)} GPU: {what} = {_gib(total)} do not fit; "
+            f"{hint}lower trainer.micro_batch_tokens or the engine's share, or use placement=split",
+        )
+    ]

@@ -22,8 +22,11 @@ _KEY = re.compile(rf"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-
 _VALUE = re.compile(rf"^{_NAME}$")
 RESERVED_PREFIX = "ray.io/"
 
-LABEL_KEYS = {"trainer": "cluster.trainer_node_labels", "rollout": "cluster.rollout_node_labels",
-              "colocated": "cluster.trainer_node_labels"}
+LABEL_KEYS = {
+    "trainer": "cluster.trainer_node_labels",
+    "rollout": "cluster.rollout_node_labels",
+    "colocated": "cluster.trainer_node_labels",
+}
 
 
 @dataclass
@@ -39,13 +42,17 @@ class NodeCapacity:
 def label_error(key: str, value: str) -> str | None:
     """What is wrong with one label `key: value` (Ray's syntax), None when nothing."""
     if not _KEY.match(key):
-        return (f"{key!r} is not a Ray label key ([prefix/]name, name of at most 63 characters: letters, "
-                f"digits, '-', '_', '.', alphanumeric at both ends)")
+        return (
+            f"{key!r} is not a Ray label key ([prefix/]name, name of at most 63 characters: letters, "
+            f"digits, '-', '_', '.', alphanumeric at both ends)"
+        )
     if key.startswith(RESERVED_PREFIX):
         return f"{key!r}: the prefix {RESERVED_PREFIX!r} is Ray's own"
     if not _VALUE.match(str(value)):
-        return (f"{key}: {value!r} is not a Ray label value (at most 63 characters: letters, digits, '-', '_', "
-                f"'.', alphanumeric at both ends)")
+        return (
+            f"{key}: {value!r} is not a Ray label value (at most 63 characters: letters, digits, '-', '_', "
+            f"'.', alphanumeric at both ends)"
+        )
     return None
 
 
@@ -54,16 +61,27 @@ def label_problems(cfg: RunConfig) -> list[tuple[str, str]]:
     labels for the two sides."""
     c = cfg.cluster
     out = []
-    for key, labels in (("cluster.trainer_node_labels", c.trainer_node_labels),
-                        ("cluster.rollout_node_labels", c.rollout_node_labels)):
+    for key, labels in (
+        ("cluster.trainer_node_labels", c.trainer_node_labels),
+        ("cluster.rollout_node_labels", c.rollout_node_labels),
+    ):
         for k, v in labels.items():
             why = label_error(str(k), str(v))
             if why:
                 out.append((f"{key}.{k}", why))
-    if cfg.current_placement() == "colocated" and c.rollout_node_labels and c.rollout_node_labels != c.trainer_node_labels:
-        out.append(("cluster.rollout_node_labels", f"colocated placement puts trainer rank i and engine i in one "
-                    f"bundle: it follows cluster.trainer_node_labels ({dict(c.trainer_node_labels)}); leave "
-                    f"cluster.rollout_node_labels empty or equal, got {dict(c.rollout_node_labels)}"))
+    if (
+        cfg.current_placement() == "colocated"
+        and c.rollout_node_labels
+        and c.rollout_node_labels != c.trainer_node_labels
+    ):
+        out.append(
+            (
+                "cluster.rollout_node_labels",
+                f"colocated placement puts trainer rank i and engine i in one "
+                f"bundle: it follows cluster.trainer_node_labels ({dict(c.trainer_node_labels)}); leave "
+                f"cluster.rollout_node_labels empty or equal, got {dict(c.rollout_node_labels)}",
+            )
+        )
     return out
 
 
@@ -92,9 +110,14 @@ def fit_problems(cfg: RunConfig, bundles: list, nodes: list[NodeCapacity]) -> li
         key = LABEL_KEYS.get(b.group, "cluster.address") if selector else "cluster.address"
         if not matching:
             seen = sorted({f"{k}={v}" for n in nodes for k, v in n.labels.items() if not k.startswith(RESERVED_PREFIX)})
-            out.append((key, f"no alive node has the label {label} the {b.group} group asks for (the nodes' labels: "
-                        f"{', '.join(seen) or 'none'}); start such nodes with `ray start --labels {label}` "
-                        f"(or `python -m launch.local_cluster start --labels ...`) and pass cluster.address"))
+            out.append(
+                (
+                    key,
+                    f"no alive node has the label {label} the {b.group} group asks for (the nodes' labels: "
+                    f"{', '.join(seen) or 'none'}); start such nodes with `ray start --labels {label}` "
+                    f"(or `python -m launch.local_cluster start --labels ...`) and pass cluster.address",
+                )
+            )
             refused.add(b.group)
             continue
         for n in matching:
@@ -103,11 +126,18 @@ def fit_problems(cfg: RunConfig, bundles: list, nodes: list[NodeCapacity]) -> li
                 free[n.node_id] = [cpu - b.cpus, gpu - b.gpus]
                 break
         else:
-            where = f"the {len(matching)} node(s) labelled {label}" if selector else f"the cluster's {len(nodes)} node(s)"
+            where = (
+                f"the {len(matching)} node(s) labelled {label}" if selector else f"the cluster's {len(nodes)} node(s)"
+            )
             total = ", ".join(f"{{CPU: {n.cpus:g}, GPU: {n.gpus:g}}}" for n in matching)
             n_group = sum(1 for x in bundles if x.group == b.group)
-            out.append((key, f"the {b.group} group's {n_group} bundle(s) of {{CPU: {b.cpus:g}, GPU: {b.gpus:g}}} "
-                        f"do not fit on {where} ({total}) beside the groups placed before it"))
+            out.append(
+                (
+                    key,
+                    f"the {b.group} group's {n_group} bundle(s) of {{CPU: {b.cpus:g}, GPU: {b.gpus:g}}} "
+                    f"do not fit on {where} ({total}) beside the groups placed before it",
+                )
+            )
             refused.add(b.group)
     return out
 

@@ -15,9 +15,9 @@ from typing import Iterator
 from omegaconf import DictConfig
 
 from rlcore.config.errors import ConfigError, raise_problems
-from rlcore.plan.keys import group_option_problem, multirun_hint, unknown_key, unknown_keys
 from rlcore.config.schema import RunConfig
 from rlcore.engine.registry import inert_options
+from rlcore.plan.keys import group_option_problem, multirun_hint, unknown_key, unknown_keys
 
 
 def one_line(exc: BaseException) -> str:
@@ -79,8 +79,7 @@ def check_composed_keys(node: DictConfig) -> None:
 
 def _typed(key: str, overrides: list[str]) -> bool:
     """Whether an override sets `key`, a key below it or a section above it."""
-    return any(k == key or key.startswith(k + ".") or k.startswith(key + ".")
-               for k in map(override_key, overrides))
+    return any(k == key or key.startswith(k + ".") or k.startswith(key + ".") for k in map(override_key, overrides))
 
 
 def check_typed_options(cfg: RunConfig, overrides: list[str]) -> None:

@@ -55,45 +55,94 @@ def pd_problems(cfg: RunConfig) -> list[tuple[str, str]]:
     out: list[tuple[str, str]] = []
     spec = engine_spec(r.engine)
     if p.connector in PD_CONNECTORS and p.connector not in spec.pd_connectors:
-        out.append((f"{PD}.connector", f"the {r.engine} engine disaggregates over "
-                    f"{' or '.join(spec.pd_connectors) or 'no connector'}, got {p.connector!r}"))
+        out.append(
+            (
+                f"{PD}.connector",
+                f"the {r.engine} engine disaggregates over "
+                f"{' or '.join(spec.pd_connectors) or 'no connector'}, got {p.connector!r}",
+            )
+        )
     if p.prefill_actors < 1:
         out.append((f"{PD}.prefill_actors", f"the prefill pool needs at least one engine, got {p.prefill_actors}"))
     if r.num_actors < 1:
-        out.append(("rollout.num_actors", f"the decode pool (the rollout actors) needs at least one engine, got "
-                    f"{r.num_actors}"))
+        out.append(
+            (
+                "rollout.num_actors",
+                f"the decode pool (the rollout actors) needs at least one engine, got {r.num_actors}",
+            )
+        )
     tp = p.prefill_tensor_parallel_size  # each value's own bound is on its field (rlcore.config.bounds)
     if tp > 1 and not has_option(r, "tensor_parallel_size"):
-        out.append((f"{PD}.prefill_tensor_parallel_size", f"the {r.engine} engine has no tensor parallelism; "
-                    f"leave it at 1, got {tp}"))
+        out.append(
+            (
+                f"{PD}.prefill_tensor_parallel_size",
+                f"the {r.engine} engine has no tensor parallelism; leave it at 1, got {tp}",
+            )
+        )
     if spec.needs_gpu and p.prefill_gpus_per_actor <= 0:
-        out.append((f"{PD}.prefill_gpus_per_actor", f"the {r.engine} engine runs on GPUs only: give the prefill "
-                    f"engines GPUs (>= prefill_tensor_parallel_size={tp}, or a share of one to sit beside a decode "
-                    f"engine)"))
+        out.append(
+            (
+                f"{PD}.prefill_gpus_per_actor",
+                f"the {r.engine} engine runs on GPUs only: give the prefill "
+                f"engines GPUs (>= prefill_tensor_parallel_size={tp}, or a share of one to sit beside a decode "
+                f"engine)",
+            )
+        )
     elif spec.needs_gpu and 1 <= p.prefill_gpus_per_actor < tp:
-        out.append((f"{PD}.prefill_gpus_per_actor", f"a prefill engine of tensor_parallel_size={tp} needs {tp} GPUs, "
-                    f"got {p.prefill_gpus_per_actor:g}"))
+        out.append(
+            (
+                f"{PD}.prefill_gpus_per_actor",
+                f"a prefill engine of tensor_parallel_size={tp} needs {tp} GPUs, got {p.prefill_gpus_per_actor:g}",
+            )
+        )
     if option(r, "routing_replay", False):
-        out.append((f"{PD}.enabled", f"routing replay records each prompt's experts in the engine that samples it; "
-                    f"it does not cross a prefill/decode split: set {option_key(r, 'routing_replay')}=false"))
+        out.append(
+            (
+                f"{PD}.enabled",
+                f"routing replay records each prompt's experts in the engine that samples it; "
+                f"it does not cross a prefill/decode split: set {option_key(r, 'routing_replay')}=false",
+            )
+        )
     if offload_gib(cfg) > 0:
-        out.append((option_key(r, "kv_offload_gb"), f"vLLM's CPU offload is a KV connector of its own; beside "
-                    f"{PD}.connector both need vLLM's MultiConnector, which rlcore does not configure yet: use one "
-                    f"of the two"))
+        out.append(
+            (
+                option_key(r, "kv_offload_gb"),
+                f"vLLM's CPU offload is a KV connector of its own; beside "
+                f"{PD}.connector both need vLLM's MultiConnector, which rlcore does not configure yet: use one "
+                f"of the two",
+            )
+        )
     if cfg.current_placement() == "colocated":
-        out.append((f"{PD}.enabled", "prefill/decode pools have GPUs of their own; colocated placement gives every "
-                    "engine half of a trainer rank's GPU: use placement=split"))
+        out.append(
+            (
+                f"{PD}.enabled",
+                "prefill/decode pools have GPUs of their own; colocated placement gives every "
+                "engine half of a trainer rank's GPU: use placement=split",
+            )
+        )
     shared = 0 < p.prefill_gpus_per_actor < 1 or 0 < r.gpus_per_actor < 1
     connector = CONNECTORS.get(p.connector)
     if shared and connector is not None and not connector.shares_device:
-        out.append((f"{PD}.connector", f"{p.connector} cannot move a KV cache between two processes of one GPU, and "
-                    f"the pools share GPUs (rollout.gpus_per_actor={r.gpus_per_actor:g}, "
-                    f"{PD}.prefill_gpus_per_actor={p.prefill_gpus_per_actor:g}): give each engine whole GPUs"))
-    if shared and spec.memory_share_kwarg is not None and option(r, "engine_kwargs", {}).get(
-            spec.memory_share_kwarg) is None:
-        out.append((f"{option_key(r, 'engine_kwargs')}.{spec.memory_share_kwarg}",
-                    "a prefill and a decode engine sharing one GPU each size their memory from it: set the "
-                    "share of each (e.g. 0.4; both pools read the same engine_kwargs)"))
+        out.append(
+            (
+                f"{PD}.connector",
+                f"{p.connector} cannot move a KV cache between two processes of one GPU, and "
+                f"the pools share GPUs (rollout.gpus_per_actor={r.gpus_per_actor:g}, "
+                f"{PD}.prefill_gpus_per_actor={p.prefill_gpus_per_actor:g}): give each engine whole GPUs",
+            )
+        )
+    if (
+        shared
+        and spec.memory_share_kwarg is not None
+        and option(r, "engine_kwargs", {}).get(spec.memory_share_kwarg) is None
+    ):
+        out.append(
+            (
+                f"{option_key(r, 'engine_kwargs')}.{spec.memory_share_kwarg}",
+                "a prefill and a decode engine sharing one GPU each size their memory from it: set the "
+                "share of each (e.g. 0.4; both pools read the same engine_kwargs)",
+            )
+        )
     return out
 
 
@@ -105,8 +154,13 @@ def connector_package_problems(cfg: RunConfig) -> list[tuple[str, str]]:
     connector = CONNECTORS.get(cfg.rollout.pd.connector)
     if connector is None or connector.module is None or importlib.util.find_spec(connector.module) is not None:
         return []
-    return [(f"{PD}.connector", f"{cfg.rollout.pd.connector} needs the Python package {connector.module!r} "
-             f"(pip install {connector.package}), which is not installed")]
+    return [
+        (
+            f"{PD}.connector",
+            f"{cfg.rollout.pd.connector} needs the Python package {connector.module!r} "
+            f"(pip install {connector.package}), which is not installed",
+        )
+    ]
 
 
 def offload_gib(cfg: RunConfig) -> float:
@@ -137,10 +191,15 @@ def offload_problems(cfg: RunConfig, engines_per_node: dict[int, int], ram_bytes
     need = gib * engines * 2**30
     if need <= HOST_HEADROOM * ram_bytes:
         return []
-    return [(option_key(cfg.rollout, "kv_offload_gb"), f"{engines} engine(s) on node {node} x {gib:g} GiB of KV "
-             f"offload = {need / 2**30:.1f} GiB of host memory; the node has {ram_bytes / 2**30:.1f} GiB (at most "
-             f"{HOST_HEADROOM:.0%} of it for offload): lower it or spread the engines over more nodes "
-             f"(cluster.memory_per_node_gib describes a node)")]
+    return [
+        (
+            option_key(cfg.rollout, "kv_offload_gb"),
+            f"{engines} engine(s) on node {node} x {gib:g} GiB of KV "
+            f"offload = {need / 2**30:.1f} GiB of host memory; the node has {ram_bytes / 2**30:.1f} GiB (at most "
+            f"{HOST_HEADROOM:.0%} of it for offload): lower it or spread the engines over more nodes "
+            f"(cluster.memory_per_node_gib describes a node)",
+        )
+    ]
 
 
 def rollout_pools(cfg: RunConfig) -> list[tuple[str, int, float, float]]:
@@ -150,8 +209,10 @@ def rollout_pools(cfg: RunConfig) -> list[tuple[str, int, float, float]]:
     r, p = cfg.rollout, cfg.rollout.pd
     if not pd_on(cfg):
         return [("rollout", r.num_actors, r.cpus_per_actor, r.gpus_per_actor)]
-    return [("decode", r.num_actors, r.cpus_per_actor, r.gpus_per_actor),
-            ("prefill", p.prefill_actors, p.prefill_cpus_per_actor, p.prefill_gpus_per_actor)]
+    return [
+        ("decode", r.num_actors, r.cpus_per_actor, r.gpus_per_actor),
+        ("prefill", p.prefill_actors, p.prefill_cpus_per_actor, p.prefill_gpus_per_actor),
+    ]
 
 
 def rollout_roles(cfg: RunConfig) -> list[str]:

@@ -52,8 +52,14 @@ def colocatable(cfg: RunConfig) -> bool:
     """Whether the layout has the colocated shape: GPU trainer ranks and TP=1 engines, as many
     engines as ranks, at most one GPU each."""
     t, r = cfg.trainer, cfg.rollout
-    return both_on_gpu(cfg) and not r.pd.enabled and tensor_parallel_size(r) == 1 and r.num_actors == t.world_size \
-        and t.gpus_per_rank <= 1 and r.gpus_per_actor <= 1
+    return (
+        both_on_gpu(cfg)
+        and not r.pd.enabled
+        and tensor_parallel_size(r) == 1
+        and r.num_actors == t.world_size
+        and t.gpus_per_rank <= 1
+        and r.gpus_per_actor <= 1
+    )
 
 
 def resolve_placement(cfg: RunConfig, gpus: float) -> str:
@@ -101,43 +107,98 @@ def placement_problems(cfg: RunConfig, gpus: float, gpu_bytes: int | None, where
     if cfg.current_placement() == "split":
         out.extend(hook(cfg) if hook is not None else [])
         if sleep_level(r):
-            out.append((option_key(r, "sleep_level"), "sleep mode frees the GPU an engine shares with a trainer rank: it "
-                        "needs placement=colocated (this run is split)"))
+            out.append(
+                (
+                    option_key(r, "sleep_level"),
+                    "sleep mode frees the GPU an engine shares with a trainer rank: it "
+                    "needs placement=colocated (this run is split)",
+                )
+            )
         return out
     if cfg.mode != "rl":
-        return [("placement", f"colocated placement shares GPUs between trainer ranks and engines: it is for "
-                 f"mode=rl, got mode={cfg.mode}")]
+        return [
+            (
+                "placement",
+                f"colocated placement shares GPUs between trainer ranks and engines: it is for "
+                f"mode=rl, got mode={cfg.mode}",
+            )
+        ]
     if t.gpus_per_rank <= 0 or r.gpus_per_actor <= 0:
-        return [("placement", f"colocated placement shares GPUs: needs trainer.gpus_per_rank > 0 and "
-                 f"rollout.gpus_per_actor > 0, got {t.gpus_per_rank:g} and {r.gpus_per_actor:g}")]
+        return [
+            (
+                "placement",
+                f"colocated placement shares GPUs: needs trainer.gpus_per_rank > 0 and "
+                f"rollout.gpus_per_actor > 0, got {t.gpus_per_rank:g} and {r.gpus_per_actor:g}",
+            )
+        ]
     out.extend(colocated_teacher_problems(cfg))
     if COLOCATED_TRANSPORT not in engine_spec(r.engine).transports:
         takes_it = engines_where(lambda s: COLOCATED_TRANSPORT in s.transports)
-        out.append(("rollout.engine", f"colocated placement needs rollout.engine="
-                    f"{takes_it} (weights over CUDA IPC into the engine), "
-                    f"got {r.engine!r}; use placement=split"))
+        out.append(
+            (
+                "rollout.engine",
+                f"colocated placement needs rollout.engine="
+                f"{takes_it} (weights over CUDA IPC into the engine), "
+                f"got {r.engine!r}; use placement=split",
+            )
+        )
     if tensor_parallel_size(r) != 1:
-        out.append((option_key(r, "tensor_parallel_size"), f"colocated engines run with tensor_parallel_size=1 (one "
-                    f"engine beside each trainer rank), got {tensor_parallel_size(r)}; use placement=split"))
+        out.append(
+            (
+                option_key(r, "tensor_parallel_size"),
+                f"colocated engines run with tensor_parallel_size=1 (one "
+                f"engine beside each trainer rank), got {tensor_parallel_size(r)}; use placement=split",
+            )
+        )
     if r.num_actors != t.world_size:
-        out.append(("rollout.num_actors", f"colocated placement puts one engine beside each trainer rank: needs "
-                    f"rollout.num_actors = trainer.world_size = {t.world_size}, got {r.num_actors}"))
+        out.append(
+            (
+                "rollout.num_actors",
+                f"colocated placement puts one engine beside each trainer rank: needs "
+                f"rollout.num_actors = trainer.world_size = {t.world_size}, got {r.num_actors}",
+            )
+        )
     if t.gpus_per_rank > 1 or r.gpus_per_actor > 1:
-        out.append(("trainer.gpus_per_rank", f"colocated trainer ranks and engines share one GPU each: "
-                    f"gpus_per_rank and gpus_per_actor must be at most 1, got {t.gpus_per_rank:g} and "
-                    f"{r.gpus_per_actor:g}"))
+        out.append(
+            (
+                "trainer.gpus_per_rank",
+                f"colocated trainer ranks and engines share one GPU each: "
+                f"gpus_per_rank and gpus_per_actor must be at most 1, got {t.gpus_per_rank:g} and "
+                f"{r.gpus_per_actor:g}",
+            )
+        )
     if gpus < t.world_size:
-        out.append(("placement", f"colocated placement needs {t.world_size} GPU(s) (one per trainer rank); "
-                    f"{where} has {gpus:g}" + ("" if gpus else f" (to plan for a GPU machine from here: dry_run=true "
-                                               f"cluster.nodes=1 cluster.gpus_per_node={t.world_size})")))
+        out.append(
+            (
+                "placement",
+                f"colocated placement needs {t.world_size} GPU(s) (one per trainer rank); "
+                f"{where} has {gpus:g}"
+                + (
+                    ""
+                    if gpus
+                    else f" (to plan for a GPU machine from here: dry_run=true "
+                    f"cluster.nodes=1 cluster.gpus_per_node={t.world_size})"
+                ),
+            )
+        )
     out.extend(hook(cfg) if hook is not None else [])  # e.g. vLLM's FP8 or layerwise reload
     if sleep_level(r):  # its values are checked by the engine's hook
         if cfg.algo.max_off_policy_steps != 0:
-            out.append((option_key(r, "sleep_level"), f"a sleeping engine cannot generate while the trainer steps: sleep "
-                        f"mode needs algo.max_off_policy_steps=0, got {cfg.algo.max_off_policy_steps}"))
+            out.append(
+                (
+                    option_key(r, "sleep_level"),
+                    f"a sleeping engine cannot generate while the trainer steps: sleep "
+                    f"mode needs algo.max_off_policy_steps=0, got {cfg.algo.max_off_policy_steps}",
+                )
+            )
         if cfg.eval.every_n_steps > 0:
-            out.append((option_key(r, "sleep_level"), "evaluation during training would reach a sleeping engine: set "
-                        "eval.every_n_steps=0 with sleep mode"))
+            out.append(
+                (
+                    option_key(r, "sleep_level"),
+                    "evaluation during training would reach a sleeping engine: set "
+                    "eval.every_n_steps=0 with sleep mode",
+                )
+            )
     if not out and gpu_bytes:
         out.extend(memory_problems(cfg, gpu_bytes))
     return out
@@ -152,14 +213,29 @@ def colocated_teacher_problems(cfg: RunConfig) -> list[tuple[str, str]]:
         return []
     out = []
     if engine_spec(t.engine).memory_share_kwarg is None:
-        out.append(("teacher.engine", f"a GPU teacher beside colocated trainer ranks and engines is planned by "
-                    f"its memory share: use teacher.engine="
-                    f"{engines_where(lambda s: s.memory_share_kwarg is not None)} or a CPU teacher "
-                    f"(teacher.gpus_per_actor=0), got {t.engine!r}"))
+        out.append(
+            (
+                "teacher.engine",
+                f"a GPU teacher beside colocated trainer ranks and engines is planned by "
+                f"its memory share: use teacher.engine="
+                f"{engines_where(lambda s: s.memory_share_kwarg is not None)} or a CPU teacher "
+                f"(teacher.gpus_per_actor=0), got {t.engine!r}",
+            )
+        )
     if share >= 1:
-        out.append(("teacher.gpus_per_actor", f"a colocated GPU teacher shares a GPU with a trainer rank and an "
-                    f"engine: give it a share below 1 (e.g. 0.2), got {share:g}; or use placement=split"))
+        out.append(
+            (
+                "teacher.gpus_per_actor",
+                f"a colocated GPU teacher shares a GPU with a trainer rank and an "
+                f"engine: give it a share below 1 (e.g. 0.2), got {share:g}; or use placement=split",
+            )
+        )
     if t.num_actors > cfg.trainer.world_size:
-        out.append(("teacher.num_actors", f"colocated placement fits one teacher per GPU beside the trainer "
-                    f"ranks: at most trainer.world_size = {cfg.trainer.world_size}, got {t.num_actors}"))
+        out.append(
+            (
+                "teacher.num_actors",
+                f"colocated placement fits one teacher per GPU beside the trainer "
+                f"ranks: at most trainer.world_size = {cfg.trainer.world_size}, got {t.num_actors}",
+            )
+        )
     return out

@@ -12,7 +12,7 @@ if TYPE_CHECKING:
 NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 OWNED = {
     "CUDA_VISIBLE_DEVICES": "Ray assigns each actor its GPUs through it (set the group's gpus_per_* "
-                            "and placement instead)",
+    "and placement instead)",
     "PYTHONPATH": "the actors get the driver's import path (set PYTHONPATH where you start the run)",
 }
 """Variables rlcore or Ray set in every actor, with what to set instead."""

@@ -40,8 +40,13 @@ def field_docs(cls: type) -> dict[str, str]:
     for klass in reversed([k for k in cls.__mro__ if dataclasses.is_dataclass(k)]):
         body = ast.parse(textwrap.dedent(inspect.getsource(klass))).body[0].body
         for stmt, nxt in zip(body, body[1:]):
-            if (isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name) and isinstance(nxt, ast.Expr)
-                    and isinstance(nxt.value, ast.Constant) and isinstance(nxt.value.value, str)):
+            if (
+                isinstance(stmt, ast.AnnAssign)
+                and isinstance(stmt.target, ast.Name)
+                and isinstance(nxt, ast.Expr)
+                and isinstance(nxt.value, ast.Constant)
+                and isinstance(nxt.value.value, str)
+            ):
                 docs[stmt.target.id] = " ".join(nxt.value.value.split())
     return docs
 
@@ -57,8 +62,9 @@ def _section_type(hint: Any) -> type | None:
 def _type_name(hint: Any) -> str:
     if typing.get_origin(hint) is typing.Literal:
         return " \\| ".join(repr(a) for a in typing.get_args(hint))
-    return (getattr(hint, "__name__", None) if typing.get_origin(hint) is None else None) or \
-        str(hint).replace("typing.", "")
+    return (getattr(hint, "__name__", None) if typing.get_origin(hint) is None else None) or str(hint).replace(
+        "typing.", ""
+    )
 
 
 def _default(f: dataclasses.Field) -> str:
@@ -82,8 +88,9 @@ def keys(cls: type = RunConfig, prefix: str = "") -> list[tuple[str, str, str, s
         if section is not None:
             rows += keys(section, f"{prefix}{f.name}.")
         else:
-            rows.append((f"{prefix}{f.name}", _type_name(hints[f.name]), _default(f), field_rule(f),
-                         docs.get(f.name, "")))
+            rows.append(
+                (f"{prefix}{f.name}", _type_name(hints[f.name]), _default(f), field_rule(f), docs.get(f.name, ""))
+            )
     return rows
 
 

@@ -52,8 +52,13 @@ def use_checkpoint_model(cfg, explicit: set[str]) -> list[tuple[str, str]]:
             continue
         if ALL in explicit or key in explicit:
             if key in SHAPE_KEYS:
-                return [(f"model.{key}", f"the checkpoint {path} was saved with model.{key}={value!r}, "
-                         f"the config sets {current[key]!r}; leave model.{key} unset to use the checkpoint's model")]
+                return [
+                    (
+                        f"model.{key}",
+                        f"the checkpoint {path} was saved with model.{key}={value!r}, "
+                        f"the config sets {current[key]!r}; leave model.{key} unset to use the checkpoint's model",
+                    )
+                ]
             continue  # e.g. model.dtype: a setting, not the model's shape
         setattr(cfg.model, key, value)
         taken.append(key)

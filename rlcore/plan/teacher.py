@@ -24,12 +24,19 @@ from rlcore.engine.registry import (
     tensor_parallel_size,
 )
 
+
 def teacher_model_config(cfg: RunConfig) -> ModelConfig:
     """The teacher as a :class:`ModelConfig` (a random-weight teacher without `arch` takes the
     student's)."""
     t = cfg.teacher
-    return ModelConfig(path=t.path, gguf_file=t.gguf_file, tokenizer=t.tokenizer,
-                       arch=dict(t.arch) if t.arch else dict(cfg.model.arch), seed=t.seed, dtype=t.dtype)
+    return ModelConfig(
+        path=t.path,
+        gguf_file=t.gguf_file,
+        tokenizer=t.tokenizer,
+        arch=dict(t.arch) if t.arch else dict(cfg.model.arch),
+        seed=t.seed,
+        dtype=t.dtype,
+    )
 
 
 def teacher_run_config(cfg: RunConfig) -> RunConfig:
@@ -69,12 +76,18 @@ def tokenizer_problems(cfg: RunConfig) -> list[tuple[str, str]]:
     student's text). Cheap: local tokenizers are loaded and compared (vocabulary and special
     ids); a hub id is compared when the teacher actor starts (`actors/teacher.py`)."""
     from rlcore.models.tokenizer_build import build_tokenizer
+
     t, m = cfg.teacher, cfg.model
     if t.cross_tokenizer:
         return []
     if t.tokenizer != m.tokenizer:
-        return [("teacher.tokenizer", f"{t.tokenizer!r} differs from model.tokenizer {m.tokenizer!r}: "
-                 "the teacher must use the student's tokenizer")]
+        return [
+            (
+                "teacher.tokenizer",
+                f"{t.tokenizer!r} differs from model.tokenizer {m.tokenizer!r}: "
+                "the teacher must use the student's tokenizer",
+            )
+        ]
     if t.tokenizer in ("char", "bpe"):
         size = _checkpoint_vocab_size(t.path) if _is_local(t.path) else None
         student = len(build_tokenizer(m))
@@ -85,12 +98,18 @@ def tokenizer_problems(cfg: RunConfig) -> list[tuple[str, str]]:
         return []
     try:
         same = tokenizer_fingerprint(build_tokenizer(teacher_model_config(cfg))) == tokenizer_fingerprint(
-            build_tokenizer(m))
+            build_tokenizer(m)
+        )
     except (OSError, ValueError) as exc:
         return [("teacher.path", f"cannot load the teacher's tokenizer: {exc}".splitlines()[0])]
     if not same:
-        return [("teacher.path", f"{t.path}: its tokenizer differs from the student's ({m.path}); "
-                 "on-policy distillation needs the same tokenizer")]
+        return [
+            (
+                "teacher.path",
+                f"{t.path}: its tokenizer differs from the student's ({m.path}); "
+                "on-policy distillation needs the same tokenizer",
+            )
+        ]
     return []
 
 
@@ -102,8 +121,13 @@ def config_problems(cfg: RunConfig) -> list[tuple[str, str]]:
     if cfg.mode != "rl":
         return [("teacher.enabled", f"on-policy distillation runs in mode=rl, got mode={cfg.mode}")]
     if cfg.algo.filter_zero_adv_groups and (t.kl_coef > 0 or t.top_k > 0):
-        out.append(("algo.filter_zero_adv_groups", "drops groups whose rewards are all equal, but with a teacher "
-                    "(teacher.kl_coef or teacher.top_k > 0) their tokens still carry a distillation signal: set it false"))
+        out.append(
+            (
+                "algo.filter_zero_adv_groups",
+                "drops groups whose rewards are all equal, but with a teacher "
+                "(teacher.kl_coef or teacher.top_k > 0) their tokens still carry a distillation signal: set it false",
+            )
+        )
     if t.engine not in engine_names():
         out.append(("teacher.engine", f"unknown engine {t.engine!r}; choose one of {engine_names()}"))
     else:
@@ -116,16 +140,22 @@ def config_problems(cfg: RunConfig) -> list[tuple[str, str]]:
     # a hub id is "org/name"; anything else (./x, /x, ~/x, a/b/c) names a local directory
     local_form = t.path and (t.path.startswith((".", "/", "~")) or t.path.count("/") > 1)
     if local_form and not Path(t.path).expanduser().exists():
-        out.append(("teacher.path", f"directory {t.path!r} does not exist (train the teacher first; "
-                    "see the recipe's header)"))
+        out.append(
+            ("teacher.path", f"directory {t.path!r} does not exist (train the teacher first; see the recipe's header)")
+        )
     # each value's own bound (num_actors > 0, kl_coef >= 0, ...) is on its field: rlcore.config.bounds
     top_k = top_k_problems(cfg)
     out.extend(top_k)
     if not top_k and t.kl_coef == 0 and t.reward_coef == 0 and not (t.top_k > 0 and t.top_k_coef > 0):
         out.append(("teacher.kl_coef", "kl_coef, reward_coef and top_k_coef (or top_k) are all 0: nothing to train on"))
     if t.kl_coef > 0 and is_per_sequence(cfg.algo.loss):
-        out.append(("teacher.kl_coef", "per-token distillation advantages need a token-level loss; "
-                    f"algo.loss={cfg.algo.loss} uses one ratio per sequence"))
+        out.append(
+            (
+                "teacher.kl_coef",
+                "per-token distillation advantages need a token-level loss; "
+                f"algo.loss={cfg.algo.loss} uses one ratio per sequence",
+            )
+        )
     if not out:
         out.extend(tokenizer_problems(cfg))
     return out
@@ -143,12 +173,16 @@ def top_k_problems(cfg: RunConfig) -> list[tuple[str, str]]:
     if not t.top_k_coef >= 0:
         return [("teacher.top_k_coef", f"must be >= 0, got {t.top_k_coef!r}")]
     if t.cross_tokenizer:
-        return [("teacher.top_k", "the teacher's top-k tokens are its own; with teacher.cross_tokenizer they are "
-                 "not the student's: use the sampled-token advantage (teacher.kl_coef) alone")]
+        return [
+            (
+                "teacher.top_k",
+                "the teacher's top-k tokens are its own; with teacher.cross_tokenizer they are "
+                "not the student's: use the sampled-token advantage (teacher.kl_coef) alone",
+            )
+        ]
     if t.engine in engine_names() and not engine_spec(t.engine).scores_top_k:
         able = [n for n in engine_names() if engine_spec(n).scores_top_k]
-        return [("teacher.top_k", f"the {t.engine} engine does not return top-k logprobs yet; "
-                 f"engines that do: {able}")]
+        return [("teacher.top_k", f"the {t.engine} engine does not return top-k logprobs yet; engines that do: {able}")]
     if is_per_sequence(cfg.algo.loss):
         return [("teacher.top_k", f"the top-k term is per token; algo.loss={cfg.algo.loss} is per sequence")]
     return []
@@ -167,12 +201,21 @@ def gpu_share_problems(cfg: RunConfig) -> list[tuple[str, str]]:
     if t.gpus_per_actor >= tp:
         return []
     if not 0 < t.gpus_per_actor < 1 or tp != 1 or share is None:
-        return [("teacher.gpus_per_actor", f"the {t.engine} engine needs {option_key(t, 'tensor_parallel_size', 'teacher')} "
-                 f"({tp}) GPUs per actor, or a share (0, 1) of one GPU with tensor_parallel_size 1; got {t.gpus_per_actor}")]
+        return [
+            (
+                "teacher.gpus_per_actor",
+                f"the {t.engine} engine needs {option_key(t, 'tensor_parallel_size', 'teacher')} "
+                f"({tp}) GPUs per actor, or a share (0, 1) of one GPU with tensor_parallel_size 1; got {t.gpus_per_actor}",
+            )
+        ]
     util = memory_share(t)
     if util is None or not 0 < float(util) <= t.gpus_per_actor:
-        return [(memory_share_key(t, "teacher"), f"a teacher on {t.gpus_per_actor:g} of a GPU "
-                 f"needs {share} in (0, {t.gpus_per_actor:g}], got {util}")]
+        return [
+            (
+                memory_share_key(t, "teacher"),
+                f"a teacher on {t.gpus_per_actor:g} of a GPU needs {share} in (0, {t.gpus_per_actor:g}], got {util}",
+            )
+        ]
     return []
 
 

@@ -12,28 +12,29 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from rlcore.report import profiling
-from rlcore.storage import checkpoint_dirs
 from rlcore.algo import validate_algo  # the algorithm family validates its own switches
+from rlcore.batch.routing import model_arch
 from rlcore.config.bounds import field_problems
 from rlcore.config.errors import raise_problems
-from rlcore.plan.keys import env_arg_problems
 from rlcore.config.schema import RunConfig
 from rlcore.engine.registry import engine_names, engine_problems, engine_spec
 from rlcore.envs import make_env, registered, resolve_env
+from rlcore.models.hybrid import HYBRID_MODEL_TYPES, local_model_type
+from rlcore.models.moe_family import moe_parallel_problems, num_routed_experts
 from rlcore.models.shipped import is_shipped, shipped_problems
 from rlcore.models.source import gguf_problems, model_path_problems
-from rlcore.models.hybrid import HYBRID_MODEL_TYPES, local_model_type
 from rlcore.models.vl_names import VL_MODEL_TYPES, is_vl_arch
-from rlcore.models.moe_family import moe_parallel_problems, num_routed_experts
-from rlcore.batch.routing import model_arch
+from rlcore.plan.keys import env_arg_problems
+from rlcore.plan.layout import group_bundles
 from rlcore.plan.node_fit import NodeCapacity, fit_problems, label_problems
 from rlcore.plan.pd import connector_package_problems, machine_ram_bytes, offload_problems, pd_problems, rollout_pools
 from rlcore.plan.placement import placement_problems
 from rlcore.plan.process_env import env_var_problems
-from rlcore.plan.layout import group_bundles
+from rlcore.plan.teacher import config_problems as teacher_config_problems
+from rlcore.plan.teacher import teacher_resources
+from rlcore.report import profiling
+from rlcore.storage import checkpoint_dirs
 from rlcore.storage.rundir import output_dir_problems
-from rlcore.plan.teacher import config_problems as teacher_config_problems, teacher_resources
 from rlcore.trainer.options import (
     FP8_RECIPES,
     mesh_problems,
@@ -53,10 +54,17 @@ def problems(cfg: RunConfig) -> list[tuple[str, str]]:
     if m.path is None and "model_type" not in m.arch:
         out.append(("model.arch", "needs model_type (e.g. qwen3) when model.path is null"))
     if m.path is None and m.tokenizer not in BUILTIN_TOKENIZERS:
-        out.append(("model.tokenizer", "a random-weight model (model.path null) needs a built-in tokenizer ('char', 'bpe')"))
+        out.append(
+            ("model.tokenizer", "a random-weight model (model.path null) needs a built-in tokenizer ('char', 'bpe')")
+        )
     if m.chat_template_kwargs and m.tokenizer in BUILTIN_TOKENIZERS:
-        out.append(("model.chat_template_kwargs", "the built-in tokenizers' template takes no variables; "
-                    "they are for a checkpoint's own template (model.tokenizer=auto)"))
+        out.append(
+            (
+                "model.chat_template_kwargs",
+                "the built-in tokenizers' template takes no variables; "
+                "they are for a checkpoint's own template (model.tokenizer=auto)",
+            )
+        )
     if m.gguf_file and not m.path:
         out.append(("model.gguf_file", "needs model.path: the directory or hub id holding the file"))
     out.extend(gguf_problems(m.gguf_file))
@@ -92,8 +100,13 @@ def env_problems(cfg: RunConfig) -> list[tuple[str, str]]:
     the splits the run reads are not empty."""
     cls = resolve_env(cfg.env.name)
     if cls is None:
-        return [("env.name", f"unknown environment {cfg.env.name!r}; choose one of {sorted(registered())} "
-                 "or give an importable module:Class")]
+        return [
+            (
+                "env.name",
+                f"unknown environment {cfg.env.name!r}; choose one of {sorted(registered())} "
+                "or give an importable module:Class",
+            )
+        ]
     args = dict(cfg.env.args)
     misspelt = env_arg_problems(cfg.env.name, cls, args)
     if misspelt:
@@ -106,8 +119,9 @@ def env_problems(cfg: RunConfig) -> list[tuple[str, str]]:
         msg = str(exc)
         key, _, rest = msg.partition(": ")
         return [(key, rest)] if key.startswith("env.") else [("env.args", msg)]
-    splits = (["train"] if cfg.mode == "rl" else []) + \
-        ([cfg.eval.split] if cfg.mode == "eval" or (cfg.mode == "rl" and cfg.eval.every_n_steps > 0) else [])
+    splits = (["train"] if cfg.mode == "rl" else []) + (
+        [cfg.eval.split] if cfg.mode == "eval" or (cfg.mode == "rl" and cfg.eval.every_n_steps > 0) else []
+    )
     for split in splits:
         if env.split_size(split) == 0:
             return [("env.args", f"the {split!r} split of environment {cfg.env.name!r} is empty (no tasks)")]
@@ -124,12 +138,22 @@ def demonstration_problems(cfg: RunConfig, env) -> list[tuple[str, str]]:
     try:
         conversation = env.demonstration_messages(env.make_task(0, s.split))
     except Exception as exc:  # an environment's own code: any failure means "no demonstrations"
-        return [(key, f"environment {cfg.env.name!r} cannot make a demonstration of split {s.split!r} "
-                      f"({type(exc).__name__}: {exc})")]
+        return [
+            (
+                key,
+                f"environment {cfg.env.name!r} cannot make a demonstration of split {s.split!r} "
+                f"({type(exc).__name__}: {exc})",
+            )
+        ]
     if conversation is None:
         fix = "set sft.warmup_steps=0 or " if cfg.mode != "sft" else ""
-        return [(key, f"environment {cfg.env.name!r} has no demonstrations for sft.dataset=env; "
-                      f"{fix}give a JSONL dataset (sft.dataset=FILE.jsonl)")]
+        return [
+            (
+                key,
+                f"environment {cfg.env.name!r} has no demonstrations for sft.dataset=env; "
+                f"{fix}give a JSONL dataset (sft.dataset=FILE.jsonl)",
+            )
+        ]
     return []
 
 
@@ -139,14 +163,21 @@ def vision_problems(cfg: RunConfig) -> list[tuple[str, str]]:
     m, out = cfg.model, []
     vl = is_vl_arch(m.arch) if m.path is None else None
     if getattr(resolve_env(cfg.env.name), "uses_images", False) and vl is False:
-        out.append(("env.name", f"{cfg.env.name} tasks carry images but model.arch.model_type="
-                    f"{m.arch.get('model_type')!r} is text-only; use a vision-language model ({list(VL_MODEL_TYPES)})"))
+        out.append(
+            (
+                "env.name",
+                f"{cfg.env.name} tasks carry images but model.arch.model_type="
+                f"{m.arch.get('model_type')!r} is text-only; use a vision-language model ({list(VL_MODEL_TYPES)})",
+            )
+        )
     if m.freeze_vision and vl is False:
         out.append(("model.freeze_vision", "needs a vision-language model (it freezes the vision tower)"))
     if vl and cfg.trainer.fp8 != "none" and cfg.mode != "eval":
         out.append(("trainer.fp8", "FP8 training of vision-language models is not supported; use trainer.fp8=none"))
     if vl and cfg.trainer.cp > 1:
-        out.append(("trainer.cp", f"vision-language models train without context parallelism (cp=1), got {cfg.trainer.cp}"))
+        out.append(
+            ("trainer.cp", f"vision-language models train without context parallelism (cp=1), got {cfg.trainer.cp}")
+        )
     if vl and getattr(resolve_env(cfg.env.name), "uses_images", False):
         out.extend(_first_image_problems(cfg))
     return out
@@ -157,6 +188,7 @@ def _first_image_problems(cfg: RunConfig) -> list[tuple[str, str]]:
     sizes differ between VL families): one line here rather than a failed request per task."""
     from rlcore.envs.base import task_images
     from rlcore.models.tokenizer_build import build_tokenizer
+
     try:
         env = make_env(cfg.env.name, dict(cfg.env.args), cfg.env.seed)
         task_images(env.make_task(0, "train"), build_tokenizer(cfg.model))
@@ -169,13 +201,24 @@ def trainer_parallel_problems(cfg: RunConfig) -> list[tuple[str, str]]:
     """Mesh (dp, cp, ep) against the world size and the model (its MoE family: `moe_parallel_problems`);
     checkpointing, logprob chunking, LoRA. Model facts: `model.arch` (a hub model is checked when built)."""
     t, arch, known = cfg.trainer, dict(cfg.model.arch), cfg.model.path is None  # random weights: shape in arch
-    out = mesh_problems(t.dp, t.cp, t.ep, t.world_size, num_experts=num_routed_experts(arch) if known else None,
-                        num_heads=arch.get("num_attention_heads") if known else None)
+    out = mesh_problems(
+        t.dp,
+        t.cp,
+        t.ep,
+        t.world_size,
+        num_experts=num_routed_experts(arch) if known else None,
+        num_heads=arch.get("num_attention_heads") if known else None,
+    )
     out += moe_parallel_problems(model_arch(cfg.model) or {}, t.ep, t.cp)
     model_type = local_model_type(cfg.model.path) if cfg.model.path else arch.get("model_type")
     if t.cp > 1 and model_type in HYBRID_MODEL_TYPES:
-        out.append(("trainer.cp", f"{model_type} is a hybrid model (linear-attention / Mamba layers): context "
-                    f"parallelism cannot split their recurrent state yet; use trainer.cp=1, got {t.cp}"))
+        out.append(
+            (
+                "trainer.cp",
+                f"{model_type} is a hybrid model (linear-attention / Mamba layers): context "
+                f"parallelism cannot split their recurrent state yet; use trainer.cp=1, got {t.cp}",
+            )
+        )
     if t.lora.enabled and not t.lora.target_modules:
         out.append(("trainer.lora.target_modules", "needs at least one module name (e.g. q_proj)"))
     return out
@@ -186,11 +229,20 @@ def fp8_problems(cfg: RunConfig) -> list[tuple[str, str]]:
     t, out = cfg.trainer, []
     if t.fp8 in FP8_RECIPES and t.fp8 != "none" and cfg.mode != "eval":
         if t.gpus_per_rank <= 0:
-            out.append(("trainer.fp8", "FP8 matmuls need a Hopper GPU (compute capability >= 8.9) per trainer rank: "
-                        "set trainer.gpus_per_rank >= 1, or trainer.fp8=none on CPU"))
+            out.append(
+                (
+                    "trainer.fp8",
+                    "FP8 matmuls need a Hopper GPU (compute capability >= 8.9) per trainer rank: "
+                    "set trainer.gpus_per_rank >= 1, or trainer.fp8=none on CPU",
+                )
+            )
         elif t.lora.enabled:
-            out.append(("trainer.fp8", "FP8 training of LoRA adapters is not supported; use trainer.fp8=none "
-                        "with trainer.lora.enabled"))
+            out.append(
+                (
+                    "trainer.fp8",
+                    "FP8 training of LoRA adapters is not supported; use trainer.fp8=none with trainer.lora.enabled",
+                )
+            )
         elif t.fp8 == "rowwise" and not t.mixed_precision:
             out.append(("trainer.fp8", "rowwise FP8 needs bf16 compute: set trainer.mixed_precision=true"))
         elif not torchao_available():
@@ -200,8 +252,12 @@ def fp8_problems(cfg: RunConfig) -> list[tuple[str, str]]:
 
 def lifecycle_problems(cfg: RunConfig) -> list[tuple[str, str]]:
     """What crosses fields in checkpoint.*, sft.*, eval.*, profile.* (each module checks its own)."""
-    return [*checkpoint_dirs.config_problems(cfg), *sft_problems(cfg),
-            *eval_problems(cfg), *profiling.config_problems(cfg)]
+    return [
+        *checkpoint_dirs.config_problems(cfg),
+        *sft_problems(cfg),
+        *eval_problems(cfg),
+        *profiling.config_problems(cfg),
+    ]
 
 
 def sft_problems(cfg: RunConfig) -> list[tuple[str, str]]:
@@ -242,17 +298,29 @@ def resource_problems(cfg: RunConfig, cpus: float, gpus: float, where: str) -> l
     pools = rollout_pools(cfg)[1:] if cfg.mode != "sft" else []  # the prefill pool of a disaggregated group
     need_cpu = nt * t.cpus_per_rank + nr * r.cpus_per_actor + teacher_cpu + sum(n * c for _, n, c, _ in pools)
     need_gpu = nt * t.gpus_per_rank + nr * r.gpus_per_actor + teacher_gpu + sum(n * g for _, n, _, g in pools)
-    if cfg.current_placement() == "colocated":  # trainer rank i, engine i (and a GPU teacher) share GPU i (rlcore.plan.placement)
+    if (
+        cfg.current_placement() == "colocated"
+    ):  # trainer rank i, engine i (and a GPU teacher) share GPU i (rlcore.plan.placement)
         need_gpu = max(nt, nr)
     teacher = f" + teacher {teacher_cpu:g} CPUs / {teacher_gpu:g} GPUs" if cfg.teacher.enabled else ""
     teacher += "".join(f" + {role} ({n} x {c:g} CPUs / {g:g} GPUs)" for role, n, c, g in pools)
     out = []
     if need_cpu > cpus:
-        out.append(("trainer.cpus_per_rank", f"trainer ({nt} x {t.cpus_per_rank}) + rollout "
-                    f"({nr} x {r.cpus_per_actor}){teacher} need {need_cpu:g} CPUs; {where} has {cpus:g}"))
+        out.append(
+            (
+                "trainer.cpus_per_rank",
+                f"trainer ({nt} x {t.cpus_per_rank}) + rollout "
+                f"({nr} x {r.cpus_per_actor}){teacher} need {need_cpu:g} CPUs; {where} has {cpus:g}",
+            )
+        )
     if need_gpu > gpus:
-        out.append(("trainer.gpus_per_rank", f"trainer ({nt} x {t.gpus_per_rank}) + rollout "
-                    f"({nr} x {r.gpus_per_actor}){teacher} need {need_gpu:g} GPUs; {where} has {gpus:g}"))
+        out.append(
+            (
+                "trainer.gpus_per_rank",
+                f"trainer ({nt} x {t.gpus_per_rank}) + rollout "
+                f"({nr} x {r.gpus_per_actor}){teacher} need {need_gpu:g} GPUs; {where} has {gpus:g}",
+            )
+        )
     return out
 
 
@@ -262,8 +330,11 @@ def machine_problems(cfg: RunConfig) -> list[tuple[str, str]]:
     dry run plans for another machine: its disks and network are not here, so none of this."""
     if cfg.dry_run:
         return []
-    return [*model_path_problems(cfg.model.path, cfg.model.gguf_file), *output_dir_problems(cfg),
-            *connector_package_problems(cfg)]
+    return [
+        *model_path_problems(cfg.model.path, cfg.model.gguf_file),
+        *output_dir_problems(cfg),
+        *connector_package_problems(cfg),
+    ]
 
 
 @dataclass(frozen=True)
@@ -288,8 +359,9 @@ def cluster_problems(cfg: RunConfig, on: Capacity) -> list[tuple[str, str]]:
     the placement groups (`resource_problems`), then the placement's own needs
     (`placement_problems`), then whether each group's bundles fit the nodes its labels allow
     (`rlcore.plan.node_fit.fit_problems`)."""
-    found = (resource_problems(cfg, on.cpus, on.gpus, on.where)
-             + placement_problems(cfg, on.gpus, on.gpu_bytes, on.where))
+    found = resource_problems(cfg, on.cpus, on.gpus, on.where) + placement_problems(
+        cfg, on.gpus, on.gpu_bytes, on.where
+    )
     if found:
         return found
     nodes = list(on.nodes) or [NodeCapacity(on.where, on.cpus, on.gpus)]

@@ -126,11 +126,18 @@ class _Reads(ast.NodeVisitor):
     def visit_Assign(self, node: ast.Assign) -> None:
         self.generic_visit(node)
         for target in node.targets:
-            pairs = (zip(target.elts, node.value.elts) if isinstance(target, ast.Tuple) and isinstance(node.value, ast.Tuple)
-                     else [(target, node.value)])
+            pairs = (
+                zip(target.elts, node.value.elts)
+                if isinstance(target, ast.Tuple) and isinstance(node.value, ast.Tuple)
+                else [(target, node.value)]
+            )
             for name, value in pairs:
-                if (isinstance(name, ast.Attribute) and isinstance(name.value, ast.Name) and name.value.id == "self"
-                        and name.attr not in RUN_NAMES):
+                if (
+                    isinstance(name, ast.Attribute)
+                    and isinstance(name.value, ast.Name)
+                    and name.value.id == "self"
+                    and name.attr not in RUN_NAMES
+                ):
                     held = self.resolve(value)
                     if held:
                         self.members[-1][name.attr] = held
@@ -148,8 +155,13 @@ class _Reads(ast.NodeVisitor):
 
     def visit_Call(self, node: ast.Call) -> None:
         # getattr(section, "name"[, default])
-        if (isinstance(node.func, ast.Name) and node.func.id in ("getattr", "hasattr") and len(node.args) >= 2
-                and isinstance(node.args[1], ast.Constant) and isinstance(node.args[1].value, str)):
+        if (
+            isinstance(node.func, ast.Name)
+            and node.func.id in ("getattr", "hasattr")
+            and len(node.args) >= 2
+            and isinstance(node.args[1], ast.Constant)
+            and isinstance(node.args[1].value, str)
+        ):
             for path in self.resolve(node.args[0]):
                 self.found.append((".".join(self.scope) or "<module>", path, node.args[1].value, node.lineno))
         self.generic_visit(node)

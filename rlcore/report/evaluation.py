@@ -90,5 +90,7 @@ def eval_tasks(env, cfg) -> list[tuple[int, Task]]:
 
 def sampling_overrides(cfg) -> dict[str, Any]:
     e, s = cfg.eval, cfg.rollout.sampling
-    return {"temperature": s.temperature if e.temperature is None else e.temperature,
-            "max_new_tokens": s.max_new_tokens if e.max_new_tokens is None else e.max_new_tokens}
+    return {
+        "temperature": s.temperature if e.temperature is None else e.temperature,
+        "max_new_tokens": s.max_new_tokens if e.max_new_tokens is None else e.max_new_tokens,
+    }

@@ -94,8 +94,10 @@ class FailureLog:
         self.examples = []
 
     def _keep(self, example: FailedExample) -> None:
-        if (len(self.examples) < MAX_EXAMPLES
-                and sum(e.reason == example.reason for e in self.examples) < EXAMPLES_PER_REASON):
+        if (
+            len(self.examples) < MAX_EXAMPLES
+            and sum(e.reason == example.reason for e in self.examples) < EXAMPLES_PER_REASON
+        ):
             self.examples.append(example)
 
     def take_examples(self) -> list[FailedExample]:
@@ -152,8 +154,15 @@ class FailureLog:
         order, with its failed samples by `reasons`."""
         self._in_order(seq, all_failed, reasons)
 
-    def request_lost(self, samples: int, why: str, detail: str = "", streak: bool = True,
-                     seq: int | None = None, task: Task | None = None) -> Counter[str]:
+    def request_lost(
+        self,
+        samples: int,
+        why: str,
+        detail: str = "",
+        streak: bool = True,
+        seq: int | None = None,
+        task: Task | None = None,
+    ) -> Counter[str]:
         """A request that never returned (its actor died, it timed out): all its samples failed.
         `why` is the bucket (`engine: ActorDiedError`), `detail` the message logged the first time;
         `streak=False` counts them without touching the all-failed streak of generate requests;
@@ -197,13 +206,17 @@ class FailureLog:
         """Raise NoProgress when the last `stop_after` requests all failed completely."""
         if self.stop_after and self.streak >= self.stop_after:
             reason, n = self.streak_counts.most_common(1)[0]
-            raise NoProgress(f"no progress: every sample of the last {self.streak} generate requests failed "
-                             f"(rollout.stop_after_failed_requests={self.stop_after}); most frequent failure "
-                             f"({n} samples): {reason}")
+            raise NoProgress(
+                f"no progress: every sample of the last {self.streak} generate requests failed "
+                f"(rollout.stop_after_failed_requests={self.stop_after}); most frequent failure "
+                f"({n} samples): {reason}"
+            )
 
     def step_metrics(self) -> dict:
         """This step's `failed_by_reason` (then reset) and the abandoned reward threads."""
-        out = {"failed_by_reason": dict(self.step_counts.most_common()),
-               "reward_threads_abandoned": int(sum(self.threads_by_actor.values()))}
+        out = {
+            "failed_by_reason": dict(self.step_counts.most_common()),
+            "reward_threads_abandoned": int(sum(self.threads_by_actor.values())),
+        }
         self.step_counts = Counter()
         return out

@@ -21,9 +21,12 @@ _SIZE = r"\d+(?:\.\d+)?\s*[KMGT]?i?B"
 _NUM = r"\d+(?:\.\d+)?"
 _USED = (  # Ray 2.60's raylet text, then the older one
     re.compile(rf"was (?P<used>{_SIZE}) used / (?P<total>{_SIZE}) limit \((?P<frac>{_NUM})\)"),
-    re.compile(rf"was running was (?P<used>{_SIZE}) / (?P<total>{_SIZE}) \((?P<frac>{_NUM})\)"))
-_LIMIT = (re.compile(rf"exceeded threshold of \d+B \((?P<percent>{_NUM})% of"),
-          re.compile(rf"exceeds the memory usage threshold of (?P<fraction>{_NUM})"))
+    re.compile(rf"was running was (?P<used>{_SIZE}) / (?P<total>{_SIZE}) \((?P<frac>{_NUM})\)"),
+)
+_LIMIT = (
+    re.compile(rf"exceeded threshold of \d+B \((?P<percent>{_NUM})% of"),
+    re.compile(rf"exceeds the memory usage threshold of (?P<fraction>{_NUM})"),
+)
 _WORKER = re.compile(rf"memory used=(?P<worker>{_SIZE})")
 
 
@@ -33,7 +36,7 @@ class NotInWeightGroup(RuntimeError):
 
 
 def memory_kill(text: str) -> str | None:
-    """"killed by Ray's memory monitor (node IP: used / total = fraction over the threshold;
+    """ "killed by Ray's memory monitor (node IP: used / total = fraction over the threshold;
     its worker used X)" when `text` (an exception's message) says Ray killed the worker for
     memory, else None. Figures Ray did not print are left out."""
     if not any(k in text for k in _KILLED):

@@ -9,15 +9,16 @@ from typing import Any
 
 from rlcore.config import LoggerConfig
 from rlcore.report.samples import TOKEN_COLUMNS
-from rlcore.storage.series import SeriesFile, append_rows
 from rlcore.report.summary import is_zero_advantage
+from rlcore.storage.series import SeriesFile, append_rows
 
 log = logging.getLogger("rlcore")
 
 ZERO_ADVANTAGE_WARNING = (
     "step %d: every group has zero advantage (each group's samples got equal rewards), so loss and "
     "grad_norm are 0 and the policy does not change; the run summary counts such steps. A policy that "
-    "cannot yet earn reward needs a warm-up (sft.warmup_steps), an easier task or a larger algo.group_size")
+    "cannot yet earn reward needs a warm-up (sft.warmup_steps), an easier task or a larger algo.group_size"
+)
 
 
 SAMPLES_FILE = "samples.jsonl"
@@ -36,14 +37,21 @@ class MetricsLogger:
         self._wandb = None
         if cfg.wandb:
             import wandb
+
             mode = "online" if os.environ.get("WANDB_API_KEY") else "offline"
             # one wandb run per output_dir: a resumed run continues the same run and series (the
             # id is wandb's own, read back from the run: only public API)
             id_file = Path(output_dir) / ".wandb_run_id"
             run_id = id_file.read_text().strip() if id_file.is_file() else None
-            self._wandb = wandb.init(project=cfg.project, name=cfg.run_name, config=run_config,
-                                     dir=output_dir, mode=os.environ.get("WANDB_MODE", mode), id=run_id,
-                                     resume="allow" if run_id else None)
+            self._wandb = wandb.init(
+                project=cfg.project,
+                name=cfg.run_name,
+                config=run_config,
+                dir=output_dir,
+                mode=os.environ.get("WANDB_MODE", mode),
+                id=run_id,
+                resume="allow" if run_id else None,
+            )
             id_file.write_text(self._wandb.id)
             # evaluation rows finish after later train steps: they get their own x axis, since
             # wandb drops a `step=` that is behind the run's current step
@@ -51,8 +59,10 @@ class MetricsLogger:
             self._wandb.define_metric("eval/*", step_metric="eval/step")
         if self.console and total_steps > 0:  # 0: no step series (mode=eval), no progress bar
             from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-            self._progress = Progress(TextColumn("[bold]rlcore"), BarColumn(), MofNCompleteColumn(),
-                                      TimeElapsedColumn(), transient=False)
+
+            self._progress = Progress(
+                TextColumn("[bold]rlcore"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), transient=False
+            )
             self._task = self._progress.add_task("train", total=total_steps)
             self._progress.start()
 
@@ -82,10 +92,12 @@ class MetricsLogger:
         append_rows(self.samples_path, [{"step": step, **row} for row in rows])
         if self._wandb is not None:
             import wandb
+
             keys = [k for k in rows[0] if k not in TOKEN_COLUMNS]  # the page's per-token lists: not a table cell
-            self._wandb.log({"samples": wandb.Table(columns=["step", *keys],
-                                                    data=[[step, *(r[k] for k in keys)] for r in rows])},
-                            step=step)
+            self._wandb.log(
+                {"samples": wandb.Table(columns=["step", *keys], data=[[step, *(r[k] for k in keys)] for r in rows])},
+                step=step,
+            )
 
     def log_eval(self, metrics: dict[str, Any]) -> None:
         """An evaluation row: `step` is the train step whose policy was evaluated (it may be
@@ -122,10 +134,19 @@ def format_eval_line(m: dict[str, Any]) -> str:
 
 def format_line(m: dict[str, Any]) -> str:
     parts = [f"step {m['step']:>4}"]
-    for key, fmt in (("reward_mean", ".3f"), ("loss", "+.4f"), ("grad_norm", ".3f"), ("entropy", ".3f"),
-                     ("teacher_kl", ".3f"), ("teacher_top_k_kl", ".3f"),  # distillation runs only
-                     ("engine_mismatch_kl", ".1e"), ("staleness_kl", ".1e"), ("max_staleness", "d"),
-                     ("tokens_per_s", ".0f"), ("step_time_s", ".2f")):
+    for key, fmt in (
+        ("reward_mean", ".3f"),
+        ("loss", "+.4f"),
+        ("grad_norm", ".3f"),
+        ("entropy", ".3f"),
+        ("teacher_kl", ".3f"),
+        ("teacher_top_k_kl", ".3f"),  # distillation runs only
+        ("engine_mismatch_kl", ".1e"),
+        ("staleness_kl", ".1e"),
+        ("max_staleness", "d"),
+        ("tokens_per_s", ".0f"),
+        ("step_time_s", ".2f"),
+    ):
         if key in m:
             parts.append(f"{key.removesuffix('_mean')} {m[key]:{fmt}}")
     return " | ".join(parts)

@@ -80,8 +80,7 @@ def read_run(output_dir: str | Path) -> Run:
             row["elapsed_s"] = clock
         elif s in elapsed:
             row["elapsed_s"] = elapsed[s]
-    return Run(Path(output_dir).resolve().name, [steps[s] for s in sorted(steps)],
-               [evals[s] for s in sorted(evals)])
+    return Run(Path(output_dir).resolve().name, [steps[s] for s in sorted(steps)], [evals[s] for s in sorted(evals)])
 
 
 def panel_keys(panel: Panel, runs: list[Run]) -> list[str]:
@@ -89,8 +88,9 @@ def panel_keys(panel: Panel, runs: list[Run]) -> list[str]:
     rows = [r for run in runs for r in (run.evals if panel.eval_rows else run.steps)]
     keys = [k for k in panel.keys if any(k in r for r in rows)]
     if panel.eval_rows:
-        ks = sorted({int(k.split("@")[1]) for r in rows for k in r
-                     if k.startswith("eval/pass@") and k.split("@")[1].isdigit()})
+        ks = sorted(
+            {int(k.split("@")[1]) for r in rows for k in r if k.startswith("eval/pass@") and k.split("@")[1].isdigit()}
+        )
         keys = [k for k in keys if not k.startswith("eval/pass@")]
         keys += [f"eval/pass@{k}" for k in sorted({ks[0], ks[-1]})] if ks else []
     return keys
@@ -100,6 +100,7 @@ def plot_runs(output_dirs: list[str | Path], out_path: str | Path) -> list[str]:
     """Draw the runs' curves to `out_path` (PNG); returns the titles of the panels drawn.
     Raises ValueError when no run has a metric to draw."""
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
@@ -111,18 +112,25 @@ def plot_runs(output_dirs: list[str | Path], out_path: str | Path) -> list[str]:
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     styles = ("-", "--", ":", "-.")
     for row, (panel, keys) in enumerate(panels):
-        for col, (xkey, xlabel, scale) in enumerate((("step", "step", 1.0),
-                                                     ("elapsed_s", "wall-clock (min)", 1 / 60))):
+        for col, (xkey, xlabel, scale) in enumerate((("step", "step", 1.0), ("elapsed_s", "wall-clock (min)", 1 / 60))):
             ax = axes[row][col]
             for i, run in enumerate(runs):
                 rows = run.evals if panel.eval_rows else run.steps
                 for j, key in enumerate(keys):
-                    pts = [(r[xkey] * scale, r[key]) for r in rows if xkey in r and isinstance(r.get(key), (int, float))]
+                    pts = [
+                        (r[xkey] * scale, r[key]) for r in rows if xkey in r and isinstance(r.get(key), (int, float))
+                    ]
                     if not pts:
                         continue
                     label = run.name if len(keys) == 1 else f"{run.name}: {key.removeprefix('eval/')}"
-                    ax.plot(*zip(*pts), styles[j % len(styles)], color=colors[i % len(colors)],
-                            marker="o" if panel.eval_rows or len(pts) < 30 else None, markersize=3, label=label)
+                    ax.plot(
+                        *zip(*pts),
+                        styles[j % len(styles)],
+                        color=colors[i % len(colors)],
+                        marker="o" if panel.eval_rows or len(pts) < 30 else None,
+                        markersize=3,
+                        label=label,
+                    )
             ax.set_title(panel.title, fontsize=10)
             ax.set_xlabel(xlabel, fontsize=8)
             ax.tick_params(labelsize=8)
@@ -153,8 +161,9 @@ def write_run_plot(output_dir: str | Path) -> Path | None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m rlcore.plot", description=__doc__.splitlines()[0])
     parser.add_argument("output_dirs", nargs="+", help="run directories holding metrics.jsonl")
-    parser.add_argument("-o", "--out", help="PNG to write (default: OUTPUT_DIR/plot.png for one run, "
-                                            "plot.png here for several)")
+    parser.add_argument(
+        "-o", "--out", help="PNG to write (default: OUTPUT_DIR/plot.png for one run, plot.png here for several)"
+    )
     args = parser.parse_args(argv)
     for d in args.output_dirs:
         if not (Path(d) / "metrics.jsonl").is_file():

@@ -102,8 +102,9 @@ def config_problems(cfg) -> list[tuple[str, str]]:
         return out
     bad = [s for s in steps if isinstance(s, bool) or not isinstance(s, int) or not 1 <= s <= cfg.steps]
     if bad:
-        out.append(("profile.steps", f"{bad[0]!r} is not a step of this run: give steps in 1..{cfg.steps} "
-                    f"(steps={cfg.steps})"))
+        out.append(
+            ("profile.steps", f"{bad[0]!r} is not a step of this run: give steps in 1..{cfg.steps} (steps={cfg.steps})")
+        )
     elif len(set(steps)) != len(steps):
         out.append(("profile.steps", f"lists a step twice: {steps}"))
     return out

@@ -50,9 +50,13 @@ def shown_keys(groups: list[GroupMeta], limit: int) -> list[tuple[int, int]]:
     return [(gi, s.index) for gi, s in pick(groups, limit)]
 
 
-def sample_rows(groups: list[GroupMeta], decode: Callable[[list[int]], str], limit: int,
-                fetch: Callable[[list], list[list[Sample]]] = list,
-                trainer_logprobs: dict[tuple[int, int], list] | None = None) -> list[dict[str, Any]]:
+def sample_rows(
+    groups: list[GroupMeta],
+    decode: Callable[[list[int]], str],
+    limit: int,
+    fetch: Callable[[list], list[list[Sample]]] = list,
+    trainer_logprobs: dict[tuple[int, int], list] | None = None,
+) -> list[dict[str, Any]]:
     """Up to `limit` scored samples (:func:`pick`):
     {prompt, completion, reward, version, tokens, token_versions, token_logprobs[, trainer_logprobs]};
     `version` is the oldest policy version among the sample's tokens; `tokens` are the completion's
@@ -66,17 +70,24 @@ def sample_rows(groups: list[GroupMeta], decode: Callable[[list[int]], str], lim
     trainer = trainer_logprobs or {}
     rows = []
     for gi, s in picked:
-        row = {"prompt": prompt_text(groups[gi].task), "completion": decode(data[gi][s.index].completion_ids),
-               "reward": float(s.reward), "version": s.min_version if s.loss_tokens else None,
-               **token_columns(data[gi][s.index], decode)}
+        row = {
+            "prompt": prompt_text(groups[gi].task),
+            "completion": decode(data[gi][s.index].completion_ids),
+            "reward": float(s.reward),
+            "version": s.min_version if s.loss_tokens else None,
+            **token_columns(data[gi][s.index], decode),
+        }
         if (gi, s.index) in trainer:
             row["trainer_logprobs"] = [None if x is None else round(float(x), 4) for x in trainer[gi, s.index]]
         rows.append(row)
     return rows
 
 
-def failed_rows(examples: list[FailedExample], decode: Callable[[list[int]], str],
-                fetch: Callable[[list], list[list[Sample]]] = list) -> list[dict[str, Any]]:
+def failed_rows(
+    examples: list[FailedExample],
+    decode: Callable[[list[int]], str],
+    fetch: Callable[[list], list[list[Sample]]] = list,
+) -> list[dict[str, Any]]:
     """One row per failed sample kept: {prompt, completion, reward: None, version: None,
     failed_reason, error} and, when its token data came back, its token columns. `fetch` as in
     :func:`sample_rows`, called once with the handles of the examples' groups."""
@@ -84,8 +95,14 @@ def failed_rows(examples: list[FailedExample], decode: Callable[[list[int]], str
     data = dict(zip([id(g) for g in handles], fetch([g.data for g in handles]))) if handles else {}
     rows = []
     for e in examples:
-        row: dict[str, Any] = {"prompt": prompt_text(e.task) if e.task is not None else "", "completion": "",
-                               "reward": None, "version": None, "failed_reason": e.reason, "error": e.error}
+        row: dict[str, Any] = {
+            "prompt": prompt_text(e.task) if e.task is not None else "",
+            "completion": "",
+            "reward": None,
+            "version": None,
+            "failed_reason": e.reason,
+            "error": e.error,
+        }
         sample = data[id(e.group)][e.index] if e.group is not None else None
         if sample is not None:
             row.update(completion=decode(sample.completion_ids), **token_columns(sample, decode))
@@ -98,5 +115,8 @@ TOKEN_COLUMNS = ("tokens", "token_versions", "token_logprobs", "trainer_logprobs
 
 def token_columns(sample: Sample, decode: Callable[[list[int]], str]) -> dict[str, list]:
     """The completion token by token: text, policy version, engine logprob (4 decimals)."""
-    return {"tokens": [decode([t]) for t in sample.completion_ids], "token_versions": list(sample.versions),
-            "token_logprobs": [round(float(x), 4) for x in sample.logprobs]}
+    return {
+        "tokens": [decode([t]) for t in sample.completion_ids],
+        "token_versions": list(sample.versions),
+        "token_logprobs": [round(float(x), 4) for x in sample.logprobs],
+    }

@@ -73,8 +73,9 @@ class Background:
         if self.seconds is None:
             self.seconds = self.phases.clock() - self.start
             self.phases._finished(f"{self.label} (in the background)", self.seconds)
-            self.phases._write(f"rlcore: {self.label}: ready after {self.seconds:.1f}s (in the background; "
-                               f"{waited_s:.1f}s waited for)")
+            self.phases._write(
+                f"rlcore: {self.label}: ready after {self.seconds:.1f}s (in the background; {waited_s:.1f}s waited for)"
+            )
         return self.seconds
 
     def failed(self) -> None:

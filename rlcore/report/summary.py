@@ -63,9 +63,13 @@ def format_phases(phases: Sequence[tuple[str, float]]) -> str:
     return ", ".join(f"{name} {seconds:.1f}s" for name, seconds in phases)
 
 
-def rl_summary(history: Sequence[dict[str, Any]], eval_rows: Sequence[dict[str, Any]] = (),
-               phases: Sequence[tuple[str, float]] = (), artifact: str = "",
-               startup_s: float | None = None) -> list[str]:
+def rl_summary(
+    history: Sequence[dict[str, Any]],
+    eval_rows: Sequence[dict[str, Any]] = (),
+    phases: Sequence[tuple[str, float]] = (),
+    artifact: str = "",
+    startup_s: float | None = None,
+) -> list[str]:
     """Lines for an RL run: steps and wall-clock, reward first/last (window means), eval
     first/last (if eval ran), tokens/s and samples/s, seconds in generate/train/sync (sums over
     steps), the canary's calibrated bounds, zero-advantage steps, start-up phases, and `artifact` (the plot or metrics path)."""
@@ -77,21 +81,27 @@ def rl_summary(history: Sequence[dict[str, Any]], eval_rows: Sequence[dict[str, 
     evals = [r for r in eval_rows if r.get("eval/reward_mean") is not None]
     if evals:
         a, b = evals[0], evals[-1]
-        lines.append(f"eval reward {a['eval/reward_mean']:.3f} (step {a['step']}) -> "
-                     f"{b['eval/reward_mean']:.3f} (step {b['step']})")
+        lines.append(
+            f"eval reward {a['eval/reward_mean']:.3f} (step {a['step']}) -> "
+            f"{b['eval/reward_mean']:.3f} (step {b['step']})"
+        )
     tps, sps = rates(history)
     lines.append(f"throughput {tps:.0f} tokens/s, {sps:.1f} samples/s")
-    times = [(label, _total(history, key)) for label, key in
-             (("generate", "generate_time_s"), ("train", "train_time_s"), ("sync", "sync_time_s"))
-             if any(r.get(key) is not None for r in history)]
+    times = [
+        (label, _total(history, key))
+        for label, key in (("generate", "generate_time_s"), ("train", "train_time_s"), ("sync", "sync_time_s"))
+        if any(r.get(key) is not None for r in history)
+    ]
     if times:
         lines.append("time " + ", ".join(f"{label} {s:.1f}s" for label, s in times) + " (sums over steps)")
     bounds = next((r for r in history if r.get("canary_mean_limit") is not None), None)
     if bounds is not None:
-        lines.append(f"canary bounds mean gap {bounds['canary_mean_limit']:.4f}, max gap {bounds['canary_max_limit']:.4f} "
-                     f"nats (calibrated on the first sync: mean {bounds['canary_baseline_mean']:.4f}, max "
-                     f"{bounds['canary_baseline_max']:.4f}); largest seen mean "
-                     f"{max(r.get('canary_mean_gap', 0.0) for r in history):.4f}")
+        lines.append(
+            f"canary bounds mean gap {bounds['canary_mean_limit']:.4f}, max gap {bounds['canary_max_limit']:.4f} "
+            f"nats (calibrated on the first sync: mean {bounds['canary_baseline_mean']:.4f}, max "
+            f"{bounds['canary_baseline_max']:.4f}); largest seen mean "
+            f"{max(r.get('canary_mean_gap', 0.0) for r in history):.4f}"
+        )
     zero = zero_advantage_steps(history)
     if zero:
         lines.append(f"zero-advantage steps {zero} of {n} (no learning signal in those steps)")
@@ -109,8 +119,9 @@ def closing_lines(phases: Sequence[tuple[str, float]], artifact: str, startup_s:
     return out + ([artifact] if artifact else [])
 
 
-def sft_summary(history: Sequence[dict[str, Any]], phases: Sequence[tuple[str, float]] = (),
-                artifact: str = "") -> list[str]:
+def sft_summary(
+    history: Sequence[dict[str, Any]], phases: Sequence[tuple[str, float]] = (), artifact: str = ""
+) -> list[str]:
     loss = window_means(history, "loss")
     lines = [f"{len(history)} SFT steps"]
     if loss is not None:
@@ -118,18 +129,27 @@ def sft_summary(history: Sequence[dict[str, Any]], phases: Sequence[tuple[str, f
     return lines + closing_lines(phases, artifact)
 
 
-def eval_summary(history: Sequence[dict[str, Any]], phases: Sequence[tuple[str, float]] = (),
-                 artifact: str = "") -> list[str]:
+def eval_summary(
+    history: Sequence[dict[str, Any]], phases: Sequence[tuple[str, float]] = (), artifact: str = ""
+) -> list[str]:
     last = history[-1]
-    passes = ", ".join(f"{k.removeprefix('eval/')} {v:.3f}" for k, v in sorted(last.items())
-                       if k.startswith("eval/pass@"))
-    lines = [f"eval of step {last['step']}: reward_mean {last['eval/reward_mean']:.3f}"
-             + (f", {passes}" if passes else "")]
+    passes = ", ".join(
+        f"{k.removeprefix('eval/')} {v:.3f}" for k, v in sorted(last.items()) if k.startswith("eval/pass@")
+    )
+    lines = [
+        f"eval of step {last['step']}: reward_mean {last['eval/reward_mean']:.3f}" + (f", {passes}" if passes else "")
+    ]
     return lines + closing_lines(phases, artifact)
 
 
-def run_summary(mode: str, history: Sequence[dict[str, Any]], eval_rows: Sequence[dict[str, Any]] = (),
-                phases: Sequence[tuple[str, float]] = (), artifact: str = "", startup_s: float | None = None) -> str:
+def run_summary(
+    mode: str,
+    history: Sequence[dict[str, Any]],
+    eval_rows: Sequence[dict[str, Any]] = (),
+    phases: Sequence[tuple[str, float]] = (),
+    artifact: str = "",
+    startup_s: float | None = None,
+) -> str:
     """The whole summary: a `rlcore: done:` line, then one indented line per figure; `startup_s`
     (RL): the wall time from the process's start to step 1."""
     if mode == "sft":

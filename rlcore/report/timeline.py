@@ -85,8 +85,12 @@ def load_sources(profile_dir: str | Path) -> list[Source]:
         if not meta_path.is_file():
             continue
         meta = read_json(meta_path)
-        src = Source(meta.get("name", folder.name), meta.get("role", "?"), meta.get("host", ""),
-                     [str(g) for g in meta.get("gpus", [])])
+        src = Source(
+            meta.get("name", folder.name),
+            meta.get("role", "?"),
+            meta.get("host", ""),
+            [str(g) for g in meta.get("gpus", [])],
+        )
         for path in sorted(folder.iterdir()):
             if path.name != SOURCE_FILE and path.name.endswith((".json", ".json.gz")):
                 add_trace(src, read_json(path))
@@ -102,6 +106,7 @@ def load_windows(profile_dir: str | Path) -> list[dict[str, Any]]:
 
 
 # -- interval arithmetic ---------------------------------------------------------------------------
+
 
 def union(spans: Iterable[Span], lo: float, hi: float) -> list[Span]:
     """The union of `spans` clipped to [lo, hi], as sorted disjoint spans."""
@@ -147,6 +152,7 @@ def gaps(busy: list[Span], lo: float, hi: float) -> list[Span]:
 
 # -- the summary ------------------------------------------------------------------------------------
 
+
 def gpu_usage(sources: list[Source], lo: float, hi: float) -> dict[str, dict[str, Any]]:
     """Per GPU key, over [lo, hi] (microseconds): each role's busy time, both at once, idle,
     each process's own busy time and the longest idle gaps (offset from `lo`, length)."""
@@ -162,11 +168,19 @@ def gpu_usage(sources: list[Source], lo: float, hi: float) -> dict[str, dict[str
                 by_role[s.role] = union(by_role.get(s.role, []) + spans, lo, hi)
         everything = union([sp for spans in by_role.values() for sp in spans], lo, hi)
         roles = {role: length(spans) for role, spans in by_role.items()}
-        both = length(intersection(by_role["trainer"], by_role["engine"])) \
-            if "trainer" in by_role and "engine" in by_role else 0.0
+        both = (
+            length(intersection(by_role["trainer"], by_role["engine"]))
+            if "trainer" in by_role and "engine" in by_role
+            else 0.0
+        )
         free = sorted(gaps(everything, lo, hi), key=lambda g: g[0] - g[1])[:3]
-        out[key] = {"roles": roles, "both": both, "idle": (hi - lo) - length(everything), "sources": per_source,
-                    "longest_gaps": [(a - lo, b - a) for a, b in free]}
+        out[key] = {
+            "roles": roles,
+            "both": both,
+            "idle": (hi - lo) - length(everything),
+            "sources": per_source,
+            "longest_gaps": [(a - lo, b - a) for a, b in free],
+        }
     return out
 
 
@@ -193,26 +207,36 @@ def summary_lines(sources: list[Source], windows: list[dict[str, Any]]) -> list[
         lo, hi = float(w["start_us"]), float(w["end_us"])
         wall = hi - lo
         got = [s.name for s in sources if union(s.gpu_spans(), lo, hi) or union(s.cpu, lo, hi)]
-        lines.append(f"profile: step {w['step']}, {_s(wall)} from its batch going to the trainer to its weights "
-                     f"reaching the engines ({len(got)} of {len(sources)} processes recorded in it)")
+        lines.append(
+            f"profile: step {w['step']}, {_s(wall)} from its batch going to the trainer to its weights "
+            f"reaching the engines ({len(got)} of {len(sources)} processes recorded in it)"
+        )
         usage = gpu_usage(sources, lo, hi)
         for key, u in usage.items():
             parts = [f"{role} kernels {_s(t)} ({_pct(t, wall)})" for role, t in sorted(u["roles"].items())]
             if {"trainer", "engine"} <= set(u["roles"]):
                 t, e = u["roles"]["trainer"], u["roles"]["engine"]
-                parts.append(f"both at once {_s(u['both'])} ({_pct(u['both'], wall)}), trainer alone "
-                             f"{_s(t - u['both'])}, engines alone {_s(e - u['both'])}")
+                parts.append(
+                    f"both at once {_s(u['both'])} ({_pct(u['both'], wall)}), trainer alone "
+                    f"{_s(t - u['both'])}, engines alone {_s(e - u['both'])}"
+                )
             parts.append(f"idle {_s(u['idle'])} ({_pct(u['idle'], wall)})")
             lines.append(f"  {key}: " + "; ".join(parts))
             if len(u["sources"]) > len(u["roles"]):  # a role with several processes on this GPU
-                lines.append("    by process: " + ", ".join(f"{name} {_s(t)}" for name, t in sorted(u["sources"].items())))
+                lines.append(
+                    "    by process: " + ", ".join(f"{name} {_s(t)}" for name, t in sorted(u["sources"].items()))
+                )
             if u["longest_gaps"]:
-                lines.append("    longest idle gaps: " + ", ".join(
-                    f"{g / 1e3:.1f} ms at +{at / 1e6:.3f}s" for at, g in u["longest_gaps"]))
+                lines.append(
+                    "    longest idle gaps: "
+                    + ", ".join(f"{g / 1e3:.1f} ms at +{at / 1e6:.3f}s" for at, g in u["longest_gaps"])
+                )
         cpu = cpu_usage(sources, lo, hi)
         if cpu:
-            lines.append("  CPU ops (processes with no GPU kernels): " + ", ".join(
-                f"{name} {_s(t)} ({_pct(t, wall)})" for name, t in sorted(cpu.items())))
+            lines.append(
+                "  CPU ops (processes with no GPU kernels): "
+                + ", ".join(f"{name} {_s(t)} ({_pct(t, wall)})" for name, t in sorted(cpu.items()))
+            )
         if not usage and not cpu:
             lines.append(f"  nothing recorded in this window (roles present: {', '.join(roles) or 'none'})")
     return lines
@@ -221,21 +245,31 @@ def summary_lines(sources: list[Source], windows: list[dict[str, Any]]) -> list[
 def merged_trace(sources: list[Source], windows: list[dict[str, Any]]) -> dict[str, Any]:
     """One Chrome trace of every source (a process row each, named after it; times relative to
     the first window's start) plus a `driver` row of the recorded steps."""
-    t0 = min([float(w["start_us"]) for w in windows] + [ev["ts"] for s in sources for ev in s.events if "ts" in ev]
-             or [0.0])
+    t0 = min(
+        [float(w["start_us"]) for w in windows] + [ev["ts"] for s in sources for ev in s.events if "ts" in ev] or [0.0]
+    )
     events: list[dict[str, Any]] = []
     pids: dict[tuple[str, Any], int] = {}
     for s in sources:
-        names = {ev.get("pid"): (ev.get("args") or {}).get("name") for ev in s.events
-                 if ev.get("ph") == "M" and ev.get("name") == "process_name"}
+        names = {
+            ev.get("pid"): (ev.get("args") or {}).get("name")
+            for ev in s.events
+            if ev.get("ph") == "M" and ev.get("name") == "process_name"
+        }
         for ev in s.events:
             if ev.get("ph") not in ("X", "M", "i", "I", "b", "e", "s", "f"):
                 continue
             key = (s.name, ev.get("pid"))
             if key not in pids:
                 pids[key] = len(pids) + 2
-                events.append({"ph": "M", "name": "process_name", "pid": pids[key],
-                               "args": {"name": f"{s.name}: {names.get(ev.get('pid')) or ev.get('pid')}"}})
+                events.append(
+                    {
+                        "ph": "M",
+                        "name": "process_name",
+                        "pid": pids[key],
+                        "args": {"name": f"{s.name}: {names.get(ev.get('pid')) or ev.get('pid')}"},
+                    }
+                )
             if ev.get("ph") == "M" and ev.get("name") == "process_name":
                 continue
             out = {**ev, "pid": pids[key]}
@@ -244,10 +278,22 @@ def merged_trace(sources: list[Source], windows: list[dict[str, Any]]) -> dict[s
             events.append(out)
     events.append({"ph": "M", "name": "process_name", "pid": 1, "args": {"name": "driver: recorded steps"}})
     for w in windows:
-        events.append({"ph": "X", "name": f"step {w['step']}", "cat": "rlcore", "pid": 1, "tid": 0,
-                       "ts": float(w["start_us"]) - t0, "dur": float(w["end_us"]) - float(w["start_us"])})
-    return {"traceEvents": events, "displayTimeUnit": "ms",
-            "otherData": {"rlcore": "merged timeline", "origin_epoch_us": t0}}
+        events.append(
+            {
+                "ph": "X",
+                "name": f"step {w['step']}",
+                "cat": "rlcore",
+                "pid": 1,
+                "tid": 0,
+                "ts": float(w["start_us"]) - t0,
+                "dur": float(w["end_us"]) - float(w["start_us"]),
+            }
+        )
+    return {
+        "traceEvents": events,
+        "displayTimeUnit": "ms",
+        "otherData": {"rlcore": "merged timeline", "origin_epoch_us": t0},
+    }
 
 
 def build(profile_dir: str | Path, write: bool = True) -> list[str]:

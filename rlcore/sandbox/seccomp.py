@@ -31,20 +31,84 @@ import tempfile
 SCMP_ACT_ALLOW = 0x7FFF0000
 SCMP_CMP_MASKED_EQ = 7
 TIOCSTI = 0x5412
-CLONE_NEW = {"CLONE_NEWNS": 0x00020000, "CLONE_NEWCGROUP": 0x02000000, "CLONE_NEWUTS": 0x04000000,
-             "CLONE_NEWIPC": 0x08000000, "CLONE_NEWUSER": 0x10000000, "CLONE_NEWPID": 0x20000000,
-             "CLONE_NEWNET": 0x40000000, "CLONE_NEWTIME": 0x00000080}
-REFUSED = ("unshare", "setns", "mount", "umount", "umount2", "pivot_root", "chroot", "fsopen", "fsconfig",
-           "fsmount", "fspick", "move_mount", "open_tree", "mount_setattr", "ptrace", "process_vm_readv",
-           "process_vm_writev", "kcmp", "keyctl", "add_key", "request_key", "bpf", "perf_event_open",
-           "userfaultfd", "io_uring_setup", "io_uring_enter", "io_uring_register", "init_module",
-           "finit_module", "delete_module", "kexec_load", "kexec_file_load", "swapon", "swapoff", "reboot",
-           "settimeofday", "clock_settime", "clock_adjtime", "adjtimex", "quotactl", "acct", "syslog",
-           "open_by_handle_at", "name_to_handle_at", "lookup_dcookie", "uselib", "vhangup", "iopl", "ioperm",
-           # kernel memory outside every process's resident size (issue 41)
-           "memfd_create", "memfd_secret", "shmget", "shmat", "msgget", "semget", "mq_open", "setxattr",
-           "lsetxattr", "fsetxattr", "setxattrat", "inotify_init", "inotify_init1", "fanotify_init",
-           "timer_create", "io_setup")
+CLONE_NEW = {
+    "CLONE_NEWNS": 0x00020000,
+    "CLONE_NEWCGROUP": 0x02000000,
+    "CLONE_NEWUTS": 0x04000000,
+    "CLONE_NEWIPC": 0x08000000,
+    "CLONE_NEWUSER": 0x10000000,
+    "CLONE_NEWPID": 0x20000000,
+    "CLONE_NEWNET": 0x40000000,
+    "CLONE_NEWTIME": 0x00000080,
+}
+REFUSED = (
+    "unshare",
+    "setns",
+    "mount",
+    "umount",
+    "umount2",
+    "pivot_root",
+    "chroot",
+    "fsopen",
+    "fsconfig",
+    "fsmount",
+    "fspick",
+    "move_mount",
+    "open_tree",
+    "mount_setattr",
+    "ptrace",
+    "process_vm_readv",
+    "process_vm_writev",
+    "kcmp",
+    "keyctl",
+    "add_key",
+    "request_key",
+    "bpf",
+    "perf_event_open",
+    "userfaultfd",
+    "io_uring_setup",
+    "io_uring_enter",
+    "io_uring_register",
+    "init_module",
+    "finit_module",
+    "delete_module",
+    "kexec_load",
+    "kexec_file_load",
+    "swapon",
+    "swapoff",
+    "reboot",
+    "settimeofday",
+    "clock_settime",
+    "clock_adjtime",
+    "adjtimex",
+    "quotactl",
+    "acct",
+    "syslog",
+    "open_by_handle_at",
+    "name_to_handle_at",
+    "lookup_dcookie",
+    "uselib",
+    "vhangup",
+    "iopl",
+    "ioperm",
+    # kernel memory outside every process's resident size (issue 41)
+    "memfd_create",
+    "memfd_secret",
+    "shmget",
+    "shmat",
+    "msgget",
+    "semget",
+    "mq_open",
+    "setxattr",
+    "lsetxattr",
+    "fsetxattr",
+    "setxattrat",
+    "inotify_init",
+    "inotify_init1",
+    "fanotify_init",
+    "timer_create",
+    "io_setup",
+)
 NEWER_SYSCALLS = {"setxattrat": 463}
 """x86_64 numbers of refused calls an older libseccomp may not know by name (same number on
 every architecture with the generic table)."""
@@ -56,8 +120,12 @@ SOCKET_BUFFER_OPTIONS = (7, 8, 32, 33)  # SO_SNDBUF, SO_RCVBUF, SO_SNDBUFFORCE, 
 
 
 class _ArgCmp(ctypes.Structure):
-    _fields_ = [("arg", ctypes.c_uint), ("op", ctypes.c_int), ("datum_a", ctypes.c_uint64),
-                ("datum_b", ctypes.c_uint64)]
+    _fields_ = [
+        ("arg", ctypes.c_uint),
+        ("op", ctypes.c_int),
+        ("datum_a", ctypes.c_uint64),
+        ("datum_b", ctypes.c_uint64),
+    ]
 
 
 def _errno_action(code: int) -> int:
@@ -69,14 +137,20 @@ def _library() -> ctypes.CDLL:
     try:
         lib = ctypes.CDLL(name, use_errno=True)
     except OSError as exc:
-        raise OSError(f"the sandbox's syscall filter needs libseccomp ({exc}; on Debian/Ubuntu: "
-                      "apt-get install libseccomp2)") from None
+        raise OSError(
+            f"the sandbox's syscall filter needs libseccomp ({exc}; on Debian/Ubuntu: apt-get install libseccomp2)"
+        ) from None
     lib.seccomp_init.restype = ctypes.c_void_p
     lib.seccomp_init.argtypes = [ctypes.c_uint32]
     lib.seccomp_release.argtypes = [ctypes.c_void_p]
     lib.seccomp_syscall_resolve_name.argtypes = [ctypes.c_char_p]
-    lib.seccomp_rule_add_array.argtypes = [ctypes.c_void_p, ctypes.c_uint32, ctypes.c_int, ctypes.c_uint,
-                                          ctypes.POINTER(_ArgCmp)]
+    lib.seccomp_rule_add_array.argtypes = [
+        ctypes.c_void_p,
+        ctypes.c_uint32,
+        ctypes.c_int,
+        ctypes.c_uint,
+        ctypes.POINTER(_ArgCmp),
+    ]
     lib.seccomp_export_bpf.argtypes = [ctypes.c_void_p, ctypes.c_int]
     return lib
 
@@ -109,8 +183,9 @@ def _sandbox_rules(lib, ctx) -> None:
     for family in range(AF_UNIX + 1, AF_NETLINK):
         _rule(lib, ctx, eperm, "socket", _ArgCmp(0, SCMP_CMP_EQ, family, 0))
     _rule(lib, ctx, eperm, "socket", _ArgCmp(0, SCMP_CMP_GT, AF_NETLINK, 0))
-    _rule(lib, ctx, eperm, "socket", _ArgCmp(0, SCMP_CMP_EQ, AF_NETLINK, 0),
-          _ArgCmp(2, SCMP_CMP_NE, NETLINK_SOCK_DIAG, 0))
+    _rule(
+        lib, ctx, eperm, "socket", _ArgCmp(0, SCMP_CMP_EQ, AF_NETLINK, 0), _ArgCmp(2, SCMP_CMP_NE, NETLINK_SOCK_DIAG, 0)
+    )
     # a socket's buffers stay at the kernel's default size (what the supervisor assumes a closed
     # socket whose data still waits in its peer's queue holds)
     for option in SOCKET_BUFFER_OPTIONS:
@@ -161,6 +236,6 @@ def data_fd(data: bytes, name: str) -> int:
     fd = os.open(tempfile.gettempdir(), os.O_TMPFILE | os.O_RDWR, 0o600)
     view = memoryview(data)
     while view:
-        view = view[os.write(fd, view):]
+        view = view[os.write(fd, view) :]
     os.lseek(fd, 0, os.SEEK_SET)
     return fd

@@ -85,8 +85,10 @@ def add_filter(bpf: bytes) -> None:
     code = ctypes.create_string_buffer(bpf, len(bpf))
     prog = SockFprog(len(bpf) // 8, ctypes.cast(code, ctypes.c_void_p))
     zero = ctypes.c_ulong(0)
-    if libc.prctl(PR_SET_NO_NEW_PRIVS, ctypes.c_ulong(1), zero, zero, zero) != 0 or \
-            libc.prctl(PR_SET_SECCOMP, ctypes.c_ulong(SECCOMP_MODE_FILTER), ctypes.byref(prog), zero, zero) != 0:
+    if (
+        libc.prctl(PR_SET_NO_NEW_PRIVS, ctypes.c_ulong(1), zero, zero, zero) != 0
+        or libc.prctl(PR_SET_SECCOMP, ctypes.c_ulong(SECCOMP_MODE_FILTER), ctypes.byref(prog), zero, zero) != 0
+    ):
         raise OSError(ctypes.get_errno(), f"cannot add the command's syscall filter: {os.strerror(ctypes.get_errno())}")
 
 
@@ -316,8 +318,14 @@ def supervise(spec: dict, inputs: int) -> dict:
             leftover += 1
     if diag is not None:
         diag.close()
-    report = {"status": status, "cpu_s": cpu, "timed_out": timed_out, "leftover": leftover,
-              "memory_mb": round(peak, 1), "memory_exceeded": over}
+    report = {
+        "status": status,
+        "cpu_s": cpu,
+        "timed_out": timed_out,
+        "leftover": leftover,
+        "memory_mb": round(peak, 1),
+        "memory_exceeded": over,
+    }
     if files_over:
         report["work_dir_limit"] = f"more than {spec['limits']['max_files']} files in the work directory: killed"
     return report
@@ -349,7 +357,7 @@ def main() -> int:
             report["work_dir_limit"] = f"the work directory holds {hit}: files read back from part of it"
     data = json.dumps(report).encode()
     while data:
-        data = data[os.write(report_fd, data):]
+        data = data[os.write(report_fd, data) :]
     return 0
 
 

@@ -1,5 +1,7 @@
 """A small OpenAI-compatible chat-completions server in front of a :class:`RolloutEngine`.
 
+Over 400 lines: the endpoint, its token bookkeeping and its tool-call parsing answer one request together.
+
 Environments written for an OpenAI client (the `verifiers` package, agent harnesses) call it;
 the framework reads back, for every response, the exact token ids the engine saw and sampled,
 with their logprobs and policy versions, so training samples are built without re-tokenizing.
@@ -83,10 +85,18 @@ class OpenAIServer:
     `start()` / `stop()`.
     """
 
-    def __init__(self, engine: RolloutEngine, tokenizer: PreTrainedTokenizerBase,
-                 defaults: SamplingParams | None = None, model_name: str = "rlcore",
-                 request_timeout_s: float = 600.0, batch_window_s: float = 0.005,
-                 max_batch: int = 256, recorder: TokenRecorder | None = None, tool_parser: str = "hermes"):
+    def __init__(
+        self,
+        engine: RolloutEngine,
+        tokenizer: PreTrainedTokenizerBase,
+        defaults: SamplingParams | None = None,
+        model_name: str = "rlcore",
+        request_timeout_s: float = 600.0,
+        batch_window_s: float = 0.005,
+        max_batch: int = 256,
+        recorder: TokenRecorder | None = None,
+        tool_parser: str = "hermes",
+    ):
         self.engine = engine
         self.tokenizer = tokenizer
         self.defaults = defaults or SamplingParams()
@@ -174,8 +184,9 @@ class OpenAIServer:
     def render(self, messages: list[dict[str, Any]], tools: list | None = None) -> list[int]:
         """`messages` rendered from scratch with the chat template (and `tools`), ending with
         the assistant header."""
-        text = self.tokenizer.apply_chat_template(messages, tools=tools or None, add_generation_prompt=True,
-                                                  tokenize=False)
+        text = self.tokenizer.apply_chat_template(
+            messages, tools=tools or None, add_generation_prompt=True, tokenize=False
+        )
         return self.tokenizer(text, add_special_tokens=False).input_ids
 
     def prompt_ids(self, messages: list[dict[str, Any]], tools: list | None = None) -> tuple[list[int], bool]:
@@ -187,7 +198,7 @@ class OpenAIServer:
         k, rec = match
         context = rec.prompt_ids + rec.completion_ids
         fresh = self.render(messages, tools)
-        return context + self._renderer.continuation(rec.completion_ids, messages[k:]), fresh[:len(context)] != context
+        return context + self._renderer.continuation(rec.completion_ids, messages[k:]), fresh[: len(context)] != context
 
     # ---- engine batching -----------------------------------------------------------------
     async def _batch_loop(self) -> None:
@@ -220,7 +231,8 @@ class OpenAIServer:
         for group in groups.values():
             try:
                 gens = await loop.run_in_executor(
-                    self._executor, self.engine.generate, [p.prompt_ids for p in group], group[0].params)
+                    self._executor, self.engine.generate, [p.prompt_ids for p in group], group[0].params
+                )
                 for p, g in zip(group, gens):
                     if not p.future.done():
                         p.future.set_result(g)
@@ -231,8 +243,9 @@ class OpenAIServer:
 
     # ---- handlers ------------------------------------------------------------------------
     async def _models(self, request: web.Request) -> web.Response:
-        return web.json_response({"object": "list", "data": [
-            {"id": self.model_name, "object": "model", "created": 0, "owned_by": "rlcore"}]})
+        return web.json_response(
+            {"object": "list", "data": [{"id": self.model_name, "object": "model", "created": 0, "owned_by": "rlcore"}]}
+        )
 
     @staticmethod
     def _error(status: int, message: str, kind: str = "invalid_request_error") -> web.Response:
@@ -245,8 +258,9 @@ class OpenAIServer:
         if not isinstance(n, int) or n < 1:
             raise ValueError(f"n: must be a positive integer, got {n!r}")
         stop = body.get("stop")
-        if stop is not None and not (isinstance(stop, str) or
-                                     (isinstance(stop, list) and all(isinstance(s, str) for s in stop))):
+        if stop is not None and not (
+            isinstance(stop, str) or (isinstance(stop, list) and all(isinstance(s, str) for s in stop))
+        ):
             raise ValueError("stop: a string or a list of strings")
         p = self.defaults
         max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
@@ -259,8 +273,9 @@ class OpenAIServer:
             stop_token_ids=list(p.stop_token_ids),
         )
 
-    def _choice(self, index: int, gen: Generation, body: dict[str, Any], tools: list | None,
-                stops: list[str]) -> tuple[dict[str, Any], Generation, str, list[dict[str, Any]]]:
+    def _choice(
+        self, index: int, gen: Generation, body: dict[str, Any], tools: list | None, stops: list[str]
+    ) -> tuple[dict[str, Any], Generation, str, list[dict[str, Any]]]:
         """(OpenAI choice, kept generation, content, tool calls) for one sampled completion."""
         gen, text = truncate_at_stop(self.tokenizer, gen, stops)
         content, calls = text, []
@@ -309,15 +324,32 @@ class OpenAIServer:
             choice, kept, content, calls = self._choice(i, gen, body, tools, stops)
             choices.append(choice)
             completion_tokens += len(kept.token_ids)
-            self.recorder.add(response_id if i == 0 else f"{response_id}-{i}", messages, TokenRecord(
-                prompt_ids=list(prompt_ids), completion_ids=list(kept.token_ids), logprobs=list(kept.logprobs),
-                versions=list(kept.versions), finish_reason=kept.finish_reason, text=content,
-                tool_calls=calls or None, prefix_break=prefix_break), session=session)
+            self.recorder.add(
+                response_id if i == 0 else f"{response_id}-{i}",
+                messages,
+                TokenRecord(
+                    prompt_ids=list(prompt_ids),
+                    completion_ids=list(kept.token_ids),
+                    logprobs=list(kept.logprobs),
+                    versions=list(kept.versions),
+                    finish_reason=kept.finish_reason,
+                    text=content,
+                    tool_calls=calls or None,
+                    prefix_break=prefix_break,
+                ),
+                session=session,
+            )
         payload = {
-            "id": response_id, "object": "chat.completion", "created": int(time.time()),
-            "model": body.get("model") or self.model_name, "choices": choices,
-            "usage": {"prompt_tokens": len(prompt_ids), "completion_tokens": completion_tokens,
-                      "total_tokens": len(prompt_ids) + completion_tokens},
+            "id": response_id,
+            "object": "chat.completion",
+            "created": int(time.time()),
+            "model": body.get("model") or self.model_name,
+            "choices": choices,
+            "usage": {
+                "prompt_tokens": len(prompt_ids),
+                "completion_tokens": completion_tokens,
+                "total_tokens": len(prompt_ids) + completion_tokens,
+            },
         }
         if body.get("stream"):
             return await self._stream(request, payload, bool((body.get("stream_options") or {}).get("include_usage")))
@@ -337,14 +369,42 @@ class OpenAIServer:
 
         for c in payload["choices"]:
             msg = c["message"]
-            await send({**head, "choices": [{"index": c["index"], "logprobs": c["logprobs"], "finish_reason": None,
-                                             "delta": {"role": "assistant", "content": msg["content"] or ""}}]})
+            await send(
+                {
+                    **head,
+                    "choices": [
+                        {
+                            "index": c["index"],
+                            "logprobs": c["logprobs"],
+                            "finish_reason": None,
+                            "delta": {"role": "assistant", "content": msg["content"] or ""},
+                        }
+                    ],
+                }
+            )
             if msg.get("tool_calls"):
                 calls = [{"index": j, **tc} for j, tc in enumerate(msg["tool_calls"])]
-                await send({**head, "choices": [{"index": c["index"], "delta": {"tool_calls": calls},
-                                                 "logprobs": None, "finish_reason": None}]})
-            await send({**head, "choices": [{"index": c["index"], "delta": {}, "logprobs": None,
-                                             "finish_reason": c["finish_reason"]}]})
+                await send(
+                    {
+                        **head,
+                        "choices": [
+                            {
+                                "index": c["index"],
+                                "delta": {"tool_calls": calls},
+                                "logprobs": None,
+                                "finish_reason": None,
+                            }
+                        ],
+                    }
+                )
+            await send(
+                {
+                    **head,
+                    "choices": [
+                        {"index": c["index"], "delta": {}, "logprobs": None, "finish_reason": c["finish_reason"]}
+                    ],
+                }
+            )
         if include_usage:
             await send({**head, "choices": [], "usage": payload["usage"]})
         await send("[DONE]")

@@ -68,8 +68,13 @@ def _tool_calls(calls: Any) -> list[dict[str, Any]]:
         fn = c.get("function") if isinstance(c, dict) else None
         if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
             raise ValueError(f"messages: each tool call needs function.name, got {c!r}")
-        out.append({"id": c.get("id"), "type": "function",
-                    "function": {"name": fn["name"], "arguments": _json_value(fn.get("arguments", {}))}})
+        out.append(
+            {
+                "id": c.get("id"),
+                "type": "function",
+                "function": {"name": fn["name"], "arguments": _json_value(fn.get("arguments", {}))},
+            }
+        )
     return out
 
 
@@ -93,9 +98,19 @@ def normalize_messages(messages: Any) -> list[dict[str, Any]]:
 
 
 def _key(messages: list[dict[str, Any]]) -> str:
-    return json.dumps([[m["role"], m["content"], m.get("name"), m.get("tool_call_id"),
-                        [[c["function"]["name"], c["function"]["arguments"]] for c in m.get("tool_calls") or []]]
-                       for m in messages], sort_keys=True)
+    return json.dumps(
+        [
+            [
+                m["role"],
+                m["content"],
+                m.get("name"),
+                m.get("tool_call_id"),
+                [[c["function"]["name"], c["function"]["arguments"]] for c in m.get("tool_calls") or []],
+            ]
+            for m in messages
+        ],
+        sort_keys=True,
+    )
 
 
 class TokenRecorder:
@@ -111,8 +126,9 @@ class TokenRecorder:
         self._sessions: dict[str, list[str]] = {}
         self._session_of: dict[str, str] = {}
 
-    def add(self, response_id: str, messages: list[dict[str, Any]], record: TokenRecord,
-            session: str | None = None) -> None:
+    def add(
+        self, response_id: str, messages: list[dict[str, Any]], record: TokenRecord, session: str | None = None
+    ) -> None:
         reply = {"role": "assistant", "content": record.text}
         if record.tool_calls:
             reply["tool_calls"] = _tool_calls(record.tool_calls)

@@ -32,8 +32,9 @@ def truncate_at_stop(tokenizer: PreTrainedTokenizerBase, gen: Generation, stops:
             hi = mid
         else:
             lo = mid + 1
-    return Generation(token_ids=gen.token_ids[:lo], logprobs=gen.logprobs[:lo], versions=gen.versions[:lo],
-                      finish_reason="stop"), text[:pos]
+    return Generation(
+        token_ids=gen.token_ids[:lo], logprobs=gen.logprobs[:lo], versions=gen.versions[:lo], finish_reason="stop"
+    ), text[:pos]
 
 
 def logprobs_content(tokenizer: PreTrainedTokenizerBase, gen: Generation) -> list[dict[str, Any]]:

@@ -37,8 +37,11 @@ class ParsedTurn:
 def tool_call(name: str, arguments: Any, call_id: str | None = None) -> dict[str, Any]:
     """One OpenAI `tool_calls` entry (arguments serialized to a JSON string, as OpenAI sends them)."""
     args = arguments if isinstance(arguments, str) else json.dumps(arguments if arguments is not None else {})
-    return {"id": call_id or f"call_{uuid.uuid4().hex[:24]}", "type": "function",
-            "function": {"name": name, "arguments": args}}
+    return {
+        "id": call_id or f"call_{uuid.uuid4().hex[:24]}",
+        "type": "function",
+        "function": {"name": name, "arguments": args},
+    }
 
 
 def parse_hermes(text: str, tools: list[dict[str, Any]] | None = None) -> ParsedTurn:
@@ -78,8 +81,10 @@ def _vllm_parser(name: str, tokenizer: Any) -> Callable[[str, list | None], Pars
         info = parser.extract_tool_calls(text, request)
         if not info.tools_called:
             return ParsedTurn(content=text)
-        return ParsedTurn(content=(info.content or "").strip(), tool_calls=[
-            tool_call(c.function.name, c.function.arguments, c.id) for c in info.tool_calls])
+        return ParsedTurn(
+            content=(info.content or "").strip(),
+            tool_calls=[tool_call(c.function.name, c.function.arguments, c.id) for c in info.tool_calls],
+        )
 
     return parse
 
@@ -93,8 +98,10 @@ def check_tool_parser(name: str) -> None:
     if not name or name in ("none", "hermes"):
         return
     if not vllm_available():
-        raise ValueError(f"tool_parser: {name!r} needs vLLM's parser registry (vLLM is not installed); "
-                         "the built-in parser is 'hermes' (or 'none')")
+        raise ValueError(
+            f"tool_parser: {name!r} needs vLLM's parser registry (vLLM is not installed); "
+            "the built-in parser is 'hermes' (or 'none')"
+        )
     try:
         from vllm.tool_parsers import ToolParserManager
     except ImportError:
@@ -116,6 +123,7 @@ def make_tool_parser(name: str, tokenizer: Any, use_vllm: bool) -> Callable[[str
         except KeyError as e:
             raise ValueError(f"tool_parser: vLLM has no tool parser {name!r}") from e
     if name != "hermes":
-        raise ValueError(f"tool_parser: {name!r} needs the vLLM engine; the transformers engine "
-                         "implements 'hermes' (or 'none')")
+        raise ValueError(
+            f"tool_parser: {name!r} needs the vLLM engine; the transformers engine implements 'hermes' (or 'none')"
+        )
     return parse_hermes

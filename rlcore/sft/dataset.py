@@ -32,10 +32,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rlcore.envs import make_env
-from rlcore.models.images import check_image, expand_image_tokens, to_array
 from rlcore.batch.packing import pack_for_ranks
 from rlcore.batch.parallel_dims import data_parallel_size, shards_per_rank
+from rlcore.envs import make_env
+from rlcore.models.images import check_image, expand_image_tokens, to_array
 from rlcore.types import Sample
 
 log = logging.getLogger("rlcore")
@@ -72,8 +72,14 @@ def check_messages(row: Any, key: str) -> list[dict[str, str]]:
     if not any(m["role"] == "assistant" for m in msgs):
         raise ValueError("no assistant message (nothing to train on)")
     # "images": local file paths of a message's images (vision-language policies)
-    return [{"role": m["role"], "content": m["content"],
-             **({"images": m["images"]} if isinstance(m.get("images"), list) else {})} for m in msgs]
+    return [
+        {
+            "role": m["role"],
+            "content": m["content"],
+            **({"images": m["images"]} if isinstance(m.get("images"), list) else {}),
+        }
+        for m in msgs
+    ]
 
 
 def read_jsonl(path: Path, key: str, data: SFTData, limit: int = 0) -> list[list[dict[str, str]]]:
@@ -93,8 +99,13 @@ def read_jsonl(path: Path, key: str, data: SFTData, limit: int = 0) -> list[list
             if limit and len(out) >= limit:
                 break
     if bad:
-        log.warning("sft.dataset: skipped %d malformed row(s) of %s: %s%s", len(bad), path, "; ".join(bad[:5]),
-                    " ..." if len(bad) > 5 else "")
+        log.warning(
+            "sft.dataset: skipped %d malformed row(s) of %s: %s%s",
+            len(bad),
+            path,
+            "; ".join(bad[:5]),
+            " ..." if len(bad) > 5 else "",
+        )
     return out
 
 
@@ -107,8 +118,9 @@ def env_demonstrations(cfg, n: int) -> list[list[dict[str, str]]]:
         task = env.make_task(i, cfg.sft.split)
         conversation = env.demonstration_messages(task)
         if conversation is None:
-            raise DataError(f"sft.dataset: environment {cfg.env.name!r} has no demonstrations "
-                            f"(task {task.id}); use a JSONL dataset")
+            raise DataError(
+                f"sft.dataset: environment {cfg.env.name!r} has no demonstrations (task {task.id}); use a JSONL dataset"
+            )
         # images ride on the first message ("images" key; chat templates ignore it)
         if task.images:
             conversation[0] = {**conversation[0], "images": list(task.images)}
@@ -120,8 +132,10 @@ def read_hf_dataset(source: str, split: str, key: str, data: SFTData, limit: int
     try:
         import datasets
     except ImportError:
-        raise DataError(f"sft.dataset: {source!r} is neither a .jsonl file nor 'env', and the `datasets` "
-                        "package is not installed (uv add datasets)") from None
+        raise DataError(
+            f"sft.dataset: {source!r} is neither a .jsonl file nor 'env', and the `datasets` "
+            "package is not installed (uv add datasets)"
+        ) from None
     try:
         if Path(source).expanduser().is_dir():
             ds = datasets.load_from_disk(str(Path(source).expanduser()))
@@ -182,13 +196,13 @@ def tokenize_conversation(tokenizer, messages: list[dict[str, str]]) -> tuple[li
         if msg["role"] != "assistant":
             continue
         prompt = _render(tokenizer, messages[:i], gen=True)
-        full = _render(tokenizer, messages[:i + 1], gen=False)
+        full = _render(tokenizer, messages[: i + 1], gen=False)
         if not prompt.startswith(covered) or not full.startswith(prompt):
             raise ValueError("chat template renders earlier turns differently once later turns follow")
-        add(prompt[len(covered):], 0)
-        turn = full[len(prompt):]
+        add(prompt[len(covered) :], 0)
+        turn = full[len(prompt) :]
         cut = turn.find(eos) if eos else -1
-        trained = turn[:cut + len(eos)] if cut >= 0 else turn
+        trained = turn[: cut + len(eos)] if cut >= 0 else turn
         add(trained, 1)
         covered = prompt + trained
     return ids, mask
@@ -199,8 +213,14 @@ def to_sample(ids: list[int], mask: list[int], images: list | None = None) -> Sa
     prompt; the loss mask covers the rest (0 on context tokens between assistant turns)."""
     first = mask.index(1)
     n = len(ids) - first
-    return Sample(prompt_ids=ids[:first], completion_ids=ids[first:], logprobs=[0.0] * n, versions=[0] * n,
-                  loss_mask=mask[first:], images=list(images or []))
+    return Sample(
+        prompt_ids=ids[:first],
+        completion_ids=ids[first:],
+        logprobs=[0.0] * n,
+        versions=[0] * n,
+        loss_mask=mask[first:],
+        images=list(images or []),
+    )
 
 
 def expand_images(tokenizer, messages: list[dict], ids: list[int], mask: list[int]):
@@ -239,8 +259,10 @@ def build_dataset(cfg, tokenizer) -> SFTData:
     if data.skipped:
         log.warning("sft.dataset: %d of %d rows used; skipped %s", len(data.samples), data.rows, data.skipped)
     if not data.samples:
-        raise DataError(f"sft.dataset: no usable example in {cfg.sft.dataset!r} ({data.rows} rows, skipped "
-                        f"{data.skipped or 'none'})")
+        raise DataError(
+            f"sft.dataset: no usable example in {cfg.sft.dataset!r} ({data.rows} rows, skipped "
+            f"{data.skipped or 'none'})"
+        )
     return data
 
 
@@ -264,7 +286,7 @@ def batch_indices(step: int, batch: int, n: int, seed: int, shuffle: bool) -> tu
             epoch, pos = epoch + 1, 0
             order = epoch_order(n, seed, epoch, shuffle)
         take = min(batch - len(out), n - pos)
-        out.extend(order[pos:pos + take])
+        out.extend(order[pos : pos + take])
         pos += take
     return out, epoch
 
@@ -274,8 +296,9 @@ def step_shards(cfg, data: SFTData, step: int):
     the epoch the step ends in."""
     idx, epoch = batch_indices(step, cfg.sft.batch_examples, len(data.samples), cfg.seed, cfg.sft.shuffle)
     samples = [data.samples[i] for i in idx]
-    shards = pack_for_ranks(samples, [0.0] * len(samples), data_parallel_size(cfg.trainer),
-                            cfg.trainer.micro_batch_tokens)
+    shards = pack_for_ranks(
+        samples, [0.0] * len(samples), data_parallel_size(cfg.trainer), cfg.trainer.micro_batch_tokens
+    )
     loss_tokens = sum(int(mb.loss_mask.sum()) for shard in shards for mb in shard)
     # one entry per trainer rank: context-parallel ranks share their data-parallel shard
     return shards_per_rank(shards, cfg.trainer), loss_tokens, epoch

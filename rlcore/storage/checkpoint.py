@@ -45,11 +45,12 @@ from rlcore.storage.checkpoint_dirs import (  # noqa: F401  (re-exported: the di
     DRIVER_STATE,
     HF_DIR,
     META,
+    PARTS,
     TRAINER_DIR,
     TRAINER_EXTRA,
-    PARTS,
     checkpoint_root,
     config_problems,
+    fresh,
     is_complete,
     latest_checkpoint,
     list_checkpoints,
@@ -60,12 +61,11 @@ from rlcore.storage.checkpoint_dirs import (  # noqa: F401  (re-exported: the di
     resume_request,
     step_dir_name,
 )
-from rlcore.storage.hf_files import save_config_and_tokenizer
-from rlcore.storage.checkpoint_dirs import fresh
 from rlcore.storage.commit import commit_dir, remove_dir, remove_tree, temp_dir_for  # noqa: F401  (re-exported)
+from rlcore.storage.hf_files import save_config_and_tokenizer
 from rlcore.storage.location import is_remote, storage_path
-from rlcore.storage.staging import NoAnswer, upload_within, within
 from rlcore.storage.rundir import truncate_series  # noqa: F401  (re-exported: the series live in the run folder)
+from rlcore.storage.staging import NoAnswer, upload_within, within
 
 log = logging.getLogger("rlcore")
 
@@ -99,8 +99,9 @@ class CheckpointWriter:
         if not fresh(self.root).is_dir():
             return
         for p in self.root.iterdir():
-            stale = p.name.startswith(".tmp-") or (is_remote(p) and p.name.startswith("step_")
-                                                   and not (p / META).is_file())
+            stale = p.name.startswith(".tmp-") or (
+                is_remote(p) and p.name.startswith("step_") and not (p / META).is_file()
+            )
             if stale:
                 log.warning("removing %s: an interrupted checkpoint save", p)
                 remove_tree(p)
@@ -134,12 +135,12 @@ class CheckpointWriter:
             raise IncompleteCheckpoint(
                 f"{len(missing)} of the {len(parts)} files the trainer ranks wrote are not in {tmp} as the driver "
                 f"sees it ({', '.join(missing[:3])}{', ...' if len(missing) > 3 else ''}): every node must reach "
-                "the run's storage (output_dir / checkpoint.dir on a filesystem every node mounts, or an object store)")
+                "the run's storage (output_dir / checkpoint.dir on a filesystem every node mounts, or an object store)"
+            )
         with (tmp / DRIVER_STATE).open("wb") as fh:
             torch.save(driver_state, fh)
         parts = {**parts, DRIVER_STATE: (tmp / DRIVER_STATE).stat().st_size}
-        meta = {"step": step, "mode": self.cfg.mode, "time": time.time(), PARTS: parts,
-                "config": _plain(self.cfg)}
+        meta = {"step": step, "mode": self.cfg.mode, "time": time.time(), PARTS: parts, "config": _plain(self.cfg)}
         (tmp / META).write_text(json.dumps(meta, indent=1, default=str))
         final = tmp if is_remote(tmp) else commit_dir(tmp, self.root / step_dir_name(step))
         self.prune()
@@ -148,10 +149,12 @@ class CheckpointWriter:
     def abort(self, tmp: Path) -> None:
         """Remove an uncommitted save. In an object store bounded like the save (a store that
         does not answer leaves the prefix, which is never listed: the next run removes it)."""
+
         def remove():
             if is_remote(tmp) and (fresh(tmp) / META).is_file():
                 return  # committed (in the store the folder is the final one): what failed came after
             remove_tree(tmp)
+
         try:
             self._store(f"removing the uncommitted {tmp.name} from", remove)
         except NoAnswer as exc:
@@ -167,6 +170,7 @@ class CheckpointWriter:
 
 def _plain(cfg) -> Any:
     from omegaconf import OmegaConf
+
     try:
         return OmegaConf.to_container(OmegaConf.structured(cfg), resolve=True)
     except Exception:  # a hand-built config in a test: the meta file is informational
@@ -200,6 +204,7 @@ def config_differences(saved: dict[str, Any], current: dict[str, Any]) -> list[s
                 walk(a.get(k), b.get(k), f"{prefix}{k}.")
         elif a != b:
             out.append(prefix.rstrip("."))
+
     walk(saved, current, "")
     return out
 
@@ -207,6 +212,7 @@ def config_differences(saved: dict[str, Any], current: dict[str, Any]) -> list[s
 # -- process RNG -------------------------------------------------------------------------------
 def rng_state() -> dict[str, Any]:
     import numpy as np
+
     state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         state["cuda"] = torch.cuda.get_rng_state_all()
@@ -215,6 +221,7 @@ def rng_state() -> dict[str, Any]:
 
 def set_rng_state(state: dict[str, Any]) -> None:
     import numpy as np
+
     random.setstate(state["python"])
     np.random.set_state(state["numpy"])
     torch.set_rng_state(state["torch"])
@@ -229,6 +236,7 @@ def _dcp_call(what: str):
     `CheckpointException` (a BaseException: Ray would treat it like an interpreter exit) into a
     RuntimeError that names the operation and the first rank's error."""
     from torch.distributed.checkpoint.api import CheckpointException
+
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="torch.distributed is disabled")
         try:
@@ -247,11 +255,13 @@ def _dcp_storage(ckpt_dir, writer: bool) -> dict[str, Any]:
     if not is_remote(ckpt_dir):
         return {"checkpoint_id": where}
     from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader, FsspecWriter
+
     return {"storage_writer": FsspecWriter(where)} if writer else {"storage_reader": FsspecReader(where)}
 
 
 def _state_dicts(core):
     from torch.distributed.checkpoint.state_dict import get_state_dict
+
     # sharded (DTensor) model and optimizer state; get_state_dict also creates the optimizer's
     # state before the first step, so loading into a fresh optimizer finds every key
     model_sd, optim_sd = get_state_dict(core.model, core.optimizer)
@@ -265,18 +275,27 @@ def save_trainer(core, ckpt_dir: str | Path) -> dict[str, int]:
     shards from DCP's metadata, the metadata, rank 0's files); {} on the other ranks."""
     import torch.distributed as dist
     import torch.distributed.checkpoint as dcp
+
     ckpt_dir = storage_path(ckpt_dir)
     with _dcp_call(f"checkpoint save to {ckpt_dir}"):
-        metadata = dcp.save(_state_dicts(core), **_dcp_storage(ckpt_dir, writer=True),
-                            no_dist=not dist.is_initialized())
+        metadata = dcp.save(
+            _state_dicts(core), **_dcp_storage(ckpt_dir, writer=True), no_dist=not dist.is_initialized()
+        )
     if core.rank != 0:
         return {}
     scheduler = getattr(core, "scheduler", None)
-    _torch_save({"version": core.version, "world_size": core.world_size,
-                 "scheduler": scheduler.state_dict() if scheduler is not None else None,
-                 "rng": rng_state()}, ckpt_dir / TRAINER_EXTRA)
+    _torch_save(
+        {
+            "version": core.version,
+            "world_size": core.world_size,
+            "scheduler": scheduler.state_dict() if scheduler is not None else None,
+            "rng": rng_state(),
+        },
+        ckpt_dir / TRAINER_EXTRA,
+    )
     if is_remote(ckpt_dir):  # transformers writes a folder: write it here, then upload it
         import tempfile
+
         with tempfile.TemporaryDirectory(prefix="rlcore-hf-") as local:
             save_config_and_tokenizer(core.model, core.tokenizer, Path(local), core.cfg.model.dtype)
             ckpt_dir.fs.put(f"{local}/", (ckpt_dir / HF_DIR).path, recursive=True)
@@ -297,7 +316,7 @@ def trainer_parts(ckpt_dir: Path, metadata) -> dict[str, int]:
     if is_remote(ckpt_dir):
         fs, root = ckpt_dir.fs, ckpt_dir.path.rstrip("/")
         for key, info in fs.find(root, detail=True).items():
-            rel = key[len(root) + 1:] if key.startswith(root + "/") else key
+            rel = key[len(root) + 1 :] if key.startswith(root + "/") else key
             parts.setdefault(rel, 0 if rel.startswith(f"{HF_DIR}/") else int(info.get("size") or 0))
         return parts
     for dirpath, _, files in os.walk(ckpt_dir):
@@ -314,6 +333,7 @@ def load_trainer(core, ckpt_dir: str | Path) -> int:
     import torch.distributed as dist
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import set_state_dict
+
     ckpt_dir = storage_path(ckpt_dir)
     sd = _state_dicts(core)
     with _dcp_call(f"checkpoint load from {ckpt_dir}"):
@@ -333,6 +353,7 @@ def load_model_weights(model: torch.nn.Module, ckpt_dir: str | Path) -> None:
     evaluation engines. Only the model's entries are read."""
     import torch.distributed as dist
     import torch.distributed.checkpoint as dcp
+
     sd = {"model": model.state_dict()}
     no_dist = not (dist.is_available() and dist.is_initialized())
     with _dcp_call(f"loading model weights from {ckpt_dir}"):

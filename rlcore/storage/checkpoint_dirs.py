@@ -155,8 +155,10 @@ def plain_load_problem(path: Path) -> str | None:
         return None
     lora = ((saved.get("trainer") or {}).get("lora") or {}) if isinstance(saved, dict) else {}
     if isinstance(lora, dict) and lora.get("enabled"):
-        return (f"{path} holds LoRA adapters, not merged weights; export it from a run with "
-                "checkpoint.export_final=true (the trainer merges them)")
+        return (
+            f"{path} holds LoRA adapters, not merged weights; export it from a run with "
+            "checkpoint.export_final=true (the trainer merges them)"
+        )
     return None
 
 

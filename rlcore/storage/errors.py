@@ -49,9 +49,15 @@ _TEXT_CAUSES = (
     ("endpointconnectionerror", "storage unreachable"),
     ("name or service not known", "storage unreachable"),
 )
-_UNREACHABLE_CLASSES = ("EndpointConnectionError", "ConnectTimeoutError", "ReadTimeoutError",
-                        "ConnectionClosedError", "ServerDisconnectedError", "ClientConnectorError",
-                        "NoAnswer")  # NoAnswer: rlcore.storage.staging's, a store that did not answer in time
+_UNREACHABLE_CLASSES = (
+    "EndpointConnectionError",
+    "ConnectTimeoutError",
+    "ReadTimeoutError",
+    "ConnectionClosedError",
+    "ServerDisconnectedError",
+    "ClientConnectorError",
+    "NoAnswer",
+)  # NoAnswer: rlcore.storage.staging's, a store that did not answer in time
 
 
 def _chain(exc: BaseException):
@@ -72,8 +78,11 @@ def storage_cause(exc: BaseException) -> str | None:
             return _ERRNO_CAUSES[e.errno]
         if type(e).__name__ in _UNREACHABLE_CLASSES or isinstance(e, ConnectionError):
             return "storage unreachable"
-        code = str(getattr(e, "response", {}).get("Error", {}).get("Code", "")) if isinstance(
-            getattr(e, "response", None), dict) else ""
+        code = (
+            str(getattr(e, "response", {}).get("Error", {}).get("Code", ""))
+            if isinstance(getattr(e, "response", None), dict)
+            else ""
+        )
         if code:
             for needle, cause in _TEXT_CAUSES:
                 if needle in code.lower():
@@ -94,7 +103,7 @@ def short_storage_error(what: str, where: str, exc: BaseException, limit: int = 
         first = next((ln.strip() for ln in str(exc).splitlines() if ln.strip()), "")
         cause = f"{type(exc).__name__}: {first}" if first else type(exc).__name__
     line = f"{what} {where}: {cause}"
-    return line if len(line) <= limit else line[:limit - 3] + "..."
+    return line if len(line) <= limit else line[: limit - 3] + "..."
 
 
 class StorageError(RuntimeError):

@@ -48,18 +48,26 @@ def exportable_tensors(model: torch.nn.Module) -> Iterable[tuple[str, torch.Tens
             yield name, buf
 
 
-def hub_named(model: torch.nn.Module, named_tensors: Iterable[tuple[str, torch.Tensor]]
-              ) -> Iterable[tuple[str, torch.Tensor]]:
+def hub_named(
+    model: torch.nn.Module, named_tensors: Iterable[tuple[str, torch.Tensor]]
+) -> Iterable[tuple[str, torch.Tensor]]:
     """`named_tensors` (transformers module names) under the family's checkpoint names, as
     `save_pretrained` writes them (`rlcore.models.checkpoint_names`, the mapping weight sync uses
     too), one tensor at a time so the writer keeps streaming. A dense model's names pass through."""
     from rlcore.models.checkpoint_names import checkpoint_named
+
     return checkpoint_named(model, named_tensors)
 
 
-def write_hf_dir(out_dir: str | Path, named_tensors: Iterable[tuple[str, torch.Tensor]], config_src: Path | None = None,
-                 model: torch.nn.Module | None = None, tokenizer=None, dtype: str = "float32",
-                 max_shard_bytes: int = DEFAULT_SHARD_BYTES) -> Path:
+def write_hf_dir(
+    out_dir: str | Path,
+    named_tensors: Iterable[tuple[str, torch.Tensor]],
+    config_src: Path | None = None,
+    model: torch.nn.Module | None = None,
+    tokenizer=None,
+    dtype: str = "float32",
+    max_shard_bytes: int = DEFAULT_SHARD_BYTES,
+) -> Path:
     """Write `named_tensors` as safetensors shards plus config and tokenizer, atomically.
 
     Config and tokenizer come from `config_src` (a directory written by
@@ -69,6 +77,7 @@ def write_hf_dir(out_dir: str | Path, named_tensors: Iterable[tuple[str, torch.T
     """
     if is_remote(out_dir):
         import tempfile
+
         with tempfile.TemporaryDirectory(prefix="rlcore-export-") as local:
             write_hf_dir(Path(local) / "hf", named_tensors, config_src, model, tokenizer, dtype, max_shard_bytes)
             return upload_dir(Path(local) / "hf", out_dir)
@@ -101,14 +110,15 @@ def write_hf_dir(out_dir: str | Path, named_tensors: Iterable[tuple[str, torch.T
         flush()
         # transformers' names: one file is model.safetensors, else model-0000i-of-0000n + index
         n = len(shards)
-        names = (["model.safetensors"] if n == 1
-                 else [f"model-{i + 1:05d}-of-{n:05d}.safetensors" for i in range(n)])
+        names = ["model.safetensors"] if n == 1 else [f"model-{i + 1:05d}-of-{n:05d}.safetensors" for i in range(n)]
         for i, name in enumerate(names):
             (tmp / f"shard-{i:05d}.safetensors").rename(tmp / name)
             os.chmod(tmp / name, 0o644)  # safetensors creates 0600 files; a model dir is shared
         if n > 1:
-            index = {"metadata": {"total_size": total},
-                     "weight_map": {k: names[i] for k, i in sorted(weight_map.items())}}
+            index = {
+                "metadata": {"total_size": total},
+                "weight_map": {k: names[i] for k, i in sorted(weight_map.items())},
+            }
             (tmp / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
         if config_src is not None:
             for f in Path(config_src).iterdir():
@@ -122,6 +132,7 @@ def write_hf_dir(out_dir: str | Path, named_tensors: Iterable[tuple[str, torch.T
         return commit_dir(tmp, out)
     except BaseException:
         import shutil
+
         shutil.rmtree(tmp, ignore_errors=True)
         raise
 
@@ -148,6 +159,7 @@ def export_checkpoint(ckpt_dir: str | Path, out_dir: str | Path) -> Path:
         raise ValueError(problem)
     if is_remote(ckpt):  # transformers reads config and tokenizer from a local folder
         import tempfile
+
         with tempfile.TemporaryDirectory(prefix="rlcore-hf-") as local:
             ckpt.fs.get(f"{(ckpt / HF_DIR).path}/", f"{local}/", recursive=True)
             return _export(ckpt, Path(local), out_dir)
@@ -179,8 +191,10 @@ def used_folder(out: Path) -> str | None:
     return f"{str(out)!r} is not empty ({len(entries)} entries, e.g. {entries[0]})"
 
 
-USAGE = ("usage: python -m rlcore.export CHECKPOINT_DIR OUT_DIR [--force]   (CHECKPOINT_DIR: a step_NNNNNNNN "
-         "directory, or a checkpoints directory: its newest; --force replaces a non-empty OUT_DIR)")
+USAGE = (
+    "usage: python -m rlcore.export CHECKPOINT_DIR OUT_DIR [--force]   (CHECKPOINT_DIR: a step_NNNNNNNN "
+    "directory, or a checkpoints directory: its newest; --force replaces a non-empty OUT_DIR)"
+)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -201,8 +215,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     used = used_folder(storage_path(argv[1]))
     if used and not force:
-        print(f"rlcore: export: OUT_DIR {used}; choose another folder, or pass --force to replace it",
-              file=sys.stderr)
+        print(f"rlcore: export: OUT_DIR {used}; choose another folder, or pass --force to replace it", file=sys.stderr)
         return 2
     try:
         out = export_checkpoint(src, argv[1])
@@ -211,6 +224,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     print(f"rlcore: exported {src} -> {out}")
     return 0
+
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -45,6 +45,7 @@ STORAGE_KEYS = ("output_dir", "checkpoint.dir", "checkpoint.export_dir")
 def protocol_of(value) -> str | None:
     """The fsspec protocol of a path or URL (None for a plain path)."""
     from fsspec.core import split_protocol
+
     return split_protocol(str(value).strip())[0]
 
 
@@ -61,6 +62,7 @@ def storage_path(value):
     pathlib API over the fsspec filesystem) for an object store's URL."""
     if is_remote(value):
         from upath import UPath
+
         return UPath(str(value).strip().rstrip("/"))
     return Path(str(value)).expanduser()
 
@@ -81,18 +83,28 @@ def local_path(value: str, key: str) -> str:
     if protocol in LOCAL_PROTOCOLS:
         return make_path_posix(rest)
     if protocol == "memory":
-        raise ConfigError(key, f"{text!r}: memory:// lives inside one process, so no other node (nor you, after "
-                          "the run) reaches it; give a path on storage every node mounts, or an object store's URL "
-                          "(s3://BUCKET/PATH)")
+        raise ConfigError(
+            key,
+            f"{text!r}: memory:// lives inside one process, so no other node (nor you, after "
+            "the run) reaches it; give a path on storage every node mounts, or an object store's URL "
+            "(s3://BUCKET/PATH)",
+        )
     from fsspec.registry import get_filesystem_class
+
     try:
         get_filesystem_class(protocol)
     except ImportError as exc:
-        raise ConfigError(key, f"{text!r}: the {protocol}:// filesystem is not installed ({exc}); for s3:// "
-                          "pip install 'rlcore[s3]' (s3fs)") from None
+        raise ConfigError(
+            key,
+            f"{text!r}: the {protocol}:// filesystem is not installed ({exc}); for s3:// "
+            "pip install 'rlcore[s3]' (s3fs)",
+        ) from None
     except ValueError:
-        raise ConfigError(key, f"{text!r}: {protocol}:// is no storage fsspec knows; give a path, or an object "
-                          "store's URL such as s3://BUCKET/PATH") from None
+        raise ConfigError(
+            key,
+            f"{text!r}: {protocol}:// is no storage fsspec knows; give a path, or an object "
+            "store's URL such as s3://BUCKET/PATH",
+        ) from None
     if not rest.strip("/"):
         raise ConfigError(key, f"{text!r} names no bucket or folder")
     return text.rstrip("/")
@@ -121,8 +133,9 @@ def with_local_paths(cfg, environ=os.environ):
         export = export or f"{out}/hf"
         storage = dataclasses.replace(storage, url=out)
         out = staging_dir(out, environ)
-    return dataclasses.replace(cfg, output_dir=out, storage=storage,
-                               checkpoint=dataclasses.replace(ckpt, dir=ckpt_dir, export_dir=export))
+    return dataclasses.replace(
+        cfg, output_dir=out, storage=storage, checkpoint=dataclasses.replace(ckpt, dir=ckpt_dir, export_dir=export)
+    )
 
 
 def job_working_dir(environ=os.environ) -> Path | None:
@@ -150,8 +163,13 @@ def node_local_problem(cfg, environ=os.environ) -> list[tuple[str, str]]:
             continue
         path = Path(local_path(value, key)).resolve()
         if path == work or work in path.parents:
-            return [(key, f"{value!r} is inside this Ray Job's working directory ({work}), which every node "
-                     "unpacks for itself and Ray deletes with its temp dir: a multi-node run's parts would "
-                     "land on different nodes; give an absolute path on storage every node mounts (NFS), "
-                     f"e.g. {key}=/shared/runs/NAME")]
+            return [
+                (
+                    key,
+                    f"{value!r} is inside this Ray Job's working directory ({work}), which every node "
+                    "unpacks for itself and Ray deletes with its temp dir: a multi-node run's parts would "
+                    "land on different nodes; give an absolute path on storage every node mounts (NFS), "
+                    f"e.g. {key}=/shared/runs/NAME",
+                )
+            ]
     return []

@@ -83,8 +83,13 @@ def previous_run(cfg) -> str | None:
 def output_dir_problems(cfg) -> list[tuple[str, str]]:
     """`output_dir` is writable, and a fresh run does not reuse another run's folder."""
     if not str(cfg.output_dir or "").strip():
-        return [("output_dir", "is empty, which would write the run into the current directory; name a folder "
-                 "(e.g. output_dir=outputs/run1)")]
+        return [
+            (
+                "output_dir",
+                "is empty, which would write the run into the current directory; name a folder "
+                "(e.g. output_dir=outputs/run1)",
+            )
+        ]
     node_local = node_local_problem(cfg)
     if node_local:
         return node_local
@@ -101,8 +106,13 @@ def output_dir_problems(cfg) -> list[tuple[str, str]]:
     if cfg.mode == "eval":  # an evaluation never continues: each one gets its own folder
         return [("output_dir", f"{cfg.output_dir!r} already holds a run ({held}); choose a new output_dir")]
     if resume_request(cfg) is None:
-        return [("output_dir", f"{cfg.output_dir!r} already holds a run ({held}); continue it with resume=true, "
-                 "or choose a new output_dir")]
+        return [
+            (
+                "output_dir",
+                f"{cfg.output_dir!r} already holds a run ({held}); continue it with resume=true, "
+                "or choose a new output_dir",
+            )
+        ]
     return []
 
 
@@ -126,8 +136,12 @@ def truncate_series(path: Path, step: int, drop_eval_at_step: bool = False) -> i
         else:
             keep.append(line)
     if broken:
-        log.warning("resume: %s: dropped %d line(s) that are not whole JSON rows (a row cut short when the run "
-                    "stopped or its disk filled)", path, broken)
+        log.warning(
+            "resume: %s: dropped %d line(s) that are not whole JSON rows (a row cut short when the run "
+            "stopped or its disk filled)",
+            path,
+            broken,
+        )
     if removed or broken:
         tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}")
         tmp.write_text("".join(line + "\n" for line in keep))
@@ -151,8 +165,9 @@ def hold_output_dir(out: Path) -> IO:
         lock.seek(0)
         holder = lock.read().strip() or "unknown"
         lock.close()
-        raise FolderInUse(f"{str(out)!r} is in use by another run (pid {holder}); wait for it to finish, or "
-                          "choose another output_dir") from None
+        raise FolderInUse(
+            f"{str(out)!r} is in use by another run (pid {holder}); wait for it to finish, or choose another output_dir"
+        ) from None
     lock.seek(0)
     lock.truncate()
     lock.write(f"{os.getpid()}\n")
@@ -180,9 +195,11 @@ def rows_without_checkpoint(cfg) -> str | None:
     held = [f"{n} row(s) of {name}" for name, n in held if n]
     if not held:
         return None
-    return (f"true found no complete checkpoint in {checkpoint_root(cfg)}, but {str(out)!r} holds "
-            f"{', '.join(held)} of an earlier run; resuming would start at step 0 over them, so nothing was "
-            "changed: keep them and choose a new output_dir, or resume=PATH from a checkpoint kept elsewhere")
+    return (
+        f"true found no complete checkpoint in {checkpoint_root(cfg)}, but {str(out)!r} holds "
+        f"{', '.join(held)} of an earlier run; resuming would start at step 0 over them, so nothing was "
+        "changed: keep them and choose a new output_dir, or resume=PATH from a checkpoint kept elsewhere"
+    )
 
 
 def last_checkpoint_hint(cfg) -> str:

@@ -34,7 +34,7 @@ def _append(fd: int, data: bytes, path: Path) -> None:
         view = memoryview(data)
         try:
             while view:
-                view = view[os.write(fd, view):]
+                view = view[os.write(fd, view) :]
         except OSError as exc:
             try:
                 os.ftruncate(fd, start)  # no half row stays behind

@@ -49,6 +49,7 @@ _upload_lock = threading.Lock()  # the sync thread and a checkpoint's commit upl
 
 def _fs(url: str):
     from fsspec.core import url_to_fs
+
     return url_to_fs(url)
 
 
@@ -117,13 +118,19 @@ def download(cfg) -> int:
         return 0
     out = Path(cfg.output_dir)
     if out.is_dir() and _staging_held(out):
-        raise ConfigError("output_dir", f"{url!r} is in use by another run on this machine (staging folder {out}); "
-                          "wait for it to finish, or choose another output_dir")
+        raise ConfigError(
+            "output_dir",
+            f"{url!r} is in use by another run on this machine (staging folder {out}); "
+            "wait for it to finish, or choose another output_dir",
+        )
     try:
         holder = lease_holder(cfg)
         if holder:
-            raise ConfigError("output_dir", f"{url!r} is in use by another run ({holder}; a run renews its "
-                              f"{LEASE} every {HEARTBEAT_S:.0f}s); wait for it to finish, or choose another output_dir")
+            raise ConfigError(
+                "output_dir",
+                f"{url!r} is in use by another run ({holder}; a run renews its "
+                f"{LEASE} every {HEARTBEAT_S:.0f}s); wait for it to finish, or choose another output_dir",
+            )
         fs, root = _fs(url)
         keep = _kept_in_store(cfg)
         found = [p for p in fs.find(root) if p != f"{root}/{LEASE}"]
@@ -132,7 +139,7 @@ def download(cfg) -> int:
             shutil.rmtree(out)
         out.mkdir(parents=True)
         if found:
-            fs.get(found, [str(out / p[len(root) + 1:]) for p in found])
+            fs.get(found, [str(out / p[len(root) + 1 :]) for p in found])
     except ConfigError:
         raise
     except Exception as exc:  # credentials, a missing bucket, the network: before Ray starts, one line
@@ -177,12 +184,18 @@ def within(work, timeout_s: float, what: str = "", where: str = ""):
             result.append(work())
         except Exception as exc:
             failed.append(exc)
+
     t = threading.Thread(target=run, name="rlcore-storage-call", daemon=True)
     t.start()
     t.join(min(NOTICE_S, timeout_s) if what else timeout_s)
     if t.is_alive() and what and timeout_s > NOTICE_S:
-        log.warning("%s %s: no answer from the store for %gs; waiting up to %.0fs more (checkpoint.timeout_s)",
-                    what, where, NOTICE_S, timeout_s - NOTICE_S)
+        log.warning(
+            "%s %s: no answer from the store for %gs; waiting up to %.0fs more (checkpoint.timeout_s)",
+            what,
+            where,
+            NOTICE_S,
+            timeout_s - NOTICE_S,
+        )
         t.join(timeout_s - NOTICE_S)
     if t.is_alive():
         named = f"{what} {where}: " if what else ""
@@ -212,12 +225,21 @@ def upload_within(cfg, timeout_s: float, what: str = "uploading the run's files"
     t.start()
     t.join(min(NOTICE_S, timeout_s))
     if t.is_alive() and timeout_s > NOTICE_S:
-        log.warning("%s to %s: no answer from the store for %gs; waiting up to %.0fs more (checkpoint.timeout_s)",
-                    what, cfg.storage.url, NOTICE_S, timeout_s - NOTICE_S)
+        log.warning(
+            "%s to %s: no answer from the store for %gs; waiting up to %.0fs more (checkpoint.timeout_s)",
+            what,
+            cfg.storage.url,
+            NOTICE_S,
+            timeout_s - NOTICE_S,
+        )
         t.join(timeout_s - NOTICE_S)
     if t.is_alive():
-        log.warning("%s to %s: not done within %gs (checkpoint.timeout_s); the run goes on, the next upload "
-                    "sends them again", what, cfg.storage.url, timeout_s)
+        log.warning(
+            "%s to %s: not done within %gs (checkpoint.timeout_s); the run goes on, the next upload sends them again",
+            what,
+            cfg.storage.url,
+            timeout_s,
+        )
         return False
     if failed:
         log.warning("%s (retried later)", short_storage_error(what + " to", cfg.storage.url, failed[0]))
@@ -238,8 +260,9 @@ def claim(cfg) -> None:
 
 def renew_lease(cfg) -> None:
     fs, root = _fs(cfg.storage.url)
-    fs.pipe_file(f"{root}/{LEASE}", json.dumps({"owner": f"{socket.gethostname()}:{os.getpid()}",
-                                                 "time": time.time()}).encode())
+    fs.pipe_file(
+        f"{root}/{LEASE}", json.dumps({"owner": f"{socket.gethostname()}:{os.getpid()}", "time": time.time()}).encode()
+    )
 
 
 def release_lease(cfg) -> None:
@@ -289,17 +312,24 @@ class Sync:
             except Exception as exc:  # the store is away for now: say so once, the next beat retries
                 if not warned:
                     warned = True
-                    log.warning("renewing the run's lease %s/%s failed (retried every %.0fs; another run may take "
-                                "the URL once it is %.0fs old): %s", self.cfg.storage.url, LEASE, HEARTBEAT_S,
-                                LEASE_STALE_S, short_storage_error("renewing", self.cfg.storage.url, exc))
+                    log.warning(
+                        "renewing the run's lease %s/%s failed (retried every %.0fs; another run may take "
+                        "the URL once it is %.0fs old): %s",
+                        self.cfg.storage.url,
+                        LEASE,
+                        HEARTBEAT_S,
+                        LEASE_STALE_S,
+                        short_storage_error("renewing", self.cfg.storage.url, exc),
+                    )
 
     def _upload(self) -> None:
         while not self._stop.wait(float(self.cfg.storage.sync_interval_s)):
             try:
                 upload(self.cfg)
             except Exception as exc:  # the store is away for now: say so, the next tick retries
-                log.warning("%s (retried)", short_storage_error("uploading the run's files to", self.cfg.storage.url,
-                                                                 exc))
+                log.warning(
+                    "%s (retried)", short_storage_error("uploading the run's files to", self.cfg.storage.url, exc)
+                )
 
     def __exit__(self, *exc) -> None:
         if not self._threads:
@@ -309,17 +339,31 @@ class Sync:
         for t in self._threads:
             t.join(timeout=min(NOTICE_S, wait_s))
             if t.is_alive() and wait_s > NOTICE_S:  # a renewal or an upload the store has not answered
-                log.warning("%s %s: no answer from the store for %gs; waiting up to %.0fs more before the last "
-                            "upload", "renewing the run's lease in" if t.name.endswith("lease") else "uploading to",
-                            self.cfg.storage.url, NOTICE_S, wait_s - NOTICE_S)
+                log.warning(
+                    "%s %s: no answer from the store for %gs; waiting up to %.0fs more before the last upload",
+                    "renewing the run's lease in" if t.name.endswith("lease") else "uploading to",
+                    self.cfg.storage.url,
+                    NOTICE_S,
+                    wait_s - NOTICE_S,
+                )
                 t.join(timeout=wait_s - NOTICE_S)
         try:
             if not self.discarded:
-                within(lambda: upload(self.cfg), float(self.cfg.checkpoint.timeout_s), "the last upload of the run's "
-                       "files to", self.cfg.storage.url)
+                within(
+                    lambda: upload(self.cfg),
+                    float(self.cfg.checkpoint.timeout_s),
+                    "the last upload of the run's files to",
+                    self.cfg.storage.url,
+                )
             release_lease(self.cfg)
         except Exception as err:
-            self.failed = storage_cause(err) or f"{type(err).__name__}: {str(err).splitlines()[0][:150] if str(err) else ''}"
+            self.failed = (
+                storage_cause(err) or f"{type(err).__name__}: {str(err).splitlines()[0][:150] if str(err) else ''}"
+            )
             log.debug("the last upload to %s failed", self.cfg.storage.url, exc_info=True)
-            print(f"rlcore: error: the run's files were not uploaded to {self.cfg.storage.url} ({self.failed}); "
-                  f"they are in {self.cfg.output_dir}", flush=True, file=sys.stderr)
+            print(
+                f"rlcore: error: the run's files were not uploaded to {self.cfg.storage.url} ({self.failed}); "
+                f"they are in {self.cfg.output_dir}",
+                flush=True,
+                file=sys.stderr,
+            )

@@ -27,11 +27,19 @@ from rlcore.trainer.options import AC_MODES as MODES
 def _saved_ops() -> set:
     aten = torch.ops.aten
     names = [
-        (aten, "mm"), (aten, "addmm"), (aten, "bmm"), (aten, "linear"), (aten, "_scaled_mm"),  # _scaled_mm: FP8 GEMMs
-        (aten, "_scaled_dot_product_efficient_attention"), (aten, "_scaled_dot_product_flash_attention"),
-        (aten, "_scaled_dot_product_cudnn_attention"), (aten, "_flash_attention_forward"),
-        (aten, "_efficient_attention_forward"), (aten, "_scaled_dot_product_flash_attention_for_cpu"),
-        (torch.ops._c10d_functional, "all_to_all_single"), (torch.ops._c10d_functional, "all_gather_into_tensor"),
+        (aten, "mm"),
+        (aten, "addmm"),
+        (aten, "bmm"),
+        (aten, "linear"),
+        (aten, "_scaled_mm"),  # _scaled_mm: FP8 GEMMs
+        (aten, "_scaled_dot_product_efficient_attention"),
+        (aten, "_scaled_dot_product_flash_attention"),
+        (aten, "_scaled_dot_product_cudnn_attention"),
+        (aten, "_flash_attention_forward"),
+        (aten, "_efficient_attention_forward"),
+        (aten, "_scaled_dot_product_flash_attention_for_cpu"),
+        (torch.ops._c10d_functional, "all_to_all_single"),
+        (torch.ops._c10d_functional, "all_gather_into_tensor"),
     ]
     try:
         importlib.import_module("torch.nn.attention.varlen")  # registers the torch_attn ops

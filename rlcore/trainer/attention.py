@@ -64,10 +64,13 @@ def _attend(q, k, v, cu: torch.Tensor, max_len: int, scale: float) -> torch.Tens
         out = varlen_attn(q, k, v, cu, cu, max_len, max_len, scale=scale, window_size=(-1, 0))
         return out.transpose(0, 1)
     T = q.shape[1]
-    seq = torch.repeat_interleave(torch.arange(cu.numel() - 1, device=q.device), (cu[1:] - cu[:-1]).long(), output_size=T)
+    seq = torch.repeat_interleave(
+        torch.arange(cu.numel() - 1, device=q.device), (cu[1:] - cu[:-1]).long(), output_size=T
+    )
     mask = (seq[:, None] == seq[None, :]) & torch.ones(T, T, dtype=torch.bool, device=q.device).tril()
-    return F.scaled_dot_product_attention(q[None], k[None], v[None], attn_mask=mask, scale=scale,
-                                          enable_gqa=k.shape[0] != q.shape[0])[0]
+    return F.scaled_dot_product_attention(
+        q[None], k[None], v[None], attn_mask=mask, scale=scale, enable_gqa=k.shape[0] != q.shape[0]
+    )[0]
 
 
 def heads_to_sequence(x: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:
@@ -83,8 +86,9 @@ def sequence_to_heads(y: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor
     cp = dist.get_world_size(group)
     h, T, D = y.shape
     L = T // cp
-    x = fc.all_to_all_single_autograd(y.reshape(h, cp, L, D).transpose(0, 1).contiguous().flatten(0, 1),
-                                      None, None, group)
+    x = fc.all_to_all_single_autograd(
+        y.reshape(h, cp, L, D).transpose(0, 1).contiguous().flatten(0, 1), None, None, group
+    )
     return x.reshape(cp * h, L, D)
 
 
@@ -123,8 +127,10 @@ def use_varlen_attention(model: torch.nn.Module, cp_group: dist.ProcessGroup | N
     text_config(model.config)._attn_implementation = NAME
     layers = decoder_layers(model)
     if cp_group is not None and is_hybrid_model(model):  # a hub model: validation could not see its type
-        raise ValueError(f"trainer.cp: {text_config(model.config).model_type} is a hybrid model (linear-attention / "
-                         "Mamba layers): context parallelism cannot split their recurrent state yet; use trainer.cp=1")
+        raise ValueError(
+            f"trainer.cp: {text_config(model.config).model_type} is a hybrid model (linear-attention / "
+            "Mamba layers): context parallelism cannot split their recurrent state yet; use trainer.cp=1"
+        )
     for layer in layers:
         attn = getattr(layer, "self_attn", None)  # hybrid models: recurrent layers do not attend
         if attn is not None:

@@ -21,21 +21,24 @@ import torch
 import torch.distributed as dist
 
 
-def pad_to_multiple(input_ids: torch.Tensor, position_ids: torch.Tensor, targets: torch.Tensor,
-                    multiple: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def pad_to_multiple(
+    input_ids: torch.Tensor, position_ids: torch.Tensor, targets: torch.Tensor, multiple: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Append ``(-T) mod multiple`` pad tokens forming one extra sample (positions 0, 1, ...)."""
     pad = (-input_ids.numel()) % multiple
     if pad == 0:
         return input_ids, position_ids, targets
     zeros = input_ids.new_zeros(pad)
-    return (torch.cat([input_ids, zeros]),
-            torch.cat([position_ids, torch.arange(pad, dtype=position_ids.dtype, device=position_ids.device)]),
-            torch.cat([targets, zeros]))
+    return (
+        torch.cat([input_ids, zeros]),
+        torch.cat([position_ids, torch.arange(pad, dtype=position_ids.dtype, device=position_ids.device)]),
+        torch.cat([targets, zeros]),
+    )
 
 
 def local_slice(x: torch.Tensor, cp_rank: int, cp: int) -> torch.Tensor:
     L = x.shape[0] // cp
-    return x[cp_rank * L:(cp_rank + 1) * L]
+    return x[cp_rank * L : (cp_rank + 1) * L]
 
 
 class _GatherSequence(torch.autograd.Function):
@@ -50,7 +53,7 @@ class _GatherSequence(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
         # the downstream loss is replicated across the cp ranks: my slice of its gradient is mine
-        return grad[ctx.rank * ctx.L:(ctx.rank + 1) * ctx.L].contiguous(), None
+        return grad[ctx.rank * ctx.L : (ctx.rank + 1) * ctx.L].contiguous(), None
 
 
 def gather_sequence(x: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:

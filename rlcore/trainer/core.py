@@ -18,18 +18,17 @@ import torch.distributed as dist
 
 from rlcore.algo.distill import top_k_loss
 from rlcore.algo.losses import LossInputs, policy_loss
+from rlcore.batch.packing import MicroBatch, make_micro_batch
+from rlcore.batch.parallel_dims import ParallelDims
 from rlcore.config import RunConfig
 from rlcore.models.build import build_model, build_tokenizer
 from rlcore.models.vision import vision_tower
-from rlcore.batch.packing import MicroBatch, make_micro_batch
 from rlcore.trainer import export
 from rlcore.trainer.forward import forward_columns, forward_logprobs
 from rlcore.trainer.moe import router_metrics
-from rlcore.batch.parallel_dims import ParallelDims
 from rlcore.trainer.parallel import Meshes, begin_micro_batch, clip_grad_norm, parallelize
 from rlcore.trainer.schedule import build_scheduler
 from rlcore.types import Sample
-
 
 TOP_K_SUMS = ("teacher_top_k_kl_sum", "teacher_top_k_mass_sum", "student_top_k_mass_sum")
 """The token sums `rlcore.algo.distill.top_k_loss` reports."""
@@ -37,8 +36,9 @@ PLAIN_MEANS = ("mismatch_kl", "kl_ref", "teacher_top_k_kl", "teacher_top_k_mass"
 """Token means reported under their own name (the other `X_sum` metrics become `X_mean`)."""
 
 
-def step_metrics(totals: dict[str, float], extrema: dict[str, float], grad_norm: float,
-                 seconds: float) -> dict[str, float]:
+def step_metrics(
+    totals: dict[str, float], extrema: dict[str, float], grad_norm: float, seconds: float
+) -> dict[str, float]:
     """Per-step metrics from rank-summed token sums: `*_sum` and `*_frac` become means over
     loss tokens (`mismatch_kl_sum` -> `mismatch_kl`, `ratio_sum` -> `ratio_mean`), except the two
     parts of the mismatch, each a mean over its own tokens: `engine_mismatch_kl` over the tokens
@@ -47,8 +47,14 @@ def step_metrics(totals: dict[str, float], extrema: dict[str, float], grad_norm:
     n = max(totals["loss_tokens"], 1.0)
     totals = dict(totals)
     split = {k: totals.pop(k) for k in ("engine_mismatch_kl_sum", "staleness_kl_sum") if k in totals}
-    out = {"loss": totals["loss"], "entropy": totals["entropy"] / n, "grad_norm": grad_norm,
-           "train_tokens": totals["tokens"], "loss_tokens": totals["loss_tokens"], "train_time_s": seconds}
+    out = {
+        "loss": totals["loss"],
+        "entropy": totals["entropy"] / n,
+        "grad_norm": grad_norm,
+        "train_tokens": totals["tokens"],
+        "loss_tokens": totals["loss_tokens"],
+        "train_time_s": seconds,
+    }
     for k, v in totals.items():
         if k.endswith("_frac"):
             out[k] = v / n
@@ -110,8 +116,13 @@ class TrainerCore:
         t = cfg.trainer
         trainable = [p for p in self.model.parameters() if p.requires_grad]  # LoRA: adapters only
         # fused: one kernel for all parameters on GPU (the foreach default elsewhere)
-        self.optimizer = torch.optim.AdamW(trainable, lr=t.lr, betas=tuple(t.betas),
-                                           weight_decay=t.weight_decay, fused=self.device.type == "cuda" or None)
+        self.optimizer = torch.optim.AdamW(
+            trainable,
+            lr=t.lr,
+            betas=tuple(t.betas),
+            weight_decay=t.weight_decay,
+            fused=self.device.type == "cuda" or None,
+        )
         self.scheduler = build_scheduler(self.optimizer, t, cfg.steps)
         self.version = 0
         self._sample_versions: list[torch.Tensor] | None = None  # set for one train_step
@@ -131,10 +142,13 @@ class TrainerCore:
         then FSDP2 (each decoder layer its own unit, then the root): `parallel.parallelize`."""
         return parallelize(model, self.cfg.trainer, self.parallel, self.device, train=train)
 
-    def forward_logprobs(self, mb: MicroBatch, model: torch.nn.Module | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward_logprobs(
+        self, mb: MicroBatch, model: torch.nn.Module | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """Logprobs and entropies [T] of a packed micro-batch (chunked head; cp-gathered)."""
-        return forward_logprobs(model or self.model, mb, self.temperature, self.parallel, self.device,
-                                vision=self.vision)
+        return forward_logprobs(
+            model or self.model, mb, self.temperature, self.parallel, self.device, vision=self.vision
+        )
 
     @torch.no_grad()
     def score_pairs(self, pairs: list[tuple[list[int], list[int]]]) -> list[list[float]]:
@@ -147,9 +161,13 @@ class TrainerCore:
         logprobs, mask = logprobs.float().cpu(), mb.loss_mask.bool()
         return [logprobs[(mb.sample_index == i) & mask].tolist() for i in range(len(pairs))]
 
-    def train_step(self, micro_batches: list[MicroBatch], normalizer: float,
-                   sample_versions: list[torch.Tensor] | None = None,
-                   keep: list[list[int]] | None = None) -> StepResult:
+    def train_step(
+        self,
+        micro_batches: list[MicroBatch],
+        normalizer: float,
+        sample_versions: list[torch.Tensor] | None = None,
+        keep: list[list[int]] | None = None,
+    ) -> StepResult:
         """One RL optimizer step (the configured policy loss) over this rank's micro-batches;
         `normalizer` comes from `rlcore.algo.losses.loss_normalizer` over the global batch.
         `sample_versions[i]`: the oldest behaviour version of each sample of micro-batch i
@@ -170,8 +188,9 @@ class TrainerCore:
         loss, metrics = policy_loss(inp, self.cfg.algo, normalizer)
         t = self.cfg.teacher
         if inp.teacher_top_k_logprobs is not None:
-            top_k, top_metrics = top_k_loss(inp.top_k_logprobs, inp.teacher_top_k_logprobs, inp.loss_mask,
-                                            t.kl_deadband)
+            top_k, top_metrics = top_k_loss(
+                inp.top_k_logprobs, inp.teacher_top_k_logprobs, inp.loss_mask, t.kl_deadband
+            )
             loss = loss + t.top_k_coef * top_k / max(normalizer, 1.0)
             metrics.update(top_metrics)
         elif t.enabled and t.top_k > 0:
@@ -190,8 +209,14 @@ class TrainerCore:
                 group["lr"] = lr
         return self._step(micro_batches, float(max(global_loss_tokens, 1)), sft_loss)
 
-    def _loss_inputs(self, mb: MicroBatch, logprobs: torch.Tensor, entropy: torch.Tensor,
-                     index: int = 0, top_k: torch.Tensor | None = None) -> LossInputs:
+    def _loss_inputs(
+        self,
+        mb: MicroBatch,
+        logprobs: torch.Tensor,
+        entropy: torch.Tensor,
+        index: int = 0,
+        top_k: torch.Tensor | None = None,
+    ) -> LossInputs:
         same = None
         if self._sample_versions is not None:
             # self.version is still the version before this step: the weights that score the batch
@@ -201,14 +226,18 @@ class TrainerCore:
             with torch.no_grad():
                 ref, _ = self.forward_logprobs(mb, self.reference)
         return LossInputs(
-            logprobs=logprobs, behaviour_logprobs=mb.behaviour_logprobs.to(self.device, non_blocking=True),
+            logprobs=logprobs,
+            behaviour_logprobs=mb.behaviour_logprobs.to(self.device, non_blocking=True),
             advantages=mb.advantages.to(self.device, non_blocking=True),
             loss_mask=mb.loss_mask.to(self.device, non_blocking=True),
-            sample_index=mb.sample_index.to(self.device, non_blocking=True), ref_logprobs=ref,
-            entropy=entropy if self.cfg.algo.entropy_coef > 0 else None, same_version=same,
+            sample_index=mb.sample_index.to(self.device, non_blocking=True),
+            ref_logprobs=ref,
+            entropy=entropy if self.cfg.algo.entropy_coef > 0 else None,
+            same_version=same,
             top_k_logprobs=top_k,
-            teacher_top_k_logprobs=(mb.teacher_top_k_logprobs.to(self.device, non_blocking=True)
-                                    if top_k is not None else None),
+            teacher_top_k_logprobs=(
+                mb.teacher_top_k_logprobs.to(self.device, non_blocking=True) if top_k is not None else None
+            ),
         )
 
     def _step(self, micro_batches: list[MicroBatch], normalizer: float, loss_fn) -> StepResult:
@@ -235,8 +264,9 @@ class TrainerCore:
             begin_micro_batch(self.model, self.parallel, last=i == len(micro_batches) - 1)
             # the teacher's top-k (distillation) only in RL steps: SFT's loss has no use for it
             others = mb.teacher_top_k_ids if loss_fn == self._rl_loss else None
-            logprobs, entropy, top_k = forward_columns(self.model, mb, self.temperature, self.parallel, self.device,
-                                                       vision=self.vision, others=others)
+            logprobs, entropy, top_k = forward_columns(
+                self.model, mb, self.temperature, self.parallel, self.device, vision=self.vision, others=others
+            )
             inp = self._loss_inputs(mb, logprobs, entropy, i, top_k)
             if self._keep is not None:
                 kept.append(kept_logprobs(logprobs, mb.sample_index, self._keep[i]))
@@ -279,8 +309,7 @@ class TrainerCore:
         if not values:
             return {}
         keys = sorted(values)
-        t = torch.stack([torch.as_tensor(values[k], dtype=torch.float64, device=self.device).reshape(())
-                         for k in keys])
+        t = torch.stack([torch.as_tensor(values[k], dtype=torch.float64, device=self.device).reshape(()) for k in keys])
         dist.all_reduce(t, op=op)
         return dict(zip(keys, t.tolist()))
 
@@ -301,17 +330,23 @@ class TrainerCore:
         names are not the model's own (LoRA merges adapters, expert parallelism gathers experts)
         or a parameter is missing or has another shape."""
         from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
         experts, adapters, merged = export._plan(self.model)
         if adapters or merged or any(ex.ep_size > 1 for ex in experts.values()):
-            raise ValueError("the engines' weights are merged (LoRA) or gathered (expert parallelism): "
-                             "they cannot be loaded back into the trainer's parameters")
+            raise ValueError(
+                "the engines' weights are merged (LoRA) or gathered (expert parallelism): "
+                "they cannot be loaded back into the trainer's parameters"
+            )
         for name, shape, _ in self.parameter_metas():
             if name not in named or tuple(named[name].shape) != tuple(shape):
                 got = tuple(named[name].shape) if name in named else "missing"
                 raise ValueError(f"engine weights: parameter {name} is {got}, the trainer's is {tuple(shape)}")
         own = set(self.model.state_dict())
-        set_model_state_dict(self.model, {k: v for k, v in named.items() if k in own},
-                             options=StateDictOptions(full_state_dict=True, strict=False))
+        set_model_state_dict(
+            self.model,
+            {k: v for k, v in named.items() if k in own},
+            options=StateDictOptions(full_state_dict=True, strict=False),
+        )
         self.version = int(version)
         with warnings.catch_warnings():  # "scheduler.step() before optimizer.step()": intended here
             warnings.simplefilter("ignore")
@@ -329,6 +364,7 @@ class TrainerCore:
 
 def free_port() -> int:
     import socket
+
     with socket.socket() as s:
         s.bind(("", 0))
         return s.getsockname()[1]

@@ -27,7 +27,7 @@ def _full(p: torch.Tensor) -> torch.Tensor:
     if not isinstance(p, DTensor):
         return p
     if p.device_mesh.size() == 1:  # one rank holds it whole: skip DTensor's redistribute (per tensor, it
-        return p.to_local()        # dominated the colocated sync's trainer side)
+        return p.to_local()  # dominated the colocated sync's trainer side)
     return p.full_tensor()
 
 

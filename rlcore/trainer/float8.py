@@ -37,12 +37,15 @@ _SKIP_NAMES = ("lm_head", "gate", "router", "shared_expert_gate")
 
 def _check_gpu() -> None:
     import torch
+
     if not torch.cuda.is_available():
         raise RuntimeError("trainer.fp8 needs a CUDA GPU with compute capability >= 8.9 (Hopper/Ada); none is visible")
     cap = torch.cuda.get_device_capability()
     if cap < (8, 9):
-        raise RuntimeError(f"trainer.fp8 needs compute capability >= 8.9 (Hopper/Ada) for FP8 matmuls; "
-                           f"{torch.cuda.get_device_name()} has {cap[0]}.{cap[1]}: use trainer.fp8=none")
+        raise RuntimeError(
+            f"trainer.fp8 needs compute capability >= 8.9 (Hopper/Ada) for FP8 matmuls; "
+            f"{torch.cuda.get_device_name()} has {cap[0]}.{cap[1]}: use trainer.fp8=none"
+        )
 
 
 def fp8_module_filter(module: nn.Module, fqn: str) -> bool:

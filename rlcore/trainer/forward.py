@@ -20,17 +20,17 @@ from __future__ import annotations
 
 import torch
 
-from rlcore.models.hybrid import is_hybrid_model
-from rlcore.models.vision import packed_mrope_positions, pixel_values, text_config
 from rlcore.batch.packing import MicroBatch
 from rlcore.batch.routing import SELF_ROUTE
+from rlcore.models.hybrid import is_hybrid_model
+from rlcore.models.vision import packed_mrope_positions, pixel_values, text_config
 from rlcore.trainer.attention import NAME as VARLEN
 from rlcore.trainer.attention import cu_seqlens
 from rlcore.trainer.context_parallel import gather_sequence, local_slice, pad_to_multiple
 from rlcore.trainer.logprobs import logprob_request
 from rlcore.trainer.moe import set_routing
-from rlcore.trainer.parallel import TOKEN_MULTIPLE_ATTR, Meshes
 from rlcore.trainer.packed_mask import packed_mask_kwargs
+from rlcore.trainer.parallel import TOKEN_MULTIPLE_ATTR, Meshes
 
 
 def token_multiple(model: torch.nn.Module) -> int:
@@ -39,15 +39,22 @@ def token_multiple(model: torch.nn.Module) -> int:
     return int(getattr(model, TOKEN_MULTIPLE_ATTR, 1))
 
 
-def forward_logprobs(model: torch.nn.Module, mb: MicroBatch, temperature: float, meshes: Meshes | None,
-                     device: torch.device, vision=None) -> tuple[torch.Tensor, torch.Tensor]:
+def forward_logprobs(
+    model: torch.nn.Module, mb: MicroBatch, temperature: float, meshes: Meshes | None, device: torch.device, vision=None
+) -> tuple[torch.Tensor, torch.Tensor]:
     logp, entropy, _ = forward_columns(model, mb, temperature, meshes, device, vision)
     return logp, entropy
 
 
-def forward_columns(model: torch.nn.Module, mb: MicroBatch, temperature: float, meshes: Meshes | None,
-                    device: torch.device, vision=None,
-                    others: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+def forward_columns(
+    model: torch.nn.Module,
+    mb: MicroBatch,
+    temperature: float,
+    meshes: Meshes | None,
+    device: torch.device,
+    vision=None,
+    others: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """:func:`forward_logprobs` plus, with ``others`` (long [T, k], on the host like the
     micro-batch), the logprobs [T, k] of those tokens at each position (None without)."""
     if mb.images:
@@ -98,8 +105,14 @@ def _split(columns: torch.Tensor, has_others: bool) -> tuple[torch.Tensor, torch
     return columns[:, 0], columns[:, 1], columns[:, 2:] if has_others else None
 
 
-def _vision_forward(model: torch.nn.Module, mb: MicroBatch, temperature: float, device: torch.device,
-                    vision, others: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+def _vision_forward(
+    model: torch.nn.Module,
+    mb: MicroBatch,
+    temperature: float,
+    device: torch.device,
+    vision,
+    others: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """A micro-batch with images (cp == 1, checked at config time): pixel values of all its
     images, 3-D mrope positions computed per sample, and sample boundaries passed explicitly
     (mrope positions do not restart/continue like 1-D ones; ``mb.position_ids`` still do)."""
@@ -113,6 +126,12 @@ def _vision_forward(model: torch.nn.Module, mb: MicroBatch, temperature: float, 
     kwargs = {"cu_seq_lens_q": cu, "cu_seq_lens_k": cu, "max_length_q": max_len, "max_length_k": max_len}
     others = others.to(device) if others is not None else None
     with logprob_request(model, tgt, temperature, others):
-        out = model(input_ids=ids[None], position_ids=mrope[:, None, :].to(device), pixel_values=pixels.to(device),
-                    image_grid_thw=grids.to(device), use_cache=False, **kwargs)
+        out = model(
+            input_ids=ids[None],
+            position_ids=mrope[:, None, :].to(device),
+            pixel_values=pixels.to(device),
+            image_grid_thw=grids.to(device),
+            use_cache=False,
+            **kwargs,
+        )
     return _split(out.logits[0], others is not None)

@@ -51,8 +51,7 @@ def available(z: torch.Tensor) -> bool:
 if triton is not None:
 
     @triton.jit
-    def _fwd_kernel(z_ptr, stride_z, y_ptr, logp_ptr, ent_ptr, lse_ptr, V, inv_tau,
-                    BLOCK: tl.constexpr):
+    def _fwd_kernel(z_ptr, stride_z, y_ptr, logp_ptr, ent_ptr, lse_ptr, V, inv_tau, BLOCK: tl.constexpr):
         row = tl.program_id(0).to(tl.int64)
         base = z_ptr + row * stride_z
         cols = tl.arange(0, BLOCK)
@@ -76,8 +75,7 @@ if triton is not None:
         tl.store(lse_ptr + row, lse)
 
     @triton.jit
-    def _bwd_kernel(z_ptr, stride_z, y_ptr, lse_ptr, ent_ptr, g_ptr, e_ptr, V, inv_tau,
-                    BLOCK: tl.constexpr):
+    def _bwd_kernel(z_ptr, stride_z, y_ptr, lse_ptr, ent_ptr, g_ptr, e_ptr, V, inv_tau, BLOCK: tl.constexpr):
         row = tl.program_id(0).to(tl.int64)
         cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
         mask = cols < V
@@ -101,8 +99,9 @@ def _check(z: torch.Tensor, *rows: torch.Tensor) -> None:
             raise ValueError(f"per-row tensors must be contiguous [{z.shape[0]}], got {tuple(r.shape)}")
 
 
-def logprob_entropy(z: torch.Tensor, targets: torch.Tensor, temperature: float
-                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def logprob_entropy(
+    z: torch.Tensor, targets: torch.Tensor, temperature: float
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``(logp, entropy, lse)`` float32 [R] of logits ``z`` [R, V] at ``temperature`` (module
     docstring); ``targets`` int [R] in ``[0, V)``."""
     targets = targets.contiguous()
@@ -110,13 +109,19 @@ def logprob_entropy(z: torch.Tensor, targets: torch.Tensor, temperature: float
     R, V = z.shape
     logp, ent, lse = (torch.empty(R, dtype=torch.float32, device=z.device) for _ in range(3))
     if R:
-        _fwd_kernel[(R,)](z, z.stride(0), targets, logp, ent, lse, V, 1.0 / temperature,
-                          BLOCK=BLOCK_V, num_warps=8)
+        _fwd_kernel[(R,)](z, z.stride(0), targets, logp, ent, lse, V, 1.0 / temperature, BLOCK=BLOCK_V, num_warps=8)
     return logp, ent, lse
 
 
-def logprob_entropy_grad_(z: torch.Tensor, targets: torch.Tensor, lse: torch.Tensor, entropy: torch.Tensor,
-                          g: torch.Tensor, e: torch.Tensor, temperature: float) -> torch.Tensor:
+def logprob_entropy_grad_(
+    z: torch.Tensor,
+    targets: torch.Tensor,
+    lse: torch.Tensor,
+    entropy: torch.Tensor,
+    g: torch.Tensor,
+    e: torch.Tensor,
+    temperature: float,
+) -> torch.Tensor:
     """Overwrite logits ``z`` [R, V] with ``dL/dz`` (module docstring) and return it; ``lse``,
     ``entropy``, ``g``, ``e`` float32 [R] (from `logprob_entropy` and the incoming gradients)."""
     targets, lse, entropy, g, e = (t.contiguous() for t in (targets, lse, entropy, g.float(), e.float()))
@@ -124,6 +129,7 @@ def logprob_entropy_grad_(z: torch.Tensor, targets: torch.Tensor, lse: torch.Ten
     R, V = z.shape
     if R:
         block = 2048
-        _bwd_kernel[(R, triton.cdiv(V, block))](z, z.stride(0), targets, lse, entropy, g, e, V,
-                                                1.0 / temperature, BLOCK=block, num_warps=4)
+        _bwd_kernel[(R, triton.cdiv(V, block))](
+            z, z.stride(0), targets, lse, entropy, g, e, V, 1.0 / temperature, BLOCK=block, num_warps=4
+        )
     return z

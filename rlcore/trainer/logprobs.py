@@ -37,7 +37,9 @@ from rlcore.trainer import compile as rc
 from rlcore.trainer import logprob_kernels as lk
 
 
-def plain_logprobs(logits: torch.Tensor, targets: torch.Tensor, temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
+def plain_logprobs(
+    logits: torch.Tensor, targets: torch.Tensor, temperature: float
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Reference: logprob of each target and entropy from full ``[T, V]`` logits."""
     logp = torch.log_softmax(_upcast(logits) / temperature, dim=-1)
     taken = logp.gather(-1, targets[:, None]).squeeze(-1)
@@ -102,8 +104,7 @@ def _logits(h, weight, bias, out=None) -> torch.Tensor:
 
 class _ChunkedLogprobs(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, hidden, weight, bias, targets, temperature: float, chunk: int, compiled: bool,
-                keep_bytes: int):
+    def forward(ctx, hidden, weight, bias, targets, temperature: float, chunk: int, compiled: bool, keep_bytes: int):
         T, V = hidden.shape[0], weight.shape[0]
         out_dtype = torch.promote_types(hidden.dtype, torch.float32)
         logp = hidden.new_empty(T, dtype=out_dtype)
@@ -118,12 +119,12 @@ class _ChunkedLogprobs(torch.autograd.Function):
             kept = hidden.new_empty(T, V, dtype=z_dtype)
         fwd = None if kernels else _chunk_fns(compiled)[0]
         for s in range(0, T, chunk):
-            h, y = hidden[s:s + chunk], targets[s:s + chunk]
+            h, y = hidden[s : s + chunk], targets[s : s + chunk]
             if kernels:
-                z = _logits(h, weight, bias, None if kept is None else kept[s:s + chunk])
-                logp[s:s + chunk], entropy[s:s + chunk], lse[s:s + chunk] = lk.logprob_entropy(z, y, temperature)
+                z = _logits(h, weight, bias, None if kept is None else kept[s : s + chunk])
+                logp[s : s + chunk], entropy[s : s + chunk], lse[s : s + chunk] = lk.logprob_entropy(z, y, temperature)
             else:
-                logp[s:s + chunk], entropy[s:s + chunk], lse[s:s + chunk] = fwd(h, weight, bias, y, temperature)
+                logp[s : s + chunk], entropy[s : s + chunk], lse[s : s + chunk] = fwd(h, weight, bias, y, temperature)
         ctx.save_for_backward(hidden, weight, bias, targets, lse, entropy, kept)
         ctx.temperature, ctx.chunk, ctx.compiled, ctx.kernels = temperature, chunk, compiled, kernels
         return logp, entropy
@@ -144,27 +145,42 @@ class _ChunkedLogprobs(torch.autograd.Function):
         grad_b = torch.zeros(weight.shape[0], dtype=acc, device=weight.device) if need_b else None
         g_logp, g_ent = g_logp.contiguous(), g_ent.contiguous()
         for s in range(0, hidden.shape[0], chunk):
-            h, y, g, e = hidden[s:s + chunk], targets[s:s + chunk], g_logp[s:s + chunk], g_ent[s:s + chunk]
+            h, y, g, e = hidden[s : s + chunk], targets[s : s + chunk], g_logp[s : s + chunk], g_ent[s : s + chunk]
             if ctx.kernels:
-                z = kept[s:s + chunk] if kept is not None else _logits(h, weight, bias)
-                dz = lk.logprob_entropy_grad_(z, y, lse[s:s + chunk], entropy[s:s + chunk], g, e, tau)
+                z = kept[s : s + chunk] if kept is not None else _logits(h, weight, bias)
+                dz = lk.logprob_entropy_grad_(z, y, lse[s : s + chunk], entropy[s : s + chunk], g, e, tau)
             else:
-                dz = bwd(h, weight, bias, y, lse[s:s + chunk], entropy[s:s + chunk], g, e, tau)
+                dz = bwd(h, weight, bias, y, lse[s : s + chunk], entropy[s : s + chunk], g, e, tau)
             if need_h:
-                torch.mm(dz, weight, out=grad_h[s:s + chunk])
+                torch.mm(dz, weight, out=grad_h[s : s + chunk])
             if need_w and fused_acc:
                 torch.addmm(grad_w, dz.t(), h, out_dtype=acc, out=grad_w)
             elif need_w:
                 grad_w += (dz.t() @ h).to(acc)
             if need_b:
                 grad_b += dz.to(acc).sum(0)
-        return (grad_h, grad_w.to(weight.dtype) if need_w else None,
-                grad_b.to(bias.dtype) if need_b else None, None, None, None, None, None)
+        return (
+            grad_h,
+            grad_w.to(weight.dtype) if need_w else None,
+            grad_b.to(bias.dtype) if need_b else None,
+            None,
+            None,
+            None,
+            None,
+            None,
+        )
 
 
-def chunked_logprobs(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, temperature: float,
-                     chunk_tokens: int, bias: torch.Tensor | None = None,
-                     compiled: bool = False, keep_logits_bytes: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+def chunked_logprobs(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    targets: torch.Tensor,
+    temperature: float,
+    chunk_tokens: int,
+    bias: torch.Tensor | None = None,
+    compiled: bool = False,
+    keep_logits_bytes: int = 0,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """``(logp, entropy)`` float32 [T] for ``hidden`` [T, H]; never holds more than
     ``chunk_tokens x V`` float32 logits. ``chunk_tokens <= 0`` computes all positions at once.
 
@@ -174,8 +190,9 @@ def chunked_logprobs(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.
     Elsewhere ``compiled`` runs the per-chunk math through torch.compile (same results up to
     rounding)."""
     chunk = chunk_tokens if chunk_tokens > 0 else max(hidden.shape[0], 1)
-    return _ChunkedLogprobs.apply(hidden, weight, bias, targets, float(temperature), chunk, bool(compiled),
-                                  int(keep_logits_bytes))
+    return _ChunkedLogprobs.apply(
+        hidden, weight, bias, targets, float(temperature), chunk, bool(compiled), int(keep_logits_bytes)
+    )
 
 
 class LogprobHead(nn.Module):
@@ -201,8 +218,16 @@ class LogprobHead(nn.Module):
         targets, temperature, extra = self.request
         flat = hidden.reshape(-1, hidden.shape[-1])
         if self.chunk_tokens > 0:
-            logp, ent = chunked_logprobs(flat, self.weight, targets, temperature, self.chunk_tokens, self.bias,
-                                         compiled=self.compiled, keep_logits_bytes=self.keep_logits_bytes)
+            logp, ent = chunked_logprobs(
+                flat,
+                self.weight,
+                targets,
+                temperature,
+                self.chunk_tokens,
+                self.bias,
+                compiled=self.compiled,
+                keep_logits_bytes=self.keep_logits_bytes,
+            )
         else:
             logp, ent = plain_logprobs(F.linear(flat, self.weight, self.bias), targets, temperature)
         columns = [logp[:, None], ent[:, None]]
@@ -211,8 +236,15 @@ class LogprobHead(nn.Module):
         return torch.cat(columns, dim=-1).view(*hidden.shape[:-1], -1)
 
 
-def other_logprobs(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, targets: torch.Tensor,
-                   logp: torch.Tensor, others: torch.Tensor, temperature: float) -> torch.Tensor:
+def other_logprobs(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    targets: torch.Tensor,
+    logp: torch.Tensor,
+    others: torch.Tensor,
+    temperature: float,
+) -> torch.Tensor:
     """Logprobs [T, k] of the tokens `others` [T, k] at each position, from the targets' logprobs
     `logp` [T] (which carry the log-normaliser and its gradient)::
 
@@ -238,8 +270,9 @@ def install_logprob_head(model: nn.Module, chunk_tokens: int) -> LogprobHead:
 
 
 @contextlib.contextmanager
-def logprob_request(model: nn.Module, targets: torch.Tensor, temperature: float,
-                    others: torch.Tensor | None = None) -> Iterator[None]:
+def logprob_request(
+    model: nn.Module, targets: torch.Tensor, temperature: float, others: torch.Tensor | None = None
+) -> Iterator[None]:
     """Within this block ``model(...).logits[..., 0]`` is the logprob of ``targets`` (flattened
     over batch and time), ``[..., 1]`` the entropy and, with ``others`` (long [T, k]),
     ``[..., 2:]`` the logprobs of those k tokens at each position (:func:`other_logprobs`)."""

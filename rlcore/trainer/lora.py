@@ -46,7 +46,10 @@ class LoRALinear(nn.Module):
         self.dropout = nn.Dropout(dropout) if dropout > 0 else nn.Identity()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, self.weight, self.bias) + F.linear(F.linear(self.dropout(x), self.lora_A), self.lora_B) * self.scale
+        return (
+            F.linear(x, self.weight, self.bias)
+            + F.linear(F.linear(self.dropout(x), self.lora_A), self.lora_B) * self.scale
+        )
 
     def extra_repr(self) -> str:
         return f"in={self.in_features}, out={self.out_features}, rank={self.lora_A.shape[0]}, scale={self.scale:g}"
@@ -63,8 +66,11 @@ def apply_lora(model: nn.Module, cfg: LoRAConfig, seed: int = 0) -> list[str]:
     module names; raises if none matched."""
     targets = set(cfg.target_modules or DEFAULT_TARGETS)
     model.requires_grad_(False)
-    found = [(name, m) for name, m in model.named_modules()
-             if isinstance(m, nn.Linear) and name.rsplit(".", 1)[-1] in targets and not name.endswith("lm_head")]
+    found = [
+        (name, m)
+        for name, m in model.named_modules()
+        if isinstance(m, nn.Linear) and name.rsplit(".", 1)[-1] in targets and not name.endswith("lm_head")
+    ]
     if not found:
         raise ValueError(f"trainer.lora.target_modules {sorted(targets)} matched no nn.Linear in the model")
     with torch.random.fork_rng(devices=[]):

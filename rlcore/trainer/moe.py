@@ -107,8 +107,10 @@ class MoEBlock(nn.Module):
         router gives them (module docstring); rows holding -1 keep the router's own top-k."""
         r = self.replay
         if r.shape != experts.shape:
-            raise ValueError(f"routing replay: layer {self.layer_index} got experts of shape {tuple(r.shape)}, "
-                             f"the block routes {tuple(experts.shape)} (tokens, top_k)")
+            raise ValueError(
+                f"routing replay: layer {self.layer_index} got experts of shape {tuple(r.shape)}, "
+                f"the block routes {tuple(experts.shape)} (tokens, top_k)"
+            )
         given = r.to(device=experts.device, dtype=experts.dtype)
         own = (given < 0).any(-1, keepdim=True)  # [N, 1]
         given = torch.where(own, experts, given)
@@ -125,7 +127,9 @@ class MoEBlock(nn.Module):
     def forward(self, hidden_states: torch.Tensor):
         shape = hidden_states.shape
         if self.training and self.jitter > 0:
-            hidden_states = hidden_states * torch.empty_like(hidden_states).uniform_(1.0 - self.jitter, 1.0 + self.jitter)
+            hidden_states = hidden_states * torch.empty_like(hidden_states).uniform_(
+                1.0 - self.jitter, 1.0 + self.jitter
+            )
         x = hidden_states.reshape(-1, shape[-1])
         logits, weights, experts = self.route_module()(x)  # [N, E], [N, k], [N, k]: the family's own routing
         if self.replay is not None:
@@ -136,7 +140,8 @@ class MoEBlock(nn.Module):
         token = order // k
         # tokens per expert (a fixed-size scatter, unlike bincount's data-dependent size)
         counts = torch.zeros(self.num_experts, dtype=torch.int64, device=flat.device).scatter_add_(
-            0, flat, torch.ones_like(flat))
+            0, flat, torch.ones_like(flat)
+        )
         self._record(logits, counts)
         routed = x.index_select(0, token)
         w_sorted = weights.reshape(-1).index_select(0, order).to(x.dtype)
@@ -200,8 +205,10 @@ def apply_expert_parallel(model: nn.Module, ep_group: dist.ProcessGroup | None) 
             layer.mlp.layer_index = i
             blocks.append(layer.mlp)
     if ep_group is not None and dist.get_world_size(ep_group) > 1 and not blocks:
-        raise ValueError(f"trainer.ep > 1 but the {family} model has no routed-expert blocks rlcore can shard "
-                         "(a router with top_k and fused 3-D experts under layers[i].mlp)")
+        raise ValueError(
+            f"trainer.ep > 1 but the {family} model has no routed-expert blocks rlcore can shard "
+            "(a router with top_k and fused 3-D experts under layers[i].mlp)"
+        )
     return blocks
 
 
@@ -218,8 +225,10 @@ def set_routing(model: nn.Module, routed: torch.Tensor | None) -> None:
             b.replay = None
             continue
         if routed.shape[1] <= b.layer_index or routed.shape[2] != b.top_k:
-            raise ValueError(f"routing replay: routed experts of shape {tuple(routed.shape)} do not fit layer "
-                             f"{b.layer_index} (top_k {b.top_k}) of the policy")
+            raise ValueError(
+                f"routing replay: routed experts of shape {tuple(routed.shape)} do not fit layer "
+                f"{b.layer_index} (top_k {b.top_k}) of the policy"
+            )
         b.replay = routed[:, b.layer_index]
 
 
@@ -241,10 +250,19 @@ def router_metrics(model: nn.Module, group: dist.ProcessGroup | None = None) -> 
     for b in blocks:
         c = b.stat_counts if b.stat_counts is not None else torch.zeros(E, device=dev)
         ent = b.stat_entropy if b.stat_entropy is not None else torch.zeros((), device=dev)
-        replay = [torch.zeros((), device=dev) if v is None else v.to(dev).float()
-                  for v in (b.stat_agree, b.stat_replayed)]
-        rows.append(torch.cat([c.to(dev).float(), ent.to(dev).float().reshape(1),
-                               torch.tensor([float(b.stat_tokens)], device=dev), *(v.reshape(1) for v in replay)]))
+        replay = [
+            torch.zeros((), device=dev) if v is None else v.to(dev).float() for v in (b.stat_agree, b.stat_replayed)
+        ]
+        rows.append(
+            torch.cat(
+                [
+                    c.to(dev).float(),
+                    ent.to(dev).float().reshape(1),
+                    torch.tensor([float(b.stat_tokens)], device=dev),
+                    *(v.reshape(1) for v in replay),
+                ]
+            )
+        )
         b.reset_stats()
     t = torch.stack(rows).double()
     if dist.is_initialized():
@@ -254,9 +272,12 @@ def router_metrics(model: nn.Module, group: dist.ProcessGroup | None = None) -> 
     if float(tokens.sum()) == 0:
         return {}
     imbalance = counts.max(1).values / counts.mean(1).clamp_min(1e-9)
-    out = {"moe_load_imbalance": float(imbalance.mean()), "moe_load_imbalance_max": float(imbalance.max()),
-           "moe_router_entropy": float(ent.sum() / tokens.sum()),
-           "moe_dead_expert_frac": float((counts == 0).double().mean())}
+    out = {
+        "moe_load_imbalance": float(imbalance.mean()),
+        "moe_load_imbalance_max": float(imbalance.max()),
+        "moe_router_entropy": float(ent.sum() / tokens.sum()),
+        "moe_dead_expert_frac": float((counts == 0).double().mean()),
+    }
     if replayed > 0:
         out["moe_replay_agreement"] = agree / replayed
     return out

@@ -95,8 +95,9 @@ class LocalExperts(nn.Module):
             gu = torch._grouped_mm(x, w_gu, offs=offs)
             eid = None
             if bias is not None:  # expert of each row, without a host sync (the row count is known)
-                eid = torch.repeat_interleave(torch.arange(self.num_local, device=x.device), counts,
-                                              output_size=x.shape[0])
+                eid = torch.repeat_interleave(
+                    torch.arange(self.num_local, device=x.device), counts, output_size=x.shape[0]
+                )
                 gu = gu + self.gate_up_proj_bias.to(x.dtype).index_select(0, eid)
             h = self._glu(gu)
             out = torch._grouped_mm(h if scale is None else h * scale[:, None], w_d, offs=offs)
@@ -119,8 +120,9 @@ class LocalExperts(nn.Module):
         return torch.cat(outs) if outs else x.new_zeros((0, x.shape[-1]))
 
 
-def weights_at(kind: str, router: nn.Module, logits: torch.Tensor, experts: torch.Tensor,
-               norm_topk_prob: bool) -> torch.Tensor:
+def weights_at(
+    kind: str, router: nn.Module, logits: torch.Tensor, experts: torch.Tensor, norm_topk_prob: bool
+) -> torch.Tensor:
     """The routing weights [N, k] (float32) a router of `kind` gives the experts `experts` [N, k]
     from its logits [N, E] (`rlcore.models.moe_family`): what the router's own forward computes
     for its own top-k, here for any given experts (routing replay), differentiable in `logits`."""

@@ -22,8 +22,9 @@ def torchao_available() -> bool:
     return importlib.util.find_spec("torchao") is not None
 
 
-def mesh_problems(dp, cp: int, ep: int, world_size: int, num_experts: int | None = None,
-                  num_heads: int | None = None) -> list[tuple[str, str]]:
+def mesh_problems(
+    dp, cp: int, ep: int, world_size: int, num_experts: int | None = None, num_heads: int | None = None
+) -> list[tuple[str, str]]:
     """Config-time checks of the mesh (no torch.distributed needed); one (key, message) each.
     ``num_experts`` / ``num_heads`` None: unknown yet (a hub model), not checked; 0 experts: dense.
     A degree below 1 is its field's bound (`rlcore.config.bounds`): nothing more is said of it here."""
@@ -41,6 +42,11 @@ def mesh_problems(dp, cp: int, ep: int, world_size: int, num_experts: int | None
     elif ep > 1 and num_experts and num_experts % ep:
         out.append(("trainer.ep", f"must divide the model's num_experts={num_experts}, got {ep}"))
     if cp > 1 and num_heads and num_heads % cp:
-        out.append(("trainer.cp", f"Ulysses context parallelism splits attention heads: cp={cp} must "
-                    f"divide num_attention_heads={num_heads}"))
+        out.append(
+            (
+                "trainer.cp",
+                f"Ulysses context parallelism splits attention heads: cp={cp} must "
+                f"divide num_attention_heads={num_heads}",
+            )
+        )
     return out

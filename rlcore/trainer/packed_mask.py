@@ -26,7 +26,12 @@ def packed_mask_kwargs(model: torch.nn.Module, position_ids: torch.Tensor, dtype
     if getattr(config, "model_type", None) not in NEEDS_PACKED_MASKS:
         return {}
     from transformers.masking_utils import create_causal_mask, create_sliding_window_causal_mask
+
     shape_of = torch.empty((1, position_ids.shape[-1], 1), dtype=dtype, device=position_ids.device)
     kw = dict(config=config, inputs_embeds=shape_of, attention_mask=None, cache=None, position_ids=position_ids)
-    return {"attention_mask": {"full_attention": create_causal_mask(**kw),
-                               "sliding_attention": create_sliding_window_causal_mask(**kw)}}
+    return {
+        "attention_mask": {
+            "full_attention": create_causal_mask(**kw),
+            "sliding_attention": create_sliding_window_causal_mask(**kw),
+        }
+    }

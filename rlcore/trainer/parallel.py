@@ -30,17 +30,17 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
+from rlcore.batch.parallel_dims import ParallelDims
 from rlcore.config import TrainerConfig
 from rlcore.models.hybrid import restart_state_at_boundaries
+from rlcore.models.moe_family import NO_VARLEN
 from rlcore.models.vision import decoder_layers, is_vision_model, vision_tower
-from rlcore.batch.parallel_dims import ParallelDims
 from rlcore.trainer.activation_checkpoint import apply_activation_checkpointing
 from rlcore.trainer.attention import use_varlen_attention
 from rlcore.trainer.compile import compile_layers
 from rlcore.trainer.float8 import apply_float8
 from rlcore.trainer.logprobs import install_logprob_head
 from rlcore.trainer.lora import apply_lora
-from rlcore.models.moe_family import NO_VARLEN
 from rlcore.trainer.moe import apply_expert_parallel, model_family
 
 TOKEN_MULTIPLE_ATTR = "rlcore_token_multiple"
@@ -73,8 +73,15 @@ class Meshes:
         return cls(dims, world, cp_group, ep_group, efsdp)
 
 
-def parallelize(model: torch.nn.Module, t: TrainerConfig, meshes: Meshes, device: torch.device, train: bool = True,
-                attention: str | None = None, layer_units: bool | None = None) -> torch.nn.Module:
+def parallelize(
+    model: torch.nn.Module,
+    t: TrainerConfig,
+    meshes: Meshes,
+    device: torch.device,
+    train: bool = True,
+    attention: str | None = None,
+    layer_units: bool | None = None,
+) -> torch.nn.Module:
     """Transform a transformers causal LM in place for training on this rank; returns it.
 
     ``t`` is the TrainerConfig (``lora``, ``fp8``, ``activation_checkpointing``,
@@ -102,8 +109,10 @@ def parallelize(model: torch.nn.Module, t: TrainerConfig, meshes: Meshes, device
     # keeps its own; `rlcore.plan` refuses cp > 1 for it
     own_attention = model_family(model) in NO_VARLEN
     if own_attention and (meshes.dims.cp > 1 or attention == "varlen"):
-        raise ValueError(f"{model_family(model)}: rlcore's varlen attention does not compute this family's attention "
-                         "sinks and sliding windows (no context parallelism, no attention='varlen')")
+        raise ValueError(
+            f"{model_family(model)}: rlcore's varlen attention does not compute this family's attention "
+            "sinks and sliding windows (no context parallelism, no attention='varlen')"
+        )
     auto_varlen = attention is None and device.type == "cuda" and bf16_compute and not own_attention
     # packed VLM rows carry 3-D mrope positions, from which transformers cannot infer sample
     # boundaries: the language model always runs rlcore's varlen attention with explicit ones

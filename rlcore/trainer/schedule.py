@@ -29,8 +29,10 @@ def lr_multiplier(step: int, schedule: str, warmup_steps: int, total_steps: int,
     raise ValueError(f"trainer.lr_schedule: unknown schedule {schedule!r}; choose one of {list(SCHEDULES)}")
 
 
-def build_scheduler(optimizer: torch.optim.Optimizer, trainer_cfg: TrainerConfig,
-                    total_steps: int) -> torch.optim.lr_scheduler.LambdaLR:
+def build_scheduler(
+    optimizer: torch.optim.Optimizer, trainer_cfg: TrainerConfig, total_steps: int
+) -> torch.optim.lr_scheduler.LambdaLR:
     t = trainer_cfg
     return torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda s: lr_multiplier(s, t.lr_schedule, t.warmup_steps, total_steps, t.min_lr_ratio))
+        optimizer, lambda s: lr_multiplier(s, t.lr_schedule, t.warmup_steps, total_steps, t.min_lr_ratio)
+    )

@@ -115,18 +115,31 @@ def transfer_options(cfg: RunConfig) -> TransferOptions:
     """The transfer options of a run: `rollout.weight_sync_timeout_s`, `rollout.sync_bucket_mb`
     (in bytes), and the rollout actors' device (`cuda` when `rollout.gpus_per_actor` > 0)."""
     r = cfg.rollout
-    return TransferOptions(timeout_s=float(r.weight_sync_timeout_s), bucket_bytes=int(r.sync_bucket_mb * 2**20),
-                           receive_device="cuda" if r.gpus_per_actor > 0 else "cpu")
+    return TransferOptions(
+        timeout_s=float(r.weight_sync_timeout_s),
+        bucket_bytes=int(r.sync_bucket_mb * 2**20),
+        receive_device="cuda" if r.gpus_per_actor > 0 else "cpu",
+    )
 
 
-def make_sender(name: str, options: TransferOptions, plan: SyncPlan, device: str, address: str, port: int,
-                world_size: int) -> Sender:
+def make_sender(
+    name: str, options: TransferOptions, plan: SyncPlan, device: str, address: str, port: int, world_size: int
+) -> Sender:
     """Transport `name`'s sender, joined (as rank 0) to a group of `world_size` ranks."""
     return sender_for(name)(options, plan, device, address, port, world_size)
 
 
-def make_receiver(name: str, options: TransferOptions, plan: SyncPlan, engine: ReceivingEngine, address: str,
-                  port: int, rank: int, world_size: int, handle: dict | None = None) -> Receiver:
+def make_receiver(
+    name: str,
+    options: TransferOptions,
+    plan: SyncPlan,
+    engine: ReceivingEngine,
+    address: str,
+    port: int,
+    rank: int,
+    world_size: int,
+    handle: dict | None = None,
+) -> Receiver:
     """A rollout actor's receiver of transport `name` for `engine`, joined at `rank`: the engine's
     own (`engine.receiver(name, seat)`), else the transport's own. ValueError when neither has one."""
     seat = Seat(name, options, address, port, rank, world_size, sender_for(name).layout(plan, options), handle)
@@ -135,8 +148,10 @@ def make_receiver(name: str, options: TransferOptions, plan: SyncPlan, engine: R
         return receiver
     generic = own_receiver(name)
     if generic is None:
-        raise ValueError(f"weight transport {name!r} has no receiver of its own and {type(engine).__name__} "
-                         f"returns none for it from receiver(); list only transports it receives in its EngineSpec")
+        raise ValueError(
+            f"weight transport {name!r} has no receiver of its own and {type(engine).__name__} "
+            f"returns none for it from receiver(); list only transports it receives in its EngineSpec"
+        )
     return generic(seat, engine)
 
 
@@ -161,5 +176,10 @@ def transport_problems(engine: str, transports: tuple[str, ...]) -> list[tuple[s
     missing = [t for t in transports if t not in PAIRS]
     if not missing:
         return []
-    return [("rollout.engine", f"engine {engine!r} receives weights over {missing}, which no registered "
-             f"transport provides (registered: {list(PAIRS)}; see rlcore.transfer.register_transport)")]
+    return [
+        (
+            "rollout.engine",
+            f"engine {engine!r} receives weights over {missing}, which no registered "
+            f"transport provides (registered: {list(PAIRS)}; see rlcore.transfer.register_transport)",
+        )
+    ]

@@ -33,8 +33,7 @@ class Sender(abc.ABC):
     False: `send` and the engines' `receive` must run at once."""
 
     @abc.abstractmethod
-    def __init__(self, options: TransferOptions, plan: SyncPlan, device: str, address: str, port: int,
-                 world_size: int):
+    def __init__(self, options: TransferOptions, plan: SyncPlan, device: str, address: str, port: int, world_size: int):
         """Join (host, as rank 0) the group of `world_size` ranks at `address`:`port` on `device`,
         blocking until every receiver joined (at most `options.timeout_s`)."""
 

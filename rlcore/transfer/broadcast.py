@@ -24,7 +24,6 @@ from typing import TYPE_CHECKING, Callable, Iterable, Iterator
 import torch
 import torch.distributed as dist
 
-from rlcore.weights import protocol as weights_protocol
 from rlcore.transfer import base
 from rlcore.transfer.plan import (
     SyncPlan,
@@ -32,6 +31,7 @@ from rlcore.transfer.plan import (
     iter_buckets,
     unpack_bucket,
 )
+from rlcore.weights import protocol as weights_protocol
 
 if TYPE_CHECKING:
     from rlcore.weights.protocol import ReceivingEngine, Seat, TransferOptions
@@ -55,8 +55,9 @@ def abort(address: str, port: int, timeout_s: float = 2.0) -> bool:
     raises :class:`WeightGroupAborted` within `CHECK_S`). Returns False when the rendezvous
     store does not answer within `timeout_s` (its host is gone: nothing waits on it)."""
     try:
-        store = dist.TCPStore(address, port, None, is_master=False, timeout=datetime.timedelta(seconds=timeout_s),
-                              wait_for_workers=False)
+        store = dist.TCPStore(
+            address, port, None, is_master=False, timeout=datetime.timedelta(seconds=timeout_s), wait_for_workers=False
+        )
         store.set(ABORT_KEY, b"1")
         return True
     except (RuntimeError, dist.DistStoreError):
@@ -69,14 +70,14 @@ def _bury() -> None:
 
 
 class WeightGroup:
-    def __init__(self, address: str, port: int, rank: int, world_size: int, timeout_s: float,
-                 device: str = "cpu"):
+    def __init__(self, address: str, port: int, rank: int, world_size: int, timeout_s: float, device: str = "cpu"):
         self.rank, self.world_size, self.device = rank, world_size, torch.device(device)
         self.timeout_s, self.timeout = timeout_s, datetime.timedelta(seconds=timeout_s)
         _bury()
         self.pg = None
-        self.store = dist.TCPStore(address, port, world_size, is_master=(rank == 0), timeout=self.timeout,
-                                   wait_for_workers=False)
+        self.store = dist.TCPStore(
+            address, port, world_size, is_master=(rank == 0), timeout=self.timeout, wait_for_workers=False
+        )
         self._rendezvous()
         if self.device.type == "cuda":
             opts = dist.ProcessGroupNCCL.Options()
@@ -98,8 +99,11 @@ class WeightGroup:
         given_up = self.store.check([ABORT_KEY])
         if given_up or time.monotonic() >= deadline:
             _GIVEN_UP.append((work, self.pg, self.store))
-            raise WeightGroupAborted(f"{what}: given up by the driver (a member died or froze)" if given_up
-                                     else f"{what} did not finish within {self.timeout_s:g}s")
+            raise WeightGroupAborted(
+                f"{what}: given up by the driver (a member died or froze)"
+                if given_up
+                else f"{what} did not finish within {self.timeout_s:g}s"
+            )
 
     def broadcast(self, tensor: torch.Tensor) -> None:
         opts = dist.BroadcastOptions()
@@ -146,8 +150,7 @@ def receive_all(group: WeightGroup, plan: SyncPlan) -> Iterable[tuple[str, torch
 class Sender(base.Sender):
     """Trainer rank 0: hosts the weight group and broadcasts every bucket of the plan."""
 
-    def __init__(self, options: TransferOptions, plan: SyncPlan, device: str, address: str, port: int,
-                 world_size: int):
+    def __init__(self, options: TransferOptions, plan: SyncPlan, device: str, address: str, port: int, world_size: int):
         self.plan = plan
         self.group = WeightGroup(address, port, 0, world_size, options.timeout_s, device)
 
@@ -165,8 +168,9 @@ class Receiver(weights_protocol.Receiver):
 
     def __init__(self, seat: Seat, engine: ReceivingEngine):
         self.plan, self.engine = seat.layout, engine
-        self.group = WeightGroup(seat.address, seat.port, seat.rank, seat.world_size, seat.options.timeout_s,
-                                 seat.options.receive_device)
+        self.group = WeightGroup(
+            seat.address, seat.port, seat.rank, seat.world_size, seat.options.timeout_s, seat.options.receive_device
+        )
 
     def receive(self, version: int) -> dict[str, float]:
         start = time.perf_counter()

@@ -23,9 +23,9 @@ from typing import TYPE_CHECKING, Iterable, Iterator
 
 import torch
 
-from rlcore.weights.cuda_ipc import buffer_handle
 from rlcore.transfer import base
 from rlcore.transfer.plan import SyncPlan, tensor_bytes, vllm_update_info
+from rlcore.weights.cuda_ipc import buffer_handle
 
 if TYPE_CHECKING:
     from rlcore.weights.protocol import TransferOptions
@@ -49,7 +49,7 @@ class IPCSender:
         self.views: list[torch.Tensor] = []
         offset = 0
         for size, dtype, shape in zip(sizes, update_info["dtype_names"], update_info["shapes"]):
-            self.views.append(self.buffer[offset:offset + size].view(getattr(torch, dtype)).view(shape))
+            self.views.append(self.buffer[offset : offset + size].view(getattr(torch, dtype)).view(shape))
             offset += size
         self._handle = buffer_handle(self.buffer)
 
@@ -72,17 +72,20 @@ class IPCSender:
         first, pending = 0, 0  # the chunk being gathered: tensors first.. of the update, its bytes
         for i, (name, tensor) in enumerate(named):
             if i >= len(names) or names[i] != name:
-                raise ValueError(f"ipc send: tensor {i} is {name!r}, the engine expects "
-                                 f"{names[i] if i < len(names) else 'nothing more'!r}")
+                raise ValueError(
+                    f"ipc send: tensor {i} is {name!r}, the engine expects "
+                    f"{names[i] if i < len(names) else 'nothing more'!r}"
+                )
             full = getattr(tensor, "full_tensor", None)
             tensor = full() if callable(full) else tensor
             if tuple(tensor.shape) != tuple(self.views[i].shape):
-                raise ValueError(f"ipc send: {name} has shape {tuple(tensor.shape)}, the engine expects "
-                                 f"{tuple(self.views[i].shape)}")
+                raise ValueError(
+                    f"ipc send: {name} has shape {tuple(tensor.shape)}, the engine expects {tuple(self.views[i].shape)}"
+                )
             sources.append(tensor)
             pending += self.views[i].nbytes
             if pending >= FILL_CHUNK_BYTES:
-                torch._foreach_copy_(self.views[first:i + 1], sources, non_blocking=True)
+                torch._foreach_copy_(self.views[first : i + 1], sources, non_blocking=True)
                 first, pending, sources = i + 1, 0, []
         count = first + len(sources)
         if count != len(names):
@@ -100,8 +103,7 @@ class Sender(base.Sender):
     every_rank = True
     buffered = True
 
-    def __init__(self, options: TransferOptions, plan: SyncPlan, device: str, address: str, port: int,
-                 world_size: int):
+    def __init__(self, options: TransferOptions, plan: SyncPlan, device: str, address: str, port: int, world_size: int):
         self.ipc = IPCSender(vllm_update_info(plan, options.bucket_bytes), device)
 
     def send(self, named: Iterator[tuple[str, torch.Tensor]]) -> int:

@@ -59,8 +59,9 @@ class WeightSyncTimeout(TimeoutError):
     """A weight-transfer step did not finish in time; the sender is unusable afterwards."""
 
 
-def _run_with_deadline(fn: Callable[[], Any], timeout_s: float, what: str,
-                       on_timeout: Callable[[], None] | None = None) -> Any:
+def _run_with_deadline(
+    fn: Callable[[], Any], timeout_s: float, what: str, on_timeout: Callable[[], None] | None = None
+) -> Any:
     """Run ``fn`` in a daemon thread; return its result, re-raise its error, or call
     ``on_timeout`` and raise :class:`WeightSyncTimeout` after ``timeout_s``."""
     box: dict[str, Any] = {}
@@ -110,16 +111,27 @@ class WeightSender:
             except Exception:  # noqa: BLE001 - best effort while tearing down a broken group
                 pass
 
-    def send(self, named_tensors: Iterable[tuple[str, torch.Tensor]], bucket_bytes: int = DEFAULT_BUCKET_BYTES,
-             num_buffers: int = DEFAULT_NUM_BUFFERS, timeout_s: float | None = None,
-             expect: dict | None = None) -> dict:
+    def send(
+        self,
+        named_tensors: Iterable[tuple[str, torch.Tensor]],
+        bucket_bytes: int = DEFAULT_BUCKET_BYTES,
+        num_buffers: int = DEFAULT_NUM_BUFFERS,
+        timeout_s: float | None = None,
+        expect: dict | None = None,
+    ) -> dict:
         """See :func:`send_weights`."""
-        return send_weights(named_tensors, bucket_bytes, sender=self, num_buffers=num_buffers,
-                            timeout_s=timeout_s, expect=expect)
+        return send_weights(
+            named_tensors, bucket_bytes, sender=self, num_buffers=num_buffers, timeout_s=timeout_s, expect=expect
+        )
 
 
-def init_sender(master_address: str, master_port: int, world_size: int, timeout_s: float = 300.0,
-                device: torch.device | int | None = None) -> WeightSender:
+def init_sender(
+    master_address: str,
+    master_port: int,
+    world_size: int,
+    timeout_s: float = 300.0,
+    device: torch.device | int | None = None,
+) -> WeightSender:
     """Host the rendezvous as rank 0 and build the NCCL communicator with every engine worker
     (vLLM's ``NCCLWeightTransferEngine.trainer_init``). Blocks until all ``world_size`` members
     joined (the engines' receivers join at the same time), at most
@@ -136,15 +148,22 @@ def init_sender(master_address: str, master_port: int, world_size: int, timeout_
     def init() -> Any:
         torch.cuda.set_device(dev)  # trainer_init binds the communicator to the current device
         return NCCLWeightTransferEngine.trainer_init(
-            dict(master_address=master_address, master_port=int(master_port), world_size=int(world_size)))
+            dict(master_address=master_address, master_port=int(master_port), world_size=int(world_size))
+        )
 
     group = _run_with_deadline(init, timeout_s, "weight-transfer rendezvous")
     return WeightSender(group=group, device=dev, world_size=int(world_size), timeout_s=timeout_s)
 
 
-def send_weights(named_tensors: Iterable[tuple[str, torch.Tensor]], bucket_bytes: int = DEFAULT_BUCKET_BYTES,
-                 *, sender: WeightSender, num_buffers: int = DEFAULT_NUM_BUFFERS, timeout_s: float | None = None,
-                 expect: dict | None = None) -> dict:
+def send_weights(
+    named_tensors: Iterable[tuple[str, torch.Tensor]],
+    bucket_bytes: int = DEFAULT_BUCKET_BYTES,
+    *,
+    sender: WeightSender,
+    num_buffers: int = DEFAULT_NUM_BUFFERS,
+    timeout_s: float | None = None,
+    expect: dict | None = None,
+) -> dict:
     """Broadcast ``named_tensors`` (CUDA tensors on the sender's device, in wire dtype; DTensors
     are gathered one at a time) to every engine as packed buckets, and wait until the last bucket
     left this GPU. Returns the ``update_info`` of what was sent (equal to the engines' copy when
@@ -174,8 +193,11 @@ def send_weights(named_tensors: Iterable[tuple[str, torch.Tensor]], bucket_bytes
                 raise ValueError(f"send_weights: {name} is on {tensor.device}, the group on {sender.device}")
             meta = (name, tensor.dtype, tuple(tensor.shape))
             if expect is not None:
-                want = (expect["names"][i], expect["dtype_names"][i], list(expect["shapes"][i])) \
-                    if i < len(expect["names"]) else None
+                want = (
+                    (expect["names"][i], expect["dtype_names"][i], list(expect["shapes"][i]))
+                    if i < len(expect["names"])
+                    else None
+                )
                 if want != (name, dtype_name(tensor.dtype), list(tensor.shape)):
                     raise ValueError(f"send_weights: tensor {i} is {meta}, the engines expect {want}")
             recorded.append(meta)
@@ -189,17 +211,22 @@ def send_weights(named_tensors: Iterable[tuple[str, torch.Tensor]], bucket_bytes
     def send() -> None:
         torch.cuda.set_device(sender.device)
         step_done.synchronize()
-        args = NCCLTrainerSendWeightsArgs(group=sender.group, src=0, packed=True,
-                                          packed_buffer_size_bytes=int(bucket_bytes),
-                                          packed_num_buffers=int(num_buffers))
+        args = NCCLTrainerSendWeightsArgs(
+            group=sender.group,
+            src=0,
+            packed=True,
+            packed_buffer_size_bytes=int(bucket_bytes),
+            packed_num_buffers=int(num_buffers),
+        )
         NCCLWeightTransferEngine.trainer_send_weights(tensors(), args)
         # The producer returns with the last buckets still in flight on its streams.
         torch.cuda.synchronize(sender.device)
 
     timeout = sender.timeout_s if timeout_s is None else timeout_s
     start = time.perf_counter()
-    _run_with_deadline(send, timeout, "weight broadcast",
-                       on_timeout=lambda: sender.abort(f"broadcast timed out after {timeout} s"))
+    _run_with_deadline(
+        send, timeout, "weight broadcast", on_timeout=lambda: sender.abort(f"broadcast timed out after {timeout} s")
+    )
     seconds = time.perf_counter() - start
     info = update_info_for(recorded, bucket_bytes, num_buffers)
     if expect is not None and len(recorded) != len(expect["names"]):
@@ -235,8 +262,7 @@ class Sender(base.Sender):
     """Trainer rank 0: hosts the group and broadcasts every update in :data:`WIRE_DTYPE`, checked
     against the update info the engines were given."""
 
-    def __init__(self, options: TransferOptions, plan: SyncPlan, device: str, address: str, port: int,
-                 world_size: int):
+    def __init__(self, options: TransferOptions, plan: SyncPlan, device: str, address: str, port: int, world_size: int):
         self.bucket_bytes = options.bucket_bytes
         self.update_info = vllm_update_info(plan, options.bucket_bytes)
         self.vllm = init_sender(address, port, world_size, timeout_s=options.timeout_s)

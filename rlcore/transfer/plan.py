@@ -21,8 +21,13 @@ from typing import Any, Iterable, Iterator
 import torch
 
 _DTYPES = {
-    "float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16,
-    "float64": torch.float64, "int64": torch.int64, "int32": torch.int32, "uint8": torch.uint8,
+    "float32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "float16": torch.float16,
+    "float64": torch.float64,
+    "int64": torch.int64,
+    "int32": torch.int32,
+    "uint8": torch.uint8,
 }
 
 
@@ -114,11 +119,13 @@ def unpack_bucket(bucket: Bucket, flat: torch.Tensor) -> Iterator[tuple[str, tor
     """Named views into `flat` (no copies)."""
     offset = 0
     for meta in bucket.metas:
-        yield meta.name, flat[offset:offset + meta.numel].view(meta.shape)
+        yield meta.name, flat[offset : offset + meta.numel].view(meta.shape)
         offset += meta.numel
 
 
-def iter_buckets(plan: SyncPlan, named_tensors: Iterator[tuple[str, torch.Tensor]]) -> Iterator[tuple[Bucket, torch.Tensor]]:
+def iter_buckets(
+    plan: SyncPlan, named_tensors: Iterator[tuple[str, torch.Tensor]]
+) -> Iterator[tuple[Bucket, torch.Tensor]]:
     """Consume (name, full tensor) pairs in plan order and yield each bucket's packed buffer
     as soon as its last tensor arrived, so only one bucket is materialised at a time."""
     for bucket in plan.buckets:
@@ -158,8 +165,9 @@ def _as_meta(item: Any) -> tuple[str, torch.dtype, tuple[int, ...]]:
     return name, dtype, tuple(shape)
 
 
-def update_info_for(metas: Iterable[Any], bucket_bytes: int = DEFAULT_BUCKET_BYTES,
-                    num_buffers: int = DEFAULT_NUM_BUFFERS) -> dict:
+def update_info_for(
+    metas: Iterable[Any], bucket_bytes: int = DEFAULT_BUCKET_BYTES, num_buffers: int = DEFAULT_NUM_BUFFERS
+) -> dict:
     """The ``update_info`` an engine needs before the broadcast starts (vLLM's
     ``NCCLWeightTransferUpdateInfo`` as a plain dict): names, dtype names, shapes, packing.
 
@@ -174,14 +182,21 @@ def update_info_for(metas: Iterable[Any], bucket_bytes: int = DEFAULT_BUCKET_BYT
         shapes.append(list(shape))
     if not names:
         raise ValueError("update_info_for: no tensors")
-    return dict(names=names, dtype_names=dtype_names, shapes=shapes, packed=True,
-                packed_buffer_size_bytes=int(bucket_bytes), packed_num_buffers=int(num_buffers))
+    return dict(
+        names=names,
+        dtype_names=dtype_names,
+        shapes=shapes,
+        packed=True,
+        packed_buffer_size_bytes=int(bucket_bytes),
+        packed_num_buffers=int(num_buffers),
+    )
 
 
 def tensor_bytes(update_info: dict) -> list[int]:
     """Bytes of each tensor of the update described by ``update_info``, in order."""
-    return [math.prod(s) * getattr(torch, d).itemsize
-            for s, d in zip(update_info["shapes"], update_info["dtype_names"])]
+    return [
+        math.prod(s) * getattr(torch, d).itemsize for s, d in zip(update_info["shapes"], update_info["dtype_names"])
+    ]
 
 
 def update_info_bytes(update_info: dict) -> int:

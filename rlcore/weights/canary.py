@@ -33,7 +33,6 @@ from typing import Callable, Sequence
 import torch
 
 
-
 class CanaryError(RuntimeError):
     """Engine and trainer disagree on the canary prompts: the engine is not serving the trainer's
     weights (stale, partial or mis-mapped sync)."""
@@ -56,17 +55,26 @@ class CanaryResult:
     @property
     def passed(self) -> bool:
         # a NaN or inf gap never passes, not even without bounds
-        return math.isfinite(self.max_gap) and self.max_gap <= self.max_gap_limit and self.mean_gap <= self.mean_gap_limit
+        return (
+            math.isfinite(self.max_gap) and self.max_gap <= self.max_gap_limit and self.mean_gap <= self.mean_gap_limit
+        )
 
     def describe(self) -> str:
-        return (f"canary max gap {self.max_gap:.4f} (limit {self.max_gap_limit}), mean gap "
-                f"{self.mean_gap:.4f} (limit {self.mean_gap_limit}) over {self.num_tokens} tokens, "
-                f"worst at prompt {self.worst[0]} token {self.worst[1]}")
+        return (
+            f"canary max gap {self.max_gap:.4f} (limit {self.max_gap_limit}), mean gap "
+            f"{self.mean_gap:.4f} (limit {self.mean_gap_limit}) over {self.num_tokens} tokens, "
+            f"worst at prompt {self.worst[0]} token {self.worst[1]}"
+        )
 
 
-def compare_logprobs(engine: Sequence[Sequence[float]], trainer: Sequence[Sequence[float]], *,
-                     max_gap: float = math.inf, mean_gap: float = math.inf,
-                     raise_on_fail: bool = True) -> CanaryResult:
+def compare_logprobs(
+    engine: Sequence[Sequence[float]],
+    trainer: Sequence[Sequence[float]],
+    *,
+    max_gap: float = math.inf,
+    mean_gap: float = math.inf,
+    raise_on_fail: bool = True,
+) -> CanaryResult:
     """Compare per-token logprobs (one list per canary prompt, same lengths on both sides).
 
     Returns the gaps; raises :class:`CanaryError` when ``raise_on_fail`` and either bound is
@@ -90,9 +98,15 @@ def compare_logprobs(engine: Sequence[Sequence[float]], trainer: Sequence[Sequen
                 worst, worst_at = gap, (i, j)
     if not gaps:
         raise ValueError("canary: no tokens to compare")
-    result = CanaryResult(max_gap=max(gaps), mean_gap=sum(gaps) / len(gaps), num_tokens=len(gaps),
-                          max_gap_limit=max_gap, mean_gap_limit=mean_gap, worst=worst_at,
-                          mult_prob_error=sum(math.exp(min(g, 700.0)) for g in gaps) / len(gaps))
+    result = CanaryResult(
+        max_gap=max(gaps),
+        mean_gap=sum(gaps) / len(gaps),
+        num_tokens=len(gaps),
+        max_gap_limit=max_gap,
+        mean_gap_limit=mean_gap,
+        worst=worst_at,
+        mult_prob_error=sum(math.exp(min(g, 700.0)) for g in gaps) / len(gaps),
+    )
     if raise_on_fail and not result.passed:
         raise CanaryError("engine and trainer disagree after weight sync: " + result.describe())
     return result
@@ -113,25 +127,34 @@ class CanaryBounds:
     baseline_mult_prob_error: float = 1.0
     """The first sync's ``token_mult_prob_error`` (the largest engine's): the run's mismatch contract."""
 
-    def check(self, engine: Sequence[Sequence[float]], trainer: Sequence[Sequence[float]],
-              raise_on_fail: bool = True) -> CanaryResult:
+    def check(
+        self, engine: Sequence[Sequence[float]], trainer: Sequence[Sequence[float]], raise_on_fail: bool = True
+    ) -> CanaryResult:
         """:func:`compare_logprobs` under these bounds."""
-        return compare_logprobs(engine, trainer, max_gap=self.max_gap, mean_gap=self.mean_gap,
-                                raise_on_fail=raise_on_fail)
+        return compare_logprobs(
+            engine, trainer, max_gap=self.max_gap, mean_gap=self.mean_gap, raise_on_fail=raise_on_fail
+        )
 
     def describe(self) -> str:
-        return (f"mean gap <= {self.mean_gap:.4f}, max gap <= {self.max_gap:.4f} nats over {self.num_tokens} "
-                f"tokens (first sync: mean {self.baseline_mean:.4f}, max {self.baseline_max:.4f})")
+        return (
+            f"mean gap <= {self.mean_gap:.4f}, max gap <= {self.max_gap:.4f} nats over {self.num_tokens} "
+            f"tokens (first sync: mean {self.baseline_mean:.4f}, max {self.baseline_max:.4f})"
+        )
 
     def metrics(self) -> dict[str, float]:
         """What a step logs of them (`canary_*_limit`, `canary_baseline_*`)."""
-        return {"canary_mean_limit": self.mean_gap, "canary_max_limit": self.max_gap,
-                "canary_baseline_mean": self.baseline_mean, "canary_baseline_max": self.baseline_max,
-                "token_mult_prob_error": self.baseline_mult_prob_error}
+        return {
+            "canary_mean_limit": self.mean_gap,
+            "canary_max_limit": self.max_gap,
+            "canary_baseline_mean": self.baseline_mean,
+            "canary_baseline_max": self.baseline_max,
+            "token_mult_prob_error": self.baseline_mult_prob_error,
+        }
 
 
-def calibrate(baseline: Sequence[CanaryResult], multiple: float, floor: float, max_floor: float,
-              calibration_limit: float) -> CanaryBounds:
+def calibrate(
+    baseline: Sequence[CanaryResult], multiple: float, floor: float, max_floor: float, calibration_limit: float
+) -> CanaryBounds:
     """Bounds from the first sync's results (one per engine; same weights on both sides)::
 
         mean_gap = multiple * max_e mean_e + floor
@@ -146,19 +169,32 @@ def calibrate(baseline: Sequence[CanaryResult], multiple: float, floor: float, m
     peak = max(r.max_gap for r in baseline)
     if not (math.isfinite(mean) and math.isfinite(peak)) or mean > calibration_limit:
         worst = max(baseline, key=lambda r: r.mean_gap)
-        raise CanaryError(f"engine and trainer disagree on the first sync, where both hold the same weights: mean gap "
-                          f"{mean:.4f} > rollout.canary_calibration_limit={calibration_limit} ({worst.describe()})")
-    return CanaryBounds(max_gap=multiple * peak + max_floor, mean_gap=multiple * mean + floor,
-                        baseline_max=peak, baseline_mean=mean, num_tokens=baseline[0].num_tokens,
-                        baseline_mult_prob_error=max(r.mult_prob_error for r in baseline))
+        raise CanaryError(
+            f"engine and trainer disagree on the first sync, where both hold the same weights: mean gap "
+            f"{mean:.4f} > rollout.canary_calibration_limit={calibration_limit} ({worst.describe()})"
+        )
+    return CanaryBounds(
+        max_gap=multiple * peak + max_floor,
+        mean_gap=multiple * mean + floor,
+        baseline_max=peak,
+        baseline_mean=mean,
+        num_tokens=baseline[0].num_tokens,
+        baseline_mult_prob_error=max(r.mult_prob_error for r in baseline),
+    )
 
 
 Generate = Callable[[list[list[int]], float, int, int], list[list[int]]]
 """``generate(prompts, temperature, max_new_tokens, seed) -> completion ids per prompt``."""
 
 
-def own_completion_pairs(prompts: Sequence[Sequence[int]], generate: Generate, tokens: int,
-                         temperature: float, seed: int = 0, max_rounds: int = 32) -> list[tuple[list[int], list[int]]]:
+def own_completion_pairs(
+    prompts: Sequence[Sequence[int]],
+    generate: Generate,
+    tokens: int,
+    temperature: float,
+    seed: int = 0,
+    max_rounds: int = 32,
+) -> list[tuple[list[int], list[int]]]:
     """The policy's own tokens for the canary: a greedy completion of every prompt, then sampled
     ones at ``temperature`` (one seeded round at a time), until the completions hold ``tokens``
     tokens or ``max_rounds`` rounds ran (a policy that stops early gives fewer). Each request
@@ -182,19 +218,31 @@ def own_completion_pairs(prompts: Sequence[Sequence[int]], generate: Generate, t
     return pairs
 
 
-def canary_prompts(vocab_size: int, num_prompts: int = 4, prompt_len: int = 16, completion_len: int = 16,
-                   seed: int = 1234, low: int = 0) -> list[tuple[list[int], list[int]]]:
+def canary_prompts(
+    vocab_size: int,
+    num_prompts: int = 4,
+    prompt_len: int = 16,
+    completion_len: int = 16,
+    seed: int = 1234,
+    low: int = 0,
+) -> list[tuple[list[int], list[int]]]:
     """A fixed, seeded set of (prompt ids, completion ids) drawn from ``[low, vocab_size)``.
     Random tokens exercise every layer; the run uses them only where the environment's prompts
     cannot be scored alone (images) or the policy completed none of them."""
     rng = random.Random(seed)
-    return [([rng.randrange(low, vocab_size) for _ in range(prompt_len)],
-             [rng.randrange(low, vocab_size) for _ in range(completion_len)]) for _ in range(num_prompts)]
+    return [
+        (
+            [rng.randrange(low, vocab_size) for _ in range(prompt_len)],
+            [rng.randrange(low, vocab_size) for _ in range(completion_len)],
+        )
+        for _ in range(num_prompts)
+    ]
 
 
 @torch.no_grad()
-def teacher_forced_logprobs(model: torch.nn.Module, pairs: Sequence[tuple[Sequence[int], Sequence[int]]],
-                            temperature: float = 1.0) -> list[list[float]]:
+def teacher_forced_logprobs(
+    model: torch.nn.Module, pairs: Sequence[tuple[Sequence[int], Sequence[int]]], temperature: float = 1.0
+) -> list[list[float]]:
     """Logprob of each completion token given everything before it, under ``log_softmax(logits /
     temperature)`` in fp32, for a transformers causal LM (``model(input_ids).logits``)."""
     device = next(model.parameters()).device
@@ -204,7 +252,7 @@ def teacher_forced_logprobs(model: torch.nn.Module, pairs: Sequence[tuple[Sequen
         logits = model(ids).logits[0].float()
         start = len(prompt)
         # logits at position i predict token i + 1
-        lp = torch.log_softmax(logits[start - 1:-1] / temperature, dim=-1)
+        lp = torch.log_softmax(logits[start - 1 : -1] / temperature, dim=-1)
         target = ids[0, start:]
         out.append(lp.gather(-1, target[:, None])[:, 0].tolist())
     return out

@@ -29,12 +29,17 @@ def buffer_handle(buffer: torch.Tensor) -> dict:
 
 def open_handle(handle: dict, device: torch.device | int) -> torch.Tensor:
     """The sender's buffer, mapped into this process on `device` (the same physical GPU)."""
-    index = device if isinstance(device, int) else (device.index if device.index is not None
-                                                    else torch.cuda.current_device())
+    index = (
+        device
+        if isinstance(device, int)
+        else (device.index if device.index is not None else torch.cuda.current_device())
+    )
     here = gpu_uuid(index)
     if handle["uuid"] != here:
-        raise RuntimeError(f"ipc receive: the trainer's buffer is on GPU {handle['uuid']}, this engine on "
-                           f"{here}: colocated actors must share their GPU")
+        raise RuntimeError(
+            f"ipc receive: the trainer's buffer is on GPU {handle['uuid']}, this engine on "
+            f"{here}: colocated actors must share their GPU"
+        )
     args = list(pickle.loads(handle["args"]))
     args[6] = index  # rebuild_cuda_tensor's device: the receiver's own index of that GPU
     return rebuild_cuda_tensor(*args)

@@ -118,9 +118,18 @@ def test_fp8_train_step_matches_bf16_within_fp8_noise():
 
     from rlcore.weights.canary import FP8_MAX_GAP, FP8_MEAN_GAP
 
-    proc = subprocess.run([sys.executable, "-c", _TRAIN_STEP], cwd=ROOT, capture_output=True, text=True, timeout=300,
-                          env={**os.environ, "CUDA_VISIBLE_DEVICES": "0", "PYTHONPATH": ROOT + os.pathsep
-                               + os.environ.get("PYTHONPATH", "")})
+    proc = subprocess.run(
+        [sys.executable, "-c", _TRAIN_STEP],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={
+            **os.environ,
+            "CUDA_VISIBLE_DEVICES": "0",
+            "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""),
+        },
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     res = json.loads(proc.stdout.split("RESULT ", 1)[1])
     print(f"\n{res}")
@@ -132,9 +141,25 @@ def test_fp8_train_step_matches_bf16_within_fp8_noise():
 @pytest.mark.gpu(gpus=1)
 @needs_torchao
 def test_fp8_trainer_benchmark_step_runs():
-    proc = subprocess.run([sys.executable, "benchmarks/trainer_mfu.py", "--tokens", "2048", "--steps", "2", "--warmup",
-                           "1", "--fp8", "tensorwise"], cwd=ROOT, capture_output=True, text=True, timeout=300,
-                          env={**os.environ, "CUDA_VISIBLE_DEVICES": "0"})
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "benchmarks/trainer_mfu.py",
+            "--tokens",
+            "2048",
+            "--steps",
+            "2",
+            "--warmup",
+            "1",
+            "--fp8",
+            "tensorwise",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "CUDA_VISIBLE_DEVICES": "0"},
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     print(proc.stdout)
     assert "fp8=tensorwise" in proc.stdout and "loss=nan" not in proc.stdout

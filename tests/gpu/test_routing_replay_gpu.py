@@ -19,10 +19,22 @@ pytestmark = [
     pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="needs vllm"),
 ]
 
-SHAPE = dict(hidden_size=512, intermediate_size=1024, moe_intermediate_size=256, num_hidden_layers=4,
-             num_attention_heads=8, num_key_value_heads=4, head_dim=64, num_experts=32, num_experts_per_tok=4,
-             norm_topk_prob=True, decoder_sparse_step=1, vocab_size=512, max_position_embeddings=2048,
-             tie_word_embeddings=False)
+SHAPE = dict(
+    hidden_size=512,
+    intermediate_size=1024,
+    moe_intermediate_size=256,
+    num_hidden_layers=4,
+    num_attention_heads=8,
+    num_key_value_heads=4,
+    head_dim=64,
+    num_experts=32,
+    num_experts_per_tok=4,
+    norm_topk_prob=True,
+    decoder_sparse_step=1,
+    vocab_size=512,
+    max_position_embeddings=2048,
+    tie_word_embeddings=False,
+)
 
 
 @pytest.fixture(scope="module")
@@ -41,8 +53,15 @@ def setup():
     cfg.save_pretrained(path)
     torch.manual_seed(0)
     policy = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16).cuda()
-    engine = VLLMEngine(path, load_format="dummy", enforce_eager=True, gpu_memory_utilization=0.3,
-                        max_model_len=1024, enable_return_routed_experts=True, rpc_timeout_s=120)
+    engine = VLLMEngine(
+        path,
+        load_format="dummy",
+        enforce_eager=True,
+        gpu_memory_utilization=0.3,
+        max_model_len=1024,
+        enable_return_routed_experts=True,
+        rpc_timeout_s=120,
+    )
     try:
         engine.load_weights((n, p.detach()) for n, p in policy.named_parameters())
         engine.set_version(1)
@@ -58,9 +77,9 @@ def test_vllm_routing_is_what_the_replayed_forward_uses(setup, monkeypatch):
     import numpy as np
     import torch
 
-    from rlcore.engine.base import SamplingParams
     from rlcore.batch.packing import make_micro_batch
     from rlcore.batch.routing import expected_rows
+    from rlcore.engine.base import SamplingParams
     from rlcore.trainer.forward import forward_logprobs
     from rlcore.trainer.moe import router_metrics
     from rlcore.types import Sample
@@ -72,8 +91,11 @@ def test_vllm_routing_is_what_the_replayed_forward_uses(setup, monkeypatch):
     samples = []
     for p, g in zip(prompts, gens):
         r = np.asarray(g.routed_experts)
-        assert r.shape == (expected_rows(len(p), len(g.token_ids)), SHAPE["num_hidden_layers"],
-                           SHAPE["num_experts_per_tok"]), (r.shape, len(p), len(g.token_ids))
+        assert r.shape == (
+            expected_rows(len(p), len(g.token_ids)),
+            SHAPE["num_hidden_layers"],
+            SHAPE["num_experts_per_tok"],
+        ), (r.shape, len(p), len(g.token_ids))
         samples.append(Sample(p, g.token_ids, g.logprobs, g.versions, [1] * len(g.token_ids), routed_experts=r))
     mb = make_micro_batch(samples, [1.0] * len(samples))
 
@@ -85,6 +107,7 @@ def test_vllm_routing_is_what_the_replayed_forward_uses(setup, monkeypatch):
             w, e = _orig(logits, weights, experts)
             used[_b.layer_index] = e.detach().cpu().clone()
             return w, e
+
         monkeypatch.setattr(b, "_replayed", spy)
 
     dev = torch.device("cuda")
@@ -106,7 +129,9 @@ def test_vllm_routing_is_what_the_replayed_forward_uses(setup, monkeypatch):
     behaviour = mb.behaviour_logprobs[mask]
     gap_replay = (lp_replay.detach().float().cpu()[mask] - behaviour).abs()
     gap_self = (lp_self.float().cpu()[mask] - behaviour).abs()
-    print(f"\nrouting replay: vLLM vs trainer over {int(mask.sum())} tokens: agreement of vLLM's experts with "
-          f"the trainer's own top-k {agreement:.4f}; |logprob gap| mean/max with replay "
-          f"{gap_replay.mean():.4f}/{gap_replay.max():.4f}, without {gap_self.mean():.4f}/{gap_self.max():.4f}")
+    print(
+        f"\nrouting replay: vLLM vs trainer over {int(mask.sum())} tokens: agreement of vLLM's experts with "
+        f"the trainer's own top-k {agreement:.4f}; |logprob gap| mean/max with replay "
+        f"{gap_replay.mean():.4f}/{gap_replay.max():.4f}, without {gap_self.mean():.4f}/{gap_self.max():.4f}"
+    )
     assert 0.5 < agreement <= 1.0

@@ -76,9 +76,18 @@ dist.destroy_process_group()
 
 @pytest.mark.gpu(gpus=1)
 def test_varlen_attention_with_grouped_kv_heads_matches_transformers_attention():
-    proc = subprocess.run([sys.executable, "-c", _SCRIPT], cwd=ROOT, capture_output=True, text=True, timeout=300,
-                          env={**os.environ, "CUDA_VISIBLE_DEVICES": os.environ.get("CUDA_VISIBLE_DEVICES", "0"),
-                               "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")})
+    proc = subprocess.run(
+        [sys.executable, "-c", _SCRIPT],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={
+            **os.environ,
+            "CUDA_VISIBLE_DEVICES": os.environ.get("CUDA_VISIBLE_DEVICES", "0"),
+            "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""),
+        },
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     res = json.loads(proc.stdout.split("RESULT ", 1)[1])
     print(f"\n{res}")
@@ -130,8 +139,14 @@ print("RESULT " + json.dumps(out))
 
 @pytest.mark.gpu(gpus=1)
 def test_logprob_head_triton_kernels_match_torch_math_at_qwen_vocab():
-    proc = subprocess.run([sys.executable, "-c", _HEAD_SCRIPT], cwd=ROOT, capture_output=True, text=True, timeout=300,
-                          env={**os.environ, "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")})
+    proc = subprocess.run(
+        [sys.executable, "-c", _HEAD_SCRIPT],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")},
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     res = json.loads(proc.stdout.split("RESULT ", 1)[1])
     print(f"\n{res}")

@@ -59,8 +59,8 @@ def test_generate_contract(setup):
 
 
 def test_logprobs_are_of_the_tempered_distribution(setup):
-    from rlcore.weights.canary import compare_logprobs
     from rlcore.engine.base import SamplingParams
+    from rlcore.weights.canary import compare_logprobs
 
     engine, trainer = setup["engine"], setup["trainer"]
     prompts = [p for p, _ in setup["pairs"]]
@@ -93,8 +93,9 @@ def test_sync_passes_canary_and_stale_weights_fail_it(setup, reload):
     print(f"{reload}: stale {stale.describe()}")
     assert not stale.passed
     with pytest.raises(CanaryError):
-        compare_logprobs(engine.score_batch(setup["pairs"]),
-                         setup["trainer"].call("logprobs", setup["pairs"], 1.0), **CANARY_LIMITS)
+        compare_logprobs(
+            engine.score_batch(setup["pairs"]), setup["trainer"].call("logprobs", setup["pairs"], 1.0), **CANARY_LIMITS
+        )
     _sync(setup, reload)  # back in step for the next test
     assert canary(engine, setup["trainer"], setup["pairs"], **CANARY_LIMITS).passed
 
@@ -107,8 +108,11 @@ def test_weight_update_lands_between_decode_steps_of_requests_in_flight(setup, r
     engine.kv_on_update = kv
     v0 = setup["version"]
     out = {}
-    worker = threading.Thread(target=lambda: out.update(
-        gens=engine.generate([[i + 1] * 8 for i in range(16)], SamplingParams(max_new_tokens=400))))
+    worker = threading.Thread(
+        target=lambda: out.update(
+            gens=engine.generate([[i + 1] * 8 for i in range(16)], SamplingParams(max_new_tokens=400))
+        )
+    )
     worker.start()
     deadline = time.monotonic() + 60
     while not any(c >= 8 for c in engine.tokens_in_flight()):
@@ -132,8 +136,9 @@ def test_abort_finishes_requests_in_flight(setup):
 
     engine = setup["engine"]
     out = {}
-    worker = threading.Thread(target=lambda: out.update(
-        gens=engine.generate([[7, 8, 9]] * 4, SamplingParams(max_new_tokens=2000))))
+    worker = threading.Thread(
+        target=lambda: out.update(gens=engine.generate([[7, 8, 9]] * 4, SamplingParams(max_new_tokens=2000)))
+    )
     worker.start()
     deadline = time.monotonic() + 60
     while not any(c >= 4 for c in engine.tokens_in_flight()):
@@ -180,8 +185,10 @@ def test_timeouts_give_errors_not_hangs(setup):
     except WeightSyncError:
         received = False
     assert time.monotonic() - t < 30
-    print(f"\nengine receive from the aborted group: {'returned' if received else 'WeightSyncError'} "
-          f"after {time.monotonic() - t:.1f} s")
+    print(
+        f"\nengine receive from the aborted group: {'returned' if received else 'WeightSyncError'} "
+        f"after {time.monotonic() - t:.1f} s"
+    )
     if received:
         from benchmarks.harness import canary
 

@@ -18,8 +18,16 @@ pytestmark = [
     pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="needs vllm"),
 ]
 
-TOOLS = [{"type": "function", "function": {"name": "calc", "description": "evaluate an expression",
-                                           "parameters": {"type": "object", "properties": {"expr": {"type": "string"}}}}}]
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "calc",
+            "description": "evaluate an expression",
+            "parameters": {"type": "object", "properties": {"expr": {"type": "string"}}},
+        },
+    }
+]
 TEXTS = [
     '<tool_call>\n{"name": "calc", "arguments": {"expr": "11*14"}}\n</tool_call>',
     'first <tool_call>\n{"name": "calc", "arguments": {"expr": "1+2"}}\n</tool_call>\n'
@@ -33,6 +41,7 @@ def _tokenizer():
     as in Qwen3's tokenizer (vLLM's hermes parser looks them up in the vocabulary); nothing is
     downloaded."""
     from rlcore.models.tokenizer import char_tokenizer
+
     tok = char_tokenizer()
     tok.add_tokens(["<tool_call>", "</tool_call>"])
     return tok
@@ -70,4 +79,6 @@ def test_server_uses_vllm_parser():
     gen = Generation(token_ids=ids, logprobs=[0.0] * len(ids), versions=[0] * len(ids), finish_reason="stop")
     choice, kept, content, calls = server._choice(0, gen, {"tools": TOOLS}, TOOLS, [])
     assert choice["finish_reason"] == "tool_calls" and kept.token_ids == ids
-    assert [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in calls] == [("calc", {"expr": "11*14"})]
+    assert [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in calls] == [
+        ("calc", {"expr": "11*14"})
+    ]

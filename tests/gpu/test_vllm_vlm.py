@@ -15,13 +15,20 @@ pytestmark = [
     pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="needs vllm"),
 ]
 
-OVERRIDES = ["+recipe=shape_count", "rollout.engine=vllm", "rollout.gpus_per_actor=1",
-             "model.arch.text_config.hidden_size=512", "model.arch.text_config.intermediate_size=1024",
-             "model.arch.text_config.num_hidden_layers=4", "model.arch.text_config.num_attention_heads=8",
-             "model.arch.text_config.num_key_value_heads=4",
-             "model.arch.text_config.rope_scaling.mrope_section=[8,12,12]",
-             "model.arch.vision_config.out_hidden_size=512", "model.arch.vision_config.hidden_size=256",
-             "model.arch.vision_config.num_heads=4"]
+OVERRIDES = [
+    "+recipe=shape_count",
+    "rollout.engine=vllm",
+    "rollout.gpus_per_actor=1",
+    "model.arch.text_config.hidden_size=512",
+    "model.arch.text_config.intermediate_size=1024",
+    "model.arch.text_config.num_hidden_layers=4",
+    "model.arch.text_config.num_attention_heads=8",
+    "model.arch.text_config.num_key_value_heads=4",
+    "model.arch.text_config.rope_scaling.mrope_section=[8,12,12]",
+    "model.arch.vision_config.out_hidden_size=512",
+    "model.arch.vision_config.hidden_size=256",
+    "model.arch.vision_config.num_heads=4",
+]
 
 
 def test_vllm_vlm_image_prompt_sync_and_canary():
@@ -43,9 +50,16 @@ def test_vllm_vlm_image_prompt_sync_and_canary():
     with torch.no_grad():  # move off the initial weights so a missed sync shows
         for p in trainer_model.parameters():
             p.add_(0.01 * torch.randn_like(p))
-    engine = VLLMEngine.from_config(cfg.rollout.vllm, cfg.model, seed=0, enforce_eager=True,
-                                    gpu_memory_utilization=0.3, max_model_len=512, rpc_timeout_s=300,
-                                    startup_timeout_s=900)
+    engine = VLLMEngine.from_config(
+        cfg.rollout.vllm,
+        cfg.model,
+        seed=0,
+        enforce_eager=True,
+        gpu_memory_utilization=0.3,
+        max_model_len=512,
+        rpc_timeout_s=300,
+        startup_timeout_s=900,
+    )
     try:
         # trainer names (model.visual.*, model.language_model.*) through vLLM's hf_to_vllm_mapper
         engine.apply_weights(list(trainer_model.named_parameters()), 1)
@@ -66,6 +80,7 @@ def test_vllm_vlm_image_prompt_sync_and_canary():
         assert max(gaps) < 0.5 and sum(gaps) / len(gaps) < 0.1, (max(gaps), sum(gaps) / len(gaps))
         # the text canary the driver runs after every sync
         from rlcore.weights.canary import canary_prompts
+
         pairs = canary_prompts(len(tok), num_prompts=2, prompt_len=16, completion_len=16)
         got = engine.score_batch(pairs)
         for (p, c), lp in zip(pairs, got):
@@ -79,15 +94,25 @@ def _score(ref, prompt, images, completion, spec):
     import torch
 
     from rlcore.models.vision import mrope_positions, pixel_values
+
     pixels, grids = pixel_values(images, spec)
     ids = prompt + completion
     pos = mrope_positions(ids, grids.tolist(), spec)[:, None, :].cuda()
     with torch.no_grad():
-        logits = ref.model(input_ids=torch.tensor([ids]).cuda(), position_ids=pos, pixel_values=pixels.cuda(),
-                           image_grid_thw=grids.cuda(), use_cache=False).logits[0].float()
+        logits = (
+            ref.model(
+                input_ids=torch.tensor([ids]).cuda(),
+                position_ids=pos,
+                pixel_values=pixels.cuda(),
+                image_grid_thw=grids.cuda(),
+                use_cache=False,
+            )
+            .logits[0]
+            .float()
+        )
     lp = torch.log_softmax(logits, -1)
     # engine logprobs are of the tempered distribution with image tokens masked: renormalise
     lp[:, [spec.image_token_id, spec.image_token_id + 1]] = float("-inf")
     lp = torch.log_softmax(lp, -1)
     tgt = torch.tensor(ids[1:]).cuda()
-    return lp[:-1].gather(-1, tgt[:, None]).squeeze(-1)[len(prompt) - 1:].tolist()
+    return lp[:-1].gather(-1, tgt[:, None]).squeeze(-1)[len(prompt) - 1 :].tolist()

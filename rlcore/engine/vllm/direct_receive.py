@@ -65,7 +65,7 @@ class _Item:
     shape: list[int]
 
     def view(self, buffer: torch.Tensor) -> torch.Tensor:
-        raw = buffer[self.offset:self.offset + self.nbytes]
+        raw = buffer[self.offset : self.offset + self.nbytes]
         if self.offset % self.dtype.itemsize:  # mixed dtypes misalign it: a copy (never planned)
             raw = raw.clone()
         return raw.view(self.dtype).view(self.shape)
@@ -95,8 +95,11 @@ class _CopyRecorder(TorchFunctionMode):
         kwargs = kwargs or {}
         if func is torch.Tensor.copy_:
             dst, src = args[0], args[1]
-            if isinstance(src, torch.Tensor) and src.untyped_storage().data_ptr() == self.buffer_ptr \
-                    and src.dtype == dst.dtype:
+            if (
+                isinstance(src, torch.Tensor)
+                and src.untyped_storage().data_ptr() == self.buffer_ptr
+                and src.dtype == dst.dtype
+            ):
                 self.copies.append((dst, src))
             else:
                 self.foreign = True
@@ -116,8 +119,12 @@ class DirectReceiver:
     One receiver per worker; not thread-safe (the engine core calls it from one thread).
     """
 
-    def __init__(self, load_weights: Callable[[Iterable[tuple[str, torch.Tensor]]], object],
-                 device: torch.device | str, fingerprint: Callable[[], object] | None = None):
+    def __init__(
+        self,
+        load_weights: Callable[[Iterable[tuple[str, torch.Tensor]]], object],
+        device: torch.device | str,
+        fingerprint: Callable[[], object] | None = None,
+    ):
         self.load_weights = load_weights
         self.fingerprint = fingerprint or (lambda: None)
         self._planned_for: object = None
@@ -131,9 +138,13 @@ class DirectReceiver:
 
     @staticmethod
     def _key(update_info: dict) -> tuple:
-        return (tuple(update_info["names"]), tuple(update_info["dtype_names"]),
-                tuple(tuple(s) for s in update_info["shapes"]), int(update_info["packed_buffer_size_bytes"]),
-                int(update_info["packed_num_buffers"]))
+        return (
+            tuple(update_info["names"]),
+            tuple(update_info["dtype_names"]),
+            tuple(tuple(s) for s in update_info["shapes"]),
+            int(update_info["packed_buffer_size_bytes"]),
+            int(update_info["packed_num_buffers"]),
+        )
 
     def _layout(self, update_info: dict) -> list[_Bucket]:
         names, shapes = update_info["names"], update_info["shapes"]
@@ -159,8 +170,9 @@ class DirectReceiver:
             self._buffers = [torch.empty(n, dtype=torch.uint8, device=self.device) for n in need]
             self._plans.clear()  # planned source views point into the old buffers
         if len(self._streams) != nbuf:
-            self._streams = [torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
-                             for _ in range(nbuf)]
+            self._streams = [
+                torch.cuda.Stream(self.device) if self.device.type == "cuda" else None for _ in range(nbuf)
+            ]
 
     def _stream(self, slot: int):
         s = self._streams[slot]
@@ -184,7 +196,7 @@ class DirectReceiver:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)  # nothing of the last engine step still reads weights
         for bucket in buckets:
-            buffer = self._buffers[bucket.slot][:bucket.size]
+            buffer = self._buffers[bucket.slot][: bucket.size]
             with self._stream(bucket.slot):
                 broadcast(buffer)
                 if planning:
@@ -213,13 +225,15 @@ class DirectReceiver:
             buckets = self._layout(update_info)
             needed = sum(b.size for b in buckets)
             if flat.numel() * flat.element_size() < needed:
-                raise RuntimeError(f"ipc receive: the trainer's buffer holds {flat.numel() * flat.element_size()} "
-                                   f"bytes, the update needs {needed}")
+                raise RuntimeError(
+                    f"ipc receive: the trainer's buffer holds {flat.numel() * flat.element_size()} "
+                    f"bytes, the update needs {needed}"
+                )
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         offset = 0
         for bucket in buckets:
-            view = flat[offset:offset + bucket.size]
+            view = flat[offset : offset + bucket.size]
             offset += bucket.size
             if planning:
                 self._plan_bucket(bucket, view)
@@ -240,8 +254,12 @@ class DirectReceiver:
 
     def _stats(self, buckets: list[_Bucket], planning: bool) -> dict[str, float]:
         planned = sum(len(b.items) - len(b.fallback) for b in buckets)
-        self.last_stats = dict(planned=planned, fallback=sum(len(b.fallback) for b in buckets),
-                               planning=float(planning), buckets=len(buckets))
+        self.last_stats = dict(
+            planned=planned,
+            fallback=sum(len(b.fallback) for b in buckets),
+            planning=float(planning),
+            buckets=len(buckets),
+        )
         return self.last_stats
 
     def _plan_bucket(self, bucket: _Bucket, buffer: torch.Tensor) -> None:
@@ -254,8 +272,11 @@ class DirectReceiver:
             with recorder:
                 self.load_weights([(item.name, src_view)])
             copies = recorder.copies
-            ok = bool(copies) and not recorder.foreign and all(
-                d.shape == s.shape and torch.equal(d, s) for d, s in copies)
+            ok = (
+                bool(copies)
+                and not recorder.foreign
+                and all(d.shape == s.shape and torch.equal(d, s) for d, s in copies)
+            )
             if ok:
                 for d, s in copies:
                     bucket.dsts.append(d)

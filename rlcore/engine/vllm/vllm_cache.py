@@ -77,11 +77,13 @@ def model_dir(write: Callable[[str], None], home: Path | None = None) -> str:
 
 def versions() -> str:
     """`vllm-<version>-torch-<version>` of the installed packages ("none" for a missing one)."""
+
     def version(name: str) -> str:
         try:
             return metadata.version(name)
         except metadata.PackageNotFoundError:
             return "none"
+
     return f"vllm-{version('vllm')}-torch-{version('torch')}"
 
 
@@ -122,8 +124,10 @@ class CompileCache:
             return "vLLM compile cache: not used (enforce_eager: the engine compiles nothing)"
         if self.hit:
             return f"vLLM compile cache: hit (key {self.key} under {self.root}): compiled graphs reused"
-        return (f"vLLM compile cache: miss (key {self.key} under {self.root}): this start compiles, "
-                "the next one with the same model and engine settings reuses it")
+        return (
+            f"vLLM compile cache: miss (key {self.key} under {self.root}): this start compiles, "
+            "the next one with the same model and engine settings reuses it"
+        )
 
     def started(self) -> None:
         """The engine finished starting: its graphs are in the cache now."""

@@ -19,4 +19,3 @@ def unpack_tensor(packed: list) -> torch.Tensor:
     if not data:
         return torch.empty(shape, dtype=getattr(torch, dtype))
     return torch.frombuffer(bytearray(data), dtype=torch.uint8).view(getattr(torch, dtype)).reshape(shape)
-

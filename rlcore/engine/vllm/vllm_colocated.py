@@ -15,9 +15,9 @@ from typing import Any
 
 import torch
 
-from rlcore.weights.cuda_ipc import open_handle
 from rlcore.engine.base import WeightSyncError
 from rlcore.engine.vllm.direct_receive import DirectReceiver
+from rlcore.weights.cuda_ipc import open_handle
 
 
 class WorkerIPCReceiver:
@@ -47,8 +47,9 @@ def receive_ipc_on_worker(worker: Any, update_info: dict, handle: dict) -> dict:
     if receiver is None:
         model = worker._rlcore_model()
         device = next(p for p in model.parameters() if p.device.type == "cuda").device
-        direct = DirectReceiver(model.load_weights, device,
-                                fingerprint=lambda: tuple(p.data_ptr() for p in model.parameters()))
+        direct = DirectReceiver(
+            model.load_weights, device, fingerprint=lambda: tuple(p.data_ptr() for p in model.parameters())
+        )
         receiver = worker._rlcore_ipc_receiver = WorkerIPCReceiver(direct, device)
     stats = receiver.receive(update_info, handle)
     return {**stats, "worker_s": time.perf_counter() - start}
@@ -57,8 +58,9 @@ def receive_ipc_on_worker(worker: Any, update_info: dict, handle: dict) -> dict:
 class ColocatedEngine:
     """IPC receive, sleep and wake for :class:`VLLMEngine` (see the module docstring)."""
 
-    def receive_ipc(self, update_info: dict, handle: dict, version: int,
-                    timeout_s: float | None = None) -> dict[str, float]:
+    def receive_ipc(
+        self, update_info: dict, handle: dict, version: int, timeout_s: float | None = None
+    ) -> dict[str, float]:
         """Land the update the trainer rank on this GPU just wrote into its IPC buffer and serve
         it as policy ``version``: between two engine steps, with no pause unless caches must be
         cleared. Raises ``WeightSyncError`` (engine then unusable) on failure or timeout."""
@@ -67,13 +69,19 @@ class ColocatedEngine:
         async def body() -> dict[str, float]:
             t = time.perf_counter()
             workers = await self._rpc("rlcore_receive_ipc", update_info=update_info, handle=handle)
-            return {"update_s": time.perf_counter() - t, "worker_s": max(w["worker_s"] for w in workers),
-                    "fallback_tensors": float(max(w["fallback"] for w in workers))}
+            return {
+                "update_s": time.perf_counter() - t,
+                "worker_s": max(w["worker_s"] for w in workers),
+                "fallback_tensors": float(max(w["fallback"] for w in workers)),
+            }
 
         timeout = timeout_s or self.rpc_timeout_s
         try:
-            return self._call(asyncio.wait_for(self._swap(version, body, pause=self._needs_pause()), timeout),
-                              timeout + 10, "receive_ipc")
+            return self._call(
+                asyncio.wait_for(self._swap(version, body, pause=self._needs_pause()), timeout),
+                timeout + 10,
+                "receive_ipc",
+            )
         except Exception as exc:
             self._broken = f"receive_ipc failed: {type(exc).__name__}: {exc}"
             raise WeightSyncError(self._broken) from exc
@@ -92,4 +100,3 @@ class ColocatedEngine:
         t = time.perf_counter()
         self._call(self._llm.wake_up(), self.rpc_timeout_s, "wake_up")
         return time.perf_counter() - t
-

@@ -45,8 +45,14 @@ from rlcore.engine.vllm import warm_core
 from rlcore.engine.vllm.vllm_cache import compile_cache
 from rlcore.engine.vllm.vllm_colocated import ColocatedEngine
 from rlcore.engine.vllm.vllm_model_dir import engine_args
-from rlcore.engine.vllm.vllm_pd import (admits, decode_overrides, decoded_on_prefill_version, kv_transfer_config,
-                                        prefill_overrides, prefilled_handle)
+from rlcore.engine.vllm.vllm_pd import (
+    admits,
+    decode_overrides,
+    decoded_on_prefill_version,
+    kv_transfer_config,
+    prefill_overrides,
+    prefilled_handle,
+)
 from rlcore.engine.vllm.vllm_receivers import RECEIVERS
 from rlcore.engine.vllm.vllm_updates import KVOnUpdate, Reload, WeightUpdates, check_reload
 from rlcore.engine.vllm.vllm_versions import InFlightRequest, VersionMarks
@@ -164,8 +170,12 @@ class VLLMEngine(WeightUpdates, VersionMarks, ColocatedEngine, RolloutEngine):
         self._profile_dir, self._profile_seen = profile_dir, set()
         if profile_dir is not None:  # the workers' own profiler; the front end (this process) is left out
             self._engine_args["profiler_config"] = {
-                "profiler": "torch", "torch_profiler_dir": profile_dir, "torch_profiler_with_stack": profile_with_stack,
-                "ignore_frontend": True, "torch_profiler_dump_cuda_time_total": False}
+                "profiler": "torch",
+                "torch_profiler_dir": profile_dir,
+                "torch_profiler_with_stack": profile_with_stack,
+                "ignore_frontend": True,
+                "torch_profiler_dump_cuda_time_total": False,
+            }
         self._engine_args.update(engine_kwargs)
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="vllm-engine-loop", daemon=True)
@@ -183,8 +193,18 @@ class VLLMEngine(WeightUpdates, VersionMarks, ColocatedEngine, RolloutEngine):
         cache.started()
 
     @classmethod
-    def from_config(cls, options: Any, model: Any, *, seed: int = 0, tokenizer: Any = None, device: str = "cuda",
-                    pd_role: str | None = None, pd_connector: str | None = None, **overrides: Any) -> "VLLMEngine":
+    def from_config(
+        cls,
+        options: Any,
+        model: Any,
+        *,
+        seed: int = 0,
+        tokenizer: Any = None,
+        device: str = "cuda",
+        pd_role: str | None = None,
+        pd_connector: str | None = None,
+        **overrides: Any,
+    ) -> "VLLMEngine":
         """Build from its section ``options`` (``rollout.vllm``, a :class:`VLLMOptions`) and the
         model config (:func:`rlcore.engine.vllm.vllm_model_dir.engine_args`); ``overrides`` go to
         the constructor; ``device`` is always CUDA. A random-weight model (``model.path`` null) is
@@ -208,6 +228,7 @@ class VLLMEngine(WeightUpdates, VersionMarks, ColocatedEngine, RolloutEngine):
         args = dict(self._engine_args)
         if isinstance(args.get("profiler_config"), dict):  # EngineArgs converts no dict of this one
             from vllm.config import ProfilerConfig
+
             args["profiler_config"] = ProfilerConfig(**args["profiler_config"])
         # Created on the loop so AsyncLLM starts its output handler on this loop.
         llm = AsyncLLM.from_engine_args(AsyncEngineArgs(**args))
@@ -275,15 +296,20 @@ class VLLMEngine(WeightUpdates, VersionMarks, ColocatedEngine, RolloutEngine):
         # image's token count, vllm/multimodal/processing/processor.py): hand it one per image.
         # It expands to the same count our samples hold (processor-ready images, same grid).
         ids = collapse_image_tokens(prompt, self.vision.image_token_id)
-        return TokensPrompt(prompt_token_ids=ids, multi_modal_data={"image": [Image.fromarray(a) for a in images]},
-                            cache_salt=self._cache_salt())
+        return TokensPrompt(
+            prompt_token_ids=ids,
+            multi_modal_data={"image": [Image.fromarray(a) for a in images]},
+            cache_salt=self._cache_salt(),
+        )
 
-    async def _one(self, prompt: list[int], sp: Any, images: list | None = None,
-                   prefilled: Prefilled | None = None) -> Generation:
+    async def _one(
+        self, prompt: list[int], sp: Any, images: list | None = None, prefilled: Prefilled | None = None
+    ) -> Generation:
         return (await self._run(prompt, sp, images, prefilled)).result()
 
-    async def _run(self, prompt: list[int], sp: Any, images: list | None = None,
-                   prefilled: Prefilled | None = None) -> InFlightRequest:
+    async def _run(
+        self, prompt: list[int], sp: Any, images: list | None = None, prefilled: Prefilled | None = None
+    ) -> InFlightRequest:
         # a decode request enters only on its prefill's version; checked in the same loop step that
         # reads the version and the cache salt below (an update bumps them on this loop too)
         admits(prefilled, self._version, self._update_lock is not None and self._update_lock.locked())
@@ -303,8 +329,9 @@ class VLLMEngine(WeightUpdates, VersionMarks, ColocatedEngine, RolloutEngine):
             if req.collector is not None:
                 req.collector.close()
 
-    async def _generate(self, prompts: list[list[int]], params: SamplingParams, images=None,
-                        prefilled: Prefilled | None = None) -> list[Generation]:
+    async def _generate(
+        self, prompts: list[list[int]], params: SamplingParams, images=None, prefilled: Prefilled | None = None
+    ) -> list[Generation]:
         images = images or [None] * len(prompts)
         if prefilled is not None:  # each request pulls its prompt's KV blocks from the prefill engine (NIXL)
             sps = [self._vllm_params(params, i, **decode_overrides(prefilled, i)) for i in range(len(prompts))]
@@ -322,8 +349,14 @@ class VLLMEngine(WeightUpdates, VersionMarks, ColocatedEngine, RolloutEngine):
             await asyncio.gather(*tasks, return_exceptions=True)
             raise
 
-    def generate(self, prompts: list[list[int]], params: SamplingParams, images=None,
-                 timeout_s: float | None = None, prefilled: Prefilled | None = None) -> list[Generation]:
+    def generate(
+        self,
+        prompts: list[list[int]],
+        params: SamplingParams,
+        images=None,
+        timeout_s: float | None = None,
+        prefilled: Prefilled | None = None,
+    ) -> list[Generation]:
         """Sample one completion per prompt; all prompts are submitted at once. Raises
         ``TimeoutError`` after ``timeout_s`` (default ``request_timeout_s``), aborting the rest.
         ``prefilled`` (a decode engine, `rollout.pd.*`): :meth:`prefill`'s handle of these prompts
@@ -335,8 +368,9 @@ class VLLMEngine(WeightUpdates, VersionMarks, ColocatedEngine, RolloutEngine):
             return []
         if prefilled is not None and [list(p) for p in prompts] != prefilled.prompts:
             raise ValueError("prefilled: the handle is of other prompts")
-        gens = self._call(self._generate(prompts, params, images, prefilled), timeout_s or self.request_timeout_s,
-                          "generate")
+        gens = self._call(
+            self._generate(prompts, params, images, prefilled), timeout_s or self.request_timeout_s, "generate"
+        )
         return gens if prefilled is None else decoded_on_prefill_version(gens, prefilled)
 
     async def _prefill(self, prompts: list[list[int]], params: SamplingParams, images=None) -> list[InFlightRequest]:
@@ -373,16 +407,20 @@ class VLLMEngine(WeightUpdates, VersionMarks, ColocatedEngine, RolloutEngine):
 
     def tokens_in_flight(self) -> list[int]:
         """Tokens generated so far by each request in flight (for metrics and tests)."""
+
         async def _counts() -> list[int]:
             return [self._tokens_so_far(r) for r in list(self._active.values()) if not r.finished]
+
         return self._call(_counts(), self.rpc_timeout_s, "tokens_in_flight")
 
     def abort(self) -> None:
         """Finish every request in flight now, with reason ``abort`` (tokens so far are kept)."""
+
         async def _abort() -> None:
             rids = list(self._active)
             if rids:
                 await self._llm.abort(rids)
+
         self._call(_abort(), self.rpc_timeout_s, "abort")
 
     # ---------------------------------------------------------------- scoring
@@ -393,10 +431,18 @@ class VLLMEngine(WeightUpdates, VersionMarks, ColocatedEngine, RolloutEngine):
         from vllm.sampling_params import RequestOutputKind
 
         ids = list(prompt_ids) + list(completion_ids)
-        sp = VSamplingParams(max_tokens=1, temperature=1.0, prompt_logprobs=0, flat_logprobs=True,
-                             detokenize=False, output_kind=RequestOutputKind.FINAL_ONLY)
+        sp = VSamplingParams(
+            max_tokens=1,
+            temperature=1.0,
+            prompt_logprobs=0,
+            flat_logprobs=True,
+            detokenize=False,
+            output_kind=RequestOutputKind.FINAL_ONLY,
+        )
         rid = f"rlcore-score-{next(self._ids)}"
-        collector = await self._llm.add_request(rid, TokensPrompt(prompt_token_ids=ids, cache_salt=self._cache_salt()), sp)
+        collector = await self._llm.add_request(
+            rid, TokensPrompt(prompt_token_ids=ids, cache_salt=self._cache_salt()), sp
+        )
         try:
             out = await collector.get()
             while not out.finished:
@@ -456,8 +502,10 @@ class VLLMEngine(WeightUpdates, VersionMarks, ColocatedEngine, RolloutEngine):
             return
         llm = getattr(self, "_llm", None)
         if llm is not None:
+
             async def _shutdown() -> None:
                 llm.shutdown()
+
             with contextlib.suppress(Exception):
                 self._call(_shutdown(), 60, "shutdown")
         self._stop_loop()

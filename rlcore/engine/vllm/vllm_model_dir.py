@@ -27,8 +27,9 @@ def engine_args(v: Any, model: Any, seed: int = 0, tokenizer: Any = None) -> tup
     reload = v.weight_reload
     if reload == "auto":  # the fast direct receive unless weights are processed after loading
         reload = "layerwise" if quantization else "direct"
-    kwargs: dict[str, Any] = dict(tensor_parallel_size=v.tensor_parallel_size, seed=seed,
-                                  reload=reload, kv_on_update=v.kv_on_update)
+    kwargs: dict[str, Any] = dict(
+        tensor_parallel_size=v.tensor_parallel_size, seed=seed, reload=reload, kv_on_update=v.kv_on_update
+    )
     if quantization is not None:
         kwargs["quantization"] = quantization
     if v.sleep_level:
@@ -83,6 +84,7 @@ def _gated_deltanet(model: Any) -> bool:
     if model.path is not None and not arch:
         try:
             from transformers import AutoConfig
+
             hf = AutoConfig.from_pretrained(model.path)
             arch = (getattr(hf, "text_config", None) or hf).to_dict()
         except (OSError, ValueError):

@@ -23,8 +23,14 @@ from rlcore.engine.base import Generation, Prefilled, StalePrefill
 
 KV_CONNECTORS = {"nixl": "NixlConnector"}
 """`rollout.pd.connector` -> vLLM's KV connector class."""
-REMOTE_DECODE = {"do_remote_decode": True, "do_remote_prefill": False, "remote_engine_id": None,
-                 "remote_block_ids": None, "remote_host": None, "remote_port": None}
+REMOTE_DECODE = {
+    "do_remote_decode": True,
+    "do_remote_prefill": False,
+    "remote_engine_id": None,
+    "remote_block_ids": None,
+    "remote_host": None,
+    "remote_port": None,
+}
 """A prefill request's `kv_transfer_params`: keep the KV blocks for a decode engine to pull."""
 
 
@@ -51,8 +57,10 @@ def prefilled_handle(prompts: list[list[int]], reqs: list) -> Prefilled:
     split (its prompts' caches of two versions) raises `StalePrefill`: the engine prefills again."""
     missing = [i for i, r in enumerate(reqs) if not r.kv_transfer_params]
     if missing:
-        raise RuntimeError(f"prefill: vLLM returned no kv_transfer_params for prompt(s) {missing} (is the engine "
-                           "started with a kv_transfer_config?)")
+        raise RuntimeError(
+            f"prefill: vLLM returned no kv_transfer_params for prompt(s) {missing} (is the engine "
+            "started with a kv_transfer_config?)"
+        )
     versions = {r.versions[0] if r.versions else r.version for r in reqs}
     if len(versions) > 1:
         raise StalePrefill(f"prefill: a weight update landed inside the batch (versions {sorted(versions)})")
@@ -65,8 +73,10 @@ def admits(prefilled: Prefilled | None, version: int, updating: bool) -> None:
     it lands). Checked on the engine's loop as the request is added: its prefix-cache salt and
     first version are read in the same step."""
     if prefilled is not None and (updating or version != prefilled.version):
-        raise StalePrefill(f"prefill at version {prefilled.version}, this engine holds {version}"
-                           + (" and is receiving weights" if updating else ""))
+        raise StalePrefill(
+            f"prefill at version {prefilled.version}, this engine holds {version}"
+            + (" and is receiving weights" if updating else "")
+        )
 
 
 def decoded_on_prefill_version(gens: list[Generation], prefilled: Prefilled) -> list[Generation]:
@@ -76,6 +86,8 @@ def decoded_on_prefill_version(gens: list[Generation], prefilled: Prefilled) -> 
     a new prefill), so no sample continues a cache of one version on weights of another."""
     mixed = [i for i, g in enumerate(gens) if g.versions and g.versions[0] != prefilled.version]
     if mixed:
-        raise StalePrefill(f"prefill at version {prefilled.version}, but prompt(s) {mixed} decoded their first token "
-                           f"at version {gens[mixed[0]].versions[0]} (a weight update landed meanwhile)")
+        raise StalePrefill(
+            f"prefill at version {prefilled.version}, but prompt(s) {mixed} decoded their first token "
+            f"at version {gens[mixed[0]].versions[0]} (a weight update landed meanwhile)"
+        )
     return gens

@@ -52,8 +52,9 @@ class IPCReceiver(Receiver):
 
     def receive(self, version: int) -> dict[str, float]:
         start = time.perf_counter()
-        return engine_timings(start, self.engine.receive_ipc(self.update_info, self.handle, version,
-                                                             timeout_s=self.timeout_s))
+        return engine_timings(
+            start, self.engine.receive_ipc(self.update_info, self.handle, version, timeout_s=self.timeout_s)
+        )
 
 
 RECEIVERS: dict[str, Any] = {"nccl": NCCLReceiver, "ipc": IPCReceiver}

@@ -64,8 +64,10 @@ KVOnUpdate = Literal["keep", "recompute"]
 def check_reload(reload: str, quantization: str | None) -> None:
     """A quantized engine must receive weights through the layerwise reload (module docstring)."""
     if quantization is not None and reload == "direct":
-        raise ValueError(f"reload='direct' cannot serve a quantized engine (quantization={quantization!r}): plain "
-                         "load_weights skips the re-quantization of the synced bf16 weights; use reload='layerwise'")
+        raise ValueError(
+            f"reload='direct' cannot serve a quantized engine (quantization={quantization!r}): plain "
+            "load_weights skips the re-quantization of the synced bf16 weights; use reload='layerwise'"
+        )
 
 
 class WeightUpdates:
@@ -129,17 +131,25 @@ class WeightUpdates:
             times["total_s"] = time.perf_counter() - t0
             return times
 
-    def init_weight_transfer(self, master_address: str, master_port: int, rank_offset: int,
-                             world_size: int, timeout_s: float | None = None) -> None:
+    def init_weight_transfer(
+        self, master_address: str, master_port: int, rank_offset: int, world_size: int, timeout_s: float | None = None
+    ) -> None:
         """Join the trainer's NCCL weight-transfer group (blocks until every member joined; the
         trainer's `nccl` sender hosts it at the same time). This
         engine's workers take ranks ``rank_offset .. rank_offset + num_workers - 1``."""
         self._check()
-        init_info = dict(master_address=master_address, master_port=int(master_port),
-                         rank_offset=int(rank_offset), world_size=int(world_size))
+        init_info = dict(
+            master_address=master_address,
+            master_port=int(master_port),
+            rank_offset=int(rank_offset),
+            world_size=int(world_size),
+        )
         timeout = timeout_s or self.rpc_timeout_s
-        self._call(asyncio.wait_for(self._rpc("init_weight_transfer_engine", init_info=init_info), timeout),
-                   timeout + 5, "init_weight_transfer")
+        self._call(
+            asyncio.wait_for(self._rpc("init_weight_transfer_engine", init_info=init_info), timeout),
+            timeout + 5,
+            "init_weight_transfer",
+        )
 
     def receive_weights(self, update_info: dict, version: int, timeout_s: float | None = None) -> dict[str, float]:
         """Receive one NCCL broadcast of the full weights and serve them as policy ``version``.
@@ -163,8 +173,11 @@ class WeightUpdates:
                 times["worker_s"] = max(w["worker_s"] for w in workers)
                 times["fallback_tensors"] = float(max(w["fallback"] for w in workers))
             else:
-                for step, kwargs in (("start_weight_update", {}), ("update_weights", {"update_info": update_info}),
-                                     ("finish_weight_update", {})):
+                for step, kwargs in (
+                    ("start_weight_update", {}),
+                    ("update_weights", {"update_info": update_info}),
+                    ("finish_weight_update", {}),
+                ):
                     t = time.perf_counter()
                     await self._rpc(step, **kwargs)
                     times[step.split("_")[0] + "_s"] = time.perf_counter() - t
@@ -172,8 +185,11 @@ class WeightUpdates:
 
         timeout = timeout_s or self.rpc_timeout_s
         try:
-            return self._call(asyncio.wait_for(self._swap(version, body, pause=self._needs_pause()), timeout),
-                              timeout + 10, "receive_weights")
+            return self._call(
+                asyncio.wait_for(self._swap(version, body, pause=self._needs_pause()), timeout),
+                timeout + 10,
+                "receive_weights",
+            )
         except (TimeoutError, asyncio.TimeoutError) as exc:
             self._broken = f"receive_weights timed out after {timeout} s"
             raise WeightSyncError(self._broken) from exc
@@ -199,8 +215,11 @@ class WeightUpdates:
             return {}
 
         # without a version the salt stays: clear the caches, whose blocks the old weights computed
-        self._call(self._swap(self._version if version is None else version, body, clear=True), self.rpc_timeout_s,
-                   "load_weights")
+        self._call(
+            self._swap(self._version if version is None else version, body, clear=True),
+            self.rpc_timeout_s,
+            "load_weights",
+        )
 
     def apply_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
         """:meth:`load_weights` and the bump to `version` in one update (what the rollout actor
@@ -211,14 +230,20 @@ class WeightUpdates:
     def set_version(self, version: int) -> None:
         """Mark the weights loaded so far as policy ``version`` (for the :meth:`load_weights`
         path; :meth:`receive_weights` sets the version itself)."""
+
         async def _set() -> None:
             self._bump_version(version)
+
         self._call(_set(), self.rpc_timeout_s, "set_version")
 
     def state_dict(self, names: list[str] | None = None) -> dict[str, torch.Tensor]:
         """Worker 0's parameters by **vLLM's** names (fused ``qkv_proj`` / ``gate_up_proj``, TP
         shards) on CPU, all or only ``names``: vLLM keeps no inverse map to trainer names (names
         that are not fused, like ``model.norm.weight``, coincide). For tests and checks."""
+
         async def _sd() -> dict:
             return (await self._rpc("rlcore_state_dict", names=names))[0]
-        return {name: unpack_tensor(packed) for name, packed in self._call(_sd(), self.rpc_timeout_s, "state_dict").items()}
+
+        return {
+            name: unpack_tensor(packed) for name, packed in self._call(_sd(), self.rpc_timeout_s, "state_dict").items()
+        }

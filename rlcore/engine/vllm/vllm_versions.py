@@ -76,8 +76,13 @@ class InFlightRequest:
             self.kv_transfer_params = getattr(out, "kv_transfer_params", None)
 
     def result(self) -> Generation:
-        return Generation(token_ids=self.token_ids, logprobs=self.logprobs, versions=self.versions,
-                          finish_reason=self.finish_reason, routed_experts=self.routed_experts)
+        return Generation(
+            token_ids=self.token_ids,
+            logprobs=self.logprobs,
+            versions=self.versions,
+            finish_reason=self.finish_reason,
+            routed_experts=self.routed_experts,
+        )
 
 
 def finish_reason_of(reason: str | None) -> str:

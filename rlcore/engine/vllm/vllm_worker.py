@@ -39,6 +39,7 @@ class RLCoreWorkerExtension:
         transfer calls the same instance attribute. Returns False when already installed, or for a
         model type transformers does not know (its names pass unchanged)."""
         from rlcore.models.checkpoint_names import CheckpointNames, reference_model, sends_fused_experts
+
         model = self._rlcore_model()
         if getattr(model, "_rlcore_checkpoint_names", None) is not None:
             return False
@@ -60,18 +61,22 @@ class RLCoreWorkerExtension:
         engine = getattr(self, "weight_transfer_engine", None)
         group = getattr(engine, "model_update_group", None)
         if group is None:
-            raise RuntimeError("weight transfer is not configured on this worker "
-                               "(build the engine with weight_transfer_config={'backend': 'nccl'} "
-                               "and call init_weight_transfer first)")
+            raise RuntimeError(
+                "weight transfer is not configured on this worker "
+                "(build the engine with weight_transfer_config={'backend': 'nccl'} "
+                "and call init_weight_transfer first)"
+            )
         start = time.perf_counter()
         receiver = getattr(self, "_rlcore_receiver", None)
         if receiver is None:
             model = self._rlcore_model()
             receiver = self._rlcore_receiver = DirectReceiver(
-                model.load_weights, group.device,
-                fingerprint=lambda: tuple(p.data_ptr() for p in model.parameters()))
+                model.load_weights, group.device, fingerprint=lambda: tuple(p.data_ptr() for p in model.parameters())
+            )
         # the stream argument is the bucket's stream, current inside DirectReceiver.receive
-        stats = receiver.receive(update_info, lambda buf: group.broadcast(buf, src=0, stream=torch.cuda.current_stream()))
+        stats = receiver.receive(
+            update_info, lambda buf: group.broadcast(buf, src=0, stream=torch.cuda.current_stream())
+        )
         return {**stats, "worker_s": time.perf_counter() - start}
 
     def rlcore_receive_ipc(self, update_info: dict, handle: dict) -> dict:
@@ -88,8 +93,8 @@ class RLCoreWorkerExtension:
         named = [(name, unpack_tensor(packed).to(device)) for name, packed in weights]
         torch.accelerator.synchronize()
         if layerwise:
-            from vllm.model_executor.model_loader.reload import (finalize_layerwise_reload,
-                                                                 initialize_layerwise_reload)
+            from vllm.model_executor.model_loader.reload import finalize_layerwise_reload, initialize_layerwise_reload
+
             initialize_layerwise_reload(model)
             model.load_weights(named)
             finalize_layerwise_reload(model, self.model_runner.model_config)  # type: ignore[attr-defined]
@@ -102,5 +107,8 @@ class RLCoreWorkerExtension:
         """The worker's parameters by vLLM's own names (fused ``qkv_proj``, ``gate_up_proj``, TP
         shards) as raw bytes (:func:`pack_tensor`); only ``names`` when given."""
         wanted = None if names is None else set(names)
-        return {name: pack_tensor(p) for name, p in self._rlcore_model().named_parameters()
-                if wanted is None or name in wanted}
+        return {
+            name: pack_tensor(p)
+            for name, p in self._rlcore_model().named_parameters()
+            if wanted is None or name in wanted
+        }

@@ -35,7 +35,7 @@ def alarms(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     train = [r for r in rows if "reward_mean" in r]
     if not train:
         return []
-    last, prev, step = train[-WINDOW:], train[-2 * WINDOW:-WINDOW], train[-1]["step"]
+    last, prev, step = train[-WINDOW:], train[-2 * WINDOW : -WINDOW], train[-1]["step"]
     out: list[dict[str, Any]] = []
 
     def raise_(id_: str, text: str) -> None:
@@ -45,27 +45,41 @@ def alarms(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         r0, r1 = _mean(prev, "reward_mean"), _mean(last, "reward_mean")
         e0, e1 = _mean(prev, "entropy"), _mean(last, "entropy")
         if None not in (r0, r1, e0, e1) and abs(r1 - r0) < FLAT_REWARD and e0 > 0 and (e0 - e1) / e0 > ENTROPY_COLLAPSE:
-            raise_("reward_flat_entropy_collapse",
-                   f"reward flat ({r0:.3f} -> {r1:.3f}) while entropy collapses ({e0:.3f} -> {e1:.3f})")
+            raise_(
+                "reward_flat_entropy_collapse",
+                f"reward flat ({r0:.3f} -> {r1:.3f}) while entropy collapses ({e0:.3f} -> {e1:.3f})",
+            )
     for gap, limit in (("canary_mean_gap", "canary_mean_limit"), ("canary_max_gap", "canary_max_limit")):
         g, b = train[-1].get(gap), train[-1].get(limit)
         if isinstance(g, (int, float)) and isinstance(b, (int, float)) and b > 0 and g / b > BOUND_SHARE:
             raise_("canary_near_bound", f"{gap} {g:.3g} is {100 * g / b:.0f}% of its calibrated bound {b:.3g}")
     zero = _mean(last, "zero_adv_frac")
     if zero is not None and zero > ZERO_ADV_SHARE:
-        raise_("zero_advantage", f"{100 * zero:.0f}% of groups had one reward for all samples (no advantage) "
-                                 f"over the last {len(last)} steps")
+        raise_(
+            "zero_advantage",
+            f"{100 * zero:.0f}% of groups had one reward for all samples (no advantage) "
+            f"over the last {len(last)} steps",
+        )
     first = prev[-1] if prev else None
-    if first is not None and all(isinstance(r.get(k), (int, float)) for r in (first, last[-1])
-                                 for k in ("samples_dropped_stale", "samples_generated")):
+    if first is not None and all(
+        isinstance(r.get(k), (int, float))
+        for r in (first, last[-1])
+        for k in ("samples_dropped_stale", "samples_generated")
+    ):
         dropped = last[-1]["samples_dropped_stale"] - first["samples_dropped_stale"]
         generated = last[-1]["samples_generated"] - first["samples_generated"]
         if generated > 0 and dropped / generated > STALE_SHARE:
-            raise_("stale_drops", f"{100 * dropped / generated:.0f}% of the samples generated over the last "
-                                  f"{len(last)} steps were dropped as stale")
+            raise_(
+                "stale_drops",
+                f"{100 * dropped / generated:.0f}% of the samples generated over the last "
+                f"{len(last)} steps were dropped as stale",
+            )
     for side in ("trainer", "rollout"):
         busy = _mean(last, f"{side}_busy_frac")
         if busy is not None and busy < IDLE_BUSY:
-            raise_("idle", f"the {side} side was busy {100 * busy:.0f}% of the step (idle most of it) "
-                           f"over the last {len(last)} steps")
+            raise_(
+                "idle",
+                f"the {side} side was busy {100 * busy:.0f}% of the step (idle most of it) "
+                f"over the last {len(last)} steps",
+            )
     return out

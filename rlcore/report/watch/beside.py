@@ -13,10 +13,15 @@ def start_page(output_dir: Path, port: int) -> subprocess.Popen | None:
     when `port` is 0. A page that cannot bind says so in its own line; the run goes on."""
     if not port:
         return None
-    page = subprocess.Popen([sys.executable, "-m", "rlcore.watch", str(output_dir), "--port", str(port), "--quiet"],
-                            stdin=subprocess.DEVNULL)
-    print(f"rlcore: live page: http://127.0.0.1:{port}/ (on a cluster: ssh -L {port}:127.0.0.1:{port} HEAD_NODE; "
-          f"or later: python -m rlcore.watch {output_dir})", flush=True)
+    page = subprocess.Popen(
+        [sys.executable, "-m", "rlcore.watch", str(output_dir), "--port", str(port), "--quiet"],
+        stdin=subprocess.DEVNULL,
+    )
+    print(
+        f"rlcore: live page: http://127.0.0.1:{port}/ (on a cluster: ssh -L {port}:127.0.0.1:{port} HEAD_NODE; "
+        f"or later: python -m rlcore.watch {output_dir})",
+        flush=True,
+    )
     return page
 
 

@@ -14,13 +14,18 @@ from rlcore.report.watch.alarms import WINDOW, alarms
 from rlcore.report.watch.tail import JsonlTail
 
 CHECKPOINT = re.compile(r"step_(\d+)$")
-RESTART_COUNTERS = {"rollout_restarts": "rollout engine died and was restarted",
-                    "rollout_stalls": "rollout engine stopped answering and was taken out",
-                    "trainer_restarts": "trainer group restarted after a rank died"}
+RESTART_COUNTERS = {
+    "rollout_restarts": "rollout engine died and was restarted",
+    "rollout_stalls": "rollout engine stopped answering and was taken out",
+    "trainer_restarts": "trainer group restarted after a rank died",
+}
 # the events.jsonl kinds that tell of the same restarts (a run that writes them): the counter's
 # own event would say it twice
-EXPLICIT = {"rollout_restarts": ("rollout_died",), "rollout_stalls": ("rollout_stalled",),
-            "trainer_restarts": ("trainer_restart",)}
+EXPLICIT = {
+    "rollout_restarts": ("rollout_died",),
+    "rollout_stalls": ("rollout_stalled",),
+    "trainer_restarts": ("trainer_restart",),
+}
 
 
 class RunView:
@@ -30,8 +35,10 @@ class RunView:
         self.dir = Path(output_dir)
         self.name = self.dir.name or str(self.dir)
         self._lock = threading.Lock()
-        self._tails = {k: JsonlTail(self.dir / f) for k, f in
-                       (("rows", "metrics.jsonl"), ("samples", SAMPLES_FILE), ("events", EVENTS_FILE))}
+        self._tails = {
+            k: JsonlTail(self.dir / f)
+            for k, f in (("rows", "metrics.jsonl"), ("samples", SAMPLES_FILE), ("events", EVENTS_FILE))
+        }
         self.epoch = 0
         """Bumped when a file was cut back or replaced (a resumed run): the page starts over."""
         self._clear()
@@ -65,14 +72,21 @@ class RunView:
         events.jsonl tells of those restarts itself: a run that writes fault events)."""
         out = []
         if "eval/reward_mean" in row:
-            out.append({"kind": "eval", "step": row["step"], "text": f"evaluation of step {row['step']}: reward "
-                        f"{row['eval/reward_mean']:.3f}", "time": None})
+            out.append(
+                {
+                    "kind": "eval",
+                    "step": row["step"],
+                    "text": f"evaluation of step {row['step']}: reward {row['eval/reward_mean']:.3f}",
+                    "time": None,
+                }
+            )
         for key, text in RESTART_COUNTERS.items():
             value = row.get(key)
             if isinstance(value, int):
                 if value > self._counters.get(key, 0) and not any(e.get("kind") in EXPLICIT[key] for e in self.events):
-                    out.append({"kind": "restart", "step": row["step"], "time": None,
-                                "text": f"{text} ({key} {value})"})
+                    out.append(
+                        {"kind": "restart", "step": row["step"], "time": None, "text": f"{text} ({key} {value})"}
+                    )
                 self._counters[key] = value
         return out
 
@@ -84,7 +98,9 @@ class RunView:
             return []
         steps = {int(m.group(1)) for n in names if (m := CHECKPOINT.match(n))} - self._checkpoints
         self._checkpoints |= steps
-        return [{"kind": "checkpoint", "step": s, "time": None, "text": f"checkpoint step_{s:08d}"} for s in sorted(steps)]
+        return [
+            {"kind": "checkpoint", "step": s, "time": None, "text": f"checkpoint step_{s:08d}"} for s in sorted(steps)
+        ]
 
     def payload(self, epoch: int, rows: int, samples: int, events: int) -> dict[str, Any]:
         """What a page that holds `rows`/`samples`/`events` items of `epoch` lacks, plus the
@@ -93,6 +109,13 @@ class RunView:
         with self._lock:
             if epoch != self.epoch:
                 rows = samples = events = 0
-            return {"epoch": self.epoch, "name": self.name, "path": str(self.dir),
-                    "rows": self.rows[rows:], "samples": self.samples[samples:], "events": self.events[events:],
-                    "alarms": alarms(self.rows[-4 * WINDOW:]), "ended": any(e.get("kind") == "end" for e in self.events)}
+            return {
+                "epoch": self.epoch,
+                "name": self.name,
+                "path": str(self.dir),
+                "rows": self.rows[rows:],
+                "samples": self.samples[samples:],
+                "events": self.events[events:],
+                "alarms": alarms(self.rows[-4 * WINDOW :]),
+                "ended": any(e.get("kind") == "end" for e in self.events),
+            }

@@ -53,10 +53,16 @@ def make_handler(runs: list[RunView]) -> type[BaseHTTPRequestHandler]:
             if parts == ["api", "runs"]:
                 return self._json([{"index": i, "name": r.name, "path": str(r.dir)} for i, r in enumerate(runs)])
             if len(parts) == 3 and parts[:2] == ["api", "run"] and parts[2].isdigit() and int(parts[2]) < len(runs):
-                q = {k: int(v[0]) for k, v in parse_qs(url.query).items()
-                     if k in ("epoch", "rows", "samples", "events") and v[0].isdigit()}
-                return self._json(runs[int(parts[2])].payload(q.get("epoch", 0), q.get("rows", 0),
-                                                              q.get("samples", 0), q.get("events", 0)))
+                q = {
+                    k: int(v[0])
+                    for k, v in parse_qs(url.query).items()
+                    if k in ("epoch", "rows", "samples", "events") and v[0].isdigit()
+                }
+                return self._json(
+                    runs[int(parts[2])].payload(
+                        q.get("epoch", 0), q.get("rows", 0), q.get("samples", 0), q.get("events", 0)
+                    )
+                )
             return self._json({"error": f"not found: {url.path}"}, 404)
 
     return Handler
@@ -74,13 +80,19 @@ def _finite(obj):
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m rlcore.watch", usage=USAGE,
-                                description="A live page of one or more runs, read from their output folders "
-                                            "(metrics.jsonl, samples.jsonl, events.jsonl); read-only.")
+    p = argparse.ArgumentParser(
+        prog="python -m rlcore.watch",
+        usage=USAGE,
+        description="A live page of one or more runs, read from their output folders "
+        "(metrics.jsonl, samples.jsonl, events.jsonl); read-only.",
+    )
     p.add_argument("output_dirs", nargs="+", metavar="OUTPUT_DIR", help="a run's output_dir (several: side by side)")
     p.add_argument("--port", type=int, default=8765, help="port to serve on (0: any free port; default 8765)")
-    p.add_argument("--host", default="127.0.0.1",
-                   help="address to bind (default 127.0.0.1; on a cluster forward the port, as for Ray's dashboard)")
+    p.add_argument(
+        "--host",
+        default="127.0.0.1",
+        help="address to bind (default 127.0.0.1; on a cluster forward the port, as for Ray's dashboard)",
+    )
     p.add_argument("--quiet", action="store_true", help="print nothing but errors (the run prints the address)")
     return p.parse_args(argv)
 
