@@ -11,6 +11,8 @@ masks itself, with transformers' own builders and the position ids, and passes t
 
 from __future__ import annotations
 
+import inspect
+
 import torch
 
 from rlcore.models.vision import text_config
@@ -28,7 +30,10 @@ def packed_mask_kwargs(model: torch.nn.Module, position_ids: torch.Tensor, dtype
     from transformers.masking_utils import create_causal_mask, create_sliding_window_causal_mask
 
     shape_of = torch.empty((1, position_ids.shape[-1], 1), dtype=dtype, device=position_ids.device)
-    kw = dict(config=config, inputs_embeds=shape_of, attention_mask=None, cache=None, position_ids=position_ids)
+    # the cache argument was `past_key_values` before transformers 5.2x renamed it `cache` (the GPU
+    # machine's 5.17 refused `cache`): passed by whichever name this version takes
+    cache_kw = "cache" if "cache" in inspect.signature(create_causal_mask).parameters else "past_key_values"
+    kw = dict(config=config, inputs_embeds=shape_of, attention_mask=None, position_ids=position_ids, **{cache_kw: None})
     return {
         "attention_mask": {
             "full_attention": create_causal_mask(**kw),
