@@ -102,6 +102,15 @@ def fault_cluster(clusters):
     return get
 
 
+def signal_if_alive(pid: int, sig: int) -> None:
+    """`os.kill`, for a process of a node's tree that may have ended since the tree was listed
+    (every reward call runs in a short-lived process of its own)."""
+    try:
+        os.kill(pid, sig)
+    except ProcessLookupError:
+        pass
+
+
 def group_nodes(cluster: lc.Cluster, group: str, alive: dict[int, str] | None = None) -> list[lc.Node]:
     """The live nodes labelled rlcore-group=`group` (`alive`: `lc.alive_nodes`, if just read)."""
     return [n for n in live_nodes(cluster, alive) if n.spec.labels["rlcore-group"] == group]
@@ -538,7 +547,7 @@ def test_a_frozen_rollout_node_is_named_in_seconds_its_work_moves_and_its_return
             node = node_named(cluster, placed.split("on node(s) ")[1].split(",")[0].strip())  # bundle 0's
             pids = node_tree(node)
             for pid in pids:
-                os.kill(pid, signal.SIGSTOP)
+                signal_if_alive(pid, signal.SIGSTOP)
             frozen.update(node=node, pids=pids, at=time.monotonic(), rows_at=rows)
         elif frozen and "seen" not in frozen and "no progress for" in log:
             frozen["seen"] = time.monotonic() - frozen["at"]
@@ -554,7 +563,7 @@ def test_a_frozen_rollout_node_is_named_in_seconds_its_work_moves_and_its_return
             )
         ):
             for pid in frozen["pids"]:
-                os.kill(pid, signal.SIGCONT)
+                signal_if_alive(pid, signal.SIGCONT)
             frozen.update(back=time.monotonic(), steps_while_frozen=rows - frozen["rows_at"])
         if "back" in frozen and "rejoined_at" not in frozen and REJOINED in log:
             frozen["rejoined_at"] = rows
@@ -565,7 +574,7 @@ def test_a_frozen_rollout_node_is_named_in_seconds_its_work_moves_and_its_return
     finally:
         for pid in frozen.get("pids", []):
             try:
-                os.kill(pid, signal.SIGCONT)
+                signal_if_alive(pid, signal.SIGCONT)
             except ProcessLookupError:
                 pass
     assert frozen, log[-3000:]

@@ -175,6 +175,14 @@ class LocalSandbox(Sandbox):
             with open(out_path, "wb") as out, open(err_path, "wb") as err:
                 if self.isolation == "namespaces":
                     status = self._run_bwrap(cmd, files, timeout, out, err)
+                    if _setup_failed(status, err_path):
+                        # bwrap failed while it set the namespaces up, before the command ran (seen
+                        # once under load: `open /proc/N/ns/ns failed`): once more, from clean files
+                        log.warning("sandbox: bwrap failed at setup (%s); starting it once more", _first_line(err_path))
+                        for f in (out, err):
+                            f.seek(0)
+                            f.truncate()
+                        status = self._run_bwrap(cmd, files, timeout, out, err)
                 else:
                     status = self._run_weak(base, cmd, files, timeout, out, err)
             duration = time.monotonic() - start
@@ -323,3 +331,14 @@ def _read_until_eof(fd: int, deadline: float) -> bytes | None:
 def _read_head(path: str) -> str:
     with open(path, "rb") as f:
         return f.read(_MAX_COLLECT).decode(errors="replace")
+
+
+def _first_line(path: str) -> str:
+    with open(path, "rb") as f:
+        return f.readline(300).decode(errors="replace").strip()
+
+
+def _setup_failed(status: dict, err_path: str) -> bool:
+    """Whether bwrap itself failed before the supervisor ran anything: no report, and its own
+    `bwrap:` error first on stderr (the command's output cannot start with it: it never ran)."""
+    return str(status.get("error", "")).startswith("bwrap exited") and _first_line(err_path).startswith("bwrap:")
