@@ -66,8 +66,6 @@ from rlcore.isolation.safety import Outcome, _describe, _Sink
 
 PR_SET_PDEATHSIG = 1
 PR_SET_CHILD_SUBREAPER = 36
-RESULT_LIMIT = 1 << 20
-"""Bytes a call's pickled return value may take (a reward is a number: this is generous)."""
 CURRENT, STARTED, CUT, WORKER_PID, NAMESPACE = 0, 1, 2, 3, 4
 """Fields of a worker's `progress` array: the call it runs (index in its batch, -1 before the
 first), when that call started (time.monotonic, shared by all processes), the last index it may
@@ -184,21 +182,19 @@ def serve(conn, owner: Any, progress, lock, memory_mb: int, namespace_init: bool
         except (EOFError, OSError):
             os._exit(0)
         _batch.update(conn=conn, outs=[], sent=0, id=batch_id)
-        outs, retire = run_batch(owner, batch, progress, lock, memory_mb, conn.fileno(), _batch["outs"])
+        outs = run_batch(owner, batch, progress, lock, memory_mb, conn.fileno(), _batch["outs"])
         try:
-            conn.send_bytes(encode(outs[_batch["sent"] :], retire, _batch["sent"], final=True))
+            conn.send_bytes(encode(outs[_batch["sent"] :], _batch["sent"], final=True))
         except Exception:  # the call closed the pipe: the actor sees this worker die during it
             os._exit(EXIT_PIPE_LOST)
-        if retire:
-            os._exit(0)
 
 
 def run_batch(
     owner: Any, batch: list[bytes], progress, lock, memory_mb: int, pipe_fd: int, outs: list[Outcome]
-) -> tuple[list, bool]:
+) -> list[Outcome]:
     """Run the batch's calls in order until the parent's cut, each in a process of its own
-    (:func:`run_forked`), appending each outcome to `outs`; (outs, whether to retire: never, the
-    worker itself runs no reward code)."""
+    (:func:`run_forked`), appending each outcome to `outs`, which it returns. The worker is never
+    retired for what a call did: it runs no reward code itself."""
     for k, blob in enumerate(batch):
         with lock:
             if k > progress[CUT]:
@@ -211,7 +207,7 @@ def run_batch(
                 f"reward exceeded the reward worker's memory bound (env.args.reward_memory_mb={memory_mb}): {out.error}"
             )
         outs.append(out)
-    return outs, False
+    return outs
 
 
 _child = [0]
@@ -341,7 +337,7 @@ def _flush(signum, frame) -> None:
     # an abandon arriving mid-send would leave half a message on the pipe
     signal.pthread_sigmask(signal.SIG_BLOCK, {ABANDON_SIGNAL})
     try:
-        _batch["conn"].send_bytes(encode(outs[sent:], False, sent, final=False))
+        _batch["conn"].send_bytes(encode(outs[sent:], sent, final=False))
         _batch["sent"] = len(outs)
     except Exception:  # the call closed the pipe: the check after it names that
         pass
@@ -368,10 +364,11 @@ def run_one(owner: Any, blob: bytes) -> Outcome:
     return out
 
 
-def encode(outs: list[Outcome], retire: bool, start: int = 0, final: bool = True) -> bytes:
+def encode(outs: list[Outcome], start: int = 0, final: bool = True) -> bytes:
     """A reply (:mod:`rlcore.isolation.reward_reply`: JSON, no pickle) for the running batch: the
-    outcomes of its calls from index `start` on, and whether it is the batch's last reply."""
-    return encode_reply(int(_batch["id"]), outs, start, final, retire)
+    outcomes of its calls from index `start` on, and whether it is the batch's last reply. It never
+    asks the actor to retire the worker (the protocol keeps the field for the actor's side)."""
+    return encode_reply(int(_batch["id"]), outs, start, final, retire=False)
 
 
 def limit_memory(memory_mb: int) -> None:

@@ -213,27 +213,9 @@ def upload_within(cfg, timeout_s: float, what: str = "uploading the run's files"
     naming the cause. The lease is renewed by `Sync`'s own thread meanwhile."""
     if not cfg.storage.url:
         return True
-    failed: list[BaseException] = []
-
-    def work():
-        try:
-            upload(cfg)
-        except Exception as exc:
-            failed.append(exc)
-
-    t = threading.Thread(target=work, name="rlcore-storage-upload", daemon=True)
-    t.start()
-    t.join(min(NOTICE_S, timeout_s))
-    if t.is_alive() and timeout_s > NOTICE_S:
-        log.warning(
-            "%s to %s: no answer from the store for %gs; waiting up to %.0fs more (checkpoint.timeout_s)",
-            what,
-            cfg.storage.url,
-            NOTICE_S,
-            timeout_s - NOTICE_S,
-        )
-        t.join(timeout_s - NOTICE_S)
-    if t.is_alive():
+    try:
+        within(lambda: upload(cfg), timeout_s, what + " to", cfg.storage.url)
+    except NoAnswer:
         log.warning(
             "%s to %s: not done within %gs (checkpoint.timeout_s); the run goes on, the next upload sends them again",
             what,
@@ -241,8 +223,8 @@ def upload_within(cfg, timeout_s: float, what: str = "uploading the run's files"
             timeout_s,
         )
         return False
-    if failed:
-        log.warning("%s (retried later)", short_storage_error(what + " to", cfg.storage.url, failed[0]))
+    except Exception as exc:
+        log.warning("%s (retried later)", short_storage_error(what + " to", cfg.storage.url, exc))
         return False
     return True
 
