@@ -46,7 +46,7 @@ from rlcore.batch.step import build_step, has_signal
 from rlcore.config import RunConfig
 from rlcore.engine.registry import weight_transport
 from rlcore.engine.slots import RequestLimits
-from rlcore.envs import make_env
+from rlcore.envs import build_env
 from rlcore.models.tokenizer_build import build_tokenizer
 from rlcore.plan.interrupt import StopRequest
 from rlcore.report import samples
@@ -89,7 +89,7 @@ class Driver:
             + (1 + RequestLimits.of(r).held) * r.num_actors * r.tasks_per_request
         )
         self.buffer = RolloutBuffer(a.max_off_policy_steps, capacity, acct)
-        self.env = make_env(cfg.env.name, dict(cfg.env.args), cfg.env.seed)
+        self.env = build_env(cfg.env)
         self.run_state = RunState(acct, TaskFeed(self.env, cfg))
         self.groups: Groups | None = None
         self.trainers: TrainerGroup | None = None

@@ -17,7 +17,7 @@ from actors.remote import RunError, get
 from actors.rollout import failed_groups
 from rlcore.batch.meta import group_meta
 from rlcore.batch.seeding import derive_seed
-from rlcore.envs import make_env
+from rlcore.envs import build_env
 from rlcore.plan.pd import rollout_roles
 from rlcore.report.evaluation import eval_tasks, sampling_overrides, summarize
 from rlcore.report.startup import StartupPhases
@@ -165,7 +165,7 @@ class EvalDriver:
 
     def __init__(self, cfg):
         self.cfg = cfg
-        self.env = make_env(cfg.env.name, dict(cfg.env.args), cfg.env.seed)
+        self.env = build_env(cfg.env)
         self.groups = None
         self.step = self.version = 0
         self.startup = StartupPhases()

@@ -20,7 +20,7 @@ from rlcore.config import RunConfig
 from rlcore.engine.base import SamplingParams
 from rlcore.engine.registry import make_engine, prestart_engine, tensor_parallel_size, weight_transport
 from rlcore.engine.slots import GenerationSlots, RequestLimits
-from rlcore.envs import make_env
+from rlcore.envs import build_env
 from rlcore.isolation.safety import threads_abandoned
 from rlcore.models.tokenizer_build import build_tokenizer
 from rlcore.plan.pd import connector_env, pool_config
@@ -96,7 +96,7 @@ class RolloutWorker:
             )
         # requests generate in at most `slots` at once; their scoring holds none
         self.slots = GenerationSlots(serve, RequestLimits.of(cfg.rollout).slots)
-        self.env = make_env(cfg.env.name, dict(cfg.env.args), cfg.env.seed)
+        self.env = build_env(cfg.env)
         s = cfg.rollout.sampling
         self.params = SamplingParams(max_new_tokens=s.max_new_tokens, temperature=s.temperature, top_p=s.top_p)
         self.receiver: Receiver | None = None

@@ -22,7 +22,7 @@ sys.path.insert(0, str(REPO))
 
 from tests.test_chaos import REWARD_TIMEOUT_S, run_job  # noqa: E402  (the test's jobs, not a copy)
 
-CHAOS = ["env.name=tests.chaos_env:ChaosReverseText", f"+env.args.reward_timeout_s={REWARD_TIMEOUT_S}"]
+CHAOS = ["env.name=tests.chaos_env:ChaosReverseText", f"env.reward.timeout_s={REWARD_TIMEOUT_S}"]
 
 
 def main() -> None:

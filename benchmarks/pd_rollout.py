@@ -59,9 +59,9 @@ def rollouts(cfg):
 
 
 def tasks_of(cfg, n: int, offset: int = 0):
-    from rlcore.envs import make_env
+    from rlcore.envs import build_env
 
-    env = make_env(cfg.env.name, dict(cfg.env.args), cfg.env.seed)
+    env = build_env(cfg.env)
     return [env.make_task(offset + i, "train") for i in range(n)]
 
 

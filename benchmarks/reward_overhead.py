@@ -2,7 +2,7 @@
 
 `--part actor`: three rollout actors (`ray.remote(RolloutWorker)`, the transformers engine on the
 embedded tiny model, reverse_text) that differ only in how rewards run: `inline` (no deadline:
-the reward called in the request's own thread, the floor), `thread` (`reward_isolation=thread`)
+the reward called in the request's own thread, the floor), `thread` (`env.reward.isolation=thread`)
 and `worker` (the default). Each repetition sends every actor the same requests (same tasks, same
 seeds; the order of the actors rotates), `--concurrent` at once as the async driver does, and
 times (a) the requests, driver to driver, and (b) inside the actor (`__ray_call__`), the
@@ -11,7 +11,7 @@ overhead of a mode is its time minus inline's, per sample.
 
 `--part hang`: whole runs, `python -m rlcore.run` for `--steps` RL steps on the CPU, with a
 reward that hangs on `--hang-percent`% of tasks (`benchmarks.reward_envs.HangingReverseText`,
-`env.args.reward_timeout_s=2`) and the same environment with no hang (clean); repetitions
+`env.reward.timeout_s=2`) and the same environment with no hang (clean); repetitions
 alternate (with `--base DIR`, the checkout in DIR too, interleaved: before/after in one command).
 Reports the RL seconds (sum of `step_time_s` in metrics.jsonl), the process seconds and ratios.
 
@@ -38,9 +38,9 @@ from actors.session import local_ray_environment, start_ray  # noqa: E402  (afte
 from rlcore.plan.compose import compose  # noqa: E402
 
 MODES = {
-    "inline": ["env.args.reward_timeout_s=0"],
-    "thread": ["env.args.reward_isolation=thread"],
-    "worker": ["env.args.reward_isolation=worker"],
+    "inline": ["env.reward.timeout_s=0"],
+    "thread": ["env.reward.isolation=thread"],
+    "worker": ["env.reward.isolation=worker"],
 }
 
 
@@ -76,9 +76,9 @@ def actor_part(args: argparse.Namespace) -> dict:
         m: actor_cls.options(num_cpus=0, max_concurrency=4).remote(cfg, i) for i, (m, cfg) in enumerate(cfgs.items())
     }
     ray.get([a.ready.remote() for a in actors.values()], timeout=300)
-    from rlcore.envs import make_env
+    from rlcore.envs import build_env
 
-    env = make_env(cfgs["worker"].env.name, dict(cfgs["worker"].env.args), cfgs["worker"].env.seed)
+    env = build_env(cfgs["worker"].env)
     n_tasks = args.tasks
     samples = n_tasks * args.group_size * args.concurrent
     request_s: dict[str, list[float]] = {m: [] for m in MODES}
@@ -137,7 +137,7 @@ def hang_part(args: argparse.Namespace) -> dict:
                 "sft.warmup_steps=0",
                 "env.name=benchmarks.reward_envs:HangingReverseText",
                 f"+env.args.hang_percent={percent}",
-                "env.args.reward_timeout_s=2",
+                "env.reward.timeout_s=2",
                 *args.extra,
             ]
             for _ in range(3):  # a loaded machine sometimes fails to start Ray: that run is tried again

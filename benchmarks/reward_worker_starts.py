@@ -37,6 +37,7 @@ import torch  # noqa: F401,E402
 import transformers  # noqa: E402
 
 from benchmarks.reward_envs import HangingReverseText  # noqa: E402
+from rlcore.config.reward import RewardRuntimeConfig  # noqa: E402
 from rlcore.isolation.reward_workers import WorkerPool  # noqa: E402
 
 
@@ -90,8 +91,7 @@ def starts(args: argparse.Namespace) -> None:
 
 
 def settle(args: argparse.Namespace) -> None:
-    env = HangingReverseText(hang_percent=30)
-    env.reward_timeout_s = 2.0
+    env = HangingReverseText(hang_percent=30, reward_runtime=RewardRuntimeConfig(timeout_s=2.0))
     pool = env.reward_pool()
     lags: list[float] = []
     lock = threading.Lock()
@@ -101,7 +101,7 @@ def settle(args: argparse.Namespace) -> None:
         calls = [(env.reward, (t, "x")) for t in tasks for _ in range(8)]
         hangs = [zlib.crc32(t.id.encode()) % 100 < 30 for t in tasks for _ in range(8)]
         t0 = time.monotonic()
-        for i, _ in pool.stream_many(calls, env.reward_timeout_s):
+        for i, _ in pool.stream_many(calls, env.reward_runtime.timeout_s):
             if not hangs[i]:
                 with lock:
                     lags.append(time.monotonic() - t0)

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import torch
 
+from rlcore.config.reward import RewardRuntimeConfig
 from rlcore.engine.base import SamplingParams
 from rlcore.engine.hf_engine import HFEngine
 from rlcore.envs import make_env
@@ -59,11 +60,11 @@ def main() -> None:
             "verifiers",
             {
                 "taskset": "bench_calc",
-                "on_reward_error": "zero",
                 "allow_host_tools": hid == "bash",
                 "env_config": {"agent": {"harness": {"id": hid}}},
             },
             seed=0,
+            reward_runtime=RewardRuntimeConfig(on_error="zero"),
         )
         try:
             env.run_groups([env.make_task(0, "train")], group, engine, tok, params)  # warm: server, uv cache

@@ -52,7 +52,7 @@ def measure(cfg) -> dict[str, float]:
 
     from rlcore.engine.base import SamplingParams
     from rlcore.engine.registry import make_engine
-    from rlcore.envs import make_env
+    from rlcore.envs import build_env
     from rlcore.models.build import build_tokenizer
     from rlcore.models.render import render_prompt
     from rlcore.trainer.core import TrainerCore, free_port
@@ -67,7 +67,7 @@ def measure(cfg) -> dict[str, float]:
     try:
         if not cfg.model.path:  # random weights: the trainer's, as a run's first sync gives them
             engine.apply_weights(core.full_parameters(), 1)
-        env = make_env(cfg.env.name, dict(cfg.env.args), cfg.env.seed)
+        env = build_env(cfg.env)
         n = max(cfg.rollout.canary_prompts, 1)
         tasks = [] if env.uses_images else [env.make_task(i, "eval") for i in range(min(n, env.eval_size))]
 

@@ -11,7 +11,7 @@ import torch
 
 from rlcore.engine.base import SamplingParams
 from rlcore.engine.registry import make_engine
-from rlcore.envs import make_env
+from rlcore.envs import build_env
 from rlcore.models.build import build_model, build_tokenizer
 from rlcore.models.render import render_prompt
 from rlcore.plan.compose import compose
@@ -95,7 +95,7 @@ def test_calibrated_canary_passes_healthy_syncs_and_fails_broken_ones():
 
     weights = {n: p.detach().clone() for n, p in trainer.named_parameters()}
     sync(weights, 1)  # the first sync: same weights on both sides by construction
-    env = make_env(cfg.env.name, dict(cfg.env.args), cfg.env.seed)
+    env = build_env(cfg.env)
     prompts = [render_prompt(tok, env.make_task(i, "eval").messages) for i in range(r.canary_prompts)]
 
     def generate(batch, temperature, max_new_tokens, seed):

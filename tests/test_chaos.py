@@ -113,7 +113,7 @@ def test_chaos_run_trains_every_step_explains_failures_and_learns(tmp_path):
         "chaos",
         [
             "env.name=tests.chaos_env:ChaosReverseText",
-            f"+env.args.reward_timeout_s={REWARD_TIMEOUT_S}",
+            f"env.reward.timeout_s={REWARD_TIMEOUT_S}",
             f"rollout.weight_sync_timeout_s={SYNC_DEADLINE_S}",
         ],
         kill_at=2,

@@ -307,10 +307,10 @@ def test_lr_schedule_shapes():
 
 def test_task_feed_puts_unfinished_tasks_back_in_stream_order():
     from actors.run_state import TaskFeed
-    from rlcore.envs import make_env
+    from rlcore.envs import build_env
 
     cfg = compose([])
-    env = make_env(cfg.env.name, dict(cfg.env.args), cfg.env.seed)
+    env = build_env(cfg.env)
     feed = TaskFeed(env, cfg)
     idx, tasks = feed.take(5)
     assert idx == [0, 1, 2, 3, 4] and [t.id for t in tasks] == [env.make_task(i, "train").id for i in idx]

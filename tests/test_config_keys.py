@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from rlcore.config.errors import ConfigError
+from rlcore.config.reward import MOVED as MOVED_ENV_ARGS
 from rlcore.engine.registry import inert_options
 from rlcore.plan.compose import compose, recipes
 from rlcore.plan.validate import validate
@@ -243,6 +244,26 @@ def test_a_recipe_with_an_old_flat_key_is_refused_with_its_new_one(tmp_path, mon
     add_recipe(tmp_path, monkeypatch, "old", "rollout:\n  engine: vllm\n  sleep_level: 1\n")
     with pytest.raises(ConfigError, match=r"^rollout.sleep_level: moved to rollout.vllm.sleep_level"):
         compose(["+recipe=old"])
+
+
+@pytest.mark.parametrize("old,new", sorted(MOVED_ENV_ARGS.items()))
+def test_a_reward_runtime_key_in_env_args_names_its_new_key(old, new, tmp_path, capsys, monkeypatch):
+    """The reward runtime's policy moved from `env.args` to its own section `env.reward`: a config
+    that still sets it there gets one line naming both keys, exit 2, before Ray starts."""
+    import rlcore.run as run
+
+    monkeypatch.setattr(run, "start_ray", lambda *a, **k: pytest.fail("Ray started"))
+    assert main([f"env.args.{old}=1", f"output_dir={tmp_path}"]) == 2
+    assert errors(capsys) == [f"rlcore: config error: env.args.{old}: moved to env.reward.{new}"]
+
+
+def test_a_recipe_with_a_reward_runtime_key_in_env_args_is_refused_with_its_new_one(tmp_path, monkeypatch):
+    add_recipe(tmp_path, monkeypatch, "old", "env:\n  args:\n    reward_timeout_s: 300.0\n")
+    with pytest.raises(ConfigError, match=r"^env.args.reward_timeout_s: moved to env.reward.timeout_s$"):
+        validate(compose(["+recipe=old", f"output_dir={tmp_path / 'out'}"]))
+    cfg = compose(["env.reward.timeout_s=300", "env.reward.on_error=zero", f"output_dir={tmp_path / 'new'}"])
+    validate(cfg)
+    assert (cfg.env.reward.timeout_s, cfg.env.reward.on_error) == (300.0, "zero")
 
 
 def test_another_engines_option_is_refused_on_the_command_line_and_warned_from_a_recipe(tmp_path, capsys):

@@ -35,7 +35,7 @@ from rlcore.engine.registry import (
     unregister_engine,
     weight_transport,
 )
-from rlcore.envs import make_env
+from rlcore.envs import build_env
 from rlcore.models.build import build_model, build_tokenizer
 from rlcore.plan.compose import compose
 from rlcore.plan.placement import placement_problems
@@ -208,7 +208,7 @@ def test_plugin_runs_episodes_takes_weights_and_scores_like_the_trainer():
     tokenizer = build_tokenizer(cfg.model)
     engine = make_engine(cfg, tokenizer, seed=0)
     assert type(engine) is engine_class("recompute") is RecomputeEngine
-    env = make_env(cfg.env.name, dict(cfg.env.args), cfg.env.seed)
+    env = build_env(cfg.env)
     params = SamplingParams(max_new_tokens=6, temperature=1.0, seed=7)
     groups = env.run_groups([env.make_task(i, "train") for i in range(2)], 3, engine, tokenizer, params)
     samples = [s for g in groups for s in g.samples]

@@ -12,6 +12,7 @@ import zlib
 
 import pytest
 
+from rlcore.config.reward import RewardRuntimeConfig
 from rlcore.engine.base import SamplingParams
 from rlcore.envs.base import EnvironmentStalled
 from rlcore.envs.multiturn import MultiTurnEnvironment
@@ -95,7 +96,7 @@ def hung_rounds(env, rounds):
 
 def test_hung_python_rewards_cost_their_sample_and_their_threads_stop():
     before = threads_abandoned()
-    env = Mixed("sleep_loop", 30, reward_timeout_s=0.3)
+    env = Mixed("sleep_loop", 30, reward_runtime=RewardRuntimeConfig(timeout_s=0.3))
     hung_rounds(env, 4)
     time.sleep(0.3)
     assert threads_abandoned() == before  # asked to stop at the deadline: none left
@@ -104,9 +105,13 @@ def test_hung_python_rewards_cost_their_sample_and_their_threads_stop():
 def test_rewards_hung_in_c_leave_a_bounded_number_of_threads(monkeypatch):
     monkeypatch.setattr("rlcore.envs.base.STUCK_AFTER_S", 0.0)  # count them as stuck at once
     bound = threads_abandoned() + 3  # earlier tests in this process may have left some
-    env = Mixed("blocked", 30, reward_timeout_s=0.3, max_abandoned_threads=bound, reward_isolation="thread")
+    env = Mixed(
+        "blocked",
+        30,
+        reward_runtime=RewardRuntimeConfig(timeout_s=0.3, max_abandoned_threads=bound, isolation="thread"),
+    )
     hung_rounds(env, 6)
-    assert env.reward_isolation == "process"  # moved once past the bound
+    assert env.reward_runtime.isolation == "process"  # moved once past the bound
     assert threads_abandoned() <= bound + 16  # at most one request's worth over the bound, then none
 
 
@@ -124,7 +129,9 @@ def test_stateful_calls_fail_in_one_line_past_the_bound(monkeypatch):
         def score(self, task, history, state):
             return 1.0
 
-    env = Stuck(max_turns=2, reward_timeout_s=0.2, max_abandoned_threads=threads_abandoned() + 1)
+    env = Stuck(
+        max_turns=2, reward_runtime=RewardRuntimeConfig(timeout_s=0.2, max_abandoned_threads=threads_abandoned() + 1)
+    )
     groups_of(env, 0, tasks=1, n=4)  # 4 hung env_response threads
     with pytest.raises(EnvironmentStalled, match=r"init_state: \d+ calls missed .*max_abandoned_threads"):
         groups_of(env, 0, tasks=1, n=2)
@@ -152,7 +159,7 @@ def test_busy_loop_costs_the_timeout_in_process_isolation():
             while True:
                 pass
 
-    env = Spin("spin", reward_timeout_s=0.5, reward_isolation="process")
+    env = Spin("spin", reward_runtime=RewardRuntimeConfig(timeout_s=0.5, isolation="process"))
     start = time.monotonic()
     samples = [s for g in groups_of(env, 0, tasks=2, n=2) for s in g.samples]
     took = time.monotonic() - start
@@ -193,7 +200,7 @@ def test_every_failure_has_a_reason_logged_once_then_counted(caplog):
 
 def test_printed_output_is_kept_per_sample_not_on_the_console(capfd):
     for isolation in ("thread", "process"):
-        env = Mixed("print", 100, reward_isolation=isolation)
+        env = Mixed("print", 100, reward_runtime=RewardRuntimeConfig(isolation=isolation))
         samples = [s for g in groups_of(env, 0, tasks=1, n=2) for s in g.samples]
         assert all(s.reward == 0.5 and not s.failed for s in samples)
         assert all(
@@ -245,7 +252,7 @@ def test_the_stop_rule_follows_launch_order_not_finish_order(behaviour):
 def test_thread_counter_counts_only_live_threads():
     stop = threading.Event()
     before = threads_abandoned()
-    env = Scored("ok", reward_timeout_s=0.2, reward_isolation="thread")
+    env = Scored("ok", reward_runtime=RewardRuntimeConfig(timeout_s=0.2, isolation="thread"))
     env.reward = lambda task, completion: stop.wait(5)
     groups_of(env, 0, tasks=1, n=2)
     assert threads_abandoned() == before + 2
@@ -259,7 +266,9 @@ def test_busy_loop_in_a_thread_is_stopped_at_the_deadline():
     start = time.monotonic()
     samples = [
         s
-        for g in groups_of(Scored("spin", reward_timeout_s=0.3, reward_isolation="thread"), 0, tasks=2, n=2)
+        for g in groups_of(
+            Scored("spin", reward_runtime=RewardRuntimeConfig(timeout_s=0.3, isolation="thread")), 0, tasks=2, n=2
+        )
         for s in g.samples
     ]
     assert time.monotonic() - start < 10.0 and all("timeout after 0.3s" in s.error for s in samples)
@@ -282,7 +291,7 @@ def test_an_overrunning_busy_reward_is_killed_and_the_next_one_runs_promptly():
     the deadline and reaped, C loop included, so no worker keeps a spinning child and no thread
     keeps spinning; the workers stay and the next reward answers within the same 0.3 s deadline."""
     before = threads_abandoned()
-    env = BusyInC("ok", 0, reward_timeout_s=0.3)
+    env = BusyInC("ok", 0, reward_runtime=RewardRuntimeConfig(timeout_s=0.3))
     samples = [s for g in groups_of(env, 0, tasks=2, n=2) for s in g.samples]
     assert all(s.failed and s.error == "reward: timeout after 0.3s" for s in samples), [s.error for s in samples]
     pool = env.reward_pool()
@@ -300,7 +309,7 @@ def test_an_overrunning_busy_reward_is_killed_and_the_next_one_runs_promptly():
 
 
 def test_a_reward_whose_arguments_do_not_pickle_still_runs_under_its_deadline():
-    env = Scored("ok", reward_timeout_s=5)
+    env = Scored("ok", reward_runtime=RewardRuntimeConfig(timeout_s=5))
     lock = threading.Lock()  # not picklable: it cannot be sent to a worker
     out = env.guarded(
         [(env.score, (env.make_task(0, "train"), [{"role": "assistant", "content": "x"}], {"l": lock}))], "score"

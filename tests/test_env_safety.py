@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from rlcore.config.reward import RewardRuntimeConfig
 from rlcore.engine.base import Generation, SamplingParams
 from rlcore.envs.base import Environment
 from rlcore.envs.multiturn import MultiTurnEnvironment
@@ -64,25 +65,25 @@ def test_good_reward():
 
 @pytest.mark.parametrize("behaviour,expect", [("raise", "RuntimeError: broken reward"), ("nan", "not finite")])
 def test_reward_error_fails_or_zeroes(behaviour, expect):
-    for s in run(Scored(behaviour, on_reward_error="fail")):
+    for s in run(Scored(behaviour, reward_runtime=RewardRuntimeConfig(on_error="fail"))):
         assert s.failed and expect in s.error
-    for s in run(Scored(behaviour, on_reward_error="zero")):
+    for s in run(Scored(behaviour, reward_runtime=RewardRuntimeConfig(on_error="zero"))):
         assert not s.failed and s.reward == 0.0 and expect in s.error
 
 
 def test_hanging_reward_times_out_concurrently():
     start = time.monotonic()
-    samples = run(Scored("hang", reward_timeout_s=0.5), n=4)
+    samples = run(Scored("hang", reward_runtime=RewardRuntimeConfig(timeout_s=0.5)), n=4)
     assert time.monotonic() - start < 3  # one shared deadline, not 4 x 0.5 s in sequence
     assert all(s.failed and "timeout after 0.5s" in s.error for s in samples)
 
 
 def test_spinning_reward_is_killed_in_process_isolation():
     start = time.monotonic()
-    samples = run(Scored("spin", reward_timeout_s=0.5, reward_isolation="process"))
+    samples = run(Scored("spin", reward_runtime=RewardRuntimeConfig(timeout_s=0.5, isolation="process")))
     assert time.monotonic() - start < 5
     assert all(s.failed and "timeout" in s.error for s in samples)
-    assert [s.reward for s in run(Scored("ok", reward_isolation="process"))] == [1.0, 1.0]
+    assert [s.reward for s in run(Scored("ok", reward_runtime=RewardRuntimeConfig(isolation="process")))] == [1.0, 1.0]
 
 
 class BrokenTurns(MultiTurnEnvironment):
@@ -97,7 +98,7 @@ class BrokenTurns(MultiTurnEnvironment):
 
 
 def test_env_response_fault_is_recorded():
-    samples = run(BrokenTurns(max_turns=3, on_reward_error="zero"))
+    samples = run(BrokenTurns(max_turns=3, reward_runtime=RewardRuntimeConfig(on_error="zero")))
     assert all(s.reward == 0.0 and not s.failed and "env_response: ValueError: env bug" in s.error for s in samples)
 
 
@@ -108,11 +109,18 @@ def test_guarded_calls():
 
 
 @pytest.mark.parametrize(
-    "key,value", [("reward_timeout_s", -1), ("on_reward_error", "drop"), ("reward_isolation", "gpu"), ("eval_size", 0)]
+    "key,value",
+    [("timeout_s", -1), ("on_error", "drop"), ("isolation", "gpu"), ("max_abandoned_threads", -1), ("memory_mb", 1.5)],
 )
-def test_bad_safety_args_name_the_key(key, value):
-    with pytest.raises(ValueError, match=f"env.args.{key}"):
-        Scored("ok", **{key: value})
+def test_bad_reward_runtime_names_the_key(key, value):
+    """A section built in code (tests, benchmarks) is checked against the schema's fields too."""
+    with pytest.raises(ValueError, match=f"^env.reward.{key}: "):
+        Scored("ok", reward_runtime=RewardRuntimeConfig(**{key: value}))
+
+
+def test_bad_eval_size_names_the_key():
+    with pytest.raises(ValueError, match="env.args.eval_size"):
+        Scored("ok", eval_size=0)
 
 
 def test_a_process_isolated_call_dies_with_the_process_that_made_it(tmp_path):

@@ -34,7 +34,7 @@ SYNC = [
     # uninterrupted run's (step 4: 0.385 vs 0.356 eval/reward_mean) while every training row was
     # equal; with thread rewards it is exact. Pinned here so this test keeps checking resume
     # determinism until that is found.
-    "env.args.reward_isolation=thread",
+    "env.reward.isolation=thread",
 ]
 
 

@@ -840,7 +840,7 @@ def test_chaos_across_nodes_engine_node_killed_twice_a_trainer_rank_killed_rewar
             *LABELS,
             "checkpoint.interval=2",
             "env.name=tests.chaos_env:ChaosReverseText",
-            "+env.args.reward_timeout_s=0.2",
+            "env.reward.timeout_s=0.2",
         ],
         act,
         limit_s=900,

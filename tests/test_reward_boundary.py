@@ -18,6 +18,7 @@ import time
 
 import pytest
 
+from rlcore.config.reward import RewardRuntimeConfig
 from tests.test_env_safety import Scored
 from tests.test_reward_workers import scored, started_by
 
@@ -237,7 +238,7 @@ def test_progress_memory_names_no_process_and_moves_no_deadline(attack):
     victim = subprocess.Popen(["sleep", "120"])
     try:
         start = time.monotonic()
-        for attacked in attack("progress", str(victim.pid), reward_timeout_s=1):
+        for attacked in attack("progress", str(victim.pid), reward_runtime=RewardRuntimeConfig(timeout_s=1)):
             assert all(s.failed and "timeout" in s.error for s in attacked), [(s.reward, s.error) for s in attacked]
         assert time.monotonic() - start < 30
         assert victim.poll() is None, "the actor signalled the pid a reward wrote"
@@ -250,7 +251,7 @@ def test_progress_memory_names_no_process_and_moves_no_deadline(attack):
 def test_a_broken_frame_fails_its_call_alone(attack, how, says):
     """A call's process holds no pipe to the actor: what it writes there goes nowhere (on the code
     before, half a frame blocked the request, a garbage frame failed the pool)."""
-    for attacked in attack(how, reward_timeout_s=1):
+    for attacked in attack(how, reward_runtime=RewardRuntimeConfig(timeout_s=1)):
         if says is None:
             assert all(s.reward == 0.0 and not s.failed for s in attacked), attacked
         else:
@@ -258,7 +259,7 @@ def test_a_broken_frame_fails_its_call_alone(attack, how, says):
 
 
 def test_memory_outside_the_heap_is_refused(attack):
-    for attacked in attack("memory", reward_memory_mb=150):
+    for attacked in attack("memory", reward_runtime=RewardRuntimeConfig(memory_mb=150)):
         assert all(s.error is None for s in attacked), attacked[0].error
 
 
@@ -287,8 +288,8 @@ def test_the_cluster_is_out_of_a_rewards_reach(attack, cluster):
         assert all(s.error is None for s in attacked), attacked[0].error
 
 
-def test_reward_network_opens_the_network(cluster):
-    env = started_by(Attacker("cluster", cluster, reward_network=True), "fork")
+def test_reward_runtime_network_opens_the_network(cluster):
+    env = started_by(Attacker("cluster", cluster, reward_runtime=RewardRuntimeConfig(network=True)), "fork")
     try:
         attacked = scored(env, tasks=1, n=1)[0]
     finally:
@@ -296,19 +297,20 @@ def test_reward_network_opens_the_network(cluster):
     assert attacked.failed and "connected True" in attacked.error, attacked.error
 
 
-def test_reward_network_must_be_a_boolean():
-    with pytest.raises(ValueError, match="env.args.reward_network"):
-        Attacker("ok", reward_network="yes")
+def test_reward_runtime_network_must_be_a_boolean():
+    with pytest.raises(ValueError, match="env.reward.network"):
+        Attacker("ok", reward_runtime=RewardRuntimeConfig(network="yes"))
 
 
 ACTOR = """
 import json, subprocess, sys
+from rlcore.config.reward import RewardRuntimeConfig
 from tests.test_reward_boundary import Attacker
 from tests.test_reward_workers import scored, started_by
 attack, starter = sys.argv[1:3]
 victim = subprocess.Popen(["sleep", "60"]) if attack == "progress" else None
 timeout = 1 if attack == "progress" else 10
-env = started_by(Attacker(attack, str(victim.pid) if victim else "", reward_timeout_s=timeout, reward_memory_mb=150), starter)
+env = started_by(Attacker(attack, str(victim.pid) if victim else "", reward_runtime=RewardRuntimeConfig(timeout_s=timeout, memory_mb=150)), starter)
 rounds = [[(s.reward, s.error, s.failed) for s in scored(env, tasks=4, n=2)] for _ in range(2)]
 print(json.dumps({"rounds": rounds, "victim_alive": victim is None or victim.poll() is None}))
 """

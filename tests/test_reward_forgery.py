@@ -15,6 +15,7 @@ import math
 import pytest
 
 from rlcore.batch.meta import group_meta
+from rlcore.config.reward import RewardRuntimeConfig
 from rlcore.envs import make_env
 from rlcore.envs.base import Environment
 from rlcore.envs.mini_swe import visible_calls
@@ -216,15 +217,15 @@ class Scaled(Environment):
 
 @pytest.mark.parametrize("on_error", ["fail", "zero"])
 def test_a_reward_outside_the_declared_range_is_a_failed_sample_with_its_reason(on_error):
-    samples = run(Scaled(on_reward_error=on_error, reward_isolation="thread"))
-    for s in samples:  # never trained on, whatever on_reward_error says
+    samples = run(Scaled(reward_runtime=RewardRuntimeConfig(on_error=on_error, isolation="thread")))
+    for s in samples:  # never trained on, whatever env.reward.on_error says
         assert s.failed and s.reward == 0.0
         assert "1000 is outside the environment's declared range [0, 1]" in s.error
     failures = FailureLog(stop_after=0)  # counted like any other failure, under its reason
     failures.request_done([group_meta(Group(task=Scaled().make_task(0, "train"), samples=samples))], actor=0)
     [(reason, count)] = failures.step_metrics()["failed_by_reason"].items()
     assert count == 2 and "outside the environment's declared range" in reason
-    declared = run(Scaled(reward_range=[0, 1000], reward_isolation="thread"))
+    declared = run(Scaled(reward_range=[0, 1000], reward_runtime=RewardRuntimeConfig(isolation="thread")))
     assert [s.reward for s in declared] == [1000.0, 1000.0] and not any(s.failed for s in declared)
 
 

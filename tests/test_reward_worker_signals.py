@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from rlcore.config.reward import RewardRuntimeConfig
 from rlcore.isolation import reward_worker_ns
 from tests.test_env_safety import Scored
 from tests.test_reward_workers import scored, started_by
@@ -66,9 +67,10 @@ class Attacker(Scored):
 
 ACTOR = """
 import json, sys
+from rlcore.config.reward import RewardRuntimeConfig
 from tests.test_reward_worker_signals import Attacker
 from tests.test_reward_workers import scored, started_by
-env = started_by(Attacker(sys.argv[1], reward_timeout_s=10), sys.argv[2])
+env = started_by(Attacker(sys.argv[1], reward_runtime=RewardRuntimeConfig(timeout_s=10)), sys.argv[2])
 print(json.dumps([[(s.reward, s.error, s.failed) for s in scored(env, tasks=2, n=1)] for _ in range(2)]))
 """
 
@@ -136,7 +138,9 @@ def test_without_a_namespace_a_warning_says_so_and_a_reward_that_kills_its_paren
     run says so once, and a reward that kills its parent kills its worker, not the scoring
     process; the sample names it."""
     monkeypatch.setattr(reward_worker_ns, "enter", lambda *a: reward_worker_ns.NONE)
-    env = started_by(Attacker("kill_keeper", reward_timeout_s=10), "fork")  # the patch holds in forks only
+    env = started_by(
+        Attacker("kill_keeper", reward_runtime=RewardRuntimeConfig(timeout_s=10)), "fork"
+    )  # the patch holds in forks only
     try:
         with caplog.at_level("WARNING", logger="rlcore"):
             rounds = [scored(env, tasks=2, n=1) for _ in range(2)]

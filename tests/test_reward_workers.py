@@ -12,6 +12,7 @@ import time
 
 import pytest
 
+from rlcore.config.reward import RewardRuntimeConfig
 from rlcore.engine.base import SamplingParams
 from rlcore.models.tokenizer import char_tokenizer
 from rlcore.types import Task
@@ -143,9 +144,9 @@ def started_by(env, starter: str, size: int | None = None):
     pool = env._reward_pool = WorkerPool(
         env,
         size or env.reward_pool().size,
-        env.reward_memory_mb,
+        env.reward_runtime.memory_mb,
         zygote=starter == "zygote",
-        network=env.reward_network,
+        network=env.reward_runtime.network,
     )
     if starter == "zygote":
         until = time.monotonic() + 60
@@ -170,15 +171,15 @@ def env_of(tmp_path, request):
 
 
 def test_a_leaking_reward_fails_its_sample_at_the_memory_bound_with_a_named_reason(env_of):
-    env = env_of("leak", reward_memory_mb=150, bad=1)
+    env = env_of("leak", reward_runtime=RewardRuntimeConfig(memory_mb=150), bad=1)
     # task 0: 64 MiB at a time, kept, until one call crosses 150 MiB; each call's memory dies with
     # its process (issue 54), so task 1's calls in the same workers are scored
     samples = scored(env, tasks=2, n=4)
     errors = [s.error for s in samples[:4]]
-    assert all(e and "memory bound (env.args.reward_memory_mb=150)" in e and "MemoryError" in e for e in errors), errors
+    assert all(e and "memory bound (env.reward.memory_mb=150)" in e and "MemoryError" in e for e in errors), errors
     assert all(s.reward == 1.0 and not s.failed for s in samples[4:])  # the calls within the bound are scored
-    with pytest.raises(ValueError, match="env.args.reward_memory_mb"):
-        Misbehaving("ok", reward_memory_mb=-1)
+    with pytest.raises(ValueError, match="env.reward.memory_mb"):
+        Misbehaving("ok", reward_runtime=RewardRuntimeConfig(memory_mb=-1))
 
 
 @pytest.mark.parametrize("behaviour", ["child", "daemon"])
@@ -194,7 +195,7 @@ def test_what_a_reward_starts_dies_with_its_call(env_of, tmp_path, behaviour):
 
 @pytest.mark.parametrize("behaviour", ["daemon_then_hang", "daemon_then_spin"])
 def test_a_daemon_started_by_a_call_that_overruns_dies_at_the_deadline(env_of, tmp_path, behaviour):
-    env = env_of(behaviour, reward_timeout_s=1.0)
+    env = env_of(behaviour, reward_runtime=RewardRuntimeConfig(timeout_s=1.0))
     samples = scored(env, tasks=2, n=1)
     assert samples[0].failed and "timeout after 1s" in samples[0].error
     assert samples[1].reward == 1.0
@@ -212,7 +213,7 @@ def test_overrunning_calls_overlap_instead_of_queueing(env_of, tmp_path):
     """12 of 32 calls hang; the pool has 2 warm workers. Every hung call starts before the first
     one reaches its deadline: they run side by side (each in its own worker), not one after
     another, and the others are scored."""
-    env = env_of("hang", bad=3, reward_timeout_s=3.0)
+    env = env_of("hang", bad=3, reward_runtime=RewardRuntimeConfig(timeout_s=3.0))
     assert env.reward_pool().size == 2 or os.cpu_count() > 2
     samples = scored(env, tasks=8, n=4)
     hung = [s for s in samples[:12]]
@@ -244,7 +245,7 @@ def test_a_request_streams_each_group_once_scored_so_a_hung_reward_delays_its_ow
     groups of the request come out of `stream_groups` while it hangs, each whole and scored;
     the hung group comes once its reward returns. On the code before, the request's groups came
     only once every reward had returned."""
-    env = env_of("gate", reward_timeout_s=120)
+    env = env_of("gate", reward_runtime=RewardRuntimeConfig(timeout_s=120))
     tok = char_tokenizer()
     tasks = [env.make_task(i, "train") for i in range(4)]
     stream = env.stream_groups(tasks, 4, EchoEngine(tok), tok, SamplingParams(max_new_tokens=4))
@@ -287,11 +288,11 @@ def test_outcomes_finished_before_an_overrunning_call_of_their_batch_do_not_wait
     worker sends them on when the call overruns), and so do those moved to another worker; the
     gated call's comes when it returns. On the code before, every outcome of the batch came with
     the hung call's, at its deadline."""
-    env = env_of("gate", size=1, reward_timeout_s=30)
+    env = env_of("gate", size=1, reward_runtime=RewardRuntimeConfig(timeout_s=30))
     pool = env.reward_pool()
     order = [5, 6, 7, 0] + [8 + j for j in range(behind)]  # task 0 is the gated one
     calls = [(env.reward, (env.make_task(i, "train"), "x")) for i in order]
-    stream = pool.stream_many(calls, env.reward_timeout_s)
+    stream = pool.stream_many(calls, env.reward_runtime.timeout_s)
     early = [next(stream) for _ in range(3 + behind)]
     assert pids(tmp_path, "gated") and not os.path.exists(tmp_path / "open")
     assert sorted(i for i, _ in early) == [j for j in range(len(order)) if j != 3]
@@ -373,8 +374,9 @@ def test_a_hung_call_its_worker_and_the_zygote_die_with_the_actor(tmp_path, star
     script = f"""
 import os, sys, threading, time
 sys.path.insert(0, {os.getcwd()!r})
+from rlcore.config.reward import RewardRuntimeConfig
 from tests.test_reward_workers import Misbehaving, scored, started_by
-env = started_by(Misbehaving("hang", where={str(tmp_path)!r}, reward_timeout_s=120), {starter!r})
+env = started_by(Misbehaving("hang", where={str(tmp_path)!r}, reward_runtime=RewardRuntimeConfig(timeout_s=120)), {starter!r})
 zygote = env.reward_pool().zygote()
 open({str(tmp_path / "zygote")!r}, "w").write(str(zygote.pid if zygote else 0))
 threading.Thread(target=scored, args=(env, 1, 1), daemon=True).start()
@@ -448,9 +450,9 @@ def test_a_call_blocked_in_a_c_read_is_not_interrupted_by_the_flush(env_of):
     """Two cheap calls, then one blocked 0.5 s in libc's read (ctypes: no Python retry on EINTR)
     in one worker's batch: the flush asked for at the overrun restarts the read instead of
     failing it (on the code before it returned -EINTR)."""
-    env = env_of("libc_read", size=1, reward_timeout_s=10)
+    env = env_of("libc_read", size=1, reward_runtime=RewardRuntimeConfig(timeout_s=10))
     calls = [(env.reward, (env.make_task(i, "train"), "x")) for i in (5, 6, 0)]  # task 0 reads
-    outs = env.reward_pool().call_many(calls, env.reward_timeout_s)
+    outs = env.reward_pool().call_many(calls, env.reward_runtime.timeout_s)
     assert [o.value for o in outs] == [1.0, 1.0, 1.0], outs
 
 

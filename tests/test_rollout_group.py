@@ -11,7 +11,7 @@ import pytest
 from actors.rollout_group import RolloutGroup
 from actors.run_state import RunState, TaskFeed
 from rlcore.batch.buffer import Accounting, RolloutBuffer
-from rlcore.envs import make_env
+from rlcore.envs import build_env
 from rlcore.plan.compose import compose
 from rlcore.report.failures import FailureLog
 
@@ -41,7 +41,7 @@ def group():
     )
     calls: list = []
     acct = Accounting()
-    env = make_env(cfg.env.name, dict(cfg.env.args), cfg.env.seed)
+    env = build_env(cfg.env)
     run = RunState(acct, TaskFeed(env, cfg))
     g = RolloutGroup(
         cfg,

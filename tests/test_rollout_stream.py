@@ -12,7 +12,7 @@ from actors.rollout import RolloutWorker
 from actors.rollout_group import RolloutGroup
 from actors.run_state import RunState, TaskFeed
 from rlcore.batch.buffer import Accounting, RolloutBuffer
-from rlcore.envs import make_env
+from rlcore.envs import build_env
 from rlcore.plan.compose import compose
 from rlcore.report.failures import FailureLog
 
@@ -41,14 +41,14 @@ def rollouts(ray_cluster, tmp_path):
             f"algo.group_size={GROUP}",
             "env.name=tests.chaos_env:GatedReverseText",
             f"+env.args.gate={gate}",
-            "env.args.reward_timeout_s=300",
+            "env.reward.timeout_s=300",
             "rollout.sampling.max_new_tokens=4",
         ]
     )
     actor = ray_cluster.remote(RolloutWorker).options(num_cpus=0, max_concurrency=4, max_restarts=0).remote(cfg, 0)
     ray_cluster.get(actor.ready.remote(), timeout=300)
     acct = Accounting()
-    run = RunState(acct, TaskFeed(make_env(cfg.env.name, dict(cfg.env.args), cfg.env.seed), cfg))
+    run = RunState(acct, TaskFeed(build_env(cfg.env), cfg))
     group = RolloutGroup(cfg, [actor], run, RolloutBuffer(1, 100, acct), FailureLog(0))
     yield group, gate, acct
     gate.touch()  # the hung reward returns, whatever the test did

@@ -8,7 +8,7 @@ import json
 import pytest
 import torch
 
-from rlcore.envs import make_env
+from rlcore.envs import build_env
 from rlcore.models.render import TurnRenderer, render_prompt
 from rlcore.models.shipped import converted_dir, resolve
 from rlcore.plan.compose import compose
@@ -69,7 +69,7 @@ def test_smollm2_sft_then_rl_multiturn_sync_canary_export(ray_cluster, tmp_path)
             "logger.console=false",
         ]
     )
-    env = make_env(cfg.env.name, dict(cfg.env.args), cfg.env.seed)
+    env = build_env(cfg.env)
     write_demos(tmp_path / "demos.jsonl", env, 16)
     validate(cfg)
     cfg.model = resolve(cfg.model)  # as rlcore.run does before Ray starts

@@ -17,6 +17,7 @@ import verifiers.v1 as vf
 from openai import AsyncOpenAI
 from verifiers.v1.runtimes import ProgramResult
 
+from rlcore.config.reward import RewardRuntimeConfig
 from rlcore.engine.base import SamplingParams
 from rlcore.engine.hf_engine import HFEngine
 from rlcore.envs import make_env
@@ -316,12 +317,12 @@ def _env(**args):
         "verifiers",
         {
             "taskset": __name__,
-            "on_reward_error": "zero",
             "allow_host_tools": True,
             "env_config": {"taskset": {"num_tasks": 2}},
             **args,
         },
         seed=0,
+        reward_runtime=RewardRuntimeConfig(on_error="zero"),
     )
 
 
@@ -425,11 +426,11 @@ def test_shipped_harness_runs_unmodified(tmp_path, monkeypatch, harness):
         "verifiers",
         {
             "taskset": "readme_calc",
-            "on_reward_error": "zero",
             "env_config": {"agent": {"harness": {"id": harness}}},
             "allow_host_tools": harness == "bash",
         },
         seed=0,
+        reward_runtime=RewardRuntimeConfig(on_error="zero"),
     )  # bash runs its shell here
     try:
         [group] = env.run_groups([env.make_task(0, "train")], 2, engine, tok, SamplingParams(max_new_tokens=8))
@@ -459,7 +460,7 @@ def test_v1_env_trains_end_to_end(tmp_path):
             "rlcore.run",
             "env=verifiers",
             "env.args.taskset=test_verifiers_env",
-            "+env.args.on_reward_error=zero",
+            "env.reward.on_error=zero",
             "env.args.allow_host_tools=true",
             "steps=2",
             "sft.warmup_steps=0",

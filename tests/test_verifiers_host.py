@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 from test_verifiers_env import README_TASKSET  # the README's example taskset, one copy
 
+from rlcore.config.reward import RewardRuntimeConfig
 from rlcore.envs import make_env
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -54,8 +55,9 @@ def test_harness_id_null_is_the_tool_less_loop_in_process(tasksets):
 
     env = make_env(
         "verifiers",
-        {"taskset": "host_calc", "on_reward_error": "zero", "env_config": {"agent": {"harness": {"id": None}}}},
+        {"taskset": "host_calc", "env_config": {"agent": {"harness": {"id": None}}}},
         seed=0,
+        reward_runtime=RewardRuntimeConfig(on_error="zero"),
     )
     assert _harness(env) == "InProcessChatHarness" and not env.vf_env._harnesses["agent"].EXECUTES_CODE
     cfg = compose([])

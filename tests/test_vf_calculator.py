@@ -6,7 +6,7 @@ trace). Only the policy is scripted: a correct call and a correct answer earn th
 import pytest
 
 from rlcore.engine.base import Generation, RolloutEngine, SamplingParams
-from rlcore.envs.catalog import make_env
+from rlcore.envs.catalog import build_env
 from rlcore.envs.tool_use import calculate
 from rlcore.envs.vf_calculator import call_text
 from rlcore.models.build import build_tokenizer
@@ -57,7 +57,7 @@ def swapped(expr: str) -> str:
 @pytest.fixture(scope="module")
 def calculator():
     cfg = compose(["+recipe=vf_calculator"])
-    env = make_env(cfg.env.name, dict(cfg.env.args), cfg.env.seed)
+    env = build_env(cfg.env)
     yield env, build_tokenizer(cfg.model)
     env.close()
 

@@ -19,6 +19,7 @@ from rlcore.config.engines import EngineGroupConfig, HFOptions, VLLMOptions
 from rlcore.config.lifecycle import CheckpointConfig, EvalConfig, LoggerConfig, ProfileConfig, SFTConfig, StorageConfig
 from rlcore.config.losses import CispoOptions, DapoOptions, DrGrpoOptions, GspoOptions
 from rlcore.config.pd import PDConfig
+from rlcore.config.reward import RewardRuntimeConfig
 from rlcore.config.teacher import TeacherConfig
 
 
@@ -273,9 +274,11 @@ class EnvConfig:
     name: str = from_registry("rlcore/envs/catalog.py", default="reverse_text")
     """Environment name in the registry (`rlcore.envs`)."""
     args: dict[str, Any] = field(default_factory=dict)
-    """Keyword arguments for the environment's constructor."""
+    """Keyword arguments for the environment's constructor (its own; how its rewards run is `env.reward`)."""
     seed: int = 0
     """Seed of the task sampler."""
+    reward: RewardRuntimeConfig = field(default_factory=RewardRuntimeConfig)
+    """How the environment's reward and tool calls run (deadline, isolation, memory, network)."""
 
 
 @dataclass

@@ -10,6 +10,7 @@ from typing import Any
 
 _NAMES = {
     "Environment": "rlcore.envs.base",
+    "build_env": "rlcore.envs.catalog",
     "make_env": "rlcore.envs.catalog",
     "registered": "rlcore.envs.catalog",
     "resolve_env": "rlcore.envs.catalog",

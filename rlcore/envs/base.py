@@ -7,19 +7,20 @@ loop here is single-turn: render the task's messages through the tokenizer's cha
 sample `group_size` completions, score each. Multi-turn and tool environments derive from
 :class:`rlcore.envs.multiturn.MultiTurnEnvironment`, which overrides `run_groups`.
 
-Reward safety (every environment): scoring runs under a deadline per sample (`reward_timeout_s`,
-in `worker` (default: reused processes killed at an overrun, :mod:`rlcore.isolation.reward_workers`),
-`thread` or `process` isolation, see :mod:`rlcore.isolation.safety`); an exception, a timeout or a
-non-finite reward either marks the sample failed (`on_reward_error: fail`, the driver counts and
-drops it) or scores it 0 with the error kept on `Sample.error` (`on_reward_error: zero`). When more
-than `max_abandoned_threads` timed-out threads are still running, scoring moves to `process`
-isolation (logged once) and stateful calls (`init_state`, `env_response`) fail their request with
-one line. Each reward worker may grow by `reward_memory_mb` MiB (a call past it fails its sample,
-naming the bound); reward workers have no network unless `reward_network` is true. What the code prints is kept on `Sample.env_output`. Every reward is checked
-against the environment's declared `reward_range` ([0, 1] unless the class or
-`env.args.reward_range` says otherwise): one outside it fails its sample with that reason,
-whatever `on_reward_error` says. These settings are ordinary
-`env.args` keys accepted by every environment. An empty completion is an answer: it is scored.
+Reward safety (every environment, set by its own section `env.reward`,
+:class:`rlcore.config.reward.RewardRuntimeConfig`): scoring runs under a deadline per sample
+(`timeout_s`, in `worker` (default: reused processes killed at an overrun,
+:mod:`rlcore.isolation.reward_workers`), `thread` or `process` isolation, see
+:mod:`rlcore.isolation.safety`); an exception, a timeout or a non-finite reward either marks the
+sample failed (`on_error: fail`, the driver counts and drops it) or scores it 0 with the error kept
+on `Sample.error` (`on_error: zero`). When more than `max_abandoned_threads` timed-out threads are
+still running, scoring moves to `process` isolation (logged once) and stateful calls (`init_state`,
+`env_response`) fail their request with one line. Each reward worker may grow by `memory_mb` MiB (a
+call past it fails its sample, naming the bound); reward workers have no network unless `network`
+is true. What the code prints is kept on `Sample.env_output`. Every reward is checked against the
+environment's declared `reward_range` ([0, 1] unless the class or `env.args.reward_range` says
+otherwise): one outside it fails its sample with that reason, whatever `on_error` says. An empty
+completion is an answer: it is scored.
 
 `stream_groups` gives a request's groups one by one, each once all its samples are scored (in
 `worker` isolation, as the calls settle): the rollout actor streams them to the driver, so a
@@ -29,6 +30,7 @@ reward that hangs holds back its own group only.
 from __future__ import annotations
 
 import abc
+import dataclasses
 import logging
 import math
 import os
@@ -36,13 +38,13 @@ import random
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Iterator
 
+from rlcore.config.reward import RewardRuntimeConfig, reward_runtime_problems
 from rlcore.isolation.reward_workers import WorkerPool
 from rlcore.isolation.safety import (
     OUTPUT_LIMIT,
     STUCK_AFTER_S,
     Outcome,
     call_many,
-    check_safety_args,
     threads_abandoned,
 )
 from rlcore.models.images import check_image, expand_image_tokens, to_array
@@ -66,7 +68,8 @@ class Environment(abc.ABC):
     """A task distribution and its reward.
 
     Subclasses implement `make_task` and `reward` (single-turn), and forward unknown keyword
-    arguments to this constructor so the common settings below work for every environment.
+    arguments to this constructor so `eval_size`, `reward_range` and the reward runtime's section
+    (`reward_runtime`, from `env.reward`) reach every environment.
     """
 
     name: str = "env"
@@ -87,32 +90,20 @@ class Environment(abc.ABC):
     def __init__(
         self,
         seed: int = 0,
-        reward_timeout_s: float = 10.0,
-        on_reward_error: str = "fail",
-        reward_isolation: str = "worker",
+        reward_runtime: RewardRuntimeConfig | None = None,
         eval_size: int = 64,
-        max_abandoned_threads: int = 4,
-        reward_memory_mb: int = 2048,
         reward_range: Sequence[float] | None = None,
-        reward_network: bool = False,
     ):
-        check_safety_args(reward_timeout_s, on_reward_error, reward_isolation, max_abandoned_threads)
-        if not isinstance(reward_memory_mb, int) or reward_memory_mb < 0:
-            raise ValueError(
-                f"env.args.reward_memory_mb: must be an integer >= 0 (0 = unbounded), got {reward_memory_mb!r}"
-            )
-        self.reward_memory_mb = reward_memory_mb
-        if not isinstance(reward_network, bool):
-            raise ValueError(f"env.args.reward_network: must be true or false, got {reward_network!r}")
-        self.reward_network = reward_network
+        """`reward_runtime`: the section `env.reward` (None = its defaults), kept as this
+        environment's own copy (`isolation` moves to `process` past `max_abandoned_threads`)."""
+        self.reward_runtime = RewardRuntimeConfig() if reward_runtime is None else dataclasses.replace(reward_runtime)
+        problems = reward_runtime_problems(self.reward_runtime)
+        if problems:
+            raise ValueError("{}: {}".format(*problems[0]))
         self.reward_range = check_reward_range(self.reward_range if reward_range is None else reward_range)
-        self.max_abandoned_threads = int(max_abandoned_threads)
         if eval_size < 1:
             raise ValueError(f"env.args.eval_size: must be >= 1, got {eval_size}")
         self.seed = seed
-        self.reward_timeout_s = float(reward_timeout_s)
-        self.on_reward_error = on_reward_error
-        self.reward_isolation = reward_isolation
         self._eval_size = int(eval_size)
         self._reward_pool: WorkerPool | None = None  # `worker` isolation: forked on first use
 
@@ -122,14 +113,14 @@ class Environment(abc.ABC):
         return state
 
     def reward_pool(self) -> WorkerPool:
-        """The environment's reward workers (`reward_isolation: worker`)."""
+        """The environment's reward workers (`env.reward.isolation: worker`)."""
         if getattr(self, "_reward_pool", None) is None:
             self._reward_pool = WorkerPool(
                 self,
                 max(2, min(4, os.cpu_count() or 1)),
-                getattr(self, "reward_memory_mb", 2048),
+                self.reward_runtime.memory_mb,
                 zygote=self.reward_zygote,
-                network=getattr(self, "reward_network", False),
+                network=self.reward_runtime.network,
             )
         return self._reward_pool
 
@@ -189,8 +180,8 @@ class Environment(abc.ABC):
         ones (`what` names them) raise EnvironmentStalled, as a forked child's state is lost."""
         isolation = self.isolation_for(calls, what, stateful)
         if isolation == "worker":
-            return self.reward_pool().call_many(calls, self.reward_timeout_s)
-        return call_many(calls, self.reward_timeout_s, isolation)
+            return self.reward_pool().call_many(calls, self.reward_runtime.timeout_s)
+        return call_many(calls, self.reward_runtime.timeout_s, isolation)
 
     def guarded_stream(self, calls: list, what: str) -> Iterator[tuple[int, Outcome]]:
         """`guarded` (stateless calls), as `(call index, outcome)` pairs in the order the calls
@@ -198,22 +189,26 @@ class Environment(abc.ABC):
         only); in call order, once all are in, otherwise."""
         isolation = self.isolation_for(calls, what, False)
         if isolation == "worker":
-            yield from self.reward_pool().stream_many(calls, self.reward_timeout_s)
+            yield from self.reward_pool().stream_many(calls, self.reward_runtime.timeout_s)
         else:
-            yield from enumerate(call_many(calls, self.reward_timeout_s, isolation))
+            yield from enumerate(call_many(calls, self.reward_runtime.timeout_s, isolation))
 
     def isolation_for(self, calls: list, what: str, stateful: bool) -> str:
         """Where `calls` run (`thread`, `process` or `worker`): the configured isolation, moved as
         `guarded` says."""
         # stateful calls mutate the episode's state in place: they run in threads whatever the setting
-        isolation = "thread" if stateful else self.reward_isolation
+        isolation = "thread" if stateful else self.reward_runtime.isolation
         # only threads that ignored the request to stop for STUCK_AFTER_S count (blocked in C)
-        hung = threads_abandoned(STUCK_AFTER_S) if isolation == "thread" and self.reward_timeout_s > 0 and calls else 0
-        if hung > self.max_abandoned_threads:
+        hung = (
+            threads_abandoned(STUCK_AFTER_S)
+            if isolation == "thread" and self.reward_runtime.timeout_s > 0 and calls
+            else 0
+        )
+        if hung > self.reward_runtime.max_abandoned_threads:
             if stateful:
                 raise EnvironmentStalled(
-                    f"{what}: {hung} calls missed env.args.reward_timeout_s={self.reward_timeout_s:g} and still "
-                    f"run (threads cannot be killed; bound env.args.max_abandoned_threads={self.max_abandoned_threads})"
+                    f"{what}: {hung} calls missed env.reward.timeout_s={self.reward_runtime.timeout_s:g} and still "
+                    f"run (threads cannot be killed; bound env.reward.max_abandoned_threads={self.reward_runtime.max_abandoned_threads})"
                 )
             log.warning(
                 "%s: %d reward threads missed their deadline and still run; scoring moves to process "
@@ -221,9 +216,9 @@ class Environment(abc.ABC):
                 self.name,
                 hung,
             )
-            self.reward_isolation = isolation = "process"
+            self.reward_runtime.isolation = isolation = "process"
         if isolation == "worker":
-            if self.reward_timeout_s > 0 and all(self.reward_pool().accepts(fn) for fn, _ in calls):
+            if self.reward_runtime.timeout_s > 0 and all(self.reward_pool().accepts(fn) for fn, _ in calls):
                 return "worker"
             return "process"  # not a method of this environment (or no deadline): a fork per call
         return isolation
@@ -245,9 +240,9 @@ class Environment(abc.ABC):
             yield i, as_reward(o)
 
     def apply_error(self, sample: Sample, error: str) -> None:
-        """Record a reward/environment fault on `sample` per `on_reward_error`."""
+        """Record a reward/environment fault on `sample` per `env.reward.on_error`."""
         sample.error = error
-        if self.on_reward_error == "fail":
+        if self.reward_runtime.on_error == "fail":
             sample.failed = True
         sample.reward = 0.0
 
@@ -263,7 +258,7 @@ class Environment(abc.ABC):
 
     def set_reward(self, sample: Sample, reward: float) -> None:
         """`sample.reward = reward` when it is in the declared range; otherwise the sample fails
-        with the reason, whatever `on_reward_error` says (never trained on)."""
+        with the reason, whatever `env.reward.on_error` says (never trained on)."""
         problem = self.out_of_range(reward)
         if problem is None:
             sample.reward = reward

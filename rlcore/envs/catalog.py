@@ -7,9 +7,13 @@ environment (a reward zygote unpickling it, a rollout actor) imports that enviro
 from __future__ import annotations
 
 import importlib
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rlcore.envs.base import ENV_CLASSES, Environment
+
+if TYPE_CHECKING:
+    from rlcore.config.reward import RewardRuntimeConfig
+    from rlcore.config.schema import EnvConfig
 
 BUILTIN: dict[str, str] = {
     "alphabet_sort": "rlcore.envs.alphabet_sort",
@@ -46,10 +50,19 @@ def resolve_env(name: str) -> type[Environment] | None:
     return ENV_CLASSES.get(name)
 
 
-def make_env(name: str, args: dict[str, Any], seed: int) -> Environment:
+def make_env(
+    name: str, args: dict[str, Any], seed: int, reward_runtime: RewardRuntimeConfig | None = None
+) -> Environment:
+    """Environment `name` built from its own arguments (`env.args`), the task seed and the reward
+    runtime's section (`env.reward`; None = its defaults). KeyError for an unknown name."""
     cls = resolve_env(name)
     if cls is None:
         raise KeyError(
             f"env.name: unknown environment {name!r}; choose one of {sorted(registered())} or give module:Class"
         )
-    return cls(seed=seed, **args)
+    return cls(seed=seed, reward_runtime=reward_runtime, **args)
+
+
+def build_env(section: EnvConfig) -> Environment:
+    """The environment a run's `env` section describes (`make_env` of its name, args, seed and reward)."""
+    return make_env(section.name, dict(section.args), section.seed, section.reward)

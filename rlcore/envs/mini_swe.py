@@ -36,6 +36,7 @@ import random
 import secrets
 from typing import Any
 
+from rlcore.config.reward import RewardRuntimeConfig
 from rlcore.envs.base import Message, register, rng_for
 from rlcore.envs.sealed_tests import RUNNER_FILE, RUNNER_SOURCE, Call, run_sealed
 from rlcore.envs.tools import ToolEnvironment
@@ -161,10 +162,10 @@ class MiniSWE(ToolEnvironment):
         max_turns: int = 6,
         tool_timeout_s: float = 15.0,
         max_calls_per_turn: int = 2,
-        reward_timeout_s: float = 60.0,
         sandbox_isolation: str = "namespaces",
         demo_noise: float = 0.0,
         disk_mb: int = 100,
+        reward_runtime: RewardRuntimeConfig | None = None,
         **kwargs,
     ):
         super().__init__(
@@ -172,7 +173,7 @@ class MiniSWE(ToolEnvironment):
             max_turns=max_turns,
             tool_timeout_s=tool_timeout_s,
             max_calls_per_turn=max_calls_per_turn,
-            reward_timeout_s=reward_timeout_s,
+            reward_runtime=reward_runtime or RewardRuntimeConfig(timeout_s=60.0),
             **kwargs,
         )
         if not 1 <= functions <= len(FUNCTIONS):

@@ -73,7 +73,7 @@ class MultiTurnEnvironment(Environment):
     Subclasses implement `make_task`, `env_response` and `score` (or `reward` for the last
     assistant message); `init_state`/`cleanup` hold per-episode resources (a sandbox, a game).
     `env_response` runs under the reward deadline too: a fault or timeout ends the episode and is
-    recorded per `on_reward_error`.
+    recorded per `env.reward.on_error`.
     """
 
     def __init__(self, seed: int = 0, max_turns: int = 4, max_episode_tokens: int = 0, **common):

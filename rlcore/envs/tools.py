@@ -83,11 +83,12 @@ class ToolEnvironment(MultiTurnEnvironment):
             raise ValueError(f"env.args.max_calls_per_turn: must be >= 1, got {max_calls_per_turn}")
         self.tool_timeout_s, self.max_tool_output = float(tool_timeout_s), int(max_tool_output)
         self.max_calls_per_turn = int(max_calls_per_turn)
-        # env_response (all of a turn's calls) runs under reward_timeout_s: it must fit them
-        if self.reward_timeout_s and self.reward_timeout_s < tool_timeout_s * max_calls_per_turn:
+        # env_response (all of a turn's calls) runs under env.reward.timeout_s: it must fit them
+        deadline = self.reward_runtime.timeout_s
+        if deadline and deadline < tool_timeout_s * max_calls_per_turn:
             raise ValueError(
-                f"env.args.reward_timeout_s: must be >= tool_timeout_s * max_calls_per_turn "
-                f"({tool_timeout_s} * {max_calls_per_turn}), got {self.reward_timeout_s}"
+                f"env.reward.timeout_s: must be >= env.args.tool_timeout_s * env.args.max_calls_per_turn "
+                f"({tool_timeout_s} * {max_calls_per_turn}), got {deadline}"
             )
         self.tools: dict[str, Tool] = {}
 

@@ -31,7 +31,7 @@ Per `run_groups` call, on the rollout actor:
 
 An empty reply is an ordinary reply: its tokens (at least the end-of-turn token) are trained and
 the rubric's reward is kept. An episode that errors (the harness, a timeout, scoring) is handled
-per `on_reward_error`; one without any recorded model call is always failed (nothing to train).
+per `env.reward.on_error`; one without any recorded model call is always failed (nothing to train).
 
 Limits: one trainable trace per episode (multi-agent envs whose several seats train are refused
 per episode); tasks come from the taskset in `load()` order (train: a seeded permutation per
@@ -349,7 +349,7 @@ class VerifiersEnvironment(Environment):
 
     def _no_tokens(self, error: str) -> Sample:
         """A sample without token ids: always failed (nothing to train on), whatever
-        `on_reward_error` says."""
+        `env.reward.on_error` says."""
         sample = Sample(prompt_ids=[], completion_ids=[], logprobs=[], versions=[], loss_mask=[], finish_reason="abort")
         self.apply_error(sample, error)
         sample.failed = True

@@ -204,7 +204,7 @@ def run_batch(
         end_descendants()
         if out.error is not None and out.error.startswith("MemoryError"):
             out.error = (
-                f"reward exceeded the reward worker's memory bound (env.args.reward_memory_mb={memory_mb}): {out.error}"
+                f"reward exceeded the reward worker's memory bound (env.reward.memory_mb={memory_mb}): {out.error}"
             )
         outs.append(out)
     return outs

@@ -27,7 +27,7 @@ WALLS = {"mount": CLONE_NEWNS, "ipc": CLONE_NEWIPC, "net": CLONE_NEWNET}
 """Namespaces the worker gets besides its PID namespace where the kernel allows: a mount namespace
 (:mod:`rlcore.isolation.reward_worker_walls` hides the cluster's files there), an IPC namespace
 (SysV objects die with it), a network namespace with no interface up (no network; not when the
-environment declares `reward_network`)."""
+environment's `env.reward.network` is true)."""
 entered: set[str] = set()
 """Which of `WALLS` this process got from :func:`enter`."""
 NONE, PID, USER_AND_PID = 0, 1, 2

@@ -64,7 +64,7 @@ class Worker:
     def __init__(self, owner, memory_mb: int, zygote: Zygote | None = None, network: bool = False, name: str = "env"):
         """The worker's keeper is forked by `zygote` (a lean process: :mod:`rlcore.isolation.reward_zygote`)
         or, without one, by this process (the environment need not be importable by name).
-        `network`: the environment declared `reward_network` (else the worker has none)."""
+        `network`: the environment's `env.reward.network` (else the worker has none)."""
         ctx = mp.get_context("fork")
         self.conn, child = ctx.Pipe()
         self.name = name

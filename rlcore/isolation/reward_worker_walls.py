@@ -7,10 +7,10 @@ addresses, memory no per-process bound counts, and a worker state that later cal
 - The cluster: Ray's variables and tokens leave the worker's environment (:func:`scrub_environment`);
   in a mount namespace (root, or an ordinary uid with user namespaces) Ray's session directories,
   `~/.ray` and the token file are hidden and /dev/shm is a tmpfs of its own bounded by
-  `reward_memory_mb` (:func:`hide_cluster`). The network namespace is :mod:`reward_worker_ns`'s.
+  `env.reward.memory_mb` (:func:`hide_cluster`). The network namespace is :mod:`reward_worker_ns`'s.
 - Memory: a seccomp filter (:func:`refuse_unbounded_memory`) refuses memfd_create, memfd_secret,
   System V shared memory, semaphores and message queues, POSIX message queues, shared anonymous
-  mappings, growing a pipe's buffer, and (without `reward_network`) sockets of any family but
+  mappings, growing a pipe's buffer, and (without `env.reward.network`) sockets of any family but
   AF_UNIX and netlink (the worker's own network namespace), and `setns` (back into the host's namespaces). Not refused: new namespaces and mounts,
   so a reward can still run the sandbox (and a root reward can unmount what hides Ray's files).
 - State: each call runs in a process of its own, forked from the worker
@@ -48,7 +48,7 @@ KEEP_ENV = (
 )
 """Variables kept whatever their name (with every LC_*, PYTHON*, OMP_*, MKL_*, HF_HOME/TRANSFORMERS_* paths)."""
 SECRET_WORDS = ("TOKEN", "SECRET", "PASSWORD", "PASSWD", "CREDENTIAL", "API_KEY", "ACCESS_KEY", "PRIVATE_KEY")
-"""Variables whose name holds one of these leave unless the environment declares `reward_network`
+"""Variables whose name holds one of these leave unless the environment's `env.reward.network` is true
 (a judge reached over the network needs its key)."""
 MS_REC, MS_PRIVATE, MS_BIND, MS_RDONLY, MS_NOSUID, MS_NODEV = 0x4000, 1 << 18, 0x1000, 1, 2, 4
 

@@ -1,4 +1,4 @@
-"""Reward calls in reused worker processes (`reward_isolation: worker`, the default for scoring).
+"""Reward calls in reused worker processes (`env.reward.isolation: worker`, the default for scoring).
 
 A :class:`WorkerPool` belongs to one environment; its workers start on first use (from the
 pool's zygote, :mod:`rlcore.isolation.reward_zygote`, once it is ready) and are kept warm. Isolation
@@ -18,7 +18,7 @@ back as it settles, so the environment sends a group on as soon as its samples a
 are replaced; the calls a lost worker had finished but not yet sent are run again.
 
 Each call runs in a process of its own, forked from its warm worker (issue 54): what it changes
-or starts dies with it, it cannot write another call's outcome, each worker's memory is bounded (`env.args.reward_memory_mb`), and each worker is
+or starts dies with it, it cannot write another call's outcome, each worker's memory is bounded (`env.reward.memory_mb`), and each worker is
 in a PID namespace of its own, where a reward cannot name the actor: see the worker's module.
 Workers die with their parent. A call whose arguments do not pickle runs in a fork of
 its own (`process` isolation), which inherits them. What a call prints from Python is kept on its
@@ -86,7 +86,7 @@ class WorkerPool:
         `owner` (an environment) with `memory_mb` MiB of memory beyond what it was forked with
         (0: unbounded). `zygote`: start workers from a lean process (:mod:`rlcore.isolation.reward_zygote`)
         once it is ready, where `owner` pickles; else (and meanwhile) fork them from this process.
-        `network`: the environment declared `reward_network` (else its workers have none).
+        `network`: the environment's `env.reward.network` (else its workers have none).
         Thread-safe: concurrent requests take workers of their own."""
         self.owner, self.size, self.memory_mb = owner, max(1, int(size)), int(memory_mb)
         self.network = bool(network)

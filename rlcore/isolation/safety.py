@@ -36,9 +36,6 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
-ISOLATION = ("worker", "thread", "process")
-"""`worker`: a pool of reused processes killed at an overrun (:mod:`rlcore.isolation.reward_workers`)."""
-ON_ERROR = ("fail", "zero")
 OUTPUT_LIMIT = 4096
 """Characters of a call's stdout+stderr kept (the rest is counted, not kept)."""
 STOP_GRACE_S = 0.05
@@ -299,17 +296,3 @@ def call_many(
 def call_with_deadline(fn: Callable[..., Any], *args: Any, timeout_s: float, isolation: str = "thread") -> Outcome:
     """Call ``fn(*args)``; give up after `timeout_s` seconds (<= 0: no deadline, same thread)."""
     return call_many([(fn, args)], timeout_s, isolation)[0]
-
-
-def check_safety_args(
-    reward_timeout_s: float, on_reward_error: str, reward_isolation: str, max_abandoned_threads: int = 4
-) -> None:
-    """Raise ValueError("env.args.KEY: ...") for a bad safety setting (see rlcore.plan.validate)."""
-    if reward_timeout_s is None or reward_timeout_s < 0:
-        raise ValueError(f"env.args.reward_timeout_s: must be >= 0 (0 = no deadline), got {reward_timeout_s!r}")
-    if on_reward_error not in ON_ERROR:
-        raise ValueError(f"env.args.on_reward_error: choose one of {list(ON_ERROR)}, got {on_reward_error!r}")
-    if reward_isolation not in ISOLATION:
-        raise ValueError(f"env.args.reward_isolation: choose one of {list(ISOLATION)}, got {reward_isolation!r}")
-    if max_abandoned_threads is None or max_abandoned_threads < 0:
-        raise ValueError(f"env.args.max_abandoned_threads: must be >= 0, got {max_abandoned_threads!r}")

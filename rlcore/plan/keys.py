@@ -8,7 +8,8 @@ Free-form mappings (`model.arch`, `model.processor`, `rollout.vllm.engine_kwargs
 are passed through to transformers / vLLM / the user's code and are not checked here. An engine's
 option written at the top of `rollout` / `teacher` (the old flat `rollout.sleep_level`) is refused
 with the key it moved to (`rollout.vllm.sleep_level`), and so is a loss's option at its old flat
-key (`algo.dapo_clip_eps_high` -> `algo.dapo.clip_eps_high`).
+key (`algo.dapo_clip_eps_high` -> `algo.dapo.clip_eps_high`), and a reward runtime's key at its
+old place in `env.args` (`env.args.reward_timeout_s` -> `env.reward.timeout_s`).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from rlcore.config.losses import moved_loss_key
 from rlcore.config.nodes import ENGINE_GROUPS, schema_node
+from rlcore.config.reward import moved_env_arg
 from rlcore.engine.registry import sections
 
 ENV_ARGS = "env.args"
@@ -139,7 +141,8 @@ def unknown_keys(cfg: DictConfig) -> list[tuple[str, str]]:
 def env_arg_names(cls: type) -> set[str] | None:
     """Keyword arguments an environment class accepts: the parameters of its `__init__`, and,
     where that takes `**kwargs`, those of the next constructor up the MRO (environments forward
-    unknown keywords to `super().__init__`). `seed` is `env.seed`, not an `env.args` key.
+    unknown keywords to `super().__init__`). `seed` is `env.seed` and `reward_runtime` is
+    `env.reward`, not `env.args` keys.
     None when `**kwargs` reach no declared parameter (then anything is accepted)."""
     names: set[str] = set()
     for klass in cls.__mro__:
@@ -155,15 +158,17 @@ def env_arg_names(cls: type) -> set[str] | None:
             if p.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
         }
         if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
-            return names - {"seed"}
+            return names - {"seed", "reward_runtime"}
     return None
 
 
 def env_arg_problems(env_name: str, cls: type, args: dict[str, Any]) -> list[tuple[str, str]]:
-    """(key, message) for each `env.args` key that `cls`'s constructor does not take."""
+    """(key, message) for each `env.args` key that `cls`'s constructor does not take; a reward
+    runtime's key once written here (`env.args.reward_timeout_s`) with the key it moved to."""
+    moved = [(f"{ENV_ARGS}.{key}", moved_env_arg(key)) for key in args if moved_env_arg(key)]
     allowed = env_arg_names(cls)
-    if allowed is None:
-        return []
+    if moved or allowed is None:
+        return moved
     return [
         (
             f"{ENV_ARGS}.{key}",

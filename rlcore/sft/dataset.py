@@ -34,7 +34,7 @@ from typing import Any
 
 from rlcore.batch.packing import pack_for_ranks
 from rlcore.batch.parallel_dims import data_parallel_size, shards_per_rank
-from rlcore.envs import make_env
+from rlcore.envs import build_env
 from rlcore.models.images import check_image, expand_image_tokens, to_array
 from rlcore.types import Sample
 
@@ -112,7 +112,7 @@ def read_jsonl(path: Path, key: str, data: SFTData, limit: int = 0) -> list[list
 def env_demonstrations(cfg, n: int) -> list[list[dict[str, str]]]:
     """Reference conversations of `cfg.env` (`Environment.demonstration_messages`: the task
     prompt answered with its reference answer; multi-turn environments play whole episodes)."""
-    env = make_env(cfg.env.name, dict(cfg.env.args), cfg.env.seed)
+    env = build_env(cfg.env)
     out = []
     for i in range(n):
         task = env.make_task(i, cfg.sft.split)

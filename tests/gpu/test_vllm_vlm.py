@@ -37,7 +37,7 @@ def test_vllm_vlm_image_prompt_sync_and_canary():
     from rlcore.engine.base import SamplingParams
     from rlcore.engine.hf_engine import HFEngine
     from rlcore.engine.vllm.vllm_engine import VLLMEngine
-    from rlcore.envs import make_env
+    from rlcore.envs import build_env
     from rlcore.envs.base import task_images
     from rlcore.models.build import build_model, build_tokenizer
     from rlcore.models.vision import expand_image_tokens
@@ -63,7 +63,7 @@ def test_vllm_vlm_image_prompt_sync_and_canary():
     try:
         # trainer names (model.visual.*, model.language_model.*) through vLLM's hf_to_vllm_mapper
         engine.apply_weights(list(trainer_model.named_parameters()), 1)
-        env = make_env(cfg.env.name, dict(cfg.env.args), cfg.env.seed)
+        env = build_env(cfg.env)
         tasks = [env.make_task(i, "train") for i in range(4)]
         images = [task_images(t, tok) for t in tasks]
         prompts = [expand_image_tokens(env.render(t, tok), im, spec)[0] for t, im in zip(tasks, images)]
