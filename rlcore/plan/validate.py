@@ -18,7 +18,7 @@ from rlcore.config.bounds import field_problems
 from rlcore.config.errors import raise_problems
 from rlcore.config.schema import RunConfig
 from rlcore.engine.registry import engine_names, engine_problems, engine_spec
-from rlcore.envs import build_env, make_env, registered, resolve_env
+from rlcore.envs import build_env, registered, resolve_env
 from rlcore.models.hybrid import HYBRID_MODEL_TYPES, local_model_type
 from rlcore.models.moe_family import moe_parallel_problems, num_routed_experts
 from rlcore.models.shipped import is_shipped, shipped_problems
@@ -107,12 +107,11 @@ def env_problems(cfg: RunConfig) -> list[tuple[str, str]]:
                 "or give an importable module:Class",
             )
         ]
-    args = dict(cfg.env.args)
-    misspelt = env_arg_problems(cfg.env.name, cls, args)
+    misspelt = env_arg_problems(cfg.env.name, cls, dict(cfg.env.args))
     if misspelt or field_problems(cfg.env.reward):  # the latter: said once, with the schema's bounds
         return misspelt
     try:  # constructing an environment is cheap and checks its arguments
-        env = make_env(cfg.env.name, args, cfg.env.seed, cfg.env.reward)
+        env = build_env(cfg.env)
     except TypeError as exc:
         return [("env.args", f"{cfg.env.name}: {exc}")]
     except ValueError as exc:
