@@ -22,9 +22,9 @@ class RewardRuntimeConfig:
     timeout_s: float = bounded(10.0, ge=0, note="(0 = no deadline: calls run inline)")
     """Deadline of one sample's reward call (and of one turn's `env_response`), in seconds."""
     on_error: str = choice("fail", "zero", default="fail", noun="on_error")
-    """A reward that raises, hangs or returns a non-finite value: `fail` (the sample is dropped and counted) or `zero` (scored 0, the error kept on the sample)."""
+    """A reward that raises, hangs or is not finite: `fail` (sample dropped, counted) or `zero` (scored 0)."""
     isolation: str = choice("worker", "thread", "process", default="worker", noun="isolation")
-    """Where reward calls run: `worker` (reused processes killed at an overrun), `thread` or `process` (a fork per call)."""
+    """Where reward calls run: `worker` (reused processes killed at an overrun), `thread` or `process`."""
     max_abandoned_threads: int = bounded(4, ge=0)
     """Timed-out threads still running past which `thread` scoring moves to `process` (threads cannot be killed)."""
     memory_mb: int = bounded(2048, ge=0, note="(0 = unbounded)")

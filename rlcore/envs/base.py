@@ -196,19 +196,16 @@ class Environment(abc.ABC):
     def isolation_for(self, calls: list, what: str, stateful: bool) -> str:
         """Where `calls` run (`thread`, `process` or `worker`): the configured isolation, moved as
         `guarded` says."""
+        runtime = self.reward_runtime
         # stateful calls mutate the episode's state in place: they run in threads whatever the setting
-        isolation = "thread" if stateful else self.reward_runtime.isolation
+        isolation = "thread" if stateful else runtime.isolation
         # only threads that ignored the request to stop for STUCK_AFTER_S count (blocked in C)
-        hung = (
-            threads_abandoned(STUCK_AFTER_S)
-            if isolation == "thread" and self.reward_runtime.timeout_s > 0 and calls
-            else 0
-        )
-        if hung > self.reward_runtime.max_abandoned_threads:
+        hung = threads_abandoned(STUCK_AFTER_S) if isolation == "thread" and runtime.timeout_s > 0 and calls else 0
+        if hung > runtime.max_abandoned_threads:
             if stateful:
                 raise EnvironmentStalled(
-                    f"{what}: {hung} calls missed env.reward.timeout_s={self.reward_runtime.timeout_s:g} and still "
-                    f"run (threads cannot be killed; bound env.reward.max_abandoned_threads={self.reward_runtime.max_abandoned_threads})"
+                    f"{what}: {hung} calls missed env.reward.timeout_s={runtime.timeout_s:g} and still run "
+                    f"(threads cannot be killed; bound env.reward.max_abandoned_threads={runtime.max_abandoned_threads})"
                 )
             log.warning(
                 "%s: %d reward threads missed their deadline and still run; scoring moves to process "
@@ -216,9 +213,9 @@ class Environment(abc.ABC):
                 self.name,
                 hung,
             )
-            self.reward_runtime.isolation = isolation = "process"
+            runtime.isolation = isolation = "process"
         if isolation == "worker":
-            if self.reward_runtime.timeout_s > 0 and all(self.reward_pool().accepts(fn) for fn, _ in calls):
+            if runtime.timeout_s > 0 and all(self.reward_pool().accepts(fn) for fn, _ in calls):
                 return "worker"
             return "process"  # not a method of this environment (or no deadline): a fork per call
         return isolation
