@@ -39,7 +39,7 @@ def unreadable(exc: BaseException) -> str | None:
     # test_multinode's engine kill). Raised, it read as this rank's death, and each restart of
     # the trainer group trained the same refs again until trainer.max_restarts ran out.
     if isinstance(exc, (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError)):
-        return f"lost with the rollout actor that made it ({type(exc).__name__})"
+        return f"lost with the actor that made it ({type(exc).__name__})"
     return None
 
 

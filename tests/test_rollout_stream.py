@@ -198,7 +198,7 @@ def test_token_data_left_as_its_dead_actors_error_is_lost_and_a_slow_read_is_rai
     assert fetch_token_data([good, dying], 30) == (
         None,
         [1],
-        "lost with the rollout actor that made it (ActorDiedError)",
+        "lost with the actor that made it (ActorDiedError)",
     )
     assert fetch_token_data([good], 30) == ([[0, 1, 2]], [], "")
     slow = Maker.remote()
