@@ -182,7 +182,7 @@ class Driver:
                     self.launch(run.step + 1)
                 gen_tokens += self.react(self.wait(train), logger)
                 if train and self.trainers.step_done(train):
-                    self.train_and_sync(train, state)
+                    gen_tokens += self.train_and_sync(train, state, logger)
                     train, now = [], time.perf_counter()
                     self.profiler.end(state.step + 1)  # (its traces' hand-back falls in the next step's time)
                     record = self.step_record(state, now - last_end, now - run_start, gen_tokens)
@@ -314,13 +314,20 @@ class Driver:
                 self.buffer.add(group)
         return sum(s.completion_len for g in groups for s in g.samples if not s.failed)
 
-    def train_and_sync(self, train: list[ray.ObjectRef], state: StepState) -> None:
-        """Finish the train step, then sync its weights to the engines (the new policy version)."""
+    def train_and_sync(self, train: list[ray.ObjectRef], state: StepState, logger: MetricsLogger) -> int:
+        """Finish the train step, then sync its weights to the engines (the new policy version);
+        a synchronous run's sync first lets an evaluation still running finish on the policy it
+        evaluates (`StepHooks.holds_sync`), the loop's watchers going on meanwhile. Returns the
+        completion tokens collected while it waited."""
         result = self.trainers.finish_step(train, state.step + 1)
         state.metrics.update(result.metrics)
         state.trainer_logprobs = result.trainer_logprobs
         state.metrics.update(self.weights.after_train())  # e.g. the engines wake on a shared GPU
+        tokens = 0
+        while self.hooks.holds_sync():
+            tokens += self.react(self.wait([]), logger)
         state.metrics.update(self.weights.sync(result.version))
+        return tokens
 
     def drop_lost(self, state: StepState, refs: list, why: str = "lost with the node that made it") -> None:
         """The batch of a step no rank trained because some of its groups' token data was lost
