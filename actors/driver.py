@@ -182,7 +182,7 @@ class Driver:
                     self.launch(run.step + 1)
                 gen_tokens += self.react(self.wait(train), logger)
                 if train and self.trainers.step_done(train):
-                    self.train_and_sync(train, state)
+                    gen_tokens += self.train_and_sync(train, state, logger)
                     train, now = [], time.perf_counter()
                     self.profiler.end(state.step + 1)  # (its traces' hand-back falls in the next step's time)
                     record = self.step_record(state, now - last_end, now - run_start, gen_tokens)
@@ -190,8 +190,8 @@ class Driver:
                     history.append(record)
                     run.step, last_end, gen_tokens = run.step + 1, now, 0
                     self.hooks.after_step(run.step, state, logger)
-            except TokenDataLost as exc:  # made on a node that died: those groups fail, the step runs again
-                self.drop_lost(state, exc.refs)
+            except TokenDataLost as exc:  # its node or actor died with it: those groups fail, the step runs again
+                self.drop_lost(state, exc.refs, exc.why)
                 train, state = [], None
             except ActorDied as exc:  # a trainer rank died: new ranks from the engines' weights or a checkpoint
                 # a batch whose step died before its weights were synced was never trained
@@ -314,35 +314,43 @@ class Driver:
                 self.buffer.add(group)
         return sum(s.completion_len for g in groups for s in g.samples if not s.failed)
 
-    def train_and_sync(self, train: list[ray.ObjectRef], state: StepState) -> None:
-        """Finish the train step, then sync its weights to the engines (the new policy version)."""
+    def train_and_sync(self, train: list[ray.ObjectRef], state: StepState, logger: MetricsLogger) -> int:
+        """Finish the train step, then sync its weights to the engines (the new policy version);
+        a synchronous run's sync first lets an evaluation still running finish on the policy it
+        evaluates (`StepHooks.holds_sync`), the loop's watchers going on meanwhile. Returns the
+        completion tokens collected while it waited."""
         result = self.trainers.finish_step(train, state.step + 1)
         state.metrics.update(result.metrics)
         state.trainer_logprobs = result.trainer_logprobs
         state.metrics.update(self.weights.after_train())  # e.g. the engines wake on a shared GPU
+        tokens = 0
+        while self.hooks.holds_sync():
+            tokens += self.react(self.wait([]), logger)
         state.metrics.update(self.weights.sync(result.version))
+        return tokens
 
-    def drop_lost(self, state: StepState, refs: list) -> None:
+    def drop_lost(self, state: StepState, refs: list, why: str = "lost with the node that made it") -> None:
         """The batch of a step no rank trained because some of its groups' token data was lost
-        with the node that made it: those groups fail (one reason, named in the failures), the
-        others go back to the front of the buffer for the next step."""
+        (`why`: with the node or the actor that made it): those groups fail (one reason, named in
+        the failures), the others go back to the front of the buffer for the next step."""
         lost_ids = {ref.binary() for ref in refs}
         lost = [g for g in state.batch if g.data is not None and g.data.binary() in lost_ids]
         self.buffer.put_back([g for g in state.batch if all(g is not x for x in lost)])
         samples = self.buffer.lose(lost)
         self.failures.request_lost(
             samples,
-            "engine: token data lost with the node that made it",
+            f"engine: token data {why}",
             f"{len(lost)} group(s) of step {state.step + 1}; the step runs again without them",
             streak=False,
             task=lost[0].task if lost else None,
         )
         log.warning(
-            "step %d: the token data of %d group(s) (%d samples) was lost with the node that made it; "
+            "step %d: the token data of %d group(s) (%d samples) was %s; "
             "they are counted failed and the step runs again without them",
             state.step + 1,
             len(lost),
             samples,
+            why,
         )
         self.weights.after_train()  # engines that slept for the step wake (colocated)
 

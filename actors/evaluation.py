@@ -94,6 +94,12 @@ class Evaluator:
     def refs(self) -> list:
         return list(self._inflight)
 
+    def running(self) -> bool:
+        """Whether a request runs on an actor that serves now (one taken out as stalled, whose
+        request may never answer, is not counted)."""
+        serving = set(self.serving())
+        return any(actor in serving for _, _, actor in self._inflight.values())
+
     def owns(self, ref) -> bool:
         return ref in self._inflight
 

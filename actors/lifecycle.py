@@ -10,7 +10,8 @@ called by `actors.driver.Driver` at fixed points:
   checkpoint's weights;
 - `after_step()` (after each step is logged): data-order row, checkpoint, evaluation launch, and
   after the last step the export;
-- `refs()` / `owns()` / `on_ready()` (inside the loop): evaluation requests;
+- `refs()` / `owns()` / `on_ready()` (inside the loop): evaluation requests; `holds_sync()`: whether
+  the next weight sync waits for one (synchronous runs);
 - `finish()` (after the loop): waits for evaluations still running.
 
 Resume semantics. The checkpoint of step s holds the stream position and the tasks still
@@ -23,6 +24,7 @@ exactly the data, seeds and weights of an uninterrupted one.
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Callable
@@ -81,6 +83,8 @@ class StepHooks:
         self.last_checkpoint: Path | None = None
         self.start_step = 0  # the step the run started from (a resume's checkpoint step)
         self.resumed_restarts: dict[str, int] = {}  # the restart counters of the checkpoint loaded last
+        self._sync_held_since: float | None = None  # when `holds_sync` began holding the sync
+        self._sync_hold_said = False
 
     def newest_checkpoint(self) -> Path | None:
         """The checkpoint a restart or a resume goes back to: the newest this run saved or
@@ -256,6 +260,35 @@ class StepHooks:
     # -- evaluation inside the loop ------------------------------------------------------------
     def refs(self) -> list:
         return self.evaluator.refs() if self.evaluator is not None else []
+
+    def holds_sync(self) -> bool:
+        """A synchronous run (`algo.max_off_policy_steps=0`): whether the next weight sync waits,
+        because an evaluation request still runs on the policy it would replace; at most
+        `eval.timeout_s` per evaluation, then one line and the sync goes on. Asynchronous runs never
+        wait (their rounds report the versions that decoded them, `eval/version_min/max`)."""
+        # Why: the engines swap weights between two decode steps, so a sync landing while an
+        # evaluation decodes gives its later tokens to the next policy, at a point set by timing
+        # (how fast rewards score, e.g. a resumed run's reward workers starting cold): the
+        # round's result then differs between a run and its resume (issue 54's note).
+        ev = self.evaluator
+        if ev is None or self.cfg.algo.max_off_policy_steps > 0 or not ev.running():
+            # (chunks queued with no request running wait for an engine to join: no hold)
+            self._sync_held_since, self._sync_hold_said = None, False
+            return False
+        now = time.monotonic()
+        if self._sync_held_since is None:
+            self._sync_held_since = now
+        if now - self._sync_held_since < self.cfg.eval.timeout_s:
+            return True
+        if not self._sync_hold_said:
+            self._sync_hold_said = True
+            log.warning(
+                "evaluation of step(s) %s still runs after eval.timeout_s=%.0fs: the weight sync goes on; "
+                "its later tokens come from the next policy (eval/version_max)",
+                [r.step for r in ev.rounds],
+                self.cfg.eval.timeout_s,
+            )
+        return False
 
     def engines_joined(self) -> None:
         """Engines joined the weight group again: evaluation chunks waiting for one can go."""

@@ -5,7 +5,9 @@ data of their own samples (`actors.trainer.TrainerRank.train_step`).
 
 Because the caller owns the return objects of a task, token data sitting in the object store
 outlives the rollout actor that made it (Ray's ownership model: the value lives in the node's
-object store, its metadata at the owner); an actor restart loses none of it.
+object store, its metadata at the owner); an actor restart loses none of it, but for a group
+the actor had just sent when it was killed: Ray can leave the actor's error in its place, and the
+trainer ranks count that group lost (`actors.trainer.fetch_token_data`).
 
 The driver reads token data in one bounded place only, with a timeout: the samples table every
 `logger.samples_every` steps (`table_rows`), the groups shown only. On-policy distillation's

@@ -28,20 +28,42 @@ if TYPE_CHECKING:
     from rlcore.trainer.core import TrainerCore
 
 
-def fetch_token_data(refs: list, timeout_s: float) -> tuple[list | None, list[int]]:
-    """(the objects of `refs`, []), or (None, the indices of those that are lost): Ray keeps an
-    object a rollout actor made in that actor's node's store, and a node that died took the only
-    copy with it (the generate call is not re-run: its samples' metadata is already the driver's)."""
+def unreadable(exc: BaseException) -> str | None:
+    """Why an object's value cannot be read, when `exc` (raised by `ray.get`) says it never will
+    be; None for anything else (a timeout, this process's own fault): those are raised."""
+    if isinstance(exc, ray.exceptions.ObjectLostError):
+        return "lost with the node that made it"
+    # a rollout actor killed just after it streamed a group can leave its own error where the
+    # group's token data was, though the driver took the ref while the actor lived and owns it
+    # (Ray 2.60, objects past max_direct_call_object_size: ActorUnavailableError in 2 of 9 runs of
+    # test_multinode's engine kill). Raised, it read as this rank's death, and each restart of
+    # the trainer group trained the same refs again until trainer.max_restarts ran out.
+    if isinstance(exc, (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError)):
+        return f"lost with the actor that made it ({type(exc).__name__})"
+    return None
+
+
+def fetch_token_data(refs: list, timeout_s: float) -> tuple[list | None, list[int], str]:
+    """(the objects of `refs`, [], ""), or (None, the indices of those that cannot be read, why):
+    Ray keeps an object a rollout actor made in that actor's node's store, and a node that died
+    took the only copy with it; an actor that died as it sent one can leave its error in the
+    object's place (`unreadable`). The generate call is not re-run: its samples' metadata is
+    already the driver's. Any other error (`trainer.step_timeout_s` passed) is raised."""
     try:
-        return ray.get(refs, timeout=timeout_s), []
-    except ray.exceptions.ObjectLostError:
-        lost = []
-        for i, ref in enumerate(refs):
-            try:
-                ray.get(ref, timeout=timeout_s)
-            except ray.exceptions.ObjectLostError:
-                lost.append(i)
-        return None, lost
+        return ray.get(refs, timeout=timeout_s), [], ""
+    except ray.exceptions.RayError as exc:
+        if unreadable(exc) is None:
+            raise
+    lost, why = [], ""
+    for i, ref in enumerate(refs):
+        try:
+            ray.get(ref, timeout=timeout_s)
+        except ray.exceptions.RayError as exc:
+            if (reason := unreadable(exc)) is None:
+                raise
+            lost.append(i)
+            why = why or reason
+    return (None, lost, why) if lost else (ray.get(refs, timeout=timeout_s), [], "")
 
 
 class TrainerRank:
@@ -104,8 +126,8 @@ class TrainerRank:
         """One optimizer step (collective) on this rank's part of the batch: fetch the token data
         of its samples from the object store (the refs in `work.data`, nested so that Ray hands
         them over unresolved; bounded by `trainer.step_timeout_s`; where a group's data was lost
-        with the node that made it, no rank trains and each returns `token_data_lost`: the
-        indices into `work.data` it could not read), pack them by the driver's
+        with the node or actor that made it (`fetch_token_data`), no rank trains and each returns
+        `token_data_lost`: the indices into `work.data` it could not read, and `token_data_lost_why`), pack them by the driver's
         plan (`rlcore.batch.step.rank_micro_batches`), and train. `train_fetch_s`: the fetch and packing
         seconds (outside `train_time_s`). Colocated, the new weights are also written into this
         rank's IPC buffer before returning (`weights_pushed`, as `push_weights` returns it): the
@@ -115,13 +137,13 @@ class TrainerRank:
         of the samples `work.shown` marks (`rlcore.batch.step.shown_logprobs`), when it marks any."""
         start = time.perf_counter()
         try:
-            data, lost, error = *fetch_token_data(work.data, self.cfg.trainer.step_timeout_s), None
+            data, lost, why, error = *fetch_token_data(work.data, self.cfg.trainer.step_timeout_s), None
         except Exception as exc:  # noqa: BLE001 - raised below, once the other ranks know
-            data, lost, error = None, [], exc
+            data, lost, why, error = None, [], "", exc
         if not self.core.every_rank(data is not None):  # no rank trains a batch another cannot read
             if error is not None:
                 raise error
-            return {"token_data_lost": lost}
+            return {"token_data_lost": lost, "token_data_lost_why": why}
         micro_batches = rank_micro_batches(work, data)
         fetch_s = time.perf_counter() - start
         keep = shown_positions(work) if work.shown else None

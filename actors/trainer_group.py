@@ -60,12 +60,13 @@ class TrainResult:
 
 
 class TokenDataLost(Exception):
-    """A step's groups whose token data no longer exists anywhere (made on a node that died):
-    `refs`, their data refs. The step was not trained; the caller drops them and steps again."""
+    """A step's groups whose token data can no longer be read (`actors.trainer.fetch_token_data`):
+    `refs`, their data refs; `why`, how it was lost. The step was not trained; the caller drops
+    them and steps again."""
 
-    def __init__(self, refs: list):
-        super().__init__(f"{len(refs)} group(s)' token data lost")
-        self.refs = refs
+    def __init__(self, refs: list, why: str = "lost with the node that made it"):
+        super().__init__(f"{len(refs)} group(s)' token data {why}")
+        self.refs, self.why = refs, why
 
 
 class TrainerGroup:
@@ -224,7 +225,8 @@ class TrainerGroup:
         results = self._get(refs, f"train step {step}")
         if any("token_data_lost" in r for r in results):  # no rank trained (they agreed first)
             raise TokenDataLost(
-                [self._works[rank].data[i] for rank, r in enumerate(results) for i in r.get("token_data_lost", [])]
+                [self._works[rank].data[i] for rank, r in enumerate(results) for i in r.get("token_data_lost", [])],
+                next((r["token_data_lost_why"] for r in results if r.get("token_data_lost_why")), "lost"),
             )
         # a buffered transport: the step also wrote the new weights into the buffers; kept here for
         # the sync (`take_pushed`), which then only has the engines read them

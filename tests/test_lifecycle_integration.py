@@ -26,15 +26,11 @@ SYNC = [
     "rollout.sampling.max_new_tokens=8",
     "logger.console=false",
     "eval.every_n_steps=2",
-    "eval.num_tasks=4",
+    # an evaluation round that outlasts the next step: its sync must wait for it (issue 54's note)
+    "eval.num_tasks=8",
+    "eval.max_new_tokens=16",
     "eval.samples_per_task=4",
     "eval.k=[1,4]",
-    # KNOWN BUG (2026-12-06, left open in issue 54's note): with reward calls in a process each
-    # (the default worker isolation) the in-run evaluation right after a resume differed from the
-    # uninterrupted run's (step 4: 0.385 vs 0.356 eval/reward_mean) while every training row was
-    # equal; with thread rewards it is exact. Pinned here so this test keeps checking resume
-    # determinism until that is found.
-    "env.reward.isolation=thread",
 ]
 
 
@@ -78,8 +74,9 @@ def eval_rows(out):
 def test_resume_continues_exactly_where_an_uninterrupted_run_goes(ray_cluster, tmp_path):
     """Synchronous run, 6 steps straight vs 3 steps + resume for 3 more: same task order per
     step, same losses (steps 1-3 show run-to-run determinism, 4-6 exact resume), one metrics
-    series, evaluations at the same steps with the same results; `mode=eval` of the final
-    checkpoint reproduces the in-run evaluation."""
+    series, evaluations at the same steps with the same results, each decoded by its step's
+    policy alone (default reward isolation); `mode=eval` of the final checkpoint reproduces the
+    in-run evaluation."""
     a, b = tmp_path / "a", tmp_path / "b"
     run([*SYNC, f"output_dir={a}", "steps=6"])
     run([*SYNC, f"output_dir={b}", "steps=3"])
@@ -95,6 +92,8 @@ def test_resume_continues_exactly_where_an_uninterrupted_run_goes(ray_cluster, t
 
     ea, eb = eval_rows(a), eval_rows(b)
     assert sorted(ea) == [2, 4, 6] and sorted(eb) == [2, 3, 4, 6]  # b: step 3 was its final step
+    for r in [*ea.values(), *eb.values()]:  # every token of a round from its step's policy
+        assert r["eval/version_min"] == r["eval/version_max"] == r["eval/policy_version"], r
     for step in (2, 4, 6):
         for key in ("eval/reward_mean", "eval/pass@1", "eval/pass@4"):
             assert ea[step][key] == pytest.approx(eb[step][key], abs=1e-9), (step, key)

@@ -308,11 +308,14 @@ from rlcore.config.reward import RewardRuntimeConfig
 from tests.test_reward_boundary import Attacker
 from tests.test_reward_workers import scored, started_by
 attack, starter = sys.argv[1:3]
-victim = subprocess.Popen(["sleep", "60"]) if attack == "progress" else None
+# the victim must not hold this process's stdout: the test reads it to its end (60 s later)
+victim = subprocess.Popen(["sleep", "60"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) if attack == "progress" else None
 timeout = 1 if attack == "progress" else 10
 env = started_by(Attacker(attack, str(victim.pid) if victim else "", reward_runtime=RewardRuntimeConfig(timeout_s=timeout, memory_mb=150)), starter)
 rounds = [[(s.reward, s.error, s.failed) for s in scored(env, tasks=4, n=2)] for _ in range(2)]
 print(json.dumps({"rounds": rounds, "victim_alive": victim is None or victim.poll() is None}))
+if victim is not None:
+    victim.kill()
 """
 
 

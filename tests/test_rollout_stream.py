@@ -174,3 +174,34 @@ def test_an_engine_frozen_during_a_checkpoints_rng_read_is_a_stall_and_the_check
         "waiting for the engine RNG state of rollout actor 1" in ln and "checkpoint.timeout_s" in ln for ln in lines
     ), lines
     assert both.stalled_count == 1 and both.serving == [0]
+
+
+def test_token_data_left_as_its_dead_actors_error_is_lost_and_a_slow_read_is_raised(ray_cluster):
+    """`fetch_token_data` on a trainer rank: a ref the driver holds whose value became the error
+    of the actor that made it (seen after an engine kill, Ray 2.60) names that group lost, so the
+    step runs again without it; a read past its deadline is raised (the rank's own fault)."""
+    from actors.trainer import fetch_token_data
+
+    @ray_cluster.remote(num_cpus=0, max_restarts=0)
+    class Maker:
+        def make(self, n: int) -> list[int]:
+            return list(range(n))
+
+        def hang(self) -> None:
+            time.sleep(600)
+
+    maker = Maker.remote()
+    good = maker.make.remote(3)
+    ray_cluster.get(good, timeout=60)
+    dying = maker.hang.remote()
+    ray_cluster.kill(maker, no_restart=True)
+    assert fetch_token_data([good, dying], 30) == (
+        None,
+        [1],
+        "lost with the actor that made it (ActorDiedError)",
+    )
+    assert fetch_token_data([good], 30) == ([[0, 1, 2]], [], "")
+    slow = Maker.remote()
+    with pytest.raises(ray_cluster.exceptions.GetTimeoutError):
+        fetch_token_data([good, slow.hang.remote()], 1)
+    ray_cluster.kill(slow)

@@ -123,7 +123,8 @@ class EvalConfig:
     seed: int = 1234
     """Sampling seed of evaluation requests: every evaluation draws with the same randomness."""
     timeout_s: float = bounded(600.0, gt=0)
-    """Longest the end of a run waits for evaluations still running."""
+    """Longest the end of a run waits for evaluations still running (and, in a synchronous run,
+    a weight sync for the evaluation of the policy it replaces)."""
 
 
 @dataclass

@@ -15,7 +15,9 @@ consumes the training requests' RNG.
 
 A round launched after step s is logged with `"step": s`; in asynchronous runs a weight update
 may land while it decodes, so `eval/version_min`/`eval/version_max` report the policy versions
-that produced its tokens.
+that produced its tokens. A synchronous run's next sync waits for it instead (at most
+`eval.timeout_s`, `actors.lifecycle.StepHooks.holds_sync`): every token of the round comes from
+its step's policy, so a run and its resume evaluate alike whatever the timing.
 """
 
 from __future__ import annotations
