@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import time
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 import ray
@@ -15,7 +16,7 @@ import torch
 
 from actors.logs import redirect_output
 from rlcore.batch.packing import MicroBatch
-from rlcore.batch.step import RankWork, rank_micro_batches, rank_sample_versions, shown_logprobs, shown_positions
+from rlcore.batch.step import RankWork, rank_micro_batches, rank_sample_versions, sample_places
 from rlcore.config import RunConfig
 from rlcore.engine.registry import tensor_parallel_size, weight_transport
 from rlcore.report.profiling import TraceRecorder, source_info
@@ -80,6 +81,7 @@ class TrainerRank:
         # rank does not hold every parameter whole); a checkpoint load rebuilds them
         self._whole: list[tuple[str, torch.Tensor]] | None = None
         self._recorder: TraceRecorder | None = None  # `profile.steps`
+        self._trained: RankWork | None = None  # the last RL step's work, less its data handles
 
     def address(self) -> tuple[str, int]:
         """Where this rank can host a rendezvous (called on rank 0)."""
@@ -133,8 +135,8 @@ class TrainerRank:
         rank's IPC buffer before returning (`weights_pushed`, as `push_weights` returns it): the
         driver's sync is then one call, the engines' receive. `release_memory`: hand the caching
         allocator's free blocks back after the step (an engine asleep on this GPU wakes into them;
-        the placement's decision, `WeightSync`'s). `trainer_logprobs`: {key: per-token logprobs}
-        of the samples `work.shown` marks (`rlcore.batch.step.shown_logprobs`), when it marks any."""
+        the placement's decision, `WeightSync`'s). What the step's forward computed stays on the
+        rank until its next step (`last_step_logprobs`)."""
         start = time.perf_counter()
         try:
             data, lost, why, error = *fetch_token_data(work.data, self.cfg.trainer.step_timeout_s), None
@@ -146,9 +148,8 @@ class TrainerRank:
             return {"token_data_lost": lost, "token_data_lost_why": why}
         micro_batches = rank_micro_batches(work, data)
         fetch_s = time.perf_counter() - start
-        keep = shown_positions(work) if work.shown else None
-        result = self.core.train_step(micro_batches, normalizer, rank_sample_versions(work, data), keep)
-        shown = {"trainer_logprobs": shown_logprobs(work, data, result.kept)} if keep else {}
+        result = self.core.train_step(micro_batches, normalizer, rank_sample_versions(work, data))
+        self._trained = replace(work, data=[])  # not the refs: they would hold the token data in the store
         pushed = {}
         if self.sender is not None and self.sender.buffered:
             pushed = {"weights_pushed": self.push_weights()}
@@ -165,13 +166,25 @@ class TrainerRank:
             **result.metrics,
             **memory,
             **pushed,
-            **shown,
             "version": result.version,
             "lr": result.lr,
             "train_fetch_s": fetch_s,
         }
 
+    def last_step_logprobs(self, keys: list[tuple[int, int]], version: int) -> dict[tuple[int, int], list[float]]:
+        """The trainer logprobs of the samples of `keys` ((group position in the batch, sample
+        index): `rlcore.report.samples.shown_keys`) that this rank trained in the RL step that
+        made `version`: per key, what that step's forward computed along the sample's packed
+        positions (prompt then completion; position t scores token t + 1), under the weights
+        before its update. No collective: each rank answers for the samples it held
+        (context-parallel ranks alike: each holds the whole sequence's logprobs); {} when its
+        last step is another."""
+        if self._trained is None or self.core is None:
+            return {}
+        return self.core.last_step_logprobs(version, sample_places(self._trained, keys))
+
     def sft_step(self, micro_batches: list[MicroBatch], global_loss_tokens: int) -> dict:
+        self._trained = None  # its micro-batches are no RL step's work
         result = self.core.sft_step(micro_batches, global_loss_tokens)
         return {**result.metrics, "version": result.version, "lr": result.lr}
 
