@@ -238,6 +238,8 @@ class TrainerGroup:
         (context-parallel ranks share their work: any one of them will do). No collective; the
         group's deadline. A display's read: a rank that fails or does not answer leaves them out
         ({}, with a warning), never the run (a dead rank is met by the next step)."""
+        if not keys:
+            return {}
         try:
             answers = self._get(
                 self._each("last_step_logprobs", keys, version), f"trainer logprobs of version {version}"
