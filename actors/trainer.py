@@ -129,9 +129,10 @@ class TrainerRank:
         of its samples from the object store (the refs in `work.data`, nested so that Ray hands
         them over unresolved; bounded by `trainer.step_timeout_s`; where a group's data was lost
         with the node or actor that made it (`fetch_token_data`), no rank trains and each returns
-        `token_data_lost`: the indices into `work.data` it could not read, and `token_data_lost_why`), pack them by the driver's
-        plan (`rlcore.batch.step.rank_micro_batches`), and train. `train_fetch_s`: the fetch and packing
-        seconds (outside `train_time_s`). Colocated, the new weights are also written into this
+        `token_data_lost`, the indices into `work.data` it could not read, and
+        `token_data_lost_why`), pack them by the driver's plan
+        (`rlcore.batch.step.rank_micro_batches`), and train. `train_fetch_s`: the fetch and
+        packing seconds (outside `train_time_s`). Colocated, the new weights are also written into this
         rank's IPC buffer before returning (`weights_pushed`, as `push_weights` returns it): the
         driver's sync is then one call, the engines' receive. `release_memory`: hand the caching
         allocator's free blocks back after the step (an engine asleep on this GPU wakes into them;
