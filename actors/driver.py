@@ -87,6 +87,7 @@ class Driver:
             + (1 + RequestLimits.of(r).held) * r.num_actors * r.tasks_per_request
         )
         self.buffer = RolloutBuffer(a.max_off_policy_steps, capacity, acct)
+        self.synchronous = a.max_off_policy_steps == 0  # its syncs wait for an evaluation running
         self.env = make_env(cfg.env.name, dict(cfg.env.args), cfg.env.seed)
         self.run_state = RunState(acct, TaskFeed(self.env, cfg))
         self.groups: Groups | None = None
@@ -315,7 +316,7 @@ class Driver:
         state.metrics.update(result.metrics)
         state.metrics.update(self.weights.after_train())  # e.g. the engines wake on a shared GPU
         tokens = 0
-        while self.hooks.holds_sync():
+        while self.synchronous and self.hooks.holds_sync():
             tokens += self.react(self.wait([]), logger)
         state.metrics.update(self.weights.sync(result.version))
         return tokens
