@@ -15,6 +15,7 @@ import ray
 import torch
 
 from actors.logs import redirect_output
+from actors.remote import died
 from rlcore.batch.packing import MicroBatch
 from rlcore.batch.step import RankWork, rank_micro_batches, rank_sample_versions, sample_places
 from rlcore.config import RunConfig
@@ -39,7 +40,9 @@ def unreadable(exc: BaseException) -> str | None:
     # (Ray 2.60, objects past max_direct_call_object_size: ActorUnavailableError in 2 of 9 runs of
     # test_multinode's engine kill). Raised, it read as this rank's death, and each restart of
     # the trainer group trained the same refs again until trainer.max_restarts ran out.
-    if isinstance(exc, (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError)):
+    # (an actor's death as `died` reads it for a call, and a restart still under way, which for
+    # an object's value is final)
+    if died(exc) or isinstance(exc, ray.exceptions.ActorUnavailableError):
         return f"lost with the actor that made it ({type(exc).__name__})"
     return None
 
