@@ -37,7 +37,7 @@ def unreadable(exc: BaseException) -> str | None:
         return "lost with the node that made it"
     # a rollout actor killed just after it streamed a group can leave its own error where the
     # group's token data was, though the driver took the ref while the actor lived and owns it
-    # (Ray 2.60, objects past max_direct_call_object_size: ActorUnavailableError in 2 of 9 runs of
+    # (Ray 2.60, objects past max_direct_call_object_size: ActorUnavailableError in 2 of 15 runs of
     # test_multinode's engine kill). Raised, it read as this rank's death, and each restart of
     # the trainer group trained the same refs again until trainer.max_restarts ran out.
     # (an actor's death as `died` reads it for a call, and a restart still under way, which for
