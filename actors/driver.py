@@ -68,8 +68,6 @@ class StepState:
     batch: list[GroupMeta]
     max_staleness: int
     metrics: dict[str, Any] = field(default_factory=dict)
-    trainer_logprobs: dict[tuple[int, int], list] = field(default_factory=dict)
-    """The trainer's logprobs of the samples this step's table shows (steps that write one)."""
 
 
 class Driver:
@@ -89,6 +87,7 @@ class Driver:
             + (1 + RequestLimits.of(r).held) * r.num_actors * r.tasks_per_request
         )
         self.buffer = RolloutBuffer(a.max_off_policy_steps, capacity, acct)
+        self.synchronous = a.max_off_policy_steps == 0  # its syncs wait for an evaluation running
         self.env = build_env(cfg.env)
         self.run_state = RunState(acct, TaskFeed(self.env, cfg))
         self.groups: Groups | None = None
@@ -257,13 +256,7 @@ class Driver:
         cfg = self.cfg
         self._train_version = self.run_state.version
         state.metrics.update(self.weights.before_train())  # e.g. the engines free a shared GPU
-        # on a step that writes samples, the ranks return the trainer logprobs of those shown
-        shown = (
-            samples.shown_keys(state.batch, cfg.logger.samples_per_table)
-            if samples.due(state.step + 1, cfg.logger.samples_every)
-            else ()
-        )
-        plan = build_step(state.batch, cfg, distill=self.teacher is not None, shown=shown)  # metadata only
+        plan = build_step(state.batch, cfg, distill=self.teacher is not None)  # metadata only
         state.metrics.update(plan.metrics, max_staleness=state.max_staleness)
         # each rank fetches its own samples' token data from the object store and packs them
         return self.trainers.launch_step(shards_per_rank(plan.ranks, cfg.trainer), plan.normalizer)
@@ -321,10 +314,9 @@ class Driver:
         completion tokens collected while it waited."""
         result = self.trainers.finish_step(train, state.step + 1)
         state.metrics.update(result.metrics)
-        state.trainer_logprobs = result.trainer_logprobs
         state.metrics.update(self.weights.after_train())  # e.g. the engines wake on a shared GPU
         tokens = 0
-        while self.hooks.holds_sync():
+        while self.synchronous and self.hooks.holds_sync():
             tokens += self.react(self.wait([]), logger)
         state.metrics.update(self.weights.sync(result.version))
         return tokens
@@ -361,12 +353,15 @@ class Driver:
             self.samples_located = True
         failed = self.failures.take_examples()  # a few failed samples per reason, this step's
         if samples.due(record["step"], self.cfg.logger.samples_every):
+            limit = self.cfg.logger.samples_per_table
+            # what the step's forward computed for the samples shown, read from the ranks now
+            trainer = self.trainers.last_step_logprobs(samples.shown_keys(state.batch, limit), state.metrics["version"])
             rows = table_rows(
                 state.batch,
                 lambda ids: self.tokenizer.decode(ids, skip_special_tokens=True),
-                self.cfg.logger.samples_per_table,
+                limit,
                 self.cfg.rollout.generate_timeout_s,
-                state.trainer_logprobs,
+                trainer,
                 failed,
             )
             if rows is not None:

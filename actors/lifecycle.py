@@ -262,16 +262,17 @@ class StepHooks:
         return self.evaluator.refs() if self.evaluator is not None else []
 
     def holds_sync(self) -> bool:
-        """A synchronous run (`algo.max_off_policy_steps=0`): whether the next weight sync waits,
-        because an evaluation request still runs on the policy it would replace; at most
-        `eval.timeout_s` per evaluation, then one line and the sync goes on. Asynchronous runs never
-        wait (their rounds report the versions that decoded them, `eval/version_min/max`)."""
+        """Asked before each weight sync of a synchronous run (`algo.max_off_policy_steps=0`, the
+        driver's call): whether the sync waits, because an evaluation request still runs on the
+        policy it would replace; at most `eval.timeout_s` per evaluation, then one line and the
+        sync goes on. Asynchronous runs never ask (their rounds report the versions that decoded
+        them, `eval/version_min/max`)."""
         # Why: the engines swap weights between two decode steps, so a sync landing while an
         # evaluation decodes gives its later tokens to the next policy, at a point set by timing
         # (how fast rewards score, e.g. a resumed run's reward workers starting cold): the
         # round's result then differs between a run and its resume (issue 54's note).
         ev = self.evaluator
-        if ev is None or self.cfg.algo.max_off_policy_steps > 0 or not ev.running():
+        if ev is None or not ev.running():
             # (chunks queued with no request running wait for an engine to join: no hold)
             self._sync_held_since, self._sync_hold_said = None, False
             return False

@@ -39,7 +39,7 @@ def table_rows(
     failed: list[FailedExample] = (),
 ) -> list[dict[str, Any]] | None:
     """The samples table's rows (`rlcore.report.samples.sample_rows`, with the trainer logprobs
-    the step returned), then the `failed` samples' rows (`samples.failed_rows`), fetching the
+    read from the ranks after the step, `TrainerGroup.last_step_logprobs`), then the `failed` samples' rows (`samples.failed_rows`), fetching the
     token data of the groups shown only (at most `limit` + the examples'); None, with a warning,
     when it cannot be read in time: a table is never worth failing a run for."""
 

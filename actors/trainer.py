@@ -8,14 +8,16 @@ from __future__ import annotations
 
 import os
 import time
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 import ray
 import torch
 
 from actors.logs import redirect_output
+from actors.remote import died
 from rlcore.batch.packing import MicroBatch
-from rlcore.batch.step import RankWork, rank_micro_batches, rank_sample_versions, shown_logprobs, shown_positions
+from rlcore.batch.step import RankWork, rank_micro_batches, rank_sample_versions, sample_places
 from rlcore.config import RunConfig
 from rlcore.engine.registry import tensor_parallel_size, weight_transport
 from rlcore.report.profiling import TraceRecorder, source_info
@@ -35,10 +37,12 @@ def unreadable(exc: BaseException) -> str | None:
         return "lost with the node that made it"
     # a rollout actor killed just after it streamed a group can leave its own error where the
     # group's token data was, though the driver took the ref while the actor lived and owns it
-    # (Ray 2.60, objects past max_direct_call_object_size: ActorUnavailableError in 2 of 9 runs of
+    # (Ray 2.60, objects past max_direct_call_object_size: ActorUnavailableError in 2 of 15 runs of
     # test_multinode's engine kill). Raised, it read as this rank's death, and each restart of
     # the trainer group trained the same refs again until trainer.max_restarts ran out.
-    if isinstance(exc, (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError)):
+    # (an actor's death as `died` reads it for a call, and a restart still under way, which for
+    # an object's value is final)
+    if died(exc) or isinstance(exc, ray.exceptions.ActorUnavailableError):
         return f"lost with the actor that made it ({type(exc).__name__})"
     return None
 
@@ -80,6 +84,7 @@ class TrainerRank:
         # rank does not hold every parameter whole); a checkpoint load rebuilds them
         self._whole: list[tuple[str, torch.Tensor]] | None = None
         self._recorder: TraceRecorder | None = None  # `profile.steps`
+        self._trained: RankWork | None = None  # the last RL step's work, less its data handles
 
     def address(self) -> tuple[str, int]:
         """Where this rank can host a rendezvous (called on rank 0)."""
@@ -127,14 +132,15 @@ class TrainerRank:
         of its samples from the object store (the refs in `work.data`, nested so that Ray hands
         them over unresolved; bounded by `trainer.step_timeout_s`; where a group's data was lost
         with the node or actor that made it (`fetch_token_data`), no rank trains and each returns
-        `token_data_lost`: the indices into `work.data` it could not read, and `token_data_lost_why`), pack them by the driver's
-        plan (`rlcore.batch.step.rank_micro_batches`), and train. `train_fetch_s`: the fetch and packing
-        seconds (outside `train_time_s`). Colocated, the new weights are also written into this
+        `token_data_lost`, the indices into `work.data` it could not read, and
+        `token_data_lost_why`), pack them by the driver's plan
+        (`rlcore.batch.step.rank_micro_batches`), and train. `train_fetch_s`: the fetch and
+        packing seconds (outside `train_time_s`). Colocated, the new weights are also written into this
         rank's IPC buffer before returning (`weights_pushed`, as `push_weights` returns it): the
         driver's sync is then one call, the engines' receive. `release_memory`: hand the caching
         allocator's free blocks back after the step (an engine asleep on this GPU wakes into them;
-        the placement's decision, `WeightSync`'s). `trainer_logprobs`: {key: per-token logprobs}
-        of the samples `work.shown` marks (`rlcore.batch.step.shown_logprobs`), when it marks any."""
+        the placement's decision, `WeightSync`'s). What the step's forward computed stays on the
+        rank until its next step (`last_step_logprobs`)."""
         start = time.perf_counter()
         try:
             data, lost, why, error = *fetch_token_data(work.data, self.cfg.trainer.step_timeout_s), None
@@ -146,9 +152,8 @@ class TrainerRank:
             return {"token_data_lost": lost, "token_data_lost_why": why}
         micro_batches = rank_micro_batches(work, data)
         fetch_s = time.perf_counter() - start
-        keep = shown_positions(work) if work.shown else None
-        result = self.core.train_step(micro_batches, normalizer, rank_sample_versions(work, data), keep)
-        shown = {"trainer_logprobs": shown_logprobs(work, data, result.kept)} if keep else {}
+        result = self.core.train_step(micro_batches, normalizer, rank_sample_versions(work, data))
+        self._trained = replace(work, data=[])  # not the refs: they would hold the token data in the store
         pushed = {}
         if self.sender is not None and self.sender.buffered:
             pushed = {"weights_pushed": self.push_weights()}
@@ -165,13 +170,25 @@ class TrainerRank:
             **result.metrics,
             **memory,
             **pushed,
-            **shown,
             "version": result.version,
             "lr": result.lr,
             "train_fetch_s": fetch_s,
         }
 
+    def last_step_logprobs(self, keys: list[tuple[int, int]], version: int) -> dict[tuple[int, int], list[float]]:
+        """The trainer logprobs of the samples of `keys` ((group position in the batch, sample
+        index): `rlcore.report.samples.shown_keys`) that this rank trained in the RL step that
+        made `version`: per key, what that step's forward computed along the sample's packed
+        positions (prompt then completion; position t scores token t + 1), under the weights
+        before its update. No collective: each rank answers for the samples it held
+        (context-parallel ranks alike: each holds the whole sequence's logprobs); {} when its
+        last step is another."""
+        if self._trained is None or self.core is None:
+            return {}
+        return self.core.last_step_logprobs(version, sample_places(self._trained, keys))
+
     def sft_step(self, micro_batches: list[MicroBatch], global_loss_tokens: int) -> dict:
+        self._trained = None  # its micro-batches are no RL step's work
         result = self.core.sft_step(micro_batches, global_loss_tokens)
         return {**result.metrics, "version": result.version, "lr": result.lr}
 

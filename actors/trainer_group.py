@@ -5,7 +5,8 @@ Over 400 lines: every call made on all ranks at once shares the ranks' names and
 
 The RL driver, its warm-up and the SFT driver use it alike: `start` (rendezvous on rank 0,
 process-group init, parameter metadata), `launch_step` / `finish_step` (a train step the driver's
-event loop waits on without blocking), `step`, `sft_step`, `save` / `load` / `export`, and for
+event loop waits on without blocking), `step`, `sft_step`, `save` / `load` / `export`,
+`last_step_logprobs` (what the last step computed, for the samples table: no collective), and for
 `WeightSync` the weight-group calls (`init_weight_group`, `push`, `canary`), which return refs
 so the sync can wait on the trainer's and the engines' halves together. `restart` kills the ranks
 and starts new ones in the same placement group bundles. Every blocking call has the group's
@@ -17,7 +18,7 @@ from __future__ import annotations
 import logging
 import shutil
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
@@ -50,9 +51,6 @@ class TrainResult:
     """A finished train step: rank 0's metrics (with `version`)."""
 
     metrics: dict[str, Any]
-    trainer_logprobs: dict[tuple[int, int], list] = field(default_factory=dict)
-    """The trainer logprobs of the samples the step's table shows (`rlcore.batch.step.shown_logprobs`),
-    from whichever rank held each."""
 
     @property
     def version(self) -> int:
@@ -232,10 +230,27 @@ class TrainerGroup:
         # the sync (`take_pushed`), which then only has the engines read them
         pushed = [r.pop("weights_pushed") for r in results] if "weights_pushed" in results[0] else None
         self._pushed = (int(results[0]["version"]), pushed) if pushed is not None else None
-        shown: dict[tuple[int, int], list] = {}
-        for r in results:  # context-parallel ranks share their work: any one of them will do
-            shown.update(r.pop("trainer_logprobs", {}))
-        return TrainResult(results[0], shown)
+        return TrainResult(results[0])
+
+    def last_step_logprobs(self, keys: list[tuple[int, int]], version: int) -> dict[tuple[int, int], list[float]]:
+        """The trainer logprobs of the samples of `keys` from the step that made `version`, along
+        their packed positions (`TrainerRank.last_step_logprobs`), from whichever rank held each
+        (context-parallel ranks share their work: any one of them will do). No collective; the
+        group's deadline. A display's read: a rank that fails or does not answer leaves them out
+        ({}, with a warning), never the run (a dead rank is met by the next step)."""
+        if not keys:
+            return {}
+        try:
+            answers = self._get(
+                self._each("last_step_logprobs", keys, version), f"trainer logprobs of version {version}"
+            )
+        except (RunError, ray.exceptions.RayError) as exc:
+            log.warning("samples table without trainer logprobs: %s", str(exc).splitlines()[0][:300])
+            return {}
+        merged: dict[tuple[int, int], list[float]] = {}
+        for answer in answers:
+            merged.update(answer)
+        return merged
 
     def take_pushed(self, version: int) -> list[dict] | None:
         """Every rank's push result when the last finished step wrote `version` into the

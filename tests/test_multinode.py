@@ -573,10 +573,7 @@ def test_a_frozen_rollout_node_is_named_in_seconds_its_work_moves_and_its_return
         code, log, rows = run_in_background(cluster, tmp_path, ["steps=1000", *LABELS, "rollout.num_actors=2"], act)
     finally:
         for pid in frozen.get("pids", []):
-            try:
-                signal_if_alive(pid, signal.SIGCONT)
-            except ProcessLookupError:
-                pass
+            signal_if_alive(pid, signal.SIGCONT)
     assert frozen, log[-3000:]
     assert code == 130 and "rejoined_at" in frozen, log[-4000:]  # stopped (SIGTERM) after the return, not failed
     assert f"SIGTERM: stopped after step {len(rows)} of 1000" in log, log[-3000:]

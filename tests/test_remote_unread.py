@@ -106,11 +106,19 @@ def test_the_clusters_error_reports_go_to_the_run_folder_with_one_console_line(t
                     ray_worker.global_worker.gcs_client,
                     job_id=ray_worker.global_worker.current_job_id,
                 )
+
+            def said() -> list[str]:
+                return [r.getMessage() for r in caplog.records if "Ray reported" in r.getMessage()]
+
+            # the printer thread writes the file and then logs: wait for both (CI once read the
+            # records between the third report's write and its line)
             deadline = time.monotonic() + 20
-            while time.monotonic() < deadline and not (path.exists() and "last lines" in path.read_text()):
+            while time.monotonic() < deadline and not (
+                path.exists() and "last lines" in path.read_text() and any("Raylet" in line for line in said())
+            ):
                 time.sleep(0.2)
         assert path.read_text().count("frame 19") == 1
-        lines = [r.getMessage() for r in caplog.records if "Ray reported" in r.getMessage()]
+        lines = said()
         assert lines == [
             f"Ray reported: The node with node id abc has been marked dead (whole report: {path})",
             f"Ray reported: Raylet is terminated (whole report: {path})",

@@ -1,7 +1,10 @@
 """The trainer group (actors.trainer_group): a rank killed mid-run makes the group's next call
-fail naming that rank; `restart` re-creates every rank in the same placement group bundles, and
+fail naming that rank (but the samples table's read of the last step's logprobs, which goes
+without them and a warning); `restart` re-creates every rank in the same placement group bundles, and
 the new group, loaded from the checkpoint saved before the kill, scores exactly as the old one
 did (the path issue 31's trainer self-healing takes)."""
+
+import logging
 
 import pytest
 
@@ -13,7 +16,7 @@ pytestmark = pytest.mark.integration
 PAIRS = [([5, 6, 7, 8], [9, 10, 11]), ([12, 13], [14, 15, 16, 17])]
 
 
-def test_a_killed_rank_is_named_and_restart_from_a_checkpoint_scores_as_before(tmp_path):
+def test_a_killed_rank_is_named_and_restart_from_a_checkpoint_scores_as_before(tmp_path, caplog):
     import ray
 
     from actors.groups import place
@@ -39,11 +42,17 @@ def test_a_killed_rank_is_named_and_restart_from_a_checkpoint_scores_as_before(t
         assert version == 2
         path = trainers.save(CheckpointWriter(cfg), 2, lambda: {"kind": "sft", "step": 2})
         trained = get(trainers.canary(PAIRS), 120, "canary", trainers.names)[0]
+        assert trainers.last_step_logprobs([(0, 0)], 2) == {}  # SFT steps: no RL step's samples to name
 
         ray.kill(trainers.handles[1], no_restart=True)
         with pytest.raises(ActorDied) as err:
             get(trainers.canary(PAIRS), 120, "canary", trainers.names)
         assert err.value.dead == ["trainer rank 1"]
+        with caplog.at_level(logging.WARNING, logger="rlcore"):
+            assert trainers.last_step_logprobs([(0, 0)], 2) == {}  # a display's read: never the run
+        assert "samples table without trainer logprobs: trainer logprobs of version 2 failed: trainer rank 1" in (
+            caplog.text
+        )
 
         old = list(trainers.handles)
         assert trainers.restart() == metas  # same model, same parameter layout

@@ -1,6 +1,8 @@
 """The trainer's per-token logprobs of the samples a step's table shows (the live page's
-"logprob gap" colouring): the rank that holds a shown sample returns what its train step's own
-forward computed for it, aligned with the completion tokens, and nothing for the others."""
+"logprob gap" colouring): the train step keeps what its own forward computed, and after it the
+rank that held a shown sample answers for it by the table's key (nothing for the others, nothing
+for another step); the table aligns it with the completion tokens. The train step itself knows
+nothing of the table."""
 
 from __future__ import annotations
 
@@ -12,9 +14,9 @@ import torch
 
 from rlcore.batch.meta import group_meta
 from rlcore.batch.packing import make_micro_batch
-from rlcore.batch.step import build_step, rank_micro_batches, rank_sample_versions, shown_logprobs, shown_positions
+from rlcore.batch.step import build_step, rank_micro_batches, rank_sample_versions, sample_places
 from rlcore.plan.compose import compose
-from rlcore.report.samples import sample_rows, shown_keys
+from rlcore.report.samples import completion_logprobs, sample_rows, shown_keys
 from rlcore.types import Group, Sample, Task
 
 
@@ -43,23 +45,30 @@ def batch() -> list:
     return [group_meta(g, data=g.samples) for g in (g0, g1)]
 
 
-def test_only_the_shown_samples_are_marked_with_their_keys(tiny_cfg):
+def test_each_rank_finds_the_shown_samples_it_holds_by_their_keys(tiny_cfg):
     groups = batch()
     keys = shown_keys(groups, 2)
     assert keys == [(0, 0), (1, 0)]  # one per group in turn, as the table picks them
-    plan = build_step(groups, tiny_cfg, shown=keys)
-    marked = [key for work in plan.ranks for key in work.shown.values()]
-    assert sorted(marked) == keys
+    tiny_cfg.trainer.world_size = 2  # two data-parallel ranks: each finds its own, none twice
+    plan = build_step(groups, tiny_cfg)
+    assert len(plan.ranks) == 2
+    found = [key for work in plan.ranks for key in sample_places(work, keys)]
+    assert sorted(found) == keys
     for work in plan.ranks:
-        for local, (g, k) in work.shown.items():  # rank-local sample -> the key of that very sample
+        data = [list(d) for d in work.data]
+        mbs = rank_micro_batches(work, data)
+        for (g, k), (b, j) in sample_places(work, keys).items():  # that very sample, at those positions
+            local = work.bins[b][j]
             assert groups[g].data[k] is work.data[work.picks[local][0]][work.picks[local][1]]
-    assert all(not w.shown for w in build_step(groups, tiny_cfg).ranks)  # a step without a table marks none
+            s = groups[g].data[k]
+            assert mbs[b].input_ids[mbs[b].sample_index == j].tolist() == s.prompt_ids + s.completion_ids
 
 
-def test_the_train_step_returns_its_own_logprobs_of_the_shown_samples(tmp_path, monkeypatch):
-    """One real train step of the tiny policy on CPU: the logprobs returned for the shown samples
-    are the step's forward under the weights before the update (checked against a forward of each
-    sample alone, before the step), one per completion token, None on the environment token."""
+def test_the_train_step_keeps_its_own_logprobs_and_they_are_read_after_it(tmp_path, monkeypatch):
+    """One real train step of the tiny policy on CPU: the logprobs read after it for the shown
+    samples are the step's forward under the weights before the update (checked against a forward
+    of each sample alone, before the step), one per completion token once aligned, None on the
+    environment token; asked for another version, the core answers nothing."""
     from rlcore.trainer.core import TrainerCore
 
     with socket.socket() as s:
@@ -69,7 +78,7 @@ def test_the_train_step_returns_its_own_logprobs_of_the_shown_samples(tmp_path, 
     cfg = compose([f"output_dir={tmp_path / 'run'}", "trainer.micro_batch_tokens=9"])  # several micro-batches
     groups = batch()
     keys = shown_keys(groups, 2)
-    plan = build_step(groups, cfg, shown=keys)
+    plan = build_step(groups, cfg)
     [work] = plan.ranks
     data = [list(d) for d in work.data]
     core = TrainerCore(cfg, 0, 1)
@@ -85,8 +94,11 @@ def test_the_train_step_returns_its_own_logprobs_of_the_shown_samples(tmp_path, 
                 ]
         mbs = rank_micro_batches(work, data)
         assert len(mbs) > 1
-        result = core.train_step(mbs, plan.normalizer, rank_sample_versions(work, data), shown_positions(work))
-        got = shown_logprobs(work, data, result.kept)
+        result = core.train_step(mbs, plan.normalizer, rank_sample_versions(work, data))
+        assert set(vars(result)) == {"metrics", "version", "lr"}  # the step returns no logprobs
+        packed = core.last_step_logprobs(result.version, sample_places(work, keys))
+        assert core.last_step_logprobs(result.version - 1, sample_places(work, keys)) == {}  # another step's
+        got = {key: completion_logprobs(groups[key[0]].data[key[1]], packed[key]) for key in packed}
         with torch.no_grad():  # the update changed the weights: what came back is from before it
             after, _ = core.forward_logprobs(make_micro_batch([groups[0].data[0]], [0.0]))
     finally:
@@ -102,6 +114,6 @@ def test_the_train_step_returns_its_own_logprobs_of_the_shown_samples(tmp_path, 
     assert got[1, 0][1] is None  # the environment token
     p = len(groups[0].data[0].prompt_ids)
     assert max(abs(float(after[p - 1 + t]) - got[0, 0][t]) for t in range(4)) > 1e-4
-    rows = sample_rows(groups, str, 2, trainer_logprobs=got)
+    rows = sample_rows(groups, str, 2, trainer_logprobs=packed)
     assert [len(r["trainer_logprobs"]) for r in rows] == [len(r["tokens"]) for r in rows]
     assert rows[0]["trainer_logprobs"] == [round(x, 4) for x in got[0, 0]]

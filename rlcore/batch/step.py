@@ -17,7 +17,7 @@ on the whole batch. The driver calls :func:`build_step` and sends each trainer r
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Collection
+from typing import Any
 
 import torch
 
@@ -44,9 +44,9 @@ class RankWork:
     """Rank-local sample indices of each micro-batch, in packing order (`[]`: an empty one)."""
     distill: tuple[float, float, float, float] | None = None
     """On-policy distillation: `(kl_coef, reward_coef, baseline, deadband)` of the per-token advantage."""
-    shown: dict[int, tuple[int, int]] = field(default_factory=dict)
-    """Rank-local sample -> its key `(group position in the batch, sample index)`, for the samples
-    the step's samples table shows: the rank returns their trainer logprobs (`shown_logprobs`)."""
+    groups: list[int] = field(default_factory=list)
+    """The batch position of each group of `data`: a sample's key is `(groups[g], k)` for pick
+    `(g, k)`, as the driver names it (`sample_places`; empty in a RankWork made by hand)."""
 
 
 @dataclass
@@ -93,37 +93,28 @@ def rank_work(
     advantages: list[float],
     bins: list[list[int]],
     distill: tuple[float, float, float, float] | None,
-    shown: Collection[tuple[int, int]] = (),
 ) -> RankWork:
     """The :class:`RankWork` of a rank whose plan is `bins` (indices into the batch's samples;
-    sample i is sample `where[i][1]` of group `batch[where[i][0]]`'s token data); `shown`: the
-    keys `where[i]` of the samples whose trainer logprobs the step returns."""
+    sample i is sample `where[i][1]` of group `batch[where[i][0]]`'s token data)."""
     slot: dict[int, int] = {}  # batch position of a group -> its position in RankWork.data
     picks: list[tuple[int, int]] = []
     local_advantages: list[float] = []
     local_bins: list[list[int]] = []
-    marked: dict[int, tuple[int, int]] = {}
     for b in bins:
         local = []
         for i in b:
             g, k = where[i]
-            if where[i] in shown:
-                marked[len(picks)] = where[i]
             local.append(len(picks))
             picks.append((slot.setdefault(g, len(slot)), k))
             local_advantages.append(advantages[i])
         local_bins.append(local)
-    return RankWork([batch[g].data for g in slot], picks, local_advantages, local_bins, distill, marked)
+    return RankWork([batch[g].data for g in slot], picks, local_advantages, local_bins, distill, list(slot))
 
 
-def build_step(
-    batch: list[GroupMeta], cfg: RunConfig, distill: bool = False, shown: Collection[tuple[int, int]] = ()
-) -> StepPlan:
+def build_step(batch: list[GroupMeta], cfg: RunConfig, distill: bool = False) -> StepPlan:
     """Advantages, packing plan, normaliser and metrics of `batch`, from metadata alone. With
     `distill`, every sample carries its teacher sums and each rank turns the advantage into a
-    per-token one (`rlcore.algo.distill`) with the batch baseline worked out here. `shown`: the
-    `(group position, sample index)` keys of the samples the step's table shows
-    (`rlcore.report.samples.shown_keys`); the rank holding each returns its trainer logprobs."""
+    per-token one (`rlcore.algo.distill`) with the batch baseline worked out here."""
     samples = [s for g in batch for s in g.samples]
     advantages = sample_advantages(batch, cfg.algo)
     metrics: dict[str, Any] = {}
@@ -139,8 +130,7 @@ def build_step(
         [s.num_tokens for s in samples], data_parallel_size(cfg.trainer), cfg.trainer.micro_batch_tokens
     )
     where = [(gi, s.index) for gi, g in enumerate(batch) for s in g.samples]
-    shown = set(shown)
-    ranks = [rank_work(batch, where, advantages, bins, spec, shown) for bins in plan]
+    ranks = [rank_work(batch, where, advantages, bins, spec) for bins in plan]
     loss_tokens = sum(s.loss_tokens for s in samples)
     normalizer = loss_normalizer(cfg.algo, loss_tokens, len(samples), cfg.rollout.sampling.max_new_tokens)
     rewards = [s.reward for s in samples]
@@ -190,29 +180,15 @@ def rank_sample_versions(work: RankWork, data: list[list[Sample]]) -> list[torch
     return [torch.tensor([samples[i].min_version for i in b] if b else [-1], dtype=torch.long) for b in work.bins]
 
 
-def shown_positions(work: RankWork) -> list[list[int]]:
-    """Per micro-batch of :func:`rank_micro_batches`, the micro-batch-local positions (its
-    `sample_index` values) of the samples marked in `work.shown` (mostly empty lists)."""
-    return [[j for j, i in enumerate(b) if i in work.shown] for b in work.bins]
-
-
-def shown_logprobs(
-    work: RankWork, data: list[list[Sample]], segments: list[dict[int, list[float]]]
-) -> dict[tuple[int, int], list[float | None]]:
-    """The trainer logprobs of the samples marked in `work.shown`, one per completion token
-    (aligned with `completion_ids`; None for an environment token and for a first token that no
-    position predicts): `segments[b][j]` is what the trainer computed along the packed positions
-    of sample j of micro-batch b (`TrainerCore.train_step`'s `keep`), position t scoring token t + 1."""
-    out: dict[tuple[int, int], list[float | None]] = {}
-    for b, kept in zip(work.bins, segments):
-        for j, segment in kept.items():
-            i = b[j]
+def sample_places(work: RankWork, keys: list[tuple[int, int]]) -> dict[tuple[int, int], tuple[int, int]]:
+    """Where each of `keys` (group position in the batch, sample index) that `work` holds sits in
+    the micro-batches of :func:`rank_micro_batches`: (micro-batch, the sample's `sample_index`
+    there). Keys of samples other ranks hold are left out."""
+    wanted = set(keys)
+    places: dict[tuple[int, int], tuple[int, int]] = {}
+    for b, members in enumerate(work.bins):
+        for j, i in enumerate(members):
             g, k = work.picks[i]
-            sample = data[g][k]
-            p = len(sample.prompt_ids)
-            mask = sample.loss_mask
-            out[work.shown[i]] = [
-                segment[p + t - 1] if p + t >= 1 and t < len(mask) and mask[t] else None
-                for t in range(len(sample.completion_ids))
-            ]
-    return out
+            if (work.groups[g], k) in wanted:
+                places[work.groups[g], k] = (b, j)
+    return places

@@ -5,7 +5,9 @@ carries its completion token by token (`tokens`, `token_versions`, `token_logpro
 policy version and engine logprob of each token) for the live page's sample inspector, and
 `trainer_logprobs`: the trainer's logprob of each token from that step's own forward (the policy
 before the step's update, the logprob the loss's ratio and the mismatch metrics use; null for an
-environment token), which the trainer returns for the rows shown only (`shown_keys`).
+environment token), which the driver reads from the trainer ranks after the step for the rows
+shown only (`shown_keys`, `actors.trainer.TrainerRank.last_step_logprobs`) and aligns with the
+completion's tokens here (`completion_logprobs`).
 Failed samples of the step (a few per reason, `rlcore.report.failures.FailureLog.take_examples`)
 are rows too, with `failed_reason`, `error` and a null reward (`failed_rows`)."""
 
@@ -46,8 +48,20 @@ def pick(groups: list[GroupMeta], limit: int) -> list[tuple[int, SampleMeta]]:
 
 def shown_keys(groups: list[GroupMeta], limit: int) -> list[tuple[int, int]]:
     """(group position, sample index) of each sample :func:`pick` shows: the samples whose
-    trainer logprobs the train step returns (`rlcore.batch.step.build_step`'s `shown`)."""
+    trainer logprobs the driver asks the trainer ranks for."""
     return [(gi, s.index) for gi, s in pick(groups, limit)]
+
+
+def completion_logprobs(sample: Sample, packed: list[float]) -> list[float | None]:
+    """The trainer logprob of each completion token of `sample` (aligned with `completion_ids`;
+    None for an environment token and for a first token that no position predicts), from
+    `packed`: what the trainer computed along the sample's packed positions (its prompt, then its
+    completion), position t scoring token t + 1."""
+    p, mask = len(sample.prompt_ids), sample.loss_mask
+    return [
+        packed[p + t - 1] if p + t >= 1 and t < len(mask) and mask[t] else None
+        for t in range(len(sample.completion_ids))
+    ]
 
 
 def sample_rows(
@@ -62,7 +76,8 @@ def sample_rows(
     `version` is the oldest policy version among the sample's tokens; `tokens` are the completion's
     tokens decoded one by one (`decode([id])`), with each one's policy version (-1: an environment
     token) and engine (behaviour) logprob; `trainer_logprobs` when `trainer_logprobs` holds the
-    sample's key (:func:`shown_keys`). `fetch` (handles -> each group's `list[Sample]`; default:
+    sample's key (:func:`shown_keys`): the trainer's logprobs along its packed positions
+    (:func:`completion_logprobs`). `fetch` (handles -> each group's `list[Sample]`; default:
     the handles are the lists) is called once, with the token data handles of the groups shown only."""
     picked = pick(groups, limit)
     shown = list(dict.fromkeys(gi for gi, _ in picked))
@@ -78,7 +93,8 @@ def sample_rows(
             **token_columns(data[gi][s.index], decode),
         }
         if (gi, s.index) in trainer:
-            row["trainer_logprobs"] = [None if x is None else round(float(x), 4) for x in trainer[gi, s.index]]
+            aligned = completion_logprobs(data[gi][s.index], trainer[gi, s.index])
+            row["trainer_logprobs"] = [None if x is None else round(float(x), 4) for x in aligned]
         rows.append(row)
     return rows
 

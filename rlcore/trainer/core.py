@@ -1,7 +1,8 @@
 """One trainer rank: an FSDP2-sharded policy, AdamW, and the RL train step.
 
 Pure torch.distributed: the Ray actor in `actors/trainer.py` only sets up the rendezvous and
-calls these methods on every rank in lock-step.
+calls these methods on every rank in lock-step (but `last_step_logprobs`, which reads what this
+rank's last step kept, `rlcore.trainer.last_step`, and runs no collective).
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ import datetime
 import math
 import time
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Iterator
 
 import torch
@@ -25,6 +26,7 @@ from rlcore.models.build import build_model, build_tokenizer
 from rlcore.models.vision import vision_tower
 from rlcore.trainer import export
 from rlcore.trainer.forward import forward_columns, forward_logprobs
+from rlcore.trainer.last_step import LastStep
 from rlcore.trainer.moe import router_metrics
 from rlcore.trainer.parallel import Meshes, begin_micro_batch, clip_grad_norm, parallelize
 from rlcore.trainer.schedule import build_scheduler
@@ -75,22 +77,12 @@ def sft_loss(inp: LossInputs, normalizer: float) -> tuple[torch.Tensor, dict[str
     return -(inp.logprobs * inp.loss_mask).sum() / normalizer, {}
 
 
-def kept_logprobs(logprobs: torch.Tensor, sample_index: torch.Tensor, samples: list[int]) -> dict[int, list[float]]:
-    """Each of `samples`' logprobs along its packed positions (one host copy; none when empty)."""
-    if not samples:
-        return {}
-    host = logprobs.detach().float().cpu()
-    return {j: host[sample_index == j].tolist() for j in samples}
-
-
 @dataclass
 class StepResult:
     metrics: dict[str, float]
     version: int
     lr: float
     """The learning rate this step used (`sft.lr` in an SFT step when set, else the scheduler's)."""
-    kept: list[dict[int, list[float]]] = field(default_factory=list)
-    """`train_step(keep=...)`: per micro-batch, sample j's logprobs along its packed positions."""
 
 
 class TrainerCore:
@@ -126,7 +118,7 @@ class TrainerCore:
         self.scheduler = build_scheduler(self.optimizer, t, cfg.steps)
         self.version = 0
         self._sample_versions: list[torch.Tensor] | None = None  # set for one train_step
-        self._keep: list[list[int]] | None = None  # set for one train_step
+        self.last_step: LastStep | None = None  # the logprobs of the last step (`last_step_logprobs`)
         # RL scores tokens under the tempered distribution the engines sample from; SFT fits the
         # model's own (temperature 1) distribution to the data
         self.temperature = 1.0 if cfg.mode == "sft" else max(cfg.rollout.sampling.temperature, 1e-6)
@@ -166,21 +158,28 @@ class TrainerCore:
         micro_batches: list[MicroBatch],
         normalizer: float,
         sample_versions: list[torch.Tensor] | None = None,
-        keep: list[list[int]] | None = None,
     ) -> StepResult:
         """One RL optimizer step (the configured policy loss) over this rank's micro-batches;
         `normalizer` comes from `rlcore.algo.losses.loss_normalizer` over the global batch.
         `sample_versions[i]`: the oldest behaviour version of each sample of micro-batch i
         (`rlcore.batch.step.rank_sample_versions`); with it the mismatch is split into
-        `engine_mismatch_kl` and `staleness_kl`. `keep[i]`: samples of micro-batch i (their
-        `sample_index`) whose logprobs the result carries (`StepResult.kept`): the ones the loss
-        used, from this step's forward under the weights before its update (the "current"
-        logprob of the importance ratio and of the mismatch metrics); no extra forward."""
-        self._sample_versions, self._keep = sample_versions, keep
+        `engine_mismatch_kl` and `staleness_kl`. The step's logprobs are kept until the next
+        step (:meth:`last_step_logprobs`)."""
+        self._sample_versions = sample_versions
         try:
             return self._step(micro_batches, normalizer, self._rl_loss)
         finally:
-            self._sample_versions, self._keep = None, None
+            self._sample_versions = None
+
+    def last_step_logprobs(self, version: int, places: dict) -> dict:
+        """The logprobs the last step's forward computed (the weights before its update) along
+        the packed positions of each sample `places` names (`key -> (micro-batch, sample_index)`,
+        `rlcore.batch.step.sample_places`), when that step made `version`; {} otherwise (no
+        step yet, or a later one). No collective: read between steps."""
+        kept = self.last_step
+        if kept is None or kept.version != version or not places:
+            return {}
+        return kept.segments(places)
 
     def _rl_loss(self, inp: LossInputs, normalizer: float) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """The configured policy loss, plus `teacher.top_k_coef` x the top-k distillation term
@@ -250,9 +249,10 @@ class TrainerCore:
         start = time.perf_counter()
         lr = float(self.optimizer.param_groups[0]["lr"])  # before the scheduler sets the next step's
         self.model.train()
+        self.last_step = None  # the previous step's logprobs go before this step's are made
         # metric sums stay on the device until the step ends: no host sync between micro-batches
         sums: dict[str, torch.Tensor | float] = {"loss_tokens": 0.0, "tokens": 0.0}
-        kept: list[dict[int, list[float]]] = []
+        kept: list[torch.Tensor] = []  # each micro-batch's logprobs (`last_step`)
         maxima: dict[str, torch.Tensor] = {}
         minima: dict[str, torch.Tensor] = {}
 
@@ -268,8 +268,7 @@ class TrainerCore:
                 self.model, mb, self.temperature, self.parallel, self.device, vision=self.vision, others=others
             )
             inp = self._loss_inputs(mb, logprobs, entropy, i, top_k)
-            if self._keep is not None:
-                kept.append(kept_logprobs(logprobs, mb.sample_index, self._keep[i]))
+            kept.append(logprobs.detach().clone())  # a compact [T] copy: the forward's columns are wider
             loss, metrics = loss_fn(inp, normalizer)
             (loss * self.world_size).backward()
             acc(sums, "loss", loss, torch.add)
@@ -293,7 +292,8 @@ class TrainerCore:
         extrema = {**self._all_reduce(maxima, dist.ReduceOp.MAX), **self._all_reduce(minima, dist.ReduceOp.MIN)}
         metrics = step_metrics(totals, extrema, grad_norm, time.perf_counter() - start)
         metrics.update(router_metrics(self.model))
-        return StepResult(metrics=metrics, version=self.version, lr=lr, kept=kept)
+        self.last_step = LastStep(self.version, kept, [mb.sample_index for mb in micro_batches])
+        return StepResult(metrics=metrics, version=self.version, lr=lr)
 
     def _clip_grads(self) -> float:
         return clip_grad_norm(self.model, self.cfg.trainer.max_grad_norm, self.parallel)
