@@ -10,7 +10,7 @@
 #          tree's previous run. Each tree has its own, so neither tree warms the other's.
 #   MODE   graphs (rollout.vllm.engine_kwargs.enforce_eager=false), eager (=true) or shipped (the
 #          recipe's own setting)
-#   OVERRIDES  more overrides for this run, comma-separated (env.args.reward_isolation=thread)
+#   OVERRIDES  more overrides for this run, comma-separated (env.reward.isolation=thread)
 # The shipped checkpoint is converted once first into one shared RLCORE_CACHE_DIR, so no run pays it.
 # A run starts only while BUDGET_S (default 560) seconds since the script's start leave it
 # RUN_TIMEOUT (default 200) seconds (on an H100: cold graphs ~100-125 s, warm ~64-85 s, eager ~63-90 s

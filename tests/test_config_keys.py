@@ -14,6 +14,7 @@ import pytest
 from rlcore.config.errors import ConfigError
 from rlcore.config.reward import MOVED as MOVED_ENV_ARGS
 from rlcore.engine.registry import inert_options
+from rlcore.envs import build_env
 from rlcore.plan.compose import compose, recipes
 from rlcore.plan.validate import validate
 from rlcore.run import main
@@ -246,24 +247,61 @@ def test_a_recipe_with_an_old_flat_key_is_refused_with_its_new_one(tmp_path, mon
         compose(["+recipe=old"])
 
 
+OLD_REWARD_VALUES = {
+    "reward_timeout_s": 300.0,
+    "on_reward_error": "zero",
+    "reward_isolation": "thread",
+    "max_abandoned_threads": 7,
+    "reward_memory_mb": 100,
+    "reward_network": True,
+}
+
+
 @pytest.mark.parametrize("old,new", sorted(MOVED_ENV_ARGS.items()))
-def test_a_reward_runtime_key_in_env_args_names_its_new_key(old, new, tmp_path, capsys, monkeypatch):
+def test_a_reward_runtime_key_in_env_args_is_carried_to_env_reward_with_one_warning(old, new, capsys):
     """The reward runtime's policy moved from `env.args` to its own section `env.reward`: a config
-    that still sets it there gets one line naming both keys, exit 2, before Ray starts."""
+    that still sets it there keeps its meaning (the value lands in `env.reward`, the environment
+    runs with it) and says so in one line naming both keys."""
+    value = OLD_REWARD_VALUES[old]
+    shown = str(value).lower() if isinstance(value, bool) else value
+    cfg = compose([f"env.args.{old}={shown}"])
+    assert getattr(cfg.env.reward, new) == value and old not in cfg.env.args
+    assert errors(capsys) == [
+        f"rlcore: warning: env.args.{old}: moved to env.reward.{new}; carried there (write env.reward.{new}={value})"
+    ]
+    validate(cfg)
+    assert getattr(build_env(cfg.env).reward_runtime, new) == value
+
+
+def test_a_reward_runtime_key_set_in_both_places_is_refused_naming_both(tmp_path, capsys, monkeypatch):
     import rlcore.run as run
 
     monkeypatch.setattr(run, "start_ray", lambda *a, **k: pytest.fail("Ray started"))
-    assert main([f"env.args.{old}=1", f"output_dir={tmp_path}"]) == 2
-    assert errors(capsys) == [f"rlcore: config error: env.args.{old}: moved to env.reward.{new}"]
+    assert main(["env.args.reward_timeout_s=300", "env.reward.timeout_s=5", f"output_dir={tmp_path}"]) == 2
+    assert errors(capsys) == [
+        "rlcore: config error: env.args.reward_timeout_s: the old place of env.reward.timeout_s, which is set "
+        "too (300 here, 5.0 there): keep env.reward.timeout_s only"
+    ]
 
 
-def test_a_recipe_with_a_reward_runtime_key_in_env_args_is_refused_with_its_new_one(tmp_path, monkeypatch):
+def test_a_recipe_with_a_reward_runtime_key_in_env_args_still_runs_with_it(tmp_path, monkeypatch, capsys):
     add_recipe(tmp_path, monkeypatch, "old", "env:\n  args:\n    reward_timeout_s: 300.0\n")
-    with pytest.raises(ConfigError, match=r"^env.args.reward_timeout_s: moved to env.reward.timeout_s$"):
-        validate(compose(["+recipe=old", f"output_dir={tmp_path / 'out'}"]))
+    cfg = compose(["+recipe=old", f"output_dir={tmp_path / 'out'}"])
+    validate(cfg)
+    assert cfg.env.reward.timeout_s == 300.0 and "reward_timeout_s" in capsys.readouterr().err
     cfg = compose(["env.reward.timeout_s=300", "env.reward.on_error=zero", f"output_dir={tmp_path / 'new'}"])
     validate(cfg)
     assert (cfg.env.reward.timeout_s, cfg.env.reward.on_error) == (300.0, "zero")
+    assert capsys.readouterr().err == ""
+
+
+def test_an_unset_reward_deadline_is_the_environments_own():
+    """`env.reward.timeout_s` unset: 10 s, or what the environment declares (mini_swe runs a
+    repo's tests in its reward: 60 s); set, it is the same for every environment."""
+    assert compose([]).env.reward.timeout_s is None
+    assert build_env(compose([]).env).reward_runtime.timeout_s == 10.0
+    assert build_env(compose(["env=mini_swe"]).env).reward_runtime.timeout_s == 60.0
+    assert build_env(compose(["env=mini_swe", "env.reward.timeout_s=40"]).env).reward_runtime.timeout_s == 40.0
 
 
 def test_another_engines_option_is_refused_on_the_command_line_and_warned_from_a_recipe(tmp_path, capsys):

@@ -98,8 +98,12 @@ def test_hung_python_rewards_cost_their_sample_and_their_threads_stop():
     before = threads_abandoned()
     env = Mixed("sleep_loop", 30, reward_runtime=RewardRuntimeConfig(timeout_s=0.3))
     hung_rounds(env, 4)
-    time.sleep(0.3)
-    assert threads_abandoned() == before  # asked to stop at the deadline: none left
+    # asked to stop at the deadline: none left. Threads an earlier test in this process left may
+    # end meanwhile (the count falls; a full run under load once saw that), never start
+    deadline = time.monotonic() + 5
+    while threads_abandoned() > before and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert threads_abandoned() <= before
 
 
 def test_rewards_hung_in_c_leave_a_bounded_number_of_threads(monkeypatch):

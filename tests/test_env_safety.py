@@ -118,6 +118,31 @@ def test_bad_reward_runtime_names_the_key(key, value):
         Scored("ok", reward_runtime=RewardRuntimeConfig(**{key: value}))
 
 
+def test_an_environment_written_before_env_reward_keeps_its_keywords_and_attributes(caplog):
+    """Environments written against the old constructor pass `reward_timeout_s=...` and read or
+    set `self.reward_isolation`: both reach the reward section, with one warning per keyword and
+    process; a keyword that contradicts the section given with it is refused."""
+
+    class OldStyle(Scored):
+        def __init__(self, answer, **kwargs):
+            super().__init__(answer, reward_timeout_s=3.0, on_reward_error="zero", **kwargs)
+
+    with caplog.at_level("WARNING", logger="rlcore"):
+        env = OldStyle("ok")
+        OldStyle("ok")
+    said = [r.getMessage() for r in caplog.records]
+    assert said == [
+        "OldStyle: keyword reward_timeout_s: moved to env.reward.timeout_s; carried there (write env.reward.timeout_s=3.0)",
+        "OldStyle: keyword on_reward_error: moved to env.reward.on_error; carried there (write env.reward.on_error=zero)",
+    ]
+    assert (env.reward_runtime.timeout_s, env.reward_runtime.on_error) == (3.0, "zero")
+    assert (env.reward_timeout_s, env.on_reward_error, env.reward_isolation) == (3.0, "zero", "worker")
+    env.reward_isolation = "thread"
+    assert env.reward_runtime.isolation == "thread"
+    with pytest.raises(ValueError, match=r"^env.args.reward_timeout_s: the old place of env.reward.timeout_s"):
+        OldStyle("ok", reward_runtime=RewardRuntimeConfig(timeout_s=5.0))
+
+
 def test_bad_eval_size_names_the_key():
     with pytest.raises(ValueError, match="env.args.eval_size"):
         Scored("ok", eval_size=0)

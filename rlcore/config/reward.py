@@ -3,14 +3,17 @@ and tool calls are run (deadline, isolation, memory, network) and what a failed 
 
 Its own section, not `env.args` (which are the environment's own constructor arguments): every
 environment takes it (:class:`rlcore.envs.base.Environment`). The keys it replaced, once flat in
-`env.args`, are refused with their new key (:data:`MOVED`). Imports nothing but
+`env.args` (and the environment constructor's keywords of the same names), still work: they are
+carried into this section with one warning each (:func:`carry_moved`, :data:`MOVED`). Imports nothing but
 :mod:`rlcore.config.bounds`, so the reward zygote, which unpickles an environment holding this
 section, stays free of OmegaConf.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
+from typing import Any, Optional
 
 from rlcore.config.bounds import bounded, choice, field_problems
 
@@ -19,8 +22,8 @@ from rlcore.config.bounds import bounded, choice, field_problems
 class RewardRuntimeConfig:
     """How an environment's reward and tool calls run, and what a failed call does."""
 
-    timeout_s: float = bounded(10.0, ge=0, note="(0 = no deadline: calls run inline)")
-    """Deadline of one sample's reward call (and of one turn's `env_response`), in seconds."""
+    timeout_s: Optional[float] = bounded(None, ge=0, note="(0 = no deadline: calls run inline)")
+    """Deadline of one reward call or `env_response` turn, in s; unset: the environment's (10 s; mini_swe 60 s)."""
     on_error: str = choice("fail", "zero", default="fail", noun="on_error")
     """A reward that raises, hangs or is not finite: `fail` (sample dropped, counted) or `zero` (scored 0)."""
     isolation: str = choice("worker", "thread", "process", default="worker", noun="isolation")
@@ -47,6 +50,28 @@ MOVED = {
 def moved_env_arg(name: str) -> str | None:
     """`env.args.<old key>` -> "moved to env.reward.<key>"; None for an environment's own argument."""
     return f"moved to env.reward.{MOVED[name]}" if name in MOVED else None
+
+
+def carry_moved(args: dict[str, Any], section: RewardRuntimeConfig) -> list[str]:
+    """Move the reward runtime's old keys out of `args` (`env.args`, or an environment's keyword
+    arguments) into `section`, in place; returns one warning line per key carried. A key set in
+    both places to different values (the section's differing from its default) raises ValueError
+    naming both: which one was meant cannot be told."""
+    lines = []
+    for old in [key for key in args if key in MOVED]:
+        new, value = MOVED[old], args.pop(old)
+        current = getattr(section, new)
+        if current != value and current != _DEFAULTS[new]:
+            raise ValueError(
+                f"env.args.{old}: the old place of env.reward.{new}, which is set too "
+                f"({value!r} here, {current!r} there): keep env.reward.{new} only"
+            )
+        setattr(section, new, value)
+        lines.append(f"env.args.{old}: moved to env.reward.{new}; carried there (write env.reward.{new}={value})")
+    return lines
+
+
+_DEFAULTS = {f.name: f.default for f in dataclasses.fields(RewardRuntimeConfig)}
 
 
 def reward_runtime_problems(section: RewardRuntimeConfig) -> list[tuple[str, str]]:

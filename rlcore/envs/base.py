@@ -38,7 +38,7 @@ import random
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Iterator
 
-from rlcore.config.reward import RewardRuntimeConfig, reward_runtime_problems
+from rlcore.config.reward import MOVED, RewardRuntimeConfig, carry_moved, reward_runtime_problems
 from rlcore.isolation.reward_workers import WorkerPool
 from rlcore.isolation.safety import (
     OUTPUT_LIMIT,
@@ -58,6 +58,23 @@ if TYPE_CHECKING:  # type names only: validation constructs environments before 
 
 Message = dict[str, Any]
 log = logging.getLogger("rlcore")
+
+
+_WARNED: set[str] = set()  # old reward keywords said once per process, not once per environment built
+
+
+class MovedToRewardSection:
+    """An environment attribute from before `env.reward` (`self.reward_timeout_s`): reads and
+    writes the field of the environment's `reward_runtime` it became (`MOVED`)."""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.field = MOVED[name]
+
+    def __get__(self, env: Any, owner: type | None = None) -> Any:
+        return self if env is None else getattr(env.reward_runtime, self.field)
+
+    def __set__(self, env: Any, value: Any) -> None:
+        setattr(env.reward_runtime, self.field, value)
 
 
 class EnvironmentStalled(RuntimeError):
@@ -81,6 +98,9 @@ class Environment(abc.ABC):
     reward_imports: tuple[str, ...] = ()
     """Modules the reward imports inside its calls (lazily): the reward workers' zygote imports
     them once, so a new worker does not pay the import on its first call."""
+    default_reward_timeout_s: float = 10.0
+    """The reward deadline when `env.reward.timeout_s` is unset (an environment whose calls run
+    tests, like mini_swe, declares a longer one)."""
     reward_zygote: bool = True
     """Start reward workers from a zygote that unpickled this environment in a fresh interpreter
     (`rlcore.isolation.reward_zygote`): it has the instance's attributes, not what the rollout actor
@@ -93,11 +113,36 @@ class Environment(abc.ABC):
         reward_runtime: RewardRuntimeConfig | None = None,
         eval_size: int = 64,
         reward_range: Sequence[float] | None = None,
+        *,
+        reward_timeout_s: float | None = None,
+        on_reward_error: str | None = None,
+        reward_isolation: str | None = None,
+        max_abandoned_threads: int | None = None,
+        reward_memory_mb: int | None = None,
+        reward_network: bool | None = None,
     ):
         """`reward_runtime`: the section `env.reward` (None = its defaults), kept as this
-        environment's own copy (`isolation` moves to `process` past `max_abandoned_threads`)."""
-        self.reward_runtime = RewardRuntimeConfig() if reward_runtime is None else dataclasses.replace(reward_runtime)
-        problems = reward_runtime_problems(self.reward_runtime)
+        environment's own copy (`isolation` moves to `process` past `max_abandoned_threads`); its
+        unset `timeout_s` becomes the class's `default_reward_timeout_s`. The keywords after `*`
+        are that section's fields under their names from before it existed (environments written
+        then pass them): carried into it, one warning each per process."""
+        runtime = RewardRuntimeConfig() if reward_runtime is None else dataclasses.replace(reward_runtime)
+        old = {
+            "reward_timeout_s": reward_timeout_s,
+            "on_reward_error": on_reward_error,
+            "reward_isolation": reward_isolation,
+            "max_abandoned_threads": max_abandoned_threads,
+            "reward_memory_mb": reward_memory_mb,
+            "reward_network": reward_network,
+        }
+        for line in carry_moved({k: v for k, v in old.items() if v is not None}, runtime):
+            if line not in _WARNED:
+                _WARNED.add(line)
+                log.warning("%s: %s", type(self).__name__, line.replace("env.args.", "keyword ", 1))
+        if runtime.timeout_s is None:
+            runtime.timeout_s = self.default_reward_timeout_s
+        self.reward_runtime = runtime
+        problems = reward_runtime_problems(runtime)
         if problems:
             raise ValueError("{}: {}".format(*problems[0]))
         self.reward_range = check_reward_range(self.reward_range if reward_range is None else reward_range)
@@ -106,6 +151,14 @@ class Environment(abc.ABC):
         self.seed = seed
         self._eval_size = int(eval_size)
         self._reward_pool: WorkerPool | None = None  # `worker` isolation: forked on first use
+
+    # the section's fields under their names from before `env.reward` (environments read them)
+    reward_timeout_s = MovedToRewardSection()
+    on_reward_error = MovedToRewardSection()
+    reward_isolation = MovedToRewardSection()
+    max_abandoned_threads = MovedToRewardSection()
+    reward_memory_mb = MovedToRewardSection()
+    reward_network = MovedToRewardSection()
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)

@@ -36,7 +36,6 @@ import random
 import secrets
 from typing import Any
 
-from rlcore.config.reward import RewardRuntimeConfig
 from rlcore.envs.base import Message, register, rng_for
 from rlcore.envs.sealed_tests import RUNNER_FILE, RUNNER_SOURCE, Call, run_sealed
 from rlcore.envs.tools import ToolEnvironment
@@ -150,6 +149,7 @@ class MiniSWE(ToolEnvironment):
         "Fix lib.py so the tests pass. Tools: <tool>read: lib.py</tool> <tool>write: lib.py\\nCODE</tool> "
         "<tool>run: tests</tool> <tool>ls:</tool>"
     )
+    default_reward_timeout_s = 60.0  # the final test run of a repo, in a sandbox
 
     def __init__(
         self,
@@ -165,7 +165,6 @@ class MiniSWE(ToolEnvironment):
         sandbox_isolation: str = "namespaces",
         demo_noise: float = 0.0,
         disk_mb: int = 100,
-        reward_runtime: RewardRuntimeConfig | None = None,
         **kwargs,
     ):
         super().__init__(
@@ -173,7 +172,6 @@ class MiniSWE(ToolEnvironment):
             max_turns=max_turns,
             tool_timeout_s=tool_timeout_s,
             max_calls_per_turn=max_calls_per_turn,
-            reward_runtime=reward_runtime or RewardRuntimeConfig(timeout_s=60.0),
             **kwargs,
         )
         if not 1 <= functions <= len(FUNCTIONS):

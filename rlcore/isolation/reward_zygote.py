@@ -315,7 +315,10 @@ def serve(sock: socket.socket) -> None:
             importlib.import_module(name)
         except Exception:  # the call that imports it fails with the reason, as it would anywhere
             pass
-    conn.send(("ready", os.getpid()))
+    try:
+        conn.send(("ready", os.getpid()))
+    except OSError:  # the actor let it go while it started (its pool closed, its process exiting)
+        os._exit(0)
     keepers: dict[int, Progress] = {}
     sel = selectors.DefaultSelector()
     sel.register(sock, selectors.EVENT_READ)

@@ -7,11 +7,13 @@ Every entry point that reads a config as a run does (`rlcore.run`, `rlcore.misma
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 from rlcore.config import RunConfig
-from rlcore.config.errors import raise_problems
+from rlcore.config.errors import ConfigError, raise_problems
 from rlcore.config.nodes import schema_node, to_run_config
+from rlcore.config.reward import carry_moved
 from rlcore.plan.keys import typed_env_arg_override
 from rlcore.plan.overrides import (
     check_composed_keys,
@@ -34,7 +36,8 @@ def recipes() -> list[str]:
 def compose(overrides: list[str]) -> RunConfig:
     """Hydra composition of conf/config.yaml, the recipe, and the command-line overrides,
     typed against the RunConfig schema. A key the schema does not declare is refused, with or
-    without `+`. Raises ConfigError."""
+    without `+`; a reward runtime's key at its old place (`env.args.reward_timeout_s`) is carried
+    to `env.reward` with a warning. Raises ConfigError."""
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
     from hydra.core.config_store import ConfigStore
@@ -59,6 +62,19 @@ def compose(overrides: list[str]) -> RunConfig:
     check_composed_keys(cfg)
     obj = to_run_config(cfg)
     obj.recipe = recipe
+    carry_reward_keys(obj)
     check_typed_options(obj, overrides)  # set on this command line for an engine the run does not use
     raise_problems(use_checkpoint_model(obj, explicit_model_keys(overrides)))
     return obj
+
+
+def carry_reward_keys(cfg: RunConfig) -> None:
+    """`env.args.reward_timeout_s` and the other reward runtime keys that moved to `env.reward`:
+    carried there, one warning line each on stderr, so recipes and command lines written before
+    the move keep their meaning (`rlcore.config.reward.carry_moved`)."""
+    try:
+        lines = carry_moved(cfg.env.args, cfg.env.reward)
+    except ValueError as exc:
+        raise ConfigError(*str(exc).split(": ", 1)) from None
+    for line in lines:
+        print(f"rlcore: warning: {line}", file=sys.stderr)
