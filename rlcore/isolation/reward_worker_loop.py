@@ -81,9 +81,11 @@ EXIT_PIPE_LOST = 3
 """Exit code of a worker whose pipe to the actor a call closed."""
 EXIT_DESCENDANTS = 4
 """Exit code of a worker that could not end what a call started."""
-REAP_ROUNDS = 100
-"""Kill-and-reap rounds after a call before the worker gives up on its descendants and exits
-(a fork bomb outruns it; the parent then kills the worker's whole session and replaces it)."""
+REAP_WINDOW_S = 2.0
+"""How long the worker kills and reaps what a call left before it gives up on its descendants and
+exits (a fork bomb outruns it; the parent then kills the worker's whole session and replaces it).
+Seconds, not rounds: a SIGKILLed process can take longer than 100 ms to become reapable on a
+loaded machine (a fixed 100 rounds of 1 ms once named a plain kill a fork bomb)."""
 
 
 def keep(conn, owner: Any, progress, lock, actor_pid: int, memory_mb: int, network: bool = False) -> None:
@@ -408,7 +410,7 @@ _namespace_init = [False]
 def end_descendants(kill_first: list[int] = ()) -> None:
     """SIGKILL and reap every process the last call left behind (one cheap syscall when none)."""
     if _namespace_init[0]:  # the pids /proc shows are not this namespace's: kill(-1) names them all
-        if not ns.end_namespace_members(REAP_ROUNDS):
+        if not ns.end_namespace_members(REAP_WINDOW_S):
             os._exit(EXIT_DESCENDANTS)
         return
     for pid in kill_first:
@@ -416,7 +418,8 @@ def end_descendants(kill_first: list[int] = ()) -> None:
             os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
-    for _ in range(REAP_ROUNDS):
+    deadline = time.monotonic() + REAP_WINDOW_S
+    while time.monotonic() < deadline:
         try:
             while os.waitpid(-1, os.WNOHANG)[0] > 0:  # reap what already ended
                 pass

@@ -78,10 +78,11 @@ def host_ppid() -> int:
         return int(f.read().rsplit(")", 1)[1].split()[1])
 
 
-def end_namespace_members(rounds: int) -> bool:
+def end_namespace_members(window_s: float) -> bool:
     """From the namespace's init: SIGKILL and reap every other process of the namespace (whatever
-    the last call started, in any session or nested namespace). False if they outran `rounds`."""
-    for _ in range(rounds):
+    the last call started, in any session or nested namespace). False if they outran `window_s`."""
+    deadline = time.monotonic() + window_s
+    while time.monotonic() < deadline:
         try:
             while os.waitpid(-1, os.WNOHANG)[0] > 0:  # reap what already ended
                 pass

@@ -23,6 +23,7 @@ from rlcore.isolation.reward_worker_loop import (
     EXIT_PIPE_LOST,
     FLUSH_SIGNAL,
     NAMESPACE,
+    REAP_WINDOW_S,
     STARTED,
     keep,
 )
@@ -171,8 +172,9 @@ class Worker:
         return self.proc.pid
 
     def death(self) -> str:
-        """How the worker ended, once its pipe closed (waits up to 1 s for its keeper)."""
-        self.proc.join(1.0)
+        """How the worker ended, once its pipe closed (waits for its keeper to end what the call
+        left, `REAP_WINDOW_S`, and 1 s more)."""
+        self.proc.join(REAP_WINDOW_S + 1.0)
         code = self.proc.exitcode
         if code is not None and code < 0:  # the keeper itself was signalled: no one here sends that
             return (
