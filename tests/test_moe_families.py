@@ -217,7 +217,7 @@ def test_dense_first_layers_stay_dense():
 
 @pytest.mark.integration
 def test_cli_runs_every_family_with_replay_and_exports(tmp_path):
-    """`python -m rlcore.run` (one multirun sweep: Mixtral, gpt-oss, DeepSeek-V3, GLM-4.5): 2 RL
+    """`python -m rlcore.run` (one multirun sweep: Mixtral, gpt-oss, DeepSeek-V3, GLM-4.5): 3 RL
     steps each with routing replay, the accounting identity on every row, agreement 1.0 on the
     on-policy first step, and the final export (family checkpoint names) equal to the export of
     the final checkpoint, reloading in transformers."""
@@ -233,7 +233,7 @@ def test_cli_runs_every_family_with_replay_and_exports(tmp_path):
             "rlcore.run",
             "-m",
             "model=" + ",".join(names),
-            "steps=2",
+            "steps=3",
             "rollout.hf.routing_replay=true",
             "sft.warmup_steps=0",
             "rollout.sampling.max_new_tokens=6",
@@ -255,7 +255,7 @@ def test_cli_runs_every_family_with_replay_and_exports(tmp_path):
     for i, name in enumerate(names):
         out = tmp_path / "run" / str(i)
         rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-        assert [r["step"] for r in rows] == [1, 2], name
+        assert [r["step"] for r in rows] == [1, 2, 3], name
         for r in rows:
             assert r["samples_generated"] == (
                 r["samples_trained"]
