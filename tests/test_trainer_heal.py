@@ -16,6 +16,17 @@ from rlcore.plan.validate import validate
 
 pytestmark = pytest.mark.integration
 
+
+@pytest.fixture(scope="module")
+def ray_cluster():
+    """One local Ray for the module's runs (each run's driver makes and removes its own actors)."""
+    import ray
+
+    ray.init(num_cpus=2, include_dashboard=False, logging_level="WARNING")
+    yield ray
+    ray.shutdown()
+
+
 STEPS = 8
 SYNC = [
     "algo.max_off_policy_steps=0",
@@ -66,22 +77,16 @@ def rows(out, name="metrics.jsonl"):
     return [json.loads(line) for line in (out / name).read_text().splitlines()]
 
 
-def test_a_killed_trainer_rank_restarts_from_the_checkpoint_and_the_run_goes_on(tmp_path):
-    import ray
-
+def test_a_killed_trainer_rank_restarts_from_the_checkpoint_and_the_run_goes_on(ray_cluster, tmp_path):
     a, b = tmp_path / "healed", tmp_path / "resumed"
-    ray.init(num_cpus=2, include_dashboard=False, logging_level="WARNING")
-    try:
-        driver, history = run([*SYNC, f"output_dir={a}", f"steps={STEPS}"], kill_at_version=5)
-        assert driver.recovery.restarts == 1
-        step, seconds = driver.recovery.last
-        assert step in (4, 6)  # the newest checkpoint before the death
-        print(f"trainer recovery: restarted from step {step} in {seconds:.1f}s")
-        # the reference: stopped at that checkpoint, then resumed
-        run([*SYNC, f"output_dir={b}", f"steps={step}"])
-        run([*SYNC, f"output_dir={b}", f"steps={STEPS}", "resume=true"])
-    finally:
-        ray.shutdown()
+    driver, history = run([*SYNC, f"output_dir={a}", f"steps={STEPS}"], kill_at_version=5)
+    assert driver.recovery.restarts == 1
+    step, seconds = driver.recovery.last
+    assert step in (4, 6)  # the newest checkpoint before the death
+    print(f"trainer recovery: restarted from step {step} in {seconds:.1f}s")
+    # the reference: stopped at that checkpoint, then resumed
+    run([*SYNC, f"output_dir={b}", f"steps={step}"])
+    run([*SYNC, f"output_dir={b}", f"steps={STEPS}", "resume=true"])
 
     assert [r["step"] for r in history] == list(range(1, STEPS + 1))
     healed = [r for r in rows(a) if "loss" in r]
@@ -104,18 +109,12 @@ def test_a_killed_trainer_rank_restarts_from_the_checkpoint_and_the_run_goes_on(
     assert healed[-1]["samples_generated"] == resumed[STEPS]["samples_generated"]
 
 
-def test_a_killed_trainer_rank_heals_from_the_engines_with_nothing_configured(tmp_path, caplog):
+def test_a_killed_trainer_rank_heals_from_the_engines_with_nothing_configured(ray_cluster, tmp_path, caplog):
     """The default job (checkpoint.interval=0: no checkpoint exists) loses neither the run nor a
     step: before, the death stopped it ('no checkpoint existed to restart it from')."""
-    import ray
-
     out = tmp_path / "default"
-    ray.init(num_cpus=2, include_dashboard=False, logging_level="WARNING")
-    try:
-        with caplog.at_level("WARNING", logger="rlcore"):
-            driver, history = run([f"output_dir={out}", f"steps={STEPS}", "logger.console=false"], kill_at_step=3)
-    finally:
-        ray.shutdown()
+    with caplog.at_level("WARNING", logger="rlcore"):
+        driver, history = run([f"output_dir={out}", f"steps={STEPS}", "logger.console=false"], kill_at_step=3)
     assert driver.recovery.restarts == 1 and driver.recovery.source == "engines"
     step, seconds = driver.recovery.last
     # no checkpoint to go back to: checkpoint.interval=0 writes only the final one (save_final)
@@ -142,22 +141,16 @@ def test_a_killed_trainer_rank_heals_from_the_engines_with_nothing_configured(tm
     assert all(r["loss"] == r["loss"] for r in healed)  # finite (not NaN) after the restart
 
 
-def test_the_restart_counters_go_on_counting_after_a_resume(tmp_path):
+def test_the_restart_counters_go_on_counting_after_a_resume(ray_cluster, tmp_path):
     """`trainer_restarts` counts the run's restarts over its submissions, as `samples_failed` does:
     before, a resume (e.g. of a Ray Job whose driver died) started the counters again at 0, so the
     last row said the run had never restarted (issue 42's chaos run through Ray Jobs)."""
-    import ray
-
     out = tmp_path / "run"
     fast = [f"output_dir={out}", "logger.console=false", "sft.warmup_steps=0"]
-    ray.init(num_cpus=2, include_dashboard=False, logging_level="WARNING")
-    try:
-        driver, _ = run([*fast, "steps=4"], kill_at_step=2)
-        assert driver.recovery.restarts == 1
-        resumed, _ = run([*fast, "steps=6", "resume=true"])
-        assert resumed.recovery.restarts == 0  # trainer.max_restarts bounds one submission's restarts
-    finally:
-        ray.shutdown()
+    driver, _ = run([*fast, "steps=4"], kill_at_step=2)
+    assert driver.recovery.restarts == 1
+    resumed, _ = run([*fast, "steps=6", "resume=true"])
+    assert resumed.recovery.restarts == 0  # trainer.max_restarts bounds one submission's restarts
     series = [r for r in rows(out) if "loss" in r]
     assert [r["step"] for r in series] == list(range(1, 7))
     step = driver.recovery.last[0]
