@@ -18,6 +18,8 @@ EXIT_STOPPED = 3
 EXIT_TIMEOUT = 124
 EXIT_INTERRUPTED = 130
 MAX_STATUS_FAILURES = 5
+LOG_GRACE_S = 10.0
+"""How long a job's log stream may take, once its status is terminal, to deliver its last lines."""
 T = TypeVar("T")
 
 
@@ -189,8 +191,11 @@ async def follow(
                 continue
             failures = 0
             if status.is_terminal():
-                # Give the stream a moment to deliver the last lines the driver printed.
-                grace_end = time.monotonic() + min(5.0, poll_s)
+                # The stream ends after the job does: wait for its end (the last lines the driver
+                # printed, e.g. a config error) up to LOG_GRACE_S. Bounded by poll_s (2 s in a
+                # test) it lost a failed job's error line under load, and `outcome` drops Ray's
+                # copy of those lines from the job's message.
+                grace_end = time.monotonic() + LOG_GRACE_S
                 while streaming and time.monotonic() < grace_end:
                     try:
                         item = await asyncio.wait_for(queue.get(), grace_end - time.monotonic())

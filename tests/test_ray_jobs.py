@@ -233,6 +233,23 @@ def test_follow_streams_logs_until_the_job_ends():
     assert out == "step 1\nstep 2\n"
 
 
+def test_follow_prints_the_last_lines_the_stream_delivers_after_the_job_ended():
+    """The status says FAILED before the stream delivers the driver's error line (a loaded
+    head): the line is still printed, not cut off after poll_s."""
+    from ray.job_submission import JobStatus
+
+    class LateStream(FakeJobClient):
+        async def tail_job_logs(self, job_id):
+            yield "step 1\n"
+            await asyncio.sleep(0.5)  # ten polls: the status is read as FAILED meanwhile
+            yield "rlcore: config error: x\n"
+
+    client = LateStream([], [JobStatus.FAILED])
+    status, out = follow(client)
+    assert status == JobStatus.FAILED and client.status_calls >= 1
+    assert out == "step 1\nrlcore: config error: x\n"
+
+
 def test_follow_survives_a_dropped_stream_and_flaky_status_checks():
     from ray.job_submission import JobStatus
 
