@@ -19,6 +19,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.actor_process import actor_pid
+
 pytestmark = pytest.mark.integration
 REPO = Path(__file__).resolve().parent.parent
 STEPS = 24  # room for two restarts (a new process: Python, torch, the model) on a loaded machine
@@ -36,21 +38,8 @@ COMMON = [
 
 
 def rollout_actor_pid(out: Path, index: int, not_pid: int | None) -> int | None:
-    """The process of rollout actor `index` of the run writing to `out`: of the processes whose
-    stdout is OUTPUT_DIR/logs/rollout-INDEX.log (actors.logs; a path no other run shares), the
-    one whose parent is not one of them (its reward workers inherit that stdout), other than
-    `not_pid`."""
-    log = str(out / "logs" / f"rollout-{index}.log")
-    writers: dict[int, int] = {}  # pid -> parent pid
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            if os.readlink(f"/proc/{pid}/fd/1") == log:
-                stat = Path(f"/proc/{pid}/stat").read_text()
-                writers[int(pid)] = int(stat[stat.rindex(")") + 2 :].split()[1])
-        except (OSError, ValueError):  # gone, or not ours to read
-            continue
-    tops = [pid for pid, parent in writers.items() if parent not in writers and pid != not_pid]
-    return tops[0] if len(tops) == 1 else None
+    """The process of rollout actor `index` of the run writing to `out`, other than `not_pid`."""
+    return actor_pid(out, "rollout", index, not_pid)
 
 
 def run_job(tmp_path, name, overrides, kill_at: int = 0, kills: int = 0):

@@ -25,6 +25,7 @@ import pytest
 
 from launch import local_cluster as lc
 from launch.cluster_nodes import add_node, node_tree
+from tests.actor_process import actor_pid
 
 REPO = Path(__file__).resolve().parent.parent
 LABELS = ["cluster.trainer_node_labels.rlcore-group=trainer", "cluster.rollout_node_labels.rlcore-group=rollout"]
@@ -827,19 +828,6 @@ CHAOS_STEPS = 14
 def trainer_rank_pid(out: Path, rank: int) -> int | None:
     """The process of trainer rank `rank` of the run writing to `out`."""
     return actor_pid(out, "trainer", rank)
-
-
-def actor_pid(out: Path, kind: str, index: int) -> int | None:
-    """The process of actor `kind` `index` of the run writing to `out` (its stdout is
-    OUTPUT_DIR/logs/KIND-INDEX.log, `actors.logs`)."""
-    log = str(out / "logs" / f"{kind}-{index}.log")
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            if os.readlink(f"/proc/{pid}/fd/1") == log:
-                return int(pid)
-        except OSError:  # gone, or not ours to read
-            continue
-    return None
 
 
 @pytest.mark.integration

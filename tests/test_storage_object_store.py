@@ -26,6 +26,7 @@ from rlcore.storage.checkpoint_dirs import checkpoint_root, list_checkpoints
 from rlcore.storage.export import main as export_main
 from rlcore.storage.location import with_local_paths
 from rlcore.storage.staging import LEASE, Sync, claim, download
+from tests.actor_process import process_writing_to
 
 pytest.importorskip("s3fs")
 pytest.importorskip("moto.server")
@@ -408,22 +409,6 @@ its deadline); a healthy part (a shard of the tiny model into moto on localhost)
 FROZEN_RUN_STEPS = 5
 """The frozen-store run stops at step 4's checkpoint; the resume (from step 2's) trains 3..5:
 one step past the one whose checkpoint failed."""
-
-
-def process_writing_to(log: Path) -> int | None:
-    """The process whose stdout is `log` (an actor's: OUTPUT_DIR/logs/KIND-INDEX.log): of the
-    processes writing to it, the one whose parent is not one of them (an engine's reward workers
-    inherit its stdout, and pids wrap: the lowest one is not always the actor's)."""
-    writers: dict[int, int] = {}  # pid -> parent pid
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            if os.readlink(f"/proc/{pid}/fd/1") == str(log):
-                stat = Path(f"/proc/{pid}/stat").read_text()
-                writers[int(pid)] = int(stat[stat.rindex(")") + 2 :].split()[1])
-        except (OSError, ValueError):  # gone, or not ours to read
-            continue
-    tops = [pid for pid, parent in writers.items() if parent not in writers]
-    return tops[0] if len(tops) == 1 else None
 
 
 def test_a_frozen_engine_and_then_a_frozen_store_inside_a_full_runs_checkpoints_are_named_and_resumed_from(
