@@ -65,6 +65,24 @@ class C:
     assert reads["rollout.pd.retry_after_s"] == ["C.d:15"]
 
 
+def test_the_walk_follows_a_section_built_copied_or_chosen_in_code():
+    """An environment keeps its own copy of `env.reward` (or the defaults when none is given):
+    `x if c else y`, `dataclasses.replace(section)` and `RewardRuntimeConfig()` hold that section."""
+    source = """
+import dataclasses
+from rlcore.config.reward import RewardRuntimeConfig
+
+class E:
+    def __init__(self, reward_runtime=None):
+        runtime = RewardRuntimeConfig() if reward_runtime is None else dataclasses.replace(reward_runtime)
+        self.runtime = runtime
+    def f(self):
+        return self.runtime.timeout_s
+"""
+    reads = {k: [f"{s.function}:{s.line}" for s in v] for k, v in module_reads(source, "x.py").items()}
+    assert reads["env.reward.timeout_s"] == ["E.f:10"]
+
+
 def test_the_walk_command_prints_the_sites(capsys):
     assert main(["rollout.max_requests_per_actor"]) == 0
     assert "rlcore/engine/slots.py" in capsys.readouterr().out

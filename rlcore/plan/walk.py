@@ -99,6 +99,13 @@ class _Reads(ast.NodeVisitor):
                 if node.attr in RUN_NAMES:
                     return ("",)
             return tuple(_join(p, node.attr) for p in self.resolve(node.value) if _join(p, node.attr) in sections())
+        if isinstance(node, ast.IfExp):  # `a if c else b`: either
+            return tuple(dict.fromkeys(self.resolve(node.body) + self.resolve(node.orelse)))
+        if isinstance(node, ast.Call):
+            name = ast.unparse(node.func).split(".")[-1]
+            if name in ("replace", "copy", "deepcopy") and node.args:  # a copy of a section is that section
+                return self.resolve(node.args[0])
+            return _paths_of_class().get(name, ())  # a section class built in code (its defaults)
         return ()
 
     def _function(self, node: ast.FunctionDef | ast.AsyncFunctionDef) -> None:
