@@ -45,6 +45,7 @@ MOVED = {
     "reward_network": "network",
 }
 """The reward runtime's keys as they were in `env.args` -> their name in `env.reward`."""
+_DEFAULTS = {f.name: f.default for f in dataclasses.fields(RewardRuntimeConfig)}
 
 
 def moved_env_arg(name: str) -> str | None:
@@ -69,9 +70,6 @@ def carry_moved(args: dict[str, Any], section: RewardRuntimeConfig) -> list[str]
         setattr(section, new, value)
         lines.append(f"env.args.{old}: moved to env.reward.{new}; carried there (write env.reward.{new}={value})")
     return lines
-
-
-_DEFAULTS = {f.name: f.default for f in dataclasses.fields(RewardRuntimeConfig)}
 
 
 def reward_runtime_problems(section: RewardRuntimeConfig) -> list[tuple[str, str]]:

@@ -407,28 +407,20 @@ def children() -> list[int]:
 _namespace_init = [False]
 
 
+def _every_other_member() -> tuple[int, ...]:
+    return (-1,)  # kill(-1) from a namespace's init: every member but itself, in any session
+
+
 def end_descendants(kill_first: list[int] = ()) -> None:
     """SIGKILL and reap every process the last call left behind (one cheap syscall when none)."""
     if _namespace_init[0]:  # the pids /proc shows are not this namespace's: kill(-1) names them all
-        if not ns.end_namespace_members(REAP_WINDOW_S):
-            os._exit(EXIT_DESCENDANTS)
-        return
-    for pid in kill_first:
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-    deadline = time.monotonic() + REAP_WINDOW_S
-    while time.monotonic() < deadline:
-        try:
-            while os.waitpid(-1, os.WNOHANG)[0] > 0:  # reap what already ended
-                pass
-        except ChildProcessError:
-            return  # no children left
-        for pid in children():
+        targets = _every_other_member
+    else:
+        for pid in kill_first:
             try:
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
-        time.sleep(0.001)  # killed children turn zombie; their orphans are re-parented to us
-    os._exit(EXIT_DESCENDANTS)  # it outruns us: the parent kills this session and replaces the worker
+        targets = children
+    if not ns.kill_and_reap(REAP_WINDOW_S, targets):
+        os._exit(EXIT_DESCENDANTS)  # it outruns us: the parent kills this session and replaces the worker

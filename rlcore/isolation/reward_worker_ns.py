@@ -20,6 +20,7 @@ import ctypes
 import os
 import signal
 import time
+from collections.abc import Callable, Iterable
 
 CLONE_NEWUSER, CLONE_NEWPID = 0x10000000, 0x20000000
 CLONE_NEWNS, CLONE_NEWIPC, CLONE_NEWNET = 0x00020000, 0x08000000, 0x40000000
@@ -78,9 +79,10 @@ def host_ppid() -> int:
         return int(f.read().rsplit(")", 1)[1].split()[1])
 
 
-def end_namespace_members(window_s: float) -> bool:
-    """From the namespace's init: SIGKILL and reap every other process of the namespace (whatever
-    the last call started, in any session or nested namespace). False if they outran `window_s`."""
+def kill_and_reap(window_s: float, targets: Callable[[], Iterable[int]]) -> bool:
+    """Reap this process's ended children and SIGKILL `targets()` (pids; -1 from a namespace's
+    init: every other member, in any session or nested namespace) until none is left. False if
+    they outran `window_s` (a fork bomb)."""
     deadline = time.monotonic() + window_s
     while time.monotonic() < deadline:
         try:
@@ -88,9 +90,10 @@ def end_namespace_members(window_s: float) -> bool:
                 pass
         except ChildProcessError:
             return True  # none left (the common case: one syscall)
-        try:
-            os.kill(-1, signal.SIGKILL)  # from a namespace's init: everyone in it but itself
-        except ProcessLookupError:
-            pass
-        time.sleep(0.001)
+        for pid in targets():
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        time.sleep(0.001)  # killed children turn zombie; their orphans are re-parented to us
     return False
