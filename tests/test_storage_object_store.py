@@ -399,9 +399,34 @@ def test_a_store_that_stops_answering_during_a_checkpoint_upload_is_named_and_bo
     assert time.time() - lease_time(fs, f"frozen/run/{LEASE}") < 30
 
 
+def test_a_run_whose_store_went_unanswered_leaves_in_seconds_not_another_full_deadline(stoppable_s3):
+    """Once a store call of the run ran past checkpoint.timeout_s, the way out asks the store
+    once (a lease write, staging.PROBE_S) instead of waiting the deadline again for the renewal
+    and again for the last upload (with the default 600 s that was over 20 minutes); the error
+    names why and where the files are."""
+    from rlcore.storage import staging
+
+    proc, fs = stoppable_s3
+    url = "s3://frozen/run"
+    cfg = with_local_paths(compose([f"output_dir={url}", "storage.sync_interval_s=0", "checkpoint.timeout_s=60"]))
+    download(cfg)
+    (Path(cfg.output_dir) / "metrics.jsonl").write_text('{"step": 1}\n')
+    claim(cfg)
+    try:
+        with staging.Sync(cfg) as sync:
+            proc.send_signal(signal.SIGSTOP)
+            assert staging.upload_within(cfg, 6.0, "uploading the run's files of step 1") is False
+            start = time.monotonic()
+        took = time.monotonic() - start
+    finally:
+        proc.send_signal(signal.SIGCONT)
+    assert sync.failed and "not waiting checkpoint.timeout_s again" in sync.failed, sync.failed
+    assert took < staging.PROBE_S + 15, took  # not checkpoint.timeout_s (60 s) twice
+
+
 STORE_DEADLINE_S = 9
-"""checkpoint.timeout_s of the frozen-store run (small: the test waits it out three times: the
-checkpoint, the lease renewal, the last upload). Above staging.NOTICE_S (5 s: the "waiting up to"
+"""checkpoint.timeout_s of the frozen-store run (small: the test waits it out at step 4's
+checkpoint; the way out then asks the store once, staging.PROBE_S, not the deadline again). Above staging.NOTICE_S (5 s: the "waiting up to"
 line) and stall_watch.BEFORE_SYNC_S (6 s: step 2's checkpoint leaves the frozen engine out before
 its deadline); a healthy part (a shard of the tiny model into moto on localhost) is given 9 s too."""
 
@@ -499,9 +524,11 @@ def test_a_frozen_engine_and_then_a_frozen_store_inside_a_full_runs_checkpoints_
     assert named_at - frozen_at < 30, named_at - frozen_at
     assert "storage unreachable" in errors[0] and "frozen/run" in errors[0], errors
     # the way out is bounded too: the last upload named, then given up with where the files are
-    assert any(ln.startswith("rlcore: error: the run's files were not uploaded to s3://frozen/run") for ln in errors), (
-        errors
-    )
+    assert any(
+        ln.startswith("rlcore: error: the run's files were not uploaded to s3://frozen/run")
+        and "not waiting checkpoint.timeout_s again" in ln
+        for ln in errors
+    ), errors
     assert ended - frozen_at < 3 * STORE_DEADLINE_S + 60, ended - frozen_at
     assert "Traceback" not in log, log[-4000:]
 

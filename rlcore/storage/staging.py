@@ -169,6 +169,11 @@ class NoAnswer(TimeoutError):
 
 NOTICE_S = 5.0
 """An upload still running after this long is named in one line (the URL and the deadline)."""
+PROBE_S = 10.0
+"""On the way out of a run whose store went unanswered: how long a lease write may take to show
+the store is back before the last upload is tried (not the full `checkpoint.timeout_s` again)."""
+UNANSWERED = threading.Event()
+"""Set once a store call of this process ran past its deadline (`within`)."""
 
 
 def within(work, timeout_s: float, what: str = "", where: str = ""):
@@ -198,6 +203,7 @@ def within(work, timeout_s: float, what: str = "", where: str = ""):
         )
         t.join(timeout_s - NOTICE_S)
     if t.is_alive():
+        UNANSWERED.set()
         named = f"{what} {where}: " if what else ""
         raise NoAnswer(f"{named}storage unreachable (no answer within {timeout_s:g}s, checkpoint.timeout_s)")
     if failed:
@@ -272,6 +278,7 @@ class Sync:
         self.discarded = False
 
     def __enter__(self) -> Sync:
+        UNANSWERED.clear()  # a run before this one in the process (a test, a sweep) left it set
         if self.cfg.storage.url:  # the lease is taken already (claim)
             self._threads = [threading.Thread(target=self._renew, name="rlcore-storage-lease", daemon=True)]
             if float(self.cfg.storage.sync_interval_s or 0) > 0:
@@ -317,7 +324,10 @@ class Sync:
         if not self._threads:
             return
         self._stop.set()
-        wait_s = min(HEARTBEAT_S, float(self.cfg.checkpoint.timeout_s))
+        # a store that already left a call unanswered gets no second full deadline on the way out:
+        # one lease write (PROBE_S) says whether it is back before the last upload is tried
+        gone = UNANSWERED.is_set()
+        wait_s = 0.0 if gone else min(HEARTBEAT_S, float(self.cfg.checkpoint.timeout_s))
         for t in self._threads:
             t.join(timeout=min(NOTICE_S, wait_s))
             if t.is_alive() and wait_s > NOTICE_S:  # a renewal or an upload the store has not answered
@@ -330,6 +340,14 @@ class Sync:
                 )
                 t.join(timeout=wait_s - NOTICE_S)
         try:
+            if gone or any(t.is_alive() for t in self._threads):
+                try:
+                    within(lambda: renew_lease(self.cfg), PROBE_S)
+                except NoAnswer:
+                    raise NoAnswer(
+                        f"storage unreachable: it left a call unanswered in this run and a lease write "
+                        f"now within {PROBE_S:g}s; not waiting checkpoint.timeout_s again"
+                    ) from None
             if not self.discarded:
                 within(
                     lambda: upload(self.cfg),
@@ -337,10 +355,12 @@ class Sync:
                     "the last upload of the run's files to",
                     self.cfg.storage.url,
                 )
-            release_lease(self.cfg)
+            within(lambda: release_lease(self.cfg), PROBE_S)
         except Exception as err:
             self.failed = (
-                storage_cause(err) or f"{type(err).__name__}: {str(err).splitlines()[0][:150] if str(err) else ''}"
+                str(err)
+                if isinstance(err, NoAnswer)  # names the call and its deadline already
+                else storage_cause(err) or f"{type(err).__name__}: {str(err).splitlines()[0][:150] if str(err) else ''}"
             )
             log.debug("the last upload to %s failed", self.cfg.storage.url, exc_info=True)
             print(
