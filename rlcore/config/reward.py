@@ -26,8 +26,8 @@ class RewardRuntimeConfig:
     """Deadline of one reward call or `env_response` turn, in s; unset: the environment's (10 s; mini_swe 60 s)."""
     on_error: str = choice("fail", "zero", default="fail", noun="on_error")
     """A reward that raises, hangs or is not finite: `fail` (sample dropped, counted) or `zero` (scored 0)."""
-    isolation: str = choice("worker", "thread", "process", default="worker", noun="isolation")
-    """Where reward calls run: `worker` (reused processes killed at an overrun), `thread` or `process`."""
+    isolation: Optional[str] = choice("worker", "thread", "process", None, default=None, noun="isolation")
+    """Where reward calls run: `worker` (a process per call, from warm workers), `thread` or `process`; unset: the environment's (`worker`; `thread` for rlcore's own string rewards)."""
     max_abandoned_threads: int = bounded(4, ge=0)
     """Timed-out threads still running past which `thread` scoring moves to `process` (threads cannot be killed)."""
     memory_mb: int = bounded(2048, ge=0, note="(0 = unbounded)")

@@ -35,6 +35,8 @@ class AlphabetSort(MultiTurnEnvironment):
     first and each later round gives), `vocabulary` (space-separated words; default a built-in
     list of short words)."""
 
+    trusted_reward = True  # word lists compared by longest common subsequence: nothing of the text is evaluated
+
     def __init__(
         self,
         seed: int = 0,

@@ -29,6 +29,8 @@ def lcs_ratio(completion: str, target: str) -> float:
 class ReverseText(Environment):
     """Prompt: a random string over `alphabet`; answer: the string reversed."""
 
+    trusted_reward = True  # a longest common subsequence against a short answer: time and memory linear in the text
+
     def __init__(
         self,
         seed: int = 0,

@@ -50,6 +50,7 @@ class ShapeCount(Environment):
     """Prompt: an image of 1..max_shapes shapes and a question; answer: the count."""
 
     uses_images = True
+    trusted_reward = True  # the text compared with the count: nothing of it is evaluated
 
     def __init__(
         self,

@@ -76,6 +76,7 @@ class Wordle(MultiTurnEnvironment):
     """Args: `max_turns` (guesses, default 6), `words` (space-separated target list; default a
     built-in list of common words), `demo_noise` (the chance the demonstrator repeats its last guess)."""
 
+    trusted_reward = True  # letters compared with the target: nothing of the text is evaluated
     PROMPT = "Wordle: guess the 5-letter word. Reply with one word. Marks: G=right spot, Y=wrong spot, -=absent."
 
     def __init__(self, seed: int = 0, words: str = "", max_turns: int = 6, demo_noise: float = 0.0, **kwargs):
