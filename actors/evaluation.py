@@ -18,7 +18,7 @@ from actors.rollout import failed_groups
 from rlcore.batch.meta import group_meta
 from rlcore.batch.seeding import derive_seed
 from rlcore.envs import build_env
-from rlcore.plan.pd import rollout_roles
+from rlcore.plan.layout import Plan
 from rlcore.report.evaluation import eval_tasks, sampling_overrides, summarize
 from rlcore.report.startup import StartupPhases
 from rlcore.storage import checkpoint as ckpt
@@ -167,10 +167,12 @@ class Evaluator:
 
 class EvalDriver:
     """`mode=eval`: the rollout group alone evaluates `model.path` (or random weights), or the
-    weights of a checkpoint (`checkpoint.resume`); writes metrics.jsonl and eval_results.json."""
+    weights of a checkpoint (`checkpoint.resume`); writes metrics.jsonl and eval_results.json.
+    `plan`: what `rlcore.plan.layout.run_plan` decided (its config is the run's)."""
 
-    def __init__(self, cfg):
-        self.cfg = cfg
+    def __init__(self, plan: Plan):
+        self.plan = plan
+        cfg = self.cfg = plan.config
         self.env = build_env(cfg.env)
         self.groups = None
         self.step = self.version = 0
@@ -179,7 +181,7 @@ class EvalDriver:
     def setup(self) -> None:
         cfg = self.cfg
         with self.startup.phase("placing actors"):
-            self.groups = place(cfg, trainer=False)
+            self.groups = place(self.plan, trainer=False)
         with self.startup.phase(f"starting the rollout engines ({cfg.rollout.engine})"):
             get([r.ready.remote() for r in self.groups.rollouts], cfg.rollout.generate_timeout_s, "rollout actor start")
         path = ckpt.resolve_resume(cfg)
@@ -209,7 +211,7 @@ class EvalDriver:
             log.info("evaluating checkpoint %s (step %d)", path, self.step)
 
     def run(self, logger) -> list[dict[str, Any]]:
-        episodes = [i for i, role in enumerate(rollout_roles(self.cfg)) if role != "prefill"]  # not a prefill pool
+        episodes = [i for i, role in enumerate(self.plan.roles) if role != "prefill"]  # not a prefill pool
         evaluator = Evaluator(self.cfg, self.env, self.groups.rollouts, lambda: episodes)
         evaluator.launch(self.step, self.version)
         records: list[dict[str, Any]] = []
