@@ -146,9 +146,17 @@ class Driver:
         )
         # fresh: SFT warm-up, then sync version 0; resume: load the checkpoint, sync its weights
         self.hooks.setup()
-        self.profiler = RunProfiler(cfg, self.trainers, self.rollouts)
+        self.profiler = RunProfiler(cfg.profile, cfg.output_dir, self.trainers, self.rollouts)
         self.recovery = TrainerRecovery(
-            cfg, self.trainers, self.rollouts, self.weights, self.hooks, run, self.buffer, self.teacher, self.failures
+            cfg.trainer,
+            self.trainers,
+            self.rollouts,
+            self.weights,
+            self.hooks,
+            run,
+            self.buffer,
+            self.teacher,
+            self.failures,
         )
 
     # -- the loop ------------------------------------------------------------------------------

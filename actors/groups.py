@@ -84,7 +84,7 @@ def reserve(
     trainer_specs, rollout_specs = specs(plan.trainer), specs(plan.rollout)
 
     def group(bundles: list[dict[str, float]], kind: str) -> PlacementGroup:
-        selector = group_selector(cfg, kind)
+        selector = group_selector(cfg.cluster, kind)
         return placement_group(
             bundles,
             strategy="PACK",

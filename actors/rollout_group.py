@@ -66,7 +66,7 @@ class RolloutGroup:
         self.timeout_s = cfg.rollout.generate_timeout_s
         self.limits = RequestLimits.of(cfg.rollout)  # requests kept at each actor
         # why no alive node can host an engine's bundle again (colocated: the shared one); never blocks
-        self.capacity_gone = CapacityProbe(cfg, plan.rollout[:1] or plan.trainer[:1])
+        self.capacity_gone = CapacityProbe(cfg.cluster, plan.rollout[:1] or plan.trainer[:1])
         self.members = Members(handles, self.timeout_s, self.capacity_gone)
         self.stalls = StallWatch(handles, cfg.rollout.stall_timeout_s)
         self.pending: dict[ray.ObjectRefGenerator, Stream] = {}

@@ -92,7 +92,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ray.init(address=cfg.cluster.address, logging_level="ERROR", log_to_driver=False)
     try:
         nodes = live_nodes()
-        found = fit_problems(cfg, placed_bundles(cfg), nodes)
+        found = fit_problems(cfg.cluster, placed_bundles(cfg), nodes)
         if found:
             return report(ConfigError(*found[0], more=found[1:]))
         trainer_pg, rollout_pg = reserve(plan, trainer=cfg.mode != "eval", rollout=cfg.mode != "sft")
