@@ -1,5 +1,6 @@
 """The placement plan of a run, computed from the config alone (no Ray): what `dry_run=true`
-prints and what validation checks against a described cluster.
+prints, what validation checks against a described cluster, and what the run hands the Ray layer
+(`run_plan`: `actors/` places its bundles and reads its pools and shares, deciding none of them).
 
 Bundles are laid on nodes the way Ray's PACK strategy does for our two placement groups: the
 trainer group first, filling nodes in order, then the rollout group; a bundle never spans nodes.
