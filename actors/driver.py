@@ -43,12 +43,12 @@ from rlcore.batch.buffer import Accounting, RolloutBuffer
 from rlcore.batch.parallel_dims import shards_per_rank
 from rlcore.batch.staleness import most_groups_in_flight
 from rlcore.batch.step import build_step, has_signal
-from rlcore.config import RunConfig
 from rlcore.engine.registry import weight_transport
 from rlcore.engine.slots import RequestLimits
 from rlcore.envs import build_env
 from rlcore.models.tokenizer_build import build_tokenizer
 from rlcore.plan.interrupt import StopRequest
+from rlcore.plan.layout import Plan
 from rlcore.report import samples
 from rlcore.report.failures import FailureLog, NoProgress
 from rlcore.report.metrics import MetricsLogger
@@ -71,9 +71,11 @@ class StepState:
 
 
 class Driver:
-    def __init__(self, cfg: RunConfig, stop: StopRequest | None = None):
-        """`stop`: once requested (Ctrl-C, SIGTERM), the loop ends at the next step boundary."""
-        self.cfg, self.stop = cfg, stop
+    def __init__(self, plan: Plan, stop: StopRequest | None = None):
+        """`plan`: what `rlcore.plan.layout.run_plan` decided (the groups to place; its config is
+        the run's). `stop`: once requested (Ctrl-C, SIGTERM), the loop ends at the next step boundary."""
+        cfg = plan.config
+        self.cfg, self.plan, self.stop = cfg, plan, stop
         acct = Accounting()
         self.failures = FailureLog(cfg.rollout.stop_after_failed_requests)  # reasons, liveness
         a = cfg.algo
@@ -111,12 +113,12 @@ class Driver:
     def setup(self) -> None:
         cfg, run = self.cfg, self.run_state
         with self.startup.phase("placing actors"):
-            self.groups = place(cfg)
+            self.groups = place(self.plan)
         self.rollout_nodes = bundle_nodes(self.groups.rollout_pg) if self.groups.rollout_pg is not None else []
         self.samples_located = not multi_node()  # the first step's samples' nodes are logged once
         self.trainers = self.groups.trainers
         self.rollouts = RolloutGroup(
-            cfg,
+            self.plan,
             self.groups.rollouts,
             run,
             self.buffer,
@@ -127,7 +129,7 @@ class Driver:
             cfg, self.trainers, self.rollouts, sender_for(weight_transport(cfg)), run, self.env, self.tokenizer
         )
         # the engines, the trainer and a teacher start in the order their placement allows
-        self.starts = Starts(cfg, self.weights, self.startup)
+        self.starts = Starts(self.plan, self.weights, self.startup)
         self.starts.begin()
         self.teacher = self.starts.teacher
         self.hooks = StepHooks(
@@ -144,9 +146,17 @@ class Driver:
         )
         # fresh: SFT warm-up, then sync version 0; resume: load the checkpoint, sync its weights
         self.hooks.setup()
-        self.profiler = RunProfiler(cfg, self.trainers, self.rollouts)
+        self.profiler = RunProfiler(cfg.profile, cfg.output_dir, self.trainers, self.rollouts)
         self.recovery = TrainerRecovery(
-            cfg, self.trainers, self.rollouts, self.weights, self.hooks, run, self.buffer, self.teacher, self.failures
+            cfg.trainer,
+            self.trainers,
+            self.rollouts,
+            self.weights,
+            self.hooks,
+            run,
+            self.buffer,
+            self.teacher,
+            self.failures,
         )
 
     # -- the loop ------------------------------------------------------------------------------

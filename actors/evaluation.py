@@ -17,8 +17,9 @@ from actors.remote import RunError, get
 from actors.rollout import failed_groups
 from rlcore.batch.meta import group_meta
 from rlcore.batch.seeding import derive_seed
+from rlcore.config import EvalConfig, RolloutConfig
 from rlcore.envs import build_env
-from rlcore.plan.pd import rollout_roles
+from rlcore.plan.layout import Plan
 from rlcore.report.evaluation import eval_tasks, sampling_overrides, summarize
 from rlcore.report.startup import StartupPhases
 from rlcore.storage import checkpoint as ckpt
@@ -44,20 +45,28 @@ class Round:
 class Evaluator:
     """Evaluation rounds on the rollout actors, interleaved with whatever else they run."""
 
-    def __init__(self, cfg, env, rollouts: list, serving: Callable[[], list[int]] | None = None):
-        """`serving`: the actors that hold the current weights now (default: all; a restarted
-        one is left out until it has joined again)."""
-        self.cfg, self.env, self.rollouts = cfg, env, rollouts
+    def __init__(
+        self,
+        settings: EvalConfig,
+        rollout: RolloutConfig,
+        env,
+        rollouts: list,
+        serving: Callable[[], list[int]] | None = None,
+    ):
+        """`settings`: the `eval` section; `rollout`: its tasks per request and the sampling eval
+        overrides. `serving`: the actors that hold the current weights now (default: all; a
+        restarted one is left out until it has joined again)."""
+        self.settings, self.env, self.rollouts = settings, env, rollouts
         self.serving = serving or (lambda: list(range(len(rollouts))))
-        self.tasks = eval_tasks(env, cfg)
-        per = cfg.rollout.tasks_per_request
+        self.tasks = eval_tasks(env, settings)
+        per = rollout.tasks_per_request
         self.chunks = [self.tasks[i : i + per] for i in range(0, len(self.tasks), per)]
-        self.sampling = sampling_overrides(cfg)
+        self.sampling = sampling_overrides(settings, rollout.sampling)
         self.rounds: list[Round] = []
         self._inflight: dict[Any, tuple[Round, int, int]] = {}  # ref -> (round, chunk, actor)
 
     def due(self, step: int, final: bool) -> bool:
-        n = self.cfg.eval.every_n_steps
+        n = self.settings.every_n_steps
         return n > 0 and (step % n == 0 or final)
 
     def launch(self, step: int, version: int) -> None:
@@ -69,7 +78,7 @@ class Evaluator:
         """Submit queued chunks, oldest round first, keeping one eval request per actor."""
         busy = {actor for _, _, actor in self._inflight.values()}
         free = [i for i in self.serving() if i not in busy]
-        e = self.cfg.eval
+        e = self.settings
         for rnd in self.rounds:
             while rnd.queued and free:
                 chunk_no, chunk = rnd.queued.pop(0)
@@ -120,7 +129,7 @@ class Evaluator:
                 "eval request on rollout actor %d failed (%s); its tasks count as failed", actor, type(exc).__name__
             )
             rnd.results[chunk_no] = [
-                group_meta(g) for g in failed_groups(tasks, self.cfg.eval.samples_per_task, str(exc))
+                group_meta(g) for g in failed_groups(tasks, self.settings.samples_per_task, str(exc))
             ]
         self.pump()
         if rnd.queued or rnd.outstanding:
@@ -131,7 +140,7 @@ class Evaluator:
 
     def record(self, rnd: Round) -> dict[str, Any]:
         groups = [g for i in sorted(rnd.results) for g in rnd.results[i]]
-        e = self.cfg.eval
+        e = self.settings
         rec: dict[str, Any] = {
             "step": rnd.step,
             "eval/policy_version": rnd.version,
@@ -167,10 +176,12 @@ class Evaluator:
 
 class EvalDriver:
     """`mode=eval`: the rollout group alone evaluates `model.path` (or random weights), or the
-    weights of a checkpoint (`checkpoint.resume`); writes metrics.jsonl and eval_results.json."""
+    weights of a checkpoint (`checkpoint.resume`); writes metrics.jsonl and eval_results.json.
+    `plan`: what `rlcore.plan.layout.run_plan` decided (its config is the run's)."""
 
-    def __init__(self, cfg):
-        self.cfg = cfg
+    def __init__(self, plan: Plan):
+        self.plan = plan
+        cfg = self.cfg = plan.config
         self.env = build_env(cfg.env)
         self.groups = None
         self.step = self.version = 0
@@ -179,7 +190,7 @@ class EvalDriver:
     def setup(self) -> None:
         cfg = self.cfg
         with self.startup.phase("placing actors"):
-            self.groups = place(cfg, trainer=False)
+            self.groups = place(self.plan, trainer=False)
         with self.startup.phase(f"starting the rollout engines ({cfg.rollout.engine})"):
             get([r.ready.remote() for r in self.groups.rollouts], cfg.rollout.generate_timeout_s, "rollout actor start")
         path = ckpt.resolve_resume(cfg)
@@ -209,8 +220,8 @@ class EvalDriver:
             log.info("evaluating checkpoint %s (step %d)", path, self.step)
 
     def run(self, logger) -> list[dict[str, Any]]:
-        episodes = [i for i, role in enumerate(rollout_roles(self.cfg)) if role != "prefill"]  # not a prefill pool
-        evaluator = Evaluator(self.cfg, self.env, self.groups.rollouts, lambda: episodes)
+        episodes = [i for i, role in enumerate(self.plan.roles) if role != "prefill"]  # not a prefill pool
+        evaluator = Evaluator(self.cfg.eval, self.cfg.rollout, self.env, self.groups.rollouts, lambda: episodes)
         evaluator.launch(self.step, self.version)
         records: list[dict[str, Any]] = []
 

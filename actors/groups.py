@@ -20,11 +20,9 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 from actors.actor_config import config_env, remote_class
 from actors.rollout import RolloutWorker
 from actors.trainer_group import TrainerGroup
-from rlcore.config import RunConfig
 from rlcore.engine.slots import RequestLimits
+from rlcore.plan.layout import Bundle, Plan
 from rlcore.plan.node_fit import group_selector
-from rlcore.plan.pd import rollout_pools, rollout_roles
-from rlcore.plan.placement import colocated_shares
 from rlcore.report.events import event
 
 log = logging.getLogger("rlcore")
@@ -37,22 +35,9 @@ def bundle(cpus: float, gpus: float) -> dict[str, float]:
     return b
 
 
-def colocated_bundles(cfg: RunConfig) -> list[dict[str, float]]:
-    """One bundle per GPU: trainer rank i and rollout actor i share it; a GPU teacher takes the
-    rest of the GPU from its own group (`rlcore.plan.placement.colocated_shares`)."""
-    t, r = cfg.trainer, cfg.rollout
-    return [bundle(t.cpus_per_rank + r.cpus_per_actor, colocated_shares(cfg)[0]) for _ in range(t.world_size)]
-
-
-def trainer_bundles(cfg: RunConfig) -> list[dict[str, float]]:
-    t = cfg.trainer
-    return [bundle(t.cpus_per_rank, t.gpus_per_rank) for _ in range(t.world_size)]
-
-
-def rollout_bundles(cfg: RunConfig) -> list[dict[str, float]]:
-    """One bundle per rollout actor, pool by pool (`rlcore.plan.pd.rollout_pools`: the decode
-    pool, then the prefill pool, when disaggregated)."""
-    return [bundle(cpus, gpus) for _, n, cpus, gpus in rollout_pools(cfg) for _ in range(n)]
+def specs(bundles: list[Bundle]) -> list[dict[str, float]]:
+    """The plan's bundles (`rlcore.plan.layout.Bundle`) as Ray's resource dicts."""
+    return [bundle(b.cpus, b.gpus) for b in bundles]
 
 
 @dataclass
@@ -88,16 +73,18 @@ PLACEMENT_NOTICE_S = 5.0
 
 
 def reserve(
-    cfg: RunConfig, trainer: bool = True, rollout: bool = True
+    plan: Plan, trainer: bool = True, rollout: bool = True
 ) -> tuple[PlacementGroup | None, PlacementGroup | None]:
-    """Reserve the placement groups (PACK: ranks of one group close together; each bundle only on
-    nodes with its group's labels, `cluster.trainer_node_labels` / `cluster.rollout_node_labels`)
+    """Reserve the plan's placement groups (PACK: ranks of one group close together; each bundle
+    only on nodes with its group's labels, `cluster.trainer_node_labels` / `cluster.rollout_node_labels`)
     and wait for them with a timeout: (trainer or colocated group, rollout group), the same
     object twice when colocated, None for a group left out. Starts no actor."""
-    shared = cfg.current_placement() == "colocated" and trainer and rollout
+    cfg = plan.config
+    shared = plan.colocated and trainer and rollout
+    trainer_specs, rollout_specs = specs(plan.trainer), specs(plan.rollout)
 
     def group(bundles: list[dict[str, float]], kind: str) -> PlacementGroup:
-        selector = group_selector(cfg, kind)
+        selector = group_selector(cfg.cluster, kind)
         return placement_group(
             bundles,
             strategy="PACK",
@@ -106,10 +93,10 @@ def reserve(
         )
 
     if shared:
-        trainer_pg = rollout_pg = group(colocated_bundles(cfg), "colocated")
+        trainer_pg = rollout_pg = group(trainer_specs, "colocated")
     else:
-        trainer_pg = group(trainer_bundles(cfg), "trainer") if trainer else None
-        rollout_pg = group(rollout_bundles(cfg), "rollout") if rollout else None
+        trainer_pg = group(trainer_specs, "trainer") if trainer else None
+        rollout_pg = group(rollout_specs, "rollout") if rollout else None
     pgs = list({id(pg): pg for pg in (trainer_pg, rollout_pg) if pg is not None}.values())
     timeout = cfg.cluster.placement_timeout_s
     refs = [pg.ready() for pg in pgs]
@@ -118,8 +105,8 @@ def reserve(
         log.warning(
             "placement: waiting for the cluster to schedule the placement groups (trainer %s, rollout %s); "
             "up to %.0fs more (cluster.placement_timeout_s)",
-            trainer_bundles(cfg) if trainer else "-",
-            rollout_bundles(cfg) if rollout else "-",
+            trainer_specs if trainer else "-",
+            rollout_specs if rollout else "-",
             timeout - PLACEMENT_NOTICE_S,
         )
         ready, _ = ray.wait(refs, num_returns=len(refs), timeout=timeout - PLACEMENT_NOTICE_S)
@@ -128,7 +115,7 @@ def reserve(
             remove_placement_group(pg)
         raise TimeoutError(
             f"cluster: placement groups not scheduled within {timeout:.0f}s "
-            f"(trainer {trainer_bundles(cfg)}, rollout {rollout_bundles(cfg)}); "
+            f"(trainer {trainer_specs}, rollout {rollout_specs}); "
             f"cluster has {ray.available_resources()}"
         )
     level = logging.INFO if multi_node() else logging.DEBUG  # one node: nothing to tell
@@ -175,36 +162,42 @@ def note_moved(pg: PlacementGroup | None, before: list[str], joined: list[int], 
     return now
 
 
-def place(cfg: RunConfig, trainer: bool = True, rollout: bool = True) -> Groups:
-    """Reserve the placement groups (`reserve`) and start one actor per bundle. `mode=sft`
+def place(plan: Plan, trainer: bool = True, rollout: bool = True) -> Groups:
+    """Reserve the plan's placement groups (`reserve`) and start one actor per bundle. `mode=sft`
     needs no rollout group and `mode=eval` no trainer group: pass False to leave one out
     (`trainers` None, `rollouts` empty). Colocated placement: one group, 'rlcore-colocated',
-    whose bundle i holds trainer rank i and rollout actor i, each taking half of the bundle's
-    GPU (`colocated_shares`)."""
-    shared = cfg.current_placement() == "colocated" and trainer and rollout
-    trainer_pg, rollout_pg = reserve(cfg, trainer, rollout)
-    t, r = cfg.trainer, cfg.rollout
-    trainer_gpus, rollout_gpus = (colocated_shares(cfg)[1],) * 2 if shared else (t.gpus_per_rank, r.gpus_per_actor)
-    trainers = TrainerGroup(cfg, trainer_pg, trainer_gpus) if trainer else None
+    whose bundle i holds trainer rank i and rollout actor i, each taking `plan.colocated_share`
+    of the bundle's GPU."""
+    cfg = plan.config
+    shared = plan.colocated and trainer and rollout
+    trainer_pg, rollout_pg = reserve(plan, trainer, rollout)
+    r = cfg.rollout
+    trainers = (
+        TrainerGroup(cfg, trainer_pg, plan.colocated_share if shared else plan.trainer[0].gpus, plan.trainer)
+        if trainer
+        else None
+    )
     rollout_cls = remote_class(RolloutWorker)  # the config travels in the runtime_env (`actors.actor_config`)
-    roles = rollout_roles(cfg) if rollout else []
+    roles = plan.roles if rollout else []
     # a disaggregated group's prefill actors first: each decode actor's router is given their handles
     prefill = [i for i, role in enumerate(roles) if role == "prefill"]
     # a prefill actor serves every decode actor's generate slots at once, plus the control calls
     limits = RequestLimits.of(r)
-    gpus_of = {"prefill": r.pd.prefill_gpus_per_actor}
-    cpus_of = {"prefill": r.pd.prefill_cpus_per_actor}
+
+    def resources(i: int) -> tuple[float, float]:
+        """(CPUs, GPUs) of rollout actor i: its bundle's, or its share of a colocated one."""
+        return (r.cpus_per_actor, plan.colocated_share) if shared else (plan.rollout[i].cpus, plan.rollout[i].gpus)
 
     # decode actors find the prefill actors by name: a constructor argument holding actor handles
     # lives in the object store, and a restart must never depend on an object Ray may have freed
     names = {i: f"rlcore-prefill-{uuid.uuid4().hex[:8]}-{i}" for i in prefill}
 
     def start(i: int, *args):
-        role = roles[i]
+        role, (cpus, gpus) = roles[i], resources(i)
         return rollout_cls.options(
             name=names.get(i),
-            num_cpus=cpus_of.get(role, r.cpus_per_actor),
-            num_gpus=gpus_of.get(role, rollout_gpus),
+            num_cpus=cpus,
+            num_gpus=gpus,
             # a weight pull must never wait behind the requests (`RequestLimits`)
             max_concurrency=(
                 limits.prefill_concurrency(r.num_actors) if role == "prefill" else limits.actor_concurrency

@@ -103,7 +103,9 @@ class StepHooks:
         engines start; `starts.wait()` before the first sync."""
         cfg, run, phase = self.cfg, self.run, self.startup.phase
         if cfg.eval.every_n_steps > 0:
-            self.evaluator = Evaluator(cfg, self.env, self.rollouts.handles, lambda: self.rollouts.episode_serving)
+            self.evaluator = Evaluator(
+                cfg.eval, cfg.rollout, self.env, self.rollouts.handles, lambda: self.rollouts.episode_serving
+            )
         self.writer.clean_stale()
         path = ckpt.resolve_resume(cfg)
         if path is None:

@@ -18,6 +18,7 @@ from typing import Any
 import ray
 
 from actors.remote import forget
+from rlcore.config import ProfileConfig
 from rlcore.report.timeline import SOURCE_FILE, WINDOWS_FILE, build
 from rlcore.storage.series import append_rows
 
@@ -29,13 +30,13 @@ def _wall_us() -> float:
 
 
 class RunProfiler:
-    """Records the steps of `cfg.profile.steps` (`begin` before the step's batch goes to the
-    trainer, `end` once its weights reached the engines)."""
+    """Records the steps of `profile.steps` (`begin` before the step's batch goes to the
+    trainer, `end` once its weights reached the engines) into `output_dir`/profile."""
 
-    def __init__(self, cfg, trainers, rollouts):
-        self.steps = set(cfg.profile.steps)
-        self.folder = Path(cfg.output_dir) / "profile"
-        self.timeout_s = cfg.profile.timeout_s
+    def __init__(self, profile: ProfileConfig, output_dir: str, trainers, rollouts):
+        self.steps = set(profile.steps)
+        self.folder = Path(output_dir) / "profile"
+        self.timeout_s = profile.timeout_s
         self.trainers, self.rollouts = trainers, rollouts
         self.recorded = 0
         self._open: tuple[int, float, list[tuple[str, Any]]] | None = None  # step, start, (folder, actor)

@@ -37,7 +37,7 @@ from actors.teacher import TeacherStage
 from actors.trainer_group import TrainerGroup
 from actors.weights import WeightSync
 from rlcore.batch.buffer import RolloutBuffer
-from rlcore.config import RunConfig
+from rlcore.config import TrainerConfig
 from rlcore.report.console import one_line
 from rlcore.report.failures import FailureLog
 from rlcore.types import GroupMeta
@@ -71,7 +71,7 @@ class TrainerRecovery:
 
     def __init__(
         self,
-        cfg: RunConfig,
+        trainer: TrainerConfig,
         trainers: TrainerGroup,
         rollouts: RolloutGroup,
         weights: WeightSync,
@@ -81,7 +81,7 @@ class TrainerRecovery:
         teacher: TeacherStage | None,
         failures: FailureLog,
     ):
-        self.cfg, self.trainers, self.rollouts, self.weights = cfg, trainers, rollouts, weights
+        self.settings, self.trainers, self.rollouts, self.weights = trainer, trainers, rollouts, weights
         self.hooks, self.run, self.buffer, self.teacher, self.failures = hooks, run, buffer, teacher, failures
         self.restarts = 0
         self.rewound = False
@@ -108,14 +108,14 @@ class TrainerRecovery:
         death and when `trainer.max_restarts` is 0, and a RunError saying why when the restarts
         are used up or no source of weights exists."""
         dead = dead_trainer_ranks(exc)
-        limit = self.cfg.trainer.max_restarts
+        limit = self.settings.max_restarts
         if not dead or limit == 0:
             raise exc
         if self.restarts >= limit:
             raise self.stop(exc, f"trainer.max_restarts={limit} restart(s) used")
         run = self.run
         start, at_step, at_version = time.perf_counter(), run.step, run.version
-        path, mode = self.checkpoint(), self.cfg.trainer.heal_from
+        path, mode = self.checkpoint(), self.settings.heal_from
         if mode == "checkpoint" and path is None:
             raise self.stop(
                 exc,

@@ -30,10 +30,8 @@ from actors.session import CapacityProbe
 from actors.stall_watch import BEFORE_SYNC_S, StallWatch
 from rlcore.batch.buffer import RolloutBuffer
 from rlcore.batch.stragglers import ScoringLags
-from rlcore.config import RunConfig
 from rlcore.engine.slots import RequestLimits
-from rlcore.plan.layout import group_bundles
-from rlcore.plan.pd import rollout_roles
+from rlcore.plan.layout import Plan
 from rlcore.report.events import event
 from rlcore.report.failures import FailureLog
 from rlcore.report.faults import memory_kill
@@ -49,30 +47,31 @@ CONTROL_TIMEOUT_S = 60.0
 
 
 class RolloutGroup:
-    """`handles`: the rollout actors (index i is "rollout actor i"). Failed or expired samples
-    are counted in `buffer` (accounting) and `failures` (reasons, liveness)."""
+    """`handles`: the rollout actors (index i is "rollout actor i"), placed by `plan` (their pools,
+    their bundles). Failed or expired samples are counted in `buffer` (accounting) and `failures`
+    (reasons, liveness)."""
 
     def __init__(
         self,
-        cfg: RunConfig,
+        plan: Plan,
         handles: list,
         run: RunState,
         buffer: RolloutBuffer,
         failures: FailureLog,
         node_of: Callable[[int], str] = lambda i: "?",
     ):
+        cfg = plan.config
         self.cfg, self.handles, self.run, self.node_of = cfg, handles, run, node_of
         self.buffer, self.failures = buffer, failures
         self.timeout_s = cfg.rollout.generate_timeout_s
         self.limits = RequestLimits.of(cfg.rollout)  # requests kept at each actor
-        trainer_bundles, rollout_bundles, _ = group_bundles(cfg)
         # why no alive node can host an engine's bundle again (colocated: the shared one); never blocks
-        self.capacity_gone = CapacityProbe(cfg, rollout_bundles[:1] or trainer_bundles[:1])
+        self.capacity_gone = CapacityProbe(cfg.cluster, plan.rollout[:1] or plan.trainer[:1])
         self.members = Members(handles, self.timeout_s, self.capacity_gone)
         self.stalls = StallWatch(handles, cfg.rollout.stall_timeout_s)
         self.pending: dict[ray.ObjectRefGenerator, Stream] = {}
-        self.roles = rollout_roles(cfg)
-        """Each actor's pool (`rlcore.plan.pd.rollout_pools`): prefill actors take no requests of
+        self.roles = plan.roles
+        """Each actor's pool (`rlcore.plan.layout.Plan.roles`): prefill actors take no requests of
         the driver's, only the decode actors' prefill calls (`actors.pd_router`)."""
         self.prefill = [i for i, role in enumerate(self.roles) if role == "prefill"]
         self._told_prefill: list[int] | None = None  # the prefill serving set the routers were told last

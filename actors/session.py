@@ -129,8 +129,8 @@ class CapacityProbe:
     is running (the GCS may be slow or frozen) and returns the latest finished answer (None until
     one finished, or when the cluster could not be asked)."""
 
-    def __init__(self, cfg, bundles: list):
-        self.cfg, self.bundles = cfg, bundles
+    def __init__(self, cluster: ClusterConfig, bundles: list):
+        self.cluster, self.bundles = cluster, bundles
         self._latest: str | None = None
         self._thread: threading.Thread | None = None
 
@@ -142,6 +142,6 @@ class CapacityProbe:
 
     def _check(self) -> None:
         try:
-            self._latest = capacity_gone(self.cfg, self.bundles, live_nodes())
+            self._latest = capacity_gone(self.cluster, self.bundles, live_nodes())
         except Exception:  # the GCS is away for a moment: the next call asks again
             pass

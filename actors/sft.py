@@ -13,6 +13,7 @@ from actors.groups import place
 from actors.resume import resume_from
 from actors.trainer_group import TrainerGroup
 from rlcore.models.tokenizer_build import build_tokenizer
+from rlcore.plan.layout import Plan
 from rlcore.report.startup import StartupPhases
 from rlcore.sft.dataset import SFTData, build_dataset, step_shards
 from rlcore.storage import checkpoint as ckpt
@@ -41,10 +42,12 @@ def warmup(cfg, trainers: TrainerGroup, between: Callable[[], None] = lambda: No
 
 # -- the run -----------------------------------------------------------------------------------
 class SFTDriver:
-    """`mode=sft`: the trainer group alone (no rollout group), same checkpoints and metrics."""
+    """`mode=sft`: the trainer group alone (no rollout group), same checkpoints and metrics.
+    `plan`: what `rlcore.plan.layout.run_plan` decided (its config is the run's)."""
 
-    def __init__(self, cfg, data: SFTData | None = None):
-        self.cfg = cfg
+    def __init__(self, plan: Plan, data: SFTData | None = None):
+        self.plan = plan
+        cfg = self.cfg = plan.config
         self.data = data
         self.groups = None
         self.trainers: TrainerGroup | None = None
@@ -57,7 +60,7 @@ class SFTDriver:
         if self.data is None:
             self.data = build_dataset(cfg, build_tokenizer(cfg.model))
         with self.startup.phase("placing actors"):
-            self.groups = place(cfg, rollout=False)
+            self.groups = place(self.plan, rollout=False)
         self.trainers = self.groups.trainers
         with self.startup.phase("starting the trainer and loading its model"):
             self.trainers.start()

@@ -14,15 +14,16 @@ import time
 from actors.remote import RunError
 from actors.teacher import TeacherError, TeacherStage
 from actors.weights import WeightSync
-from rlcore.config import RunConfig
+from rlcore.plan.layout import Plan
 from rlcore.report.startup import StartupPhases
 
 
 class Starts:
-    """`teacher`: the teacher stage once `begin` placed it (None without a teacher)."""
+    """`teacher`: the teacher stage once `begin` placed it (None without a teacher: the plan has
+    no teacher group)."""
 
-    def __init__(self, cfg: RunConfig, weights: WeightSync, startup: StartupPhases):
-        self.cfg, self.weights, self.startup = cfg, weights, startup
+    def __init__(self, plan: Plan, weights: WeightSync, startup: StartupPhases):
+        self.plan, self.weights, self.startup = plan, weights, startup
         self.teacher: TeacherStage | None = None
         self._teacher_phase = None  # the teacher's start, when it runs in the background
 
@@ -30,15 +31,16 @@ class Starts:
         """Start the engines and the trainer (`WeightSync.start`), and the teacher: meanwhile
         where it has devices of its own, else after the engines and the trainer, whose memory it
         sizes itself around on a shared GPU."""
-        meanwhile = self.cfg.teacher.enabled and self.weights.teacher_starts_meanwhile()
+        wanted = bool(self.plan.teacher)
+        meanwhile = wanted and self.weights.teacher_starts_meanwhile()
         if meanwhile:
-            self.teacher = TeacherStage(self.cfg)
+            self.teacher = TeacherStage(self.plan)
             self._call(self.teacher.launch)
             self._teacher_phase = self.startup.background("starting the teacher")
         self.weights.start(self.startup)
-        if self.cfg.teacher.enabled and not meanwhile:
+        if wanted and not meanwhile:
             with self.startup.phase("starting the teacher"):
-                self.teacher = TeacherStage(self.cfg)
+                self.teacher = TeacherStage(self.plan)
                 self._call(self.teacher.start)
 
     def poll(self) -> None:

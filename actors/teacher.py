@@ -35,11 +35,10 @@ from ray.util.placement_group import (
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from actors.actor_config import config_env, remote_class
-from actors.groups import bundle
+from actors.groups import specs
 from actors.remote import ReadyWatch, RunError
 from actors.teacher_worker import TeacherWorker, attach, one_line, score_pairs  # noqa: F401 (re-exported)
-from rlcore.config import RunConfig
-from rlcore.plan.teacher import resolved
+from rlcore.plan.layout import Plan
 from rlcore.types import GroupMeta
 
 log = logging.getLogger("rlcore")
@@ -100,10 +99,11 @@ class TeacherStage:
     teacher actors. It holds metadata and refs only, and calls nothing of its owner: `submit`,
     `on_ready` and `expire` return :class:`TeacherEvents` (the groups ready for the buffer, the
     samples lost). `rollout.stop_after_failed_requests` score calls failing in a row stop the
-    run (TeacherError), as all-failed generate requests do."""
+    run (TeacherError), as all-failed generate requests do. `plan`: its teacher group's bundles
+    and the run's config (a local `teacher.path` made absolute: `rlcore.plan.layout.run_plan`)."""
 
-    def __init__(self, cfg: RunConfig):
-        self.cfg = resolved(cfg)
+    def __init__(self, plan: Plan):
+        self.cfg, self.bundles = plan.config, plan.teacher
         self.calls_per_actor = self.cfg.teacher.max_requests_per_actor  # score calls in flight at each actor
         self.events = TeacherEvents()  # gathered by the flow methods, handed over by `_events`
         self.failed_in_a_row = 0
@@ -129,7 +129,7 @@ class TeacherStage:
         """Place the teacher actors and start them, without waiting for their model loads (`poll`
         and `wait` watch them, with `teacher.start_timeout_s` from now)."""
         t = self.cfg.teacher
-        bundles = [bundle(t.cpus_per_actor, t.gpus_per_actor) for _ in range(t.num_actors)]
+        bundles = specs(self.bundles)
         self.pg = placement_group(bundles, strategy="PACK", name="rlcore-teacher")
         ready, _ = ray.wait([self.pg.ready()], timeout=self.cfg.cluster.placement_timeout_s)
         if not ready:
@@ -140,17 +140,17 @@ class TeacherStage:
         cls = remote_class(TeacherWorker)  # the config travels in the runtime_env: restarts never need a freed object
         self.actors = [
             cls.options(
-                num_cpus=t.cpus_per_actor,
-                num_gpus=t.gpus_per_actor,
+                num_cpus=b.cpus,
+                num_gpus=b.gpus,
                 max_concurrency=self.calls_per_actor + 1,
                 max_restarts=t.max_restarts,
                 max_task_retries=0,
                 runtime_env=config_env(self.cfg, t.env_vars),
                 scheduling_strategy=PlacementGroupSchedulingStrategy(self.pg, placement_group_bundle_index=i),
             ).remote(i)
-            for i in range(t.num_actors)
+            for i, b in enumerate(self.bundles)
         ]
-        self.alive = [True] * t.num_actors
+        self.alive = [True] * len(self.actors)
         self.watch = ReadyWatch(self.actors, t.start_timeout_s, "teacher actor")
 
     def poll(self) -> bool:

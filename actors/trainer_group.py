@@ -30,8 +30,8 @@ from actors.actor_config import config_env, remote_class
 from actors.remote import WAIT_NOTICE_S, ActorDied, RunError, get, refs_ready
 from actors.session import CapacityProbe
 from actors.trainer import TrainerRank
-from rlcore.config import RunConfig
-from rlcore.plan.layout import group_bundles
+from rlcore.config import ClusterConfig, RunConfig
+from rlcore.plan.layout import Bundle
 from rlcore.report.console import log_error_detail
 from rlcore.report.events import event
 from rlcore.storage.checkpoint import CheckpointWriter
@@ -68,11 +68,11 @@ class TokenDataLost(Exception):
 
 
 class TrainerGroup:
-    """The trainer ranks of one run, created in placement group `pg` (bundle i holds rank i), each
-    asking for `gpus_per_rank` GPUs."""
+    """The trainer ranks of one run, created in placement group `pg` (bundle i holds rank i, the
+    plan's `bundles`: what a restart must find room for again), each asking for `gpus_per_rank` GPUs."""
 
-    def __init__(self, cfg: RunConfig, pg, gpus_per_rank: float):
-        self.cfg, self.pg, self.gpus_per_rank = cfg, pg, gpus_per_rank
+    def __init__(self, cfg: RunConfig, pg, gpus_per_rank: float, bundles: list[Bundle]):
+        self.cfg, self.pg, self.gpus_per_rank, self.bundles = cfg, pg, gpus_per_rank, bundles
         self.timeout_s = cfg.trainer.step_timeout_s
         self.names = [f"trainer rank {i}" for i in range(cfg.trainer.world_size)]
         self._release_memory = False  # `release_memory_after_steps`
@@ -133,7 +133,7 @@ class TrainerGroup:
         before = self.placed or self.nodes()
         began = time.monotonic()
         deadline, attempt = began + wait_s, 0
-        capacity = CapacityWatch(self.cfg, "trainer restart", wait_s)
+        capacity = CapacityWatch(self.cfg.cluster, self.bundles, "trainer restart", wait_s)
         while True:
             attempt += 1
             self.kill()
@@ -354,10 +354,10 @@ class CapacityWatch:
     capacity_gone`: a node lost with no replacement), asked while a restart waits: said in one
     line at once (`gone` keeps it), the wait goes on until its deadline for a node to join."""
 
-    def __init__(self, cfg: RunConfig, what: str, wait_s: float):
-        self.cfg, self.what, self.wait_s = cfg, what, wait_s
+    def __init__(self, cluster: ClusterConfig, bundles: list[Bundle], what: str, wait_s: float):
+        self.what, self.wait_s = what, wait_s
         self.gone: str | None = None
-        self.probe = CapacityProbe(cfg, group_bundles(cfg)[0])  # never blocks (a slow GCS)
+        self.probe = CapacityProbe(cluster, bundles)  # never blocks (a slow GCS)
 
     def check(self) -> str | None:
         gone = self.probe()

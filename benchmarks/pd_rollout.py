@@ -52,8 +52,9 @@ def rollouts(cfg):
     import ray
 
     from actors.groups import place
+    from rlcore.plan.layout import run_plan
 
-    groups = place(cfg, trainer=False)
+    groups = place(run_plan(cfg), trainer=False)
     ray.get([h.ready.remote() for h in groups.rollouts], timeout=1200)
     return groups
 

@@ -28,6 +28,7 @@ def one(source: str, out: str, steps: int, kill_at: int) -> dict:
 
     from actors.driver import Driver
     from rlcore.plan.compose import compose
+    from rlcore.plan.layout import run_plan
     from rlcore.plan.validate import validate
     from rlcore.report.metrics import MetricsLogger
 
@@ -41,7 +42,7 @@ def one(source: str, out: str, steps: int, kill_at: int) -> dict:
         ]
     )
     validate(cfg)
-    driver = Driver(cfg)
+    driver = Driver(run_plan(cfg))
     logger = MetricsLogger(cfg.logger, cfg.output_dir, {}, cfg.steps)
     killed: dict = {}
 

@@ -92,10 +92,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ray.init(address=cfg.cluster.address, logging_level="ERROR", log_to_driver=False)
     try:
         nodes = live_nodes()
-        found = fit_problems(cfg, placed_bundles(cfg), nodes)
+        found = fit_problems(cfg.cluster, placed_bundles(cfg), nodes)
         if found:
             return report(ConfigError(*found[0], more=found[1:]))
-        trainer_pg, rollout_pg = reserve(cfg, trainer=cfg.mode != "eval", rollout=cfg.mode != "sft")
+        trainer_pg, rollout_pg = reserve(plan, trainer=cfg.mode != "eval", rollout=cfg.mode != "sft")
         try:
             groups = [("trainer", plan.trainer, trainer_pg)]
             if rollout_pg is not None and rollout_pg is not trainer_pg:

@@ -31,7 +31,7 @@ from rlcore.models.shipped import resolve as resolve_model
 from rlcore.plan.cli import FlagError, help_text, job_output_dir, parse_flags, sweep_jobs
 from rlcore.plan.compose import CONF_DIR, compose, recipes
 from rlcore.plan.interrupt import StopRequest
-from rlcore.plan.layout import format_plan, make_plan
+from rlcore.plan.layout import format_plan, make_plan, run_plan
 from rlcore.plan.overrides import one_line, override_key
 from rlcore.plan.placement import resolve
 from rlcore.plan.validate import Capacity, validate
@@ -104,19 +104,22 @@ def prepare(cfg: RunConfig):
 
 
 def make_runner(cfg: RunConfig, prepared=None, stop: StopRequest | None = None):
-    """The driver of `cfg.mode`; each has setup(), run(logger) -> step records, shutdown().
-    `stop`: the RL driver stops at the step boundary after it is requested."""
+    """The driver of `cfg.mode` (placement resolved), handed the run's plan, made here once
+    (`rlcore.plan.layout.run_plan`: the groups it places, their pools and shares); each has
+    setup(), run(logger) -> step records, shutdown(). `stop`: the RL driver stops at the step
+    boundary after it is requested."""
+    plan = run_plan(cfg)
     if cfg.mode == "sft":
         from actors.sft import SFTDriver
 
-        return SFTDriver(cfg, prepared)
+        return SFTDriver(plan, prepared)
     if cfg.mode == "eval":
         from actors.evaluation import EvalDriver
 
-        return EvalDriver(cfg)
+        return EvalDriver(plan)
     from actors.driver import Driver
 
-    return Driver(cfg, stop)
+    return Driver(plan, stop)
 
 
 def summary(

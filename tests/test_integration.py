@@ -44,6 +44,7 @@ def test_fsdp_two_ranks_weights_reach_engine(ray_cluster, tmp_path):
     full weights, and the accounting identity holds."""
     from actors.driver import Driver
     from rlcore.models.build import build_model, build_tokenizer
+    from rlcore.plan.layout import run_plan
     from rlcore.report.metrics import MetricsLogger
     from rlcore.types import Task
 
@@ -59,7 +60,7 @@ def test_fsdp_two_ranks_weights_reach_engine(ray_cluster, tmp_path):
             "logger.console=false",
         ]
     )
-    driver = Driver(cfg)
+    driver = Driver(run_plan(cfg))
     try:
         driver.setup()
         ray = ray_cluster

@@ -21,12 +21,12 @@ def nodes(*specs):
 
 def test_labels_compose_key_by_key_or_whole_and_become_selectors():
     cfg = compose(LABELS)
-    assert group_selector(cfg, "trainer") == {"rlcore-group": "trainer"}
-    assert group_selector(cfg, "rollout") == {"rlcore-group": "rollout"}
-    assert group_selector(cfg, "colocated") == {"rlcore-group": "trainer"}
+    assert group_selector(cfg.cluster, "trainer") == {"rlcore-group": "trainer"}
+    assert group_selector(cfg.cluster, "rollout") == {"rlcore-group": "rollout"}
+    assert group_selector(cfg.cluster, "colocated") == {"rlcore-group": "trainer"}
     whole = compose(["cluster.rollout_node_labels={rlcore-group:rollout,zone:b}"])
-    assert group_selector(whole, "rollout") == {"rlcore-group": "rollout", "zone": "b"}
-    assert group_selector(whole, "trainer") is None
+    assert group_selector(whole.cluster, "rollout") == {"rlcore-group": "rollout", "zone": "b"}
+    assert group_selector(whole.cluster, "trainer") is None
     assert label_problems(cfg) == []
 
 
@@ -59,16 +59,16 @@ def test_bundles_fit_labelled_nodes_or_the_group_is_refused_naming_its_key():
     good = nodes(
         (1, 0, {"rlcore-group": "driver"}), (1, 0, {"rlcore-group": "trainer"}), (2, 0, {"rlcore-group": "rollout"})
     )
-    assert fit_problems(cfg, bundles, good) == []
-    missing = fit_problems(cfg, bundles, good[:2])
+    assert fit_problems(cfg.cluster, bundles, good) == []
+    missing = fit_problems(cfg.cluster, bundles, good[:2])
     assert [k for k, _ in missing] == ["cluster.rollout_node_labels"]
     assert "no alive node has the label rlcore-group=rollout" in missing[0][1]
     big = compose(LABELS + ["trainer.cpus_per_rank=2"])
-    small = fit_problems(big, placed_bundles(big), good)
+    small = fit_problems(big.cluster, placed_bundles(big), good)
     assert [k for k, _ in small] == ["cluster.trainer_node_labels"] and "do not fit on the 1 node(s)" in small[0][1]
     # without labels every node counts, and the bundles of earlier groups take their room first
     plain = compose(["trainer.cpus_per_rank=2", "rollout.cpus_per_actor=1"])
-    assert fit_problems(plain, placed_bundles(plain), nodes((2, 0, {}))) == [
+    assert fit_problems(plain.cluster, placed_bundles(plain), nodes((2, 0, {}))) == [
         (
             "cluster.address",
             "the rollout group's 1 bundle(s) of {CPU: 1, GPU: 0} do not fit on the cluster's 1 "
@@ -81,8 +81,8 @@ def test_bundles_fit_labelled_nodes_or_the_group_is_refused_naming_its_key():
 def test_qwen30b_swe_fits_four_8_gpu_nodes_and_not_three():
     cfg = compose(["+recipe=qwen30b_swe"])
     four = nodes(*[(96, 8, {})] * 4)
-    assert fit_problems(cfg, placed_bundles(cfg), four) == []
-    assert fit_problems(cfg, placed_bundles(cfg), four[:3])[0][0] == "cluster.address"
+    assert fit_problems(cfg.cluster, placed_bundles(cfg), four) == []
+    assert fit_problems(cfg.cluster, placed_bundles(cfg), four[:3])[0][0] == "cluster.address"
 
 
 def test_compare_maps_plan_nodes_to_ray_nodes_one_to_one():
@@ -126,9 +126,9 @@ def test_capacity_gone_names_the_label_no_alive_node_has_and_a_group_too_big_for
     cfg = compose(LABELS)
     trainer, rollout, _ = group_bundles(cfg)
     left = [NodeCapacity("a", 4, 0, {"rlcore-group": "rollout"})]  # the trainer's node is lost
-    why = capacity_gone(cfg, trainer, left)
+    why = capacity_gone(cfg.cluster, trainer, left)
     assert why and why.startswith("no alive node has the label rlcore-group=trainer the trainer group asks for")
-    assert capacity_gone(cfg, rollout[:1], left) is None  # the rollout side still has its node
+    assert capacity_gone(cfg.cluster, rollout[:1], left) is None  # the rollout side still has its node
     small = [NodeCapacity("b", 0.5, 0, {"rlcore-group": "trainer"}), *left]
-    assert "do not fit on the 1 node(s) labelled rlcore-group=trainer" in capacity_gone(cfg, trainer, small)
-    assert capacity_gone(cfg, trainer, [NodeCapacity("c", 8, 0, {"rlcore-group": "trainer"}), *left]) is None
+    assert "do not fit on the 1 node(s) labelled rlcore-group=trainer" in capacity_gone(cfg.cluster, trainer, small)
+    assert capacity_gone(cfg.cluster, trainer, [NodeCapacity("c", 8, 0, {"rlcore-group": "trainer"}), *left]) is None

@@ -29,12 +29,13 @@ def test_disaggregated_rollout_samples_what_one_engine_samples(tmp_path):
     import ray
 
     from actors.groups import place
+    from rlcore.plan.layout import run_plan
     from rlcore.types import Task
 
     cfg = compose([f"output_dir={tmp_path}", *PD])
     ray.init(num_cpus=2, include_dashboard=False, logging_level="WARNING")
     try:
-        groups = place(cfg, trainer=False)
+        groups = place(run_plan(cfg), trainer=False)
         decode, prefill = groups.rollouts
         tasks = [
             Task(id=f"t{i}", messages=[{"role": "user", "content": "abcdef"[: i + 2]}], answer="") for i in range(3)

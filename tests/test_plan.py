@@ -63,8 +63,8 @@ def test_real_size_moe_recipes_plan_and_build_offline(recipe, params_b, active_b
     plan = make_plan(cfg)
     assert plan.problems == [] and plan.mesh == mesh and problems(cfg) == []
     four = [NodeCapacity(f"n{i}", 96, 8, {}) for i in range(4)]
-    assert fit_problems(cfg, placed_bundles(cfg), four) == []
-    assert fit_problems(cfg, placed_bundles(cfg), four[:3])[0][0] == "cluster.address"
+    assert fit_problems(cfg.cluster, placed_bundles(cfg), four) == []
+    assert fit_problems(cfg.cluster, placed_bundles(cfg), four[:3])[0][0] == "cluster.address"
     arch = dict(cfg.model.arch)
     config = AutoConfig.for_model(arch.pop("model_type"), **arch)
     config = getattr(config, "text_config", config)  # the language model (a VLM's text side)

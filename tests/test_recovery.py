@@ -16,7 +16,9 @@ def recovery(tmp_path: Path, *overrides: str, checkpoint: Path | None = None) ->
     cfg = compose([f"output_dir={tmp_path}", *overrides])
     # only what the decision reads: the checkpoint to go back to, and where the run stands
     hooks = SimpleNamespace(newest_checkpoint=lambda: checkpoint)
-    return TrainerRecovery(cfg, None, None, None, hooks, SimpleNamespace(step=3, version=3), None, None, FailureLog(0))
+    return TrainerRecovery(
+        cfg.trainer, None, None, None, hooks, SimpleNamespace(step=3, version=3), None, None, FailureLog(0)
+    )
 
 
 def trainer_died() -> ActorDied:

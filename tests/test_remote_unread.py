@@ -186,11 +186,11 @@ def test_the_capacity_probe_asks_the_live_cluster_without_blocking():
     from rlcore.plan.layout import group_bundles
 
     cfg = compose(["cluster.trainer_node_labels.rlcore-group=trainer"])
-    probe = CapacityProbe(cfg, group_bundles(cfg)[0])
+    probe = CapacityProbe(cfg.cluster, group_bundles(cfg)[0])
     start = time.monotonic()
     assert probe() is None and time.monotonic() - start < 1.0
     deadline = time.monotonic() + 30
     while probe() is None and time.monotonic() < deadline:
         time.sleep(0.1)
     assert (probe() or "").startswith("no alive node has the label rlcore-group=trainer the trainer group asks for")
-    assert CapacityProbe(cfg, [])() is None  # nothing to place: nothing asked
+    assert CapacityProbe(cfg.cluster, [])() is None  # nothing to place: nothing asked

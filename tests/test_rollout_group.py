@@ -13,6 +13,7 @@ from actors.run_state import RunState, TaskFeed
 from rlcore.batch.buffer import Accounting, RolloutBuffer
 from rlcore.envs import build_env
 from rlcore.plan.compose import compose
+from rlcore.plan.layout import run_plan
 from rlcore.report.failures import FailureLog
 
 
@@ -44,7 +45,7 @@ def group():
     env = build_env(cfg.env)
     run = RunState(acct, TaskFeed(env, cfg))
     g = RolloutGroup(
-        cfg,
+        run_plan(cfg),
         [Actor(i, calls) for i in range(3)],
         run,
         RolloutBuffer(1, 100, acct),

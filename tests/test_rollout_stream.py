@@ -14,6 +14,7 @@ from actors.run_state import RunState, TaskFeed
 from rlcore.batch.buffer import Accounting, RolloutBuffer
 from rlcore.envs import build_env
 from rlcore.plan.compose import compose
+from rlcore.plan.layout import run_plan
 from rlcore.report.failures import FailureLog
 
 pytestmark = pytest.mark.integration
@@ -49,7 +50,7 @@ def rollouts(ray_cluster, tmp_path):
     ray_cluster.get(actor.ready.remote(), timeout=300)
     acct = Accounting()
     run = RunState(acct, TaskFeed(build_env(cfg.env), cfg))
-    group = RolloutGroup(cfg, [actor], run, RolloutBuffer(1, 100, acct), FailureLog(0))
+    group = RolloutGroup(run_plan(cfg), [actor], run, RolloutBuffer(1, 100, acct), FailureLog(0))
     yield group, gate, acct
     gate.touch()  # the hung reward returns, whatever the test did
     ray_cluster.kill(actor)
@@ -131,7 +132,7 @@ def test_engine_rng_states_skip_an_engine_that_died_since_it_was_serving(rollout
     doomed = ray_cluster.remote(RolloutWorker).options(num_cpus=0, max_restarts=0).remote(group.cfg, 1)
     ray_cluster.get(doomed.ready.remote(), timeout=300)
     ray_cluster.kill(doomed)
-    both = RolloutGroup(group.cfg, [group.handles[0], doomed], group.run, group.buffer, FailureLog(0))
+    both = RolloutGroup(run_plan(group.cfg), [group.handles[0], doomed], group.run, group.buffer, FailureLog(0))
     states = both.rng_states()
     assert states[0] is not None and states[1] is None
 
@@ -154,7 +155,7 @@ def test_an_engine_frozen_during_a_checkpoints_rng_read_is_a_stall_and_the_check
     )
     ray_cluster.get(frozen.ready.remote(), timeout=300)
     pid = ray_cluster.get(frozen.__ray_call__.remote(lambda self: os.getpid()), timeout=60)
-    both = RolloutGroup(group.cfg, [group.handles[0], frozen], group.run, group.buffer, FailureLog(0))
+    both = RolloutGroup(run_plan(group.cfg), [group.handles[0], frozen], group.run, group.buffer, FailureLog(0))
     both.watch()  # heartbeats asked, as the driver's loop does between steps
     time.sleep(0.5)
     os.kill(pid, signal.SIGSTOP)

@@ -45,6 +45,7 @@ def test_smollm2_sft_then_rl_multiturn_sync_canary_export(ray_cluster, tmp_path)
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from actors.driver import Driver
+    from rlcore.plan.layout import run_plan
     from rlcore.report.metrics import MetricsLogger
 
     cfg = compose(
@@ -82,7 +83,7 @@ def test_smollm2_sft_then_rl_multiturn_sync_canary_export(ray_cluster, tmp_path)
     text = tok.apply_chat_template([{"role": "user", "content": "hi"}], add_generation_prompt=True, tokenize=False)
     assert text.startswith("<|im_start|>system\n") and text.endswith("<|im_start|>assistant\n")
 
-    driver = Driver(cfg)
+    driver = Driver(run_plan(cfg))
     try:
         driver.setup()
         history = driver.run(MetricsLogger(cfg.logger, str(tmp_path), {}, cfg.steps))

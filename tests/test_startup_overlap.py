@@ -100,6 +100,7 @@ def test_engines_finish_starting_only_while_the_sft_warmup_runs(ray_cluster, tmp
     """The engine's construction waits for a gate that the warm-up opens: a start-up that waited
     for the engines before the warm-up could never finish (the engine gives up and dies)."""
     from actors.driver import Driver
+    from rlcore.plan.layout import run_plan
     from rlcore.report.metrics import MetricsLogger
 
     gate = tmp_path / "gate"
@@ -108,7 +109,7 @@ def test_engines_finish_starting_only_while_the_sft_warmup_runs(ray_cluster, tmp
         tmp_path / "run",
         ["env.name=tests.chaos_env:GatedStartReverseText", f"+env.args.gate={gate}", "+env.args.gate_timeout_s=150"],
     )
-    driver = Driver(cfg)
+    driver = Driver(run_plan(cfg))
     try:
         driver.setup()
         out = capsys.readouterr().out
@@ -139,6 +140,7 @@ def test_engine_that_breaks_during_startup_stops_the_warmup(ray_cluster, tmp_pat
     trainer's start."""
     from actors.driver import Driver
     from actors.remote import RunError
+    from rlcore.plan.layout import run_plan
 
     gate = tmp_path / "gate"
     _open_gate_when_the_warmup_begins(monkeypatch, gate)
@@ -152,7 +154,7 @@ def test_engine_that_breaks_during_startup_stops_the_warmup(ray_cluster, tmp_pat
         ],
         warmup=1000,
     )
-    driver = Driver(cfg)
+    driver = Driver(run_plan(cfg))
     start = time.monotonic()
     try:
         with pytest.raises(

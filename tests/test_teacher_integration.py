@@ -48,10 +48,11 @@ def small(tmp_path, teachers: int) -> list[str]:
 
 def test_dead_teacher_actor_samples_count_failed_and_run_goes_on(ray_cluster, tmp_path):
     from actors.driver import Driver
+    from rlcore.plan.layout import run_plan
     from rlcore.report.metrics import MetricsLogger
 
     cfg = compose(small(tmp_path, teachers=2))
-    driver = Driver(cfg)
+    driver = Driver(run_plan(cfg))
     try:
         driver.setup()
         # round robin sends the first scored request to teacher actor 0: it is dead by then
@@ -78,10 +79,11 @@ def test_dead_teacher_actor_samples_count_failed_and_run_goes_on(ray_cluster, tm
 
 def test_no_teacher_left_stops_the_run_without_hanging(ray_cluster, tmp_path):
     from actors.driver import Driver, RunError
+    from rlcore.plan.layout import run_plan
     from rlcore.report.metrics import MetricsLogger
 
     cfg = compose(small(tmp_path, teachers=1))
-    driver = Driver(cfg)
+    driver = Driver(run_plan(cfg))
     try:
         driver.setup()
         ray_cluster.kill(driver.teacher.actors[0], no_restart=True)
@@ -103,6 +105,7 @@ def test_teacher_actor_reads_the_token_data_and_returns_new_driver_owned_groups(
     from actors.teacher import TeacherStage
     from rlcore.algo.distill import teacher_sums
     from rlcore.batch.meta import group_meta
+    from rlcore.plan.layout import run_plan
     from rlcore.types import Group, Sample, Task
 
     def sample(prompt, completion, failed=False):
@@ -126,7 +129,7 @@ def test_teacher_actor_reads_the_token_data_and_returns_new_driver_owned_groups(
         added.extend(events.scored)
         failed.extend(events.failed)
 
-    stage = TeacherStage(cfg)
+    stage = TeacherStage(run_plan(cfg))
     try:
         stage.start()
         ok = meta([sample([3, 4], [5, 6, 7]), sample([], [], failed=True)], 0)
@@ -171,10 +174,11 @@ def test_top_k_distillation_runs_end_to_end(ray_cluster, tmp_path):
     through the object store to the trainer rank, and every step reports the top-k KL and both
     sides' mass on the k tokens (pure top-k distillation: no other advantage)."""
     from actors.driver import Driver
+    from rlcore.plan.layout import run_plan
     from rlcore.report.metrics import MetricsLogger
 
     cfg = compose(small(tmp_path, teachers=1) + ["teacher.top_k=4", "teacher.kl_coef=0", "teacher.reward_coef=0"])
-    driver = Driver(cfg)
+    driver = Driver(run_plan(cfg))
     try:
         driver.setup()
         history = driver.run(MetricsLogger(cfg.logger, str(tmp_path), {}, cfg.steps))

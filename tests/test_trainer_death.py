@@ -17,6 +17,7 @@ def test_trainer_death_names_rank_and_checkpoint_then_resume(tmp_path):
     import ray
 
     from actors.driver import Driver, RunError
+    from rlcore.plan.layout import run_plan
     from rlcore.report.metrics import MetricsLogger
 
     overrides = [
@@ -30,7 +31,7 @@ def test_trainer_death_names_rank_and_checkpoint_then_resume(tmp_path):
     ray.init(num_cpus=2, include_dashboard=False, logging_level="WARNING")
     try:
         cfg = compose(overrides)
-        driver = Driver(cfg)
+        driver = Driver(run_plan(cfg))
 
         def kill_trainer():
             while driver.run_state.version < 5:
@@ -47,7 +48,7 @@ def test_trainer_death_names_rank_and_checkpoint_then_resume(tmp_path):
         msg = str(err.value)
         assert "trainer rank 0" in msg and "resume=true" in msg and "step_0000000" in msg, msg
 
-        resumed = Driver(compose([*overrides, "resume=true"]))
+        resumed = Driver(run_plan(compose([*overrides, "resume=true"])))
         try:
             resumed.setup()
             assert resumed.run_state.step in (4, 6)  # the newest checkpoint written before the death

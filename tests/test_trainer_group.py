@@ -22,6 +22,7 @@ def test_a_killed_rank_is_named_and_restart_from_a_checkpoint_scores_as_before(t
     from actors.groups import place
     from actors.remote import ActorDied, get
     from actors.sft import warmup
+    from rlcore.plan.layout import run_plan
 
     cfg = compose(
         [
@@ -35,7 +36,7 @@ def test_a_killed_rank_is_named_and_restart_from_a_checkpoint_scores_as_before(t
     ray.init(num_cpus=2, include_dashboard=False, logging_level="WARNING")
     groups = None
     try:
-        groups = place(cfg, rollout=False)
+        groups = place(run_plan(cfg), rollout=False)
         trainers = groups.trainers
         metas = trainers.start()
         version = warmup(cfg, trainers)  # the weights move away from the initial model

@@ -48,11 +48,12 @@ def run(overrides, kill_at_version=None, kill_at_step=None):
     import ray
 
     from actors.driver import Driver
+    from rlcore.plan.layout import run_plan
     from rlcore.report.metrics import MetricsLogger
 
     cfg = compose(overrides)
     validate(cfg)
-    driver = Driver(cfg)
+    driver = Driver(run_plan(cfg))
     logger = MetricsLogger(cfg.logger, cfg.output_dir, {}, cfg.steps)
 
     def kill_trainer():

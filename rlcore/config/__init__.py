@@ -21,6 +21,7 @@ _NAMES = {
     "CheckpointConfig": "rlcore.config.lifecycle",
     "EvalConfig": "rlcore.config.lifecycle",
     "LoggerConfig": "rlcore.config.lifecycle",
+    "ProfileConfig": "rlcore.config.lifecycle",
     "SFTConfig": "rlcore.config.lifecycle",
     "CispoOptions": "rlcore.config.losses",
     "DapoOptions": "rlcore.config.losses",

@@ -1,5 +1,6 @@
 """The placement plan of a run, computed from the config alone (no Ray): what `dry_run=true`
-prints and what validation checks against a described cluster.
+prints, what validation checks against a described cluster, and what the run hands the Ray layer
+(`run_plan`: `actors/` places its bundles and reads its pools and shares, deciding none of them).
 
 Bundles are laid on nodes the way Ray's PACK strategy does for our two placement groups: the
 trainer group first, filling nodes in order, then the rollout group; a bundle never spans nodes.
@@ -15,6 +16,7 @@ from rlcore.models.moe_family import num_routed_experts
 from rlcore.plan.memory import GIB, param_count, trainer_memory
 from rlcore.plan.pd import machine_ram_bytes, offload_gib, offload_problems, pd_on, rollout_pools
 from rlcore.plan.placement import colocated_shares, placement_problems, resolve
+from rlcore.plan.teacher import resolved as teacher_resolved
 
 
 @dataclass
@@ -30,10 +32,18 @@ class Bundle:
 
 @dataclass
 class Plan:
-    nodes: int
-    gpus_per_node: int
-    cpus_per_node: int
+    """What the planner decided, made once: printed by a dry run (`make_plan`, laid on described
+    nodes) and handed to the Ray layer (`run_plan`), which places these bundles and reads the
+    pools and shares from here instead of deciding them again."""
+
+    nodes: int = 0
+    """Nodes the bundles are laid on; 0 in a run's plan (`run_plan`: Ray lays them on the live nodes)."""
+    gpus_per_node: int = 0
+    """GPUs of each planned node (0 in a run's plan)."""
+    cpus_per_node: int = 0
+    """CPUs of each planned node (0 in a run's plan)."""
     trainer: list[Bundle] = field(default_factory=list)
+    """The trainer group's bundles, one per rank; colocated: the shared bundles (group `colocated`)."""
     rollout: list[Bundle] = field(default_factory=list)
     teacher: list[Bundle] = field(default_factory=list)
     """On-policy distillation's teacher group (placed after the rollout group); empty without one."""
@@ -42,6 +52,18 @@ class Plan:
     config: RunConfig | None = None
     """The config with its placement resolved for this plan's GPUs."""
     gpu_bytes: int | None = None
+    colocated_share: float = 0.0
+    """GPU that trainer rank i and engine i each take of colocated bundle i (`colocated_shares`); 0 when split."""
+
+    @property
+    def colocated(self) -> bool:
+        """Whether trainer rank i and rollout actor i share bundle i (one 'rlcore-colocated' group)."""
+        return bool(self.trainer) and self.trainer[0].group == "colocated"
+
+    @property
+    def roles(self) -> list[str]:
+        """Each rollout actor's pool, by index (`rlcore.plan.pd.rollout_pools`; colocated: one engine per shared bundle)."""
+        return [b.role for b in (self.trainer if self.colocated else self.rollout)]
 
 
 def arch_value(cfg: RunConfig, key: str) -> int | None:
@@ -73,9 +95,7 @@ def make_plan(cfg: RunConfig) -> Plan:
     else:
         plan = Plan(nodes=c.nodes, gpus_per_node=c.gpus_per_node, cpus_per_node=c.cpus_per_node)
     plan.gpu_bytes = gpu_bytes
-    cfg = plan.config = resolve(cfg, plan.nodes * plan.gpus_per_node, gpu_bytes)
-    plan.trainer, plan.rollout, plan.teacher = group_bundles(cfg)
-    plan.mesh = mesh_of(cfg)
+    cfg = with_groups(plan, resolve(cfg, plan.nodes * plan.gpus_per_node, gpu_bytes))
     free = [[float(plan.cpus_per_node), float(plan.gpus_per_node)] for _ in range(plan.nodes)]
     for b in plan.trainer + plan.rollout + plan.teacher:
         for n, (cpu, gpu) in enumerate(free):
@@ -97,6 +117,25 @@ def make_plan(cfg: RunConfig) -> Plan:
         engines[b.node] = engines.get(b.node, 0) + 1
     plan.problems += offload_problems(cfg, engines, ram)
     return plan
+
+
+def run_plan(cfg: RunConfig) -> Plan:
+    """The plan a run hands the Ray layer (`rlcore.run`), of `cfg` with its placement resolved for
+    the cluster it runs on: the groups' bundles, pools, colocated shares and mesh; no node layout
+    nor problems (Ray lays the bundles on the live nodes, which validation checked already). Its
+    config has a local `teacher.path` made absolute (actors need not share the driver's cwd)."""
+    plan = Plan()
+    with_groups(plan, teacher_resolved(cfg))
+    return plan
+
+
+def with_groups(plan: Plan, cfg: RunConfig) -> RunConfig:
+    """Fill `plan` with the groups, shares and mesh of `cfg` (placement resolved); returns `cfg`."""
+    plan.config = cfg
+    plan.trainer, plan.rollout, plan.teacher = group_bundles(cfg)
+    plan.colocated_share = colocated_shares(cfg)[1] if cfg.current_placement() == "colocated" else 0.0
+    plan.mesh = mesh_of(cfg)
+    return cfg
 
 
 def group_bundles(cfg: RunConfig) -> tuple[list[Bundle], list[Bundle], list[Bundle]]:

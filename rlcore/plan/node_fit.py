@@ -13,7 +13,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from rlcore.config import RunConfig
+from rlcore.config import ClusterConfig, RunConfig
 
 # Ray's label syntax (Kubernetes' too): an optional DNS prefix and '/', then a name of at most 63
 # characters, alphanumeric at both ends; values likewise (ray._private.label_utils)
@@ -85,14 +85,14 @@ def label_problems(cfg: RunConfig) -> list[tuple[str, str]]:
     return out
 
 
-def group_selector(cfg: RunConfig, group: str) -> dict[str, str] | None:
+def group_selector(cluster: ClusterConfig, group: str) -> dict[str, str] | None:
     """The label selector of a group's bundles ({key: value}), None for any node. `group`:
     trainer, rollout or colocated (which follows the trainer's labels)."""
-    labels = cfg.cluster.rollout_node_labels if group == "rollout" else cfg.cluster.trainer_node_labels
+    labels = cluster.rollout_node_labels if group == "rollout" else cluster.trainer_node_labels
     return {str(k): str(v) for k, v in labels.items()} or None
 
 
-def fit_problems(cfg: RunConfig, bundles: list, nodes: list[NodeCapacity]) -> list[tuple[str, str]]:
+def fit_problems(cluster: ClusterConfig, bundles: list, nodes: list[NodeCapacity]) -> list[tuple[str, str]]:
     """Lay `bundles` (`rlcore.plan.Bundle`: group, cpus, gpus; trainer first, as Ray is asked)
     first-fit on `nodes`, each bundle only on nodes matching its group's label. One problem per
     group that does not fit, naming its label key when a label restricts it: no node carries the
@@ -104,7 +104,7 @@ def fit_problems(cfg: RunConfig, bundles: list, nodes: list[NodeCapacity]) -> li
     for b in bundles:
         if b.group in refused:
             continue
-        selector = group_selector(cfg, b.group) or {}
+        selector = group_selector(cluster, b.group) or {}
         matching = [n for n in nodes if all(n.labels.get(k) == v for k, v in selector.items())]
         label = ",".join(f"{k}={v}" for k, v in selector.items())
         key = LABEL_KEYS.get(b.group, "cluster.address") if selector else "cluster.address"
@@ -142,11 +142,11 @@ def fit_problems(cfg: RunConfig, bundles: list, nodes: list[NodeCapacity]) -> li
     return out
 
 
-def capacity_gone(cfg: RunConfig, bundles: list, nodes: list[NodeCapacity]) -> str | None:
+def capacity_gone(cluster: ClusterConfig, bundles: list, nodes: list[NodeCapacity]) -> str | None:
     """Why no alive node can host `bundles` (one group's bundles to place again: a trainer group
     restarting, one rollout actor's bundle) even on an empty cluster, or None when the alive nodes
     could: the label the group asks for is on no alive node, or the labelled nodes are too
     small. Optimistic (what other groups hold now is not counted), so it speaks only when a node
     must join for the wait to end: a node lost with no replacement."""
-    found = fit_problems(cfg, bundles, nodes)
+    found = fit_problems(cluster, bundles, nodes)
     return found[0][1] if found else None

@@ -364,7 +364,7 @@ def cluster_problems(cfg: RunConfig, on: Capacity) -> list[tuple[str, str]]:
     if found:
         return found
     nodes = list(on.nodes) or [NodeCapacity(on.where, on.cpus, on.gpus)]
-    found = fit_problems(cfg, placed_bundles(cfg), nodes)
+    found = fit_problems(cfg.cluster, placed_bundles(cfg), nodes)
     if not on.nodes and cfg.mode != "sft":  # this machine: every engine's offload in its RAM
         found += offload_problems(cfg, {0: sum(n for _, n, _, _ in rollout_pools(cfg))}, machine_ram_bytes())
     return found

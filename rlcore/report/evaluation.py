@@ -26,6 +26,7 @@ import logging
 from math import comb
 from typing import Any
 
+from rlcore.config import EvalConfig, SamplingConfig
 from rlcore.types import GroupMeta, Task
 
 log = logging.getLogger("rlcore")
@@ -76,10 +77,9 @@ def summarize(groups: list[GroupMeta], ks: list[int], threshold: float, prefix: 
     return out
 
 
-def eval_tasks(env, cfg) -> list[tuple[int, Task]]:
+def eval_tasks(env, e: EvalConfig) -> list[tuple[int, Task]]:
     """(index, task) of the evaluated part of the eval split: all of it when `eval.num_tasks` is
     0, else the first `num_tasks` (capped at the environment's `eval_size` when it declares one)."""
-    e = cfg.eval
     size = getattr(env, "eval_size", None)
     n = e.num_tasks or size
     if n is None:
@@ -90,8 +90,8 @@ def eval_tasks(env, cfg) -> list[tuple[int, Task]]:
     return [(i, env.make_task(i, e.split)) for i in range(n)]
 
 
-def sampling_overrides(cfg) -> dict[str, Any]:
-    e, s = cfg.eval, cfg.rollout.sampling
+def sampling_overrides(e: EvalConfig, s: SamplingConfig) -> dict[str, Any]:
+    """The rollout's sampling (`rollout.sampling`) with what `eval` sets in its place."""
     return {
         "temperature": s.temperature if e.temperature is None else e.temperature,
         "max_new_tokens": s.max_new_tokens if e.max_new_tokens is None else e.max_new_tokens,
