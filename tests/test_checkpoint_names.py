@@ -72,12 +72,21 @@ def test_sync_sends_names_and_tensors_vllm_loads(name, tmp_path):
     apply_expert_parallel(trainer_model, None)  # the trainer's MoE blocks, as TrainerCore holds them
 
     # what a vLLM worker does with every load_weights call (vllm_worker.rlcore_use_checkpoint_names),
-    # from a config of another class for the same model type (vLLM has its own for Qwen3-Next, Qwen3.5)
-    from transformers import PretrainedConfig
+    # from a config of another class for the same model type (vLLM has its own for Qwen3-Next,
+    # Qwen3.5, and registers it with AutoConfig over transformers' own: Qwen3.5 failed on the GPU so)
+    from transformers import AutoConfig, PretrainedConfig
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
-    foreign = type("EngineConfig", (PretrainedConfig,), {"model_type": hf_model.config.model_type})
+    model_type = hf_model.config.model_type
+    foreign = type("EngineConfig", (PretrainedConfig,), {"model_type": model_type})
     engine_config = foreign.from_dict(hf_model.config.to_dict())
-    names = CheckpointNames(reference_model(engine_config), sends_fused_experts(engine_config))
+    registered = dict(CONFIG_MAPPING._extra_content)
+    AutoConfig.register(model_type, foreign, exist_ok=True)
+    try:
+        names = CheckpointNames(reference_model(engine_config), sends_fused_experts(engine_config))
+    finally:
+        CONFIG_MAPPING._extra_content.clear()
+        CONFIG_MAPPING._extra_content.update(registered)
     covered: set[str] = set()
     for _ in range(2):  # the second sync goes through the per-name memo
         sent = list(names.named(full_parameters(trainer_model)))

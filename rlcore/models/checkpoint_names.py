@@ -106,15 +106,17 @@ def reference_model(config: Any) -> torch.nn.Module | None:
     """A meta-device transformers model of `config`'s family (no memory): what
     :func:`checkpoint_named` reads the family's conversion mapping from, on the engine side.
     `config` may be another library's class for the model type (vLLM 0.26 has its own for
-    Qwen3-Next, Qwen3.5, Nemotron-H): it is rebuilt as transformers' own from its dict. None for a
-    model type transformers does not know (remote code: no conversion mapping, names pass as they are)."""
+    Qwen3-Next, Qwen3.5, Nemotron-H, and registers it with `AutoConfig` in place of transformers'
+    own): it is rebuilt as transformers' own class, found by name, from its dict. None for a model
+    type transformers does not know (remote code: no conversion mapping, names pass as they are)."""
+    import transformers
     from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
-    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
 
     model_type = getattr(config, "model_type", None)
-    if model_type not in CONFIG_MAPPING:
+    own = getattr(transformers, CONFIG_MAPPING_NAMES.get(model_type, ""), None)  # not what AutoConfig now maps
+    if own is None:
         return None
-    own = CONFIG_MAPPING[model_type]
     if type(config) is not own:
         config = own.from_dict(config.to_dict())
     auto = AutoModelForImageTextToText if getattr(config, "vision_config", None) is not None else AutoModelForCausalLM
