@@ -49,3 +49,16 @@ def test_trust_is_read_from_the_declaring_class_only():
     assert ReverseText.reward_isolation_default() == "thread"
     assert Untouched.trusted_reward is True  # inherited as an attribute...
     assert Untouched.reward_isolation_default() == "worker"  # ...but not as trust
+
+
+def test_a_requests_calls_are_spread_over_env_reward_workers():
+    import os
+
+    env = PatchedReverseText(reward_runtime=RewardRuntimeConfig(workers=7))
+    unset = PatchedReverseText()
+    try:
+        assert env.reward_pool().size == 7
+        assert unset.reward_pool().size == max(2, min(4, os.cpu_count() or 1))
+    finally:
+        env.reward_pool().close()
+        unset.reward_pool().close()

@@ -28,6 +28,8 @@ class RewardRuntimeConfig:
     """A reward that raises, hangs or is not finite: `fail` (sample dropped, counted) or `zero` (scored 0)."""
     isolation: Optional[str] = choice("worker", "thread", "process", None, default=None, noun="isolation")
     """Where reward calls run: `worker` (a process per call, from warm workers), `thread` or `process`; unset: the environment's (`worker`; `thread` for rlcore's own string rewards)."""
+    workers: Optional[int] = bounded(None, ge=1, le=256)
+    """`worker` isolation: reward workers one request's calls are spread over at once; unset: max(2, min(4, CPUs))."""
     max_abandoned_threads: int = bounded(4, ge=0)
     """Timed-out threads still running past which `thread` scoring moves to `process` (threads cannot be killed)."""
     memory_mb: int = bounded(2048, ge=0, note="(0 = unbounded)")

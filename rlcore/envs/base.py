@@ -186,7 +186,7 @@ class Environment(abc.ABC):
         if getattr(self, "_reward_pool", None) is None:
             self._reward_pool = WorkerPool(
                 self,
-                max(2, min(4, os.cpu_count() or 1)),
+                self.reward_runtime.workers or max(2, min(4, os.cpu_count() or 1)),
                 self.reward_runtime.memory_mb,
                 zygote=self.reward_zygote,
                 network=self.reward_runtime.network,
