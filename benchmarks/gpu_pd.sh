@@ -30,5 +30,7 @@ timeout "${RUN_TIMEOUT:-560}" python benchmarks/pd_rollout.py --out "$OUT" --par
   --requests "${REQUESTS:-16}" --updates "${UPDATES:-4}" --cache-gib "${CACHE_GIB:-1}" --offload-gib "${OFFLOAD_GIB:-16}" \
   --offload-concurrency "${OFFLOAD_CONC:-32}" -- $G "$@" > "$OUT/pd_rollout.log" 2>&1
 echo "exit: $? after $(( $(date +%s) - start )) s" | tee -a "$OUT/pd_rollout.log"
+# the actors' logs sit two folders down, past what a device call brings back: their tails, one file
+for f in "$OUT"/run/logs/*.log; do [ -f "$f" ] && { echo "== $f"; tail -n 40 "$f"; }; done > "$OUT/actor_logs_tail.txt" 2>/dev/null
 grep "^RESULT" "$OUT/pd_rollout.log"
 tail -5 "$OUT/pd_rollout.log"
