@@ -482,3 +482,35 @@ def test_the_zygote_outlives_the_request_thread_that_started_it():
         assert pool.zygote() is zygote
     finally:
         pool.close()
+
+
+def test_a_worker_forked_from_the_actor_gives_way_to_the_zygotes_once_it_is_ready(tmp_path):
+    """Workers forked from the actor (while the zygote starts) make every call's process copy the
+    actor's page tables: through a rollout actor a cheap reward cost 20 ms a sample in them
+    against 3 ms in zygote workers (`benchmarks/reward_overhead.py --part actor`). Once the
+    zygote is ready, such a worker is neither kept idle after its batch nor taken again."""
+    from rlcore.isolation.reward_worker_process import Worker
+
+    env = started_by(Misbehaving("none", where=str(tmp_path)), "zygote")
+    pool = env.reward_pool()
+    stale = None
+    try:
+        forked = Worker(env, env.reward_runtime.memory_mb)  # what the pool forks before its zygote is ready
+        assert forked.from_actor
+        with pool._lock:
+            pool.live += 1
+        pool.give(forked)  # after its batch
+        assert forked not in pool.idle
+        stale = Worker(env, env.reward_runtime.memory_mb)
+        with pool._lock:  # one kept idle before the zygote was ready
+            pool.live += 1
+            pool.idle.append(stale)
+        taken = pool.take()
+        assert taken is not stale and not taken.from_actor
+        pool.give(taken)
+        assert taken in pool.idle  # a zygote worker is kept
+        assert [s.reward for s in scored(env, tasks=2, n=4)] == [1.0] * 8
+    finally:
+        if stale is not None:
+            stale.kill()
+        pool.close()

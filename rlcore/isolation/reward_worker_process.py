@@ -80,6 +80,9 @@ class Worker:
         """(call index, when this process first saw the worker on it): deadlines are on this clock."""
         self.progress = self.lock = Progress()
         self.progress[NAMESPACE] = -1
+        self.from_actor = zygote is None
+        """Forked from the actor (its zygote not ready yet, or none): every call's process copies the
+        actor's page tables (torch, the engine), several ms more a call than a zygote worker's."""
         if zygote is not None:
             try:
                 self.proc = zygote.start(os.dup(child.fileno()), self.progress, memory_mb, network)

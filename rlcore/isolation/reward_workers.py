@@ -134,11 +134,13 @@ class WorkerPool:
         yield from zip(forked, call_many([calls[i] for i in forked], timeout_s, "process") if forked else [])
 
     def take(self) -> Worker | None:
-        """A live idle worker, or a new one; None when `MAX_WORKERS` run already."""
+        """A live idle worker, or a new one; None when `MAX_WORKERS` run already. An idle fork of
+        the actor is let go once the zygote is ready (see `give`)."""
+        lean = self.zygote() is not None
         with self._lock:
             while self.idle:
                 worker = self.idle.pop()
-                if worker.proc.is_alive():
+                if worker.proc.is_alive() and not (lean and worker.from_actor):
                     return worker
                 self.live -= 1
                 self.killed_pids.append(worker.pid)
@@ -166,13 +168,17 @@ class WorkerPool:
         return self.zygotes.get()
 
     def give(self, worker: Worker) -> None:
-        """Back to the idle workers (up to `MAX_IDLE`)."""
+        """Back to the idle workers (up to `MAX_IDLE`); a worker forked from the actor only while
+        the pool has no zygote ready (once it has, a lean one from it replaces it)."""
         if worker.shares_pid_namespace and not self.warned:
             self.warned = True
             log.warning(
                 "reward workers could not get a PID namespace of their own (unshare refused): a reward "
                 "can signal the rollout actor and the run's other processes of its uid"
             )
+        # a fork of the actor makes every call's process copy the actor's page tables (torch, an
+        # engine): once the zygote is ready, a lean worker from it takes this one's place
+        replaceable = worker.from_actor and self.zygote() is not None
         now = time.monotonic()
         expired: list[Worker] = []
         with self._lock:
@@ -180,7 +186,7 @@ class WorkerPool:
             while len(self.idle) > max(KEEP_IDLE, 2 * self.size) and now - self.idle[0].idle_since > IDLE_TTL_S:
                 expired.append(self.idle.pop(0))
                 self.live -= 1
-            keep = len(self.idle) < max(MAX_IDLE, 2 * self.size)
+            keep = len(self.idle) < max(MAX_IDLE, 2 * self.size) and not replaceable
             if keep:
                 worker.idle_since = now
                 self.idle.append(worker)
