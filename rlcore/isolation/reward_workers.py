@@ -140,11 +140,16 @@ class WorkerPool:
         with self._lock:
             while self.idle:
                 worker = self.idle.pop()
-                if worker.proc.is_alive() and not (lean and worker.from_actor):
+                alive = worker.proc.is_alive()
+                if alive and not (lean and worker.from_actor):
                     return worker
                 self.live -= 1
                 self.killed_pids.append(worker.pid)
-                worker.kill()
+                if alive:  # asked to stop, not waited for under the lock: `reap` waits, as for `drop`
+                    worker.stop()
+                    self.dying.append(worker)
+                else:
+                    worker.kill()
             if self.live >= MAX_WORKERS:
                 return None
             self.live += 1
