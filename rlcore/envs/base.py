@@ -104,8 +104,9 @@ class Environment(abc.ABC):
     trusted_reward: bool = False
     """The class's own reward is rlcore's code over plain strings (it evaluates nothing from the
     text, its memory is linear in it): with `env.reward.isolation` unset its calls run in threads
-    of the rollout actor, not through the reward workers' boundary (on the SmolLM2 recipe the
-    boundary costs 0.40x the samples/s, docs/benchmarks.md). Read from the declaring class only
+    of the rollout actor, not through the reward workers' boundary (a process per call: 0.40x the
+    samples/s on the SmolLM2 recipe, measured before workers forked from the actor were let go;
+    docs/benchmarks.md). Read from the declaring class only
     (:meth:`reward_isolation_default`): a subclass, which may change the reward, is not trusted
     unless it says so itself."""
     reward_zygote: bool = True
