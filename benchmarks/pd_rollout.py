@@ -197,15 +197,17 @@ def part_versions(args, cfg, decode, prefill, out: dict) -> None:
         k += args.requests
     thread.join(timeout=60)
     ok = [s for s in samples if not s.failed]
-    split = [s.versions[:2] for s in ok if len(s.versions) >= 2 and s.versions[0] != s.versions[1]]
+    # the policy's tokens only: a multi-turn sample's environment tokens carry version -1
+    policy = [[v for v in s.versions if v >= 0] for s in ok]
+    split = [v[:2] for v in policy if len(v) >= 2 and v[0] != v[1]]
     res = {
         "samples": len(samples),
         "failed": len(samples) - len(ok),
         "first_error": next(((s.error or "")[:300] for s in samples if s.failed), ""),
         "first_two_versions_differ": len(split),
         "examples": split[:5],
-        "overtaken_by_a_sync": sum(len(set(s.versions)) > 1 for s in ok),
-        "versions_seen": sorted({v for s in ok for v in s.versions[:1]}),
+        "overtaken_by_a_sync": sum(len(set(v)) > 1 for v in policy),
+        "versions_seen": sorted({v[0] for v in policy if v}),
         "updates_landed": landed[0],
         "update_errors": errors,
         "router": ray.get(decode.pd_stats.remote(), timeout=60),
