@@ -47,7 +47,6 @@ from rlcore.isolation.safety import (
     call_many,
     threads_abandoned,
 )
-from rlcore.models.images import check_image, expand_image_tokens, to_array
 from rlcore.models.render import render_prompt
 from rlcore.types import Group, Sample, Task
 
@@ -379,6 +378,8 @@ class Environment(abc.ABC):
         prompts = [self.render(t, tokenizer) for t in tasks]
         images = [task_images(t, tokenizer) for t in tasks]
         if any(images):  # one image token per image -> the model's count (token ids stay exact)
+            from rlcore.models.images import expand_image_tokens  # numpy: not in every reward worker's fork
+
             prompts = [expand_image_tokens(p, im, tokenizer.rlcore_vision)[0] for p, im in zip(prompts, images)]
         flat = [p for p in prompts for _ in range(group_size)]
         extra = {"images": [im for im in images for _ in range(group_size)]} if any(images) else {}
@@ -449,6 +450,8 @@ def task_images(task: Task, tokenizer: PreTrainedTokenizerBase) -> list:
         return []
     if getattr(tokenizer, "rlcore_vision", None) is None:
         raise ValueError(f"task {task.id} has images but the policy is a text-only model")
+    from rlcore.models.images import check_image, to_array  # numpy: see above
+
     out = [to_array(im) for im in task.images]
     for arr in out:
         check_image(arr, tokenizer.rlcore_vision)
