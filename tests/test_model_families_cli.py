@@ -23,7 +23,8 @@ IMAGES = ["+recipe=shape_count", "env.args.image_size=64", "env.args.cell=16"]  
 RUNS = {
     "qwen3_next": ["model=tiny_qwen3_next"],  # Gated DeltaNet + attention + MoE with a shared expert
     "nemotron_h": ["model=tiny_nemotron_h"],  # Mamba-2 + attention + MLP
-    "qwen3_5_moe": [*IMAGES, "model=tiny_qwen3_5_moe"],  # vision + hybrid + MoE at once
+    # vision + hybrid + MoE at once, with routing replay through the image forward
+    "qwen3_5_moe": [*IMAGES, "model=tiny_qwen3_5_moe", "rollout.hf.routing_replay=true"],
 }
 # Qwen3-VL (dense and MoE) and dense Qwen3.5 share this CLI path with qwen3_5_moe; their own model
 # code runs in-process in tests/test_vlm_families.py (a CLI run each would add ~45 s apiece)
@@ -56,13 +57,20 @@ def test_family_rl_steps_through_cli(family, tmp_path):
     # trainer and engine compute the same function: the first sync's canary gap is arithmetic only
     assert "canary calibrated" in proc.stdout + proc.stderr
     assert rows[0]["engine_mismatch_kl"] < 1e-3, rows[0]
+    if "rollout.hf.routing_replay=true" in RUNS[family]:  # version 0 on both sides: the same experts
+        assert rows[0]["moe_replay_agreement"] == 1.0, rows[0]
 
 
 REFUSED = [
     (["model=tiny_qwen3_next", "trainer.cp=2", "trainer.world_size=2"], "trainer.cp"),
     (["model=tiny_nemotron_h", "trainer.cp=2", "trainer.world_size=2"], "trainer.cp"),
-    ([*IMAGES, "model=tiny_qwen3_5_moe", "rollout.hf.routing_replay=true"], "rollout.hf.routing_replay"),
     (["+recipe=shape_count", "model=tiny_qwen3_vl"], "env.args"),  # 56-px images, 32-px windows
+]
+# routing replay on the vision-language MoE families: no longer refused, on either engine
+REPLAY = [
+    [*IMAGES, f"model={m}", f"rollout.engine={e}", f"rollout.{e}.routing_replay=true"]
+    for m in ("tiny_qwen3_vl_moe", "tiny_qwen3_5_moe")
+    for e in ("hf", "vllm")
 ]
 
 
@@ -75,6 +83,8 @@ def test_refused_in_one_line_before_ray(tmp_path):
     for args, key in REFUSED:
         found = problems(compose(args))
         assert [k for k, _ in found] == [key], (args, found)
+    for args in REPLAY:
+        assert not [k for k, _ in problems(compose(args)) if k.endswith("routing_replay")], args
     proc = run(REFUSED[0][0], tmp_path, timeout=120)
     assert proc.returncode == 2, proc.stderr[-2000:]
     errors = [line for line in proc.stderr.splitlines() if line.startswith("rlcore: config error:")]

@@ -110,3 +110,53 @@ def test_hf_engine_generates_with_images(vl):
         )
         ref = _reference_logprobs(ref_model, s, spec, mask_image_tokens=True)[len(p) - 1 :]
         torch.testing.assert_close(torch.tensor(g.logprobs), ref, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("vl", ["tiny_qwen3_vl_moe", "tiny_qwen3_5_moe"], indirect=True)
+def test_image_forward_replays_the_engine_routing(vl):
+    """Routing replay through the image path: the transformers engine records the experts of every
+    token it ran (image placeholders included), and the trainer's image forward uses them: on
+    shared weights they are its own top-k (agreement 1.0 over every replayed row, logprobs as
+    when it routes itself); other experts change its logprobs, so the given routing is what ran."""
+    import copy
+
+    from rlcore.engine.base import SamplingParams
+    from rlcore.engine.hf_engine import HFEngine
+    from rlcore.models.hybrid import restart_state_at_boundaries
+    from rlcore.trainer.attention import use_varlen_attention
+    from rlcore.trainer.forward import forward_logprobs
+    from rlcore.trainer.logprobs import install_logprob_head
+    from rlcore.trainer.moe import apply_expert_parallel, router_metrics
+
+    cfg, tok, spec = vl
+    engine = HFEngine(build_model(cfg, tok), tok.pad_token_id, tok.eos_token_id, seed=1, vision=spec, routing_replay=True)
+    policy = copy.deepcopy(engine.model).train()
+    blocks = apply_expert_parallel(policy, None)
+    use_varlen_attention(policy, None)
+    restart_state_at_boundaries(policy)
+    install_logprob_head(policy, 0)
+    imgs = [[image(spec, 0)], [image(spec, 1, 2, 4), image(spec, 2)]]  # ragged prompts: left padding
+    prompts = [prompt(tok, spec, "n?", im) for im in imgs]
+    gens = engine.generate(prompts, SamplingParams(max_new_tokens=5, temperature=1.0, seed=3), images=imgs)
+    layers, k = cfg.arch["text_config"]["num_hidden_layers"], cfg.arch["text_config"]["num_experts_per_tok"]
+    samples = []
+    for p, im, g in zip(prompts, imgs, gens):
+        assert g.routed_experts.shape == (len(p) + len(g.token_ids) - 1, layers, k)
+        samples.append(
+            Sample(p, g.token_ids, g.logprobs, g.versions, [1] * len(g.token_ids), images=im, routed_experts=g.routed_experts)
+        )
+    mb = make_micro_batch(samples, [1.0, -1.0])
+    cpu = torch.device("cpu")
+    lp_replay, _ = forward_logprobs(policy, mb, 1.0, None, cpu, vision=spec)
+    replayed = sum(int(b.stat_replayed) for b in blocks)  # every engine row, in every MoE layer
+    assert replayed == sum(len(s.routed_experts) for s in samples) * k * len(blocks)
+    assert router_metrics(policy)["moe_replay_agreement"] == 1.0
+    given = mb.routed_experts
+    mb.routed_experts = None  # the trainer's own routing: the same experts and weights
+    lp_self, _ = forward_logprobs(policy, mb, 1.0, None, cpu, vision=spec)
+    torch.testing.assert_close(lp_replay, lp_self)
+    num_experts = cfg.arch["text_config"]["num_experts"]
+    mb.routed_experts = torch.where(given < 0, given, (given + 1) % num_experts)  # other experts everywhere
+    lp_other, _ = forward_logprobs(policy, mb, 1.0, None, cpu, vision=spec)
+    assert router_metrics(policy)["moe_replay_agreement"] < 1.0
+    assert not torch.allclose(lp_other, lp_self, atol=1e-4)

@@ -18,6 +18,14 @@ itself: each sample's last token, rows an engine did not return (a multi-turn ep
 environment tokens after the last policy turn), samples without routing (those the OpenAI-
 compatible server assembles for verifiers environments carry none yet) and padding.
 
+A vision-language sample's rows cover its image placeholder tokens like any prompt token: the
+language model runs every position (the image's embeddings in the placeholders' places) and
+routes it. The transformers engine hooks the language model's routers, so its prefill rows are
+those of the expanded prompt; vLLM expands the one ``<|image_pad|>`` per image it is handed to
+the same count (`rlcore.engine.vllm.vllm_engine`), captures every scheduled token of the
+language model's MoE layers into that token's KV slot and returns ``num_prompt_tokens`` rows of
+the expanded prompt on prefill (``v1/worker/gpu_model_runner.py``, ``v1/core/sched/scheduler.py``).
+
 This module is torch-free apart from :func:`packed_routing` (imported lazily) and Ray-free.
 """
 
@@ -29,7 +37,6 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from rlcore.models.moe_family import family_names, moe_problem, num_routed_experts
-from rlcore.models.vl_names import is_vl_arch
 
 if TYPE_CHECKING:
     import torch
@@ -132,14 +139,6 @@ def routing_problems(cfg: RunConfig, section: str, options: Any) -> list[tuple[s
     problem = moe_problem(arch) if arch is not None else None
     if problem:
         return [(key, f"cannot replay this model's routing: {problem}")]
-    if arch is not None and is_vl_arch(arch):  # the image forward routes itself: a replay would be silently off
-        return [
-            (
-                key,
-                f"{arch.get('model_type')} is a vision-language policy, whose image forward does not "
-                "carry the engine's routed experts yet; set it to false",
-            )
-        ]
     if cfg.mode != "rl":
         return [(key, f"replays rollout routing in RL training; mode={cfg.mode!r} has no rollouts")]
     return []

@@ -6,7 +6,10 @@ are float32 ``[T]`` and differentiable. With ``cp > 1`` the row is split over th
 ranks and the outputs are gathered back to ``[T]`` on each (`rlcore.trainer.context_parallel`).
 
 With routing replay (``mb.routed_experts``) the model's MoE blocks use the given experts
-(`rlcore.trainer.moe.set_routing`; the pad sample and -1 rows route themselves).
+(`rlcore.trainer.moe.set_routing`; the pad sample and -1 rows route themselves), in the image
+forward too: its rows are the packed ``input_ids``, image placeholder tokens included (the
+language model runs every position, the image's embeddings in the placeholders' places; the
+engines route and report those positions like any prompt token).
 
 Hybrid models (`rlcore.models.hybrid`) get the sample boundaries as ``cu_seq_lens_q`` too: their
 recurrent layers restart their state at each packed sample.
@@ -58,7 +61,6 @@ def forward_columns(
     """:func:`forward_logprobs` plus, with ``others`` (long [T, k], on the host like the
     micro-batch), the logprobs [T, k] of those tokens at each position (None without)."""
     if mb.images:
-        set_routing(model, None)
         if token_multiple(model) > 1:
             raise ValueError("FP8 training of a vision-language model is not supported (trainer.fp8)")
         return _vision_forward(model, mb, temperature, device, vision, others)
@@ -121,6 +123,10 @@ def _vision_forward(
     pixels, grids = pixel_values(mb.images, vision)
     mrope = packed_mrope_positions(mb.input_ids, mb.sample_index, grids, vision)
     ids, tgt = mb.input_ids.to(device), mb.targets.to(device)
+    routed = mb.routed_experts  # one row per position of the (unpadded) row, placeholders included
+    if routed is not None and len(routed) != len(ids):
+        raise ValueError(f"routing replay: {len(routed)} routed rows for a row of {len(ids)} tokens")
+    set_routing(model, routed.to(device, non_blocking=True) if routed is not None else None)
     cu, max_len = cu_seqlens(mb.position_ids)  # on the host, as in the text path: no device sync
     cu = cu.to(device, non_blocking=True)
     kwargs = {"cu_seq_lens_q": cu, "cu_seq_lens_k": cu, "max_length_q": max_len, "max_length_k": max_len}
