@@ -95,6 +95,20 @@ def test_version_marks_count_tokens_pending_in_the_collector_as_old():
     assert gen.finish_reason == "length"
 
 
+def test_an_image_prompt_vllm_expanded_to_another_length_is_named():
+    """vLLM's prompt (image placeholders as it expanded them) must be the sample's: its routed
+    experts and the trainer's positions are rows of that prompt."""
+    for ran, holds, fine in ((12, 12, True), (12, 16, False)):
+        req = InFlightRequest("r", version=0)
+        out = _out([1, 2], finished=True, reason="stop")
+        out.prompt_token_ids = list(range(ran))
+        req.absorb(out)
+        problem = req.expansion_problem(holds)
+        assert (problem is None) == fine, problem
+    assert "to 12 tokens, rlcore's sample holds 16" in problem
+    assert InFlightRequest("r", version=0).expansion_problem(16) is None  # vLLM said nothing
+
+
 def test_sampled_logprobs_flat_fast_path():
     class Flat(list):  # stands in for vLLM's FlatLogprobs: a sequence with flat lists attached
         logprobs = [-1.0, -2.0]

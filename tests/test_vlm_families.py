@@ -129,7 +129,9 @@ def test_image_forward_replays_the_engine_routing(vl):
     from rlcore.trainer.moe import apply_expert_parallel, router_metrics
 
     cfg, tok, spec = vl
-    engine = HFEngine(build_model(cfg, tok), tok.pad_token_id, tok.eos_token_id, seed=1, vision=spec, routing_replay=True)
+    engine = HFEngine(
+        build_model(cfg, tok), tok.pad_token_id, tok.eos_token_id, seed=1, vision=spec, routing_replay=True
+    )
     policy = copy.deepcopy(engine.model).train()
     blocks = apply_expert_parallel(policy, None)
     use_varlen_attention(policy, None)
@@ -143,7 +145,15 @@ def test_image_forward_replays_the_engine_routing(vl):
     for p, im, g in zip(prompts, imgs, gens):
         assert g.routed_experts.shape == (len(p) + len(g.token_ids) - 1, layers, k)
         samples.append(
-            Sample(p, g.token_ids, g.logprobs, g.versions, [1] * len(g.token_ids), images=im, routed_experts=g.routed_experts)
+            Sample(
+                p,
+                g.token_ids,
+                g.logprobs,
+                g.versions,
+                [1] * len(g.token_ids),
+                images=im,
+                routed_experts=g.routed_experts,
+            )
         )
     mb = make_micro_batch(samples, [1.0, -1.0])
     cpu = torch.device("cpu")

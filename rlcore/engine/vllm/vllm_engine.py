@@ -320,6 +320,9 @@ class VLLMEngine(WeightUpdates, VersionMarks, ColocatedEngine, RolloutEngine):
             while not req.finished:
                 out = req.collector.get_nowait() or await req.collector.get()
                 req.absorb(out)
+            problem = req.expansion_problem(len(prompt)) if images else None
+            if problem:  # a shifted sample (and routing replay's rows) would train silently wrong
+                raise ValueError(problem)
             return req
         finally:
             self._active.pop(req.rid, None)

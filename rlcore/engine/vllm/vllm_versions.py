@@ -41,6 +41,7 @@ class InFlightRequest:
     finish_reason: str = "abort"
     routed_experts: Any = None  # routing replay: [prompt + completion - 1, layers, top_k], on finish
     kv_transfer_params: Any = None  # a prefill for remote decode: where its KV blocks wait (NIXL), on finish
+    prompt_len: int | None = None  # the prompt vLLM ran (an image prompt as vLLM expanded it)
 
     def pending_tokens(self) -> int:
         """Tokens the output handler has delivered to the collector but we have not read yet."""
@@ -54,6 +55,8 @@ class InFlightRequest:
         one output carries every token of a request, and a per-token Python loop was 65k
         iterations per batch of 256 requests x 256 tokens."""
         comp = out.outputs[0]
+        if self.prompt_len is None and getattr(out, "prompt_token_ids", None) is not None:
+            self.prompt_len = len(out.prompt_token_ids)
         tokens = list(comp.token_ids)
         start = len(self.token_ids)
         end = start + len(tokens)
@@ -74,6 +77,18 @@ class InFlightRequest:
             # final output only (v1/engine/output_processor.py); None otherwise
             self.routed_experts = getattr(comp, "routed_experts", None)
             self.kv_transfer_params = getattr(out, "kv_transfer_params", None)
+
+    def expansion_problem(self, expanded_len: int) -> str | None:
+        """Why this image request's tokens do not line up with the sample's prompt of
+        `expanded_len` tokens (placeholders expanded by rlcore): vLLM expanded it to another
+        length, so its routed experts (and the trainer's positions) would be shifted. None when
+        they line up or vLLM did not say."""
+        if self.prompt_len is None or self.prompt_len == expanded_len:
+            return None
+        return (
+            f"vLLM expanded an image prompt to {self.prompt_len} tokens, rlcore's sample holds "
+            f"{expanded_len}: the image token counts of rlcore's processor and vLLM's differ"
+        )
 
     def result(self) -> Generation:
         return Generation(
