@@ -11,7 +11,9 @@ carry the new policy version (like vLLM's pause in "keep" mode).
 Routing replay (`rollout.hf.routing_replay`, MoE models): forward hooks on the routers record
 each forward's top-k experts per layer; a generation's rows are the prompt's (from the prefill)
 and one per later decode step (the token fed in), ``prompt + completion - 1`` rows as vLLM
-returns them (`rlcore.batch.routing`).
+returns them (`rlcore.batch.routing`). A vision-language model's routers are its language
+model's; the prefill routes the image placeholder tokens (the image's embeddings in their
+places) like any prompt token, so those rows are there too.
 """
 
 from __future__ import annotations
