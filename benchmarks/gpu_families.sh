@@ -23,20 +23,8 @@ G="rollout.engine=vllm trainer.gpus_per_rank=1 rollout.gpus_per_actor=1 cluster.
    algo.max_off_policy_steps=0 algo.batch_groups=4 logger.console=false"
 W=/tmp/rlcore-families; mkdir -p $W
 start=$SECONDS
-for m in $FAMILIES; do
-  [ -f "conf/model/$m.yaml" ] || { echo "$m: no conf/model/$m.yaml"; continue; }
-  extra=""
-  case " $MOE tiny_qwen3_next tiny_qwen3_vl_moe tiny_qwen3_5_moe " in *" $m "*) extra="rollout.vllm.routing_replay=true";; esac
-  # Qwen3-VL / Qwen3.5 patches are 16 px merged 2x2: images a multiple of 32, at least 64 x 64
-  case " $VISION " in *" $m "*) extra="$extra +recipe=shape_count env.args.image_size=64 env.args.cell=16";; esac
-  rm -rf "$W/$m"
-  # shellcheck disable=SC2086  # G and extra are word lists on purpose
-  timeout -k 10 ${RUN_S:-150} python -m rlcore.run model=$m steps=${STEPS:-3} output_dir=$W/$m $G $extra ${EXTRA:-} > "$OUT/$m.log" 2>&1
-  rc=$?
-  if [ $rc -ne 0 ] && [[ $extra == *routing_replay* ]]; then  # say whether replay or the family failed
-    echo "  $m with replay: exit $rc; again without replay" >> "$OUT/$m.log"
-  fi
-  python - "$m" "$rc" "$W/$m/metrics.jsonl" "$OUT/$m.log" <<'PY'
+report() {  # NAME RC METRICS LOG: one line
+  python - "$@" <<'PY'
 import json, sys
 m, rc, path, log = sys.argv[1:]
 rows = []
@@ -49,11 +37,32 @@ def mean(key):
     return f"{sum(vals) / len(vals):.4g}" if vals else "-"
 err = ""
 if rc != "0":
-    lines = [ln.strip() for ln in open(log, errors="replace") if "rlcore: error" in ln or "Error" in ln]
+    lines = [ln.strip() for ln in open(log, errors="replace") if "error" in ln.lower()]
     err = (lines[-1] if lines else "")[:240]
 print(f"{m}: exit {rc}, steps {len(rows)}, canary mean gap max {max([r.get('canary_mean_gap', 0) for r in rows] or [0]):.4f}"
       f" (limit {mean('canary_mean_limit')}), replay agreement {mean('moe_replay_agreement')}, "
       f"engine_mismatch_kl {mean('engine_mismatch_kl')} {err}")
 PY
+}
+run() {  # MODEL NAME EXTRA...: one run of the family, its log in $OUT/NAME.log; returns its exit code
+  local m=$1 name=$2; shift 2
+  rm -rf "$W/$name"
+  timeout -k 10 "${RUN_S:-150}" python -m rlcore.run model="$m" steps="${STEPS:-3}" output_dir="$W/$name" "$@" > "$OUT/$name.log" 2>&1
+  local rc=$?
+  report "$name" "$rc" "$W/$name/metrics.jsonl" "$OUT/$name.log"
+  return $rc
+}
+for m in $FAMILIES; do
+  [ -f "conf/model/$m.yaml" ] || { echo "$m: no conf/model/$m.yaml"; continue; }
+  replay=""
+  case " $MOE tiny_qwen3_next tiny_qwen3_vl_moe tiny_qwen3_5_moe " in *" $m "*) replay="rollout.vllm.routing_replay=true";; esac
+  vision=""
+  # Qwen3-VL / Qwen3.5 patches are 16 px merged 2x2: images a multiple of 32, at least 64 x 64
+  case " $VISION " in *" $m "*) vision="+recipe=shape_count env.args.image_size=64 env.args.cell=16";; esac
+  # shellcheck disable=SC2086  # G, vision and EXTRA are word lists on purpose
+  if ! run "$m" "$m" $G $vision $replay ${EXTRA:-} && [ -n "$replay" ]; then
+    # say whether replay or the family failed
+    run "$m" "$m-noreplay" $G $vision ${EXTRA:-}
+  fi
   echo "[gpu_families +$((SECONDS - start))s] $m done"
 done
