@@ -59,6 +59,7 @@ def test_smollm2_sft_then_rl_multiturn_sync_canary_export(ray_cluster, tmp_path)
             "rollout.tasks_per_request=2",
             "rollout.sampling.max_new_tokens=12",
             "rollout.canary_prompts=2",
+            "rollout.canary_tokens=64",
             "env.args.max_episode_tokens=160",
             f"sft.dataset={tmp_path / 'demos.jsonl'}",
             "sft.warmup_steps=2",
