@@ -100,7 +100,8 @@ class WorkerPool:
         self._lock = threading.Lock()
         self.warned = False
         self.killed_pids: list[int] = []
-        """Workers killed for overrunning their deadline (or found dead), so far."""
+        """Workers this pool ended before their time, so far: killed for overrunning a deadline, found
+        dead, or (forks of the actor) let go once the zygote was ready."""
 
     def accepts(self, fn: Callable) -> bool:
         """Whether `fn` is a method of the owner (what a worker can run by name)."""
