@@ -18,6 +18,7 @@ import torch.multiprocessing as mp
 
 from rlcore.plan.compose import compose
 from rlcore.storage import checkpoint as ckpt
+from tests.ranks import leave_rank
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -75,6 +76,7 @@ def _rank(rank, world, port, out, action, ckpt_dir):
         )
     torch.distributed.barrier()  # no rank tears the group down while another still uses it
     core.shutdown()
+    leave_rank()
 
 
 def _spawn(world, action, ckpt_dir, out):

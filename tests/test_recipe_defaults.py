@@ -18,6 +18,7 @@ from rlcore.models.build import build_tokenizer
 from rlcore.plan.compose import compose, recipes
 from rlcore.plan.validate import validate
 from rlcore.sft.dataset import build_dataset
+from tests.ranks import leave_rank
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -231,6 +232,7 @@ def _sft_lr_rank(rank, port, out):
     moved = not all(torch.equal(a, b) for a, b in zip(before, params()))
     torch.save({"frozen": frozen, "lr_after": lr_after, "moved": moved}, out)
     core.shutdown()
+    leave_rank()
 
 
 def test_warm_up_steps_run_at_their_own_learning_rate(tmp_path):

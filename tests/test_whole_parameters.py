@@ -8,6 +8,7 @@ import torch
 import torch.multiprocessing as mp
 
 from rlcore.plan.compose import compose
+from tests.ranks import leave_rank
 
 
 def _rank(rank, port, out):
@@ -34,6 +35,7 @@ def _rank(rank, port, out):
         out,
     )
     core.shutdown()
+    leave_rank()
 
 
 def test_whole_parameters_alias_the_trained_storage(tmp_path):
