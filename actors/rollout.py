@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import traceback
+import warnings
 from typing import TYPE_CHECKING
 
 import ray
@@ -26,7 +27,7 @@ from rlcore.models.tokenizer_build import build_tokenizer
 from rlcore.plan.pd import connector_env, pool_config
 from rlcore.report.busy import BusyClock
 from rlcore.report.faults import NotInWeightGroup
-from rlcore.report.profiling import source_info
+from rlcore.report.profiling import prime_profiler, source_info
 from rlcore.transfer import first_rank, make_receiver, transfer_options, world_size
 from rlcore.transfer.plan import SyncPlan
 from rlcore.types import Group, Sample, SampleMeta, Task
@@ -78,11 +79,15 @@ class RolloutWorker:
 
         torch.set_num_threads(max(1, int(cfg.rollout.cpus_per_actor)))
         self.tokenizer = build_tokenizer(cfg.model)
+        if cfg.profile.steps:  # Kineto first starts here, where torch was imported, not on a request's thread
+            prime_profiler()
         self.engine = make_engine(
             cfg, self.tokenizer, seed=cfg.seed * 1000 + index, pd_role=role if role != "rollout" else None
         )
         # a restarted prefill actor serves no prefill until it holds the run's weights again
-        self.has_weights = not ray.get_runtime_context().was_current_actor_reconstructed
+        with warnings.catch_warnings():  # Ray's own property reads its deprecated `actor_id`: every log said so
+            warnings.simplefilter("ignore", DeprecationWarning)
+            self.has_weights = not ray.get_runtime_context().was_current_actor_reconstructed
         self.prefills = 0  # prefill calls served (a prefill actor)
         serve = self.engine
         if role == "decode":

@@ -183,6 +183,9 @@ def test_cli_run_writes_metrics(tmp_path):
     assert "Token authentication" not in console
     assert "(pid=" not in console  # actors' output is not forwarded to the console ...
     assert (out / "logs" / "trainer-0.log").is_file() and (out / "logs" / "rollout-0.log").is_file()  # ... but kept
+    for log in (out / "logs").glob("*.log"):  # and hold no library's warning or error a user cannot act on
+        text = log.read_text()
+        assert "Warning" not in text and "ERROR" not in text, (log.name, text[-2000:])
 
 
 @pytest.mark.parametrize("recipe", ["alphabet_sort"])

@@ -45,6 +45,27 @@ def read_new(folder: str | Path, seen: set[str]) -> list[tuple[str, bytes]]:
     return out
 
 
+def _quiet_kineto_without_cuda() -> None:
+    """Without CUDA, Kineto logs each CUDA call it cannot make as an ERROR line: its log level is
+    read at its first start, so set it before that (a user's own KINETO_LOG_LEVEL wins)."""
+    import torch
+
+    if not torch.cuda.is_available():
+        os.environ.setdefault("KINETO_LOG_LEVEL", "5")
+
+
+def prime_profiler() -> None:
+    """Initialise Kineto on this thread with one empty recording. Call it on the thread that first
+    imported torch (an actor's constructor) when a later recording may start on another thread (a
+    threaded actor's request): Kineto registers torch as its client on the importing thread and,
+    first started elsewhere, skips the client's init and prints an ERROR line to the log."""
+    import torch
+
+    _quiet_kineto_without_cuda()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], acc_events=True):
+        pass
+
+
 class TraceRecorder:
     """torch.profiler over this process between `start` and `stop`: CUDA kernels and copies when
     CUDA is available, CPU ops unless `cpu_ops` is off (always without CUDA); the trainer's ranks
@@ -67,6 +88,7 @@ class TraceRecorder:
             activities.append(torch.profiler.ProfilerActivity.CUDA)
         if self.cpu_ops or not activities:  # a process without CUDA has nothing else to record
             activities.append(torch.profiler.ProfilerActivity.CPU)
+        _quiet_kineto_without_cuda()
         kwargs: dict[str, Any] = {}
         try:  # every thread's ops: an actor's requests run on threads other than the one that starts this
             from torch._C._profiler import _ExperimentalConfig
@@ -74,7 +96,11 @@ class TraceRecorder:
             kwargs["experimental_config"] = _ExperimentalConfig(profile_all_threads=True)
         except (ImportError, TypeError):  # an older torch: the starting thread's ops (GPU kernels: all)
             pass
-        self._prof = torch.profiler.profile(activities=activities, with_stack=self.with_stack, **kwargs)
+        # acc_events: one recording per profile object anyway; without it torch warns, each start, that
+        # events of earlier cycles are dropped
+        self._prof = torch.profiler.profile(
+            activities=activities, with_stack=self.with_stack, acc_events=True, **kwargs
+        )
         self._label = label
         self._prof.start()
 
