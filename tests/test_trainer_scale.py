@@ -4,6 +4,7 @@ world 2, torch.multiprocessing) expert and context parallelism against the singl
 from __future__ import annotations
 
 import copy
+import inspect
 import os
 import socket
 
@@ -64,6 +65,21 @@ _SIGMOID = dict(
     tie_word_embeddings=False,
 )
 MOE_ARCH = {  # 4 experts, top-2, in each routed-expert family's own keys (conf/model/tiny_*_char.yaml)
+    "qwen3_next": dict(  # Gated DeltaNet then attention; MoE MLPs with a gated shared expert
+        num_experts=4,
+        num_experts_per_tok=2,
+        moe_intermediate_size=32,
+        shared_expert_intermediate_size=32,
+        decoder_sparse_step=1,
+        norm_topk_prob=True,
+        full_attention_interval=2,
+        linear_num_key_heads=2,
+        linear_num_value_heads=4,
+        linear_key_head_dim=16,
+        linear_value_head_dim=16,
+        linear_conv_kernel_dim=4,
+        tie_word_embeddings=False,
+    ),
     "qwen3_moe": dict(
         num_experts=4,
         num_experts_per_tok=2,
@@ -98,9 +114,13 @@ def sample(ids: list[int], n_completion: int) -> Sample:
     )
 
 
-def random_batch(seed: int, lengths: list[int]):
+def random_samples(seed: int, lengths: list[int]) -> list[Sample]:
     g = torch.Generator().manual_seed(seed)
-    samples = [sample(torch.randint(1, VOCAB, (n,), generator=g).tolist(), n // 2) for n in lengths]
+    return [sample(torch.randint(1, VOCAB, (n,), generator=g).tolist(), n // 2) for n in lengths]
+
+
+def random_batch(seed: int, lengths: list[int]):
+    samples = random_samples(seed, lengths)
     return make_micro_batch(samples, [0.0] * len(samples))
 
 
@@ -118,6 +138,13 @@ def reference_logprobs(model, mb, temperature=1.0):
     masks = packed_mask_kwargs(model, mb.position_ids[None], torch.float32)
     out = model(input_ids=mb.input_ids[None], position_ids=mb.position_ids[None], use_cache=False, **masks)
     return plain_logprobs(out.logits[0], mb.targets, temperature)
+
+
+def each_alone_logprobs(model, samples: list[Sample]) -> tuple[torch.Tensor, torch.Tensor]:
+    """`reference_logprobs` of each sample alone, in packed order: the reference for hybrid models,
+    whose transformers forward would carry a recurrent state across the samples of a packed row."""
+    parts = [reference_logprobs(model, make_micro_batch([s], [0.0])) for s in samples]
+    return torch.cat([lp for lp, _ in parts]), torch.cat([ent for _, ent in parts])
 
 
 # -- chunked logprobs -------------------------------------------------------------------------
@@ -331,18 +358,20 @@ def _ep_worker(rank, ac_mode, families=("qwen3_moe",)):
 
 def _ep_family(rank, ac_mode, family):
     from rlcore.batch.parallel_dims import ParallelDims
+    from rlcore.models.hybrid import is_hybrid_model
     from rlcore.trainer.forward import forward_logprobs
     from rlcore.trainer.moe import router_metrics
     from rlcore.trainer.parallel import Meshes, clip_grad_norm, parallelize
 
     base = tiny_model(family)
-    batches = [random_batch(10, [30, 22, 17]), random_batch(11, [41, 9])]
+    sets = [random_samples(10, [30, 22, 17]), random_samples(11, [41, 9])]
+    batches = [make_micro_batch(ss, [0.0] * len(ss)) for ss in sets]
     # single-rank reference: transformers' own MoE block over both ranks' micro-batches
     ref = copy.deepcopy(base)
     ref_loss = 0.0
     ref_lp = []
     for r, mb in enumerate(batches):
-        lp, ent = reference_logprobs(ref, mb)
+        lp, ent = each_alone_logprobs(ref, sets[r]) if is_hybrid_model(ref) else reference_logprobs(ref, mb)
         loss = loss_of(lp, ent, mb, r)
         loss.backward()
         ref_loss += float(loss.detach())
@@ -374,6 +403,107 @@ def _ep_family(rank, ac_mode, family):
 
 def test_expert_parallel_equals_single_rank():
     _spawn(_ep_worker, "selective")
+
+
+def _own_forward_logprobs(model, s: Sample, spec) -> torch.Tensor:
+    """One sample through the vision model's own forward (its mrope positions, its image path),
+    with gradients, aligned to a packed row: the last position's target is the next sample's, 0."""
+    from rlcore.models import vision
+
+    ids = torch.tensor([s.prompt_ids + s.completion_ids])
+    kwargs = {}
+    if s.images:
+        pixels, grids = vision.pixel_values(s.images, spec)
+        kwargs = dict(pixel_values=pixels, image_grid_thw=grids)
+        if "mm_token_type_ids" in inspect.signature(model.model.forward).parameters:
+            kwargs["mm_token_type_ids"] = (ids == spec.image_token_id).int()
+    logp = torch.log_softmax(model(input_ids=ids, use_cache=False, **kwargs).logits[0].float(), -1)
+    lp = logp[:-1].gather(-1, ids[0, 1:, None]).squeeze(-1)
+    return torch.cat([lp, lp.new_zeros(1)])
+
+
+def _ep_vision_family(rank, name, ep=2):
+    """Two ranks (`ep` 2: expert-parallel; 1: FSDP alone) on a vision family's tiny config: rank 0
+    packs samples with images (the image forward's rows reach the expert-parallel blocks), rank 1
+    text only, so its tower runs idle (`rlcore.trainer.idle_tower`); logprobs, the summed loss and
+    every gradient equal the model's own forward of each sample alone on one rank."""
+    from rlcore.batch.parallel_dims import ParallelDims
+    from rlcore.models.build import build_model, build_tokenizer
+    from rlcore.plan.compose import compose
+    from rlcore.trainer.forward import forward_logprobs
+    from rlcore.trainer.parallel import Meshes, clip_grad_norm, parallelize
+    from tests.test_vlm_families import samples_with_images
+
+    cfg = compose([f"model={name}"])
+    tok = build_tokenizer(cfg.model)
+    spec = tok.rlcore_vision
+    base = build_model(cfg.model, tok)
+    with torch.random.fork_rng(devices=[]), torch.no_grad():
+        torch.manual_seed(0)
+        for p in base.parameters():  # larger weights: a context- and routing-sensitive model
+            p.copy_(torch.randn_like(p) * 0.2)
+    sets = [samples_with_images(tok, spec), random_samples(11, [41, 9])]
+    batches = [make_micro_batch(ss, [0.0] * len(ss)) for ss in sets]
+    weights = [
+        torch.randn(len(mb.input_ids), generator=torch.Generator().manual_seed(r)) for r, mb in enumerate(batches)
+    ]
+
+    def loss_on(lp, r):
+        return (lp * weights[r] * batches[r].loss_mask).sum() / 10.0
+
+    ref = copy.deepcopy(base)
+    ref_loss, ref_lp = 0.0, []
+    for r, ss in enumerate(sets):
+        lp = torch.cat([_own_forward_logprobs(ref, s, spec) for s in ss])
+        loss = loss_on(lp, r)
+        loss.backward()
+        ref_loss += float(loss.detach())
+        ref_lp.append(lp.detach())
+    ref_grads = {n: p.grad for n, p in ref.named_parameters() if p.grad is not None}
+
+    t = TrainerConfig(world_size=2, ep=ep, activation_checkpointing="none", logprob_chunk_tokens=16)
+    meshes = Meshes.build(ParallelDims.from_config(t, 2), "cpu")
+    model = parallelize(copy.deepcopy(base), t, meshes, torch.device("cpu"))
+    mb = batches[rank]
+    lp, _ = forward_logprobs(model, mb, 1.0, meshes, torch.device("cpu"), vision=spec)
+    keep = mb.loss_mask > 0
+    torch.testing.assert_close(lp.detach()[keep], ref_lp[rank][keep], atol=1e-5, rtol=1e-5)
+    loss = loss_on(lp, rank)
+    (loss * 2).backward()  # the gradient-scale contract of rlcore.trainer.parallel
+    total = torch.tensor(float(loss.detach()))
+    dist.all_reduce(total)
+    assert abs(float(total) - ref_loss) < 1e-5
+    grads = {n: g for n, g in _full_grads(model).items() if g is not None}
+    assert set(grads) == set(ref_grads) and any(".visual." in n for n in grads)  # the image rows trained the tower
+    assert ep == 1 or any(ex.ep_size == ep for ex in expert_modules_of(model))
+    for n, g in grads.items():
+        torch.testing.assert_close(g, ref_grads[n], atol=2e-5, rtol=1e-4, msg=n)
+    ref_norm = torch.sqrt(sum((g.double() ** 2).sum() for g in ref_grads.values()))
+    norm = clip_grad_norm(model, 0.0, meshes)
+    assert abs(norm - float(ref_norm)) < 1e-4 * float(ref_norm)
+
+
+def expert_modules_of(model):
+    from rlcore.trainer.moe import expert_modules
+
+    return list(expert_modules(model).values())
+
+
+def _hybrid_and_vision_worker(rank):
+    _ep_worker(rank, "none", ("qwen3_next",))
+    for name, ep in (("tiny_qwen3_vl_moe", 2), ("tiny_qwen3_5_moe", 2), ("tiny_qwen3_vl", 1)):
+        try:
+            _ep_vision_family(rank, name, ep)
+        except Exception as exc:
+            raise AssertionError(f"{name}: {exc}") from exc
+
+
+def test_expert_parallel_equals_single_rank_on_hybrid_and_vision_models():
+    """Qwen3-Next (Gated DeltaNet layers; reference: each sample alone), Qwen3-VL-MoE and
+    Qwen3.5-MoE (a vision tower before a hybrid or attention MoE language model) at ep=2, and dense
+    Qwen3-VL sharded over two ranks, one with images and one without: the same logprobs, loss and
+    gradients as one rank. One spawn for the four."""
+    _spawn(_hybrid_and_vision_worker)
 
 
 def _families_worker(rank):

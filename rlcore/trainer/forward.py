@@ -11,6 +11,10 @@ forward too: its rows are the packed ``input_ids``, image placeholder tokens inc
 language model runs every position, the image's embeddings in the placeholders' places; the
 engines route and report those positions like any prompt token).
 
+A vision model sharded over several ranks runs its tower in a micro-batch without images too, on a
+blank image whose outputs enter at 0 weight (`rlcore.trainer.idle_tower`): its FSDP collectives
+must pair with those of a rank whose micro-batch has images.
+
 Hybrid models (`rlcore.models.hybrid`) get the sample boundaries as ``cu_seq_lens_q`` too: their
 recurrent layers restart their state at each packed sample.
 
@@ -21,6 +25,8 @@ The row the model sees is padded (one trailing pad sample, cut off again) to a m
 
 from __future__ import annotations
 
+from contextlib import nullcontext
+
 import torch
 
 from rlcore.batch.packing import MicroBatch
@@ -30,6 +36,7 @@ from rlcore.models.vision import packed_mrope_positions, pixel_values, text_conf
 from rlcore.trainer.attention import NAME as VARLEN
 from rlcore.trainer.attention import cu_seqlens
 from rlcore.trainer.context_parallel import gather_sequence, local_slice, pad_to_multiple
+from rlcore.trainer.idle_tower import idle_tower, needs_idle_tower
 from rlcore.trainer.logprobs import logprob_request
 from rlcore.trainer.moe import set_routing
 from rlcore.trainer.packed_mask import packed_mask_kwargs
@@ -94,7 +101,9 @@ def forward_columns(
     others = others.to(device, non_blocking=True) if others is not None else None
     if not kwargs:  # the model's own attention: a family that cannot find the packed sequences gets masks
         kwargs = packed_mask_kwargs(model, pos[None], model.get_input_embeddings().weight.dtype)
-    with logprob_request(model, tgt, temperature, others):
+    # a vision model's tower runs on every rank: its FSDP collectives pair with an image rank's
+    tower = meshes is not None and needs_idle_tower(model, meshes.fsdp.size())
+    with logprob_request(model, tgt, temperature, others), idle_tower(model, device) if tower else nullcontext():
         out = model(input_ids=ids[None], position_ids=pos[None], use_cache=False, **kwargs)
     columns = out.logits[0]
     if group is not None:
