@@ -491,7 +491,7 @@ def expert_modules_of(model):
 
 def _hybrid_and_vision_worker(rank):
     _ep_worker(rank, "none", ("qwen3_next",))
-    for name, ep in (("tiny_qwen3_vl_moe", 2), ("tiny_qwen3_5_moe", 2), ("tiny_qwen3_vl", 1)):
+    for name, ep in (("tiny_qwen3_vl_moe", 2), ("tiny_qwen3_5_moe", 2), ("tiny_qwen3_vl", 1), ("tiny_vl", 1)):
         try:
             _ep_vision_family(rank, name, ep)
         except Exception as exc:
@@ -501,8 +501,8 @@ def _hybrid_and_vision_worker(rank):
 def test_expert_parallel_equals_single_rank_on_hybrid_and_vision_models():
     """Qwen3-Next (Gated DeltaNet layers; reference: each sample alone), Qwen3-VL-MoE and
     Qwen3.5-MoE (a vision tower before a hybrid or attention MoE language model) at ep=2, and dense
-    Qwen3-VL sharded over two ranks, one with images and one without: the same logprobs, loss and
-    gradients as one rank. One spawn for the four."""
+    Qwen3-VL and Qwen2.5-VL sharded over two ranks, one with images and one without: the same
+    logprobs, loss and gradients as one rank. One spawn for the five."""
     _spawn(_hybrid_and_vision_worker)
 
 
