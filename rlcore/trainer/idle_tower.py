@@ -4,7 +4,7 @@
 its parameters when it runs and reduce-scatters their gradients after backward, and every rank of
 the mesh must take part in both. A rank whose micro-batch holds no image (a text-only sample,
 the empty micro-batch that evens out the ranks' counts) skips the tower while a rank with images
-runs it, and the collectives no longer pair up: gloo aborts on the size mismatch, NCCL waits out
+runs it, and the collectives no longer pair up: gloo aborts on the size mismatch, NCCL would wait out
 its timeout. So such a rank runs the tower on one blank merge window and adds 0 times its outputs
 to the language model's input embeddings: the gather happens where the image forward's does
 (inside the root forward, before the first decoder layer), and the tower's gradients (zeros)
