@@ -4,7 +4,6 @@ world 2, torch.multiprocessing) expert and context parallelism against the singl
 from __future__ import annotations
 
 import copy
-import inspect
 import os
 import socket
 
@@ -43,13 +42,18 @@ def tiny_model(model_type: str = "qwen3", seed: int = 0, **extra) -> torch.nn.Mo
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
-        with torch.no_grad():
-            for p in model.parameters():  # larger weights: a context- and routing-sensitive model
-                p.copy_(torch.randn_like(p) * 0.2)
-            for n, b in model.named_buffers():  # a sigmoid router's correction bias: not zero
-                if n.endswith("e_score_correction_bias"):
-                    b.copy_(torch.randn_like(b) * 0.1)
+        _sharpen(model)
     return model
+
+
+@torch.no_grad()
+def _sharpen(model: torch.nn.Module) -> None:
+    """Larger random weights: a context- and routing-sensitive model."""
+    for p in model.parameters():
+        p.copy_(torch.randn_like(p) * 0.2)
+    for n, b in model.named_buffers():  # a sigmoid router's correction bias: not zero
+        if n.endswith("e_score_correction_bias"):
+            b.copy_(torch.randn_like(b) * 0.1)
 
 
 _SIGMOID = dict(
@@ -140,10 +144,22 @@ def reference_logprobs(model, mb, temperature=1.0):
     return plain_logprobs(out.logits[0], mb.targets, temperature)
 
 
-def each_alone_logprobs(model, samples: list[Sample]) -> tuple[torch.Tensor, torch.Tensor]:
-    """`reference_logprobs` of each sample alone, in packed order: the reference for hybrid models,
-    whose transformers forward would carry a recurrent state across the samples of a packed row."""
-    parts = [reference_logprobs(model, make_micro_batch([s], [0.0])) for s in samples]
+def each_alone_logprobs(model, samples: list[Sample], spec=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """`reference_logprobs` of each sample alone, in packed order; a sample with images through the
+    vision model's own forward (its mrope positions, its image path; `spec`: its VisionSpec). The
+    reference for hybrid models, whose transformers forward would carry a recurrent state across
+    the samples of a packed row, and for vision models."""
+    from tests.test_vlm import own_image_inputs
+
+    parts = []
+    for s in samples:
+        mb = make_micro_batch([s], [0.0])
+        if s.images:
+            ids = mb.input_ids[None]
+            logits = model(input_ids=ids, use_cache=False, **own_image_inputs(model, ids, s.images, spec)).logits[0]
+            parts.append(plain_logprobs(logits, mb.targets, 1.0))
+        else:
+            parts.append(reference_logprobs(model, mb))
     return torch.cat([lp for lp, _ in parts]), torch.cat([ent for _, ent in parts])
 
 
@@ -348,154 +364,92 @@ def _full_grads(model) -> dict[str, torch.Tensor]:
     return out
 
 
-def _ep_worker(rank, ac_mode, families=("qwen3_moe",)):
+def _ep_worker(rank, ac_mode, families=("qwen3_moe",), ep=2):
     for family in families:  # one spawn for all: starting two processes costs more than a family
         try:
-            _ep_family(rank, ac_mode, family)
+            _ep_family(rank, ac_mode, family, ep)
         except Exception as exc:
             raise AssertionError(f"{family}: {exc}") from exc
 
 
-def _ep_family(rank, ac_mode, family):
+def _two_rank_case(family: str):
+    """(model, the two ranks' samples, VisionSpec or None) for `family`: a model type (`tiny_model`,
+    random text on both ranks) or a vision model's tiny config under conf/model (`tiny_...`): rank
+    0 packs samples with images, rank 1 text only, so its tower runs idle (`rlcore.trainer.idle_tower`)."""
+    text = random_samples(11, [41, 9])
+    if not family.startswith("tiny_"):
+        return tiny_model(family), [random_samples(10, [30, 22, 17]), text], None
+    from rlcore.models.build import build_model, build_tokenizer
+    from rlcore.plan.compose import compose
+    from tests.test_vlm_families import samples_with_images
+
+    cfg = compose([f"model={family}"])
+    tok = build_tokenizer(cfg.model)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        model = build_model(cfg.model, tok)
+        _sharpen(model)
+    return model, [samples_with_images(tok, tok.rlcore_vision), text], tok.rlcore_vision
+
+
+def _ep_family(rank, ac_mode, family, ep=2):
+    """`family` (see `_two_rank_case`) on two ranks, `ep` 2 (expert-parallel) or 1 (FSDP alone):
+    logprobs, the summed loss, every gradient and the clipped norm equal one rank's."""
     from rlcore.batch.parallel_dims import ParallelDims
     from rlcore.models.hybrid import is_hybrid_model
+    from rlcore.models.vision import decoder_layers
     from rlcore.trainer.forward import forward_logprobs
     from rlcore.trainer.moe import router_metrics
     from rlcore.trainer.parallel import Meshes, clip_grad_norm, parallelize
 
-    base = tiny_model(family)
-    sets = [random_samples(10, [30, 22, 17]), random_samples(11, [41, 9])]
+    base, sets, spec = _two_rank_case(family)
     batches = [make_micro_batch(ss, [0.0] * len(ss)) for ss in sets]
     # single-rank reference: transformers' own MoE block over both ranks' micro-batches
     ref = copy.deepcopy(base)
     ref_loss = 0.0
     ref_lp = []
     for r, mb in enumerate(batches):
-        lp, ent = each_alone_logprobs(ref, sets[r]) if is_hybrid_model(ref) else reference_logprobs(ref, mb)
+        alone = spec is not None or is_hybrid_model(ref)
+        lp, ent = each_alone_logprobs(ref, sets[r], spec) if alone else reference_logprobs(ref, mb)
         loss = loss_of(lp, ent, mb, r)
         loss.backward()
         ref_loss += float(loss.detach())
         ref_lp.append(lp.detach())
-    ref_grads = {n: p.grad for n, p in ref.named_parameters()}
+    ref_grads = {n: p.grad for n, p in ref.named_parameters() if p.grad is not None}
 
-    t = TrainerConfig(world_size=2, ep=2, activation_checkpointing=ac_mode, logprob_chunk_tokens=16)
+    t = TrainerConfig(world_size=2, ep=ep, activation_checkpointing=ac_mode, logprob_chunk_tokens=16)
     meshes = Meshes.build(ParallelDims.from_config(t, 2), "cpu")
     model = parallelize(copy.deepcopy(base), t, meshes, torch.device("cpu"))
-    assert model.model.layers[-1].mlp.experts.gate_up_proj.shape[0] == 2  # 4 experts over ep=2
+    if ep > 1:
+        assert decoder_layers(model)[-1].mlp.experts.gate_up_proj.shape[0] == 2  # 4 experts over ep=2
     mb = batches[rank]
-    lp, ent = forward_logprobs(model, mb, 1.0, meshes, torch.device("cpu"))
+    lp, ent = forward_logprobs(model, mb, 1.0, meshes, torch.device("cpu"), vision=spec)
     torch.testing.assert_close(lp.detach(), ref_lp[rank], atol=1e-5, rtol=1e-5)
     loss = loss_of(lp, ent, mb, rank)
     (loss * 2).backward()  # the gradient-scale contract of rlcore.trainer.parallel
     total = torch.tensor(float(loss.detach()))
     dist.all_reduce(total)
     assert abs(float(total) - ref_loss) < 1e-5
-    grads = _full_grads(model)
+    grads = {n: g for n, g in _full_grads(model).items() if g is not None}
     assert set(grads) == set(ref_grads)
+    assert spec is None or any(".visual." in n for n in grads)  # rank 0's images trained the tower
     for n, g in grads.items():
         torch.testing.assert_close(g, ref_grads[n], atol=2e-5, rtol=1e-4, msg=n)
     ref_norm = torch.sqrt(sum((g.double() ** 2).sum() for g in ref_grads.values()))
     norm = clip_grad_norm(model, 0.0, meshes)
     assert abs(norm - float(ref_norm)) < 1e-4 * float(ref_norm)
-    stats = router_metrics(model)
-    assert stats["moe_load_imbalance"] >= 1.0 and stats["moe_router_entropy"] > 0
+    if ep > 1:
+        stats = router_metrics(model)
+        assert stats["moe_load_imbalance"] >= 1.0 and stats["moe_router_entropy"] > 0
 
 
 def test_expert_parallel_equals_single_rank():
     _spawn(_ep_worker, "selective")
 
 
-def _own_forward_logprobs(model, s: Sample, spec) -> torch.Tensor:
-    """One sample through the vision model's own forward (its mrope positions, its image path),
-    with gradients, aligned to a packed row: the last position's target is the next sample's, 0."""
-    from rlcore.models import vision
-
-    ids = torch.tensor([s.prompt_ids + s.completion_ids])
-    kwargs = {}
-    if s.images:
-        pixels, grids = vision.pixel_values(s.images, spec)
-        kwargs = dict(pixel_values=pixels, image_grid_thw=grids)
-        if "mm_token_type_ids" in inspect.signature(model.model.forward).parameters:
-            kwargs["mm_token_type_ids"] = (ids == spec.image_token_id).int()
-    logp = torch.log_softmax(model(input_ids=ids, use_cache=False, **kwargs).logits[0].float(), -1)
-    lp = logp[:-1].gather(-1, ids[0, 1:, None]).squeeze(-1)
-    return torch.cat([lp, lp.new_zeros(1)])
-
-
-def _ep_vision_family(rank, name, ep=2):
-    """Two ranks (`ep` 2: expert-parallel; 1: FSDP alone) on a vision family's tiny config: rank 0
-    packs samples with images (the image forward's rows reach the expert-parallel blocks), rank 1
-    text only, so its tower runs idle (`rlcore.trainer.idle_tower`); logprobs, the summed loss and
-    every gradient equal the model's own forward of each sample alone on one rank."""
-    from rlcore.batch.parallel_dims import ParallelDims
-    from rlcore.models.build import build_model, build_tokenizer
-    from rlcore.plan.compose import compose
-    from rlcore.trainer.forward import forward_logprobs
-    from rlcore.trainer.parallel import Meshes, clip_grad_norm, parallelize
-    from tests.test_vlm_families import samples_with_images
-
-    cfg = compose([f"model={name}"])
-    tok = build_tokenizer(cfg.model)
-    spec = tok.rlcore_vision
-    base = build_model(cfg.model, tok)
-    with torch.random.fork_rng(devices=[]), torch.no_grad():
-        torch.manual_seed(0)
-        for p in base.parameters():  # larger weights: a context- and routing-sensitive model
-            p.copy_(torch.randn_like(p) * 0.2)
-    sets = [samples_with_images(tok, spec), random_samples(11, [41, 9])]
-    batches = [make_micro_batch(ss, [0.0] * len(ss)) for ss in sets]
-    weights = [
-        torch.randn(len(mb.input_ids), generator=torch.Generator().manual_seed(r)) for r, mb in enumerate(batches)
-    ]
-
-    def loss_on(lp, r):
-        return (lp * weights[r] * batches[r].loss_mask).sum() / 10.0
-
-    ref = copy.deepcopy(base)
-    ref_loss, ref_lp = 0.0, []
-    for r, ss in enumerate(sets):
-        lp = torch.cat([_own_forward_logprobs(ref, s, spec) for s in ss])
-        loss = loss_on(lp, r)
-        loss.backward()
-        ref_loss += float(loss.detach())
-        ref_lp.append(lp.detach())
-    ref_grads = {n: p.grad for n, p in ref.named_parameters() if p.grad is not None}
-
-    t = TrainerConfig(world_size=2, ep=ep, activation_checkpointing="none", logprob_chunk_tokens=16)
-    meshes = Meshes.build(ParallelDims.from_config(t, 2), "cpu")
-    model = parallelize(copy.deepcopy(base), t, meshes, torch.device("cpu"))
-    mb = batches[rank]
-    lp, _ = forward_logprobs(model, mb, 1.0, meshes, torch.device("cpu"), vision=spec)
-    keep = mb.loss_mask > 0
-    torch.testing.assert_close(lp.detach()[keep], ref_lp[rank][keep], atol=1e-5, rtol=1e-5)
-    loss = loss_on(lp, rank)
-    (loss * 2).backward()  # the gradient-scale contract of rlcore.trainer.parallel
-    total = torch.tensor(float(loss.detach()))
-    dist.all_reduce(total)
-    assert abs(float(total) - ref_loss) < 1e-5
-    grads = {n: g for n, g in _full_grads(model).items() if g is not None}
-    assert set(grads) == set(ref_grads) and any(".visual." in n for n in grads)  # the image rows trained the tower
-    assert ep == 1 or any(ex.ep_size == ep for ex in expert_modules_of(model))
-    for n, g in grads.items():
-        torch.testing.assert_close(g, ref_grads[n], atol=2e-5, rtol=1e-4, msg=n)
-    ref_norm = torch.sqrt(sum((g.double() ** 2).sum() for g in ref_grads.values()))
-    norm = clip_grad_norm(model, 0.0, meshes)
-    assert abs(norm - float(ref_norm)) < 1e-4 * float(ref_norm)
-
-
-def expert_modules_of(model):
-    from rlcore.trainer.moe import expert_modules
-
-    return list(expert_modules(model).values())
-
-
 def _hybrid_and_vision_worker(rank):
-    _ep_worker(rank, "none", ("qwen3_next",))
-    for name, ep in (("tiny_qwen3_vl_moe", 2), ("tiny_qwen3_5_moe", 2), ("tiny_qwen3_vl", 1), ("tiny_vl", 1)):
-        try:
-            _ep_vision_family(rank, name, ep)
-        except Exception as exc:
-            raise AssertionError(f"{name}: {exc}") from exc
+    _ep_worker(rank, "none", ("qwen3_next", "tiny_qwen3_vl_moe", "tiny_qwen3_5_moe"))
+    _ep_worker(rank, "none", ("tiny_qwen3_vl", "tiny_vl"), ep=1)
 
 
 def test_expert_parallel_equals_single_rank_on_hybrid_and_vision_models():

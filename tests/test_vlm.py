@@ -87,15 +87,22 @@ def test_mrope_positions_layout(vl):
     assert pos[:, 10:].tolist() == [[6, 7]] * 3
 
 
+def own_image_inputs(model, ids: torch.Tensor, images: list, spec) -> dict:
+    """The keyword arguments of a vision model's own forward for `images` of the row `ids`
+    ([1, T]): pixel values, grids and (where the model takes them) the token types; {} without."""
+    if not images:
+        return {}
+    pixels, grids = vision.pixel_values(images, spec)
+    kwargs = dict(pixel_values=pixels, image_grid_thw=grids)
+    if "mm_token_type_ids" in inspect.signature(model.model.forward).parameters:
+        kwargs["mm_token_type_ids"] = (ids == spec.image_token_id).int()
+    return kwargs
+
+
 def _reference_logprobs(model, sample: Sample, spec, mask_image_tokens: bool = False) -> torch.Tensor:
     """The model's own forward (its own mrope positions, sdpa) on one unpacked sample."""
     ids = torch.tensor([sample.prompt_ids + sample.completion_ids])
-    kwargs = {}
-    if sample.images:
-        pixels, grids = vision.pixel_values(sample.images, spec)
-        kwargs = dict(pixel_values=pixels, image_grid_thw=grids)
-        if "mm_token_type_ids" in inspect.signature(model.model.forward).parameters:
-            kwargs["mm_token_type_ids"] = (ids == spec.image_token_id).int()
+    kwargs = own_image_inputs(model, ids, sample.images, spec)
     with torch.no_grad():
         logits = model(input_ids=ids, use_cache=False, **kwargs).logits[0]
     logp = torch.log_softmax(logits.float(), -1)
