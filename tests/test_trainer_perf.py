@@ -255,6 +255,7 @@ def test_moe_default_is_loop_on_cpu():
 def test_compile_moe_layers_compiles_attention_norms_and_router(aot_eager):
     from rlcore.trainer.compile import compile_layers
     from rlcore.trainer.moe import apply_expert_parallel
+    from rlcore.trainer.moe_kernels import kernels as moe_kernels
 
     base = tiny_model("qwen3_moe")
     eager = _run(_prepare(copy.deepcopy(base), False))
@@ -264,6 +265,7 @@ def test_compile_moe_layers_compiles_attention_norms_and_router(aot_eager):
     for layer in model.model.layers:
         for part in (layer.self_attn, layer.mlp.gate, layer.input_layernorm, layer.post_attention_layernorm):
             assert getattr(part, "_rlcore_compiled", False), part
+        assert layer.mlp.experts.kernels is moe_kernels(compiled=True) is not moe_kernels(compiled=False)
     assert not any(
         getattr(layer, "_rlcore_compiled", False) or getattr(layer.mlp, "_rlcore_compiled", False)
         for layer in model.model.layers

@@ -16,9 +16,10 @@ rlcore's variable-length attention is a custom op (``torch_attn::_varlen_attn`` 
 kernel and a registered backward), so it traces into the graph without a break. Dense layers
 with cp = 1 compile without graph breaks (tested on CPU); Ulysses all-to-alls are functional
 collectives and trace too (``fullgraph`` stays off: a break runs eagerly rather than failing). In
-MoE layers the attention block, the two norms, the router and the shared experts are compiled, each on its own; the
-rest of the MoE block (router statistics, routing replay, all-to-all split sizes, experts as their
-own FSDP unit, ``torch._grouped_mm``) runs eagerly.
+MoE layers the attention block, the two norms, the router and the shared experts are compiled, each on its own, and
+so are the block's row sums and gated activation (`rlcore.trainer.moe_kernels`, one graph each
+for all layers); the rest of the MoE block (router statistics, routing replay, all-to-all split
+sizes, experts as their own FSDP unit, ``torch._grouped_mm``) runs eagerly.
 
 Dynamic shapes: the packed token count, the number of samples (size of ``cu_seqlens``) and the
 longest sample change from micro-batch to micro-batch. Micro-batches are *not* padded to
@@ -40,6 +41,7 @@ from torch import nn
 
 from rlcore.models.vision import decoder_layers
 from rlcore.trainer.moe import MoEBlock
+from rlcore.trainer.moe_kernels import kernels as moe_kernels
 
 _RECOMPILE_LIMIT = 64
 BACKEND = "inductor"
@@ -81,5 +83,6 @@ def compile_layers(model: nn.Module, fullgraph: bool = False) -> None:
             parts += [getattr(layer, n) for n in ("input_layernorm", "post_attention_layernorm") if hasattr(layer, n)]
             for part in parts:
                 compile_module_forward(part, fullgraph=fullgraph)
+            mlp.experts.kernels = moe_kernels(compiled=True)  # the gathers' sums, the gated activation
         else:
             compile_module_forward(layer, fullgraph=fullgraph)

@@ -13,13 +13,14 @@ a correction bias and group-limited top-k)::
     y_n = sum_{i<k} w_ni * Expert_{e_ni}(x_n)  [+ Shared(x_n), times sigmoid(g x_n) when gated]
 
 Dispatch: the ``N k`` (token, slot) pairs are sorted by expert once (one ``argsort``), and the
-token rows gathered once in that order (``index_select``); the rows for the experts of ep rank
-``r`` are one contiguous block. Per-expert counts are exchanged with an all-to-all, rows with a
+token rows gathered once in that order; the rows for the experts of ep rank ``r`` are one
+contiguous block. Per-expert counts are exchanged with an all-to-all, rows with a
 differentiable all-to-all (``all_to_all_single_autograd``: its backward is the reverse
 all-to-all). The owner regroups received rows by local expert, applies them, and the reverse
-all-to-all brings results back; the sender scales each row by its weight and sums the rows into
-their tokens with one ``index_add`` (whose backward is one gather). No capacity factor: no token
-is dropped, so the result equals the single-rank block exactly (up to summation order).
+all-to-all brings results back; the sender scales each row by its weight and sums each token's
+``k`` rows. Every row movement, forward and backward, is a gather by the sort or its inverse
+(`rlcore.trainer.moe_kernels`: no atomics, the same sums on every run). No capacity factor: no
+token is dropped, so the result equals the single-rank block exactly (up to summation order).
 
 Routing replay (`rlcore.batch.routing`): with ``replay`` set (`set_routing`: int [N, k] per block, -1
 for a token that routes itself), a token's experts are the given ``g_n`` instead of its own top-k,
@@ -43,6 +44,7 @@ from torch.distributed import _functional_collectives as fc
 from rlcore.models.moe_family import block_parts, is_moe_block, router_kind
 from rlcore.models.vision import decoder_layers, text_config
 from rlcore.trainer.moe_experts import LocalExperts, routing_distribution, weights_at
+from rlcore.trainer.moe_kernels import gather_rows, inverse_permutation, permute, sum_rows
 
 
 class MoEBlock(nn.Module):
@@ -137,20 +139,20 @@ class MoEBlock(nn.Module):
         k = experts.shape[-1]
         flat = experts.reshape(-1)
         order = torch.argsort(flat, stable=True)  # (token, slot) rows sorted by expert: the one permutation
-        token = order // k
+        token, inverse = order // k, inverse_permutation(order)
         # tokens per expert (a fixed-size scatter, unlike bincount's data-dependent size)
         counts = torch.zeros(self.num_experts, dtype=torch.int64, device=flat.device).scatter_add_(
             0, flat, torch.ones_like(flat)
         )
         self._record(logits, counts)
-        routed = x.index_select(0, token)
-        w_sorted = weights.reshape(-1).index_select(0, order).to(x.dtype)
         ex = self.experts
+        routed = gather_rows(x, token, inverse, k, ex.kernels)
+        w_sorted = weights.reshape(-1).index_select(0, order).to(x.dtype)
         if ex.ep_size == 1:  # the routing weights scale the I-wide intermediate rows (I < H)
             rows = ex(routed, counts, w_sorted)
         else:
             rows = self._dispatch(routed, counts) * w_sorted[:, None]
-        y = torch.zeros_like(x).index_add(0, token, rows.to(x.dtype))  # back to tokens: one scatter-add
+        y = sum_rows(rows.to(x.dtype), token, inverse, k, ex.kernels)  # back to tokens: each token's k rows summed
         if self.shared_name:
             shared = getattr(self, self.shared_name)(x)
             if hasattr(self, "shared_expert_gate"):
@@ -170,10 +172,9 @@ class MoEBlock(nn.Module):
         # rows arrive ordered (source rank, local expert): regroup by local expert and back
         expert_of_row = torch.arange(n, device=routed.device).repeat(ep).repeat_interleave(recv.flatten())
         perm = torch.argsort(expert_of_row, stable=True)
-        inverse = torch.empty_like(perm)
-        inverse[perm] = torch.arange(perm.numel(), device=perm.device)
-        y = ex(got.index_select(0, perm), recv.sum(0))
-        return fc.all_to_all_single_autograd(y.index_select(0, inverse), send_splits, recv_splits, ex.ep_group)
+        inverse = inverse_permutation(perm)
+        y = ex(permute(got, perm, inverse), recv.sum(0))
+        return fc.all_to_all_single_autograd(permute(y, inverse, perm), send_splits, recv_splits, ex.ep_group)
 
 
 def _exchange(counts: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:

@@ -28,6 +28,8 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
+from rlcore.trainer.moe_kernels import EAGER, MoEKernels
+
 EXPERT_LEAVES = ("gate_up_proj", "down_proj", "gate_up_proj_bias", "down_proj_bias")
 """Expert parameters sliced over the ep ranks (those a layout has)."""
 
@@ -60,6 +62,9 @@ class LocalExperts(nn.Module):
             self.alpha, self.limit = float(experts.alpha), float(experts.limit)
         else:
             self.act_fn = experts.act_fn
+        # SiLU (every rows-layout family so far) runs as one fusable function; another act as given
+        self.silu = type(getattr(self, "act_fn", None)).__name__ in ("SiLU", "SiLUActivation")
+        self.kernels: MoEKernels = EAGER  # `rlcore.trainer.moe_kernels.kernels(compiled=True)` under trainer.compile
         self.num_experts, self.num_local, self.first = E, n, ep_rank * n
         self.ep_size, self.ep_group = ep_size, ep_group
         self.grouped: bool | None = None  # None: grouped where `grouped_mm_available`, else the loop
@@ -73,13 +78,15 @@ class LocalExperts(nn.Module):
             return self.grouped
         return x.dtype == torch.bfloat16 and grouped_mm_available(x.device)
 
-    def _glu(self, gu: torch.Tensor) -> torch.Tensor:
-        if self.layout == "rows":
-            gate, up = gu.chunk(2, dim=-1)
-            return self.act_fn(gate) * up
-        gate = gu[..., ::2].clamp(max=self.limit)
-        up = gu[..., 1::2].clamp(min=-self.limit, max=self.limit)
-        return (up + 1) * (gate * torch.sigmoid(gate * self.alpha))
+    def _glu(self, gu: torch.Tensor, scale: torch.Tensor | None) -> torch.Tensor:
+        """The layout's gated activation of ``gu`` times the rows' routing weights ``scale``."""
+        if self.layout == "cols":
+            return self.kernels.clamped_swiglu(gu, scale, self.alpha, self.limit)
+        if self.silu:
+            return self.kernels.swiglu(gu, scale)
+        gate, up = gu.chunk(2, dim=-1)
+        h = self.act_fn(gate) * up
+        return h if scale is None else h * scale[:, None]
 
     def forward(self, x: torch.Tensor, counts: torch.Tensor, scale: torch.Tensor | None = None) -> torch.Tensor:
         """``x`` rows grouped by local expert (``counts[i]`` rows for local expert ``i``; an
@@ -99,8 +106,7 @@ class LocalExperts(nn.Module):
                     torch.arange(self.num_local, device=x.device), counts, output_size=x.shape[0]
                 )
                 gu = gu + self.gate_up_proj_bias.to(x.dtype).index_select(0, eid)
-            h = self._glu(gu)
-            out = torch._grouped_mm(h if scale is None else h * scale[:, None], w_d, offs=offs)
+            out = torch._grouped_mm(self._glu(gu, scale), w_d, offs=offs)
             if eid is not None:
                 b = self.down_proj_bias.to(x.dtype).index_select(0, eid)
                 out = out + (b if scale is None else b * scale[:, None])
@@ -110,12 +116,11 @@ class LocalExperts(nn.Module):
         scales = scale.split(sizes) if scale is not None else [None] * len(sizes)
         for i, (rows, s) in enumerate(zip(x.split(sizes), scales)):
             if self.layout == "rows":
-                h = self._glu(F.linear(rows, self.gate_up_proj[i]))
-                out = F.linear(h if s is None else h * s[:, None], self.down_proj[i])
+                out = F.linear(self._glu(F.linear(rows, self.gate_up_proj[i]), s), self.down_proj[i])
             else:
-                h = self._glu(rows @ self.gate_up_proj[i] + self.gate_up_proj_bias[i])
+                h = self._glu(rows @ self.gate_up_proj[i] + self.gate_up_proj_bias[i], s)
                 b = self.down_proj_bias[i]
-                out = (h if s is None else h * s[:, None]) @ self.down_proj[i] + (b if s is None else s[:, None] * b)
+                out = h @ self.down_proj[i] + (b if s is None else s[:, None] * b)
             outs.append(out)
         return torch.cat(outs) if outs else x.new_zeros((0, x.shape[-1]))
 
