@@ -34,13 +34,14 @@ def test_inverse_permutation():
 
 
 @pytest.mark.parametrize("compiled", [False, True])
-def test_gather_and_sum_rows_equal_index_select_and_index_add(compiled, aot_eager):
-    token, inverse, _, k = _routing()
+@pytest.mark.parametrize("n", [23, 17])  # compiled: a second row count, the sizes seen to change
+def test_gather_and_sum_rows_equal_index_select_and_index_add(compiled, n, aot_eager):
+    token, inverse, _, k = _routing(n=n)
     ks = mk.kernels(compiled)
     assert (ks is mk.EAGER) != compiled
-    x = torch.randn(23, 8, dtype=torch.float64, requires_grad=True)
-    w = torch.randn(23 * k, 8, dtype=torch.float64)  # a per-row map between gather and sum
-    seed = torch.randn(23, 8, dtype=torch.float64)
+    x = torch.randn(n, 8, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(n * k, 8, dtype=torch.float64)  # a per-row map between gather and sum
+    seed = torch.randn(n, 8, dtype=torch.float64)
 
     ref_rows = x.index_select(0, token)
     ref = torch.zeros_like(x).index_add(0, token, ref_rows * w)
@@ -53,6 +54,16 @@ def test_gather_and_sum_rows_equal_index_select_and_index_add(compiled, aot_eage
     torch.testing.assert_close(y, ref, rtol=1e-12, atol=1e-12)
     (y * seed).sum().backward()
     torch.testing.assert_close(x.grad, ref_grad, rtol=1e-12, atol=1e-12)
+
+
+def test_the_unrolled_sum_adds_in_float32_and_rounds_once():
+    token, inverse, _, k = _routing(n=31, k=8, e=12, seed=6)
+    rows = (torch.randn(31 * 8, 16) * torch.logspace(-3, 3, 16)).to(torch.bfloat16)
+    exact = rows.double().index_select(0, inverse).view(-1, 8, 16).sum(1)
+    got = mk.gather_sum_unrolled(rows, inverse, k)
+    assert got.dtype == torch.bfloat16
+    torch.testing.assert_close(got, exact.to(torch.bfloat16), rtol=0, atol=0)  # the exact sum, rounded once
+    torch.testing.assert_close(got, mk.gather_sum(rows, inverse, k), rtol=0, atol=0)
 
 
 def test_the_gathers_pass_gradcheck():

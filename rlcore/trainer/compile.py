@@ -55,10 +55,12 @@ def _raise_recompile_limit() -> None:
             break
 
 
-def compile_fn(fn, fullgraph: bool = False):
-    """``torch.compile`` with rlcore's settings (`BACKEND`, dynamic sizes from the start)."""
+def compile_fn(fn, fullgraph: bool = False, dynamic: bool | None = True):
+    """``torch.compile`` with rlcore's settings (`BACKEND`; every size symbolic from the first call,
+    or with ``dynamic=None`` only the sizes seen to change: a function with no parameters keeps its
+    fixed widths static that way, so inductor can vectorize over them)."""
     _raise_recompile_limit()
-    return torch.compile(fn, fullgraph=fullgraph, backend=BACKEND, dynamic=True)
+    return torch.compile(fn, fullgraph=fullgraph, backend=BACKEND, dynamic=dynamic)
 
 
 def compile_module_forward(module: nn.Module, fullgraph: bool = False) -> None:

@@ -18,6 +18,9 @@ the same result on every run, and a token's ``k`` rows are summed in float32 and
 `MoEKernels` holds the functions a block calls; `kernels(compiled=True)` is the same set through
 ``torch.compile`` (``trainer.compile``): a gather and its ``k``-sum become one kernel, and the
 SwiGLU, its clamp (gpt-oss) and the routing-weight scale one kernel forward and one backward.
+They are compiled with automatic dynamic shapes, not ``dynamic=True``: these functions have no
+parameters to pin the hidden and expert widths, and with every size symbolic inductor's kernels
+ran at a quarter of the bandwidth a plain gather reaches (H100 profile, docs/benchmarks.md).
 """
 
 from __future__ import annotations
@@ -32,6 +35,17 @@ import torch.nn.functional as F
 def gather_sum(t: torch.Tensor, index: torch.Tensor, k: int) -> torch.Tensor:
     """``out[n] = sum_{i<k} t[index[n k + i]]`` (float32 sums of a bf16 ``t``, rounded once)."""
     return t.index_select(0, index).view(-1, k, t.shape[-1]).sum(1)
+
+
+def gather_sum_unrolled(t: torch.Tensor, index: torch.Tensor, k: int) -> torch.Tensor:
+    """`gather_sum` as ``k`` gathers added in float32 (or wider): the form compiled (one pointwise kernel
+    with ``k`` loads an element; inductor's reduction over ``k = 8`` ran at a quarter of the
+    gather's bandwidth on an H100)."""
+    rows = index.view(-1, k)
+    acc = t.index_select(0, rows[:, 0]).to(torch.promote_types(t.dtype, torch.float32))
+    for i in range(1, k):
+        acc = acc + t.index_select(0, rows[:, i])
+    return acc.to(t.dtype)
 
 
 def swiglu(gu: torch.Tensor, scale: torch.Tensor | None) -> torch.Tensor:
@@ -72,7 +86,9 @@ def kernels(compiled: bool) -> MoEKernels:
 
     backend = compile_mod.BACKEND
     if backend not in _COMPILED:
-        _COMPILED[backend] = MoEKernels(*(compile_mod.compile_fn(f) for f in (gather_sum, swiglu, clamped_swiglu)))
+        # sizes become symbolic once seen to change (the row count), widths stay static (module docstring)
+        fns = (gather_sum_unrolled, swiglu, clamped_swiglu)
+        _COMPILED[backend] = MoEKernels(*(compile_mod.compile_fn(f, dynamic=None) for f in fns))
     return _COMPILED[backend]
 
 
