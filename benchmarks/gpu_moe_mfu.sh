@@ -19,6 +19,7 @@
 # issue 55 fixed), so its glm-moe-small FLOPs are overstated by that expert's share (1 of 9 per token).
 # Files: ab_<shape>_<tree>.{log,json}; the table at the end.
 #
+# REPS=2 runs each tree twice, interleaved (files ab_<shape>_<tree>-<rep>).
 # Usage: bash benchmarks/gpu_moe_mfu.sh OUT_DIR        AB=1 bash benchmarks/gpu_moe_mfu.sh OUT_DIR
 set -uo pipefail
 OUT=${1:?output dir}
@@ -31,28 +32,33 @@ start=$SECONDS
 if [ "${AB:-0}" = "1" ]; then
   OLD_TREE=${OLD_TREE:-.ab/old}
   [ -d "$OLD_TREE/rlcore" ] || { echo "AB=1: no old tree at $OLD_TREE (see the header: git archive ... | tar -x)"; exit 2; }
+  # REPS > 1 interleaves the trees (old, new, old, new, ...): a machine's speed drifts within one
+  # call (2026-12-07: every A/B row ran slower than a profiled run right after), so a pair run
+  # back to back compares better than one tree's runs against the other's
   for shape in ${SHAPES:-qwen3-moe-small glm-moe-small}; do
-    for tree in "$OLD_TREE" .; do
-      tag=$([ "$tree" = . ] && echo new || echo old)
-      echo "[gpu_moe_mfu +$((SECONDS - start))s] $shape, $tag tree ($tree)"
-      CUDA_VISIBLE_DEVICES=0 timeout -k 10 280 python benchmarks/trainer_mfu.py --rlcore-tree "$tree" --shape "$shape" \
-        --tokens 8192 --variants "${VARIANTS:-compile}" --micro-batches "${KS:-4}" --steps 5 --warmup 2 --gpu "$GPU" \
-        --out "$OUT/ab_${shape}_${tag}.json" > "$OUT/ab_${shape}_${tag}.log" 2>&1
-      echo "exit code: $?" >> "$OUT/ab_${shape}_${tag}.log"
-      grep -E "Error|error:" "$OUT/ab_${shape}_${tag}.log" | grep -v -i warning | tail -n 3
+    for rep in $(seq "${REPS:-1}"); do
+      for tree in "$OLD_TREE" .; do
+        tag=$([ "$tree" = . ] && echo new || echo old)$([ "${REPS:-1}" = 1 ] || echo "-$rep")
+        echo "[gpu_moe_mfu +$((SECONDS - start))s] $shape, $tag tree ($tree)"
+        CUDA_VISIBLE_DEVICES=0 timeout -k 10 280 python benchmarks/trainer_mfu.py --rlcore-tree "$tree" --shape "$shape" \
+          --tokens 8192 --variants "${VARIANTS:-compile}" --micro-batches "${KS:-4}" --steps 5 --warmup 2 --gpu "$GPU" \
+          --out "$OUT/ab_${shape}_${tag}.json" > "$OUT/ab_${shape}_${tag}.log" 2>&1
+        echo "exit code: $?" >> "$OUT/ab_${shape}_${tag}.log"
+        grep -E "Error|error:" "$OUT/ab_${shape}_${tag}.log" | grep -v -i warning | tail -n 3
+      done
     done
   done
   echo "[gpu_moe_mfu +$((SECONDS - start))s] done"
   python - "$OUT" <<'PY'
 import glob, json, os, sys
-print(f"{'shape':<16} {'tree':<4} {'variant':<10} {'K':>2} {'step_s':>7} {'tok/s':>9} {'TFLOP/s':>8} {'mfu':>6} {'mem_GiB':>8}")
+print(f"{'shape':<16} {'tree':<6} {'variant':<10} {'K':>2} {'step_s':>7} {'tok/s':>9} {'TFLOP/s':>8} {'mfu':>6} {'mem_GiB':>8}")
 for path in sorted(glob.glob(os.path.join(sys.argv[1], "ab_*.json"))):
     tag = path.rsplit("_", 1)[1].removesuffix(".json")
     for r in json.load(open(path)):
         if "error" in r:
-            print(f"{r.get('shape', '?'):<16} {tag:<4} FAILED {r['error'][:80]}")
+            print(f"{r.get('shape', '?'):<16} {tag:<6} FAILED {r['error'][:80]}")
             continue
-        print(f"{r['shape']:<16} {tag:<4} {r['variant']:<10} {r['micro_batches']:>2} {r['step_s']:7.3f} "
+        print(f"{r['shape']:<16} {tag:<6} {r['variant']:<10} {r['micro_batches']:>2} {r['step_s']:7.3f} "
               f"{r['tokens_per_s_per_gpu']:9,.0f} {r['tflops_per_gpu']:8.1f} {r['mfu']:6.3f} {r['peak_mem_gib'] or 0:8.1f}")
 PY
   exit 0
