@@ -73,6 +73,24 @@ def locked_requirements(extras: Sequence[str], repo_root: Path = REPO_ROOT) -> l
     return pins
 
 
+def git_ignored(repo_root: Path = REPO_ROOT) -> list[str]:
+    """What git ignores under `repo_root` (its .gitignore files, .git/info/exclude and the user's
+    global excludes), as anchored patterns for `runtime_env["excludes"]`: Ray itself reads only
+    .gitignore files, so a folder excluded in .git/info/exclude (staged wheels, a local dataset)
+    would be zipped and uploaded with every job. Empty when git or the repository is missing."""
+    git = shutil.which("git")
+    if git is None or not (repo_root / ".git").exists():
+        return []
+    cmd = [git, "-C", str(repo_root), "ls-files", "--others", "--ignored", "--exclude-standard", "--directory", "-z"]
+    try:
+        proc = subprocess.run(cmd, capture_output=True, timeout=30, check=False)
+    except (subprocess.TimeoutExpired, OSError):
+        return []
+    if proc.returncode != 0:
+        return []
+    return ["/" + p for p in proc.stdout.decode(errors="surrogateescape").split("\0") if p]
+
+
 def build_runtime_env(
     deps: str,
     extras: Sequence[str],
@@ -81,7 +99,7 @@ def build_runtime_env(
 ) -> dict[str, Any]:
     runtime_env: dict[str, Any] = {
         "working_dir": str(repo_root),
-        "excludes": list(WORKING_DIR_EXCLUDES),
+        "excludes": list(WORKING_DIR_EXCLUDES) + git_ignored(repo_root),
     }
     if deps == "lock":
         runtime_env["uv"] = {"packages": locked_requirements(extras, repo_root)}

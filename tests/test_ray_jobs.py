@@ -174,7 +174,8 @@ def test_working_dir_package_has_the_code_and_recipes_but_no_venv(tmp_path):
     from ray._private.runtime_env.packaging import create_package
 
     target = tmp_path / "pkg.zip"
-    create_package(str(REPO), target, include_gitignore=True, excludes=submit.WORKING_DIR_EXCLUDES)
+    excludes = submit.build_runtime_env("preinstalled", [], {})["excludes"]
+    create_package(str(REPO), target, include_gitignore=True, excludes=excludes)
     names = zipfile.ZipFile(target).namelist()
     assert any(n.endswith("rlcore/run.py") for n in names)
     assert any(n.endswith("conf/config.yaml") for n in names)
@@ -182,6 +183,27 @@ def test_working_dir_package_has_the_code_and_recipes_but_no_venv(tmp_path):
     for unwanted in (".venv/", ".git/", "__pycache__/", "outputs/"):
         assert not any(unwanted in n for n in names), unwanted
     assert target.stat().st_size < 50 * 2**20, "the upload should be small; is something big shipped?"
+
+
+def test_what_git_ignores_locally_is_not_uploaded(tmp_path):
+    """A folder excluded in .git/info/exclude (Ray reads only .gitignore files) stays out of the
+    job's package; untracked files git does not ignore (a new recipe) go with it."""
+    from ray._private.runtime_env.packaging import create_package
+
+    repo = tmp_path / "repo"
+    (repo / "big").mkdir(parents=True)
+    (repo / "big" / "wheel.bin").write_bytes(b"x" * 1000)
+    (repo / "recipes").mkdir()
+    (repo / "recipes" / "mine.yaml").write_text("steps: 3\n")
+    subprocess.run(["git", "init", "-q", str(repo)], check=True)
+    (repo / ".git" / "info" / "exclude").write_text("/big/\n")
+    excludes = submit.build_runtime_env("preinstalled", [], {}, repo_root=repo)["excludes"]
+    assert "/big/" in excludes
+    target = tmp_path / "pkg.zip"
+    create_package(str(repo), target, include_gitignore=True, excludes=excludes)
+    names = zipfile.ZipFile(target).namelist()
+    assert any(n.endswith("recipes/mine.yaml") for n in names), names
+    assert not any("big/" in n for n in names), names
 
 
 def test_submission_id_names_the_recipe():
