@@ -62,6 +62,27 @@ def fill_disk(folder: Path) -> Path:
     return filler
 
 
+TEST_PROCESSES = 2
+"""Test processes when none are asked for (`-n`): over half the suite's wall time on a 2-core box
+is waits on Ray, processes and deadlines, not CPU (22 of 48 minutes CPU, 2026-12-07)."""
+
+
+def pytest_configure(config):
+    """Two processes (pytest-xdist), each test file whole in one of them, so a module's cluster
+    fixture starts once, unless `-n` says otherwise (`-n 0`: this process), output is not captured
+    (`-s`: its prints would be lost in a worker), a debugger is asked for, or xdist is not installed
+    (the GPU machine's stage). Runs before xdist's own `pytest_configure` (trylast), which starts
+    the workers."""
+    opt = config.option
+    if not config.pluginmanager.hasplugin("xdist") or hasattr(config, "workerinput"):
+        return
+    if opt.numprocesses is not None or getattr(opt, "dist", "no") != "no" or getattr(opt, "tx", None):
+        return
+    if opt.capture == "no" or opt.usepdb or opt.collectonly:
+        return
+    opt.numprocesses, opt.dist, opt.tx = TEST_PROCESSES, "loadfile", ["popen"] * TEST_PROCESSES
+
+
 def pytest_collection_modifyitems(config, items):
     import torch
 
