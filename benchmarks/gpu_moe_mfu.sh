@@ -45,6 +45,9 @@ if [ "${AB:-0}" = "1" ]; then
           --out "$OUT/ab_${shape}_${tag}.json" > "$OUT/ab_${shape}_${tag}.log" 2>&1
         echo "exit code: $?" >> "$OUT/ab_${shape}_${tag}.log"
         grep -E "Error|error:" "$OUT/ab_${shape}_${tag}.log" | grep -v -i warning | tail -n 3
+        # each run's row on stdout as it ends: a call cut short, or files the device does not
+        # bring back (2026-12-07: 4 of 11 left out by count), still show what ran
+        sed -n '/^variant  *K  *step_s/,$p' "$OUT/ab_${shape}_${tag}.log" | sed -n '3,$p' | sed "s/^/  $shape $tag: /"
       done
     done
   done
