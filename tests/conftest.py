@@ -81,6 +81,7 @@ def pytest_configure(config):
     if opt.capture == "no" or opt.usepdb or opt.collectonly:
         return
     opt.numprocesses, opt.dist, opt.tx = TEST_PROCESSES, "loadfile", ["popen"] * TEST_PROCESSES
+    opt.loadscopereorder = False  # files in collection order (LONGEST_FILES first), not by test count
 
 
 LONGEST_FILES = (
