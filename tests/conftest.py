@@ -1,3 +1,4 @@
+import os
 import sys
 from pathlib import Path
 
@@ -62,19 +63,21 @@ def fill_disk(folder: Path) -> Path:
     return filler
 
 
-TEST_PROCESSES = 2
-"""Test processes when none are asked for (`-n`): over half the suite's wall time on a 2-core box
-is waits on Ray, processes and deadlines, not CPU (22 of 48 minutes CPU, 2026-12-07)."""
+TEST_PROCESSES = int(os.environ.get("RLCORE_TEST_PROCESSES", "1"))
+"""Test processes when `-n` does not say (pytest-xdist). One by default: two brought a fresh
+clone's suite from 43.1 to 33.8-36.8 min on a 2-core box (2026-12-07, three runs), but in one of
+them two timing-sensitive reward-worker tests failed under the load two Ray-heavy files put on two
+cores, and CI must not be a coin toss. `RLCORE_TEST_PROCESSES=2 uv run pytest -q` runs two."""
 
 
 def pytest_configure(config):
-    """Two processes (pytest-xdist), each test file whole in one of them, so a module's cluster
-    fixture starts once, unless `-n` says otherwise (`-n 0`: this process), output is not captured
-    (`-s`: its prints would be lost in a worker), a debugger is asked for, or xdist is not installed
-    (the GPU machine's stage). Runs before xdist's own `pytest_configure` (trylast), which starts
-    the workers."""
+    """With `RLCORE_TEST_PROCESSES` > 1: that many processes, each test file whole in one of them
+    (a module's cluster fixture starts once), the longest files first, unless `-n` says otherwise,
+    output is not captured (`-s`: its prints would be lost in a worker), a debugger is asked for,
+    or xdist is not installed (the GPU machine's stage). Runs before xdist's own
+    `pytest_configure` (trylast), which starts the workers."""
     opt = config.option
-    if not config.pluginmanager.hasplugin("xdist") or hasattr(config, "workerinput"):
+    if TEST_PROCESSES <= 1 or not config.pluginmanager.hasplugin("xdist") or hasattr(config, "workerinput"):
         return
     if opt.numprocesses is not None or getattr(opt, "dist", "no") != "no" or getattr(opt, "tx", None):
         return
@@ -98,16 +101,17 @@ LONGEST_FILES = (
     "test_trainer_perf.py",
     "test_integration.py",
 )
-"""The files that took longest (2026-12-07: 557 s to 71 s each, one process), run first: with two
-processes the many short files then fill the end, instead of one long file starting last. Order
-only; a file missing here runs after them in its usual place."""
+"""The files that took longest (2026-12-07: 557 s to 71 s each, one process), run first in an
+xdist worker: the many short files then fill the end, instead of one long file starting last.
+Order only; a file missing here runs after them in its usual place. One process keeps the usual order."""
 
 
 def pytest_collection_modifyitems(config, items):
     import torch
 
-    rank = {name: i for i, name in enumerate(LONGEST_FILES)}
-    items.sort(key=lambda item: rank.get(Path(str(item.path)).name, len(rank)))  # stable: a file's order kept
+    if hasattr(config, "workerinput"):  # an xdist worker: the order the controller hands files out
+        rank = {name: i for i, name in enumerate(LONGEST_FILES)}
+        items.sort(key=lambda item: rank.get(Path(str(item.path)).name, len(rank)))  # stable: a file's order kept
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs CUDA (run on the GPU machine)")
