@@ -39,15 +39,16 @@ if [ "${AB:-0}" = "1" ]; then
     for rep in $(seq "${REPS:-1}"); do
       for tree in "$OLD_TREE" .; do
         tag=$([ "$tree" = . ] && echo new || echo old)$([ "${REPS:-1}" = 1 ] || echo "-$rep")
+        run="$OUT/ab_${shape}_${tag}"
         echo "[gpu_moe_mfu +$((SECONDS - start))s] $shape, $tag tree ($tree)"
         CUDA_VISIBLE_DEVICES=0 timeout -k 10 280 python benchmarks/trainer_mfu.py --rlcore-tree "$tree" --shape "$shape" \
           --tokens 8192 --variants "${VARIANTS:-compile}" --micro-batches "${KS:-4}" --steps 5 --warmup 2 --gpu "$GPU" \
-          --out "$OUT/ab_${shape}_${tag}.json" > "$OUT/ab_${shape}_${tag}.log" 2>&1
-        echo "exit code: $?" >> "$OUT/ab_${shape}_${tag}.log"
-        grep -E "Error|error:" "$OUT/ab_${shape}_${tag}.log" | grep -v -i warning | tail -n 3
+          --out "$run.json" > "$run.log" 2>&1
+        echo "exit code: $?" >> "$run.log"
+        grep -E "Error|error:" "$run.log" | grep -v -i warning | tail -n 3
         # each run's row on stdout as it ends: a call cut short, or files the device does not
         # bring back (2026-12-07: 4 of 11 left out by count), still show what ran
-        sed -n '/^variant  *K  *step_s/,$p' "$OUT/ab_${shape}_${tag}.log" | sed -n '3,$p' | sed "s/^/  $shape $tag: /"
+        sed -n '/^variant  *K  *step_s/,$p' "$run.log" | sed -n '3,$p' | sed "s/^/  $shape $tag: /"
       done
     done
   done
