@@ -182,6 +182,30 @@ def test_a_leaking_reward_fails_its_sample_at_the_memory_bound_with_a_named_reas
         Misbehaving("ok", reward_runtime=RewardRuntimeConfig(memory_mb=-1))
 
 
+def test_a_reward_cannot_fill_the_free_heap_its_worker_inherited_past_the_memory_bound(tmp_path):
+    """A worker forked from a process whose heap has ~600 MiB free but mapped (as the actor's
+    after a model load): RLIMIT_DATA counts mappings, so on the code before the leaking call
+    filled that space with 512 MiB and no MemoryError (errors all None; seen in a two-process
+    suite run, where this process's heap had such a hole)."""
+    import ctypes
+
+    holes = [bytearray(100 << 10) for _ in range(6000)]  # below glibc's mmap threshold: the heap
+    top = bytearray(100 << 10)  # in use above them: the freed space stays mapped
+    del holes
+    try:
+        env = started_by(
+            Misbehaving("leak", where=str(tmp_path), reward_runtime=RewardRuntimeConfig(memory_mb=150)), "fork"
+        )
+        try:
+            errors = [s.error for s in scored(env, tasks=1, n=2)]
+        finally:
+            env.reward_pool().close()
+    finally:
+        del top
+        ctypes.CDLL(None).malloc_trim(0)
+    assert all(e and "memory bound (env.reward.memory_mb=150)" in e for e in errors), errors
+
+
 @pytest.mark.parametrize("behaviour", ["child", "daemon"])
 def test_what_a_reward_starts_dies_with_its_call(env_of, tmp_path, behaviour):
     env = env_of(behaviour)

@@ -20,8 +20,9 @@ state (issue 54):
 - whatever the call started (children, their children, double-forked daemons) is killed: the
   worker is its PID namespace's init (or else a child subreaper), so orphans of the call's
   processes become its children and none escapes;
-- a call that exceeds the memory bound (RLIMIT_DATA: what the worker had at start plus the
-  bound) fails with a line naming the bound;
+- a call that exceeds the memory bound (RLIMIT_DATA: what the worker had mapped at start plus
+  the bound, the free heap it inherited held first, so a call cannot fill it) fails with a line
+  naming the bound;
 - an outcome whose value is not plain data or would not fit a reply becomes an error.
 
 A fork per call costs what a warm process's fork costs (see docs/benchmarks.md, issue 54); it
@@ -374,14 +375,77 @@ def encode(outs: list[Outcome], start: int = 0, final: bool = True) -> bytes:
 
 
 def limit_memory(memory_mb: int) -> None:
-    """Bound what this process may add to its data (heap, anonymous mappings) to `memory_mb`."""
+    """Bound what this process may add to its data (heap, anonymous mappings) to `memory_mb`.
+    RLIMIT_DATA counts mappings, not use: the free space of a heap the process inherited (a fork
+    of the actor holds the actor's, hundreds of MiB after a model load) is already mapped, and a
+    call could fill it past the bound without one new mapping. So the free heap is taken first
+    (:func:`hold_free_heap`) and the limit is set on what is mapped after."""
     if memory_mb <= 0:
         return
+    hold_free_heap()
     with open("/proc/self/status") as f:
         data_kb = next(int(line.split()[1]) for line in f if line.startswith("VmData:"))
     want = (data_kb * 1024) + memory_mb * (1 << 20)
     _, hard = resource.getrlimit(resource.RLIMIT_DATA)
     resource.setrlimit(resource.RLIMIT_DATA, (want if hard == resource.RLIM_INFINITY else min(want, hard), hard))
+
+
+class _MallInfo2(ctypes.Structure):
+    _fields_ = [
+        (name, ctypes.c_size_t)
+        for name in ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks")
+    ] + [("keepcost", ctypes.c_size_t)]
+
+
+HOLD_MIN_BYTES = 64 << 10
+"""Free heap chunks smaller than this are left free: a call fills them one allocation at a time
+(Python's small objects live in arenas of their own, which are new mappings), and holding each
+one would cost a malloc apiece at every worker start."""
+_held: list[int] = []
+"""The free heap this worker holds (addresses from malloc, never freed, never touched)."""
+
+
+def hold_free_heap(max_mallocs: int = 4096) -> int:
+    """Allocate, and keep, the free space of this process's malloc heap in chunks of at least
+    :data:`HOLD_MIN_BYTES`, without touching it: after `malloc_trim` gave its pages back to the
+    kernel it costs no memory, and no later allocation can be served from it, so what a call
+    allocates past the smaller chunks left needs a new mapping, which RLIMIT_DATA counts. A try is
+    kept only where the process's data did not grow (it came from free space); a try that grew it
+    is freed and the size halved. Returns the bytes held; 0 where glibc's `mallinfo2` (2.33+) is
+    missing."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    try:
+        mallinfo2 = libc.mallinfo2
+    except AttributeError:
+        return 0
+    mallinfo2.restype = _MallInfo2
+    libc.malloc.restype = ctypes.c_void_p
+    libc.malloc.argtypes = [ctypes.c_size_t]
+    libc.free.argtypes = [ctypes.c_void_p]
+    libc.malloc_trim(0)
+    statm = os.open("/proc/self/statm", os.O_RDONLY)
+
+    def data_pages() -> bytes:  # statm's 6th field (data + stack, in pages): one cheap read
+        return os.pread(statm, 256, 0).split()[5]
+
+    held, size = 0, mallinfo2().fordblks
+    try:
+        for _ in range(max_mallocs):
+            if size < HOLD_MIN_BYTES:
+                break
+            before = data_pages()
+            address = libc.malloc(size)
+            if address and data_pages() == before:
+                _held.append(address)
+                held += size
+            else:
+                if address:
+                    libc.free(address)
+                size //= 2
+    finally:
+        os.close(statm)
+    libc.malloc_trim(0)  # what a freed try left at the heap's top
+    return held
 
 
 def children() -> list[int]:
