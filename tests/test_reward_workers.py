@@ -513,6 +513,31 @@ def test_the_zygote_outlives_the_request_thread_that_started_it():
         pool.close()
 
 
+@pytest.mark.timeout(120)
+def test_a_worker_forked_from_an_actor_with_a_sigterm_handler_of_its_own_is_stopped_at_once(tmp_path):
+    """The actor forks a worker's keeper and stops it right away (a pool that gives way to its
+    zygote), the actor having a SIGTERM handler that does not exit (a run's graceful stop): on the
+    code before, a stop that came before the keeper's own handler ran the inherited one, the keeper
+    went on, and the actor waited for it with no deadline (`join`'s timeout does not hold once the
+    keeper closed its sentinel): a two-process suite run hung 600 s in `pool.give`."""
+    import signal
+
+    from rlcore.isolation.reward_worker_process import KEEPER_WAIT_S, Worker
+
+    env = Misbehaving("none", where=str(tmp_path))
+    old = signal.signal(signal.SIGTERM, lambda *_: None)
+    try:
+        for _ in range(10):
+            worker = Worker(env, env.reward_runtime.memory_mb)
+            start = time.monotonic()
+            worker.kill()
+            took = time.monotonic() - start
+            assert worker.proc.exitcode is not None and took < KEEPER_WAIT_S + 2, took
+            assert worker.proc.exitcode == 0, worker.proc.exitcode  # its own stop, not the kill at the deadline
+    finally:
+        signal.signal(signal.SIGTERM, old)
+
+
 def test_a_worker_forked_from_the_actor_gives_way_to_the_zygotes_once_it_is_ready(tmp_path):
     """Workers forked from the actor (while the zygote starts) make every call's process copy the
     actor's page tables: through a rollout actor a cheap reward cost 20 ms a sample in them

@@ -115,6 +115,7 @@ def keep(conn, owner: Any, progress, lock, actor_pid: int, memory_mb: int, netwo
         os.close(gate_r)
         os.setsid()  # killpg(0) from a call reaches the worker alone, not the keeper
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})  # blocked in a keeper the actor forked
         _die_with(keeper)
         serve(conn, owner, progress, lock, memory_mb, namespace != ns.NONE, network)
     os.close(gate_r)
@@ -128,6 +129,7 @@ def keep(conn, owner: Any, progress, lock, actor_pid: int, memory_mb: int, netwo
         os._exit(0)
 
     signal.signal(signal.SIGTERM, stop)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})  # a stop that came meanwhile runs `stop` now
     _, status = os.waitpid(pid, 0)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     end_descendants()

@@ -8,6 +8,7 @@ import json
 import multiprocessing as mp
 import os
 import pickle
+import select
 import signal
 import socket
 import threading
@@ -50,12 +51,18 @@ def start_forked(proc) -> None:
     deadline = time.monotonic() + FORK_RETRY_S
     while True:
         with FORK_LOCK:
+            # the keeper starts with SIGTERM blocked: until `keep` installs its own handler, a stop
+            # would run the handler it inherited from this process (a run's graceful stop, say),
+            # which leaves it running; blocked, the stop waits for `keep`'s handler
+            mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
             try:
                 proc.start()
                 return
             except RuntimeError as e:
                 if "fork" not in str(e) or time.monotonic() > deadline:
                     raise
+            finally:
+                signal.pthread_sigmask(signal.SIG_SETMASK, mask)
         time.sleep(0.01)
 
 
@@ -177,7 +184,7 @@ class Worker:
     def death(self) -> str:
         """How the worker ended, once its pipe closed (waits for its keeper to end what the call
         left, `REAP_WINDOW_S`, and 1 s more)."""
-        self.proc.join(REAP_WINDOW_S + 1.0)
+        wait_exit(self.proc, time.monotonic() + REAP_WINDOW_S + 1.0)
         code = self.proc.exitcode
         if code is not None and code < 0:  # the keeper itself was signalled: no one here sends that
             return (
@@ -190,6 +197,8 @@ class Worker:
             return "the reward closed its worker's pipe to the actor (file descriptors it did not open)"
         if code == EXIT_DESCENDANTS:
             return "the processes the reward started outran the reward worker's kill"
+        if code is None:
+            return f"reward worker lost (its keeper had not exited {REAP_WINDOW_S + 1.0:.0f} s after its pipe closed)"
         return f"reward worker exited (code {code})"
 
     def send(self, blobs: list[bytes]) -> float:
@@ -273,7 +282,7 @@ class Worker:
 
     def reap(self, until: float) -> None:
         """Wait until `until` (time.monotonic) for the keeper to exit, then SIGKILL its session."""
-        self.proc.join(max(0.0, until - time.monotonic()))
+        wait_exit(self.proc, until)
         if self.proc.exitcode is None:
             kill_session(self.proc)
         self.close()
@@ -294,6 +303,26 @@ class Worker:
     def kill(self) -> None:
         self.stop()
         self.reap(time.monotonic() + KEEPER_WAIT_S)
+
+
+def wait_exit(proc, until: float) -> None:
+    """Wait until `proc` (a keeper) exited or `until` (time.monotonic) passed. Not
+    `multiprocessing`'s `join(timeout)` for a keeper this process forked: the keeper closes every
+    descriptor it inherited, the sentinel's too, so that join finds the sentinel closed at once and
+    then waits in `waitpid` with no deadline (a keeper that ignored its stop hung a request for good)."""
+    if not isinstance(proc, mp.process.BaseProcess):
+        proc.join(max(0.0, until - time.monotonic()))  # a ZygoteChild: polls its exit status
+        return
+    if proc.exitcode is not None:
+        return
+    try:
+        pidfd = os.pidfd_open(proc.pid)  # not yet reaped: the pid is still this child's
+    except OSError:
+        return
+    try:
+        select.select([pidfd], [], [], max(0.0, until - time.monotonic()))  # readable once it exited
+    finally:
+        os.close(pidfd)
 
 
 def kill_all(workers: list[Worker]) -> None:
