@@ -63,11 +63,13 @@ def fill_disk(folder: Path) -> Path:
     return filler
 
 
-TEST_PROCESSES = int(os.environ.get("RLCORE_TEST_PROCESSES", "1"))
-"""Test processes when `-n` does not say (pytest-xdist). One by default: two brought a fresh
-clone's suite from 43.1 to 33.8-36.8 min on a 2-core box (2026-12-07, three runs), but in one of
-them two timing-sensitive reward-worker tests failed under the load two Ray-heavy files put on two
-cores, and CI must not be a coin toss. `RLCORE_TEST_PROCESSES=2 uv run pytest -q` runs two."""
+TEST_PROCESSES = int(os.environ.get("RLCORE_TEST_PROCESSES", "2"))
+"""Test processes when `-n` does not say (pytest-xdist): two, each test file whole in one.
+`RLCORE_TEST_PROCESSES=1 uv run pytest -q` runs one. On a 2-core box a fresh clone's suite took
+43-46 min in one process and 31.2 min in two (2026-12-07, d94dbb6, 1432 passed). Of the four
+two-process runs before it, two failed, and each failure was fixed at its cause: a memory bound a
+worker forked from a fragmented heap did not hold, a worker stop with no deadline (both faults of
+the code, which the serial order never showed) and a test that timed a call's start."""
 
 
 def pytest_configure(config):
